@@ -1,0 +1,10 @@
+"""speedkit: faster PyTorch training by composing proven speed-up methods."""
+__version__ = "0.1.0"
+
+from speedkit.core import Algorithm, Callback, Event, MethodCard, State, Time, Timestamp  # noqa: E402
+from speedkit.metrics import Evaluator  # noqa: E402
+from speedkit.runs import RunRecord  # noqa: E402
+from speedkit.trainer import Trainer  # noqa: E402
+
+__all__ = ["Algorithm", "Callback", "Event", "Evaluator", "MethodCard", "RunRecord", "State", "Time",
+           "Timestamp", "Trainer", "__version__"]

@@ -1,0 +1,26 @@
+"""Periodic checkpoints at the checkpoint events, through the Trainer's own save function."""
+from __future__ import annotations
+
+from typing import Callable
+
+from speedkit.core.engine import Callback
+from speedkit.core.state import Interval
+
+
+class CheckpointSaver(Callback):
+    """Saves every ``interval`` (``"1ep"``, ``"200ba"``, ``"0.25dur"``) by calling ``save``."""
+
+    def __init__(self, save: Callable[[], object], interval="1ep"):
+        self.save = save
+        self.interval = Interval(interval)
+
+    def fit_start(self, state, logger):
+        self.interval.start(state)
+
+    def batch_checkpoint(self, state, logger):
+        if self.interval.due(state, at_epoch_end=False):
+            self.save()
+
+    def epoch_checkpoint(self, state, logger):
+        if self.interval.due(state, at_epoch_end=True):
+            self.save()

@@ -1,0 +1,184 @@
+"""The Algorithm base class and the MethodCard every method carries.
+
+A method is one module with two faces: a functional form for any PyTorch loop and an
+:class:`Algorithm` that plugs the same code into the Trainer at the events its card declares.
+The card is data that the engine (ordering, conflicts), the explorer (controls, badges) and the
+README (methods table) all read.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, ClassVar, Sequence
+
+from speedkit.core.event import Event
+
+DOMAINS = ("vision", "language", "any")
+
+# What a method may read or write. Stages order methods: surgery before precision before data ...
+STAGES = ("model", "precision", "data", "batch", "labels", "loss", "gradients", "optimizer", "schedule", "eval")
+
+
+@dataclasses.dataclass(frozen=True)
+class HParam:
+    """One hyperparameter: its type, default and the range the explorer offers."""
+
+    name: str
+    type: type
+    default: Any
+    low: float | None = None
+    high: float | None = None
+    step: float | None = None
+    choices: tuple | None = None
+    help: str = ""
+
+    def validate(self, value: Any, method: str) -> Any:
+        """Return ``value`` checked against this parameter, or raise a message naming both."""
+        where = f"{method}.{self.name}"
+        if self.choices is not None:
+            if value not in self.choices:
+                raise ValueError(f"{where} must be one of {list(self.choices)}, got {value!r}")
+            return value
+        if self.type is bool:
+            if not isinstance(value, bool):
+                raise TypeError(f"{where} must be True or False, got {value!r}")
+            return value
+        if self.type in (int, float):
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise TypeError(f"{where} must be a number, got {type(value).__name__} {value!r}")
+            if self.type is int and float(value) != int(value):
+                raise TypeError(f"{where} must be a whole number, got {value!r}")
+            if (self.low is not None and value < self.low) or (self.high is not None and value > self.high):
+                raise ValueError(f"{where}={value!r} is outside its range [{self.low}, {self.high}]")
+            return self.type(value)
+        if not isinstance(value, self.type):
+            raise TypeError(f"{where} must be {self.type.__name__}, got {type(value).__name__} {value!r}")
+        return value
+
+
+@dataclasses.dataclass(frozen=True)
+class MethodCard:
+    """Everything other parts of speedkit need to know about a method, as data."""
+
+    name: str
+    summary: str
+    domain: str
+    events: tuple[Event, ...]
+    reads: tuple[str, ...] = ()
+    writes: tuple[str, ...] = ()
+    hparams: tuple[HParam, ...] = ()
+    requirements: tuple[str, ...] = ()
+    conflicts: dict[str, str] = dataclasses.field(default_factory=dict)  # other method -> why / the fix
+    exclusive: tuple[str, ...] = ()  # roles only one method may hold, e.g. "loss_mixing"
+    runs_after: tuple[str, ...] = ()  # explicit ordering on top of the stage order
+    effect: str = ""
+    source: str = ""
+
+    def __post_init__(self):
+        if self.domain not in DOMAINS:
+            raise ValueError(f"card {self.name!r}: domain must be one of {DOMAINS}, got {self.domain!r}")
+        bad = [s for s in (*self.reads, *self.writes) if s not in STAGES]
+        if bad:
+            raise ValueError(f"card {self.name!r}: unknown read/write targets {bad}; known: {STAGES}")
+        object.__setattr__(self, "events", tuple(Event(e) for e in self.events))
+
+    @property
+    def stage(self) -> int:
+        """The earliest stage this method writes; methods run in stage order, then by name."""
+        return min((STAGES.index(w) for w in self.writes), default=len(STAGES))
+
+    def hparam(self, name: str) -> HParam:
+        for hp in self.hparams:
+            if hp.name == name:
+                return hp
+        raise KeyError(f"{self.name} has no hyperparameter {name!r}; it has {[h.name for h in self.hparams]}")
+
+    def validate_params(self, params: dict) -> dict:
+        """Check keyword arguments against the card: unknown names and out-of-range values are errors."""
+        known = {hp.name: hp for hp in self.hparams}
+        unknown = sorted(set(params) - set(known))
+        if unknown:
+            raise TypeError(f"{self.name} got unknown parameter(s) {unknown}; it accepts {sorted(known)}")
+        return {k: known[k].validate(v, self.name) for k, v in params.items()}
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["events"] = [e.value for e in self.events]
+        d["hparams"] = [{**dataclasses.asdict(h), "type": h.type.__name__} for h in self.hparams]
+        return d
+
+
+class Algorithm:
+    """Base class of Trainer methods. Subclasses set ``CARD`` and implement ``apply``.
+
+    ``match`` defaults to "the event is one the card declares", so the card is the truth about
+    where a method acts; override it to narrow further (e.g. only every k-th batch).
+    """
+
+    CARD: ClassVar[MethodCard]
+
+    def __init__(self, **params):
+        self.params = self.CARD.validate_params(params) if hasattr(self, "CARD") else dict(params)
+
+    @property
+    def name(self) -> str:
+        return self.CARD.name
+
+    def match(self, event: Event, state) -> bool:
+        return event in self.CARD.events
+
+    def apply(self, event: Event, state, logger) -> None:
+        raise NotImplementedError(f"{type(self).__name__}.apply")
+
+    # Algorithms with state (EMA weights, SWA averages, counters) override these for checkpoints.
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self.params.items())
+        return f"{type(self).__name__}({args})"
+
+
+class IncompatibleMethodsError(ValueError):
+    """Two methods that cannot run together; the message names both and the fix."""
+
+
+def order_algorithms(algorithms: Sequence[Algorithm]) -> list[Algorithm]:
+    """Deterministic order from the cards: stage, then explicit ``runs_after``, then name."""
+    by_name = {a.name: a for a in algorithms}
+    pending = sorted(algorithms, key=lambda a: (a.CARD.stage, a.name))
+    ordered: list[Algorithm] = []
+    while pending:
+        for a in pending:
+            waits_for = [n for n in a.CARD.runs_after if n in by_name and by_name[n] not in ordered]
+            if not waits_for:
+                ordered.append(a)
+                pending.remove(a)
+                break
+        else:
+            names = [a.name for a in pending]
+            raise IncompatibleMethodsError(f"methods {names} declare a circular runs_after order; fix their cards")
+    return ordered
+
+
+def check_compatibility(algorithms: Sequence[Algorithm]) -> None:
+    """Raise IncompatibleMethodsError for declared conflicts, shared exclusive roles or duplicates."""
+    seen: dict[str, Algorithm] = {}
+    for a in algorithms:
+        if a.name in seen:
+            raise IncompatibleMethodsError(f"{a.name} is listed twice; keep one and set its parameters there")
+        seen[a.name] = a
+    algos = list(seen.values())
+    for i, a in enumerate(algos):
+        for b in algos[i + 1:]:
+            reason = a.CARD.conflicts.get(b.name) or b.CARD.conflicts.get(a.name)
+            if reason:
+                raise IncompatibleMethodsError(f"{a.name} and {b.name} cannot be used together: {reason}")
+            shared = set(a.CARD.exclusive) & set(b.CARD.exclusive)
+            if shared:
+                role = sorted(shared)[0]
+                raise IncompatibleMethodsError(
+                    f"{a.name} and {b.name} both take the role {role!r}, which only one method may hold; "
+                    f"remove one of them")

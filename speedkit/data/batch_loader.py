@@ -1,0 +1,288 @@
+"""An in-memory (or on-device) batch loader for small image datasets.
+
+A small dataset such as Fashion-MNIST or CIFAR fits in memory many times over, so instead of
+decoding, transforming and collating one sample at a time (torchvision + DataLoader), we keep
+the whole set as one uint8 tensor on the training device and make every batch with a handful
+of whole-batch tensor ops: index, crop, flip, scale, normalise. The input pipeline then costs
+a small fraction of a training step and never becomes the bottleneck.
+
+Each epoch is a pure function of (seed, epoch): the order and every augmentation choice come
+from the loader's own generator, drawn for the whole epoch up front. That makes runs
+reproducible and lets a resumed run start at batch k without producing batches 0..k-1.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Iterator, Optional, Sequence, Union
+
+import torch
+
+from ._seeding import make_generator
+
+FLIP_MODES = ("random", "alternating", None)
+PAD_MODES = ("reflect", "zeros")
+Stat = Union[float, Sequence[float], torch.Tensor, None]
+
+
+@dataclass(frozen=True)
+class Augment:
+    """Batch-level augmentation: random translation (crop of a padded image) and horizontal flip.
+
+    crop_pad: translate each image by up to this many pixels in each direction (0 = off),
+        like torchvision's RandomCrop(size, padding=crop_pad).
+    flip: "random" flips each image with probability 1/2; "alternating" flips each image on
+        every other epoch (a random half on even epochs, the other half on odd ones), which
+        shows the model both views of every image within any two consecutive epochs;
+        None disables flipping.
+    pad_mode: how the border is filled: "reflect" (mirror the image) or "zeros".
+    """
+
+    crop_pad: int = 2
+    flip: Optional[str] = "random"
+    pad_mode: str = "reflect"
+
+    def __post_init__(self):
+        if self.crop_pad < 0:
+            raise ValueError(f"crop_pad must be >= 0, got {self.crop_pad}")
+        if self.flip not in FLIP_MODES:
+            raise ValueError(f"flip must be one of {FLIP_MODES}, got {self.flip!r}")
+        if self.pad_mode not in PAD_MODES:
+            raise ValueError(f"pad_mode must be one of {PAD_MODES}, got {self.pad_mode!r}")
+
+
+@dataclass
+class _EpochPlan:
+    """Every random choice of one epoch, indexed by position in the epoch."""
+
+    order: torch.Tensor  # dataset indices, [N]
+    shift_y: Optional[torch.Tensor] = None  # translation in pixels, [N], in [-pad, pad]
+    shift_x: Optional[torch.Tensor] = None
+    flip: Optional[torch.Tensor] = None  # bool [N]
+
+
+class BatchLoader:
+    """Yields (images, labels) batches from tensors held on `device`.
+
+    x: uint8 images [N, H, W] or [N, C, H, W] (floating images are taken as already scaled to
+       [0, 1] and are not divided by 255); y: integer labels [N].
+    Output images are `dtype` [B, C, H, W] (a channel dimension is added for [N, H, W]),
+    normalised as (x / 255 - mean) / std; labels are int64 [B].
+    """
+
+    def __init__(
+        self,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        batch_size: int,
+        shuffle: bool = True,
+        drop_last: bool = False,
+        device="cpu",
+        augment: Optional[Augment] = None,
+        mean: Stat = None,
+        std: Stat = None,
+        dtype: torch.dtype = torch.float32,
+        channels_last: bool = False,
+        seed: int = 0,
+    ):
+        self._options = dict(
+            batch_size=batch_size, shuffle=shuffle, drop_last=drop_last, device=device, augment=augment,
+            mean=mean, std=std, dtype=dtype, channels_last=channels_last, seed=seed,
+        )
+        x, y = torch.as_tensor(x), torch.as_tensor(y)
+        _check_inputs(x, y, batch_size, augment)
+        self.device = torch.device(device)
+        # A view adds the channel dimension once, so every later op sees [N, C, H, W].
+        self.images = (x.unsqueeze(1) if x.ndim == 3 else x).to(self.device)
+        self.labels = y.to(self.device, torch.int64)
+        self.batch_size = batch_size
+        self.shuffle = shuffle
+        self.drop_last = drop_last
+        self.augment = augment
+        self.dtype = dtype
+        self.channels_last = channels_last
+        self.seed = seed
+        self.epoch = 0
+        self._scale, self._shift = self._normalisation(mean, std)
+        self._flip_phase = self._alternating_phase()
+
+    # ------------------------------------------------------------------ sizes and options
+
+    @property
+    def dataset_size(self) -> int:
+        return self.images.shape[0]
+
+    @property
+    def image_shape(self) -> tuple:
+        """Shape of one output image, [C, H, W]."""
+        return tuple(self.images.shape[1:])
+
+    def __len__(self) -> int:
+        if self.drop_last:
+            return self.dataset_size // self.batch_size
+        return math.ceil(self.dataset_size / self.batch_size)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Choose which epoch's order and augmentations the next iteration produces."""
+        self.epoch = int(epoch)
+
+    def with_options(self, **changes) -> "BatchLoader":
+        """A copy with some constructor options changed (same data, same current epoch)."""
+        unknown = set(changes) - set(self._options)
+        if unknown:
+            raise TypeError(f"unknown option(s) {sorted(unknown)}; known: {sorted(self._options)}")
+        copy = BatchLoader(self.images, self.labels, **{**self._options, **changes})
+        copy.epoch = self.epoch
+        return copy
+
+    # ------------------------------------------------------------------ iteration
+
+    def __iter__(self) -> Iterator[tuple]:
+        return self.iter_from(0)
+
+    def iter_from(self, batch_index: int) -> Iterator[tuple]:
+        """This epoch's batches from `batch_index` on; skipped batches cost nothing.
+
+        A fully consumed iteration advances `epoch` by one (unless `set_epoch` was called
+        meanwhile), so a plain loop over epochs gets a fresh order each time.
+        """
+        if batch_index < 0:
+            raise ValueError(f"batch_index must be >= 0, got {batch_index}")
+        epoch = self.epoch
+        plan = self._plan(epoch)
+        for b in range(batch_index, len(self)):
+            positions = slice(b * self.batch_size, (b + 1) * self.batch_size)
+            yield self._make_batch(plan, positions)
+        if self.epoch == epoch:
+            self.epoch = epoch + 1
+
+    def _plan(self, epoch: int) -> _EpochPlan:
+        """Draw the whole epoch's randomness at once (a few hundred KB), on the CPU generator."""
+        n = self.dataset_size
+        generator = make_generator(self.seed, epoch)
+        order = torch.randperm(n, generator=generator) if self.shuffle else torch.arange(n)
+        plan = _EpochPlan(order=order)
+        aug = self.augment
+        if aug is not None and aug.crop_pad > 0:
+            plan.shift_y = torch.randint(-aug.crop_pad, aug.crop_pad + 1, (n,), generator=generator)
+            plan.shift_x = torch.randint(-aug.crop_pad, aug.crop_pad + 1, (n,), generator=generator)
+        if aug is not None and aug.flip == "random":
+            plan.flip = torch.rand(n, generator=generator) < 0.5
+        elif aug is not None and aug.flip == "alternating":
+            plan.flip = (self._flip_phase[order] + epoch) % 2 == 1
+        return _move(plan, self.device)
+
+    def _make_batch(self, plan: _EpochPlan, positions: slice) -> tuple:
+        index = plan.order[positions]
+        images = self.images.index_select(0, index)  # far faster than images[index] for uint8
+        if plan.shift_y is not None or plan.flip is not None:
+            images = self._translate_and_flip(images, plan, positions)
+        return self._to_model_input(images), self.labels.index_select(0, index)
+
+    def _translate_and_flip(self, images: torch.Tensor, plan: _EpochPlan, positions: slice) -> torch.Tensor:
+        """Shift and mirror each image by reading it through a per-sample index (still on uint8)."""
+        batch, channels, height, width = images.shape
+        rows = _source_coords(height, plan.shift_y, positions, batch, self.device)
+        cols = _source_coords(width, plan.shift_x, positions, batch, self.device)
+        if plan.flip is not None:
+            # Mirroring the output = reading the (shifted) columns right to left.
+            cols = torch.where(plan.flip[positions, None], cols.flip(1), cols)
+        # One gather through a flat [H*W] index (half the cost of a gather per axis).
+        source = _reflect(rows, height)[:, :, None] * width + _reflect(cols, width)[:, None, :]
+        flat_shape = (batch, channels, height * width)
+        images = images.reshape(flat_shape).gather(2, source.reshape(batch, 1, -1).expand(flat_shape))
+        images = images.reshape(batch, channels, height, width)
+        if self.augment.pad_mode == "zeros":
+            inside = ((rows >= 0) & (rows < height))[:, :, None] & ((cols >= 0) & (cols < width))[:, None, :]
+            images = images * inside[:, None].to(images.dtype)
+        return images
+
+    def _to_model_input(self, images: torch.Tensor) -> torch.Tensor:
+        # (x / 255 - mean) / std folded into one in-place multiply and add, in float32 for
+        # accuracy (uint8 -> bf16 -> arithmetic would round twice), then cast once.
+        images = images.to(torch.float32).mul_(self._scale).add_(self._shift).to(self.dtype)
+        if self.channels_last:
+            images = images.contiguous(memory_format=torch.channels_last)
+        return images
+
+    # ------------------------------------------------------------------ setup helpers
+
+    def _normalisation(self, mean: Stat, std: Stat) -> tuple:
+        channels = self.images.shape[1]
+        mean_t = _per_channel(0.0 if mean is None else mean, channels, "mean")
+        std_t = _per_channel(1.0 if std is None else std, channels, "std")
+        if (std_t <= 0).any():
+            raise ValueError(f"std must be positive, got {std}")
+        pixel_scale = 255.0 if self.images.dtype == torch.uint8 else 1.0
+        scale = 1.0 / (pixel_scale * std_t)
+        shift = -mean_t / std_t
+        shape = (1, channels, 1, 1)
+        return (scale.reshape(shape).to(self.device, torch.float32), shift.reshape(shape).to(self.device, torch.float32))
+
+    def _alternating_phase(self) -> Optional[torch.Tensor]:
+        """Per-sample 0/1 phase for alternating flips: seeded by the loader seed, not the epoch."""
+        if self.augment is None or self.augment.flip != "alternating":
+            return None
+        generator = make_generator(self.seed, 2**31)  # a stream apart from every epoch's
+        return torch.randint(0, 2, (self.dataset_size,), generator=generator)
+
+    def __repr__(self) -> str:
+        return (
+            f"BatchLoader(size={self.dataset_size}, image_shape={list(self.image_shape)}, "
+            f"batch_size={self.batch_size}, batches={len(self)}, shuffle={self.shuffle}, "
+            f"augment={self.augment}, device={self.device}, dtype={self.dtype}, epoch={self.epoch})"
+        )
+
+
+# ---------------------------------------------------------------------- module helpers
+
+
+def _check_inputs(x: torch.Tensor, y: torch.Tensor, batch_size: int, augment: Optional[Augment]) -> None:
+    if x.ndim not in (3, 4):
+        raise ValueError(f"x must be images [N, H, W] or [N, C, H, W], got shape {list(x.shape)}")
+    if y.ndim != 1 or y.shape[0] != x.shape[0]:
+        raise ValueError(f"y must be labels [N] with N = {x.shape[0]}, got shape {list(y.shape)}")
+    if x.shape[0] == 0:
+        raise ValueError("the dataset is empty")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be positive, got {batch_size}")
+    if y.is_floating_point():
+        raise ValueError(f"y must hold integer class labels, got {y.dtype}")
+    if augment is not None and augment.pad_mode == "reflect":
+        height, width = x.shape[-2:]
+        if augment.crop_pad >= min(height, width):
+            raise ValueError(f"reflect padding needs crop_pad < image size, got {augment.crop_pad} for {height}x{width}")
+
+
+def _per_channel(value: Stat, channels: int, name: str) -> torch.Tensor:
+    t = torch.as_tensor(value, dtype=torch.float64).flatten()
+    if t.numel() == 1:
+        return t.expand(channels).clone()
+    if t.numel() != channels:
+        raise ValueError(f"{name} has {t.numel()} values but the images have {channels} channels")
+    return t
+
+
+def _source_coords(size: int, shift: Optional[torch.Tensor], positions: slice, batch: int, device) -> torch.Tensor:
+    """For each output pixel along one axis, the input coordinate it reads (may be out of range)."""
+    coords = torch.arange(size, device=device).expand(batch, size)
+    if shift is None:
+        return coords
+    # Translating an image by +s means output pixel i shows input pixel i - s.
+    return coords - shift[positions, None]
+
+
+def _reflect(coords: torch.Tensor, size: int) -> torch.Tensor:
+    """Mirror out-of-range coordinates back inside (edge pixel not repeated, like 'reflect' padding).
+
+    For zero padding the caller masks those pixels afterwards, so any in-range index will do.
+    """
+    coords = coords.abs()
+    return torch.where(coords >= size, 2 * (size - 1) - coords, coords)
+
+
+def _move(plan: _EpochPlan, device: torch.device) -> _EpochPlan:
+    fields = {f.name: getattr(plan, f.name) for f in dataclasses.fields(plan)}
+    return _EpochPlan(**{k: (v.to(device) if v is not None else None) for k, v in fields.items()})

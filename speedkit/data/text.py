@@ -1,0 +1,213 @@
+"""A byte-level text corpus and a loader of next-byte prediction batches.
+
+The default corpus is the reStructuredText source of the Python docs (Debian package
+``python3.11-doc``, about 11 MB of real English in ~500 files). Train and validation are split
+by file, not by position, so that validation text is never a continuation of a training
+document and the validation loss measures generalisation.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator, Optional, Sequence, Union
+
+import torch
+
+from ._seeding import make_generator
+
+PathLike = Union[str, os.PathLike]
+
+DEFAULT_TEXT_ROOT = Path("/usr/share/doc/python3.11/html/_sources")
+SEPARATOR = b"\n\n"  # joins files, so no byte pair straddles two documents unmarked
+VOCAB_SIZE = 256
+
+
+@dataclass
+class ByteCorpus:
+    """Train/validation bytes as uint8 tensors, and which files went where."""
+
+    train: torch.Tensor  # uint8 [n_train_bytes]
+    val: torch.Tensor  # uint8 [n_val_bytes]
+    train_files: list = field(default_factory=list)  # paths relative to root, sorted
+    val_files: list = field(default_factory=list)
+    root: Optional[Path] = None
+    vocab_size: int = VOCAB_SIZE
+
+    @staticmethod
+    def encode(text: str) -> torch.Tensor:
+        return torch.tensor(list(text.encode("utf-8")), dtype=torch.uint8)
+
+    @staticmethod
+    def decode(tokens) -> str:
+        """Bytes back to text; invalid UTF-8 (a sample cut mid-character) is replaced, not raised."""
+        values = tokens.tolist() if isinstance(tokens, torch.Tensor) else list(tokens)
+        return bytes(values).decode("utf-8", errors="replace")
+
+
+def load_text_corpus(
+    root: Optional[PathLike] = None,
+    val_fraction: float = 0.1,
+    seed: int = 0,
+    extensions: Sequence[str] = (".txt", ".rst", ".md"),
+) -> ByteCorpus:
+    """Read every text file under `root` and split train/validation by file.
+
+    The split is a seeded shuffle of the sorted relative paths, so it depends only on the file
+    names, `val_fraction` and `seed`: not on the file system's listing order.
+    """
+    if not 0.0 <= val_fraction < 1.0:
+        raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
+    root = _resolve_root(root)
+    files = _list_text_files(root, extensions)
+    if not files:
+        raise FileNotFoundError(
+            f"no files ending in {', '.join(extensions)} under {root}. Pass root= a folder of text files."
+        )
+    train_files, val_files = split_files(files, val_fraction, seed)
+    return ByteCorpus(
+        train=_join_files(root, train_files),
+        val=_join_files(root, val_files),
+        train_files=train_files,
+        val_files=val_files,
+        root=root,
+    )
+
+
+def _resolve_root(root: Optional[PathLike]) -> Path:
+    if root is None:
+        if not DEFAULT_TEXT_ROOT.is_dir():
+            raise FileNotFoundError(
+                f"default text corpus {DEFAULT_TEXT_ROOT} not found. On Debian/Ubuntu run "
+                f"`apt-get install python3.11-doc`, or pass root= a folder of text files "
+                f"(.txt, .rst, .md)."
+            )
+        return DEFAULT_TEXT_ROOT
+    root = Path(root).expanduser()
+    if not root.is_dir():
+        raise FileNotFoundError(f"text corpus folder {root} does not exist; pass root= a folder of text files.")
+    return root
+
+
+def _list_text_files(root: Path, extensions: Sequence[str]) -> list:
+    suffixes = tuple(e.lower() for e in extensions)
+    # endswith, not Path.suffix, so that "library/os.rst.txt" matches ".txt" and ".rst.txt".
+    return sorted(p.relative_to(root) for p in root.rglob("*") if p.is_file() and p.name.lower().endswith(suffixes))
+
+
+def split_files(files: Sequence[Path], val_fraction: float, seed: int) -> tuple[list, list]:
+    """(train, val) lists of files, both sorted; at least one file each when val_fraction > 0."""
+    files = sorted(files)
+    if val_fraction == 0:
+        return list(files), []
+    if len(files) < 2:
+        raise ValueError(f"need at least 2 files to split train/validation by file, found {len(files)}")
+    n_val = min(max(1, round(val_fraction * len(files))), len(files) - 1)
+    order = list(range(len(files)))
+    random.Random(seed).shuffle(order)
+    val_index = set(order[:n_val])
+    train = [f for i, f in enumerate(files) if i not in val_index]
+    val = [f for i, f in enumerate(files) if i in val_index]
+    return train, val
+
+
+def _join_files(root: Path, files: Sequence[Path]) -> torch.Tensor:
+    joined = bytearray(SEPARATOR.join((root / f).read_bytes() for f in files))
+    if not joined:
+        return torch.empty(0, dtype=torch.uint8)
+    return torch.frombuffer(joined, dtype=torch.uint8)  # a bytearray is writable: no copy, no warning
+
+
+class TokenBatchLoader:
+    """Batches of (inputs, next-byte targets), both int64 [batch_size, seq_len].
+
+    Training mode (shuffle=True) draws random windows; the start positions of a whole epoch
+    come from a generator seeded with (seed, epoch), so an epoch is reproducible and
+    `iter_from` can resume mid-epoch. Eval mode (shuffle=False) walks a fixed set of
+    non-overlapping windows in order (the tail shorter than one window is left out).
+
+    Like `BatchLoader`, a fully consumed iteration advances the epoch by one, so a plain
+    `for epoch ...: for x, y in loader` loop sees fresh windows; `set_epoch` overrides it.
+    """
+
+    def __init__(
+        self,
+        data: torch.Tensor,
+        seq_len: int,
+        batch_size: int,
+        steps_per_epoch: Optional[int] = None,
+        shuffle: bool = True,
+        seed: int = 0,
+        device="cpu",
+    ):
+        if data.ndim != 1:
+            raise ValueError(f"data must be a 1-D tensor of tokens, got shape {list(data.shape)}")
+        if seq_len < 1 or batch_size < 1:
+            raise ValueError(f"seq_len and batch_size must be positive, got {seq_len} and {batch_size}")
+        if len(data) < seq_len + 1:
+            raise ValueError(f"data has {len(data)} tokens, fewer than seq_len + 1 = {seq_len + 1}")
+        if steps_per_epoch is not None and steps_per_epoch < 1:
+            raise ValueError(f"steps_per_epoch must be positive, got {steps_per_epoch}")
+        self.data = data.to(device)
+        self.seq_len = seq_len
+        self.batch_size = batch_size
+        self.steps_per_epoch = steps_per_epoch
+        self.shuffle = shuffle
+        self.seed = seed
+        self.device = torch.device(device)
+        self.epoch = 0
+        self._offsets = torch.arange(seq_len + 1, device=self.device)
+
+    @property
+    def tokens_per_batch(self) -> int:
+        return self.batch_size * self.seq_len
+
+    @property
+    def num_windows(self) -> int:
+        """Non-overlapping windows of seq_len inputs (each needs one more token as its last target)."""
+        return (len(self.data) - 1) // self.seq_len
+
+    def __len__(self) -> int:
+        if self.shuffle:
+            # One epoch of random windows is about one pass over the data, unless told otherwise.
+            return self.steps_per_epoch or max(1, self.num_windows // self.batch_size)
+        full = math.ceil(self.num_windows / self.batch_size)
+        return min(full, self.steps_per_epoch) if self.steps_per_epoch else full
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+    def __iter__(self) -> Iterator[tuple]:
+        return self.iter_from(0)
+
+    def iter_from(self, batch_index: int) -> Iterator[tuple]:
+        """The current epoch's batches from `batch_index` on, without producing the earlier ones."""
+        epoch, n_batches = self.epoch, len(self)
+        starts = self._epoch_starts(epoch)
+        for b in range(batch_index, n_batches):
+            yield self._batch(starts[b * self.batch_size : (b + 1) * self.batch_size])
+        if self.epoch == epoch:  # nobody called set_epoch meanwhile
+            self.epoch = epoch + 1
+
+    def _epoch_starts(self, epoch: int) -> torch.Tensor:
+        if not self.shuffle:
+            return torch.arange(self.num_windows, device=self.device) * self.seq_len
+        high = len(self.data) - self.seq_len  # exclusive: the last window's target is data[-1]
+        generator = make_generator(self.seed, epoch)
+        starts = torch.randint(0, high, (len(self) * self.batch_size,), generator=generator)
+        return starts.to(self.device)
+
+    def _batch(self, starts: torch.Tensor) -> tuple:
+        windows = self.data[starts[:, None] + self._offsets].long()  # [B, seq_len + 1]
+        # Contiguous copies: a caller's `y.view(-1)` must not fail on a strided view.
+        return windows[:, :-1].contiguous(), windows[:, 1:].contiguous()
+
+    def __repr__(self) -> str:
+        mode = "train" if self.shuffle else "eval"
+        return (
+            f"TokenBatchLoader({mode}, tokens={len(self.data)}, seq_len={self.seq_len}, "
+            f"batch_size={self.batch_size}, batches={len(self)}, epoch={self.epoch})"
+        )

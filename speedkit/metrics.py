@@ -1,0 +1,121 @@
+"""Evaluation metrics and the Evaluator that pairs them with a dataloader."""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from speedkit.core.time import Time
+
+
+def _flatten(outputs: torch.Tensor, targets: torch.Tensor):
+    """Logits [..., C] and targets [...] (index) or [..., C] (dense) to 2-D / 1-D."""
+    if outputs.dim() > 2:
+        dense = targets.shape == outputs.shape
+        outputs = outputs.reshape(-1, outputs.shape[-1])
+        targets = targets.reshape(-1, outputs.shape[-1]) if dense else targets.reshape(-1)
+    return outputs, targets
+
+
+class Metric:
+    """Accumulates over evaluation batches; ``compute`` returns a float."""
+
+    lower_is_better = False
+
+    def reset(self) -> None:
+        raise NotImplementedError
+
+    def update(self, outputs: torch.Tensor, targets: torch.Tensor) -> None:
+        raise NotImplementedError
+
+    def compute(self) -> float:
+        raise NotImplementedError
+
+
+class Accuracy(Metric):
+    """Top-k accuracy for class logits; targets are indices (or dense labels, argmaxed)."""
+
+    def __init__(self, topk: int = 1):
+        if topk < 1:
+            raise ValueError(f"Accuracy(topk=...) must be >= 1, got {topk}")
+        self.topk = topk
+        self.reset()
+
+    def reset(self):
+        self.correct = 0
+        self.total = 0
+
+    @torch.no_grad()
+    def update(self, outputs, targets):
+        outputs, targets = _flatten(outputs, targets)
+        if targets.dim() == 2:
+            targets = targets.argmax(dim=1)
+        top = outputs.topk(self.topk, dim=1).indices
+        self.correct += (top == targets.unsqueeze(1)).any(dim=1).sum().item()
+        self.total += targets.numel()
+
+    def compute(self):
+        return self.correct / self.total if self.total else float("nan")
+
+
+class CrossEntropy(Metric):
+    """Mean cross-entropy in nats per target."""
+
+    lower_is_better = True
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self):
+        self.sum = 0.0
+        self.count = 0
+
+    @torch.no_grad()
+    def update(self, outputs, targets):
+        outputs, targets = _flatten(outputs, targets)
+        self.sum += F.cross_entropy(outputs.float(), targets, reduction="sum").item()
+        self.count += outputs.shape[0]
+
+    def compute(self):
+        return self.sum / self.count if self.count else float("nan")
+
+
+class Perplexity(CrossEntropy):
+    def compute(self):
+        return math.exp(super().compute())
+
+
+class BitsPerByte(CrossEntropy):
+    """Cross-entropy in bits, for byte-level language models (vocab 256)."""
+
+    def compute(self):
+        return super().compute() / math.log(2)
+
+
+METRICS = {"accuracy": Accuracy, "top5": lambda: Accuracy(topk=5), "loss": CrossEntropy,
+           "perplexity": Perplexity, "bpb": BitsPerByte}
+
+
+def make_metric(name: str) -> Metric:
+    if name not in METRICS:
+        raise ValueError(f"unknown metric {name!r}; known: {sorted(METRICS)}")
+    return METRICS[name]()
+
+
+@dataclasses.dataclass
+class Evaluator:
+    """A dataloader and the metrics computed on it, logged as ``eval/<metric>`` (or ``<label>/<metric>``)."""
+
+    dataloader: Any
+    metrics: dict = dataclasses.field(default_factory=lambda: {"accuracy": Accuracy(), "loss": CrossEntropy()})
+    label: str = "eval"
+    interval: Time | str | None = None  # None: the Trainer's eval_interval
+    max_batches: int | None = None
+
+    def __post_init__(self):
+        if isinstance(self.metrics, (list, tuple)):
+            self.metrics = {m: make_metric(m) for m in self.metrics}
+        self.interval = Time.from_input(self.interval)

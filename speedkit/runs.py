@@ -1,0 +1,220 @@
+"""RunRecord: a run as data (config, methods, metric history, timings, environment), JSON on disk.
+
+Live plots, the run board, benchmark tables and README figures are all drawn from these records,
+so a run made headlessly and one made by hand produce the same figures.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import json
+import math
+import os
+import platform
+import tempfile
+import uuid
+from pathlib import Path
+from typing import Any
+
+RECORD_VERSION = 1
+LOWER_IS_BETTER = ("loss", "perplexity", "bpb", "bits_per_byte", "error")
+
+
+def lower_is_better(metric: str) -> bool:
+    """Loss-like metrics improve downwards; accuracy-like ones upwards."""
+    name = metric.rsplit("/", 1)[-1].lower()
+    return any(word in name for word in LOWER_IS_BETTER)
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """Write then rename, so a kill mid-write never leaves a half-written file under ``path``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _json_safe(value: Any) -> Any:
+    """Floats that JSON cannot hold (nan, inf) become None; tensors and numpy scalars become numbers."""
+    if isinstance(value, dict):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    if hasattr(value, "item") and callable(value.item):
+        try:
+            value = value.item()
+        except (ValueError, RuntimeError):
+            return str(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    return str(value)
+
+
+@dataclasses.dataclass
+class RunRecord:
+    """One training run. ``steps`` holds train metrics every few batches; ``evals`` every evaluation.
+
+    Each row carries its position: ``batch``, ``epoch``, ``sample``, ``token`` and ``wall_s`` (training
+    wall clock, evaluation excluded), so curves can be drawn against time or samples seen.
+    """
+
+    name: str = ""
+    run_id: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex[:12])
+    created: str = dataclasses.field(default_factory=_now)
+    updated: str = ""
+    status: str = "created"  # created | running | completed | stopped | target_reached | failed | interrupted
+    stop_reason: str | None = None
+    error: str | None = None
+    config: dict = dataclasses.field(default_factory=dict)
+    methods: list = dataclasses.field(default_factory=list)  # [{"name": ..., "params": {...}}]
+    target: dict | None = None  # {"metric": "eval/accuracy", "value": 0.92}
+    steps: list = dataclasses.field(default_factory=list)
+    evals: list = dataclasses.field(default_factory=list)
+    timings: dict = dataclasses.field(default_factory=dict)  # train_s, eval_s, checkpoint_s, compile_s, ...
+    final_metrics: dict = dataclasses.field(default_factory=dict)
+    environment: dict = dataclasses.field(default_factory=dict)
+    notes: dict = dataclasses.field(default_factory=dict)  # surgery reports and anything else methods add
+    version: int = RECORD_VERSION
+    path: str | None = dataclasses.field(default=None, compare=False)
+
+    # -- filling in -----------------------------------------------------------------------
+    def add_step(self, position: dict, metrics: dict) -> None:
+        row = {**position, **_json_safe(metrics)}
+        if self.steps and self.steps[-1].get("batch") == position.get("batch"):
+            self.steps[-1].update(row)  # several loggers at one batch share a row
+        else:
+            self.steps.append(row)
+
+    def add_eval(self, position: dict, metrics: dict) -> None:
+        self.evals.append({**position, **_json_safe(metrics)})
+
+    # -- reading --------------------------------------------------------------------------
+    @property
+    def method_names(self) -> list[str]:
+        return [m["name"] for m in self.methods]
+
+    def series(self, key: str, x: str = "wall_s", source: str | None = None) -> tuple[list, list]:
+        """(xs, ys) for one metric, from evals if the key is an eval metric, else from steps."""
+        rows = getattr(self, source) if source else (self.evals if key.startswith("eval") else self.steps)
+        pairs = [(r[x], r[key]) for r in rows if r.get(key) is not None and x in r]
+        return [p[0] for p in pairs], [p[1] for p in pairs]
+
+    def time_to(self, metric: str, value: float, x: str = "wall_s") -> float | None:
+        """The first ``x`` (training seconds by default) at which ``metric`` reached ``value``, else None."""
+        lower = lower_is_better(metric)
+        for row in self.evals:
+            v = row.get(metric)
+            if v is not None and (v <= value if lower else v >= value):
+                return row[x]
+        return None
+
+    @property
+    def time_to_target(self) -> float | None:
+        if not self.target:
+            return None
+        return self.time_to(self.target["metric"], self.target["value"])
+
+    def best(self, metric: str) -> float | None:
+        values = [r[metric] for r in self.evals if r.get(metric) is not None]
+        if not values:
+            return None
+        return min(values) if lower_is_better(metric) else max(values)
+
+    # -- disk -----------------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d.pop("path")
+        d["time_to_target_s"] = self.time_to_target
+        return _json_safe(d)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=1)
+
+    def save(self, path: str | os.PathLike | None = None) -> Path:
+        path = Path(path or self.path or f"{self.name or self.run_id}.json")
+        self.path = str(path)
+        self.updated = _now()
+        atomic_write_bytes(path, self.to_json().encode())
+        return path
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "RunRecord":
+        if not isinstance(d, dict) or "run_id" not in d:
+            raise ValueError("not a speedkit RunRecord: expected a JSON object with a 'run_id'")
+        if d.get("version", 0) > RECORD_VERSION:
+            raise ValueError(f"RunRecord version {d['version']} is newer than this speedkit reads "
+                             f"({RECORD_VERSION}); upgrade speedkit")
+        fields = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in fields and k != "path"})
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "RunRecord":
+        path = Path(path)
+        if path.is_dir():
+            path = path / "record.json"
+        try:
+            d = json.loads(path.read_text())
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path} is not valid JSON ({e}); it is not a complete RunRecord") from e
+        record = cls.from_dict(d)
+        record.path = str(path)
+        return record
+
+
+def load_records(folder: str | os.PathLike) -> list[RunRecord]:
+    """Every RunRecord under ``folder`` (``*/record.json`` and ``*.json``), oldest first; others skipped."""
+    records = []
+    for path in sorted(Path(folder).rglob("*.json")):
+        try:
+            records.append(RunRecord.load(path))
+        except (ValueError, KeyError, TypeError):
+            continue
+    return sorted(records, key=lambda r: r.created)
+
+
+# -- environment -------------------------------------------------------------------------------
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def environment(device=None) -> dict:
+    """What a figure needs to be read honestly: versions, device, threads, processor names."""
+    import torch
+
+    import speedkit
+
+    env = {
+        "speedkit": speedkit.__version__,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpu": cpu_name(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "device": str(device) if device is not None else None,
+    }
+    if device is not None and torch.device(device).type == "cuda":
+        env["gpu"] = torch.cuda.get_device_name(torch.device(device))
+        env["cuda"] = torch.version.cuda
+    return env

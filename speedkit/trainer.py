@@ -1,0 +1,610 @@
+"""The Trainer: a training loop whose every step is a named event that methods can act on.
+
+Reading order: ``__init__`` (resolve device, precision, methods; INIT), ``fit`` (resume, the epoch
+loop, clean endings), ``_train_batch`` (microbatches, forward, loss, backward, step), ``eval``.
+Every run writes a RunRecord and, unless told not to, a final checkpoint into its run folder.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from speedkit.callbacks import CheckpointSaver, LRMonitor, NaNGuard, ProgressBar, SpeedMonitor, StopAtTarget
+from speedkit.checkpoint import CheckpointError, load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from speedkit.core import Algorithm, Callback, Engine, Event, Interval, State, Time, Timestamp, TimeUnit
+from speedkit.devices import autocast_factory, make_grad_scaler, resolve_device, resolve_precision, synchronize
+from speedkit.loggers import ConsoleLogger, InMemoryLogger, JSONLFileLogger, Logger, RecordDestination
+from speedkit.metrics import Evaluator
+from speedkit.optim import Schedule, apply_schedule, get_schedule
+from speedkit.runs import RunRecord, environment
+
+LATEST = "latest.ckpt"
+
+
+def cross_entropy_loss(outputs: torch.Tensor, batch) -> torch.Tensor:
+    """Cross-entropy against ``batch[1]``: index labels or dense (soft) labels; [B,T,V] logits flattened."""
+    targets = batch[1]
+    if outputs.dim() > 2:
+        dense = targets.shape == outputs.shape
+        outputs = outputs.reshape(-1, outputs.shape[-1])
+        targets = targets.reshape(-1, outputs.shape[-1]) if dense else targets.reshape(-1)
+    return F.cross_entropy(outputs.float(), targets)
+
+
+def _resolve_loss(model: torch.nn.Module, loss_fn) -> Callable:
+    """The loss as ``fn(outputs, batch)``: the model's own ``loss``, a criterion(outputs, targets), or CE."""
+    if loss_fn is None:
+        return model.loss if callable(getattr(model, "loss", None)) else cross_entropy_loss
+    if not callable(loss_fn):
+        raise TypeError(f"loss_fn must be callable as loss_fn(outputs, targets), got {loss_fn!r}")
+    return lambda outputs, batch: loss_fn(outputs, batch[1])
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def _to_device(batch, device: torch.device):
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(_to_device(b, device) for b in batch)
+    if isinstance(batch, dict):
+        return {k: _to_device(v, device) for k, v in batch.items()}
+    return batch
+
+
+def _split_batch(batch, n: int) -> list:
+    """Split every tensor of a batch into ``n`` chunks along the first dimension."""
+    if n == 1:
+        return [batch]
+    if isinstance(batch, torch.Tensor):
+        return list(batch.chunk(n))
+    parts = [_split_batch(b, n) if isinstance(b, torch.Tensor) else [b] * n for b in batch]
+    return [type(batch)(p[i] for p in parts) for i in range(min(len(p) for p in parts))]
+
+
+def _batch_size(batch) -> int:
+    first = batch[0] if isinstance(batch, (list, tuple)) else batch
+    return int(first.shape[0])
+
+
+def _tokens_in(batch) -> int:
+    """Token count of a language-model batch (integer inputs); 0 for images."""
+    first = batch[0] if isinstance(batch, (list, tuple)) else batch
+    return first.numel() if isinstance(first, torch.Tensor) and not first.is_floating_point() else 0
+
+
+class TrainClock:
+    """Training wall clock that pauses during evaluation and checkpointing."""
+
+    def __init__(self, offset: float = 0.0):
+        self.offset, self._started = offset, None
+
+    def start(self):
+        if self._started is None:
+            self._started = time.perf_counter()
+
+    def pause(self):
+        if self._started is not None:
+            self.offset += time.perf_counter() - self._started
+            self._started = None
+
+    def elapsed(self) -> float:
+        running = time.perf_counter() - self._started if self._started is not None else 0.0
+        return self.offset + running
+
+
+class Trainer:
+    """Train ``model`` on ``train_dataloader`` with speed-up ``algorithms``.
+
+    Durations (``max_duration``, ``eval_interval``, ``save_interval``) take strings such as ``"3ep"``,
+    ``"500ba"``, ``"0.25dur"`` or ``"90s"``. ``optimizers`` is an optimizer, a list of them, or a factory
+    ``fn(params) -> optimizer`` (use a factory when methods change the model at INIT).
+    ``schedulers`` are speedkit schedules (functions of the fraction done) or torch LR schedulers.
+    ``stop_at=("eval/accuracy", 0.92)`` ends the run when the target is reached (time to accuracy).
+    """
+
+    def __init__(self, model: torch.nn.Module, train_dataloader: Iterable | None = None, *,
+                 eval_dataloader: Iterable | None = None, evaluators: Sequence[Evaluator] = (),
+                 max_duration: str | Time = "1ep", optimizers=None, schedulers=None, loss_fn=None,
+                 algorithms: Sequence[Algorithm] = (), callbacks: Sequence[Callback] = (), loggers=(),
+                 precision: str = "fp32", device: str | torch.device = "auto",
+                 microbatch_size: int | None = None, grad_accum: int = 1,
+                 seed: int = 0, deterministic: bool = False,
+                 eval_interval: str | Time = "1ep", log_interval: int = 10,
+                 run_name: str | None = None, run_dir: str | os.PathLike = "runs",
+                 save_interval: str | Time | None = None, save_checkpoints: bool = True, keep_checkpoints: int = 3,
+                 load_path: str | os.PathLike | None = None, autoresume: bool = False,
+                 stop_at: tuple[str, float] | dict | None = None, nan_policy: str | None = "stop",
+                 schedule_scale: float = 1.0, progress_bar: bool = False, console: bool = False,
+                 config: dict | None = None):
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        if not isinstance(grad_accum, int) or grad_accum < 1:
+            raise ValueError(f"grad_accum must be a whole number >= 1, got {grad_accum!r}")
+        if microbatch_size is not None and (not isinstance(microbatch_size, int) or microbatch_size < 1):
+            raise ValueError(f"microbatch_size must be a whole number >= 1 or None, got {microbatch_size!r}")
+        if not isinstance(log_interval, int) or log_interval < 1:
+            raise ValueError(f"log_interval must be a whole number of batches >= 1, got {log_interval!r}")
+        if not (isinstance(schedule_scale, (int, float)) and schedule_scale > 0):
+            raise ValueError(f"schedule_scale must be a positive number, got {schedule_scale!r}")
+        max_duration = Time.from_input(max_duration)
+        if max_duration.unit is TimeUnit.DURATION:
+            raise ValueError(f"max_duration={max_duration} is a fraction of itself; use ep, ba, sp, tok or s")
+
+        self.deterministic = deterministic
+        if deterministic:
+            torch.use_deterministic_algorithms(True, warn_only=True)
+            torch.backends.cudnn.benchmark = False
+        seed_everything(seed)
+
+        device = resolve_device(device)
+        resolved_precision = resolve_precision(precision, device)
+        self.microbatch_size, self.grad_accum = microbatch_size, grad_accum
+        self.run_name = run_name or f"run-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+        self.run_folder = Path(run_dir) / self.run_name
+        self.checkpoint_folder = self.run_folder / "checkpoints"
+        self.save_checkpoints, self.keep_checkpoints = save_checkpoints, keep_checkpoints
+        self.load_path, self.autoresume = load_path, autoresume
+
+        record = RunRecord(name=self.run_name)
+        record.path = str(self.run_folder / "record.json")
+        self.state = state = State(
+            model=model.to(device), loss_fn=_resolve_loss(model, loss_fn), max_duration=max_duration,
+            device=device, precision=resolved_precision, seed=seed, algorithms=list(algorithms),
+            train_dataloader=train_dataloader, record=record, schedule_scale=float(schedule_scale))
+        state.log_every = log_interval
+        state.autocast = autocast_factory(resolved_precision, device)
+        state.grad_scaler = make_grad_scaler(resolved_precision, device)
+        state.evaluators = self._make_evaluators(eval_dataloader, evaluators, eval_interval)
+        state.callbacks = self._make_callbacks(callbacks, stop_at, nan_policy, progress_bar, save_interval)
+
+        self.memory_logger = InMemoryLogger()
+        destinations = [RecordDestination(record), self.memory_logger, *loggers]
+        if console:
+            destinations.append(ConsoleLogger())
+        self.logger = Logger(state, destinations)
+        self.engine = Engine(state, self.logger)
+        self._log_file: JSONLFileLogger | None = None
+
+        # Methods that change the model act now, before optimizers are built on its parameters.
+        self.engine.run_event(Event.INIT)
+        state.optimizers = self._make_optimizers(optimizers, state.model)
+        state.schedulers = self._make_schedules(schedulers)
+        record.config = self._describe(precision, eval_interval, config)
+        record.methods = [{"name": a.name, "params": dict(a.params)} for a in state.algorithms]
+        record.environment = environment(device)
+        self._clock = TrainClock()
+        self._resume_rng: dict | None = None
+        self._fit_started = False
+
+    # -- construction helpers -------------------------------------------------------------
+    @staticmethod
+    def _make_evaluators(eval_dataloader, evaluators, eval_interval) -> list[Evaluator]:
+        evaluators = list(evaluators)
+        if eval_dataloader is not None:
+            evaluators.insert(0, Evaluator(eval_dataloader))
+        for ev in evaluators:
+            if not isinstance(ev, Evaluator):
+                raise TypeError(f"evaluators must be speedkit.metrics.Evaluator objects, got {type(ev).__name__}")
+            ev.interval = ev.interval or Time.from_input(eval_interval)
+            ev.schedule = Interval(ev.interval)
+        return evaluators
+
+    def _make_callbacks(self, callbacks, stop_at, nan_policy, progress_bar, save_interval) -> list[Callback]:
+        callbacks = [SpeedMonitor(), LRMonitor(), *callbacks]
+        if nan_policy is not None:
+            callbacks.append(NaNGuard(nan_policy))
+        if stop_at is not None:
+            metric, value = (stop_at["metric"], stop_at["value"]) if isinstance(stop_at, dict) else stop_at
+            callbacks.append(StopAtTarget(metric, value))
+        if progress_bar:
+            callbacks.append(ProgressBar())
+        if save_interval is not None and self.save_checkpoints:
+            callbacks.append(CheckpointSaver(self.save_checkpoint, save_interval))
+        return callbacks
+
+    @staticmethod
+    def _make_optimizers(optimizers, model) -> list[torch.optim.Optimizer]:
+        if optimizers is None:
+            optimizers = lambda params: torch.optim.SGD(params, lr=0.05, momentum=0.9, nesterov=True,
+                                                        weight_decay=5e-4)
+        if callable(optimizers) and not isinstance(optimizers, torch.optim.Optimizer):
+            optimizers = optimizers(model.parameters())
+        optimizers = list(optimizers) if isinstance(optimizers, (list, tuple)) else [optimizers]
+        for opt in optimizers:
+            if not isinstance(opt, torch.optim.Optimizer):
+                raise TypeError(f"optimizers must be torch optimizers or a factory fn(params), got {opt!r}")
+        if not any(p.requires_grad for p in model.parameters()):
+            raise ValueError("the model has no trainable parameters; nothing to train")
+        return optimizers
+
+    @staticmethod
+    def _make_schedules(schedulers) -> list:
+        if schedulers is None:
+            return []
+        if not isinstance(schedulers, (list, tuple)):
+            schedulers = [schedulers]
+        return [s if isinstance(s, torch.optim.lr_scheduler.LRScheduler) else get_schedule(s) for s in schedulers]
+
+    def _describe(self, precision: str, eval_interval, extra: dict | None) -> dict:
+        state = self.state
+        loader = state.train_dataloader
+        optimizer = state.optimizers[0]
+        return {
+            "model": type(state.model).__name__,
+            "parameters": sum(p.numel() for p in state.model.parameters()),
+            "optimizer": {"name": type(optimizer).__name__,
+                          **{k: v for k, v in optimizer.defaults.items() if isinstance(v, (int, float, bool, str))}},
+            "schedules": [s.to_dict() if isinstance(s, Schedule) else type(s).__name__ for s in state.schedulers],
+            "max_duration": str(state.original_max_duration),
+            "schedule_scale": state.schedule_scale,
+            "precision": precision, "precision_resolved": state.precision, "device": str(state.device),
+            "batch_size": getattr(loader, "batch_size", None), "microbatch_size": self.microbatch_size,
+            "grad_accum": self.grad_accum, "seed": state.seed, "deterministic": self.deterministic,
+            "eval_interval": str(eval_interval), "train_loader": type(loader).__name__ if loader else None,
+            **(extra or {}),
+        }
+
+    # -- public API -----------------------------------------------------------------------
+    @property
+    def record(self) -> RunRecord:
+        return self.state.record
+
+    def stop(self, reason: str = "stopped") -> None:
+        """End the run at the next batch boundary, with a checkpoint and a complete record. Thread-safe."""
+        self.state.request_stop(reason)
+
+    def fit(self) -> RunRecord:
+        state, record = self.state, self.state.record
+        if state.train_dataloader is None:
+            raise ValueError("Trainer.fit needs train_dataloader")
+        self._fit_start()
+        try:
+            while not self._should_end():
+                self._run_epoch()
+            self._final_eval()
+            record.status = {"target_reached": "target_reached", None: "completed"}.get(state.stop_reason, "stopped")
+            record.stop_reason = state.stop_reason
+            self.engine.run_event(Event.FIT_END)
+        except KeyboardInterrupt:
+            self._end_abnormally("interrupted", "KeyboardInterrupt", save=True)
+            raise
+        except BaseException as e:
+            self._end_abnormally("failed", f"{type(e).__name__}: {e}", save=False)
+            raise
+        self._finish(save=self.save_checkpoints)
+        return record
+
+    # -- fit: start, loop, end ------------------------------------------------------------
+    def _fit_start(self) -> None:
+        state = self.state
+        loader = state.train_dataloader
+        state.batches_per_epoch = len(loader) if hasattr(loader, "__len__") else None
+        if state.batches_per_epoch == 0:
+            raise ValueError("train_dataloader is empty: it yields no batches")
+        state.samples_per_batch = getattr(loader, "batch_size", None)
+        state.tokens_per_batch = getattr(loader, "tokens_per_batch", None)
+        if self.microbatch_size is None and self.grad_accum > 1 and state.samples_per_batch:
+            self.microbatch_size = -(-state.samples_per_batch // self.grad_accum)
+        self.run_folder.mkdir(parents=True, exist_ok=True)
+        self._log_file = JSONLFileLogger(self.run_folder / "log.jsonl")
+        self.logger.destinations.append(self._log_file)
+        self._maybe_resume()
+        state.record.status = "running"
+        self._clock = TrainClock(offset=state.timestamp.wall_s)
+        for ev in state.evaluators:
+            ev.schedule.start(state)
+        self.engine.run_event(Event.FIT_START)
+        for cb in state.callbacks:  # a callback's state loads after its own fit_start reset
+            if cb.__class__.__name__ in self._pending_callback_state:
+                cb.load_state_dict(self._pending_callback_state[cb.__class__.__name__])
+        state.record.save()
+        self._fit_started = True
+
+    def _should_end(self) -> bool:
+        state = self.state
+        if state.max_duration.unit is TimeUnit.SECOND:
+            state.timestamp = state.timestamp.with_wall(self._clock.elapsed())
+        return state.stop_requested or state.is_done()
+
+    def _set_epoch(self, epoch: int) -> None:
+        """Make each epoch's shuffling and augmentation a function of (seed, epoch), so resume is exact."""
+        seed_everything(self.state.seed * 1_000_003 + epoch)
+        loader = self.state.train_dataloader
+        for obj in (loader, getattr(loader, "sampler", None), getattr(getattr(loader, "batch_sampler", None),
+                                                                      "sampler", None)):
+            if hasattr(obj, "set_epoch"):
+                obj.set_epoch(epoch)
+
+    def _epoch_complete(self) -> bool:
+        per_epoch = self.state.batches_per_epoch
+        return per_epoch is not None and self.state.timestamp.batch_in_epoch >= per_epoch
+
+    def _epoch_iterator(self, skip: int):
+        loader = self.state.train_dataloader
+        if skip and hasattr(loader, "iter_from"):
+            return loader.iter_from(skip)
+        iterator = iter(loader)
+        for _ in range(skip):  # generic fast-forward: replays the loader to the same place
+            next(iterator, None)
+        return iterator
+
+    def _run_epoch(self) -> None:
+        state, engine = self.state, self.engine
+        resuming_mid_epoch = state.timestamp.batch_in_epoch > 0
+        self._set_epoch(state.timestamp.epoch)
+        iterator = self._epoch_iterator(state.timestamp.batch_in_epoch)
+        if self._resume_rng is not None:
+            set_rng_state(self._resume_rng)
+            self._resume_rng = None
+        if not resuming_mid_epoch:
+            engine.run_event(Event.EPOCH_START)
+        self._clock.start()
+        while not self._epoch_complete():
+            if self._should_end():
+                return  # stopped or out of budget mid-epoch: no epoch end
+            engine.run_event(Event.BEFORE_DATALOADER)
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                break
+            state.batch = _to_device(batch, state.device)
+            engine.run_event(Event.AFTER_DATALOADER)
+            self._train_batch()
+            self._after_batch()
+        state.timestamp = state.timestamp.after_epoch()
+        engine.run_event(Event.EPOCH_END)
+        self._maybe_eval(at_epoch_end=True)
+        self._paused(engine.run_event, Event.EPOCH_CHECKPOINT)
+
+    def _after_batch(self) -> None:
+        self.engine.run_event(Event.BATCH_END)
+        self._maybe_eval(at_epoch_end=False)
+        self._paused(self.engine.run_event, Event.BATCH_CHECKPOINT)
+
+    # -- one optimizer step ---------------------------------------------------------------
+    def _train_batch(self) -> None:
+        state, engine = self.state, self.engine
+        state.skip_step = False
+        fraction = state.fraction_done()
+        for schedule in state.schedulers:
+            if isinstance(schedule, Schedule):
+                for optimizer in state.optimizers:
+                    apply_schedule(optimizer, schedule, fraction, state.to_fraction)
+        engine.run_event(Event.BATCH_START)
+
+        full_batch = state.batch
+        total = _batch_size(full_batch)
+        n_micro = max(1, -(-total // self.microbatch_size)) if self.microbatch_size else 1
+        microbatches = _split_batch(full_batch, n_micro)
+        state.num_microbatches = len(microbatches)
+        step_loss = torch.zeros((), device=state.device)
+        for index, microbatch in enumerate(microbatches):
+            state.batch, state.microbatch_index = microbatch, index
+            weight = _batch_size(microbatch) / total
+            step_loss += self._train_microbatch(weight) * weight
+        state.batch = full_batch
+
+        if not state.skip_step:
+            self._optimizer_step()
+        for optimizer in state.optimizers:
+            optimizer.zero_grad(set_to_none=True)
+        engine.run_event(Event.AFTER_TRAIN_BATCH)
+        for scheduler in state.schedulers:
+            if isinstance(scheduler, torch.optim.lr_scheduler.LRScheduler):
+                scheduler.step()
+
+        state.timestamp = state.timestamp.after_batch(total, _tokens_in(full_batch), wall_s=self._clock.elapsed())
+        if state.timestamp.batch % state.log_every == 0:
+            state.last_train_loss = step_loss.item()
+            self.logger.log_metrics({"loss": state.last_train_loss})
+
+    def _train_microbatch(self, weight: float) -> torch.Tensor:
+        state, engine = self.state, self.engine
+        engine.run_event(Event.BEFORE_FORWARD)
+        with state.autocast():
+            state.outputs = state.model(state.batch_inputs())
+        engine.run_event(Event.AFTER_FORWARD)
+        engine.run_event(Event.BEFORE_LOSS)
+        with state.autocast():
+            state.loss = state.loss_fn(state.outputs, state.batch)
+        engine.run_event(Event.AFTER_LOSS)
+        engine.run_event(Event.BEFORE_BACKWARD)
+        if not state.skip_step:
+            scaled = state.loss * weight
+            if state.grad_scaler is not None:
+                scaled = state.grad_scaler.scale(scaled)
+            scaled.backward()
+        engine.run_event(Event.AFTER_BACKWARD)
+        return state.loss.detach().float()
+
+    def _optimizer_step(self) -> None:
+        scaler = self.state.grad_scaler
+        for optimizer in self.state.optimizers:
+            if scaler is not None:
+                scaler.step(optimizer)
+            else:
+                optimizer.step()
+        if scaler is not None:
+            scaler.update()
+
+    # -- evaluation -----------------------------------------------------------------------
+    def _paused(self, fn, *args):
+        """Run ``fn`` with the training clock stopped: evaluation and saving are not training time."""
+        synchronize(self.state.device)
+        self._clock.pause()
+        start = time.perf_counter()
+        try:
+            return fn(*args)
+        finally:
+            self._clock.start()
+            self._add_timing("paused_s", time.perf_counter() - start)
+
+    def _add_timing(self, key: str, seconds: float) -> None:
+        timings = self.state.record.timings
+        timings[key] = round(timings.get(key, 0.0) + seconds, 4)
+
+    def _maybe_eval(self, at_epoch_end: bool) -> None:
+        due = [ev for ev in self.state.evaluators if ev.schedule.due(self.state, at_epoch_end)]
+        if due:
+            self._paused(self.eval, due)
+
+    def _final_eval(self) -> None:
+        """Make sure the record ends with metrics for the final weights."""
+        evals = self.state.record.evals
+        if self.state.evaluators and (not evals or evals[-1]["batch"] != self.state.timestamp.batch):
+            self._paused(self.eval)
+
+    def eval(self, evaluators: Sequence[Evaluator] | None = None) -> dict[str, dict[str, float]]:
+        """Evaluate the current model; returns and logs ``{label: {metric: value}}``."""
+        state, engine = self.state, self.engine
+        evaluators = self.state.evaluators if evaluators is None else evaluators
+        start = time.perf_counter()
+        was_training = state.model.training
+        state.model.eval()
+        results = {}
+        try:
+            for evaluator in evaluators:
+                results[evaluator.label] = self._run_evaluator(evaluator)
+        finally:
+            state.model.train(was_training)
+        eval_s = time.perf_counter() - start
+        self._add_timing("eval_s", eval_s)
+        logged = {f"{'eval' if label == 'eval' else 'eval/' + label}/{name}": value
+                  for label, metrics in results.items() for name, value in metrics.items()}
+        self.logger.log_metrics({**logged, "eval_s": round(eval_s, 4)})
+        state.record.final_metrics = logged
+        if self._fit_started:
+            state.record.save()
+        return results
+
+    @torch.no_grad()
+    def _run_evaluator(self, evaluator: Evaluator) -> dict[str, float]:
+        state, engine = self.state, self.engine
+        state.current_evaluator = evaluator
+        for metric in evaluator.metrics.values():
+            metric.reset()
+        engine.run_event(Event.EVAL_START)
+        for index, batch in enumerate(evaluator.dataloader):
+            if evaluator.max_batches is not None and index >= evaluator.max_batches:
+                break
+            state.batch = _to_device(batch, state.device)
+            engine.run_event(Event.EVAL_BATCH_START)
+            engine.run_event(Event.EVAL_BEFORE_FORWARD)
+            with state.autocast():
+                state.outputs = state.model(state.batch_inputs())
+            engine.run_event(Event.EVAL_AFTER_FORWARD)
+            for metric in evaluator.metrics.values():
+                metric.update(state.outputs.float(), state.batch_targets())
+            engine.run_event(Event.EVAL_BATCH_END)
+        values = {name: metric.compute() for name, metric in evaluator.metrics.items()}
+        label = "eval" if evaluator.label == "eval" else f"eval/{evaluator.label}"
+        state.eval_metrics[label] = values
+        engine.run_event(Event.EVAL_END)
+        state.current_evaluator = None
+        return values
+
+    # -- checkpoints ----------------------------------------------------------------------
+    def _checkpoint_payload(self) -> dict:
+        state = self.state
+        return {
+            "model": state.model.state_dict(),
+            "optimizers": [opt.state_dict() for opt in state.optimizers],
+            "schedulers": [s.state_dict() for s in state.schedulers
+                           if isinstance(s, torch.optim.lr_scheduler.LRScheduler)],
+            "grad_scaler": state.grad_scaler.state_dict() if state.grad_scaler is not None else None,
+            "algorithms": {a.name: a.state_dict() for a in state.algorithms},
+            "callbacks": {type(cb).__name__: cb.state_dict() for cb in state.callbacks},
+            "timestamp": state.timestamp.to_dict(),
+            "rng": rng_state(),
+            "record": state.record.to_json(),
+            "run_name": self.run_name,
+        }
+
+    def save_checkpoint(self) -> Path:
+        """Write ``ba{batch}.ckpt`` and point ``latest.ckpt`` at it, both atomically; keep the newest few."""
+        start = time.perf_counter()
+        state = self.state
+        state.record.timings["train_s"] = round(state.timestamp.wall_s, 4)
+        folder = self.checkpoint_folder
+        path = save_checkpoint(folder / f"ba{state.timestamp.batch:09d}.ckpt", self._checkpoint_payload())
+        tmp = folder / f".{LATEST}.link"
+        tmp.unlink(missing_ok=True)
+        os.link(path, tmp)
+        os.replace(tmp, folder / LATEST)
+        for old in sorted(folder.glob("ba*.ckpt"))[:-self.keep_checkpoints]:
+            old.unlink()
+        state.record.notes["last_checkpoint"] = str(path)
+        state.record.save()
+        self._add_timing("checkpoint_s", time.perf_counter() - start)
+        return path
+
+    def _maybe_resume(self) -> None:
+        self._pending_callback_state = {}
+        path = self.load_path
+        if path is None and self.autoresume and (self.checkpoint_folder / LATEST).exists():
+            path = self.checkpoint_folder / LATEST
+        if path is None:
+            return
+        payload = load_checkpoint(path, map_location=self.state.device)
+        self._load_payload(payload, path)
+
+    def _load_payload(self, payload: dict, path) -> None:
+        state = self.state
+        try:
+            state.model.load_state_dict(payload["model"])
+            for opt, sd in zip(state.optimizers, payload["optimizers"]):
+                opt.load_state_dict(sd)
+            torch_schedulers = [s for s in state.schedulers if isinstance(s, torch.optim.lr_scheduler.LRScheduler)]
+            for sched, sd in zip(torch_schedulers, payload["schedulers"]):
+                sched.load_state_dict(sd)
+            if state.grad_scaler is not None and payload.get("grad_scaler"):
+                state.grad_scaler.load_state_dict(payload["grad_scaler"])
+        except (RuntimeError, ValueError, KeyError) as e:
+            raise CheckpointError(f"{path} does not fit this model/optimizer ({e}); it was written by a "
+                                  f"different configuration") from e
+        for algorithm in state.algorithms:
+            algorithm.load_state_dict(payload["algorithms"].get(algorithm.name, {}))
+        self._pending_callback_state = payload.get("callbacks", {})
+        state.timestamp = Timestamp.from_dict(payload["timestamp"])
+        previous = RunRecord.from_dict(json.loads(payload["record"]))
+        record = state.record
+        record.run_id, record.created = previous.run_id, previous.created
+        record.steps, record.evals, record.timings = previous.steps, previous.evals, previous.timings
+        record.notes = {**previous.notes, "resumed_from": str(path)}
+        state.eval_metrics = {}
+        self._resume_rng = payload["rng"]
+        self.logger.log_text(f"resumed from {path} at epoch {state.timestamp.epoch}, batch {state.timestamp.batch}")
+
+    def _end_abnormally(self, status: str, error: str, save: bool) -> None:
+        record = self.state.record
+        record.status, record.error = status, error
+        self._finish(save=save and self.save_checkpoints)
+
+    def _finish(self, save: bool) -> None:
+        """Close out a run: final timings, a checkpoint when asked, the record on disk, loggers closed."""
+        state = self.state
+        self._clock.pause()
+        state.record.timings["train_s"] = round(self._clock.elapsed(), 4)
+        for cb in state.callbacks:
+            if isinstance(cb, ProgressBar):
+                cb.close()
+        if save and self._fit_started:
+            self.save_checkpoint()
+        state.record.save()
+        if self._log_file is not None:
+            self.logger.destinations.remove(self._log_file)
+            self._log_file.close()
+            self._log_file = None
