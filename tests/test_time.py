@@ -86,13 +86,11 @@ def test_integer_multipliers(n, mult):
     assert Time.from_string(f"{n}{mult}tok") == Time(n * factor, TimeUnit.TOKEN)
 
 
-@pytest.mark.xfail(reason="bug in time.py: decimal multipliers go through float, so 2.01*1000 = 2009.999... is "
-                          "rejected as not whole (and whole values above 2**53 are rejected by the constructor)",
-                   strict=False)
-@pytest.mark.parametrize("make", [lambda: Time.from_string("2.01ktok"), lambda: Time(2**53 + 1, TimeUnit.TOKEN)],
+@pytest.mark.parametrize("make, value", [(lambda: Time.from_string("2.01ktok"), 2010),
+                                         (lambda: Time(2**53 + 1, TimeUnit.TOKEN), 2**53 + 1)],
                          ids=["2.01ktok", "2**53+1tok"])
-def test_known_whole_unit_precision_bug(make):
-    make()
+def test_whole_units_survive_float_rounding(make, value):
+    assert make().value == value
 
 
 @pytest.mark.parametrize(

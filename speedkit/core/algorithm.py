@@ -117,7 +117,9 @@ class Algorithm:
     CARD: ClassVar[MethodCard]
 
     def __init__(self, **params):
-        self.params = self.CARD.validate_params(params) if hasattr(self, "CARD") else dict(params)
+        """Parameters are checked against the card; those not given take the card's defaults."""
+        defaults = {hp.name: hp.default for hp in self.CARD.hparams}
+        self.params = {**defaults, **self.CARD.validate_params(params)}
 
     @property
     def name(self) -> str:
@@ -182,3 +184,35 @@ def check_compatibility(algorithms: Sequence[Algorithm]) -> None:
                 raise IncompatibleMethodsError(
                     f"{a.name} and {b.name} both take the role {role!r}, which only one method may hold; "
                     f"remove one of them")
+
+
+@dataclasses.dataclass
+class SurgeryReport:
+    """What a model surgery changed: counts by kind and a line per module touched."""
+
+    method: str
+    changed: dict = dataclasses.field(default_factory=dict)  # kind -> count
+    details: list = dataclasses.field(default_factory=list)  # "layer1.0.conv1: Conv2d -> BlurConv2d"
+
+    def add(self, kind: str, detail: str) -> None:
+        self.changed[kind] = self.changed.get(kind, 0) + 1
+        self.details.append(detail)
+
+    @property
+    def total(self) -> int:
+        return sum(self.changed.values())
+
+    def require_changes(self, allow_empty: bool, looked_for: str) -> "SurgeryReport":
+        """A surgery that finds nothing to change says so, unless the caller allows it."""
+        if self.total == 0 and not allow_empty:
+            raise NothingToChangeError(f"{self.method} found no {looked_for} in the model, so it would do nothing; "
+                                       f"remove the method or pass allow_empty=True")
+        return self
+
+    def __str__(self) -> str:
+        counts = ", ".join(f"{n} {kind}" for kind, n in self.changed.items()) or "nothing"
+        return f"{self.method}: changed {counts}"
+
+
+class NothingToChangeError(ValueError):
+    """A surgery method found nothing in the model to act on."""

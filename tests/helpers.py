@@ -1,0 +1,60 @@
+"""Small models, data and methods shared by the tests."""
+from __future__ import annotations
+
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from speedkit.core import Algorithm, Event, MethodCard
+
+
+def toy_classification(n: int = 256, features: int = 8, classes: int = 3, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, features, generator=g)
+    w = torch.randn(features, classes, generator=g)
+    y = (x @ w).argmax(dim=1)
+    return x, y
+
+
+def toy_loaders(batch_size: int = 32, n: int = 256, shuffle: bool = True):
+    x, y = toy_classification(n)
+    train = DataLoader(TensorDataset(x, y), batch_size=batch_size, shuffle=shuffle)
+    test = DataLoader(TensorDataset(x, y), batch_size=128)
+    return train, test
+
+
+def toy_model(dropout: float = 0.0, seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Dropout(dropout),
+                               torch.nn.Linear(32, 3))
+
+
+def make_card(name: str, events=tuple(Event), writes=(), domain="any", **kwargs) -> MethodCard:
+    return MethodCard(name=name, summary=f"test method {name}", domain=domain, events=tuple(events),
+                      writes=tuple(writes), **kwargs)
+
+
+class Recorder(Algorithm):
+    """Acts on every event and remembers (event, microbatch index) in order."""
+
+    CARD = make_card("recorder")
+
+    def __init__(self):
+        super().__init__()
+        self.seen: list[tuple[Event, int]] = []
+
+    def apply(self, event, state, logger):
+        self.seen.append((event, state.microbatch_index))
+
+
+def algorithm_class(name: str, writes=(), events=(Event.BATCH_START, Event.AFTER_FORWARD), log=None, **card_kwargs):
+    """An Algorithm class with its own card that appends its name to ``log`` when it runs."""
+
+    class _Method(Algorithm):
+        CARD = make_card(name, events=events, writes=writes, **card_kwargs)
+
+        def apply(self, event, state, logger):
+            if log is not None:
+                log.append((event, name))
+
+    _Method.__name__ = f"Method_{name}"
+    return _Method

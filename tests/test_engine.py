@@ -1,0 +1,127 @@
+"""The engine: event order, per-microbatch events, method ordering, conflicts and parameter checks."""
+from __future__ import annotations
+
+import pytest
+
+from speedkit import Trainer
+from speedkit.core import Event, HParam, IncompatibleMethodsError, MethodCard
+from speedkit.core.algorithm import Algorithm, order_algorithms
+
+from helpers import Recorder, algorithm_class, make_card, toy_loaders, toy_model
+
+TRAIN_STEP = [Event.BATCH_START]
+MICRO = [Event.BEFORE_FORWARD, Event.AFTER_FORWARD, Event.BEFORE_LOSS, Event.AFTER_LOSS,
+         Event.BEFORE_BACKWARD, Event.AFTER_BACKWARD]
+EVAL_BATCH = [Event.EVAL_BATCH_START, Event.EVAL_BEFORE_FORWARD, Event.EVAL_AFTER_FORWARD, Event.EVAL_BATCH_END]
+
+
+def test_recorder_sees_every_event_in_documented_order_with_microbatches(tmp_path):
+    train, test = toy_loaders(batch_size=32, n=96)  # 3 batches per epoch
+    recorder = Recorder()
+    trainer = Trainer(toy_model(), train, eval_dataloader=test, max_duration="2ep", algorithms=[recorder],
+                      microbatch_size=16, device="cpu", run_dir=tmp_path, save_interval="1ep")
+    trainer.fit()
+    events = [e for e, _ in recorder.seen]
+
+    one_batch = ([Event.BEFORE_DATALOADER, Event.AFTER_DATALOADER, Event.BATCH_START] + MICRO * 2
+                 + [Event.AFTER_TRAIN_BATCH, Event.BATCH_END, Event.BATCH_CHECKPOINT])
+    evaluation = [Event.EVAL_START] + EVAL_BATCH + [Event.EVAL_END]  # 96 samples, eval batch 128: one batch
+    one_epoch = ([Event.EPOCH_START] + one_batch * 3 + [Event.EPOCH_END] + evaluation + [Event.EPOCH_CHECKPOINT])
+    expected = [Event.INIT, Event.FIT_START] + one_epoch * 2 + [Event.FIT_END]
+    assert events == expected
+    # Microbatch events carry their index: 0 then 1 within every batch.
+    micro_indices = [i for e, i in recorder.seen if e is Event.BEFORE_FORWARD]
+    assert micro_indices == [0, 1] * 6
+    # The engine's trace counts the same applications.
+    counts = trainer.engine.events_of("recorder")
+    assert counts[Event.BEFORE_FORWARD] == 12 and counts[Event.BATCH_START] == 6 and counts[Event.FIT_START] == 1
+
+
+def test_methods_run_in_stage_order_and_reverse_on_after_events(tmp_path):
+    log = []
+    early = algorithm_class("zz_surgery", writes=("model",), log=log)()
+    late = algorithm_class("aa_loss", writes=("loss",), log=log)()
+    train, _ = toy_loaders(n=32)
+    trainer = Trainer(toy_model(), train, max_duration="1ba", algorithms=[late, early], device="cpu",
+                      run_dir=tmp_path, save_checkpoints=False)
+    assert [a.name for a in trainer.state.algorithms] == ["zz_surgery", "aa_loss"]  # stage beats name
+    trainer.fit()
+    at_start = [n for e, n in log if e is Event.BATCH_START]
+    after_forward = [n for e, n in log if e is Event.AFTER_FORWARD]
+    assert at_start == ["zz_surgery", "aa_loss"]
+    assert after_forward == ["aa_loss", "zz_surgery"]
+
+
+def test_runs_after_and_cycles():
+    a = algorithm_class("a", writes=("loss",), runs_after=("b",))()
+    b = algorithm_class("b", writes=("loss",))()
+    assert [x.name for x in order_algorithms([a, b])] == ["b", "a"]
+    c = algorithm_class("c", runs_after=("d",))()
+    d = algorithm_class("d", runs_after=("c",))()
+    with pytest.raises(IncompatibleMethodsError, match="circular"):
+        order_algorithms([c, d])
+
+
+def test_declared_conflict_names_both_methods_and_the_fix(tmp_path):
+    first = algorithm_class("mix_one", conflicts={"mix_two": "both mix the loss; keep one"})()
+    second = algorithm_class("mix_two")()
+    train, _ = toy_loaders()
+    with pytest.raises(IncompatibleMethodsError) as info:
+        Trainer(toy_model(), train, algorithms=[first, second], device="cpu", run_dir=tmp_path)
+    message = str(info.value)
+    assert "mix_one" in message and "mix_two" in message and "keep one" in message
+
+
+def test_conflict_added_after_init_is_caught_at_fit_start(tmp_path):
+    train, _ = toy_loaders()
+    trainer = Trainer(toy_model(), train, algorithms=[algorithm_class("x", exclusive=("loss_mixing",))()],
+                      device="cpu", run_dir=tmp_path)
+    trainer.state.algorithms.append(algorithm_class("y", exclusive=("loss_mixing",))())
+    with pytest.raises(IncompatibleMethodsError, match="loss_mixing"):
+        trainer.fit()
+
+
+def test_same_method_twice_is_refused(tmp_path):
+    cls = algorithm_class("twice")
+    train, _ = toy_loaders()
+    with pytest.raises(IncompatibleMethodsError, match="twice is listed twice"):
+        Trainer(toy_model(), train, algorithms=[cls(), cls()], device="cpu", run_dir=tmp_path)
+
+
+class Tunable(Algorithm):
+    CARD = MethodCard(name="tunable", summary="t", domain="any", events=(Event.BATCH_START,),
+                      hparams=(HParam("alpha", float, 0.2, low=0.0, high=1.0, step=0.1),
+                               HParam("mode", str, "a", choices=("a", "b")),
+                               HParam("k", int, 2, low=1, high=10)))
+
+    def apply(self, event, state, logger):
+        pass
+
+
+def test_hyperparameters_are_checked_against_the_card():
+    assert Tunable().params == {"alpha": 0.2, "mode": "a", "k": 2}
+    assert Tunable(alpha=0.5, k=3).params["alpha"] == 0.5
+    with pytest.raises(ValueError, match=r"tunable.alpha=1.5 is outside its range \[0.0, 1.0\]"):
+        Tunable(alpha=1.5)
+    with pytest.raises(ValueError, match="tunable.mode must be one of"):
+        Tunable(mode="c")
+    with pytest.raises(TypeError, match="tunable.k must be a whole number"):
+        Tunable(k=2.5)
+    with pytest.raises(TypeError, match="unknown parameter"):
+        Tunable(beta=1)
+
+
+def test_card_rejects_unknown_domain_and_write_targets():
+    with pytest.raises(ValueError, match="domain"):
+        make_card("bad", domain="audio")
+    with pytest.raises(ValueError, match="unknown read/write"):
+        make_card("bad", writes=("weights",))
+
+
+def test_default_match_is_the_cards_events(tmp_path):
+    method = algorithm_class("only_start", events=(Event.FIT_START, Event.EPOCH_END))()
+    train, _ = toy_loaders(n=64)
+    trainer = Trainer(toy_model(), train, max_duration="2ep", algorithms=[method], device="cpu",
+                      run_dir=tmp_path, save_checkpoints=False)
+    trainer.fit()
+    assert trainer.engine.events_of("only_start") == {Event.FIT_START: 1, Event.EPOCH_END: 2}
