@@ -217,6 +217,8 @@ class Trainer:
 
     @staticmethod
     def _make_optimizers(optimizers, model) -> list[torch.optim.Optimizer]:
+        if not any(p.requires_grad for p in model.parameters()):
+            raise ValueError("the model has no trainable parameters; nothing to train")
         if optimizers is None:
             optimizers = lambda params: torch.optim.SGD(params, lr=0.05, momentum=0.9, nesterov=True,
                                                         weight_decay=5e-4)
@@ -226,8 +228,6 @@ class Trainer:
         for opt in optimizers:
             if not isinstance(opt, torch.optim.Optimizer):
                 raise TypeError(f"optimizers must be torch optimizers or a factory fn(params), got {opt!r}")
-        if not any(p.requires_grad for p in model.parameters()):
-            raise ValueError("the model has no trainable parameters; nothing to train")
         return optimizers
 
     @staticmethod
@@ -475,9 +475,13 @@ class Trainer:
         was_training = state.model.training
         state.model.eval()
         results = {}
+        # Evaluation must not shift training's random stream (DataLoader iterators draw a seed), or how
+        # often one evaluates would change the run; fork_rng restores the generators afterwards.
+        devices = [state.device] if state.device.type == "cuda" else []
         try:
-            for evaluator in evaluators:
-                results[evaluator.label] = self._run_evaluator(evaluator)
+            with torch.random.fork_rng(devices=devices):
+                for evaluator in evaluators:
+                    results[evaluator.label] = self._run_evaluator(evaluator)
         finally:
             state.model.train(was_training)
         eval_s = time.perf_counter() - start

@@ -135,7 +135,7 @@ def _search_dirs(root: Optional[PathLike]) -> list:
         dirs.append(Path(root).expanduser())
     if os.environ.get(ENV_VAR):
         env_dir = Path(os.environ[ENV_VAR]).expanduser()
-        dirs += [env_dir, env_dir / "fashion-mnist"]
+        pass
     dirs += list(SYSTEM_DIRS)
     cache = Path(CACHE_ROOT).expanduser()
     dirs += [cache / "fashion-mnist", cache]  # `cache` covers torchvision's FashionMNIST/raw
