@@ -185,7 +185,7 @@ def test_replaced_file_is_reread_not_served_from_cache(isolated_search):
     assert first.train_x.shape[0] == 20
 
 
-@pytest.mark.parametrize("damage", ["magic", "truncated", "not_gzip", "label_count", "image_size"])
+@pytest.mark.parametrize("damage", ["magic", "truncated", "extra_bytes", "not_gzip", "label_count", "image_size"])
 def test_corrupt_idx_raises_value_error_naming_the_file(isolated_search, damage):
     root = isolated_search / "data"
     write_fake_fmnist(root)
@@ -195,6 +195,8 @@ def test_corrupt_idx_raises_value_error_naming_the_file(isolated_search, damage)
         images.write_bytes(gzip.compress(b"\x00\x00\x09\x03" + payload[4:]))
     elif damage == "truncated":
         images.write_bytes(gzip.compress(payload[:-100]))
+    elif damage == "extra_bytes":
+        images.write_bytes(gzip.compress(payload + bytes(100)))
     elif damage == "not_gzip":
         images.write_bytes(b"this is not gzip data at all")
     elif damage == "label_count":
@@ -388,6 +390,11 @@ def test_a_full_pass_advances_the_epoch_unless_set():
     next(iterator)
     del iterator
     assert loader.epoch == 2
+    iterator = iter(loader)  # the epoch is fixed when iteration starts
+    loader.set_epoch(7)
+    rest = [(x.clone(), y.clone()) for x, y in iterator]
+    loader.set_epoch(2)
+    assert same_batches(rest, collect(loader))
 
 
 def test_loader_leaves_global_rng_and_stored_images_untouched():
@@ -566,6 +573,11 @@ def test_missing_cifar_raises_clear_file_not_found(tmp_path, make, folder):
         make(tmp_path, train=True)
     message = str(info.value)
     assert folder in message and "download=True" in message and str(tmp_path) in message
+    # A local archive is used without the network, but only if it is the genuine one.
+    archive = "cifar-10-python.tar.gz" if make is cifar10 else "cifar-100-python.tar.gz"
+    (tmp_path / archive).write_bytes(b"not the real archive")
+    with pytest.raises(ValueError, match="md5"):
+        make(tmp_path, train=False)
 
 
 def test_image_folder_loads_and_explains_a_wrong_layout(tmp_path):

@@ -150,7 +150,10 @@ class BatchLoader:
         """
         if batch_index < 0:
             raise ValueError(f"batch_index must be >= 0, got {batch_index}")
-        epoch = self.epoch
+        # Fix the epoch now, at iter() time, not lazily at the first next().
+        return self._batches(self.epoch, batch_index)
+
+    def _batches(self, epoch: int, batch_index: int) -> Iterator[tuple]:
         plan = self._plan(epoch)
         for b in range(batch_index, len(self)):
             positions = slice(b * self.batch_size, (b + 1) * self.batch_size)

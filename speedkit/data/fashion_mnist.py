@@ -135,7 +135,7 @@ def _search_dirs(root: Optional[PathLike]) -> list:
         dirs.append(Path(root).expanduser())
     if os.environ.get(ENV_VAR):
         env_dir = Path(os.environ[ENV_VAR]).expanduser()
-        pass
+        dirs += [env_dir, env_dir / "fashion-mnist"]
     dirs += list(SYSTEM_DIRS)
     cache = Path(CACHE_ROOT).expanduser()
     dirs += [cache / "fashion-mnist", cache]  # `cache` covers torchvision's FashionMNIST/raw
@@ -162,8 +162,12 @@ def locate_fashion_mnist(root: Optional[PathLike] = None) -> dict:
 def _download_with_torchvision() -> None:
     import torchvision  # imported here: only this explicit opt-in path needs it
 
-    torchvision.datasets.FashionMNIST(root=str(Path(CACHE_ROOT).expanduser()), train=True, download=True)
-    torchvision.datasets.FashionMNIST(root=str(Path(CACHE_ROOT).expanduser()), train=False, download=True)
+    root = str(Path(CACHE_ROOT).expanduser())
+    try:
+        for train in (True, False):
+            torchvision.datasets.FashionMNIST(root=root, train=train, download=True)
+    except Exception as error:  # offline machines fail deep inside urllib; say what to do instead
+        raise RuntimeError(f"downloading Fashion-MNIST into {root} with torchvision failed ({error}). {HOW_TO_GET}") from error
 
 
 # ---------------------------------------------------------------------------- loading

@@ -185,9 +185,14 @@ class TokenBatchLoader:
 
     def iter_from(self, batch_index: int) -> Iterator[tuple]:
         """The current epoch's batches from `batch_index` on, without producing the earlier ones."""
-        epoch, n_batches = self.epoch, len(self)
+        if batch_index < 0:
+            raise ValueError(f"batch_index must be >= 0, got {batch_index}")
+        # Fix the epoch now, at iter() time, not lazily at the first next().
+        return self._batches(self.epoch, batch_index)
+
+    def _batches(self, epoch: int, batch_index: int) -> Iterator[tuple]:
         starts = self._epoch_starts(epoch)
-        for b in range(batch_index, n_batches):
+        for b in range(batch_index, len(self)):
             yield self._batch(starts[b * self.batch_size : (b + 1) * self.batch_size])
         if self.epoch == epoch:  # nobody called set_epoch meanwhile
             self.epoch = epoch + 1

@@ -1,0 +1,30 @@
+# speedkit: `make demo` and `make test` set everything up on first use.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.speedkit-installed
+PYTEST_ARGS ?=
+
+.PHONY: setup system demo test lab clean
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q -e '.[dev]'
+	@touch $(STAMP)
+
+system:
+	@bash scripts/setup-system.sh
+
+setup: $(STAMP) system
+
+demo: setup
+	$(PY) -m speedkit demo
+
+test: setup
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+lab: setup
+	$(VENV)/bin/jupyter lab notebooks
+
+clean:
+	rm -rf runs .pytest_cache .hypothesis

@@ -1,0 +1,5 @@
+import sys
+
+from speedkit.cli import main
+
+sys.exit(main())

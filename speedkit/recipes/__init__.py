@@ -1,0 +1,92 @@
+"""Recipes: presets as data, per task. A recipe names its model, methods, optimizer, schedule,
+duration, precision and input pipeline; ``speedkit.tasks.make_trainer`` turns one into a Trainer.
+
+The baseline is what a competent user writes by hand: SGD with Nesterov momentum, a cosine
+schedule with warmup, fp32, a torchvision transform + DataLoader input pipeline. Faster presets
+change the pipeline, precision, schedule and methods, never the model family or the test set.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+
+from speedkit.core.time import Time
+
+
+@dataclasses.dataclass
+class Recipe:
+    name: str
+    task: str
+    model: str
+    duration: str
+    batch_size: int
+    optimizer: dict
+    schedule: dict | None = None
+    methods: dict = dataclasses.field(default_factory=dict)  # method name -> parameters
+    precision: str = "fp32"
+    loader: str = "memory"  # "memory": speedkit's in-memory batch loader; "torch": Dataset + DataLoader
+    augment: dict | None = None  # {"crop_pad": 2, "flip": "random"}
+    eval_interval: str = "1ep"
+    summary: str = ""
+    reached: dict | None = None  # filled in by the benchmark: metric, value, time, machine
+
+    def __post_init__(self):
+        Time.from_string(self.duration)
+        Time.from_string(self.eval_interval)
+        if self.loader not in ("memory", "torch"):
+            raise ValueError(f"recipe {self.name!r}: loader must be 'memory' or 'torch', got {self.loader!r}")
+        if not isinstance(self.batch_size, int) or self.batch_size < 1:
+            raise ValueError(f"recipe {self.name!r}: batch_size must be a whole number >= 1")
+
+    def with_changes(self, **changes) -> "Recipe":
+        """A copy with some fields replaced (``methods`` and ``optimizer`` dicts are merged)."""
+        data = copy.deepcopy(dataclasses.asdict(self))
+        for key in ("optimizer", "methods"):
+            if key in changes and changes[key] is not None:
+                data[key] = {**data[key], **changes.pop(key)} if key == "optimizer" else dict(changes.pop(key))
+        data.update({k: v for k, v in changes.items() if v is not None})
+        return Recipe(**data)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+_SGD = {"name": "sgd", "lr": 0.1, "momentum": 0.9, "nesterov": True, "weight_decay": 5e-4}
+
+RECIPES: dict[str, dict[str, Recipe]] = {
+    "fashion-mnist": {
+        "baseline": Recipe(
+            name="baseline", task="fashion-mnist", model="resnet8", duration="10ep", batch_size=128,
+            optimizer=dict(_SGD), schedule={"name": "cosine", "warmup": "1ep"}, precision="fp32", loader="torch",
+            augment={"crop_pad": 2, "flip": "random"},
+            summary="hand-written PyTorch: SGD+Nesterov, cosine with warmup, fp32, torchvision DataLoader"),
+        "mild": Recipe(
+            name="mild", task="fashion-mnist", model="resnet8", duration="4ep", batch_size=512,
+            optimizer={**_SGD, "lr": 0.2}, schedule={"name": "one_cycle", "peak_at": 0.2},
+            methods={"channels_last": {}, "label_smoothing": {"smoothing": 0.1}},
+            precision="auto", loader="memory", augment={"crop_pad": 2, "flip": "alternating"},
+            summary="in-memory batch augmentation, bf16 autocast + channels_last where fast, one-cycle, "
+                    "label smoothing, a shorter budget"),
+    },
+    "pydocs": {
+        "baseline": Recipe(
+            name="baseline", task="pydocs", model="gpt-nano", duration="400ba", batch_size=32,
+            optimizer={"name": "adamw", "lr": 1e-3, "weight_decay": 0.1, "betas": (0.9, 0.95)},
+            schedule={"name": "cosine", "warmup": "0.05dur"}, precision="fp32", loader="memory",
+            eval_interval="100ba",
+            summary="nanoGPT-style byte-level GPT: AdamW, learned positions, GELU, fp32, cosine"),
+    },
+}
+
+
+def get_recipe(task: str, name: str | Recipe = "baseline") -> Recipe:
+    if isinstance(name, Recipe):
+        return name
+    if task not in RECIPES:
+        raise ValueError(f"no recipes for task {task!r}; tasks with recipes: {sorted(RECIPES)}")
+    if name not in RECIPES[task]:
+        raise ValueError(f"unknown recipe {name!r} for {task}; known: {sorted(RECIPES[task])}")
+    return copy.deepcopy(RECIPES[task][name])
+
+
+__all__ = ["RECIPES", "Recipe", "get_recipe"]

@@ -1,0 +1,147 @@
+"""Tasks: a dataset, its metrics and its target, and the one function that turns a recipe into a Trainer.
+
+The CLI, the demo, the notebooks and the benchmark all build their runs through ``make_trainer``,
+so a configuration means the same thing everywhere.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+
+from speedkit.algorithms import build_algorithms
+from speedkit.data import Augment, FashionMNIST, TokenBatchLoader, fashion_mnist_loaders, load_text_corpus
+from speedkit.data import load_fashion_mnist, stratified_indices
+from speedkit.devices import resolve_device
+from speedkit.metrics import Accuracy, BitsPerByte, CrossEntropy, Evaluator
+from speedkit.models import get_model
+from speedkit.recipes import Recipe, get_recipe
+from speedkit.trainer import Trainer
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskSpec:
+    name: str
+    domain: str
+    summary: str
+    target_metric: str
+    target_value: float
+
+
+TASKS = {
+    "fashion-mnist": TaskSpec("fashion-mnist", "vision", "Fashion-MNIST 28x28 clothing images, 10 classes",
+                              "eval/accuracy", 0.92),
+    "pydocs": TaskSpec("pydocs", "language", "byte-level language model on the Python documentation sources",
+                       "eval/bpb", 2.0),
+}
+
+
+def get_task(name: str) -> TaskSpec:
+    if name not in TASKS:
+        raise ValueError(f"unknown task {name!r}; known tasks: {sorted(TASKS)}")
+    return TASKS[name]
+
+
+OPTIMIZERS = {"sgd": torch.optim.SGD, "adamw": torch.optim.AdamW, "adam": torch.optim.Adam}
+
+
+def make_optimizer_factory(spec: dict):
+    """``{"name": "sgd", "lr": 0.1, ...}`` -> ``fn(params) -> optimizer``, checked now rather than mid-run."""
+    spec = dict(spec)
+    name = spec.pop("name", None)
+    if name not in OPTIMIZERS:
+        raise ValueError(f"unknown optimizer {name!r}; known: {sorted(OPTIMIZERS)}")
+    cls = OPTIMIZERS[name]
+    if "betas" in spec:
+        spec["betas"] = tuple(spec["betas"])
+    try:
+        cls([torch.zeros(1, requires_grad=True)], **spec)
+    except TypeError as e:
+        raise TypeError(f"bad parameters for optimizer {name!r}: {e}") from e
+    return lambda params: cls(params, **spec)
+
+
+# -- data ----------------------------------------------------------------------------------
+def fashion_mnist_torch_loader(batch_size: int, augment: dict | None, data_fraction: float, seed: int,
+                               num_workers: int = 0, download: bool = False):
+    """The hand-written baseline's input pipeline: a torchvision transform per image and a DataLoader."""
+    import torchvision.transforms as T
+
+    arrays = load_fashion_mnist(download=download)
+    steps = []
+    if augment and augment.get("crop_pad"):
+        steps.append(T.RandomCrop(28, padding=augment["crop_pad"], padding_mode="reflect"))
+    if augment and augment.get("flip"):
+        steps.append(T.RandomHorizontalFlip())
+    steps += [T.ToTensor(), T.Normalize((arrays.mean,), (arrays.std,))]
+    dataset = FashionMNIST(train=True, transform=T.Compose(steps), download=download)
+    if data_fraction < 1.0:
+        dataset = torch.utils.data.Subset(dataset, stratified_indices(arrays.train_y, data_fraction, seed).tolist())
+    return torch.utils.data.DataLoader(dataset, batch_size=batch_size, shuffle=True, num_workers=num_workers,
+                                       persistent_workers=num_workers > 0)
+
+
+def make_loaders(task: str, recipe: Recipe, device: torch.device, data_fraction: float = 1.0, seed: int = 0,
+                 eval_fraction: float | None = None, download: bool = False, num_workers: int = 0,
+                 seq_len: int | None = None):
+    """(train loader, evaluators) for a task and recipe. Evaluation data is the same for every recipe."""
+    if not 0 < data_fraction <= 1:
+        raise ValueError(f"data_fraction must be in (0, 1], got {data_fraction}")
+    if task == "fashion-mnist":
+        augment = Augment(**recipe.augment) if recipe.augment else None
+        train, test = fashion_mnist_loaders(batch_size=recipe.batch_size, device=device, augment=augment,
+                                            data_fraction=data_fraction, seed=seed, eval_fraction=eval_fraction,
+                                            download=download)
+        if recipe.loader == "torch":
+            train = fashion_mnist_torch_loader(recipe.batch_size, recipe.augment, data_fraction, seed,
+                                               num_workers=num_workers, download=download)
+        return train, [Evaluator(test, {"accuracy": Accuracy(), "loss": CrossEntropy()})]
+    if task == "pydocs":
+        corpus = load_text_corpus(seed=seed)
+        seq_len = seq_len or 256
+        train_tokens = corpus.train[: max(seq_len + 1, int(len(corpus.train) * data_fraction))]
+        train = TokenBatchLoader(train_tokens, seq_len, recipe.batch_size, seed=seed, device=device)
+        eval_batches = max(1, int(64 * (eval_fraction or 1.0)))
+        val = TokenBatchLoader(corpus.val, seq_len, 32, steps_per_epoch=eval_batches, shuffle=False, device=device)
+        return train, [Evaluator(val, {"bpb": BitsPerByte(), "loss": CrossEntropy()})]
+    raise ValueError(f"unknown task {task!r}; known tasks: {sorted(TASKS)}")
+
+
+# -- the one way to build a run -----------------------------------------------------------------
+def make_trainer(task: str = "fashion-mnist", recipe: str | Recipe = "baseline", *, model: str | None = None,
+                 duration: str | None = None, methods: Any = None, precision: str | None = None,
+                 batch_size: int | None = None, device: str = "auto", seed: int = 0, data_fraction: float = 1.0,
+                 eval_fraction: float | None = None, target: float | None = None, stop_at_target: bool = False,
+                 download: bool = False, num_workers: int = 0, **trainer_kwargs) -> Trainer:
+    """A Trainer for ``task`` configured by ``recipe``; keyword arguments override the recipe's fields."""
+    spec = get_task(task)
+    recipe = get_recipe(task, recipe).with_changes(model=model, duration=duration, precision=precision,
+                                                   batch_size=batch_size)
+    if methods is not None:
+        recipe = recipe.with_changes(methods=_methods_dict(methods))
+    device = resolve_device(device)
+    torch.manual_seed(seed)  # the same initial weights for every recipe with the same seed
+    net = get_model(recipe.model, **({"num_classes": 10} if spec.domain == "vision" else {}))
+    seq_len = net.config.block_size if spec.domain == "language" else None
+    train, evaluators = make_loaders(task, recipe, device, data_fraction, seed, eval_fraction, download,
+                                     num_workers, seq_len)
+    target_value = spec.target_value if target is None else target
+    config = {"task": task, "recipe": recipe.name, "recipe_spec": recipe.to_dict(), "data_fraction": data_fraction,
+              "target": {"metric": spec.target_metric, "value": target_value}}
+    trainer = Trainer(
+        net, train, evaluators=evaluators, max_duration=recipe.duration,
+        optimizers=make_optimizer_factory(recipe.optimizer), schedulers=recipe.schedule,
+        algorithms=build_algorithms(recipe.methods), precision=recipe.precision, device=device, seed=seed,
+        eval_interval=recipe.eval_interval, stop_at=(spec.target_metric, target_value) if stop_at_target else None,
+        config=config, **trainer_kwargs)
+    trainer.record.target = {"metric": spec.target_metric, "value": target_value}
+    return trainer
+
+
+def _methods_dict(methods) -> dict:
+    if isinstance(methods, dict):
+        return methods
+    if isinstance(methods, str):
+        methods = [m.strip() for m in methods.split(",") if m.strip()]
+    return {name: {} for name in methods}
