@@ -407,7 +407,7 @@ class Trainer:
                 scheduler.step()
 
         state.timestamp = state.timestamp.after_batch(total, _tokens_in(full_batch), wall_s=self._clock.elapsed())
-        if state.timestamp.batch % state.log_every == 0:
+        if state.timestamp.batch % state.log_every == 0 or state.is_done():
             state.last_train_loss = step_loss.item()
             self.logger.log_metrics({"loss": state.last_train_loss})
 

@@ -1,0 +1,43 @@
+"""The command line end to end: a tiny budget writes a RunRecord that we read back."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from speedkit import RunRecord
+from speedkit.cli import main
+
+
+def test_speedkit_train_writes_a_record(tmp_path, capsys):
+    code = main(["train", "--task", "fashion-mnist", "--recipe", "mild", "--duration", "6ba", "--batch-size", "64",
+                 "--data-fraction", "0.02", "--eval-fraction", "0.05", "--algorithms", "label_smoothing",
+                 "--precision", "fp32", "--device", "cpu", "--run-dir", str(tmp_path), "--run-name", "cli",
+                 "--no-progress"])
+    assert code == 0
+    record = RunRecord.load(tmp_path / "cli")
+    assert record.status == "completed"
+    assert record.method_names == ["label_smoothing"]
+    assert record.config["task"] == "fashion-mnist" and record.config["recipe"] == "mild"
+    assert record.steps[-1]["batch"] == 6 and record.evals
+    assert 0.0 <= record.final_metrics["eval/accuracy"] <= 1.0
+    assert "record:" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--algorithms", "label_smothing"], "Did you mean 'label_smoothing'"),
+    (["--duration", "3 fortnights"], "fortnights"),
+    (["--task", "imagenet"], "unknown task"),
+    (["--model", "resnet1000"], "resnet1000"),
+])
+def test_bad_input_gets_a_clear_error(tmp_path, capsys, args, message):
+    code = main(["train", "--device", "cpu", "--data-fraction", "0.01", "--run-dir", str(tmp_path), *args])
+    assert code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_help_lists_tasks_models_and_methods():
+    out = subprocess.run([sys.executable, "-m", "speedkit", "--help"], capture_output=True, text=True, check=True).stdout
+    for expected in ("fashion-mnist", "resnet8", "gpt-nano", "label_smoothing", "channels_last", "train", "demo"):
+        assert expected in out
