@@ -303,3 +303,10 @@ def test_empty_dataloader_is_refused(tmp_path):
                                                                        torch.zeros(0, dtype=torch.long)))
     with pytest.raises(ValueError, match="empty"):
         Trainer(toy_model(), empty, device="cpu", run_dir=tmp_path).fit()
+
+
+@pytest.mark.parametrize("interval, expected_batches", [("1ep", [8, 16]), ("0.5ep", [4, 8, 12, 16]),
+                                                        ("3ba", [3, 6, 9, 12, 15, 16]), ("0.25dur", [4, 8, 12, 16])])
+def test_eval_interval_units(tmp_path, interval, expected_batches):
+    _, record = fit(tmp_path, eval_interval=interval, save_checkpoints=False)
+    assert [e["batch"] for e in record.evals] == expected_batches  # 16 is the final evaluation

@@ -140,7 +140,7 @@ class State:
 class Interval:
     """Fires each time training passes another multiple of ``every`` (``"1ep"``, ``"500ba"``, ``"0.25dur"``).
 
-    Epoch intervals fire at epoch ends, others at batch ends. ``due`` advances the next mark, so a
+    Whole-epoch intervals fire at epoch ends, others at batch ends. ``due`` advances the next mark, so a
     resumed run (whose progress starts past zero) fires at the same points as an uninterrupted one.
     """
 
@@ -153,9 +153,14 @@ class Interval:
     def _progress_and_step(self, state: State) -> tuple[float, float]:
         if self.every.unit is TimeUnit.DURATION:
             return state.fraction_done(), float(self.every.value)
-        if self.every.unit is TimeUnit.EPOCH:
+        if self._at_epoch_ends:
             return float(state.timestamp.epoch), float(self.every.value)
-        return state.progress(self.every.unit), state.convert(self.every, self.every.unit)
+        return state.progress(self.every.unit), float(self.every.value)
+
+    @property
+    def _at_epoch_ends(self) -> bool:
+        """Whole-epoch intervals fire at epoch ends; "0.5ep" and every other unit at batch ends."""
+        return self.every.unit is TimeUnit.EPOCH and float(self.every.value).is_integer()
 
     def start(self, state: State) -> None:
         """Count marks already passed (a resumed run) as done."""
@@ -163,7 +168,7 @@ class Interval:
         self._last_mark = int(progress / step + 1e-9)
 
     def due(self, state: State, at_epoch_end: bool) -> bool:
-        if (self.every.unit is TimeUnit.EPOCH) != at_epoch_end:
+        if self._at_epoch_ends != at_epoch_end:
             return False
         progress, step = self._progress_and_step(state)
         mark = int(progress / step + 1e-9)
