@@ -113,6 +113,8 @@ class Trainer:
     ``fn(params) -> optimizer`` (use a factory when methods change the model at INIT).
     ``schedulers`` are speedkit schedules (functions of the fraction done) or torch LR schedulers.
     ``stop_at=("eval/accuracy", 0.92)`` ends the run when the target is reached (time to accuracy).
+    Each run lives in ``run_dir/run_name``: ``record.json``, ``log.jsonl`` and ``checkpoints/`` (or
+    ``save_folder``), where a final checkpoint is always written unless ``save_checkpoints=False``.
     """
 
     def __init__(self, model: torch.nn.Module, train_dataloader: Iterable | None = None, *,
@@ -124,7 +126,8 @@ class Trainer:
                  seed: int = 0, deterministic: bool = False,
                  eval_interval: str | Time = "1ep", log_interval: int = 10,
                  run_name: str | None = None, run_dir: str | os.PathLike = "runs",
-                 save_interval: str | Time | None = None, save_checkpoints: bool = True, keep_checkpoints: int = 3,
+                 save_folder: str | os.PathLike | None = None, save_interval: str | Time | None = None,
+                 save_checkpoints: bool = True, keep_checkpoints: int = 3,
                  load_path: str | os.PathLike | None = None, autoresume: bool = False,
                  stop_at: tuple[str, float] | dict | None = None, nan_policy: str | None = "stop",
                  schedule_scale: float = 1.0, progress_bar: bool = False, console: bool = False,
@@ -154,7 +157,7 @@ class Trainer:
         self.microbatch_size, self.grad_accum = microbatch_size, grad_accum
         self.run_name = run_name or f"run-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
         self.run_folder = Path(run_dir) / self.run_name
-        self.checkpoint_folder = self.run_folder / "checkpoints"
+        self.checkpoint_folder = Path(save_folder) if save_folder else self.run_folder / "checkpoints"
         self.save_checkpoints, self.keep_checkpoints = save_checkpoints, keep_checkpoints
         self.load_path, self.autoresume = load_path, autoresume
 
@@ -167,7 +170,7 @@ class Trainer:
         state.log_every = log_interval
         state.autocast = autocast_factory(resolved_precision, device)
         state.grad_scaler = make_grad_scaler(resolved_precision, device)
-        state.evaluators = self._make_evaluators(eval_dataloader, evaluators, eval_interval)
+        state.evaluators = self._make_evaluators(model, eval_dataloader, evaluators, eval_interval)
         state.callbacks = self._make_callbacks(callbacks, stop_at, nan_policy, progress_bar, save_interval)
 
         self.memory_logger = InMemoryLogger()
@@ -191,10 +194,12 @@ class Trainer:
 
     # -- construction helpers -------------------------------------------------------------
     @staticmethod
-    def _make_evaluators(eval_dataloader, evaluators, eval_interval) -> list[Evaluator]:
+    def _make_evaluators(model, eval_dataloader, evaluators, eval_interval) -> list[Evaluator]:
         evaluators = list(evaluators)
         if eval_dataloader is not None:
-            evaluators.insert(0, Evaluator(eval_dataloader))
+            # A model that names its own metrics (Composer-style ``metrics()``) is evaluated with them.
+            own = model.metrics() if callable(getattr(model, "metrics", None)) else None
+            evaluators.insert(0, Evaluator(eval_dataloader, own) if own else Evaluator(eval_dataloader))
         for ev in evaluators:
             if not isinstance(ev, Evaluator):
                 raise TypeError(f"evaluators must be speedkit.metrics.Evaluator objects, got {type(ev).__name__}")

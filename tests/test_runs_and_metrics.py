@@ -114,3 +114,19 @@ def test_checkpoints_keep_the_newest_few(tmp_path):
     folder = tmp_path / "k" / "checkpoints"
     assert sorted(p.name for p in folder.glob("ba*.ckpt")) == ["ba000000010.ckpt", "ba000000012.ckpt"]
     assert (folder / "latest.ckpt").read_bytes() == (folder / "ba000000012.ckpt").read_bytes()
+
+
+def test_rng_state_round_trips_through_a_checkpoint(tmp_path):
+    import random
+
+    import numpy as np
+
+    from speedkit.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
+
+    random.seed(1), np.random.seed(2), torch.manual_seed(3)
+    np.random.randn()  # leaves a cached gaussian in numpy's state
+    save_checkpoint(tmp_path / "rng.ckpt", {"rng": rng_state()})
+    expected = (random.random(), np.random.randn(3).tolist(), torch.rand(3).tolist())
+    random.seed(9), np.random.seed(9), torch.manual_seed(9)
+    set_rng_state(load_checkpoint(tmp_path / "rng.ckpt")["rng"])
+    assert (random.random(), np.random.randn(3).tolist(), torch.rand(3).tolist()) == expected

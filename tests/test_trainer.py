@@ -310,3 +310,31 @@ def test_empty_dataloader_is_refused(tmp_path):
 def test_eval_interval_units(tmp_path, interval, expected_batches):
     _, record = fit(tmp_path, eval_interval=interval, save_checkpoints=False)
     assert [e["batch"] for e in record.evals] == expected_batches  # 16 is the final evaluation
+
+
+class ComposerStyle(torch.nn.Module):
+    """A model that brings its own loss and metrics, as Composer's models do."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = toy_model()
+
+    def forward(self, x):
+        return self.net(x)
+
+    def loss(self, outputs, batch):
+        return torch.nn.functional.cross_entropy(outputs, batch[1]) * 2.0
+
+    def metrics(self):
+        from speedkit.metrics import Accuracy
+
+        return {"top2": Accuracy(topk=2)}
+
+
+def test_model_with_its_own_loss_and_metrics(tmp_path):
+    model = ComposerStyle()
+    trainer, record = fit(tmp_path, model=model, max_duration="2ba", save_checkpoints=False)
+    assert list(record.final_metrics) == ["eval/top2"]
+    x, y = next(iter(toy_loaders(shuffle=False)[0]))
+    assert trainer.state.loss_fn(model(x), (x, y)).item() == pytest.approx(
+        2 * torch.nn.functional.cross_entropy(model(x), y).item())
