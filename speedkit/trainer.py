@@ -275,8 +275,8 @@ class Trainer:
         state, record = self.state, self.state.record
         if state.train_dataloader is None:
             raise ValueError("Trainer.fit needs train_dataloader")
-        self._fit_start()
         try:
+            self._fit_start()
             while not self._should_end():
                 self._run_epoch()
             self._final_eval()
