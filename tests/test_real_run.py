@@ -1,6 +1,8 @@
 """Real data, real model: a small ResNet on Fashion-MNIST learns within one epoch on the CPU."""
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from speedkit.tasks import make_trainer
@@ -19,9 +21,10 @@ def test_resnet8_reaches_85_percent_on_fashion_mnist_in_one_epoch(tmp_path):
 def test_byte_gpt_learns_the_python_docs(tmp_path):
     """A few hundred steps take the byte-level GPT well below the 8 bits/byte of a uniform guess."""
     trainer = make_trainer("pydocs", "baseline", duration="60ba", batch_size=16, device="cpu", eval_fraction=0.25,
-                           run_dir=tmp_path, run_name="lm")
+                           run_dir=tmp_path, run_name="lm", log_interval=1)
     record = trainer.fit()
     first, last = record.steps[0]["loss"], record.steps[-1]["loss"]
-    assert last < first - 1.0, (first, last)
+    assert first == pytest.approx(math.log(256), abs=0.3)  # a fresh model guesses uniformly over bytes
+    assert last < first - 1.5, (first, last)
     assert record.final_metrics["eval/bpb"] < 5.0
     assert record.steps[-1]["token"] == 60 * 16 * 256

@@ -57,14 +57,14 @@ RECIPES: dict[str, dict[str, Recipe]] = {
     "fashion-mnist": {
         "baseline": Recipe(
             name="baseline", task="fashion-mnist", model="resnet8", duration="10ep", batch_size=128,
-            optimizer=dict(_SGD), schedule={"name": "cosine", "warmup": "1ep"}, precision="fp32", loader="torch",
+            optimizer=dict(_SGD), schedule={"name": "cosine", "warmup": "0.1dur"}, precision="fp32", loader="torch",
             augment={"crop_pad": 2, "flip": "random"},
             summary="hand-written PyTorch: SGD+Nesterov, cosine with warmup, fp32, torchvision DataLoader"),
         "mild": Recipe(
-            name="mild", task="fashion-mnist", model="resnet8", duration="4ep", batch_size=512,
+            name="mild", task="fashion-mnist", model="resnet8", duration="4ep", batch_size=256,
             optimizer={**_SGD, "lr": 0.2}, schedule={"name": "one_cycle", "peak_at": 0.2},
             methods={"channels_last": {}, "label_smoothing": {"smoothing": 0.1}},
-            precision="auto", loader="memory", augment={"crop_pad": 2, "flip": "alternating"},
+            precision="auto", loader="memory", augment={"crop_pad": 0, "flip": "alternating"},
             summary="in-memory batch augmentation, bf16 autocast + channels_last where fast, one-cycle, "
                     "label smoothing, a shorter budget"),
     },
