@@ -111,13 +111,13 @@ def make_loaders(task: str, recipe: Recipe, device: torch.device, data_fraction:
 # -- the one way to build a run -----------------------------------------------------------------
 def make_trainer(task: str = "fashion-mnist", recipe: str | Recipe = "baseline", *, model: str | None = None,
                  duration: str | None = None, methods: Any = None, precision: str | None = None,
-                 batch_size: int | None = None, device: str = "auto", seed: int = 0, data_fraction: float = 1.0,
+                 batch_size: int | None = None, eval_interval: str | None = None, device: str = "auto", seed: int = 0, data_fraction: float = 1.0,
                  eval_fraction: float | None = None, target: float | None = None, stop_at_target: bool = False,
                  download: bool = False, num_workers: int = 0, **trainer_kwargs) -> Trainer:
     """A Trainer for ``task`` configured by ``recipe``; keyword arguments override the recipe's fields."""
     spec = get_task(task)
     recipe = get_recipe(task, recipe).with_changes(model=model, duration=duration, precision=precision,
-                                                   batch_size=batch_size)
+                                                   batch_size=batch_size, eval_interval=eval_interval)
     if methods is not None:
         recipe = recipe.with_changes(methods=_methods_dict(methods))
     device = resolve_device(device)
