@@ -190,6 +190,7 @@ class Trainer:
         record.environment = environment(device)
         self._clock = TrainClock()
         self._resume_rng: dict | None = None
+        self._pending_callback_state: dict = {}
         self._fit_started = False
 
     # -- construction helpers -------------------------------------------------------------
@@ -349,6 +350,7 @@ class Trainer:
     def _run_epoch(self) -> None:
         state, engine = self.state, self.engine
         resuming_mid_epoch = state.timestamp.batch_in_epoch > 0
+        self._clock.start()  # starting the loader's iterator (worker processes) is training time too
         self._set_epoch(state.timestamp.epoch)
         iterator = self._epoch_iterator(state.timestamp.batch_in_epoch)
         if self._resume_rng is not None:
@@ -356,7 +358,6 @@ class Trainer:
             self._resume_rng = None
         if not resuming_mid_epoch:
             engine.run_event(Event.EPOCH_START)
-        self._clock.start()
         while not self._epoch_complete():
             if self._should_end():
                 return  # stopped or out of budget mid-epoch: no epoch end

@@ -338,3 +338,27 @@ def test_model_with_its_own_loss_and_metrics(tmp_path):
     x, y = next(iter(toy_loaders(shuffle=False)[0]))
     assert trainer.state.loss_fn(model(x), (x, y)).item() == pytest.approx(
         2 * torch.nn.functional.cross_entropy(model(x), y).item())
+
+
+def test_resume_is_exact_with_the_in_memory_loader_and_its_augmentation(tmp_path):
+    """Real Fashion-MNIST images through BatchLoader (crop + flip drawn per epoch), resumed via iter_from."""
+    from speedkit.data import Augment, fashion_mnist_loaders
+    from speedkit.models import get_model
+
+    def run(folder, stop_at=None, resume=False):
+        train, test = fashion_mnist_loaders(batch_size=100, data_fraction=0.02, eval_fraction=0.05,
+                                            augment=Augment(crop_pad=2, flip="random"))
+        torch.manual_seed(0)
+        callbacks = [StopFromThreadAt(stop_at)] if stop_at else []
+        trainer = Trainer(get_model("resnet8", width=8), train, eval_dataloader=test, max_duration="2ep",
+                          callbacks=callbacks, deterministic=True, log_interval=1, device="cpu",
+                          run_dir=folder, run_name="r", autoresume=resume)
+        for cb in callbacks:
+            cb.trainer = trainer
+        return trainer.fit()
+
+    full = run(tmp_path / "full")
+    run(tmp_path / "part", stop_at=17)  # epoch 1, batch 5 of 12
+    resumed = run(tmp_path / "part", resume=True)
+    assert _losses(resumed) == _losses(full)
+    assert resumed.final_metrics == full.final_metrics
