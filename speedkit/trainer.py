@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
@@ -552,7 +553,10 @@ class Trainer:
         path = save_checkpoint(folder / f"ba{state.timestamp.batch:09d}.ckpt", self._checkpoint_payload())
         tmp = folder / f".{LATEST}.link"
         tmp.unlink(missing_ok=True)
-        os.link(path, tmp)
+        try:
+            os.link(path, tmp)  # a second name for the same bytes: instant, and atomic with the rename
+        except OSError:  # file systems without hard links
+            shutil.copyfile(path, tmp)
         os.replace(tmp, folder / LATEST)
         for old in sorted(folder.glob("ba*.ckpt"))[:-self.keep_checkpoints]:
             old.unlink()

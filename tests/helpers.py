@@ -1,8 +1,12 @@
 """Small models, data and methods shared by the tests."""
 from __future__ import annotations
 
+import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
+
+from speedkit.data import locate_fashion_mnist
+from speedkit.data import text as _text
 
 from speedkit.core import Algorithm, Event, MethodCard
 
@@ -58,3 +62,18 @@ def algorithm_class(name: str, writes=(), events=(Event.BATCH_START, Event.AFTER
 
     _Method.__name__ = f"Method_{name}"
     return _Method
+
+
+def _fashion_mnist_installed() -> bool:
+    try:
+        locate_fashion_mnist()
+        return True
+    except FileNotFoundError:
+        return False
+
+
+# Real-data tests skip where the data is missing; `make test` installs it, so in CI they run.
+needs_fmnist = pytest.mark.skipif(not _fashion_mnist_installed(),
+                                  reason="Fashion-MNIST not found: apt-get install dataset-fashion-mnist")
+needs_python_docs = pytest.mark.skipif(not _text.DEFAULT_TEXT_ROOT.is_dir(),
+                                       reason="text corpus not found: apt-get install python3.11-doc")

@@ -9,7 +9,10 @@ import pytest
 from speedkit import RunRecord
 from speedkit.cli import main
 
+from helpers import needs_fmnist
 
+
+@needs_fmnist
 def test_speedkit_train_writes_a_record(tmp_path, capsys):
     code = main(["train", "--task", "fashion-mnist", "--recipe", "mild", "--duration", "6ba", "--batch-size", "64",
                  "--data-fraction", "0.02", "--eval-fraction", "0.05", "--algorithms", "label_smoothing",
@@ -25,6 +28,7 @@ def test_speedkit_train_writes_a_record(tmp_path, capsys):
     assert "record:" in capsys.readouterr().out
 
 
+@needs_fmnist
 @pytest.mark.parametrize("args, message", [
     (["--algorithms", "label_smothing"], "Did you mean 'label_smoothing'"),
     (["--duration", "3 fortnights"], "fortnights"),

@@ -32,14 +32,9 @@ from speedkit.data import (
 from speedkit.data import fashion_mnist as fm
 from speedkit.data import text as text_module
 
+from helpers import needs_fmnist, needs_python_docs
+
 SYSTEM_FMNIST = Path("/usr/share/datasets/fashion-mnist")
-needs_fmnist = pytest.mark.skipif(
-    not (SYSTEM_FMNIST / "train-images-idx3-ubyte.gz").is_file(),
-    reason="Debian package dataset-fashion-mnist not installed",
-)
-needs_python_docs = pytest.mark.skipif(
-    not text_module.DEFAULT_TEXT_ROOT.is_dir(), reason="Debian package python3.11-doc not installed"
-)
 
 
 # ============================================================================ helpers

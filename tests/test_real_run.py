@@ -7,8 +7,11 @@ import pytest
 
 from speedkit.tasks import make_trainer
 
+from helpers import needs_fmnist, needs_python_docs
+
 
 @pytest.mark.slow
+@needs_fmnist
 def test_resnet8_reaches_85_percent_on_fashion_mnist_in_one_epoch(tmp_path):
     trainer = make_trainer("fashion-mnist", "mild", duration="1ep", device="cpu", run_dir=tmp_path, run_name="real")
     record = trainer.fit()
@@ -18,6 +21,7 @@ def test_resnet8_reaches_85_percent_on_fashion_mnist_in_one_epoch(tmp_path):
 
 
 @pytest.mark.slow
+@needs_python_docs
 def test_byte_gpt_learns_the_python_docs(tmp_path):
     """A few hundred steps take the byte-level GPT well below the 8 bits/byte of a uniform guess."""
     trainer = make_trainer("pydocs", "baseline", duration="60ba", batch_size=16, device="cpu", eval_fraction=0.25,

@@ -12,7 +12,7 @@ from speedkit.callbacks import Callback, NonFiniteLossError
 from speedkit.checkpoint import CheckpointError, load_checkpoint
 from speedkit.optim import Cosine, Linear
 
-from helpers import toy_loaders, toy_model
+from helpers import needs_fmnist, toy_loaders, toy_model
 
 
 def fit(tmp_path, **kwargs):
@@ -340,6 +340,7 @@ def test_model_with_its_own_loss_and_metrics(tmp_path):
         2 * torch.nn.functional.cross_entropy(model(x), y).item())
 
 
+@needs_fmnist
 def test_resume_is_exact_with_the_in_memory_loader_and_its_augmentation(tmp_path):
     """Real Fashion-MNIST images through BatchLoader (crop + flip drawn per epoch), resumed via iter_from."""
     from speedkit.data import Augment, fashion_mnist_loaders
