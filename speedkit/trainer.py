@@ -12,7 +12,7 @@ import random
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import numpy as np
 import torch
@@ -476,8 +476,8 @@ class Trainer:
 
     def eval(self, evaluators: Sequence[Evaluator] | None = None) -> dict[str, dict[str, float]]:
         """Evaluate the current model; returns and logs ``{label: {metric: value}}``."""
-        state, engine = self.state, self.engine
-        evaluators = self.state.evaluators if evaluators is None else evaluators
+        state = self.state
+        evaluators = state.evaluators if evaluators is None else evaluators
         start = time.perf_counter()
         was_training = state.model.training
         state.model.eval()

@@ -34,8 +34,6 @@ from speedkit.data import text as text_module
 
 from helpers import needs_fmnist, needs_python_docs
 
-SYSTEM_FMNIST = Path("/usr/share/datasets/fashion-mnist")
-
 
 # ============================================================================ helpers
 
