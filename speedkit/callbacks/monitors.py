@@ -32,7 +32,8 @@ class ProgressBar(Callback):
         total = None
         if state.max_duration.unit.value in ("ep", "ba") and state.batches_per_epoch:
             total = int(round(state.convert(state.max_duration, "ba")))
-        self.bar = tqdm(total=total, initial=state.timestamp.batch, unit="ba", dynamic_ncols=True)
+        self.bar = tqdm(total=total, initial=state.timestamp.batch, unit="ba", dynamic_ncols=True,
+                        mininterval=0.5)
 
     def batch_end(self, state, logger):
         if self.bar is None:
