@@ -397,15 +397,10 @@ class Trainer:
         n_micro = max(1, -(-total // self.microbatch_size)) if self.microbatch_size else 1
         microbatches = _split_batch(full_batch, n_micro)
         state.num_microbatches = len(microbatches)
-        step_loss = torch.zeros((), device=state.device)
-        for index, microbatch in enumerate(microbatches):
-            state.batch, state.microbatch_index = microbatch, index
-            weight = _batch_size(microbatch) / total
-            step_loss += self._train_microbatch(weight) * weight
-        state.batch = full_batch
+        step_loss = self._forward_backward(full_batch, microbatches)
 
         if not state.skip_step:
-            self._optimizer_step()
+            self._optimizer_step(lambda: self._forward_backward(full_batch, microbatches))
         for optimizer in state.optimizers:
             optimizer.zero_grad(set_to_none=True)
         engine.run_event(Event.AFTER_TRAIN_BATCH)
@@ -417,6 +412,18 @@ class Trainer:
         if state.timestamp.batch % state.log_every == 0 or state.is_done():
             state.last_train_loss = step_loss.item()
             self.logger.log_metrics({"loss": state.last_train_loss})
+
+    def _forward_backward(self, full_batch, microbatches) -> torch.Tensor:
+        """Gradients of the whole batch, one microbatch at a time; returns the batch's mean loss."""
+        state = self.state
+        total = _batch_size(full_batch)
+        step_loss = torch.zeros((), device=state.device)
+        for index, microbatch in enumerate(microbatches):
+            state.batch, state.microbatch_index = microbatch, index
+            weight = _batch_size(microbatch) / total
+            step_loss += self._train_microbatch(weight) * weight
+        state.batch = full_batch
+        return step_loss
 
     def _train_microbatch(self, weight: float) -> torch.Tensor:
         state, engine = self.state, self.engine
@@ -437,10 +444,14 @@ class Trainer:
         engine.run_event(Event.AFTER_BACKWARD)
         return state.loss.detach().float()
 
-    def _optimizer_step(self) -> None:
+    def _optimizer_step(self, closure) -> None:
+        """Step every optimizer. Those that evaluate the loss again (``needs_closure``, e.g. SAM) get a
+        closure that re-runs forward, loss and backward on the same batch, events included."""
         scaler = self.state.grad_scaler
         for optimizer in self.state.optimizers:
-            if scaler is not None:
+            if getattr(optimizer, "needs_closure", False):
+                optimizer.step(closure)
+            elif scaler is not None:
                 scaler.step(optimizer)
             else:
                 optimizer.step()

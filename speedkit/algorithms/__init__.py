@@ -1,21 +1,41 @@
-"""Speed-up methods. ``REGISTRY`` maps each stable snake_case name to its Algorithm class."""
+"""Speed-up methods, one module each. ``REGISTRY`` maps each stable snake_case name to its Algorithm class.
+
+Every module in this package whose name does not start with ``_`` is a method module; its Algorithm
+subclasses (those with a ``CARD``) are registered under their card's name.
+"""
 from __future__ import annotations
 
-from speedkit.algorithms.channels_last import ChannelsLast
-from speedkit.algorithms.label_smoothing import LabelSmoothing
+import difflib
+import importlib
+import inspect
+import pkgutil
+
 from speedkit.core.algorithm import Algorithm
 
-REGISTRY: dict[str, type[Algorithm]] = {cls.CARD.name: cls for cls in (ChannelsLast, LabelSmoothing)}
+
+def _discover() -> dict[str, type[Algorithm]]:
+    registry: dict[str, type[Algorithm]] = {}
+    for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+        if info.name.startswith("_"):
+            continue
+        module = importlib.import_module(f"{__name__}.{info.name}")
+        for _, cls in inspect.getmembers(module, inspect.isclass):
+            if issubclass(cls, Algorithm) and cls.__module__ == module.__name__ and "CARD" in cls.__dict__:
+                if cls.CARD.name in registry:
+                    raise RuntimeError(f"two methods are named {cls.CARD.name!r}: {registry[cls.CARD.name]} and {cls}")
+                registry[cls.CARD.name] = cls
+    return dict(sorted(registry.items()))
+
+
+REGISTRY: dict[str, type[Algorithm]] = _discover()
 
 
 def get_algorithm(name: str, **params) -> Algorithm:
     """Build a method by registry name; unknown names get a message listing the known ones."""
     if name not in REGISTRY:
-        import difflib
-
         close = difflib.get_close_matches(name, list(REGISTRY), n=1)
         hint = f" Did you mean {close[0]!r}?" if close else ""
-        raise ValueError(f"unknown method {name!r}.{hint} Known methods: {', '.join(sorted(REGISTRY))}")
+        raise ValueError(f"unknown method {name!r}.{hint} Known methods: {', '.join(REGISTRY)}")
     return REGISTRY[name](**params)
 
 
@@ -28,4 +48,5 @@ def build_algorithms(spec) -> list[Algorithm]:
     return [s if isinstance(s, Algorithm) else get_algorithm(s) for s in spec]
 
 
-__all__ = ["REGISTRY", "ChannelsLast", "LabelSmoothing", "build_algorithms", "get_algorithm"]
+globals().update({cls.__name__: cls for cls in REGISTRY.values()})
+__all__ = ["REGISTRY", "build_algorithms", "get_algorithm", *(cls.__name__ for cls in REGISTRY.values())]

@@ -222,10 +222,13 @@ class GPT(nn.Module):
         return self.lm_head(self.transformer.ln_f(x))
 
     def loss(self, logits, batch):
-        """Mean next-token cross-entropy; batch = (inputs [B, T], targets [B, T]); targets of -1 are ignored."""
+        """Mean next-token cross-entropy; batch = (inputs [B, T], targets [B, T] ids, -1 ignored, or [B, T, V]
+        dense probabilities, as label smoothing makes them)."""
         targets = batch[1]
-        return F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), targets.reshape(-1),
-                               ignore_index=-1)
+        logits = logits.reshape(-1, logits.size(-1)).float()
+        if targets.is_floating_point():  # dense (e.g. smoothed) targets [B, T, V]
+            return F.cross_entropy(logits, targets.reshape(-1, logits.size(-1)))
+        return F.cross_entropy(logits, targets.reshape(-1), ignore_index=-1)
 
     def num_params(self, non_embedding=False):
         """Parameter count (a tied weight counted once). non_embedding=True leaves out the token and
