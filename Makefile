@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.speedkit-installed
 PYTEST_ARGS ?=
 
-.PHONY: setup system demo test lab clean
+.PHONY: setup system demo test lab readme clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -25,6 +25,9 @@ test: setup
 
 lab: setup
 	$(VENV)/bin/jupyter lab notebooks
+
+readme: setup
+	$(PY) scripts/update_readme.py README.md
 
 clean:
 	rm -rf runs .pytest_cache .hypothesis

@@ -50,6 +50,10 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--download", action="store_true", help="let torchvision download missing data")
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
 
+    methods = commands.add_parser("methods", help="the method catalogue, from the cards")
+    methods.add_argument("--markdown", action="store_true", help="print the README's markdown table")
+    methods.add_argument("name", nargs="?", help="show one method's whole card")
+
     demo = commands.add_parser("demo", help="baseline vs a speed-up recipe on Fashion-MNIST, side by side")
     demo.add_argument("--duration", default=None, help="budget for both runs (default: the demo's)")
     demo.add_argument("--data-fraction", type=float, default=None)
@@ -82,11 +86,28 @@ def _train(args) -> int:
     return 0
 
 
+def _methods(args) -> int:
+    import json
+
+    from speedkit.algorithms import REGISTRY, get_algorithm, methods_table
+
+    if args.name:
+        print(json.dumps(get_algorithm(args.name).CARD.to_dict(), indent=2, default=str))
+    elif args.markdown:
+        print(methods_table())
+    else:
+        for name, cls in REGISTRY.items():
+            print(f"{name:<26} {cls.CARD.domain:<9} {cls.CARD.summary}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         if args.command == "train":
             return _train(args)
+        if args.command == "methods":
+            return _methods(args)
         if args.command == "demo":
             from speedkit.demo import run_demo
 

@@ -16,6 +16,7 @@ from speedkit.data import load_fashion_mnist, stratified_indices
 from speedkit.devices import resolve_device
 from speedkit.metrics import Accuracy, BitsPerByte, CrossEntropy, Evaluator
 from speedkit.models import get_model
+from speedkit.optim.factory import make_optimizer_factory
 from speedkit.recipes import Recipe, get_recipe
 from speedkit.trainer import Trainer
 
@@ -41,25 +42,6 @@ def get_task(name: str) -> TaskSpec:
     if name not in TASKS:
         raise ValueError(f"unknown task {name!r}; known tasks: {sorted(TASKS)}")
     return TASKS[name]
-
-
-OPTIMIZERS = {"sgd": torch.optim.SGD, "adamw": torch.optim.AdamW, "adam": torch.optim.Adam}
-
-
-def make_optimizer_factory(spec: dict):
-    """``{"name": "sgd", "lr": 0.1, ...}`` -> ``fn(params) -> optimizer``, checked now rather than mid-run."""
-    spec = dict(spec)
-    name = spec.pop("name", None)
-    if name not in OPTIMIZERS:
-        raise ValueError(f"unknown optimizer {name!r}; known: {sorted(OPTIMIZERS)}")
-    cls = OPTIMIZERS[name]
-    if "betas" in spec:
-        spec["betas"] = tuple(spec["betas"])
-    try:
-        cls([torch.zeros(1, requires_grad=True)], **spec)
-    except TypeError as e:
-        raise TypeError(f"bad parameters for optimizer {name!r}: {e}") from e
-    return lambda params: cls(params, **spec)
 
 
 # -- data ----------------------------------------------------------------------------------

@@ -19,12 +19,15 @@ import torch
 import torch.nn.functional as F
 
 from speedkit.callbacks import CheckpointSaver, LRMonitor, NaNGuard, ProgressBar, SpeedMonitor, StopAtTarget
+from speedkit.algorithms import build_algorithms
 from speedkit.checkpoint import CheckpointError, load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from speedkit.core import Algorithm, Callback, Engine, Event, Interval, State, Time, Timestamp, TimeUnit
 from speedkit.devices import autocast_factory, make_grad_scaler, resolve_device, resolve_precision, synchronize
 from speedkit.loggers import ConsoleLogger, InMemoryLogger, JSONLFileLogger, Logger, RecordDestination
 from speedkit.metrics import Evaluator
 from speedkit.optim import Schedule, apply_schedule, get_schedule
+from speedkit.optim.factory import make_optimizer_factory
+from speedkit.recipes import resolve_recipe
 from speedkit.runs import RunRecord, environment
 
 LATEST = "latest.ckpt"
@@ -114,15 +117,17 @@ class Trainer:
     ``fn(params) -> optimizer`` (use a factory when methods change the model at INIT).
     ``schedulers`` are speedkit schedules (functions of the fraction done) or torch LR schedulers.
     ``stop_at=("eval/accuracy", 0.92)`` ends the run when the target is reached (time to accuracy).
+    ``recipe="mild"`` (or ``"fashion-mnist:mild"``, or a Recipe) supplies the duration, optimizer,
+    schedule, methods and precision that are not given explicitly.
     Each run lives in ``run_dir/run_name``: ``record.json``, ``log.jsonl`` and ``checkpoints/`` (or
     ``save_folder``), where a final checkpoint is always written unless ``save_checkpoints=False``.
     """
 
     def __init__(self, model: torch.nn.Module, train_dataloader: Iterable | None = None, *,
                  eval_dataloader: Iterable | None = None, evaluators: Sequence[Evaluator] = (),
-                 max_duration: str | Time = "1ep", optimizers=None, schedulers=None, loss_fn=None,
-                 algorithms: Sequence[Algorithm] = (), callbacks: Sequence[Callback] = (), loggers=(),
-                 precision: str = "fp32", device: str | torch.device = "auto",
+                 max_duration: str | Time | None = None, optimizers=None, schedulers=None, loss_fn=None,
+                 algorithms: Sequence[Algorithm] | None = None, callbacks: Sequence[Callback] = (), loggers=(),
+                 precision: str | None = None, device: str | torch.device = "auto", recipe=None,
                  microbatch_size: int | None = None, grad_accum: int = 1,
                  seed: int = 0, deterministic: bool = False,
                  eval_interval: str | Time = "1ep", log_interval: int = 10,
@@ -143,7 +148,17 @@ class Trainer:
             raise ValueError(f"log_interval must be a whole number of batches >= 1, got {log_interval!r}")
         if not (isinstance(schedule_scale, (int, float)) and schedule_scale > 0):
             raise ValueError(f"schedule_scale must be a positive number, got {schedule_scale!r}")
-        max_duration = Time.from_input(max_duration)
+        if recipe is not None:  # the recipe fills in what was not given explicitly
+            recipe = resolve_recipe(recipe, model)
+            max_duration = max_duration or recipe.duration
+            optimizers = optimizers or make_optimizer_factory(recipe.optimizer)
+            schedulers = recipe.schedule if schedulers is None else schedulers
+            algorithms = build_algorithms(recipe.methods) if algorithms is None else algorithms
+            precision = precision or recipe.precision
+            config = {"recipe": recipe.name, "recipe_spec": recipe.to_dict(), **(config or {})}
+        max_duration = Time.from_input(max_duration or "1ep")
+        precision = precision or "fp32"
+        algorithms = list(algorithms or ())
         if max_duration.unit is TimeUnit.DURATION:
             raise ValueError(f"max_duration={max_duration} is a fraction of itself; use ep, ba, sp, tok or s")
 

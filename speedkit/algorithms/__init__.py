@@ -48,5 +48,19 @@ def build_algorithms(spec) -> list[Algorithm]:
     return [s if isinstance(s, Algorithm) else get_algorithm(s) for s in spec]
 
 
+
+
+def methods_table() -> str:
+    """The README's methods table, drawn from the cards (``make readme`` writes it into README.md)."""
+    rows = ["| method | domain | acts on | what it does | expected effect (source) |", "|---|---|---|---|---|"]
+    for name, cls in REGISTRY.items():
+        card = cls.CARD
+        events = ", ".join(e.value for e in card.events)
+        effect = f"{card.effect} ({card.source})".replace("|", "/")
+        rows.append(f"| `{name}` | {card.domain} | {events} | {card.summary.replace('|', '/')} | {effect} |")
+    return "\n".join(rows)
+
+
 globals().update({cls.__name__: cls for cls in REGISTRY.values()})
-__all__ = ["REGISTRY", "build_algorithms", "get_algorithm", *(cls.__name__ for cls in REGISTRY.values())]
+__all__ = ["REGISTRY", "build_algorithms", "get_algorithm", "methods_table",
+           *(cls.__name__ for cls in REGISTRY.values())]

@@ -17,6 +17,7 @@ from speedkit.core.time import Time
 class Recipe:
     name: str
     task: str
+    domain: str  # "vision" | "language": which models it suits
     model: str
     duration: str
     batch_size: int
@@ -56,12 +57,12 @@ _SGD = {"name": "sgd", "lr": 0.1, "momentum": 0.9, "nesterov": True, "weight_dec
 RECIPES: dict[str, dict[str, Recipe]] = {
     "fashion-mnist": {
         "baseline": Recipe(
-            name="baseline", task="fashion-mnist", model="resnet8", duration="10ep", batch_size=128,
+            name="baseline", task="fashion-mnist", domain="vision", model="resnet8", duration="10ep", batch_size=128,
             optimizer=dict(_SGD), schedule={"name": "cosine", "warmup": "0.1dur"}, precision="fp32", loader="torch",
             augment={"crop_pad": 2, "flip": "random"},
             summary="hand-written PyTorch: SGD+Nesterov, cosine with warmup, fp32, torchvision DataLoader"),
         "mild": Recipe(
-            name="mild", task="fashion-mnist", model="resnet8", duration="4ep", batch_size=256,
+            name="mild", task="fashion-mnist", domain="vision", model="resnet8", duration="4ep", batch_size=256,
             optimizer={**_SGD, "lr": 0.2}, schedule={"name": "one_cycle", "peak_at": 0.2},
             methods={"channels_last": {}, "label_smoothing": {"smoothing": 0.1}},
             precision="auto", loader="memory", augment={"crop_pad": 0, "flip": "alternating"},
@@ -70,7 +71,7 @@ RECIPES: dict[str, dict[str, Recipe]] = {
     },
     "pydocs": {
         "baseline": Recipe(
-            name="baseline", task="pydocs", model="gpt-nano", duration="400ba", batch_size=32,
+            name="baseline", task="pydocs", domain="language", model="gpt-nano", duration="400ba", batch_size=32,
             optimizer={"name": "adamw", "lr": 1e-3, "weight_decay": 0.1, "betas": (0.9, 0.95)},
             schedule={"name": "cosine", "warmup": "0.05dur"}, precision="fp32", loader="memory",
             eval_interval="100ba",
@@ -89,4 +90,29 @@ def get_recipe(task: str, name: str | Recipe = "baseline") -> Recipe:
     return copy.deepcopy(RECIPES[task][name])
 
 
-__all__ = ["RECIPES", "Recipe", "get_recipe"]
+def model_domain(model) -> str:
+    """"language" for models with token embeddings, else "vision"."""
+    import torch.nn as nn
+
+    return "language" if any(isinstance(m, nn.Embedding) for m in model.modules()) else "vision"
+
+
+def resolve_recipe(spec, model=None) -> Recipe:
+    """A Recipe from a Recipe, ``"task:name"``, or a bare name picked by the model's domain."""
+    if isinstance(spec, Recipe):
+        return spec
+    if not isinstance(spec, str):
+        raise TypeError(f"recipe must be a name such as 'mild', 'fashion-mnist:mild' or a Recipe, got {spec!r}")
+    if ":" in spec:
+        return get_recipe(*spec.split(":", 1))
+    domain = model_domain(model) if model is not None else None
+    matches = [r for recipes in RECIPES.values() for r in recipes.values()
+               if r.name == spec and (domain is None or r.domain == domain)]
+    if len(matches) != 1:
+        known = sorted(f"{task}:{name}" for task, recipes in RECIPES.items() for name in recipes)
+        why = "no" if not matches else "more than one"
+        raise ValueError(f"{why} {domain or ''} recipe named {spec!r}; name one of {known}")
+    return copy.deepcopy(matches[0])
+
+
+__all__ = ["RECIPES", "Recipe", "get_recipe", "model_domain", "resolve_recipe"]

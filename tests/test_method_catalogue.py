@@ -1,0 +1,107 @@
+"""The catalogue as a whole: every card complete, every Composer name present, every pair of methods
+either trains together or is refused with the declared conflict. Pairs come from the registry, so a
+new method is covered without editing this file."""
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from speedkit.algorithms import REGISTRY
+from speedkit.core import IncompatibleMethodsError
+from speedkit.core.algorithm import DOMAINS, STAGES
+
+from method_harness import run_steps, tiny_language, tiny_vision
+
+COMPOSER_METHODS = [
+    "alibi", "augmix", "blurpool", "channels_last", "colout", "cutmix", "cutout", "ema", "factorize",
+    "gated_linear_units", "ghost_batchnorm", "gradient_clipping", "gyro_dropout", "label_smoothing",
+    "layer_freezing", "low_precision_groupnorm", "low_precision_layernorm", "mixup", "progressive_resizing",
+    "randaugment", "sam", "selective_backprop", "seq_length_warmup", "squeeze_excite", "stochastic_depth", "swa",
+    "weight_standardization",
+]
+
+# Methods that need something the tiny tasks lack, and the setup option that provides it.
+NEEDS = {
+    "low_precision_groupnorm": "groupnorm",
+    "gyro_dropout": "dropout",
+    "torch_compile": "slow",
+}
+
+
+def test_registry_has_every_composer_method_and_at_least_38():
+    missing = [name for name in COMPOSER_METHODS if name not in REGISTRY]
+    assert not missing, f"Composer methods missing from the registry: {missing}"
+    assert len(REGISTRY) >= 38, sorted(REGISTRY)
+
+
+@pytest.mark.parametrize("name", sorted(REGISTRY))
+def test_card_is_complete(name):
+    cls = REGISTRY[name]
+    card = cls.CARD
+    assert card.name == name and card.summary and card.domain in DOMAINS
+    assert card.events, f"{name} declares no events"
+    assert card.writes and all(w in STAGES for w in (*card.reads, *card.writes))
+    assert card.effect and card.source, f"{name} must state its expected effect and its source"
+    for hp in card.hparams:
+        hp.validate(hp.default, name)  # every default lies within its own range
+        if hp.type in (int, float) and hp.choices is None:
+            assert hp.low is not None and hp.high is not None and hp.step, f"{name}.{hp.name} needs a range"
+    for other in card.conflicts:
+        assert other in REGISTRY, f"{name} declares a conflict with unknown method {other!r}"
+    instance = cls()  # constructible from its card's defaults
+    assert instance.params == {hp.name: hp.default for hp in card.hparams}
+
+
+def _setup_for(domain: str, needs: set[str]):
+    if domain == "language":
+        return tiny_language(dropout=0.1 if "dropout" in needs else 0.0)
+    model, train, test = tiny_vision()
+    if "groupnorm" in needs:
+        model.stem.append(torch.nn.GroupNorm(2, model.stem[0].out_channels))
+    if "dropout" in needs:
+        model.fc = torch.nn.Sequential(torch.nn.Dropout(0.1), model.fc)
+    return model, train, test
+
+
+def _domains(a: str, b: str) -> list[str]:
+    da, db = REGISTRY[a].CARD.domain, REGISTRY[b].CARD.domain
+    if "any" not in (da, db) and da != db:
+        return []
+    shared = da if da != "any" else db
+    return ["vision", "language"] if shared == "any" else [shared]
+
+
+PAIRS = [(a, b, domain) for a, b in itertools.combinations(sorted(REGISTRY), 2)
+         if "slow" not in {NEEDS.get(a), NEEDS.get(b)} for domain in _domains(a, b)[:1]]
+
+
+@pytest.mark.parametrize("a, b, domain", PAIRS, ids=[f"{a}+{b}" for a, b, _ in PAIRS])
+def test_every_pair_trains_together_or_is_refused(tmp_path, a, b, domain):
+    first, second = REGISTRY[a](), REGISTRY[b]()
+    declared = (b in first.CARD.conflicts or a in second.CARD.conflicts
+                or set(first.CARD.exclusive) & set(second.CARD.exclusive))
+    setup = _setup_for(domain, {NEEDS.get(a), NEEDS.get(b)} - {None})
+    if declared:
+        with pytest.raises(IncompatibleMethodsError) as info:
+            run_steps(setup, [first, second], steps=2, tmp_path=tmp_path)
+        assert a in str(info.value) and b in str(info.value)
+        return
+    trainer = run_steps(setup, [first, second], steps=3, tmp_path=tmp_path, precision="bf16")
+    record = trainer.record
+    assert record.status == "completed"
+    assert all(torch.isfinite(p).all() for p in trainer.state.model.parameters())
+    assert record.evals, "the pair must also evaluate"
+
+
+def test_readme_methods_table_is_generated_from_the_cards():
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("update_readme", root / "scripts" / "update_readme.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    readme = (root / "README.md").read_text()
+    assert module.render(readme) == readme, "README's methods table is stale: run `make readme`"
