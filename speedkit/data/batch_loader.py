@@ -119,6 +119,15 @@ class BatchLoader:
         """Shape of one output image, [C, H, W]."""
         return tuple(self.images.shape[1:])
 
+    @property
+    def mean(self) -> Stat:
+        """The normalisation mean (pixel scale [0, 1]), so methods can undo and redo normalisation."""
+        return self._options["mean"]
+
+    @property
+    def std(self) -> Stat:
+        return self._options["std"]
+
     def __len__(self) -> int:
         if self.drop_last:
             return self.dataset_size // self.batch_size
