@@ -206,7 +206,6 @@ class Trainer:
         record.environment = environment(device)
         self._clock = TrainClock()
         self._resume_rng: dict | None = None
-        self._pending_callback_state: dict = {}
         self._fit_started = False
 
     # -- construction helpers -------------------------------------------------------------
@@ -323,15 +322,14 @@ class Trainer:
         self.run_folder.mkdir(parents=True, exist_ok=True)
         self._log_file = JSONLFileLogger(self.run_folder / "log.jsonl")
         self.logger.destinations.append(self._log_file)
-        self._maybe_resume()
         state.record.status = "running"
+        # Methods may rebuild optimizers or wrap modules at FIT_START; resuming after it loads the
+        # checkpoint into the same structure it was saved from (and over any state FIT_START reset).
+        self.engine.run_event(Event.FIT_START)
+        self._maybe_resume()
         self._clock = TrainClock(offset=state.timestamp.wall_s)
         for ev in state.evaluators:
             ev.schedule.start(state)
-        self.engine.run_event(Event.FIT_START)
-        for cb in state.callbacks:  # a callback's state loads after its own fit_start reset
-            if cb.__class__.__name__ in self._pending_callback_state:
-                cb.load_state_dict(self._pending_callback_state[cb.__class__.__name__])
         state.record.save()
         self._fit_started = True
 
@@ -592,7 +590,6 @@ class Trainer:
         return path
 
     def _maybe_resume(self) -> None:
-        self._pending_callback_state = {}
         path = self.load_path
         if path is None and self.autoresume and (self.checkpoint_folder / LATEST).exists():
             path = self.checkpoint_folder / LATEST
@@ -617,7 +614,10 @@ class Trainer:
                                   f"different configuration") from e
         for algorithm in state.algorithms:
             algorithm.load_state_dict(payload["algorithms"].get(algorithm.name, {}))
-        self._pending_callback_state = payload.get("callbacks", {})
+        saved_callbacks = payload.get("callbacks", {})
+        for callback in state.callbacks:
+            if type(callback).__name__ in saved_callbacks:
+                callback.load_state_dict(saved_callbacks[type(callback).__name__])
         state.timestamp = Timestamp.from_dict(payload["timestamp"])
         previous = RunRecord.from_dict(json.loads(payload["record"]))
         record = state.record

@@ -53,7 +53,6 @@ class SpeedMonitor(Callback):
 
     def fit_start(self, state, logger):
         self._history.clear()
-        self._history.append((state.timestamp.wall_s, state.timestamp.sample, state.timestamp.token))
         if self.count_flops:
             dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(state.precision, torch.float32)
             self.peak = matmul_peak_flops(state.device.type, dtype)
@@ -67,6 +66,11 @@ class SpeedMonitor(Callback):
                 if state.record is not None:
                     state.record.notes["flops_per_sample"] = self.flops_per_sample
                     state.record.environment["matmul_peak_flops"] = self.peak
+
+    def batch_start(self, state, logger):
+        if not self._history:  # the window starts where this fit starts (a resumed run starts mid-way)
+            ts = state.timestamp
+            self._history.append((ts.wall_s, ts.sample, ts.token))
 
     def batch_end(self, state, logger):
         ts = state.timestamp

@@ -14,7 +14,7 @@ Names later methods rely on (keep them stable):
   * Position handling is chosen by `config.positions`: "learned" adds `transformer.wpe` to the
     token embeddings; "rotary" has no wpe and rotates q and k inside every attention layer.
   * `MLP` is `fc` -> activation -> `proj`; the activation is `config.activation` ("gelu" or
-    "relu2", i.e. relu(x)**2 as in modded-nanogpt). A GLU method replaces `fc`.
+    "relu2", i.e. relu(x)**2 as in modded-nanogpt). A GLU method replaces `fc` and sets "identity".
   * All norms are `nn.LayerNorm`, so norm surgery that matches nn.LayerNorm finds every one.
 """
 
@@ -156,7 +156,12 @@ class MLP(nn.Module):
     def forward(self, x):
         x = self.fc(x)
         # relu2 = relu(x)^2: cheaper than GELU and reported slightly better in modded-nanogpt
-        x = F.gelu(x) if self.activation == "gelu" else F.relu(x).square()
+        if self.activation == "gelu":
+            x = F.gelu(x)
+        elif self.activation == "relu2":
+            x = F.relu(x).square()
+        elif self.activation != "identity":  # "identity": a gated unit in `fc` already applied its own
+            raise ValueError(f"unknown activation {self.activation!r}")
         return self.dropout(self.proj(x))
 
 
