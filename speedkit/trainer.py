@@ -311,6 +311,25 @@ class Trainer:
     # -- fit: start, loop, end ------------------------------------------------------------
     def _fit_start(self) -> None:
         state = self.state
+        self._measure_loader()
+        self.run_folder.mkdir(parents=True, exist_ok=True)
+        self._log_file = JSONLFileLogger(self.run_folder / "log.jsonl")
+        self.logger.destinations.append(self._log_file)
+        state.record.status = "running"
+        # Methods may rebuild optimizers, wrap modules or replace the loader at FIT_START; resuming after
+        # it loads the checkpoint into the same structure it was saved from.
+        self.engine.run_event(Event.FIT_START)
+        self._measure_loader()
+        self._maybe_resume()
+        self._clock = TrainClock(offset=state.timestamp.wall_s)
+        for ev in state.evaluators:
+            ev.schedule.start(state)
+        state.record.save()
+        self._fit_started = True
+
+    def _measure_loader(self) -> None:
+        """Nominal epoch length and batch size, which convert between time units."""
+        state = self.state
         loader = state.train_dataloader
         state.batches_per_epoch = len(loader) if hasattr(loader, "__len__") else None
         if state.batches_per_epoch == 0:
@@ -319,19 +338,6 @@ class Trainer:
         state.tokens_per_batch = getattr(loader, "tokens_per_batch", None)
         if self.microbatch_size is None and self.grad_accum > 1 and state.samples_per_batch:
             self.microbatch_size = -(-state.samples_per_batch // self.grad_accum)
-        self.run_folder.mkdir(parents=True, exist_ok=True)
-        self._log_file = JSONLFileLogger(self.run_folder / "log.jsonl")
-        self.logger.destinations.append(self._log_file)
-        state.record.status = "running"
-        # Methods may rebuild optimizers or wrap modules at FIT_START; resuming after it loads the
-        # checkpoint into the same structure it was saved from (and over any state FIT_START reset).
-        self.engine.run_event(Event.FIT_START)
-        self._maybe_resume()
-        self._clock = TrainClock(offset=state.timestamp.wall_s)
-        for ev in state.evaluators:
-            ev.schedule.start(state)
-        state.record.save()
-        self._fit_started = True
 
     def _should_end(self) -> bool:
         state = self.state

@@ -22,11 +22,18 @@ COMPOSER_METHODS = [
     "weight_standardization",
 ]
 
-# Methods that need something the tiny tasks lack, and the setup option that provides it.
+# What a method needs from the tiny tasks to have something to act on: a part to add to the model
+# ("groupnorm", "layernorm", "dropout"), smaller size thresholds, or "slow" (left to its own tests).
 NEEDS = {
-    "low_precision_groupnorm": "groupnorm",
-    "gyro_dropout": "dropout",
-    "torch_compile": "slow",
+    "low_precision_groupnorm": {"groupnorm"},
+    "low_precision_layernorm": {"layernorm"},
+    "gyro_dropout": {"dropout"},
+    "torch_compile": {"slow"},
+}
+PARAMS = {
+    "blurpool": {"min_channels": 8},
+    "squeeze_excite": {"min_channels": 8, "latent_channels": 4.0},
+    "factorize": {"min_channels": 8},
 }
 
 
@@ -58,10 +65,14 @@ def _setup_for(domain: str, needs: set[str]):
     if domain == "language":
         return tiny_language(dropout=0.1 if "dropout" in needs else 0.0)
     model, train, test = tiny_vision()
+    head = [model.fc]
+    if "dropout" in needs:
+        head.insert(0, torch.nn.Dropout(0.1))
+    if "layernorm" in needs:
+        head.insert(0, torch.nn.LayerNorm(model.fc.in_features))
+    model.fc = torch.nn.Sequential(*head) if len(head) > 1 else model.fc
     if "groupnorm" in needs:
         model.stem.append(torch.nn.GroupNorm(2, model.stem[0].out_channels))
-    if "dropout" in needs:
-        model.fc = torch.nn.Sequential(torch.nn.Dropout(0.1), model.fc)
     return model, train, test
 
 
@@ -74,15 +85,15 @@ def _domains(a: str, b: str) -> list[str]:
 
 
 PAIRS = [(a, b, domain) for a, b in itertools.combinations(sorted(REGISTRY), 2)
-         if "slow" not in {NEEDS.get(a), NEEDS.get(b)} for domain in _domains(a, b)[:1]]
+         if "slow" not in NEEDS.get(a, set()) | NEEDS.get(b, set()) for domain in _domains(a, b)[:1]]
 
 
 @pytest.mark.parametrize("a, b, domain", PAIRS, ids=[f"{a}+{b}" for a, b, _ in PAIRS])
 def test_every_pair_trains_together_or_is_refused(tmp_path, a, b, domain):
-    first, second = REGISTRY[a](), REGISTRY[b]()
+    first, second = REGISTRY[a](**PARAMS.get(a, {})), REGISTRY[b](**PARAMS.get(b, {}))
     declared = (b in first.CARD.conflicts or a in second.CARD.conflicts
                 or set(first.CARD.exclusive) & set(second.CARD.exclusive))
-    setup = _setup_for(domain, {NEEDS.get(a), NEEDS.get(b)} - {None})
+    setup = _setup_for(domain, NEEDS.get(a, set()) | NEEDS.get(b, set()))
     if declared:
         with pytest.raises(IncompatibleMethodsError) as info:
             run_steps(setup, [first, second], steps=2, tmp_path=tmp_path)
