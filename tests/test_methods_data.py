@@ -32,14 +32,6 @@ from method_harness import run_steps, tiny_images, tiny_language, tiny_vision
 
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """These tiny models run fastest on one thread; on a busy shared CPU, more threads only contend."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 TRAIN_EVENTS = {Event.BEFORE_FORWARD, Event.BEFORE_LOSS, Event.EVAL_BATCH_END}
 

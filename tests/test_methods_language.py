@@ -25,9 +25,7 @@ from speedkit.algorithms.seq_length_warmup import (SeqLengthWarmup, seq_length_a
                                                    truncate_sequences)
 from speedkit.core import Algorithm, Event, IncompatibleMethodsError, MethodCard
 from speedkit.core.algorithm import NothingToChangeError
-from speedkit.models import get_model
 
-torch.set_num_threads(1)
 VOCAB, T = 64, 12
 
 

@@ -29,7 +29,6 @@ from speedkit.models import get_model
 
 from method_harness import run_steps, tiny_language, tiny_vision
 
-torch.set_num_threads(1)
 
 
 def resnet18():
