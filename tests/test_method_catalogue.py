@@ -54,7 +54,8 @@ def test_card_is_complete(name):
     for hp in card.hparams:
         hp.validate(hp.default, name)  # every default lies within its own range
         if hp.type in (int, float) and hp.choices is None:
-            assert hp.low is not None and hp.high is not None and hp.step, f"{name}.{hp.name} needs a range"
+            assert hp.low is not None and hp.high is not None, f"{name}.{hp.name} needs a range"
+            assert hp.step or (hp.log and hp.low > 0), f"{name}.{hp.name} needs a step (or log=True)"
     for other in card.conflicts:
         assert other in REGISTRY, f"{name} declares a conflict with unknown method {other!r}"
     instance = cls()  # constructible from its card's defaults

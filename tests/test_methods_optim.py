@@ -30,7 +30,6 @@ from speedkit.optim.sam import SAM as SAMOptimizer
 
 from method_harness import run_steps, tiny_language, tiny_vision
 
-torch.set_num_threads(1)
 
 
 class Spy(Callback):

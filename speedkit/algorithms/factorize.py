@@ -124,6 +124,9 @@ class Factorize(Algorithm):
         summary="Split large convs and linears into low-rank pairs initialized by SVD (fewer FLOPs).",
         domain="any",
         events=(Event.INIT,),
+        # MLP surgeries find their blocks by the Linear -> activation -> Linear shape that factorizing
+        # would break, so they go first and factorize then splits whatever Linears they leave.
+        runs_after=("gated_linear_units", "relu_squared"),
         reads=("model",),
         writes=("model",),
         hparams=(

@@ -174,7 +174,8 @@ class PatchWhitening(Algorithm):
         writes=("model",),
         hparams=(
             HParam("kernel_size", int, 2, low=1, high=7, step=1, help="patch size of the whitening conv"),
-            HParam("eps", float, 5e-4, low=1e-8, high=1.0, help="added to eigenvalues: damps the noisiest directions"),
+            HParam("eps", float, 5e-4, low=1e-8, high=1.0, log=True,
+                   help="added to eigenvalues: damps the noisiest directions"),
             HParam("num_samples", int, 5000, low=16, high=100_000, step=16,
                    help="training images used to estimate the patch covariance"),
             HParam("allow_empty", bool, False, help="do not fail on a model without a conv"),

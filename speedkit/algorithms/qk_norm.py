@@ -86,7 +86,8 @@ class QKNormalization(Algorithm):
         reads=("model",),
         writes=("model",),
         hparams=(
-            HParam("eps", float, 1e-6, low=1e-8, high=1e-3, help="added to the mean square before the root"),
+            HParam("eps", float, 1e-6, low=1e-8, high=1e-3, log=True,
+                   help="added to the mean square before the root"),
             HParam("allow_empty", bool, False, help="do not fail on a model without attention"),
         ),
         requirements=("attention modules that call F.scaled_dot_product_attention, or nn.MultiheadAttention",

@@ -30,6 +30,7 @@ class HParam:
     step: float | None = None
     choices: tuple | None = None
     help: str = ""
+    log: bool = False  # spans orders of magnitude: controls step multiplicatively instead of by `step`
 
     def validate(self, value: Any, method: str) -> Any:
         """Return ``value`` checked against this parameter, or raise a message naming both."""
