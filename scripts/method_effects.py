@@ -16,7 +16,7 @@ from speedkit.algorithms import REGISTRY
 from speedkit.tasks import make_trainer
 
 VISION = dict(task="fashion-mnist", recipe="mild", duration="1ep", data_fraction=0.5)
-LANGUAGE = dict(task="pydocs", recipe="baseline", duration="150ba", batch_size=16, eval_fraction=0.25)
+LANGUAGE = dict(task="pydocs", recipe="baseline", duration="100ba", batch_size=16, eval_fraction=0.25)
 # Methods whose defaults do not fit the short run, and the parameters used instead.
 PARAMS: dict[str, dict] = {}
 

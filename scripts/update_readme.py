@@ -1,4 +1,4 @@
-"""Rewrite the generated parts of README.md (the methods table) from the method cards."""
+"""Rewrite the generated parts of README.md (the methods and recipes tables) from the cards and recipes."""
 from __future__ import annotations
 
 import re
@@ -6,15 +6,30 @@ import sys
 from pathlib import Path
 
 from speedkit.algorithms import methods_table
+from speedkit.recipes import RECIPES
 
-START, END = "<!-- methods-table:start -->", "<!-- methods-table:end -->"
+
+def recipes_table() -> str:
+    rows = ["| task | recipe | model | budget | methods | what it is |", "|---|---|---|---|---|---|"]
+    for task, recipes in RECIPES.items():
+        for name, r in recipes.items():
+            methods = ", ".join(f"`{m}`" for m in r.methods) or "none"
+            rows.append(f"| {task} | `{name}` | {r.model} | {r.duration}, batch {r.batch_size}, {r.precision} | "
+                        f"{methods} | {r.summary} |")
+    return "\n".join(rows)
+
+
+SECTIONS = {"methods-table": methods_table, "recipes-table": recipes_table}
 
 
 def render(readme: str) -> str:
-    pattern = re.compile(re.escape(START) + r".*?" + re.escape(END), re.S)
-    if not pattern.search(readme):
-        raise SystemExit(f"README.md has no {START} ... {END} section")
-    return pattern.sub(lambda _: f"{START}\n{methods_table()}\n{END}", readme)
+    for name, make in SECTIONS.items():
+        start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
+        pattern = re.compile(re.escape(start) + r".*?" + re.escape(end), re.S)
+        if not pattern.search(readme):
+            raise SystemExit(f"README.md has no {start} ... {end} section")
+        readme = pattern.sub(lambda _: f"{start}\n{make()}\n{end}", readme)
+    return readme
 
 
 if __name__ == "__main__":

@@ -116,4 +116,4 @@ def test_readme_methods_table_is_generated_from_the_cards():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     readme = (root / "README.md").read_text()
-    assert module.render(readme) == readme, "README's methods table is stale: run `make readme`"
+    assert module.render(readme) == readme, "README's generated tables are stale: run `make readme`"
