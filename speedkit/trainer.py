@@ -146,6 +146,8 @@ class Trainer:
             raise ValueError(f"microbatch_size must be a whole number >= 1 or None, got {microbatch_size!r}")
         if not isinstance(log_interval, int) or log_interval < 1:
             raise ValueError(f"log_interval must be a whole number of batches >= 1, got {log_interval!r}")
+        if not isinstance(keep_checkpoints, int) or keep_checkpoints < 1:
+            raise ValueError(f"keep_checkpoints must be a whole number >= 1, got {keep_checkpoints!r}")
         if not (isinstance(schedule_scale, (int, float)) and schedule_scale > 0):
             raise ValueError(f"schedule_scale must be a positive number, got {schedule_scale!r}")
         if recipe is not None:  # the recipe fills in what was not given explicitly
@@ -181,7 +183,7 @@ class Trainer:
         record.path = str(self.run_folder / "record.json")
         self.state = state = State(
             model=model.to(device), loss_fn=_resolve_loss(model, loss_fn), max_duration=max_duration,
-            device=device, precision=resolved_precision, seed=seed, algorithms=list(algorithms),
+            device=device, precision=resolved_precision, seed=seed, algorithms=algorithms,
             train_dataloader=train_dataloader, record=record, schedule_scale=float(schedule_scale))
         state.log_every = log_interval
         state.autocast = autocast_factory(resolved_precision, device)

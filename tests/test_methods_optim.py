@@ -55,24 +55,29 @@ def assert_acted_at(trainer, method, expected):
 
 
 # -- ema ---------------------------------------------------------------------------------------------
-def test_ema_update_follows_the_recurrence_and_copies_buffers():
+def test_ema_update_follows_the_recurrence_for_weights_and_batchnorm_statistics():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4))
+
+    def snapshot():
+        return {**params_of(model), "1.running_mean": model[1].running_mean.clone(),
+                "1.running_var": model[1].running_var.clone()}
+
     ema = init_ema(model)
-    history = [params_of(model)]
+    history = [snapshot()]
     for _ in range(3):
         with torch.no_grad():
             for p in model.parameters():
                 p.add_(torch.randn_like(p))
         model(torch.randn(8, 3))  # moves the BatchNorm running statistics
         ema_update(ema, model, smoothing=0.9)
-        history.append(params_of(model))
+        history.append(snapshot())
     for name in history[0]:
         expected = history[0][name]
-        for snapshot in history[1:]:
-            expected = 0.9 * expected + 0.1 * snapshot[name]
+        for state in history[1:]:
+            expected = 0.9 * expected + 0.1 * state[name]
         torch.testing.assert_close(ema[name], expected)
-    torch.testing.assert_close(ema["1.running_mean"], model[1].running_mean)  # copied, not averaged
+    assert ema["1.num_batches_tracked"] == model[1].num_batches_tracked == 3  # counters are copied
     assert compute_ema_smoothing(50) ** 50 == pytest.approx(0.5)
     assert compute_ema_smoothing(10, update_interval=5) ** 2 == pytest.approx(0.5)
 

