@@ -57,7 +57,9 @@ class ColOut(Algorithm):
             HParam("p_col", float, 0.15, low=0.0, high=0.5, step=0.05, help="fraction of columns dropped"),
         ),
         requirements=("image batches [N, C, H, W]",
-                      "a model that accepts any input size (global pooling before the classifier)"),
+                      "a model that accepts any input size (global pooling before the classifier)",
+                      "images large enough that the train/test size gap is small: on 28x28 Fashion-MNIST "
+                      "(resnet8, one epoch) it cut test accuracy from 85% to 34% here"),
         effect="about 11% higher throughput when input-bound, about -0.2% accuracy (Composer); here it also "
                "cuts the model's compute by the pixels removed (~28% at 0.15/0.15)",
         source="Composer ColOut docs",
