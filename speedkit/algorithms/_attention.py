@@ -334,6 +334,17 @@ def find_position_embeddings(model: nn.Module) -> list[tuple[str, nn.Embedding]]
     return found
 
 
+def settle_position_embeddings(model: nn.Module, report, remove: bool) -> None:
+    """After a position method rewrote attention: zero and freeze learned position tables, or note that
+    they stay (nothing to do when no attention module was changed)."""
+    if not report.total:
+        return
+    if remove:
+        disable_position_embeddings(model, report)
+    else:
+        note_position_embeddings_kept(model, report)
+
+
 def disable_position_embeddings(model: nn.Module, report) -> None:
     """Zero and freeze learned position tables (a zero table adds nothing); record each in ``report``."""
     for name, table in find_position_embeddings(model):

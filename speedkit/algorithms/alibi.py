@@ -55,11 +55,7 @@ def apply_alibi(model: nn.Module, remove_position_embeddings: bool = True, allow
             continue
         attention.intercept_attention(module, ALiBiTransform(), name="alibi", order=ALIBI_ORDER)
         report.add("attention modules", f"{name}: {type(module).__name__} adds linear distance biases")
-    if report.total:
-        if remove_position_embeddings:
-            attention.disable_position_embeddings(model, report)
-        else:
-            attention.note_position_embeddings_kept(model, report)
+    attention.settle_position_embeddings(model, report, remove_position_embeddings)
     return report.require_changes(allow_empty, "attention modules that call scaled_dot_product_attention")
 
 

@@ -75,11 +75,7 @@ def apply_rotary_embeddings(model: nn.Module, base: float = 10000.0, remove_posi
             attention.intercept_attention(module, RotaryTransform(base), name="rotary_embeddings",
                                           order=ROTARY_ORDER)
             report.add("attention modules", f"{name}: {type(module).__name__} rotates q, k (base {base:g})")
-    if report.total:
-        if remove_position_embeddings:
-            attention.disable_position_embeddings(model, report)
-        else:
-            attention.note_position_embeddings_kept(model, report)
+    attention.settle_position_embeddings(model, report, remove_position_embeddings)
     return report.require_changes(allow_empty, "attention modules that call scaled_dot_product_attention")
 
 
