@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from speedkit.core.time import Time
 
 
-def _flatten(outputs: torch.Tensor, targets: torch.Tensor):
+def flatten_logits(outputs: torch.Tensor, targets: torch.Tensor):
     """Logits [..., C] and targets [...] (index) or [..., C] (dense) to 2-D / 1-D."""
     if outputs.dim() > 2:
         dense = targets.shape == outputs.shape
@@ -50,7 +50,7 @@ class Accuracy(Metric):
 
     @torch.no_grad()
     def update(self, outputs, targets):
-        outputs, targets = _flatten(outputs, targets)
+        outputs, targets = flatten_logits(outputs, targets)
         if targets.dim() == 2:
             targets = targets.argmax(dim=1)
         top = outputs.topk(self.topk, dim=1).indices
@@ -75,7 +75,7 @@ class CrossEntropy(Metric):
 
     @torch.no_grad()
     def update(self, outputs, targets):
-        outputs, targets = _flatten(outputs, targets)
+        outputs, targets = flatten_logits(outputs, targets)
         self.sum += F.cross_entropy(outputs.float(), targets, reduction="sum").item()
         self.count += outputs.shape[0]
 

@@ -24,7 +24,7 @@ from speedkit.checkpoint import CheckpointError, load_checkpoint, rng_state, sav
 from speedkit.core import Algorithm, Callback, Engine, Event, Interval, State, Time, Timestamp, TimeUnit
 from speedkit.devices import autocast_factory, make_grad_scaler, resolve_device, resolve_precision, synchronize
 from speedkit.loggers import ConsoleLogger, InMemoryLogger, JSONLFileLogger, Logger, RecordDestination
-from speedkit.metrics import Evaluator
+from speedkit.metrics import Evaluator, flatten_logits
 from speedkit.optim import Schedule, apply_schedule, get_schedule
 from speedkit.optim.factory import make_optimizer_factory
 from speedkit.recipes import resolve_recipe
@@ -35,11 +35,7 @@ LATEST = "latest.ckpt"
 
 def cross_entropy_loss(outputs: torch.Tensor, batch) -> torch.Tensor:
     """Cross-entropy against ``batch[1]``: index labels or dense (soft) labels; [B,T,V] logits flattened."""
-    targets = batch[1]
-    if outputs.dim() > 2:
-        dense = targets.shape == outputs.shape
-        outputs = outputs.reshape(-1, outputs.shape[-1])
-        targets = targets.reshape(-1, outputs.shape[-1]) if dense else targets.reshape(-1)
+    outputs, targets = flatten_logits(outputs, batch[1])
     return F.cross_entropy(outputs.float(), targets)
 
 

@@ -359,10 +359,3 @@ def note_position_embeddings_kept(model: nn.Module, report) -> None:
     for name, _ in find_position_embeddings(model):
         report.details.append(f"note: learned position embedding {name} kept "
                               f"(pass remove_position_embeddings=True to zero and freeze it)")
-
-
-def record_surgery(state, logger, report) -> None:
-    """Where every surgery report goes: the run record's notes and the log."""
-    if state.record is not None:
-        state.record.notes.setdefault("surgery", []).append(str(report))
-    logger.log_text(str(report))

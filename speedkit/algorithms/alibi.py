@@ -12,6 +12,7 @@ import torch
 import torch.nn as nn
 
 from speedkit.algorithms import _attention as attention
+from speedkit.algorithms._surgery import record_surgery
 from speedkit.algorithms.seq_length_warmup import truncate_sequences
 from speedkit.core.algorithm import Algorithm, HParam, MethodCard, SurgeryReport
 from speedkit.core.event import Event
@@ -90,7 +91,7 @@ class ALiBi(Algorithm):
     def apply(self, event, state, logger):
         if event is Event.INIT:
             report = apply_alibi(state.model, self.params["remove_position_embeddings"], self.params["allow_empty"])
-            attention.record_surgery(state, logger, report)
+            record_surgery(state, logger, report)
             return
         inputs = state.batch_inputs()
         if isinstance(inputs, torch.Tensor) and inputs.dim() >= 2 and not inputs.is_floating_point():

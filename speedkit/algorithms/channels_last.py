@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import torch
 
+from speedkit.algorithms._surgery import record_surgery
 from speedkit.core.algorithm import Algorithm, HParam, MethodCard, SurgeryReport
 from speedkit.core.event import Event
 
@@ -40,9 +41,7 @@ class ChannelsLast(Algorithm):
     def apply(self, event, state, logger):
         if event is Event.INIT:
             report = apply_channels_last(state.model, allow_empty=self.params["allow_empty"])
-            if state.record is not None:
-                state.record.notes.setdefault("surgery", []).append(str(report))
-            logger.log_text(str(report))
+            record_surgery(state, logger, report)
             return
         inputs = state.batch_inputs()
         if isinstance(inputs, torch.Tensor) and inputs.dim() == 4:

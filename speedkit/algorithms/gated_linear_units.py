@@ -13,7 +13,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from speedkit.algorithms._attention import record_surgery
+from speedkit.algorithms._surgery import record_surgery
 from speedkit.algorithms.relu_squared import MLPBlock, class_understands, find_mlp_blocks
 from speedkit.core.algorithm import Algorithm, HParam, MethodCard, SurgeryReport
 from speedkit.core.event import Event

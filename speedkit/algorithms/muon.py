@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from speedkit.algorithms._surgery import record_surgery
 from speedkit.core.algorithm import Algorithm, HParam, MethodCard, SurgeryReport
 from speedkit.core.event import Event
 from speedkit.optim.muon import Muon as MuonOptimizer
@@ -104,6 +105,4 @@ class Muon(Algorithm):
         muon, report = split_for_muon(state.model, state.optimizers, allow_empty=allow_empty, **params)
         if muon is not None:
             state.optimizers.append(muon)
-        if state.record is not None:
-            state.record.notes.setdefault("surgery", []).append(str(report))
-        logger.log_text(str(report))
+        record_surgery(state, logger, report)

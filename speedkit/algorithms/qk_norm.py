@@ -13,6 +13,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from speedkit.algorithms import _attention as attention
+from speedkit.algorithms._surgery import record_surgery
 from speedkit.core.algorithm import Algorithm, HParam, MethodCard, SurgeryReport
 from speedkit.core.event import Event
 
@@ -100,4 +101,4 @@ class QKNormalization(Algorithm):
 
     def apply(self, event, state, logger):
         report = apply_qk_norm(state.model, self.params["eps"], self.params["allow_empty"])
-        attention.record_surgery(state, logger, report)
+        record_surgery(state, logger, report)

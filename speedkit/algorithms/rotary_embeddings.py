@@ -11,6 +11,7 @@ import torch
 import torch.nn as nn
 
 from speedkit.algorithms import _attention as attention
+from speedkit.algorithms._surgery import record_surgery
 from speedkit.core.algorithm import Algorithm, HParam, MethodCard, SurgeryReport
 from speedkit.core.event import Event
 
@@ -105,4 +106,4 @@ class RotaryEmbeddings(Algorithm):
     def apply(self, event, state, logger):
         report = apply_rotary_embeddings(state.model, self.params["base"],
                                          self.params["remove_position_embeddings"], self.params["allow_empty"])
-        attention.record_surgery(state, logger, report)
+        record_surgery(state, logger, report)
