@@ -28,13 +28,14 @@ class TaskSpec:
     summary: str
     target_metric: str
     target_value: float
+    models: tuple[str, ...]  # the models that fit its data (input channels, classes or vocabulary)
 
 
 TASKS = {
     "fashion-mnist": TaskSpec("fashion-mnist", "vision", "Fashion-MNIST 28x28 clothing images, 10 classes",
-                              "eval/accuracy", 0.92),
+                              "eval/accuracy", 0.92, ("resnet8", "resnet9")),
     "pydocs": TaskSpec("pydocs", "language", "byte-level language model on the Python documentation sources",
-                       "eval/bpb", 2.0),
+                       "eval/bpb", 2.0, ("gpt-nano", "gpt-micro", "gpt-mini", "gpt-small")),
 }
 
 
@@ -95,13 +96,20 @@ def make_trainer(task: str = "fashion-mnist", recipe: str | Recipe = "baseline",
                  duration: str | None = None, methods: Any = None, precision: str | None = None,
                  batch_size: int | None = None, eval_interval: str | None = None, device: str = "auto", seed: int = 0, data_fraction: float = 1.0,
                  eval_fraction: float | None = None, target: float | None = None, stop_at_target: bool = False,
-                 download: bool = False, num_workers: int = 0, **trainer_kwargs) -> Trainer:
-    """A Trainer for ``task`` configured by ``recipe``; keyword arguments override the recipe's fields."""
+                 download: bool = False, num_workers: int = 0, extra_config: dict | None = None,
+                 **trainer_kwargs) -> Trainer:
+    """A Trainer for ``task`` configured by ``recipe``; keyword arguments override the recipe's fields.
+
+    ``extra_config`` is stored in the RunRecord's config beside the task and recipe (the benchmark
+    marks seeds and leave-one-out runs this way).
+    """
     spec = get_task(task)
     recipe = get_recipe(task, recipe).with_changes(model=model, duration=duration, precision=precision,
                                                    batch_size=batch_size, eval_interval=eval_interval)
     if methods is not None:
         recipe = recipe.with_changes(methods=_methods_dict(methods))
+    if recipe.model not in spec.models:
+        raise ValueError(f"model {recipe.model!r} does not fit task {task!r}; use one of {list(spec.models)}")
     device = resolve_device(device)
     torch.manual_seed(seed)  # the same initial weights for every recipe with the same seed
     net = get_model(recipe.model, **({"num_classes": 10} if spec.domain == "vision" else {}))
@@ -110,7 +118,7 @@ def make_trainer(task: str = "fashion-mnist", recipe: str | Recipe = "baseline",
                                      num_workers, seq_len)
     target_value = spec.target_value if target is None else target
     config = {"task": task, "recipe": recipe.name, "recipe_spec": recipe.to_dict(), "data_fraction": data_fraction,
-              "target": {"metric": spec.target_metric, "value": target_value}}
+              "target": {"metric": spec.target_metric, "value": target_value}, **(extra_config or {})}
     trainer = Trainer(
         net, train, evaluators=evaluators, max_duration=recipe.duration,
         optimizers=make_optimizer_factory(recipe.optimizer), schedulers=recipe.schedule,

@@ -32,8 +32,11 @@ class Recipe:
     reached: dict | None = None  # filled in by the benchmark: metric, value, time, machine
 
     def __post_init__(self):
-        Time.from_string(self.duration)
-        Time.from_string(self.eval_interval)
+        for field in ("duration", "eval_interval"):
+            try:
+                Time.from_string(getattr(self, field))
+            except (ValueError, TypeError) as e:
+                raise ValueError(f"recipe {self.name!r}: {field} {getattr(self, field)!r} is not a duration: {e}") from None
         if self.loader not in ("memory", "torch"):
             raise ValueError(f"recipe {self.name!r}: loader must be 'memory' or 'torch', got {self.loader!r}")
         if not isinstance(self.batch_size, int) or self.batch_size < 1:
@@ -50,6 +53,37 @@ class Recipe:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+    def to_yaml(self) -> str:
+        """The recipe as a file ``speedkit train --recipe file.yaml`` and ``make_trainer`` read back."""
+        import yaml
+
+        data = {k: v for k, v in self.to_dict().items() if v is not None and k != "reached"}
+        if "betas" in data["optimizer"]:
+            data["optimizer"]["betas"] = list(data["optimizer"]["betas"])
+        return yaml.safe_dump(data, sort_keys=False)
+
+    @classmethod
+    def from_file(cls, path) -> "Recipe":
+        """Read a recipe written by :meth:`to_yaml` (YAML or JSON); unknown fields are an error."""
+        import yaml
+        from pathlib import Path
+
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"recipe file {path} does not exist")
+        data = yaml.safe_load(path.read_text())
+        if not isinstance(data, dict):
+            raise ValueError(f"recipe file {path} must hold a mapping of recipe fields, got {type(data).__name__}")
+        fields = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - fields)
+        missing = sorted(f.name for f in dataclasses.fields(cls)
+                         if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+                         and f.name not in data)
+        if unknown or missing:
+            raise ValueError(f"recipe file {path}: unknown fields {unknown}, missing fields {missing}; "
+                             f"a recipe has the fields {sorted(fields)}")
+        return cls(**data)
 
 
 _SGD = {"name": "sgd", "lr": 0.1, "momentum": 0.9, "nesterov": True, "weight_decay": 5e-4}
@@ -121,8 +155,14 @@ RECIPES: dict[str, dict[str, Recipe]] = {
 
 
 def get_recipe(task: str, name: str | Recipe = "baseline") -> Recipe:
+    """A preset by name, a recipe file (``*.yaml``, ``*.yml``, ``*.json``), or a Recipe as it is."""
     if isinstance(name, Recipe):
         return name
+    if str(name).endswith((".yaml", ".yml", ".json")):
+        recipe = Recipe.from_file(name)
+        if recipe.task != task:
+            raise ValueError(f"recipe file {name} is for task {recipe.task!r}, not {task!r}")
+        return recipe
     if task not in RECIPES:
         raise ValueError(f"no recipes for task {task!r}; tasks with recipes: {sorted(RECIPES)}")
     if name not in RECIPES[task]:

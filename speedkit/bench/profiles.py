@@ -1,0 +1,116 @@
+"""Benchmark profiles as data: which recipes, seeds, device and budgets a time-to-accuracy run uses.
+
+A profile changes how a recipe is *run* (device, budget, evaluation cadence, and on GPUs a larger
+batch, bf16 and torch.compile); the recipes themselves stay in ``speedkit.recipes``. The baseline
+is never changed by ``speedup_changes``: it stays what a competent user writes by hand.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Mapping
+
+from speedkit.recipes import RECIPES, Recipe, get_recipe
+from speedkit.tasks import TASKS
+
+# The benchmark's names for the tasks (the README and summary.json use these keys).
+TASK_KEYS = {"vision": "fashion-mnist", "language": "pydocs"}
+ALL_RECIPES = ("baseline", "mild", "medium", "hot")
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchProfile:
+    """How one task is benchmarked. Fields left ``None`` keep each recipe's own value."""
+
+    name: str
+    task: str  # a speedkit task name, e.g. "fashion-mnist"
+    recipes: tuple[str, ...] = ALL_RECIPES
+    seeds: int = 3
+    device: str = "cpu"
+    data_fraction: float = 1.0
+    eval_fraction: float | None = None
+    eval_interval: str | None = None  # one cadence for every recipe, so time-to-target has one resolution
+    duration: str | None = None  # one budget for every recipe (smoke tests); None: each recipe's own
+    duration_scale: float = 1.0  # multiplies each recipe's budget
+    target: float | None = None  # None: the task's target
+    report_targets: tuple[float, ...] = ()  # targets whose times are reported too (the task's is always)
+    speedup_changes: Mapping[str, object] = dataclasses.field(default_factory=dict)  # every recipe but baseline
+    recipe_changes: Mapping[str, Mapping[str, object]] = dataclasses.field(default_factory=dict)  # per recipe
+
+    def __post_init__(self):
+        if self.task not in TASKS:
+            raise ValueError(f"profile {self.name!r}: unknown task {self.task!r}; known tasks: {sorted(TASKS)}")
+        unknown = [r for r in self.recipes if r not in RECIPES[self.task]]
+        if unknown:
+            raise ValueError(f"profile {self.name!r}: unknown recipes {unknown} for {self.task}; "
+                             f"known: {sorted(RECIPES[self.task])}")
+        if self.seeds < 1:
+            raise ValueError(f"profile {self.name!r}: seeds must be >= 1, got {self.seeds}")
+        if not self.duration_scale > 0:
+            raise ValueError(f"profile {self.name!r}: duration_scale must be positive, got {self.duration_scale}")
+
+    @property
+    def target_value(self) -> float:
+        return TASKS[self.task].target_value if self.target is None else self.target
+
+    @property
+    def targets(self) -> tuple[float, ...]:
+        """Every target reported, the headline one included, in increasing order."""
+        return tuple(sorted({*self.report_targets, self.target_value}))
+
+    def recipe(self, name: str) -> Recipe:
+        """The recipe as this profile runs it: profile-wide changes, then per-recipe ones.
+
+        ``methods`` in a change are *added* to the recipe's methods (e.g. torch_compile on a GPU).
+        """
+        recipe = get_recipe(self.task, name)
+        changes = [] if name == "baseline" else [self.speedup_changes]
+        for change in [*changes, self.recipe_changes.get(name, {})]:
+            change = dict(change)
+            if "methods" in change:
+                change["methods"] = {**recipe.methods, **change["methods"]}
+            recipe = recipe.with_changes(**change)
+        return recipe
+
+
+# torch.compile pays for itself only where shapes stay fixed: progressive resizing and sequence-length
+# warmup would recompile at every new shape, so the recipes that use them go without it.
+_COMPILE = {"torch_compile": {}}
+
+PROFILES: dict[str, dict[str, BenchProfile]] = {
+    "vision": {
+        "cpu": BenchProfile(name="cpu", task="fashion-mnist", device="cpu", eval_interval="0.25ep",
+                            report_targets=(0.90, 0.93)),
+        "gpu": BenchProfile(name="gpu", task="fashion-mnist", device="cuda", eval_interval="0.25ep",
+                            report_targets=(0.90, 0.93),
+                            # twice the batch, twice the learning rate (linear scaling from the CPU recipes)
+                            speedup_changes={"batch_size": 512, "precision": "bf16", "optimizer": {"lr": 0.4}},
+                            recipe_changes={"mild": {"methods": _COMPILE}, "medium": {"methods": _COMPILE}}),
+    },
+    "language": {
+        "cpu": BenchProfile(name="cpu", task="pydocs", device="cpu", eval_interval="25ba"),
+        "gpu": BenchProfile(name="gpu", task="pydocs", device="cuda", eval_interval="25ba",
+                            speedup_changes={"batch_size": 128, "precision": "bf16"},
+                            recipe_changes={"mild": {"methods": _COMPILE}, "hot": {"methods": _COMPILE}}),
+    },
+}
+
+
+def task_key(task: str) -> str:
+    """``"vision"``/``"language"`` for a benchmark key or a task name."""
+    if task in TASK_KEYS:
+        return task
+    for key, name in TASK_KEYS.items():
+        if task == name:
+            return key
+    known = sorted([*TASK_KEYS, *TASK_KEYS.values()])
+    raise ValueError(f"unknown benchmark task {task!r}; known: {known}")
+
+
+def get_profile(task: str, profile: str | BenchProfile = "cpu") -> BenchProfile:
+    """The named profile of a task (``"vision"``, ``"language"`` or their task names)."""
+    if isinstance(profile, BenchProfile):
+        return profile
+    profiles = PROFILES[task_key(task)]
+    if profile not in profiles:
+        raise ValueError(f"unknown benchmark profile {profile!r} for {task}; known: {sorted(profiles)}")
+    return profiles[profile]

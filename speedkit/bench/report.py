@@ -1,0 +1,205 @@
+"""The benchmark's outputs: summary.json (merged across tasks), summary.md, the README's table, figures."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Sequence
+
+from speedkit.compare import median_or_none
+from speedkit.runs import RunRecord, _json_safe, atomic_write_bytes
+
+SUMMARY_JSON = "summary.json"
+SUMMARY_MD = "summary.md"
+
+
+# -- summary.json ------------------------------------------------------------------------------
+def merge_summary(path: str | Path, key: str, entry: dict) -> dict:
+    """Put ``entry`` under ``key`` in the summary at ``path``, keeping the other tasks' entries."""
+    path = Path(path)
+    summary = {}
+    if path.exists():
+        try:
+            summary = json.loads(path.read_text())
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path} exists but is not valid JSON ({e}); move it away before benchmarking "
+                             f"so the other task's results are not lost") from e
+        if not isinstance(summary, dict):
+            raise ValueError(f"{path} is not a benchmark summary (expected a JSON object keyed by task)")
+    summary[key] = entry
+    summary = _json_safe(summary)  # inf/nan (a never-reached slowdown) become null
+    atomic_write_bytes(path, json.dumps(summary, indent=1).encode())
+    return summary
+
+
+def write_reports(out_dir: str | Path, key: str, entry: dict,
+                  records: Sequence[RunRecord] | None = None) -> tuple[dict, dict[str, Path]]:
+    """Merge ``entry`` into summary.json, rewrite summary.md, and draw this task's figures from ``records``."""
+    out_dir = Path(out_dir)
+    paths = {"summary_json": out_dir / SUMMARY_JSON, "summary_md": out_dir / SUMMARY_MD}
+    summary = merge_summary(paths["summary_json"], key, entry)
+    atomic_write_bytes(paths["summary_md"], summary_markdown(summary).encode())
+    if records:
+        paths.update(write_figures(out_dir, key, entry, records))
+    return summary, paths
+
+
+# -- markdown ----------------------------------------------------------------------------------
+def _num(value, digits: int = 1, missing: str = "—") -> str:
+    return missing if value is None else f"{value:.{digits}f}"
+
+
+def _spread(values: Sequence[float | None], digits: int = 1) -> str:
+    present = [v for v in values if v is not None]
+    if len(present) < 2:
+        return ""
+    return f" ({min(present):.{digits}f}–{max(present):.{digits}f})"
+
+
+def _median_sum(values) -> str:
+    return _num(median_or_none(values))
+
+
+def _row(cells: Sequence[str]) -> str:
+    return "| " + " | ".join(cells) + " |"
+
+
+def _all_recipes(entry: dict) -> list[tuple[str, dict]]:
+    return [("baseline", entry["baseline"]), *entry["recipes"].items()]
+
+
+def machine_line(entry: dict) -> str:
+    m = entry.get("machine", {})
+    where = m.get("gpu") or m.get("cpu", "unknown CPU")
+    return (f"{where}, {m.get('torch_threads', '?')} threads, torch {m.get('torch', '?')}, "
+            f"{str(entry.get('date', '?'))[:10]}")
+
+
+def task_markdown(key: str, entry: dict) -> str:
+    """One task's results: a row per recipe (medians over seeds, min–max in brackets)."""
+    target = entry["target"]
+    extra = [k for k in entry["baseline"]["time_to"] if float(k) != target["value"]]
+    n = len(entry["seeds"])
+    lines = [
+        f"## {key}: {entry['task']} to {target['metric']} {target['value']:g}",
+        "",
+        f"Profile `{entry['profile']}`, {n} seed{'s' if n != 1 else ''}, baseline and recipes interleaved by "
+        f"seed; times are training wall clock, evaluation excluded and shown apart, as are setup (data into "
+        f"memory, model, surgery) and compile time (which is also inside training time); speed-ups are "
+        f"paired by seed. Machine: {machine_line(entry)}.",
+        "",
+        _row(["recipe", "reached", "time to target (s)", "speed-up", "final", "train s", "eval s", "setup s",
+              "compile s", *[f"time to {k} (s)" for k in extra]]),
+        _row(["---"] * (9 + len(extra))),
+    ]
+    for name, r in _all_recipes(entry):
+        label = f"**{name}**" if name == entry.get("best_recipe") else name
+        cells = [label, f"{sum(t is not None for t in r['time_to_target_s'])}/{n}",
+                 _median_sum(r["time_to_target_s"]) + _spread(r["time_to_target_s"]),
+                 _num(r.get("speedup_median"), 2) + "x" * (r.get("speedup_median") is not None)
+                 + _spread(r.get("speedup", []), 2),
+                 _num(median_or_none(r["final_metric"]), 4), _median_sum(r["train_s"]), _median_sum(r["eval_s"]),
+                 _median_sum(r["setup_s"]), _median_sum(r["compile_s"]),
+                 *[_median_sum(r["time_to"][k]) for k in extra]]
+        lines.append(_row(cells))
+    if entry.get("flops_fraction_of_peak") is not None:
+        lines += ["", f"Best recipe's achieved FLOP/s: {100 * entry['flops_fraction_of_peak']:.1f}% of the "
+                      f"measured matmul peak."]
+    lines += leave_one_out_markdown(entry.get("leave_one_out"))
+    lines += time_breakdown_markdown(entry.get("time_breakdown"))
+    return "\n".join(lines)
+
+
+def leave_one_out_markdown(table: dict | None) -> list[str]:
+    if not table:
+        return []
+    lines = ["", f"Leave-one-out from `{table['of']}` (time to target {_num(table['time_to_target_s'])} s):", "",
+             "| left out | time to target (s) | slowdown | share of speed-up | final |", "|---|---|---|---|---|"]
+    for part, row in table["parts"].items():
+        time_without = _num(row["time_without_s"], missing="not reached")
+        lines.append(f"| {part} | {time_without} | {_num(row['slowdown'], 2)} | {_num(row['share'], 2)} | "
+                     f"{_num(row['final_metric'], 4)} |")
+    return lines
+
+
+def time_breakdown_markdown(breakdown: dict | None) -> list[str]:
+    if not breakdown:
+        return []
+    lines = ["", f"Where the time goes ({breakdown['recipe']}, {breakdown['steps']} steps):", "",
+             "| phase | s | share | ms per step |", "|---|---|---|---|"]
+    for phase, row in breakdown["phases"].items():
+        share = "—" if row["share"] is None else f"{100 * row['share']:.1f}%"
+        lines.append(f"| {phase} | {row['s']:.2f} | {share} | {_num(row['per_step_ms'], 2)} |")
+    return lines
+
+
+def summary_markdown(summary: dict) -> str:
+    """summary.md: every task in the summary."""
+    return "# Time-to-accuracy benchmark\n\n" + "\n\n".join(
+        task_markdown(key, entry) for key, entry in summary.items()) + "\n"
+
+
+def readme_table(summary: dict) -> str:
+    """The README's results table: the task target's median time and paired speed-up per recipe."""
+    lines = ["| task | recipe | time to target (s, median) | speed-up (median, min–max) | final (median) |",
+             "|---|---|---|---|---|"]
+    notes = []
+    for key, entry in summary.items():
+        target = entry["target"]
+        for name, r in _all_recipes(entry):
+            speedup = r.get("speedup_median")
+            lines.append(f"| {key} ({target['metric']} {target['value']:g}) | {name} | "
+                         f"{_num(r.get('median_time_to_target_s'), missing='not reached')} | "
+                         f"{_num(speedup, 2)}{'x' if speedup is not None else ''}{_spread(r.get('speedup', []), 2)} | "
+                         f"{_num(median_or_none(r['final_metric']), 4)} |")
+        notes.append(f"{key}: {machine_line(entry)}, profile `{entry['profile']}`, {len(entry['seeds'])} seeds")
+    return "\n".join(lines) + "\n\nMeasured on " + "; ".join(notes) + (
+        ". Training wall clock with evaluation excluded; speed-ups are baseline time / recipe time, "
+        "paired by seed.\n")
+
+
+# -- figures -----------------------------------------------------------------------------------
+_COLOURS = ("#636efa", "#ef553b", "#00cc96", "#ab63fa", "#ffa15a", "#19d3f3", "#ff6692", "#b6e880")
+
+
+def metric_curves_figure(records: Sequence[RunRecord], metric: str, target: float | None = None):
+    """The metric against training wall clock for every run, one colour per recipe."""
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    colours: dict[str, str] = {}
+    for record in records:
+        recipe = record.config.get("recipe", record.name)
+        first = recipe not in colours
+        colour = colours.setdefault(recipe, _COLOURS[len(colours) % len(_COLOURS)])
+        xs, ys = record.series(metric)
+        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines+markers", name=recipe, legendgroup=recipe,
+                                 showlegend=first, line={"color": colour}, hovertext=record.name))
+    if target is not None:
+        fig.add_hline(y=target, line_dash="dash", annotation_text=f"target {target:g}")
+    fig.update_layout(xaxis_title="training wall clock (s, evaluation excluded)", yaxis_title=metric)
+    return fig
+
+
+def speedup_figure(entry: dict):
+    """Each recipe's speed-up over the baseline, one point per seed (paired), with its spread."""
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    for name, r in entry["recipes"].items():
+        values = [v for v in r["speedup"] if v is not None]
+        fig.add_trace(go.Box(y=values, name=name, boxpoints="all", pointpos=0))
+    fig.add_hline(y=1.0, line_dash="dot", annotation_text="baseline")
+    fig.update_layout(yaxis_title="speed-up to target (baseline time / recipe time)", showlegend=False)
+    return fig
+
+
+def write_figures(out_dir: str | Path, key: str, entry: dict, records: Sequence[RunRecord]) -> dict[str, Path]:
+    """Standalone HTML figures; plotly.js is written once beside them, so they open offline."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    target = entry["target"]
+    paths = {"curves_html": out_dir / f"{key}_curves.html", "speedup_html": out_dir / f"{key}_speedup.html"}
+    metric_curves_figure(records, target["metric"], target["value"]).write_html(
+        paths["curves_html"], include_plotlyjs="directory")
+    speedup_figure(entry).write_html(paths["speedup_html"], include_plotlyjs="directory")
+    return paths

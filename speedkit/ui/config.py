@@ -1,0 +1,134 @@
+"""RunConfig: what the explorer's controls describe, as plain data.
+
+A configuration starts from a recipe preset (optimizer, schedule, input pipeline) and may change
+its methods, their parameters and the run's settings. It turns into a Trainer through
+``speedkit.tasks.make_trainer`` (the same path the CLI, notebooks and benchmark take), into code
+a user can paste, and into a recipe file.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from speedkit.algorithms import REGISTRY, build_algorithms
+from speedkit.core.algorithm import check_compatibility
+from speedkit.recipes import Recipe, get_recipe
+from speedkit.tasks import get_task
+
+
+@dataclasses.dataclass
+class RunConfig:
+    task: str = "fashion-mnist"
+    recipe: str = "mild"  # the preset this configuration starts from
+    methods: dict | None = None  # method -> params; None keeps the preset's methods
+    model: str | None = None
+    duration: str | None = None
+    device: str = "auto"
+    precision: str | None = None
+    seed: int = 0
+    target: float | None = None
+    data_fraction: float = 1.0
+    eval_fraction: float | None = None
+    eval_interval: str | None = None
+    name: str | None = None
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "RunConfig":
+        """From a notebook parameter such as ``{"recipe": "hot", "duration": "1ep"}``; unknown keys are errors."""
+        if not isinstance(data, dict):
+            raise TypeError(f"a run configuration is a dict of RunConfig fields, got {data!r}")
+        fields = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - fields)
+        if unknown:
+            raise ValueError(f"unknown configuration key(s) {unknown}; a configuration takes {sorted(fields)}")
+        return cls(**data)
+
+    # -- what it resolves to -----------------------------------------------------------------
+    def base_recipe(self) -> Recipe:
+        return get_recipe(self.task, self.recipe)
+
+    def resolved_methods(self) -> dict:
+        return dict(self.base_recipe().methods if self.methods is None else self.methods)
+
+    @property
+    def is_custom(self) -> bool:
+        """True once the methods or their parameters differ from the preset's."""
+        return self.methods is not None and _normalise(self.methods) != _normalise(self.base_recipe().methods)
+
+    def to_recipe(self) -> Recipe:
+        name = f"{self.recipe}-custom" if self.is_custom else self.recipe
+        return self.base_recipe().with_changes(
+            name=name, methods=self.resolved_methods(), model=self.model, duration=self.duration,
+            precision=self.precision, eval_interval=self.eval_interval)
+
+    def problems(self) -> list[str]:
+        """What stops this configuration from running, in words; empty when it can run.
+
+        Conflicts come from the engine's own check (``check_compatibility``), not a copy of it.
+        """
+        found = []
+        try:
+            spec = get_task(self.task)
+            recipe = self.to_recipe()
+        except (ValueError, TypeError, FileNotFoundError) as e:
+            return [str(e)]
+        if recipe.model not in spec.models:
+            found.append(f"model {recipe.model!r} does not fit task {self.task!r}; use one of {list(spec.models)}")
+        for name in recipe.methods:
+            reason = unsuitable_reason(name, spec.domain)
+            if reason:
+                found.append(reason)
+        try:
+            check_compatibility(build_algorithms(recipe.methods))
+        except (ValueError, TypeError) as e:
+            found.append(str(e))
+        return found
+
+    def make_trainer(self, **trainer_kwargs):
+        """The Trainer for this configuration (extra keyword arguments go to ``make_trainer``)."""
+        from speedkit.tasks import make_trainer
+
+        problems = self.problems()
+        if problems:
+            raise ValueError("this configuration cannot run: " + "; ".join(problems))
+        return make_trainer(self.task, self.to_recipe(), **self._trainer_arguments(), **trainer_kwargs)
+
+    def _trainer_arguments(self) -> dict:
+        args = {"device": self.device, "seed": self.seed, "data_fraction": self.data_fraction,
+                "eval_fraction": self.eval_fraction, "target": self.target, "run_name": self.name}
+        return {k: v for k, v in args.items() if v is not None}
+
+    # -- as text -----------------------------------------------------------------------------
+    def to_code(self) -> str:
+        """A Python snippet that builds and runs this configuration with the Trainer."""
+        recipe = self.to_recipe()
+        args = [repr(self.task), repr(self.recipe)]
+        changes = {"methods": recipe.methods, "model": self.model, "duration": self.duration,
+                   "precision": self.precision, "eval_interval": self.eval_interval}
+        args += [f"{k}={v!r}" for k, v in changes.items() if v is not None]
+        args += [f"{k}={v!r}" for k, v in self._trainer_arguments().items()]
+        call = ",\n    ".join(args)
+        return ("from speedkit.tasks import make_trainer\n\n"
+                f"trainer = make_trainer(\n    {call},\n)\n"
+                "record = trainer.fit()\n"
+                "print(record.status, record.final_metrics, record.time_to_target)\n")
+
+    def to_recipe_yaml(self) -> str:
+        return self.to_recipe().to_yaml()
+
+
+def unsuitable_reason(method: str, domain: str) -> str | None:
+    """Why ``method`` cannot apply to a task of ``domain``, or None when it can."""
+    if method not in REGISTRY:
+        return f"unknown method {method!r}"
+    card_domain = REGISTRY[method].CARD.domain
+    if card_domain not in ("any", domain):
+        return f"{method} is for {card_domain} models; this task is {domain}"
+    return None
+
+
+def _normalise(methods: dict) -> dict:
+    """Methods with every parameter filled in from the card, so defaults compare equal to omissions."""
+    return {name: {**{hp.name: hp.default for hp in REGISTRY[name].CARD.hparams}, **(params or {})}
+            for name, params in methods.items() if name in REGISTRY}
+

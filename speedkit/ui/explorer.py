@@ -1,0 +1,517 @@
+"""MethodExplorer: toggle and tune methods in a notebook, run, and watch the curves beside the baseline.
+
+Layout, top to bottom: the run settings (task, model, duration, device, precision, seed, target),
+the recipe presets, the method grid (built from the method cards), Run / Stop / Copy as code with
+a status line, the live curves, and the run board.
+
+Everything a click does is also a method (``set_recipe``, ``toggle``, ``set_param``, ``run``,
+``stop``), so tests and headless notebooks drive the same code the buttons do. Under papermill,
+``run_all(configs)`` runs a list of configurations one after another and ``show_static()`` ends
+the notebook with plain plotly figures drawn from the RunRecords.
+"""
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import html
+import math
+import os
+import threading
+from pathlib import Path
+
+import ipywidgets as w
+import plotly.graph_objects as go
+
+from speedkit.algorithms import REGISTRY
+from speedkit.core.algorithm import HParam
+from speedkit.recipes import RECIPES
+from speedkit.runs import RunRecord
+from speedkit.tasks import TASKS, get_task
+from speedkit.ui import plots
+from speedkit.ui.board import RunBoard
+from speedkit.ui.config import RunConfig, unsuitable_reason
+from speedkit.ui.live import BackgroundRun
+
+PRECISIONS = ["auto", "fp32", "bf16", "fp16"]
+
+
+def available_devices() -> list[str]:
+    import torch
+
+    devices = ["auto", "cpu"]
+    if torch.cuda.is_available():
+        devices.append("cuda")
+    if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+        devices.append("mps")
+    return devices
+
+
+def hparam_control(hp: HParam, value) -> w.Widget:
+    """The control a card's hyperparameter asks for: a slider within its range, a dropdown, a toggle."""
+    style, layout = {"description_width": "150px"}, w.Layout(width="420px")
+    common = dict(description=hp.name, tooltip=hp.help, style=style, layout=layout)
+    if hp.choices is not None:
+        return w.Dropdown(options=[(str(c), c) for c in hp.choices], value=value, **common)
+    if hp.type is bool:
+        return w.Checkbox(value=bool(value), indent=False, **common)
+    if hp.type in (int, float) and hp.low is not None and hp.high is not None:
+        if hp.log and hp.low > 0:
+            return w.FloatLogSlider(value=value, base=10, min=math.log10(hp.low), max=math.log10(hp.high),
+                                    step=0.05, readout_format=".3g", **common)
+        if hp.type is int:
+            return w.IntSlider(value=value, min=int(hp.low), max=int(hp.high), step=int(hp.step or 1), **common)
+        return w.FloatSlider(value=value, min=hp.low, max=hp.high, step=hp.step or (hp.high - hp.low) / 100,
+                             readout_format=".3g", **common)
+    if hp.type is int:
+        return w.IntText(value=value, **common)
+    if hp.type is float:
+        return w.FloatText(value=value, **common)
+    return w.Text(value=str(value), **common)
+
+
+@contextlib.contextmanager
+def _detached_widgets():
+    """Widgets made inside keep their values but talk to no frontend.
+
+    Headless runs use them: a notebook executed by papermill then stores no widget state (nbclient
+    saves every widget that opened a comm), while the explorer's logic, which reads and writes the
+    controls, stays one code path. It swaps in the comm package's own do-nothing comm.
+    """
+    import comm
+
+    kernel_comm = comm.create_comm
+    comm.create_comm = comm._create_comm
+    try:
+        yield
+    finally:
+        comm.create_comm = kernel_comm
+
+
+def _badge(text: str, color: str, title: str = "") -> str:
+    return (f"<span title='{html.escape(title, quote=True)}' style='background:{color};color:white;"
+            f"border-radius:3px;padding:0 5px;margin-right:4px;font-size:11px'>{html.escape(text)}</span>")
+
+
+class MethodRow:
+    """One method in the grid: a checkbox, badges, and (on expand) its controls and card."""
+
+    def __init__(self, name: str, on_change):
+        self.name, self.card = name, REGISTRY[name].CARD
+        self.checkbox = w.Checkbox(value=False, description=name, indent=False, layout=w.Layout(width="200px"))
+        self.expand = w.ToggleButton(value=False, description="details", layout=w.Layout(width="80px"))
+        self.badges = w.HTML(self._badges())
+        self.controls = {hp.name: hparam_control(hp, hp.default) for hp in self.card.hparams}
+        self.details = w.VBox([*self.controls.values(), w.HTML(self._card_html())],
+                              layout=w.Layout(display="none", margin="0 0 6px 24px"))
+        self.expand.observe(lambda c: setattr(self.details.layout, "display", "flex" if c["new"] else "none"), "value")
+        self.checkbox.observe(lambda c: on_change(), "value")
+        for control in self.controls.values():
+            control.observe(lambda c: on_change(), "value")
+        # rows keep their natural height inside the scrolling grid instead of being squeezed to fit it
+        self.box = w.VBox([w.HBox([self.checkbox, self.expand, self.badges]), self.details],
+                          layout=w.Layout(flex="0 0 auto"))
+
+    def _badges(self) -> str:
+        card = self.card
+        badges = [_badge(card.domain, {"vision": "#2ca02c", "language": "#9467bd"}.get(card.domain, "#7f7f7f"))]
+        if card.requirements:
+            badges.append(_badge("needs", "#ff7f0e", "; ".join(card.requirements)))
+        if card.conflicts:
+            badges.append(_badge(f"conflicts: {', '.join(card.conflicts)}", "#d62728",
+                                 "; ".join(f"{k}: {v}" for k, v in card.conflicts.items())))
+        return " ".join(badges) + f" <span style='font-size:12px'>{html.escape(card.summary)}</span>"
+
+    def _card_html(self) -> str:
+        card = self.card
+        items = [("acts at", ", ".join(e.value for e in card.events)), ("expected effect", card.effect),
+                 ("requirements", "; ".join(card.requirements) or "none"), ("source", card.source)]
+        items += [(f"conflicts with {k}", v) for k, v in card.conflicts.items()]
+        return "<div style='font-size:12px'>" + "".join(
+            f"<b>{html.escape(k)}</b>: {html.escape(str(v))}<br>" for k, v in items) + "</div>"
+
+    @property
+    def enabled(self) -> bool:
+        return self.checkbox.value
+
+    def params(self) -> dict:
+        """Parameters that differ from the card's defaults (the rest the method fills in itself)."""
+        values = {name: control.value for name, control in self.controls.items()}
+        return {k: v for k, v in values.items() if v != self.card.hparam(k).default}
+
+    def set(self, enabled: bool, params: dict | None = None) -> None:
+        for hp in self.card.hparams:
+            self.controls[hp.name].value = (params or {}).get(hp.name, hp.default)
+        self.checkbox.value = enabled
+
+    def set_available(self, reason: str | None) -> None:
+        """Disable the row with the reason shown, or enable it."""
+        self.checkbox.disabled = reason is not None
+        self.checkbox.tooltip = reason or self.card.summary
+        self.badges.value = (_badge("unavailable", "#555", reason) + f"<i style='font-size:12px'>{html.escape(reason)}</i>"
+                             if reason else self._badges())
+
+
+class MethodExplorer:
+    """The explorer widget. Display it as the last expression of a cell, or call ``display()``."""
+
+    def __init__(self, task: str = "fashion-mnist", recipe: str = "mild", *, duration: str | None = None,
+                 device: str = "auto", seed: int = 0, data_fraction: float = 1.0, eval_fraction: float | None = None,
+                 eval_interval: str | None = None, run_dir: str | os.PathLike = "runs/explorer",
+                 records: str | os.PathLike | None = None, baseline: RunRecord | str | None = None,
+                 update_interval: float = 0.5, live: bool = True):
+        """``live=False`` (headless) draws into a plain plotly Figure instead of a FigureWidget, so an
+        executed notebook stores no widget JavaScript; everything else works the same."""
+        get_task(task)
+        self.data_fraction, self.eval_fraction, self.eval_interval = data_fraction, eval_fraction, eval_interval
+        self._widget = None
+        with (contextlib.nullcontext() if live else _detached_widgets()):
+            self._build(task, recipe, duration, device, seed, run_dir, records, baseline, update_interval, live)
+
+    def _build(self, task, recipe, duration, device, seed, run_dir, records, baseline, update_interval, live):
+        self.run_dir, self.update_interval = Path(run_dir), update_interval
+        self.current: BackgroundRun | None = None
+        self.history: list[RunRecord] = []
+        self._applying = False  # True while a preset sets the controls, so they don't mark it "custom"
+        self._lock = threading.Lock()  # one run starts at a time
+        self._draw_lock = threading.Lock()  # the reporter thread and clicks both change the figure
+        self._build_settings(task, device, seed)
+        self.rows = {name: MethodRow(name, self._on_method_change) for name in REGISTRY}
+        self._build_actions()
+        self.board = RunBoard(task=task, on_select=self.overlay)
+        empty = plots.empty_figure(get_task(task).target_metric)
+        self.live = live
+        self.figure = go.FigureWidget(empty) if live else empty
+        self._baseline = RunRecord.load(baseline) if isinstance(baseline, (str, os.PathLike)) else baseline
+        if records is not None:
+            self.board.load(records)
+        self.set_task(task, recipe)
+        if duration:
+            self.duration.value = duration
+
+    @property
+    def widget(self) -> w.Widget:
+        """The whole explorer as one widget, built when first shown."""
+        if not self.live:
+            return w.HTML("this explorer was made with live=False (headless): it runs configurations with "
+                          "run_all() and draws with show_static(); make one with live=True to use the widgets")
+        if self._widget is None:
+            self._widget = self._layout()
+        return self._widget
+
+    # -- building the widgets ---------------------------------------------------------------
+    def _build_settings(self, task: str, device: str, seed: int) -> None:
+        narrow = {"style": {"description_width": "70px"}, "layout": w.Layout(width="220px")}
+        self.task = w.Dropdown(options=list(TASKS), value=task, description="task", **narrow)
+        self.model = w.Dropdown(options=list(get_task(task).models), description="model", **narrow)
+        self.duration = w.Text(description="duration", placeholder="3ep, 500ba, 90s", **narrow)
+        devices = available_devices()
+        self.device = w.Dropdown(options=devices if device in devices else [*devices, device], value=device,
+                                 description="device", **narrow)
+        self.precision = w.Dropdown(options=PRECISIONS, description="precision", **narrow)
+        self.seed = w.IntText(value=seed, description="seed", **narrow)
+        self.target = w.FloatText(description="target", **narrow)
+        self.target_label = w.HTML()
+        self.preset = w.ToggleButtons(options=[*RECIPES[task], "custom"], description="recipe")
+        self.domain_filter = w.ToggleButtons(options=["all", "vision", "language", "any"], value="all",
+                                             description="show")
+        self.task.observe(lambda c: None if self._applying else self.set_task(c["new"]), "value")
+        self.preset.observe(self._on_preset, "value")
+        self.domain_filter.observe(lambda c: self._filter_rows(), "value")
+        for control in (self.model, self.duration, self.precision):
+            control.observe(lambda c: self._on_method_change(), "value")
+
+    def _build_actions(self) -> None:
+        self.run_button = w.Button(description="Run", button_style="success", icon="play")
+        self.stop_button = w.Button(description="Stop", button_style="danger", icon="stop", disabled=True)
+        self.code_button = w.Button(description="Copy as code", icon="code")
+        self.run_button.on_click(lambda b: self.run())
+        self.stop_button.on_click(lambda b: self.stop())
+        self.code_button.on_click(lambda b: self.show_code())
+        self.conflicts = w.HTML()
+        self.status = w.HTML("ready")
+        self.status.add_class("speedkit-status")
+        self.progress = w.FloatProgress(value=0.0, min=0.0, max=1.0, layout=w.Layout(width="300px"))
+        self.code = w.Textarea(layout=w.Layout(width="100%", height="220px"))
+        self.recipe_file = w.Textarea(layout=w.Layout(width="100%", height="220px"))
+        self.code_tabs = w.Tab(children=[self.code, self.recipe_file], layout=w.Layout(display="none"))
+        self.code_tabs.set_title(0, "Trainer call")
+        self.code_tabs.set_title(1, "recipe file (YAML)")
+
+    def _layout(self) -> w.Widget:
+        settings = w.VBox([w.HBox([self.task, self.model, self.duration, self.device]),
+                           w.HBox([self.precision, self.seed, self.target, self.target_label])])
+        grid = w.VBox([row.box for row in self.rows.values()],
+                      layout=w.Layout(max_height="420px", overflow_y="auto", border="1px solid #ddd"))
+        actions = w.HBox([self.run_button, self.stop_button, self.code_button, self.progress, self.status])
+        return w.VBox([settings, self.preset, self.domain_filter, grid, self.conflicts, actions, self.code_tabs,
+                       self.figure, self.board.widget()])
+
+    def display(self):
+        from IPython.display import display
+
+        display(self.widget)
+
+    def _ipython_display_(self):
+        self.display()
+
+    # -- configuration ----------------------------------------------------------------------
+    @property
+    def config(self) -> RunConfig:
+        """The configuration the controls describe right now."""
+        preset = self._base_recipe_name()
+        return RunConfig(
+            task=self.task.value, recipe=preset,
+            methods={name: row.params() for name, row in self.rows.items() if row.enabled},
+            model=self.model.value, duration=self.duration.value.strip() or None, device=self.device.value,
+            precision=self.precision.value, seed=self.seed.value, target=self.target.value,
+            data_fraction=self.data_fraction, eval_fraction=self.eval_fraction, eval_interval=self.eval_interval)
+
+    def _base_recipe_name(self) -> str:
+        return self.preset.value if self.preset.value != "custom" else self._custom_base
+
+    def set_task(self, task: str, recipe: str | None = None) -> None:
+        spec = get_task(task)
+        with self._applying_preset():
+            if self.task.value != task:
+                self.task.value = task  # its observer calls back here; the guard above keeps it single
+            self.model.options = list(spec.models)
+            self.target.value = spec.target_value
+            self.target_label.value = f"<span style='font-size:12px'>{spec.target_metric}</span>"
+            self.preset.options = [*RECIPES[task], "custom"]
+            for name, row in self.rows.items():
+                row.set_available(unsuitable_reason(name, spec.domain))
+        self.board.task = task
+        with self._draw_lock:
+            plots.retitle(self.figure, spec.target_metric)
+        self.set_recipe(recipe or ("mild" if "mild" in RECIPES[task] else next(iter(RECIPES[task]))))
+
+    def set_recipe(self, name: str) -> None:
+        """Set every control from a preset."""
+        recipe = RECIPES[self.task.value].get(name)
+        if recipe is None:
+            raise ValueError(f"unknown recipe {name!r} for {self.task.value}; known: {sorted(RECIPES[self.task.value])}")
+        with self._applying_preset():
+            self._custom_base = name
+            self.preset.value = name
+            self.model.value = recipe.model
+            self.duration.value = recipe.duration
+            self.precision.value = recipe.precision
+            for method, row in self.rows.items():
+                row.set(method in recipe.methods, recipe.methods.get(method))
+        self._on_method_change()
+
+    def toggle(self, method: str, on: bool = True) -> None:
+        if method not in self.rows:
+            raise ValueError(f"unknown method {method!r}; known methods: {', '.join(self.rows)}")
+        row = self.rows[method]
+        if on and row.checkbox.disabled:
+            raise ValueError(f"{method} cannot be used here: {row.checkbox.tooltip}")
+        row.checkbox.value = on
+
+    def set_param(self, method: str, name: str, value) -> None:
+        control = self.rows[method].controls.get(name)
+        if control is None:
+            raise ValueError(f"{method} has no parameter {name!r}; it has {list(self.rows[method].controls)}")
+        self.rows[method].card.hparam(name).validate(value, method)
+        control.value = value
+
+    def load_config(self, config: RunConfig | dict) -> None:
+        """Set the controls from a configuration (a RunConfig or a dict of its fields)."""
+        config = config if isinstance(config, RunConfig) else RunConfig.from_dict(config)
+        self.set_task(config.task, config.recipe)
+        with self._applying_preset():
+            for field in ("model", "duration", "precision", "device"):
+                value = getattr(config, field)
+                if value is not None:
+                    getattr(self, field).value = value
+            self.seed.value = config.seed
+            if config.target is not None:
+                self.target.value = config.target
+            if config.methods is not None:
+                for method in config.methods:
+                    if method not in self.rows:
+                        raise ValueError(f"unknown method {method!r}; known methods: {', '.join(self.rows)}")
+                for name, row in self.rows.items():
+                    row.set(name in config.methods, config.methods.get(name))
+        self.data_fraction, self.eval_fraction = config.data_fraction, config.eval_fraction
+        self.eval_interval = config.eval_interval or self.eval_interval
+        self._on_method_change()
+
+    class _Guard:
+        def __init__(self, explorer):
+            self.explorer, self.outer = explorer, explorer._applying
+
+        def __enter__(self):
+            self.explorer._applying = True
+
+        def __exit__(self, *exc):
+            self.explorer._applying = self.outer
+
+    def _applying_preset(self):
+        return self._Guard(self)
+
+    def _on_preset(self, change) -> None:
+        if not self._applying and change["new"] != "custom":
+            self.set_recipe(change["new"])
+
+    def _on_method_change(self) -> None:
+        if self._applying:
+            return
+        config = self.config
+        with self._applying_preset():
+            self.preset.value = "custom" if config.is_custom or self._settings_differ(config) else config.recipe
+        problems = config.problems()
+        self.conflicts.value = "".join(f"<div style='color:#d62728'>⚠ {html.escape(p)}</div>" for p in problems)
+        self.run_button.disabled = bool(problems) or self.running
+
+    def _settings_differ(self, config: RunConfig) -> bool:
+        base = config.base_recipe()
+        return (config.model, config.duration, config.precision) != (base.model, base.duration, base.precision)
+
+    def _filter_rows(self) -> None:
+        shown = self.domain_filter.value
+        for row in self.rows.values():
+            row.box.layout.display = "flex" if shown in ("all", row.card.domain) else "none"
+
+    # -- running ----------------------------------------------------------------------------
+    @property
+    def running(self) -> bool:
+        return self.current is not None and self.current.running
+
+    def run(self, wait: bool = False) -> BackgroundRun | None:
+        """Start the configured run on a worker thread (``wait=True``: return when it has ended)."""
+        with self._lock:
+            if self.running:
+                self.status.value = "a run is already training; stop it first"
+                return None
+            config = self.config
+            problems = config.problems()
+            if problems:
+                self.status.value = "<span style='color:#d62728'>cannot run: " + html.escape("; ".join(problems)) + "</span>"
+                return None
+            config.name = self._run_name(config)
+            trainer = config.make_trainer(run_dir=self.run_dir)
+            with self._draw_lock:
+                self._show_baseline(trainer.record)
+                plots.add_run(self.figure, trainer.record, self._metric,
+                              plots.PALETTE[len(self.history) % len(plots.PALETTE)])
+            self.history.append(trainer.record)
+            self.board.add(trainer.record)
+            self.current = BackgroundRun(trainer, on_progress=self._on_progress, on_finish=self._on_finish,
+                                         interval=self.update_interval)
+            self.run_button.disabled, self.stop_button.disabled = True, False
+            self.status.value = f"starting {config.name} …"
+            self.current.start()
+        if wait:
+            self.current.wait()
+        return self.current
+
+    def stop(self) -> None:
+        """End the current run at the next batch; it keeps its checkpoint and its RunRecord."""
+        if self.running:
+            self.status.value = f"stopping {self.current.trainer.run_name} …"
+            self.current.stop("stopped from the explorer")
+
+    def wait(self, timeout: float | None = None) -> RunRecord | None:
+        return self.current.wait(timeout) if self.current is not None else None
+
+    def run_all(self, configs: list, **defaults) -> list[RunRecord]:
+        """Headless: run each configuration in turn, waiting for each.
+
+        A configuration is a RunConfig or a dict of its fields; ``defaults`` (for example the
+        notebook's ``device`` and ``data_fraction``) fill in what a dict leaves out. A ``None`` default
+        (say ``duration=None``) keeps the recipe's own value.
+        """
+        records = []
+        for config in configs:
+            if not isinstance(config, RunConfig):
+                merged = {**{k: v for k, v in defaults.items() if v is not None}, "task": self.task.value, **config}
+                config = RunConfig.from_dict(merged)
+            self.load_config(config)
+            problems = self.config.problems()
+            if problems:
+                raise ValueError(f"configuration {config} cannot run: " + "; ".join(problems))
+            records.append(self.run(wait=True).record)
+        return records
+
+    @property
+    def _metric(self) -> str:
+        return get_task(self.task.value).target_metric
+
+    def _run_name(self, config: RunConfig) -> str:
+        label = config.to_recipe().name
+        stamp = _dt.datetime.now().strftime("%H%M%S")
+        name, n = f"{label}-{stamp}", 1
+        while (self.run_dir / name).exists() or any(r.name == name for r in self.history):
+            n += 1
+            name = f"{label}-{stamp}-{n}"
+        return name
+
+    def _show_baseline(self, record: RunRecord) -> None:
+        """Draw the baseline's curves once: the one passed in, else the board's latest baseline run."""
+        baseline = self._baseline or next((r for r in reversed(self.board.finished())
+                                           if r.config.get("recipe") == "baseline"), None)
+        if baseline is None or baseline.config.get("task") != record.config.get("task"):
+            return
+        if not any(t.legendgroup == baseline.run_id for t in self.figure.data):
+            plots.add_run(self.figure, baseline, self._metric, baseline=True)
+
+    def _on_progress(self, run: BackgroundRun) -> None:
+        record, state = run.record, run.trainer.state
+        with self._draw_lock:
+            plots.update_run(self.figure, record, self._metric)
+        self.progress.value = state.fraction_done()
+        last = record.steps[-1] if record.steps else {}
+        speed = last.get("throughput/samples_per_s")
+        evaluated = record.evals[-1].get(self._metric) if record.evals else None
+        parts = [f"<b>{html.escape(record.name)}</b>", record.status, f"epoch {state.timestamp.epoch}",
+                 f"batch {state.timestamp.batch}", f"{state.timestamp.wall_s:.1f}s"]
+        if speed:
+            parts.append(f"{speed:,.0f} samples/s")
+        if evaluated is not None:
+            parts.append(f"{self._metric} {evaluated:.4f}")
+        self.status.value = " · ".join(parts)
+
+    def _on_finish(self, run: BackgroundRun) -> None:
+        record = run.record
+        self.board.add(record)
+        self.run_button.disabled, self.stop_button.disabled = False, True
+        self._on_method_change()
+        reached = record.time_to_target
+        outcome = f"target reached after {reached:.1f}s" if reached is not None else "target not reached"
+        error = f" — {html.escape(record.error)}" if record.error else ""
+        self.status.value = (f"<b>{html.escape(record.name)}</b> {record.status}{error} · "
+                             f"{record.timings.get('train_s', 0):.1f}s training · {outcome}")
+
+    def overlay(self, record: RunRecord) -> None:
+        """Show a finished run's curves on the live plot, or hide them if they are shown."""
+        with self._draw_lock:
+            if any(t.legendgroup == record.run_id for t in self.figure.data):
+                plots.remove_run(self.figure, record.run_id)
+            else:
+                plots.add_run(self.figure, record, self._metric, plots.PALETTE[-1])
+
+    # -- code and static output -------------------------------------------------------------
+    def show_code(self) -> str:
+        config = self.config
+        self.code.value = config.to_code()
+        self.recipe_file.value = config.to_recipe_yaml()
+        self.code_tabs.layout.display = "flex"
+        return self.code.value
+
+    def figures(self) -> list[go.Figure]:
+        """Static figures of the session: curves of every run (baseline dashed), the board, contributions."""
+        runs = self.board.finished()
+        baseline = self._baseline or next((r for r in reversed(runs) if r.config.get("recipe") == "baseline"), None)
+        figs = [plots.curves_figure(runs, self._metric, baseline=baseline), self.board.scatter_figure()]
+        contributions = self.board.contribution_figure()
+        return figs + ([contributions] if contributions is not None else [])
+
+    def show_static(self) -> None:
+        """End a headless notebook with plain figures and the board's table (no widget state stored)."""
+        from IPython.display import HTML, display
+
+        plots.use_static_renderer()
+        display(HTML(self.board.table_html()))
+        for fig in self.figures():
+            fig.show()

@@ -1,0 +1,183 @@
+"""The explorer in a real browser: JupyterLab on 127.0.0.1, Debian's Chromium driven by playwright.
+
+The test opens notebooks/01_method_explorer.ipynb (with small parameters injected the way papermill
+does), runs its cells, toggles methods (and sees the conflict message), runs a short training and
+waits for the live plot and the run board to fill, then starts a long run and stops it with the
+Stop button, and checks on disk that the stopped run kept its record and checkpoint. Screenshots
+go to ``runs/test-artifacts/browser/``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from helpers import needs_fmnist
+
+REPO = Path(__file__).resolve().parents[1]
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
+ARTIFACTS = Path(os.environ.get("SPEEDKIT_ARTIFACTS", REPO / "runs" / "test-artifacts")) / "browser"
+JUPYTER = Path(sys.executable).with_name("jupyter")
+
+pytestmark = [pytest.mark.slow, pytest.mark.browser]
+
+
+def _require_chromium() -> None:
+    """In CI the browser must be there; elsewhere a missing browser skips the test, saying why."""
+    if os.path.exists(CHROMIUM):
+        return
+    reason = f"{CHROMIUM} is missing: install Debian's chromium (sudo apt-get install chromium)"
+    if os.environ.get("CI"):
+        pytest.fail(reason + " — CI must run the browser test")
+    pytest.skip(reason)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def jupyter_lab(tmp_path):
+    """A JupyterLab server on 127.0.0.1 with an empty token, serving ``tmp_path``; stopped by its PID."""
+    port = _free_port()
+    log = open(tmp_path / "jupyter.log", "w")
+    server = subprocess.Popen(
+        [str(JUPYTER), "lab", "--no-browser", "--allow-root", "--ip=127.0.0.1", f"--port={port}",
+         "--ServerApp.token=", "--ServerApp.password=", f"--ServerApp.root_dir={tmp_path}",
+         f"--LabApp.workspaces_dir={tmp_path / 'workspaces'}", f"--LabApp.user_settings_dir={tmp_path / 'settings'}"],
+        stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 90
+        while True:
+            try:
+                urllib.request.urlopen(f"{url}/api/status", timeout=2)
+                break
+            except OSError:
+                if server.poll() is not None or time.time() > deadline:
+                    raise RuntimeError(f"jupyter lab did not start: {(tmp_path / 'jupyter.log').read_text()[-2000:]}")
+                time.sleep(0.5)
+        yield url, tmp_path
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+        log.close()
+
+
+def _explorer_notebook(folder: Path, out_dir: Path) -> Path:
+    """The explorer notebook with small parameters injected after its parameters cell, as papermill would."""
+    import nbformat
+    from papermill.iorw import load_notebook_node
+    from papermill.parameterize import parameterize_notebook
+
+    nb = load_notebook_node(str(REPO / "notebooks" / "01_method_explorer.ipynb"))
+    nb = parameterize_notebook(nb, {"live": True, "device": "cpu", "duration": "40ba", "data_fraction": 0.1,
+                                    "eval_fraction": 0.2, "out_dir": str(out_dir), "configs": []})
+    path = folder / "explorer.ipynb"
+    nbformat.write(nb, path)
+    return path
+
+
+def _plot_points(page) -> int:
+    """Points drawn in the live figure (the first plotly graph in the page)."""
+    return page.evaluate("""() => {
+        const gd = document.querySelector('.js-plotly-plot');
+        return gd && gd.data ? gd.data.reduce((n, t) => n + (t.x ? t.x.length : 0), 0) : 0;
+    }""")
+
+
+@needs_fmnist
+def test_explorer_in_jupyterlab(jupyter_lab):
+    _require_chromium()
+    from playwright.sync_api import expect, sync_playwright
+
+    url, folder = jupyter_lab
+    out_dir = folder / "runs"
+    _explorer_notebook(folder, out_dir)
+    shutil.rmtree(ARTIFACTS, ignore_errors=True)
+    ARTIFACTS.mkdir(parents=True)
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS, headless=True)
+        page = browser.new_page(viewport={"width": 1500, "height": 1800})
+        try:
+            page.goto(f"{url}/lab/tree/explorer.ipynb")
+            page.locator(".jp-Notebook").first.wait_for(timeout=90_000)
+            page.locator(".jp-Notebook .jp-Cell").first.wait_for(timeout=90_000)
+            # the status bar says "Idle" once the kernel has started; cells sent earlier can be dropped
+            page.locator(".jp-StatusBar-TextItem", has_text="Idle").first.wait_for(timeout=90_000)
+
+            # run every cell through the menu, as a user would
+            page.locator(".lm-MenuBar-itemLabel", has_text=re.compile("^Run$")).click()
+            page.locator(".lm-Menu-itemLabel", has_text=re.compile("^Run All Cells$")).click()
+            run_button = page.locator(".widget-button", has_text=re.compile("^Run$"))
+            run_button.wait_for(timeout=120_000)
+            page.screenshot(path=ARTIFACTS / "1-explorer.png")
+
+            # toggling two label-mixing methods shows the engine's conflict and blocks Run
+            def checkbox(name):
+                label = page.locator("span", has_text=re.compile(f"^{name}$"))
+                return page.locator(".widget-checkbox").filter(has=label).locator("input").first
+
+            checkbox("cutmix").check()
+            checkbox("mixup").check()
+            expect(page.get_by_text("both take the role")).to_be_visible(timeout=20_000)
+            expect(run_button).to_be_disabled()
+            expect(page.locator(".widget-toggle-button.mod-active", has_text="custom")).to_be_visible()
+            page.screenshot(path=ARTIFACTS / "2-conflict.png")
+            checkbox("mixup").uncheck()
+            expect(page.get_by_text("both take the role")).to_have_count(0, timeout=20_000)
+
+            # a short run: the live plot fills and the run lands on the board
+            run_button.click()
+            page.wait_for_function("""() => {
+                const gd = document.querySelector('.js-plotly-plot');
+                return gd && gd.data && gd.data.some(t => t.x && t.x.length > 0);
+            }""", timeout=180_000)
+            board = page.locator("table.speedkit-board")
+            expect(board.locator("td", has_text="completed")).to_have_count(1, timeout=180_000)
+            expect(board).to_contain_text("cutmix")
+            assert _plot_points(page) > 0
+            page.screenshot(path=ARTIFACTS / "3-first-run.png", full_page=True)
+
+            # a long run, stopped with the Stop button while it trains
+            page.locator(".widget-text", has_text="duration").locator("input").fill("5000ba")
+            page.keyboard.press("Tab")
+            expect(run_button).to_be_enabled(timeout=20_000)
+            run_button.click()
+            page.locator(".speedkit-status", has_text=re.compile(r"batch [1-9]")).wait_for(timeout=120_000)
+            page.screenshot(path=ARTIFACTS / "4-second-run-training.png", full_page=True)
+            page.locator(".widget-button", has_text=re.compile("^Stop$")).click()
+            expect(board.locator("td", has_text="stopped")).to_have_count(1, timeout=120_000)
+            page.screenshot(path=ARTIFACTS / "5-stopped.png", full_page=True)
+        finally:
+            page.screenshot(path=ARTIFACTS / "last.png", full_page=True)
+            (ARTIFACTS / "last.html").write_text(page.content())
+            browser.close()
+
+    records = {r.parent.name: json.loads(r.read_text()) for r in out_dir.glob("*/record.json")}
+    assert len(records) == 2, sorted(records)
+    stopped = [name for name, r in records.items() if r["status"] == "stopped"]
+    assert len(stopped) == 1, {name: r["status"] for name, r in records.items()}
+    record = records[stopped[0]]
+    assert record["stop_reason"] == "stopped from the explorer"
+    assert 0 < record["evals"][-1]["batch"] < 5000, "the stopped run should end early, evaluated where it stopped"
+    assert (out_dir / stopped[0] / "checkpoints" / "latest.ckpt").exists()
+    assert {m["name"] for m in record["methods"]} >= {"cutmix"}

@@ -1,0 +1,272 @@
+"""The explorer without a browser: widgets set from Python, buttons clicked, runs on real data.
+
+Runs use a small slice of Fashion-MNIST so each takes a few seconds on one thread.
+"""
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+pytest.importorskip("ipywidgets")
+
+import plotly.graph_objects as go  # noqa: E402
+
+from helpers import needs_fmnist  # noqa: E402
+from speedkit.algorithms import build_algorithms  # noqa: E402
+from speedkit.compare import compare_table, leave_one_out, paired_speedups, pareto_front  # noqa: E402
+from speedkit.core.algorithm import IncompatibleMethodsError, check_compatibility  # noqa: E402
+from speedkit.recipes import RECIPES, Recipe  # noqa: E402
+from speedkit.runs import RunRecord  # noqa: E402
+from speedkit.ui import plots  # noqa: E402
+from speedkit.ui.board import RunBoard  # noqa: E402
+from speedkit.ui.config import RunConfig  # noqa: E402
+from speedkit.ui.explorer import MethodExplorer  # noqa: E402
+from speedkit.ui.live import BackgroundRun  # noqa: E402
+
+SMALL = dict(data_fraction=0.03, eval_fraction=0.05, device="cpu")
+
+
+@pytest.fixture
+def explorer(tmp_path):
+    return MethodExplorer(run_dir=tmp_path / "runs", duration="12ba", update_interval=0.05, **SMALL)
+
+
+def _points(figure, run_id) -> int:
+    return sum(len(t.x or ()) for t in figure.data if t.legendgroup == run_id)
+
+
+# -- the controls describe the configuration ------------------------------------------------
+def test_presets_set_the_grid_and_any_change_marks_it_custom(explorer):
+    explorer.preset.value = "hot"
+    hot = RECIPES["fashion-mnist"]["hot"]
+    assert set(explorer.config.methods) == set(hot.methods)
+    assert explorer.rows["patch_whitening"].checkbox.value
+    assert explorer.duration.value == hot.duration and explorer.preset.value == "hot"
+    assert explorer.config.methods["label_smoothing"] == {"smoothing": 0.2}  # only values off the card default
+
+    explorer.set_param("label_smoothing", "smoothing", 0.3)
+    assert explorer.preset.value == "custom"
+    assert explorer.config.methods["label_smoothing"] == {"smoothing": 0.3}
+    explorer.preset.value = "baseline"
+    assert explorer.config.methods == {} and not explorer.config.is_custom
+
+
+def test_controls_come_from_the_cards(explorer):
+    row = explorer.rows["mixup"]
+    alpha = row.card.hparam("alpha")
+    control = row.controls["alpha"]
+    assert (control.min, control.max) == (alpha.low, alpha.high)
+    assert isinstance(explorer.rows["swa"].controls["swa_start"], type(control))
+    with pytest.raises(ValueError, match="outside its range"):
+        explorer.set_param("mixup", "alpha", alpha.high * 10)
+
+
+def test_conflicts_show_the_engines_own_message(explorer):
+    explorer.toggle("cutmix")
+    explorer.toggle("mixup")
+    with pytest.raises(IncompatibleMethodsError) as engine:
+        check_compatibility(build_algorithms(["cutmix", "mixup"]))
+    assert str(engine.value) in explorer.conflicts.value.replace("&#x27;", "'")
+    assert explorer.run_button.disabled
+    assert explorer.run() is None and "cannot run" in explorer.status.value
+    explorer.toggle("mixup", False)
+    assert explorer.conflicts.value == "" and not explorer.run_button.disabled
+
+
+def test_methods_for_another_domain_are_disabled_with_the_reason(explorer):
+    explorer.task.value = "pydocs"
+    row = explorer.rows["blurpool"]
+    assert row.checkbox.disabled and "for vision models" in row.badges.value
+    assert not explorer.rows["rotary_embeddings"].checkbox.disabled
+    assert explorer.model.options == ("gpt-nano", "gpt-micro", "gpt-mini", "gpt-small")
+    assert explorer.config.target == 2.0
+    with pytest.raises(ValueError, match="cannot be used here"):
+        explorer.toggle("blurpool")
+
+
+def test_a_bad_duration_is_reported_not_run(explorer):
+    explorer.duration.value = "3 parsecs"
+    assert "duration" in explorer.conflicts.value and explorer.run_button.disabled
+
+
+# -- running ---------------------------------------------------------------------------------
+@needs_fmnist
+def test_run_button_trains_off_thread_and_updates_plot_and_board(explorer):
+    explorer.toggle("label_smoothing", False)
+    explorer.run_button.click()
+    run = explorer.current
+    assert run is not None and explorer.stop_button.disabled is False
+    record = explorer.wait(timeout=120)
+    assert record.status == "completed" and record.steps and record.evals
+    assert _points(explorer.figure, record.run_id) > 0
+    assert [r.run_id for r in explorer.board.records] == [record.run_id]
+    assert record.name in explorer.board.table_html()
+    assert not explorer.run_button.disabled and explorer.stop_button.disabled
+    assert "completed" in explorer.status.value
+    assert json.loads((explorer.run_dir / record.name / "record.json").read_text())["status"] == "completed"
+
+
+@needs_fmnist
+def test_stop_during_a_run_keeps_a_complete_record_and_checkpoint(explorer):
+    explorer.duration.value = "5000ba"
+    explorer.run()
+    deadline = time.time() + 120
+    while explorer.current.trainer.state.timestamp.batch < 3:
+        assert time.time() < deadline and explorer.running
+        time.sleep(0.05)
+    explorer.stop_button.click()
+    record = explorer.wait(timeout=120)
+    assert record.status == "stopped" and record.stop_reason == "stopped from the explorer"
+    on_disk = RunRecord.load(explorer.run_dir / record.name)
+    assert on_disk.status == "stopped" and on_disk.evals and 3 <= on_disk.evals[-1]["batch"] < 5000
+    assert (explorer.run_dir / record.name / "checkpoints" / "latest.ckpt").exists()
+
+
+@needs_fmnist
+def test_copy_as_code_produces_code_and_a_recipe_file_that_run(explorer, tmp_path, monkeypatch):
+    explorer.set_param("label_smoothing", "smoothing", 0.2)
+    explorer.code_button.click()
+    code, recipe_yaml = explorer.code.value, explorer.recipe_file.value
+    assert "smoothing': 0.2" in code and explorer.code_tabs.layout.display == "flex"
+    monkeypatch.chdir(tmp_path)
+    namespace = {}
+    exec(compile(code, "copied.py", "exec"), namespace)
+    record = namespace["record"]
+    assert record.status == "completed"
+    assert {m["name"]: m["params"] for m in record.methods}["label_smoothing"]["smoothing"] == 0.2
+
+    path = tmp_path / "mine.yaml"
+    path.write_text(recipe_yaml)
+    recipe = Recipe.from_file(path)
+    assert recipe.methods["label_smoothing"] == {"smoothing": 0.2} and recipe.duration == "12ba"
+    from speedkit.tasks import make_trainer
+
+    trainer = make_trainer("fashion-mnist", str(path), run_dir=tmp_path / "from-file", **SMALL)
+    assert [a.name for a in trainer.state.algorithms] == [a.name for a in build_algorithms(recipe.methods)]
+
+
+def test_recipe_files_with_unknown_fields_are_refused(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("name: x\ntask: fashion-mnist\nspeed: ludicrous\n")
+    with pytest.raises(ValueError, match=r"unknown fields \['speed'\]"):
+        Recipe.from_file(path)
+
+
+@needs_fmnist
+def test_headless_run_all_uses_no_figure_widgets(tmp_path):
+    explorer = MethodExplorer(run_dir=tmp_path, live=False, update_interval=0.05)
+    records = explorer.run_all([{"recipe": "baseline"}, {"recipe": "mild", "methods": {"channels_last": {}}}],
+                               duration="8ba", **SMALL)
+    assert [r.config["recipe"] for r in records] == ["baseline", "mild-custom"]
+    assert all(r.status == "completed" for r in records)
+    assert not isinstance(explorer.figure, go.FigureWidget)
+    curves, scatter = explorer.figures()[:2]
+    drawn = {t.legendgroup for t in curves.data}
+    assert drawn == {r.run_id for r in records}
+    assert len(scatter.data[0].x) == 2
+    with pytest.raises(ValueError, match="unknown configuration key"):
+        explorer.run_all([{"recipe": "mild", "epochs": 3}])
+
+
+# -- background runs ------------------------------------------------------------------------
+class _FailingTrainer:
+    run_name = "failing"
+
+    def __init__(self):
+        self.record = RunRecord(name="failing")
+
+    def fit(self):
+        raise RuntimeError("boom")
+
+    def stop(self, reason):
+        pass
+
+
+def test_background_run_reraises_training_errors_and_survives_callback_errors():
+    reports = []
+
+    def broken_progress(run):
+        reports.append(run)
+        raise ValueError("a widget went away")
+
+    run = BackgroundRun(_FailingTrainer(), on_progress=broken_progress, interval=0.01).start()
+    with pytest.raises(RuntimeError, match="boom"):
+        run.wait(timeout=10)
+    assert reports and "a widget went away" in run.callback_errors[0]
+
+
+# -- plots and board, from records ----------------------------------------------------------
+def _record(name, recipe, times_metrics, run_id=None, **config):
+    record = RunRecord(name=name, status="completed", target={"metric": "eval/accuracy", "value": 0.9},
+                       config={"recipe": recipe, "task": "fashion-mnist", **config})
+    if run_id:
+        record.run_id = run_id
+    for i, (t, m) in enumerate(times_metrics):
+        record.add_eval({"batch": i, "sample": 100 * i, "wall_s": t}, {"eval/accuracy": m})
+        record.add_step({"batch": i, "sample": 100 * i, "wall_s": t}, {"loss": 1.0 / (i + 1), "lr": 0.1})
+    record.final_metrics = {"eval/accuracy": times_metrics[-1][1]}
+    return record
+
+
+def test_thin_keeps_few_points_and_the_last():
+    xs = list(range(10_000))
+    tx, ty = plots.thin(xs, xs, 400)
+    assert len(tx) <= 400 and tx[-1] == 9_999 and tx[0] == 0 and tx == ty
+    assert plots.thin([1, 2], [3, 4], 400) == ([1, 2], [3, 4])
+
+
+def test_live_figure_updates_in_place():
+    fig = go.FigureWidget(plots.empty_figure("eval/accuracy"))
+    record = _record("r", "mild", [(1.0, 0.5)])
+    plots.add_run(fig, record, "eval/accuracy")
+    record.add_eval({"batch": 5, "sample": 500, "wall_s": 2.0}, {"eval/accuracy": 0.7})
+    assert plots.update_run(fig, record, "eval/accuracy")
+    metric_trace = next(t for t in fig.data if t.meta == f"{record.run_id}-1")
+    assert list(metric_trace.y) == [0.5, 0.7]
+    plots.remove_run(fig, record.run_id)
+    assert not fig.data and not plots.update_run(fig, record, "eval/accuracy")
+
+
+def test_board_speedups_pareto_and_clicks():
+    baseline = _record("base", "baseline", [(10.0, 0.85), (20.0, 0.91)])
+    fast = _record("fast", "hot", [(4.0, 0.905), (5.0, 0.92)])
+    slow_good = _record("slow", "medium", [(8.0, 0.89), (15.0, 0.95)])
+    never = _record("never", "mild", [(3.0, 0.7)])
+    selected = []
+    board = RunBoard([baseline, fast, slow_good, never], on_select=selected.append)
+    rows = {r["name"]: r for r in board.rows()}
+    assert rows["fast"]["speedup"] == pytest.approx(20.0 / 4.0)
+    assert rows["never"]["speedup"] is None and rows["base"]["speedup"] == 1.0
+    assert "not reached" in board.table_html()
+    scatter = board.scatter_figure()
+    frontier = scatter.data[1]
+    assert list(frontier.x) == [4.0, 15.0]  # fast (quickest) and slow (best metric); baseline is dominated
+    board.select(1)
+    assert selected == [fast]
+
+
+def test_leave_one_out_shares_and_pairing():
+    baseline = _record("base", "baseline", [(40.0, 0.92)])
+    full = _record("full", "hot", [(10.0, 0.92)])
+    without_a = _record("no-a", "hot", [(20.0, 0.92)], ablation={"of": "full", "left_out": "a"})
+    without_b = _record("no-b", "hot", [(9.0, 0.92)], ablation={"of": "full", "left_out": "b"})
+    without_c = _record("no-c", "hot", [(5.0, 0.5)], ablation={"of": "full", "left_out": "c"})
+    table = leave_one_out([baseline, full, without_a, without_b, without_c])["full"]
+    assert table["a"]["slowdown"] == pytest.approx(2.0) and table["a"]["share"] == pytest.approx(0.5)
+    assert not table["b"]["pays_off"] and table["c"]["slowdown"] == float("inf")
+    assert RunBoard([baseline, full, without_a, without_b, without_c]).contribution_figure() is not None
+    assert paired_speedups([10.0, None, 30.0], [5.0, 5.0, None]) == [2.0, None, None]
+    with pytest.raises(ValueError, match="same seeds"):
+        paired_speedups([1.0], [1.0, 2.0])
+    assert pareto_front([(1.0, 0.5), (None, 0.99), (2.0, 0.4)]) == [0]
+    assert compare_table([full], baseline=baseline)[0]["speedup"] == pytest.approx(4.0)
+
+
+def test_run_config_problems_and_code():
+    config = RunConfig(task="fashion-mnist", recipe="mild", methods={"qk_norm": {}}, model="gpt-nano")
+    problems = " ".join(config.problems())
+    assert "does not fit task" in problems and "for language models" in problems
+    assert RunConfig(recipe="mild").problems() == []
+    assert "make_trainer(" in RunConfig(recipe="hot", duration="1ep").to_code()
