@@ -1,4 +1,5 @@
-"""``speedkit train | demo``: the command line over the same make_trainer the notebooks use."""
+"""``speedkit train | methods | demo | bench | notebooks``: the command line over the same make_trainer,
+benchmark harness and notebooks that everything else uses."""
 from __future__ import annotations
 
 import argparse
@@ -54,11 +55,15 @@ def _parser() -> argparse.ArgumentParser:
     methods.add_argument("--markdown", action="store_true", help="print the README's markdown table")
     methods.add_argument("name", nargs="?", help="show one method's whole card")
 
-    demo = commands.add_parser("demo", help="baseline vs a speed-up recipe on Fashion-MNIST, side by side")
-    demo.add_argument("--duration", default=None, help="budget for both runs (default: the demo's)")
-    demo.add_argument("--data-fraction", type=float, default=None)
-    demo.add_argument("--run-dir", default="runs/demo")
-    demo.add_argument("--device", default="auto")
+    demo = commands.add_parser("demo", help="run notebooks/00_quickstart headlessly: the baseline against a "
+                               "speed-up recipe on Fashion-MNIST, side by side")
+    demo.add_argument("--duration", help="budget for both runs (default: the params/demo set's)")
+    demo.add_argument("--data-fraction", type=float)
+    demo.add_argument("--device")
+    demo.add_argument("--out", default="runs/demo", help="where the executed notebook, its HTML and records go")
+    demo.add_argument("--root", default=".", help="the speedkit checkout holding notebooks/ and params/")
+    _add_bench_parser(commands)
+    _add_notebooks_parser(commands)
     return parser
 
 
@@ -101,6 +106,70 @@ def _methods(args) -> int:
     return 0
 
 
+def _add_bench_parser(commands) -> None:
+    from speedkit.bench.profiles import PROFILES, TASK_KEYS
+
+    bench = commands.add_parser("bench", help="time-to-accuracy benchmark: baseline and recipes interleaved by seed",
+                                description=f"Tasks: {', '.join(f'{k} = {v}' for k, v in TASK_KEYS.items())}. "
+                                            "Writes summary.json (merged across tasks), summary.md and figures.")
+    bench.add_argument("task", choices=sorted(TASK_KEYS))
+    bench.add_argument("--profile", default="cpu", choices=sorted({p for ps in PROFILES.values() for p in ps}))
+    bench.add_argument("--seeds", type=int, help="number of seeds (default: the profile's)")
+    bench.add_argument("--recipes", help="comma-separated speed-up recipes (the baseline always runs)")
+    bench.add_argument("--leave-one-out", action="store_true", help="ablate each part of the best recipe")
+    bench.add_argument("--profile-steps", type=int, default=0, help="profile this many steps of the best recipe")
+    bench.add_argument("--device", help="device, overriding the profile's")
+    bench.add_argument("--data-fraction", type=float)
+    bench.add_argument("--eval-fraction", type=float)
+    bench.add_argument("--eval-interval", help="evaluation cadence for every recipe, e.g. 0.25ep, 25ba")
+    bench.add_argument("--duration", help="one budget for every recipe (smoke tests)")
+    bench.add_argument("--duration-scale", type=float, help="multiply every recipe's budget")
+    bench.add_argument("--target", type=float, help="target value of the task's metric")
+    bench.add_argument("--out", default="bench/results")
+    bench.add_argument("--run-dir", default="runs/bench")
+    bench.add_argument("--no-figures", action="store_true")
+
+
+def _bench(args) -> int:
+    from speedkit.bench import run_benchmark
+    from speedkit.bench.report import task_markdown
+
+    result = run_benchmark(args.task, args.profile, seeds=args.seeds, recipes=args.recipes, out_dir=args.out,
+                           run_dir=args.run_dir, leave_one_out=args.leave_one_out,
+                           profile_steps=args.profile_steps, figures=not args.no_figures, device=args.device,
+                           data_fraction=args.data_fraction, eval_fraction=args.eval_fraction,
+                           eval_interval=args.eval_interval, duration=args.duration,
+                           duration_scale=args.duration_scale, target=args.target)
+    print("\n" + task_markdown(args.task, result.entry))
+    print("\n" + "\n".join(f"{name}: {path}" for name, path in result.paths.items()))
+    return 0
+
+
+def _add_notebooks_parser(commands) -> None:
+    notebooks = commands.add_parser("notebooks", help="run the notebooks and tutorials headlessly with papermill")
+    actions = notebooks.add_subparsers(dest="action", required=True)
+    run = actions.add_parser("run", help="run every notebook with a parameter set; exit status 1 if any fails")
+    run.add_argument("--params", default="cpu-smoke", help="parameter set: a folder under ROOT/params (cpu-smoke, gpu)")
+    run.add_argument("--out", default="runs/nb", help="each notebook's records, executed copy and HTML go to OUT/<name>/")
+    run.add_argument("--only", nargs="+", metavar="NAME", help="run only these notebooks (names without .ipynb)")
+    run.add_argument("--root", default=".", help="the folder holding notebooks/, tutorials/ and params/")
+    run.add_argument("-p", "--parameter", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
+                     help="override a parameter of every notebook run (VALUE is read as YAML)")
+    run.add_argument("--timeout", type=float, help="seconds any one cell may take")
+
+
+def _notebooks(args) -> int:
+    import yaml
+
+    from speedkit.notebooks import format_summary, run_notebooks
+
+    overrides = {name: yaml.safe_load(value) for name, value in args.parameter}
+    results = run_notebooks(args.params, out=args.out, root=args.root, only=args.only, overrides=overrides,
+                            timeout=args.timeout, progress=print)
+    print(format_summary(results))
+    return 1 if any(r.failed for r in results) else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
@@ -108,12 +177,15 @@ def main(argv: list[str] | None = None) -> int:
             return _train(args)
         if args.command == "methods":
             return _methods(args)
+        if args.command == "bench":
+            return _bench(args)
+        if args.command == "notebooks":
+            return _notebooks(args)
         if args.command == "demo":
             from speedkit.demo import run_demo
 
-            run_demo(duration=args.duration, data_fraction=args.data_fraction, run_dir=args.run_dir,
-                     device=args.device)
-            return 0
+            overrides = {"duration": args.duration, "data_fraction": args.data_fraction, "device": args.device}
+            return run_demo(args.root, args.out, {k: v for k, v in overrides.items() if v is not None})
     except (ValueError, TypeError, FileNotFoundError) as e:
         print(f"speedkit: error: {e}", file=sys.stderr)
         return 2

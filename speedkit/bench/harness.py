@@ -78,7 +78,8 @@ def _bench_info(profile: BenchProfile, session: str, seed: int) -> dict:
 
 
 def run_interleaved(profile: BenchProfile, seeds: Sequence[int], run_dir: str | Path, session: str,
-                    log: Callable[[str], None] = print, **trainer_kwargs) -> list[RunRecord]:
+                    log: Callable[[str], None] = print, on_record: Callable[[RunRecord], None] | None = None,
+                    **trainer_kwargs) -> list[RunRecord]:
     """Every recipe once per seed, seed by seed (A B A B ...), so slow drifts of a shared machine
     hit baseline and recipes alike and each seed's pair ran side by side."""
     records, total = [], len(seeds) * len(profile.recipes)
@@ -89,6 +90,8 @@ def run_interleaved(profile: BenchProfile, seeds: Sequence[int], run_dir: str | 
                              _bench_info(profile, session, seed), **trainer_kwargs)
             records.append(record)
             log(f"[{len(records)}/{total}] {_describe_run(record)}")
+            if on_record is not None:
+                on_record(record)  # e.g. a notebook's run board, filling as runs finish
     return records
 
 
@@ -304,11 +307,13 @@ def run_benchmark(task: str, profile: str | BenchProfile = "cpu", seeds: int | S
                   data_fraction: float | None = None, eval_fraction: float | None = None,
                   eval_interval: str | None = None, duration: str | None = None,
                   duration_scale: float | None = None, target: float | None = None,
-                  trainer_kwargs: dict | None = None) -> BenchResult:
+                  trainer_kwargs: dict | None = None,
+                  on_record: Callable[[RunRecord], None] | None = None) -> BenchResult:
     """Benchmark ``task`` ("vision"/"language") and merge its entry into ``out_dir/summary.json``.
 
     ``seeds`` is a count or a list; ``recipes`` names the speed-up recipes (the baseline always runs).
-    Keyword overrides replace the profile's fields; ``trainer_kwargs`` go to every make_trainer call.
+    Keyword overrides replace the profile's fields; ``trainer_kwargs`` go to every make_trainer call;
+    ``on_record`` is called with each main run's record as it finishes.
     """
     from speedkit.bench.report import write_reports
 
@@ -321,7 +326,7 @@ def run_benchmark(task: str, profile: str | BenchProfile = "cpu", seeds: int | S
     session = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     log(f"benchmark {key} ({profile.task}), profile {profile.name}: recipes {', '.join(profile.recipes)}; "
         f"seeds {seed_list}; device {profile.device}")
-    records = run_interleaved(profile, seed_list, run_dir, session, log, **trainer_kwargs)
+    records = run_interleaved(profile, seed_list, run_dir, session, log, on_record, **trainer_kwargs)
     entry = summarize(records, profile)
     best = entry["best_recipe"]
     ablations = []

@@ -418,15 +418,18 @@ class MethodExplorer:
     def run_all(self, configs: list, **defaults) -> list[RunRecord]:
         """Headless: run each configuration in turn, waiting for each.
 
-        A configuration is a RunConfig or a dict of its fields; ``defaults`` (for example the
-        notebook's ``device`` and ``data_fraction``) fill in what a dict leaves out. A ``None`` default
-        (say ``duration=None``) keeps the recipe's own value.
+        A configuration is a RunConfig or a dict of its fields. What a dict leaves out comes from
+        ``defaults`` (for example the notebook's ``device``), then from the explorer's own settings; a
+        ``None`` default (say ``duration=None``) keeps the recipe's own value.
         """
+        current = {"task": self.task.value, "device": self.device.value, "seed": self.seed.value,
+                   "data_fraction": self.data_fraction, "eval_fraction": self.eval_fraction,
+                   "eval_interval": self.eval_interval}
+        current.update({k: v for k, v in defaults.items() if v is not None})
         records = []
         for config in configs:
             if not isinstance(config, RunConfig):
-                merged = {**{k: v for k, v in defaults.items() if v is not None}, "task": self.task.value, **config}
-                config = RunConfig.from_dict(merged)
+                config = RunConfig.from_dict({**current, **config})
             self.load_config(config)
             problems = self.config.problems()
             if problems:

@@ -1,0 +1,142 @@
+"""Notebooks and tutorials as regression tests.
+
+Every notebook with a ``params/cpu-smoke`` file runs headlessly through the runner; those with
+``# NBVAL_CHECK_OUTPUT`` cells also run under ``pytest --nbval-lax``, which compares those cells'
+outputs with the ones committed. Every notebook is committed clean. A new notebook is picked up
+as soon as it has a parameter file.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("papermill")
+pytest.importorskip("nbval")
+nbformat = pytest.importorskip("nbformat")
+
+from speedkit.cli import main  # noqa: E402
+from speedkit.notebooks import (check_committed, declared_parameters, discover_notebooks, format_summary,  # noqa: E402
+                                is_check_cell, load_params, nbval_copy, param_sets, run_notebooks)
+
+from helpers import needs_fmnist  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS = discover_notebooks(ROOT)
+SMOKE = [p for p in NOTEBOOKS if load_params("cpu-smoke", p, ROOT) is not None]
+TUTORIALS = [p for p in NOTEBOOKS if p.parent.name == "tutorials"]
+# nbval on a notebook without check cells would only repeat the runner's test, at the same cost.
+CHECKED = [p for p in SMOKE if any(is_check_cell(c) for c in nbformat.read(str(p), as_version=4).cells)]
+
+
+@pytest.fixture(autouse=True)
+def one_thread_kernels(monkeypatch):
+    """Kernels inherit this environment. The notebooks' small models run faster on one thread, and on a
+    busy machine several times faster (two threads each in several processes wait on one another)."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+
+
+def _ids(paths):
+    return [p.stem for p in paths]
+
+
+# -- every notebook, executed -------------------------------------------------------------------------
+@needs_fmnist
+@pytest.mark.parametrize("path", SMOKE, ids=_ids(SMOKE))
+def test_notebook_runs_with_its_smoke_parameters(path, tmp_path):
+    [result] = run_notebooks("cpu-smoke", out=tmp_path, root=ROOT, only=[path.stem])
+    assert result.status == "passed", f"{path.name} failed in cell {result.cell}: {result.error} " \
+                                      f"(executed copy: {result.executed})"
+    assert list((tmp_path / path.stem).rglob("record.json")), f"{path.name} wrote no RunRecord into out_dir"
+    assert result.html is not None and result.html.stat().st_size > 0
+
+
+@needs_fmnist
+@pytest.mark.parametrize("path", CHECKED, ids=_ids(CHECKED))
+def test_nbval_lax_passes_on_the_parameterized_notebook(path, tmp_path):
+    """nbval runs a copy with the smoke parameters injected and compares the check cells' outputs."""
+    copy = nbval_copy(path, {**load_params("cpu-smoke", path, ROOT), "out_dir": str(tmp_path / "out")},
+                      tmp_path / path.name)
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "--nbval-lax", "--nbval-current-env",
+                           "-p", "no:cacheprovider", "--rootdir", str(tmp_path), str(copy)],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
+
+
+@needs_fmnist
+def test_a_bad_parameter_fails_with_the_librarys_message(tmp_path):
+    [result] = run_notebooks("cpu-smoke", out=tmp_path, root=ROOT, only=["t4_schedules_and_durations"],
+                             overrides={"duration": "3 parsecs"})
+    assert result.failed
+    assert result.error.startswith("ValueError: unknown time unit 'parsecs' in '3 parsecs'; accepted units: ep, ba")
+    assert "ValueError: unknown time unit 'parsecs'" in format_summary([result])
+    assert result.html.exists()  # a failed run is exported too, to be read where it failed
+
+
+# -- as committed -------------------------------------------------------------------------------------
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids(NOTEBOOKS))
+def test_notebook_is_committed_clean(path):
+    """No outputs except the small text of check cells, no execution counts, a parameters cell first."""
+    assert check_committed(path) == []
+
+
+def test_every_tutorial_has_smoke_and_gpu_parameters():
+    assert len(TUTORIALS) >= 7
+    for param_set in ("cpu-smoke", "gpu"):
+        missing = [p.stem for p in TUTORIALS if load_params(param_set, p, ROOT) is None]
+        assert not missing, f"tutorials without params/{param_set}/<name>.yaml: {missing}"
+
+
+def test_parameter_files_name_real_notebooks_and_parameters():
+    """A typo in a parameter file (the gpu set runs only on GPU machines) is caught here."""
+    stems = {p.stem: p for p in NOTEBOOKS}
+    for param_set in param_sets(ROOT):
+        for file in sorted((ROOT / "params" / param_set).glob("*.yaml")):
+            assert file.stem in stems, f"{file} names no notebook in notebooks/ or tutorials/"
+            unknown = set(load_params(param_set, file.stem, ROOT)) - set(declared_parameters(stems[file.stem]))
+            assert not unknown, f"{file} sets {sorted(unknown)}, which {file.stem} does not declare"
+
+
+# -- the runner on small notebooks made here ------------------------------------------------------------
+def _tiny_root(tmp_path: Path, notebooks: dict[str, str], params: dict[str, str]) -> Path:
+    """A root with tutorials/<name>.ipynb (a parameters cell, then ``body``) and params/smoke/<name>.yaml."""
+    (tmp_path / "tutorials").mkdir(parents=True)
+    (tmp_path / "params" / "smoke").mkdir(parents=True)
+    for name, body in notebooks.items():
+        nb = nbformat.v4.new_notebook(metadata={"kernelspec": {"name": "python3", "display_name": "Python 3",
+                                                              "language": "python"}})
+        nb.cells = [nbformat.v4.new_code_cell('device = "cpu"\nout_dir = "."\nsize = 1', metadata={"tags": ["parameters"]}),
+                    nbformat.v4.new_code_cell(body)]
+        nbformat.write(nb, tmp_path / "tutorials" / f"{name}.ipynb")
+    for name, text in params.items():
+        (tmp_path / "params" / "smoke" / f"{name}.yaml").write_text(text)
+    return tmp_path
+
+
+def test_cli_runs_notebooks_and_exits_1_when_one_fails(tmp_path, capsys):
+    root = _tiny_root(tmp_path / "root", {
+        "good": "assert size == 2",
+        "bad": 'raise ValueError(f"size must be positive, got {size}")',
+        "unparameterized": "raise AssertionError('never run: it has no parameter file')",
+    }, {"good": "size: 2\n", "bad": "size: -1\n"})
+    code = main(["notebooks", "run", "--params", "smoke", "--root", str(root), "--out", str(tmp_path / "out")])
+    summary = capsys.readouterr().out
+    assert code == 1
+    assert "ValueError: size must be positive, got -1" in summary
+    assert "unparameterized  no parameters" in summary and "1 passed, 1 failed, 1 without parameters" in summary
+    assert (tmp_path / "out" / "good" / "good.html").exists() and not (tmp_path / "out" / "unparameterized").exists()
+    assert main(["notebooks", "run", "--params", "smoke", "--root", str(root), "--out", str(tmp_path / "out"),
+                 "--only", "good"]) == 0
+
+
+def test_runner_refuses_unknown_sets_notebooks_and_parameters(tmp_path):
+    root = _tiny_root(tmp_path, {"one": "pass"}, {"one": "size: 2\n"})
+    with pytest.raises(ValueError, match=r"unknown parameter set 'gpu'; known sets under .*: \['smoke'\]"):
+        run_notebooks("gpu", root=root)
+    with pytest.raises(ValueError, match=r"no notebook named 'two'.*known: \['one'\]"):
+        run_notebooks("smoke", root=root, only=["two"])
+    # papermill would only warn about a parameter the notebook does not declare, and run it at its defaults
+    [result] = run_notebooks("smoke", out=tmp_path / "out", root=root, overrides={"epochs": 3})
+    assert result.failed and "does not declare ['epochs']" in result.error
