@@ -15,7 +15,7 @@ import math
 import statistics
 from typing import Iterable, Sequence
 
-from speedkit.runs import RunRecord, lower_is_better
+from speedkit.runs import RunRecord
 
 
 def final_metric(record: RunRecord, metric: str | None = None) -> float | None:

@@ -270,3 +270,12 @@ def test_run_config_problems_and_code():
     assert "does not fit task" in problems and "for language models" in problems
     assert RunConfig(recipe="mild").problems() == []
     assert "make_trainer(" in RunConfig(recipe="hot", duration="1ep").to_code()
+
+
+def test_loading_a_configuration_of_the_same_task_keeps_the_curves(explorer):
+    record = _record("earlier", "mild", [(1.0, 0.5)])
+    explorer.overlay(record)
+    explorer.load_config({"recipe": "hot"})
+    assert _points(explorer.figure, record.run_id) > 0
+    explorer.set_task("pydocs")
+    assert not explorer.figure.data and "bpb" in explorer.figure.layout.annotations[1].text

@@ -8,7 +8,6 @@ a user can paste, and into a recipe file.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 from speedkit.algorithms import REGISTRY, build_algorithms
 from speedkit.core.algorithm import check_compatibility

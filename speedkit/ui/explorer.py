@@ -158,7 +158,7 @@ class MethodExplorer:
                  device: str = "auto", seed: int = 0, data_fraction: float = 1.0, eval_fraction: float | None = None,
                  eval_interval: str | None = None, run_dir: str | os.PathLike = "runs/explorer",
                  records: str | os.PathLike | None = None, baseline: RunRecord | str | None = None,
-                 update_interval: float = 0.5, live: bool = True):
+                 update_interval: float = 1.0, live: bool = True):
         """``live=False`` (headless) draws into a plain plotly Figure instead of a FigureWidget, so an
         executed notebook stores no widget JavaScript; everything else works the same."""
         get_task(task)
@@ -281,8 +281,10 @@ class MethodExplorer:
             for name, row in self.rows.items():
                 row.set_available(unsuitable_reason(name, spec.domain))
         self.board.task = task
-        with self._draw_lock:
-            plots.retitle(self.figure, spec.target_metric)
+        if getattr(self, "_plotted_metric", None) != spec.target_metric:  # keep the curves within a task
+            with self._draw_lock:
+                plots.retitle(self.figure, spec.target_metric)
+            self._plotted_metric = spec.target_metric
         self.set_recipe(recipe or ("mild" if "mild" in RECIPES[task] else next(iter(RECIPES[task]))))
 
     def set_recipe(self, name: str) -> None:

@@ -35,7 +35,8 @@ class BackgroundRun:
 
     @property
     def running(self) -> bool:
-        return self._worker.is_alive()
+        # not just is_alive(): on_finish runs while the worker thread may still be returning
+        return self._worker.is_alive() and not self._done.is_set()
 
     def start(self) -> "BackgroundRun":
         self._worker.start()
