@@ -279,3 +279,10 @@ def test_loading_a_configuration_of_the_same_task_keeps_the_curves(explorer):
     assert _points(explorer.figure, record.run_id) > 0
     explorer.set_task("pydocs")
     assert not explorer.figure.data and "bpb" in explorer.figure.layout.annotations[1].text
+
+
+def test_rows_show_badges_from_the_card(explorer):
+    badges = explorer.rows["mixup"].badges.value
+    card = explorer.rows["mixup"].card
+    assert "vision" in badges and "role: label_mixing" in badges and "effect" in badges
+    assert card.effect.split()[0] in badges  # the expected effect is the badge's tooltip

@@ -116,6 +116,10 @@ class MethodRow:
         badges = [_badge(card.domain, {"vision": "#2ca02c", "language": "#9467bd"}.get(card.domain, "#7f7f7f"))]
         if card.requirements:
             badges.append(_badge("needs", "#ff7f0e", "; ".join(card.requirements)))
+        for role in card.exclusive:
+            badges.append(_badge(f"role: {role}", "#8c564b", "only one method may hold this role"))
+        if card.effect:
+            badges.append(_badge("effect", "#1f77b4", card.effect))
         if card.conflicts:
             badges.append(_badge(f"conflicts: {', '.join(card.conflicts)}", "#d62728",
                                  "; ".join(f"{k}: {v}" for k, v in card.conflicts.items())))
