@@ -1,12 +1,17 @@
-"""Rewrite the generated parts of README.md (the methods and recipes tables) from the cards and recipes."""
+"""Rewrite the generated parts of README.md: the methods and recipes tables (from the cards and
+recipes) and the benchmark results (from bench/results/summary.json)."""
 from __future__ import annotations
 
+import json
 import re
 import sys
 from pathlib import Path
 
 from speedkit.algorithms import methods_table
+from speedkit.bench.report import readme_table
 from speedkit.recipes import RECIPES
+
+SUMMARY = Path(__file__).resolve().parents[1] / "bench" / "results" / "summary.json"
 
 
 def recipes_table() -> str:
@@ -19,7 +24,13 @@ def recipes_table() -> str:
     return "\n".join(rows)
 
 
-SECTIONS = {"methods-table": methods_table, "recipes-table": recipes_table}
+def bench_results() -> str:
+    if not SUMMARY.exists():
+        return "No benchmark results are committed yet: `speedkit bench vision` writes them."
+    return readme_table(json.loads(SUMMARY.read_text())).rstrip("\n")
+
+
+SECTIONS = {"methods-table": methods_table, "recipes-table": recipes_table, "bench-results": bench_results}
 
 
 def render(readme: str) -> str:

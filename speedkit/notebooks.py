@@ -8,7 +8,8 @@ notebook fails when any cell raises, and the failure names the notebook's own ex
 Committed notebooks carry no outputs, except the small text outputs of cells marked
 ``# NBVAL_CHECK_OUTPUT``: those are what ``pytest --nbval-lax`` compares. ``check_committed`` says
 what is wrong with a notebook as committed, ``update_expected_outputs`` regenerates the expected
-outputs by running it, and ``nbval_copy`` writes a parameterized copy that nbval can check.
+outputs by running it, and ``parameterized_copy`` writes a copy with parameters injected (for nbval,
+or to open in JupyterLab).
 
 papermill, nbformat and nbconvert are imported only here (they come with ``speedkit[test]``), so the
 Trainer never needs them.
@@ -321,8 +322,9 @@ def update_expected_outputs(path: str | Path, params: str | Path = "cpu-smoke", 
     return sorted(expected)
 
 
-def nbval_copy(path: str | Path, parameters: dict, dest: str | Path):
-    """Write ``path`` with ``parameters`` injected (as papermill would) to ``dest``, for ``pytest --nbval-lax``.
+def parameterized_copy(path: str | Path, parameters: dict, dest: str | Path):
+    """Write ``path`` with ``parameters`` injected (as papermill would) to ``dest``, unexecuted: for
+    ``pytest --nbval-lax``, or for a person or a browser test to open and run.
 
     nbval compares a cell only if the committed cell counts as executed, while committed notebooks have
     no execution counts; the copy numbers the check cells that have expected outputs, so nbval checks them.
@@ -345,5 +347,5 @@ def nbval_copy(path: str | Path, parameters: dict, dest: str | Path):
 
 
 __all__ = ["NotebookResult", "check_committed", "declared_parameters", "discover_notebooks", "format_summary",
-           "is_check_cell", "load_params", "nbval_copy", "param_sets", "run_notebook", "run_notebooks",
+           "is_check_cell", "load_params", "parameterized_copy", "param_sets", "run_notebook", "run_notebooks",
            "strip_notebook", "update_expected_outputs"]

@@ -45,16 +45,12 @@ def jupyter_lab(tmp_path):
 
 def _explorer_notebook(folder: Path, out_dir: Path) -> Path:
     """The explorer notebook with small parameters injected after its parameters cell, as papermill would."""
-    import nbformat
-    from papermill.iorw import load_notebook_node
-    from papermill.parameterize import parameterize_notebook
+    from speedkit.notebooks import parameterized_copy
 
-    nb = load_notebook_node(str(REPO / "notebooks" / "01_method_explorer.ipynb"))
-    nb = parameterize_notebook(nb, {"live": True, "device": "cpu", "duration": "40ba", "data_fraction": 0.1,
-                                    "eval_fraction": 0.2, "out_dir": str(out_dir), "configs": []})
-    path = folder / "explorer.ipynb"
-    nbformat.write(nb, path)
-    return path
+    return parameterized_copy(REPO / "notebooks" / "01_method_explorer.ipynb",
+                              {"live": True, "device": "cpu", "duration": "40ba", "data_fraction": 0.1,
+                               "eval_fraction": 0.2, "out_dir": str(out_dir), "configs": []},
+                              folder / "explorer.ipynb")
 
 
 def _plot_points(page) -> int:

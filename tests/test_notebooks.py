@@ -19,7 +19,7 @@ nbformat = pytest.importorskip("nbformat")
 
 from speedkit.cli import main  # noqa: E402
 from speedkit.notebooks import (check_committed, declared_parameters, discover_notebooks, format_summary,  # noqa: E402
-                                is_check_cell, load_params, nbval_copy, param_sets, run_notebooks)
+                                is_check_cell, load_params, parameterized_copy, param_sets, run_notebooks)
 
 from helpers import needs_fmnist  # noqa: E402
 
@@ -57,7 +57,7 @@ def test_notebook_runs_with_its_smoke_parameters(path, tmp_path):
 @pytest.mark.parametrize("path", CHECKED, ids=_ids(CHECKED))
 def test_nbval_lax_passes_on_the_parameterized_notebook(path, tmp_path):
     """nbval runs a copy with the smoke parameters injected and compares the check cells' outputs."""
-    copy = nbval_copy(path, {**load_params("cpu-smoke", path, ROOT), "out_dir": str(tmp_path / "out")},
+    copy = parameterized_copy(path, {**load_params("cpu-smoke", path, ROOT), "out_dir": str(tmp_path / "out")},
                       tmp_path / path.name)
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "--nbval-lax", "--nbval-current-env",
                            "-p", "no:cacheprovider", "--rootdir", str(tmp_path), str(copy)],

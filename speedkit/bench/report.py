@@ -140,21 +140,22 @@ def summary_markdown(summary: dict) -> str:
 
 def readme_table(summary: dict) -> str:
     """The README's results table: the task target's median time and paired speed-up per recipe."""
-    lines = ["| task | recipe | time to target (s, median) | speed-up (median, min–max) | final (median) |",
-             "|---|---|---|---|---|"]
+    lines = ["| task | recipe | seeds that reached it | time to target (s, median) | speed-up (median, min–max) "
+             "| final (median) |", "|---|---|---|---|---|---|"]
     notes = []
     for key, entry in summary.items():
         target = entry["target"]
         for name, r in _all_recipes(entry):
             speedup = r.get("speedup_median")
             lines.append(f"| {key} ({target['metric']} {target['value']:g}) | {name} | "
+                         f"{r.get('reached', 0)}/{len(entry['seeds'])} | "
                          f"{_num(r.get('median_time_to_target_s'), missing='not reached')} | "
                          f"{_num(speedup, 2)}{'x' if speedup is not None else ''}{_spread(r.get('speedup', []), 2)} | "
                          f"{_num(median_or_none(r['final_metric']), 4)} |")
         notes.append(f"{key}: {machine_line(entry)}, profile `{entry['profile']}`, {len(entry['seeds'])} seeds")
     return "\n".join(lines) + "\n\nMeasured on " + "; ".join(notes) + (
         ". Training wall clock with evaluation excluded; speed-ups are baseline time / recipe time, "
-        "paired by seed.\n")
+        "paired by seed, over the seeds where both reached the target.\n")
 
 
 # -- figures -----------------------------------------------------------------------------------
