@@ -286,3 +286,8 @@ def test_rows_show_badges_from_the_card(explorer):
     card = explorer.rows["mixup"].card
     assert "vision" in badges and "role: label_mixing" in badges and "effect" in badges
     assert card.effect.split()[0] in badges  # the expected effect is the badge's tooltip
+
+
+def test_a_changed_recipe_does_not_claim_the_presets_measurements():
+    assert RunConfig(recipe="mild").to_recipe().reached == RECIPES["fashion-mnist"]["mild"].reached
+    assert RunConfig(recipe="mild", duration="1ep").to_recipe().reached is None

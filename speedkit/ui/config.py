@@ -56,9 +56,13 @@ class RunConfig:
 
     def to_recipe(self) -> Recipe:
         name = f"{self.recipe}-custom" if self.is_custom else self.recipe
-        return self.base_recipe().with_changes(
-            name=name, methods=self.resolved_methods(), model=self.model, duration=self.duration,
-            precision=self.precision, eval_interval=self.eval_interval)
+        base = self.base_recipe()
+        recipe = base.with_changes(name=name, methods=self.resolved_methods(), model=self.model,
+                                   duration=self.duration, precision=self.precision,
+                                   eval_interval=self.eval_interval)
+        if recipe.to_dict() != base.to_dict():  # what the preset reached says nothing about a changed one
+            recipe = dataclasses.replace(recipe, reached=None)
+        return recipe
 
     def problems(self) -> list[str]:
         """What stops this configuration from running, in words; empty when it can run.
