@@ -50,6 +50,16 @@ def median_or_none(values: Iterable[float | None]) -> float | None:
     return statistics.median(present) if present else None
 
 
+def is_baseline(record: RunRecord) -> bool:
+    """A run of the hand-written baseline recipe (not a leave-one-out run)."""
+    return record.config.get("recipe") == "baseline" and "ablation" not in record.config
+
+
+def latest_baseline(records: Sequence[RunRecord]) -> RunRecord | None:
+    """The last baseline run among ``records``: what speed-ups and dashed curves are drawn against."""
+    return next((r for r in reversed(records) if is_baseline(r)), None)
+
+
 def pareto_front(points: Sequence[tuple[float | None, float | None]], lower_metric_better: bool = False) -> list[int]:
     """Indices of the points no other point beats on both time (lower) and metric, fastest first.
 
@@ -74,8 +84,7 @@ def leave_one_out(records: Sequence[RunRecord]) -> dict[str, dict[str, dict]]:
     baseline (a record whose recipe is "baseline") is among the records; otherwise it is None.
     """
     by_name = {r.name: r for r in records}
-    baseline_time = median_or_none(r.time_to_target for r in records if r.config.get("recipe") == "baseline"
-                                   and "ablation" not in r.config)
+    baseline_time = median_or_none(r.time_to_target for r in records if is_baseline(r))
     result: dict[str, dict[str, dict]] = {}
     for r in records:
         ablation = r.config.get("ablation")
@@ -101,8 +110,7 @@ def compare_table(records: Sequence[RunRecord], baseline: RunRecord | None = Non
     The baseline defaults to the latest record whose recipe is "baseline".
     """
     if baseline is None:
-        baselines = [r for r in records if r.config.get("recipe") == "baseline" and "ablation" not in r.config]
-        baseline = baselines[-1] if baselines else None
+        baseline = latest_baseline(records)
     base_time = baseline.time_to_target if baseline is not None else None
     rows = []
     for r in records:

@@ -5,11 +5,11 @@ Each notebook in ``notebooks/`` and ``tutorials/`` takes its parameters from
 papermill. Its RunRecords, the executed notebook and an HTML export land in ``<out>/<stem>/``; a
 notebook fails when any cell raises, and the failure names the notebook's own exception.
 
-Committed notebooks carry no outputs, except the small text outputs of cells marked
-``# NBVAL_CHECK_OUTPUT``: those are what ``pytest --nbval-lax`` compares. ``check_committed`` says
-what is wrong with a notebook as committed, ``update_expected_outputs`` regenerates the expected
-outputs by running it, and ``parameterized_copy`` writes a copy with parameters injected (for nbval,
-or to open in JupyterLab).
+Committed notebooks carry no outputs. The expected text outputs of cells marked
+``# NBVAL_CHECK_OUTPUT`` live beside them in ``expected_outputs/<stem>.json`` (by cell id);
+``parameterized_copy`` puts them back into a copy with parameters injected, which is what
+``pytest --nbval-lax`` compares. ``check_committed`` says what is wrong with a notebook as
+committed, and ``update_expected_outputs`` regenerates its expected outputs by running it.
 
 papermill, nbformat and nbconvert are imported only here (they come with ``speedkit[test]``), so the
 Trainer never needs them.
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 import re
 import time
 from pathlib import Path
@@ -29,7 +30,7 @@ NOTEBOOK_FOLDERS = ("notebooks", "tutorials")
 KERNEL = "python3"
 CHECK_MARKER = "NBVAL_CHECK_OUTPUT"
 _CHECK_TAG = "nbval-check-output"
-_MAX_CHECK_OUTPUT_CHARS = 4000  # expected outputs are summaries, not logs
+EXPECTED_FOLDER = "expected_outputs"  # beside the notebooks: the check cells' expected outputs
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
@@ -238,16 +239,22 @@ def is_check_cell(cell) -> bool:
     return marked or _CHECK_TAG in cell.get("metadata", {}).get("tags", [])
 
 
-def _small_text(output) -> bool:
-    if output.get("output_type") == "stream":
-        return True
-    return output.get("output_type") in ("execute_result", "display_data") and set(output.get("data", {})) == {"text/plain"}
+def expected_outputs_path(path: str | Path) -> Path:
+    """Where the expected outputs of a notebook's check cells are kept: ``expected_outputs/<stem>.json``."""
+    path = Path(path)
+    return path.parent / EXPECTED_FOLDER / f"{path.stem}.json"
+
+
+def load_expected_outputs(path: str | Path) -> dict[str, list]:
+    """``{cell id: outputs}`` for the notebook's check cells; empty when it has none."""
+    sidecar = expected_outputs_path(path)
+    return json.loads(sidecar.read_text()) if sidecar.exists() else {}
 
 
 def check_committed(path: str | Path) -> list[str]:
-    """What is wrong with a notebook as committed: outputs outside check cells, execution counts,
-    outputs that are not small text, or a first code cell that is not a ``parameters`` cell with
-    ``out_dir`` and ``device``. An empty list means it is clean."""
+    """What is wrong with a notebook as committed: outputs, execution counts, a check cell without
+    expected outputs, or a first code cell that is not a ``parameters`` cell with ``out_dir`` and
+    ``device``. An empty list means it is clean."""
     nbformat, _ = _imports()
     nb = nbformat.read(str(path), as_version=4)
     problems = []
@@ -257,15 +264,15 @@ def check_committed(path: str | Path) -> list[str]:
     else:
         names = set(declared_parameters(path))
         problems += [f"the parameters cell does not set {name!r}" for name in ("out_dir", "device") if name not in names]
+    expected = load_expected_outputs(path)
     for i, cell in code:
         if cell.get("execution_count") is not None:
             problems.append(f"cell {i} has an execution count")
-        if cell.outputs and not is_check_cell(cell):
-            problems.append(f"cell {i} has outputs but is not marked # {CHECK_MARKER}")
-        elif not all(_small_text(o) and o.get("execution_count") is None for o in cell.outputs):
-            problems.append(f"cell {i}: expected outputs must be plain text without execution counts")
-        elif sum(len(_text(o)) for o in cell.outputs) > _MAX_CHECK_OUTPUT_CHARS:
-            problems.append(f"cell {i}: expected outputs are longer than {_MAX_CHECK_OUTPUT_CHARS} characters")
+        if cell.outputs:
+            problems.append(f"cell {i} has outputs; commit notebooks without them")
+        if is_check_cell(cell) and not expected.get(cell.get("id")):
+            problems.append(f"check cell {i} has no expected outputs in {expected_outputs_path(path)}; "
+                            f"run speedkit.notebooks.update_expected_outputs")
     return problems
 
 
@@ -274,8 +281,8 @@ def _text(output) -> str:
     return "".join(text) if isinstance(text, list) else (text or "")
 
 
-def _stripped_outputs(outputs) -> list:
-    """The text a check cell keeps: stream text and text/plain results, without execution counts."""
+def _text_outputs(outputs) -> list:
+    """The text a check cell is compared on: stream text and text/plain results, without execution counts."""
     kept = []
     for output in outputs:
         if output.get("output_type") == "stream":
@@ -285,26 +292,26 @@ def _stripped_outputs(outputs) -> list:
     return kept
 
 
-def strip_notebook(nb, expected: dict[int, list] | None = None):
-    """A copy of ``nb`` ready to commit: no outputs or execution counts, except the ``expected``
-    text outputs of check cells (by cell index). Papermill's injected cells and metadata are dropped."""
+def strip_notebook(nb):
+    """A copy of ``nb`` ready to commit: no outputs or execution counts; papermill's injected cells
+    and metadata dropped."""
     nbformat, _ = _imports()
     nb = copy.deepcopy(nb)
     nb.cells = [c for c in nb.cells if "injected-parameters" not in c.metadata.get("tags", [])]
-    for i, cell in enumerate(nb.cells):
+    for cell in nb.cells:
         cell.metadata.pop("papermill", None)
         cell.metadata.pop("execution", None)
         if cell.cell_type == "code":
             cell.execution_count = None
-            cell.outputs = (expected or {}).get(i, []) if is_check_cell(cell) else []
+            cell.outputs = []
     nb.metadata.pop("papermill", None)
     return nbformat.from_dict(nb)
 
 
 def update_expected_outputs(path: str | Path, params: str | Path = "cpu-smoke", root: str | Path = ".",
-                            out: str | Path = "runs/nb-expected") -> list[int]:
-    """Run the notebook with its parameters and store the text outputs of its check cells in it
-    (everything else stripped). Returns the indexes of the check cells. Use it after a deliberate change
+                            out: str | Path = "runs/nb-expected") -> list[str]:
+    """Run the notebook with its parameters and write the text outputs of its check cells to
+    ``expected_outputs/<stem>.json``. Returns the check cells' ids. Use it after a deliberate change
     of what those cells print; review the diff before committing."""
     nbformat, _ = _imports()
     path = Path(path)
@@ -314,11 +321,12 @@ def update_expected_outputs(path: str | Path, params: str | Path = "cpu-smoke", 
     result = run_notebook(path, values, Path(out) / path.stem, root)
     if result.failed:
         raise RuntimeError(f"{path.name} failed, so its expected outputs were not updated: {result.error}")
-    source, executed = nbformat.read(str(path), as_version=4), nbformat.read(str(result.executed), as_version=4)
-    executed.cells = [c for c in executed.cells if "injected-parameters" not in c.metadata.get("tags", [])]
-    expected = {i: _stripped_outputs(cell.outputs) for i, cell in enumerate(executed.cells)
+    executed = nbformat.read(str(result.executed), as_version=4)
+    expected = {cell.id: _text_outputs(cell.outputs) for cell in executed.cells
                 if cell.cell_type == "code" and is_check_cell(cell)}
-    nbformat.write(strip_notebook(source, expected), str(path))
+    sidecar = expected_outputs_path(path)
+    sidecar.parent.mkdir(exist_ok=True)
+    sidecar.write_text(json.dumps(expected, indent=1) + "\n")
     return sorted(expected)
 
 
@@ -326,20 +334,23 @@ def parameterized_copy(path: str | Path, parameters: dict, dest: str | Path):
     """Write ``path`` with ``parameters`` injected (as papermill would) to ``dest``, unexecuted: for
     ``pytest --nbval-lax``, or for a person or a browser test to open and run.
 
-    nbval compares a cell only if the committed cell counts as executed, while committed notebooks have
-    no execution counts; the copy numbers the check cells that have expected outputs, so nbval checks them.
+    The check cells get their expected outputs back from ``expected_outputs/<stem>.json``, and a
+    number: nbval compares a cell only if it counts as executed.
     """
     nbformat, papermill = _imports()
     from papermill.iorw import load_notebook_node
     from papermill.parameterize import parameterize_notebook
 
+    expected = load_expected_outputs(path)
     nb = load_notebook_node(str(path))  # papermill's reader adds the metadata its parameterizer expects
     nb = parameterize_notebook(nb, parameters, kernel_name=KERNEL, language="python")
     count = 0
     for cell in nb.cells:
         if cell.cell_type == "code":
             count += 1
-            cell.execution_count = count if cell.outputs and is_check_cell(cell) else None
+            if is_check_cell(cell) and expected.get(cell.get("id")):
+                cell.outputs = nbformat.from_dict(expected[cell.id])
+                cell.execution_count = count
     dest = Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
     nbformat.write(nb, str(dest))
@@ -347,5 +358,5 @@ def parameterized_copy(path: str | Path, parameters: dict, dest: str | Path):
 
 
 __all__ = ["NotebookResult", "check_committed", "declared_parameters", "discover_notebooks", "format_summary",
-           "is_check_cell", "load_params", "parameterized_copy", "param_sets", "run_notebook", "run_notebooks",
-           "strip_notebook", "update_expected_outputs"]
+           "expected_outputs_path", "is_check_cell", "load_expected_outputs", "load_params", "parameterized_copy",
+           "param_sets", "run_notebook", "run_notebooks", "strip_notebook", "update_expected_outputs"]

@@ -2,8 +2,8 @@
 
 Every notebook with a ``params/cpu-smoke`` file runs headlessly through the runner; those with
 ``# NBVAL_CHECK_OUTPUT`` cells also run under ``pytest --nbval-lax``, which compares those cells'
-outputs with the ones committed. Every notebook is committed clean. A new notebook is picked up
-as soon as it has a parameter file.
+outputs with the ones committed in ``expected_outputs/<name>.json``. Every notebook is committed
+clean. A new notebook is picked up as soon as it has a parameter file.
 """
 from __future__ import annotations
 
@@ -78,7 +78,7 @@ def test_a_bad_parameter_fails_with_the_librarys_message(tmp_path):
 # -- as committed -------------------------------------------------------------------------------------
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids(NOTEBOOKS))
 def test_notebook_is_committed_clean(path):
-    """No outputs except the small text of check cells, no execution counts, a parameters cell first."""
+    """No outputs, no execution counts, a parameters cell first, expected outputs for every check cell."""
     assert check_committed(path) == []
 
 

@@ -13,7 +13,7 @@ from typing import Callable
 
 import plotly.graph_objects as go
 
-from speedkit.compare import compare_table, final_metric, leave_one_out, pareto_front
+from speedkit.compare import compare_table, final_metric, is_baseline, leave_one_out, pareto_front
 from speedkit.runs import RunRecord, load_records, lower_is_better
 
 
@@ -90,7 +90,7 @@ class RunBoard:
             text=[f"{r.name}<br>{', '.join(r.method_names) or 'no methods'}" for r in runs],
             hovertemplate="%{text}<br>%{x:.1f}s, %{y:.4f}<extra></extra>",
             marker=dict(size=11, symbol=["circle" if t is not None else "x" for t, _ in points],
-                        color=["#7f7f7f" if r.config.get("recipe") == "baseline" else "#1f77b4" for r in runs])))
+                        color=["#7f7f7f" if is_baseline(r) else "#1f77b4" for r in runs])))
         front = pareto_front(points, lower_metric_better=lower_is_better(self.metric))
         if front:
             fig.add_trace(go.Scatter(x=[points[i][0] for i in front], y=[points[i][1] for i in front],

@@ -23,6 +23,7 @@ import ipywidgets as w
 import plotly.graph_objects as go
 
 from speedkit.algorithms import REGISTRY
+from speedkit.compare import latest_baseline
 from speedkit.core.algorithm import HParam
 from speedkit.recipes import RECIPES
 from speedkit.runs import RunRecord
@@ -343,18 +344,14 @@ class MethodExplorer:
         self.eval_interval = config.eval_interval or self.eval_interval
         self._on_method_change()
 
-    class _Guard:
-        def __init__(self, explorer):
-            self.explorer, self.outer = explorer, explorer._applying
-
-        def __enter__(self):
-            self.explorer._applying = True
-
-        def __exit__(self, *exc):
-            self.explorer._applying = self.outer
-
+    @contextlib.contextmanager
     def _applying_preset(self):
-        return self._Guard(self)
+        """Controls set inside are the preset's doing, so their observers do not mark it "custom"."""
+        outer, self._applying = self._applying, True
+        try:
+            yield
+        finally:
+            self._applying = outer
 
     def _on_preset(self, change) -> None:
         if not self._applying and change["new"] != "custom":
@@ -458,8 +455,7 @@ class MethodExplorer:
 
     def _show_baseline(self, record: RunRecord) -> None:
         """Draw the baseline's curves once: the one passed in, else the board's latest baseline run."""
-        baseline = self._baseline or next((r for r in reversed(self.board.finished())
-                                           if r.config.get("recipe") == "baseline"), None)
+        baseline = self._baseline or latest_baseline(self.board.finished())
         if baseline is None or baseline.config.get("task") != record.config.get("task"):
             return
         if not any(t.legendgroup == baseline.run_id for t in self.figure.data):
@@ -511,7 +507,7 @@ class MethodExplorer:
     def figures(self) -> list[go.Figure]:
         """Static figures of the session: curves of every run (baseline dashed), the board, contributions."""
         runs = self.board.finished()
-        baseline = self._baseline or next((r for r in reversed(runs) if r.config.get("recipe") == "baseline"), None)
+        baseline = self._baseline or latest_baseline(runs)
         figs = [plots.curves_figure(runs, self._metric, baseline=baseline), self.board.scatter_figure()]
         contributions = self.board.contribution_figure()
         return figs + ([contributions] if contributions is not None else [])
