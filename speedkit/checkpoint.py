@@ -11,6 +11,7 @@ import hashlib
 import io
 import os
 import random
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -40,6 +41,9 @@ def load_checkpoint(path: str | os.PathLike, map_location="cpu") -> dict:
     if not path.is_file():
         raise CheckpointError(f"no checkpoint at {path}; check the path or drop load_path to start fresh")
     raw = path.read_bytes()
+    if not raw:
+        raise CheckpointError(f"{path} is empty (0 bytes): it was cut off before anything was written; "
+                              f"use an earlier checkpoint from the same folder")
     if not raw.startswith(MAGIC):
         raise CheckpointError(f"{path} is not a speedkit checkpoint (its header is missing); "
                               f"load plain state dicts with model.load_state_dict instead")
@@ -51,8 +55,12 @@ def load_checkpoint(path: str | os.PathLike, map_location="cpu") -> dict:
     try:
         payload = torch.load(io.BytesIO(data), map_location=map_location, weights_only=True)
     except Exception as e:  # weights_only refuses anything that is not plain data
-        raise CheckpointError(f"{path} holds objects that speedkit will not unpickle ({e}); "
-                              f"only tensors and plain containers are loaded") from e
+        raise CheckpointError(f"{path} holds objects that speedkit will not unpickle ({e}); only tensors and "
+                              f"plain containers are loaded, and a speedkit checkpoint never holds code, so this "
+                              f"file was not written by speedkit or was tampered with: do not use it") from e
+    if not isinstance(payload, dict):
+        raise CheckpointError(f"{path} holds a {type(payload).__name__}, not a speedkit checkpoint's dictionary; "
+                              f"it was not written by speedkit's save_checkpoint: use a checkpoint that was")
     version = payload.get("format_version")
     if version != FORMAT_VERSION:
         raise CheckpointError(f"{path} has checkpoint format {version}, this speedkit reads {FORMAT_VERSION}; "
@@ -84,3 +92,230 @@ def set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+# -- sharded checkpoints (FSDP) -----------------------------------------------------------------------
+# Under FSDP no rank holds the whole model, so the sharded tensors (DTensors: parameters, optimizer
+# moments, averages kept by methods) are written by every rank with torch.distributed.checkpoint into a
+# folder ``ba000000123.dcp/`` beside the usual file ``ba000000123.ckpt``. That file, written by rank 0,
+# holds everything else plus the folder's manifest: its name, each file's SHA-256 and, for every
+# sharded tensor, where it sits in the payload with its shape and dtype. Loading checks the manifest
+# before torch.distributed.checkpoint reads anything, reads DCP's metadata with an unpickler that only
+# builds DCP's own record types, and accepts tensors only, so a sharded checkpoint never runs code
+# either. Shards are loaded into tensors made from the manifest: DTensors on the run's device mesh
+# when one is given (any number of ranks), plain full tensors when not (one process).
+SHARDED_SUFFIX = ".dcp"
+_DCP_REF = "__dcp_tensor__"
+
+
+def _is_dtensor(value) -> bool:
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # pragma: no cover
+        return False
+    return isinstance(value, DTensor)
+
+
+def split_sharded(obj, tensors: dict, prefix: str = ""):
+    """``obj`` with every DTensor replaced by a reference ``{_DCP_REF: key, "shape", "dtype"}``; the DTensors
+    go into ``tensors[key]``. Plain tensors and other values stay (they are the same on every rank)."""
+    if _is_dtensor(obj):
+        tensors[prefix] = obj
+        return {_DCP_REF: prefix, "shape": list(obj.shape), "dtype": str(obj.dtype).removeprefix("torch.")}
+    if isinstance(obj, dict):
+        return {k: split_sharded(v, tensors, f"{prefix}/{k}") for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(split_sharded(v, tensors, f"{prefix}/{i}") for i, v in enumerate(obj))
+    return obj
+
+
+def join_sharded(obj, tensors: dict):
+    """The inverse of :func:`split_sharded`: references replaced by ``tensors[key]``."""
+    if isinstance(obj, dict):
+        if _DCP_REF in obj:
+            return tensors[obj[_DCP_REF]]
+        return {k: join_sharded(v, tensors) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(join_sharded(v, tensors) for v in obj)
+    return obj
+
+
+def _sharded_refs(obj, out: list) -> list:
+    if isinstance(obj, dict):
+        if _DCP_REF in obj:
+            out.append(obj)
+        else:
+            for v in obj.values():
+                _sharded_refs(v, out)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            _sharded_refs(v, out)
+    return out
+
+
+def _sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def save_sharded_checkpoint(path: str | os.PathLike, payload: dict, sharded: dict) -> Path:
+    """Write a sharded checkpoint; every rank calls it (it is a collective).
+
+    ``sharded`` holds the parts with DTensors (model, optimizers, method state); ``payload`` the plain
+    rest, written by rank 0 with :func:`save_checkpoint` together with the manifest of the shard folder
+    ``<path without .ckpt>.dcp``. The folder is written under a temporary name and renamed when complete.
+    """
+    import shutil
+
+    import torch.distributed.checkpoint as dcp
+
+    from speedkit import distributed
+
+    path = Path(path)
+    folder = path.with_suffix(SHARDED_SUFFIX)
+    partial = folder.with_name(f".{folder.name}.partial")
+    if distributed.is_main():
+        for leftover in path.parent.glob(f".*{SHARDED_SUFFIX}.partial"):  # from a save that was killed
+            shutil.rmtree(leftover, ignore_errors=True)
+        partial.mkdir(parents=True)
+    distributed.barrier()
+    tensors: dict = {}
+    skeleton = split_sharded(sharded, tensors)
+    dcp.save(tensors, storage_writer=dcp.FileSystemWriter(partial))
+    if distributed.is_main():
+        files = {p.name: _sha256_file(p) for p in sorted(partial.iterdir()) if p.is_file()}
+        shutil.rmtree(folder, ignore_errors=True)  # a save at the same batch as an earlier one
+        os.replace(partial, folder)
+        manifest = {"folder": folder.name, "files": files, "world_size": distributed.world_size(),
+                    "skeleton": skeleton}
+        save_checkpoint(path, {**payload, "sharded": manifest})
+    distributed.barrier()
+    return path
+
+
+class _DCPMetadataUnpickler:
+    """Reads torch.distributed.checkpoint's ``.metadata`` (a pickle) building only DCP's record types."""
+
+    ALLOWED = {
+        "torch.distributed.checkpoint.metadata": {"Metadata", "TensorStorageMetadata", "BytesStorageMetadata",
+                                                   "ChunkStorageMetadata", "TensorProperties", "MetadataIndex",
+                                                   "StorageMeta", "_MEM_FORMAT_ENCODING"},
+        "torch.distributed.checkpoint.filesystem": {"_StorageInfo"},
+        "torch.serialization": {"_get_layout"},
+        "torch": {"Size"},
+        "pathlib": {"PosixPath", "WindowsPath", "PurePosixPath", "PureWindowsPath"},
+        "collections": {"OrderedDict"},
+    }
+
+    @classmethod
+    def load(cls, file):
+        import pickle
+
+        allowed = cls.ALLOWED
+
+        class Unpickler(pickle.Unpickler):
+            def find_class(self, module, name):
+                found = super().find_class(module, name) if module in allowed or module == "torch" else None
+                if module in allowed and name in allowed[module]:
+                    return found
+                if module == "torch" and isinstance(found, torch.dtype):
+                    return found
+                raise CheckpointError(f"the shard metadata names {module}.{name}, which a sharded speedkit "
+                                      f"checkpoint never holds; the folder was tampered with: do not use it")
+
+        return Unpickler(file).load()
+
+
+def _safe_dcp_reader(folder: Path):
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.metadata import StorageMeta
+
+    class SafeReader(dcp.FileSystemReader):
+        def read_metadata(self, *args, **kwargs):
+            with open(Path(self.path) / ".metadata", "rb") as f:
+                metadata = _DCPMetadataUnpickler.load(f)
+            if getattr(metadata, "storage_meta", None) is None:
+                metadata.storage_meta = StorageMeta()
+            metadata.storage_meta.load_id = self.load_id
+            return metadata
+
+    return SafeReader(folder)
+
+
+def _tensor_only_planner():
+    from torch.distributed.checkpoint import DefaultLoadPlanner
+
+    class TensorOnlyPlanner(DefaultLoadPlanner):
+        def load_bytes(self, read_item, value):  # DCP would torch.load(weights_only=False) these
+            raise CheckpointError(f"the shard folder holds a pickled object ({read_item.dest_index.fqn}); a "
+                                  f"sharded speedkit checkpoint holds tensors only: do not use it")
+
+    return TensorOnlyPlanner()
+
+
+def _verify_shard_folder(folder: Path, files: dict) -> None:
+    """Every file of the manifest present with its SHA-256; each rank checks its share of the files."""
+    from speedkit import distributed
+
+    problems = []
+    if not folder.is_dir():
+        problems.append(f"its shard folder {folder} is missing")
+    else:
+        names = sorted(files)
+        for name in names[distributed.rank()::distributed.world_size()]:
+            file = folder / name
+            if not file.is_file():
+                problems.append(f"{file} is missing")
+            elif _sha256_file(file) != files[name]:
+                problems.append(f"{file} is corrupt (its checksum does not match: truncated or edited)")
+    problems = [p for rank_problems in distributed.all_gather_object(problems) for p in rank_problems]
+    if problems:
+        raise CheckpointError(f"sharded checkpoint {folder.with_suffix('.ckpt')} cannot be used: "
+                              f"{'; '.join(dict.fromkeys(problems))}; use an earlier checkpoint from the same folder")
+
+
+def load_sharded_checkpoint(path: str | os.PathLike, payload: dict, mesh=None, map_location="cpu") -> dict:
+    """The payload of a sharded checkpoint with its sharded tensors read back in place of the references.
+
+    ``payload`` is what :func:`load_checkpoint` returned for ``path``. With ``mesh`` (a 1-D device mesh,
+    every rank calling) the tensors come back as DTensors sharded on dim 0 over it; without, as plain
+    full tensors in this process.
+    """
+    import torch.distributed.checkpoint as dcp
+
+    manifest = payload["sharded"]
+    if not isinstance(manifest, dict) or not {"folder", "files", "skeleton"} <= set(manifest):
+        raise CheckpointError(f"{path} names a shard folder but not its manifest; it was not written by speedkit")
+    folder = Path(path).parent / str(manifest["folder"])
+    if Path(manifest["folder"]).name != manifest["folder"] or not manifest["folder"].endswith(SHARDED_SUFFIX):
+        raise CheckpointError(f"{path} names shard folder {manifest['folder']!r} outside its own folder; refused")
+    _verify_shard_folder(folder, manifest["files"])
+    targets = {}
+    for ref in _sharded_refs(manifest["skeleton"], []):
+        dtype = getattr(torch, str(ref["dtype"]), None)
+        if not isinstance(dtype, torch.dtype):
+            raise CheckpointError(f"{path} gives shard dtype {ref['dtype']!r}, which is not a torch dtype")
+        shape = [int(s) for s in ref["shape"]]
+        if mesh is not None:
+            from torch.distributed.tensor import Shard, empty
+
+            targets[ref[_DCP_REF]] = empty(shape, dtype=dtype, device_mesh=mesh, placements=[Shard(0)])
+        else:
+            targets[ref[_DCP_REF]] = torch.empty(shape, dtype=dtype, device=map_location)
+    try:
+        # Without a mesh each process reads whole tensors on its own: no collectives (nor DCP's warning about it).
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*assuming the intent is to load in a single process")
+            dcp.load(targets, storage_reader=_safe_dcp_reader(folder), planner=_tensor_only_planner(),
+                     no_dist=mesh is None)
+    except (CheckpointError, KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as e:  # DCP's CheckpointException is a BaseException holding each rank's failure
+        inner = [getattr(w, "exception", w) for w in getattr(e, "failures", {}).values()] or [e]
+        raise CheckpointError(f"sharded checkpoint {path} could not be read from {folder} "
+                              f"({type(inner[0]).__name__}: {inner[0]}); use an earlier checkpoint from the same "
+                              f"folder") from e
+    return {**payload, **join_sharded(manifest["skeleton"], targets)}

@@ -1,4 +1,4 @@
-"""``speedkit train | methods | demo | bench | notebooks``: the command line over the same make_trainer,
+"""``speedkit train | launch | methods | demo | bench | notebooks``: the command line over the same make_trainer,
 benchmark harness and notebooks that everything else uses."""
 from __future__ import annotations
 
@@ -50,6 +50,9 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--autoresume", action="store_true", help="continue the named run from its checkpoint")
     train.add_argument("--download", action="store_true", help="let torchvision download missing data")
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
+    train.add_argument("--parallel", default="auto", choices=["auto", "ddp", "fsdp", "none"],
+                       help="under torchrun / speedkit launch: ddp (auto) or fsdp; none trains each process alone")
+    _add_launch_parser(commands)
 
     methods = commands.add_parser("methods", help="the method catalogue, from the cards")
     methods.add_argument("--markdown", action="store_true", help="print the README's markdown table")
@@ -76,7 +79,66 @@ def _summary(record) -> str:
             f"({record.timings.get('eval_s', 0):.1f}s eval apart)  {metrics}{target}\nrecord: {record.path}")
 
 
+def _add_launch_parser(commands) -> None:
+    launch = commands.add_parser(
+        "launch", help="run a script on N processes per machine with torchrun (DDP in the Trainer)",
+        description="A thin front to torchrun (torch.distributed.run): one process per device, each with RANK, "
+                    "WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT set; a Trainer in the script then trains "
+                    "with DDP (or parallel='fsdp'). One machine: `speedkit launch -n 4 train.py`. Several: run the "
+                    "same command on each with --nnodes, --node-rank and a shared --master-addr/--master-port, or "
+                    "with --rdzv-backend c10d --rdzv-endpoint HOST:PORT --rdzv-id JOB.",
+        epilog="examples:\n  speedkit launch -n 2 train.py --lr 0.1\n"
+               "  speedkit launch -n 2 -m speedkit train --task fashion-mnist --recipe mild\n"
+               "  speedkit launch -n 8 --nnodes 2 --node-rank 0 --master-addr 10.0.0.1 --master-port 29500 train.py",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    launch.add_argument("-n", "--nproc-per-node", type=int, default=1, help="processes on this machine (default 1)")
+    launch.add_argument("--nnodes", default="1", help="machines taking part, or MIN:MAX for elastic jobs")
+    launch.add_argument("--node-rank", type=int, default=0, help="this machine's index, 0 .. nnodes-1")
+    launch.add_argument("--master-addr", help="address of the machine with node rank 0 (static rendezvous)")
+    launch.add_argument("--master-port", type=int, help="a free port on that machine")
+    launch.add_argument("--rdzv-backend", help="rendezvous backend, e.g. c10d (then --rdzv-endpoint, --rdzv-id)")
+    launch.add_argument("--rdzv-endpoint", help="HOST:PORT of the rendezvous")
+    launch.add_argument("--rdzv-id", help="a job id shared by every machine of the run")
+    launch.add_argument("-m", "--module", action="store_true", help="SCRIPT is a module, run as with python -m")
+    launch.add_argument("script", help="the training script (or module, with -m)")
+    launch.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments passed on to the script")
+
+
+def torchrun_args(args) -> list[str]:
+    """torchrun's command line for ``speedkit launch``'s arguments."""
+    if args.nproc_per_node < 1:
+        raise ValueError(f"-n/--nproc-per-node must be at least 1, got {args.nproc_per_node}")
+    argv = ["--nproc-per-node", str(args.nproc_per_node), "--nnodes", str(args.nnodes)]
+    rendezvous = [args.master_addr, args.master_port, args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id]
+    if str(args.nnodes) == "1" and all(v is None for v in rendezvous):
+        argv.append("--standalone")  # one machine: torchrun picks a free port itself
+    else:
+        argv += ["--node-rank", str(args.node_rank)]
+        for flag, value in (("--master-addr", args.master_addr), ("--master-port", args.master_port),
+                            ("--rdzv-backend", args.rdzv_backend), ("--rdzv-endpoint", args.rdzv_endpoint),
+                            ("--rdzv-id", args.rdzv_id)):
+            if value is not None:
+                argv += [flag, str(value)]
+    if args.module:
+        argv.append("--module")
+    return argv + [args.script, *args.script_args]
+
+
+def _launch(args) -> int:
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import main as torchrun
+
+    argv = torchrun_args(args)
+    try:
+        torchrun(argv)
+    except ChildFailedError as e:
+        print(f"speedkit launch: {e.name} failed:\n{e.format_msg()}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def _train(args) -> int:
+    from speedkit import distributed
     from speedkit.tasks import make_trainer
 
     trainer = make_trainer(args.task, args.recipe, model=args.model, duration=args.duration,
@@ -85,9 +147,11 @@ def _train(args) -> int:
                            eval_fraction=args.eval_fraction, target=args.target,
                            stop_at_target=args.stop_at_target, download=args.download, run_dir=args.run_dir,
                            run_name=args.run_name, autoresume=args.autoresume,
-                           progress_bar=not args.no_progress, console=True)
+                           progress_bar=not args.no_progress, console=True,
+                           parallel=None if args.parallel == "none" else args.parallel)
     record = trainer.fit()
-    print(_summary(record))
+    if distributed.is_main():
+        print(_summary(record))
     return 0
 
 
@@ -128,6 +192,8 @@ def _add_bench_parser(commands) -> None:
     bench.add_argument("--out", default="bench/results")
     bench.add_argument("--run-dir", default="runs/bench")
     bench.add_argument("--no-figures", action="store_true")
+    bench.add_argument("--reuse", action="store_true",
+                       help="take the main runs from --run-dir instead of running them (e.g. to add --leave-one-out)")
 
 
 def _bench(args) -> int:
@@ -135,7 +201,7 @@ def _bench(args) -> int:
     from speedkit.bench.report import task_markdown
 
     result = run_benchmark(args.task, args.profile, seeds=args.seeds, recipes=args.recipes, out_dir=args.out,
-                           run_dir=args.run_dir, leave_one_out=args.leave_one_out,
+                           run_dir=args.run_dir, leave_one_out=args.leave_one_out, reuse=args.reuse,
                            profile_steps=args.profile_steps, figures=not args.no_figures, device=args.device,
                            data_fraction=args.data_fraction, eval_fraction=args.eval_fraction,
                            eval_interval=args.eval_interval, duration=args.duration,
@@ -175,6 +241,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "train":
             return _train(args)
+        if args.command == "launch":
+            return _launch(args)
         if args.command == "methods":
             return _methods(args)
         if args.command == "bench":

@@ -21,9 +21,15 @@ def flatten_logits(outputs: torch.Tensor, targets: torch.Tensor):
 
 
 class Metric:
-    """Accumulates over evaluation batches; ``compute`` returns a float."""
+    """Accumulates over evaluation batches; ``compute`` returns a float.
+
+    ``sum_states`` names the attributes that add up over batches (and so over ranks): in a run on
+    several processes each rank evaluates its shard of the eval set and these are summed across
+    ranks before ``compute`` (``speedkit.distributed.reduce_metrics``).
+    """
 
     lower_is_better = False
+    sum_states: tuple[str, ...] = ()
 
     def reset(self) -> None:
         raise NotImplementedError
@@ -37,6 +43,8 @@ class Metric:
 
 class Accuracy(Metric):
     """Top-k accuracy for class logits; targets are indices (or dense labels, argmaxed)."""
+
+    sum_states = ("correct", "total")
 
     def __init__(self, topk: int = 1):
         if topk < 1:
@@ -65,6 +73,7 @@ class CrossEntropy(Metric):
     """Mean cross-entropy in nats per target."""
 
     lower_is_better = True
+    sum_states = ("sum", "count")
 
     def __init__(self):
         self.reset()

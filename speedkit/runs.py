@@ -77,7 +77,7 @@ class RunRecord:
     run_id: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex[:12])
     created: str = dataclasses.field(default_factory=_now)
     updated: str = ""
-    status: str = "created"  # created | running | completed | stopped | target_reached | failed | interrupted
+    status: str = "created"  # created | running | completed | stopped | target_reached | failed | interrupted | terminated
     stop_reason: str | None = None
     error: str | None = None
     config: dict = dataclasses.field(default_factory=dict)

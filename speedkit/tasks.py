@@ -48,8 +48,14 @@ def get_task(name: str) -> TaskSpec:
 # -- data ----------------------------------------------------------------------------------
 def fashion_mnist_torch_loader(batch_size: int, augment: dict | None, data_fraction: float, seed: int,
                                num_workers: int = 0, download: bool = False):
-    """The hand-written baseline's input pipeline: a torchvision transform per image and a DataLoader."""
+    """The hand-written baseline's input pipeline: a torchvision transform per image and a DataLoader.
+
+    Under torchrun each rank reads batch_size / world_size samples per step through a
+    ``DistributedSampler`` (the Trainer calls its ``set_epoch``), so the global batch stays ``batch_size``.
+    """
     import torchvision.transforms as T
+
+    from speedkit import distributed
 
     arrays = load_fashion_mnist(download=download)
     steps = []
@@ -61,8 +67,17 @@ def fashion_mnist_torch_loader(batch_size: int, augment: dict | None, data_fract
     dataset = FashionMNIST(train=True, transform=T.Compose(steps), download=download)
     if data_fraction < 1.0:
         dataset = torch.utils.data.Subset(dataset, stratified_indices(arrays.train_y, data_fraction, seed).tolist())
-    return torch.utils.data.DataLoader(dataset, batch_size=batch_size, shuffle=True, num_workers=num_workers,
-                                       persistent_workers=num_workers > 0)
+    world = distributed.world_size()
+    if world == 1:
+        return torch.utils.data.DataLoader(dataset, batch_size=batch_size, shuffle=True, num_workers=num_workers,
+                                           persistent_workers=num_workers > 0)
+    if batch_size % world:
+        raise ValueError(f"batch_size={batch_size} is the global batch size and must split evenly over "
+                         f"world_size={world} ranks; use a multiple of {world}")
+    sampler = torch.utils.data.DistributedSampler(dataset, num_replicas=world, rank=distributed.rank(),
+                                                  shuffle=True, seed=seed)
+    return torch.utils.data.DataLoader(dataset, batch_size=batch_size // world, sampler=sampler,
+                                       num_workers=num_workers, persistent_workers=num_workers > 0)
 
 
 def make_loaders(task: str, recipe: Recipe, device: torch.device, data_fraction: float = 1.0, seed: int = 0,

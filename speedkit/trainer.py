@@ -10,6 +10,8 @@ import json
 import os
 import random
 import shutil
+import signal
+import threading
 import time
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
@@ -18,9 +20,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from speedkit import distributed
 from speedkit.callbacks import CheckpointSaver, LRMonitor, NaNGuard, ProgressBar, SpeedMonitor, StopAtTarget
 from speedkit.algorithms import build_algorithms
-from speedkit.checkpoint import CheckpointError, load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from speedkit.checkpoint import (CheckpointError, load_checkpoint, load_sharded_checkpoint, rng_state, save_checkpoint,
+                                 save_sharded_checkpoint, set_rng_state)
 from speedkit.core import Algorithm, Callback, Engine, Event, Interval, State, Time, Timestamp, TimeUnit
 from speedkit.devices import autocast_factory, make_grad_scaler, resolve_device, resolve_precision, synchronize
 from speedkit.loggers import ConsoleLogger, InMemoryLogger, JSONLFileLogger, Logger, RecordDestination
@@ -29,8 +33,13 @@ from speedkit.optim import Schedule, apply_schedule, get_schedule
 from speedkit.optim.factory import make_optimizer_factory
 from speedkit.recipes import resolve_recipe
 from speedkit.runs import RunRecord, environment
+from speedkit.validation import (check_first_batch, check_first_loss, check_first_outputs, check_trainer_arguments,
+                                 explain_first_batch_error, is_out_of_memory)
 
 LATEST = "latest.ckpt"
+SIGTERM_REASON = "SIGTERM"
+SIGTERM_EXIT_CODE = 128 + int(signal.SIGTERM)  # 143: what shells, Slurm and Kubernetes report for it
+_NOT_INSTALLED = object()
 
 
 def cross_entropy_loss(outputs: torch.Tensor, batch) -> torch.Tensor:
@@ -117,7 +126,20 @@ class Trainer:
     schedule, methods and precision that are not given explicitly.
     Each run lives in ``run_dir/run_name``: ``record.json``, ``log.jsonl`` and ``checkpoints/`` (or
     ``save_folder``), where a final checkpoint is always written unless ``save_checkpoints=False``.
+    ``microbatch_size="auto"`` starts with the whole batch and halves the microbatch on out-of-memory.
+    A SIGTERM during ``fit`` (main thread) stops at the next batch, saves, then exits with code 143.
+    Under torchrun (or ``speedkit launch -n N``), ``parallel="auto"`` trains with DDP and ``"fsdp"`` shards the
+    model with FSDP2; each rank takes its slice of every global batch (see ``speedkit.distributed``).
     """
+
+    _auto_microbatch = False  # microbatch_size="auto": halve the microbatch when a step runs out of memory
+    _sigterm_received = False
+    _first_batch_checked = False  # the first training step checks the batch against the model, once
+    parallel: str | None = None  # "ddp" or "fsdp" under torchrun (speedkit.distributed), else None
+    _world = 1
+    _ddp_model = None  # the DDP wrapper that runs the training forward; state.model stays the plain module
+    _rng_by_rank = None
+    _average_buffers = False
 
     def __init__(self, model: torch.nn.Module, train_dataloader: Iterable | None = None, *,
                  eval_dataloader: Iterable | None = None, evaluators: Sequence[Evaluator] = (),
@@ -133,19 +155,9 @@ class Trainer:
                  load_path: str | os.PathLike | None = None, autoresume: bool = False,
                  stop_at: tuple[str, float] | dict | None = None, nan_policy: str | None = "stop",
                  schedule_scale: float = 1.0, progress_bar: bool = False, console: bool = False,
-                 config: dict | None = None):
-        if not isinstance(model, torch.nn.Module):
-            raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-        if not isinstance(grad_accum, int) or grad_accum < 1:
-            raise ValueError(f"grad_accum must be a whole number >= 1, got {grad_accum!r}")
-        if microbatch_size is not None and (not isinstance(microbatch_size, int) or microbatch_size < 1):
-            raise ValueError(f"microbatch_size must be a whole number >= 1 or None, got {microbatch_size!r}")
-        if not isinstance(log_interval, int) or log_interval < 1:
-            raise ValueError(f"log_interval must be a whole number of batches >= 1, got {log_interval!r}")
-        if not isinstance(keep_checkpoints, int) or keep_checkpoints < 1:
-            raise ValueError(f"keep_checkpoints must be a whole number >= 1, got {keep_checkpoints!r}")
-        if not (isinstance(schedule_scale, (int, float)) and schedule_scale > 0):
-            raise ValueError(f"schedule_scale must be a positive number, got {schedule_scale!r}")
+                 config: dict | None = None, parallel: str | None = "auto"):
+        # Every argument checked first (speedkit.validation); a refusal names the argument and what it expects.
+        check_trainer_arguments(locals())
         if recipe is not None:  # the recipe fills in what was not given explicitly
             recipe = resolve_recipe(recipe, model)
             max_duration = max_duration or recipe.duration
@@ -167,9 +179,23 @@ class Trainer:
         seed_everything(seed)
 
         device = resolve_device(device)
+        # Several processes (torchrun): open the process group, take this rank's device (speedkit.distributed).
+        self.parallel = distributed.resolve_strategy(parallel)  # checked even where there is nothing to split
+        if not distributed.launched_distributed():
+            self.parallel = None  # one process: "ddp"/"fsdp" have nothing to do (the config notes world_size 1)
+        self._world = 1
+        if self.parallel:
+            if microbatch_size == "auto":  # one rank halving alone would leave the others waiting in all-reduce
+                raise ValueError("microbatch_size='auto' runs in one process only; under torchrun give a fixed "
+                                 "microbatch_size (e.g. the size a one-process run settled on, in record.notes)")
+            device = distributed.local_device(device)
+            distributed.init_distributed(device=device)
+            self._world = distributed.world_size()
         resolved_precision = resolve_precision(precision, device)
         self.microbatch_size, self.grad_accum = microbatch_size, grad_accum
         self.run_name = run_name or f"run-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+        if self.parallel and run_name is None:
+            self.run_name = distributed.broadcast_object(self.run_name)  # one run folder for all ranks
         self.run_folder = Path(run_dir) / self.run_name
         self.checkpoint_folder = Path(save_folder) if save_folder else self.run_folder / "checkpoints"
         self.save_checkpoints, self.keep_checkpoints = save_checkpoints, keep_checkpoints
@@ -177,6 +203,8 @@ class Trainer:
 
         record = RunRecord(name=self.run_name)
         record.path = str(self.run_folder / "record.json")
+        if not distributed.is_main():  # only rank 0 writes the RunRecord; the others keep theirs in memory
+            record.save = lambda path=None: Path(record.path)
         self.state = state = State(
             model=model.to(device), loss_fn=_resolve_loss(model, loss_fn), max_duration=max_duration,
             device=device, precision=resolved_precision, seed=seed, algorithms=algorithms,
@@ -185,11 +213,12 @@ class Trainer:
         state.autocast = autocast_factory(resolved_precision, device)
         state.grad_scaler = make_grad_scaler(resolved_precision, device)
         state.evaluators = self._make_evaluators(model, eval_dataloader, evaluators, eval_interval)
-        state.callbacks = self._make_callbacks(callbacks, stop_at, nan_policy, progress_bar, save_interval)
+        state.callbacks = self._make_callbacks(callbacks, stop_at, nan_policy, progress_bar and distributed.is_main(),
+                                               save_interval)
 
         self.memory_logger = InMemoryLogger()
         destinations = [RecordDestination(record), self.memory_logger, *loggers]
-        if console:
+        if console and distributed.is_main():
             destinations.append(ConsoleLogger())
         self.logger = Logger(state, destinations)
         self.engine = Engine(state, self.logger)
@@ -197,9 +226,11 @@ class Trainer:
 
         # Methods that change the model act now, before optimizers are built on its parameters.
         self.engine.run_event(Event.INIT)
+        self._wrap_model()  # after the surgery, before the optimizers: FSDP replaces the parameters
         state.optimizers = self._make_optimizers(optimizers, state.model)
         state.schedulers = self._make_schedules(schedulers)
         record.config = self._describe(precision, eval_interval, config)
+        record.config.update(self._parallel_config())
         record.methods = [{"name": a.name, "params": dict(a.params)} for a in state.algorithms]
         record.environment = environment(device)
         self._clock = TrainClock()
@@ -249,6 +280,56 @@ class Trainer:
                 raise TypeError(f"optimizers must be torch optimizers or a factory fn(params), got {opt!r}")
         return optimizers
 
+    # Methods whose set of parameters used in a step varies (by epoch, or at random per rank): DDP must
+    # look for unused parameters after each forward, and FSDP cannot run them (every rank must run every block).
+    _VARYING_PARAMETERS = {"layer_freezing": lambda params: True,
+                           "stochastic_depth": lambda params: params.get("mode", "block") == "block"}
+
+    def _wrap_model(self) -> None:
+        """Under torchrun, wrap the model for DDP or shard it with FSDP2 (see speedkit.distributed).
+
+        ``state.model`` stays the plain module under DDP, so methods (EMA, SWA, ...) and checkpoints see
+        its own parameter names and a checkpoint written by several ranks loads in one process; the DDP
+        wrapper only runs the training forward. FSDP2 shards the module in place.
+        """
+        self._ddp_model, self._average_buffers, self._varying = None, False, []
+        if not self.parallel:
+            return
+        state = self.state
+        self._model_class = type(state.model).__name__
+        self._varying = sorted(a.name for a in state.algorithms
+                               if a.name in self._VARYING_PARAMETERS and self._VARYING_PARAMETERS[a.name](a.params))
+        if self.parallel == "fsdp":
+            if self._varying:
+                raise ValueError(f"parallel='fsdp' cannot run {', '.join(self._varying)}: it changes which blocks "
+                                 f"run per step, and FSDP needs every rank to run every block; use parallel='ddp'")
+            if state.grad_scaler is not None:
+                raise ValueError("parallel='fsdp' with precision='fp16' is not supported (its loss scaler would "
+                                 "need sharded inf checks); use precision='bf16'")
+        wrapped = distributed.wrap_model(state.model, self.parallel, state.device,
+                                         find_unused_parameters=bool(self._varying))
+        if self.parallel == "ddp":
+            self._ddp_model = wrapped
+            # ghost batch norm keeps per-rank statistics: averaged after every step (speedkit.distributed)
+            self._average_buffers = distributed.has_unsynchronized_batchnorm(state.model)
+
+    def _parallel_config(self) -> dict:
+        """What the RunRecord's config says about processes: world size and strategy."""
+        if not self.parallel:
+            return {"world_size": 1, "parallel": None}
+        config = {"world_size": self._world, "parallel": self.parallel, "model": self._model_class,
+                  "distributed": {"strategy": self.parallel, "world_size": self._world,
+                                  "backend": torch.distributed.get_backend(), "sync_batchnorm": True,
+                                  "find_unused_parameters": bool(self._varying) and self.parallel == "ddp",
+                                  "averaged_buffers": self._average_buffers,
+                                  "global_batch_size": self._global_batch_size()}}
+        return config
+
+    def _global_batch_size(self) -> int | None:
+        loader = self.state.train_dataloader
+        per_rank = getattr(loader, "batch_size", None)
+        return getattr(loader, "global_batch_size", None) or (per_rank * self._world if per_rank else None)
+
     @staticmethod
     def _make_schedules(schedulers) -> list:
         if schedulers is None:
@@ -272,7 +353,7 @@ class Trainer:
             "precision": precision, "precision_resolved": state.precision, "device": str(state.device),
             "batch_size": getattr(loader, "batch_size", None), "microbatch_size": self.microbatch_size,
             "grad_accum": self.grad_accum, "seed": state.seed, "deterministic": self.deterministic,
-            "eval_interval": str(eval_interval), "train_loader": type(loader).__name__ if loader else None,
+            "eval_interval": str(eval_interval), "train_loader": type(loader).__name__ if loader is not None else None,
             **(extra or {}),
         }
 
@@ -286,37 +367,106 @@ class Trainer:
         self.state.request_stop(reason)
 
     def fit(self) -> RunRecord:
+        """Train to ``max_duration`` (or a stop); returns the RunRecord, also saved as ``record.json``.
+
+        Every ending leaves a complete record: ``completed``/``stopped``/``target_reached`` with a final
+        checkpoint; ``interrupted`` (KeyboardInterrupt) with a checkpoint; ``terminated`` (SIGTERM) with a
+        checkpoint, then ``SystemExit(143)``; ``failed`` with the error, the last checkpoint left untouched.
+        """
         state, record = self.state, self.state.record
         if state.train_dataloader is None:
             raise ValueError("Trainer.fit needs train_dataloader")
+        if self.microbatch_size == "auto":
+            self._auto_microbatch, self.microbatch_size = True, None  # the whole batch first
+        previous_sigterm = self._catch_sigterm()
         try:
-            self._fit_start()
-            while not self._should_end():
-                self._run_epoch()
-            self._final_eval()
-            record.status = {"target_reached": "target_reached", None: "completed"}.get(state.stop_reason, "stopped")
-            record.stop_reason = state.stop_reason
-            self.engine.run_event(Event.FIT_END)
-        except KeyboardInterrupt:
-            self._end_abnormally("interrupted", "KeyboardInterrupt", save=True)
-            raise
-        except BaseException as e:
-            self._end_abnormally("failed", f"{type(e).__name__}: {e}", save=False)
-            raise
-        self._finish(save=self.save_checkpoints)
+            try:
+                self._fit_start()
+                self._remove_partial_writes()
+                self._resume_auto_microbatch()
+                while not self._should_end():
+                    self._run_epoch()
+                if state.stop_reason == SIGTERM_REASON:
+                    # Suspended, not ended: no final evaluation (the grace period before SIGKILL is short)
+                    # and no FIT_END (averaging methods would swap their weights in), so the checkpoint
+                    # resumes exactly where the run was.
+                    record.status = "terminated"
+                    self.logger.log_text(f"SIGTERM: stopped after batch {state.timestamp.batch}; saving a "
+                                         f"checkpoint and the record, then exiting with code {SIGTERM_EXIT_CODE}")
+                else:
+                    self._final_eval()
+                    record.status = {"target_reached": "target_reached", None: "completed"}.get(
+                        state.stop_reason, "stopped")
+                record.stop_reason = state.stop_reason
+                if record.status != "terminated":
+                    self.engine.run_event(Event.FIT_END)
+                self._finish(save=self.save_checkpoints)  # inside: a failed final save marks the run failed
+            except KeyboardInterrupt:
+                self._end_abnormally("interrupted", "KeyboardInterrupt", save=True)
+                raise
+            except BaseException as e:
+                self._end_abnormally("failed", f"{type(e).__name__}: {e}", save=False)
+                raise
+        finally:
+            self._restore_sigterm(previous_sigterm)
+        if self._sigterm_received:
+            if callable(previous_sigterm):  # someone else's handler (a job launcher's requeue, say) decides
+                previous_sigterm(signal.SIGTERM, None)
+                return record
+            # Exit as SIGTERM would have, now that the work is saved: the script's code after fit() must not
+            # run as if training had finished, and a job controller must see a terminated (restartable) job.
+            raise SystemExit(SIGTERM_EXIT_CODE)
         return record
+
+    # -- SIGTERM ----------------------------------------------------------------------------
+    def _catch_sigterm(self):
+        """Route SIGTERM to a stop at the next batch boundary while fit runs; returns the previous handler.
+
+        torchrun, Slurm and Kubernetes send SIGTERM, then SIGKILL after a grace period. Only the main
+        thread can set handlers (a run in a worker thread keeps the default), and a SIGTERM that is
+        ignored (SIG_IGN) or handled outside Python is left alone.
+        """
+        self._sigterm_received = False
+        if threading.current_thread() is not threading.main_thread():
+            return _NOT_INSTALLED
+        previous = signal.getsignal(signal.SIGTERM)
+        if previous is None or previous is signal.SIG_IGN:
+            return _NOT_INSTALLED
+        signal.signal(signal.SIGTERM, self._on_sigterm)
+        return previous
+
+    def _on_sigterm(self, signum, frame) -> None:
+        # Only a flag: the handler interrupts the main thread anywhere (inside a lock, a log write), so the
+        # stop itself is requested at the next batch boundary, by _should_end.
+        self._sigterm_received = True
+
+    @staticmethod
+    def _restore_sigterm(previous) -> None:
+        if previous is not _NOT_INSTALLED:
+            signal.signal(signal.SIGTERM, previous)
+
+    def _remove_partial_writes(self) -> None:
+        """Delete temp files that a killed save left behind (they never replaced a checkpoint)."""
+        if not self.autoresume or not self.checkpoint_folder.is_dir():
+            return
+        for pattern in (".ba*.ckpt.*.tmp", f".{LATEST}.link"):
+            for leftover in self.checkpoint_folder.glob(pattern):
+                leftover.unlink(missing_ok=True)
 
     # -- fit: start, loop, end ------------------------------------------------------------
     def _fit_start(self) -> None:
         state = self.state
         self._measure_loader()
-        self.run_folder.mkdir(parents=True, exist_ok=True)
-        self._log_file = JSONLFileLogger(self.run_folder / "log.jsonl")
-        self.logger.destinations.append(self._log_file)
+        if distributed.is_main():  # the run folder's files are rank 0's to write
+            self.run_folder.mkdir(parents=True, exist_ok=True)
+            self._log_file = JSONLFileLogger(self.run_folder / "log.jsonl")
+            self.logger.destinations.append(self._log_file)
         state.record.status = "running"
         # Methods may rebuild optimizers, wrap modules or replace the loader at FIT_START; resuming after
         # it loads the checkpoint into the same structure it was saved from.
         self.engine.run_event(Event.FIT_START)
+        if self._ddp_model is not None:  # a method may have set weights from this rank's data (patch whitening)
+            distributed.broadcast_module(state.model)
         self._measure_loader()
         self._maybe_resume()
         self._clock = TrainClock(offset=state.timestamp.wall_s)
@@ -329,23 +479,37 @@ class Trainer:
         """Nominal epoch length and batch size, which convert between time units."""
         state = self.state
         loader = state.train_dataloader
-        state.batches_per_epoch = len(loader) if hasattr(loader, "__len__") else None
+        try:
+            state.batches_per_epoch = len(loader) if hasattr(loader, "__len__") else None
+        except TypeError:  # a DataLoader over an IterableDataset without __len__ has __len__ and raises
+            state.batches_per_epoch = None
         if state.batches_per_epoch == 0:
             raise ValueError("train_dataloader is empty: it yields no batches")
-        state.samples_per_batch = getattr(loader, "batch_size", None)
+        # Global sizes (all ranks together): a sharded loader says so, a DataLoader's batch is per rank.
+        state.samples_per_batch = self._global_batch_size()
         state.tokens_per_batch = getattr(loader, "tokens_per_batch", None)
         if self.microbatch_size is None and self.grad_accum > 1 and state.samples_per_batch:
-            self.microbatch_size = -(-state.samples_per_batch // self.grad_accum)
+            self.microbatch_size = -(-(state.samples_per_batch // self._world) // self.grad_accum)
 
     def _should_end(self) -> bool:
         state = self.state
+        if self._sigterm_received and not state.stop_requested:
+            state.request_stop(SIGTERM_REASON)
         if state.max_duration.unit is TimeUnit.SECOND:
             state.timestamp = state.timestamp.with_wall(self._clock.elapsed())
-        return state.stop_requested or state.is_done()
+        end = state.stop_requested or state.is_done()
+        if self.parallel and distributed.any_rank(end):  # all ranks end at the same batch, or one would hang
+            reasons = distributed.all_gather_object(state.stop_reason if state.stop_requested else None)
+            reasons = [r for r in reasons if r]
+            if reasons and not state.stop_requested:
+                state.request_stop(reasons[0])  # e.g. SIGTERM or trainer.stop() reached one rank only
+            end = True
+        return end
 
     def _set_epoch(self, epoch: int) -> None:
         """Make each epoch's shuffling and augmentation a function of (seed, epoch), so resume is exact."""
-        seed_everything(self.state.seed * 1_000_003 + epoch)
+        # Per rank (rank 0: the one-process stream), so ranks do not draw the same per-sample randomness.
+        seed_everything(distributed.rank_seed(self.state.seed * 1_000_003 + epoch))
         loader = self.state.train_dataloader
         for obj in (loader, getattr(loader, "sampler", None), getattr(getattr(loader, "batch_sampler", None),
                                                                       "sampler", None)):
@@ -386,14 +550,21 @@ class Trainer:
                 break
             state.batch = _to_device(batch, state.device)
             engine.run_event(Event.AFTER_DATALOADER)
+            if not self._first_batch_checked:
+                check_first_batch(state, _tokens_in(state.batch))
             self._train_batch()
             self._after_batch()
+        if state.timestamp.batch_in_epoch == 0:  # looping over empty epochs would never reach max_duration
+            raise ValueError(f"train_dataloader yielded no batches in epoch {state.timestamp.epoch}; a loader "
+                             f"must yield batches every epoch (a generator is used up after one pass)")
         state.timestamp = state.timestamp.after_epoch()
         engine.run_event(Event.EPOCH_END)
         self._maybe_eval(at_epoch_end=True)
         self._paused(engine.run_event, Event.EPOCH_CHECKPOINT)
 
     def _after_batch(self) -> None:
+        if self._average_buffers:  # unsynchronized batch norms: one set of running statistics for all ranks
+            distributed.average_buffers(self.state.model)
         self.engine.run_event(Event.BATCH_END)
         self._maybe_eval(at_epoch_end=False)
         self._paused(self.engine.run_event, Event.BATCH_CHECKPOINT)
@@ -411,10 +582,26 @@ class Trainer:
 
         full_batch = state.batch
         total = _batch_size(full_batch)
-        n_micro = max(1, -(-total // self.microbatch_size)) if self.microbatch_size else 1
-        microbatches = _split_batch(full_batch, n_micro)
-        state.num_microbatches = len(microbatches)
-        step_loss = self._forward_backward(full_batch, microbatches)
+        while True:
+            n_micro = max(1, -(-total // self.microbatch_size)) if self.microbatch_size else 1
+            microbatches = _split_batch(full_batch, n_micro)
+            state.num_microbatches = len(microbatches)
+            try:
+                step_loss = self._forward_backward(full_batch, microbatches)
+                break
+            except RuntimeError as e:  # torch.OutOfMemoryError is a RuntimeError
+                if not (self._auto_microbatch and is_out_of_memory(e)):
+                    raise
+                size = self.microbatch_size or total
+                if size <= 1:
+                    raise torch.OutOfMemoryError(
+                        f"out of memory at batch {state.timestamp.batch} even with microbatches of 1 sample "
+                        f"(microbatch_size='auto'): one sample's activations, the model and its optimizer state "
+                        f"do not fit on {state.device}. Use a smaller model or sequence length, "
+                        f"precision='bf16', or a device with more memory") from e
+                error = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            # Out of the except block, so the traceback's frames (and the activations they hold) are freed.
+            self._halve_microbatch(full_batch, size, error)
 
         if not state.skip_step:
             self._optimizer_step(lambda: self._forward_backward(full_batch, microbatches))
@@ -425,10 +612,35 @@ class Trainer:
             if isinstance(scheduler, torch.optim.lr_scheduler.LRScheduler):
                 scheduler.step()
 
-        state.timestamp = state.timestamp.after_batch(total, _tokens_in(full_batch), wall_s=self._clock.elapsed())
+        if self.parallel:  # every rank, every step: the loss averaged over ranks; samples counted globally
+            step_loss = distributed.all_reduce_mean(step_loss)
+        state.timestamp = state.timestamp.after_batch(total * self._world, _tokens_in(full_batch) * self._world,
+                                                      wall_s=self._clock.elapsed())
         if state.timestamp.batch % state.log_every == 0 or state.is_done():
             state.last_train_loss = step_loss.item()
             self.logger.log_metrics({"loss": state.last_train_loss})
+
+    def _halve_microbatch(self, full_batch, size: int, error: str) -> None:
+        """After an out-of-memory error: drop the partial step, halve the microbatch, and note it."""
+        state = self.state
+        state.batch, state.outputs, state.loss = full_batch, None, None
+        for optimizer in state.optimizers:
+            optimizer.zero_grad(set_to_none=True)  # the retried batch accumulates its gradient from zero
+        state.model.zero_grad(set_to_none=True)
+        if state.device.type == "cuda":
+            torch.cuda.empty_cache()
+        self.microbatch_size = size // 2  # kept for the rest of the run
+        note = state.record.notes.setdefault("auto_microbatch", {"microbatch_size": None, "reductions": []})
+        note["microbatch_size"] = self.microbatch_size
+        note["reductions"].append({"batch": state.timestamp.batch, "from": size, "to": self.microbatch_size})
+        self.logger.log_text(f"out of memory at batch {state.timestamp.batch} with microbatches of {size} "
+                             f"samples ({error}); retrying the batch with microbatches of {self.microbatch_size}")
+
+    def _resume_auto_microbatch(self) -> None:
+        """A resumed run keeps the microbatch size its earlier part settled on (same numerics, no retries)."""
+        note = self.state.record.notes.get("auto_microbatch")
+        if self._auto_microbatch and note and note.get("microbatch_size"):
+            self.microbatch_size = int(note["microbatch_size"])
 
     def _forward_backward(self, full_batch, microbatches) -> torch.Tensor:
         """Gradients of the whole batch, one microbatch at a time; returns the batch's mean loss."""
@@ -444,21 +656,42 @@ class Trainer:
 
     def _train_microbatch(self, weight: float) -> torch.Tensor:
         state, engine = self.state, self.engine
+        checked = self._first_batch_checked  # until the first step is through, failures name batch and model
         engine.run_event(Event.BEFORE_FORWARD)
-        with state.autocast():
-            state.outputs = state.model(state.batch_inputs())
+        try:
+            with state.autocast():
+                state.outputs = (self._ddp_model or state.model)(state.batch_inputs())
+        except Exception as error:
+            if not checked:
+                explain_first_batch_error(state, "forward", error)
+            raise
         engine.run_event(Event.AFTER_FORWARD)
+        if not checked:
+            check_first_outputs(state, default_loss=state.loss_fn is cross_entropy_loss)
         engine.run_event(Event.BEFORE_LOSS)
-        with state.autocast():
-            state.loss = state.loss_fn(state.outputs, state.batch)
+        try:
+            with state.autocast():
+                state.loss = state.loss_fn(state.outputs, state.batch)
+        except Exception as error:
+            if not checked:
+                explain_first_batch_error(state, "loss", error)
+            raise
+        if not checked:
+            check_first_loss(state)
         engine.run_event(Event.AFTER_LOSS)
         engine.run_event(Event.BEFORE_BACKWARD)
         if not state.skip_step:
             scaled = state.loss * weight
             if state.grad_scaler is not None:
                 scaled = state.grad_scaler.scale(scaled)
-            scaled.backward()
+            try:
+                scaled.backward()
+            except Exception as error:
+                if not checked:
+                    explain_first_batch_error(state, "backward", error)
+                raise
         engine.run_event(Event.AFTER_BACKWARD)
+        self._first_batch_checked = True
         return state.loss.detach().float()
 
     def _optimizer_step(self, closure) -> None:
@@ -507,6 +740,8 @@ class Trainer:
         state = self.state
         evaluators = state.evaluators if evaluators is None else evaluators
         start = time.perf_counter()
+        if self._average_buffers:  # e.g. statistics a method refreshed per rank (swa's batch-norm pass)
+            distributed.average_buffers(state.model)
         was_training = state.model.training
         state.model.eval()
         results = {}
@@ -536,24 +771,45 @@ class Trainer:
         for metric in evaluator.metrics.values():
             metric.reset()
         engine.run_event(Event.EVAL_START)
+        seen, last = 0, None
         for index, batch in enumerate(evaluator.dataloader):
             if evaluator.max_batches is not None and index >= evaluator.max_batches:
                 break
-            state.batch = _to_device(batch, state.device)
-            engine.run_event(Event.EVAL_BATCH_START)
-            engine.run_event(Event.EVAL_BEFORE_FORWARD)
-            with state.autocast():
-                state.outputs = state.model(state.batch_inputs())
-            engine.run_event(Event.EVAL_AFTER_FORWARD)
-            for metric in evaluator.metrics.values():
-                metric.update(state.outputs.float(), state.batch_targets())
-            engine.run_event(Event.EVAL_BATCH_END)
+            self._eval_batch(evaluator, batch)
+            seen, last = seen + 1, batch
+        if self.parallel == "fsdp":
+            # Every FSDP forward gathers shards from all ranks, so a rank whose shard of the eval set ran out
+            # repeats its last batch (not counted) until the others are done.
+            counts = distributed.all_gather_object(seen)
+            if min(counts) == 0 < max(counts):
+                raise ValueError(f"evaluator {evaluator.label!r}: some ranks have no evaluation batch "
+                                 f"(batches per rank: {counts}); under fsdp each rank needs at least one")
+            for _ in range(max(counts) - seen):
+                self._eval_batch(evaluator, last, count=False)
+            # FSDP2 keeps the root's parameters gathered after a forward without backward: shard them again,
+            # so methods that swap weights at EVAL_END (ema) and the next step see DTensors.
+            state.model.reshard()
+        if self.parallel:  # each rank evaluated its shard: sum the metric states over the ranks
+            distributed.reduce_metrics(evaluator.metrics.values())
         values = {name: metric.compute() for name, metric in evaluator.metrics.items()}
         label = "eval" if evaluator.label == "eval" else f"eval/{evaluator.label}"
         state.eval_metrics[label] = values
         engine.run_event(Event.EVAL_END)
         state.current_evaluator = None
         return values
+
+    def _eval_batch(self, evaluator: Evaluator, batch, count: bool = True) -> None:
+        state, engine = self.state, self.engine
+        state.batch = _to_device(batch, state.device)
+        engine.run_event(Event.EVAL_BATCH_START)
+        engine.run_event(Event.EVAL_BEFORE_FORWARD)
+        with state.autocast():
+            state.outputs = state.model(state.batch_inputs())
+        engine.run_event(Event.EVAL_AFTER_FORWARD)
+        if count:
+            for metric in evaluator.metrics.values():
+                metric.update(state.outputs.float(), state.batch_targets())
+        engine.run_event(Event.EVAL_BATCH_END)
 
     # -- checkpoints ----------------------------------------------------------------------
     def _checkpoint_payload(self) -> dict:
@@ -570,15 +826,33 @@ class Trainer:
             "rng": rng_state(),
             "record": state.record.to_json(),
             "run_name": self.run_name,
+            **({"rng_by_rank": self._rng_by_rank} if self.parallel and self._rng_by_rank else {}),
         }
 
     def save_checkpoint(self) -> Path:
-        """Write ``ba{batch}.ckpt`` and point ``latest.ckpt`` at it, both atomically; keep the newest few."""
+        """Write ``ba{batch}.ckpt`` and point ``latest.ckpt`` at it, both atomically; keep the newest few.
+
+        Under torchrun only rank 0 writes (DDP: the plain module's weights, so one process can resume
+        it); under FSDP every rank writes its shards beside it (``ba{batch}.dcp/``).
+        """
+        if self.parallel:
+            path = self._save_parallel_checkpoint()
+            if path is not None:
+                return path  # FSDP, or a rank other than 0
         start = time.perf_counter()
         state = self.state
         state.record.timings["train_s"] = round(state.timestamp.wall_s, 4)
         folder = self.checkpoint_folder
         path = save_checkpoint(folder / f"ba{state.timestamp.batch:09d}.ckpt", self._checkpoint_payload())
+        self._point_latest_at(path)
+        state.record.notes["last_checkpoint"] = str(path)
+        state.record.save()
+        self._add_timing("checkpoint_s", time.perf_counter() - start)
+        return path
+
+    def _point_latest_at(self, path: Path) -> None:
+        """Make ``latest.ckpt`` name ``path`` atomically, then drop all but the newest few checkpoints."""
+        folder = self.checkpoint_folder
         tmp = folder / f".{LATEST}.link"
         tmp.unlink(missing_ok=True)
         try:
@@ -588,26 +862,80 @@ class Trainer:
         os.replace(tmp, folder / LATEST)
         for old in sorted(folder.glob("ba*.ckpt"))[:-self.keep_checkpoints]:
             old.unlink()
+            shutil.rmtree(old.with_suffix(".dcp"), ignore_errors=True)  # an FSDP checkpoint's shards
+
+    def _save_parallel_checkpoint(self) -> Path | None:
+        """The multi-process part of ``save_checkpoint``: None where rank 0 goes on to write a DDP checkpoint."""
+        state = self.state
+        path = self.checkpoint_folder / f"ba{state.timestamp.batch:09d}.ckpt"
+        # A failed or interrupted run may have lost its other ranks: no collectives then (they would hang).
+        alone = state.record.status in ("failed", "interrupted")
+        if self.parallel == "ddp":
+            self._rng_by_rank = None if alone else distributed.all_gather_object(rng_state())
+            if self._average_buffers and not alone:
+                distributed.average_buffers(state.model)
+            if distributed.is_main():
+                return None
+            state.record.notes["last_checkpoint"] = str(path)  # where rank 0 wrote it (on a shared file system)
+            return path
+        if alone:
+            self.logger.log_text("fsdp: no checkpoint on a failed or interrupted run (every rank must write "
+                                 "its shards); the last checkpoint is kept")
+            return path
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        start = time.perf_counter()
+        state.record.timings["train_s"] = round(state.timestamp.wall_s, 4)
+        self._rng_by_rank = distributed.all_gather_object(rng_state())
+        payload = self._checkpoint_payload()
+        del payload["model"], payload["optimizers"]
+        model_sd, optim_sd = get_state_dict(state.model, [getattr(o, "base_optimizer", o) for o in state.optimizers])
+        sharded = {"model": model_sd, "optimizers": optim_sd, "algorithms": payload.pop("algorithms"),
+                   "callbacks": payload.pop("callbacks")}
+        save_sharded_checkpoint(path, payload, sharded)
         state.record.notes["last_checkpoint"] = str(path)
-        state.record.save()
+        if distributed.is_main():
+            self._point_latest_at(path)
+            state.record.save()
         self._add_timing("checkpoint_s", time.perf_counter() - start)
         return path
+
+    def _device_mesh(self):
+        """The mesh FSDP sharded the parameters over (None when they are not sharded)."""
+        if self.parallel != "fsdp":
+            return None
+        return next((p.device_mesh for p in self.state.model.parameters() if hasattr(p, "device_mesh")), None)
 
     def _maybe_resume(self) -> None:
         path = self.load_path
         if path is None and self.autoresume and (self.checkpoint_folder / LATEST).exists():
             path = self.checkpoint_folder / LATEST
+        if self.parallel:
+            seen = distributed.all_gather_object(path is not None)
+            if len(set(seen)) > 1:
+                raise CheckpointError(f"ranks disagree on resuming from {self.checkpoint_folder / LATEST}: ranks "
+                                      f"{[r for r, s in enumerate(seen) if not s]} do not see it; checkpoints must "
+                                      f"be on a file system every rank shares")
         if path is None:
             return
         payload = load_checkpoint(path, map_location=self.state.device)
+        if payload.get("sharded") is not None:
+            payload = load_sharded_checkpoint(path, payload, mesh=self._device_mesh(),
+                                              map_location=self.state.device)
         self._load_payload(payload, path)
 
     def _load_payload(self, payload: dict, path) -> None:
         state = self.state
         try:
-            state.model.load_state_dict(payload["model"])
-            for opt, sd in zip(state.optimizers, payload["optimizers"]):
-                opt.load_state_dict(sd)
+            if payload.get("sharded") is not None:  # model and optimizers keyed by parameter name
+                from torch.distributed.checkpoint.state_dict import set_state_dict
+
+                set_state_dict(state.model, [getattr(o, "base_optimizer", o) for o in state.optimizers],
+                               model_state_dict=payload["model"], optim_state_dict=payload["optimizers"])
+            else:
+                state.model.load_state_dict(payload["model"])
+                for opt, sd in zip(state.optimizers, payload["optimizers"]):
+                    opt.load_state_dict(sd)
             torch_schedulers = [s for s in state.schedulers if isinstance(s, torch.optim.lr_scheduler.LRScheduler)]
             for sched, sd in zip(torch_schedulers, payload["schedulers"]):
                 sched.load_state_dict(sd)
@@ -629,7 +957,8 @@ class Trainer:
         record.steps, record.evals, record.timings = previous.steps, previous.evals, previous.timings
         record.notes = {**previous.notes, "resumed_from": str(path)}
         state.eval_metrics = {}
-        self._resume_rng = payload["rng"]
+        by_rank = payload.get("rng_by_rank")  # written by several ranks: each continues its own stream
+        self._resume_rng = by_rank[distributed.rank()] if by_rank and len(by_rank) == self._world else payload["rng"]
         self.logger.log_text(f"resumed from {path} at epoch {state.timestamp.epoch}, batch {state.timestamp.batch}")
 
     def _end_abnormally(self, status: str, error: str, save: bool) -> None:

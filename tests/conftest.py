@@ -18,3 +18,19 @@ def one_thread_for_small_tests(request):
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """The fuzz tests' counts: tests/test_fuzz.py fills ``config.speedkit_fuzz_counts`` (test -> [tried, accepted])."""
+    counts = getattr(config, "speedkit_fuzz_counts", None)
+    if not counts:
+        return
+    failed = [r for r in terminalreporter.stats.get("failed", []) if "test_fuzz.py" in r.nodeid]
+    outcome = (f"{len(failed)} fuzz test(s) FAILED" if failed
+               else "all refused with ValueError/TypeError or accepted")
+    tried, accepted = (sum(c[i] for c in counts.values()) for i in (0, 1))
+    terminalreporter.write_line(f"fuzz: {tried} configurations tried ({accepted} accepted, {tried - accepted} "
+                                f"refused), {outcome}")
+    if config.option.verbose > 0:
+        for name, (n, ok) in sorted(counts.items()):
+            terminalreporter.write_line(f"  {name}: {n} tried, {ok} accepted")

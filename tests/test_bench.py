@@ -60,7 +60,7 @@ def test_profiles_are_data_and_bad_names_get_clear_errors():
     assert gpu.recipe("mild").batch_size == 512 and gpu.recipe("mild").precision == "bf16"
     assert "torch_compile" in gpu.recipe("mild").methods and "label_smoothing" in gpu.recipe("mild").methods
     assert "torch_compile" not in gpu.recipe("hot").methods  # progressive resizing would recompile
-    assert get_profile("language").targets == (2.0,) and get_profile("vision").targets == (0.90, 0.92, 0.93)
+    assert get_profile("language").targets == (3.3, 3.5) and get_profile("vision").targets == (0.90, 0.92, 0.93)
     with pytest.raises(ValueError, match="known: .*language.*vision"):
         get_profile("speech")
     with pytest.raises(ValueError, match="known: \\['cpu', 'gpu'\\]"):
@@ -238,3 +238,22 @@ def test_tiny_language_benchmark(tmp_path):
     check_entry_schema(entry, 1)
     assert entry["target"] == {"metric": "eval/bpb", "value": 8.0}
     assert [r.config["recipe"] for r in result.records] == ["baseline", "mild"]
+
+
+@needs_fmnist
+def test_reuse_takes_the_main_runs_and_the_leave_one_out_reruns_its_reference(tmp_path):
+    common = dict(seeds=1, recipes="mild", out_dir=tmp_path / "out", run_dir=tmp_path / "runs", figures=False,
+                  log=lambda line: None, **TINY_VISION)
+    first = run_benchmark("vision", **common)
+    again = run_benchmark("vision", leave_one_out=True, reuse=True, **common)
+
+    assert [(r.run_id, r.created) for r in again.records] == [(r.run_id, r.created) for r in first.records]
+    reference, *left_out = again.ablations
+    assert reference.name.startswith("fashion-mnist-mild-s0-reference-") and reference.run_id != first.records[1].run_id
+    assert {r.config["ablation"]["of"] for r in left_out} == {reference.name}
+    loo = again.entry["leave_one_out"]
+    assert loo["of"] == reference.name and loo["reference_rerun"] is True
+    assert set(loo["parts"]) == {r.config["ablation"]["left_out"] for r in left_out}
+
+    with pytest.raises(ValueError, match="mild seed 1"):
+        run_benchmark("vision", **{**common, "seeds": 2}, reuse=True)

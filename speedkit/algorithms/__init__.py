@@ -9,8 +9,9 @@ import difflib
 import importlib
 import inspect
 import pkgutil
+from collections.abc import Mapping
 
-from speedkit.core.algorithm import Algorithm
+from speedkit.core.algorithm import Algorithm, _show
 
 
 def _discover() -> dict[str, type[Algorithm]]:
@@ -31,20 +32,33 @@ REGISTRY: dict[str, type[Algorithm]] = _discover()
 
 
 def get_algorithm(name: str, **params) -> Algorithm:
-    """Build a method by registry name; unknown names get a message listing the known ones."""
+    """Build a method by registry name; unknown names get a message listing the known ones, and
+    parameters are checked against the method's card (names, types, ranges) before it is built."""
+    if not isinstance(name, str):
+        raise TypeError(f"a method name must be a string such as 'ema', got {type(name).__name__} {_show(name)}; "
+                        f"known methods: {', '.join(REGISTRY)}")
     if name not in REGISTRY:
         close = difflib.get_close_matches(name, list(REGISTRY), n=1)
         hint = f" Did you mean {close[0]!r}?" if close else ""
         raise ValueError(f"unknown method {name!r}.{hint} Known methods: {', '.join(REGISTRY)}")
-    return REGISTRY[name](**params)
+    cls = REGISTRY[name]
+    cls.CARD.validate_params(params)  # a TypeError/ValueError naming method.parameter, whatever __init__ looks like
+    return cls(**params)
 
 
 def build_algorithms(spec) -> list[Algorithm]:
     """Methods from ``"a,b"``, ``["a", "b"]`` or ``{"a": {params}, "b": {}}``."""
     if isinstance(spec, str):
         spec = [s.strip() for s in spec.split(",") if s.strip()]
-    if isinstance(spec, dict):
+    if isinstance(spec, Mapping):
+        for name, params in spec.items():
+            if params is not None and not isinstance(params, Mapping):
+                raise TypeError(f"the parameters of method {name!r} must be a dict such as {{'alpha': 0.2}} (or "
+                                f"empty), got {type(params).__name__} {_show(params)}")
         return [get_algorithm(name, **(params or {})) for name, params in spec.items()]
+    if not isinstance(spec, (list, tuple)):
+        raise TypeError(f"methods must be 'a,b', a list of names or Algorithm objects, or a dict "
+                        f"{{name: parameters}}, got {type(spec).__name__} {_show(spec)}")
     return [s if isinstance(s, Algorithm) else get_algorithm(s) for s in spec]
 
 

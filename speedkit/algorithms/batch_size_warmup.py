@@ -16,6 +16,7 @@ import math
 
 import torch
 
+from speedkit import distributed
 from speedkit.core.algorithm import Algorithm, HParam, MethodCard
 from speedkit.core.event import Event
 
@@ -68,7 +69,8 @@ class BatchSizeWarmup(Algorithm):
     def apply(self, event, state, logger):
         inputs = state.batch_inputs()
         size = int(inputs.shape[0])
-        nominal = state.samples_per_batch or size
+        # samples_per_batch is the global batch; under torchrun this rank holds its 1/world_size share
+        nominal = (state.samples_per_batch // distributed.world_size() or size) if state.samples_per_batch else size
         k = min(size, batch_size_at(state.fraction_done(), nominal, self.params["initial_fraction"],
                                     self.params["warmup_fraction"]))
         if k < size:

@@ -142,8 +142,12 @@ class EMA(Algorithm):
                  final_weights: str = "ema"):
         super().__init__(half_life=half_life, smoothing=smoothing, update_interval=update_interval,
                          final_weights=final_weights)
-        if smoothing == 0.0:
-            Time.from_input(half_life)  # a malformed duration fails now, not at fit start
+        try:  # a malformed duration fails now, not at fit start
+            time = Time.from_string(half_life)
+        except (ValueError, TypeError) as e:
+            raise type(e)(f"ema.half_life: {e}") from None
+        if time.value <= 0 or time.unit is TimeUnit.SECOND:
+            raise ValueError(f"ema.half_life must be a positive duration in ba, ep, sp, tok or dur, got {half_life!r}")
         self.ema: dict[str, torch.Tensor] | None = None
         self.smoothing: float | None = None
         self.updates = 0

@@ -7,16 +7,23 @@ sub-batch j using mask j. The window lasts (total steps / sigma) * tau steps, so
 equally often and for long enough to converge, and their ensemble is what eval mode computes (the layer is
 the identity in eval, like dropout). Masks cover the feature dimension (the last one, nn.Linear's) and kept
 features are scaled by 1 / (1 - p). Composer acts at FIT_START, when the run's length is known.
+
+Under torchrun every rank must train the *same* sigma masks (else the ensemble would be world_size * sigma
+masks, each trained on a fraction of the data), while the ranks' global RNGs differ on purpose: so in a
+multi-process run each layer draws its masks and selections from its own generator, seeded from the run's
+seed and identical on every rank (and saved in checkpoints).
 """
 from __future__ import annotations
 
 import torch
 import torch.nn as nn
 
+from speedkit import distributed
 from speedkit.algorithms._surgery import record_surgery, replace_modules
 from speedkit.core.algorithm import Algorithm, HParam, MethodCard, SurgeryReport
 from speedkit.core.event import Event
 from speedkit.core.time import TimeUnit
+from speedkit.data._seeding import derive_seed
 
 
 class GyroDropoutLayer(nn.Module):
@@ -30,6 +37,7 @@ class GyroDropoutLayer(nn.Module):
             raise ValueError(f"need 1 <= tau <= sigma, got tau={tau}, sigma={sigma}")
         self.p, self.sigma, self.tau, self.window = p, sigma, tau, max(1, int(window))
         self.step = 0
+        self.generator: torch.Generator | None = None  # None: the global RNG (a single process)
         # not persistent: the model's state dict keeps the keys it had with nn.Dropout
         self.register_buffer("masks", torch.empty(0), persistent=False)         # [sigma, features]
         self.register_buffer("selected", torch.empty(0, dtype=torch.long), persistent=False)  # [tau]
@@ -38,9 +46,9 @@ class GyroDropoutLayer(nn.Module):
         features = x.shape[-1]
         if self.masks.numel() == 0 or self.masks.shape[1] != features:
             keep = 1.0 - self.p
-            self.masks = (torch.rand(self.sigma, features) < keep).to(x.device)
+            self.masks = (torch.rand(self.sigma, features, generator=self.generator) < keep).to(x.device)
         if self.step % self.window == 0 or self.selected.numel() == 0:
-            self.selected = torch.randperm(self.sigma)[: self.tau].to(x.device)
+            self.selected = torch.randperm(self.sigma, generator=self.generator)[: self.tau].to(x.device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.training or self.p == 0:
@@ -111,11 +119,15 @@ class GyroDropout(Algorithm):
         report = apply_gyro_dropout(state.model, int(total), self.params["sigma"], self.params["tau"],
                                     self.params["allow_empty"])
         record_surgery(state, logger, report)
+        if distributed.world_size() > 1:  # the same masks on every rank (see the module docstring)
+            for index, layer in enumerate(self._layers(state.model).values()):
+                layer.generator = torch.Generator().manual_seed(derive_seed(abs(int(state.seed)), 0x6E0, index))
         self._load_layers(state.model)
 
     # Masks and counters are the method's state: saved here so a resumed run continues the same windows.
     def state_dict(self) -> dict:
-        return {"layers": {name: {"masks": m.masks.cpu(), "selected": m.selected.cpu(), "step": m.step}
+        return {"layers": {name: {"masks": m.masks.cpu(), "selected": m.selected.cpu(), "step": m.step,
+                                  **({"generator": m.generator.get_state()} if m.generator is not None else {})}
                            for name, m in self._layers(self._model).items()}} if getattr(self, "_model", None) else {}
 
     def load_state_dict(self, state: dict) -> None:
@@ -133,3 +145,5 @@ class GyroDropout(Algorithm):
                 device = next((p.device for p in model.parameters()), torch.device("cpu"))
                 layer.masks, layer.selected = saved["masks"].to(device), saved["selected"].to(device)
                 layer.step = int(saved["step"])
+                if layer.generator is not None and saved.get("generator") is not None:
+                    layer.generator.set_state(saved["generator"])

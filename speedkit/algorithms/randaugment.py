@@ -19,20 +19,36 @@ import math
 from typing import Callable
 
 import torch
-import torchvision.transforms.v2.functional as TF
-from torchvision.transforms import InterpolationMode
 
 from speedkit.core.algorithm import Algorithm, HParam, MethodCard
 from speedkit.core.event import Event
 
 MAX_MAGNITUDE = 30  # RandAugment's magnitude scale: 31 levels, 0..30
-_NEAREST = InterpolationMode.NEAREST
+
+
+class _LazyFunctional:
+    """``torchvision.transforms.v2.functional``, imported on first use: torchvision takes seconds to import,
+    and every ``import speedkit`` (each training process, each CLI call) would pay for it otherwise."""
+
+    def __getattr__(self, name):
+        import torchvision.transforms.v2.functional as functional
+
+        return getattr(functional, name)
+
+
+TF = _LazyFunctional()
+
+
+def _nearest():
+    from torchvision.transforms import InterpolationMode
+
+    return InterpolationMode.NEAREST
 
 
 def _affine(images, angle=0.0, translate=(0, 0), shear=(0.0, 0.0)):
     # Shear about the top-left corner, as torchvision's RandAugment does; fill 0 = black.
     return TF.affine(images, angle=angle, translate=list(translate), scale=1.0, shear=list(shear),
-                     interpolation=_NEAREST, fill=0.0, center=[0, 0])
+                     interpolation=_nearest(), fill=0.0, center=[0, 0])
 
 
 def _shear_degrees(strength: float) -> float:
@@ -48,7 +64,7 @@ OPERATIONS: dict[str, Callable[[torch.Tensor, float], torch.Tensor]] = {
     "identity": lambda img, s: img,
     "autocontrast": lambda img, s: TF.autocontrast(img),
     "equalize": lambda img, s: TF.equalize(img),
-    "rotate": lambda img, s: TF.rotate(img, 30.0 * s, interpolation=_NEAREST, fill=0.0),
+    "rotate": lambda img, s: TF.rotate(img, 30.0 * s, interpolation=_nearest(), fill=0.0),
     "solarize": lambda img, s: TF.solarize(img, 1.0 - abs(s)),
     "color": lambda img, s: TF.adjust_saturation(img, 1.0 + 0.9 * s),
     "contrast": lambda img, s: TF.adjust_contrast(img, 1.0 + 0.9 * s),

@@ -181,6 +181,8 @@ class SWA(Algorithm):
                 refreshed = update_batchnorm_statistics(state.model, state.train_dataloader,
                                                         self.params["bn_update_batches"], state.device,
                                                         state.autocast)
+            if callable(getattr(state.model, "reshard", None)):  # FSDP2 keeps the root gathered after a forward
+                state.model.reshard()
         self.average = init_ema(state.model)  # the final weights, with their refreshed BatchNorm statistics
         message = (f"swa: the model now holds the average of {self.count} snapshots; "
                    f"BatchNorm statistics from {refreshed} batches")

@@ -20,7 +20,7 @@ from speedkit.compare import final_metric, leave_one_out as leave_one_out_table,
 from speedkit.core.time import Time
 from speedkit.devices import resolve_device
 from speedkit.recipes import Recipe, get_recipe
-from speedkit.runs import RunRecord, environment, lower_is_better
+from speedkit.runs import RunRecord, environment, load_records, lower_is_better
 from speedkit.tasks import make_trainer
 
 # Parts of a recipe besides its methods that a leave-one-out run can swap for the baseline's.
@@ -125,14 +125,25 @@ def _without(recipe: Recipe, change: dict) -> Recipe:
 
 
 def run_leave_one_out(profile: BenchProfile, records: Sequence[RunRecord], recipe_name: str, run_dir,
-                      session: str, log: Callable[[str], None] = print, **trainer_kwargs) -> list[RunRecord]:
+                      session: str, log: Callable[[str], None] = print, rerun_full: bool = False,
+                      **trainer_kwargs) -> list[RunRecord]:
     """One run per part of ``recipe_name`` left out, on one seed (the first whose full run reached
-    the target), marked ``config["ablation"]`` for ``speedkit.compare.leave_one_out``."""
+    the target), marked ``config["ablation"]`` for ``speedkit.compare.leave_one_out``.
+
+    ``rerun_full`` first runs the whole recipe again on that seed and compares the ablations with this
+    reference (returned first), for main runs measured in another session: side by side or not at all.
+    """
     full_runs = [r for r in records if r.config.get("recipe") == recipe_name]
     full = next((r for r in full_runs if r.time_to_target is not None), full_runs[0])
     seed = full.config["seed"]
     recipe = scheduled_recipe(profile, recipe_name)
     ablations = []
+    if rerun_full:
+        full = run_one(profile, recipe, seed, f"{full.name}-reference-{session}", run_dir,
+                       _bench_info(profile, session, seed), extra_config={"ablation": {"reference_for": full.name}},
+                       **trainer_kwargs)
+        ablations.append(full)
+        log(f"[leave-one-out] reference {_describe_run(full)}")
     for part, change in ablation_changes(profile, recipe).items():
         run_name = f"{full.name}-without-{part}"
         try:
@@ -246,17 +257,19 @@ def summarize(records: Sequence[RunRecord], profile: BenchProfile, ablations: Se
 
 def summarize_leave_one_out(records: Sequence[RunRecord], ablations: Sequence[RunRecord]) -> dict:
     """The ablated runs with compare.leave_one_out's slowdown and share of the speed-up for each part."""
-    full_name = ablations[0].config["ablation"]["of"]
-    full = next(r for r in records if r.name == full_name)
+    left_out = [r for r in ablations if "left_out" in r.config["ablation"]]  # not a rerun reference
+    full_name = left_out[0].config["ablation"]["of"]
+    full = next(r for r in [*records, *ablations] if r.name == full_name)
     effects = leave_one_out_table([*records, *ablations]).get(full_name, {})
     parts = {}
-    for record in ablations:
+    for record in left_out:
         part = record.config["ablation"]["left_out"]
         parts[part] = {"run": record.name, "time_without_s": record.time_to_target,
                        "final_metric": final_metric(record) if record.target else None,
                        "slowdown": None, "share": None, "pays_off": None,
                        **effects.get(part, {}), **({"error": record.error} if record.error else {})}
     return {"recipe": full.config["recipe"], "seed": _seed_of(full), "of": full_name,
+            "reference_rerun": full not in records,
             "time_to_target_s": full.time_to_target, "final_metric": final_metric(full), "parts": parts}
 
 
@@ -300,10 +313,28 @@ def resolve_profile(task: str, profile: str | BenchProfile = "cpu", seeds: int |
     return profile, seed_list or list(range(profile.seeds))
 
 
+def reusable_runs(run_dir: str | Path, profile: BenchProfile, seeds: Sequence[int]) -> list[RunRecord]:
+    """The newest finished main run of each (recipe, seed) of ``profile`` under ``run_dir``."""
+    newest: dict[tuple, RunRecord] = {}
+    for record in load_records(run_dir):  # oldest first, so later ones replace earlier ones
+        bench = record.config.get("bench", {})
+        if (bench.get("task") != task_key(profile.task) or bench.get("profile") != profile.name
+                or bench.get("profiling") or "ablation" in record.config or record.status == "failed"):
+            continue
+        if record.config.get("recipe") in profile.recipes and _seed_of(record) in seeds:
+            newest[(record.config["recipe"], _seed_of(record))] = record
+    missing = [(r, s) for r in profile.recipes for s in seeds if (r, s) not in newest]
+    if missing:
+        raise ValueError(f"cannot reuse the runs in {run_dir}: no finished {profile.task} run for "
+                         f"{', '.join(f'{r} seed {s}' for r, s in missing)}; run the benchmark without --reuse")
+    return [newest[(r, s)] for s in seeds for r in profile.recipes]
+
+
 def run_benchmark(task: str, profile: str | BenchProfile = "cpu", seeds: int | Sequence[int] | None = None,
                   recipes: Sequence[str] | str | None = None, out_dir: str | Path = "bench/results",
                   run_dir: str | Path = "runs/bench", leave_one_out: bool = False, profile_steps: int = 0,
-                  figures: bool = True, log: Callable[[str], None] = print, *, device: str | None = None,
+                  figures: bool = True, log: Callable[[str], None] = print, *, reuse: bool = False,
+                  device: str | None = None,
                   data_fraction: float | None = None, eval_fraction: float | None = None,
                   eval_interval: str | None = None, duration: str | None = None,
                   duration_scale: float | None = None, target: float | None = None,
@@ -313,7 +344,9 @@ def run_benchmark(task: str, profile: str | BenchProfile = "cpu", seeds: int | S
 
     ``seeds`` is a count or a list; ``recipes`` names the speed-up recipes (the baseline always runs).
     Keyword overrides replace the profile's fields; ``trainer_kwargs`` go to every make_trainer call;
-    ``on_record`` is called with each main run's record as it finishes.
+    ``on_record`` is called with each main run's record as it finishes. ``reuse`` takes the main runs
+    from ``run_dir`` instead of running them (to add a leave-one-out or a profile later); the
+    leave-one-out then reruns the full recipe beside its ablations.
     """
     from speedkit.bench.report import write_reports
 
@@ -326,12 +359,17 @@ def run_benchmark(task: str, profile: str | BenchProfile = "cpu", seeds: int | S
     session = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     log(f"benchmark {key} ({profile.task}), profile {profile.name}: recipes {', '.join(profile.recipes)}; "
         f"seeds {seed_list}; device {profile.device}")
-    records = run_interleaved(profile, seed_list, run_dir, session, log, on_record, **trainer_kwargs)
+    if reuse:
+        records = reusable_runs(run_dir, profile, seed_list)
+        log(f"reusing {len(records)} runs from {run_dir}")
+    else:
+        records = run_interleaved(profile, seed_list, run_dir, session, log, on_record, **trainer_kwargs)
     entry = summarize(records, profile)
     best = entry["best_recipe"]
     ablations = []
     if leave_one_out and best is not None:
-        ablations = run_leave_one_out(profile, records, best, run_dir, session, log, **trainer_kwargs)
+        ablations = run_leave_one_out(profile, records, best, run_dir, session, log, rerun_full=reuse,
+                                      **trainer_kwargs)
     breakdown = None
     if profile_steps and profile_steps > 0:
         breakdown = profile_recipe(profile, best or "baseline", seed_list[0], profile_steps, run_dir, session,
@@ -342,6 +380,6 @@ def run_benchmark(task: str, profile: str | BenchProfile = "cpu", seeds: int | S
 
 
 __all__ = ["BenchResult", "NON_METHOD_PARTS", "TASK_KEYS", "ablation_changes", "apply_overrides", "machine",
-           "pick_best", "profile_recipe", "recipe_entry", "resolve_profile", "run_benchmark", "run_interleaved",
+           "pick_best", "profile_recipe", "recipe_entry", "resolve_profile", "reusable_runs", "run_benchmark", "run_interleaved",
            "run_leave_one_out", "run_one", "scheduled_recipe", "summarize", "summarize_leave_one_out", "target_key",
            "trainer_factory"]

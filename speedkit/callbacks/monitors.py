@@ -1,8 +1,11 @@
 """Small callbacks: learning-rate monitor, progress bar, stop-at-target and the NaN guard."""
 from __future__ import annotations
 
+import math
+
 import torch
 
+from speedkit import distributed
 from speedkit.core.engine import Callback
 from speedkit.runs import lower_is_better
 
@@ -61,10 +64,18 @@ class StopAtTarget(Callback):
     def __init__(self, metric: str = "eval/accuracy", value: float = 0.92, stop: bool = True):
         if not isinstance(metric, str) or "/" not in metric:
             raise ValueError(f"stop-at-target metric must be a logged name such as 'eval/accuracy', got {metric!r}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise TypeError(f"stop_at value must be a finite number (the target for {metric}), got {value!r}")
         self.metric, self.value, self.stop = metric, float(value), stop
         self.reached_at: dict | None = None
 
     def fit_start(self, state, logger):
+        # A name no evaluator logs would never be reached: the run would go on silently to max_duration.
+        known = [f"{'eval' if ev.label == 'eval' else 'eval/' + ev.label}/{name}"
+                 for ev in getattr(state, "evaluators", None) or () for name in ev.metrics]
+        if self.metric not in known:
+            raise ValueError(f"stop_at metric {self.metric!r} is not logged by any evaluator; "
+                             f"{'known: ' + ', '.join(known) if known else 'pass eval_dataloader or evaluators'}")
         if state.record is not None:
             state.record.target = {"metric": self.metric, "value": self.value}
 
@@ -107,12 +118,18 @@ class NaNGuard(Callback):
 
     def after_loss(self, state, logger):
         loss = state.loss
-        if loss is None or bool(torch.isfinite(loss.detach()).all()):
+        if loss is None:
+            return
+        finite = bool(torch.isfinite(loss.detach()).all())
+        # Under torchrun every rank must take the same branch (skip or stop), or DDP would wait forever for
+        # the gradients of the rank that skipped: a non-finite loss on any rank counts on all of them.
+        if not distributed.any_rank(not finite):
             return
         where = f"batch {state.timestamp.batch} (epoch {state.timestamp.epoch})"
         if self.policy == "stop" or self.skips >= self.max_skips:
             raise NonFiniteLossError(
-                f"the loss is {loss.detach().float().item()} at {where}; stopped before it reached the weights. "
+                f"the loss is {loss.detach().float().item() if not finite else 'non-finite on another rank'} at "
+                f"{where}; stopped before it reached the weights. "
                 f"Lower the learning rate, use precision='bf16' instead of 'fp16', add gradient clipping, or "
                 f"use NaNGuard(policy='skip'). The last checkpoint is intact.")
         self.skips += 1

@@ -69,8 +69,12 @@ class SpeedMonitor(Callback):
         if self.count_flops and self.flops_per_sample is None:
             inputs = state.batch_inputs()
             if isinstance(inputs, torch.Tensor):
-                with state.autocast():
-                    self.flops_per_sample = count_training_flops_per_sample(state.model, inputs[:8])
+                try:
+                    with state.autocast():
+                        self.flops_per_sample = count_training_flops_per_sample(state.model, inputs[:8])
+                except Exception:  # a batch the model cannot take: the training step reports it, naming both
+                    self.count_flops = False
+                    return
                 if state.record is not None:
                     state.record.notes["flops_per_sample"] = self.flops_per_sample
                     state.record.environment["matmul_peak_flops"] = self.peak

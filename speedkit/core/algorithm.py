@@ -8,6 +8,9 @@ README (methods table) all read.
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import math
+import numbers
 from typing import Any, ClassVar, Sequence
 
 from speedkit.core.event import Event
@@ -36,24 +39,51 @@ class HParam:
         """Return ``value`` checked against this parameter, or raise a message naming both."""
         where = f"{method}.{self.name}"
         if self.choices is not None:
-            if value not in self.choices:
-                raise ValueError(f"{where} must be one of {list(self.choices)}, got {value!r}")
+            if not any(_is_choice(value, choice) for choice in self.choices):
+                raise ValueError(f"{where} must be one of {list(self.choices)}, got {_show(value)}")
             return value
         if self.type is bool:
             if not isinstance(value, bool):
-                raise TypeError(f"{where} must be True or False, got {value!r}")
+                raise TypeError(f"{where} must be True or False, got {type(value).__name__} {_show(value)}")
             return value
         if self.type in (int, float):
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise TypeError(f"{where} must be a number, got {type(value).__name__} {value!r}")
-            if self.type is int and float(value) != int(value):
-                raise TypeError(f"{where} must be a whole number, got {value!r}")
+            if isinstance(value, bool) or not isinstance(value, numbers.Real):
+                raise TypeError(f"{where} must be a number, got {type(value).__name__} {_show(value)}")
+            if isinstance(value, numbers.Integral):
+                value = int(value)  # numpy integers too; compared exactly, however large
+            else:
+                value = float(value)
+                if not math.isfinite(value):
+                    raise ValueError(f"{where} must be a finite number in [{self.low}, {self.high}], got {value!r}")
+                if self.type is int:
+                    if not value.is_integer():
+                        raise TypeError(f"{where} must be a whole number, got {value!r}")
+                    value = int(value)
             if (self.low is not None and value < self.low) or (self.high is not None and value > self.high):
-                raise ValueError(f"{where}={value!r} is outside its range [{self.low}, {self.high}]")
+                raise ValueError(f"{where}={_show(value)} is outside its range [{self.low}, {self.high}]")
             return self.type(value)
         if not isinstance(value, self.type):
-            raise TypeError(f"{where} must be {self.type.__name__}, got {type(value).__name__} {value!r}")
+            raise TypeError(f"{where} must be {self.type.__name__}, got {type(value).__name__} {_show(value)}")
         return value
+
+
+def _show(value: Any, limit: int = 60) -> str:
+    """``repr`` cut short, never failing (an int too long to print, a broken ``__repr__``)."""
+    try:
+        text = repr(value)
+    except Exception:
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _is_choice(value: Any, choice: Any) -> bool:
+    """``value`` is ``choice`` itself: ``1`` is not ``True`` and ``0.0`` is not ``False`` here."""
+    if choice is None or isinstance(choice, bool) or isinstance(value, bool):
+        return value is choice
+    try:
+        return isinstance(value, type(choice)) and bool(value == choice)
+    except Exception:  # e.g. an array, whose == is elementwise
+        return False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,9 +126,11 @@ class MethodCard:
     def validate_params(self, params: dict) -> dict:
         """Check keyword arguments against the card: unknown names and out-of-range values are errors."""
         known = {hp.name: hp for hp in self.hparams}
-        unknown = sorted(set(params) - set(known))
+        unknown = sorted(map(str, set(params) - set(known)))
         if unknown:
-            raise TypeError(f"{self.name} got unknown parameter(s) {unknown}; it accepts {sorted(known)}")
+            close = [m for u in unknown for m in difflib.get_close_matches(u, list(known), n=1)]
+            hint = f" (did you mean {', '.join(map(repr, close))}?)" if close else ""
+            raise TypeError(f"{self.name} got unknown parameter(s) {unknown}{hint}; it accepts {sorted(known)}")
         return {k: known[k].validate(v, self.name) for k, v in params.items()}
 
     def to_dict(self) -> dict:

@@ -146,6 +146,8 @@ class Interval:
 
     def __init__(self, every: Time | str):
         self.every = Time.from_input(every)
+        if self.every is None:
+            raise TypeError("an interval needs a duration such as '1ep', '500ba' or '0.25dur', got None")
         if self.every.value <= 0:
             raise ValueError(f"an interval must be positive, got {self.every}")
         self._last_mark = 0

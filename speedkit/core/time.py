@@ -68,6 +68,8 @@ class Time:
             raise ValueError(f"cannot parse duration {text!r}: expected a number and a unit, one of {ACCEPTED_UNITS}")
         number, multiplier, unit_name = match.groups()
         value = float(number) * _MULTIPLIERS[multiplier]
+        if not math.isfinite(value):
+            raise ValueError(f"duration {text!r} is too large to count: {number}{multiplier} overflows")
         if multiplier and abs(value - round(value)) < 1e-6:
             value = float(round(value))  # "2.01ktok" is 2010 tokens, not 2009.9999999999998
         if unit_name in _CLOCK_UNITS:
@@ -142,6 +144,8 @@ class Time:
         if isinstance(factor, bool) or not isinstance(factor, (int, float)):
             return NotImplemented
         value = self.value * factor
+        if not math.isfinite(value):
+            raise ValueError(f"{self} x {factor!r} is not a finite duration")
         if self.unit in _WHOLE_UNITS:
             value = int(round(value))
         return Time(value, self.unit)

@@ -20,7 +20,10 @@ from typing import Iterator, Optional, Sequence, Union
 
 import torch
 
+from speedkit.distributed import resolve_shard, shard_span
+
 from ._seeding import make_generator
+from ._sharding import GlobalBatch
 
 FLIP_MODES = ("random", "alternating", None)
 PAD_MODES = ("reflect", "zeros")
@@ -63,13 +66,23 @@ class _EpochPlan:
     flip: Optional[torch.Tensor] = None  # bool [N]
 
 
-class BatchLoader:
+class BatchLoader(GlobalBatch):
     """Yields (images, labels) batches from tensors held on `device`.
 
     x: uint8 images [N, H, W] or [N, C, H, W] (floating images are taken as already scaled to
        [0, 1] and are not divided by 255); y: integer labels [N].
     Output images are `dtype` [B, C, H, W] (a channel dimension is added for [N, H, W]),
     normalised as (x / 255 - mean) / std; labels are int64 [B].
+
+    Several processes (torchrun): `batch_size` is the *global* batch size. Each of `world_size`
+    ranks yields its contiguous slice of the same global batch a single process would yield (same
+    order, same augmentations), so a rank's batches have batch_size / world_size samples
+    (`local_batch_size`). `rank` and `world_size` default to this process's (from torchrun's
+    environment; 0 and 1 in a single process); pass `world_size=1` for a loader every rank reads whole.
+    A training loader (`shuffle=True`) needs a batch size divisible by the world size, and its last,
+    partial batch is cut to a multiple of it (at most world_size - 1 samples per epoch left out), so
+    every rank has the same number of equal batches. An evaluation loader (`shuffle=False`) splits
+    every batch as evenly as it can and pads nothing: the ranks together see each sample once.
     """
 
     def __init__(
@@ -86,13 +99,19 @@ class BatchLoader:
         dtype: torch.dtype = torch.float32,
         channels_last: bool = False,
         seed: int = 0,
+        rank: Optional[int] = None,
+        world_size: Optional[int] = None,
     ):
+        rank, world_size = resolve_shard(rank, world_size)
         self._options = dict(
             batch_size=batch_size, shuffle=shuffle, drop_last=drop_last, device=device, augment=augment,
-            mean=mean, std=std, dtype=dtype, channels_last=channels_last, seed=seed,
+            mean=mean, std=std, dtype=dtype, channels_last=channels_last, seed=seed, rank=rank,
+            world_size=world_size,
         )
         x, y = torch.as_tensor(x), torch.as_tensor(y)
         _check_inputs(x, y, batch_size, augment)
+        _check_shard(batch_size, shuffle, world_size)
+        self.rank, self.world_size = rank, world_size
         self.device = torch.device(device)
         # A view adds the channel dimension once, so every later op sees [N, C, H, W].
         self.images = (x.unsqueeze(1) if x.ndim == 3 else x).to(self.device)
@@ -128,10 +147,18 @@ class BatchLoader:
     def std(self) -> Stat:
         return self._options["std"]
 
+    @property
+    def _epoch_size(self) -> int:
+        """Samples an epoch uses: all of them, less a training loader's remainder that does not split."""
+        n = self.dataset_size
+        if self.world_size > 1 and self.shuffle and not self.drop_last:
+            n -= (n % self.batch_size) % self.world_size
+        return n
+
     def __len__(self) -> int:
         if self.drop_last:
             return self.dataset_size // self.batch_size
-        return math.ceil(self.dataset_size / self.batch_size)
+        return math.ceil(self._epoch_size / self.batch_size)
 
     def set_epoch(self, epoch: int) -> None:
         """Choose which epoch's order and augmentations the next iteration produces."""
@@ -164,9 +191,14 @@ class BatchLoader:
 
     def _batches(self, epoch: int, batch_index: int) -> Iterator[tuple]:
         plan = self._plan(epoch)
+        end = self._epoch_size
         for b in range(batch_index, len(self)):
-            positions = slice(b * self.batch_size, (b + 1) * self.batch_size)
-            yield self._make_batch(plan, positions)
+            start, stop = b * self.batch_size, min((b + 1) * self.batch_size, end)
+            if self.world_size > 1:  # this rank's slice of the global batch
+                start, stop = shard_span(start, stop, self.rank, self.world_size)
+                if start == stop:
+                    continue  # an evaluation loader's last batch has fewer samples than ranks
+            yield self._make_batch(plan, slice(start, stop))
         if self.epoch == epoch:
             self.epoch = epoch + 1
 
@@ -244,6 +276,7 @@ class BatchLoader:
         return (
             f"BatchLoader(size={self.dataset_size}, image_shape={list(self.image_shape)}, "
             f"batch_size={self.batch_size}, batches={len(self)}, shuffle={self.shuffle}, "
+            + (f"rank={self.rank}/{self.world_size}, " if self.world_size > 1 else "") +
             f"augment={self.augment}, device={self.device}, dtype={self.dtype}, epoch={self.epoch})"
         )
 
@@ -266,6 +299,12 @@ def _check_inputs(x: torch.Tensor, y: torch.Tensor, batch_size: int, augment: Op
         height, width = x.shape[-2:]
         if augment.crop_pad >= min(height, width):
             raise ValueError(f"reflect padding needs crop_pad < image size, got {augment.crop_pad} for {height}x{width}")
+
+
+def _check_shard(batch_size: int, shuffle: bool, world_size: int) -> None:
+    if world_size > 1 and shuffle and batch_size % world_size:
+        raise ValueError(f"batch_size={batch_size} is the global batch size and must split evenly over "
+                         f"world_size={world_size} ranks; use a multiple of {world_size}")
 
 
 def _per_channel(value: Stat, channels: int, name: str) -> torch.Tensor:

@@ -17,7 +17,10 @@ from typing import Iterator, Optional, Sequence, Union
 
 import torch
 
+from speedkit.distributed import resolve_shard, shard_span
+
 from ._seeding import make_generator
+from ._sharding import GlobalBatch
 
 PathLike = Union[str, os.PathLike]
 
@@ -121,7 +124,7 @@ def _join_files(root: Path, files: Sequence[Path]) -> torch.Tensor:
     return torch.frombuffer(joined, dtype=torch.uint8)  # a bytearray is writable: no copy, no warning
 
 
-class TokenBatchLoader:
+class TokenBatchLoader(GlobalBatch):
     """Batches of (inputs, next-byte targets), both int64 [batch_size, seq_len].
 
     Training mode (shuffle=True) draws random windows; the start positions of a whole epoch
@@ -131,6 +134,11 @@ class TokenBatchLoader:
 
     Like `BatchLoader`, a fully consumed iteration advances the epoch by one, so a plain
     `for epoch ...: for x, y in loader` loop sees fresh windows; `set_epoch` overrides it.
+
+    Several processes (torchrun): like `BatchLoader`, `batch_size` is the global batch size and each
+    rank yields its slice of the same global batch (`rank` and `world_size` default to this
+    process's). In training mode the batch size must be divisible by the world size; in eval mode
+    each batch of windows is split as evenly as possible, without padding.
     """
 
     def __init__(
@@ -142,7 +150,13 @@ class TokenBatchLoader:
         shuffle: bool = True,
         seed: int = 0,
         device="cpu",
+        rank: Optional[int] = None,
+        world_size: Optional[int] = None,
     ):
+        self.rank, self.world_size = resolve_shard(rank, world_size)
+        if shuffle and batch_size % self.world_size:
+            raise ValueError(f"batch_size={batch_size} is the global batch size and must split evenly over "
+                             f"world_size={self.world_size} ranks; use a multiple of {self.world_size}")
         if data.ndim != 1:
             raise ValueError(f"data must be a 1-D tensor of tokens, got shape {list(data.shape)}")
         if seq_len < 1 or batch_size < 1:
@@ -163,6 +177,7 @@ class TokenBatchLoader:
 
     @property
     def tokens_per_batch(self) -> int:
+        """Input tokens per global batch (all ranks together)."""
         return self.batch_size * self.seq_len
 
     @property
@@ -193,7 +208,12 @@ class TokenBatchLoader:
     def _batches(self, epoch: int, batch_index: int) -> Iterator[tuple]:
         starts = self._epoch_starts(epoch)
         for b in range(batch_index, len(self)):
-            yield self._batch(starts[b * self.batch_size : (b + 1) * self.batch_size])
+            start, stop = b * self.batch_size, min((b + 1) * self.batch_size, len(starts))
+            if self.world_size > 1:  # this rank's slice of the global batch
+                start, stop = shard_span(start, stop, self.rank, self.world_size)
+                if start == stop:
+                    continue
+            yield self._batch(starts[start:stop])
         if self.epoch == epoch:  # nobody called set_epoch meanwhile
             self.epoch = epoch + 1
 
@@ -214,5 +234,6 @@ class TokenBatchLoader:
         mode = "train" if self.shuffle else "eval"
         return (
             f"TokenBatchLoader({mode}, tokens={len(self.data)}, seq_len={self.seq_len}, "
-            f"batch_size={self.batch_size}, batches={len(self)}, epoch={self.epoch})"
+            f"batch_size={self.batch_size}, batches={len(self)}, epoch={self.epoch}"
+            + (f", rank={self.rank}/{self.world_size})" if self.world_size > 1 else ")")
         )

@@ -9,9 +9,17 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 from pathlib import Path
 
 from speedkit.core.time import Time
+from speedkit.core.algorithm import _show
+
+DOMAINS = ("vision", "language")
+
+
+class RecipeFileNotFoundError(FileNotFoundError, ValueError):
+    """A recipe file that is not there: a missing file, and a bad ``recipe`` value."""
 
 
 @dataclasses.dataclass
@@ -33,15 +41,68 @@ class Recipe:
     reached: dict | None = None  # filled in by the benchmark: metric, value, time, machine
 
     def __post_init__(self):
+        """Every field is checked now, so a bad recipe (file) fails when read, naming the field."""
+        where = f"recipe {_show(self.name)}"
+        for field in ("name", "task", "model", "summary"):
+            value = getattr(self, field)
+            if not isinstance(value, str):
+                raise TypeError(f"{where}: {field} must be a string, got {type(value).__name__} {_show(value)}")
+            if field != "summary" and not value.strip():
+                raise ValueError(f"{where}: {field} must not be empty")
+        if not isinstance(self.domain, str) or self.domain not in DOMAINS:
+            raise ValueError(f"{where}: domain must be one of {DOMAINS}, got {_show(self.domain)}")
         for field in ("duration", "eval_interval"):
             try:
-                Time.from_string(getattr(self, field))
+                time = Time.from_string(getattr(self, field))
             except (ValueError, TypeError) as e:
-                raise ValueError(f"recipe {self.name!r}: {field} {getattr(self, field)!r} is not a duration: {e}") from None
-        if self.loader not in ("memory", "torch"):
-            raise ValueError(f"recipe {self.name!r}: loader must be 'memory' or 'torch', got {self.loader!r}")
-        if not isinstance(self.batch_size, int) or self.batch_size < 1:
-            raise ValueError(f"recipe {self.name!r}: batch_size must be a whole number >= 1")
+                raise ValueError(f"{where}: {field} {_show(getattr(self, field))} is not a duration: {e}") from None
+            if time.value <= 0:
+                raise ValueError(f"{where}: {field} must be longer than zero, got {getattr(self, field)!r}")
+            if field == "duration" and time.unit.value == "dur":
+                raise ValueError(f"{where}: duration {self.duration!r} is a fraction of itself; "
+                                 f"use ep, ba, sp, tok or s")
+        if not isinstance(self.loader, str) or self.loader not in ("memory", "torch"):
+            raise ValueError(f"{where}: loader must be 'memory' or 'torch', got {_show(self.loader)}")
+        if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:
+            raise ValueError(f"{where}: batch_size must be a whole number >= 1, got {_show(self.batch_size)}")
+        self._check_parts(where)
+
+    def _check_parts(self, where: str) -> None:
+        """Optimizer, schedule, methods, precision and augmentation, checked by the code that will use them."""
+        from speedkit.algorithms import build_algorithms
+        from speedkit.data import Augment
+        from speedkit.devices import PRECISIONS
+        from speedkit.optim import get_schedule
+        from speedkit.optim.factory import make_optimizer_factory
+
+        if not isinstance(self.precision, str) or self.precision not in PRECISIONS:
+            raise ValueError(f"{where}: precision must be one of {PRECISIONS}, got {_show(self.precision)}")
+        for field, expected in (("optimizer", "a dict with a 'name', e.g. {'name': 'sgd', 'lr': 0.1}"),
+                                ("methods", "a dict {method name: {parameters}}"),
+                                ("augment", "a dict such as {'crop_pad': 2, 'flip': 'random'}, or null"),
+                                ("reached", "a dict, or null")):
+            value = getattr(self, field)
+            if not isinstance(value, dict) and not (value is None and field in ("augment", "reached")):
+                raise TypeError(f"{where}: {field} must be {expected}, got {type(value).__name__} {_show(value)}")
+        name = self.optimizer.get("name")
+        if not isinstance(name, str):
+            raise TypeError(f"{where}: optimizer needs a 'name' string such as 'sgd' or 'adamw', got {_show(name)}")
+        for key, value in self.optimizer.items():
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ValueError(f"{where}: optimizer {key} must be a finite number, got {value!r}")
+        if self.augment is not None:
+            crop_pad = self.augment.get("crop_pad", 0)
+            if isinstance(crop_pad, bool) or not isinstance(crop_pad, int):
+                raise TypeError(f"{where}: augment.crop_pad must be a whole number >= 0, got {_show(crop_pad)}")
+        checks = (("optimizer", lambda: make_optimizer_factory(self.optimizer)),
+                  ("schedule", lambda: self.schedule is None or get_schedule(self.schedule)),
+                  ("methods", lambda: build_algorithms(self.methods)),
+                  ("augment", lambda: self.augment is None or Augment(**self.augment)))
+        for field, check in checks:
+            try:
+                check()
+            except (ValueError, TypeError) as e:
+                raise (TypeError if isinstance(e, TypeError) else ValueError)(f"{where}: {field}: {e}") from e
 
     def with_changes(self, **changes) -> "Recipe":
         """A copy with some fields replaced (``methods`` and ``optimizer`` dicts are merged)."""
@@ -71,12 +132,15 @@ class Recipe:
 
         path = Path(path)
         if not path.is_file():
-            raise FileNotFoundError(f"recipe file {path} does not exist")
-        data = yaml.safe_load(path.read_text())
+            raise RecipeFileNotFoundError(f"recipe file {path} does not exist")
+        try:
+            data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except (yaml.YAMLError, UnicodeDecodeError) as e:
+            raise ValueError(f"recipe file {path} is not valid YAML/JSON: {e}") from None
         if not isinstance(data, dict):
             raise ValueError(f"recipe file {path} must hold a mapping of recipe fields, got {type(data).__name__}")
         fields = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - fields)
+        unknown = sorted(map(str, set(data) - fields))
         missing = sorted(f.name for f in dataclasses.fields(cls)
                          if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
                          and f.name not in data)
@@ -138,7 +202,7 @@ RECIPES: dict[str, dict[str, Recipe]] = {
     },
     "pydocs": {
         "baseline": Recipe(
-            name="baseline", task="pydocs", domain="language", model="gpt-nano", duration="400ba", batch_size=32,
+            name="baseline", task="pydocs", domain="language", model="gpt-nano", duration="600ba", batch_size=32,
             optimizer=dict(_ADAMW), schedule={"name": "cosine", "warmup": "0.05dur"}, precision="fp32",
             loader="memory", eval_interval="100ba",
             summary="nanoGPT-style byte-level GPT: AdamW, learned positions, GELU, fp32, cosine"),
@@ -196,7 +260,12 @@ def resolve_recipe(spec, model=None) -> Recipe:
     if not isinstance(spec, str):
         raise TypeError(f"recipe must be a name such as 'mild', 'fashion-mnist:mild' or a Recipe, got {spec!r}")
     if ":" in spec:
-        return get_recipe(*spec.split(":", 1))
+        recipe = get_recipe(*spec.split(":", 1))
+        domain = model_domain(model) if model is not None else recipe.domain
+        if recipe.domain != domain:
+            raise ValueError(f"recipe {spec!r} is for {recipe.domain} models, but {type(model).__name__} is a "
+                             f"{domain} model; pick a {domain} recipe")
+        return recipe
     domain = model_domain(model) if model is not None else None
     matches = [r for recipes in RECIPES.values() for r in recipes.values()
                if r.name == spec and (domain is None or r.domain == domain)]
@@ -207,4 +276,4 @@ def resolve_recipe(spec, model=None) -> Recipe:
     return copy.deepcopy(matches[0])
 
 
-__all__ = ["RECIPES", "Recipe", "get_recipe", "model_domain", "resolve_recipe"]
+__all__ = ["RECIPES", "Recipe", "RecipeFileNotFoundError", "get_recipe", "model_domain", "resolve_recipe"]

@@ -1,0 +1,480 @@
+"""Training on several processes with PyTorch's own ``torch.distributed``: DDP by default, FSDP2 on request.
+
+speedkit adds no engine of its own. ``torchrun`` (or ``speedkit launch``, which calls it) starts one
+process per device and sets ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR`` and ``MASTER_PORT``;
+:func:`init_distributed` reads them and opens the default process group (gloo on CPU, nccl on CUDA).
+Without ``WORLD_SIZE`` (or with 1) everything here is a no-op, so the same script runs in one process.
+
+What the Trainer does with this module (``Trainer(parallel="auto" | "ddp" | "fsdp" | None)``):
+
+* **Wrapping** (:func:`wrap_model`), after the INIT surgery and before the optimizers are built.
+  ``"ddp"``: ``DistributedDataParallel``; plain ``BatchNorm1d/2d/3d`` become synchronized batch norms
+  first, so every rank normalizes with the statistics of the whole global batch (that is what makes
+  two ranks train like one process on the same global batch). ``"fsdp"``: FSDP2's ``fully_shard`` on
+  each repeated block (the elements of every ``nn.ModuleList``, e.g. a GPT's transformer blocks), then
+  on the root; parameters become sharded ``DTensor``s.
+* **Data**: each rank trains on its slice of the same global batch (the in-memory loaders take
+  ``rank``/``world_size``; the torch DataLoader path gets a ``DistributedSampler``), so the recipe's
+  batch size stays the global batch size.
+* **Numbers that must agree**: the logged train loss is :func:`all_reduce_mean`-ed; evaluation
+  metrics are summed across ranks (:func:`reduce_metrics`); whether to stop is decided together
+  (:func:`any_rank`), so a wall-clock budget or a stop request on one rank never leaves another
+  waiting in a collective.
+* **Randomness**: all ranks start from the same seed (same initial weights, same surgery), but each
+  epoch's global RNGs are seeded per rank (:func:`rank_seed`; rank 0 keeps the one-process stream),
+  so per-sample randomness (dropout, cutout holes, mixup pairs) is not repeated on every rank.
+  Loader randomness (order, crops, flips) comes from the loaders' own (seed, epoch) generators and is
+  the same global plan on every rank, each rank taking its slice.
+
+Methods across ranks (what the Trainer and the methods do so that every rank stays the same model):
+
+* ema, swa, lookahead read ``state.model``, which under DDP is the plain module (the wrapper only runs
+  the training forward): their averages have the module's own parameter names, are identical on every
+  rank (DDP keeps the weights identical; synchronized batch norms keep the statistics identical) and
+  load in one process. Under FSDP they average the local shards and are checkpointed sharded.
+* sam: its second forward/backward goes through the DDP wrapper, so its gradients are all-reduced
+  like the first; every rank perturbs by the same (all-reduced) gradient.
+* selective_backprop: each rank keeps the hardest half of its own slice; the kept counts are equal
+  and every rank still runs backward, so DDP never waits.
+* ghost_batchnorm: ghost batches are taken within each rank's slice (when the ghost size divides the
+  per-rank batch they are the very ghost batches one process would form); these layers are not
+  synchronized, so their running statistics are averaged over ranks after every step.
+* layer_freezing and stochastic_depth (mode "block", drawn per rank): the set of parameters used in
+  a step varies, so DDP runs with ``find_unused_parameters=True``; FSDP refuses them.
+* gyro_dropout: every rank trains the same masks (drawn from a generator seeded by the run's seed).
+* A method that sets weights from this rank's data at FIT_START (patch_whitening) is overridden by
+  rank 0's weights, broadcast once after FIT_START.
+
+The helpers below work whether or not a process group is open; read the rank and world size from
+them rather than from ``torch.distributed`` so that code also runs in one process.
+"""
+from __future__ import annotations
+
+import datetime
+import inspect
+import os
+from typing import Iterable
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+STRATEGIES = ("ddp", "fsdp")
+
+
+# -- where am I ----------------------------------------------------------------------------------
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    try:
+        return int(value) if value not in (None, "") else default
+    except ValueError:
+        raise ValueError(f"environment variable {name}={value!r} must be a whole number") from None
+
+
+def is_initialized() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def world_size() -> int:
+    """Processes in the run: the process group's size, else ``WORLD_SIZE`` from torchrun, else 1."""
+    return dist.get_world_size() if is_initialized() else _env_int("WORLD_SIZE", 1)
+
+
+def rank() -> int:
+    """This process's global rank (0 in a single process)."""
+    return dist.get_rank() if is_initialized() else _env_int("RANK", 0)
+
+
+def local_rank() -> int:
+    """This process's rank on its machine (``LOCAL_RANK``), which picks its GPU."""
+    return _env_int("LOCAL_RANK", 0)
+
+
+def is_main() -> bool:
+    """Rank 0: the process that logs, writes the RunRecord and (outside FSDP) the checkpoints."""
+    return rank() == 0
+
+
+def is_distributed() -> bool:
+    """A process group with more than one process is open."""
+    return is_initialized() and dist.get_world_size() > 1
+
+
+def launched_distributed() -> bool:
+    """Started by torchrun (or similar) with more than one process, whether or not the group is open yet."""
+    return world_size() > 1
+
+
+def local_device(device: str | torch.device = "auto") -> torch.device:
+    """This rank's device: ``cuda:LOCAL_RANK`` when CUDA is used, else the device as given (CPU)."""
+    if isinstance(device, str) and device in ("auto", "cuda"):
+        if torch.cuda.is_available():
+            return torch.device("cuda", local_rank() % torch.cuda.device_count())
+        if device == "cuda":
+            raise ValueError("device='cuda' was asked for but CUDA is not available here")
+        return torch.device("cpu")
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", local_rank() % torch.cuda.device_count())
+    return device
+
+
+def init_distributed(backend: str | None = None, device: str | torch.device | None = None,
+                     timeout_s: float | None = None) -> bool:
+    """Open the default process group from torchrun's environment; returns whether one is open.
+
+    A no-op (returning False) when ``WORLD_SIZE`` is unset or 1, and when a group is already open
+    (returning True). ``backend`` defaults to nccl for a CUDA device and gloo otherwise.
+    """
+    if is_initialized():
+        return True
+    if _env_int("WORLD_SIZE", 1) <= 1:
+        return False
+    missing = [name for name in ("RANK", "MASTER_ADDR", "MASTER_PORT") if name not in os.environ]
+    if missing:
+        raise ValueError(f"WORLD_SIZE={os.environ['WORLD_SIZE']} but {', '.join(missing)} is not set; start "
+                         f"the script with torchrun (or `speedkit launch -n N script.py`), which sets them")
+    device = local_device(device or "auto")
+    if backend is None:
+        backend = "nccl" if device.type == "cuda" else "gloo"
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    kwargs = {"timeout": datetime.timedelta(seconds=timeout_s)} if timeout_s else {}
+    if backend == "nccl":
+        kwargs["device_id"] = device
+    dist.init_process_group(backend, **kwargs)
+    return True
+
+
+def barrier() -> None:
+    if is_distributed():
+        dist.barrier()
+
+
+def rank_seed(seed: int) -> int:
+    """The seed of this rank's global RNGs: ``seed`` itself on rank 0, a distinct stream on every other."""
+    r = rank()
+    if r == 0:
+        return seed
+    from speedkit.data._seeding import derive_seed
+
+    return derive_seed(abs(int(seed)), r)
+
+
+# -- data sharding -------------------------------------------------------------------------------
+def resolve_shard(rank_: int | None = None, world_size_: int | None = None) -> tuple[int, int]:
+    """A loader's (rank, world_size): as given, else this process's (from torchrun's environment)."""
+    world = world_size() if world_size_ is None else int(world_size_)
+    if rank_ is not None:
+        r = int(rank_)
+    else:  # this process's rank, unless an explicit world size says the loader is not this run's split
+        r = rank() if world == world_size() else 0
+    if world < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size_}")
+    if not 0 <= r < world:
+        raise ValueError(f"rank must be in [0, world_size={world}), got {r}")
+    return r, world
+
+
+def shard_span(start: int, stop: int, rank_: int, world_size_: int) -> tuple[int, int]:
+    """This rank's contiguous part of positions [start, stop): sizes differ by at most one, the first
+    ranks taking the extra ones (``torch.tensor_split``'s rule); the parts cover the range exactly once."""
+    size = stop - start
+    base, extra = divmod(size, world_size_)
+    lo = start + rank_ * base + min(rank_, extra)
+    return lo, lo + base + (1 if rank_ < extra else 0)
+
+
+# -- collectives (identity in one process) -------------------------------------------------------
+def all_reduce_mean(tensor: torch.Tensor) -> torch.Tensor:
+    """The mean of ``tensor`` over all ranks (a new tensor; ``tensor`` itself when not distributed)."""
+    if not is_distributed():
+        return tensor
+    out = tensor.detach().clone()
+    dist.all_reduce(out, op=dist.ReduceOp.SUM)
+    return out / dist.get_world_size()
+
+
+def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
+    if not is_distributed():
+        return tensor
+    out = tensor.detach().clone()
+    dist.all_reduce(out, op=dist.ReduceOp.SUM)
+    return out
+
+
+def any_rank(flag: bool) -> bool:
+    """True on every rank when ``flag`` is true on at least one (decisions all ranks must share)."""
+    if not is_distributed():
+        return bool(flag)
+    t = torch.tensor([1 if flag else 0], dtype=torch.int32, device=_collective_device())
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item())
+
+
+def broadcast_object(obj, src: int = 0):
+    """``obj`` as rank ``src`` has it, on every rank (pickled over the wire, never read from a file)."""
+    if not is_distributed():
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]
+
+
+def all_gather_object(obj) -> list:
+    if not is_distributed():
+        return [obj]
+    out = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def _collective_device() -> torch.device:
+    """nccl only moves CUDA tensors; gloo only CPU ones."""
+    if is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+@torch.no_grad()
+def reduce_metrics(metrics: Iterable) -> None:
+    """Sum every metric's additive state (``Metric.sum_states``) over the ranks, in one all-reduce.
+
+    Each rank has evaluated its own shard of the eval set; after this every rank holds the state of
+    the whole set, so ``compute()`` gives the one-process value. A metric without ``sum_states``
+    cannot be combined and is refused with a message naming it.
+    """
+    metrics = list(metrics)
+    if not is_distributed() or not metrics:
+        return
+    for m in metrics:
+        if not getattr(m, "sum_states", None):
+            raise TypeError(f"metric {type(m).__name__} cannot be reduced across ranks: give it `sum_states`, "
+                            f"the names of its additive attributes (as speedkit.metrics.Accuracy does)")
+    values = [float(getattr(m, name)) for m in metrics for name in m.sum_states]
+    t = torch.tensor(values, dtype=torch.float64, device=_collective_device())
+    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    flat = iter(t.tolist())
+    for m in metrics:
+        for name in m.sum_states:
+            old = getattr(m, name)
+            value = next(flat)
+            setattr(m, name, int(round(value)) if isinstance(old, int) else value)
+
+
+@torch.no_grad()
+def average_buffers(module: nn.Module) -> None:
+    """Average floating-point buffers (running statistics of unsynchronized batch norms) over ranks,
+    and give integer buffers rank 0's values, so evaluation and weight averages see one model."""
+    if not is_distributed():
+        return
+    buffers = [b for b in module.buffers() if b.numel() and not _is_dtensor(b)]
+    floats = [b for b in buffers if b.is_floating_point()]
+    others = [b for b in buffers if not b.is_floating_point()]
+    for group, op in ((floats, "mean"), (others, "broadcast")):
+        for dtype in _dtypes(group):  # the same order on every rank
+            same = [b for b in group if b.dtype == dtype]
+            flat = torch.cat([b.reshape(-1) for b in same]).to(_collective_device())
+            if op == "mean":
+                dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+                flat /= dist.get_world_size()
+            else:
+                dist.broadcast(flat, src=0)
+            offset = 0
+            for b in same:
+                b.copy_(flat[offset:offset + b.numel()].view_as(b))
+                offset += b.numel()
+
+
+@torch.no_grad()
+def broadcast_module(module: nn.Module, src: int = 0) -> None:
+    """Give every rank rank ``src``'s parameters and buffers (after a method changed weights per rank)."""
+    if not is_distributed():
+        return
+    tensors = [t for t in list(module.parameters()) + list(module.buffers()) if t.numel() and not _is_dtensor(t)]
+    for dtype in _dtypes(tensors):  # the same order on every rank
+        same = [t for t in tensors if t.dtype == dtype]
+        flat = torch.cat([t.detach().reshape(-1) for t in same]).to(_collective_device())
+        dist.broadcast(flat, src=src)
+        offset = 0
+        for t in same:
+            t.copy_(flat[offset:offset + t.numel()].view_as(t))
+            offset += t.numel()
+
+
+def _dtypes(tensors) -> list:
+    """The dtypes among ``tensors`` in a fixed order (a set's order differs between processes)."""
+    return sorted({t.dtype for t in tensors}, key=str)
+
+
+def _is_dtensor(t) -> bool:
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # pragma: no cover
+        return False
+    return isinstance(t, DTensor)
+
+
+# -- synchronized batch norm ---------------------------------------------------------------------
+class _AllReduceSum(torch.autograd.Function):
+    """A sum over ranks whose gradient is the sum over ranks of the incoming gradients."""
+
+    @staticmethod
+    def forward(ctx, tensor):
+        out = tensor.clone()
+        dist.all_reduce(out, op=dist.ReduceOp.SUM)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.contiguous().clone()
+        dist.all_reduce(grad, op=dist.ReduceOp.SUM)
+        return grad
+
+
+class CpuSyncBatchNorm(nn.modules.batchnorm._BatchNorm):
+    """Batch norm over the whole global batch for devices torch's ``SyncBatchNorm`` refuses (CPU/gloo).
+
+    In training it all-reduces the per-channel sum, then the sum of squared deviations from the global
+    mean (two passes, as exact as one process), with an all-reduce whose backward is an all-reduce
+    too, so the backward pass is the one-process backward too. In eval mode, or in one process,
+    it is plain batch norm. Same parameters and buffers as ``BatchNorm*d``: checkpoints load either way.
+    """
+
+    def _check_input_dim(self, input):
+        if input.dim() < 2:
+            raise ValueError(f"expected at least 2D input (got {input.dim()}D input)")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not (self.training and is_distributed()):
+            return super().forward(x)
+        dims = [0, *range(2, x.dim())]
+        shape = [1, x.shape[1]] + [1] * (x.dim() - 2)
+        xf = x.float()
+        # the sample count rides along with the sums: one all-reduce for both
+        sums = _AllReduceSum.apply(torch.cat([xf.sum(dims), xf.new_tensor([x.numel() // x.shape[1]])]))
+        n = float(sums[-1].item())
+        mean = sums[:-1] / n
+        centered = xf - mean.view(shape)
+        var = _AllReduceSum.apply((centered * centered).sum(dims)) / n
+        if self.track_running_stats:
+            with torch.no_grad():
+                self.num_batches_tracked.add_(1)
+                factor = (1.0 / float(self.num_batches_tracked)) if self.momentum is None else self.momentum
+                self.running_mean.lerp_(mean.detach().to(self.running_mean.dtype), factor)
+                unbiased = var.detach() * (n / max(n - 1.0, 1.0))
+                self.running_var.lerp_(unbiased.to(self.running_var.dtype), factor)
+        out = centered * torch.rsqrt(var + self.eps).view(shape)
+        if self.affine:
+            out = out * self.weight.view(shape) + self.bias.view(shape)
+        return out.to(x.dtype)
+
+
+_PLAIN_BATCHNORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
+
+
+def convert_sync_batchnorm(module: nn.Module, device: torch.device) -> int:
+    """Replace every plain ``BatchNorm1d/2d/3d`` (exact class) by a synchronized one, in place; returns how
+    many. CUDA gets ``torch.nn.SyncBatchNorm``, other devices :class:`CpuSyncBatchNorm`. Subclasses
+    (ghost batch norm, whose point is per-virtual-batch statistics) are left as they are."""
+    sync_cls = nn.SyncBatchNorm if device.type == "cuda" else CpuSyncBatchNorm
+    count = 0
+    for parent in list(module.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) not in _PLAIN_BATCHNORMS:
+                continue
+            new = sync_cls(child.num_features, child.eps, child.momentum, child.affine, child.track_running_stats)
+            if child.affine:
+                new.weight, new.bias = child.weight, child.bias  # the same Parameter objects
+            if child.track_running_stats:
+                new.running_mean, new.running_var = child.running_mean, child.running_var
+                new.num_batches_tracked = child.num_batches_tracked
+            new.train(child.training)
+            setattr(parent, name, new)
+            count += 1
+    return count
+
+
+def has_unsynchronized_batchnorm(module: nn.Module) -> bool:
+    """Batch norms whose running statistics drift apart across ranks (ghost batch norm, or no sync)."""
+    return any(isinstance(m, nn.modules.batchnorm._BatchNorm)
+               and not isinstance(m, (nn.SyncBatchNorm, CpuSyncBatchNorm)) and m.track_running_stats
+               for m in module.modules())
+
+
+# -- wrapping ------------------------------------------------------------------------------------
+def check_strategy(strategy: str) -> str:
+    if strategy not in STRATEGIES:
+        raise ValueError(f"parallel strategy must be one of {STRATEGIES} (or None / 'auto' for the Trainer), "
+                         f"got {strategy!r}")
+    return strategy
+
+
+def resolve_strategy(parallel: str | None) -> str | None:
+    """The Trainer's ``parallel`` argument: "auto" is "ddp" when launched with WORLD_SIZE > 1, else None."""
+    if parallel is None:
+        return None
+    if parallel == "auto":
+        return "ddp" if launched_distributed() else None
+    return check_strategy(parallel)
+
+
+def shard_units(model: nn.Module) -> list[nn.Module]:
+    """The modules FSDP2 shards one by one: every element of every ``nn.ModuleList`` (transformer
+    blocks) or, in a model without one, every direct child with parameters. A unit sharing a parameter
+    with the rest of the model (a tied embedding) is left to the root."""
+    lists = [m for m in model.modules() if isinstance(m, nn.ModuleList)]
+    candidates = [m for lst in lists for m in lst] if lists else list(model.children())
+    units = []
+    for unit in candidates:
+        own = {id(p) for p in unit.parameters()}
+        if not own:
+            continue
+        inside = {id(m) for m in unit.modules()}
+        shared = any(id(p) in own for m in model.modules() if id(m) not in inside
+                     for p in m.parameters(recurse=False))
+        if not shared:
+            units.append(unit)
+    return units
+
+
+def wrap_model(model: nn.Module, strategy: str, device: torch.device | str, *,
+               find_unused_parameters: bool = False, sync_batchnorm: bool = True) -> nn.Module:
+    """Wrap ``model`` (already on ``device``) for ``strategy`` ("ddp" or "fsdp"); needs an open process group.
+
+    "ddp" returns a ``DistributedDataParallel`` around the model (which stays reachable as ``.module``);
+    "fsdp" shards the model in place with ``fully_shard`` and returns it. With ``sync_batchnorm`` plain
+    batch norms are converted first (see :func:`convert_sync_batchnorm`). ``find_unused_parameters`` is
+    for models whose set of parameters used per step varies (layer freezing, per-batch stochastic depth).
+    """
+    strategy = check_strategy(strategy)
+    if not is_initialized():
+        raise RuntimeError("wrap_model needs a process group: start under torchrun and call init_distributed()")
+    device = torch.device(device)
+    if sync_batchnorm:
+        convert_sync_batchnorm(model, device)
+    if strategy == "ddp":
+        from torch.nn.parallel import DistributedDataParallel
+
+        # Buffers are not broadcast before every forward: synchronized batch norms keep them equal, and the
+        # Trainer averages what is left (ghost batch norm) after each step. Init still syncs from rank 0.
+        sync = ({"forward_sync_buffers": False}
+                if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
+                else {"broadcast_buffers": False})
+        return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
+                                       find_unused_parameters=find_unused_parameters, **sync)
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    # DDP broadcasts rank 0's weights when it wraps; fully_shard keeps each rank's own, so make them one model.
+    broadcast_module(model)
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    for unit in shard_units(model):
+        fully_shard(unit, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The module inside a DDP wrapper (FSDP2 shards in place, so its model is already the module)."""
+    return getattr(model, "module", model) if type(model).__name__ == "DistributedDataParallel" else model

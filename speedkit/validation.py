@@ -1,0 +1,374 @@
+"""Checks of what a user hands the Trainer: its arguments when it is built, and the first batch against the model.
+
+Every refusal is a ValueError (a value out of bounds) or a TypeError (the wrong kind of thing) whose
+message starts with the argument's name and says what was expected. ``check_trainer_arguments`` runs
+once in ``Trainer.__init__``; the first-batch checks run on the first training step of a fit only, so
+every later step pays nothing for them.
+"""
+from __future__ import annotations
+
+import math
+import os
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import torch
+
+from speedkit.core.algorithm import _show as show  # repr cut short, never failing
+from speedkit.core.time import Time, TimeUnit
+
+_DEVICE = re.compile(r"^(auto|cpu|mps|cuda(:(0|[1-9][0-9]{0,3}))?)$")
+_DEVICE_TYPES = ("cpu", "cuda", "mps")
+_INDEX_DTYPES = (torch.int64, torch.uint8)  # the class-index dtypes F.cross_entropy takes
+IGNORE_INDEX = -100  # F.cross_entropy's default: labels equal to it are left out of the loss
+
+
+
+
+def _kind(value: Any) -> str:
+    return f"{type(value).__name__} {show(value)}"
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+# -- single arguments ---------------------------------------------------------------------------
+def check_duration(name: str, value: Any, *, optional: bool, fraction_ok: bool) -> Time | None:
+    """A positive duration (``"3ep"``, ``"500ba"``, ``"0.25dur"`` if ``fraction_ok``, ``"90s"``) or a Time."""
+    if value is None:
+        if optional:
+            return None
+        raise TypeError(f"{name} must be a duration such as '1ep', '500ba' or '0.25dur', got None")
+    if isinstance(value, bool) or not isinstance(value, (str, Time)):
+        hint = (f"; a bare number has no unit: write e.g. '{show(value)}ep' or '{show(value)}ba'"
+                if _is_number(value) else "")
+        raise TypeError(f"{name} must be a duration string such as '3ep', '500ba' or '90s' (or a Time), "
+                        f"got {_kind(value)}{hint}")
+    try:
+        time = Time.from_input(value)
+    except (ValueError, TypeError) as e:
+        raise type(e)(f"{name}: {e}") from None
+    if time.unit is TimeUnit.DURATION and not fraction_ok:
+        raise ValueError(f"{name}={time} is a fraction of the run itself; give it in ep, ba, sp, tok or s")
+    if time.value <= 0:
+        raise ValueError(f"{name} must be longer than zero, got {show(value)}")
+    return time
+
+
+def check_whole(name: str, value: Any, low: int = 1, high: int | None = None) -> int:
+    """A whole number (not a bool) in ``[low, high]``."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be a whole number >= {low}, got {_kind(value)}")
+    if value < low or (high is not None and value > high):
+        bounds = f"in [{low}, {high}]" if high is not None else f">= {low}"
+        raise ValueError(f"{name} must be a whole number {bounds}, got {show(value)}")
+    return int(value)
+
+
+def check_loader(name: str, loader: Any, *, optional: bool = True) -> None:
+    """An iterable of batches (a DataLoader or speedkit loader) that is not known to be empty."""
+    if loader is None:
+        if optional:
+            return
+        raise TypeError(f"{name} must be an iterable of batches such as a DataLoader, got None")
+    if isinstance(loader, torch.utils.data.Dataset) and not isinstance(loader, torch.utils.data.IterableDataset):
+        raise TypeError(f"{name} got a {type(loader).__name__} (a dataset, which yields single samples); "
+                        f"wrap it in a DataLoader: torch.utils.data.DataLoader(dataset, batch_size=...)")
+    if isinstance(loader, (str, bytes, Mapping, torch.Tensor)) or not isinstance(loader, Iterable):
+        raise TypeError(f"{name} must be an iterable of batches such as a DataLoader, got {_kind(loader)}")
+    try:
+        size = len(loader)
+    except (TypeError, NotImplementedError):  # no length (a generator, an iterable dataset's loader)
+        return
+    if size == 0:
+        raise ValueError(f"{name} is empty: it yields no batches (is the dataset empty, or smaller than the "
+                         f"batch size with drop_last=True?)")
+
+
+def _check_device(device: Any) -> None:
+    if isinstance(device, torch.device):
+        if device.type not in _DEVICE_TYPES:
+            raise ValueError(f"device must be one of 'auto', 'cpu', 'cuda[:N]', 'mps', got torch.device({device})")
+        return
+    if not isinstance(device, str):
+        raise TypeError(f"device must be 'auto', 'cpu', 'cuda', 'cuda:N', 'mps' or a torch.device, got {_kind(device)}")
+    if not _DEVICE.match(device):
+        raise ValueError(f"device must be one of ('auto', 'cpu', 'cuda', 'mps') (optionally 'cuda:N'), "
+                         f"got {show(device)}")
+    index = int(device.partition(":")[2] or 0)
+    if device.startswith("cuda") and torch.cuda.is_available() and index >= torch.cuda.device_count():
+        raise ValueError(f"device={device!r}: this machine has {torch.cuda.device_count()} CUDA device(s), "
+                         f"cuda:0 to cuda:{torch.cuda.device_count() - 1}")
+
+
+def _check_stop_at(stop_at: Any, has_evaluation: bool) -> None:
+    if stop_at is None:
+        return
+    example = "('eval/accuracy', 0.92) or {'metric': 'eval/accuracy', 'value': 0.92}"
+    if isinstance(stop_at, Mapping):
+        keys = set(stop_at)
+        if keys != {"metric", "value"}:
+            raise ValueError(f"stop_at as a dict needs exactly the keys 'metric' and 'value' ({example}), "
+                             f"got keys {sorted(map(show, keys))}")
+        metric, value = stop_at["metric"], stop_at["value"]
+    elif isinstance(stop_at, (tuple, list)):
+        if len(stop_at) != 2:
+            raise ValueError(f"stop_at must be a pair (metric, value) such as {example}, got {show(stop_at)}")
+        metric, value = stop_at
+    else:
+        raise TypeError(f"stop_at must be a pair (metric, value) such as {example}, got {_kind(stop_at)}")
+    if not isinstance(metric, str) or "/" not in metric:
+        raise ValueError(f"stop_at's metric must be a logged name such as 'eval/accuracy', got {_kind(metric)}")
+    if not _is_number(value) or not math.isfinite(value):
+        raise TypeError(f"stop_at's value must be a finite number (the target for {metric}), got {_kind(value)}")
+    if not has_evaluation:
+        raise ValueError(f"stop_at={show(stop_at)} needs evaluation to see {metric}: pass eval_dataloader "
+                         f"or evaluators")
+
+
+def _check_sequence(name: str, items: Any, ok, expected: str) -> None:
+    if isinstance(items, (str, bytes, Mapping)) or not isinstance(items, Iterable):
+        raise TypeError(f"{name} must be a list of {expected}, got {_kind(items)}")
+    if not isinstance(items, (list, tuple)):
+        return  # a one-shot iterable: looking would use it up
+    for i, item in enumerate(items):
+        if not ok(item):
+            raise TypeError(f"{name}[{i}] must be {expected}, got {_kind(item)}")
+
+
+def _is_path(value: Any) -> bool:
+    return isinstance(value, (str, os.PathLike))
+
+
+# -- the Trainer's arguments --------------------------------------------------------------------
+def check_trainer_arguments(args: Mapping[str, Any]) -> None:
+    """Check ``Trainer.__init__``'s arguments (its ``locals()``); raise on the first bad one.
+
+    Arguments this function does not know are left to the Trainer.
+    """
+    from speedkit.callbacks import NaNGuard
+    from speedkit.core.algorithm import Algorithm
+    from speedkit.devices import PRECISIONS
+    from speedkit.metrics import Evaluator
+    from speedkit.recipes import Recipe
+
+    get = args.get
+    if not isinstance(get("model"), torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(get('model')).__name__}")
+    check_loader("train_dataloader", get("train_dataloader"))
+    check_loader("eval_dataloader", get("eval_dataloader"))
+    evaluators = get("evaluators", ())
+    _check_sequence("evaluators", evaluators, lambda e: isinstance(e, Evaluator), "speedkit.metrics.Evaluator objects")
+    for i, evaluator in enumerate(evaluators if isinstance(evaluators, (list, tuple)) else ()):
+        check_loader(f"evaluators[{i}].dataloader", evaluator.dataloader, optional=False)
+
+    max_duration = check_duration("max_duration", get("max_duration"), optional=True, fraction_ok=False)
+    check_duration("eval_interval", get("eval_interval", "1ep"), optional=False, fraction_ok=True)
+    check_duration("save_interval", get("save_interval"), optional=True, fraction_ok=True)
+
+    check_whole("grad_accum", get("grad_accum", 1))
+    check_whole("log_interval", get("log_interval", 1))
+    check_whole("keep_checkpoints", get("keep_checkpoints", 1))
+    microbatch_size = get("microbatch_size")
+    if microbatch_size is not None and not (isinstance(microbatch_size, str) and microbatch_size == "auto"):
+        if isinstance(microbatch_size, str):
+            raise ValueError(f"microbatch_size must be a whole number >= 1, 'auto' or None, "
+                             f"got {show(microbatch_size)}")
+        check_whole("microbatch_size", microbatch_size)
+    check_whole("seed", get("seed", 0), low=0, high=2**32 - 1)
+
+    scale = get("schedule_scale", 1.0)
+    if not _is_number(scale):
+        raise TypeError(f"schedule_scale must be a positive number, got {_kind(scale)}")
+    if not (math.isfinite(scale) and scale > 0):
+        raise ValueError(f"schedule_scale must be a positive finite number, got {show(scale)}")
+    if max_duration is not None:
+        try:
+            scaled = max_duration * float(scale)
+        except (ValueError, OverflowError) as e:
+            raise ValueError(f"schedule_scale={show(scale)} stretches max_duration={max_duration} too far: "
+                             f"{e}") from None
+        if scaled.value <= 0:
+            raise ValueError(f"schedule_scale={show(scale)} shrinks max_duration={max_duration} to nothing; "
+                             f"use a larger scale or a longer max_duration")
+
+    precision = get("precision")
+    if precision is not None:
+        if not isinstance(precision, str):
+            raise TypeError(f"precision must be one of {PRECISIONS} or None, got {_kind(precision)}")
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {PRECISIONS}, got {show(precision)}")
+    _check_device(get("device", "auto"))
+    nan_policy = get("nan_policy")
+    if nan_policy is not None and (not isinstance(nan_policy, str) or nan_policy not in NaNGuard.POLICIES):
+        raise ValueError(f"nan_policy must be one of {NaNGuard.POLICIES} or None, got {_kind(nan_policy)}")
+    has_evaluation = get("eval_dataloader") is not None or not isinstance(evaluators, (list, tuple)) or bool(evaluators)
+    _check_stop_at(get("stop_at"), has_evaluation)
+
+    recipe = get("recipe")
+    if recipe is not None and not isinstance(recipe, Recipe):
+        if not isinstance(recipe, str):
+            raise TypeError(f"recipe must be a name such as 'mild', 'fashion-mnist:mild' or a Recipe, "
+                            f"got {_kind(recipe)}")
+        if not recipe.strip():
+            raise ValueError("recipe must be a name such as 'mild' or 'fashion-mnist:mild', got ''")
+
+    algorithms = get("algorithms")
+    if algorithms is not None:
+        _check_sequence("algorithms", algorithms, lambda a: isinstance(a, Algorithm),
+                        "Algorithm objects (speedkit.algorithms.get_algorithm('name', ...) builds one by name)")
+    _check_sequence("callbacks", get("callbacks", ()), lambda c: callable(getattr(c, "run_event", None)),
+                    "speedkit.callbacks.Callback objects")
+    _check_sequence("loggers", get("loggers", ()),
+                    lambda d: all(callable(getattr(d, m, None)) for m in ("log_metrics", "log_text", "close")),
+                    "speedkit.loggers.LoggerDestination objects")
+    loss_fn = get("loss_fn")
+    if loss_fn is not None and not callable(loss_fn):
+        raise TypeError(f"loss_fn must be callable as loss_fn(outputs, targets), got {_kind(loss_fn)}")
+
+    for flag in ("deterministic", "save_checkpoints", "autoresume", "progress_bar", "console"):
+        if flag in args and not isinstance(args[flag], bool):
+            raise TypeError(f"{flag} must be True or False, got {_kind(args[flag])}")
+    run_name = get("run_name")
+    if run_name is not None:
+        if not isinstance(run_name, str):
+            raise TypeError(f"run_name must be a string (a folder name under run_dir) or None, got {_kind(run_name)}")
+        if run_name.strip() in (".", "..") or "\x00" in run_name:
+            raise ValueError(f"run_name must name a folder under run_dir, got {show(run_name)}")
+    if not _is_path(get("run_dir", "runs")):
+        raise TypeError(f"run_dir must be a path (str or os.PathLike), got {_kind(get('run_dir'))}")
+    for name in ("save_folder", "load_path"):
+        if get(name) is not None and not _is_path(get(name)):
+            raise TypeError(f"{name} must be a path (str or os.PathLike) or None, got {_kind(get(name))}")
+    if get("config") is not None and not isinstance(get("config"), Mapping):
+        raise TypeError(f"config must be a dict or None, got {_kind(get('config'))}")
+
+
+# -- the first training batch -------------------------------------------------------------------
+def describe(value: Any) -> str:
+    """A batch (or part of one) as shapes and dtypes: ``([32, 1, 28, 28] float32, [32] int64)``."""
+    if isinstance(value, torch.Tensor):
+        return f"{list(value.shape)} {str(value.dtype).removeprefix('torch.')}"
+    if isinstance(value, (list, tuple)):
+        inner = ", ".join(describe(v) for v in value[:4]) + (", ..." if len(value) > 4 else "")
+        return f"({inner})" if isinstance(value, tuple) else f"[{inner}]"
+    if isinstance(value, Mapping):
+        return "{" + ", ".join(f"{show(k, 20)}: {describe(v)}" for k, v in list(value.items())[:4]) + "}"
+    return _kind(value)
+
+
+def _model_name(model: torch.nn.Module) -> str:
+    return type(model).__name__
+
+
+def check_first_batch(state, tokens: int) -> None:
+    """The first batch a fit trains on: it holds samples, and carries tokens if durations count them.
+
+    A duration in ``tok`` over batches without tokens (or ``sp`` over empty batches) would never end.
+    """
+    batch = state.batch
+    first = batch[0] if isinstance(batch, (list, tuple)) and batch else batch
+    if not isinstance(first, torch.Tensor) or first.dim() == 0:
+        raise TypeError(f"train_dataloader's batches must be a tensor or a tuple (inputs, targets, ...) whose "
+                        f"first item is a batched tensor [batch, ...]; the first batch is {describe(batch)}")
+    if first.shape[0] == 0:
+        raise ValueError(f"train_dataloader's first batch holds no samples: {describe(batch)}")
+    if tokens == 0 and not state.tokens_per_batch:
+        in_tokens = [("max_duration", state.max_duration)]
+        in_tokens += [(f"eval_interval of evaluator {ev.label!r}", ev.interval) for ev in state.evaluators]
+        in_tokens += [("save_interval", cb.interval.every) for cb in state.callbacks
+                      if type(cb).__name__ == "CheckpointSaver"]
+        for name, time in in_tokens:
+            if time is not None and time.unit is TimeUnit.TOKEN:
+                raise ValueError(f"{name}={time} counts tokens, but the batches carry none (their inputs "
+                                 f"{describe(first)} are not integer token ids); give it in ep, ba, sp or s")
+
+
+def check_first_outputs(state, default_loss: bool) -> None:
+    """Before the first loss: with the default cross-entropy, the labels must fit the model's outputs.
+
+    Index labels ``[B]`` (or ``[B, T]``) in ``[0, classes)``, or class probabilities shaped like the logits.
+    Checked here rather than left to ``F.cross_entropy``, whose errors (an IndexError on CPU, a device-side
+    assert on CUDA) do not say which batch or model.
+    """
+    if not default_loss:
+        return
+    batch, outputs, model = state.batch, state.outputs, _model_name(state.model)
+    custom = "or pass loss_fn=... for a different loss"
+    if not isinstance(batch, (list, tuple)) or len(batch) < 2:
+        raise ValueError(f"the default cross-entropy loss needs (inputs, targets) batches, but the first batch is "
+                         f"{describe(batch)}; yield (inputs, labels) from the loader, {custom}")
+    if not isinstance(outputs, torch.Tensor) or not outputs.is_floating_point() or outputs.dim() < 2:
+        raise ValueError(f"{model} returned {describe(outputs)} for inputs {describe(batch[0])}; the default "
+                         f"cross-entropy loss needs logits [batch, classes] (or [batch, time, classes]); "
+                         f"return logits, {custom}")
+    classes = outputs.shape[-1]
+    if classes < 2:
+        raise ValueError(f"{model} outputs {classes} class score per sample (logits {describe(outputs)}): "
+                         f"cross-entropy over one class is always zero, so nothing would train; give the model "
+                         f"one output per class, {custom}")
+    targets = batch[1]
+    expected = (f"class indices of shape {list(outputs.shape[:-1])} in [0, {classes - 1}] or class probabilities "
+                f"of shape {list(outputs.shape)}")
+    where = f"the first batch's labels {describe(targets)} do not fit {model}, which outputs {classes} classes " \
+            f"(logits {describe(outputs)})"
+    if not isinstance(targets, torch.Tensor):
+        raise TypeError(f"the first batch's labels are {_kind(targets)}; expected a tensor of {expected}")
+    if targets.is_floating_point():
+        if targets.shape != outputs.shape:
+            raise ValueError(f"{where}: float labels are class probabilities and must have shape "
+                             f"{list(outputs.shape)}; for class indices use an integer tensor of shape "
+                             f"{list(outputs.shape[:-1])}")
+        if not bool(torch.isfinite(targets).all()) or bool((targets < 0).any()):
+            raise ValueError(f"{where}: class probabilities must be finite and >= 0")
+        return
+    if targets.dtype not in _INDEX_DTYPES:
+        hint = "; convert them with labels.long()" if not targets.is_complex() and targets.dtype != torch.bool else ""
+        raise TypeError(f"{where}: labels of dtype {str(targets.dtype).removeprefix('torch.')}; expected int64 "
+                        f"{expected}{hint}")
+    if targets.shape != outputs.shape[:-1]:
+        raise ValueError(f"{where}: expected {expected}")
+    indices = targets.long()
+    valid = ((indices >= 0) & (indices < classes)) | (indices == IGNORE_INDEX)
+    if not bool(valid.all()):
+        bad = indices[~valid]
+        raise ValueError(f"{where}: {bad.numel()} of {targets.numel()} labels are outside [0, {classes - 1}] "
+                         f"(from {int(bad.min())} to {int(bad.max())}); class indices must be in [0, {classes - 1}] "
+                         f"({IGNORE_INDEX} marks positions to ignore)")
+
+
+def check_first_loss(state) -> None:
+    """The first loss must be a single number that backward can start from."""
+    loss = state.loss
+    if not isinstance(loss, torch.Tensor):
+        raise TypeError(f"the loss must be a scalar tensor, but the loss function returned {_kind(loss)}")
+    if loss.numel() != 1 or not loss.is_floating_point():
+        raise ValueError(f"the loss must be a single floating-point number (a mean over the batch), but the loss "
+                         f"function returned a tensor {describe(loss)}; reduce it with .mean()")
+    if not loss.requires_grad and not state.skip_step:
+        raise ValueError(f"the loss on the first batch does not depend on any trainable parameter of "
+                         f"{_model_name(state.model)} (it has no gradient); is the forward pass run under "
+                         f"torch.no_grad() or are its outputs detached?")
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """CUDA's OutOfMemoryError, or another backend's RuntimeError that says 'out of memory' (MPS, HIP)."""
+    return isinstance(error, torch.OutOfMemoryError) or "out of memory" in str(error).lower()
+
+
+def explain_first_batch_error(state, stage: str, error: Exception) -> None:
+    """The first step's forward or loss failed: raise it again as a ValueError that names the batch's
+    shapes and the model. Out-of-memory errors are left alone (``microbatch_size="auto"`` handles them)."""
+    if is_out_of_memory(error):
+        return
+    model, batch = _model_name(state.model), state.batch
+    if stage == "forward":
+        inputs = batch[0] if isinstance(batch, (list, tuple)) and batch else batch
+        message = (f"the first training batch does not fit the model: {model} raised {type(error).__name__} on "
+                   f"inputs {describe(inputs)} (the whole batch is {describe(batch)}): {error}")
+    else:
+        message = (f"the loss failed on the first training batch: {type(error).__name__}: {error} — {model} "
+                   f"returned {describe(state.outputs)} and the batch is {describe(batch)}")
+    raise ValueError(message) from error

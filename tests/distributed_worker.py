@@ -1,0 +1,153 @@
+"""What tests/test_distributed.py runs on two CPU processes (torchrun, gloo), and the builders it shares
+with the one-process runs it compares against.
+
+Run as ``torchrun --nproc-per-node 2 tests/distributed_worker.py OUT_DIR [SCENARIO ...]``; each scenario
+writes its findings as JSON (rank 0) into OUT_DIR. One launch runs them all, because starting two
+Python processes that import torch costs more than the training itself.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from speedkit import Trainer, distributed
+from speedkit.algorithms import EMA
+from speedkit.data import Augment, TokenBatchLoader, fashion_mnist_loaders
+from speedkit.metrics import Accuracy, CrossEntropy, Evaluator
+from speedkit.models import get_model
+
+STEPS = 10
+LR = 0.01
+GLOBAL_BATCH = 64
+EVAL_BATCH = 128  # 300 eval images: 128, 128, 44 globally, split unevenly on the last batch
+
+
+def resnet_trainer(run_dir, run_name: str, steps: int = STEPS, **kwargs) -> Trainer:
+    """The small ResNet on a real Fashion-MNIST slice, with the same seed, data and augmentations in one
+    process or in several (where each rank takes its slice of every global batch)."""
+    torch.manual_seed(0)
+    model = get_model("resnet8", num_classes=10)
+    train, test = fashion_mnist_loaders(batch_size=GLOBAL_BATCH, eval_batch_size=EVAL_BATCH, data_fraction=0.02,
+                                        eval_fraction=0.03, seed=0, augment=Augment(crop_pad=2, flip="random"))
+    return Trainer(model, train, evaluators=[Evaluator(test, {"accuracy": Accuracy(), "loss": CrossEntropy()})],
+                   max_duration=f"{steps}ba", eval_interval="1000ba", log_interval=1, device="cpu",
+                   precision="fp32", seed=0, deterministic=True, run_dir=run_dir, run_name=run_name,
+                   optimizers=lambda p: torch.optim.SGD(p, lr=LR, momentum=0.9, nesterov=True, weight_decay=5e-4),
+                   algorithms=[EMA(half_life="4ba", final_weights="model")], **kwargs)
+
+
+def text_tokens() -> torch.Tensor:
+    """Real English text that is always there: speedkit's own README, as bytes."""
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_bytes()
+    return torch.frombuffer(bytearray(text), dtype=torch.uint8)
+
+
+def gpt_trainer(run_dir, run_name: str, steps: int, **kwargs) -> Trainer:
+    torch.manual_seed(0)
+    model = get_model("gpt-nano")
+    tokens = text_tokens()
+    split = int(len(tokens) * 0.9)
+    train = TokenBatchLoader(tokens[:split], seq_len=64, batch_size=8, seed=0)
+    val = TokenBatchLoader(tokens[split:], seq_len=64, batch_size=8, shuffle=False, steps_per_epoch=3)
+    return Trainer(model, train, evaluators=[Evaluator(val, {"loss": CrossEntropy()})], max_duration=f"{steps}ba",
+                   eval_interval="1000ba", log_interval=1, device="cpu", precision="fp32", seed=0,
+                   run_dir=run_dir, run_name=run_name, algorithms=[EMA(half_life="2ba")],
+                   optimizers=lambda p: torch.optim.AdamW(p, lr=3e-3, weight_decay=0.01), **kwargs)
+
+
+def losses(record) -> list[float]:
+    return [step["loss"] for step in record.steps if "loss" in step]
+
+
+def _ema_digest(trainer) -> list[float]:
+    ema = next(a for a in trainer.state.algorithms if a.name == "ema")
+    return [float(t.double().sum()) for t in ema.ema.values()]
+
+
+# -- scenarios (every rank runs each; rank 0 writes the result) ----------------------------------------
+def ddp_resnet(out: Path) -> dict:
+    trainer = resnet_trainer(out / "runs", "ddp-resnet")
+    before = trainer.eval()["eval"]  # the initial weights, each rank on its shard of the eval set
+    counted = trainer.state.evaluators[0].metrics["accuracy"].total
+    record = trainer.fit()
+    model = trainer.state.model
+    digests = distributed.all_gather_object(_ema_digest(trainer))
+    params = distributed.all_gather_object([float(p.detach().double().sum()) for p in model.parameters()])
+    return {"losses": losses(record), "eval_before": before, "eval_samples_counted": counted,
+            "final_metrics": record.final_metrics, "ema_by_rank": digests, "params_by_rank": params,
+            "config": {k: record.config.get(k) for k in ("world_size", "parallel", "distributed", "batch_size")},
+            "samples": trainer.state.timestamp.sample, "checkpoint": record.notes.get("last_checkpoint"),
+            "sync_batchnorms": sum(type(m).__name__ == "CpuSyncBatchNorm" for m in model.modules()),
+            "rank_files": sorted(p.name for p in (out / "runs" / "ddp-resnet").iterdir())}
+
+
+def fsdp_gpt(out: Path) -> dict:
+    from torch.distributed.tensor import DTensor
+
+    trainer = gpt_trainer(out / "runs", "fsdp-gpt", steps=8, parallel="fsdp", save_interval="3ba")
+    params = list(trainer.state.model.parameters())
+    record = trainer.fit()
+    full = {name: p.full_tensor() for name, p in trainer.state.model.named_parameters()}
+    if distributed.is_main():
+        torch.save(full, out / "fsdp_full_weights.pt")
+    local_sizes = distributed.all_gather_object([p.to_local().numel() for p in params])
+    # A fresh sharded run resumes from the sharded checkpoint at batch 6 and trains batches 7 and 8 again.
+    middle = Path(record.notes["last_checkpoint"]).with_name("ba000000006.ckpt")
+    resumed = gpt_trainer(out / "runs", "fsdp-gpt-resumed", steps=8, parallel="fsdp", load_path=middle)
+    resumed_record = resumed.fit()
+    return {"losses": losses(record), "all_dtensors": all(isinstance(p, DTensor) for p in params),
+            "local_sizes_by_rank": local_sizes, "global_sizes": [p.numel() for p in params],
+            "checkpoint": record.notes["last_checkpoint"], "resumed_losses": losses(resumed_record),
+            "resumed_batches": resumed.state.timestamp.batch, "config": record.config.get("distributed"),
+            "model_class": record.config.get("model"), "final_metrics": record.final_metrics,
+            "checkpoint_files": sorted(p.name for p in Path(record.notes["last_checkpoint"]).parent.iterdir()),
+            "ema_is_sharded": all(isinstance(t, DTensor) for t in
+                                  next(a for a in resumed.state.algorithms if a.name == "ema").ema.values()
+                                  if t.is_floating_point() and t.dim() > 0)}
+
+
+# Methods with global state or a varying set of used parameters, together under DDP: ghost batch norm
+# (per-rank statistics, averaged), stochastic depth per batch and layer freezing (unused parameters),
+# selective backprop (fewer samples, every rank still runs backward), SAM (a second forward/backward),
+# SWA (a batch-norm pass at the end). What must hold: no rank waits forever, and all ranks end identical.
+METHODS = {"ghost_batchnorm": {"ghost_batch_size": 8}, "stochastic_depth": {"drop_rate": 0.5, "mode": "block"},
+           "layer_freezing": {"freeze_start": 0.0, "freeze_level": 0.5},
+           "selective_backprop": {"start": 0.0, "end": 1.0, "keep": 0.5, "interrupt": 0},
+           "sam": {"rho": 0.05}, "swa": {"swa_start": 0.5, "bn_update_batches": 2}}
+
+
+def ddp_methods(out: Path) -> dict:
+    from speedkit.algorithms import build_algorithms
+
+    torch.manual_seed(0)
+    model = get_model("resnet8", num_classes=10)
+    train, test = fashion_mnist_loaders(batch_size=32, eval_batch_size=100, data_fraction=0.002, eval_fraction=0.01,
+                                        seed=0)
+    trainer = Trainer(model, train, eval_dataloader=test, max_duration="6ba", device="cpu", precision="fp32",
+                      run_dir=out / "runs", run_name="ddp-methods", log_interval=1,
+                      algorithms=build_algorithms(METHODS))
+    record = trainer.fit()
+    tensors = [float(t.detach().double().sum()) for t in trainer.state.model.state_dict().values()]
+    return {"losses": losses(record), "weights_by_rank": distributed.all_gather_object(tensors),
+            "distributed": record.config.get("distributed"), "status": record.status,
+            "frozen": record.notes.get("layer_freezing"), "batches_per_epoch": trainer.state.batches_per_epoch,
+            "final_metrics": record.final_metrics}
+
+
+SCENARIOS = {"ddp_resnet": ddp_resnet, "fsdp_gpt": fsdp_gpt, "ddp_methods": ddp_methods}
+
+
+def main(argv: list[str]) -> None:
+    out = Path(argv[0])
+    for name in argv[1:] or list(SCENARIOS):
+        result = SCENARIOS[name](out)
+        if distributed.is_main():
+            (out / f"{name}.json").write_text(json.dumps(result, indent=1))
+    torch.distributed.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
