@@ -70,7 +70,8 @@ def _all_recipes(entry: dict) -> list[tuple[str, dict]]:
 def machine_line(entry: dict) -> str:
     m = entry.get("machine", {})
     where = m.get("gpu") or m.get("cpu", "unknown CPU")
-    return (f"{where}, {m.get('torch_threads', '?')} threads, torch {m.get('torch', '?')}, "
+    threads = m.get("torch_threads", "?")
+    return (f"{where}, {threads} thread{'' if threads == 1 else 's'}, torch {m.get('torch', '?')}, "
             f"{str(entry.get('date', '?'))[:10]}")
 
 
@@ -112,12 +113,15 @@ def task_markdown(key: str, entry: dict) -> str:
 def leave_one_out_markdown(table: dict | None) -> list[str]:
     if not table:
         return []
-    lines = ["", f"Leave-one-out from `{table['of']}` (time to target {_num(table['time_to_target_s'])} s):", "",
-             "| left out | time to target (s) | slowdown | share of speed-up | final |", "|---|---|---|---|---|"]
+    rerun = " (the full recipe rerun beside its ablations)" if table.get("reference_rerun") else ""
+    lines = ["", f"Leave-one-out from `{table['of']}`{rerun}, time to target {_num(table['time_to_target_s'])} s:",
+             "", "| left out | time to target (s) | slowdown | share of speed-up | pays off here | final |",
+             "|---|---|---|---|---|---|"]
     for part, row in table["parts"].items():
         time_without = _num(row["time_without_s"], missing="not reached")
+        pays_off = {True: "yes", False: "**no**", None: "—"}[row.get("pays_off")]
         lines.append(f"| {part} | {time_without} | {_num(row['slowdown'], 2)} | {_num(row['share'], 2)} | "
-                     f"{_num(row['final_metric'], 4)} |")
+                     f"{pays_off} | {_num(row['final_metric'], 4)} |")
     return lines
 
 
@@ -153,9 +157,11 @@ def readme_table(summary: dict) -> str:
                          f"{_num(speedup, 2)}{'x' if speedup is not None else ''}{_spread(r.get('speedup', []), 2)} | "
                          f"{_num(median_or_none(r['final_metric']), 4)} |")
         notes.append(f"{key}: {machine_line(entry)}, profile `{entry['profile']}`, {len(entry['seeds'])} seeds")
+    ablations = [f"\n**{key}**" + "\n".join(leave_one_out_markdown(entry["leave_one_out"]))
+                 for key, entry in summary.items() if entry.get("leave_one_out")]
     return "\n".join(lines) + "\n\nMeasured on " + "; ".join(notes) + (
         ". Training wall clock with evaluation excluded; speed-ups are baseline time / recipe time, "
-        "paired by seed, over the seeds where both reached the target.\n")
+        "paired by seed, over the seeds where both reached the target.\n") + "".join(f"{a}\n" for a in ablations)
 
 
 # -- figures -----------------------------------------------------------------------------------
