@@ -186,21 +186,18 @@ def shard_span(start: int, stop: int, rank_: int, world_size_: int) -> tuple[int
 
 
 # -- collectives (identity in one process) -------------------------------------------------------
-def all_reduce_mean(tensor: torch.Tensor) -> torch.Tensor:
-    """The mean of ``tensor`` over all ranks (a new tensor; ``tensor`` itself when not distributed)."""
-    if not is_distributed():
-        return tensor
-    out = tensor.detach().clone()
-    dist.all_reduce(out, op=dist.ReduceOp.SUM)
-    return out / dist.get_world_size()
-
-
 def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
+    """The sum of ``tensor`` over all ranks (a new tensor; ``tensor`` itself when not distributed)."""
     if not is_distributed():
         return tensor
     out = tensor.detach().clone()
     dist.all_reduce(out, op=dist.ReduceOp.SUM)
     return out
+
+
+def all_reduce_mean(tensor: torch.Tensor) -> torch.Tensor:
+    """The mean of ``tensor`` over all ranks (``tensor`` itself when not distributed)."""
+    return all_reduce_sum(tensor) / dist.get_world_size() if is_distributed() else tensor
 
 
 def any_rank(flag: bool) -> bool:
