@@ -70,7 +70,8 @@ class RunRecord:
     """One training run. ``steps`` holds train metrics every few batches; ``evals`` every evaluation.
 
     Each row carries its position: ``batch``, ``epoch``, ``sample``, ``token`` and ``wall_s`` (training
-    wall clock, evaluation excluded), so curves can be drawn against time or samples seen.
+    wall clock: plain evaluation excluded, set-up and evaluation work of methods included), so curves can
+    be drawn against time or samples seen.
     """
 
     name: str = ""

@@ -40,6 +40,7 @@ LATEST = "latest.ckpt"
 SIGTERM_REASON = "SIGTERM"
 SIGTERM_EXIT_CODE = 128 + int(signal.SIGTERM)  # 143: what shells, Slurm and Kubernetes report for it
 _NOT_INSTALLED = object()
+EVAL_EVENTS = tuple(event for event in Event if event.is_eval)
 
 
 def cross_entropy_loss(outputs: torch.Tensor, batch) -> torch.Tensor:
@@ -95,7 +96,10 @@ def _tokens_in(batch) -> int:
 
 
 class TrainClock:
-    """Training wall clock that pauses during evaluation and checkpointing."""
+    """Training wall clock that pauses during evaluation and checkpointing.
+
+    What methods add to an evaluation is added to ``offset`` afterwards (see ``Trainer._count_eval_methods``).
+    """
 
     def __init__(self, offset: float = 0.0):
         self.offset, self._started = offset, None
@@ -464,16 +468,33 @@ class Trainer:
         state.record.status = "running"
         # Methods may rebuild optimizers, wrap modules or replace the loader at FIT_START; resuming after
         # it loads the checkpoint into the same structure it was saved from.
-        self.engine.run_event(Event.FIT_START)
-        if self._ddp_model is not None:  # a method may have set weights from this rank's data (patch whitening)
-            distributed.broadcast_module(state.model)
+        fit_start_s = self._timed(self._run_fit_start)
         self._measure_loader()
         self._maybe_resume()
+        if state.timestamp.batch == 0:
+            # What methods do at FIT_START (patch whitening's fit on data, optimizer wrapping) is part of
+            # training: it counts in the clock, so in time to target, and is reported apart too. A resumed
+            # run's clock continues from its checkpoint, which already counts the first run's fit start.
+            state.timestamp = state.timestamp.with_wall(fit_start_s)
+            state.record.timings["fit_start_s"] = round(fit_start_s, 4)
         self._clock = TrainClock(offset=state.timestamp.wall_s)
         for ev in state.evaluators:
             ev.schedule.start(state)
         state.record.save()
         self._fit_started = True
+
+    def _run_fit_start(self) -> None:
+        self.engine.run_event(Event.FIT_START)
+        if self._ddp_model is not None:  # a method may have set weights from this rank's data (patch whitening)
+            distributed.broadcast_module(self.state.model)
+
+    def _timed(self, fn) -> float:
+        """Seconds ``fn()`` took, device work included."""
+        synchronize(self.state.device)
+        start = time.perf_counter()
+        fn()
+        synchronize(self.state.device)
+        return time.perf_counter() - start
 
     def _measure_loader(self) -> None:
         """Nominal epoch length and batch size, which convert between time units."""
@@ -740,6 +761,7 @@ class Trainer:
         state = self.state
         evaluators = state.evaluators if evaluators is None else evaluators
         start = time.perf_counter()
+        method_s_before = self.engine.seconds_at(EVAL_EVENTS)
         if self._average_buffers:  # e.g. statistics a method refreshed per rank (swa's batch-norm pass)
             distributed.average_buffers(state.model)
         was_training = state.model.training
@@ -756,6 +778,7 @@ class Trainer:
             state.model.train(was_training)
         eval_s = time.perf_counter() - start
         self._add_timing("eval_s", eval_s)
+        self._count_eval_methods(self.engine.seconds_at(EVAL_EVENTS) - method_s_before)
         logged = {f"{'eval' if label == 'eval' else 'eval/' + label}/{name}": value
                   for label, metrics in results.items() for name, value in metrics.items()}
         self.logger.log_metrics({**logged, "eval_s": round(eval_s, 4)})
@@ -763,6 +786,18 @@ class Trainer:
         if self._fit_started:
             state.record.save()
         return results
+
+    def _count_eval_methods(self, seconds: float) -> None:
+        """Count what methods added to an evaluation (test-time augmentation's extra forwards, EMA/SWA
+        weight swaps) as training time, so they are not free in time to target; a plain evaluation is not.
+
+        Added before the evaluation's metrics are logged, so the row that reaches a target pays its own cost.
+        """
+        if not self._fit_started or seconds <= 0:
+            return
+        self._clock.offset += seconds
+        self.state.timestamp = self.state.timestamp.with_wall(self.state.timestamp.wall_s + seconds)
+        self._add_timing("eval_methods_s", seconds)
 
     @torch.no_grad()
     def _run_evaluator(self, evaluator: Evaluator) -> dict[str, float]:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import collections
+import time
 from typing import Sequence
 
 from speedkit.core.algorithm import Algorithm, check_compatibility, order_algorithms
@@ -27,7 +28,9 @@ class Engine:
     """Dispatches events. Algorithms run in card order (reversed on AFTER_* events), callbacks after.
 
     ``trace`` counts (event, algorithm) applications for the whole run; ``recent`` keeps the last
-    few thousand ``(batch, event, algorithm)`` entries for inspection without growing forever.
+    few thousand ``(batch, event, algorithm)`` entries for inspection without growing forever;
+    ``seconds`` adds up the wall time algorithms spent in ``apply`` per event, so the Trainer can count
+    the work methods do at evaluation (test-time augmentation, weight swaps) as training time.
     """
 
     def __init__(self, state, logger, trace_size: int = 5000):
@@ -35,6 +38,7 @@ class Engine:
         self.logger = logger
         self.trace: collections.Counter = collections.Counter()
         self.recent: collections.deque = collections.deque(maxlen=trace_size)
+        self.seconds: collections.Counter = collections.Counter()
         self.set_algorithms(state.algorithms)
 
     def set_algorithms(self, algorithms: Sequence[Algorithm]) -> None:
@@ -49,7 +53,9 @@ class Engine:
         algorithms = reversed(state.algorithms) if event.is_after else state.algorithms
         for algorithm in algorithms:
             if algorithm.match(event, state):
+                start = time.perf_counter()
                 algorithm.apply(event, state, self.logger)
+                self.seconds[event] += time.perf_counter() - start
                 self.trace[(event, algorithm.name)] += 1
                 self.recent.append((state.timestamp.batch, event, algorithm.name))
         for callback in state.callbacks:
@@ -58,3 +64,7 @@ class Engine:
     def events_of(self, name: str) -> dict[Event, int]:
         """How many times the named algorithm acted at each event."""
         return {event: n for (event, algo), n in self.trace.items() if algo == name}
+
+    def seconds_at(self, events) -> float:
+        """Wall seconds algorithms have spent in ``apply`` at any of ``events`` so far."""
+        return sum(self.seconds[event] for event in events)

@@ -201,7 +201,7 @@ class Timestamp:
     batch_in_epoch: int = 0
     sample_in_epoch: int = 0
     token_in_epoch: int = 0
-    wall_s: float = 0.0  # training wall clock, evaluation excluded
+    wall_s: float = 0.0  # training clock: plain evaluation excluded, methods' set-up and eval work included
 
     def get(self, unit: TimeUnit | str) -> float:
         unit = TimeUnit(unit)
