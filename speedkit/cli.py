@@ -179,13 +179,22 @@ def _add_bench_parser(commands) -> None:
     bench.add_argument("task", choices=sorted(TASK_KEYS))
     bench.add_argument("--profile", default="cpu", choices=sorted({p for ps in PROFILES.values() for p in ps}))
     bench.add_argument("--seeds", type=int, help="number of seeds (default: the profile's)")
-    bench.add_argument("--recipes", help="comma-separated speed-up recipes (the baseline always runs)")
+    bench.add_argument("--recipes", help="comma-separated speed-up recipes (default: the profile's)")
+    bench.add_argument("--baselines", help="comma-separated baselines to measure them against (default: all of "
+                       "the task's, e.g. baseline,plain,plain-bf16)")
+    bench.add_argument("--sweep", action="store_true",
+                       help="first sweep the learning rate and schedule of the baselines the profile sweeps "
+                            "(language: tuned), then run them with the pick")
+    bench.add_argument("--find-budgets", action="store_true",
+                       help="first search each baseline's shortest whole-epoch budget that reaches the target in "
+                            "every seed, then run the baselines with it")
     bench.add_argument("--leave-one-out", action="store_true", help="ablate each part of the best recipe")
     bench.add_argument("--profile-steps", type=int, default=0, help="profile this many steps of the best recipe")
     bench.add_argument("--device", help="device, overriding the profile's")
     bench.add_argument("--data-fraction", type=float)
     bench.add_argument("--eval-fraction", type=float)
-    bench.add_argument("--eval-interval", help="evaluation cadence for every recipe, e.g. 0.25ep, 25ba")
+    bench.add_argument("--eval-interval", help="one evaluation cadence for every run, e.g. 0.25ep, 25ba "
+                       "(default: the profile's for the baselines, each recipe's own for the recipes)")
     bench.add_argument("--duration", help="one budget for every recipe (smoke tests)")
     bench.add_argument("--duration-scale", type=float, help="multiply every recipe's budget")
     bench.add_argument("--target", type=float, help="target value of the task's metric")
@@ -200,7 +209,8 @@ def _bench(args) -> int:
     from speedkit.bench import run_benchmark
     from speedkit.bench.report import task_markdown
 
-    result = run_benchmark(args.task, args.profile, seeds=args.seeds, recipes=args.recipes, out_dir=args.out,
+    result = run_benchmark(args.task, args.profile, seeds=args.seeds, recipes=args.recipes,
+                           baselines=args.baselines, find_budgets=args.find_budgets, sweep=args.sweep, out_dir=args.out,
                            run_dir=args.run_dir, leave_one_out=args.leave_one_out, reuse=args.reuse,
                            profile_steps=args.profile_steps, figures=not args.no_figures, device=args.device,
                            data_fraction=args.data_fraction, eval_fraction=args.eval_fraction,

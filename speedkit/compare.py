@@ -51,8 +51,22 @@ def median_or_none(values: Iterable[float | None]) -> float | None:
 
 
 def is_baseline(record: RunRecord) -> bool:
-    """A run of the hand-written baseline recipe (not a leave-one-out run)."""
-    return record.config.get("recipe") == "baseline" and "ablation" not in record.config
+    """A run of one of its task's baseline recipes (``speedkit.recipes.BASELINES``), not a leave-one-out run."""
+    from speedkit.recipes import is_baseline as is_baseline_recipe
+
+    recipe = record.config.get("recipe")
+    return (recipe is not None and is_baseline_recipe(record.config.get("task"), recipe)
+            and "ablation" not in record.config)
+
+
+def baseline_median_times(records: Sequence[RunRecord]) -> dict[str, float]:
+    """Each baseline recipe among ``records`` -> its median time to target (baselines that never reached it left out)."""
+    times: dict[str, list] = {}
+    for r in records:
+        if is_baseline(r):
+            times.setdefault(r.config["recipe"], []).append(r.time_to_target)
+    medians = {name: median_or_none(values) for name, values in times.items()}
+    return {name: t for name, t in medians.items() if t is not None}
 
 
 def latest_baseline(records: Sequence[RunRecord]) -> RunRecord | None:
@@ -75,16 +89,17 @@ def pareto_front(points: Sequence[tuple[float | None, float | None]], lower_metr
     return front
 
 
-def leave_one_out(records: Sequence[RunRecord]) -> dict[str, dict[str, dict]]:
-    """For every full run that has ablations among ``records``: each left-out method's effect.
+def leave_one_out(records: Sequence[RunRecord], baseline: str | None = None) -> dict[str, dict[str, dict]]:
+    """For every full run that has ablations among ``records``: each left-out part's effect.
 
-    Returns ``{full run name: {method: {"time_without_s", "slowdown", "share", "pays_off"}}}``.
-    ``slowdown`` is time without the method / time with all of them (inf if the ablated run never
-    reached the target). ``share`` splits the full run's log speed-up over the baseline, when a
-    baseline (a record whose recipe is "baseline") is among the records; otherwise it is None.
+    Returns ``{full run name: {part: {"time_without_s", "slowdown", "share", "pays_off"}}}``.
+    ``slowdown`` is time without the part / time with all of them (inf if the ablated run never
+    reached the target). ``share`` splits the full run's log speed-up over a baseline among the
+    records (the recipe named ``baseline``, else the fastest baseline); None when there is none.
     """
     by_name = {r.name: r for r in records}
-    baseline_time = median_or_none(r.time_to_target for r in records if is_baseline(r))
+    medians = baseline_median_times(records)
+    baseline_time = medians.get(baseline) if baseline else min(medians.values(), default=None)
     result: dict[str, dict[str, dict]] = {}
     for r in records:
         ablation = r.config.get("ablation")

@@ -26,9 +26,11 @@ def tiny_profile(task: str, recipes: tuple[str, ...], batch_size: int) -> BenchP
     return dataclasses.replace(get_profile(task, "cpu"), recipe_changes={r: {"batch_size": batch_size}
                                                                           for r in recipes})
 RECIPE_KEYS = {"runs", "methods", "time_to_target_s", "final_metric", "train_s", "eval_s", "setup_s", "compile_s",
-               "flops_fraction_of_peak", "time_to", "median_time_to_target_s", "reached", "speedup", "speedup_median"}
-TASK_ENTRY_KEYS = {"task", "profile", "target", "seeds", "baseline", "recipes", "best_recipe", "speedup_median",
-                   "speedup_median_at", "flops_fraction_of_peak", "leave_one_out", "machine", "date"}
+               "flops_fraction_of_peak", "time_to", "median_time_to_target_s", "reached", "speedup", "speedup_median",
+               "speedup_vs", "speedup_median_vs"}
+TASK_ENTRY_KEYS = {"task", "profile", "target", "seeds", "baseline", "baselines", "strongest_baseline", "recipes",
+                   "best_recipe", "speedup_median", "speedup_vs", "speedup_median_at", "flops_fraction_of_peak",
+                   "leave_one_out", "machine", "date"}
 
 
 def fake_record(recipe: str, seed: int, evals: list[tuple[float, float]], target: float = 0.9,
@@ -47,7 +49,7 @@ def check_entry_schema(entry: dict, n_seeds: int) -> None:
     assert TASK_ENTRY_KEYS <= set(entry)
     assert set(entry["target"]) == {"metric", "value"}
     assert {"cpu", "torch_threads", "torch"} <= set(entry["machine"])
-    for recipe in [entry["baseline"], *entry["recipes"].values()]:
+    for recipe in [*entry["baselines"].values(), *entry["recipes"].values()]:
         assert RECIPE_KEYS <= set(recipe)
         for key in ("time_to_target_s", "final_metric", "train_s", "eval_s", "speedup"):
             assert len(recipe[key]) == n_seeds, key
@@ -92,9 +94,10 @@ def test_speedups_are_paired_by_seed_and_a_missed_target_drops_its_pair():
     assert hot["median_time_to_target_s"] == 3.5
     assert entry["baseline"]["time_to"]["0.8"] == [5, 6, 8]
     assert hot["final_metric"] == [0.9, 0.85, 0.93]
-    # hot's median with the missed seed counted as never is 5 s; mild's is 8 s
-    assert entry["best_recipe"] == "hot" and entry["speedup_median"] == 3.0
-    assert entry["speedup_median_at"]["0.8"] == pytest.approx(1.0)  # (5/5, 6/6, 8/2) -> median 1
+    # hot would be fastest (median 5 s with the missed seed counted as never, mild's is 8 s), but the best
+    # recipe must reach the target in every seed and end at or above it: mild does, hot does not
+    assert entry["best_recipe"] == "mild" and entry["speedup_median"] == pytest.approx(1.25)  # 10/8, 12/9, 8/7
+    assert entry["speedup_median_at"]["0.8"] == pytest.approx(6 / 9)  # mild first shows 0.8 at 8, 9 and 7 s
 
 
 def test_best_recipe_ranks_a_never_reached_seed_as_slowest():
@@ -104,6 +107,41 @@ def test_best_recipe_ranks_a_never_reached_seed_as_slowest():
     nowhere = {"a": {"time_to_target_s": [None], "final_metric": [3.1]},
                "b": {"time_to_target_s": [None], "final_metric": [2.9]}}
     assert pick_best(nowhere, "eval/bpb") == "b"  # lower bits per byte is better
+
+
+def test_every_recipe_is_measured_against_every_baseline_and_the_headline_against_the_strongest():
+    records = [fake_record("baseline", s, [(40, 0.93)]) for s in (0, 1)]
+    records += [fake_record("plain", 0, [(20, 0.93)]), fake_record("plain", 1, [(30, 0.91)])]  # never reaches in seed 1
+    records += [fake_record("plain-bf16", s, [(t, 0.92)]) for s, t in ((0, 12), (1, 16))]
+    records += [fake_record("mild", s, [(t, 0.925)]) for s, t in ((0, 4), (1, 8))]
+    for record in records:
+        budget = {"baseline": "10ep", "plain": "8ep", "plain-bf16": "7ep", "mild": "3ep"}[record.config["recipe"]]
+        record.config.update(task="fashion-mnist", recipe_spec={"duration": budget})
+        record.target["value"] = 0.92
+    entry = summarize(records, BenchProfile(name="cpu", task="fashion-mnist", device="cpu", target=0.92))
+    check_entry_schema(entry, 2)
+    assert set(entry["baselines"]) == {"baseline", "plain", "plain-bf16"}
+    assert entry["strongest_baseline"] == "plain-bf16"  # plain is faster in seed 0 but never got there in seed 1
+    assert entry["baseline"] is entry["baselines"]["baseline"]  # the old field keeps the tutorial baseline
+    mild = entry["recipes"]["mild"]
+    assert mild["speedup_vs"] == {"baseline": [10.0, 5.0], "plain": [5.0, None], "plain-bf16": [3.0, 2.0]}
+    assert mild["speedup"] == [3.0, 2.0] and entry["speedup_median"] == 2.5
+    assert entry["speedup_vs"] == {"baseline": 7.5, "plain": 5.0, "plain-bf16": 2.5}
+    assert entry["baselines"]["plain-bf16"]["budget"] == "7ep" and mild["budget"] == "3ep"
+    markdown = summary_markdown({"vision": entry})
+    assert "| speed-up vs baseline | speed-up vs plain | speed-up vs plain-bf16 |" in markdown
+    assert "| plain-bf16 (strongest baseline) | 7ep | 2/2 |" in markdown and "2.50x faster" in markdown
+
+
+def test_a_summary_needs_a_baseline_and_a_recipe_that_ends_below_its_target_is_not_best():
+    with pytest.raises(ValueError, match="needs runs of a baseline \\(baseline, plain, plain-bf16\\)"):
+        summarize([fake_record("mild", 0, [(4, 0.93)])], BenchProfile(name="cpu", task="fashion-mnist"))
+    touched = [fake_record("baseline", 0, [(9, 0.93)], target=0.92),
+               fake_record("mild", 0, [(3, 0.921), (4, 0.915)], target=0.92)]
+    entry = summarize(touched, BenchProfile(name="cpu", task="fashion-mnist", target=0.92))
+    assert entry["recipes"]["mild"]["time_to_target_s"] == [3]  # it touched the target once ...
+    assert entry["best_recipe"] is None and entry["speedup_median"] is None  # ... and ended below it
+    assert "no speed-up recipe reached" in summary_markdown({"vision": entry})
 
 
 def test_vision_then_language_merge_into_one_summary(tmp_path):
@@ -118,9 +156,11 @@ def test_vision_then_language_merge_into_one_summary(tmp_path):
     on_disk = json.loads(path.read_text())
     assert set(on_disk) == set(merged) == {"vision", "language"}
     assert on_disk["language"]["recipes"]["hot"]["speedup"] == [4.0]
-    assert on_disk["vision"]["best_recipe"] == "hot"
+    assert on_disk["vision"]["best_recipe"] == "mild"
     table = readme_table(on_disk)
-    assert "| vision (eval/accuracy 0.9) | hot |" in table and "| language (eval/bpb 2) | hot |" in table
+    assert "| **mild** | — | 3/3 | 8.0 | 1.25x (1.14–1.33) | 0.9000 |" in table  # fake records have no budget
+    assert "| **hot** | — | 1/1 | 10.0 | 4.00x | 1.9500 |" in table  # the language task's
+    assert "vision: **mild** reaches eval/accuracy 0.9 1.25x faster" in table
     assert on_disk["vision"]["machine"]["cpu"] in table and "torch" in table
     assert "## vision" in summary_markdown(on_disk) and "## language" in summary_markdown(on_disk)
     path.write_text("{not json")
@@ -161,7 +201,7 @@ def test_tiny_vision_benchmark(tmp_path):
     logged: list[str] = []
     started = time.perf_counter()
     result = run_benchmark("vision", tiny_profile("vision", ("baseline", "mild"), 32), seeds=2, recipes="mild",
-                           out_dir=tmp_path / "out", run_dir=tmp_path / "runs", leave_one_out=True, profile_steps=4,
+                           baselines="baseline", out_dir=tmp_path / "out", run_dir=tmp_path / "runs", leave_one_out=True, profile_steps=4,
                            log=logged.append,
                            trainer_kwargs={"callbacks": [SlowEvaluation(0.1)], "log_interval": 2}, **TINY_VISION)
     elapsed = time.perf_counter() - started
@@ -209,15 +249,88 @@ def test_cli_bench_runs_tiny_and_keeps_the_other_task(tmp_path, capsys):
     language = summarize([fake_record(r, 0, [(10, 1.9)], target=2.0, metric="eval/bpb") for r in ("baseline", "hot")],
                          BenchProfile(name="cpu", task="pydocs", device="cpu"))
     merge_summary(out / "summary.json", "language", language)
-    code = main(["bench", "vision", "--seeds", "1", "--recipes", "hot", "--duration", "4ba", "--eval-interval", "2ba",
+    code = main(["bench", "vision", "--seeds", "1", "--recipes", "hot", "--baselines", "plain,plain-bf16",
+                 "--duration", "4ba", "--eval-interval", "2ba",
                  "--data-fraction", "0.02", "--eval-fraction", "0.05", "--target", "0.2", "--device", "cpu",
                  "--out", str(out), "--run-dir", str(tmp_path / "runs"), "--no-figures"])
     assert code == 0
     summary = json.loads((out / "summary.json").read_text())
     assert set(summary) == {"language", "vision"}
     assert summary["vision"]["recipes"].keys() == {"hot"} and summary["vision"]["seeds"] == [0]
+    assert summary["vision"]["baselines"].keys() == {"plain", "plain-bf16"}
     printed = capsys.readouterr().out
-    assert "| recipe | reached |" in printed and "| hot |" in printed.replace("**", "")
+    assert "| recipe | budget | reached | time to target (s) | speed-up vs plain | speed-up vs plain-bf16 |" in printed
+    assert "| hot | 4ba |" in printed.replace("**", "")
+
+
+def test_the_budget_search_finds_the_shortest_whole_epoch_budget_every_seed_reaches(monkeypatch, tmp_path):
+    """run_one is replaced by a model of a baseline that needs 5 epochs in seed 0 and 4 in seed 1."""
+    from speedkit.bench import harness
+
+    needs = {0: 5, 1: 4}
+    ran = []
+
+    def fake_run_one(profile, recipe, seed, run_name, run_dir, bench_info, **kwargs):
+        epochs = int(recipe.duration.removesuffix("ep"))
+        ran.append((epochs, seed))
+        assert bench_info["budget_search"] is True
+        return fake_record(recipe.name, seed, [(epochs, 0.93 if epochs >= needs[seed] else 0.91)], target=0.92)
+
+    monkeypatch.setattr(harness, "run_one", fake_run_one)
+    profile = get_profile("vision", "cpu")
+    found = harness.find_budget(profile, "plain", [0, 1], tmp_path, "s", log=lambda line: None)
+    assert found == {"budget": "5ep", "tried": {"8ep": 2, "7ep": 2, "6ep": 2, "5ep": 2, "4ep": 0}}
+    assert ran[-1] == (4, 0)  # a budget is rejected at its first seed that falls short
+    upward = dataclasses.replace(profile, recipe_changes={"plain": {"duration": "3ep"}})
+    assert harness.find_budget(upward, "plain", [0, 1], tmp_path, "s", log=lambda line: None)["budget"] == "5ep"
+    never = dataclasses.replace(profile, recipe_changes={"plain": {"duration": "2ep"}})
+    with pytest.raises(ValueError, match="within 4 epochs"):
+        harness.find_budget(never, "plain", [0, 1], tmp_path, "s", log=lambda line: None)
+    with pytest.raises(ValueError, match="whole epochs, got '600ba'"):
+        harness.find_budget(get_profile("language"), "baseline", [0], tmp_path, "s", log=lambda line: None)
+
+
+def test_the_sweep_runs_the_grid_on_one_seed_and_picks_the_fastest(monkeypatch, tmp_path):
+    from speedkit.bench import harness
+
+    def fake_run_one(profile, recipe, seed, run_name, run_dir, bench_info, **kwargs):
+        assert bench_info["sweep"] is True and seed == 3
+        lr, shape = recipe.optimizer["lr"], recipe.schedule["name"]
+        seconds = {1e-3: 50, 2e-3: 30, 4e-3: None}[lr] if shape == "cosine" else {1e-3: 45, 2e-3: 20, 4e-3: None}[lr]
+        evals = [(60, 3.4)] if seconds is None else [(seconds, 3.2)]
+        return fake_record(recipe.name, seed, evals, target=3.3, metric="eval/bpb")
+
+    monkeypatch.setattr(harness, "run_one", fake_run_one)
+    found = harness.sweep_baseline(get_profile("language"), "tuned", 3, tmp_path, "s", log=lambda line: None)
+    assert len(found["tried"]) == 6  # three learning rates x two schedules
+    assert found["pick"] == {"lr": 2e-3, "schedule": {"name": "linear_to_zero", "warmup": "0.05dur"}}
+    assert [t["time_to_target_s"] for t in found["tried"]] == [50, 45, 30, 20, None, None]
+    with pytest.raises(ValueError, match="no sweep for 'plain'"):
+        harness.sweep_baseline(get_profile("vision"), "plain", 0, tmp_path, "s")
+
+
+def test_leave_one_out_covers_the_whole_difference_from_the_baseline():
+    from speedkit.bench import ablation_changes
+    from speedkit.recipes import get_recipe
+
+    plain_bf16, hot = get_recipe("fashion-mnist", "plain-bf16"), get_recipe("fashion-mnist", "hot")
+    changes = ablation_changes(hot, plain_bf16)
+    assert "channels_last" not in changes  # the baseline has it too, as it is
+    assert set(hot.methods) - {"channels_last"} <= set(changes)
+    assert changes["budget"] == {"duration": plain_bf16.duration}
+    assert changes["learning_rate"]["optimizer"] == {**hot.optimizer, "lr": plain_bf16.optimizer["lr"]}
+    assert changes["batch_size"] == {"batch_size": plain_bf16.batch_size}
+    assert changes["schedule"] == {"schedule": plain_bf16.schedule}
+    assert changes["augment"] == {"augment": plain_bf16.augment}
+    assert "optimizer" not in changes and "loader" not in changes  # same momentum, weight decay and loader
+    # giving back every part at once turns the recipe into the baseline
+    data = dataclasses.asdict(hot)
+    for part, change in changes.items():
+        data.update(change if part in ("learning_rate", "optimizer") else change)
+    data["methods"] = dict(plain_bf16.methods)
+    for field in ("duration", "batch_size", "schedule", "augment", "precision", "loader"):
+        assert data[field] == getattr(plain_bf16, field), field
+    assert data["optimizer"]["lr"] == plain_bf16.optimizer["lr"]
 
 
 def test_cli_bench_names_the_known_recipes(tmp_path, capsys):
@@ -237,7 +350,8 @@ def test_tiny_language_benchmark(tmp_path):
     entry = json.loads((tmp_path / "summary.json").read_text())["language"]
     check_entry_schema(entry, 1)
     assert entry["target"] == {"metric": "eval/bpb", "value": 8.0}
-    assert [r.config["recipe"] for r in result.records] == ["baseline", "mild"]
+    assert [r.config["recipe"] for r in result.records] == ["baseline", "tuned", "mild"]  # every baseline by default
+    assert set(entry["recipes"]["mild"]["speedup_vs"]) == {"baseline", "tuned"}
 
 
 @needs_fmnist

@@ -257,6 +257,11 @@ def test_leave_one_out_shares_and_pairing():
     assert table["a"]["slowdown"] == pytest.approx(2.0) and table["a"]["share"] == pytest.approx(0.5)
     assert not table["b"]["pays_off"] and table["c"]["slowdown"] == float("inf")
     assert RunBoard([baseline, full, without_a, without_b, without_c]).contribution_figure() is not None
+    # with several baselines the shares split the speed-up over the one named, else over the fastest
+    plain_bf16 = _record("bf16", "plain-bf16", [(20.0, 0.92)])
+    records = [baseline, plain_bf16, full, without_a, without_b, without_c]
+    assert leave_one_out(records)["full"]["a"]["share"] == pytest.approx(1.0)  # log 2 / log(20/10)
+    assert leave_one_out(records, baseline="baseline")["full"]["a"]["share"] == pytest.approx(0.5)
     assert paired_speedups([10.0, None, 30.0], [5.0, 5.0, None]) == [2.0, None, None]
     with pytest.raises(ValueError, match="same seeds"):
         paired_speedups([1.0], [1.0, 2.0])

@@ -19,12 +19,14 @@ from speedkit.bench.profiles import BenchProfile, TASK_KEYS, get_profile, task_k
 from speedkit.compare import final_metric, leave_one_out as leave_one_out_table, median_or_none, paired_speedups
 from speedkit.core.time import Time
 from speedkit.devices import resolve_device
-from speedkit.recipes import Recipe, get_recipe
+from speedkit.recipes import BASELINES, Recipe, get_recipe
 from speedkit.runs import RunRecord, environment, load_records, lower_is_better
-from speedkit.tasks import make_trainer
+from speedkit.tasks import TASKS, make_trainer
 
-# Parts of a recipe besides its methods that a leave-one-out run can swap for the baseline's.
-NON_METHOD_PARTS = ("precision", "loader", "augment")
+# Parts of a recipe besides its methods that a leave-one-out run can swap for the baseline's: together
+# with the methods they are the recipe's whole difference from the baseline.
+NON_METHOD_PARTS = ("precision", "loader", "augment", "budget", "schedule", "batch_size", "learning_rate",
+                    "optimizer")
 
 
 @dataclasses.dataclass
@@ -59,7 +61,7 @@ def trainer_factory(profile: BenchProfile, recipe: Recipe, seed: int, run_name: 
     return functools.partial(
         make_trainer, profile.task, recipe, seed=seed, device=profile.device, run_dir=str(run_dir),
         run_name=run_name, data_fraction=profile.data_fraction, eval_fraction=profile.eval_fraction,
-        eval_interval=profile.eval_interval, target=profile.target,
+        target=profile.target,
         extra_config={"bench": bench_info, "seed": seed, **(extra_config or {})},
         **{"save_checkpoints": False, **trainer_kwargs})  # benchmark runs are not resumed
 
@@ -95,6 +97,80 @@ def run_interleaved(profile: BenchProfile, seeds: Sequence[int], run_dir: str | 
     return records
 
 
+# -- each baseline's budget ---------------------------------------------------------------------
+def _whole_epochs(duration: str) -> int:
+    time = Time.from_string(duration)
+    if time.unit.value != "ep" or time.value != int(time.value):
+        raise ValueError(f"a budget search needs a baseline budget in whole epochs, got {duration!r}")
+    return int(time.value)
+
+
+def find_budget(profile: BenchProfile, name: str, seeds: Sequence[int], run_dir: str | Path, session: str,
+                log: Callable[[str], None] = print, **trainer_kwargs) -> dict:
+    """The shortest whole number of epochs with which baseline ``name`` reaches the target in every seed.
+
+    Starts at the recipe's budget; goes down an epoch at a time while every seed reaches the target,
+    or up while some seed does not (to at most twice the start). Returns ``{"budget", "tried": {budget:
+    seeds that reached the target}}``; the runs are marked ``config["bench"]["budget_search"]`` and are
+    not the benchmark's main runs (those run afterwards, interleaved with the recipes).
+    """
+    start = _whole_epochs(scheduled_recipe(profile, name).duration)
+    tried: dict[str, int] = {}
+
+    def all_reach(epochs: int) -> bool:
+        recipe = scheduled_recipe(profile, name).with_changes(duration=f"{epochs}ep")
+        reached = 0
+        for seed in seeds:
+            info = {**_bench_info(profile, session, seed), "budget_search": True}
+            record = run_one(profile, recipe, seed, f"{profile.task}-{name}-{epochs}ep-s{seed}", run_dir, info,
+                             **trainer_kwargs)
+            reached += record.time_to_target is not None
+            log(f"[budget {name} {epochs}ep] {_describe_run(record)}")
+            if record.time_to_target is None:
+                break  # one seed short is enough to reject this budget
+        tried[f"{epochs}ep"] = reached
+        return reached == len(seeds)
+
+    if all_reach(start):
+        best = start
+        while best > 1 and all_reach(best - 1):
+            best -= 1
+    else:
+        best = next((e for e in range(start + 1, 2 * start + 1) if all_reach(e)), None)
+        if best is None:
+            raise ValueError(f"baseline {name} did not reach the target in every seed within {2 * start} epochs; "
+                             f"lower the target or give the baseline a longer budget")
+    return {"budget": f"{best}ep", "tried": tried}
+
+
+def sweep_baseline(profile: BenchProfile, name: str, seed: int, run_dir: str | Path, session: str,
+                   log: Callable[[str], None] = print, **trainer_kwargs) -> dict:
+    """Run baseline ``name`` once (on ``seed``) for every learning rate and schedule of its sweep in the
+    profile, and pick the fastest to the target (ties and misses: the best final metric).
+
+    Returns ``{"tried": [{"lr", "schedule", "time_to_target_s", "final_metric", "run"}], "pick": {"lr",
+    "schedule"}}``. The runs are marked ``config["bench"]["sweep"]``; they are not main runs.
+    """
+    grid = profile.sweeps.get(name)
+    if not grid:
+        raise ValueError(f"profile {profile.name!r} has no sweep for {name!r}; it sweeps {sorted(profile.sweeps)}")
+    recipe = scheduled_recipe(profile, name)
+    tried = []
+    for lr in grid.get("lr", (recipe.optimizer["lr"],)):
+        for schedule in grid.get("schedule", (recipe.schedule,)):
+            candidate = recipe.with_changes(optimizer={"lr": lr}, schedule=dict(schedule))
+            info = {**_bench_info(profile, session, seed), "sweep": True}
+            run_name = f"{profile.task}-{name}-lr{lr:g}-{schedule['name']}-s{seed}"
+            record = run_one(profile, candidate, seed, run_name, run_dir, info, **trainer_kwargs)
+            log(f"[sweep {name}] {_describe_run(record)}")
+            tried.append({"lr": lr, "schedule": dict(schedule), "time_to_target_s": record.time_to_target,
+                          "final_metric": final_metric(record), "run": record.name})
+    metric = TASKS[profile.task].target_metric
+    best = min(tried, key=lambda t: _rank({"time_to_target_s": [t["time_to_target_s"]],
+                                           "final_metric": [t["final_metric"]]}, metric))
+    return {"tried": tried, "pick": {"lr": best["lr"], "schedule": best["schedule"]}}
+
+
 def _describe_run(record: RunRecord) -> str:
     reached = record.time_to_target
     target = record.target or {}
@@ -106,15 +182,42 @@ def _describe_run(record: RunRecord) -> str:
 
 
 # -- leave-one-out -----------------------------------------------------------------------------
-def ablation_changes(profile: BenchProfile, recipe: Recipe) -> dict[str, dict]:
-    """``{part left out: Recipe.with_changes(...)}`` for each method, and for each non-method part
-    (precision, loader, augmentation) where the recipe differs from the baseline's."""
-    changes = {method: {"methods": {m: p for m, p in recipe.methods.items() if m != method}}
-               for method in recipe.methods}
-    baseline = profile.recipe("baseline")
+def _part_value(recipe: Recipe, part: str):
+    """What ``part`` of a recipe is: a field, or the learning rate / the rest of the optimizer."""
+    if part == "budget":
+        return recipe.duration
+    if part == "learning_rate":
+        return recipe.optimizer.get("lr")
+    if part == "optimizer":
+        return {k: v for k, v in recipe.optimizer.items() if k != "lr"}
+    return getattr(recipe, part)
+
+
+def _swap_part(recipe: Recipe, part: str, reference: Recipe) -> dict:
+    """The field changes that give ``recipe`` the reference's ``part``."""
+    if part == "budget":
+        return {"duration": reference.duration}
+    if part == "learning_rate":
+        return {"optimizer": {**recipe.optimizer, "lr": reference.optimizer.get("lr")}}
+    if part == "optimizer":
+        return {"optimizer": {**reference.optimizer, "lr": recipe.optimizer.get("lr")}}
+    return {part: getattr(reference, part)}
+
+
+def ablation_changes(recipe: Recipe, reference: Recipe) -> dict[str, dict]:
+    """``{part left out: field changes}``: one per method the reference (a baseline) does not have as it
+    is, and one per non-method part where the recipe differs from the reference."""
+    changes = {}
+    for method, params in recipe.methods.items():
+        if reference.methods.get(method) == params:
+            continue  # the baseline has it too: not part of the difference
+        kept = {m: p for m, p in recipe.methods.items() if m != method}
+        if method in reference.methods:
+            kept[method] = reference.methods[method]
+        changes[method] = {"methods": kept}
     for part in NON_METHOD_PARTS:
-        if getattr(recipe, part) != getattr(baseline, part):
-            changes[part] = {part: getattr(baseline, part)}
+        if _part_value(recipe, part) != _part_value(reference, part):
+            changes[part] = _swap_part(recipe, part, reference)
     return changes
 
 
@@ -126,9 +229,10 @@ def _without(recipe: Recipe, change: dict) -> Recipe:
 
 def run_leave_one_out(profile: BenchProfile, records: Sequence[RunRecord], recipe_name: str, run_dir,
                       session: str, log: Callable[[str], None] = print, rerun_full: bool = False,
-                      **trainer_kwargs) -> list[RunRecord]:
-    """One run per part of ``recipe_name`` left out, on one seed (the first whose full run reached
-    the target), marked ``config["ablation"]`` for ``speedkit.compare.leave_one_out``.
+                      baseline: str = "baseline", **trainer_kwargs) -> list[RunRecord]:
+    """One run per part of ``recipe_name`` left out (given ``baseline``'s value for that part), on one
+    seed (the first whose full run reached the target), marked ``config["ablation"]`` for
+    ``speedkit.compare.leave_one_out``.
 
     ``rerun_full`` first runs the whole recipe again on that seed and compares the ablations with this
     reference (returned first), for main runs measured in another session: side by side or not at all.
@@ -144,16 +248,18 @@ def run_leave_one_out(profile: BenchProfile, records: Sequence[RunRecord], recip
                        **trainer_kwargs)
         ablations.append(full)
         log(f"[leave-one-out] reference {_describe_run(full)}")
-    for part, change in ablation_changes(profile, recipe).items():
+    for part, change in ablation_changes(recipe, scheduled_recipe(profile, baseline)).items():
         run_name = f"{full.name}-without-{part}"
         try:
             record = run_one(profile, _without(recipe, change), seed, run_name, run_dir,
                              _bench_info(profile, session, seed),
-                             extra_config={"ablation": {"of": full.name, "left_out": part}}, **trainer_kwargs)
+                             extra_config={"ablation": {"of": full.name, "left_out": part, "against": baseline}},
+                             **trainer_kwargs)
         except Exception as e:  # one ablation that cannot run must not cost the others
             log(f"leave-one-out {run_name} failed: {type(e).__name__}: {e}")
             record = RunRecord(name=run_name, status="failed", error=f"{type(e).__name__}: {e}",
-                               config={"recipe": recipe_name, "ablation": {"of": full.name, "left_out": part}})
+                               config={"recipe": recipe_name,
+                                       "ablation": {"of": full.name, "left_out": part, "against": baseline}})
         ablations.append(record)
         log(f"[leave-one-out] {_describe_run(record)}")
     return ablations
@@ -195,54 +301,96 @@ def recipe_entry(records: Sequence[RunRecord], seeds: Sequence[int], targets: Se
     }
 
 
-def _add_speedups(entry: dict, baseline: dict) -> None:
-    """Paired by seed: a seed where either side never reached the target has no speed-up."""
+def _add_speedups(entry: dict, baselines: dict[str, dict], strongest: str) -> None:
+    """Paired by seed against every baseline; a seed where either side never reached the target has no
+    speed-up. ``speedup`` and ``speedup_median`` are against the strongest baseline."""
     entry["median_time_to_target_s"] = median_or_none(entry["time_to_target_s"])
     entry["reached"] = sum(t is not None for t in entry["time_to_target_s"])
-    entry["speedup"] = paired_speedups(baseline["time_to_target_s"], entry["time_to_target_s"])
-    entry["speedup_median"] = median_or_none(entry["speedup"])
+    entry["speedup_vs"] = {name: paired_speedups(b["time_to_target_s"], entry["time_to_target_s"])
+                           for name, b in baselines.items()}
+    entry["speedup_median_vs"] = {name: median_or_none(v) for name, v in entry["speedup_vs"].items()}
+    entry["speedup"] = entry["speedup_vs"][strongest]
+    entry["speedup_median"] = entry["speedup_median_vs"][strongest]
 
 
-def pick_best(recipes: dict[str, dict], metric: str) -> str | None:
-    """The recipe with the lowest median time to target, a seed that never got there counting as
-    infinitely slow (so one lucky seed cannot make a recipe best); ties, such as nothing reaching the
-    target, go to the best median final metric."""
+def _rank(entry: dict, metric: str) -> tuple[float, float]:
+    """Median time to target with a seed that never got there counting as infinitely slow (so one lucky
+    seed cannot win); ties, such as nothing reaching the target, go to the best median final metric."""
     sign = 1.0 if lower_is_better(metric) else -1.0
+    times = [math.inf if t is None else t for t in entry["time_to_target_s"]]
+    median_final = median_or_none(entry["final_metric"])
+    return (statistics.median(times) if times else math.inf,
+            sign * median_final if median_final is not None else math.inf)
 
-    def rank(name):
-        entry = recipes[name]
-        times = [math.inf if t is None else t for t in entry["time_to_target_s"]]
-        median_final = median_or_none(entry["final_metric"])
-        return (statistics.median(times) if times else math.inf,
-                sign * median_final if median_final is not None else math.inf)
 
-    return min(recipes, key=rank) if recipes else None
+def holds_target(entry: dict, metric: str, target: float) -> bool:
+    """Reached the target in every seed and still at or above it at the end of the budget."""
+    def at_target(value):
+        return value is not None and (value <= target if lower_is_better(metric) else value >= target)
+
+    return (bool(entry["time_to_target_s"]) and all(t is not None for t in entry["time_to_target_s"])
+            and all(at_target(v) for v in entry["final_metric"]))
+
+
+def pick_best(recipes: dict[str, dict], metric: str, target: float | None = None) -> str | None:
+    """The fastest recipe to the target (see ``_rank``). With ``target``, only recipes that hold it
+    (``holds_target``) can be best, and there may be none."""
+    if target is not None:
+        recipes = {name: entry for name, entry in recipes.items() if holds_target(entry, metric, target)}
+    return min(recipes, key=lambda name: _rank(recipes[name], metric)) if recipes else None
+
+
+def strongest_baseline(baselines: dict[str, dict], metric: str) -> str:
+    """The baseline fastest to the target (the one every headline speed-up is measured against)."""
+    return min(baselines, key=lambda name: _rank(baselines[name], metric))
+
+
+def _budget(records: Sequence[RunRecord]) -> str | None:
+    return records[0].config.get("recipe_spec", {}).get("duration")
 
 
 def summarize(records: Sequence[RunRecord], profile: BenchProfile, ablations: Sequence[RunRecord] = (),
-              time_breakdown: dict | None = None) -> dict:
-    """This task's summary.json entry, from the main runs' records (and any leave-one-out runs)."""
+              time_breakdown: dict | None = None, budget_search: dict | None = None,
+              sweeps: dict | None = None) -> dict:
+    """This task's summary.json entry, from the main runs' records (and any leave-one-out runs).
+
+    ``baselines`` holds every baseline that ran (with its budget); ``baseline`` is the tutorial-style
+    one where it ran (else the strongest), ``recipes`` the speed-up recipes. Speed-ups are paired by
+    seed against each baseline (``speedup_vs``); the headline (``speedup_median``) is the best recipe's
+    against the strongest baseline. The best recipe must hold the target in every seed.
+    """
     by_recipe: dict[str, list[RunRecord]] = {}
     for record in records:
         if "ablation" in record.config or record.config.get("bench", {}).get("profiling"):
             continue  # records loaded from a run folder may include these
         by_recipe.setdefault(record.config["recipe"], []).append(record)
-    if "baseline" not in by_recipe:
-        raise ValueError(f"a benchmark summary needs baseline runs; got runs of {sorted(by_recipe)}")
+    baseline_names = [name for name in BASELINES[profile.task] if name in by_recipe]
+    if not baseline_names:
+        raise ValueError(f"a benchmark summary needs runs of a baseline ({', '.join(BASELINES[profile.task])}); "
+                         f"got runs of {sorted(by_recipe)}")
     seeds = sorted({_seed_of(r) for rs in by_recipe.values() for r in rs})
-    target = dict(by_recipe["baseline"][0].target)
-    entries = {name: recipe_entry(rs, seeds, profile.targets) for name, rs in by_recipe.items()}
-    for entry in entries.values():
-        _add_speedups(entry, entries["baseline"])
-    baseline = entries.pop("baseline")
-    best = pick_best(entries, target["metric"])
+    target = dict(by_recipe[baseline_names[0]][0].target)
+    entries = {name: {**recipe_entry(rs, seeds, profile.targets), "budget": _budget(rs)}
+               for name, rs in by_recipe.items()}
+    baselines = {name: entries.pop(name) for name in baseline_names}
+    for name, found in (budget_search or {}).items():
+        baselines[name]["budget_search"] = found
+    for name, swept in (sweeps or {}).items():
+        baselines[name]["sweep"] = swept
+    strongest = strongest_baseline(baselines, target["metric"])
+    for entry in [*baselines.values(), *entries.values()]:
+        _add_speedups(entry, baselines, strongest)
+    best = pick_best(entries, target["metric"], target["value"])
     best_entry = entries.get(best, {})
+    strongest_times = baselines[strongest]["time_to"]
     summary = {
         "task": profile.task, "profile": profile.name, "device": profile.device, "seeds": seeds,
         "target": target, "report_targets": list(profile.targets),
-        "baseline": baseline, "recipes": entries, "best_recipe": best,
+        "baseline": baselines.get("baseline", baselines[strongest]), "baselines": baselines,
+        "strongest_baseline": strongest, "recipes": entries, "best_recipe": best,
         "speedup_median": best_entry.get("speedup_median"),
-        "speedup_median_at": {key: median_or_none(paired_speedups(baseline["time_to"][key], times))
+        "speedup_vs": dict(best_entry.get("speedup_median_vs", {})),
+        "speedup_median_at": {key: median_or_none(paired_speedups(strongest_times[key], times))
                               for key, times in best_entry.get("time_to", {}).items()},
         "flops_fraction_of_peak": median_or_none(best_entry.get("flops_fraction_of_peak", [])),
         "leave_one_out": summarize_leave_one_out(records, ablations) if ablations else None,
@@ -260,7 +408,8 @@ def summarize_leave_one_out(records: Sequence[RunRecord], ablations: Sequence[Ru
     left_out = [r for r in ablations if "left_out" in r.config["ablation"]]  # not a rerun reference
     full_name = left_out[0].config["ablation"]["of"]
     full = next(r for r in [*records, *ablations] if r.name == full_name)
-    effects = leave_one_out_table([*records, *ablations]).get(full_name, {})
+    against = left_out[0].config["ablation"].get("against", "baseline")
+    effects = leave_one_out_table([*records, *ablations], baseline=against).get(full_name, {})
     parts = {}
     for record in left_out:
         part = record.config["ablation"]["left_out"]
@@ -268,8 +417,9 @@ def summarize_leave_one_out(records: Sequence[RunRecord], ablations: Sequence[Ru
                        "final_metric": final_metric(record) if record.target else None,
                        "slowdown": None, "share": None, "pays_off": None,
                        **effects.get(part, {}), **({"error": record.error} if record.error else {})}
-    return {"recipe": full.config["recipe"], "seed": _seed_of(full), "of": full_name,
-            "reference_rerun": full not in records,
+    shares = [row["share"] for row in parts.values() if row.get("share") is not None]
+    return {"recipe": full.config["recipe"], "seed": _seed_of(full), "of": full_name, "against": against,
+            "reference_rerun": full not in records, "share_sum": sum(shares) if shares else None,
             "time_to_target_s": full.time_to_target, "final_metric": final_metric(full), "parts": parts}
 
 
@@ -295,16 +445,34 @@ def profile_recipe(profile: BenchProfile, name: str, seed: int, steps: int, run_
 
 
 # -- the whole benchmark -----------------------------------------------------------------------
+def _names(value: Sequence[str] | str | None) -> list[str] | None:
+    if isinstance(value, str):
+        return [v.strip() for v in value.split(",") if v.strip()]
+    return None if value is None else list(value)
+
+
 def resolve_profile(task: str, profile: str | BenchProfile = "cpu", seeds: int | Sequence[int] | None = None,
-                    recipes: Sequence[str] | str | None = None, **overrides) -> tuple[BenchProfile, list[int]]:
-    """The profile with command-line style overrides, and the seeds to run."""
+                    recipes: Sequence[str] | str | None = None, baselines: Sequence[str] | str | None = None,
+                    **overrides) -> tuple[BenchProfile, list[int]]:
+    """The profile with command-line style overrides, and the seeds to run.
+
+    ``recipes`` names the speed-up recipes and ``baselines`` the baselines to run them against (default:
+    every baseline of the task); each list replaces the profile's.
+    """
     profile = get_profile(task, profile)
-    if isinstance(recipes, str):
-        recipes = [r.strip() for r in recipes.split(",") if r.strip()]
-    if recipes is not None:
-        for name in recipes:
-            get_recipe(profile.task, name)  # a clear error for unknown names
-        recipes = ("baseline", *[r for r in recipes if r != "baseline"])  # every speed-up is against it
+    recipes, baselines = _names(recipes), _names(baselines)
+    for name in [*(recipes or []), *(baselines or [])]:
+        get_recipe(profile.task, name)  # a clear error for unknown names
+    if baselines is not None:
+        wrong = [b for b in baselines if b not in BASELINES[profile.task]]
+        if wrong or not baselines:
+            raise ValueError(f"baselines {wrong or baselines} are not baselines of {profile.task}; "
+                             f"choose from {list(BASELINES[profile.task])}")
+    if recipes is not None or baselines is not None:
+        baselines = baselines or list(BASELINES[profile.task])
+        speedups = [r for r in (recipes if recipes is not None else profile.recipes)
+                    if r not in BASELINES[profile.task]]
+        recipes = (*baselines, *speedups)  # every speed-up is measured against each baseline
     seed_list = list(range(seeds)) if isinstance(seeds, int) else list(seeds) if seeds is not None else None
     if seed_list is not None and not seed_list:
         raise ValueError("seeds must be a positive count or a non-empty list of seeds")
@@ -319,7 +487,9 @@ def reusable_runs(run_dir: str | Path, profile: BenchProfile, seeds: Sequence[in
     for record in load_records(run_dir):  # oldest first, so later ones replace earlier ones
         bench = record.config.get("bench", {})
         if (bench.get("task") != task_key(profile.task) or bench.get("profile") != profile.name
-                or bench.get("profiling") or "ablation" in record.config or record.status == "failed"):
+                or bench.get("profiling") or bench.get("budget_search") or bench.get("sweep")
+                or "ablation" in record.config
+                or record.status == "failed"):
             continue
         if record.config.get("recipe") in profile.recipes and _seed_of(record) in seeds:
             newest[(record.config["recipe"], _seed_of(record))] = record
@@ -338,11 +508,15 @@ def run_benchmark(task: str, profile: str | BenchProfile = "cpu", seeds: int | S
                   data_fraction: float | None = None, eval_fraction: float | None = None,
                   eval_interval: str | None = None, duration: str | None = None,
                   duration_scale: float | None = None, target: float | None = None,
-                  trainer_kwargs: dict | None = None,
+                  trainer_kwargs: dict | None = None, baselines: Sequence[str] | str | None = None,
+                  find_budgets: bool = False, sweep: bool = False,
                   on_record: Callable[[RunRecord], None] | None = None) -> BenchResult:
     """Benchmark ``task`` ("vision"/"language") and merge its entry into ``out_dir/summary.json``.
 
-    ``seeds`` is a count or a list; ``recipes`` names the speed-up recipes (the baseline always runs).
+    ``seeds`` is a count or a list; ``recipes`` names the speed-up recipes and ``baselines`` the
+    baselines (default: all of the task's). ``find_budgets`` first searches each baseline's budget
+    (``find_budget``) and runs the baselines with it; ``sweep`` first sweeps the learning rate and
+    schedule of each baseline that has a sweep in the profile (``sweep_baseline``) and runs it with the pick.
     Keyword overrides replace the profile's fields; ``trainer_kwargs`` go to every make_trainer call;
     ``on_record`` is called with each main run's record as it finishes. ``reuse`` takes the main runs
     from ``run_dir`` instead of running them (to add a leave-one-out or a profile later); the
@@ -352,13 +526,30 @@ def run_benchmark(task: str, profile: str | BenchProfile = "cpu", seeds: int | S
 
     key = task_key(task)
     profile, seed_list = resolve_profile(
-        key, profile, seeds, recipes, device=device, data_fraction=data_fraction, eval_fraction=eval_fraction,
+        key, profile, seeds, recipes, baselines, device=device, data_fraction=data_fraction, eval_fraction=eval_fraction,
         eval_interval=eval_interval, duration=duration, duration_scale=duration_scale, target=target)
     resolve_device(profile.device)  # a clear error now, not after the first runs
     trainer_kwargs = dict(trainer_kwargs or {})
     session = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     log(f"benchmark {key} ({profile.task}), profile {profile.name}: recipes {', '.join(profile.recipes)}; "
         f"seeds {seed_list}; device {profile.device}")
+    sweeps = {}
+    if sweep and not reuse:
+        for name in [b for b in profile.baselines if b in profile.sweeps]:
+            sweeps[name] = sweep_baseline(profile, name, seed_list[0], run_dir, session, log, **trainer_kwargs)
+            pick = sweeps[name]["pick"]
+            change = {"optimizer": {"lr": pick["lr"]}, "schedule": pick["schedule"]}
+            profile = dataclasses.replace(profile, recipe_changes={
+                **profile.recipe_changes, name: {**profile.recipe_changes.get(name, {}), **change}})
+            log(f"sweep {name}: picked {sweeps[name]['pick']}")
+    budgets = None
+    if find_budgets and not reuse:
+        budgets = {name: find_budget(profile, name, seed_list, run_dir, session, log, **trainer_kwargs)
+                   for name in profile.baselines}
+        changes = {name: {**profile.recipe_changes.get(name, {}), "duration": found["budget"]}
+                   for name, found in budgets.items()}
+        profile = dataclasses.replace(profile, recipe_changes={**profile.recipe_changes, **changes})
+        log("baseline budgets: " + ", ".join(f"{n} {b['budget']}" for n, b in budgets.items()))
     if reuse:
         records = reusable_runs(run_dir, profile, seed_list)
         log(f"reusing {len(records)} runs from {run_dir}")
@@ -369,17 +560,17 @@ def run_benchmark(task: str, profile: str | BenchProfile = "cpu", seeds: int | S
     ablations = []
     if leave_one_out and best is not None:
         ablations = run_leave_one_out(profile, records, best, run_dir, session, log, rerun_full=reuse,
-                                      **trainer_kwargs)
+                                      baseline=entry["strongest_baseline"], **trainer_kwargs)
     breakdown = None
     if profile_steps and profile_steps > 0:
         breakdown = profile_recipe(profile, best or "baseline", seed_list[0], profile_steps, run_dir, session,
                                    **trainer_kwargs)
-    entry = summarize(records, profile, ablations, breakdown)
+    entry = summarize(records, profile, ablations, breakdown, budgets, sweeps)
     summary, paths = write_reports(out_dir, key, entry, records if figures else None)
     return BenchResult(entry=entry, summary=summary, records=records, ablations=ablations, paths=paths)
 
 
-__all__ = ["BenchResult", "NON_METHOD_PARTS", "TASK_KEYS", "ablation_changes", "apply_overrides", "machine",
-           "pick_best", "profile_recipe", "recipe_entry", "resolve_profile", "reusable_runs", "run_benchmark", "run_interleaved",
-           "run_leave_one_out", "run_one", "scheduled_recipe", "summarize", "summarize_leave_one_out", "target_key",
+__all__ = ["BenchResult", "NON_METHOD_PARTS", "TASK_KEYS", "ablation_changes", "apply_overrides", "find_budget",
+           "holds_target", "machine", "pick_best", "strongest_baseline", "profile_recipe", "recipe_entry", "resolve_profile", "reusable_runs", "run_benchmark", "run_interleaved",
+           "run_leave_one_out", "run_one", "scheduled_recipe", "summarize", "sweep_baseline", "summarize_leave_one_out", "target_key",
            "trainer_factory"]

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Sequence
 
 from speedkit.compare import median_or_none
-from speedkit.runs import RunRecord, _json_safe, atomic_write_bytes
+from speedkit.runs import RunRecord, atomic_write_bytes, json_safe as _json_safe
 
 SUMMARY_JSON = "summary.json"
 SUMMARY_MD = "summary.md"
@@ -63,8 +63,43 @@ def _row(cells: Sequence[str]) -> str:
     return "| " + " | ".join(cells) + " |"
 
 
+def _baselines(entry: dict) -> dict[str, dict]:
+    """The baselines that ran (summaries written before there were several hold only ``baseline``)."""
+    return entry.get("baselines") or {"baseline": entry["baseline"]}
+
+
 def _all_recipes(entry: dict) -> list[tuple[str, dict]]:
-    return [("baseline", entry["baseline"]), *entry["recipes"].items()]
+    return [*_baselines(entry).items(), *entry["recipes"].items()]
+
+
+def _speedup_cells(entry: dict, r: dict) -> list[str]:
+    """The median paired speed-up (min–max) against each baseline."""
+    cells = []
+    for name in _baselines(entry):
+        values = r.get("speedup_vs", {}).get(name, r.get("speedup", []) if name == "baseline" else [])
+        median = median_or_none(values)
+        cells.append(_num(median, 2) + "x" * (median is not None) + _spread(values, 2))
+    return cells
+
+
+def _label(entry: dict, name: str) -> str:
+    if name == entry.get("best_recipe"):
+        return f"**{name}**"
+    return f"{name} (strongest baseline)" if name == entry.get("strongest_baseline") else name
+
+
+def headline(key: str, entry: dict) -> str:
+    """One sentence: the best recipe's median speed-up against the strongest baseline, or why there is none."""
+    target = entry["target"]
+    best, strongest = entry.get("best_recipe"), entry.get("strongest_baseline", "baseline")
+    if best is None:
+        return (f"{key}: no speed-up recipe reached {target['metric']} {target['value']:g} in every seed and "
+                f"ended at or above it, so there is no headline speed-up.")
+    others = ", ".join(f"{_num(v, 2)}x against {name}" for name, v in entry.get("speedup_vs", {}).items()
+                       if name != strongest and v is not None)
+    return (f"{key}: **{best}** reaches {target['metric']} {target['value']:g} "
+            f"{_num(entry.get('speedup_median'), 2)}x faster (median of paired seeds) than the strongest "
+            f"baseline, {strongest}" + (f"; {others}" if others else "") + ".")
 
 
 def machine_line(entry: dict) -> str:
@@ -80,28 +115,35 @@ def task_markdown(key: str, entry: dict) -> str:
     target = entry["target"]
     extra = [k for k in entry["baseline"]["time_to"] if float(k) != target["value"]]
     n = len(entry["seeds"])
+    baselines = list(_baselines(entry))
     lines = [
         f"## {key}: {entry['task']} to {target['metric']} {target['value']:g}",
         "",
-        f"Profile `{entry['profile']}`, {n} seed{'s' if n != 1 else ''}, baseline and recipes interleaved by "
-        f"seed; times are training wall clock, evaluation excluded and shown apart, as are setup (data into "
-        f"memory, model, surgery) and compile time (which is also inside training time); speed-ups are "
+        headline(key, entry),
+        "",
+        f"Profile `{entry['profile']}`, {n} seed{'s' if n != 1 else ''}, baselines and recipes interleaved by "
+        f"seed; times are training wall clock with a plain evaluation excluded (shown apart) and the extra "
+        f"cost of evaluation-time methods and of set-up work at fit start included; setup (data into memory, "
+        f"model, surgery) and compile time (also inside training time) are shown apart; speed-ups are "
         f"paired by seed. Machine: {machine_line(entry)}.",
         "",
-        _row(["recipe", "reached", "time to target (s)", "speed-up", "final", "train s", "eval s", "setup s",
-              "compile s", *[f"time to {k} (s)" for k in extra]]),
-        _row(["---"] * (9 + len(extra))),
+        _row(["recipe", "budget", "reached", "time to target (s)", *[f"speed-up vs {b}" for b in baselines],
+              "final", "train s", "eval s", "setup s", "compile s", *[f"time to {k} (s)" for k in extra]]),
+        _row(["---"] * (9 + len(baselines) + len(extra))),
     ]
     for name, r in _all_recipes(entry):
-        label = f"**{name}**" if name == entry.get("best_recipe") else name
-        cells = [label, f"{sum(t is not None for t in r['time_to_target_s'])}/{n}",
+        cells = [_label(entry, name), _budget_cell(r, entry), f"{sum(t is not None for t in r['time_to_target_s'])}/{n}",
                  _median_sum(r["time_to_target_s"]) + _spread(r["time_to_target_s"]),
-                 _num(r.get("speedup_median"), 2) + "x" * (r.get("speedup_median") is not None)
-                 + _spread(r.get("speedup", []), 2),
+                 *_speedup_cells(entry, r),
                  _num(median_or_none(r["final_metric"]), 4), _median_sum(r["train_s"]), _median_sum(r["eval_s"]),
                  _median_sum(r["setup_s"]), _median_sum(r["compile_s"]),
                  *[_median_sum(r["time_to"][k]) for k in extra]]
         lines.append(_row(cells))
+    searched = {name: b["budget_search"] for name, b in _baselines(entry).items() if b.get("budget_search")}
+    if searched:
+        lines += ["", "Baseline budgets, searched (budget: seeds that reached the target): " + "; ".join(
+            f"{name} {', '.join(f'{k}: {v}/{n}' for k, v in s['tried'].items())} -> {s['budget']}"
+            for name, s in searched.items())]
     if entry.get("flops_fraction_of_peak") is not None:
         lines += ["", f"Best recipe's achieved FLOP/s: {100 * entry['flops_fraction_of_peak']:.1f}% of the "
                       f"measured matmul peak."]
@@ -110,11 +152,18 @@ def task_markdown(key: str, entry: dict) -> str:
     return "\n".join(lines)
 
 
+def _budget_cell(r: dict, entry: dict) -> str:
+    return r.get("budget") or "—"
+
+
 def leave_one_out_markdown(table: dict | None) -> list[str]:
     if not table:
         return []
     rerun = " (the full recipe rerun beside its ablations)" if table.get("reference_rerun") else ""
-    lines = ["", f"Leave-one-out from `{table['of']}`{rerun}, time to target {_num(table['time_to_target_s'])} s:",
+    against = f" against {table['against']}" if table.get("against") else ""
+    share_sum = f"; the shares add up to {_num(table['share_sum'], 2)}" if table.get("share_sum") is not None else ""
+    lines = ["", f"Leave-one-out from `{table['of']}`{rerun}, time to target {_num(table['time_to_target_s'])} s; "
+                 f"each row gives one part the baseline's value{against}{share_sum}:",
              "", "| left out | time to target (s) | slowdown | share of speed-up | pays off here | final |",
              "|---|---|---|---|---|---|"]
     for part, row in table["parts"].items():
@@ -143,25 +192,28 @@ def summary_markdown(summary: dict) -> str:
 
 
 def readme_table(summary: dict) -> str:
-    """The README's results table: the task target's median time and paired speed-up per recipe."""
-    lines = ["| task | recipe | seeds that reached it | time to target (s, median) | speed-up (median, min–max) "
-             "| final (median) |", "|---|---|---|---|---|---|"]
-    notes = []
+    """The README's results: per task, the headline, then each baseline and recipe with its median time to
+    the target and its paired speed-up against every baseline."""
+    parts = []
     for key, entry in summary.items():
-        target = entry["target"]
+        target, n = entry["target"], len(entry["seeds"])
+        baselines = list(_baselines(entry))
+        lines = [headline(key, entry), "",
+                 _row(["recipe", "budget", "seeds that reached it", "time to target (s, median)",
+                       *[f"speed-up vs {b}" for b in baselines], "final (median)"]),
+                 _row(["---"] * (5 + len(baselines)))]
         for name, r in _all_recipes(entry):
-            speedup = r.get("speedup_median")
-            lines.append(f"| {key} ({target['metric']} {target['value']:g}) | {name} | "
-                         f"{r.get('reached', 0)}/{len(entry['seeds'])} | "
-                         f"{_num(r.get('median_time_to_target_s'), missing='not reached')} | "
-                         f"{_num(speedup, 2)}{'x' if speedup is not None else ''}{_spread(r.get('speedup', []), 2)} | "
-                         f"{_num(median_or_none(r['final_metric']), 4)} |")
-        notes.append(f"{key}: {machine_line(entry)}, profile `{entry['profile']}`, {len(entry['seeds'])} seeds")
-    ablations = [f"\n**{key}**" + "\n".join(leave_one_out_markdown(entry["leave_one_out"]))
-                 for key, entry in summary.items() if entry.get("leave_one_out")]
-    return "\n".join(lines) + "\n\nMeasured on " + "; ".join(notes) + (
-        ". Training wall clock with evaluation excluded; speed-ups are baseline time / recipe time, "
-        "paired by seed, over the seeds where both reached the target.\n") + "".join(f"{a}\n" for a in ablations)
+            lines.append(_row([_label(entry, name), _budget_cell(r, entry), f"{r.get('reached', 0)}/{n}",
+                               _num(r.get("median_time_to_target_s"), missing="not reached"),
+                               *_speedup_cells(entry, r), _num(median_or_none(r["final_metric"]), 4)]))
+        lines += ["", f"{key} ({entry['task']} to {target['metric']} {target['value']:g}): {machine_line(entry)}, "
+                      f"profile `{entry['profile']}`, {n} seeds."]
+        lines += leave_one_out_markdown(entry.get("leave_one_out"))
+        parts.append("\n".join(lines))
+    return "\n\n".join(parts) + (
+        "\n\nTraining wall clock with a plain evaluation excluded; the extra cost of evaluation-time methods "
+        "and of set-up work at fit start is included. Speed-ups are baseline time / recipe time, paired by "
+        "seed, over the seeds where both reached the target.\n")
 
 
 # -- figures -----------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ import math
 from pathlib import Path
 
 from speedkit.core.time import Time
-from speedkit.core.algorithm import _show
+from speedkit.core.algorithm import show as _show
 
 DOMAINS = ("vision", "language")
 
@@ -38,7 +38,8 @@ class Recipe:
     augment: dict | None = None  # {"crop_pad": 2, "flip": "random"}
     eval_interval: str = "1ep"
     summary: str = ""
-    reached: dict | None = None  # filled in by the benchmark: metric, value, time, machine
+    target: dict | None = None  # {"metric", "value"} it was tuned to reach; None: the task's target
+    reached: dict | None = None  # what the benchmark measured: metric, value, time, machine
 
     def __post_init__(self):
         """Every field is checked now, so a bad recipe (file) fails when read, naming the field."""
@@ -80,9 +81,10 @@ class Recipe:
         for field, expected in (("optimizer", "a dict with a 'name', e.g. {'name': 'sgd', 'lr': 0.1}"),
                                 ("methods", "a dict {method name: {parameters}}"),
                                 ("augment", "a dict such as {'crop_pad': 2, 'flip': 'random'}, or null"),
+                                ("target", "a dict {'metric': 'eval/accuracy', 'value': 0.92}, or null"),
                                 ("reached", "a dict, or null")):
             value = getattr(self, field)
-            if not isinstance(value, dict) and not (value is None and field in ("augment", "reached")):
+            if not isinstance(value, dict) and not (value is None and field in ("augment", "target", "reached")):
                 raise TypeError(f"{where}: {field} must be {expected}, got {type(value).__name__} {_show(value)}")
         name = self.optimizer.get("name")
         if not isinstance(name, str):
@@ -90,6 +92,10 @@ class Recipe:
         for key, value in self.optimizer.items():
             if isinstance(value, float) and not math.isfinite(value):
                 raise ValueError(f"{where}: optimizer {key} must be a finite number, got {value!r}")
+        if self.target is not None and (set(self.target) != {"metric", "value"} or not isinstance(
+                self.target["metric"], str) or isinstance(self.target["value"], bool)
+                or not isinstance(self.target["value"], (int, float))):
+            raise ValueError(f"{where}: target must be {{'metric': <name>, 'value': <number>}}, got {_show(self.target)}")
         if self.augment is not None:
             crop_pad = self.augment.get("crop_pad", 0)
             if isinstance(crop_pad, bool) or not isinstance(crop_pad, int):
@@ -178,6 +184,17 @@ RECIPES: dict[str, dict[str, Recipe]] = {
             augment={"crop_pad": 2, "flip": "random"},
             summary="hand-written PyTorch: SGD+Nesterov, cosine with warmup, fp32, torchvision DataLoader",
             reached=_vision_bench("3/3", 369.6, 0.9276)),
+        "plain": Recipe(
+            name="plain", task="fashion-mnist", domain="vision", model="resnet8", duration="8ep", batch_size=128,
+            optimizer=dict(_SGD), schedule={"name": "cosine", "warmup": "0.1dur"}, precision="fp32",
+            loader="memory", augment={"crop_pad": 2, "flip": "random"}, eval_interval="0.25ep",
+            summary="the baseline's model and optimizer, data in memory as tensors, batch-level crop+flip, fp32"),
+        "plain-bf16": Recipe(
+            name="plain-bf16", task="fashion-mnist", domain="vision", model="resnet8", duration="8ep",
+            batch_size=128, optimizer=dict(_SGD), schedule={"name": "cosine", "warmup": "0.1dur"},
+            methods={"channels_last": {}}, precision="bf16", loader="memory",
+            augment={"crop_pad": 2, "flip": "random"}, eval_interval="0.25ep",
+            summary="plain + bf16 autocast + channels_last: the three lines a competent user adds"),
         "mild": Recipe(
             name="mild", task="fashion-mnist", domain="vision", model="resnet8", duration="4ep", batch_size=256,
             optimizer={**_SGD, "lr": 0.2}, schedule={"name": "one_cycle", "peak_at": 0.2},
@@ -213,6 +230,11 @@ RECIPES: dict[str, dict[str, Recipe]] = {
             loader="memory", eval_interval="100ba",
             summary="nanoGPT-style byte-level GPT: AdamW, learned positions, GELU, fp32, cosine",
             reached=_language_bench("3/3", 450.7, 3.2086)),
+        "tuned": Recipe(
+            name="tuned", task="pydocs", domain="language", model="gpt-nano", duration="600ba", batch_size=32,
+            optimizer=dict(_ADAMW), schedule={"name": "cosine", "warmup": "0.05dur"}, precision="fp32",
+            loader="memory", eval_interval="25ba",
+            summary="the baseline with AdamW's learning rate and schedule picked by a sweep, fp32"),
         "mild": Recipe(
             name="mild", task="pydocs", domain="language", model="gpt-nano", duration="400ba", batch_size=32,
             optimizer={**_ADAMW, "lr": 2e-3}, schedule={"name": "linear_to_zero", "warmup": "0.05dur"},
@@ -237,6 +259,19 @@ RECIPES: dict[str, dict[str, Recipe]] = {
             reached=_language_bench("3/3", 65.0, 1.8507)),
     },
 }
+
+
+# The baselines of each task, weakest first: every speed-up is measured against each of them, and the
+# headline against the strongest (the fastest to the target). They never get a profile's speed-up changes.
+BASELINES: dict[str, tuple[str, ...]] = {
+    "fashion-mnist": ("baseline", "plain", "plain-bf16"),
+    "pydocs": ("baseline", "tuned"),
+}
+
+
+def is_baseline(task: str, name: str) -> bool:
+    """True for the recipes that speed-ups are measured against (``BASELINES``)."""
+    return name in BASELINES.get(task, ("baseline",))
 
 
 def get_recipe(task: str, name: str | Recipe = "baseline") -> Recipe:
@@ -285,4 +320,4 @@ def resolve_recipe(spec, model=None) -> Recipe:
     return copy.deepcopy(matches[0])
 
 
-__all__ = ["RECIPES", "Recipe", "RecipeFileNotFoundError", "get_recipe", "model_domain", "resolve_recipe"]
+__all__ = ["BASELINES", "RECIPES", "Recipe", "RecipeFileNotFoundError", "get_recipe", "is_baseline", "model_domain", "resolve_recipe"]
