@@ -187,7 +187,10 @@ def _add_bench_parser(commands) -> None:
                             "(language: tuned), then run them with the pick")
     bench.add_argument("--find-budgets", action="store_true",
                        help="first search each baseline's shortest whole-epoch budget that reaches the target in "
-                            "every seed, then run the baselines with it")
+                            "every seed, then run the baselines with it (the search is saved as "
+                            "<out>/<task>_budgets.json)")
+    bench.add_argument("--budgets", help="a <task>_budgets.json from an earlier --find-budgets: run the baselines "
+                       "with the budgets it found")
     bench.add_argument("--leave-one-out", action="store_true", help="ablate each part of the best recipe")
     bench.add_argument("--profile-steps", type=int, default=0, help="profile this many steps of the best recipe")
     bench.add_argument("--device", help="device, overriding the profile's")
@@ -206,11 +209,22 @@ def _add_bench_parser(commands) -> None:
 
 
 def _bench(args) -> int:
+    import json
+    from pathlib import Path
+
     from speedkit.bench import run_benchmark
     from speedkit.bench.report import task_markdown
 
+    budgets = None
+    if args.budgets:
+        try:
+            budgets = json.loads(Path(args.budgets).read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise ValueError(f"--budgets {args.budgets}: cannot read it ({e}); pass the <task>_budgets.json that "
+                             f"--find-budgets wrote") from None
+
     result = run_benchmark(args.task, args.profile, seeds=args.seeds, recipes=args.recipes,
-                           baselines=args.baselines, find_budgets=args.find_budgets, sweep=args.sweep, out_dir=args.out,
+                           baselines=args.baselines, find_budgets=args.find_budgets, budgets=budgets, sweep=args.sweep, out_dir=args.out,
                            run_dir=args.run_dir, leave_one_out=args.leave_one_out, reuse=args.reuse,
                            profile_steps=args.profile_steps, figures=not args.no_figures, device=args.device,
                            data_fraction=args.data_fraction, eval_fraction=args.eval_fraction,

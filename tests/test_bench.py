@@ -297,7 +297,8 @@ def test_the_sweep_runs_the_grid_on_one_seed_and_picks_the_fastest(monkeypatch, 
         assert bench_info["sweep"] is True and seed == 3
         lr, shape = recipe.optimizer["lr"], recipe.schedule["name"]
         seconds = {1e-3: 50, 2e-3: 30, 4e-3: None}[lr] if shape == "cosine" else {1e-3: 45, 2e-3: 20, 4e-3: None}[lr]
-        evals = [(60, 3.4)] if seconds is None else [(seconds, 3.2)]
+        # one evaluation every 10 s (so at batches 1, 2, ...), reaching 3.3 bpb at ``seconds``
+        evals = [(60, 3.4)] if seconds is None else [(t, 3.4) for t in range(10, seconds - 9, 10)] + [(seconds, 3.2)]
         return fake_record(recipe.name, seed, evals, target=3.3, metric="eval/bpb")
 
     monkeypatch.setattr(harness, "run_one", fake_run_one)
@@ -305,6 +306,7 @@ def test_the_sweep_runs_the_grid_on_one_seed_and_picks_the_fastest(monkeypatch, 
     assert len(found["tried"]) == 6  # three learning rates x two schedules
     assert found["pick"] == {"lr": 2e-3, "schedule": {"name": "linear_to_zero", "warmup": "0.05dur"}}
     assert [t["time_to_target_s"] for t in found["tried"]] == [50, 45, 30, 20, None, None]
+    assert [t["batches_to_target"] for t in found["tried"]] == [5, 4, 3, 2, None, None]
     with pytest.raises(ValueError, match="no sweep for 'plain'"):
         harness.sweep_baseline(get_profile("vision"), "plain", 0, tmp_path, "s")
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as _dt
 import functools
+import json
 import math
 import statistics
 import time
@@ -110,7 +111,8 @@ def find_budget(profile: BenchProfile, name: str, seeds: Sequence[int], run_dir:
     """The shortest whole number of epochs with which baseline ``name`` reaches the target in every seed.
 
     Starts at the recipe's budget; goes down an epoch at a time while every seed reaches the target,
-    or up while some seed does not (to at most twice the start). Returns ``{"budget", "tried": {budget:
+    or up while some seed does not (to at most twice the start). Only whether a run reaches the target
+    matters here, not how fast, so the search need not run on a quiet machine. Returns ``{"budget", "tried": {budget:
     seeds that reached the target}}``; the runs are marked ``config["bench"]["budget_search"]`` and are
     not the benchmark's main runs (those run afterwards, interleaved with the recipes).
     """
@@ -148,8 +150,8 @@ def sweep_baseline(profile: BenchProfile, name: str, seed: int, run_dir: str | P
     """Run baseline ``name`` once (on ``seed``) for every learning rate and schedule of its sweep in the
     profile, and pick the fastest to the target (ties and misses: the best final metric).
 
-    Returns ``{"tried": [{"lr", "schedule", "time_to_target_s", "final_metric", "run"}], "pick": {"lr",
-    "schedule"}}``. The runs are marked ``config["bench"]["sweep"]``; they are not main runs.
+    Returns ``{"tried": [{"lr", "schedule", "time_to_target_s", "batches_to_target", "final_metric", "run"}],
+    "pick": {"lr", "schedule"}}``. The runs are marked ``config["bench"]["sweep"]``; they are not main runs.
     """
     grid = profile.sweeps.get(name)
     if not grid:
@@ -163,10 +165,14 @@ def sweep_baseline(profile: BenchProfile, name: str, seed: int, run_dir: str | P
             run_name = f"{profile.task}-{name}-lr{lr:g}-{schedule['name']}-s{seed}"
             record = run_one(profile, candidate, seed, run_name, run_dir, info, **trainer_kwargs)
             log(f"[sweep {name}] {_describe_run(record)}")
+            target = record.target or {}
             tried.append({"lr": lr, "schedule": dict(schedule), "time_to_target_s": record.time_to_target,
-                          "final_metric": final_metric(record), "run": record.name})
+                          "batches_to_target": record.time_to(target.get("metric"), target.get("value"), x="batch")
+                          if target else None, "final_metric": final_metric(record), "run": record.name})
+    # Ranked by batches, not seconds: every candidate runs the same model and batch, so they agree, and
+    # batches do not depend on what else the machine is doing (a sweep need not run on a quiet machine).
     metric = TASKS[profile.task].target_metric
-    best = min(tried, key=lambda t: _rank({"time_to_target_s": [t["time_to_target_s"]],
+    best = min(tried, key=lambda t: _rank({"time_to_target_s": [t["batches_to_target"]],
                                            "final_metric": [t["final_metric"]]}, metric))
     return {"tried": tried, "pick": {"lr": best["lr"], "schedule": best["schedule"]}}
 
@@ -509,13 +515,14 @@ def run_benchmark(task: str, profile: str | BenchProfile = "cpu", seeds: int | S
                   eval_interval: str | None = None, duration: str | None = None,
                   duration_scale: float | None = None, target: float | None = None,
                   trainer_kwargs: dict | None = None, baselines: Sequence[str] | str | None = None,
-                  find_budgets: bool = False, sweep: bool = False,
+                  find_budgets: bool = False, budgets: dict | None = None, sweep: bool = False,
                   on_record: Callable[[RunRecord], None] | None = None) -> BenchResult:
     """Benchmark ``task`` ("vision"/"language") and merge its entry into ``out_dir/summary.json``.
 
     ``seeds`` is a count or a list; ``recipes`` names the speed-up recipes and ``baselines`` the
     baselines (default: all of the task's). ``find_budgets`` first searches each baseline's budget
-    (``find_budget``) and runs the baselines with it; ``sweep`` first sweeps the learning rate and
+    (``find_budget``) and runs the baselines with it, and ``budgets`` gives the result of an earlier
+    search (``{baseline: find_budget's result}``) instead; ``sweep`` first sweeps the learning rate and
     schedule of each baseline that has a sweep in the profile (``sweep_baseline``) and runs it with the pick.
     Keyword overrides replace the profile's fields; ``trainer_kwargs`` go to every make_trainer call;
     ``on_record`` is called with each main run's record as it finishes. ``reuse`` takes the main runs
@@ -542,10 +549,18 @@ def run_benchmark(task: str, profile: str | BenchProfile = "cpu", seeds: int | S
             profile = dataclasses.replace(profile, recipe_changes={
                 **profile.recipe_changes, name: {**profile.recipe_changes.get(name, {}), **change}})
             log(f"sweep {name}: picked {sweeps[name]['pick']}")
-    budgets = None
     if find_budgets and not reuse:
         budgets = {name: find_budget(profile, name, seed_list, run_dir, session, log, **trainer_kwargs)
                    for name in profile.baselines}
+        path = Path(out_dir) / f"{key}_budgets.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(budgets, indent=1))
+        log(f"baseline budgets written to {path} (reuse them with --budgets {path})")
+    if budgets:
+        unknown = sorted(set(budgets) - set(profile.baselines))
+        if unknown:
+            raise ValueError(f"budgets for {unknown}, which are not baselines this benchmark runs "
+                             f"({', '.join(profile.baselines)}); drop them or add them with --baselines")
         changes = {name: {**profile.recipe_changes.get(name, {}), "duration": found["budget"]}
                    for name, found in budgets.items()}
         profile = dataclasses.replace(profile, recipe_changes={**profile.recipe_changes, **changes})
