@@ -1,6 +1,5 @@
 """speedkit: faster PyTorch training by composing proven speed-up methods."""
-__version__ = "0.1.0"
-
+from speedkit.version import __version__  # noqa: E402
 from speedkit.core import Algorithm, Callback, Event, MethodCard, State, Time, Timestamp  # noqa: E402
 from speedkit.metrics import Evaluator  # noqa: E402
 from speedkit.runs import RunRecord  # noqa: E402

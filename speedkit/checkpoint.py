@@ -9,17 +9,23 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import os
 import random
+import shutil
+import time
 import warnings
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from speedkit.runs import atomic_write_bytes
+from speedkit import distributed
+from speedkit.core import Timestamp
+from speedkit.runs import RunRecord, atomic_write_bytes
 
 MAGIC = b"SPEEDKIT-CHECKPOINT\n"
+LATEST = "latest.ckpt"
 FORMAT_VERSION = 1
 
 
@@ -168,11 +174,7 @@ def save_sharded_checkpoint(path: str | os.PathLike, payload: dict, sharded: dic
     rest, written by rank 0 with :func:`save_checkpoint` together with the manifest of the shard folder
     ``<path without .ckpt>.dcp``. The folder is written under a temporary name and renamed when complete.
     """
-    import shutil
-
     import torch.distributed.checkpoint as dcp
-
-    from speedkit import distributed
 
     path = Path(path)
     folder = path.with_suffix(SHARDED_SUFFIX)
@@ -258,8 +260,6 @@ def _tensor_only_planner():
 
 def _verify_shard_folder(folder: Path, files: dict) -> None:
     """Every file of the manifest present with its SHA-256; each rank checks its share of the files."""
-    from speedkit import distributed
-
     problems = []
     if not folder.is_dir():
         problems.append(f"its shard folder {folder} is missing")
@@ -319,3 +319,157 @@ def load_sharded_checkpoint(path: str | os.PathLike, payload: dict, mesh=None, m
                               f"({type(inner[0]).__name__}: {inner[0]}); use an earlier checkpoint from the same "
                               f"folder") from e
     return {**payload, **join_sharded(manifest["skeleton"], targets)}
+
+
+# -- a run's checkpoints ------------------------------------------------------------------------------
+class Checkpointer:
+    """A run's checkpoints: what goes into one, writing ``ba{batch}.ckpt`` and ``latest.ckpt``, keeping the
+    newest few, and resuming from one. The run's parallel plan (``speedkit.distributed``) does its part:
+    under DDP rank 0 writes with every rank's RNG; under FSDP every rank writes its shards.
+
+    ``state`` is the run's State, ``logger`` its Logger, ``plan`` its parallel plan.
+    """
+
+    def __init__(self, folder: str | os.PathLike, state, logger, plan, *, run_name: str, keep: int = 3):
+        self.folder, self.keep = Path(folder), keep
+        self.state, self.logger, self.plan, self.run_name = state, logger, plan, run_name
+
+    @property
+    def latest(self) -> Path:
+        return self.folder / LATEST
+
+    # -- writing -----------------------------------------------------------------------------
+    def payload(self, rng_by_rank: list | None = None) -> dict:
+        """Everything a resume needs, as plain data and tensors."""
+        state = self.state
+        return {
+            "model": state.model.state_dict(),
+            "optimizers": [opt.state_dict() for opt in state.optimizers],
+            "schedulers": [s.state_dict() for s in _torch_schedulers(state)],
+            "grad_scaler": state.grad_scaler.state_dict() if state.grad_scaler is not None else None,
+            "algorithms": {a.name: a.state_dict() for a in state.algorithms},
+            "callbacks": {type(cb).__name__: cb.state_dict() for cb in state.callbacks},
+            "timestamp": state.timestamp.to_dict(),
+            "rng": rng_state(),
+            "record": state.record.to_json(),
+            "run_name": self.run_name,
+            **({"rng_by_rank": rng_by_rank} if rng_by_rank else {}),
+        }
+
+    @staticmethod
+    def rng_state() -> dict:
+        return rng_state()
+
+    def write(self, path: Path, payload: dict) -> Path:
+        return save_checkpoint(path, payload)
+
+    def write_sharded(self, path: Path, payload: dict, sharded: dict) -> Path:
+        return save_sharded_checkpoint(path, payload, sharded)
+
+    def save(self) -> Path:
+        """Write ``ba{batch}.ckpt`` and point ``latest.ckpt`` at it, both atomically; keep the newest few.
+
+        Under torchrun only rank 0 writes (DDP: the plain module's weights, so one process can resume
+        it); under FSDP every rank writes its shards beside it (``ba{batch}.dcp/``).
+        """
+        state = self.state
+        start = time.perf_counter()
+        state.record.timings["train_s"] = round(state.timestamp.wall_s, 4)
+        path = self.folder / f"ba{state.timestamp.batch:09d}.ckpt"
+        if not self.plan.save_checkpoint(self, path, state, self.logger):
+            return path
+        state.record.notes["last_checkpoint"] = str(path)  # on a file system all ranks share
+        if distributed.is_main():
+            self._point_latest_at(path)
+            state.record.save()
+            state.record.add_timing("checkpoint_s", time.perf_counter() - start)
+        return path
+
+    def _point_latest_at(self, path: Path) -> None:
+        """Make ``latest.ckpt`` name ``path`` atomically, then drop all but the newest few checkpoints."""
+        tmp = self.folder / f".{LATEST}.link"
+        tmp.unlink(missing_ok=True)
+        try:
+            os.link(path, tmp)  # a second name for the same bytes: instant, and atomic with the rename
+        except OSError:  # file systems without hard links
+            shutil.copyfile(path, tmp)
+        os.replace(tmp, self.latest)
+        for old in sorted(self.folder.glob("ba*.ckpt"))[:-self.keep]:
+            old.unlink()
+            shutil.rmtree(old.with_suffix(SHARDED_SUFFIX), ignore_errors=True)  # an FSDP checkpoint's shards
+
+    def remove_partial_writes(self) -> None:
+        """Delete temp files that a killed save left behind (they never replaced a checkpoint)."""
+        if not self.folder.is_dir():
+            return
+        for pattern in (".ba*.ckpt.*.tmp", f".{LATEST}.link"):
+            for leftover in self.folder.glob(pattern):
+                leftover.unlink(missing_ok=True)
+
+    # -- resuming ----------------------------------------------------------------------------
+    def resume(self, load_path: str | os.PathLike | None = None, autoresume: bool = False) -> dict | None:
+        """Load ``load_path`` (or, with ``autoresume``, ``latest.ckpt`` if there is one) into the run's state.
+
+        Returns the RNG state the run continues from (set when its next epoch starts), None when nothing
+        was loaded.
+        """
+        path = load_path
+        if path is None and autoresume and self.latest.exists():
+            path = self.latest
+        seen = self.plan.ranks_that_see(path is not None)
+        if len(set(seen)) > 1:
+            raise CheckpointError(f"ranks disagree on resuming from {self.latest}: ranks "
+                                  f"{[r for r, s in enumerate(seen) if not s]} do not see it; checkpoints must "
+                                  f"be on a file system every rank shares")
+        if path is None:
+            return None
+        state = self.state
+        payload = load_checkpoint(path, map_location=state.device)
+        if payload.get("sharded") is not None:
+            payload = load_sharded_checkpoint(path, payload, mesh=self.plan.device_mesh(state.model),
+                                              map_location=state.device)
+        self._load_payload(payload, path)
+        return self.plan.resume_rng(payload)
+
+    def _load_payload(self, payload: dict, path) -> None:
+        state = self.state
+        try:
+            self._load_weights(payload)
+        except (RuntimeError, ValueError, KeyError) as e:
+            raise CheckpointError(f"{path} does not fit this model/optimizer ({e}); it was written by a "
+                                  f"different configuration") from e
+        for algorithm in state.algorithms:
+            algorithm.load_state_dict(payload["algorithms"].get(algorithm.name, {}))
+        saved_callbacks = payload.get("callbacks", {})
+        for callback in state.callbacks:
+            if type(callback).__name__ in saved_callbacks:
+                callback.load_state_dict(saved_callbacks[type(callback).__name__])
+        state.timestamp = Timestamp.from_dict(payload["timestamp"])
+        previous = RunRecord.from_dict(json.loads(payload["record"]))
+        record = state.record
+        record.run_id, record.created = previous.run_id, previous.created
+        record.steps, record.evals, record.timings = previous.steps, previous.evals, previous.timings
+        record.notes = {**previous.notes, "resumed_from": str(path)}
+        state.eval_metrics = {}
+        self.logger.log_text(f"resumed from {path} at epoch {state.timestamp.epoch}, batch {state.timestamp.batch}")
+
+    def _load_weights(self, payload: dict) -> None:
+        """Model, optimizers, schedulers and loss scaler; a sharded payload's are keyed by parameter name."""
+        state = self.state
+        if payload.get("sharded") is not None:
+            from torch.distributed.checkpoint.state_dict import set_state_dict
+
+            set_state_dict(state.model, [getattr(o, "base_optimizer", o) for o in state.optimizers],
+                           model_state_dict=payload["model"], optim_state_dict=payload["optimizers"])
+        else:
+            state.model.load_state_dict(payload["model"])
+            for opt, sd in zip(state.optimizers, payload["optimizers"]):
+                opt.load_state_dict(sd)
+        for sched, sd in zip(_torch_schedulers(state), payload["schedulers"]):
+            sched.load_state_dict(sd)
+        if state.grad_scaler is not None and payload.get("grad_scaler"):
+            state.grad_scaler.load_state_dict(payload["grad_scaler"])
+
+
+def _torch_schedulers(state) -> list:
+    return [s for s in state.schedulers if isinstance(s, torch.optim.lr_scheduler.LRScheduler)]

@@ -3,11 +3,12 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import time
 from pathlib import Path
 
 import torch
 
-PRECISIONS = ("fp32", "bf16", "fp16", "auto")
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")  # the one list: Trainer, recipes, explorer
 DEVICES = ("auto", "cpu", "cuda", "mps")
 
 
@@ -74,3 +75,12 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
     elif device.type == "mps":
         torch.mps.synchronize()
+
+
+def timed(fn, device) -> float:
+    """Seconds ``fn()`` took on ``device``, its queued device work included."""
+    synchronize(device)
+    start = time.perf_counter()
+    fn()
+    synchronize(device)
+    return time.perf_counter() - start

@@ -5,7 +5,9 @@ process per device and sets ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_A
 :func:`init_distributed` reads them and opens the default process group (gloo on CPU, nccl on CUDA).
 Without ``WORLD_SIZE`` (or with 1) everything here is a no-op, so the same script runs in one process.
 
-What the Trainer does with this module (``Trainer(parallel="auto" | "ddp" | "fsdp" | None)``):
+What the Trainer does with this module (``Trainer(parallel="auto" | "ddp" | "fsdp" | None)``) lives in its
+parallel plan (:func:`make_plan`: :class:`SingleProcess`, :class:`DDPPlan`, :class:`FSDPPlan`, at the end of
+this file), so the training loop itself has no branch on the strategy:
 
 * **Wrapping** (:func:`wrap_model`), after the INIT surgery and before the optimizers are built.
   ``"ddp"``: ``DistributedDataParallel``; plain ``BatchNorm1d/2d/3d`` become synchronized batch norms
@@ -40,7 +42,8 @@ Methods across ranks (what the Trainer and the methods do so that every rank sta
   per-rank batch they are the very ghost batches one process would form); these layers are not
   synchronized, so their running statistics are averaged over ranks after every step.
 * layer_freezing and stochastic_depth (mode "block", drawn per rank): the set of parameters used in
-  a step varies, so DDP runs with ``find_unused_parameters=True``; FSDP refuses them.
+  a step varies (their cards say so: ``MethodCard.varies_parameters``), so DDP runs with
+  ``find_unused_parameters=True``; FSDP refuses them.
 * gyro_dropout: every rank trains the same masks (drawn from a generator seeded by the run's seed).
 * A method that sets weights from this rank's data at FIT_START (patch_whitening) is overridden by
   rank 0's weights, broadcast once after FIT_START.
@@ -58,6 +61,8 @@ from typing import Iterable
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+
+from speedkit.seeding import derive_seed
 
 STRATEGIES = ("ddp", "fsdp")
 
@@ -154,11 +159,7 @@ def barrier() -> None:
 def rank_seed(seed: int) -> int:
     """The seed of this rank's global RNGs: ``seed`` itself on rank 0, a distinct stream on every other."""
     r = rank()
-    if r == 0:
-        return seed
-    from speedkit.data._seeding import derive_seed
-
-    return derive_seed(abs(int(seed)), r)
+    return seed if r == 0 else derive_seed(abs(int(seed)), r)
 
 
 # -- data sharding -------------------------------------------------------------------------------
@@ -475,3 +476,220 @@ def wrap_model(model: nn.Module, strategy: str, device: torch.device | str, *,
 def unwrap(model: nn.Module) -> nn.Module:
     """The module inside a DDP wrapper (FSDP2 shards in place, so its model is already the module)."""
     return getattr(model, "module", model) if type(model).__name__ == "DistributedDataParallel" else model
+
+
+# -- the Trainer's parallel plan -------------------------------------------------------------------
+# Everything a training loop does differently on several processes, behind one interface, so the loop
+# itself has no branches on the strategy: ``SingleProcess`` (every hook a no-op), ``DDPPlan`` and
+# ``FSDPPlan``. ``make_plan`` picks one from the Trainer's ``parallel`` argument.
+class SingleProcess:
+    """The plan of a run in one process: nothing to wrap, reduce, pad or share."""
+
+    name: str | None = None
+    world = 1
+
+    def __init__(self, device: torch.device):
+        self.device = device
+
+    # -- construction ------------------------------------------------------------------------
+    def agree_on_run_name(self, name: str, given: bool) -> str:
+        """The run's name, the same on every rank (one run folder for all)."""
+        return name
+
+    def wrap(self, model: nn.Module, algorithms, grad_scaler) -> nn.Module:
+        """Prepare ``model`` after the INIT surgery; returns the module that runs the training forward."""
+        return model
+
+    def config(self, model: nn.Module, global_batch_size: int | None) -> dict:
+        """What the RunRecord's config says about processes."""
+        return {"world_size": 1, "parallel": None}
+
+    # -- the loop ----------------------------------------------------------------------------
+    def after_fit_start(self, model: nn.Module) -> None:
+        """After FIT_START, where a method may have set weights from this rank's data (patch whitening)."""
+
+    def after_step(self, model: nn.Module, step_loss: torch.Tensor) -> torch.Tensor:
+        """After each optimizer step; returns the step's loss as every rank should log it."""
+        return step_loss
+
+    def agree_to_end(self, state, end: bool) -> bool:
+        """Whether the run ends now, decided by all ranks together (or one would wait in a collective)."""
+        return end
+
+    # -- evaluation --------------------------------------------------------------------------
+    def before_eval(self, model: nn.Module) -> None:
+        """Before an evaluation: make every rank's copy of the model the same."""
+
+    def finish_evaluator(self, model: nn.Module, evaluator, seen: int, repeat_last) -> None:
+        """After this rank's evaluation batches (``seen`` of them): pad and combine the metrics.
+
+        ``repeat_last()`` runs the last batch again without counting it.
+        """
+
+    # -- checkpoints -------------------------------------------------------------------------
+    def save_checkpoint(self, checkpointer, path, state, logger) -> bool:
+        """This plan's part of writing a checkpoint at ``path``; returns whether one was written."""
+        checkpointer.write(path, checkpointer.payload())
+        return True
+
+    def ranks_that_see(self, found: bool) -> list[bool]:
+        """``found`` (a checkpoint to resume from) as each rank has it: every rank must resume, or none."""
+        return [found]
+
+    def device_mesh(self, model: nn.Module):
+        """The mesh sharded parameters live on (None when they are not sharded)."""
+        return None
+
+    def resume_rng(self, payload: dict) -> dict:
+        """The RNG state this rank continues from."""
+        return payload["rng"]
+
+
+class _SeveralProcesses(SingleProcess):
+    """What DDP and FSDP share: a process group, agreement between ranks, metrics summed over ranks."""
+
+    def __init__(self, device: torch.device):
+        super().__init__(local_device(device))
+        init_distributed(device=self.device)
+        self.world = world_size()
+        self.varying: list[str] = []
+        self.averages_buffers = False  # unsynchronized batch norms (ghost batch norm): averaged after each step
+        self._model_class = None
+
+    def agree_on_run_name(self, name: str, given: bool) -> str:
+        return name if given else broadcast_object(name)
+
+    def wrap(self, model, algorithms, grad_scaler):
+        self._model_class = type(model).__name__
+        self.varying = sorted(a.name for a in algorithms if a.varies_parameters)
+        return model
+
+    def config(self, model, global_batch_size):
+        return {"world_size": self.world, "parallel": self.name, "model": self._model_class,
+                "distributed": {"strategy": self.name, "world_size": self.world,
+                                "backend": dist.get_backend(), "sync_batchnorm": True,
+                                "find_unused_parameters": bool(self.varying) and self.name == "ddp",
+                                "averaged_buffers": self.averages_buffers,
+                                "global_batch_size": global_batch_size}}
+
+    def after_step(self, model, step_loss):
+        if self.averages_buffers:  # one set of running statistics for all ranks
+            average_buffers(model)
+        return all_reduce_mean(step_loss)  # the loss averaged over ranks
+
+    def agree_to_end(self, state, end):
+        if not any_rank(end):
+            return False
+        reasons = [r for r in all_gather_object(state.stop_reason if state.stop_requested else None) if r]
+        if reasons and not state.stop_requested:
+            state.request_stop(reasons[0])  # e.g. SIGTERM or trainer.stop() reached one rank only
+        return True
+
+    def before_eval(self, model):
+        if self.averages_buffers:  # e.g. statistics a method refreshed per rank (swa's batch-norm pass)
+            average_buffers(model)
+
+    def finish_evaluator(self, model, evaluator, seen, repeat_last):
+        reduce_metrics(evaluator.metrics.values())  # each rank evaluated its shard: sum the metric states
+
+    def ranks_that_see(self, found: bool) -> list[bool]:
+        return all_gather_object(found)
+
+    def resume_rng(self, payload):
+        by_rank = payload.get("rng_by_rank")  # written by several ranks: each continues its own stream
+        return by_rank[rank()] if by_rank and len(by_rank) == self.world else payload["rng"]
+
+    @staticmethod
+    def _alone(state) -> bool:
+        """A failed or interrupted run may have lost its other ranks: no collectives then (they would hang)."""
+        return state.record.status in ("failed", "interrupted")
+
+
+class DDPPlan(_SeveralProcesses):
+    """DistributedDataParallel: every rank holds the whole model; gradients are all-reduced.
+
+    ``state.model`` stays the plain module, so methods (EMA, SWA, ...) and checkpoints see its own
+    parameter names and a checkpoint written by several ranks loads in one process; the DDP wrapper
+    only runs the training forward.
+    """
+
+    name = "ddp"
+
+    def wrap(self, model, algorithms, grad_scaler):
+        super().wrap(model, algorithms, grad_scaler)
+        wrapped = wrap_model(model, "ddp", self.device, find_unused_parameters=bool(self.varying))
+        self.averages_buffers = has_unsynchronized_batchnorm(model)
+        return wrapped
+
+    def after_fit_start(self, model):
+        broadcast_module(model)  # rank 0's weights, wherever a method set them from this rank's data
+
+    def save_checkpoint(self, checkpointer, path, state, logger):
+        # Rank 0 writes the plain module's weights with every rank's RNG (so each rank resumes its own stream).
+        rng_by_rank = None
+        if not self._alone(state):
+            rng_by_rank = all_gather_object(checkpointer.rng_state())
+            if self.averages_buffers:
+                average_buffers(state.model)
+        if is_main():
+            checkpointer.write(path, checkpointer.payload(rng_by_rank=rng_by_rank))
+        return True  # rank 0 wrote it (on a file system the ranks share)
+
+
+class FSDPPlan(_SeveralProcesses):
+    """FSDP2: parameters sharded over the ranks; checkpoints written as shards by every rank."""
+
+    name = "fsdp"
+
+    def wrap(self, model, algorithms, grad_scaler):
+        super().wrap(model, algorithms, grad_scaler)
+        if self.varying:
+            raise ValueError(f"parallel='fsdp' cannot run {', '.join(self.varying)}: it changes which blocks "
+                             f"run per step, and FSDP needs every rank to run every block; use parallel='ddp'")
+        if grad_scaler is not None:
+            raise ValueError("parallel='fsdp' with precision='fp16' is not supported (its loss scaler would "
+                             "need sharded inf checks); use precision='bf16'")
+        return wrap_model(model, "fsdp", self.device)
+
+    def finish_evaluator(self, model, evaluator, seen, repeat_last):
+        # Every FSDP forward gathers shards from all ranks, so a rank whose shard of the eval set ran out
+        # repeats its last batch (not counted) until the others are done.
+        counts = all_gather_object(seen)
+        if min(counts) == 0 < max(counts):
+            raise ValueError(f"evaluator {evaluator.label!r}: some ranks have no evaluation batch "
+                             f"(batches per rank: {counts}); under fsdp each rank needs at least one")
+        for _ in range(max(counts) - seen):
+            repeat_last()
+        # FSDP2 keeps the root's parameters gathered after a forward without backward: shard them again,
+        # so methods that swap weights at EVAL_END (ema) and the next step see DTensors.
+        model.reshard()
+        super().finish_evaluator(model, evaluator, seen, repeat_last)
+
+    def save_checkpoint(self, checkpointer, path, state, logger):
+        if self._alone(state):
+            logger.log_text("fsdp: no checkpoint on a failed or interrupted run (every rank must write "
+                            "its shards); the last checkpoint is kept")
+            return False
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        payload = checkpointer.payload(rng_by_rank=all_gather_object(checkpointer.rng_state()))
+        del payload["model"], payload["optimizers"]
+        model_sd, optim_sd = get_state_dict(state.model, [getattr(o, "base_optimizer", o) for o in state.optimizers])
+        sharded = {"model": model_sd, "optimizers": optim_sd, "algorithms": payload.pop("algorithms"),
+                   "callbacks": payload.pop("callbacks")}
+        checkpointer.write_sharded(path, payload, sharded)
+        return True
+
+    def device_mesh(self, model):
+        return next((p.device_mesh for p in model.parameters() if hasattr(p, "device_mesh")), None)
+
+
+def make_plan(parallel: str | None, device: torch.device, microbatch_size=None) -> SingleProcess:
+    """The plan for the Trainer's ``parallel`` argument: one process unless launched with several."""
+    strategy = resolve_strategy(parallel)  # checked even where there is nothing to split
+    if strategy is None or not launched_distributed():
+        return SingleProcess(device)  # one process: "ddp"/"fsdp" have nothing to do (the config notes world_size 1)
+    if microbatch_size == "auto":  # one rank halving alone would leave the others waiting in all-reduce
+        raise ValueError("microbatch_size='auto' runs in one process only; under torchrun give a fixed "
+                         "microbatch_size (e.g. the size a one-process run settled on, in record.notes)")
+    return {"ddp": DDPPlan, "fsdp": FSDPPlan}[strategy](device)

@@ -9,7 +9,7 @@ import json
 import sys
 from pathlib import Path
 
-from speedkit.runs import _json_safe
+from speedkit.runs import json_safe
 
 
 def _position(state) -> dict:
@@ -56,7 +56,7 @@ class JSONLFileLogger(LoggerDestination):
         self._file = open(self.path, "a")
 
     def log_metrics(self, metrics, position):
-        self._file.write(json.dumps(_json_safe({**position, **metrics})) + "\n")
+        self._file.write(json.dumps(json_safe({**position, **metrics})) + "\n")
         self._file.flush()
 
     def log_text(self, text):

@@ -16,6 +16,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from speedkit.version import __version__
+
 RECORD_VERSION = 1
 LOWER_IS_BETTER = ("loss", "perplexity", "bpb", "bits_per_byte", "error")
 
@@ -47,12 +49,12 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
         raise
 
 
-def _json_safe(value: Any) -> Any:
+def json_safe(value: Any) -> Any:
     """Floats that JSON cannot hold (nan, inf) become None; tensors and numpy scalars become numbers."""
     if isinstance(value, dict):
-        return {str(k): _json_safe(v) for k, v in value.items()}
+        return {str(k): json_safe(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
+        return [json_safe(v) for v in value]
     if hasattr(value, "item") and callable(value.item):
         try:
             value = value.item()
@@ -95,14 +97,18 @@ class RunRecord:
 
     # -- filling in -----------------------------------------------------------------------
     def add_step(self, position: dict, metrics: dict) -> None:
-        row = {**position, **_json_safe(metrics)}
+        row = {**position, **json_safe(metrics)}
         if self.steps and self.steps[-1].get("batch") == position.get("batch"):
             self.steps[-1].update(row)  # several loggers at one batch share a row
         else:
             self.steps.append(row)
 
     def add_eval(self, position: dict, metrics: dict) -> None:
-        self.evals.append({**position, **_json_safe(metrics)})
+        self.evals.append({**position, **json_safe(metrics)})
+
+    def add_timing(self, key: str, seconds: float) -> None:
+        """Add ``seconds`` to ``timings[key]`` (e.g. ``eval_s``), kept to 0.1 ms."""
+        self.timings[key] = round(self.timings.get(key, 0.0) + seconds, 4)
 
     # -- reading --------------------------------------------------------------------------
     @property
@@ -141,7 +147,7 @@ class RunRecord:
         d = dataclasses.asdict(self)
         d.pop("path")
         d["time_to_target_s"] = self.time_to_target
-        return _json_safe(d)
+        return json_safe(d)
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=1)
@@ -203,10 +209,8 @@ def environment(device=None) -> dict:
     """What a figure needs to be read honestly: versions, device, threads, processor names."""
     import torch
 
-    import speedkit
-
     env = {
-        "speedkit": speedkit.__version__,
+        "speedkit": __version__,
         "torch": torch.__version__,
         "python": platform.python_version(),
         "platform": platform.platform(),

@@ -1,4 +1,4 @@
-"""Seeded torch generators shared by the loaders.
+"""Seeded generators shared by the loaders, the methods that draw their own randomness, and the ranks.
 
 Every loader draws its randomness from its own generator, seeded from (seed, epoch), so that
 an epoch's batches are a pure function of those two numbers: a run can be reproduced, and a

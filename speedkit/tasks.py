@@ -1,7 +1,8 @@
-"""Tasks: a dataset, its metrics and its target, and the one function that turns a recipe into a Trainer.
+"""Tasks: a dataset, its metrics and its target, and where recipes become Trainer arguments.
 
 The CLI, the demo, the notebooks and the benchmark all build their runs through ``make_trainer``,
-so a configuration means the same thing everywhere.
+so a configuration means the same thing everywhere. A hand-built Trainer takes a recipe's parts from
+``recipe_parts``: the Trainer itself takes parts, never recipes, so a recipe is resolved here only.
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from speedkit.devices import resolve_device
 from speedkit.metrics import Accuracy, BitsPerByte, CrossEntropy, Evaluator
 from speedkit.models import get_model
 from speedkit.optim.factory import make_optimizer_factory
-from speedkit.recipes import Recipe, get_recipe
+from speedkit.recipes import Recipe, get_recipe, resolve_recipe
 from speedkit.trainer import Trainer
 
 
@@ -106,10 +107,29 @@ def make_loaders(task: str, recipe: Recipe, device: torch.device, data_fraction:
     raise ValueError(f"unknown task {task!r}; known tasks: {sorted(TASKS)}")
 
 
+# -- recipes into Trainer arguments -------------------------------------------------------------
+def recipe_parts(recipe: str | Recipe, model: torch.nn.Module | None = None, *,
+                 max_duration: str | None = None, optimizers=None, schedulers=None, algorithms=None,
+                 precision: str | None = None, config: dict | None = None) -> dict:
+    """The Trainer arguments a recipe supplies, with the ones given here winning over the recipe's.
+
+    ``recipe`` is a Recipe, ``"task:name"`` or a bare name picked by ``model``'s domain (vision or
+    language): ``Trainer(model, data, **recipe_parts("mild", model, max_duration="2ep"))``.
+    """
+    recipe = resolve_recipe(recipe, model)
+    return {"max_duration": max_duration or recipe.duration,
+            "optimizers": optimizers or make_optimizer_factory(recipe.optimizer),
+            "schedulers": recipe.schedule if schedulers is None else schedulers,
+            "algorithms": build_algorithms(recipe.methods) if algorithms is None else algorithms,
+            "precision": precision or recipe.precision,
+            "config": {"recipe": recipe.name, "recipe_spec": recipe.to_dict(), **(config or {})}}
+
+
 # -- the one way to build a run -----------------------------------------------------------------
 def make_trainer(task: str = "fashion-mnist", recipe: str | Recipe = "baseline", *, model: str | None = None,
                  duration: str | None = None, methods: Any = None, precision: str | None = None,
-                 batch_size: int | None = None, eval_interval: str | None = None, device: str = "auto", seed: int = 0, data_fraction: float = 1.0,
+                 batch_size: int | None = None, eval_interval: str | None = None, device: str = "auto", seed: int = 0,
+                 data_fraction: float = 1.0,
                  eval_fraction: float | None = None, target: float | None = None, stop_at_target: bool = False,
                  download: bool = False, num_workers: int = 0, extra_config: dict | None = None,
                  **trainer_kwargs) -> Trainer:
@@ -131,17 +151,25 @@ def make_trainer(task: str = "fashion-mnist", recipe: str | Recipe = "baseline",
     seq_len = net.config.block_size if spec.domain == "language" else None
     train, evaluators = make_loaders(task, recipe, device, data_fraction, seed, eval_fraction, download,
                                      num_workers, seq_len)
-    target_value = spec.target_value if target is None else target
-    config = {"task": task, "recipe": recipe.name, "recipe_spec": recipe.to_dict(), "data_fraction": data_fraction,
+    target_value = target if target is not None else recipe_target(spec, recipe)
+    config = {"task": task, "data_fraction": data_fraction,
               "target": {"metric": spec.target_metric, "value": target_value}, **(extra_config or {})}
     trainer = Trainer(
-        net, train, evaluators=evaluators, max_duration=recipe.duration,
-        optimizers=make_optimizer_factory(recipe.optimizer), schedulers=recipe.schedule,
-        algorithms=build_algorithms(recipe.methods), precision=recipe.precision, device=device, seed=seed,
+        net, train, evaluators=evaluators, **recipe_parts(recipe, net, config=config), device=device, seed=seed,
         eval_interval=recipe.eval_interval, stop_at=(spec.target_metric, target_value) if stop_at_target else None,
-        config=config, **trainer_kwargs)
+        **trainer_kwargs)
     trainer.record.target = {"metric": spec.target_metric, "value": target_value}
     return trainer
+
+
+def recipe_target(spec: TaskSpec, recipe: Recipe) -> float:
+    """The target a run of ``recipe`` is measured against: the one it was tuned for, else the task's."""
+    if recipe.target is None:
+        return spec.target_value
+    if recipe.target["metric"] != spec.target_metric:
+        raise ValueError(f"recipe {recipe.name!r} targets {recipe.target['metric']}, but task {spec.name!r} "
+                         f"measures {spec.target_metric}; set the recipe's target metric to {spec.target_metric!r}")
+    return recipe.target["value"]
 
 
 def _methods_dict(methods) -> dict:

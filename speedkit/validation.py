@@ -1,9 +1,9 @@
 """Checks of what a user hands the Trainer: its arguments when it is built, and the first batch against the model.
 
 Every refusal is a ValueError (a value out of bounds) or a TypeError (the wrong kind of thing) whose
-message starts with the argument's name and says what was expected. ``check_trainer_arguments`` runs
-once in ``Trainer.__init__``; the first-batch checks run on the first training step of a fit only, so
-every later step pays nothing for them.
+message starts with the argument's name and says what was expected. ``check_trainer_arguments`` (the
+Trainer's arguments by name, each checked explicitly) runs once in ``Trainer.__init__``; the first-batch
+checks run on the first training step of a fit only, so every later step pays nothing for them.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from speedkit.core.algorithm import _show as show  # repr cut short, never failing
+from speedkit.core.algorithm import show  # repr cut short, never failing
 from speedkit.core.time import Time, TimeUnit
 
 _DEVICE = re.compile(r"^(auto|cpu|mps|cuda(:(0|[1-9][0-9]{0,3}))?)$")
@@ -143,107 +143,121 @@ def _is_path(value: Any) -> bool:
 
 
 # -- the Trainer's arguments --------------------------------------------------------------------
-def check_trainer_arguments(args: Mapping[str, Any]) -> None:
-    """Check ``Trainer.__init__``'s arguments (its ``locals()``); raise on the first bad one.
-
-    Arguments this function does not know are left to the Trainer.
-    """
-    from speedkit.callbacks import NaNGuard
-    from speedkit.core.algorithm import Algorithm
-    from speedkit.devices import PRECISIONS
+def check_trainer_arguments(*, model: Any, train_dataloader: Any = None, eval_dataloader: Any = None,
+                            evaluators: Any = (), max_duration: Any = None, eval_interval: Any = "1ep",
+                            save_interval: Any = None, grad_accum: Any = 1, log_interval: Any = 10,
+                            keep_checkpoints: Any = 3, microbatch_size: Any = None, seed: Any = 0,
+                            schedule_scale: Any = 1.0, precision: Any = None, device: Any = "auto",
+                            nan_policy: Any = "stop", stop_at: Any = None, algorithms: Any = None,
+                            callbacks: Any = (), loggers: Any = (), loss_fn: Any = None, deterministic: Any = False,
+                            save_checkpoints: Any = True, autoresume: Any = False, progress_bar: Any = False,
+                            console: Any = False, run_name: Any = None, run_dir: Any = "runs",
+                            save_folder: Any = None, load_path: Any = None, config: Any = None) -> None:
+    """Check the arguments of ``Trainer.__init__`` (same names, same defaults); raise on the first bad one."""
     from speedkit.metrics import Evaluator
-    from speedkit.recipes import Recipe
 
-    get = args.get
-    if not isinstance(get("model"), torch.nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module, got {type(get('model')).__name__}")
-    check_loader("train_dataloader", get("train_dataloader"))
-    check_loader("eval_dataloader", get("eval_dataloader"))
-    evaluators = get("evaluators", ())
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    check_loader("train_dataloader", train_dataloader)
+    check_loader("eval_dataloader", eval_dataloader)
     _check_sequence("evaluators", evaluators, lambda e: isinstance(e, Evaluator), "speedkit.metrics.Evaluator objects")
     for i, evaluator in enumerate(evaluators if isinstance(evaluators, (list, tuple)) else ()):
         check_loader(f"evaluators[{i}].dataloader", evaluator.dataloader, optional=False)
+    max_duration = check_duration("max_duration", max_duration, optional=True, fraction_ok=False)
+    check_duration("eval_interval", eval_interval, optional=False, fraction_ok=True)
+    check_duration("save_interval", save_interval, optional=True, fraction_ok=True)
+    _check_schedule_scale(schedule_scale, max_duration)
+    _check_counts(grad_accum, log_interval, keep_checkpoints, microbatch_size, seed)
+    check_precision("precision", precision, optional=True)
+    _check_device(device)
+    _check_nan_policy(nan_policy)
+    has_evaluation = eval_dataloader is not None or not isinstance(evaluators, (list, tuple)) or bool(evaluators)
+    _check_stop_at(stop_at, has_evaluation)
+    _check_parts(algorithms, callbacks, loggers, loss_fn)
+    for name, flag in (("deterministic", deterministic), ("save_checkpoints", save_checkpoints),
+                       ("autoresume", autoresume), ("progress_bar", progress_bar), ("console", console)):
+        if not isinstance(flag, bool):
+            raise TypeError(f"{name} must be True or False, got {_kind(flag)}")
+    _check_paths(run_name, run_dir, save_folder, load_path)
+    if config is not None and not isinstance(config, Mapping):
+        raise TypeError(f"config must be a dict or None, got {_kind(config)}")
 
-    max_duration = check_duration("max_duration", get("max_duration"), optional=True, fraction_ok=False)
-    check_duration("eval_interval", get("eval_interval", "1ep"), optional=False, fraction_ok=True)
-    check_duration("save_interval", get("save_interval"), optional=True, fraction_ok=True)
 
-    check_whole("grad_accum", get("grad_accum", 1))
-    check_whole("log_interval", get("log_interval", 1))
-    check_whole("keep_checkpoints", get("keep_checkpoints", 1))
-    microbatch_size = get("microbatch_size")
+def check_precision(name: str, precision: Any, *, optional: bool) -> str | None:
+    """One of ``speedkit.devices.PRECISIONS`` (or None where ``optional``)."""
+    from speedkit.devices import PRECISIONS
+
+    if precision is None and optional:
+        return None
+    if not isinstance(precision, str):
+        raise TypeError(f"{name} must be one of {PRECISIONS}{' or None' if optional else ''}, got {_kind(precision)}")
+    if precision not in PRECISIONS:
+        raise ValueError(f"{name} must be one of {PRECISIONS}, got {show(precision)}")
+    return precision
+
+
+def _check_counts(grad_accum, log_interval, keep_checkpoints, microbatch_size, seed) -> None:
+    check_whole("grad_accum", grad_accum)
+    check_whole("log_interval", log_interval)
+    check_whole("keep_checkpoints", keep_checkpoints)
     if microbatch_size is not None and not (isinstance(microbatch_size, str) and microbatch_size == "auto"):
         if isinstance(microbatch_size, str):
             raise ValueError(f"microbatch_size must be a whole number >= 1, 'auto' or None, "
                              f"got {show(microbatch_size)}")
         check_whole("microbatch_size", microbatch_size)
-    check_whole("seed", get("seed", 0), low=0, high=2**32 - 1)
+    check_whole("seed", seed, low=0, high=2**32 - 1)
 
-    scale = get("schedule_scale", 1.0)
+
+def _check_schedule_scale(scale: Any, max_duration: Time | None) -> None:
     if not _is_number(scale):
         raise TypeError(f"schedule_scale must be a positive number, got {_kind(scale)}")
     if not (math.isfinite(scale) and scale > 0):
         raise ValueError(f"schedule_scale must be a positive finite number, got {show(scale)}")
-    if max_duration is not None:
-        try:
-            scaled = max_duration * float(scale)
-        except (ValueError, OverflowError) as e:
-            raise ValueError(f"schedule_scale={show(scale)} stretches max_duration={max_duration} too far: "
-                             f"{e}") from None
-        if scaled.value <= 0:
-            raise ValueError(f"schedule_scale={show(scale)} shrinks max_duration={max_duration} to nothing; "
-                             f"use a larger scale or a longer max_duration")
+    if max_duration is None:
+        return
+    try:
+        scaled = max_duration * float(scale)
+    except (ValueError, OverflowError) as e:
+        raise ValueError(f"schedule_scale={show(scale)} stretches max_duration={max_duration} too far: "
+                         f"{e}") from None
+    if scaled.value <= 0:
+        raise ValueError(f"schedule_scale={show(scale)} shrinks max_duration={max_duration} to nothing; "
+                         f"use a larger scale or a longer max_duration")
 
-    precision = get("precision")
-    if precision is not None:
-        if not isinstance(precision, str):
-            raise TypeError(f"precision must be one of {PRECISIONS} or None, got {_kind(precision)}")
-        if precision not in PRECISIONS:
-            raise ValueError(f"precision must be one of {PRECISIONS}, got {show(precision)}")
-    _check_device(get("device", "auto"))
-    nan_policy = get("nan_policy")
+
+def _check_nan_policy(nan_policy: Any) -> None:
+    from speedkit.callbacks import NaNGuard
+
     if nan_policy is not None and (not isinstance(nan_policy, str) or nan_policy not in NaNGuard.POLICIES):
         raise ValueError(f"nan_policy must be one of {NaNGuard.POLICIES} or None, got {_kind(nan_policy)}")
-    has_evaluation = get("eval_dataloader") is not None or not isinstance(evaluators, (list, tuple)) or bool(evaluators)
-    _check_stop_at(get("stop_at"), has_evaluation)
 
-    recipe = get("recipe")
-    if recipe is not None and not isinstance(recipe, Recipe):
-        if not isinstance(recipe, str):
-            raise TypeError(f"recipe must be a name such as 'mild', 'fashion-mnist:mild' or a Recipe, "
-                            f"got {_kind(recipe)}")
-        if not recipe.strip():
-            raise ValueError("recipe must be a name such as 'mild' or 'fashion-mnist:mild', got ''")
 
-    algorithms = get("algorithms")
+def _check_parts(algorithms, callbacks, loggers, loss_fn) -> None:
+    from speedkit.core.algorithm import Algorithm
+
     if algorithms is not None:
         _check_sequence("algorithms", algorithms, lambda a: isinstance(a, Algorithm),
                         "Algorithm objects (speedkit.algorithms.get_algorithm('name', ...) builds one by name)")
-    _check_sequence("callbacks", get("callbacks", ()), lambda c: callable(getattr(c, "run_event", None)),
+    _check_sequence("callbacks", callbacks, lambda c: callable(getattr(c, "run_event", None)),
                     "speedkit.callbacks.Callback objects")
-    _check_sequence("loggers", get("loggers", ()),
+    _check_sequence("loggers", loggers,
                     lambda d: all(callable(getattr(d, m, None)) for m in ("log_metrics", "log_text", "close")),
                     "speedkit.loggers.LoggerDestination objects")
-    loss_fn = get("loss_fn")
     if loss_fn is not None and not callable(loss_fn):
         raise TypeError(f"loss_fn must be callable as loss_fn(outputs, targets), got {_kind(loss_fn)}")
 
-    for flag in ("deterministic", "save_checkpoints", "autoresume", "progress_bar", "console"):
-        if flag in args and not isinstance(args[flag], bool):
-            raise TypeError(f"{flag} must be True or False, got {_kind(args[flag])}")
-    run_name = get("run_name")
+
+def _check_paths(run_name, run_dir, save_folder, load_path) -> None:
     if run_name is not None:
         if not isinstance(run_name, str):
             raise TypeError(f"run_name must be a string (a folder name under run_dir) or None, got {_kind(run_name)}")
         if run_name.strip() in (".", "..") or "\x00" in run_name:
             raise ValueError(f"run_name must name a folder under run_dir, got {show(run_name)}")
-    if not _is_path(get("run_dir", "runs")):
-        raise TypeError(f"run_dir must be a path (str or os.PathLike), got {_kind(get('run_dir'))}")
-    for name in ("save_folder", "load_path"):
-        if get(name) is not None and not _is_path(get(name)):
-            raise TypeError(f"{name} must be a path (str or os.PathLike) or None, got {_kind(get(name))}")
-    if get("config") is not None and not isinstance(get("config"), Mapping):
-        raise TypeError(f"config must be a dict or None, got {_kind(get('config'))}")
+    if not _is_path(run_dir):
+        raise TypeError(f"run_dir must be a path (str or os.PathLike), got {_kind(run_dir)}")
+    for name, path in (("save_folder", save_folder), ("load_path", load_path)):
+        if path is not None and not _is_path(path):
+            raise TypeError(f"{name} must be a path (str or os.PathLike) or None, got {_kind(path)}")
 
 
 # -- the first training batch -------------------------------------------------------------------
@@ -278,8 +292,7 @@ def check_first_batch(state, tokens: int) -> None:
     if tokens == 0 and not state.tokens_per_batch:
         in_tokens = [("max_duration", state.max_duration)]
         in_tokens += [(f"eval_interval of evaluator {ev.label!r}", ev.interval) for ev in state.evaluators]
-        in_tokens += [("save_interval", cb.interval.every) for cb in state.callbacks
-                      if type(cb).__name__ == "CheckpointSaver"]
+        in_tokens += [item for cb in state.callbacks for item in cb.durations().items()]
         for name, time in in_tokens:
             if time is not None and time.unit is TimeUnit.TOKEN:
                 raise ValueError(f"{name}={time} counts tokens, but the batches carry none (their inputs "

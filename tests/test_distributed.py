@@ -199,7 +199,7 @@ def test_sharded_checkpoint_loads_in_one_process(two_ranks, tmp_path):
     out, _, _ = two_ranks
     result = _result(two_ranks, "fsdp_gpt")
     trainer = gpt_trainer(tmp_path, "from-shards", steps=9, load_path=result["checkpoint"])
-    trainer._maybe_resume()
+    trainer.checkpointer.resume(trainer.load_path)
     full = torch.load(out / "fsdp_full_weights.pt", weights_only=True)
     for name, p in trainer.state.model.named_parameters():
         torch.testing.assert_close(p.detach(), full[name], rtol=0, atol=0)

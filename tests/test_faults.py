@@ -211,7 +211,7 @@ def test_sigterm_handler_is_installed_only_while_fit_runs(tmp_path, sigterm_hand
     trainer = make_trainer(tmp_path, [At(2, lambda t: seen.append(signal.getsignal(signal.SIGTERM)))],
                            max_duration="3ba")
     trainer.fit()
-    assert seen == [trainer._on_sigterm]
+    assert seen == [trainer.sigterm.on_sigterm]
     assert signal.getsignal(signal.SIGTERM) is handler  # restored after a normal end
 
     def boom(t):
@@ -272,7 +272,7 @@ def test_sigterm_exits_143_when_nothing_else_handles_it(tmp_path, monkeypatch):
     with pytest.raises(SystemExit) as exit_info:
         trainer.fit()
     assert exit_info.value.code == 143
-    assert installed == [trainer._on_sigterm, signal.SIG_DFL]  # installed, then the default put back
+    assert installed == [trainer.sigterm.on_sigterm, signal.SIG_DFL]  # installed, then the default put back
     assert RunRecord.load(tmp_path / "t").status == "terminated"
     assert checkpoint_batch(tmp_path / "t" / "checkpoints" / "latest.ckpt") == 2
 

@@ -28,6 +28,7 @@ from speedkit.algorithms import REGISTRY, build_algorithms, get_algorithm
 from speedkit.core import Algorithm, TimeUnit
 from speedkit.optim.schedulers import SCHEDULES
 from speedkit.recipes import RECIPES, Recipe, get_recipe
+from speedkit.tasks import recipe_parts
 
 from method_harness import tiny_vision
 
@@ -302,7 +303,7 @@ RECIPE_NAMES = st.one_of(
 
 
 def recipe_ok(spec) -> bool:
-    if spec is None or isinstance(spec, Recipe):
+    if isinstance(spec, Recipe):
         return True
     if type(spec) is not str:
         return False
@@ -317,7 +318,8 @@ def recipe_ok(spec) -> bool:
 def test_recipe_names(spec):
     model, train, _ = tiny_vision()
     judge("trainer: recipe", f"recipe={spec!r}",
-          lambda: trainer(model, train, recipe=spec, max_duration="1ba", precision="fp32"), recipe_ok(spec), "recipe")
+          lambda: trainer(model, train, **recipe_parts(spec, model, max_duration="1ba", precision="fp32")),
+          recipe_ok(spec), "recipe")
 
 
 # -- every method x each of its card's parameters --------------------------------------------------

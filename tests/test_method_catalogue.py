@@ -117,3 +117,26 @@ def test_readme_methods_table_is_generated_from_the_cards():
     spec.loader.exec_module(module)
     readme = (root / "README.md").read_text()
     assert module.render(readme) == readme, "README's generated tables are stale: run `make readme`"
+
+
+def test_every_method_module_is_exported_by_name():
+    """algorithms/__init__.py imports each method class by name (no discovery): a new module must be listed."""
+    import pkgutil
+
+    import speedkit.algorithms as package
+    from speedkit.algorithms import METHODS
+
+    modules = {info.name for info in pkgutil.iter_modules(package.__path__) if not info.name.startswith("_")}
+    listed = {cls.__module__.rpartition(".")[2] for cls in METHODS}
+    assert modules == listed, f"method modules not in METHODS: {sorted(modules - listed)}"
+    assert all(getattr(package, cls.__name__) is cls and cls.__name__ in package.__all__ for cls in METHODS)
+
+
+def test_what_a_method_varies_over_a_run_comes_from_its_card():
+    """DDP's find_unused_parameters and FSDP's refusal read ``Algorithm.varies_parameters`` (from the card)."""
+    from speedkit.algorithms import EMA, LayerFreezing, StochasticDepth
+
+    assert LayerFreezing().varies_parameters and StochasticDepth(mode="block").varies_parameters
+    assert not StochasticDepth(mode="sample").varies_parameters and not EMA().varies_parameters
+    varying = sorted(name for name, cls in REGISTRY.items() if cls.CARD.varies_parameters)
+    assert varying == ["layer_freezing", "stochastic_depth"]

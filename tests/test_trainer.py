@@ -365,19 +365,21 @@ def test_resume_is_exact_with_the_in_memory_loader_and_its_augmentation(tmp_path
     assert resumed.final_metrics == full.final_metrics
 
 
-def test_trainer_recipe_fills_what_was_not_given(tmp_path):
+def test_recipe_parts_fill_what_was_not_given(tmp_path):
     from speedkit.recipes import get_recipe
+    from speedkit.tasks import recipe_parts
 
     from method_harness import tiny_vision
 
     model, train, test = tiny_vision()
     mild = get_recipe("fashion-mnist", "mild")
-    trainer = Trainer(model, train, eval_dataloader=test, recipe="mild", max_duration="2ba",
-                      precision="fp32", device="cpu", run_dir=tmp_path, save_checkpoints=False)
+    trainer = Trainer(model, train, eval_dataloader=test, **recipe_parts("mild", model, max_duration="2ba",
+                                                                         precision="fp32"),
+                      device="cpu", run_dir=tmp_path, save_checkpoints=False)
     assert [a.name for a in trainer.state.algorithms] == sorted(mild.methods, key=lambda n: n != "channels_last")
     assert trainer.state.optimizers[0].defaults["lr"] == mild.optimizer["lr"]
     assert str(trainer.state.max_duration) == "2ba" and trainer.state.precision == "fp32"  # explicit wins
     assert trainer.record.config["recipe"] == "mild"
     trainer.fit()
     with pytest.raises(ValueError, match="fashion-mnist:baseline"):
-        Trainer(model, train, recipe="hot-sauce", run_dir=tmp_path)
+        recipe_parts("hot-sauce", model)

@@ -1,41 +1,85 @@
 """Speed-up methods, one module each. ``REGISTRY`` maps each stable snake_case name to its Algorithm class.
 
-Every module in this package whose name does not start with ``_`` is a method module; its Algorithm
-subclasses (those with a ``CARD``) are registered under their card's name.
+Every module in this package whose name does not start with ``_`` is a method module; its Algorithm class
+is imported here by name (editors and type checkers see every export) and listed in ``METHODS``.
 """
 from __future__ import annotations
 
 import difflib
-import importlib
-import inspect
-import pkgutil
 from collections.abc import Mapping
 
-from speedkit.core.algorithm import Algorithm, _show
+from speedkit.algorithms.alibi import ALiBi
+from speedkit.algorithms.alternating_flip import AlternatingFlip
+from speedkit.algorithms.augmix import AugMix
+from speedkit.algorithms.autocast import Autocast
+from speedkit.algorithms.batch_size_warmup import BatchSizeWarmup
+from speedkit.algorithms.blurpool import BlurPool
+from speedkit.algorithms.budget_schedule import BudgetSchedule
+from speedkit.algorithms.channels_last import ChannelsLast
+from speedkit.algorithms.colout import ColOut
+from speedkit.algorithms.cutmix import CutMix
+from speedkit.algorithms.cutout import CutOut
+from speedkit.algorithms.data_echoing import DataEchoing
+from speedkit.algorithms.ema import EMA
+from speedkit.algorithms.factorize import Factorize
+from speedkit.algorithms.gated_linear_units import GatedLinearUnits
+from speedkit.algorithms.ghost_batchnorm import GhostBatchNorm
+from speedkit.algorithms.gradient_clipping import GradientClipping
+from speedkit.algorithms.gyro_dropout import GyroDropout
+from speedkit.algorithms.identity_init import IdentityInit
+from speedkit.algorithms.label_smoothing import LabelSmoothing
+from speedkit.algorithms.layer_freezing import LayerFreezing
+from speedkit.algorithms.lookahead import Lookahead
+from speedkit.algorithms.low_precision_groupnorm import LowPrecisionGroupNormMethod
+from speedkit.algorithms.low_precision_layernorm import LowPrecisionLayerNormMethod
+from speedkit.algorithms.mixup import MixUp
+from speedkit.algorithms.muon import Muon
+from speedkit.algorithms.patch_whitening import PatchWhitening
+from speedkit.algorithms.progressive_resizing import ProgressiveResizing
+from speedkit.algorithms.qk_norm import QKNormalization
+from speedkit.algorithms.randaugment import RandAugment
+from speedkit.algorithms.relu_squared import ReLUSquaredActivation
+from speedkit.algorithms.rotary_embeddings import RotaryEmbeddings
+from speedkit.algorithms.sam import SAM
+from speedkit.algorithms.selective_backprop import SelectiveBackprop
+from speedkit.algorithms.seq_length_warmup import SeqLengthWarmup
+from speedkit.algorithms.squeeze_excite import SqueezeExcite
+from speedkit.algorithms.stochastic_depth import StochasticDepth
+from speedkit.algorithms.swa import SWA
+from speedkit.algorithms.test_time_augmentation import TestTimeAugmentation
+from speedkit.algorithms.torch_compile import TorchCompile
+from speedkit.algorithms.weight_standardization import WeightStandardization
+from speedkit.core.algorithm import Algorithm, show
+
+# Every method, by class; a new method module adds its class here (tests/test_method_catalogue.py checks
+# that every module of this package is listed).
+METHODS: tuple[type[Algorithm], ...] = (
+    ALiBi, AlternatingFlip, AugMix, Autocast, BatchSizeWarmup, BlurPool, BudgetSchedule, ChannelsLast, ColOut,
+    CutMix, CutOut, DataEchoing, EMA, Factorize, GatedLinearUnits, GhostBatchNorm, GradientClipping,
+    GyroDropout, IdentityInit, LabelSmoothing, LayerFreezing, Lookahead, LowPrecisionGroupNormMethod,
+    LowPrecisionLayerNormMethod, MixUp, Muon, PatchWhitening, ProgressiveResizing, QKNormalization, RandAugment,
+    ReLUSquaredActivation, RotaryEmbeddings, SAM, SelectiveBackprop, SeqLengthWarmup, SqueezeExcite,
+    StochasticDepth, SWA, TestTimeAugmentation, TorchCompile, WeightStandardization,
+)
 
 
-def _discover() -> dict[str, type[Algorithm]]:
+def _registry(methods) -> dict[str, type[Algorithm]]:
     registry: dict[str, type[Algorithm]] = {}
-    for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
-        if info.name.startswith("_"):
-            continue
-        module = importlib.import_module(f"{__name__}.{info.name}")
-        for _, cls in inspect.getmembers(module, inspect.isclass):
-            if issubclass(cls, Algorithm) and cls.__module__ == module.__name__ and "CARD" in cls.__dict__:
-                if cls.CARD.name in registry:
-                    raise RuntimeError(f"two methods are named {cls.CARD.name!r}: {registry[cls.CARD.name]} and {cls}")
-                registry[cls.CARD.name] = cls
+    for cls in methods:
+        if cls.CARD.name in registry:
+            raise RuntimeError(f"two methods are named {cls.CARD.name!r}: {registry[cls.CARD.name]} and {cls}")
+        registry[cls.CARD.name] = cls
     return dict(sorted(registry.items()))
 
 
-REGISTRY: dict[str, type[Algorithm]] = _discover()
+REGISTRY: dict[str, type[Algorithm]] = _registry(METHODS)
 
 
 def get_algorithm(name: str, **params) -> Algorithm:
     """Build a method by registry name; unknown names get a message listing the known ones, and
     parameters are checked against the method's card (names, types, ranges) before it is built."""
     if not isinstance(name, str):
-        raise TypeError(f"a method name must be a string such as 'ema', got {type(name).__name__} {_show(name)}; "
+        raise TypeError(f"a method name must be a string such as 'ema', got {type(name).__name__} {show(name)}; "
                         f"known methods: {', '.join(REGISTRY)}")
     if name not in REGISTRY:
         close = difflib.get_close_matches(name, list(REGISTRY), n=1)
@@ -54,14 +98,12 @@ def build_algorithms(spec) -> list[Algorithm]:
         for name, params in spec.items():
             if params is not None and not isinstance(params, Mapping):
                 raise TypeError(f"the parameters of method {name!r} must be a dict such as {{'alpha': 0.2}} (or "
-                                f"empty), got {type(params).__name__} {_show(params)}")
+                                f"empty), got {type(params).__name__} {show(params)}")
         return [get_algorithm(name, **(params or {})) for name, params in spec.items()]
     if not isinstance(spec, (list, tuple)):
         raise TypeError(f"methods must be 'a,b', a list of names or Algorithm objects, or a dict "
-                        f"{{name: parameters}}, got {type(spec).__name__} {_show(spec)}")
+                        f"{{name: parameters}}, got {type(spec).__name__} {show(spec)}")
     return [s if isinstance(s, Algorithm) else get_algorithm(s) for s in spec]
-
-
 
 
 def methods_table() -> str:
@@ -75,6 +117,12 @@ def methods_table() -> str:
     return "\n".join(rows)
 
 
-globals().update({cls.__name__: cls for cls in REGISTRY.values()})
-__all__ = ["REGISTRY", "build_algorithms", "get_algorithm", "methods_table",
-           *(cls.__name__ for cls in REGISTRY.values())]
+__all__ = ["METHODS", "REGISTRY", "build_algorithms", "get_algorithm", "methods_table",
+           "ALiBi", "AlternatingFlip", "AugMix", "Autocast", "BatchSizeWarmup", "BlurPool", "BudgetSchedule",
+           "ChannelsLast", "ColOut", "CutMix", "CutOut", "DataEchoing", "EMA", "Factorize", "GatedLinearUnits",
+           "GhostBatchNorm", "GradientClipping", "GyroDropout", "IdentityInit", "LabelSmoothing",
+           "LayerFreezing", "Lookahead", "LowPrecisionGroupNormMethod", "LowPrecisionLayerNormMethod", "MixUp",
+           "Muon", "PatchWhitening", "ProgressiveResizing", "QKNormalization", "RandAugment",
+           "ReLUSquaredActivation", "RotaryEmbeddings", "SAM", "SelectiveBackprop", "SeqLengthWarmup",
+           "SqueezeExcite", "StochasticDepth", "SWA", "TestTimeAugmentation", "TorchCompile",
+           "WeightStandardization"]

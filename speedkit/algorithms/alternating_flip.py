@@ -18,7 +18,7 @@ import torch
 
 from speedkit.core.algorithm import Algorithm, MethodCard
 from speedkit.core.event import Event
-from speedkit.data._seeding import make_generator
+from speedkit.seeding import make_generator
 from speedkit.data.batch_loader import Augment
 
 _PHASE_STREAM = 2**31  # the seed key BatchLoader uses for the per-sample phase, apart from every epoch's

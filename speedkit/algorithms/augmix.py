@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from speedkit.algorithms.randaugment import (RANDAUGMENT_OPS, _check_unit_images, augment_normalised_batch,
+from speedkit.algorithms.randaugment import (RANDAUGMENT_OPS, check_unit_images, augment_normalised_batch,
                                              apply_per_sample)
 from speedkit.core.algorithm import Algorithm, HParam, MethodCard
 from speedkit.core.event import Event
@@ -64,7 +64,7 @@ def augmix_batch(images: torch.Tensor, severity: int = 3, width: int = 3, depth:
     ``severity`` 1..10 caps each operation's level, ``width`` chains per image, ``depth`` operations per
     chain (-1: 1 to 3 at random), ``alpha`` for the Dirichlet chain weights and the Beta blend.
     """
-    _check_unit_images(images, "augmix")
+    check_unit_images(images, "augmix")
     if not 1 <= severity <= MAX_SEVERITY:
         raise ValueError(f"severity must be in [1, {MAX_SEVERITY}], got {severity}")
     if width < 1:

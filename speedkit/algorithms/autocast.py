@@ -49,7 +49,8 @@ class Autocast(Algorithm):
         requirements=("fp16 only on GPU (CUDA/MPS); bf16 pays off on CPUs with AVX-512 BF16/AMX and on Ampere+ GPUs",
                       "same as Trainer(precision=...): the method's dtype replaces the Trainer's"),
         effect="about 2x GPU throughput; about 2.5x with channels_last on an AVX-512-BF16 CPU (speedkit measurement)",
-        source="Micikevicius et al. 2018 'Mixed Precision Training'; PyTorch AMP docs; speedkit DESIGN.md",
+        source="Micikevicius et al. 2018 'Mixed Precision Training'; PyTorch AMP docs; speedkit's measurement: a small "
+               "ResNet, bf16 autocast + channels_last against eager fp32 on a CPU with AVX-512 BF16",
     )
 
     def __init__(self, dtype: str = "bf16"):

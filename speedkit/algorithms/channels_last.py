@@ -35,7 +35,8 @@ class ChannelsLast(Algorithm):
         hparams=(HParam("allow_empty", bool, False, help="do not fail on a model without convolutions"),),
         requirements=("a model with Conv2d layers",),
         effect="up to 1.5x throughput on GPU with AMP; measured ~2.5x with bf16 autocast on an AVX-512-BF16 CPU",
-        source="Composer ChannelsLast docs; speedkit DESIGN.md CPU measurement",
+        source="Composer ChannelsLast docs; speedkit's measurement: a small ResNet, channels_last + bf16 autocast "
+               "against eager fp32 on a CPU with AVX-512 BF16",
     )
 
     def apply(self, event, state, logger):

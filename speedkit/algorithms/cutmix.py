@@ -12,8 +12,8 @@ import math
 
 import torch
 
-from speedkit.algorithms.mixup import mix_labels, random_permutation, sample_beta
-from speedkit.core.algorithm import Algorithm, HParam, MethodCard
+from speedkit.algorithms._mixing import BatchMixing, mix_labels, random_permutation, sample_beta
+from speedkit.core.algorithm import HParam, MethodCard
 from speedkit.core.event import Event
 
 
@@ -59,7 +59,7 @@ def cutmix_batch(x: torch.Tensor, y: torch.Tensor, alpha: float = 1.0, num_class
     return mixed_x, mix_labels(y, permutation, kept, num_classes), kept, permutation
 
 
-class CutMix(Algorithm):
+class CutMix(BatchMixing):
     CARD = MethodCard(
         name="cutmix",
         summary="Paste a random box from another sample; mix the labels by the area pasted.",
@@ -83,38 +83,17 @@ class CutMix(Algorithm):
 
     def __init__(self, alpha: float = 1.0, num_classes: int = 0):
         super().__init__(alpha=alpha, num_classes=num_classes)
-        self._pending = None  # (lam, permutation) whose dense labels wait for the output width
-        self._last_draw = None
 
-    def match(self, event, state) -> bool:
-        if event is Event.BEFORE_LOSS:
-            return self._pending is not None
-        return event in self.CARD.events
+    def check_inputs(self, x):
+        if x.dim() != 4:
+            raise ValueError(f"cutmix needs image batches [N, C, H, W], got inputs of shape {list(x.shape)}; "
+                             f"remove cutmix for this task")
 
-    def _draw(self, state, x: torch.Tensor):
-        """One (permutation, box) per microbatch, reused if the same microbatch is run again (SAM)."""
-        key = (state.timestamp.batch, state.microbatch_index, tuple(x.shape))
-        if self._last_draw is None or self._last_draw[0] != key:
-            lam = sample_beta(self.params["alpha"])
-            box = random_box(x.shape[-2], x.shape[-1], lam)
-            self._last_draw = (key, random_permutation(x.shape[0], x.device), box)
-        return self._last_draw[1], self._last_draw[2]
+    def draw(self, x):
+        box = random_box(x.shape[-2], x.shape[-1], sample_beta(self.params["alpha"]))
+        return random_permutation(x.shape[0], x.device), box
 
-    def apply(self, event, state, logger):
-        x, y = state.batch[0], state.batch[1]
-        if event is Event.BEFORE_FORWARD:
-            if x.dim() != 4:
-                raise ValueError(f"cutmix needs image batches [N, C, H, W], got inputs of shape {list(x.shape)}; "
-                                 f"remove cutmix for this task")
-            perm, box = self._draw(state, x)
-            mixed_x, kept = paste_box(x, perm, box)
-            num_classes = self.params["num_classes"] or None
-            if y.is_floating_point() or num_classes is not None:
-                state.batch = (mixed_x, mix_labels(y, perm, kept, num_classes), *state.batch[2:])
-            else:
-                state.batch = (mixed_x, *state.batch[1:])
-                self._pending = (kept, perm)
-            return
-        kept, perm = self._pending
-        self._pending = None
-        state.batch = (x, mix_labels(y, perm, kept, state.outputs.shape[-1]), *state.batch[2:])
+    def mix(self, x, drawn):
+        perm, box = drawn
+        mixed_x, kept = paste_box(x, perm, box)
+        return mixed_x, kept, perm

@@ -23,7 +23,7 @@ from speedkit.algorithms._surgery import record_surgery, replace_modules
 from speedkit.core.algorithm import Algorithm, HParam, MethodCard, SurgeryReport
 from speedkit.core.event import Event
 from speedkit.core.time import TimeUnit
-from speedkit.data._seeding import derive_seed
+from speedkit.seeding import derive_seed
 
 
 class GyroDropoutLayer(nn.Module):

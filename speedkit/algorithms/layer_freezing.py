@@ -67,6 +67,7 @@ class LayerFreezing(Algorithm):
         ),
         requirements=("a model with more than one parameter-holding layer",
                       "freezes at epoch ends: runs shorter than one epoch never freeze"),
+        varies_parameters=True,  # frozen layers take no part in later steps
         effect="about +5% throughput at -0.5..1% accuracy (Composer)",
         source="Composer LayerFreezing docs; Brock et al. 2017 'FreezeOut'",
     )

@@ -10,9 +10,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from speedkit.algorithms._surgery import adopt_state, in_low_precision, record_surgery, replace_modules
-from speedkit.core.algorithm import Algorithm, HParam, MethodCard, SurgeryReport
-from speedkit.core.event import Event
+from speedkit.algorithms._low_precision_norm import LowPrecisionNormMethod, low_precision_norm_card, replace_norms
+from speedkit.algorithms._surgery import adopt_state, in_low_precision
+from speedkit.core.algorithm import SurgeryReport
 
 
 class LowPrecisionGroupNorm(nn.GroupNorm):
@@ -31,29 +31,10 @@ def _low_precision_copy(norm: nn.GroupNorm) -> LowPrecisionGroupNorm:
 
 def apply_low_precision_groupnorm(model: nn.Module, allow_empty: bool = False) -> SurgeryReport:
     """Replace every ``nn.GroupNorm`` (exact class) by ``LowPrecisionGroupNorm``, keeping its parameters."""
-    report = SurgeryReport("low_precision_groupnorm")
-    replace_modules(model, lambda name, m: type(m) is nn.GroupNorm, lambda name, m: _low_precision_copy(m),
-                    report, "group norms")
-    return report.require_changes(allow_empty, "nn.GroupNorm layers")
+    return replace_norms(model, nn.GroupNorm, _low_precision_copy, "low_precision_groupnorm", "group norms",
+                         allow_empty)
 
 
-class LowPrecisionGroupNormMethod(Algorithm):
-    CARD = MethodCard(
-        name="low_precision_groupnorm",
-        summary="Run GroupNorm in the autocast dtype (bf16/fp16) instead of fp32; unchanged without autocast.",
-        domain="vision",
-        events=(Event.INIT,),
-        reads=("model", "precision"),
-        writes=("model",),
-        hparams=(HParam("allow_empty", bool, False, help="do not fail on a model without GroupNorm"),),
-        requirements=("autocast precision (bf16 or fp16) to have an effect", "nn.GroupNorm layers"),
-        effect="higher throughput under AMP by skipping fp32 casts around each GroupNorm (Composer); numerics "
-               "slightly less precise",
-        source="Composer LowPrecisionGroupNorm docs",
-    )
-
-    def apply(self, event, state, logger):
-        report = apply_low_precision_groupnorm(state.model, **self.params)
-        if state.precision not in ("bf16", "fp16"):
-            report.details.append(f"note: precision is {state.precision}; the norms act only under autocast")
-        record_surgery(state, logger, report)
+class LowPrecisionGroupNormMethod(LowPrecisionNormMethod):
+    CARD = low_precision_norm_card("low_precision_groupnorm", "GroupNorm", domain="vision")
+    surgery = staticmethod(apply_low_precision_groupnorm)

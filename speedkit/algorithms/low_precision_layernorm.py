@@ -11,9 +11,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from speedkit.algorithms._surgery import adopt_state, in_low_precision, record_surgery, replace_modules
-from speedkit.core.algorithm import Algorithm, HParam, MethodCard, SurgeryReport
-from speedkit.core.event import Event
+from speedkit.algorithms._low_precision_norm import LowPrecisionNormMethod, low_precision_norm_card, replace_norms
+from speedkit.algorithms._surgery import adopt_state, in_low_precision
+from speedkit.core.algorithm import SurgeryReport
 
 
 class LowPrecisionLayerNorm(nn.LayerNorm):
@@ -33,29 +33,10 @@ def _low_precision_copy(norm: nn.LayerNorm) -> LowPrecisionLayerNorm:
 
 def apply_low_precision_layernorm(model: nn.Module, allow_empty: bool = False) -> SurgeryReport:
     """Replace every ``nn.LayerNorm`` (exact class) by ``LowPrecisionLayerNorm``, keeping its parameters."""
-    report = SurgeryReport("low_precision_layernorm")
-    replace_modules(model, lambda name, m: type(m) is nn.LayerNorm, lambda name, m: _low_precision_copy(m),
-                    report, "layer norms")
-    return report.require_changes(allow_empty, "nn.LayerNorm layers")
+    return replace_norms(model, nn.LayerNorm, _low_precision_copy, "low_precision_layernorm", "layer norms",
+                         allow_empty)
 
 
-class LowPrecisionLayerNormMethod(Algorithm):
-    CARD = MethodCard(
-        name="low_precision_layernorm",
-        summary="Run LayerNorm in the autocast dtype (bf16/fp16) instead of fp32; unchanged without autocast.",
-        domain="any",
-        events=(Event.INIT,),
-        reads=("model", "precision"),
-        writes=("model",),
-        hparams=(HParam("allow_empty", bool, False, help="do not fail on a model without LayerNorm"),),
-        requirements=("autocast precision (bf16 or fp16) to have an effect", "nn.LayerNorm layers"),
-        effect="higher throughput under AMP by skipping fp32 casts around each LayerNorm (Composer); numerics "
-               "slightly less precise",
-        source="Composer LowPrecisionLayerNorm docs",
-    )
-
-    def apply(self, event, state, logger):
-        report = apply_low_precision_layernorm(state.model, **self.params)
-        if state.precision not in ("bf16", "fp16"):
-            report.details.append(f"note: precision is {state.precision}; the norms act only under autocast")
-        record_surgery(state, logger, report)
+class LowPrecisionLayerNormMethod(LowPrecisionNormMethod):
+    CARD = low_precision_norm_card("low_precision_layernorm", "LayerNorm", domain="any")
+    surgery = staticmethod(apply_low_precision_layernorm)

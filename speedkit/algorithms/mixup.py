@@ -7,41 +7,13 @@ Source: Zhang et al. 2018, "mixup: Beyond Empirical Risk Minimization"; Composer
 """
 from __future__ import annotations
 
-import numpy as np
 import torch
-import torch.nn.functional as F
 
-from speedkit.core.algorithm import Algorithm, HParam, MethodCard
+from speedkit.algorithms._mixing import BatchMixing, dense_labels, mix_labels, random_permutation, sample_beta
+from speedkit.core.algorithm import HParam, MethodCard
 from speedkit.core.event import Event
 
-
-def sample_beta(alpha: float, generator: torch.Generator | None = None) -> float:
-    """One draw of Beta(alpha, alpha), reproducible from ``generator`` (or torch's global RNG)."""
-    if alpha <= 0:
-        raise ValueError(f"alpha must be positive, got {alpha}")
-    # torch's Beta sampler takes no generator, so a seed drawn from torch's stream drives numpy's.
-    seed = int(torch.randint(0, 2**62, (1,), generator=generator).item())
-    return float(np.random.default_rng(seed).beta(alpha, alpha))
-
-
-def random_permutation(n: int, device, generator: torch.Generator | None = None) -> torch.Tensor:
-    """A permutation of ``range(n)`` drawn on the CPU (so it matches on every device), moved to ``device``."""
-    return torch.randperm(n, generator=generator).to(device)
-
-
-def dense_labels(targets: torch.Tensor, num_classes: int | None) -> torch.Tensor:
-    """Targets as float probabilities [N, C]: dense targets pass through, class indices are one-hot encoded."""
-    if targets.is_floating_point():
-        return targets.float()
-    if num_classes is None:
-        raise ValueError("index labels need num_classes to become dense labels; pass num_classes=")
-    return F.one_hot(targets.long(), num_classes).float()
-
-
-def mix_labels(targets: torch.Tensor, permutation: torch.Tensor, lam: float, num_classes: int | None) -> torch.Tensor:
-    """``lam * y + (1 - lam) * y[perm]`` as dense labels [N, C]."""
-    dense = dense_labels(targets, num_classes)
-    return lam * dense + (1.0 - lam) * dense[permutation]
+__all__ = ["MixUp", "dense_labels", "mix_labels", "mixup_batch", "random_permutation", "sample_beta"]
 
 
 def mixup_batch(x: torch.Tensor, y: torch.Tensor, alpha: float = 0.2, num_classes: int | None = None,
@@ -62,7 +34,7 @@ def mixup_batch(x: torch.Tensor, y: torch.Tensor, alpha: float = 0.2, num_classe
     return mixed_x, mix_labels(y, permutation, lam, num_classes), lam, permutation
 
 
-class MixUp(Algorithm):
+class MixUp(BatchMixing):
     CARD = MethodCard(
         name="mixup",
         summary="Train on convex combinations of sample pairs and of their (dense) labels.",
@@ -86,37 +58,15 @@ class MixUp(Algorithm):
 
     def __init__(self, alpha: float = 0.2, num_classes: int = 0):
         super().__init__(alpha=alpha, num_classes=num_classes)
-        self._pending = None  # (lam, permutation) whose dense labels wait for the output width
-        self._last_draw = None  # (batch, microbatch) -> (lam, permutation): repeated passes reuse it
 
-    def match(self, event, state) -> bool:
-        if event is Event.BEFORE_LOSS:
-            return self._pending is not None
-        return event in self.CARD.events
+    def check_inputs(self, x):
+        if not x.is_floating_point():
+            raise ValueError(f"mixup mixes real-valued inputs, got {x.dtype} inputs (token ids?); "
+                             f"remove mixup for this task")
 
-    def _draw(self, state, n: int, device):
-        """One (lam, permutation) per microbatch; a second pass over the same microbatch (SAM's closure)
-        gets the same mix, so both passes see the same inputs."""
-        key = (state.timestamp.batch, state.microbatch_index, n)
-        if self._last_draw is None or self._last_draw[0] != key:
-            self._last_draw = (key, sample_beta(self.params["alpha"]), random_permutation(n, device))
-        return self._last_draw[1], self._last_draw[2]
+    def draw(self, x):
+        return sample_beta(self.params["alpha"]), random_permutation(x.shape[0], x.device)
 
-    def apply(self, event, state, logger):
-        x, y = state.batch[0], state.batch[1]
-        if event is Event.BEFORE_FORWARD:
-            if not x.is_floating_point():
-                raise ValueError(f"mixup mixes real-valued inputs, got {x.dtype} inputs (token ids?); "
-                                 f"remove mixup for this task")
-            lam, perm = self._draw(state, x.shape[0], x.device)
-            mixed_x = x * lam + x[perm] * (1.0 - lam)
-            num_classes = self.params["num_classes"] or None
-            if y.is_floating_point() or num_classes is not None:
-                state.batch = (mixed_x, mix_labels(y, perm, lam, num_classes), *state.batch[2:])
-            else:  # the number of classes is known once the model has produced logits
-                state.batch = (mixed_x, *state.batch[1:])
-                self._pending = (lam, perm)
-            return
-        lam, perm = self._pending
-        self._pending = None
-        state.batch = (x, mix_labels(y, perm, lam, state.outputs.shape[-1]), *state.batch[2:])
+    def mix(self, x, drawn):
+        lam, perm = drawn
+        return x * lam + x[perm] * (1.0 - lam), lam, perm

@@ -125,7 +125,7 @@ def randaugment_batch(images: torch.Tensor, num_ops: int = 2, magnitude: int = 9
     Each image gets ``num_ops`` operations drawn uniformly from ``ops``, every one at strength
     ``magnitude / 30`` with a random sign where the operation has one. Returns a new tensor in [0, 1].
     """
-    _check_unit_images(images, "randaugment")
+    check_unit_images(images, "randaugment")
     if not 0 <= magnitude <= MAX_MAGNITUDE:
         raise ValueError(f"magnitude must be in [0, {MAX_MAGNITUDE}], got {magnitude}")
     n = images.shape[0]
@@ -141,7 +141,7 @@ def randaugment_batch(images: torch.Tensor, num_ops: int = 2, magnitude: int = 9
 # ---------------------------------------------------------------------- normalisation helpers
 
 
-def _check_unit_images(images: torch.Tensor, method: str) -> None:
+def check_unit_images(images: torch.Tensor, method: str) -> None:
     if images.dim() != 4 or images.shape[1] not in (1, 3):
         raise ValueError(f"{method} needs images [N, C, H, W] with 1 or 3 channels, got shape {list(images.shape)}")
     if not images.is_floating_point():

@@ -125,6 +125,7 @@ class StochasticDepth(Algorithm):
         ),
         requirements=("residual blocks: branch/shortcut modules or torchvision-style conv/bn(+downsample) blocks",),
         conflicts={},
+        varies_parameters={"mode": "block"},  # a skipped block's parameters take no part in that step
         effect="+0.4% top-1 on ResNet-50/101 ImageNet (Composer); block mode also skips compute (Huang et al.: "
                "25% shorter training for ResNet-110 on CIFAR)",
         source="Huang et al. 2016, Deep Networks with Stochastic Depth; Composer StochasticDepth docs",

@@ -50,7 +50,8 @@ class TorchCompile(Algorithm):
         runs_after=("patch_whitening",),
         effect="about 1.2x fp32 throughput on a 2-core CPU after a 20-40 s compile; "
                "no gain on top of bf16 + channels_last in one CPU test; more on GPUs",
-        source="PyTorch 2 (Ansel et al. 2024); speedkit REFERENCE.md CPU measurements",
+        source="PyTorch 2 (Ansel et al. 2024); speedkit's measurements on a 2-core CPU (with bf16 + channels_last: "
+               "17.0 s vs 17.5 s per epoch, after a 43 s compile)",
     )
 
     def __init__(self, mode: str = "default", dynamic: bool | None = None, fullgraph: bool = False):

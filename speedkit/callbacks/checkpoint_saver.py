@@ -14,6 +14,9 @@ class CheckpointSaver(Callback):
         self.save = save
         self.interval = Interval(interval)
 
+    def durations(self) -> dict:
+        return {"save_interval": self.interval.every}
+
     def fit_start(self, state, logger):
         self.interval.start(state)
 

@@ -4,7 +4,8 @@ from speedkit.core.algorithm import (Algorithm, HParam, IncompatibleMethodsError
 from speedkit.core.engine import Callback, Engine
 from speedkit.core.event import Event
 from speedkit.core.state import Interval, State
-from speedkit.core.time import Time, Timestamp, TimeUnit
+from speedkit.core.time import Time, Timestamp, TimeUnit, TrainClock
 
 __all__ = ["Algorithm", "Callback", "Engine", "Event", "HParam", "IncompatibleMethodsError", "Interval",
-           "MethodCard", "State", "Time", "TimeUnit", "Timestamp", "check_compatibility", "order_algorithms"]
+           "MethodCard", "State", "Time", "TimeUnit", "Timestamp", "TrainClock", "check_compatibility",
+           "order_algorithms"]

@@ -40,15 +40,15 @@ class HParam:
         where = f"{method}.{self.name}"
         if self.choices is not None:
             if not any(_is_choice(value, choice) for choice in self.choices):
-                raise ValueError(f"{where} must be one of {list(self.choices)}, got {_show(value)}")
+                raise ValueError(f"{where} must be one of {list(self.choices)}, got {show(value)}")
             return value
         if self.type is bool:
             if not isinstance(value, bool):
-                raise TypeError(f"{where} must be True or False, got {type(value).__name__} {_show(value)}")
+                raise TypeError(f"{where} must be True or False, got {type(value).__name__} {show(value)}")
             return value
         if self.type in (int, float):
             if isinstance(value, bool) or not isinstance(value, numbers.Real):
-                raise TypeError(f"{where} must be a number, got {type(value).__name__} {_show(value)}")
+                raise TypeError(f"{where} must be a number, got {type(value).__name__} {show(value)}")
             if isinstance(value, numbers.Integral):
                 value = int(value)  # numpy integers too; compared exactly, however large
             else:
@@ -60,14 +60,14 @@ class HParam:
                         raise TypeError(f"{where} must be a whole number, got {value!r}")
                     value = int(value)
             if (self.low is not None and value < self.low) or (self.high is not None and value > self.high):
-                raise ValueError(f"{where}={_show(value)} is outside its range [{self.low}, {self.high}]")
+                raise ValueError(f"{where}={show(value)} is outside its range [{self.low}, {self.high}]")
             return self.type(value)
         if not isinstance(value, self.type):
-            raise TypeError(f"{where} must be {self.type.__name__}, got {type(value).__name__} {_show(value)}")
+            raise TypeError(f"{where} must be {self.type.__name__}, got {type(value).__name__} {show(value)}")
         return value
 
 
-def _show(value: Any, limit: int = 60) -> str:
+def show(value: Any, limit: int = 60) -> str:
     """``repr`` cut short, never failing (an int too long to print, a broken ``__repr__``)."""
     try:
         text = repr(value)
@@ -101,6 +101,10 @@ class MethodCard:
     conflicts: dict[str, str] = dataclasses.field(default_factory=dict)  # other method -> why / the fix
     exclusive: tuple[str, ...] = ()  # roles only one method may hold, e.g. "loss_mixing"
     runs_after: tuple[str, ...] = ()  # explicit ordering on top of the stage order
+    # Whether the set of parameters a step uses varies over the run (by epoch, or at random per rank): True,
+    # or only when the method's parameters take these values, e.g. {"mode": "block"}. DDP then looks for
+    # unused parameters after each forward, and FSDP refuses the method (every rank must run every block).
+    varies_parameters: bool | dict = False
     effect: str = ""
     source: str = ""
 
@@ -157,6 +161,14 @@ class Algorithm:
     @property
     def name(self) -> str:
         return self.CARD.name
+
+    @property
+    def varies_parameters(self) -> bool:
+        """Whether, with these parameters, the set of parameters a step uses varies (read from the card)."""
+        varies = self.CARD.varies_parameters
+        if isinstance(varies, dict):
+            return all(self.params.get(name) == value for name, value in varies.items())
+        return bool(varies)
 
     def match(self, event: Event, state) -> bool:
         return event in self.CARD.events

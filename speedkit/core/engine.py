@@ -17,6 +17,11 @@ class Callback:
         if handler is not None:
             handler(state, logger)
 
+    def durations(self) -> dict:
+        """The durations this callback counts in, by the argument that set them (checked against the
+        batches: a duration in tokens needs batches that carry tokens)."""
+        return {}
+
     def state_dict(self) -> dict:
         return {}
 

@@ -50,3 +50,5 @@ MICROBATCH_EVENTS = frozenset({
     Event.BEFORE_FORWARD, Event.AFTER_FORWARD, Event.BEFORE_LOSS, Event.AFTER_LOSS,
     Event.BEFORE_BACKWARD, Event.AFTER_BACKWARD,
 })
+
+EVAL_EVENTS = tuple(event for event in Event if event.is_eval)

@@ -22,7 +22,7 @@ import torch
 
 from speedkit.distributed import resolve_shard, shard_span
 
-from ._seeding import make_generator
+from speedkit.seeding import make_generator
 from ._sharding import GlobalBatch
 
 FLIP_MODES = ("random", "alternating", None)

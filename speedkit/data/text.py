@@ -19,7 +19,7 @@ import torch
 
 from speedkit.distributed import resolve_shard, shard_span
 
-from ._seeding import make_generator
+from speedkit.seeding import make_generator
 from ._sharding import GlobalBatch
 
 PathLike = Union[str, os.PathLike]

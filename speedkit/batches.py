@@ -1,0 +1,74 @@
+"""Batches and loaders as the Trainer handles them: batches moved to a device, counted and split into
+microbatches; loaders measured, set to an epoch and started part-way.
+
+A batch is a tensor, a tuple/list ``(inputs, targets, ...)`` or a dict; its first item (or itself)
+carries the batch dimension.
+"""
+from __future__ import annotations
+
+import torch
+
+
+def to_device(batch, device: torch.device):
+    """``batch`` with every tensor in it on ``device``."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(to_device(b, device) for b in batch)
+    if isinstance(batch, dict):
+        return {k: to_device(v, device) for k, v in batch.items()}
+    return batch
+
+
+def split_batch(batch, n: int) -> list:
+    """Split every tensor of a batch into ``n`` chunks along the first dimension."""
+    if n == 1:
+        return [batch]
+    if isinstance(batch, torch.Tensor):
+        return list(batch.chunk(n))
+    parts = [split_batch(b, n) if isinstance(b, torch.Tensor) else [b] * n for b in batch]
+    return [type(batch)(p[i] for p in parts) for i in range(min(len(p) for p in parts))]
+
+
+def batch_size(batch) -> int:
+    first = batch[0] if isinstance(batch, (list, tuple)) else batch
+    return int(first.shape[0])
+
+
+def tokens_in(batch) -> int:
+    """Token count of a language-model batch (integer inputs); 0 for images."""
+    first = batch[0] if isinstance(batch, (list, tuple)) else batch
+    return first.numel() if isinstance(first, torch.Tensor) and not first.is_floating_point() else 0
+
+
+def microbatches(batch, microbatch_size: int | None) -> list:
+    """``batch`` in pieces of at most ``microbatch_size`` samples (the whole batch when None)."""
+    total = batch_size(batch)
+    n = max(1, -(-total // microbatch_size)) if microbatch_size else 1
+    return split_batch(batch, n)
+
+
+def loader_length(loader) -> int | None:
+    """Batches per epoch, or None for a loader without a length."""
+    try:
+        return len(loader) if hasattr(loader, "__len__") else None
+    except TypeError:  # a DataLoader over an IterableDataset without __len__ has __len__ and raises
+        return None
+
+
+def set_loader_epoch(loader, epoch: int) -> None:
+    """Tell a loader (and its samplers) which epoch starts, so its order is a function of (seed, epoch)."""
+    for obj in (loader, getattr(loader, "sampler", None), getattr(getattr(loader, "batch_sampler", None),
+                                                                  "sampler", None)):
+        if hasattr(obj, "set_epoch"):
+            obj.set_epoch(epoch)
+
+
+def iterate_from(loader, skip: int):
+    """An iterator over an epoch of ``loader`` that starts after its first ``skip`` batches."""
+    if skip and hasattr(loader, "iter_from"):
+        return loader.iter_from(skip)
+    iterator = iter(loader)
+    for _ in range(skip):  # generic fast-forward: replays the loader to the same place
+        next(iterator, None)
+    return iterator

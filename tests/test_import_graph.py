@@ -1,0 +1,129 @@
+"""The package's import graph: no cycles (imports inside functions count too), and imports point one way.
+
+Read from the source with ``ast`` (nothing is imported), so an import hidden inside a function that would
+close a cycle, or a lower layer reaching up to a higher one, fails here with the modules named.
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1] / "speedkit"
+
+# The layers that build runs: they must never import the entry points above them.
+ENTRY_POINTS = ("speedkit.tasks", "speedkit.recipes", "speedkit.ui", "speedkit.bench", "speedkit.tune",
+                "speedkit.cli", "speedkit.notebooks", "speedkit.demo", "speedkit.compare")
+LOOP = ("speedkit.core", "speedkit.algorithms", "speedkit.callbacks", "speedkit.optim", "speedkit.data",
+        "speedkit.models", "speedkit.trainer", "speedkit.parts", "speedkit.checkpoint", "speedkit.distributed",
+        "speedkit.validation", "speedkit.microbatching", "speedkit.batches", "speedkit.sigterm",
+        "speedkit.loggers", "speedkit.metrics", "speedkit.runs", "speedkit.devices", "speedkit.seeding",
+        "speedkit.functional")
+# Below everything: what any module may import without a cycle.
+BOTTOM = ("speedkit.version", "speedkit.seeding")
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {_module_name(p): p for p in sorted(ROOT.rglob("*.py"))}
+
+
+def _known(name: str) -> str:
+    """The module that ``name`` lives in (a name imported from a package resolves to the package)."""
+    while name and name not in MODULES:
+        name = name.rpartition(".")[0]
+    return name
+
+
+def _imports(module: str) -> set[str]:
+    """Every speedkit module ``module`` imports, at the top or inside a function."""
+    path = MODULES[module]
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {_known(a.name) for a in node.names if a.name.split(".")[0] == "speedkit"}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                kept = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(kept + ([node.module] if node.module else []))
+            if base.split(".")[0] != "speedkit":
+                continue
+            found |= {f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else _known(base) for a in node.names}
+    found.discard(module)
+    return found
+
+
+GRAPH = {module: _imports(module) for module in MODULES}
+
+
+def _in(module: str, prefixes) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in prefixes)
+
+
+def _cycles() -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in GRAPH[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for module in GRAPH:
+        if module not in index:
+            visit(module)
+    return found
+
+
+def test_the_graph_is_read():
+    assert {"speedkit.trainer", "speedkit.core.engine", "speedkit.algorithms.ema"} <= set(MODULES)
+    assert "speedkit.checkpoint" in GRAPH["speedkit.trainer"]
+
+
+def test_no_import_cycles():
+    cycles = _cycles()
+    details = {tuple(c): {m: sorted(GRAPH[m] & set(c)) for m in c} for c in cycles}
+    assert not cycles, f"import cycles (module -> the modules of its cycle it imports): {details}"
+
+
+def test_core_imports_nothing_above_it():
+    upward = {m: sorted(i for i in GRAPH[m] if not _in(i, ("speedkit.core", *BOTTOM)))
+              for m in MODULES if _in(m, ("speedkit.core",))}
+    assert not {m: i for m, i in upward.items() if i}
+
+
+@pytest.mark.parametrize("layer", LOOP)
+def test_the_training_layers_never_import_the_entry_points(layer):
+    upward = {m: sorted(i for i in GRAPH[m] if _in(i, ENTRY_POINTS)) for m in MODULES if _in(m, (layer,))}
+    assert not {m: i for m, i in upward.items() if i}
+
+
+def test_the_bottom_imports_nothing_of_speedkit():
+    assert not {m: GRAPH[m] for m in BOTTOM if GRAPH[m]}
+
+
+def test_distributed_and_checkpoint_sit_below_the_trainer():
+    assert not GRAPH["speedkit.distributed"] - set(BOTTOM)  # only collectives and torch: no data, no trainer
+    assert "speedkit.trainer" not in GRAPH["speedkit.checkpoint"]
