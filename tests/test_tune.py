@@ -1,0 +1,232 @@
+"""speedkit tune: the measured search for the fastest recipe.
+
+Most tests plant a known answer through ``runner=`` (tests/tune_fakes.py: label_smoothing halves the
+time to target, ema doubles it) so the search's logic is checked in seconds; one test runs the real
+trainer on a sliver of Fashion-MNIST. Kills and extra workers are real processes.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+optuna = pytest.importorskip("optuna")
+
+from speedkit.recipes import Recipe  # noqa: E402
+from speedkit.tune import TuneInputError, parse_budget, penalized, tune  # noqa: E402
+from speedkit.tune.space import SearchSpace, recipe_params, suggest_recipe  # noqa: E402
+
+TESTS = Path(__file__).parent
+FAKE = "tune_fakes:fake_run"
+SMALL = dict(data_fraction=0.02, eval_fraction=0.05, log=lambda *_: None)
+
+
+@pytest.fixture
+def fake_env(tmp_path, monkeypatch):
+    """Worker processes import the fake runner from tests/; every fake run is logged to a file."""
+    log = tmp_path / "runs.log"
+    monkeypatch.setenv("TUNE_FAKE_LOG", str(log))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(TESTS), os.getcwd(), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.syspath_prepend(str(TESTS))
+    return log
+
+
+def _search_trials(storage: str, name: str = "tune", states=None):
+    try:
+        study = optuna.load_study(study_name=name, storage=_storage(storage))
+    except KeyError:  # not created yet
+        return []
+    return study.get_trials(deepcopy=False, states=states)
+
+
+def _storage(path: str):
+    from speedkit.tune.search import open_storage
+
+    return open_storage(path)
+
+
+# -- the objective ---------------------------------------------------------------------------------------
+def test_penalty_ranks_every_miss_behind_every_hit_and_misses_by_shortfall():
+    hit = penalized("eval/accuracy", 0.9, limit_s=10, time_to_target=9.9, value=0.95)
+    near = penalized("eval/accuracy", 0.9, limit_s=10, time_to_target=None, value=0.85)
+    far = penalized("eval/accuracy", 0.9, limit_s=10, time_to_target=None, value=0.5)
+    assert hit == 9.9 < near < far
+    # lower-is-better metrics: a bpb above the target is a shortfall
+    assert penalized("eval/bpb", 2.0, 10, None, 2.5) > penalized("eval/bpb", 2.0, 10, None, 2.1) > 10
+
+
+def test_budget_strings():
+    assert parse_budget("30m") == 1800 and parse_budget("90s") == 90 and parse_budget("1.5h") == 5400
+    assert parse_budget(12) == 12
+    with pytest.raises(TuneInputError, match="budget"):
+        parse_budget("soon")
+
+
+# -- the space -------------------------------------------------------------------------------------------
+def test_conflicting_methods_are_never_proposed_together():
+    """mixup and cutmix hold the same role: in 200 random draws they are never both on."""
+    base = Recipe(name="b", task="fashion-mnist", domain="vision", model="resnet8", duration="2ep", batch_size=64,
+                  optimizer={"name": "sgd", "lr": 0.1})
+    space = SearchSpace(methods=("mixup", "cutmix", "label_smoothing"))
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    seen = set()
+    for _ in range(200):
+        trial = study.ask()
+        methods = set(suggest_recipe(trial, base, space, "t").methods)
+        assert not {"mixup", "cutmix"} <= methods
+        seen.add(frozenset(methods))
+        study.tell(trial, 1.0)
+    assert frozenset({"cutmix", "label_smoothing"}) in seen and frozenset({"mixup"}) in seen  # both still tried
+
+
+def test_a_preset_maps_back_onto_its_point_of_the_space():
+    from speedkit.recipes import get_recipe
+    from speedkit.tune.space import full_space
+
+    base, mild = get_recipe("fashion-mnist", "baseline"), get_recipe("fashion-mnist", "mild")
+    space = full_space(base, ["channels_last", "label_smoothing", "ema"], "cpu")
+    params = recipe_params(mild.with_changes(precision="bf16"), base, space)
+    study = optuna.create_study()
+    study.enqueue_trial(params)
+    recipe = suggest_recipe(study.ask(), base, space, "again")
+    assert recipe.methods == mild.methods and recipe.batch_size == mild.batch_size
+    assert recipe.duration == mild.duration and recipe.schedule == mild.schedule
+    assert recipe_params(mild, base, full_space(base, ["ema"], "cpu")) is None  # its methods are not in that space
+
+
+# -- bad input -------------------------------------------------------------------------------------------
+def test_unknown_method_is_named_with_the_known_ones(tmp_path):
+    with pytest.raises(TuneInputError) as e:
+        tune("fashion-mnist", methods=["label_smoothing", "mixupp"], out_dir=tmp_path, **SMALL)
+    assert "'mixupp'" in str(e.value) and "did you mean 'mixup'" in str(e.value) and "cutmix" in str(e.value)
+
+
+def test_empty_search_space_says_why(tmp_path):
+    with pytest.raises(TuneInputError) as e:
+        tune("fashion-mnist", methods=["alibi", "qk_norm"], out_dir=tmp_path, **SMALL)
+    assert "no method left to search" in str(e.value) and "alibi: a language method" in str(e.value)
+
+
+def test_target_metric_no_evaluator_logs(tmp_path):
+    with pytest.raises(TuneInputError) as e:
+        tune("fashion-mnist", target="eval/f1=0.5", methods=["ema"], out_dir=tmp_path, **SMALL)
+    assert "'eval/f1'" in str(e.value) and "eval/accuracy" in str(e.value)
+
+
+def test_methods_that_find_nothing_in_the_model_are_left_out_with_the_reason(tmp_path, fake_env):
+    result = tune("fashion-mnist", methods=["label_smoothing", "low_precision_layernorm"], out_dir=tmp_path,
+                  runner=FAKE, budget=30, max_trials=2, max_baseline_trials=1, seeds_to_confirm=1, **SMALL)
+    assert "found no" in result.summary["left_out"]["low_precision_layernorm"]
+    assert result.summary["methods_searched"] == ["label_smoothing"]
+
+
+# -- the search ------------------------------------------------------------------------------------------
+def test_finds_the_planted_best_and_writes_a_loadable_recipe(tmp_path, fake_env):
+    result = tune("fashion-mnist", methods=["ema", "label_smoothing", "mixup", "cutmix"], out_dir=tmp_path,
+                  runner=FAKE, budget=60, trial_limit=12, max_trials=24, max_baseline_trials=6,
+                  seeds_to_confirm=2, tune_hparams=False, **SMALL)
+    assert result.recipe is not None
+    assert "label_smoothing" in result.recipe.methods and "ema" not in result.recipe.methods
+    assert result.speedup is not None and result.speedup > 1.5  # planted: 2x from label smoothing
+    loaded = Recipe.from_file(result.recipe_path)  # what `speedkit train --recipe` reads
+    assert loaded.methods == result.recipe.methods and loaded.reached["seeds_reached"] == "2/2"
+    assert loaded.reached["time_to_target_s"] == result.summary["confirmation"]["candidates"][1]["median_s"]
+    roles = [c["role"] for c in result.summary["confirmation"]["candidates"]]
+    assert roles == ["baseline", "winner", "runner-up"]
+    # every run is a RunRecord in one folder, and the report names the winner
+    records = list((tmp_path / "runs").glob("*/record.json"))
+    assert len(records) == len([t for t in result.summary["trials"] if t["record"]]) + 3 * 2
+    assert "(winner)" in result.report_path.read_text() and result.html_path.exists()
+
+
+def test_respects_the_wall_clock_budget(tmp_path, fake_env, monkeypatch):
+    monkeypatch.setenv("TUNE_FAKE_PACE", "0.05")  # each fake run takes 0.1-0.6 s of real time
+    started = time.monotonic()
+    result = tune("fashion-mnist", methods=["ema", "label_smoothing"], out_dir=tmp_path, runner=FAKE,
+                  budget=8, trial_limit=12, seeds_to_confirm=1, **SMALL)
+    elapsed = time.monotonic() - started
+    assert len(result.summary["trials"]) >= 6  # it used the budget ...
+    assert result.summary["spent_s"] <= 8 + 1.5, result.summary["spent_s"]  # ... and kept to it (one run's slack)
+    assert elapsed < 8 + 8  # set-up (data, probes) comes on top of the search's budget
+
+
+def test_resumes_after_a_kill_without_rerunning_finished_trials(tmp_path, fake_env):
+    out, storage = tmp_path / "out", str(tmp_path / "out" / "study.journal")
+    script = (f"from speedkit.tune import tune; tune('fashion-mnist', methods=['ema', 'label_smoothing'], "
+              f"out_dir={str(out)!r}, runner={FAKE!r}, budget=300, trial_limit=12, max_trials=12, "
+              f"max_baseline_trials=2, seeds_to_confirm=1, data_fraction=0.02, eval_fraction=0.05)")
+    env = {**os.environ, "TUNE_FAKE_PACE": "0.05"}  # 0.1-0.6 s per fake run: time to kill one mid-run
+    child = subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if Path(storage).exists() and len(_search_trials(storage, states=(
+                    optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED))) >= 2:
+                break
+            time.sleep(0.25)  # polling shares the one core with the search
+        time.sleep(0.1)  # most likely mid-way through the next trial
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait()
+    finally:
+        if child.poll() is None:
+            child.kill()
+    finished_before = {t.number: t.params for t in _search_trials(storage) if t.state.is_finished()}
+    assert len(finished_before) >= 2
+    tune("fashion-mnist", methods=["ema", "label_smoothing"], out_dir=out, runner=FAKE, budget=300,
+         trial_limit=12, max_trials=12, max_baseline_trials=2, seeds_to_confirm=1, **SMALL)
+    trials = _search_trials(storage)
+    for number, params in finished_before.items():  # kept as they were
+        assert trials[number].params == params and trials[number].state.is_finished()
+    starts = [line.split()[1] for line in fake_env.read_text().splitlines() if line.startswith("start")]
+    rerun = {name for name in starts if starts.count(name) > 1}
+    assert not rerun, f"finished trials ran again: {rerun}"
+    states = [t.state for t in trials]
+    assert optuna.trial.TrialState.RUNNING not in states  # the cut-short trial is marked failed ...
+    failed = [t for t in trials if t.state == optuna.trial.TrialState.FAIL]
+    assert all(any(t.user_attrs.get("retry_of") == f.number for t in trials) for f in failed)  # ... and re-queued
+    assert (out / "recipe.yaml").exists()
+
+
+def test_two_worker_processes_share_one_study(tmp_path, fake_env, monkeypatch):
+    (tmp_path / "arrived").mkdir()
+    monkeypatch.setenv("TUNE_FAKE_RENDEZVOUS", f"{tmp_path / 'arrived'}:2")  # both processes in before any run ends
+    monkeypatch.setenv("TUNE_FAKE_PACE", "0.1")
+    result = tune("fashion-mnist", methods=["ema", "label_smoothing"], out_dir=tmp_path, runner=FAKE, budget=60,
+                  trial_limit=12, max_trials=6, max_baseline_trials=2, seeds_to_confirm=1, n_workers=2, **SMALL)
+    trials = _search_trials(result.storage, "tune-baseline") + _search_trials(result.storage)
+    workers = {t.user_attrs.get("worker") for t in trials}
+    assert len(workers) == 2, workers
+    search = [t for t in _search_trials(result.storage) if t.state.is_finished()]
+    assert 6 <= len(search) <= 7  # each process checks the count before it starts a trial
+    pids = {line.split()[2] for line in fake_env.read_text().splitlines()}
+    assert len(pids) == 2
+    names = [line.split()[1] for line in fake_env.read_text().splitlines() if line.startswith("start")]
+    assert len(names) == len(set(names))  # no trial ran twice
+
+
+# -- the real trainer ------------------------------------------------------------------------------------
+def test_real_trainer_search_on_a_sliver_of_fashion_mnist(tmp_path):
+    result = tune("fashion-mnist", target=0.55, methods=["label_smoothing"], out_dir=tmp_path, budget=90,
+                  trial_limit=4, max_trials=2, max_baseline_trials=1, seeds_to_confirm=1, eval_interval="0.5ep",
+                  **SMALL)
+    summary = result.summary
+    finished = [t for t in summary["trials"] if t["record"]]
+    assert finished, summary["trials"]
+    from speedkit.runs import RunRecord
+
+    for trial in finished:  # each trial is a real run, its record re-scorable from disk
+        record = RunRecord.load(trial["record"])
+        assert record.evals and record.config["tune"]["phase"] == trial["phase"]
+        assert record.time_to("eval/accuracy", 0.55) == trial["time_to_target_s"]
+    confirmation = summary["confirmation"]
+    assert len(confirmation["candidates"]) >= 2
+    if result.recipe is not None:
+        assert Recipe.from_file(result.recipe_path).reached["metric"] == "eval/accuracy"
+    json.loads((tmp_path / "summary.json").read_text())

@@ -1,0 +1,79 @@
+"""A planted world for tests/test_tune.py: fake runs whose time to target is known in advance.
+
+``fake_run`` stands in for training (``speedkit.tune``'s ``runner=``): label_smoothing halves the time
+to target, ema doubles it, a learning rate far from the base's slows it; everything else is neutral.
+It reports evaluations through the same TrialContext hooks as the real trainer, writes a RunRecord,
+and logs every start and end to ``$TUNE_FAKE_LOG`` so tests can see which trials ran.
+"""
+from __future__ import annotations
+
+import math
+import os
+import time
+
+from speedkit.core.algorithm import check_compatibility
+from speedkit.algorithms import build_algorithms
+from speedkit.runs import RunRecord
+
+BASE_TIME = 4.0  # fake training seconds to the target with nothing on
+REAL_SECONDS_PER_FAKE = float(os.environ.get("TUNE_FAKE_PACE", "0.01"))
+
+
+def planted_time(recipe) -> float:
+    t = BASE_TIME
+    if "label_smoothing" in recipe.methods:
+        t *= 0.5
+    if "ema" in recipe.methods:
+        t *= 2.0
+    t *= 1.0 + 0.3 * abs(math.log10(recipe.optimizer["lr"] / 0.1))  # the base lr (0.1) is best
+    return t
+
+
+def _log(line: str) -> None:
+    path = os.environ.get("TUNE_FAKE_LOG")
+    if path:
+        with open(path, "a") as f:
+            f.write(line + "\n")
+
+
+_met = False
+
+
+def _rendezvous() -> None:
+    """With ``$TUNE_FAKE_RENDEZVOUS=DIR:N``, each process's first run waits until N processes have arrived,
+    so a test of several workers does not depend on how fast a process starts."""
+    global _met
+    spec = os.environ.get("TUNE_FAKE_RENDEZVOUS")
+    if not spec or _met:
+        return
+    folder, count = spec.rsplit(":", 1)
+    open(os.path.join(folder, str(os.getpid())), "w").close()
+    deadline = time.monotonic() + 60
+    while len(os.listdir(folder)) < int(count) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    _met = True
+
+
+def fake_run(context) -> RunRecord:
+    check_compatibility(build_algorithms(context.recipe.methods))  # a conflicting set must never get here
+    _rendezvous()
+    _log(f"start {context.run_name} {os.getpid()}")
+    reach_at = planted_time(context.recipe)
+    record = RunRecord(name=context.run_name, config={"task": context.task, "recipe": context.recipe.name,
+                                                      "recipe_spec": context.recipe.to_dict(), **context.extra_config},
+                       target={"metric": context.metric, "value": context.target})
+    record.methods = [{"name": m, "params": p} for m, p in context.recipe.methods.items()]
+    wall = 0.0
+    while wall < 3 * BASE_TIME:
+        wall = round(wall + 0.1, 6)  # an evaluation every 0.1 fake seconds
+        value = context.target * min(1.0, wall / reach_at)  # reaches the target exactly at reach_at
+        time.sleep(0.1 * REAL_SECONDS_PER_FAKE)
+        record.add_eval({"batch": int(round(wall * 10)), "wall_s": wall}, {context.metric: value})
+        if value >= context.target or context.on_eval(wall, value):
+            break
+    record.timings["train_s"] = wall
+    record.final_metrics = {context.metric: record.evals[-1][context.metric]}
+    record.status = "target_reached" if value >= context.target else "stopped"
+    record.save(context.record_path())
+    _log(f"end {context.run_name} {os.getpid()}")
+    return record
