@@ -46,6 +46,13 @@ def get_task(name: str) -> TaskSpec:
     return TASKS[name]
 
 
+def model_fit_problem(spec: TaskSpec, model: str) -> str | None:
+    """Why ``model`` does not fit the task's data (channels, classes, vocabulary), or None when it does."""
+    if model not in spec.models:
+        return f"model {model!r} does not fit task {spec.name!r}; use one of {list(spec.models)}"
+    return None
+
+
 # -- data ----------------------------------------------------------------------------------
 def fashion_mnist_torch_loader(batch_size: int, augment: dict | None, data_fraction: float, seed: int,
                                num_workers: int = 0, download: bool = False):
@@ -143,8 +150,9 @@ def make_trainer(task: str = "fashion-mnist", recipe: str | Recipe = "baseline",
                                                    batch_size=batch_size, eval_interval=eval_interval)
     if methods is not None:
         recipe = recipe.with_changes(methods=_methods_dict(methods))
-    if recipe.model not in spec.models:
-        raise ValueError(f"model {recipe.model!r} does not fit task {task!r}; use one of {list(spec.models)}")
+    problem = model_fit_problem(spec, recipe.model)
+    if problem:
+        raise ValueError(problem)
     device = resolve_device(device)
     torch.manual_seed(seed)  # the same initial weights for every recipe with the same seed
     net = get_model(recipe.model, **({"num_classes": 10} if spec.domain == "vision" else {}))

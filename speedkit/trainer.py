@@ -1,6 +1,6 @@
 """The Trainer: a training loop whose every step is a named event that methods can act on.
 
-Reading order: ``__init__`` (parts, INIT), ``fit`` (resume, the epoch loop, clean endings), ``_train_batch``
+Reading order: ``__init__`` (parts, INIT), ``fit`` (resume, the epoch loop, clean endings), ``_train_step``
 (microbatches, forward, loss, backward, step), ``eval``. Every run writes a RunRecord and, unless told not
 to, a final checkpoint into its run folder. Around the loop, each in a room of its own: ``speedkit.parts``
 (what the Trainer is given, made into one kind each), ``speedkit.checkpoint.Checkpointer``, the parallel
@@ -280,7 +280,7 @@ class Trainer:
             engine.run_event(Event.AFTER_DATALOADER)
             if not self._first_batch_checked:
                 check_first_batch(state, tokens_in(state.batch))
-            self._train_batch()
+            self._train_step()
             engine.run_event(Event.BATCH_END)
             self._maybe_eval(at_epoch_end=False)
             self._paused(engine.run_event, Event.BATCH_CHECKPOINT)
@@ -293,7 +293,7 @@ class Trainer:
         self._paused(engine.run_event, Event.EPOCH_CHECKPOINT)
 
     # -- one optimizer step ---------------------------------------------------------------
-    def _train_batch(self) -> None:
+    def _train_step(self) -> None:
         """One optimizer step on ``state.batch``: forward, loss and backward per microbatch, then the step."""
         state, engine = self.state, self.engine
         state.skip_step = False

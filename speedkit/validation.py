@@ -292,7 +292,8 @@ def check_first_batch(state, tokens: int) -> None:
     if tokens == 0 and not state.tokens_per_batch:
         in_tokens = [("max_duration", state.max_duration)]
         in_tokens += [(f"eval_interval of evaluator {ev.label!r}", ev.interval) for ev in state.evaluators]
-        in_tokens += [item for cb in state.callbacks for item in cb.durations().items()]
+        # Callbacks say which durations they count in (Callback.durations); duck-typed ones may not.
+        in_tokens += [item for cb in state.callbacks for item in getattr(cb, "durations", dict)().items()]
         for name, time in in_tokens:
             if time is not None and time.unit is TimeUnit.TOKEN:
                 raise ValueError(f"{name}={time} counts tokens, but the batches carry none (their inputs "

@@ -383,3 +383,17 @@ def test_recipe_parts_fill_what_was_not_given(tmp_path):
     trainer.fit()
     with pytest.raises(ValueError, match="fashion-mnist:baseline"):
         recipe_parts("hot-sauce", model)
+
+
+def test_durations_in_tokens_need_batches_with_tokens(tmp_path):
+    """The first batch is checked against every duration, the checkpoint saver's included (it says which
+    durations it counts in: Callback.durations), and a duck-typed callback without that method is fine."""
+
+    class DuckCallback:
+        def run_event(self, event, state, logger):
+            pass
+
+    with pytest.raises(ValueError, match=r"save_interval=100tok counts tokens"):
+        fit(tmp_path, max_duration="2ba", save_interval="100tok")
+    _, record = fit(tmp_path / "duck", max_duration="2ba", callbacks=[DuckCallback()], save_checkpoints=False)
+    assert record.status == "completed"

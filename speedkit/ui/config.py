@@ -12,7 +12,7 @@ import dataclasses
 from speedkit.algorithms import REGISTRY, build_algorithms
 from speedkit.core.algorithm import check_compatibility
 from speedkit.recipes import Recipe, get_recipe
-from speedkit.tasks import get_task
+from speedkit.tasks import get_task, model_fit_problem
 
 
 @dataclasses.dataclass
@@ -75,8 +75,9 @@ class RunConfig:
             recipe = self.to_recipe()
         except (ValueError, TypeError, FileNotFoundError) as e:
             return [str(e)]
-        if recipe.model not in spec.models:
-            found.append(f"model {recipe.model!r} does not fit task {self.task!r}; use one of {list(spec.models)}")
+        problem = model_fit_problem(spec, recipe.model)  # the check make_trainer runs, not a copy of it
+        if problem:
+            found.append(problem)
         for name in recipe.methods:
             reason = unsuitable_reason(name, spec.domain)
             if reason:
