@@ -431,7 +431,8 @@ def confirm_candidates(config: TuneConfig, studies: dict) -> list[tuple[str, str
         candidates.append(("baseline", f"baseline:{baseline[0].number}", recipe_from_trial(baseline[0], "baseline")))
     else:
         candidates.append(("baseline", "baseline:untuned", config.base_recipe()))
-    for role, trial in zip(("winner", "runner-up"), _distinct_best(studies["search"], 2)):
+    reached = [t for t in _distinct_best(studies["search"], 2) if t.user_attrs.get("time_to_target_s") is not None]
+    for role, trial in zip(("winner", "runner-up"), reached):  # a trial that missed the target cannot win
         candidates.append((role, f"search:{trial.number}", recipe_from_trial(trial, "tuned")))
     return candidates
 
@@ -615,7 +616,7 @@ def build_config(task, target, budget, methods, storage, study_name, seeds_to_co
                  baseline_share, max_trials, max_baseline_trials, pruner, sampler_seed, duration_scale,
                  lr_factor, runner, log) -> TuneConfig:
     """Check every argument and read the search space from the cards; refusals name the argument."""
-    from speedkit.devices import resolve_device
+    from speedkit.devices import resolve_device, resolve_precision
     from speedkit.recipes import get_recipe
     from speedkit.tasks import get_task
 
@@ -632,6 +633,8 @@ def build_config(task, target, budget, methods, storage, study_name, seeds_to_co
     allowed = resolve_methods(methods)
     base_recipe = get_recipe(task, base)
     device_type = resolve_device(device).type
+    # "auto" precision made concrete, so the base is a point of the space (whose choices are fp32/bf16/fp16)
+    base_recipe = base_recipe.with_changes(precision=resolve_precision(base_recipe.precision, resolve_device(device)))
     if eval_interval:
         base_recipe = base_recipe.with_changes(eval_interval=eval_interval)
     probe_recipe = base_recipe.with_changes(loader="memory")  # the probes need the model and evaluators, not a DataLoader

@@ -168,7 +168,8 @@ def suggest_recipe(trial, base, space: SearchSpace, name: str):
         augment["flip"] = None if flip == "none" else flip
     if space.crop_pads or space.flips:
         changes["augment"] = augment
-    changes["methods"] = suggest_methods(trial, space)  # replaces the base's methods; checked against the cards
+    if space.methods:  # the trial's methods replace the base's (checked against the cards); no methods: the base's stay
+        changes["methods"] = suggest_methods(trial, space)
     return base.with_changes(**changes)
 
 
@@ -248,7 +249,9 @@ def recipe_params(recipe, base, space: SearchSpace) -> dict | None:
     Only the fields and methods the space searches can be set; a recipe that needs anything else
     (another model, a method left out, a value outside a range) is not a point of this space.
     """
-    if recipe.model != base.model or not set(recipe.methods) <= set(space.methods):
+    if recipe.model != base.model:
+        return None
+    if not set(recipe.methods) <= set(space.methods) and not (not space.methods and recipe.methods == base.methods):
         return None
     params: dict[str, Any] = {}
     if space.lr_factor:
