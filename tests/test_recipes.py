@@ -19,6 +19,26 @@ def test_recipe_validates(task, name):
     build_algorithms(recipe.methods)  # every method exists and its parameters fit its card
 
 
+def test_speed_up_presets_state_the_target_they_were_tuned_for_and_runs_measure_against_it(tmp_path):
+    from speedkit.recipes import BASELINES, Recipe
+    from speedkit.tasks import TASKS, recipe_target
+
+    for task, recipes in RECIPES.items():
+        for name, recipe in recipes.items():
+            if name not in BASELINES[task]:
+                assert recipe.target["metric"] == TASKS[task].target_metric, (task, name)
+    assert recipe_target(TASKS["pydocs"], get_recipe("pydocs", "hot")) == 3.30  # not the task's 2.0
+    assert recipe_target(TASKS["pydocs"], get_recipe("pydocs", "baseline")) == TASKS["pydocs"].target_value
+    wrong = get_recipe("fashion-mnist", "hot").with_changes(target={"metric": "eval/bpb", "value": 3.3})
+    with pytest.raises(ValueError, match="targets eval/bpb, but task 'fashion-mnist' measures eval/accuracy"):
+        recipe_target(TASKS["fashion-mnist"], wrong)
+    with pytest.raises(ValueError, match="target must be"):
+        Recipe(**{**get_recipe("fashion-mnist", "hot").to_dict(), "target": {"value": 0.92}})
+    path = tmp_path / "hot.yaml"
+    path.write_text(get_recipe("fashion-mnist", "hot").to_yaml())
+    assert Recipe.from_file(path).target == {"metric": "eval/accuracy", "value": 0.92}
+
+
 def test_every_task_has_the_four_presets():
     for task, recipes in RECIPES.items():
         assert {"baseline", "mild", "medium", "hot"} <= set(recipes), task
