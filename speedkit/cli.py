@@ -1,4 +1,4 @@
-"""``speedkit train | launch | methods | demo | bench | notebooks``: the command line over the same make_trainer,
+"""``speedkit train | launch | methods | demo | bench | tune | notebooks``: the command line over the same make_trainer,
 benchmark harness and notebooks that everything else uses."""
 from __future__ import annotations
 
@@ -66,6 +66,7 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--out", default="runs/demo", help="where the executed notebook, its HTML and records go")
     demo.add_argument("--root", default=".", help="the speedkit checkout holding notebooks/ and params/")
     _add_bench_parser(commands)
+    _add_tune_parser(commands)
     _add_notebooks_parser(commands)
     return parser
 
@@ -235,6 +236,70 @@ def _bench(args) -> int:
     return 0
 
 
+def _add_tune_parser(commands) -> None:
+    tune = commands.add_parser(
+        "tune", help="search (Optuna) for the recipe that reaches a task's target soonest",
+        description="A measured search: the baseline's learning rate and budget are tuned first, then methods "
+                    "(on/off and their cards' hyperparameters) and recipe fields, against training time to the "
+                    "target; the winner and runner-up are confirmed on fresh seeds beside the tuned baseline. "
+                    "Writes OUT/recipe.yaml (for `speedkit train --recipe`), OUT/report.md, OUT/report.html and "
+                    "OUT/summary.json. Rerun the same command to continue a search that was stopped or killed. "
+                    "Needs: pip install 'speedkit[tune]'. optuna-dashboard, where installed, opens the study.",
+        epilog="example:\n  speedkit tune --task fashion-mnist --budget 45m --data-fraction 0.25 "
+               "--methods channels_last,label_smoothing,ema,mixup,cutmix,identity_init --out runs/tune-fmnist",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    tune.add_argument("--task", default="fashion-mnist")
+    tune.add_argument("--target", help="a value of the task's metric, or METRIC=VALUE (default: the task's target)")
+    tune.add_argument("--budget", default="30m", help="wall clock for the whole search, e.g. 30m, 90s, 1h")
+    tune.add_argument("--methods", help="comma-separated methods the search may turn on (default: all that fit)")
+    tune.add_argument("--base", default="baseline", help="the recipe the search starts from (a preset or a file)")
+    tune.add_argument("--storage", help="Optuna storage: a journal file, a *.db SQLite file or a database URL "
+                                        "(default OUT/study.journal); share it to run workers elsewhere")
+    tune.add_argument("--study", default="tune", help="study name within the storage")
+    tune.add_argument("--out", default="runs/tune", help="folder for the recipe, report and records")
+    tune.add_argument("--run-dir", help="where each trial's RunRecord goes (default OUT/runs)")
+    tune.add_argument("--data-fraction", type=float, default=1.0, help="train on this class-balanced fraction")
+    tune.add_argument("--eval-fraction", type=float, help="evaluate on this fraction of the test set")
+    tune.add_argument("--eval-interval", help="evaluation cadence of every trial, e.g. 0.25ep, 50ba")
+    tune.add_argument("--device", default="auto")
+    tune.add_argument("--workers", type=int, default=1, help="processes working on the study at once")
+    tune.add_argument("--seeds", type=int, default=3, help="fresh seeds the winner and runner-up are confirmed on")
+    tune.add_argument("--trial-limit", help="most training time of one trial (default: a fifth of the budget)")
+    tune.add_argument("--max-trials", type=int, help="stop the search after this many trials")
+    tune.add_argument("--max-baseline-trials", type=int, help="stop tuning the baseline after this many trials")
+    tune.add_argument("--pruner", default="halving", choices=["halving", "hyperband", "median", "none"])
+    tune.add_argument("--no-hparams", action="store_true", help="methods on/off only, each at its card's defaults")
+    tune.add_argument("--runner", help="MODULE:FUNCTION that runs one trial instead of training (advanced)")
+
+
+def _tune(args) -> int:
+    try:
+        from speedkit.tune import tune
+        from speedkit.tune.search import _optuna
+
+        _optuna()
+    except ImportError as e:
+        print(f"speedkit: error: {e}", file=sys.stderr)
+        return 2
+    result = tune(args.task, target=args.target, budget=args.budget, methods=args.methods, base=args.base,
+                  storage=args.storage, study_name=args.study, out_dir=args.out, run_dir=args.run_dir,
+                  data_fraction=args.data_fraction, eval_fraction=args.eval_fraction,
+                  eval_interval=args.eval_interval, device=args.device, n_workers=args.workers,
+                  seeds_to_confirm=args.seeds, trial_limit=args.trial_limit, max_trials=args.max_trials,
+                  max_baseline_trials=args.max_baseline_trials, pruner=args.pruner,
+                  tune_hparams=not args.no_hparams, runner=args.runner)
+    confirmation = result.summary["confirmation"]
+    if result.recipe is None:
+        print("no candidate reached the target on every seed; see the report")
+    else:
+        speedup = confirmation.get("speedup_median")
+        print(f"winner: {result.recipe.summary}\nspeed-up over the tuned baseline: "
+              f"{'-' if speedup is None else f'{speedup:.2f}x'} (median of {len(confirmation['seeds'])} seeds)\n"
+              f"recipe: {result.recipe_path}")
+    print(f"report: {result.report_path}")
+    return 0
+
+
 def _add_notebooks_parser(commands) -> None:
     notebooks = commands.add_parser("notebooks", help="run the notebooks and tutorials headlessly with papermill")
     actions = notebooks.add_subparsers(dest="action", required=True)
@@ -273,6 +338,8 @@ def main(argv: list[str] | None = None) -> int:
             return _bench(args)
         if args.command == "notebooks":
             return _notebooks(args)
+        if args.command == "tune":
+            return _tune(args)
         if args.command == "demo":
             from speedkit.demo import run_demo
 

@@ -232,3 +232,30 @@ def test_real_trainer_search_on_a_sliver_of_fashion_mnist(tmp_path):
     if result.recipe is not None:
         assert Recipe.from_file(result.recipe_path).reached["metric"] == "eval/accuracy"
     json.loads((tmp_path / "summary.json").read_text())
+
+
+# -- the command line ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("args, message", [
+    (["--methods", "label_smoothing,mixupp"], "unknown method 'mixupp' (did you mean 'mixup'?)"),
+    (["--methods", "alibi"], "no method left to search (alibi: a language method"),
+    (["--target", "eval/f1=0.5", "--methods", "ema"], "'eval/f1' is not logged by any evaluator"),
+    (["--budget", "tomorrow", "--methods", "ema"], "budget must be a wall-clock time"),
+])
+def test_cli_refuses_bad_input_with_a_clear_message(tmp_path, capsys, args, message):
+    from speedkit.cli import main
+
+    code = main(["tune", "--out", str(tmp_path), "--data-fraction", "0.02", "--eval-fraction", "0.05", *args])
+    assert code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_cli_tune_writes_recipe_and_report(tmp_path, capsys, fake_env):
+    from speedkit.cli import main
+
+    code = main(["tune", "--task", "fashion-mnist", "--methods", "ema,label_smoothing", "--budget", "60s",
+                 "--trial-limit", "12", "--max-trials", "8", "--max-baseline-trials", "2", "--seeds", "1",
+                 "--data-fraction", "0.02", "--eval-fraction", "0.05", "--out", str(tmp_path), "--runner", FAKE])
+    out = capsys.readouterr().out
+    assert code == 0 and "speed-up over the tuned baseline" in out
+    assert Recipe.from_file(tmp_path / "recipe.yaml").reached["seeds_reached"] == "1/1"
+    assert (tmp_path / "report.md").exists() and f"report: {tmp_path / 'report.md'}" in out
