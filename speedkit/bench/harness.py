@@ -19,7 +19,7 @@ from typing import Callable, Sequence
 from speedkit.bench.profiles import BenchProfile, TASK_KEYS, get_profile, task_key
 from speedkit.compare import final_metric, leave_one_out as leave_one_out_table, median_or_none, paired_speedups
 from speedkit.core.time import Time
-from speedkit.devices import resolve_device
+from speedkit.devices import resolve_device, resolve_precision
 from speedkit.recipes import BASELINES, Recipe, get_recipe
 from speedkit.runs import RunRecord, environment, load_records, lower_is_better
 from speedkit.tasks import TASKS, make_trainer
@@ -254,7 +254,11 @@ def run_leave_one_out(profile: BenchProfile, records: Sequence[RunRecord], recip
                        **trainer_kwargs)
         ablations.append(full)
         log(f"[leave-one-out] reference {_describe_run(full)}")
-    for part, change in ablation_changes(recipe, scheduled_recipe(profile, baseline)).items():
+    # "auto" precision compared as what it runs as here: "auto" against a bf16 baseline is no difference
+    device = resolve_device(profile.device)
+    recipe, reference = (r.with_changes(precision=resolve_precision(r.precision, device))
+                         for r in (recipe, scheduled_recipe(profile, baseline)))
+    for part, change in ablation_changes(recipe, reference).items():
         run_name = f"{full.name}-without-{part}"
         try:
             record = run_one(profile, _without(recipe, change), seed, run_name, run_dir,
