@@ -163,7 +163,9 @@ def sweep_baseline(profile: BenchProfile, name: str, seed: int, run_dir: str | P
             candidate = recipe.with_changes(optimizer={"lr": lr}, schedule=dict(schedule))
             info = {**_bench_info(profile, session, seed), "sweep": True}
             run_name = f"{profile.task}-{name}-lr{lr:g}-{schedule['name']}-s{seed}"
-            record = run_one(profile, candidate, seed, run_name, run_dir, info, **trainer_kwargs)
+            # stopped at the target: past it a candidate's run says nothing more about its rank
+            record = run_one(profile, candidate, seed, run_name, run_dir, info,
+                             **{"stop_at_target": True, **trainer_kwargs})
             log(f"[sweep {name}] {_describe_run(record)}")
             target = record.target or {}
             tried.append({"lr": lr, "schedule": dict(schedule), "time_to_target_s": record.time_to_target,
