@@ -259,3 +259,12 @@ def test_cli_tune_writes_recipe_and_report(tmp_path, capsys, fake_env):
     assert code == 0 and "speed-up over the tuned baseline" in out
     assert Recipe.from_file(tmp_path / "recipe.yaml").reached["seeds_reached"] == "1/1"
     assert (tmp_path / "report.md").exists() and f"report: {tmp_path / 'report.md'}" in out
+
+
+def test_continuing_a_study_with_other_settings_is_refused(tmp_path, fake_env):
+    args = dict(methods=["ema", "label_smoothing"], out_dir=tmp_path, runner=FAKE, budget=30, trial_limit=12,
+                max_trials=2, max_baseline_trials=1, seeds_to_confirm=1, **SMALL)
+    tune("fashion-mnist", **args)
+    with pytest.raises(TuneInputError) as e:
+        tune("fashion-mnist", target=0.8, **args)
+    assert "target: was 0.92, now 0.8" in str(e.value) and "another study_name" in str(e.value)

@@ -121,7 +121,7 @@ def write_html(config, summary: dict, path: Path) -> Path | None:
         import plotly.graph_objects as go
     except ImportError:
         return None
-    figures = [_scatter(go, config, summary), _path(go, config, summary)]
+    figures = [trials_figure(summary), path_figure(summary)]
     parts = [fig.to_html(full_html=False, include_plotlyjs=(i == 0)) for i, fig in enumerate(figures)]
     title = html.escape(f"speedkit tune: {config.task}")
     path.write_text(f"<!doctype html><html><head><meta charset='utf-8'><title>{title}</title></head><body>"
@@ -129,7 +129,11 @@ def write_html(config, summary: dict, path: Path) -> Path | None:
     return path
 
 
-def _scatter(go, config, summary: dict):
+def trials_figure(summary: dict):
+    """Every trial that evaluated: time to target (or time trained, when missed) against its best metric."""
+    import plotly.graph_objects as go
+
+    target = summary["target"]
     fig = go.Figure()
     for phase, color in (("baseline", "#7f7f7f"), ("search", "#1f77b4")):
         for reached in (True, False):
@@ -140,13 +144,16 @@ def _scatter(go, config, summary: dict):
                 mode="markers", name=f"{phase} ({'reached' if reached else 'missed: time trained'})",
                 marker={"color": color, "size": 9, "symbol": "circle" if reached else "circle-open"},
                 text=[f"#{t['number']} {t['state']}: {t['change']}" for t in rows], hoverinfo="text+x+y"))
-    fig.add_hline(y=config.target, line_dash="dot", annotation_text="target")
+    fig.add_hline(y=target["value"], line_dash="dot", annotation_text="target")
     fig.update_layout(title="Every trial: time to target vs best metric", xaxis_title="training seconds",
-                      yaxis_title=config.metric, height=480)
+                      yaxis_title=target["metric"], height=480)
     return fig
 
 
-def _path(go, config, summary: dict):
+def path_figure(summary: dict):
+    """The search's path: each completed trial's objective, and the best so far, by trial number."""
+    import plotly.graph_objects as go
+
     fig = go.Figure()
     for phase, color in (("baseline", "#7f7f7f"), ("search", "#1f77b4")):
         rows = [t for t in summary["trials"] if t["phase"] == phase and t["state"] == "complete"]

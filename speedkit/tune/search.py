@@ -376,7 +376,7 @@ def seed_search_study(config: TuneConfig, studies: dict) -> None:
         return
     search.set_user_attr("seeded", True)
     base, space = config.base_recipe(), config.space("search")
-    for recipe in starting_recipes(config, studies["baseline"]):
+    for recipe in starting_recipes(config, studies["baseline"]):  # presets first: the fast ones set the bar early
         params = recipe_params(recipe, base, space)
         if params is not None:
             search.enqueue_trial(params, user_attrs={"start_from": recipe.name}, skip_if_exists=True)
@@ -386,16 +386,22 @@ def starting_recipes(config: TuneConfig, baseline_study) -> list:
     from speedkit.devices import resolve_device, resolve_precision
     from speedkit.recipes import RECIPES
 
-    base = config.base_recipe()
-    recipes = [base]
-    best = _ranked(baseline_study)[:1]
-    if best:
-        recipes.append(recipe_from_trial(best[0], "tuned-baseline"))
+    recipes = []
     device = resolve_device(config.settings.get("device", "auto"))
-    for name, preset in RECIPES.get(config.task, {}).items():
-        if name != "baseline":
-            recipes.append(preset.with_changes(precision=resolve_precision(preset.precision, device)))
+    presets = [p for name, p in RECIPES.get(config.task, {}).items() if name != "baseline"]
+    for preset in sorted(presets, key=_measured_time):
+        recipes.append(preset.with_changes(precision=resolve_precision(preset.precision, device)))
+    # The tuned baseline, or the base as it is; the baseline study measured these already, but the search's
+    # sampler learns from its own trials only.
+    best = _ranked(baseline_study)[:1]
+    recipes.append(recipe_from_trial(best[0], "tuned-baseline") if best else config.base_recipe())
     return recipes
+
+
+def _measured_time(recipe) -> float:
+    """A preset's benchmarked time to its target (those never measured, or that missed, come last)."""
+    time_s = (recipe.reached or {}).get("time_to_target_s")
+    return float("inf") if time_s is None else float(time_s)
 
 
 def _ranked(study) -> list:
@@ -566,6 +572,7 @@ def tune(task: str = "fashion-mnist", target=None, budget: str | float = "30m", 
     config.save(config_path)
     storage_obj = open_storage(config.storage)
     studies = {phase: load_study(config, phase, 0, storage_obj) for phase in (*PHASES, "confirm")}
+    check_same_search(config, studies["search"])
     for phase, study in studies.items():
         retried = fail_dead_trials(study)
         if retried:
@@ -587,6 +594,28 @@ def tune(task: str = "fashion-mnist", target=None, budget: str | float = "30m", 
     return TuneResult(recipe=paths.get("recipe_obj"), recipe_path=paths.get("recipe"), report_path=paths["report"],
                       html_path=paths.get("html"), summary=summary, out_dir=out, storage=config.storage,
                       study_name=config.study_name)
+
+
+def search_identity(config: TuneConfig) -> dict:
+    """What must not change when a search continues: its trials are only comparable under the same settings."""
+    return {"task": config.task, "metric": config.metric, "target": config.target, "base": config.base,
+            "spaces": config.spaces, "settings": config.settings, "limit_s": config.limit_s}
+
+
+def check_same_search(config: TuneConfig, study) -> None:
+    """Refuse to continue a study that was started with other settings (its times would not compare)."""
+    identity = json.loads(json.dumps(search_identity(config)))  # as stored: tuples become lists
+    stored = study.user_attrs.get("identity")
+    if stored is None:
+        study.set_user_attr("identity", identity)
+        return
+    changed = sorted(k for k in identity if identity[k] != stored.get(k))
+    if changed:
+        details = "; ".join(f"{k}: was {stored.get(k)!r}, now {identity[k]!r}" for k in changed
+                            if k not in ("spaces", "base"))
+        raise TuneInputError(f"study {study.study_name!r} in {config.storage} was started with other settings "
+                             f"({', '.join(changed)} differ{': ' + details if details else ''}); continue it with "
+                             f"the same arguments, or start a new search with another study_name or out_dir")
 
 
 def _logger(log, on_trial):
@@ -695,6 +724,8 @@ def build_summary(config: TuneConfig, studies: dict) -> dict:
     trials = []
     for phase in PHASES:
         for t in studies[phase].get_trials(deepcopy=False):
+            if t.state.name == "WAITING":
+                continue  # a starting point queued but never run
             trials.append({"phase": phase, "number": t.number, "state": t.state.name.lower(), "value": t.value,
                            "params": t.params, **{k: t.user_attrs.get(k) for k in (
                                "change", "time_to_target_s", "final", "train_s", "wall_s", "infeasible",
