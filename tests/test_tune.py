@@ -268,3 +268,52 @@ def test_continuing_a_study_with_other_settings_is_refused(tmp_path, fake_env):
     with pytest.raises(TuneInputError) as e:
         tune("fashion-mnist", target=0.8, **args)
     assert "target: was 0.92, now 0.8" in str(e.value) and "another study_name" in str(e.value)
+
+
+# -- the explorer ----------------------------------------------------------------------------------------
+def test_explorer_tunes_headless_shows_trials_and_loads_the_winner(tmp_path, fake_env):
+    pytest.importorskip("ipywidgets")
+    from speedkit.ui.explorer import MethodExplorer
+
+    explorer = MethodExplorer("fashion-mnist", "mild", live=False, run_dir=tmp_path / "runs", data_fraction=0.02,
+                              eval_fraction=0.05)
+    result = explorer.tune(budget=60, methods=["ema", "label_smoothing"], runner=FAKE, trial_limit=12,
+                           max_trials=8, max_baseline_trials=2, seeds_to_confirm=1, out_dir=str(tmp_path / "tune"))
+    assert result.recipe is not None
+    on_board = {r.config.get("tune", {}).get("trial") for r in explorer.board.records if r.config.get("tune")}
+    assert len(on_board) >= 8  # every trial that trained is on the run board
+    # "Use this recipe": the winner is the explorer's recipe now, its methods ticked in the grid
+    assert explorer.preset.value == str(result.recipe_path)
+    assert {n for n, row in explorer.rows.items() if row.enabled} == set(result.recipe.methods)
+    assert explorer.config.to_recipe().optimizer == result.recipe.optimizer
+    # each row says what the records measured about its method, beside the card's claim
+    assert "tune trials: with it median" in explorer.rows["label_smoothing"].measured.value
+    assert "not measured here" in explorer.rows["mixup"].measured.value
+
+
+def test_stop_ends_the_search_mid_trial_and_a_rerun_continues(tmp_path, fake_env, monkeypatch):
+    pytest.importorskip("ipywidgets")
+    from speedkit.ui.explorer import MethodExplorer
+
+    monkeypatch.setenv("TUNE_FAKE_PACE", "0.2")
+    explorer = MethodExplorer("fashion-mnist", "mild", live=False, run_dir=tmp_path / "runs", data_fraction=0.02,
+                              eval_fraction=0.05)
+    panel = explorer.tune_panel
+    args = dict(budget=120, methods=["ema", "label_smoothing"], runner=FAKE, trial_limit=12, max_trials=30,
+                max_baseline_trials=1, seeds_to_confirm=1, out_dir=str(tmp_path / "tune"))
+    thread = panel.start(**args)
+    deadline = time.monotonic() + 60
+    while panel.trials < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    panel.stop()  # a Stop click
+    thread.join(30)
+    assert not thread.is_alive() and panel.error is None
+    trials = _search_trials(str(tmp_path / "tune" / "study.journal"))
+    assert len([t for t in trials if t.state.is_finished()]) < 30  # it did stop
+    cut = [t for t in trials if t.state == optuna.trial.TrialState.FAIL]
+    queued = [t for t in trials if t.state == optuna.trial.TrialState.WAITING]
+    assert len(cut) <= 1 and len(queued) >= len(cut)  # a trial cut short is queued to run again
+    finished = {t.number for t in trials if t.state.is_finished() and t.state != optuna.trial.TrialState.FAIL}
+    result = panel.start(wait=True, **{**args, "max_trials": len(finished) + 2})
+    again = _search_trials(str(tmp_path / "tune" / "study.journal"))
+    assert {t.number for t in again if t.state.is_finished()} >= finished and result.summary["trials"]

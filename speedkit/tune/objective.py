@@ -16,6 +16,7 @@ from typing import Callable
 from speedkit.core.engine import Callback
 from speedkit.runs import RunRecord, lower_is_better
 
+USER_STOP = "the search was stopped"
 MAX_SHORTFALL = 10.0  # a diverged run (nan, or a loss far off) scores as 11x the limit, no worse
 
 
@@ -61,6 +62,7 @@ class TrialContext:
     settings: dict  # device, data_fraction, eval_fraction, eval_interval
     extra_config: dict
     trial: object | None = None  # optuna.Trial, or None for confirmation runs
+    should_stop: Callable[[], bool] | None = None  # the search was asked to stop (Stop button, Ctrl-C handler)
     stop_reason: str | None = None
 
     def on_eval(self, wall_s: float, value: float | None) -> bool:
@@ -76,6 +78,8 @@ class TrialContext:
         return self.over_time(wall_s)
 
     def over_time(self, wall_s: float) -> bool:
+        if self.stop_reason is None and self.should_stop is not None and self.should_stop():
+            self.stop_reason = USER_STOP
         if wall_s >= self.stop_after_s and self.stop_reason is None:
             self.stop_reason = f"time limit ({self.stop_after_s:.1f}s of training)"
         return self.stop_reason is not None

@@ -23,7 +23,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Sequence
 
-from speedkit.tune.objective import TrialContext, resolve_runner, runner_path, score_record
+from speedkit.tune.objective import USER_STOP, TrialContext, resolve_runner, runner_path, score_record
 from speedkit.tune.space import (SearchSpace, TuneInputError, baseline_space, candidate_methods, describe_change,
                                  full_space, probe_surgery, recipe_params, resolve_methods, suggest_recipe)
 
@@ -130,22 +130,23 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def fail_dead_trials(study) -> list[int]:
+def fail_dead_trials(study, storage) -> list[int]:
     """Mark RUNNING trials whose worker process on this machine is gone as FAIL; re-queue their settings.
 
     A killed search leaves its in-flight trial RUNNING for ever; its finished trials are untouched.
     Trials of live processes (another worker on the same study) and of other machines are left alone.
     """
     optuna = _optuna()
-    storage, host = study._storage, socket.gethostname()
+    host, study_id = socket.gethostname(), storage.get_study_id_from_name(study.study_name)
     failed = []
     for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
         owner = str(trial.user_attrs.get("worker", ""))
         owner_host, _, pid = owner.rpartition(":")
         if owner_host != host or not pid.isdigit() or _alive(int(pid)):
             continue
-        storage.set_trial_system_attr(trial._trial_id, "failed_because", "its worker process died")
-        storage.set_trial_state_values(trial._trial_id, optuna.trial.TrialState.FAIL)
+        trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, trial.number)
+        storage.set_trial_system_attr(trial_id, "failed_because", "its worker process died")
+        storage.set_trial_state_values(trial_id, optuna.trial.TrialState.FAIL)
         if trial.params:
             study.enqueue_trial(trial.params, user_attrs={"retry_of": trial.number})
         failed.append(trial.number)
@@ -240,7 +241,11 @@ def best_reached_s(study) -> float | None:
     return min(times) if times else None
 
 
-def make_objective(config: TuneConfig, phase: str, runner):
+class SearchStopped(Exception):
+    """The search was asked to stop mid-trial; that trial is failed and queued to run again on resume."""
+
+
+def make_objective(config: TuneConfig, phase: str, runner, should_stop=None):
     """The Optuna objective of one phase: propose a recipe, train it (or refuse it untrained), score it."""
     optuna = _optuna()
     base, space = config.base_recipe(), config.space(phase)
@@ -258,6 +263,7 @@ def make_objective(config: TuneConfig, phase: str, runner):
         trial.set_user_attr("recipe", recipe.to_dict())
         trial.set_user_attr("change", describe_change(recipe, base))
         context = _context(config, phase, recipe, seed=0, run_name=name, trial=trial)
+        context.should_stop = should_stop
         return _run_and_score(config, trial, context, runner)
 
     def _infeasible(trial, reason: str):
@@ -296,6 +302,9 @@ def _run_and_score(config: TuneConfig, trial, context: TrialContext, runner) -> 
         trial.set_user_attr("infeasible", f"{type(e).__name__}: {e}")
         trial.set_user_attr("wall_s", round(time.perf_counter() - started, 3))
         raise optuna.TrialPruned(f"{type(e).__name__}: {e}") from None
+    if context.stop_reason == USER_STOP:
+        trial.study.enqueue_trial(trial.params, user_attrs={"retry_of": trial.number})
+        raise SearchStopped(f"trial {trial.number} stopped before it finished; it will run again on resume")
     value = score_record(record, config.metric, config.target, config.limit_s)
     _store_outcome(trial, record, config, time.perf_counter() - started, context.stop_reason)
     if context.stop_reason == "pruned":
@@ -361,12 +370,15 @@ def run_phases(config: TuneConfig, worker_index: int = 0, runner=None, on_trial=
     runner = runner or resolve_runner(config.runner)
     studies = {phase: load_study(config, phase, worker_index, storage) for phase in PHASES}
     for phase in PHASES:
-        objective = make_objective(config, phase, runner)
+        objective = make_objective(config, phase, runner, should_stop)
         callbacks = [on_trial] if on_trial is not None else []
         while phase_open(config, phase, studies) and not (should_stop and should_stop()):
             if worker_index == 0 and phase == "search":
                 seed_search_study(config, studies)
-            studies[phase].optimize(objective, n_trials=1, callbacks=callbacks, gc_after_trial=False)
+            try:
+                studies[phase].optimize(objective, n_trials=1, callbacks=callbacks, gc_after_trial=False)
+            except SearchStopped:
+                return
 
 
 def seed_search_study(config: TuneConfig, studies: dict) -> None:
@@ -473,12 +485,16 @@ def run_confirmation(config: TuneConfig, studies: dict, runner=None, on_run=None
             run_name = f"{config.study_name}-confirm-{key.replace(':', '-')}-s{seed}"
             context = _context(config, "confirm", recipe, seed, run_name)
             context.stop_after_s = 2 * config.limit_s  # the recipe runs as shipped; this only bounds a runaway
+            context.should_stop = should_stop
             try:
                 record = runner(context)
             except Exception as e:
                 trial.set_user_attr("error", f"{type(e).__name__}: {e}")
                 confirm.tell(trial, state=optuna.trial.TrialState.FAIL)
                 continue
+            if context.stop_reason == USER_STOP:  # not a measurement: run again when the search continues
+                confirm.tell(trial, state=optuna.trial.TrialState.FAIL)
+                break
             _store_outcome(trial, record, config, record.timings.get("train_s", 0.0), context.stop_reason)
             confirm.tell(trial, score_record(record, config.metric, config.target, config.limit_s))
             if on_run is not None:
@@ -574,7 +590,7 @@ def tune(task: str = "fashion-mnist", target=None, budget: str | float = "30m", 
     studies = {phase: load_study(config, phase, 0, storage_obj) for phase in (*PHASES, "confirm")}
     check_same_search(config, studies["search"])
     for phase, study in studies.items():
-        retried = fail_dead_trials(study)
+        retried = fail_dead_trials(study, storage_obj)
         if retried:
             log(f"{study.study_name}: trials {retried} were cut short by a dead worker; marked failed, settings re-queued")
     _seed_baseline_study(config, studies["baseline"])

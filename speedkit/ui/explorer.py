@@ -25,7 +25,7 @@ import plotly.graph_objects as go
 from speedkit.algorithms import REGISTRY
 from speedkit.compare import latest_baseline
 from speedkit.core.algorithm import HParam
-from speedkit.recipes import RECIPES
+from speedkit.recipes import RECIPES, get_recipe
 from speedkit.runs import RunRecord
 from speedkit.tasks import TASKS, get_task
 from speedkit.ui import plots
@@ -102,7 +102,8 @@ class MethodRow:
         self.expand = w.ToggleButton(value=False, description="details", layout=w.Layout(width="80px"))
         self.badges = w.HTML(self._badges())
         self.controls = {hp.name: hparam_control(hp, hp.default) for hp in self.card.hparams}
-        self.details = w.VBox([*self.controls.values(), w.HTML(self._card_html())],
+        self.measured = w.HTML(self._measured_html("not measured here"))  # what this task's records say
+        self.details = w.VBox([*self.controls.values(), w.HTML(self._card_html()), self.measured],
                               layout=w.Layout(display="none", margin="0 0 6px 24px"))
         self.expand.observe(lambda c: setattr(self.details.layout, "display", "flex" if c["new"] else "none"), "value")
         self.checkbox.observe(lambda c: on_change(), "value")
@@ -134,6 +135,14 @@ class MethodRow:
         return "<div style='font-size:12px'>" + "".join(
             f"<b>{html.escape(k)}</b>: {html.escape(str(v))}<br>" for k, v in items) + "</div>"
 
+    @staticmethod
+    def _measured_html(text: str) -> str:
+        return f"<div style='font-size:12px'><b>measured here</b>: {html.escape(text)}</div>"
+
+    def set_measured(self, text: str) -> None:
+        """The records' evidence on the current task, beside the card's claimed effect."""
+        self.measured.value = self._measured_html(text)
+
     @property
     def enabled(self) -> bool:
         return self.checkbox.value
@@ -158,6 +167,8 @@ class MethodRow:
 
 class MethodExplorer:
     """The explorer widget. Display it as the last expression of a cell, or call ``display()``."""
+
+    _tune_panel = None  # speedkit.ui.tune_panel.TunePanel, built on first use
 
     def __init__(self, task: str = "fashion-mnist", recipe: str = "mild", *, duration: str | None = None,
                  device: str = "auto", seed: int = 0, data_fraction: float = 1.0, eval_fraction: float | None = None,
@@ -189,6 +200,7 @@ class MethodExplorer:
         self._baseline = RunRecord.load(baseline) if isinstance(baseline, (str, os.PathLike)) else baseline
         if records is not None:
             self.board.load(records)
+            self.refresh_measured()
         self.set_task(task, recipe)
         if duration:
             self.duration.value = duration
@@ -249,7 +261,7 @@ class MethodExplorer:
                       layout=w.Layout(max_height="420px", overflow_y="auto", border="1px solid #ddd"))
         actions = w.HBox([self.run_button, self.stop_button, self.code_button, self.progress, self.status])
         return w.VBox([settings, self.preset, self.domain_filter, grid, self.conflicts, actions, self.code_tabs,
-                       self.figure, self.board.widget()])
+                       self.tune_panel.widget, self.figure, self.board.widget()])
 
     def display(self):
         from IPython.display import display
@@ -293,8 +305,10 @@ class MethodExplorer:
         self.set_recipe(recipe or ("mild" if "mild" in RECIPES[task] else next(iter(RECIPES[task]))))
 
     def set_recipe(self, name: str) -> None:
-        """Set every control from a preset."""
+        """Set every control from a preset (or a recipe file that ``use_recipe`` offered)."""
         recipe = RECIPES[self.task.value].get(name)
+        if recipe is None and name in self._recipe_files:
+            recipe = get_recipe(self.task.value, name)
         if recipe is None:
             raise ValueError(f"unknown recipe {name!r} for {self.task.value}; known: {sorted(RECIPES[self.task.value])}")
         with self._applying_preset():
@@ -306,6 +320,49 @@ class MethodExplorer:
             for method, row in self.rows.items():
                 row.set(method in recipe.methods, recipe.methods.get(method))
         self._on_method_change()
+
+    _recipe_files: tuple = ()  # recipe files offered beside the presets (speedkit tune's winner)
+
+    def use_recipe(self, path: str | os.PathLike) -> None:
+        """Load a recipe file (``speedkit tune``'s winner) into the controls: a "tuned" choice beside the
+        presets, its methods ticked in the grid; runs then start from the whole file (optimizer, schedule,
+        batch size, input pipeline)."""
+        path = str(path)
+        recipe = get_recipe(self.task.value, path)  # refuses a file for another task, naming both
+        self._recipe_files = (path,)
+        with self._applying_preset():
+            self.preset.options = [*((n, n) for n in RECIPES[self.task.value]), (recipe.name, path), ("custom", "custom")]
+        self.set_recipe(path)
+
+    # -- tune -------------------------------------------------------------------------------
+    @property
+    def tune_panel(self):
+        """The Tune panel (target, budget, methods; Start/Stop run ``speedkit.tune`` on a worker thread)."""
+        if self._tune_panel is None:
+            from speedkit.ui.tune_panel import TunePanel
+
+            with (contextlib.nullcontext() if self.live else _detached_widgets()):
+                self._tune_panel = TunePanel(self)
+        return self._tune_panel
+
+    def tune(self, wait: bool = True, use_winner: bool = True, **arguments):
+        """Search for the fastest recipe from here (headless under papermill): the Tune panel's settings,
+        overridden by any ``speedkit.tune`` argument. Trials appear on the run board as they finish; the
+        confirmed winner is loaded into the controls when ``use_winner``. Returns the TuneResult (or the
+        worker thread when ``wait`` is false)."""
+        self.tune_panel.refresh_methods()
+        result = self.tune_panel.start(wait=wait, **arguments)
+        if wait and use_winner and result is not None and result.recipe_path is not None:
+            self.use_recipe(result.recipe_path)
+        return result
+
+    def refresh_measured(self) -> None:
+        """Each method row's "measured here": what this task's records on the board say about it."""
+        from speedkit.tune.evidence import measured_here
+
+        records = self.board.finished()
+        for name, row in self.rows.items():
+            row.set_measured(measured_here(records, name, self.task.value))
 
     def toggle(self, method: str, on: bool = True) -> None:
         if method not in self.rows:
@@ -480,6 +537,7 @@ class MethodExplorer:
     def _on_finish(self, run: BackgroundRun) -> None:
         record = run.record
         self.board.add(record)
+        self.refresh_measured()
         self.run_button.disabled, self.stop_button.disabled = False, True
         self._on_method_change()
         reached = record.time_to_target

@@ -1,0 +1,156 @@
+"""The explorer's Tune panel: ``speedkit.tune`` on a worker thread, its trials on the run board as they finish.
+
+Target, budget and the methods the search may try are controls; Start runs the search off the
+kernel's main thread (so Stop, a widget event, is handled while it trains); each finished trial's
+RunRecord goes onto the explorer's run board and the best so far is named; "Use this recipe" loads
+the confirmed winner into the explorer's controls. ``start(wait=True)`` is the headless form.
+"""
+from __future__ import annotations
+
+import html
+import threading
+import traceback
+from pathlib import Path
+
+import ipywidgets as w
+
+from speedkit.algorithms import REGISTRY
+from speedkit.runs import RunRecord
+from speedkit.tasks import get_task
+from speedkit.ui.config import unsuitable_reason
+
+
+class TunePanel:
+    def __init__(self, explorer, out_dir: str | Path | None = None, budget: str = "10m"):
+        self.explorer = explorer
+        self.out_dir = Path(out_dir) if out_dir is not None else Path(explorer.run_dir) / "tune"
+        narrow = {"style": {"description_width": "90px"}, "layout": w.Layout(width="240px")}
+        self.budget = w.Text(value=budget, description="budget", placeholder="10m, 90s, 1h", **narrow)
+        self.target = w.FloatText(value=explorer.target.value, description="target", **narrow)
+        self.methods = w.SelectMultiple(description="may try", rows=8, layout=w.Layout(width="360px"),
+                                        style={"description_width": "90px"})
+        self.start_button = w.Button(description="Start search", button_style="success", icon="search")
+        self.stop_button = w.Button(description="Stop", button_style="danger", icon="stop", disabled=True)
+        self.use_button = w.Button(description="Use this recipe", icon="check", disabled=True)
+        self.status = w.HTML("ready")
+        self.best = w.HTML()
+        self.start_button.on_click(lambda b: self.start())
+        self.stop_button.on_click(lambda b: self.stop())
+        self.use_button.on_click(lambda b: self.use_recipe())
+        self.result = None
+        self.error: str | None = None
+        self.trials = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._best_value: float | None = None
+        self._widget = None
+        self.refresh_methods()
+
+    # -- controls ---------------------------------------------------------------------------
+    def refresh_methods(self) -> None:
+        """Offer the methods that fit the explorer's task; those ticked in its grid start selected."""
+        domain = get_task(self.explorer.task.value).domain
+        fitting = [name for name in REGISTRY if unsuitable_reason(name, domain) is None]
+        ticked = [name for name in fitting if self.explorer.rows[name].enabled]
+        self.methods.options = fitting
+        self.methods.value = tuple(ticked or fitting)
+        self.target.value = self.explorer.target.value
+
+    @property
+    def widget(self) -> w.Widget:
+        """The panel, collapsed until opened (built once)."""
+        if self._widget is None:
+            actions = w.HBox([self.start_button, self.stop_button, self.use_button, self.status])
+            body = w.VBox([w.HBox([w.VBox([self.budget, self.target]), self.methods]), actions, self.best])
+            self._widget = w.Accordion(children=[body])
+            self._widget.set_title(0, "Tune: search for the fastest recipe (speedkit.tune)")
+            self._widget.selected_index = None
+        return self._widget
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    # -- running ----------------------------------------------------------------------------
+    def start(self, wait: bool = False, **overrides):
+        """Start the search with the panel's settings (``overrides``: any other ``speedkit.tune`` argument).
+
+        Returns the TuneResult when ``wait`` is true, else the worker thread.
+        """
+        if self.running:
+            self.status.value = "a search is already running; stop it first"
+            return None
+        arguments = self._arguments(overrides)
+        self._stop.clear()
+        self.result, self.error, self.trials, self._best_value = None, None, 0, None
+        self.start_button.disabled, self.stop_button.disabled, self.use_button.disabled = True, False, True
+        self.status.value = f"searching ({html.escape(str(arguments['budget']))}) …"
+        self._thread = threading.Thread(target=self._search, args=(arguments,), name="speedkit-tune", daemon=True)
+        self._thread.start()
+        if not wait:
+            return self._thread
+        self._thread.join()
+        if self.error is not None:
+            raise RuntimeError(f"the search failed: {self.error}")
+        return self.result
+
+    def _arguments(self, overrides: dict) -> dict:
+        explorer = self.explorer
+        arguments = {"task": explorer.task.value, "target": self.target.value, "budget": self.budget.value,
+                     "methods": list(self.methods.value), "device": explorer.device.value,
+                     "data_fraction": explorer.data_fraction, "eval_fraction": explorer.eval_fraction,
+                     "eval_interval": explorer.eval_interval, "out_dir": str(self.out_dir),
+                     "run_dir": str(explorer.run_dir)}
+        return {**arguments, **overrides}
+
+    def stop(self) -> None:
+        """End the search at the next batch; finished trials stay in its study, and Start continues it."""
+        if self.running:
+            self._stop.set()
+            self.status.value = "stopping at the next batch …"
+
+    def _search(self, arguments: dict) -> None:
+        from speedkit.tune import tune
+
+        try:
+            self.result = tune(**arguments, on_trial=self._on_trial, should_stop=self._stop.is_set,
+                               log=lambda *_: None)
+        except Exception as e:  # shown in the panel: a worker thread's exception would vanish
+            self.error = f"{type(e).__name__}: {e}"
+            self.status.value = f"<span style='color:#d62728'>{html.escape(self.error)}</span>"
+            self._last_traceback = traceback.format_exc()
+        else:
+            self.status.value = self._outcome()
+        finally:
+            self.start_button.disabled, self.stop_button.disabled = False, True
+            self.use_button.disabled = self.result is None or self.result.recipe is None
+
+    def _outcome(self) -> str:
+        result = self.result
+        if result.recipe is None:
+            return "done: no candidate reached the target on every seed (see the report)"
+        speedup = result.speedup
+        return (f"done: the winner is {'-' if speedup is None else f'{speedup:.2f}x'} the tuned baseline "
+                f"({html.escape(result.recipe.summary)}); report: {html.escape(str(result.report_path))}")
+
+    def _on_trial(self, study, trial) -> None:
+        """Called on the search thread after each trial: its record onto the board, the best so far named."""
+        self.trials += 1
+        path = trial.user_attrs.get("record")
+        if path and Path(path).exists():
+            self.explorer.board.add(RunRecord.load(path))
+            self.explorer.refresh_measured()
+        value = trial.value if trial.state.name == "COMPLETE" else None
+        if value is not None and (self._best_value is None or value < self._best_value):
+            self._best_value = value
+            reached = trial.user_attrs.get("time_to_target_s")
+            what = f"reached the target at {reached:.1f}s" if reached is not None else f"objective {value:.1f}"
+            self.best.value = (f"<b>best so far</b> ({html.escape(study.study_name)} #{trial.number}): {what} · "
+                               f"{html.escape(str(trial.user_attrs.get('change', '')))}")
+        self.status.value = f"searching … {self.trials} trials finished"
+
+    def use_recipe(self) -> None:
+        """Load the confirmed winner into the explorer's controls (its methods into the grid)."""
+        if self.result is None or self.result.recipe_path is None:
+            raise ValueError("no winner to use yet: run a search that confirms one first")
+        self.explorer.use_recipe(self.result.recipe_path)
