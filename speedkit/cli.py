@@ -275,9 +275,9 @@ def _add_tune_parser(commands) -> None:
 def _tune(args) -> int:
     try:
         from speedkit.tune import tune
-        from speedkit.tune.search import _optuna
+        from speedkit.tune.storage import optuna_module
 
-        _optuna()
+        optuna_module()
     except ImportError as e:
         print(f"speedkit: error: {e}", file=sys.stderr)
         return 2

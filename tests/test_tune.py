@@ -46,7 +46,7 @@ def _search_trials(storage: str, name: str = "tune", states=None):
 
 
 def _storage(path: str):
-    from speedkit.tune.search import open_storage
+    from speedkit.tune.storage import open_storage
 
     return open_storage(path)
 

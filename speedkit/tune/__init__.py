@@ -7,7 +7,8 @@ the winner and runner-up on fresh seeds beside the tuned baseline, and writes ``
 Needs the optional extra: ``pip install 'speedkit[tune]'``.
 """
 from speedkit.tune.objective import TrialContext, TrialReporter, penalized, score_record, train_trial
-from speedkit.tune.search import TuneConfig, TuneResult, parse_budget, tune
+from speedkit.tune.api import TuneResult, tune
+from speedkit.tune.search import TuneConfig, parse_budget
 from speedkit.tune.space import SearchSpace, TuneInputError
 
 __all__ = ["SearchSpace", "TrialContext", "TrialReporter", "TuneConfig", "TuneInputError", "TuneResult",

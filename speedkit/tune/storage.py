@@ -1,0 +1,106 @@
+"""Where a search lives: Optuna storages (a journal file or a database), and the bookkeeping of
+processes that work on one study (which worker holds a trial, trials a dead worker left behind,
+how much search time earlier runs used).
+"""
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+STALE_LOCK_S = 5
+
+
+def optuna_module():
+    try:
+        import optuna
+    except ImportError:
+        raise ImportError("speedkit tune needs Optuna: pip install 'speedkit[tune]' (or pip install 'optuna>=4')") from None
+    return optuna
+
+
+def storage_url(storage: str | os.PathLike | None, out_dir: Path) -> str:
+    """A database URL as given, ``sqlite:///`` for ``*.db``/``*.sqlite`` paths, else a journal file path."""
+    if storage is None:
+        return str((out_dir / "study.journal").resolve())
+    text = str(storage)
+    if "://" in text:
+        return text
+    path = Path(text).resolve()
+    return f"sqlite:///{path}" if path.suffix in (".db", ".sqlite", ".sqlite3") else str(path)
+
+
+def open_storage(url: str):
+    optuna = optuna_module()
+    if "://" in url:
+        return optuna.storages.RDBStorage(url)
+    from optuna.storages.journal import JournalFileBackend, JournalFileSymlinkLock
+
+    Path(url).parent.mkdir(parents=True, exist_ok=True)
+    # A write holds the lock for milliseconds; one left by a killed process is taken over after 5 s (Optuna's
+    # default waits 30 s, which a resumed search would spend doing nothing).
+    lock = JournalFileSymlinkLock(url, grace_period=STALE_LOCK_S)
+    return optuna.storages.JournalStorage(JournalFileBackend(url, lock_obj=lock))
+
+
+def worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def fail_dead_trials(study, storage) -> list[int]:
+    """Mark RUNNING trials whose worker process on this machine is gone as FAIL; re-queue their settings.
+
+    A killed search leaves its in-flight trial RUNNING for ever; its finished trials are untouched.
+    Trials of live processes (another worker on the same study) and of other machines are left alone.
+    """
+    optuna = optuna_module()
+    host, study_id = socket.gethostname(), storage.get_study_id_from_name(study.study_name)
+    failed = []
+    for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+        owner = str(trial.user_attrs.get("worker", ""))
+        owner_host, _, pid = owner.rpartition(":")
+        if owner_host != host or not pid.isdigit() or _alive(int(pid)):
+            continue
+        trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, trial.number)
+        storage.set_trial_system_attr(trial_id, "failed_because", "its worker process died")
+        storage.set_trial_state_values(trial_id, optuna.trial.TrialState.FAIL)
+        if trial.params:
+            study.enqueue_trial(trial.params, user_attrs={"retry_of": trial.number})
+        failed.append(trial.number)
+    return failed
+
+
+def finished_trials(study, states=("COMPLETE", "PRUNED")) -> list:
+    optuna = optuna_module()
+    return study.get_trials(deepcopy=False, states=tuple(getattr(optuna.trial.TrialState, s) for s in states))
+
+
+def spent_before_s(storage_text: str, study_name: str, n_workers: int) -> float:
+    """Search time earlier calls used: the finished trials' durations over the workers that ran them."""
+    optuna = optuna_module()
+    storage = open_storage(storage_text)
+    names = {s.study_name for s in optuna.get_all_study_summaries(storage)} if _has_studies(storage_text) else set()
+    total = 0.0
+    for name in (study_name, f"{study_name}-baseline", f"{study_name}-confirm"):
+        if name not in names:
+            continue
+        for trial in optuna.load_study(study_name=name, storage=storage).get_trials(deepcopy=False):
+            if trial.datetime_start and trial.datetime_complete:
+                total += (trial.datetime_complete - trial.datetime_start).total_seconds()
+    return total / max(1, n_workers)
+
+
+def _has_studies(storage_text: str) -> bool:
+    if "://" in storage_text and storage_text.startswith("sqlite:///"):
+        return Path(storage_text[len("sqlite:///"):]).exists()
+    return "://" in storage_text or Path(storage_text).exists()
