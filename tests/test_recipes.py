@@ -1,6 +1,10 @@
 """Recipes load, validate against the method cards, and run a few steps on their task's real data."""
 from __future__ import annotations
 
+import json
+import statistics
+from pathlib import Path
+
 import pytest
 
 from speedkit.algorithms import build_algorithms
@@ -37,6 +41,27 @@ def test_speed_up_presets_state_the_target_they_were_tuned_for_and_runs_measure_
     path = tmp_path / "hot.yaml"
     path.write_text(get_recipe("fashion-mnist", "hot").to_yaml())
     assert Recipe.from_file(path).target == {"metric": "eval/accuracy", "value": 0.92}
+
+
+SUMMARY = Path(__file__).resolve().parents[1] / "bench" / "results" / "summary.json"
+
+
+@pytest.mark.parametrize("task", sorted(RECIPES))
+def test_what_a_recipe_says_it_reached_is_what_the_committed_benchmark_measured(task):
+    from speedkit.bench.profiles import task_key
+
+    entry = json.loads(SUMMARY.read_text())[task_key(task)]
+    measured = {**entry.get("baselines", {"baseline": entry["baseline"]}), **entry["recipes"]}
+    for name, recipe in RECIPES[task].items():
+        if recipe.reached is None:
+            continue
+        assert name in measured, f"{task}:{name} states what it reached, but {SUMMARY.name} has no run of it"
+        runs, n = measured[name], len(entry["seeds"])
+        times = [t for t in runs["time_to_target_s"] if t is not None]
+        expected = {"seeds_reached": f"{runs['reached']}/{n}", "target": entry["target"]["value"],
+                    "time_to_target_s": round(statistics.median(times), 1) if times else None,
+                    "final": round(statistics.median(runs["final_metric"]), 4)}
+        assert {k: recipe.reached[k] for k in expected} == expected, f"{task}:{name}"
 
 
 def test_every_task_has_the_four_presets():
