@@ -269,6 +269,7 @@ def _add_tune_parser(commands) -> None:
     tune.add_argument("--max-baseline-trials", type=int, help="stop tuning the baseline after this many trials")
     tune.add_argument("--pruner", default="halving", choices=["halving", "hyperband", "median", "none"])
     tune.add_argument("--no-hparams", action="store_true", help="methods on/off only, each at its card's defaults")
+    tune.add_argument("--leave-one-out", action="store_true", help="then run the winner without each of its methods")
     tune.add_argument("--runner", help="MODULE:FUNCTION that runs one trial instead of training (advanced)")
 
 
@@ -281,13 +282,12 @@ def _tune(args) -> int:
     except ImportError as e:
         print(f"speedkit: error: {e}", file=sys.stderr)
         return 2
-    result = tune(args.task, target=args.target, budget=args.budget, methods=args.methods, base=args.base,
-                  storage=args.storage, study_name=args.study, out_dir=args.out, run_dir=args.run_dir,
-                  data_fraction=args.data_fraction, eval_fraction=args.eval_fraction,
-                  eval_interval=args.eval_interval, device=args.device, n_workers=args.workers,
-                  seeds_to_confirm=args.seeds, trial_limit=args.trial_limit, max_trials=args.max_trials,
-                  max_baseline_trials=args.max_baseline_trials, pruner=args.pruner,
-                  tune_hparams=not args.no_hparams, runner=args.runner)
+    try:
+        result = _run_tune(tune, args)
+    except KeyboardInterrupt:
+        print("speedkit tune: interrupted; finished trials are kept in the study, and the same command "
+              "continues the search (the trial that was cut short runs again)", file=sys.stderr)
+        return 130
     confirmation = result.summary["confirmation"]
     if result.recipe is None:
         print("no candidate reached the target on every seed; see the report")
@@ -298,6 +298,16 @@ def _tune(args) -> int:
               f"recipe: {result.recipe_path}")
     print(f"report: {result.report_path}")
     return 0
+
+
+def _run_tune(tune, args):
+    return tune(args.task, target=args.target, budget=args.budget, methods=args.methods, base=args.base,
+                storage=args.storage, study_name=args.study, out_dir=args.out, run_dir=args.run_dir,
+                data_fraction=args.data_fraction, eval_fraction=args.eval_fraction,
+                eval_interval=args.eval_interval, device=args.device, n_workers=args.workers,
+                seeds_to_confirm=args.seeds, trial_limit=args.trial_limit, max_trials=args.max_trials,
+                max_baseline_trials=args.max_baseline_trials, pruner=args.pruner,
+                tune_hparams=not args.no_hparams, leave_one_out=args.leave_one_out, runner=args.runner)
 
 
 def _add_notebooks_parser(commands) -> None:

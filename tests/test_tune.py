@@ -130,7 +130,7 @@ def test_methods_that_find_nothing_in_the_model_are_left_out_with_the_reason(tmp
 def test_finds_the_planted_best_and_writes_a_loadable_recipe(tmp_path, fake_env):
     result = tune("fashion-mnist", methods=["ema", "label_smoothing", "mixup", "cutmix"], out_dir=tmp_path,
                   runner=FAKE, budget=60, trial_limit=12, max_trials=24, max_baseline_trials=6,
-                  seeds_to_confirm=2, tune_hparams=False, **SMALL)
+                  seeds_to_confirm=2, tune_hparams=False, leave_one_out=True, **SMALL)
     assert result.recipe is not None
     assert "label_smoothing" in result.recipe.methods and "ema" not in result.recipe.methods
     assert result.speedup is not None and result.speedup > 1.5  # planted: 2x from label smoothing
@@ -139,10 +139,19 @@ def test_finds_the_planted_best_and_writes_a_loadable_recipe(tmp_path, fake_env)
     assert loaded.reached["time_to_target_s"] == result.summary["confirmation"]["candidates"][1]["median_s"]
     roles = [c["role"] for c in result.summary["confirmation"]["candidates"]]
     assert roles == ["baseline", "winner", "runner-up"]
-    # every run is a RunRecord in one folder, and the report names the winner
-    records = list((tmp_path / "runs").glob("*/record.json"))
-    assert len(records) == len([t for t in result.summary["trials"] if t["record"]]) + 3 * 2
-    assert "(winner)" in result.report_path.read_text() and result.html_path.exists()
+    # the winner's leave-one-out: without label smoothing it takes about twice as long (planted)
+    loo = result.summary["confirmation"]["leave_one_out"]
+    assert set(loo) == set(result.recipe.methods) and loo["label_smoothing"]["slowdown"] > 1.5
+    # every run is a RunRecord in one folder (re-scorable, and the board's leave-one-out reads it too)
+    from speedkit.compare import leave_one_out
+    from speedkit.runs import load_records
+
+    records = load_records(tmp_path / "runs")
+    assert len(records) == len([t for t in result.summary["trials"] if t["record"]]) + 3 * 2 + len(loo)
+    [table] = leave_one_out(records).values()
+    assert table["label_smoothing"]["slowdown"] == pytest.approx(loo["label_smoothing"]["slowdown"])
+    report = result.report_path.read_text()
+    assert "(winner)" in report and "leave-one-out" in report and result.html_path.exists()
 
 
 def test_respects_the_wall_clock_budget(tmp_path, fake_env, monkeypatch):
@@ -317,3 +326,27 @@ def test_stop_ends_the_search_mid_trial_and_a_rerun_continues(tmp_path, fake_env
     result = panel.start(wait=True, **{**args, "max_trials": len(finished) + 2})
     again = _search_trials(str(tmp_path / "tune" / "study.journal"))
     assert {t.number for t in again if t.state.is_finished()} >= finished and result.summary["trials"]
+
+
+def test_ctrl_c_ends_the_cli_cleanly_and_the_same_command_continues(tmp_path, fake_env):
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "speedkit", "tune", "--methods", "ema,label_smoothing", "--budget", "300",
+               "--trial-limit", "12", "--max-trials", "10", "--max-baseline-trials", "1", "--seeds", "1",
+               "--data-fraction", "0.02", "--eval-fraction", "0.05", "--out", str(out), "--runner", FAKE]
+    env = {**os.environ, "TUNE_FAKE_PACE": "0.05"}
+    child = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    storage = str(out / "study.journal")
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and len(_search_trials(storage, states=(
+            optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED))) < 2:
+        time.sleep(0.25)
+    child.send_signal(signal.SIGINT)
+    _, err = child.communicate(timeout=60)
+    assert child.returncode == 130, err[-2000:]
+    assert "interrupted; finished trials are kept" in err
+    before = {t.number for t in _search_trials(storage) if t.state.is_finished()}
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    after = _search_trials(storage)
+    assert before <= {t.number for t in after if t.state.is_finished()}
+    assert optuna.trial.TrialState.RUNNING not in {t.state for t in after}

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from speedkit.tune.confirm import run_confirmation, summarize_confirmation
+from speedkit.tune.confirm import run_confirmation, run_leave_one_out, summarize_confirmation
 from speedkit.tune.objective import resolve_runner, runner_path
 from speedkit.tune.search import (PHASES, TuneConfig, seed_baseline_study, check_same_search, load_study,
                                   logged_metrics, parse_budget, resolve_target, run_phases, start_workers)
@@ -47,13 +47,14 @@ def tune(task: str = "fashion-mnist", target=None, budget: str | float = "30m", 
          device: str = "auto", n_workers: int = 1, base="baseline", tune_hparams: bool = True,
          trial_limit: str | float | None = None, baseline_share: float = 0.25, max_trials: int | None = None,
          max_baseline_trials: int | None = None, pruner: str = "halving", sampler_seed: int = 0,
-         duration_scale: tuple[float, float] = (0.1, 1.0), lr_factor: float = 10.0, runner=None,
-         log=print, on_trial=None, should_stop=None) -> TuneResult:
+         duration_scale: tuple[float, float] = (0.1, 1.0), lr_factor: float = 10.0, leave_one_out: bool = False,
+         runner=None, log=print, on_trial=None, should_stop=None) -> TuneResult:
     """Search for the recipe that reaches ``target`` on ``task`` soonest, within ``budget`` of wall clock.
 
     ``target``: None (the task's), a value of the task's metric, ``"metric=value"`` or (metric, value).
     ``methods``: the methods the search may turn on (default: all that fit the task's domain and model).
-    ``storage``: a journal file (default ``out_dir/study.journal``), ``*.db`` SQLite file or database URL;
+    ``leave_one_out``: afterwards, run the winner without each of its methods (on the first confirmation
+    seed) so the report says what each one adds. ``storage``: a journal file (default ``out_dir/study.journal``), ``*.db`` SQLite file or database URL;
     a rerun with the same storage and ``study_name`` continues the search. ``trial_limit``: most training
     time of one trial (default a fifth of the budget). ``runner``: a function ``(TrialContext) -> RunRecord``
     or ``"module:function"`` replacing the real training (tests plant known answers this way).
@@ -70,6 +71,7 @@ def tune(task: str = "fashion-mnist", target=None, budget: str | float = "30m", 
                           data_fraction, eval_fraction, eval_interval, device, n_workers, base, tune_hparams,
                           trial_limit, baseline_share, max_trials, max_baseline_trials, pruner, sampler_seed,
                           duration_scale, lr_factor, runner, log)
+    config.leave_one_out = leave_one_out
     in_process = resolve_runner(runner)  # a lambda in a notebook works here; worker processes import config.runner
     config_path = out / "tune_config.json"
     config.save(config_path)
@@ -91,6 +93,9 @@ def tune(task: str = "fashion-mnist", target=None, budget: str | float = "30m", 
             process.wait()
     log(f"speedkit tune: confirming the tuned baseline, the winner and the runner-up on {seeds_to_confirm} seeds")
     run_confirmation(config, studies, runner=in_process, should_stop=should_stop)
+    if leave_one_out:
+        log("speedkit tune: the winner's leave-one-out (each of its methods left out, on the first seed)")
+        run_leave_one_out(config, studies, runner=in_process, should_stop=should_stop)
     summary = build_summary(config, studies)
     paths = write_outputs(config, studies, summary)
     log(f"speedkit tune: done; report {paths['report']}")

@@ -45,36 +45,90 @@ def _distinct_best(study, count: int) -> list:
 
 def run_confirmation(config: TuneConfig, studies: dict, runner=None, on_run=None, should_stop=None) -> list:
     """Each candidate on ``seeds_to_confirm`` fresh seeds, interleaved (A B C A B C ...); resumable."""
-    optuna = optuna_module()
     confirm = studies["confirm"]
-    done = {(t.user_attrs.get("candidate"), t.user_attrs.get("seed")) for t in finished_trials(confirm, ("COMPLETE",))}
+    done = _done(confirm)
     runner = runner or resolve_runner(config.runner)
     for seed in range(CONFIRM_SEED_START, CONFIRM_SEED_START + config.seeds_to_confirm):
         for role, key, recipe in confirm_candidates(config, studies):
             if (key, seed) in done or (should_stop and should_stop()):
                 continue
-            trial = confirm.ask()
-            for attr, value in (("worker", worker_id()), ("candidate", key), ("role", role), ("seed", seed),
-                                ("recipe", recipe.to_dict())):
-                trial.set_user_attr(attr, value)
-            run_name = f"{config.study_name}-confirm-{key.replace(':', '-')}-s{seed}"
-            context = trial_context(config, "confirm", recipe, seed, run_name)
-            context.stop_after_s = 2 * config.limit_s  # the recipe runs as shipped; this only bounds a runaway
-            context.should_stop = should_stop
-            try:
-                record = runner(context)
-            except Exception as e:
-                trial.set_user_attr("error", f"{type(e).__name__}: {e}")
-                confirm.tell(trial, state=optuna.trial.TrialState.FAIL)
-                continue
-            if context.stop_reason == USER_STOP:  # not a measurement: run again when the search continues
-                confirm.tell(trial, state=optuna.trial.TrialState.FAIL)
-                break
-            store_outcome(trial, record, config, record.timings.get("train_s", 0.0), context.stop_reason)
-            confirm.tell(trial, score_record(record, config.metric, config.target, config.limit_s))
-            if on_run is not None:
+            record = _confirm_run(config, confirm, runner, role, key, seed, recipe, should_stop)
+            if record is not None and on_run is not None:
                 on_run(record)
     return finished_trials(confirm, ("COMPLETE",))
+
+
+def _done(confirm) -> set:
+    return {(t.user_attrs.get("candidate"), t.user_attrs.get("seed")) for t in finished_trials(confirm, ("COMPLETE",))}
+
+
+def run_name_for(config: TuneConfig, key: str, seed: int) -> str:
+    return f"{config.study_name}-confirm-{key.replace(':', '-')}-s{seed}"
+
+
+def _confirm_run(config: TuneConfig, confirm, runner, role: str, key: str, seed: int, recipe, should_stop,
+                 ablation: dict | None = None):
+    """One confirmation run as a trial of the confirm study; its RunRecord, or None if it failed or was stopped."""
+    optuna = optuna_module()
+    trial = confirm.ask()
+    for attr, value in (("worker", worker_id()), ("candidate", key), ("role", role), ("seed", seed),
+                        ("recipe", recipe.to_dict())):
+        trial.set_user_attr(attr, value)
+    context = trial_context(config, "confirm", recipe, seed, run_name_for(config, key, seed))
+    context.stop_after_s = 2 * config.limit_s  # the recipe runs as shipped; this only bounds a runaway
+    context.should_stop = should_stop
+    if ablation is not None:
+        context.extra_config["ablation"] = ablation  # what speedkit.compare.leave_one_out and the run board read
+    try:
+        record = runner(context)
+    except Exception as e:
+        trial.set_user_attr("error", f"{type(e).__name__}: {e}")
+        confirm.tell(trial, state=optuna.trial.TrialState.FAIL)
+        return None
+    if context.stop_reason == USER_STOP:  # not a measurement: run again when the search continues
+        confirm.tell(trial, state=optuna.trial.TrialState.FAIL)
+        return None
+    store_outcome(trial, record, config, record.timings.get("train_s", 0.0), context.stop_reason)
+    confirm.tell(trial, score_record(record, config.metric, config.target, config.limit_s))
+    return record
+
+
+# -- the winner's leave-one-out ---------------------------------------------------------------------
+def run_leave_one_out(config: TuneConfig, studies: dict, runner=None, should_stop=None) -> None:
+    """The confirmed winner without each of its methods, on the first confirmation seed (beside its own run
+    there), so the report can say what each method adds; resumable like the confirmation."""
+    from speedkit.recipes import Recipe
+
+    summary = summarize_confirmation(config, studies)
+    winner = next((c for c in summary["candidates"] if c["key"] == summary["winner"]), None)
+    if winner is None:
+        return
+    confirm, seed = studies["confirm"], CONFIRM_SEED_START
+    done, runner = _done(confirm), runner or resolve_runner(config.runner)
+    recipe = Recipe(**winner["recipe"])
+    for method in recipe.methods:
+        key = f"loo:{winner['key']}:{method}"
+        if (key, seed) in done or (should_stop and should_stop()):
+            continue
+        ablated = recipe.with_changes(name=f"tuned-without-{method}",
+                                      methods={m: p for m, p in recipe.methods.items() if m != method})
+        _confirm_run(config, confirm, runner, "leave-one-out", key, seed, ablated, should_stop,
+                     ablation={"of": run_name_for(config, winner["key"], seed), "left_out": method})
+
+
+def summarize_leave_one_out(config: TuneConfig, studies: dict, winner: dict | None) -> dict:
+    """{method: time without it, and time without / time with} on the first confirmation seed."""
+    if winner is None or winner["times_s"][0] is None:
+        return {}
+    with_time = winner["times_s"][0]
+    rows = {}
+    for t in finished_trials(studies["confirm"], ("COMPLETE",)):
+        key = str(t.user_attrs.get("candidate", ""))
+        if key.startswith(f"loo:{winner['key']}:"):
+            without = t.user_attrs.get("time_to_target_s")
+            rows[key.rsplit(":", 1)[1]] = {"time_without_s": without,
+                                           "slowdown": None if without is None else without / with_time}
+    return rows
 
 
 def summarize_confirmation(config: TuneConfig, studies: dict) -> dict:
@@ -93,7 +147,10 @@ def summarize_confirmation(config: TuneConfig, studies: dict) -> dict:
                      "median_final": statistics.median([f for f in finals if f is not None]) if any(
                          f is not None for f in finals) else None,
                      "change": describe_change(recipe, config.base_recipe())})
-    return {"seeds": seeds, "candidates": rows, **_judge(rows)}
+    judged = _judge(rows)
+    winner = next((r for r in rows if r["key"] == judged["winner"]), None)
+    return {"seeds": seeds, "candidates": rows, **judged,
+            "leave_one_out": summarize_leave_one_out(config, studies, winner)}
 
 
 def _judge(rows: list[dict]) -> dict:

@@ -111,6 +111,13 @@ def _confirmation_lines(confirmation: dict, recipe_path, config) -> list[str]:
                      f"**{_fmt(confirmation['speedup_median'], '.2f')}x** ({pairs}).")
         lines.append(f"Recipe: `{recipe_path}`; run it with `speedkit train --task {config.task} --recipe "
                      f"{recipe_path} --stop-at-target`.")
+    loo = confirmation.get("leave_one_out") or {}
+    if loo:
+        lines += ["", f"### The winner's leave-one-out (seed {seeds[0]})", "",
+                  "| left out | time to target (s) | time without / with |", "|---|---|---|"]
+        lines += [f"| {m} | {_fmt(row['time_without_s'], '.1f', 'never reached')} | "
+                  f"{_fmt(row['slowdown'], '.2f', 'never reached')} |" for m, row in loo.items()]
+        lines.append("Above 1: the method pays off here; below 1: the winner is faster without it.")
     return lines
 
 
@@ -122,6 +129,8 @@ def write_html(config, summary: dict, path: Path) -> Path | None:
     except ImportError:
         return None
     figures = [trials_figure(summary), path_figure(summary)]
+    if summary["confirmation"].get("leave_one_out"):
+        figures.append(leave_one_out_figure(summary))
     parts = [fig.to_html(full_html=False, include_plotlyjs=(i == 0)) for i, fig in enumerate(figures)]
     title = html.escape(f"speedkit tune: {config.task}")
     path.write_text(f"<!doctype html><html><head><meta charset='utf-8'><title>{title}</title></head><body>"
@@ -168,4 +177,19 @@ def path_figure(summary: dict):
                                  line={"color": color, "shape": "hv"}))
     fig.update_layout(title="The search's path: objective by trial (lower is faster)", xaxis_title="trial",
                       yaxis_title="objective (s)", yaxis_type="log", height=420)
+    return fig
+
+
+def leave_one_out_figure(summary: dict):
+    """The winner's slowdown when each of its methods is left out (above 1: the method pays off)."""
+    import plotly.graph_objects as go
+
+    rows = summary["confirmation"]["leave_one_out"]
+    names = list(rows)
+    slowdowns = [rows[m]["slowdown"] for m in names]
+    fig = go.Figure(go.Bar(x=names, y=[10.0 if s is None else min(s, 10.0) for s in slowdowns],
+                           text=["never reached" if s is None else f"{s:.2f}x" for s in slowdowns]))
+    fig.add_hline(y=1.0, line_dash="dot", annotation_text="no effect")
+    fig.update_layout(title="The winner's leave-one-out: time without each method / time with all",
+                      yaxis_title="slowdown", height=360)
     return fig

@@ -97,6 +97,7 @@ class TuneConfig:
     started_at: float  # time.time() when this tune call started
     spent_before_s: float  # search time used by earlier calls on the same studies
     n_workers: int = 1
+    leave_one_out: bool = False  # the winner without each of its methods, after the confirmation
     left_out: dict = dataclasses.field(default_factory=dict)  # method -> why the search does not try it
 
     def save(self, path: Path) -> None:
@@ -208,6 +209,9 @@ def _run_and_score(config: TuneConfig, trial, context: TrialContext, runner) -> 
     started = time.perf_counter()
     try:
         record = runner(context)
+    except KeyboardInterrupt:  # Ctrl-C: this trial runs again when the search continues
+        trial.study.enqueue_trial(trial.params, user_attrs={"retry_of": trial.number})
+        raise
     except NothingToChangeError as e:
         _mark_inapplicable(trial.study, context.recipe.methods, str(e))
         trial.set_user_attr("infeasible", f"NothingToChangeError: {e}")
@@ -261,7 +265,12 @@ def confirm_reserve_s(config: TuneConfig, studies: dict) -> float:
             best = ranked(studies[phase])[:count]
             walls += [t.user_attrs.get("wall_s") or fallback for t in best]
             walls += [fallback] * (count - len(best))
-    return config.seeds_to_confirm * sum(walls)
+    reserve = config.seeds_to_confirm * sum(walls)
+    if config.leave_one_out and "search" in studies:  # one run per method of the likely winner
+        best = ranked(studies["search"])[:1]
+        methods = len(best[0].user_attrs.get("recipe", {}).get("methods", {})) if best else 0
+        reserve += methods * (best[0].user_attrs.get("wall_s") or fallback if best else fallback)
+    return reserve
 
 
 def phase_open(config: TuneConfig, phase: str, studies: dict) -> bool:
