@@ -126,6 +126,16 @@ def test_methods_that_find_nothing_in_the_model_are_left_out_with_the_reason(tmp
     assert result.summary["methods_searched"] == ["label_smoothing"]
 
 
+def test_a_method_that_finds_nothing_once_training_starts_is_dropped_from_the_search(tmp_path, fake_env):
+    result = tune("fashion-mnist", methods=["label_smoothing", "gyro_dropout"], out_dir=tmp_path, runner=FAKE,
+                  budget=60, trial_limit=12, max_trials=14, max_baseline_trials=1, seeds_to_confirm=1, **SMALL)
+    tried = [t for t in result.summary["trials"] if t["phase"] == "search" and t["params"].get("use:gyro_dropout")]
+    refused = [t for t in tried if "NothingToChangeError" in (t["infeasible"] or "")]
+    blocked = [t for t in tried if "found nothing to act on in an earlier trial" in (t["infeasible"] or "")]
+    assert 1 <= len(refused) <= 2 and len(refused) + len(blocked) == len(tried)  # trained at most twice
+    assert "gyro_dropout" in result.summary["left_out"] and "gyro_dropout" not in result.recipe.methods
+
+
 # -- the search ------------------------------------------------------------------------------------------
 def test_finds_the_planted_best_and_writes_a_loadable_recipe(tmp_path, fake_env):
     result = tune("fashion-mnist", methods=["ema", "label_smoothing", "mixup", "cutmix"], out_dir=tmp_path,

@@ -11,7 +11,7 @@ import math
 import os
 import time
 
-from speedkit.core.algorithm import check_compatibility
+from speedkit.core.algorithm import NothingToChangeError, check_compatibility
 from speedkit.algorithms import build_algorithms
 from speedkit.runs import RunRecord
 
@@ -57,6 +57,8 @@ def _rendezvous() -> None:
 def fake_run(context) -> RunRecord:
     check_compatibility(build_algorithms(context.recipe.methods))  # a conflicting set must never get here
     _rendezvous()
+    if "gyro_dropout" in context.recipe.methods:  # as the real one does at FIT_START in a model without dropout
+        raise NothingToChangeError("gyro_dropout found no nn.Dropout layers with p > 0 in the model")
     _log(f"start {context.run_name} {os.getpid()}")
     reach_at = planted_time(context.recipe)
     record = RunRecord(name=context.run_name, config={"task": context.task, "recipe": context.recipe.name,

@@ -190,5 +190,11 @@ def build_summary(config: TuneConfig, studies: dict) -> dict:
     return {"task": config.task, "target": {"metric": config.metric, "value": config.target},
             "budget_s": config.budget_s, "spent_s": round(config.spent_s(), 1), "limit_s": config.limit_s,
             "settings": config.settings, "storage": config.storage, "study": config.study_name,
-            "methods_searched": list(space.methods), "left_out": config.left_out,
+            "methods_searched": list(space.methods), "left_out": {**config.left_out, **_found_inapplicable(studies)},
             "trials": trials, "confirmation": summarize_confirmation(config, studies)}
+
+
+def _found_inapplicable(studies: dict) -> dict:
+    """Methods the search stopped trying because they found nothing to act on when training started."""
+    return {key.split(":", 1)[1]: f"found nothing to act on in a trial, so no longer tried: {reason}"
+            for key, reason in studies["search"].user_attrs.items() if key.startswith("inapplicable:")}

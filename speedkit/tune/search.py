@@ -216,7 +216,7 @@ def _run_and_score(config: TuneConfig, trial, context: TrialContext, runner) -> 
         _mark_inapplicable(trial.study, context.recipe.methods, str(e))
         trial.set_user_attr("infeasible", f"NothingToChangeError: {e}")
         raise optuna.TrialPruned(str(e)) from None
-    except (ValueError, TypeError, RuntimeError, ArithmeticError) as e:  # a combination the code refused or that broke
+    except Exception as e:  # a combination the code refused, or one that broke: recorded, and the search goes on
         trial.set_user_attr("infeasible", f"{type(e).__name__}: {e}")
         trial.set_user_attr("wall_s", round(time.perf_counter() - started, 3))
         raise optuna.TrialPruned(f"{type(e).__name__}: {e}") from None
@@ -240,9 +240,18 @@ def store_outcome(trial, record, config: TuneConfig, wall_s: float, stop_reason:
 
 
 def _mark_inapplicable(study, methods: dict, message: str) -> None:
-    """Remember which method found nothing to change, so later trials with it are refused untrained."""
+    """Remember a method that found nothing to change, so later trials with it are refused untrained: at once
+    when it had its card's defaults, else on its second refusal (one refusal may be its settings' doing,
+    say blurpool's min_channels; two with different settings point at the model)."""
+    from speedkit.algorithms import REGISTRY
+
     culprit = next((m for m in methods if message.startswith(m)), None)
-    if culprit is not None:
+    if culprit is None:
+        return
+    defaults = {hp.name: hp.default for hp in REGISTRY[culprit].CARD.hparams}
+    refusals = int(study.user_attrs.get(f"refusals:{culprit}", 0)) + 1
+    study.set_user_attr(f"refusals:{culprit}", refusals)
+    if refusals >= 2 or all(defaults.get(k) == v for k, v in (methods[culprit] or {}).items()):
         study.set_user_attr(f"inapplicable:{culprit}", message)
 
 

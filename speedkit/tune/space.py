@@ -237,7 +237,8 @@ def _suggest_hparam(trial, key: str, hp: HParam):
         return _NOT_SEARCHABLE  # e.g. ema's half_life string: its default is kept
     log = hp.log and hp.low > 0
     if hp.type is int:
-        step = int(hp.step) if hp.step and not log and (hp.high - hp.low) % hp.step == 0 else 1
+        on_grid = hp.step and not log and (hp.high - hp.low) % hp.step == 0 and (hp.default - hp.low) % hp.step == 0
+        step = int(hp.step) if on_grid else 1  # a grid that misses the default could not start from the presets
         return trial.suggest_int(key, int(hp.low), int(hp.high), step=step, log=log)
     return trial.suggest_float(key, float(hp.low), float(hp.high), log=log)
 
