@@ -127,3 +127,17 @@ def test_the_bottom_imports_nothing_of_speedkit():
 def test_distributed_and_checkpoint_sit_below_the_trainer():
     assert not GRAPH["speedkit.distributed"] - set(BOTTOM)  # only collectives and torch: no data, no trainer
     assert "speedkit.trainer" not in GRAPH["speedkit.checkpoint"]
+
+
+def test_the_trainer_keeps_the_loop_only():
+    """trainer.py names no method (what a method varies comes from its card) and branches on no parallel
+    strategy (the plan in speedkit.distributed does); it stays short enough to read in one sitting."""
+    from speedkit.algorithms import REGISTRY
+
+    source = (ROOT / "trainer.py").read_text()
+    tree = ast.parse(source)
+    strings = {node.value for node in ast.walk(tree) if isinstance(node, ast.Constant) and isinstance(node.value, str)}
+    assert not strings & set(REGISTRY)
+    branches = [ast.unparse(node.test) for node in ast.walk(tree) if isinstance(node, (ast.If, ast.IfExp))]
+    assert not [b for b in branches if "parallel" in b or "ddp" in b or "fsdp" in b or "plan.name" in b]
+    assert len(source.splitlines()) <= 520
