@@ -397,3 +397,30 @@ def test_durations_in_tokens_need_batches_with_tokens(tmp_path):
         fit(tmp_path, max_duration="2ba", save_interval="100tok")
     _, record = fit(tmp_path / "duck", max_duration="2ba", callbacks=[DuckCallback()], save_checkpoints=False)
     assert record.status == "completed"
+
+
+def test_the_checkpointer_follows_its_parallel_plan(tmp_path):
+    """The Checkpointer writes ``latest.ckpt`` only when the plan wrote a checkpoint (an FSDP run that lost its
+    ranks writes none), and otherwise keeps the last one and the record's note of it."""
+    import dataclasses
+
+    from speedkit.distributed import SingleProcess
+
+    trainer, record = fit(tmp_path, max_duration="2ba")
+    folder = tmp_path / "r" / "checkpoints"
+    latest, note = (folder / "latest.ckpt").read_bytes(), record.notes["last_checkpoint"]
+
+    class WritesNothing(SingleProcess):
+        def save_checkpoint(self, checkpointer, path, state, logger):
+            return False
+
+    checkpointer = trainer.checkpointer
+    checkpointer.plan = WritesNothing(torch.device("cpu"))
+    trainer.state.timestamp = dataclasses.replace(trainer.state.timestamp, batch=3)
+    path = checkpointer.save()
+    assert not path.exists() and path.name == "ba000000003.ckpt"
+    assert (folder / "latest.ckpt").read_bytes() == latest and trainer.record.notes["last_checkpoint"] == note
+    checkpointer.plan = SingleProcess(torch.device("cpu"))
+    assert checkpointer.save() == path and path.exists()
+    assert (folder / "latest.ckpt").read_bytes() == path.read_bytes()
+    assert trainer.record.notes["last_checkpoint"] == str(path)
