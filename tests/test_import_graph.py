@@ -141,3 +141,27 @@ def test_the_trainer_keeps_the_loop_only():
     branches = [ast.unparse(node.test) for node in ast.walk(tree) if isinstance(node, (ast.If, ast.IfExp))]
     assert not [b for b in branches if "parallel" in b or "ddp" in b or "fsdp" in b or "plan.name" in b]
     assert len(source.splitlines()) <= 520
+
+
+def _package_of(module: str) -> str:
+    """The room a module belongs to: its subpackage (speedkit.algorithms) or itself (speedkit.trainer).
+    speedkit.functional is the algorithms' functional face (it re-exports their forms), so it is theirs."""
+    if module == "speedkit.functional":
+        return "speedkit.algorithms"
+    parts = module.split(".")
+    return ".".join(parts[:2])
+
+
+def test_no_private_name_is_imported_across_packages():
+    """What packages share is public (core.algorithm.show, runs.json_safe, speedkit.seeding, ...)."""
+    crossing = []
+    for module, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("speedkit") and not node.level:
+                private = [a.name for a in node.names if a.name.startswith("_") and a.name != "__version__"]
+                source = _known(node.module)
+                if private and _package_of(source) != _package_of(module):
+                    crossing.append(f"{module} imports {private} from {node.module}")
+                if _package_of(source) != _package_of(module) and any(p.startswith("_") for p in source.split(".")):
+                    crossing.append(f"{module} imports from the private module {node.module}")
+    assert not crossing
