@@ -3,6 +3,7 @@ benchmark harness and notebooks that everything else uses."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 
 
@@ -282,11 +283,12 @@ def _tune(args) -> int:
     except ImportError as e:
         print(f"speedkit: error: {e}", file=sys.stderr)
         return 2
-    try:
-        result = _run_tune(tune, args)
-    except KeyboardInterrupt:
-        print("speedkit tune: interrupted; finished trials are kept in the study, and the same command "
-              "continues the search (the trial that was cut short runs again)", file=sys.stderr)
+    with _stop_on_ctrl_c() as stop:
+        result = _run_tune(tune, args, stop.is_set)
+    if stop.is_set():
+        print(f"speedkit tune: stopped; finished trials are kept in the study and the report is at "
+              f"{result.report_path}; the same command continues the search (the trial that was cut short "
+              f"runs again)", file=sys.stderr)
         return 130
     confirmation = result.summary["confirmation"]
     if result.recipe is None:
@@ -300,14 +302,37 @@ def _tune(args) -> int:
     return 0
 
 
-def _run_tune(tune, args):
+@contextlib.contextmanager
+def _stop_on_ctrl_c():
+    """The first Ctrl-C stops the search at the next batch (finished trials kept, a report written); a
+    second one interrupts at once. A KeyboardInterrupt raised anywhere could land inside a storage write."""
+    import signal
+    import threading
+
+    stop = threading.Event()
+
+    def on_sigint(signum, frame):
+        if stop.is_set():
+            raise KeyboardInterrupt
+        stop.set()
+        print("speedkit tune: stopping at the next batch (Ctrl-C again to quit at once) ...", file=sys.stderr)
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield stop
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _run_tune(tune, args, should_stop):
     return tune(args.task, target=args.target, budget=args.budget, methods=args.methods, base=args.base,
                 storage=args.storage, study_name=args.study, out_dir=args.out, run_dir=args.run_dir,
                 data_fraction=args.data_fraction, eval_fraction=args.eval_fraction,
                 eval_interval=args.eval_interval, device=args.device, n_workers=args.workers,
                 seeds_to_confirm=args.seeds, trial_limit=args.trial_limit, max_trials=args.max_trials,
                 max_baseline_trials=args.max_baseline_trials, pruner=args.pruner,
-                tune_hparams=not args.no_hparams, leave_one_out=args.leave_one_out, runner=args.runner)
+                tune_hparams=not args.no_hparams, leave_one_out=args.leave_one_out, runner=args.runner,
+                should_stop=should_stop)
 
 
 def _add_notebooks_parser(commands) -> None:

@@ -5,7 +5,9 @@
 """
 from __future__ import annotations
 
+import signal
 import sys
+import threading
 
 from speedkit.tune.search import TuneConfig, run_phases
 
@@ -15,7 +17,10 @@ def main(argv: list[str] | None = None) -> int:
     if len(argv) != 2:
         print("usage: python -m speedkit.tune.worker CONFIG_JSON WORKER_INDEX", file=sys.stderr)
         return 2
-    run_phases(TuneConfig.load(argv[0]), worker_index=int(argv[1]))
+    stop = threading.Event()
+    # Ctrl-C in the terminal reaches every worker: each stops at its next batch, like the main process
+    signal.signal(signal.SIGINT, lambda signum, frame: stop.set())
+    run_phases(TuneConfig.load(argv[0]), worker_index=int(argv[1]), should_stop=stop.is_set)
     return 0
 
 
