@@ -320,6 +320,8 @@ def seed_search_study(config: TuneConfig, studies: dict) -> None:
     search.set_user_attr("seeded", True)
     base, space = config.base_recipe(), config.space("search")
     for recipe in starting_recipes(config, studies["baseline"]):  # presets first: the fast ones set the bar early
+        if space.methods:  # a preset restricted to the methods the search may try is still a good start
+            recipe = recipe.with_changes(methods={m: p for m, p in recipe.methods.items() if m in space.methods})
         params = recipe_params(recipe, base, space)
         if params is not None:
             search.enqueue_trial(params, user_attrs={"start_from": recipe.name}, skip_if_exists=True)
@@ -342,13 +344,23 @@ def starting_recipes(config: TuneConfig, baseline_study) -> list:
     recipes = []
     device = resolve_device(config.settings.get("device", "auto"))
     presets = [p for name, p in RECIPES.get(config.task, {}).items() if name != "baseline"]
-    for preset in sorted(presets, key=_measured_time):
+    for preset in sorted(presets, key=lambda p: (_measured_time(p), _budget_fraction(p, config.base_recipe()))):
         recipes.append(preset.with_changes(precision=resolve_precision(preset.precision, device)))
     # The tuned baseline, or the base as it is; the baseline study measured these already, but the search's
     # sampler learns from its own trials only.
     best = ranked(baseline_study)[:1]
     recipes.append(recipe_from_trial(best[0], "tuned-baseline") if best else config.base_recipe())
     return recipes
+
+
+def _budget_fraction(recipe, base) -> float:
+    """The recipe's budget over the base's (presets that need less come first); unknown: last."""
+    from speedkit.core.time import Time
+
+    try:
+        return Time.from_string(recipe.duration) / Time.from_string(base.duration)
+    except (ValueError, TypeError):
+        return float("inf")
 
 
 def _measured_time(recipe) -> float:
