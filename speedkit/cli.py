@@ -268,7 +268,8 @@ def _add_tune_parser(commands) -> None:
     tune.add_argument("--trial-limit", help="most training time of one trial (default: a fifth of the budget)")
     tune.add_argument("--max-trials", type=int, help="stop the search after this many trials")
     tune.add_argument("--max-baseline-trials", type=int, help="stop tuning the baseline after this many trials")
-    tune.add_argument("--pruner", default="halving", choices=["halving", "hyperband", "median", "none"])
+    tune.add_argument("--pruner", default="halving", choices=["halving", "hyperband", "median", "none"],
+                      help="stops trials that fall behind at an evaluation (successive halving by default)")
     tune.add_argument("--no-hparams", action="store_true", help="methods on/off only, each at its card's defaults")
     tune.add_argument("--leave-one-out", action="store_true", help="then run the winner without each of its methods")
     tune.add_argument("--runner", help="MODULE:FUNCTION that runs one trial instead of training (advanced)")

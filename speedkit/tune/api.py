@@ -18,14 +18,17 @@ from typing import Any, Sequence
 
 from speedkit.tune.confirm import run_confirmation, run_leave_one_out, summarize_confirmation
 from speedkit.tune.objective import resolve_runner, runner_path
-from speedkit.tune.search import (PHASES, TuneConfig, seed_baseline_study, check_same_search, load_study,
-                                  logged_metrics, parse_budget, resolve_target, run_phases, start_workers)
+from speedkit.tune.search import (PHASES, PRUNERS, TuneConfig, check_same_search, load_study, logged_metrics, parse_budget,
+                                  resolve_target, run_phases, seed_baseline_study, start_workers)
 from speedkit.tune.space import (TuneInputError, baseline_space, candidate_methods, full_space, probe_surgery,
                                  resolve_methods)
 from speedkit.tune.storage import fail_dead_trials, open_storage, optuna_module, spent_before_s, storage_url
 
+
 @dataclasses.dataclass
 class TuneResult:
+    """What a search found; ``summary`` holds every trial and the confirmation, as in ``summary.json``."""
+
     recipe: Any  # the confirmed winner (Recipe), or None when no candidate reached the target on every seed
     recipe_path: Path | None
     report_path: Path
@@ -53,10 +56,10 @@ def tune(task: str = "fashion-mnist", target=None, budget: str | float = "30m", 
 
     ``target``: None (the task's), a value of the task's metric, ``"metric=value"`` or (metric, value).
     ``methods``: the methods the search may turn on (default: all that fit the task's domain and model).
-    ``leave_one_out``: afterwards, run the winner without each of its methods (on the first confirmation
-    seed) so the report says what each one adds. ``storage``: a journal file (default ``out_dir/study.journal``), ``*.db`` SQLite file or database URL;
+    ``storage``: a journal file (default ``out_dir/study.journal``), ``*.db`` SQLite file or database URL;
     a rerun with the same storage and ``study_name`` continues the search. ``trial_limit``: most training
-    time of one trial (default a fifth of the budget). ``runner``: a function ``(TrialContext) -> RunRecord``
+    time of one trial (default a fifth of the budget). ``leave_one_out``: afterwards, run the winner
+    without each of its methods (on the first confirmation seed) so the report says what each one adds. ``runner``: a function ``(TrialContext) -> RunRecord``
     or ``"module:function"`` replacing the real training (tests plant known answers this way).
     ``on_trial(study, trial)`` is called after each trial of this process; ``should_stop()`` ends the search early.
     Writes ``recipe.yaml`` (the confirmed winner, with ``reached``), ``report.md``, ``report.html`` and
@@ -67,11 +70,13 @@ def tune(task: str = "fashion-mnist", target=None, budget: str | float = "30m", 
     optuna_module()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    config = build_config(task, target, budget, methods, storage, study_name, seeds_to_confirm, out, run_dir,
-                          data_fraction, eval_fraction, eval_interval, device, n_workers, base, tune_hparams,
-                          trial_limit, baseline_share, max_trials, max_baseline_trials, pruner, sampler_seed,
-                          duration_scale, lr_factor, runner, log)
-    config.leave_one_out = leave_one_out
+    config = build_config(
+        task=task, target=target, budget=budget, methods=methods, storage=storage, study_name=study_name,
+        seeds_to_confirm=seeds_to_confirm, out=out, run_dir=run_dir, data_fraction=data_fraction,
+        eval_fraction=eval_fraction, eval_interval=eval_interval, device=device, n_workers=n_workers, base=base,
+        tune_hparams=tune_hparams, trial_limit=trial_limit, baseline_share=baseline_share, max_trials=max_trials,
+        max_baseline_trials=max_baseline_trials, pruner=pruner, sampler_seed=sampler_seed,
+        duration_scale=duration_scale, lr_factor=lr_factor, leave_one_out=leave_one_out, runner=runner, log=log)
     in_process = resolve_runner(runner)  # a lambda in a notebook works here; worker processes import config.runner
     config_path = out / "tune_config.json"
     config.save(config_path)
@@ -116,10 +121,10 @@ def _logger(log, on_trial):
     return callback
 
 
-def build_config(task, target, budget, methods, storage, study_name, seeds_to_confirm, out: Path, run_dir,
+def build_config(*, task, target, budget, methods, storage, study_name, seeds_to_confirm, out: Path, run_dir,
                  data_fraction, eval_fraction, eval_interval, device, n_workers, base, tune_hparams, trial_limit,
                  baseline_share, max_trials, max_baseline_trials, pruner, sampler_seed, duration_scale,
-                 lr_factor, runner, log) -> TuneConfig:
+                 lr_factor, leave_one_out, runner, log) -> TuneConfig:
     """Check every argument and read the search space from the cards; refusals name the argument."""
     from speedkit.devices import resolve_device, resolve_precision
     from speedkit.recipes import get_recipe
@@ -132,6 +137,14 @@ def build_config(task, target, budget, methods, storage, study_name, seeds_to_co
         raise TuneInputError(f"n_workers must be at least 1, got {n_workers}")
     if seeds_to_confirm < 1:
         raise TuneInputError(f"seeds_to_confirm must be at least 1, got {seeds_to_confirm}")
+    for name, count in (("max_trials", max_trials), ("max_baseline_trials", max_baseline_trials)):
+        if count is not None and count < 1:
+            raise TuneInputError(f"{name} must be at least 1 (or None: until the budget is used), got {count}")
+    if not 0 < baseline_share < 1:
+        raise TuneInputError(f"baseline_share is the part of the budget that tunes the baseline, in (0, 1); "
+                             f"got {baseline_share}")
+    if pruner not in PRUNERS:
+        raise TuneInputError(f"pruner must be one of {', '.join(PRUNERS)}, got {pruner!r}")
     if n_workers > 1 and runner is not None and runner_path(runner) is None:
         raise TuneInputError("runner must be importable ('module:function', or a module-level function) when "
                              "n_workers > 1: worker processes import it")
@@ -171,7 +184,8 @@ def build_config(task, target, budget, methods, storage, study_name, seeds_to_co
         budget_s=budget_s, limit_s=limit_s, baseline_share=baseline_share, seeds_to_confirm=seeds_to_confirm,
         max_trials={"baseline": max_baseline_trials, "search": max_trials}, pruner=pruner,
         sampler_seed=sampler_seed, runner=runner_path(runner) if runner is not None else None,
-        started_at=time.time(), spent_before_s=studies_spent, n_workers=n_workers, left_out=left_out)
+        started_at=time.time(), spent_before_s=studies_spent, n_workers=n_workers, leave_one_out=leave_one_out,
+        left_out=left_out)
 
 
 def build_summary(config: TuneConfig, studies: dict) -> dict:

@@ -22,6 +22,7 @@ from speedkit.tune.space import (SearchSpace, TuneInputError, describe_change, r
 from speedkit.tune.storage import finished_trials, open_storage, optuna_module, worker_id
 
 PHASES = ("baseline", "search")
+PRUNERS = ("halving", "hyperband", "median", "none")
 
 
 def parse_budget(budget: str | float | int) -> float:
@@ -76,6 +77,8 @@ def logged_metrics(task: str, base, device: str, data_fraction: float, eval_frac
 
 @dataclasses.dataclass
 class TuneConfig:
+    """Everything a worker needs to work on the search, as JSON (``tune_config.json`` in the output folder)."""
+
     task: str
     metric: str
     target: float
@@ -124,6 +127,7 @@ class TuneConfig:
 
 
 def load_study(config: TuneConfig, phase: str, worker_index: int = 0, storage=None):
+    """The phase's study (created on first use), with this worker's sampler and the search's pruner."""
     optuna = optuna_module()
     with warnings.catch_warnings():  # `group` (conditional spaces: a method's settings only when it is on) is experimental
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
