@@ -263,7 +263,9 @@ def _add_tune_parser(commands) -> None:
     tune.add_argument("--eval-fraction", type=float, help="evaluate on this fraction of the test set")
     tune.add_argument("--eval-interval", help="evaluation cadence of every trial, e.g. 0.25ep, 50ba")
     tune.add_argument("--device", default="auto")
-    tune.add_argument("--workers", type=int, default=1, help="processes working on the study at once")
+    tune.add_argument("--workers", type=int, default=1,
+                      help="processes working on the study at once; on one machine they share its cores (set "
+                           "OMP_NUM_THREADS to cores/workers) and time each other's trials slower")
     tune.add_argument("--seeds", type=int, default=3, help="fresh seeds the winner and runner-up are confirmed on")
     tune.add_argument("--trial-limit", help="most training time of one trial (default: a fifth of the budget)")
     tune.add_argument("--max-trials", type=int, help="stop the search after this many trials")
