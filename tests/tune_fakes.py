@@ -67,10 +67,10 @@ def fake_run(context) -> RunRecord:
     record.methods = [{"name": m, "params": p} for m, p in context.recipe.methods.items()]
     wall = 0.0
     while wall < 3 * BASE_TIME:
-        wall = round(wall + 0.1, 6)  # an evaluation every 0.1 fake seconds
+        wall = round(wall + 0.25, 6)  # an evaluation every 0.25 fake seconds
         value = context.target * min(1.0, wall / reach_at)  # reaches the target exactly at reach_at
-        time.sleep(0.1 * REAL_SECONDS_PER_FAKE)
-        record.add_eval({"batch": int(round(wall * 10)), "wall_s": wall}, {context.metric: value})
+        time.sleep(0.25 * REAL_SECONDS_PER_FAKE)
+        record.add_eval({"batch": int(round(wall * 4)), "wall_s": wall}, {context.metric: value})
         if value >= context.target or context.on_eval(wall, value):
             break
     record.timings["train_s"] = wall

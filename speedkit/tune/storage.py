@@ -4,6 +4,7 @@ how much search time earlier runs used).
 """
 from __future__ import annotations
 
+import functools
 import os
 import socket
 from pathlib import Path
@@ -30,7 +31,9 @@ def storage_url(storage: str | os.PathLike | None, out_dir: Path) -> str:
     return f"sqlite:///{path}" if path.suffix in (".db", ".sqlite", ".sqlite3") else str(path)
 
 
+@functools.lru_cache(maxsize=16)
 def open_storage(url: str):
+    """The Optuna storage at ``url``, one object per process (a database checks its schema when opened)."""
     optuna = optuna_module()
     if "://" in url:
         return optuna.storages.RDBStorage(url)
