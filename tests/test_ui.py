@@ -42,9 +42,10 @@ def test_presets_set_the_grid_and_any_change_marks_it_custom(explorer):
     explorer.preset.value = "hot"
     hot = RECIPES["fashion-mnist"]["hot"]
     assert set(explorer.config.methods) == set(hot.methods)
-    assert explorer.rows["patch_whitening"].checkbox.value
+    assert explorer.rows["muon"].checkbox.value and not explorer.rows["mixup"].checkbox.value
     assert explorer.duration.value == hot.duration and explorer.preset.value == "hot"
-    assert explorer.config.methods["label_smoothing"] == {"smoothing": 0.2}  # only values off the card default
+    assert explorer.config.methods["muon"] == {"lr": 0.04}  # only values off the card default
+    assert explorer.config.methods["label_smoothing"] == {}  # hot's 0.1 is the card's default
 
     explorer.set_param("label_smoothing", "smoothing", 0.3)
     assert explorer.preset.value == "custom"
