@@ -51,6 +51,8 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--autoresume", action="store_true", help="continue the named run from its checkpoint")
     train.add_argument("--download", action="store_true", help="let torchvision download missing data")
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
+    train.add_argument("--logger", default="", help="comma-separated loggers besides the record and log.jsonl: "
+                       "tensorboard, csv (each writes into a folder of that name in the run folder)")
     train.add_argument("--parallel", default="auto", choices=["auto", "ddp", "fsdp", "none"],
                        help="under torchrun / speedkit launch: ddp (auto) or fsdp; none trains each process alone")
     _add_launch_parser(commands)
@@ -149,12 +151,17 @@ def _train(args) -> int:
                            eval_fraction=args.eval_fraction, target=args.target,
                            stop_at_target=args.stop_at_target, download=args.download, run_dir=args.run_dir,
                            run_name=args.run_name, autoresume=args.autoresume,
-                           progress_bar=not args.no_progress, console=True,
+                           progress_bar=not args.no_progress, console=True, loggers=_logger_names(args.logger),
                            parallel=None if args.parallel == "none" else args.parallel)
     record = trainer.fit()
     if distributed.is_main():
         print(_summary(record))
     return 0
+
+
+def _logger_names(value: str) -> list[str]:
+    """``--logger tensorboard,csv`` as a list of names; the Trainer refuses an unknown one, naming the known."""
+    return [name.strip() for name in value.split(",") if name.strip()]
 
 
 def _methods(args) -> int:

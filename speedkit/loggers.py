@@ -1,11 +1,16 @@
 """Loggers: where metrics go. The Logger fans one call out to every destination.
 
-The run's RunRecord is always one destination, so the record, the console and the JSONL file
-see exactly the same numbers.
+The run's RunRecord is always one destination, so the record, the console, the JSONL file and the
+TensorBoard and CSV loggers see exactly the same numbers. Besides metrics, every destination hears of
+the run twice: at fit start (its config and methods, ``log_run_start``) and at its end (its timings and
+status, ``log_run_end``).
 """
 from __future__ import annotations
 
+import csv
+import difflib
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -18,12 +23,43 @@ def _position(state) -> dict:
             "wall_s": round(ts.wall_s, 4)}
 
 
+def run_hyperparams(record) -> dict:
+    """The run's config, target and methods as one flat ``{name: number | str | bool}`` dict, the shape
+    TensorBoard's hparams and a two-column CSV both take: nested keys joined with ``/``
+    (``optimizer/lr``), each method's parameters under ``method/<name>/``, ``methods`` listing them all."""
+    flat = _flatten({"run_name": record.name, **record.config})
+    if record.target:
+        flat.update(_flatten({"target": record.target}))
+    flat["methods"] = ",".join(record.method_names)
+    for method in record.methods:
+        flat.update(_flatten(method["params"], prefix=f"method/{method['name']}/"))
+    return flat
+
+
+def _flatten(values: dict, prefix: str = "") -> dict:
+    flat = {}
+    for key, value in values.items():
+        if isinstance(value, dict):
+            flat.update(_flatten(value, prefix=f"{prefix}{key}/"))
+        elif isinstance(value, (bool, int, float, str)):
+            flat[f"{prefix}{key}"] = value
+        else:  # None, lists, tuples: kept readable rather than dropped
+            flat[f"{prefix}{key}"] = json.dumps(json_safe(value))
+    return flat
+
+
 class LoggerDestination:
     def log_metrics(self, metrics: dict, position: dict) -> None:
         pass
 
     def log_text(self, text: str) -> None:
         pass
+
+    def log_run_start(self, record) -> None:
+        """At fit start: ``record.config``, ``record.methods`` and ``record.target`` are final."""
+
+    def log_run_end(self, record, position: dict) -> None:
+        """At the run's end (any ending): ``record.timings`` and ``record.status`` are final."""
 
     def close(self) -> None:
         pass
@@ -118,6 +154,205 @@ class Logger:
         for d in self.destinations:
             d.log_text(text)
 
+    def log_run_start(self, record) -> None:
+        for d in self.destinations:
+            _optional_hook(d, "log_run_start")(record)
+
+    def log_run_end(self, record) -> None:
+        position = _position(self.state)
+        for d in self.destinations:
+            _optional_hook(d, "log_run_end")(record, position)
+
     def close(self) -> None:
         for d in self.destinations:
             d.close()
+
+
+def _optional_hook(destination, name: str):
+    """A destination's run hook, or a no-op: destinations written before the hooks (duck-typed, not
+    subclassing LoggerDestination) keep working."""
+    return getattr(destination, name, None) or (lambda *args: None)
+
+
+def _summary_writer_class():
+    """``torch.utils.tensorboard.SummaryWriter``, imported only when asked for: speedkit runs without tensorboard."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError as e:  # torch raises this when the tensorboard package is missing
+        raise ImportError("the TensorBoard logger needs the tensorboard package: pip install 'speedkit[tensorboard]'"
+                          f" (import failed: {e})") from e
+    return SummaryWriter
+
+
+class TensorBoardLogger(LoggerDestination):
+    """Writes TensorBoard event files into ``log_dir``: every numeric metric as a scalar at its batch, the
+    run's config and methods as text and as hparams (the HPARAMS tab) at fit start, its timings as
+    ``timings/<name>`` scalars and its status at the end. ``tensorboard --logdir <run_dir>`` shows them.
+
+    The writer opens at the first write and closes at the run's end, so a Trainer that never fits
+    leaves no folder, and a killed run keeps what was flushed (every ``flush_secs``).
+    """
+
+    def __init__(self, log_dir, flush_secs: int = 10):
+        self._writer_class = _summary_writer_class()  # fail at construction, not in the middle of a run
+        self.log_dir = Path(log_dir)
+        self.flush_secs = flush_secs
+        self._writer = None
+        self._texts = 0
+
+    @property
+    def writer(self):
+        if self._writer is None:
+            self._writer = self._writer_class(log_dir=str(self.log_dir), flush_secs=self.flush_secs)
+        return self._writer
+
+    def log_metrics(self, metrics, position):
+        for name, value in metrics.items():
+            if isinstance(value, (int, float)):  # bools too; strings and None have no curve
+                self.writer.add_scalar(name, float(value), global_step=position["batch"])
+
+    def log_text(self, text):
+        self._texts += 1
+        self.writer.add_text("log", text, global_step=self._texts)
+
+    def log_run_start(self, record):
+        hyperparams = run_hyperparams(record)
+        self.writer.add_text("config", _json_block(record.config))
+        self.writer.add_text("methods", _json_block(record.methods))
+        self._write_hparams(hyperparams, record)
+
+    def _write_hparams(self, hyperparams: dict, record) -> None:
+        # Into this writer's own event file: SummaryWriter.add_hparams would start a second run folder.
+        from torch.utils.tensorboard.summary import hparams
+
+        metrics = {record.target["metric"]: 0.0} if record.target else {}
+        for summary in hparams(hyperparams, metrics):
+            self.writer.file_writer.add_summary(summary)
+
+    def log_run_end(self, record, position):
+        for name, seconds in record.timings.items():
+            self.writer.add_scalar(f"timings/{name}", float(seconds), global_step=position["batch"])
+        self.writer.add_text("status", f"{record.status}" + (f": {record.error}" if record.error else ""),
+                             global_step=position["batch"])
+        self.close()
+
+    def close(self):
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+
+def _json_block(value) -> str:
+    """JSON as a markdown code block: TensorBoard's text tab renders markdown."""
+    return "```json\n" + json.dumps(json_safe(value), indent=2) + "\n```"
+
+
+class CSVTable:
+    """One CSV file whose header grows: a row with a new metric name rewrites the file with the wider header
+    (written to a temporary file, then renamed), so every row stays under the right column."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.columns: list[str] | None = None  # read from the file at the first append (a resumed run's file)
+
+    def append(self, row: dict) -> None:
+        if self.columns is None:
+            self.columns = self._header()
+        new = [k for k in row if k not in self.columns]
+        if new or not self.path.exists():
+            self._rewrite(self.columns + new)
+        with open(self.path, "a", newline="") as f:
+            csv.DictWriter(f, self.columns).writerow(row)
+
+    def _rewrite(self, columns: list[str]) -> None:
+        rows = self._read() if self.path.exists() else []
+        self.columns = columns
+        write_csv(self.path, columns, rows)
+
+    def _header(self) -> list[str]:
+        if not self.path.exists():
+            return []
+        with open(self.path, newline="") as f:
+            return next(csv.reader(f), [])
+
+    def _read(self) -> list[dict]:
+        with open(self.path, newline="") as f:
+            return list(csv.DictReader(f))
+
+
+def write_csv(path: Path, columns, rows) -> None:
+    """Write a whole CSV file atomically: a reader sees the old file or the new one, never half of one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial")
+    with open(partial, "w", newline="") as f:
+        writer = csv.DictWriter(f, list(columns))
+        writer.writeheader()
+        writer.writerows(rows)
+    os.replace(partial, path)
+
+
+class CSVLogger(LoggerDestination):
+    """CSV files in ``folder``: ``train.csv`` (one row per logged batch) and ``eval.csv`` (one row per
+    evaluation), each with the position columns (batch, epoch, sample, token, wall_s) then one column per
+    metric in order of first appearance; ``hparams.csv`` (name, value) at fit start and ``timings.csv``
+    (name, value, and the run's status) at the end. Train and eval live apart because their metrics differ;
+    a metric first seen late widens its file's header (see CSVTable).
+
+    Like the RunRecord, metrics logged at the same batch by several callbacks share one train row: the row
+    is written when the next batch is logged or the run ends. Rows are appended, so a run resumed from a
+    checkpoint adds its rows after the first run's (batches after that checkpoint then appear twice; the
+    later rows are the resumed run's).
+    """
+
+    def __init__(self, folder):
+        self.folder = Path(folder)
+        self.train = CSVTable(self.folder / "train.csv")
+        self.eval = CSVTable(self.folder / "eval.csv")
+        self._pending: dict | None = None  # the current batch's train row
+
+    def log_metrics(self, metrics, position):
+        row = {**position, **json_safe(metrics)}
+        if any(k.startswith("eval") for k in metrics):
+            self.eval.append(row)
+        elif self._pending is not None and self._pending["batch"] == position["batch"]:
+            self._pending.update(row)
+        else:
+            self._write_pending()
+            self._pending = row
+
+    def _write_pending(self) -> None:
+        if self._pending is not None:
+            self.train.append(self._pending)
+            self._pending = None
+
+    def log_run_start(self, record):
+        rows = [{"name": k, "value": v} for k, v in run_hyperparams(record).items()]
+        write_csv(self.folder / "hparams.csv", ("name", "value"), rows)
+
+    def log_run_end(self, record, position):
+        self._write_pending()
+        rows = [{"name": k, "value": v} for k, v in record.timings.items()]
+        rows.append({"name": "status", "value": record.status})
+        write_csv(self.folder / "timings.csv", ("name", "value"), rows)
+
+    def close(self):
+        self._write_pending()
+
+
+# Loggers a Trainer (``loggers=["tensorboard"]``) or ``speedkit train --logger`` can name: each writes into
+# the folder of that name inside the run folder.
+NAMED_LOGGERS = {"tensorboard": TensorBoardLogger, "csv": CSVLogger}
+
+
+def check_logger_name(name: str) -> None:
+    if name not in NAMED_LOGGERS:
+        close = difflib.get_close_matches(name, list(NAMED_LOGGERS), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ValueError(f"loggers: unknown logger name {name!r}{hint}; known names: {', '.join(NAMED_LOGGERS)}, "
+                         "or pass a speedkit.loggers.LoggerDestination object")
+
+
+def logger_from_name(name: str, run_folder) -> LoggerDestination:
+    """The logger ``name`` writing into ``run_folder/name`` (``runs/<run>/tensorboard``, ``runs/<run>/csv``)."""
+    check_logger_name(name)
+    return NAMED_LOGGERS[name](Path(run_folder) / name)

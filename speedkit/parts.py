@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from speedkit.batches import loader_length
 from speedkit.callbacks import CheckpointSaver, LRMonitor, NaNGuard, ProgressBar, SpeedMonitor, StopAtTarget
 from speedkit.core import Callback, Interval, Time
-from speedkit.loggers import ConsoleLogger, Logger, RecordDestination
+from speedkit.loggers import ConsoleLogger, Logger, RecordDestination, logger_from_name
 from speedkit.metrics import Evaluator, flatten_logits
 from speedkit.optim import Schedule, apply_schedule, get_schedule
 from speedkit.runs import RunRecord
@@ -59,9 +59,15 @@ def make_record(run_folder: Path, name: str, writes: bool) -> RunRecord:
     return record
 
 
-def make_logger(state, destinations: list, console: bool) -> Logger:
-    """A Logger whose first destination is the run's record, so every destination sees the same numbers."""
-    destinations = [RecordDestination(state.record), *destinations, *([ConsoleLogger()] if console else [])]
+def make_logger(state, destinations: list, console: bool, run_folder: Path, writes: bool) -> Logger:
+    """A Logger whose first destination is the run's record, so every destination sees the same numbers.
+
+    A destination given by name (``"tensorboard"``, ``"csv"``) writes into ``run_folder/<name>``, and only on
+    the process that ``writes`` the run folder (rank 0): other ranks would write the same files.
+    """
+    named = [logger_from_name(d, run_folder) for d in destinations if isinstance(d, str) and writes]
+    given = [d for d in destinations if not isinstance(d, str)]
+    destinations = [RecordDestination(state.record), *given, *named, *([ConsoleLogger()] if console else [])]
     return Logger(state, destinations)
 
 

@@ -49,6 +49,8 @@ class Trainer:
     **recipe_parts("mild", model))``.
     Each run lives in ``run_dir/run_name``: ``record.json``, ``log.jsonl`` and ``checkpoints/`` (or
     ``save_folder``), where a final checkpoint is always written unless ``save_checkpoints=False``.
+    ``loggers`` are ``speedkit.loggers.LoggerDestination`` objects or the names ``"tensorboard"`` and ``"csv"``,
+    which write into ``tensorboard/`` and ``csv/`` in the run folder.
     ``microbatch_size="auto"`` starts with the whole batch and halves the microbatch on out-of-memory.
     A SIGTERM during ``fit`` (main thread) stops at the next batch, saves, then exits with code 143.
     Under torchrun (or ``speedkit launch -n N``), ``parallel="auto"`` trains with DDP and ``"fsdp"`` shards the
@@ -116,7 +118,8 @@ class Trainer:
                                          save_interval=save_interval)
 
         self.memory_logger = InMemoryLogger()
-        self.logger = make_logger(state, [self.memory_logger, *loggers], console=console and distributed.is_main())
+        self.logger = make_logger(state, [self.memory_logger, *loggers], console=console and distributed.is_main(),
+                                  run_folder=self.run_folder, writes=distributed.is_main())
         self.engine = Engine(state, self.logger)
         self._log_file: JSONLFileLogger | None = None
         self.checkpointer = Checkpointer(Path(save_folder) if save_folder else self.run_folder / "checkpoints",
@@ -138,6 +141,7 @@ class Trainer:
         self._clock = TrainClock()
         self._resume_rng: dict | None = None
         self._fit_started = False
+        self._run_logged = False  # loggers heard of the run's start, so they hear of its end
 
     # -- public API -----------------------------------------------------------------------
     @property
@@ -194,6 +198,8 @@ class Trainer:
             self._log_file = JSONLFileLogger(self.run_folder / "log.jsonl")
             self.logger.destinations.append(self._log_file)
         state.record.status = "running"
+        self.logger.log_run_start(state.record)  # config, methods and target are final by now
+        self._run_logged = True
         # Methods may rebuild optimizers, wrap modules or replace the loader at FIT_START; resuming after
         # it loads the checkpoint into the same structure it was saved from.
         fit_start_s = self._run_fit_start()
@@ -503,6 +509,9 @@ class Trainer:
         if save and self._fit_started:
             self.checkpointer.save()
         state.record.save()
+        if self._run_logged:
+            self._run_logged = False  # once, even if a logger fails here and the run ends again as failed
+            self.logger.log_run_end(state.record)
         if self._log_file is not None:
             self.logger.destinations.remove(self._log_file)
             self._log_file.close()

@@ -240,11 +240,21 @@ def _check_parts(algorithms, callbacks, loggers, loss_fn) -> None:
                         "Algorithm objects (speedkit.algorithms.get_algorithm('name', ...) builds one by name)")
     _check_sequence("callbacks", callbacks, lambda c: callable(getattr(c, "run_event", None)),
                     "speedkit.callbacks.Callback objects")
-    _check_sequence("loggers", loggers,
-                    lambda d: all(callable(getattr(d, m, None)) for m in ("log_metrics", "log_text", "close")),
-                    "speedkit.loggers.LoggerDestination objects")
+    _check_loggers(loggers)
     if loss_fn is not None and not callable(loss_fn):
         raise TypeError(f"loss_fn must be callable as loss_fn(outputs, targets), got {_kind(loss_fn)}")
+
+
+def _check_loggers(loggers) -> None:
+    from speedkit.loggers import NAMED_LOGGERS, check_logger_name
+
+    _check_sequence("loggers", loggers,
+                    lambda d: isinstance(d, str) or all(callable(getattr(d, m, None))
+                                                        for m in ("log_metrics", "log_text", "close")),
+                    f"speedkit.loggers.LoggerDestination objects or names ({', '.join(NAMED_LOGGERS)})")
+    names = [d for d in loggers if isinstance(d, str)] if isinstance(loggers, (list, tuple)) else []
+    for name in names:  # refused up front, with the names it could have been
+        check_logger_name(name)
 
 
 def _check_paths(run_name, run_dir, save_folder, load_path) -> None:

@@ -29,11 +29,24 @@ def test_speedkit_train_writes_a_record(tmp_path, capsys):
 
 
 @needs_fmnist
+def test_speedkit_train_logs_to_tensorboard_and_csv(tmp_path):
+    pytest.importorskip("tensorboard", reason="pip install 'speedkit[tensorboard]'")
+    code = main(["train", "--duration", "4ba", "--batch-size", "64", "--data-fraction", "0.02", "--eval-fraction",
+                 "0.05", "--device", "cpu", "--run-dir", str(tmp_path), "--run-name", "logged", "--no-progress",
+                 "--logger", "tensorboard,csv"])
+    assert code == 0
+    run = tmp_path / "logged"
+    assert list((run / "tensorboard").glob("events.out.tfevents.*"))
+    assert (run / "csv" / "eval.csv").read_text().startswith("batch,epoch,sample,token,wall_s,eval/accuracy")
+
+
+@needs_fmnist
 @pytest.mark.parametrize("args, message", [
     (["--algorithms", "label_smothing"], "Did you mean 'label_smoothing'"),
     (["--duration", "3 fortnights"], "fortnights"),
     (["--task", "imagenet"], "unknown task"),
     (["--model", "resnet1000"], "resnet1000"),
+    (["--logger", "tensorboard,wandb"], "unknown logger name 'wandb'; known names: tensorboard, csv"),
 ])
 def test_bad_input_gets_a_clear_error(tmp_path, capsys, args, message):
     code = main(["train", "--device", "cpu", "--data-fraction", "0.01", "--run-dir", str(tmp_path), *args])

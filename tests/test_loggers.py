@@ -1,0 +1,156 @@
+"""TensorBoard and CSV loggers: a tiny real Trainer run, then its files read back with TensorBoard's own reader and
+the csv module, and compared with the RunRecord the same run wrote (the loggers must see the same numbers)."""
+from __future__ import annotations
+
+import csv
+import json
+import sys
+
+import pytest
+
+from speedkit import Trainer
+from speedkit.algorithms import LabelSmoothing
+from speedkit.loggers import CSVLogger, TensorBoardLogger
+
+from helpers import toy_loaders, toy_model
+
+
+def fit_toy(tmp_path, loggers, run_name="run"):
+    train, test = toy_loaders()  # 8 batches an epoch
+    trainer = Trainer(toy_model(), train, eval_dataloader=test, max_duration="2ep", log_interval=3,
+                      eval_interval="1ep", algorithms=[LabelSmoothing(smoothing=0.1)], loggers=loggers,
+                      device="cpu", run_dir=tmp_path, run_name=run_name, save_checkpoints=False)
+    return trainer.fit(), tmp_path / run_name
+
+
+def numeric_metrics(row: dict) -> dict:
+    position = ("batch", "epoch", "sample", "token", "wall_s")
+    return {k: float(v) for k, v in row.items() if k not in position and isinstance(v, (int, float))}
+
+
+# -- TensorBoard --------------------------------------------------------------------------------
+def read_events(folder):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(folder), size_guidance={"scalars": 0, "tensors": 0})
+    events.Reload()
+    return events
+
+
+def scalars_by_step(events, tag) -> dict[int, float]:
+    return {e.step: e.value for e in events.Scalars(tag)}
+
+
+def logged_hparams(events) -> dict:
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    content = events.PluginTagToContent("hparams")["_hparams_/session_start_info"]
+    values = plugin_data_pb2.HParamsPluginData.FromString(content).session_start_info.hparams
+    return {name: getattr(value, value.WhichOneof("kind")) for name, value in values.items()}
+
+
+def text(events, tag) -> str:
+    return events.Tensors(f"{tag}/text_summary")[-1].tensor_proto.string_val[0].decode()
+
+
+def test_tensorboard_logs_the_records_metrics_hparams_and_timings(tmp_path):
+    pytest.importorskip("tensorboard", reason="pip install 'speedkit[tensorboard]'")
+    record, folder = fit_toy(tmp_path, ["tensorboard"])
+    events = read_events(folder / "tensorboard")
+
+    for row in record.steps + record.evals:
+        for name, value in numeric_metrics(row).items():
+            assert scalars_by_step(events, name)[row["batch"]] == pytest.approx(value, rel=1e-5, abs=1e-7), name
+    assert "loss" in events.Tags()["scalars"] and "eval/accuracy" in events.Tags()["scalars"]
+
+    hparams = logged_hparams(events)
+    assert hparams["methods"] == "label_smoothing"
+    assert hparams["method/label_smoothing/smoothing"] == pytest.approx(0.1)
+    assert hparams["optimizer/lr"] == pytest.approx(record.config["optimizer"]["lr"])
+    assert json.loads(text(events, "config").strip("`").removeprefix("json"))["seed"] == 0
+
+    final_batch = record.steps[-1]["batch"]
+    for name, seconds in record.timings.items():
+        assert scalars_by_step(events, f"timings/{name}")[final_batch] == pytest.approx(seconds, rel=1e-5)
+    assert text(events, "status") == "completed"
+
+
+def test_a_missing_tensorboard_names_the_extra_and_the_trainer_runs_without_it(tmp_path, monkeypatch):
+    # None in sys.modules makes the import fail as if the package were not installed.
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)
+    with pytest.raises(ImportError, match=r"pip install 'speedkit\[tensorboard\]'"):
+        TensorBoardLogger(tmp_path / "tb")
+    record, _ = fit_toy(tmp_path, ["csv"])
+    assert record.status == "completed"
+
+
+# -- CSV ----------------------------------------------------------------------------------------
+def read_csv(path) -> tuple[list[str], list[dict]]:
+    with open(path, newline="") as f:
+        reader = csv.DictReader(f)
+        return reader.fieldnames, list(reader)
+
+
+def same_row(csv_row: dict, record_row: dict) -> bool:
+    """A CSV row (all strings, '' where the metric was not logged) against the record's row."""
+    present = {k: v for k, v in csv_row.items() if v != ""}
+    if set(present) != set(record_row):
+        return False
+    return all(float(present[k]) == pytest.approx(v) if isinstance(v, (int, float)) else present[k] == str(v)
+               for k, v in record_row.items())
+
+
+def test_csv_writes_one_row_per_logged_batch_and_evaluation(tmp_path):
+    record, folder = fit_toy(tmp_path, ["csv"])
+
+    header, train_rows = read_csv(folder / "csv" / "train.csv")
+    assert header[:5] == ["batch", "epoch", "sample", "token", "wall_s"] and "loss" in header
+    assert len(train_rows) == len(record.steps)
+    assert all(same_row(c, r) for c, r in zip(train_rows, record.steps))
+
+    header, eval_rows = read_csv(folder / "csv" / "eval.csv")
+    assert "eval/accuracy" in header and len(eval_rows) == len(record.evals) == 2
+    assert all(same_row(c, r) for c, r in zip(eval_rows, record.evals))
+
+    _, hparams = read_csv(folder / "csv" / "hparams.csv")
+    hparams = {row["name"]: row["value"] for row in hparams}
+    assert hparams["methods"] == "label_smoothing" and float(hparams["method/label_smoothing/smoothing"]) == 0.1
+    _, timings = read_csv(folder / "csv" / "timings.csv")
+    timings = {row["name"]: row["value"] for row in timings}
+    assert float(timings["train_s"]) == record.timings["train_s"] and timings["status"] == "completed"
+
+
+def test_csv_header_widens_for_a_late_metric_without_moving_a_column(tmp_path):
+    logger = CSVLogger(tmp_path)
+    at = lambda batch: {"batch": batch, "epoch": 0, "sample": 32 * batch, "token": 0, "wall_s": 0.1 * batch}
+    logger.log_metrics({"loss": 1.0}, at(1))
+    logger.log_metrics({"lr": 0.1}, at(1))  # another callback at the same batch: the same row
+    logger.log_metrics({"loss": 0.9}, at(2))
+    logger.log_metrics({"loss": 0.8, "grad_norm": 3.0}, at(3))  # a metric first seen late
+    logger.close()
+    # Another logger on the same folder (a resumed run) keeps the header and appends.
+    again = CSVLogger(tmp_path)
+    again.log_metrics({"loss": 0.7, "lr": 0.05}, at(4))
+    again.close()
+
+    header, rows = read_csv(tmp_path / "train.csv")
+    assert header == ["batch", "epoch", "sample", "token", "wall_s", "loss", "lr", "grad_norm"]
+    assert [(r["batch"], r["loss"], r["lr"], r["grad_norm"]) for r in rows] == [
+        ("1", "1.0", "0.1", ""), ("2", "0.9", "", ""), ("3", "0.8", "", "3.0"), ("4", "0.7", "0.05", "")]
+    with open(tmp_path / "train.csv") as f:
+        assert {line.count(",") for line in f} == {len(header) - 1}  # every line as wide as the header
+
+
+# -- choosing loggers ---------------------------------------------------------------------------
+def test_logger_objects_write_where_they_are_told(tmp_path):
+    pytest.importorskip("tensorboard", reason="pip install 'speedkit[tensorboard]'")
+    record, _ = fit_toy(tmp_path, [CSVLogger(tmp_path / "my-csv"), TensorBoardLogger(tmp_path / "my-tb")])
+    assert len(read_csv(tmp_path / "my-csv" / "eval.csv")[1]) == len(record.evals)
+    assert len(read_events(tmp_path / "my-tb").Scalars("eval/accuracy")) == len(record.evals)
+
+
+def test_an_unknown_logger_name_is_refused_with_the_known_names(tmp_path):
+    train, _ = toy_loaders()
+    with pytest.raises(ValueError, match=r"'tensorbord' \(did you mean 'tensorboard'\?\); known names: "
+                                         r"tensorboard, csv"):
+        Trainer(toy_model(), train, loggers=["tensorbord"], device="cpu", run_dir=tmp_path)
