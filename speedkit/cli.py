@@ -6,6 +6,8 @@ import argparse
 import contextlib
 import sys
 
+from speedkit.version import __version__
+
 
 def _catalogue() -> str:
     from speedkit.algorithms import REGISTRY
@@ -28,6 +30,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="speedkit", description="Faster PyTorch training by composing "
                                      "speed-up methods.", epilog=_catalogue(),
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"speedkit {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
 
     train = commands.add_parser("train", help="train a task with a recipe and methods",

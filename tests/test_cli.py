@@ -54,6 +54,13 @@ def test_bad_input_gets_a_clear_error(tmp_path, capsys, args, message):
     assert message in capsys.readouterr().err
 
 
+def test_version_prints_the_packages_version():
+    from speedkit.version import __version__
+
+    result = subprocess.run([sys.executable, "-m", "speedkit", "--version"], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == f"speedkit {__version__}"
+
+
 def test_help_lists_tasks_models_and_methods():
     out = subprocess.run([sys.executable, "-m", "speedkit", "--help"], capture_output=True, text=True, check=True).stdout
     for expected in ("fashion-mnist", "resnet8", "gpt-nano", "label_smoothing", "channels_last", "train", "demo"):
