@@ -23,8 +23,11 @@ demo: setup
 test: setup
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
+# JupyterLab refuses to start as root ("Use --allow-root to bypass"); containers often run as root.
+LAB_ARGS ?= $(shell [ "$$(id -u)" = 0 ] && echo --allow-root)
+
 lab: setup
-	$(VENV)/bin/jupyter lab notebooks
+	$(VENV)/bin/jupyter lab $(LAB_ARGS) notebooks
 
 readme: setup
 	$(PY) scripts/update_readme.py README.md
