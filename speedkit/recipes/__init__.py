@@ -198,14 +198,14 @@ RECIPES: dict[str, dict[str, Recipe]] = {
             augment={"crop_pad": 2, "flip": "random"}, eval_interval="0.25ep",
             summary="plain + bf16 autocast + channels_last: the three lines a competent user adds"),
         "mild": Recipe(
-            name="mild", task="fashion-mnist", domain="vision", model="resnet8", duration="4ep", batch_size=256,
+            name="mild", task="fashion-mnist", domain="vision", model="resnet8", duration="5ep", batch_size=256,
             optimizer={**_SGD, "lr": 0.2}, schedule={"name": "one_cycle", "peak_at": 0.2},
             methods={"channels_last": {}, "label_smoothing": {"smoothing": 0.1},
                      "test_time_augmentation": {"flip": True}},
             precision="auto", loader="memory", augment={"crop_pad": 0, "flip": "alternating"},
             eval_interval="1ep", target=_VISION_TARGET,
             summary="in-memory batch augmentation, bf16 autocast + channels_last where fast, one-cycle, "
-                    "label smoothing, flip test-time augmentation, four epochs"),
+                    "label smoothing, flip test-time augmentation, five epochs"),
         "medium": Recipe(
             name="medium", task="fashion-mnist", domain="vision", model="resnet8", duration="3ep", batch_size=256,
             optimizer={**_SGD, "lr": 0.2}, schedule={"name": "one_cycle", "peak_at": 0.2},
