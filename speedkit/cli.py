@@ -55,7 +55,8 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--download", action="store_true", help="let torchvision download missing data")
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
     train.add_argument("--logger", default="", help="comma-separated loggers besides the record and log.jsonl: "
-                       "tensorboard, csv (each writes into a folder of that name in the run folder)")
+                       "tensorboard, csv, mlflow, wandb (each writes into a folder of that name in the run "
+                       "folder; MLFLOW_TRACKING_URI and WANDB_MODE=offline are honoured)")
     train.add_argument("--parallel", default="auto", choices=["auto", "ddp", "fsdp", "none"],
                        help="under torchrun / speedkit launch: ddp (auto) or fsdp; none trains each process alone")
     _add_launch_parser(commands)

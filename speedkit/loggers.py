@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import csv
 import difflib
+import importlib
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 from speedkit.runs import json_safe
@@ -174,14 +176,22 @@ def _optional_hook(destination, name: str):
     return getattr(destination, name, None) or (lambda *args: None)
 
 
-def _summary_writer_class():
-    """``torch.utils.tensorboard.SummaryWriter``, imported only when asked for: speedkit runs without tensorboard."""
+def _optional_import(module: str, extra: str):
+    """``module``, imported only when its logger is asked for: speedkit runs without tensorboard, mlflow or wandb."""
     try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError as e:  # torch raises this when the tensorboard package is missing
-        raise ImportError("the TensorBoard logger needs the tensorboard package: pip install 'speedkit[tensorboard]'"
+        return importlib.import_module(module)
+    except ImportError as e:  # torch.utils.tensorboard raises this too when the tensorboard package is missing
+        raise ImportError(f"the {extra} logger needs the {extra} package: pip install 'speedkit[{extra}]'"
                           f" (import failed: {e})") from e
-    return SummaryWriter
+
+
+def _summary_writer_class():
+    return _optional_import("torch.utils.tensorboard", "tensorboard").SummaryWriter
+
+
+def _numeric(metrics: dict) -> dict[str, float]:
+    """The metrics that can be drawn as a curve: numbers and bools (strings and None have none)."""
+    return {name: float(value) for name, value in metrics.items() if isinstance(value, (int, float))}
 
 
 class TensorBoardLogger(LoggerDestination):
@@ -207,9 +217,8 @@ class TensorBoardLogger(LoggerDestination):
         return self._writer
 
     def log_metrics(self, metrics, position):
-        for name, value in metrics.items():
-            if isinstance(value, (int, float)):  # bools too; strings and None have no curve
-                self.writer.add_scalar(name, float(value), global_step=position["batch"])
+        for name, value in _numeric(metrics).items():
+            self.writer.add_scalar(name, value, global_step=position["batch"])
 
     def log_text(self, text):
         self._texts += 1
@@ -339,9 +348,118 @@ class CSVLogger(LoggerDestination):
         self._write_pending()
 
 
+# What a run's status means to MLflow.
+MLFLOW_STATUS = {"completed": "FINISHED", "stopped": "FINISHED", "target_reached": "FINISHED", "failed": "FAILED",
+                 "interrupted": "KILLED", "terminated": "KILLED"}
+
+
+class MLflowLogger(LoggerDestination):
+    """One MLflow run per fit, in ``experiment`` of the tracking store at ``tracking_uri`` (a server's URL, or
+    ``sqlite:///<path>/mlflow.db``; None: MLflow's own choice, ``MLFLOW_TRACKING_URI``). Metrics at their
+    batch as the step, the config and methods as params (flattened as for TensorBoard) at fit start, the
+    methods also as the tag ``speedkit.methods``; at the end ``timings/<name>`` metrics, the tag
+    ``speedkit.status`` and the run ended as FINISHED, FAILED or KILLED. Text lines are not sent (MLflow keeps
+    text only as artifacts). Uses ``MlflowClient``, so it never touches MLflow's global active run.
+    """
+
+    def __init__(self, tracking_uri=None, experiment: str = "speedkit"):
+        self._tracking = _optional_import("mlflow.tracking", "mlflow")
+        self._entities = importlib.import_module("mlflow.entities")
+        self.tracking_uri = str(tracking_uri) if tracking_uri else None
+        self.experiment = experiment
+        self.run_id: str | None = None
+        self._client = None
+
+    @classmethod
+    def in_folder(cls, folder) -> "MLflowLogger":
+        """A SQLite store in ``folder`` (MLflow 3 refuses its plain-file store), unless MLFLOW_TRACKING_URI names one."""
+        uri = os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{(Path(folder) / 'mlflow.db').resolve()}"
+        return cls(tracking_uri=uri)
+
+    def _start_run(self, name: str | None) -> None:
+        if self.tracking_uri and self.tracking_uri.startswith("sqlite:///"):  # SQLite makes no folders
+            Path(self.tracking_uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+        client = self._client = self._client or self._tracking.MlflowClient(self.tracking_uri)
+        found = client.get_experiment_by_name(self.experiment)
+        experiment_id = found.experiment_id if found else client.create_experiment(self.experiment)
+        self.run_id = client.create_run(experiment_id, run_name=name).info.run_id
+
+    def log_metrics(self, metrics, position):
+        if self.run_id is None:  # metrics before fit (a trainer.eval()) get a run of their own
+            self._start_run(None)
+        self._send_metrics(_numeric(metrics), position["batch"])
+
+    def _send_metrics(self, metrics: dict[str, float], step: int) -> None:
+        now_ms = int(time.time() * 1000)
+        rows = [self._entities.Metric(name, value, now_ms, step) for name, value in metrics.items()]
+        if rows:
+            self._client.log_batch(self.run_id, metrics=rows)
+
+    def log_run_start(self, record):
+        self._start_run(record.name)
+        params = [self._entities.Param(k, str(v)) for k, v in run_hyperparams(record).items()]
+        for start in range(0, len(params), 100):  # MLflow takes at most 100 params a call
+            self._client.log_batch(self.run_id, params=params[start:start + 100])
+        self._client.set_tag(self.run_id, "speedkit.methods", ",".join(record.method_names))
+
+    def log_run_end(self, record, position):
+        if self.run_id is None:
+            return
+        self._send_metrics({f"timings/{k}": float(v) for k, v in record.timings.items()}, position["batch"])
+        self._client.set_tag(self.run_id, "speedkit.status", record.status)
+        self._client.set_terminated(self.run_id, MLFLOW_STATUS.get(record.status, "FINISHED"))
+        self.run_id = None
+
+
+class WandBLogger(LoggerDestination):
+    """One Weights & Biases run per fit (``wandb.init(project=..., dir=folder, mode=mode)``): metrics at their batch
+    as the step, the config and methods (flattened as for TensorBoard) as the run's config at fit start, the
+    ``timings/<name>`` and ``status`` in its summary at the end, then the run finished (exit code 1 unless
+    it completed, stopped or reached its target). ``mode="offline"`` (or ``WANDB_MODE=offline``) writes only
+    to ``folder/wandb``; ``wandb sync`` uploads it later. Other ``wandb.init`` arguments pass through.
+    Text lines are not sent (W&B records the console itself).
+    """
+
+    FINISHED = ("completed", "stopped", "target_reached")
+
+    def __init__(self, project: str = "speedkit", folder=None, mode: str | None = None, **init_kwargs):
+        self._wandb = _optional_import("wandb", "wandb")
+        self.project, self.folder, self.mode = project, Path(folder) if folder else None, mode
+        self.init_kwargs = init_kwargs
+        self.run = None
+
+    def _start_run(self, name: str | None, config: dict) -> None:
+        if self.folder is not None:
+            self.folder.mkdir(parents=True, exist_ok=True)  # wandb.init wants the folder to exist
+        self.run = self._wandb.init(project=self.project, name=name, config=config, mode=self.mode,
+                                    dir=str(self.folder) if self.folder else None, reinit="create_new",
+                                    **self.init_kwargs)
+
+    def log_metrics(self, metrics, position):
+        if self.run is None:  # metrics before fit (a trainer.eval()) get a run of their own
+            self._start_run(None, {})
+        self.run.log(_numeric(metrics), step=position["batch"])
+
+    def log_run_start(self, record):
+        self._start_run(record.name, run_hyperparams(record))
+
+    def log_run_end(self, record, position):
+        if self.run is None:
+            return
+        self.run.summary.update({**{f"timings/{k}": v for k, v in record.timings.items()}, "status": record.status})
+        self.run.finish(exit_code=0 if record.status in self.FINISHED else 1)
+        self.run = None
+
+    def close(self):
+        if self.run is not None:  # a run started by metrics outside fit
+            self.run.finish()
+            self.run = None
+
+
 # Loggers a Trainer (``loggers=["tensorboard"]``) or ``speedkit train --logger`` can name: each writes into
-# the folder of that name inside the run folder.
-NAMED_LOGGERS = {"tensorboard": TensorBoardLogger, "csv": CSVLogger}
+# the folder of that name inside the run folder (MLflow: unless MLFLOW_TRACKING_URI names a store).
+NAMED_LOGGERS = {"tensorboard": TensorBoardLogger, "csv": CSVLogger, "mlflow": MLflowLogger.in_folder,
+                 "wandb": lambda folder: WandBLogger(folder=folder)}
 
 
 def check_logger_name(name: str) -> None:

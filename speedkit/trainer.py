@@ -49,8 +49,8 @@ class Trainer:
     **recipe_parts("mild", model))``.
     Each run lives in ``run_dir/run_name``: ``record.json``, ``log.jsonl`` and ``checkpoints/`` (or
     ``save_folder``), where a final checkpoint is always written unless ``save_checkpoints=False``.
-    ``loggers`` are ``speedkit.loggers.LoggerDestination`` objects or the names ``"tensorboard"`` and ``"csv"``,
-    which write into ``tensorboard/`` and ``csv/`` in the run folder.
+    ``loggers`` are ``speedkit.loggers.LoggerDestination`` objects or the names ``"tensorboard"``, ``"csv"``,
+    ``"mlflow"`` and ``"wandb"``, which write into the folder of that name in the run folder.
     ``microbatch_size="auto"`` starts with the whole batch and halves the microbatch on out-of-memory.
     A SIGTERM during ``fit`` (main thread) stops at the next batch, saves, then exits with code 143.
     Under torchrun (or ``speedkit launch -n N``), ``parallel="auto"`` trains with DDP and ``"fsdp"`` shards the

@@ -46,7 +46,7 @@ def test_speedkit_train_logs_to_tensorboard_and_csv(tmp_path):
     (["--duration", "3 fortnights"], "fortnights"),
     (["--task", "imagenet"], "unknown task"),
     (["--model", "resnet1000"], "resnet1000"),
-    (["--logger", "tensorboard,wandb"], "unknown logger name 'wandb'; known names: tensorboard, csv"),
+    (["--logger", "tensorboard,neptune"], "unknown logger name 'neptune'; known names: tensorboard, csv, mlflow, wandb"),
 ])
 def test_bad_input_gets_a_clear_error(tmp_path, capsys, args, message):
     code = main(["train", "--device", "cpu", "--data-fraction", "0.01", "--run-dir", str(tmp_path), *args])

@@ -141,6 +141,72 @@ def test_csv_header_widens_for_a_late_metric_without_moving_a_column(tmp_path):
         assert {line.count(",") for line in f} == {len(header) - 1}  # every line as wide as the header
 
 
+# -- MLflow and W&B: real packages, local stores only -------------------------------------------
+def test_mlflow_logs_the_records_metrics_params_and_timings(tmp_path):
+    tracking = pytest.importorskip("mlflow.tracking", reason="pip install 'speedkit[mlflow]'")
+    record, folder = fit_toy(tmp_path, ["mlflow"])  # a SQLite store in the run folder, as MLflow 3 advises
+
+    client = tracking.MlflowClient(f"sqlite:///{folder / 'mlflow' / 'mlflow.db'}")
+    (run,) = client.search_runs([client.get_experiment_by_name("speedkit").experiment_id])
+    assert run.info.run_name == "run" and run.info.status == "FINISHED"
+    for row in record.steps + record.evals:
+        for name, value in numeric_metrics(row).items():
+            history = {m.step: m.value for m in client.get_metric_history(run.info.run_id, name)}
+            assert history[row["batch"]] == pytest.approx(value), name
+    assert run.data.params["methods"] == "label_smoothing" and run.data.params["method/label_smoothing/smoothing"] == "0.1"
+    assert run.data.tags["speedkit.methods"] == "label_smoothing" and run.data.tags["speedkit.status"] == "completed"
+    assert run.data.metrics["timings/train_s"] == pytest.approx(record.timings["train_s"])
+
+
+def wandb_records(path) -> list:
+    """The records of an offline W&B run file: LevelDB's log format (32 KiB blocks of chunks with a 7-byte
+    header: CRC, length, type) after a 7-byte ':W&B' header, each record a protobuf wandb ships."""
+    from wandb.proto import wandb_internal_pb2
+
+    data, block, offset, pending, records = path.read_bytes(), 32768, 7, b"", []
+    assert data[:4] == b":W&B"
+    while offset + 7 <= len(data):
+        if block - offset % block < 7:  # a block's tail too short for a header is padding
+            offset += block - offset % block
+            continue
+        length, kind = int.from_bytes(data[offset + 4:offset + 6], "little"), data[offset + 6]
+        pending += data[offset + 7:offset + 7 + length]
+        offset += 7 + length
+        if kind in (1, 4):  # FULL or LAST: a whole record
+            records.append(wandb_internal_pb2.Record.FromString(pending))
+            pending = b""
+    return records
+
+
+def wandb_items(items) -> dict:
+    return {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in items}
+
+
+def test_wandb_offline_logs_the_records_metrics_config_and_timings(tmp_path, monkeypatch):
+    pytest.importorskip("wandb", reason="pip install 'speedkit[wandb]'")
+    monkeypatch.setenv("WANDB_MODE", "offline")  # nothing leaves the machine; no account needed
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    record, folder = fit_toy(tmp_path, ["wandb"])
+
+    (run_file,) = (folder / "wandb").glob("wandb/offline-run-*/run-*.wandb")
+    records = wandb_records(run_file)
+    kinds = [r.WhichOneof("record_type") for r in records]
+    history = {r.history.step.num: wandb_items(r.history.item) for r in records if r.HasField("history")}
+    for row in record.steps + record.evals:
+        for name, value in numeric_metrics(row).items():
+            assert history[row["batch"]][name] == pytest.approx(value), name
+    (run,) = [r.run for r in records if r.HasField("run")]
+    config = wandb_items(run.config.update)
+    assert run.display_name == "run" and config["methods"] == "label_smoothing"
+    assert config["method/label_smoothing/smoothing"] == 0.1
+    summary = {}
+    for r in records:
+        if r.HasField("summary"):
+            summary.update(wandb_items(r.summary.update))
+    assert summary["timings/train_s"] == pytest.approx(record.timings["train_s"]) and summary["status"] == "completed"
+    assert "exit" in kinds and [r.exit.exit_code for r in records if r.HasField("exit")] == [0]
+
+
 # -- choosing loggers ---------------------------------------------------------------------------
 def test_logger_objects_write_where_they_are_told(tmp_path):
     pytest.importorskip("tensorboard", reason="pip install 'speedkit[tensorboard]'")
@@ -152,5 +218,5 @@ def test_logger_objects_write_where_they_are_told(tmp_path):
 def test_an_unknown_logger_name_is_refused_with_the_known_names(tmp_path):
     train, _ = toy_loaders()
     with pytest.raises(ValueError, match=r"'tensorbord' \(did you mean 'tensorboard'\?\); known names: "
-                                         r"tensorboard, csv"):
+                                         r"tensorboard, csv, mlflow, wandb"):
         Trainer(toy_model(), train, loggers=["tensorbord"], device="cpu", run_dir=tmp_path)
