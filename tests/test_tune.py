@@ -156,6 +156,12 @@ def test_finds_the_planted_best_and_writes_a_loadable_recipe(tmp_path, fake_env)
     assert loaded.reached["time_to_target_s"] == result.summary["confirmation"]["candidates"][1]["median_s"]
     roles = [c["role"] for c in result.summary["confirmation"]["candidates"]]
     assert roles == ["baseline", "winner", "runner-up"]
+    # successive halving stopped trials that fell behind, once the search had found where the target lies
+    from speedkit.tune.search import PRUNER_STARTUP_TRIALS
+
+    search = [t for t in result.summary["trials"] if t["phase"] == "search"]
+    pruned = [t["number"] for t in search if t["stop_reason"] == "pruned"]
+    assert pruned and min(pruned) >= PRUNER_STARTUP_TRIALS
     # the winner's leave-one-out: without label smoothing it takes about twice as long (planted)
     loo = result.summary["confirmation"]["leave_one_out"]
     assert set(loo) == set(result.recipe.methods) and loo["label_smoothing"]["slowdown"] > 1.5

@@ -138,20 +138,44 @@ def load_study(config: TuneConfig, phase: str, worker_index: int = 0, storage=No
                                load_if_exists=True)
 
 
+PRUNER_STARTUP_TRIALS = 6  # finished trials a study needs before any trial is pruned
+
+
 def make_pruner(config: TuneConfig):
-    """Successive halving (default) or Hyperband over training milliseconds, the trials' resource."""
+    """Successive halving (default) or Hyperband over training milliseconds, the trials' resource; any of
+    them only once the study has a few finished trials and one that reached the target."""
     optuna = optuna_module()
     limit_ms = max(3, int(config.limit_s * 1000))
-    if config.pruner == "halving":
-        return optuna.pruners.SuccessiveHalvingPruner(min_resource=max(1, limit_ms // 9), reduction_factor=3)
-    if config.pruner == "hyperband":
-        return optuna.pruners.HyperbandPruner(min_resource=max(1, limit_ms // 27), max_resource=limit_ms,
-                                              reduction_factor=3)
-    if config.pruner == "median":
-        return optuna.pruners.MedianPruner(n_startup_trials=3)
     if config.pruner == "none":
         return optuna.pruners.NopPruner()
-    raise TuneInputError(f"pruner must be 'halving', 'hyperband', 'median' or 'none', got {config.pruner!r}")
+    if config.pruner == "halving":
+        inner = optuna.pruners.SuccessiveHalvingPruner(min_resource=max(1, limit_ms // 9), reduction_factor=3)
+    elif config.pruner == "hyperband":
+        inner = optuna.pruners.HyperbandPruner(min_resource=max(1, limit_ms // 27), max_resource=limit_ms,
+                                               reduction_factor=3)
+    elif config.pruner == "median":
+        inner = optuna.pruners.MedianPruner(n_startup_trials=0)
+    else:
+        raise TuneInputError(f"pruner must be one of {', '.join(PRUNERS)}, got {config.pruner!r}")
+    return _after_startup(optuna, inner)
+
+
+def _after_startup(optuna, inner):
+    """``inner``, consulted only once PRUNER_STARTUP_TRIALS trials finished and one reached the target.
+
+    Successive halving promotes only the best of a rung's first trials, so in a small search the second
+    trial is pruned whenever the first was ahead at that moment; and for time to target, being ahead early
+    says little (a short schedule leads early and then stalls below the target) until some trial has shown
+    where the target lies.
+    """
+    class AfterStartup(optuna.pruners.BasePruner):
+        def prune(self, study, trial) -> bool:
+            done = finished_trials(study)
+            if len(done) < PRUNER_STARTUP_TRIALS or best_reached_s(study) is None:
+                return False
+            return inner.prune(study, trial)
+
+    return AfterStartup()
 
 
 def best_reached_s(study) -> float | None:
