@@ -30,7 +30,7 @@ class TunePanel:
         self.methods = w.SelectMultiple(description="may try", rows=8, layout=w.Layout(width="360px"),
                                         style={"description_width": "90px"})
         self.start_button = w.Button(description="Start search", button_style="success", icon="search")
-        self.stop_button = w.Button(description="Stop", button_style="danger", icon="stop", disabled=True)
+        self.stop_button = w.Button(description="Stop search", button_style="danger", icon="stop", disabled=True)
         self.use_button = w.Button(description="Use this recipe", icon="check", disabled=True)
         self.status = w.HTML("ready")
         self.best = w.HTML()
