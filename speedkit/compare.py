@@ -95,7 +95,8 @@ def leave_one_out(records: Sequence[RunRecord], baseline: str | None = None) -> 
     Returns ``{full run name: {part: {"time_without_s", "slowdown", "share", "pays_off"}}}``.
     ``slowdown`` is time without the part / time with all of them (inf if the ablated run never
     reached the target). ``share`` splits the full run's log speed-up over a baseline among the
-    records (the recipe named ``baseline``, else the fastest baseline); None when there is none.
+    records (the recipe named ``baseline``, else the fastest baseline); None when there is none, or
+    when the run without the part never reached the target.
     """
     by_name = {r.name: r for r in records}
     medians = baseline_median_times(records)
@@ -111,9 +112,9 @@ def leave_one_out(records: Sequence[RunRecord], baseline: str | None = None) -> 
             continue
         slowdown = math.inf if without is None else without / full_time
         total = math.log(baseline_time / full_time) if baseline_time and baseline_time > full_time else None
-        share = None
-        if total:
-            share = 1.0 if math.isinf(slowdown) else math.log(slowdown) / total
+        # A part without which the target is never reached has no finite share: the run says it is
+        # needed, not how much of the speed-up it carries, so its share stays None rather than a made-up 1.
+        share = math.log(slowdown) / total if total and not math.isinf(slowdown) else None
         result.setdefault(full.name, {})[ablation["left_out"]] = {
             "time_without_s": without, "slowdown": slowdown, "share": share, "pays_off": slowdown > 1.0}
     return result

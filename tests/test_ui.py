@@ -257,6 +257,7 @@ def test_leave_one_out_shares_and_pairing():
     table = leave_one_out([baseline, full, without_a, without_b, without_c])["full"]
     assert table["a"]["slowdown"] == pytest.approx(2.0) and table["a"]["share"] == pytest.approx(0.5)
     assert not table["b"]["pays_off"] and table["c"]["slowdown"] == float("inf")
+    assert table["c"]["share"] is None and table["c"]["pays_off"]  # needed, but no made-up share
     assert RunBoard([baseline, full, without_a, without_b, without_c]).contribution_figure() is not None
     # with several baselines the shares split the speed-up over the one named, else over the fastest
     plain_bf16 = _record("bf16", "plain-bf16", [(20.0, 0.92)])

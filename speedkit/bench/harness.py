@@ -430,8 +430,10 @@ def summarize_leave_one_out(records: Sequence[RunRecord], ablations: Sequence[Ru
                        "slowdown": None, "share": None, "pays_off": None,
                        **effects.get(part, {}), **({"error": record.error} if record.error else {})}
     shares = [row["share"] for row in parts.values() if row.get("share") is not None]
+    needed = [part for part, row in parts.items() if row["time_without_s"] is None and "error" not in row]
     return {"recipe": full.config["recipe"], "seed": _seed_of(full), "of": full_name, "against": against,
             "reference_rerun": full not in records, "share_sum": sum(shares) if shares else None,
+            "not_reached_without": needed,
             "time_to_target_s": full.time_to_target, "final_metric": final_metric(full), "parts": parts}
 
 
