@@ -12,7 +12,7 @@ import dataclasses
 import math
 from pathlib import Path
 
-from speedkit.core.time import Time
+from speedkit.validation import check_duration
 from speedkit.core.algorithm import show as _show
 
 DOMAINS = ("vision", "language")
@@ -52,16 +52,11 @@ class Recipe:
                 raise ValueError(f"{where}: {field} must not be empty")
         if not isinstance(self.domain, str) or self.domain not in DOMAINS:
             raise ValueError(f"{where}: domain must be one of {DOMAINS}, got {_show(self.domain)}")
-        for field in ("duration", "eval_interval"):
+        for field in ("duration", "eval_interval"):  # a budget cannot be a fraction of itself
             try:
-                time = Time.from_string(getattr(self, field))
+                check_duration(field, getattr(self, field), optional=False, fraction_ok=field == "eval_interval")
             except (ValueError, TypeError) as e:
-                raise ValueError(f"{where}: {field} {_show(getattr(self, field))} is not a duration: {e}") from None
-            if time.value <= 0:
-                raise ValueError(f"{where}: {field} must be longer than zero, got {getattr(self, field)!r}")
-            if field == "duration" and time.unit.value == "dur":
-                raise ValueError(f"{where}: duration {self.duration!r} is a fraction of itself; "
-                                 f"use ep, ba, sp, tok or s")
+                raise type(e)(f"{where}: {e}") from None
         if not isinstance(self.loader, str) or self.loader not in ("memory", "torch"):
             raise ValueError(f"{where}: loader must be 'memory' or 'torch', got {_show(self.loader)}")
         if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:
@@ -234,7 +229,8 @@ RECIPES: dict[str, dict[str, Recipe]] = {
             name="tuned", task="pydocs", domain="language", model="gpt-nano", duration="600ba", batch_size=32,
             optimizer=dict(_ADAMW), schedule={"name": "cosine", "warmup": "0.05dur"}, precision="fp32",
             loader="memory", eval_interval="25ba",
-            summary="the baseline with AdamW's learning rate and schedule picked by a sweep, fp32"),
+            summary="the baseline's model, fp32, with the AdamW learning rate and schedule that "
+                    "`speedkit bench language --sweep` picks (until a sweep has run: the baseline's)"),
         "mild": Recipe(
             name="mild", task="pydocs", domain="language", model="gpt-nano", duration="400ba", batch_size=32,
             optimizer={**_ADAMW, "lr": 2e-3}, schedule={"name": "linear_to_zero", "warmup": "0.05dur"},

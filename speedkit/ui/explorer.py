@@ -25,6 +25,7 @@ import plotly.graph_objects as go
 from speedkit.algorithms import REGISTRY
 from speedkit.compare import latest_baseline
 from speedkit.core.algorithm import HParam
+from speedkit.devices import PRECISIONS
 from speedkit.recipes import RECIPES, get_recipe
 from speedkit.runs import RunRecord
 from speedkit.tasks import TASKS, get_task
@@ -32,8 +33,6 @@ from speedkit.ui import plots
 from speedkit.ui.board import RunBoard
 from speedkit.ui.config import RunConfig, unsuitable_reason
 from speedkit.ui.live import BackgroundRun
-
-PRECISIONS = ["auto", "fp32", "bf16", "fp16"]
 
 
 def available_devices() -> list[str]:
