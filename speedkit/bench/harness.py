@@ -438,9 +438,12 @@ def summarize_leave_one_out(records: Sequence[RunRecord], ablations: Sequence[Ru
 
 
 def machine(device: str, records: Sequence[RunRecord] = ()) -> dict:
-    """Where the numbers were measured: CPU model, threads, torch version, and the measured matmul peak."""
-    used = [r.environment.get("device") for r in records if r.environment.get("device")]
-    env = environment(used[0] if used else resolve_device(device))  # "auto" resolved as the runs resolved it
+    """Where the numbers were measured: CPU model, threads, torch version, and the measured matmul peak.
+
+    The runs' own environment where they recorded one (a summary may be written by another process,
+    with other threads), else this process's."""
+    used = [r.environment for r in records if r.environment.get("device")]
+    env = {**environment(used[0]["device"] if used else resolve_device(device)), **(used[0] if used else {})}
     peaks = [r.environment.get("matmul_peak_flops") for r in records if r.environment.get("matmul_peak_flops")]
     if peaks:
         env["matmul_peak_flops"] = max(peaks)

@@ -91,7 +91,11 @@ def _label(entry: dict, name: str) -> str:
 def headline(key: str, entry: dict) -> str:
     """One sentence: the best recipe's median speed-up against the strongest baseline, or why there is none."""
     target = entry["target"]
-    best, strongest = entry.get("best_recipe"), entry.get("strongest_baseline", "baseline")
+    best, strongest = entry.get("best_recipe"), entry.get("strongest_baseline")
+    if strongest is None:  # a summary from before there were several baselines
+        return (f"{key}: **{best}** reaches {target['metric']} {target['value']:g} "
+                f"{_num(entry.get('speedup_median'), 2)}x faster (median of paired seeds) than `baseline`, "
+                f"the only baseline that run measured.")
     if best is None:
         return (f"{key}: no speed-up recipe reached {target['metric']} {target['value']:g} in every seed and "
                 f"ended at or above it, so there is no headline speed-up.")
@@ -121,6 +125,7 @@ def task_markdown(key: str, entry: dict) -> str:
         "",
         headline(key, entry),
         "",
+        *[f"Note: {note}." for note in entry.get("notes", [])],
         f"Profile `{entry['profile']}`, {n} seed{'s' if n != 1 else ''}, baselines and recipes interleaved by "
         f"seed; times are training wall clock with a plain evaluation excluded (shown apart) and the extra "
         f"cost of evaluation-time methods and of set-up work at fit start included; setup (data into memory, "
