@@ -19,7 +19,7 @@ import json
 from pathlib import Path
 
 from speedkit.bench.harness import resolve_profile, summarize
-from speedkit.bench.profiles import task_key
+from speedkit.bench.profiles import get_profile, task_key
 from speedkit.bench.report import write_reports
 from speedkit.runs import load_records
 
@@ -47,9 +47,9 @@ def main(argv=None) -> None:
     rerun = [r for r in main_runs(args.rerun_runs) if r.config.get("recipe") == args.recipe]
     if not rerun:
         raise SystemExit(f"no finished run of {args.recipe} in {args.rerun_runs}")
-    names = sorted({r.config["recipe"] for r in first} | {args.recipe})
-    profile, _ = resolve_profile(key, old["profile"], seeds=len(old["seeds"]),
-                                 recipes=[n for n in names if n not in old["baselines"]],
+    ran = {r.config["recipe"] for r in first} | {args.recipe}
+    speedups = [n for n in get_profile(key, old["profile"]).recipes if n in ran and n not in old["baselines"]]
+    profile, _ = resolve_profile(key, old["profile"], seeds=len(old["seeds"]), recipes=speedups,
                                  baselines=list(old["baselines"]))
     ablations = [r for r in load_records(args.main_runs) if "ablation" in r.config]
     budgets = json.loads(Path(args.budgets).read_text()) if args.budgets else None

@@ -382,8 +382,9 @@ def summarize(records: Sequence[RunRecord], profile: BenchProfile, ablations: Se
                          f"got runs of {sorted(by_recipe)}")
     seeds = sorted({_seed_of(r) for rs in by_recipe.values() for r in rs})
     target = dict(by_recipe[baseline_names[0]][0].target)
+    order = {name: i for i, name in enumerate(profile.recipes)}  # the profile's order, whatever ran when
     entries = {name: {**recipe_entry(rs, seeds, profile.targets), "budget": _budget(rs)}
-               for name, rs in by_recipe.items()}
+               for name, rs in sorted(by_recipe.items(), key=lambda item: order.get(item[0], len(order)))}
     baselines = {name: entries.pop(name) for name in baseline_names}
     for name, found in (budget_search or {}).items():
         baselines[name]["budget_search"] = found
