@@ -12,8 +12,10 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[dev]'
 	@touch $(STAMP)
 
+# Outside CI a missing system package only skips the tests that need it (the script said what to install);
+# under CI=true it stops here, so a green CI means every test ran.
 system:
-	@bash scripts/setup-system.sh
+	@bash scripts/setup-system.sh || case "$$CI" in true|TRUE|True|1|yes) exit 1;; *) echo "setup: continuing without them";; esac
 
 setup: $(STAMP) system
 

@@ -7,6 +7,14 @@ sys.path.insert(0, str(Path(__file__).parent))  # tests import helpers.py
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+import prerequisites  # noqa: E402
+
+
+def pytest_configure(config):
+    # The prerequisite(name) marker, CI=true failures for what is missing, and skips counted by reason.
+    if not config.pluginmanager.has_plugin("prerequisites"):
+        config.pluginmanager.register(prerequisites, "prerequisites")
+
 
 @pytest.fixture(autouse=True)
 def one_thread_for_small_tests(request):

@@ -5,9 +5,6 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from speedkit.data import locate_fashion_mnist
-from speedkit.data import text as _text
-
 from speedkit.core import Algorithm, Event, MethodCard
 
 
@@ -64,16 +61,7 @@ def algorithm_class(name: str, writes=(), events=(Event.BATCH_START, Event.AFTER
     return _Method
 
 
-def _fashion_mnist_installed() -> bool:
-    try:
-        locate_fashion_mnist()
-        return True
-    except FileNotFoundError:
-        return False
-
-
-# Real-data tests skip where the data is missing; `make test` installs it, so in CI they run.
-needs_fmnist = pytest.mark.skipif(not _fashion_mnist_installed(),
-                                  reason="Fashion-MNIST not found: apt-get install dataset-fashion-mnist")
-needs_python_docs = pytest.mark.skipif(not _text.DEFAULT_TEXT_ROOT.is_dir(),
-                                       reason="text corpus not found: apt-get install python3.11-doc")
+# Real-data tests skip where the data is missing, with the install command as the reason; under CI=true they
+# fail instead (tests/prerequisites.py), so a green CI means they ran.
+needs_fmnist = pytest.mark.prerequisite("fashion-mnist")
+needs_python_docs = pytest.mark.prerequisite("python-docs")

@@ -10,6 +10,7 @@ from speedkit import RunRecord
 from speedkit.cli import main
 
 from helpers import needs_fmnist
+from prerequisites import import_or_missing
 
 
 @needs_fmnist
@@ -30,7 +31,7 @@ def test_speedkit_train_writes_a_record(tmp_path, capsys):
 
 @needs_fmnist
 def test_speedkit_train_logs_to_tensorboard_and_csv(tmp_path):
-    pytest.importorskip("tensorboard", reason="pip install 'speedkit[tensorboard]'")
+    import_or_missing("tensorboard", "pip install 'speedkit[tensorboard]'")
     code = main(["train", "--duration", "4ba", "--batch-size", "64", "--data-fraction", "0.02", "--eval-fraction",
                  "0.05", "--device", "cpu", "--run-dir", str(tmp_path), "--run-name", "logged", "--no-progress",
                  "--logger", "tensorboard,csv"])

@@ -27,6 +27,7 @@ import pytest
 import torch
 
 from helpers import needs_fmnist, toy_loaders, toy_model
+from prerequisites import require
 
 from speedkit import Trainer, distributed
 from speedkit.checkpoint import CheckpointError, load_checkpoint, load_sharded_checkpoint, save_checkpoint
@@ -91,7 +92,7 @@ def one_process(tmp_path_factory):
 def _result(two_ranks, name):
     results = two_ranks[1]
     if name not in results:
-        pytest.skip("Fashion-MNIST not found: apt-get install dataset-fashion-mnist")
+        require("fashion-mnist")
     return results[name]
 
 

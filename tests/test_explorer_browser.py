@@ -17,22 +17,13 @@ from pathlib import Path
 import pytest
 
 from helpers import needs_fmnist
+from prerequisites import import_or_missing
 from lab_server import CHROMIUM, CHROMIUM_FLAGS, lab_server, run_all_cells
 
 REPO = Path(__file__).resolve().parents[1]
 ARTIFACTS = Path(os.environ.get("SPEEDKIT_ARTIFACTS", REPO / "runs" / "test-artifacts")) / "browser"
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
-
-
-def _require_chromium() -> None:
-    """In CI the browser must be there; elsewhere a missing browser skips the test, saying why."""
-    if os.path.exists(CHROMIUM):
-        return
-    reason = f"{CHROMIUM} is missing: install Debian's chromium (sudo apt-get install chromium)"
-    if os.environ.get("CI"):
-        pytest.fail(reason + " — CI must run the browser test")
-    pytest.skip(reason)
 
 
 @pytest.fixture
@@ -62,9 +53,10 @@ def _plot_points(page) -> int:
 
 
 @needs_fmnist
+@pytest.mark.prerequisite("chromium")  # checked before the jupyter_lab fixture starts a server
 def test_explorer_in_jupyterlab(jupyter_lab):
-    _require_chromium()
-    from playwright.sync_api import expect, sync_playwright
+    sync_api = import_or_missing("playwright.sync_api")
+    expect, sync_playwright = sync_api.expect, sync_api.sync_playwright
 
     url, folder = jupyter_lab
     out_dir = folder / "runs"

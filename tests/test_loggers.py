@@ -13,6 +13,7 @@ from speedkit.algorithms import LabelSmoothing
 from speedkit.loggers import CSVLogger, TensorBoardLogger
 
 from helpers import toy_loaders, toy_model
+from prerequisites import import_or_missing
 
 
 def fit_toy(tmp_path, loggers, run_name="run"):
@@ -54,7 +55,7 @@ def text(events, tag) -> str:
 
 
 def test_tensorboard_logs_the_records_metrics_hparams_and_timings(tmp_path):
-    pytest.importorskip("tensorboard", reason="pip install 'speedkit[tensorboard]'")
+    import_or_missing("tensorboard", "pip install 'speedkit[tensorboard]'")
     record, folder = fit_toy(tmp_path, ["tensorboard"])
     events = read_events(folder / "tensorboard")
 
@@ -143,7 +144,7 @@ def test_csv_header_widens_for_a_late_metric_without_moving_a_column(tmp_path):
 
 # -- MLflow and W&B: real packages, local stores only -------------------------------------------
 def test_mlflow_logs_the_records_metrics_params_and_timings(tmp_path):
-    tracking = pytest.importorskip("mlflow.tracking", reason="pip install 'speedkit[mlflow]'")
+    tracking = import_or_missing("mlflow.tracking", "pip install 'speedkit[mlflow]'")
     record, folder = fit_toy(tmp_path, ["mlflow"])  # a SQLite store in the run folder, as MLflow 3 advises
 
     client = tracking.MlflowClient(f"sqlite:///{folder / 'mlflow' / 'mlflow.db'}")
@@ -183,7 +184,7 @@ def wandb_items(items) -> dict:
 
 
 def test_wandb_offline_logs_the_records_metrics_config_and_timings(tmp_path, monkeypatch):
-    pytest.importorskip("wandb", reason="pip install 'speedkit[wandb]'")
+    import_or_missing("wandb", "pip install 'speedkit[wandb]'")
     monkeypatch.setenv("WANDB_MODE", "offline")  # nothing leaves the machine; no account needed
     monkeypatch.setenv("WANDB_SILENT", "true")
     record, folder = fit_toy(tmp_path, ["wandb"])
@@ -209,7 +210,7 @@ def test_wandb_offline_logs_the_records_metrics_config_and_timings(tmp_path, mon
 
 # -- choosing loggers ---------------------------------------------------------------------------
 def test_logger_objects_write_where_they_are_told(tmp_path):
-    pytest.importorskip("tensorboard", reason="pip install 'speedkit[tensorboard]'")
+    import_or_missing("tensorboard", "pip install 'speedkit[tensorboard]'")
     record, _ = fit_toy(tmp_path, [CSVLogger(tmp_path / "my-csv"), TensorBoardLogger(tmp_path / "my-tb")])
     assert len(read_csv(tmp_path / "my-csv" / "eval.csv")[1]) == len(record.evals)
     assert len(read_events(tmp_path / "my-tb").Scalars("eval/accuracy")) == len(record.evals)

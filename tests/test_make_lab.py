@@ -17,13 +17,16 @@ from pathlib import Path
 import pytest
 
 from lab_server import free_port
+from prerequisites import DEV_INSTALL, missing
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
-@pytest.mark.skipif(not Path(sys.executable).with_name("jupyter").exists(), reason="jupyter is not installed")
 def test_make_lab_starts_jupyterlab_as_this_user(tmp_path):
+    if shutil.which("make") is None:
+        missing("make", "sudo apt-get install make")
+    if not Path(sys.executable).with_name("jupyter").exists():
+        missing("jupyter", DEV_INSTALL)
     port = free_port()
     (tmp_path / "jupyter_server_config.py").write_text(
         f"c.ServerApp.ip = '127.0.0.1'\nc.ServerApp.port = {port}\nc.ServerApp.open_browser = False\n"

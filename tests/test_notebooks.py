@@ -13,9 +13,11 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("papermill")
-pytest.importorskip("nbval")
-nbformat = pytest.importorskip("nbformat")
+from prerequisites import import_or_missing  # noqa: E402
+
+import_or_missing("papermill")
+import_or_missing("nbval")
+nbformat = import_or_missing("nbformat")
 
 from speedkit.cli import main  # noqa: E402
 from speedkit.notebooks import (check_committed, declared_parameters, discover_notebooks, format_summary,  # noqa: E402

@@ -16,7 +16,9 @@ from pathlib import Path
 
 import pytest
 
-optuna = pytest.importorskip("optuna")
+from prerequisites import import_or_missing  # noqa: E402
+
+optuna = import_or_missing("optuna")
 
 from speedkit.recipes import Recipe  # noqa: E402
 from speedkit.tune import TuneInputError, parse_budget, penalized, tune  # noqa: E402
@@ -305,7 +307,7 @@ def test_continuing_a_study_with_other_settings_is_refused(tmp_path, fake_env):
 
 # -- the explorer ----------------------------------------------------------------------------------------
 def test_explorer_tunes_headless_shows_trials_and_loads_the_winner(tmp_path, fake_env):
-    pytest.importorskip("ipywidgets")
+    import_or_missing("ipywidgets")
     from speedkit.ui.explorer import MethodExplorer
 
     explorer = MethodExplorer("fashion-mnist", "mild", live=False, run_dir=tmp_path / "runs", data_fraction=0.02,
@@ -325,7 +327,7 @@ def test_explorer_tunes_headless_shows_trials_and_loads_the_winner(tmp_path, fak
 
 
 def test_stop_ends_the_search_mid_trial_and_a_rerun_continues(tmp_path, fake_env, monkeypatch):
-    pytest.importorskip("ipywidgets")
+    import_or_missing("ipywidgets")
     from speedkit.ui.explorer import MethodExplorer
 
     monkeypatch.setenv("TUNE_FAKE_PACE", "0.2")

@@ -9,7 +9,9 @@ import time
 
 import pytest
 
-pytest.importorskip("ipywidgets")
+from prerequisites import import_or_missing  # noqa: E402
+
+import_or_missing("ipywidgets")
 
 import plotly.graph_objects as go  # noqa: E402
 
