@@ -198,10 +198,12 @@ def _add_bench_parser(commands) -> None:
     bench.add_argument("--sweep", action="store_true",
                        help="first sweep the learning rate and schedule of the baselines the profile sweeps "
                             "(language: tuned), then run them with the pick")
+    bench.add_argument("--sweeps", help="a <task>_sweeps.json from an earlier --sweep: run the swept baselines "
+                       "with its picks")
     bench.add_argument("--find-budgets", action="store_true",
-                       help="first search each baseline's shortest whole-epoch budget that reaches the target in "
-                            "every seed, then run the baselines with it (the search is saved as "
-                            "<out>/<task>_budgets.json)")
+                       help="first search each baseline's shortest budget (in whole epochs, or the profile's "
+                            "budget step) that reaches the target in every seed, then run the baselines with it "
+                            "(the search is saved as <out>/<task>_budgets.json)")
     bench.add_argument("--budgets", help="a <task>_budgets.json from an earlier --find-budgets: run the baselines "
                        "with the budgets it found")
     bench.add_argument("--leave-one-out", action="store_true", help="ablate each part of the best recipe")
@@ -228,16 +230,20 @@ def _bench(args) -> int:
     from speedkit.bench import run_benchmark
     from speedkit.bench.report import task_markdown
 
-    budgets = None
-    if args.budgets:
+    def earlier_result(path, flag, writer):
+        if not path:
+            return None
         try:
-            budgets = json.loads(Path(args.budgets).read_text())
+            return json.loads(Path(path).read_text())
         except (OSError, json.JSONDecodeError) as e:
-            raise ValueError(f"--budgets {args.budgets}: cannot read it ({e}); pass the <task>_budgets.json that "
-                             f"--find-budgets wrote") from None
+            raise ValueError(f"{flag} {path}: cannot read it ({e}); pass the <task>_{flag[2:]}.json that "
+                             f"{writer} wrote") from None
 
+    budgets = earlier_result(args.budgets, "--budgets", "--find-budgets")
+    sweeps = earlier_result(args.sweeps, "--sweeps", "--sweep")
     result = run_benchmark(args.task, args.profile, seeds=args.seeds, recipes=args.recipes,
-                           baselines=args.baselines, find_budgets=args.find_budgets, budgets=budgets, sweep=args.sweep, out_dir=args.out,
+                           baselines=args.baselines, find_budgets=args.find_budgets, budgets=budgets, sweep=args.sweep,
+                           sweeps=sweeps, out_dir=args.out,
                            run_dir=args.run_dir, leave_one_out=args.leave_one_out, reuse=args.reuse,
                            profile_steps=args.profile_steps, figures=not args.no_figures, device=args.device,
                            data_fraction=args.data_fraction, eval_fraction=args.eval_fraction,

@@ -285,10 +285,38 @@ def test_the_budget_search_finds_the_shortest_whole_epoch_budget_every_seed_reac
     upward = dataclasses.replace(profile, recipe_changes={"plain": {"duration": "3ep"}})
     assert harness.find_budget(upward, "plain", [0, 1], tmp_path, "s", log=lambda line: None)["budget"] == "5ep"
     never = dataclasses.replace(profile, recipe_changes={"plain": {"duration": "2ep"}})
-    with pytest.raises(ValueError, match="within 4 epochs"):
+    with pytest.raises(ValueError, match="within 4ep"):
         harness.find_budget(never, "plain", [0, 1], tmp_path, "s", log=lambda line: None)
-    with pytest.raises(ValueError, match="whole epochs, got '600ba'"):
-        harness.find_budget(get_profile("language"), "baseline", [0], tmp_path, "s", log=lambda line: None)
+    in_batches = dataclasses.replace(profile, budget_step="50ba")
+    with pytest.raises(ValueError, match="plain's budget in whole steps of it, got '8ep'"):
+        harness.find_budget(in_batches, "plain", [0], tmp_path, "s", log=lambda line: None)
+
+
+def test_a_budget_search_in_batches_starts_where_the_sweep_reached_the_target(monkeypatch, tmp_path):
+    """A language baseline needs 380 batches in seed 0 and 420 in seed 1; the search moves 50 at a time."""
+    from speedkit.bench import harness
+
+    needs, ran = {0: 380, 1: 420}, []
+
+    def fake_run_one(profile, recipe, seed, run_name, run_dir, bench_info, **kwargs):
+        batches = int(recipe.duration.removesuffix("ba"))
+        ran.append((batches, seed))
+        assert kwargs["stop_at_target"] is True  # reaching is all a budget search needs to see
+        return fake_record(recipe.name, seed, [(1.0, 3.2 if batches >= needs[seed] else 3.4)], target=3.3,
+                           metric="eval/bpb")
+
+    monkeypatch.setattr(harness, "run_one", fake_run_one)
+    profile = get_profile("language", "cpu")
+    pick = {"lr": 2e-3, "schedule": {"name": "cosine", "warmup": "0.05dur"}}
+    swept = {"pick": pick, "tried": [{**pick, "batches_to_target": 475}, {"lr": 1e-3, "schedule": pick["schedule"],
+                                                                         "batches_to_target": 200}]}
+    start = harness.budget_hint(swept, profile.budget_step)
+    assert start == "500ba"  # the pick's 475 batches, rounded up to the 50-batch step
+    found = harness.find_budget(profile, "tuned", [0, 1], tmp_path, "s", log=lambda line: None, start=start)
+    assert found == {"budget": "450ba", "tried": {"500ba": 2, "450ba": 2, "400ba": 1}}
+    assert ran[0] == (500, 0) and ran[-1] == (400, 1)
+    assert harness.budget_hint({**swept, "tried": [{**pick, "batches_to_target": None}]}, "50ba") is None
+    assert harness.budget_hint(swept, "1ep") is None  # epochs: no batch count to start from
 
 
 def test_the_sweep_runs_the_grid_on_one_seed_and_picks_the_fastest(monkeypatch, tmp_path):
@@ -310,6 +338,29 @@ def test_the_sweep_runs_the_grid_on_one_seed_and_picks_the_fastest(monkeypatch, 
     assert [t["batches_to_target"] for t in found["tried"]] == [5, 4, 3, 2, None, None]
     with pytest.raises(ValueError, match="no sweep for 'plain'"):
         harness.sweep_baseline(get_profile("vision"), "plain", 0, tmp_path, "s")
+
+
+def test_an_earlier_sweep_sets_the_swept_baseline_and_nothing_else(monkeypatch, tmp_path):
+    """`--sweeps FILE` runs the swept baseline with the file's pick, as `--sweep` would have."""
+    from speedkit.bench import harness
+
+    ran = {}
+
+    def fake_run_one(profile, recipe, seed, run_name, run_dir, bench_info, **kwargs):
+        ran[recipe.name] = recipe
+        return fake_record(recipe.name, seed, [(10.0, 3.2)], target=3.3, metric="eval/bpb")
+
+    monkeypatch.setattr(harness, "run_one", fake_run_one)
+    pick = {"lr": 4e-3, "schedule": {"name": "linear_to_zero", "warmup": "0.05dur"}}
+    sweeps = {"tuned": {"pick": pick, "tried": []}}
+    result = harness.run_benchmark("language", seeds=1, recipes="", out_dir=tmp_path, run_dir=tmp_path,
+                                   figures=False, log=lambda line: None, sweeps=sweeps)
+    assert ran["tuned"].optimizer["lr"] == 4e-3 and ran["tuned"].schedule == pick["schedule"]
+    assert ran["baseline"].optimizer == get_profile("language").recipe("baseline").optimizer
+    assert result.entry["baselines"]["tuned"]["sweep"] == sweeps["tuned"]
+    with pytest.raises(ValueError, match=r"sweeps for \['plain'\], which this profile does not sweep"):
+        harness.run_benchmark("vision", seeds=1, recipes="", out_dir=tmp_path, run_dir=tmp_path, figures=False,
+                              log=lambda line: None, sweeps={"plain": {"pick": pick, "tried": []}})
 
 
 def test_leave_one_out_covers_the_whole_difference_from_the_baseline():

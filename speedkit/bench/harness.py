@@ -99,50 +99,69 @@ def run_interleaved(profile: BenchProfile, seeds: Sequence[int], run_dir: str | 
 
 
 # -- each baseline's budget ---------------------------------------------------------------------
-def _whole_epochs(duration: str) -> int:
+def _budget_in_steps(duration: str, step: Time, what: str) -> int:
+    """``duration`` as a whole number of ``step``s (a budget search moves a step at a time)."""
     time = Time.from_string(duration)
-    if time.unit.value != "ep" or time.value != int(time.value):
-        raise ValueError(f"a budget search needs a baseline budget in whole epochs, got {duration!r}")
-    return int(time.value)
+    steps = time.value / step.value
+    if time.unit != step.unit or steps != int(steps):
+        raise ValueError(f"a budget search in steps of {step} needs {what} in whole steps of it, got {duration!r}; "
+                         f"set the profile's budget_step to the unit of the baseline's budget")
+    return int(steps)
 
 
 def find_budget(profile: BenchProfile, name: str, seeds: Sequence[int], run_dir: str | Path, session: str,
-                log: Callable[[str], None] = print, **trainer_kwargs) -> dict:
-    """The shortest whole number of epochs with which baseline ``name`` reaches the target in every seed.
+                log: Callable[[str], None] = print, start: str | None = None, **trainer_kwargs) -> dict:
+    """The shortest budget, in whole ``profile.budget_step``s (one epoch unless the profile says otherwise),
+    with which baseline ``name`` reaches the target in every seed.
 
-    Starts at the recipe's budget; goes down an epoch at a time while every seed reaches the target,
-    or up while some seed does not (to at most twice the start). Only whether a run reaches the target
-    matters here, not how fast, so the search need not run on a quiet machine. Returns ``{"budget", "tried": {budget:
-    seeds that reached the target}}``; the runs are marked ``config["bench"]["budget_search"]`` and are
-    not the benchmark's main runs (those run afterwards, interleaved with the recipes).
+    Starts at ``start`` (default: the recipe's budget); goes down a step at a time while every seed
+    reaches the target, or up while some seed does not (to at most twice the start). Only whether a run
+    reaches the target matters here, not how fast, so the search need not run on a quiet machine, and
+    each run stops at the target (the main runs, afterwards, check that the end of the budget still
+    holds it). Returns ``{"budget", "tried": {budget: seeds that reached the target}}``; the runs are
+    marked ``config["bench"]["budget_search"]`` and are not the benchmark's main runs.
     """
-    start = _whole_epochs(scheduled_recipe(profile, name).duration)
+    step = Time.from_string(profile.budget_step)
+    first = _budget_in_steps(start or scheduled_recipe(profile, name).duration, step,
+                             "the start" if start else f"{name}'s budget")
+    budget = lambda steps: f"{step.value * steps:g}{step.unit.value}"  # noqa: E731
     tried: dict[str, int] = {}
 
-    def all_reach(epochs: int) -> bool:
-        recipe = scheduled_recipe(profile, name).with_changes(duration=f"{epochs}ep")
+    def all_reach(steps: int) -> bool:
+        recipe = scheduled_recipe(profile, name).with_changes(duration=budget(steps))
         reached = 0
         for seed in seeds:
             info = {**_bench_info(profile, session, seed), "budget_search": True}
-            record = run_one(profile, recipe, seed, f"{profile.task}-{name}-{epochs}ep-s{seed}", run_dir, info,
-                             **trainer_kwargs)
+            record = run_one(profile, recipe, seed, f"{profile.task}-{name}-{budget(steps)}-s{seed}", run_dir, info,
+                             **{"stop_at_target": True, **trainer_kwargs})
             reached += record.time_to_target is not None
-            log(f"[budget {name} {epochs}ep] {_describe_run(record)}")
+            log(f"[budget {name} {budget(steps)}] {_describe_run(record)}")
             if record.time_to_target is None:
                 break  # one seed short is enough to reject this budget
-        tried[f"{epochs}ep"] = reached
+        tried[budget(steps)] = reached
         return reached == len(seeds)
 
-    if all_reach(start):
-        best = start
+    if all_reach(first):
+        best = first
         while best > 1 and all_reach(best - 1):
             best -= 1
     else:
-        best = next((e for e in range(start + 1, 2 * start + 1) if all_reach(e)), None)
+        best = next((n for n in range(first + 1, 2 * first + 1) if all_reach(n)), None)
         if best is None:
-            raise ValueError(f"baseline {name} did not reach the target in every seed within {2 * start} epochs; "
+            raise ValueError(f"baseline {name} did not reach the target in every seed within {budget(2 * first)}; "
                              f"lower the target or give the baseline a longer budget")
-    return {"budget": f"{best}ep", "tried": tried}
+    return {"budget": budget(best), "tried": tried}
+
+
+def budget_hint(swept: dict, step: str) -> str | None:
+    """Where a budget search can start after a sweep: the pick's batches to the target, rounded up to
+    the step (a shorter schedule decays sooner, so the shortest budget is at most about that). None
+    when the step is not in batches or the pick never reached the target."""
+    step_time = Time.from_string(step)
+    pick = next(t for t in swept["tried"] if {"lr": t["lr"], "schedule": t["schedule"]} == swept["pick"])
+    if step_time.unit.value != "ba" or pick.get("batches_to_target") is None:
+        return None
+    return f"{math.ceil(pick['batches_to_target'] / step_time.value) * step_time.value:g}ba"
 
 
 def sweep_baseline(profile: BenchProfile, name: str, seed: int, run_dir: str | Path, session: str,
@@ -408,12 +427,24 @@ def summarize(records: Sequence[RunRecord], profile: BenchProfile, ablations: Se
         "flops_fraction_of_peak": median_or_none(best_entry.get("flops_fraction_of_peak", [])),
         "leave_one_out": summarize_leave_one_out(records, ablations) if ablations else None,
         "machine": machine(profile.device, records),
+        # the sittings the main runs come from (one when all ran interleaved; more when a baseline or
+        # a recipe was run later, e.g. after a sweep, and paired by seed with the earlier runs)
+        "sessions": _sessions(records),
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "profile_spec": dataclasses.asdict(profile),
     }
     if time_breakdown is not None:
         summary["time_breakdown"] = time_breakdown
     return summary
+
+
+def _sessions(records: Sequence[RunRecord]) -> dict[str, list[str]]:
+    """``{benchmark session: recipes whose main runs it ran}``."""
+    sessions: dict[str, set] = {}
+    for record in records:
+        if "ablation" not in record.config:
+            sessions.setdefault(str(record.config.get("bench", {}).get("session")), set()).add(record.config["recipe"])
+    return {session: sorted(names) for session, names in sorted(sessions.items())}
 
 
 def summarize_leave_one_out(records: Sequence[RunRecord], ablations: Sequence[RunRecord]) -> dict:
@@ -463,6 +494,26 @@ def profile_recipe(profile: BenchProfile, name: str, seed: int, steps: int, run_
 
 
 # -- the whole benchmark -----------------------------------------------------------------------
+def _write_json(path: Path, data: dict, log: Callable[[str], None], what: str, flag: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=1))
+    log(f"{what} written to {path} (reuse them with {flag} {path})")
+
+
+def _with_sweep_picks(profile: BenchProfile, sweeps: dict) -> BenchProfile:
+    """The profile with each swept baseline's picked learning rate and schedule."""
+    unknown = sorted(set(sweeps) - set(profile.sweeps))
+    if unknown:
+        raise ValueError(f"sweeps for {unknown}, which this profile does not sweep ({sorted(profile.sweeps)}); "
+                         f"pass the <task>_sweeps.json that --sweep wrote for this task")
+    changes = {}
+    for name, swept in sweeps.items():
+        pick = swept["pick"]
+        changes[name] = {**profile.recipe_changes.get(name, {}),
+                         "optimizer": {"lr": pick["lr"]}, "schedule": dict(pick["schedule"])}
+    return dataclasses.replace(profile, recipe_changes={**profile.recipe_changes, **changes})
+
+
 def _names(value: Sequence[str] | str | None) -> list[str] | None:
     if isinstance(value, str):
         return [v.strip() for v in value.split(",") if v.strip()]
@@ -528,14 +579,16 @@ def run_benchmark(task: str, profile: str | BenchProfile = "cpu", seeds: int | S
                   duration_scale: float | None = None, target: float | None = None,
                   trainer_kwargs: dict | None = None, baselines: Sequence[str] | str | None = None,
                   find_budgets: bool = False, budgets: dict | None = None, sweep: bool = False,
-                  on_record: Callable[[RunRecord], None] | None = None) -> BenchResult:
+                  sweeps: dict | None = None, on_record: Callable[[RunRecord], None] | None = None) -> BenchResult:
     """Benchmark ``task`` ("vision"/"language") and merge its entry into ``out_dir/summary.json``.
 
     ``seeds`` is a count or a list; ``recipes`` names the speed-up recipes and ``baselines`` the
     baselines (default: all of the task's). ``find_budgets`` first searches each baseline's budget
     (``find_budget``) and runs the baselines with it, and ``budgets`` gives the result of an earlier
     search (``{baseline: find_budget's result}``) instead; ``sweep`` first sweeps the learning rate and
-    schedule of each baseline that has a sweep in the profile (``sweep_baseline``) and runs it with the pick.
+    schedule of each baseline that has a sweep in the profile (``sweep_baseline``, saved as
+    ``<out>/<task>_sweeps.json``) and runs it with the pick, and ``sweeps`` gives an earlier sweep's
+    result instead; a budget search after a sweep starts from the pick's batches to the target.
     Keyword overrides replace the profile's fields; ``trainer_kwargs`` go to every make_trainer call;
     ``on_record`` is called with each main run's record as it finishes. ``reuse`` takes the main runs
     from ``run_dir`` instead of running them (to add a leave-one-out or a profile later); the
@@ -552,22 +605,20 @@ def run_benchmark(task: str, profile: str | BenchProfile = "cpu", seeds: int | S
     session = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     log(f"benchmark {key} ({profile.task}), profile {profile.name}: recipes {', '.join(profile.recipes)}; "
         f"seeds {seed_list}; device {profile.device}")
-    sweeps = {}
     if sweep and not reuse:
-        for name in [b for b in profile.baselines if b in profile.sweeps]:
-            sweeps[name] = sweep_baseline(profile, name, seed_list[0], run_dir, session, log, **trainer_kwargs)
-            pick = sweeps[name]["pick"]
-            change = {"optimizer": {"lr": pick["lr"]}, "schedule": pick["schedule"]}
-            profile = dataclasses.replace(profile, recipe_changes={
-                **profile.recipe_changes, name: {**profile.recipe_changes.get(name, {}), **change}})
-            log(f"sweep {name}: picked {sweeps[name]['pick']}")
+        sweeps = {name: sweep_baseline(profile, name, seed_list[0], run_dir, session, log, **trainer_kwargs)
+                  for name in profile.baselines if name in profile.sweeps}
+        _write_json(Path(out_dir) / f"{key}_sweeps.json", sweeps, log, "sweeps", "--sweeps")
+    if sweeps:
+        profile = _with_sweep_picks(profile, sweeps)
+        log("sweep picks: " + ", ".join(f"{n} {s['pick']}" for n, s in sweeps.items()))
     if find_budgets and not reuse:
-        budgets = {name: find_budget(profile, name, seed_list, run_dir, session, log, **trainer_kwargs)
-                   for name in profile.baselines}
-        path = Path(out_dir) / f"{key}_budgets.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(budgets, indent=1))
-        log(f"baseline budgets written to {path} (reuse them with --budgets {path})")
+        budgets = {}
+        for name in profile.baselines:
+            start = budget_hint(sweeps[name], profile.budget_step) if name in (sweeps or {}) else None
+            budgets[name] = find_budget(profile, name, seed_list, run_dir, session, log, start=start,
+                                        **trainer_kwargs)
+        _write_json(Path(out_dir) / f"{key}_budgets.json", budgets, log, "baseline budgets", "--budgets")
     if budgets:
         unknown = sorted(set(budgets) - set(profile.baselines))
         if unknown:
@@ -597,7 +648,8 @@ def run_benchmark(task: str, profile: str | BenchProfile = "cpu", seeds: int | S
     return BenchResult(entry=entry, summary=summary, records=records, ablations=ablations, paths=paths)
 
 
-__all__ = ["BenchResult", "NON_METHOD_PARTS", "TASK_KEYS", "ablation_changes", "apply_overrides", "find_budget",
+__all__ = ["BenchResult", "NON_METHOD_PARTS", "TASK_KEYS", "ablation_changes", "apply_overrides", "budget_hint",
+           "find_budget",
            "holds_target", "machine", "pick_best", "strongest_baseline", "profile_recipe", "recipe_entry", "resolve_profile", "reusable_runs", "run_benchmark", "run_interleaved",
            "run_leave_one_out", "run_one", "scheduled_recipe", "summarize", "sweep_baseline", "summarize_leave_one_out", "target_key",
            "trainer_factory"]

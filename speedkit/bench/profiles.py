@@ -14,6 +14,7 @@ from typing import Mapping, Sequence
 
 from speedkit.recipes import BASELINES, RECIPES, Recipe, get_recipe
 from speedkit.tasks import TASKS
+from speedkit.validation import check_duration
 
 # The benchmark's names for the tasks (the README and summary.json use these keys).
 TASK_KEYS = {"vision": "fashion-mnist", "language": "pydocs"}
@@ -46,6 +47,7 @@ class BenchProfile:
     recipe_changes: Mapping[str, Mapping[str, object]] = dataclasses.field(default_factory=dict)  # per recipe
     # baseline -> {"lr": values, "schedule": schedules}: what `--sweep` tries on that baseline (its grid)
     sweeps: Mapping[str, Mapping[str, Sequence]] = dataclasses.field(default_factory=dict)
+    budget_step: str = "1ep"  # how finely `--find-budgets` searches a baseline's budget (in its unit)
 
     def __post_init__(self):
         if self.task not in TASKS:
@@ -63,6 +65,7 @@ class BenchProfile:
             raise ValueError(f"profile {self.name!r}: seeds must be >= 1, got {self.seeds}")
         if not self.duration_scale > 0:
             raise ValueError(f"profile {self.name!r}: duration_scale must be positive, got {self.duration_scale}")
+        check_duration("budget_step", self.budget_step, optional=False, fraction_ok=False)
 
     @property
     def baselines(self) -> tuple[str, ...]:
@@ -117,7 +120,8 @@ PROFILES: dict[str, dict[str, BenchProfile]] = {
         # The target is what the baseline reaches in about 8 minutes of training on one core of the
         # 2-core CPU (bits per byte at batch ~470 of its 600, measured before the benchmark was run).
         "cpu": BenchProfile(name="cpu", task="pydocs", device="cpu", eval_interval="25ba", eval_fraction=0.25,
-                            target=3.30, report_targets=(3.5,), sweeps={"tuned": _LANGUAGE_SWEEP}),
+                            target=3.30, report_targets=(3.5,), sweeps={"tuned": _LANGUAGE_SWEEP},
+                            budget_step="50ba"),
         "gpu": BenchProfile(name="gpu", task="pydocs", device="cuda", eval_interval="25ba",
                             speedup_changes={"batch_size": 128, "precision": "bf16"},
                             recipe_changes={"mild": {"methods": _COMPILE}, "hot": {"methods": _COMPILE}}),
