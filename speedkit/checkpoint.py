@@ -408,28 +408,87 @@ class Checkpointer:
 
     # -- resuming ----------------------------------------------------------------------------
     def resume(self, load_path: str | os.PathLike | None = None, autoresume: bool = False) -> dict | None:
-        """Load ``load_path`` (or, with ``autoresume``, ``latest.ckpt`` if there is one) into the run's state.
+        """Load ``load_path`` (or, with ``autoresume``, the newest checkpoint of the run that verifies) into
+        the run's state.
 
+        An explicit ``load_path`` that cannot be used is an error. With ``autoresume`` a checkpoint that does
+        not verify (``latest.ckpt`` cut off or corrupted on disk) is passed over for the next newest one; it
+        is kept, renamed ``<name>.unusable`` (so that the resumed run's saves neither overwrite nor prune
+        it), and the log, a warning and ``record.notes["resume_passed_over"]`` say which file and why.
         Returns the RNG state the run continues from (set when its next epoch starts), None when nothing
         was loaded.
         """
-        path = load_path
-        if path is None and autoresume and self.latest.exists():
-            path = self.latest
-        seen = self.plan.ranks_that_see(path is not None)
+        candidates = [Path(load_path)] if load_path is not None else self._autoresume_candidates() if autoresume else []
+        seen = self.plan.ranks_that_see(bool(candidates))
         if len(set(seen)) > 1:
             raise CheckpointError(f"ranks disagree on resuming from {self.latest}: ranks "
                                   f"{[r for r, s in enumerate(seen) if not s]} do not see it; checkpoints must "
                                   f"be on a file system every rank shares")
-        if path is None:
+        if not candidates:
             return None
-        state = self.state
-        payload = load_checkpoint(path, map_location=state.device)
-        if payload.get("sharded") is not None:
-            payload = load_sharded_checkpoint(path, payload, mesh=self.plan.device_mesh(state.model),
-                                              map_location=state.device)
+        if load_path is not None:
+            path, payload, passed_over = candidates[0], self._verified(candidates[0]), []
+        else:
+            path, payload, passed_over = self._newest_verified(candidates)
         self._load_payload(payload, path)
+        if passed_over:
+            self._keep_aside(passed_over, path)
         return self.plan.resume_rng(payload)
+
+    def _verified(self, path: Path) -> dict:
+        """The checkpoint's payload, every check passed (shards included); CheckpointError otherwise."""
+        payload = load_checkpoint(path, map_location=self.state.device)
+        if payload.get("sharded") is not None:
+            payload = load_sharded_checkpoint(path, payload, mesh=self.plan.device_mesh(self.state.model),
+                                              map_location=self.state.device)
+        return payload
+
+    def _autoresume_candidates(self) -> list[Path]:
+        """The run's checkpoints newest first: ``ba{batch}.ckpt`` by batch, ``latest.ckpt`` before the file it
+        names (it is a second name for it), or first when it names none of them (copied, not linked)."""
+        files = sorted(self.folder.glob("ba*.ckpt"), reverse=True)
+        if not self.latest.exists():
+            return files
+        same = [i for i, f in enumerate(files) if _same_file(f, self.latest)]
+        at = same[0] if same else 0
+        return files[:at] + [self.latest] + files[at:]
+
+    def _newest_verified(self, candidates: list[Path]) -> tuple[Path, dict, list[tuple[Path, str]]]:
+        """The first candidate that verifies on every rank, its payload, and (path, why) for those passed over."""
+        passed_over: list[tuple[Path, str]] = []
+        for path in candidates:
+            earlier = [why for bad, why in passed_over if _same_file(bad, path)]
+            if earlier:  # ba{batch}.ckpt after a bad latest.ckpt that names it: the same bytes
+                passed_over.append((path, f"{earlier[0]} (the same file as {self.latest.name})"))
+                continue
+            try:
+                payload, why = self._verified(path), None
+            except CheckpointError as error:
+                payload, why = None, str(error)
+            # Every rank must load the same checkpoint (a sharded load is collective): any rank's failure counts.
+            reasons = [r for r in distributed.all_gather_object(why) if r is not None]
+            if not reasons:
+                return path, payload, passed_over
+            passed_over.append((path, reasons[0]))
+        raise CheckpointError(f"autoresume: no checkpoint in {self.folder} can be used (all are kept as they "
+                              f"are): " + "; ".join(why for _, why in passed_over) +
+                              f". Resume from a copy of the run, or start afresh under another run name")
+
+    def _keep_aside(self, passed_over: list[tuple[Path, str]], resumed_from: Path) -> None:
+        """Rename the checkpoints passed over to ``<name>.unusable`` (never delete them) and say so."""
+        notes = []
+        for path, why in passed_over:
+            kept = _free_name(path.with_name(path.name + ".unusable"))
+            if distributed.is_main():
+                os.replace(path, kept)
+                shards = path.with_suffix(SHARDED_SUFFIX)
+                if shards.is_dir():  # an FSDP checkpoint's shards go with it, out of later saves' way
+                    os.replace(shards, _free_name(shards.with_name(shards.name + ".unusable")))
+            message = f"autoresume: passed over {path} and kept it as {kept.name}: {why}"
+            self.logger.log_text(message + f"; resumed from {resumed_from} instead")
+            warnings.warn(message, stacklevel=3)
+            notes.append({"file": str(path), "kept_as": str(kept), "reason": why})
+        self.state.record.notes["resume_passed_over"] = notes
 
     def _load_payload(self, payload: dict, path) -> None:
         state = self.state
@@ -469,6 +528,22 @@ class Checkpointer:
             sched.load_state_dict(sd)
         if state.grad_scaler is not None and payload.get("grad_scaler"):
             state.grad_scaler.load_state_dict(payload["grad_scaler"])
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def _free_name(path: Path) -> Path:
+    """``path``, or ``path-2``, ``path-3``, ... : the first that does not exist."""
+    n, free = 1, path
+    while free.exists():
+        n += 1
+        free = path.with_name(f"{path.name}-{n}")
+    return free
 
 
 def _torch_schedulers(state) -> list:

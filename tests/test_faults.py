@@ -85,9 +85,9 @@ def assert_same_run(record: RunRecord, weights: dict, reference: tuple) -> None:
         assert torch.equal(weights[name], ref_weights[name]), name
 
 
-def log_texts(run_dir: Path) -> list[str]:
+def log_texts(run_dir: Path, run: str = "r") -> list[str]:
     texts = []
-    for line in (run_dir / "r" / "log.jsonl").read_text().splitlines():
+    for line in (run_dir / run / "log.jsonl").read_text().splitlines():
         try:  # a SIGKILL can cut the last line of a killed process's log short
             row = json.loads(line)
         except json.JSONDecodeError:
@@ -143,10 +143,19 @@ def test_sigkill_mid_save_then_mid_epoch_and_the_same_command_ends_identical_to_
     saved = checkpoint_batch(latest)
     assert 30 <= saved < BATCHES and saved % 24 != 0  # mid-epoch 2
 
-    # 3. The same command once more: it finishes, bit-identical to the run that was never killed.
+    # 3. A bad sector then corrupts latest.ckpt (and so the checkpoint it names: the same file). The same
+    #    command once more passes over both, resumes from the newest one that verifies, keeps the bad file,
+    #    and finishes bit-identical to the run that was never killed.
+    with open(latest, "r+b") as f:
+        f.truncate(latest.stat().st_size // 2)
+    previous = max(int(p.name[2:11]) for p in checkpoints.glob("ba*.ckpt") if int(p.name[2:11]) < saved)
     resumed = run_to_completion(tmp_path)
-    assert resumed.notes["resumed_from"].endswith("latest.ckpt")
-    assert f"epoch 1, batch {saved}" in " ".join(log_texts(tmp_path))
+    assert resumed.notes["resumed_from"].endswith(f"ba{previous:09d}.ckpt")
+    assert [Path(n["file"]).name for n in resumed.notes["resume_passed_over"]] == ["latest.ckpt", f"ba{saved:09d}.ckpt"]
+    assert (checkpoints / f"ba{saved:09d}.ckpt.unusable").stat().st_size > 0
+    texts = " ".join(log_texts(tmp_path))
+    assert f"passed over {latest} and kept it as latest.ckpt.unusable: {latest} is corrupt" in texts
+    assert f"epoch 1, batch {previous}" in texts
     assert_same_run(resumed, final_weights(tmp_path), reference())
 
 
@@ -440,6 +449,75 @@ def test_a_good_checkpoint_round_trips(good_checkpoint, tmp_path):
     assert payload["timestamp"]["batch"] == 2
     copy = save_checkpoint(tmp_path / "copy.ckpt", {k: v for k, v in payload.items() if k != "format_version"})
     assert load_checkpoint(copy)["timestamp"] == payload["timestamp"]
+
+
+# -- autoresume past a broken latest.ckpt ---------------------------------------------------------------
+def interrupted_at_6(tmp_path) -> Path:
+    """A toy run stopped by Ctrl-C after batch 6, a checkpoint after every batch; its checkpoint folder."""
+    trainer = make_trainer(tmp_path, [At(6, lambda t: raise_(KeyboardInterrupt()))], save_interval="1ba")
+    with pytest.raises(KeyboardInterrupt):
+        trainer.fit()
+    folder = tmp_path / "t" / "checkpoints"
+    assert sorted(p.name for p in folder.iterdir()) == ["ba000000004.ckpt", "ba000000005.ckpt",
+                                                        "ba000000006.ckpt", "latest.ckpt"]
+    return folder
+
+
+def corrupt_in_place(path: Path) -> None:
+    """A bad sector: bytes change under every name of the file (latest.ckpt is a hard link to ba6)."""
+    with open(path, "r+b") as f:
+        f.seek(-50, os.SEEK_END)
+        byte = f.read(1)
+        f.seek(-50, os.SEEK_END)
+        f.write(bytes([byte[0] ^ 1]))
+
+
+def replace_with_empty(path: Path) -> None:
+    """A latest.ckpt replaced by an empty file of its own (its checkpoint ba6 stays intact)."""
+    path.unlink()
+    path.write_bytes(b"")
+
+
+@pytest.mark.parametrize("damage, resumes_at, passed_over, why", [
+    (corrupt_in_place, 5, ["latest.ckpt", "ba000000006.ckpt"], "checksum does not match"),
+    (replace_with_empty, 6, ["latest.ckpt"], "is empty (0 bytes)"),
+])
+def test_autoresume_passes_over_a_broken_latest_to_the_newest_checkpoint_that_verifies(
+        tmp_path, damage, resumes_at, passed_over, why):
+    folder = interrupted_at_6(tmp_path)
+    damage(folder / "latest.ckpt")
+    bad_bytes = {name: (folder / name).read_bytes() for name in passed_over}
+    resumed = make_trainer(tmp_path, autoresume=True)
+    with pytest.warns(UserWarning) as caught:
+        record = resumed.fit()
+    assert [str(w.message).split(" and kept")[0] for w in caught] == \
+        [f"autoresume: passed over {folder / name}" for name in passed_over]
+    assert record.status == "completed" and resumed.state.timestamp.batch == 16
+    assert record.notes["resumed_from"] == str(folder / f"ba{resumes_at:09d}.ckpt")
+    assert [Path(n["file"]).name for n in record.notes["resume_passed_over"]] == passed_over
+    assert all(why in n["reason"] for n in record.notes["resume_passed_over"])
+    for name, data in bad_bytes.items():  # kept, byte for byte, out of the way of the resumed run's saves
+        assert (folder / f"{name}.unusable").read_bytes() == data
+    log = " ".join(log_texts(tmp_path, run="t"))
+    assert f"passed over {folder / 'latest.ckpt'}" in log and f"resumed from {folder / f'ba{resumes_at:09d}.ckpt'}" in log
+    # Neither a batch repeated nor one skipped: the same weights as a run that was never interrupted.
+    reference = make_trainer(tmp_path / "reference")
+    reference.fit()
+    for name, value in reference.state.model.state_dict().items():
+        assert torch.equal(resumed.state.model.state_dict()[name], value), name
+
+
+def test_autoresume_with_no_checkpoint_that_verifies_stops_and_keeps_them_all(tmp_path):
+    folder = interrupted_at_6(tmp_path)
+    for name in ("ba000000004.ckpt", "ba000000005.ckpt", "latest.ckpt"):
+        corrupt_in_place(folder / name)  # latest is ba6
+    before = sorted(p.name for p in folder.iterdir())
+    with pytest.raises(CheckpointError) as failure:
+        make_trainer(tmp_path, autoresume=True).fit()
+    message = str(failure.value)
+    assert f"no checkpoint in {folder} can be used" in message and "start afresh under another run name" in message
+    assert all(f"{folder / n} is corrupt" in message for n in ("ba000000004.ckpt", "ba000000005.ckpt", "latest.ckpt"))
+    assert sorted(p.name for p in folder.iterdir()) == before  # nothing deleted, nothing renamed
 
 
 # -- microbatch_size="auto" under out-of-memory ------------------------------------------------------------
