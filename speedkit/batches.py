@@ -1,44 +1,26 @@
 """Batches and loaders as the Trainer handles them: batches moved to a device, counted and split into
 microbatches; loaders measured, set to an epoch and started part-way.
 
-A batch is a tensor, a tuple/list ``(inputs, targets, ...)`` or a dict; its first item (or itself)
-carries the batch dimension.
+A batch is a tensor, a tuple/list ``(inputs, targets, ...)`` or a dict; ``speedkit.core.batch`` reads it.
 """
 from __future__ import annotations
 
 import torch
 
-
-def to_device(batch, device: torch.device):
-    """``batch`` with every tensor in it on ``device``."""
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=True)
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(to_device(b, device) for b in batch)
-    if isinstance(batch, dict):
-        return {k: to_device(v, device) for k, v in batch.items()}
-    return batch
+from speedkit.core.batch import batch_size
 
 
 def split_batch(batch, n: int) -> list:
-    """Split every tensor of a batch into ``n`` chunks along the first dimension."""
+    """Split every tensor of a batch (tensor, tuple, list or dict) into ``n`` chunks along the first dimension."""
     if n == 1:
         return [batch]
     if isinstance(batch, torch.Tensor):
         return list(batch.chunk(n))
+    if isinstance(batch, dict):
+        chunks = {k: split_batch(v, n) if isinstance(v, torch.Tensor) else [v] * n for k, v in batch.items()}
+        return [{k: c[i] for k, c in chunks.items()} for i in range(min(len(c) for c in chunks.values()))]
     parts = [split_batch(b, n) if isinstance(b, torch.Tensor) else [b] * n for b in batch]
     return [type(batch)(p[i] for p in parts) for i in range(min(len(p) for p in parts))]
-
-
-def batch_size(batch) -> int:
-    first = batch[0] if isinstance(batch, (list, tuple)) else batch
-    return int(first.shape[0])
-
-
-def tokens_in(batch) -> int:
-    """Token count of a language-model batch (integer inputs); 0 for images."""
-    first = batch[0] if isinstance(batch, (list, tuple)) else batch
-    return first.numel() if isinstance(first, torch.Tensor) and not first.is_floating_point() else 0
 
 
 def microbatches(batch, microbatch_size: int | None) -> list:

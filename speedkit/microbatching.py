@@ -10,7 +10,8 @@ from typing import Callable
 
 import torch
 
-from speedkit.batches import batch_size, microbatches
+from speedkit.batches import microbatches
+from speedkit.core.batch import batch_size
 from speedkit.validation import is_out_of_memory
 
 

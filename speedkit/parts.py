@@ -14,16 +14,21 @@ import torch.nn.functional as F
 from speedkit.batches import loader_length
 from speedkit.callbacks import CheckpointSaver, LRMonitor, NaNGuard, ProgressBar, SpeedMonitor, StopAtTarget
 from speedkit.core import Callback, Interval, Time
+from speedkit.core.batch import batch_targets, output_logits, output_loss
 from speedkit.loggers import ConsoleLogger, Logger, RecordDestination, logger_from_name
 from speedkit.metrics import Evaluator, flatten_logits
 from speedkit.optim import Schedule, apply_schedule, get_schedule
 from speedkit.runs import RunRecord
 
 
-def cross_entropy_loss(outputs: torch.Tensor, batch) -> torch.Tensor:
-    """Cross-entropy against ``batch[1]``: index labels or dense (soft) labels; [B,T,V] logits flattened."""
-    outputs, targets = flatten_logits(outputs, batch[1])
-    return F.cross_entropy(outputs.float(), targets)
+def cross_entropy_loss(outputs, batch) -> torch.Tensor:
+    """The loss the model computed itself (a Hugging Face output's ``.loss``), else cross-entropy of its logits
+    against the batch's labels: index or dense (soft) labels; [B,T,V] logits flattened."""
+    own = output_loss(outputs)
+    if own is not None:
+        return own
+    logits, targets = flatten_logits(output_logits(outputs), batch_targets(batch))
+    return F.cross_entropy(logits.float(), targets)
 
 
 def make_loss(model: torch.nn.Module, loss_fn) -> Callable:
@@ -32,7 +37,7 @@ def make_loss(model: torch.nn.Module, loss_fn) -> Callable:
         return model.loss if callable(getattr(model, "loss", None)) else cross_entropy_loss
     if not callable(loss_fn):
         raise TypeError(f"loss_fn must be callable as loss_fn(outputs, targets), got {loss_fn!r}")
-    return lambda outputs, batch: loss_fn(outputs, batch[1])
+    return lambda outputs, batch: loss_fn(output_logits(outputs), batch_targets(batch))
 
 
 def seed_everything(seed: int) -> None:

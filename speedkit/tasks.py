@@ -1,4 +1,6 @@
-"""Tasks: a dataset, its metrics and its target, and where recipes become Trainer arguments.
+"""Tasks into runs: the one resolver of a task (a name, a ``Task``, ``"pkg.mod:attr"``, a function, a folder),
+and where recipes become Trainer arguments. ``Task`` itself is in ``speedkit.task``, the built-in tasks in
+``speedkit.builtin_tasks``.
 
 The CLI, the demo, the notebooks and the benchmark all build their runs through ``make_trainer``,
 so a configuration means the same thing everywhere. A hand-built Trainer takes a recipe's parts from
@@ -6,112 +8,85 @@ so a configuration means the same thing everywhere. A hand-built Trainer takes a
 """
 from __future__ import annotations
 
-import dataclasses
+import importlib
+from types import SimpleNamespace
 from typing import Any
 
 import torch
 
 from speedkit.algorithms import build_algorithms
-from speedkit.data import Augment, FashionMNIST, TokenBatchLoader, fashion_mnist_loaders, load_text_corpus
-from speedkit.data import load_fashion_mnist, stratified_indices
+from speedkit.core.batch import call_model, to_device
+from speedkit.builtin_tasks import BUILT_IN_TASKS, FOLDER_TASKS, fashion_mnist_torch_loader  # noqa: F401
 from speedkit.devices import resolve_device
-from speedkit.metrics import Accuracy, BitsPerByte, CrossEntropy, Evaluator
-from speedkit.models import get_model
+from speedkit.metrics import Evaluator
 from speedkit.optim.factory import make_optimizer_factory
 from speedkit.recipes import Recipe, get_recipe, resolve_recipe
+from speedkit.task import TASKS, DataRequest, Task, get_task, register_task  # noqa: F401  (the public names)
 from speedkit.trainer import Trainer
+from speedkit.validation import check_first_outputs, describe
+
+for _task in BUILT_IN_TASKS:
+    register_task(_task, built_in=True)
 
 
-@dataclasses.dataclass(frozen=True)
-class TaskSpec:
-    name: str
-    domain: str
-    summary: str
-    target_metric: str
-    target_value: float
-    models: tuple[str, ...]  # the models that fit its data (input channels, classes or vocabulary)
+# -- tasks: one resolver for every entry point --------------------------------------------------
+def resolve_task(task, data=None) -> Task:
+    """The Task that ``task`` names, registered so that its name works everywhere afterwards.
 
-
-TASKS = {
-    "fashion-mnist": TaskSpec("fashion-mnist", "vision", "Fashion-MNIST 28x28 clothing images, 10 classes",
-                              "eval/accuracy", 0.92, ("resnet8", "resnet9")),
-    "pydocs": TaskSpec("pydocs", "language", "byte-level language model on the Python documentation sources",
-                       "eval/bpb", 2.0, ("gpt-nano", "gpt-micro", "gpt-mini", "gpt-small")),
-}
-
-
-def get_task(name: str) -> TaskSpec:
-    if name not in TASKS:
-        raise ValueError(f"unknown task {name!r}; known tasks: {sorted(TASKS)}")
-    return TASKS[name]
-
-
-def model_fit_problem(spec: TaskSpec, model: str) -> str | None:
-    """Why ``model`` does not fit the task's data (channels, classes, vocabulary), or None when it does."""
-    if model not in spec.models:
-        return f"model {model!r} does not fit task {spec.name!r}; use one of {list(spec.models)}"
-    return None
-
-
-# -- data ----------------------------------------------------------------------------------
-def fashion_mnist_torch_loader(batch_size: int, augment: dict | None, data_fraction: float, seed: int,
-                               num_workers: int = 0, download: bool = False):
-    """The hand-written baseline's input pipeline: a torchvision transform per image and a DataLoader.
-
-    Under torchrun each rank reads batch_size / world_size samples per step through a
-    ``DistributedSampler`` (the Trainer calls its ``set_epoch``), so the global batch stays ``batch_size``.
+    ``task`` is a Task, a registered name (``"fashion-mnist"``), a folder task's name with ``data`` (the
+    folder: ``"image-folder"``, ``"text-folder"``), ``"package.module:attr"`` naming a Task or a function
+    returning one, or such a function itself (called with ``data=`` when ``data`` is given).
     """
-    import torchvision.transforms as T
-
-    from speedkit import distributed
-
-    arrays = load_fashion_mnist(download=download)
-    steps = []
-    if augment and augment.get("crop_pad"):
-        steps.append(T.RandomCrop(28, padding=augment["crop_pad"], padding_mode="reflect"))
-    if augment and augment.get("flip"):
-        steps.append(T.RandomHorizontalFlip())
-    steps += [T.ToTensor(), T.Normalize((arrays.mean,), (arrays.std,))]
-    dataset = FashionMNIST(train=True, transform=T.Compose(steps), download=download)
-    if data_fraction < 1.0:
-        dataset = torch.utils.data.Subset(dataset, stratified_indices(arrays.train_y, data_fraction, seed).tolist())
-    world = distributed.world_size()
-    if world == 1:
-        return torch.utils.data.DataLoader(dataset, batch_size=batch_size, shuffle=True, num_workers=num_workers,
-                                           persistent_workers=num_workers > 0)
-    if batch_size % world:
-        raise ValueError(f"batch_size={batch_size} is the global batch size and must split evenly over "
-                         f"world_size={world} ranks; use a multiple of {world}")
-    sampler = torch.utils.data.DistributedSampler(dataset, num_replicas=world, rank=distributed.rank(),
-                                                  shuffle=True, seed=seed)
-    return torch.utils.data.DataLoader(dataset, batch_size=batch_size // world, sampler=sampler,
-                                       num_workers=num_workers, persistent_workers=num_workers > 0)
+    if isinstance(task, Task):
+        _refuse_data(data, f"task object {task.name!r}")
+        return register_task(task, replace=True)
+    if isinstance(task, str) and task in FOLDER_TASKS:
+        if data is None:
+            raise ValueError(f"task {task!r} trains on your files: give the folder (--data DIR, or data=DIR)")
+        return register_task(FOLDER_TASKS[task](data), replace=True)
+    if isinstance(task, str) and task in TASKS:
+        _refuse_data(data, f"task {task!r}")
+        return TASKS[task]
+    if isinstance(task, str) and ":" in task:
+        return resolve_task(import_attribute(task), data)
+    if callable(task):
+        made = task(data=data) if data is not None else task()
+        if not isinstance(made, Task):
+            raise TypeError(f"task function {getattr(task, '__qualname__', task)!r} returned {type(made).__name__}, "
+                            f"not a speedkit.Task")
+        return register_task(made, replace=True)
+    raise ValueError(f"unknown task {task!r}; give one of {sorted({*TASKS, *FOLDER_TASKS})}, a speedkit.Task, "
+                     f"'package.module:attr' naming one, or a function returning one")
 
 
-def make_loaders(task: str, recipe: Recipe, device: torch.device, data_fraction: float = 1.0, seed: int = 0,
-                 eval_fraction: float | None = None, download: bool = False, num_workers: int = 0,
-                 seq_len: int | None = None):
-    """(train loader, evaluators) for a task and recipe. Evaluation data is the same for every recipe."""
-    if not 0 < data_fraction <= 1:
-        raise ValueError(f"data_fraction must be in (0, 1], got {data_fraction}")
-    if task == "fashion-mnist":
-        augment = Augment(**recipe.augment) if recipe.augment else None
-        train, test = fashion_mnist_loaders(batch_size=recipe.batch_size, device=device, augment=augment,
-                                            data_fraction=data_fraction, seed=seed, eval_fraction=eval_fraction,
-                                            download=download)
-        if recipe.loader == "torch":
-            train = fashion_mnist_torch_loader(recipe.batch_size, recipe.augment, data_fraction, seed,
-                                               num_workers=num_workers, download=download)
-        return train, [Evaluator(test, {"accuracy": Accuracy(), "loss": CrossEntropy()})]
-    if task == "pydocs":
-        corpus = load_text_corpus(seed=seed)
-        seq_len = seq_len or 256
-        train_tokens = corpus.train[: max(seq_len + 1, int(len(corpus.train) * data_fraction))]
-        train = TokenBatchLoader(train_tokens, seq_len, recipe.batch_size, seed=seed, device=device)
-        eval_batches = max(1, int(64 * (eval_fraction or 1.0)))
-        val = TokenBatchLoader(corpus.val, seq_len, 32, steps_per_epoch=eval_batches, shuffle=False, device=device)
-        return train, [Evaluator(val, {"bpb": BitsPerByte(), "loss": CrossEntropy()})]
-    raise ValueError(f"unknown task {task!r}; known tasks: {sorted(TASKS)}")
+def _refuse_data(data, what: str) -> None:
+    if data is not None:
+        raise ValueError(f"{what} loads its own data, so data={str(data)!r} would be ignored; --data DIR is for "
+                         f"{sorted(FOLDER_TASKS)} and for task functions that take data=")
+
+
+def import_attribute(spec: str):
+    """The object ``"package.module:attr"`` names, with an error that says what failed and what to check."""
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise ValueError(f"task {spec!r}: expected 'package.module:attr', e.g. 'mytasks:flowers'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ValueError(f"task {spec!r}: cannot import module {module_name!r} ({type(e).__name__}: {e}); check "
+                         f"that it is on the Python path (run from its folder, or pip install its package)") from e
+    value = module
+    for part in attr.split("."):
+        if not hasattr(value, part):
+            raise ValueError(f"task {spec!r}: module {module_name!r} has no attribute {attr!r}; name a Task or a "
+                             f"function returning one")
+        value = getattr(value, part)
+    return value
+
+
+def model_fit_problem(task: Task, model: str) -> str | None:
+    """Why ``model`` does not fit the task's data (channels, classes, vocabulary), or None when it does."""
+    return task.model_fit_problem(model)
 
 
 # -- recipes into Trainer arguments -------------------------------------------------------------
@@ -133,21 +108,24 @@ def recipe_parts(recipe: str | Recipe, model: torch.nn.Module | None = None, *,
 
 
 # -- the one way to build a run -----------------------------------------------------------------
-def make_trainer(task: str = "fashion-mnist", recipe: str | Recipe = "baseline", *, model: str | None = None,
-                 duration: str | None = None, methods: Any = None, precision: str | None = None,
-                 batch_size: int | None = None, eval_interval: str | None = None, device: str = "auto", seed: int = 0,
-                 data_fraction: float = 1.0,
+def make_trainer(task: str | Task = "fashion-mnist", recipe: str | Recipe = "baseline", *, data=None,
+                 model: str | None = None, duration: str | None = None, methods: Any = None,
+                 precision: str | None = None, batch_size: int | None = None, eval_interval: str | None = None,
+                 device: str = "auto", seed: int = 0, data_fraction: float = 1.0,
                  eval_fraction: float | None = None, target: float | None = None, stop_at_target: bool = False,
                  download: bool = False, num_workers: int = 0, extra_config: dict | None = None,
                  **trainer_kwargs) -> Trainer:
     """A Trainer for ``task`` configured by ``recipe``; keyword arguments override the recipe's fields.
 
-    ``extra_config`` is stored in the RunRecord's config beside the task and recipe (the benchmark
-    marks seeds and leave-one-out runs this way).
+    ``task`` is anything ``resolve_task`` takes (a name, a Task, ``"pkg.mod:attr"``, a function); ``data``
+    is the folder of a folder task. ``extra_config`` is stored in the RunRecord's config beside the task and
+    recipe (the benchmark marks seeds and leave-one-out runs this way).
     """
-    spec = get_task(task)
-    recipe = get_recipe(task, recipe).with_changes(model=model, duration=duration, precision=precision,
-                                                   batch_size=batch_size, eval_interval=eval_interval)
+    if not 0 < data_fraction <= 1:
+        raise ValueError(f"data_fraction must be in (0, 1], got {data_fraction}")
+    spec = resolve_task(task, data)
+    recipe = get_recipe(spec.name, recipe).with_changes(model=model, duration=duration, precision=precision,
+                                                        batch_size=batch_size, eval_interval=eval_interval)
     if methods is not None:
         recipe = recipe.with_changes(methods=_methods_dict(methods))
     problem = model_fit_problem(spec, recipe.model)
@@ -155,22 +133,52 @@ def make_trainer(task: str = "fashion-mnist", recipe: str | Recipe = "baseline",
         raise ValueError(problem)
     device = resolve_device(device)
     torch.manual_seed(seed)  # the same initial weights for every recipe with the same seed
-    net = get_model(recipe.model, **({"num_classes": 10} if spec.domain == "vision" else {}))
-    seq_len = net.config.block_size if spec.domain == "language" else None
-    train, evaluators = make_loaders(task, recipe, device, data_fraction, seed, eval_fraction, download,
-                                     num_workers, seq_len)
+    net = spec.model(recipe.model)
+    request = DataRequest(batch_size=recipe.batch_size, device=device, seed=seed, data_fraction=data_fraction,
+                          eval_fraction=eval_fraction, recipe=recipe, model=net, download=download,
+                          num_workers=num_workers)
+    train = spec.train_data(request)
+    evaluators = [Evaluator(spec.eval_data(request), dict(spec.metrics()))]
+    check_model_fits_data(spec, net, evaluators[0].dataloader)
     target_value = target if target is not None else recipe_target(spec, recipe)
-    config = {"task": task, "data_fraction": data_fraction,
+    config = {"task": spec.name, "data_fraction": data_fraction,
               "target": {"metric": spec.target_metric, "value": target_value}, **(extra_config or {})}
     trainer = Trainer(
         net, train, evaluators=evaluators, **recipe_parts(recipe, net, config=config), device=device, seed=seed,
         eval_interval=recipe.eval_interval, stop_at=(spec.target_metric, target_value) if stop_at_target else None,
-        **trainer_kwargs)
+        loss_fn=spec.loss, **trainer_kwargs)
     trainer.record.target = {"metric": spec.target_metric, "value": target_value}
     return trainer
 
 
-def recipe_target(spec: TaskSpec, recipe: Recipe) -> float:
+def check_model_fits_data(task: Task, model: torch.nn.Module, eval_data) -> None:
+    """One evaluation batch through the fresh model, so that a model whose outputs do not fit the task's
+    labels is refused when the run is built, naming both, rather than when it starts training."""
+    device = next(model.parameters(), torch.empty(0)).device
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):  # training's draws stay put
+        batch = next(iter(eval_data), None)
+        if batch is None:
+            raise ValueError(f"task {task.name!r}: its evaluation data yielded no batches; eval_data(request) "
+                             f"must return at least one batch")
+        batch = to_device(batch, device)
+        was_training = model.training
+        model.eval()
+        try:
+            with torch.no_grad():
+                outputs = call_model(model, batch)
+        except Exception as e:
+            raise ValueError(f"task {task.name!r}: its model {type(model).__name__} cannot take its data: it raised "
+                             f"{type(e).__name__} on the batch {describe(batch)}: {e}") from e
+        finally:
+            model.train(was_training)
+    default_loss = task.loss is None and not callable(getattr(model, "loss", None))  # the Trainer's cross-entropy
+    try:
+        check_first_outputs(SimpleNamespace(batch=batch, outputs=outputs, model=model), default_loss=default_loss)
+    except (ValueError, TypeError) as e:
+        raise type(e)(f"task {task.name!r}: {e}") from e
+
+
+def recipe_target(spec: Task, recipe: Recipe) -> float:
     """The target a run of ``recipe`` is measured against: the one it was tuned for, else the task's."""
     if recipe.target is None:
         return spec.target_value

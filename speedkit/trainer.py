@@ -18,10 +18,11 @@ from typing import Iterable, Sequence
 import torch
 
 from speedkit import distributed
-from speedkit.batches import batch_size, iterate_from, set_loader_epoch, tokens_in, to_device
+from speedkit.batches import iterate_from, set_loader_epoch
 from speedkit.callbacks import ProgressBar
 from speedkit.checkpoint import Checkpointer, set_rng_state
 from speedkit.core import Algorithm, Callback, Engine, Event, State, Time, TimeUnit, TrainClock
+from speedkit.core.batch import batch_size, batch_tokens, call_model, output_logits, to_device
 from speedkit.core.event import EVAL_EVENTS
 from speedkit.devices import (autocast_factory, make_grad_scaler, resolve_device, resolve_precision, synchronize,
                               timed)
@@ -289,7 +290,7 @@ class Trainer:
             state.batch = to_device(batch, state.device)
             engine.run_event(Event.AFTER_DATALOADER)
             if not self._first_batch_checked:
-                check_first_batch(state, tokens_in(state.batch))
+                check_first_batch(state, batch_tokens(state.batch))
             self._train_step()
             engine.run_event(Event.BATCH_END)
             self._maybe_eval(at_epoch_end=False)
@@ -327,7 +328,7 @@ class Trainer:
     def _count_batch(self, batch, step_loss: torch.Tensor) -> None:
         """Advance the timestamp (samples and tokens of all ranks) and log the loss every few batches."""
         state, world = self.state, self.plan.world
-        state.timestamp = state.timestamp.after_batch(batch_size(batch) * world, tokens_in(batch) * world,
+        state.timestamp = state.timestamp.after_batch(batch_size(batch) * world, batch_tokens(batch) * world,
                                                       wall_s=self._clock.elapsed())
         if state.timestamp.batch % state.log_every == 0 or state.is_done():
             state.last_train_loss = step_loss.item()
@@ -350,7 +351,7 @@ class Trainer:
         checked = self._first_batch_checked  # until the first step is through, failures name batch and model
         engine.run_event(Event.BEFORE_FORWARD)
         with self._explained("forward", checked), state.autocast():
-            state.outputs = self._train_module(state.batch_inputs())
+            state.outputs = call_model(self._train_module, state.batch)
         engine.run_event(Event.AFTER_FORWARD)
         if not checked:
             check_first_outputs(state, default_loss=state.loss_fn is cross_entropy_loss)
@@ -485,11 +486,11 @@ class Trainer:
         engine.run_event(Event.EVAL_BATCH_START)
         engine.run_event(Event.EVAL_BEFORE_FORWARD)
         with state.autocast():
-            state.outputs = state.model(state.batch_inputs())
+            state.outputs = call_model(state.model, state.batch)
         engine.run_event(Event.EVAL_AFTER_FORWARD)
         if count:
             for metric in evaluator.metrics.values():
-                metric.update(state.outputs.float(), state.batch_targets())
+                metric.update(output_logits(state.outputs).float(), state.batch_targets())
         engine.run_event(Event.EVAL_BATCH_END)
 
     # -- endings --------------------------------------------------------------------------

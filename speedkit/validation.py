@@ -16,6 +16,8 @@ from typing import Any
 import torch
 
 from speedkit.core.algorithm import show  # repr cut short, never failing
+from speedkit.core.batch import (BatchShapeError, batch_inputs, batch_targets, is_dict_batch, output_logits,
+                                 output_loss)
 from speedkit.core.time import Time, TimeUnit
 
 _DEVICE = re.compile(r"^(auto|cpu|mps|cuda(:(0|[1-9][0-9]{0,3}))?)$")
@@ -293,10 +295,14 @@ def check_first_batch(state, tokens: int) -> None:
     A duration in ``tok`` over batches without tokens (or ``sp`` over empty batches) would never end.
     """
     batch = state.batch
-    first = batch[0] if isinstance(batch, (list, tuple)) and batch else batch
+    try:
+        first = batch_inputs(batch)
+    except BatchShapeError as e:
+        raise TypeError(f"train_dataloader's first batch cannot be read: {e}") from None
     if not isinstance(first, torch.Tensor) or first.dim() == 0:
-        raise TypeError(f"train_dataloader's batches must be a tensor or a tuple (inputs, targets, ...) whose "
-                        f"first item is a batched tensor [batch, ...]; the first batch is {describe(batch)}")
+        raise TypeError(f"train_dataloader's batches must be a tensor, a tuple (inputs, targets, ...) whose "
+                        f"first item is a batched tensor [batch, ...], or a dict of tensors with the inputs under "
+                        f"'input_ids' or 'pixel_values'; the first batch is {describe(batch)}")
     if first.shape[0] == 0:
         raise ValueError(f"train_dataloader's first batch holds no samples: {describe(batch)}")
     if tokens == 0 and not state.tokens_per_batch:
@@ -317,15 +323,19 @@ def check_first_outputs(state, default_loss: bool) -> None:
     Checked here rather than left to ``F.cross_entropy``, whose errors (an IndexError on CPU, a device-side
     assert on CUDA) do not say which batch or model.
     """
-    if not default_loss:
+    if not default_loss or output_loss(state.outputs) is not None:  # a model that computes its own loss
         return
-    batch, outputs, model = state.batch, state.outputs, _model_name(state.model)
+    batch, outputs, model = state.batch, output_logits(state.outputs), _model_name(state.model)
     custom = "or pass loss_fn=... for a different loss"
-    if not isinstance(batch, (list, tuple)) or len(batch) < 2:
+    targets = batch_targets(batch)
+    if targets is None and is_dict_batch(batch):
+        raise ValueError(f"the first batch is {describe(batch)} with no 'labels' and {model} computed no loss of its "
+                         f"own (no .loss in its output); add the labels under 'labels', {custom}")
+    if targets is None:
         raise ValueError(f"the default cross-entropy loss needs (inputs, targets) batches, but the first batch is "
                          f"{describe(batch)}; yield (inputs, labels) from the loader, {custom}")
     if not isinstance(outputs, torch.Tensor) or not outputs.is_floating_point() or outputs.dim() < 2:
-        raise ValueError(f"{model} returned {describe(outputs)} for inputs {describe(batch[0])}; the default "
+        raise ValueError(f"{model} returned {describe(outputs)} for inputs {describe(batch_inputs(batch))}; the default "
                          f"cross-entropy loss needs logits [batch, classes] (or [batch, time, classes]); "
                          f"return logits, {custom}")
     classes = outputs.shape[-1]
@@ -333,7 +343,6 @@ def check_first_outputs(state, default_loss: bool) -> None:
         raise ValueError(f"{model} outputs {classes} class score per sample (logits {describe(outputs)}): "
                          f"cross-entropy over one class is always zero, so nothing would train; give the model "
                          f"one output per class, {custom}")
-    targets = batch[1]
     expected = (f"class indices of shape {list(outputs.shape[:-1])} in [0, {classes - 1}] or class probabilities "
                 f"of shape {list(outputs.shape)}")
     where = f"the first batch's labels {describe(targets)} do not fit {model}, which outputs {classes} classes " \
@@ -389,7 +398,7 @@ def explain_first_batch_error(state, stage: str, error: Exception) -> None:
         return
     model, batch = _model_name(state.model), state.batch
     if stage == "forward":
-        inputs = batch[0] if isinstance(batch, (list, tuple)) and batch else batch
+        inputs = batch_inputs(batch)
         message = (f"the first training batch does not fit the model: {model} raised {type(error).__name__} on "
                    f"inputs {describe(inputs)} (the whole batch is {describe(batch)}): {error}")
     else:

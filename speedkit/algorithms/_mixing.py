@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 from speedkit.core.algorithm import Algorithm
 from speedkit.core.event import Event
+from speedkit.core.batch import output_logits, require_tuple_batch, with_inputs, with_targets
 
 
 def sample_beta(alpha: float, generator: torch.Generator | None = None) -> float:
@@ -76,17 +77,19 @@ class BatchMixing(Algorithm):
         return self._last_draw[1]
 
     def apply(self, event, state, logger):
-        x, y = state.batch[0], state.batch[1]
+        require_tuple_batch(state.batch, self.name, "it mixes the labels, and a dict batch's labels go into the "
+                            "model, whose own loss takes class indices, not mixed labels")
+        x, y = state.batch_inputs(), state.batch_targets()
         if event is Event.BEFORE_FORWARD:
             self.check_inputs(x)
             mixed_x, lam, perm = self.mix(x, self._drawn(state, x))
             num_classes = self.params["num_classes"] or None
+            state.batch = with_inputs(state.batch, mixed_x)
             if y.is_floating_point() or num_classes is not None:
-                state.batch = (mixed_x, mix_labels(y, perm, lam, num_classes), *state.batch[2:])
+                state.batch = with_targets(state.batch, mix_labels(y, perm, lam, num_classes))
             else:  # the number of classes is known once the model has produced logits
-                state.batch = (mixed_x, *state.batch[1:])
                 self._pending = (lam, perm)
             return
         lam, perm = self._pending
         self._pending = None
-        state.batch = (x, mix_labels(y, perm, lam, state.outputs.shape[-1]), *state.batch[2:])
+        state.batch = with_targets(state.batch, mix_labels(y, perm, lam, output_logits(state.outputs).shape[-1]))

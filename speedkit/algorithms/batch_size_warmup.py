@@ -19,6 +19,7 @@ import torch
 from speedkit import distributed
 from speedkit.core.algorithm import Algorithm, HParam, MethodCard
 from speedkit.core.event import Event
+from speedkit.core.batch import batch_inputs, select_samples
 
 
 def batch_size_at(fraction_done: float, batch_size: int, initial_fraction: float = 0.25,
@@ -35,12 +36,7 @@ def batch_size_at(fraction_done: float, batch_size: int, initial_fraction: float
 
 def take_first(batch, k: int):
     """The first ``k`` samples of every tensor in ``batch`` that has the batch's leading size."""
-    first = batch[0] if isinstance(batch, (tuple, list)) else batch
-    size = first.shape[0]
-    if isinstance(batch, torch.Tensor):
-        return batch[:k]
-    return type(batch)(b[:k] if isinstance(b, torch.Tensor) and b.dim() > 0 and b.shape[0] == size else b
-                       for b in batch)
+    return select_samples(batch, torch.arange(k, device=batch_inputs(batch).device))
 
 
 class BatchSizeWarmup(Algorithm):

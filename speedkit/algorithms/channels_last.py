@@ -6,6 +6,7 @@ import torch
 from speedkit.algorithms._surgery import record_surgery
 from speedkit.core.algorithm import Algorithm, HParam, MethodCard, SurgeryReport
 from speedkit.core.event import Event
+from speedkit.core.batch import with_inputs
 
 
 def apply_channels_last(model: torch.nn.Module, allow_empty: bool = False) -> SurgeryReport:
@@ -46,4 +47,4 @@ class ChannelsLast(Algorithm):
             return
         inputs = state.batch_inputs()
         if isinstance(inputs, torch.Tensor) and inputs.dim() == 4:
-            state.batch = (to_channels_last(inputs), *state.batch[1:])
+            state.batch = with_inputs(state.batch, to_channels_last(inputs))

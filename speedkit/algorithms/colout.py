@@ -13,6 +13,7 @@ import torch
 
 from speedkit.core.algorithm import Algorithm, HParam, MethodCard
 from speedkit.core.event import Event
+from speedkit.core.batch import with_inputs, with_targets
 
 
 def kept_indices(size: int, drop_fraction: float, generator: torch.Generator | None = None, device=None) -> torch.Tensor:
@@ -66,9 +67,11 @@ class ColOut(Algorithm):
     )
 
     def apply(self, event, state, logger):
-        x, y = state.batch[0], state.batch[1]
+        x, y = state.batch_inputs(), state.batch_targets()
         if not isinstance(x, torch.Tensor) or x.dim() != 4:
             raise ValueError(f"colout needs image batches [N, C, H, W], got {getattr(x, 'shape', type(x))}; "
                              f"remove colout for this task")
         smaller, targets = colout_batch(x, self.params["p_row"], self.params["p_col"], targets=y)
-        state.batch = (smaller, targets, *state.batch[2:])
+        state.batch = with_inputs(state.batch, smaller)
+        if y is not None:
+            state.batch = with_targets(state.batch, targets)

@@ -11,6 +11,7 @@ import torch
 
 from speedkit.core.algorithm import Algorithm, HParam, MethodCard
 from speedkit.core.event import Event
+from speedkit.core.batch import with_inputs
 
 
 def cutout_mask(num_samples: int, height: int, width: int, num_holes: int = 1, length: float = 0.5,
@@ -69,4 +70,4 @@ class CutOut(Algorithm):
         if not isinstance(x, torch.Tensor) or x.dim() != 4:
             raise ValueError(f"cutout needs image batches [N, C, H, W], got {getattr(x, 'shape', type(x))}; "
                              f"remove cutout for this task")
-        state.batch = (cutout_batch(x, self.params["num_holes"], self.params["length"]), *state.batch[1:])
+        state.batch = with_inputs(state.batch, cutout_batch(x, self.params["num_holes"], self.params["length"]))

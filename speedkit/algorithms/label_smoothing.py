@@ -6,6 +6,7 @@ import torch.nn.functional as F
 
 from speedkit.core.algorithm import Algorithm, HParam, MethodCard
 from speedkit.core.event import Event
+from speedkit.core.batch import output_logits, require_tuple_batch, with_targets
 
 
 def smooth_labels(targets: torch.Tensor, num_classes: int, smoothing: float = 0.1) -> torch.Tensor:
@@ -37,10 +38,12 @@ class LabelSmoothing(Algorithm):
 
     def apply(self, event, state, logger):
         if event is Event.BEFORE_LOSS:
+            require_tuple_batch(state.batch, self.name, "it makes soft labels, and a dict batch's labels go into "
+                                "the model, whose own loss takes class indices")
             targets = state.batch_targets()
             self._original_targets = targets
-            smoothed = smooth_labels(targets, state.outputs.shape[-1], self.params["smoothing"])
-            state.batch = (state.batch[0], smoothed, *state.batch[2:])
+            smoothed = smooth_labels(targets, output_logits(state.outputs).shape[-1], self.params["smoothing"])
+            state.batch = with_targets(state.batch, smoothed)
         elif self._original_targets is not None:
-            state.batch = (state.batch[0], self._original_targets, *state.batch[2:])
+            state.batch = with_targets(state.batch, self._original_targets)
             self._original_targets = None

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from speedkit.algorithms._surgery import record_surgery
 from speedkit.core.algorithm import Algorithm, HParam, MethodCard, SurgeryReport
 from speedkit.core.event import Event
+from speedkit.core.batch import batch_inputs
 
 
 def image_patches(images: torch.Tensor, kernel_size: int = 2, max_patches: int = 200_000,
@@ -143,7 +144,7 @@ def sample_images(loader, num_samples: int) -> torch.Tensor:
     """Up to ``num_samples`` input images from a loader yielding (inputs, targets, ...) batches."""
     taken, count = [], 0
     for batch in loader:
-        inputs = batch[0] if isinstance(batch, (tuple, list)) else batch
+        inputs = batch_inputs(batch)
         taken.append(inputs[: num_samples - count].detach())
         count += taken[-1].shape[0]
         if count >= num_samples:

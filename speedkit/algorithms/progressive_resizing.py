@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 from speedkit.core.algorithm import Algorithm, HParam, MethodCard
 from speedkit.core.event import Event
+from speedkit.core.batch import with_inputs, with_targets
 
 
 def progressive_scale(fraction_done: float, initial_scale: float = 0.5, finetune_fraction: float = 0.2,
@@ -117,10 +118,12 @@ class ProgressiveResizing(Algorithm):
                                  p["delay_fraction"])
 
     def apply(self, event, state, logger):
-        x, targets = state.batch[0], state.batch[1]
+        x, targets = state.batch_inputs(), state.batch_targets()
         if not isinstance(x, torch.Tensor) or x.dim() != 4:
             raise ValueError(f"progressive_resizing needs image batches [N, C, H, W], got "
                              f"{getattr(x, 'shape', type(x))}; remove it for this task")
         scale = self.params["eval_scale"] if event is Event.EVAL_BEFORE_FORWARD else self.current_scale(state)
         x, targets = resize_batch(x, scale, self.params["size_increment"], targets=targets)
-        state.batch = (x, targets, *state.batch[2:])
+        state.batch = with_inputs(state.batch, x)
+        if targets is not None:
+            state.batch = with_targets(state.batch, targets)

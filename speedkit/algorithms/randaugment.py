@@ -22,6 +22,7 @@ import torch
 
 from speedkit.core.algorithm import Algorithm, HParam, MethodCard
 from speedkit.core.event import Event
+from speedkit.core.batch import with_inputs
 
 MAX_MAGNITUDE = 30  # RandAugment's magnitude scale: 31 levels, 0..30
 
@@ -207,7 +208,7 @@ def augment_normalised_batch(state, method: str, augment: Callable[[torch.Tensor
                          f"{getattr(x, 'shape', type(x))}; remove {method} for this task")
     stats = loader_normalization(state.train_dataloader, x.shape[1], x.device)
     images = augment(to_unit_range(x, stats, method))
-    state.batch = (from_unit_range(images, stats, x), *state.batch[1:])
+    state.batch = with_inputs(state.batch, from_unit_range(images, stats, x))
 
 
 class RandAugment(Algorithm):

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 from speedkit.core.algorithm import Algorithm, HParam, MethodCard
 from speedkit.core.event import Event
+from speedkit.core.batch import require_tuple_batch, select_samples
 
 
 def per_sample_loss(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int = -1) -> torch.Tensor:
@@ -121,9 +122,9 @@ class SelectiveBackprop(Algorithm):
                                                            p["start"], p["end"], p["interrupt"])
 
     def apply(self, event, state, logger):
-        inputs, targets = state.batch[0], state.batch[1]
+        require_tuple_batch(state.batch, self.name, "it scores each sample with cross-entropy of model(inputs) "
+                            "against the labels, and a dict batch's model is called with the whole dict")
+        inputs, targets = state.batch_inputs(), state.batch_targets()
         losses = score_batch(state.model, inputs, targets, state.autocast, self.params["scale_factor"])
-        kept_x, kept_y, indices = select_hardest(inputs, targets, losses, self.params["keep"])
-        rest = tuple(b.index_select(0, indices) if isinstance(b, torch.Tensor) and b.dim() > 0
-                     and b.shape[0] == inputs.shape[0] else b for b in state.batch[2:])
-        state.batch = (kept_x, kept_y, *rest)
+        _, _, indices = select_hardest(inputs, targets, losses, self.params["keep"])
+        state.batch = select_samples(state.batch, indices)

@@ -24,6 +24,7 @@ import torch
 from speedkit.algorithms.ema import copy_into, init_ema, load_weights, model_tensors
 from speedkit.core.algorithm import Algorithm, HParam, MethodCard
 from speedkit.core.event import Event
+from speedkit.core.batch import call_model, to_device
 
 _NORMS = (torch.nn.modules.batchnorm._BatchNorm,)
 
@@ -70,11 +71,10 @@ def update_batchnorm_statistics(model: torch.nn.Module, batches: Iterable, max_b
         for batch in batches:
             if max_batches is not None and seen >= max_batches:
                 break
-            inputs = batch[0] if isinstance(batch, (list, tuple)) else batch
             if device is not None:
-                inputs = inputs.to(device)
+                batch = to_device(batch, device)
             with (autocast() if autocast is not None else torch.autocast("cpu", enabled=False)):
-                model(inputs)
+                call_model(model, batch)
             seen += 1
     finally:
         for m, momentum in momenta.items():

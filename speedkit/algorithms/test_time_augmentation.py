@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 from speedkit.core.algorithm import Algorithm, HParam, MethodCard
 from speedkit.core.event import Event
+from speedkit.core.batch import BatchShapeError, describe_shape, is_dict_batch
 
 
 def translated_views(x: torch.Tensor, shifts: int) -> list[torch.Tensor]:
@@ -75,6 +76,10 @@ class TestTimeAugmentation(Algorithm):
         return event in self.CARD.events and (self.params["flip"] or self.params["shifts"] > 0)
 
     def apply(self, event, state, logger):
+        if is_dict_batch(state.batch):
+            raise BatchShapeError(f"test_time_augmentation cannot act on this batch ({describe_shape(state.batch)}): "
+                                  f"it calls the model on transformed inputs alone, and a dict batch's model takes "
+                                  f"the whole dict; yield (inputs, targets) tuples or remove test_time_augmentation")
         x = state.batch_inputs()
         if not isinstance(x, torch.Tensor) or x.dim() != 4:
             raise ValueError(f"test_time_augmentation needs image batches [N, C, H, W], got "

@@ -6,14 +6,16 @@ from typing import Any, Callable
 
 import torch
 
+from speedkit.core import batch as batch_view
 from speedkit.core.time import Time, Timestamp, TimeUnit
 
 
 class State:
     """The run's mutable state. Algorithms act on it; the Trainer advances it.
 
-    ``batch`` is whatever the dataloader yields, normally ``(inputs, targets)``; methods rewrite it
-    at AFTER_DATALOADER / BEFORE_FORWARD. ``outputs`` and ``loss`` hold the current microbatch's.
+    ``batch`` is whatever the dataloader yields: ``(inputs, targets, ...)``, a dict or a tensor, read and
+    rewritten through ``speedkit.core.batch``; methods rewrite it at AFTER_DATALOADER / BEFORE_FORWARD.
+    ``outputs`` and ``loss`` hold the current microbatch's.
     """
 
     def __init__(self, *, model: torch.nn.Module, loss_fn: Callable, max_duration: Time,
@@ -72,10 +74,12 @@ class State:
 
     # -- progress -------------------------------------------------------------------------
     def batch_inputs(self):
-        return self.batch[0] if isinstance(self.batch, (tuple, list)) else self.batch
+        """The current batch's inputs, whatever its shape (see ``speedkit.core.batch``)."""
+        return batch_view.batch_inputs(self.batch)
 
     def batch_targets(self):
-        return self.batch[1] if isinstance(self.batch, (tuple, list)) and len(self.batch) > 1 else None
+        """The current batch's labels, or None."""
+        return batch_view.batch_targets(self.batch)
 
     def progress(self, unit: TimeUnit) -> float:
         """Progress so far in ``unit``; epochs count fractionally within the current epoch."""

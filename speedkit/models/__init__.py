@@ -6,6 +6,8 @@ Models speedkit trains and benchmarks, by name:
     get_model("resnet18", in_channels=1, small_input=True)   # torchvision, adapted to small images
     get_model("gpt-mini", positions="rotary")     # GPT presets; kwargs override GPTConfig fields
     get_model("unet", num_classes=2)
+    get_model("torchvision:mobilenet_v3_small", num_classes=5, in_channels=1)   # any torchvision classifier
+    get_model("timm:resnet10t", num_classes=5)   # where timm is installed
 
 Nothing here downloads weights: torchvision models are built with weights=None.
 """
@@ -75,6 +77,47 @@ MODELS = {
 }
 
 
+LIBRARIES = ("torchvision", "timm")  # get_model("torchvision:resnet18"), get_model("timm:resnet10t")
+
+
+def library_model(name: str, num_classes: int, in_channels: int) -> nn.Module:
+    """A classification model from torchvision or timm by ``"library:model"`` (random weights, no download),
+    adapted to ``in_channels`` input channels and ``num_classes`` classes."""
+    library, _, arch = name.partition(":")
+    if library == "timm":
+        try:
+            import timm
+        except ImportError:
+            raise ValueError(f"model {name!r} needs timm, which is not installed; pip install timm, or pick a "
+                             f"torchvision:<name> model") from None
+        if arch not in timm.list_models():
+            raise ValueError(f"timm has no model {arch!r}; see timm.list_models()")
+        return timm.create_model(arch, pretrained=False, num_classes=num_classes, in_chans=in_channels)
+    if library != "torchvision":
+        raise ValueError(f"unknown model library {library!r} in {name!r}; use one of {[f'{l}:<name>' for l in LIBRARIES]}")
+    import torchvision
+
+    if arch not in torchvision.models.list_models(module=torchvision.models):
+        raise ValueError(f"{arch!r} is not a torchvision classification model; see "
+                         f"torchvision.models.list_models(module=torchvision.models)")
+    model = torchvision.models.get_model(arch, weights=None, num_classes=num_classes)
+    if in_channels != 3:
+        _adapt_first_conv(model, in_channels, name)
+    return model
+
+
+def _adapt_first_conv(model: nn.Module, in_channels: int, name: str) -> None:
+    """Replace the stem's convolution (the first Conv2d taking 3 channels) by one taking ``in_channels``."""
+    for parent in model.modules():
+        for child_name, child in parent.named_children():
+            if isinstance(child, nn.Conv2d) and child.in_channels == 3 and child.groups == 1:
+                conv = nn.Conv2d(in_channels, child.out_channels, child.kernel_size, child.stride, child.padding,
+                                 child.dilation, 1, child.bias is not None, child.padding_mode)
+                setattr(parent, child_name, conv)
+                return
+    raise ValueError(f"{name}: found no 3-channel Conv2d stem to adapt to {in_channels} input channels")
+
+
 def list_models():
     """The names get_model accepts."""
     return list(MODELS)
@@ -90,13 +133,15 @@ def get_model(name, num_classes=10, in_channels=None, **kwargs):
     kwargs: passed to the builder, e.g. width= for resnet8/9, small_input= for resnet18/50,
         base=/depth= for unet, any GPTConfig field for the GPT presets.
     """
+    if name.partition(":")[0] in LIBRARIES:
+        return library_model(name, num_classes, 3 if in_channels is None else in_channels)
     if name not in MODELS:
         raise ValueError(f"unknown model {name!r}; known models: {', '.join(MODELS)}")
     return MODELS[name](num_classes=num_classes, in_channels=in_channels, **kwargs)
 
 
 __all__ = [
-    "get_model", "list_models", "MODELS", "torchvision_resnet",
+    "get_model", "library_model", "list_models", "MODELS", "torchvision_resnet",
     "BasicBlock", "SmallResNet", "ResNet9", "resnet8", "resnet9", "resnet20", "resnet56",
     "GPT", "GPTConfig", "GPT_CONFIGS", "gpt_config", "CausalSelfAttention", "Rotary",
     "UNet",

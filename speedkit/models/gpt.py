@@ -25,6 +25,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from speedkit.core.batch import batch_targets
+
 
 @dataclass
 class GPTConfig:
@@ -229,7 +231,7 @@ class GPT(nn.Module):
     def loss(self, logits, batch):
         """Mean next-token cross-entropy; batch = (inputs [B, T], targets [B, T] ids, -1 ignored, or [B, T, V]
         dense probabilities, as label smoothing makes them)."""
-        targets = batch[1]
+        targets = batch_targets(batch)
         logits = logits.reshape(-1, logits.size(-1)).float()
         if targets.is_floating_point():  # dense (e.g. smoothed) targets [B, T, V]
             return F.cross_entropy(logits, targets.reshape(-1, logits.size(-1)))

@@ -1,0 +1,177 @@
+"""The public Task: a user's own model and data through make_trainer, the one resolver of a task, the
+built-in tasks defined with it, and the errors for a task that cannot run (before training starts)."""
+from __future__ import annotations
+
+import sys
+import textwrap
+
+import pytest
+import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+
+import speedkit
+from speedkit.data import load_fashion_mnist
+from speedkit.metrics import Accuracy, CrossEntropy
+from speedkit.recipes import RECIPES, Recipe, get_recipe
+from speedkit.task import BUILT_IN
+from speedkit.tasks import TASKS, get_task, make_trainer, register_task, resolve_task
+
+
+class SmallCNN(nn.Module):
+    def __init__(self, classes: int = 10):
+        super().__init__()
+        self.features = nn.Sequential(nn.Conv2d(1, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2),
+                                      nn.Conv2d(16, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),
+                                      nn.AdaptiveAvgPool2d(4), nn.Flatten())
+        self.head = nn.Linear(32 * 16, classes)
+
+    def forward(self, x):
+        return self.head(self.features(x))
+
+
+def fashion_tensors(n: int, split: str = "train"):
+    """The first ``n`` real Fashion-MNIST images as normalised float tensors, and their labels."""
+    arrays = load_fashion_mnist()
+    x = arrays.train_x[:n] if split == "train" else arrays.test_x[:n]
+    y = arrays.train_y[:n] if split == "train" else arrays.test_y[:n]
+    return ((x.float() / 255 - arrays.mean) / arrays.std).unsqueeze(1), y.long()
+
+
+def user_task(name: str = "my-fashion", classes: int = 10, **changes) -> speedkit.Task:
+    """A task as a user writes one: their CNN, their in-memory data in a DataLoader, their recipe."""
+    train_x, train_y = fashion_tensors(2048)
+    val_x, val_y = fashion_tensors(512, "test")
+
+    def train_data(request: speedkit.DataRequest):
+        keep = int(len(train_y) * request.data_fraction)
+        generator = torch.Generator().manual_seed(request.seed)
+        return DataLoader(TensorDataset(train_x[:keep], train_y[:keep]), batch_size=request.batch_size,
+                          shuffle=True, generator=generator)
+
+    def eval_data(request: speedkit.DataRequest):
+        return DataLoader(TensorDataset(val_x, val_y), batch_size=256)
+
+    baseline = Recipe(name="baseline", task=name, domain="vision", model="small-cnn", duration="2ep", batch_size=64,
+                      optimizer={"name": "adamw", "lr": 3e-3}, eval_interval="1ep")
+    fields = dict(name=name, domain="vision", model=lambda model_name: SmallCNN(classes), train_data=train_data,
+                  eval_data=eval_data, metrics=lambda: {"accuracy": Accuracy(), "loss": CrossEntropy()},
+                  target_metric="eval/accuracy", target_value=0.7, recipes={"baseline": baseline})
+    return speedkit.Task(**{**fields, **changes})
+
+
+@pytest.fixture(autouse=True)
+def forget_user_tasks():
+    """Tasks a test registers are gone afterwards, so tests do not see each other's."""
+    before = dict(TASKS)
+    yield
+    for name in set(TASKS) - set(before):
+        TASKS.pop(name)
+        RECIPES.pop(name, None)
+
+
+def test_a_user_task_trains_through_make_trainer(tmp_path):
+    task = user_task()
+    trainer = make_trainer(task, "baseline", run_dir=tmp_path, save_checkpoints=False)
+    record = trainer.fit()
+    assert record.status == "completed"
+    assert record.config["task"] == "my-fashion"
+    assert record.target == {"metric": "eval/accuracy", "value": 0.7}
+    assert record.final_metrics["eval/accuracy"] > 0.6  # chance is 0.1: it learned from the real images
+    assert get_task("my-fashion") is task  # resolving registered it, so its name now works everywhere
+    assert get_recipe("my-fashion", "baseline").model == "small-cnn"
+
+
+def test_a_user_task_takes_speedup_methods_from_a_recipe(tmp_path):
+    task = user_task()
+    trainer = make_trainer(task, "baseline", methods={"label_smoothing": {"smoothing": 0.1}, "channels_last": {}},
+                           duration="4ba", run_dir=tmp_path, save_checkpoints=False)
+    record = trainer.fit()
+    assert sorted(m["name"] for m in record.methods) == ["channels_last", "label_smoothing"]
+    assert record.status == "completed"
+
+
+def test_the_built_in_tasks_are_tasks_like_any_other():
+    for name in ("fashion-mnist", "pydocs"):
+        task = TASKS[name]
+        assert isinstance(task, speedkit.Task) and name in BUILT_IN
+        assert "baseline" in task.recipes and task.recipes["baseline"].task == name
+        assert resolve_task(name) is task
+    assert TASKS["fashion-mnist"].model_fit_problem("torchvision:resnet18") is None
+    assert "does not fit" in TASKS["fashion-mnist"].model_fit_problem("gpt-nano")
+    assert TASKS["fashion-mnist"].model_names == ["resnet8", "resnet9"]
+
+
+def test_the_resolver_takes_a_module_attribute_and_a_function(tmp_path, monkeypatch):
+    (tmp_path / "my_tasks.py").write_text(textwrap.dedent("""
+        from test_tasks import user_task
+        task = user_task("from-module")
+        def make(data=None):
+            return user_task("from-function" if data is None else "with-data-" + data)
+        def not_a_task():
+            return 42
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setitem(sys.modules, "test_tasks", sys.modules[__name__])
+    assert resolve_task("my_tasks:task").name == "from-module"
+    assert resolve_task("my_tasks:make").name == "from-function"
+    assert resolve_task("my_tasks:make", data="x").name == "with-data-x"
+    assert resolve_task(lambda: user_task("from-lambda")).name == "from-lambda"
+    assert "from-module" in TASKS and "from-lambda" in TASKS
+    with pytest.raises(TypeError, match="returned int, not a speedkit.Task"):
+        resolve_task("my_tasks:not_a_task")
+    with pytest.raises(ValueError, match="has no attribute 'nothing'"):
+        resolve_task("my_tasks:nothing")
+
+
+@pytest.mark.parametrize("task, data, message", [
+    ("no_such_module_h12:task", None, "cannot import module 'no_such_module_h12'.*on the Python path"),
+    ("no-such-task", None, r"unknown task 'no-such-task'.*fashion-mnist.*image-folder.*package.module:attr"),
+    ("pydocs", "/tmp", "loads its own data"),
+    ("image-folder", None, r"give the folder \(--data DIR"),
+    (":attr", None, "expected 'package.module:attr'"),
+])
+def test_a_task_that_cannot_be_found_is_refused_with_the_fix(task, data, message):
+    with pytest.raises(ValueError, match=message):
+        resolve_task(task, data)
+
+
+def test_a_task_object_is_checked_when_made():
+    with pytest.raises(ValueError, match=r"target_metric 'eval/acc' is not one of its metrics \['eval/accuracy'"):
+        user_task(target_metric="eval/acc")
+    with pytest.raises(ValueError, match="holding a 'baseline' Recipe"):
+        user_task(recipes={})
+    someone_elses = user_task("someone-else").recipes["baseline"]
+    with pytest.raises(ValueError, match="must say name='baseline', task='other'"):
+        user_task(name="other", recipes={"baseline": someone_elses})
+    with pytest.raises(ValueError, match="domain must be one of"):
+        user_task(domain="audio")
+    with pytest.raises(TypeError, match="train_data must be a function"):
+        user_task(train_data=[1, 2])
+
+
+def test_a_built_in_name_cannot_be_taken_and_a_taken_name_needs_replace():
+    baseline = get_recipe("fashion-mnist", "baseline")
+    with pytest.raises(ValueError, match="'fashion-mnist' is built in; give your task another name"):
+        register_task(user_task("fashion-mnist", recipes={"baseline": baseline}))
+    register_task(user_task("mine"))
+    with pytest.raises(ValueError, match="pass replace=True"):
+        register_task(user_task("mine"))
+    assert register_task(user_task("mine"), replace=True).name == "mine"
+
+
+def test_a_model_whose_outputs_do_not_fit_the_labels_is_refused_before_training(tmp_path):
+    task = user_task(classes=3)  # Fashion-MNIST labels go up to 9
+    with pytest.raises(ValueError, match=r"task 'my-fashion'.*labels.*outside \[0, 2\]"):
+        make_trainer(task, "baseline", run_dir=tmp_path, save_checkpoints=False)
+
+
+def test_a_model_that_cannot_take_the_inputs_is_refused_before_training(tmp_path):
+    task = user_task(model=lambda name: nn.Linear(5, 10))
+    with pytest.raises(ValueError, match=r"task 'my-fashion': its model Linear cannot take its data"):
+        make_trainer(task, "baseline", run_dir=tmp_path, save_checkpoints=False)
+
+
+def test_an_unknown_model_name_for_a_task_names_the_ones_that_fit(tmp_path):
+    with pytest.raises(ValueError, match=r"model 'resnet8' does not fit task 'my-fashion'; use one of \['small-cnn'\]"):
+        make_trainer(user_task(), "baseline", model="resnet8", run_dir=tmp_path)
