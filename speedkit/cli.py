@@ -1,4 +1,4 @@
-"""``speedkit train | launch | methods | demo | bench | tune | notebooks``: the command line over the same make_trainer,
+"""``speedkit train | launch | methods | export | demo | bench | tune | notebooks``: the command line over the same make_trainer,
 benchmark harness and notebooks that everything else uses."""
 from __future__ import annotations
 
@@ -72,6 +72,7 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--device")
     demo.add_argument("--out", default="runs/demo", help="where the executed notebook, its HTML and records go")
     demo.add_argument("--root", default=".", help="the speedkit checkout holding notebooks/ and params/")
+    _add_export_parser(commands)
     _add_bench_parser(commands)
     _add_tune_parser(commands)
     _add_notebooks_parser(commands)
@@ -85,6 +86,25 @@ def _summary(record) -> str:
               if record.target and reached is not None else "")
     return (f"{record.status}: {record.timings.get('train_s', 0):.1f}s training "
             f"({record.timings.get('eval_s', 0):.1f}s eval apart)  {metrics}{target}\nrecord: {record.path}")
+
+
+def _add_export_parser(commands) -> None:
+    export = commands.add_parser("export", help="write a run's trained weights for other tools (safetensors, pt)",
+                                 description="Writes the weights the run ended with (EMA/SWA averages where it used "
+                                             "them) as a plain state dict that safetensors.torch.load_file or "
+                                             "torch.load(weights_only=True) reads into a fresh model.")
+    export.add_argument("run", help="a run folder (runs/NAME) or a .ckpt file")
+    export.add_argument("--format", default="safetensors", choices=["safetensors", "pt"])
+    export.add_argument("--out", help="file to write (default: model.safetensors or model.pt in the run folder)")
+    export.add_argument("--weights", default="auto", choices=["auto", "model", "ema", "swa"],
+                        help="auto: what the run ended with; or one set from the checkpoint")
+
+
+def _export(args) -> int:
+    from speedkit.export import export_weights
+
+    print(export_weights(args.run, out=args.out, format=args.format, weights=args.weights).instructions())
+    return 0
 
 
 def _add_launch_parser(commands) -> None:
@@ -389,6 +409,8 @@ def main(argv: list[str] | None = None) -> int:
             return _launch(args)
         if args.command == "methods":
             return _methods(args)
+        if args.command == "export":
+            return _export(args)
         if args.command == "bench":
             return _bench(args)
         if args.command == "notebooks":
@@ -400,7 +422,7 @@ def main(argv: list[str] | None = None) -> int:
 
             overrides = {"duration": args.duration, "data_fraction": args.data_fraction, "device": args.device}
             return run_demo(args.root, args.out, {k: v for k, v in overrides.items() if v is not None})
-    except (ValueError, TypeError, FileNotFoundError) as e:
+    except (ValueError, TypeError, FileNotFoundError, ImportError) as e:
         print(f"speedkit: error: {e}", file=sys.stderr)
         return 2
     return 1

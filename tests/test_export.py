@@ -1,0 +1,120 @@
+"""Export: a run's weights read back by safetensors' and torch's own loaders into a fresh model, which then
+computes what the trained model computed (EMA/SWA averages included, and after surgery)."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+import speedkit.functional as sf
+from speedkit import Trainer
+from speedkit.algorithms import EMA, SWA, BlurPool, ChannelsLast, SqueezeExcite
+from speedkit.checkpoint import load_checkpoint
+from speedkit.cli import main as cli
+from speedkit.export import export_weights
+from speedkit.models import get_model
+
+from helpers import toy_loaders, toy_model
+from prerequisites import import_or_missing
+
+SAFETENSORS_INSTALL = "pip install 'speedkit[export]'"
+
+
+def read_back(result) -> dict:
+    if result.format == "safetensors":
+        return import_or_missing("safetensors.torch", SAFETENSORS_INSTALL).load_file(result.path)
+    return torch.load(result.path, weights_only=True)
+
+
+def fit(tmp_path, model, algorithms=(), loaders=None, **kwargs):
+    train, test = loaders or toy_loaders()
+    trainer = Trainer(model, train, eval_dataloader=test, max_duration="2ep", eval_interval="1ep",
+                      algorithms=list(algorithms), device="cpu", run_dir=tmp_path, run_name="run", **kwargs)
+    trainer.fit()
+    return trainer, tmp_path / "run"
+
+
+def same_outputs(a: torch.nn.Module, b: torch.nn.Module, x: torch.Tensor) -> None:
+    a.eval(), b.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(a(x), b(x), rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("format", ["safetensors", "pt"])
+def test_exported_weights_load_into_a_fresh_model_and_compute_the_same(tmp_path, format):
+    trainer, folder = fit(tmp_path, toy_model())
+    result = export_weights(folder, format=format)
+    assert result.path == folder / f"model.{format}" and result.weights == "model"
+
+    fresh = toy_model(seed=1)
+    fresh.load_state_dict(read_back(result))  # strict: every name present, no extra ones
+    same_outputs(trainer.state.model, fresh, torch.randn(16, 8))
+
+
+def test_a_finished_ema_run_exports_its_average_which_the_model_holds_after_fit_end(tmp_path):
+    trainer, folder = fit(tmp_path, toy_model(), [EMA(half_life="4ba")])
+    ema = trainer.state.algorithms[0].ema
+    exported = read_back(export_weights(folder))
+    for name, tensor in exported.items():
+        torch.testing.assert_close(tensor, ema[name], rtol=0, atol=0)
+
+
+def test_a_checkpoint_from_before_fit_end_exports_the_average_not_the_raw_weights(tmp_path):
+    # Interval checkpoints hold the raw weights with the averages beside them; FIT_END has not swapped them in.
+    fit(tmp_path, toy_model(), [EMA(half_life="4ba"), SWA(swa_start=0.25, update_interval=2)], save_interval="8ba")
+    mid_run = tmp_path / "run" / "checkpoints" / "ba000000008.ckpt"
+    payload = load_checkpoint(mid_run)
+    assert payload["algorithms"]["swa"]["average"]  # the case this test is about: an average exists mid-run
+
+    result = export_weights(mid_run, out=tmp_path / "mid.safetensors")
+    assert result.weights == "swa"  # SWA wins over EMA, as at FIT_END
+    exported = read_back(result)
+    raw = payload["model"]
+    assert any(not torch.equal(exported[k], raw[k]) for k in raw)
+    for name, tensor in exported.items():
+        torch.testing.assert_close(tensor, payload["algorithms"]["swa"]["average"][name], rtol=0, atol=0)
+
+    ema = read_back(export_weights(mid_run, out=tmp_path / "ema.pt", format="pt", weights="ema"))
+    for name, tensor in ema.items():
+        torch.testing.assert_close(tensor, payload["algorithms"]["ema"]["ema"][name], rtol=0, atol=0)
+    with pytest.raises(ValueError, match="no swa average"):
+        export_weights(fit(tmp_path / "plain", toy_model())[1], weights="swa")
+
+
+def image_loaders():
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(32, 1, 16, 16, generator=g), torch.randint(0, 3, (32,), generator=g)
+    return DataLoader(TensorDataset(x, y), batch_size=16, shuffle=True), DataLoader(TensorDataset(x, y), batch_size=32)
+
+
+def small_cnn():
+    torch.manual_seed(0)
+    return get_model("resnet8", num_classes=3, in_channels=1, width=8)
+
+
+def test_after_surgery_a_fresh_model_with_the_same_methods_applied_loads_the_weights_exactly(tmp_path):
+    methods = [SqueezeExcite(min_channels=8, latent_channels=4), BlurPool(), ChannelsLast()]
+    trainer, folder = fit(tmp_path, small_cnn(), methods, loaders=image_loaders())
+    result = export_weights(folder)
+    assert [m["name"] for m in result.model_methods] == ["blurpool", "squeeze_excite"]  # not the memory layout
+    assert "apply the same methods" in result.instructions()
+
+    fresh = small_cnn()
+    with pytest.raises(RuntimeError, match="Unexpected key"):  # squeeze_excite's layers have nowhere to go
+        fresh.load_state_dict(read_back(result))
+    for method in result.model_methods:  # the recipe the result states: functional forms, the run's parameters
+        getattr(sf, f"apply_{method['name']}")(fresh, **method["params"])
+    fresh.load_state_dict(read_back(result))
+    same_outputs(trainer.state.model, fresh, torch.randn(4, 1, 16, 16))
+
+
+def test_the_cli_exports_a_run_and_refuses_a_folder_without_a_checkpoint(tmp_path, capsys):
+    _, folder = fit(tmp_path, toy_model())
+    assert cli(["export", str(folder), "--format", "pt", "--out", str(tmp_path / "w.pt")]) == 0
+    assert "wrote" in capsys.readouterr().out
+    fresh = toy_model(seed=1)
+    fresh.load_state_dict(torch.load(tmp_path / "w.pt", weights_only=True))
+
+    (tmp_path / "empty").mkdir()
+    assert cli(["export", str(tmp_path / "empty")]) == 2
+    assert "has no checkpoint" in capsys.readouterr().err
