@@ -14,6 +14,7 @@ import torch
 
 from speedkit.data import Augment, BatchLoader, FashionMNIST, TokenBatchLoader, fashion_mnist_loaders
 from speedkit.data import load_fashion_mnist, load_text_corpus, stratified_indices
+from speedkit.data.per_image import alternate_flips, as_augment, per_image_transforms
 from speedkit.data.vision import IMAGE_EXTENSIONS, image_folder
 from speedkit.metrics import Accuracy, BitsPerByte, CrossEntropy
 from speedkit.models import get_model
@@ -60,25 +61,22 @@ def fashion_mnist_torch_loader(batch_size: int, augment: dict | None, data_fract
 
     from speedkit import distributed
 
-    arrays = load_fashion_mnist(download=download)
-    steps = []
-    if augment and augment.get("crop_pad"):
-        steps.append(T.RandomCrop(28, padding=augment["crop_pad"], padding_mode="reflect"))
-    if augment and augment.get("flip"):
-        steps.append(T.RandomHorizontalFlip())
-    steps += [T.ToTensor(), T.Normalize((arrays.mean,), (arrays.std,))]
+    augment, arrays = as_augment(augment), load_fashion_mnist(download=download)
+    # The same augmentation as the in-memory loader's (an alternating flip included), so the two pipelines differ
+    # only as pipelines.
+    steps = per_image_transforms(augment, 28) + [T.ToTensor(), T.Normalize((arrays.mean,), (arrays.std,))]
     dataset = FashionMNIST(train=True, transform=T.Compose(steps), download=download)
     if data_fraction < 1.0:
         dataset = torch.utils.data.Subset(dataset, stratified_indices(arrays.train_y, data_fraction, seed).tolist())
     world = distributed.world_size()
-    if world == 1:
-        return torch.utils.data.DataLoader(dataset, batch_size=batch_size, shuffle=True, num_workers=num_workers,
-                                           persistent_workers=num_workers > 0)
     if batch_size % world:
         raise ValueError(f"batch_size={batch_size} is the global batch size and must split evenly over "
                          f"world_size={world} ranks; use a multiple of {world}")
-    sampler = torch.utils.data.DistributedSampler(dataset, num_replicas=world, rank=distributed.rank(),
-                                                  shuffle=True, seed=seed)
+    sampler = (torch.utils.data.RandomSampler(dataset) if world == 1 else
+               torch.utils.data.DistributedSampler(dataset, num_replicas=world, rank=distributed.rank(),
+                                                   shuffle=True, seed=seed))
+    if augment is not None and augment.flip == "alternating":
+        dataset, sampler = alternate_flips(dataset, sampler, seed)
     return torch.utils.data.DataLoader(dataset, batch_size=batch_size // world, sampler=sampler,
                                        num_workers=num_workers, persistent_workers=num_workers > 0)
 

@@ -18,15 +18,13 @@ import torch
 
 from speedkit.core.algorithm import Algorithm, MethodCard
 from speedkit.core.event import Event
-from speedkit.seeding import make_generator
-from speedkit.data.batch_loader import Augment
-
-_PHASE_STREAM = 2**31  # the seed key BatchLoader uses for the per-sample phase, apart from every epoch's
+from speedkit.data.batch_loader import Augment, alternating_flip_phase
 
 
 def flip_phase(num_samples: int, seed: int) -> torch.Tensor:
-    """Each sample's phase (0 or 1), fixed for the whole run by ``seed``; same draw as BatchLoader's."""
-    return torch.randint(0, 2, (num_samples,), generator=make_generator(seed, _PHASE_STREAM))
+    """Each sample's phase (0 or 1), fixed for the whole run by ``seed``; the draw BatchLoader and the
+    per-image pipeline use."""
+    return alternating_flip_phase(num_samples, seed)
 
 
 def alternating_flip_mask(num_samples: int, epoch: int, seed: int = 0) -> torch.Tensor:

@@ -266,11 +266,9 @@ class BatchLoader(GlobalBatch):
         return (scale.reshape(shape).to(self.device, torch.float32), shift.reshape(shape).to(self.device, torch.float32))
 
     def _alternating_phase(self) -> Optional[torch.Tensor]:
-        """Per-sample 0/1 phase for alternating flips: seeded by the loader seed, not the epoch."""
         if self.augment is None or self.augment.flip != "alternating":
             return None
-        generator = make_generator(self.seed, 2**31)  # a stream apart from every epoch's
-        return torch.randint(0, 2, (self.dataset_size,), generator=generator)
+        return alternating_flip_phase(self.dataset_size, self.seed)
 
     def __repr__(self) -> str:
         return (
@@ -282,6 +280,14 @@ class BatchLoader(GlobalBatch):
 
 
 # ---------------------------------------------------------------------- module helpers
+
+
+def alternating_flip_phase(n: int, seed: int) -> torch.Tensor:
+    """Per-sample 0/1 phase of alternating flips: sample i is flipped in epoch e when (phase[i] + e) is odd.
+    Seeded by the loader's seed on a stream apart from every epoch's; the per-image pipeline uses it too
+    (``speedkit.data.per_image``), so both flip the same images in the same epochs."""
+    return torch.randint(0, 2, (n,), generator=make_generator(seed, 2**31))
+
 
 
 def _check_inputs(x: torch.Tensor, y: torch.Tensor, batch_size: int, augment: Optional[Augment]) -> None:
