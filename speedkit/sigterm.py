@@ -1,11 +1,26 @@
-"""SIGTERM during ``Trainer.fit``: a stop at the next batch boundary, a checkpoint, then exit code 143.
+"""Signals during ``Trainer.fit``: SIGTERM stops at the next batch boundary with a checkpoint, then exit code
+143; Ctrl-C (SIGINT) never leaves a half-done step in a checkpoint.
 
-torchrun, Slurm and Kubernetes send SIGTERM, then SIGKILL after a grace period. Only the main thread
+SIGTERM: torchrun, Slurm and Kubernetes send it, then SIGKILL after a grace period. Only the main thread
 can set handlers (a run in a worker thread keeps the default), and a SIGTERM that is ignored
 (SIG_IGN) or handled outside Python is left alone.
+
+SIGINT: a step changes the weights, the optimizer state, the schedules, methods' state and the batch counter one
+after another; a KeyboardInterrupt between two of them would save a state that no batch boundary ever had
+(the update without the counter: a resume repeats the batch). So:
+
+- The first Ctrl-C inside a step (forward, backward, the optimizer step, BATCH_END) is held until the step
+  and its BATCH_END are through, then raised there: the checkpoint is the state after that whole batch.
+- A second Ctrl-C inside the same step raises at once (a hung step must stay interruptible), and so does a
+  KeyboardInterrupt raised by code. Before the batch is counted the state is then half-done, so the Trainer
+  writes no checkpoint from it: the last checkpoint stays the one to resume from, and the record says so.
+
+Only the main thread can set handlers (a run in a worker thread is stopped with ``Trainer.stop``), and a
+SIGINT handler other than Python's default (someone else's) is left alone.
 """
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
 
@@ -51,3 +66,53 @@ class SigtermFlag:
             self.previous(signal.SIGTERM, None)
             return
         raise SystemExit(SIGTERM_EXIT_CODE)
+
+
+class StepInterrupts:
+    """``with interrupts.step(state):`` around one training step; ``may_save`` after a KeyboardInterrupt."""
+
+    def __init__(self):
+        self.pending = False
+        self._batch_at_start: int | None = None  # set while a step runs; None between steps
+        self._state = None
+
+    @contextlib.contextmanager
+    def step(self, state):
+        self._state, self._batch_at_start, self.pending = state, state.timestamp.batch, False
+        previous = self._hold_sigint()
+        try:
+            yield
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGINT, previous)
+        self._batch_at_start = None  # only when the step ended normally: an exception leaves it set
+        if self.pending:
+            raise KeyboardInterrupt  # the Ctrl-C held during the step, now at a batch boundary
+
+    def _hold_sigint(self):
+        """Route SIGINT to ``_on_sigint`` for the step; the handler to restore, or None when not routed."""
+        if threading.current_thread() is not threading.main_thread():
+            return None
+        if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+            return None
+        return signal.signal(signal.SIGINT, self._on_sigint)
+
+    def _on_sigint(self, signum, frame) -> None:
+        if self.pending:  # the second Ctrl-C: now
+            raise KeyboardInterrupt
+        self.pending = True
+
+    def mid_step(self) -> bool:
+        """A KeyboardInterrupt came out of a step before its batch was counted."""
+        return self._batch_at_start is not None and self._state.timestamp.batch == self._batch_at_start
+
+    def may_save(self, logger) -> bool:
+        """Whether the state may be checkpointed after a KeyboardInterrupt; if not, the record and log say why."""
+        if not self.mid_step():
+            return True
+        note = (f"interrupted inside the step of batch {self._batch_at_start + 1}, before it was counted (a "
+                f"second Ctrl-C, or a KeyboardInterrupt raised by code): its weights may hold part of an update, "
+                f"so no checkpoint was written from them; the last checkpoint is the one to resume from")
+        self._state.record.notes["interrupted_mid_step"] = note
+        logger.log_text(note)
+        return False

@@ -33,7 +33,7 @@ from speedkit.parts import (apply_schedules, cross_entropy_loss, describe_run, g
                             make_evaluators, make_logger, make_loss, make_optimizers, make_record, make_reproducible,
                             make_schedules, measure_loader, seed_everything)
 from speedkit.runs import RunRecord, environment
-from speedkit.sigterm import SIGTERM_EXIT_CODE, SIGTERM_REASON, SigtermFlag
+from speedkit.sigterm import SIGTERM_EXIT_CODE, SIGTERM_REASON, SigtermFlag, StepInterrupts
 from speedkit.validation import (check_first_batch, check_first_loss, check_first_outputs, check_trainer_arguments,
                                  explain_first_batch_error)
 
@@ -138,7 +138,7 @@ class Trainer:
         record.config.update(plan.config(state.model, global_batch_size(train_dataloader, plan.world)))
         record.methods = [{"name": a.name, "params": dict(a.params)} for a in state.algorithms]
         record.environment = environment(device)
-        self.sigterm = SigtermFlag()
+        self.sigterm, self.interrupts = SigtermFlag(), StepInterrupts()
         self._clock = TrainClock()
         self._resume_rng: dict | None = None
         self._fit_started = False
@@ -179,7 +179,7 @@ class Trainer:
                     self._run_epoch()
                 self._end_normally()
             except KeyboardInterrupt:
-                self._end_abnormally("interrupted", "KeyboardInterrupt", save=True)
+                self._end_abnormally("interrupted", "KeyboardInterrupt", save=self.interrupts.may_save(self.logger))
                 raise
             except BaseException as e:
                 self._end_abnormally("failed", f"{type(e).__name__}: {e}", save=False)
@@ -291,8 +291,9 @@ class Trainer:
             engine.run_event(Event.AFTER_DATALOADER)
             if not self._first_batch_checked:
                 check_first_batch(state, batch_tokens(state.batch))
-            self._train_step()
-            engine.run_event(Event.BATCH_END)
+            with self.interrupts.step(state):  # a Ctrl-C waits for the batch's end (speedkit/sigterm.py)
+                self._train_step()
+                engine.run_event(Event.BATCH_END)
             self._maybe_eval(at_epoch_end=False)
             self._paused(engine.run_event, Event.BATCH_CHECKPOINT)
         if state.timestamp.batch_in_epoch == 0:  # looping over empty epochs would never reach max_duration

@@ -520,6 +520,96 @@ def test_autoresume_with_no_checkpoint_that_verifies_stops_and_keeps_them_all(tm
     assert sorted(p.name for p in folder.iterdir()) == before  # nothing deleted, nothing renamed
 
 
+# -- Ctrl-C inside a step ---------------------------------------------------------------------------------
+def two_optimizers(model):
+    """One optimizer for the first layer, one for the rest: an interrupt between their steps is mid-update."""
+    first = list(model[0].parameters())
+    rest = [p for p in model.parameters() if all(p is not q for q in first)]
+    return [torch.optim.SGD(first, lr=0.1, momentum=0.9), torch.optim.SGD(rest, lr=0.1, momentum=0.9)]
+
+
+def on_fifth(action):
+    """A hook that calls ``action()`` the fifth time it runs in training (the step of batch 5)."""
+    calls = {"n": 0}
+
+    def hook(*args):
+        calls["n"] += 1
+        if calls["n"] == 5:
+            action()
+    return hook
+
+
+def sigint() -> None:
+    os.kill(os.getpid(), signal.SIGINT)  # a real Ctrl-C, delivered to this (the main) thread
+
+
+def interrupt_inside(phase: str, model, optimizers, action) -> None:
+    """Arrange ``action`` inside batch 5's forward, backward, or optimizer step (after the first optimizer)."""
+    hook = on_fifth(action)
+    if phase == "forward":
+        model[0].register_forward_hook(lambda module, args, out: hook() if module.training else None)
+    elif phase == "backward":
+        model[3].register_full_backward_hook(lambda module, grad_in, grad_out: hook())  # the last Linear
+    else:
+        optimizers[0].register_step_post_hook(lambda optimizer, args, kwargs: hook())
+
+
+def interrupted_run(tmp_path, phase, action, **kwargs):
+    model = toy_model()
+    optimizers = two_optimizers(model)
+    interrupt_inside(phase, model, optimizers, action)
+    trainer = make_trainer(tmp_path, model=model, optimizers=optimizers, save_interval="2ba", **kwargs)
+    with pytest.raises(KeyboardInterrupt):
+        trainer.fit()
+    return RunRecord.load(tmp_path / "t")
+
+
+def resumed_equals_uninterrupted(tmp_path) -> None:
+    """Resume the run to its end: the same weights as a run never interrupted (no batch repeated or skipped)."""
+    model = toy_model()
+    resumed = make_trainer(tmp_path, model=model, optimizers=two_optimizers(model), autoresume=True)
+    assert resumed.fit().status == "completed" and resumed.state.timestamp.batch == 16
+    model = toy_model()
+    reference = make_trainer(tmp_path / "reference", model=model, optimizers=two_optimizers(model))
+    reference.fit()
+    for name, value in reference.state.model.state_dict().items():
+        assert torch.equal(resumed.state.model.state_dict()[name], value), name
+
+
+@pytest.mark.parametrize("phase", ["forward", "backward", "optimizer step"])
+def test_ctrl_c_inside_a_step_saves_after_that_batch_and_resume_neither_repeats_nor_skips(tmp_path, phase):
+    record = interrupted_run(tmp_path, phase, sigint)
+    assert record.status == "interrupted" and record.steps[-1]["batch"] == 5
+    assert checkpoint_batch(tmp_path / "t" / "checkpoints" / "latest.ckpt") == 5  # the whole batch, then saved
+    assert "interrupted_mid_step" not in record.notes
+    resumed_equals_uninterrupted(tmp_path)
+
+
+def raise_keyboard_interrupt():
+    raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize("phase", ["forward", "optimizer step"])
+@pytest.mark.parametrize("action", [lambda: (sigint(), sigint()), raise_keyboard_interrupt],
+                         ids=["second Ctrl-C", "raised by code"])
+def test_an_interrupt_that_cannot_wait_keeps_the_last_checkpoint(tmp_path, phase, action):
+    record = interrupted_run(tmp_path, phase, action)
+    assert record.status == "interrupted" and record.steps[-1]["batch"] == 4  # batch 5 was never counted
+    assert checkpoint_batch(tmp_path / "t" / "checkpoints" / "latest.ckpt") == 4  # not the half-done state
+    assert "inside the step of batch 5" in record.notes["interrupted_mid_step"]
+    assert "no checkpoint was written" in " ".join(log_texts(tmp_path, run="t"))
+    resumed_equals_uninterrupted(tmp_path)
+
+
+def test_ctrl_c_between_runs_is_python_s_own_again(tmp_path):
+    """The handler is routed to the Trainer only while a step runs: after fit, Ctrl-C raises at once."""
+    make_trainer(tmp_path, max_duration="2ba").fit()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    with pytest.raises(KeyboardInterrupt):
+        sigint()
+        time.sleep(1)  # the handler runs at the next bytecode; this is never reached in full
+
+
 # -- microbatch_size="auto" under out-of-memory ------------------------------------------------------------
 class MemoryHungry(torch.nn.Module):
     """The toy model, with a simulated device memory: training forwards of more than ``limit`` samples raise
