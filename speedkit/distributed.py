@@ -53,6 +53,7 @@ them rather than from ``torch.distributed`` so that code also runs in one proces
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
 import inspect
 import os
@@ -512,6 +513,10 @@ class SingleProcess:
         """After each optimizer step; returns the step's loss as every rank should log it."""
         return step_loss
 
+    def gradient_sync(self, train_module: nn.Module, last: bool):
+        """The context of one microbatch's forward and backward; ``last``: the step's last microbatch."""
+        return contextlib.nullcontext()
+
     def agree_to_end(self, state, end: bool) -> bool:
         """Whether the run ends now, decided by all ranks together (or one would wait in a collective)."""
         return end
@@ -623,6 +628,10 @@ class DDPPlan(_SeveralProcesses):
 
     def after_fit_start(self, model):
         broadcast_module(model)  # rank 0's weights, wherever a method set them from this rank's data
+
+    def gradient_sync(self, train_module, last):
+        # Gradient accumulation all-reduces once per step: the microbatches before the last add up locally.
+        return contextlib.nullcontext() if last else train_module.no_sync()
 
     def save_checkpoint(self, checkpointer, path, state, logger):
         # Rank 0 writes the plain module's weights with every rank's RNG (so each rank resumes its own stream).

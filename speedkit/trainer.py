@@ -341,9 +341,9 @@ class Trainer:
         total = batch_size(full_batch)
         step_loss = torch.zeros((), device=state.device)
         for index, microbatch in enumerate(microbatches):
-            state.batch, state.microbatch_index = microbatch, index
-            weight = batch_size(microbatch) / total
-            step_loss += self._train_microbatch(weight) * weight
+            state.batch, state.microbatch_index, weight = microbatch, index, batch_size(microbatch) / total
+            with self.plan.gradient_sync(self._train_module, last=index == len(microbatches) - 1):
+                step_loss += self._train_microbatch(weight) * weight
         state.batch = full_batch
         return step_loss
 
