@@ -240,16 +240,18 @@ def reduce_metrics(metrics: Iterable) -> None:
     """Sum every metric's additive state (``Metric.sum_states``) over the ranks, in one all-reduce.
 
     Each rank has evaluated its own shard of the eval set; after this every rank holds the state of
-    the whole set, so ``compute()`` gives the one-process value. A metric without ``sum_states``
-    cannot be combined and is refused with a message naming it.
+    the whole set, so ``compute()`` gives the one-process value. A metric that synchronizes itself in
+    ``compute()`` (``syncs_itself``: a torchmetrics metric) is left to do so; any other metric without
+    ``sum_states`` cannot be combined and is refused with a message naming it.
     """
-    metrics = list(metrics)
+    metrics = [m for m in metrics if not getattr(m, "syncs_itself", False)]
     if not is_distributed() or not metrics:
         return
     for m in metrics:
         if not getattr(m, "sum_states", None):
             raise TypeError(f"metric {type(m).__name__} cannot be reduced across ranks: give it `sum_states`, "
-                            f"the names of its additive attributes (as speedkit.metrics.Accuracy does)")
+                            f"the names of its additive attributes (as speedkit.metrics.Accuracy does), or use "
+                            f"a torchmetrics.Metric, which synchronizes itself")
     values = [float(getattr(m, name)) for m in metrics for name in m.sum_states]
     t = torch.tensor(values, dtype=torch.float64, device=_collective_device())
     dist.all_reduce(t, op=dist.ReduceOp.SUM)

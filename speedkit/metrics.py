@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 from typing import Any
 
 import torch
@@ -25,7 +26,8 @@ class Metric:
 
     ``sum_states`` names the attributes that add up over batches (and so over ranks): in a run on
     several processes each rank evaluates its shard of the eval set and these are summed across
-    ranks before ``compute`` (``speedkit.distributed.reduce_metrics``).
+    ranks before ``compute`` (``speedkit.distributed.reduce_metrics``). A ``torchmetrics.Metric`` works as
+    it is (:class:`TorchMetric` wraps it; it synchronizes itself).
     """
 
     lower_is_better = False
@@ -104,6 +106,55 @@ class BitsPerByte(CrossEntropy):
         return super().compute() / math.log(2)
 
 
+class TorchMetric(Metric):
+    """A ``torchmetrics.Metric`` in speedkit's metric interface; :class:`Evaluator` wraps one for you.
+
+    ``compute`` returns a float. Under several processes torchmetrics gathers its own states across the
+    ranks inside ``compute`` (every rank calls it), so speedkit's sum of ``sum_states`` leaves it alone
+    (``syncs_itself``). Its states follow the outputs onto their device at the first update.
+    """
+
+    syncs_itself = True
+
+    def __init__(self, metric):
+        self.metric = metric
+        self.lower_is_better = getattr(metric, "higher_is_better", True) is False
+
+    def reset(self):
+        self.metric.reset()
+
+    @torch.no_grad()
+    def update(self, outputs, targets):
+        if self.metric.device != outputs.device:
+            self.metric.to(outputs.device)
+        self.metric.update(outputs, targets)
+
+    def compute(self):
+        value = self.metric.compute()
+        if not isinstance(value, torch.Tensor) or value.numel() != 1:
+            raise TypeError(f"{type(self.metric).__name__}.compute() returned {_describe(value)}; a speedkit metric "
+                            f"is one number: configure it to reduce to a scalar (e.g. average='micro' or 'macro')")
+        return float(value)
+
+
+def _describe(value) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"a tensor of shape {tuple(value.shape)}"
+    return f"a {type(value).__name__}"
+
+
+def as_metric(metric) -> Metric:
+    """``metric`` as a speedkit Metric: a ``torchmetrics.Metric`` gets wrapped, anything else must be one."""
+    torchmetrics = sys.modules.get("torchmetrics")  # a torchmetrics metric exists only if it was imported
+    if torchmetrics is not None and isinstance(metric, torchmetrics.Metric):
+        return TorchMetric(metric)
+    if not all(callable(getattr(metric, name, None)) for name in ("reset", "update", "compute")):
+        raise TypeError(f"a metric needs reset(), update(outputs, targets) and compute(); got "
+                        f"{type(metric).__name__}: pass a speedkit.metrics.Metric, a torchmetrics.Metric or a name "
+                        f"from {sorted(METRICS)}")
+    return metric
+
+
 METRICS = {"accuracy": Accuracy, "top5": lambda: Accuracy(topk=5), "loss": CrossEntropy,
            "perplexity": Perplexity, "bpb": BitsPerByte}
 
@@ -127,4 +178,5 @@ class Evaluator:
     def __post_init__(self):
         if isinstance(self.metrics, (list, tuple)):
             self.metrics = {m: make_metric(m) for m in self.metrics}
+        self.metrics = {name: as_metric(m) for name, m in self.metrics.items()}
         self.interval = Time.from_input(self.interval)

@@ -25,6 +25,17 @@ GLOBAL_BATCH = 64
 EVAL_BATCH = 128  # 300 eval images: 128, 128, 44 globally, split unevenly on the last batch
 
 
+def eval_metrics() -> dict:
+    """speedkit's accuracy and loss, and torchmetrics' accuracy beside them where it is installed (it gathers
+    its own states across ranks; tests/test_distributed.py fails under CI=true when it is missing)."""
+    metrics = {"accuracy": Accuracy(), "loss": CrossEntropy()}
+    try:
+        from torchmetrics.classification import MulticlassAccuracy
+    except ImportError:
+        return metrics
+    return {**metrics, "tm_accuracy": MulticlassAccuracy(num_classes=10, average="micro")}
+
+
 def resnet_trainer(run_dir, run_name: str, steps: int = STEPS, **kwargs) -> Trainer:
     """The small ResNet on a real Fashion-MNIST slice, with the same seed, data and augmentations in one
     process or in several (where each rank takes its slice of every global batch)."""
@@ -32,7 +43,7 @@ def resnet_trainer(run_dir, run_name: str, steps: int = STEPS, **kwargs) -> Trai
     model = get_model("resnet8", num_classes=10)
     train, test = fashion_mnist_loaders(batch_size=GLOBAL_BATCH, eval_batch_size=EVAL_BATCH, data_fraction=0.02,
                                         eval_fraction=0.03, seed=0, augment=Augment(crop_pad=2, flip="random"))
-    return Trainer(model, train, evaluators=[Evaluator(test, {"accuracy": Accuracy(), "loss": CrossEntropy()})],
+    return Trainer(model, train, evaluators=[Evaluator(test, eval_metrics())],
                    max_duration=f"{steps}ba", eval_interval="1000ba", log_interval=1, device="cpu",
                    precision="fp32", seed=0, deterministic=True, run_dir=run_dir, run_name=run_name,
                    optimizers=lambda p: torch.optim.SGD(p, lr=LR, momentum=0.9, nesterov=True, weight_decay=5e-4),
@@ -67,16 +78,29 @@ def _ema_digest(trainer) -> list[float]:
     return [float(t.double().sum()) for t in ema.ema.values()]
 
 
+def _unsynced(wrapped) -> float | None:
+    """What a torchmetrics metric computes from this rank's states alone: what it would report without its sync."""
+    if wrapped is None:
+        return None
+    metric = wrapped.metric
+    metric._to_sync, metric._computed = False, None  # what compute() reads from sync_on_compute
+    value = float(metric.compute())
+    metric._to_sync, metric._computed = True, None
+    return value
+
+
 # -- scenarios (every rank runs each; rank 0 writes the result) ----------------------------------------
 def ddp_resnet(out: Path) -> dict:
     trainer = resnet_trainer(out / "runs", "ddp-resnet")
     before = trainer.eval()["eval"]  # the initial weights, each rank on its shard of the eval set
     counted = trainer.state.evaluators[0].metrics["accuracy"].total
+    shard_accuracy = distributed.all_gather_object(_unsynced(trainer.state.evaluators[0].metrics.get("tm_accuracy")))
     record = trainer.fit()
     model = trainer.state.model
     digests = distributed.all_gather_object(_ema_digest(trainer))
     params = distributed.all_gather_object([float(p.detach().double().sum()) for p in model.parameters()])
     return {"losses": losses(record), "eval_before": before, "eval_samples_counted": counted,
+            "tm_shard_accuracy_by_rank": shard_accuracy,
             "final_metrics": record.final_metrics, "ema_by_rank": digests, "params_by_rank": params,
             "config": {k: record.config.get(k) for k in ("world_size", "parallel", "distributed", "batch_size")},
             "samples": trainer.state.timestamp.sample, "checkpoint": record.notes.get("last_checkpoint"),

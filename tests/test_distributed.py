@@ -27,7 +27,7 @@ import pytest
 import torch
 
 from helpers import needs_fmnist, toy_loaders, toy_model
-from prerequisites import require
+from prerequisites import import_or_missing, require
 
 from speedkit import Trainer, distributed
 from speedkit.checkpoint import CheckpointError, load_checkpoint, load_sharded_checkpoint, save_checkpoint
@@ -120,6 +120,18 @@ def test_eval_metrics_are_reduced_across_ranks(two_ranks, one_process):
     assert ddp["eval_samples_counted"] == counted == 300  # each sample once over both ranks, no padding
     assert ddp["eval_before"]["accuracy"] == before["accuracy"]  # the same weights: the same count correct
     assert ddp["eval_before"]["loss"] == pytest.approx(before["loss"], rel=1e-6)
+
+
+@needs_fmnist
+def test_a_torchmetrics_metric_syncs_itself_and_matches_speedkits_accuracy(two_ranks, one_process):
+    import_or_missing("torchmetrics", "pip install 'speedkit[metrics]'")
+    ddp = _result(two_ranks, "ddp_resnet")
+    _, before, _, record = one_process
+    whole_set = ddp["eval_before"]["accuracy"]
+    assert ddp["eval_before"]["tm_accuracy"] == pytest.approx(whole_set, abs=1e-6) == before["tm_accuracy"]
+    # what each rank would report without torchmetrics' own gather: its shard only, a different number
+    assert any(abs(shard - whole_set) > 1e-3 for shard in ddp["tm_shard_accuracy_by_rank"])
+    assert ddp["final_metrics"]["eval/tm_accuracy"] == pytest.approx(ddp["final_metrics"]["eval/accuracy"], abs=1e-6)
 
 
 @needs_fmnist
