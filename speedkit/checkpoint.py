@@ -433,6 +433,12 @@ class Checkpointer:
         self._load_payload(payload, path)
         if passed_over:
             self._keep_aside(passed_over, path)
+        if self.plan.world > 1 and len(payload.get("rng_by_rank") or ()) != self.plan.world:
+            note = (f"resumed from {path}, which holds one RNG state (written by one process, or by rank 0 alone "
+                    f"after a failed or interrupted run): all {self.plan.world} ranks continue from it until the "
+                    f"next epoch re-seeds each, so their random draws differ from an uninterrupted run")
+            self.state.record.notes["rng_not_restored_per_rank"] = note
+            self.logger.log_text(note)
         return self.plan.resume_rng(payload)
 
     def _verified(self, path: Path) -> dict:

@@ -642,6 +642,12 @@ class DDPPlan(_SeveralProcesses):
             rng_by_rank = all_gather_object(checkpointer.rng_state())
             if self.averages_buffers:
                 average_buffers(state.model)
+        else:  # the other ranks may be gone: no collective, so their RNG states are not in this checkpoint
+            _say(state, logger, "rank_0_rng_only", f"ddp: the checkpoint at batch {state.timestamp.batch} was "
+                 f"written by rank 0 alone (the run {state.record.status}), so it holds rank 0's RNG state only: "
+                 f"resumed on several ranks, every rank continues rank 0's stream until the next epoch re-seeds "
+                 f"each (random draws such as dropout differ from an uninterrupted run); weights, optimizer, "
+                 f"schedule and data position are complete")
         if is_main():
             checkpointer.write(path, checkpointer.payload(rng_by_rank=rng_by_rank))
         return True  # rank 0 wrote it (on a file system the ranks share)
@@ -678,8 +684,9 @@ class FSDPPlan(_SeveralProcesses):
 
     def save_checkpoint(self, checkpointer, path, state, logger):
         if self._alone(state):
-            logger.log_text("fsdp: no checkpoint on a failed or interrupted run (every rank must write "
-                            "its shards); the last checkpoint is kept")
+            _say(state, logger, "checkpoint_not_written", f"fsdp: no checkpoint at batch {state.timestamp.batch}: "
+                 f"the run {state.record.status}, and every rank must write its shards (the others may be gone); "
+                 f"the last checkpoint, {state.record.notes.get('last_checkpoint') or 'none'}, is kept intact")
             return False
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
@@ -693,6 +700,12 @@ class FSDPPlan(_SeveralProcesses):
 
     def device_mesh(self, model):
         return next((p.device_mesh for p in model.parameters() if hasattr(p, "device_mesh")), None)
+
+
+def _say(state, logger, note: str, text: str) -> None:
+    """What a checkpoint does not hold, in the log and in the record's notes."""
+    state.record.notes[note] = text
+    logger.log_text(text)
 
 
 def make_plan(parallel: str | None, device: torch.device, microbatch_size=None) -> SingleProcess:
