@@ -151,8 +151,9 @@ def _adopted(recipes: dict, task: str, names: tuple[str, ...]) -> dict:
 
 
 def text_folder_task(data, target: float = 2.5) -> Task:
-    """A byte-level GPT on the text files (``.txt``, ``.rst``, ``.md``) under ``data``, split train/validation
-    by file; ``target`` is the validation bits per byte to reach."""
+    """A byte-level GPT on the text files (.txt, .rst, .md) under DIR, split train/validation by file.
+
+    ``target`` is the validation bits per byte to reach."""
     root = Path(data).expanduser()
     _corpus(str(root), 0)  # fails now, naming the folder, if it holds no text
     train, evaluate = text_data(str(root))
@@ -233,8 +234,10 @@ def _image_folder_recipes(task: str) -> dict:
 
 def image_folder_task(data, image_size: int = 32, val_fraction: float = 0.1, seed: int = 0,
                       target: float = 0.9) -> Task:
-    """Classify the images under ``data`` (``train/`` and ``val/`` class folders, or class folders split
-    ``val_fraction`` per class), resized to ``image_size`` square; ``target`` is the accuracy to reach."""
+    """Classify the images in class folders under DIR (train/ and val/, or split per class), resized square.
+
+    ``data/train/<class>/`` and ``data/val/<class>/``, or ``data/<class>/`` split ``val_fraction`` per class
+    with ``seed``; images resized to ``image_size`` square; ``target`` is the accuracy to reach."""
     arrays = load_image_folder(str(Path(data).expanduser().resolve()), image_size, val_fraction, seed)
     if len(arrays.classes) < 2:
         raise ValueError(f"{data} holds one class folder ({arrays.classes[0]!r}); a classifier needs at least two")

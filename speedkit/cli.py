@@ -13,11 +13,12 @@ def _catalogue() -> str:
     from speedkit.algorithms import REGISTRY
     from speedkit.models import list_models
     from speedkit.recipes import RECIPES
-    from speedkit.tasks import TASKS
+    from speedkit.tasks import FOLDER_TASKS, TASKS
 
-    lines = ["tasks:"]
+    lines = ["tasks (or --task package.module:attr naming a speedkit.Task, or a function returning one):"]
     lines += [f"  {name:<14} {spec.summary} (target {spec.target_metric} {spec.target_value})"
-              for name, spec in TASKS.items()]
+              for name, spec in TASKS.items() if name not in FOLDER_TASKS]
+    lines += [f"  {name:<14} {make.__doc__.splitlines()[0]} (needs --data DIR)" for name, make in FOLDER_TASKS.items()]
     lines.append("recipes:")
     lines += [f"  {task:<14} {', '.join(recipes)}" for task, recipes in RECIPES.items()]
     lines.append("models:\n  " + ", ".join(list_models()))
@@ -35,7 +36,11 @@ def _parser() -> argparse.ArgumentParser:
 
     train = commands.add_parser("train", help="train a task with a recipe and methods",
                                 epilog=_catalogue(), formatter_class=argparse.RawDescriptionHelpFormatter)
-    train.add_argument("--task", default="fashion-mnist")
+    train.add_argument("--task", default="fashion-mnist",
+                       help="a task name (below), or package.module:attr naming a speedkit.Task or a function "
+                            "returning one (imported from the current folder too)")
+    train.add_argument("--data", help="the folder for image-folder / text-folder (or passed to a task function)")
+    train.add_argument("--image-size", type=int, help="image-folder: resize images to this square size (default 32)")
     train.add_argument("--recipe", default="baseline", help="preset to start from (see below)")
     train.add_argument("--model", help="model name, overriding the recipe's")
     train.add_argument("--duration", help="training budget such as 3ep, 500ba, 90s")
@@ -169,8 +174,9 @@ def _train(args) -> int:
     from speedkit import distributed
     from speedkit.tasks import make_trainer
 
-    trainer = make_trainer(args.task, args.recipe, model=args.model, duration=args.duration,
-                           methods=args.methods, precision=args.precision, batch_size=args.batch_size,
+    options = {"image_size": args.image_size} if args.image_size else None
+    trainer = make_trainer(_importable(args.task), args.recipe, data=args.data, task_options=options,
+                           model=args.model, duration=args.duration, methods=args.methods, precision=args.precision, batch_size=args.batch_size,
                            device=args.device, seed=args.seed, data_fraction=args.data_fraction,
                            eval_fraction=args.eval_fraction, target=args.target,
                            stop_at_target=args.stop_at_target, download=args.download, run_dir=args.run_dir,
@@ -181,6 +187,16 @@ def _train(args) -> int:
     if distributed.is_main():
         print(_summary(record))
     return 0
+
+
+def _importable(task: str) -> str:
+    """``--task module:attr`` imports from the current folder too, as ``python -m`` would (the ``speedkit``
+    script's own folder is first on the path, not the user's)."""
+    import os
+
+    if ":" in task and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    return task
 
 
 def _logger_names(value: str) -> list[str]:
@@ -286,7 +302,8 @@ def _add_tune_parser(commands) -> None:
         epilog="example:\n  speedkit tune --task fashion-mnist --budget 45m --data-fraction 0.25 "
                "--methods channels_last,label_smoothing,ema,mixup,cutmix,identity_init --out runs/tune-fmnist",
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    tune.add_argument("--task", default="fashion-mnist")
+    tune.add_argument("--task", default="fashion-mnist", help="a task name, or package.module:attr naming a "
+                      "speedkit.Task (or a function returning one); a single worker unless the task is a built-in")
     tune.add_argument("--target", help="a value of the task's metric, or METRIC=VALUE (default: the task's target)")
     tune.add_argument("--budget", default="30m", help="wall clock for the whole search, e.g. 30m, 90s, 1h")
     tune.add_argument("--methods", help="comma-separated methods the search may turn on (default: all that fit)")
@@ -365,7 +382,7 @@ def _stop_on_ctrl_c():
 
 
 def _run_tune(tune, args, should_stop):
-    return tune(args.task, target=args.target, budget=args.budget, methods=args.methods, base=args.base,
+    return tune(_importable(args.task), target=args.target, budget=args.budget, methods=args.methods, base=args.base,
                 storage=args.storage, study_name=args.study, out_dir=args.out, run_dir=args.run_dir,
                 data_fraction=args.data_fraction, eval_fraction=args.eval_fraction,
                 eval_interval=args.eval_interval, device=args.device, n_workers=args.workers,

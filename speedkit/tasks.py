@@ -30,27 +30,28 @@ for _task in BUILT_IN_TASKS:
 
 
 # -- tasks: one resolver for every entry point --------------------------------------------------
-def resolve_task(task, data=None) -> Task:
+def resolve_task(task, data=None, **options) -> Task:
     """The Task that ``task`` names, registered so that its name works everywhere afterwards.
 
     ``task`` is a Task, a registered name (``"fashion-mnist"``), a folder task's name with ``data`` (the
     folder: ``"image-folder"``, ``"text-folder"``), ``"package.module:attr"`` naming a Task or a function
-    returning one, or such a function itself (called with ``data=`` when ``data`` is given).
+    returning one, or such a function itself (called with ``data=`` when ``data`` is given). ``options`` go
+    to a folder task's function (``image_size=64``) or the user's.
     """
     if isinstance(task, Task):
-        _refuse_data(data, f"task object {task.name!r}")
+        _refuse_data(data, options, f"task object {task.name!r}")
         return register_task(task, replace=True)
     if isinstance(task, str) and task in FOLDER_TASKS:
         if data is None:
             raise ValueError(f"task {task!r} trains on your files: give the folder (--data DIR, or data=DIR)")
-        return register_task(FOLDER_TASKS[task](data), replace=True)
+        return register_task(FOLDER_TASKS[task](data, **options), replace=True)
     if isinstance(task, str) and task in TASKS:
-        _refuse_data(data, f"task {task!r}")
+        _refuse_data(data, options, f"task {task!r}")
         return TASKS[task]
     if isinstance(task, str) and ":" in task:
-        return resolve_task(import_attribute(task), data)
+        return resolve_task(import_attribute(task), data, **options)
     if callable(task):
-        made = task(data=data) if data is not None else task()
+        made = task(data=data, **options) if data is not None else task(**options)
         if not isinstance(made, Task):
             raise TypeError(f"task function {getattr(task, '__qualname__', task)!r} returned {type(made).__name__}, "
                             f"not a speedkit.Task")
@@ -59,7 +60,10 @@ def resolve_task(task, data=None) -> Task:
                      f"'package.module:attr' naming one, or a function returning one")
 
 
-def _refuse_data(data, what: str) -> None:
+def _refuse_data(data, options: dict, what: str) -> None:
+    if options:
+        raise ValueError(f"{what} is made already, so the options {sorted(options)} would be ignored; they are for "
+                         f"{sorted(FOLDER_TASKS)} and for task functions")
     if data is not None:
         raise ValueError(f"{what} loads its own data, so data={str(data)!r} would be ignored; --data DIR is for "
                          f"{sorted(FOLDER_TASKS)} and for task functions that take data=")
@@ -92,7 +96,7 @@ def model_fit_problem(task: Task, model: str) -> str | None:
 # -- recipes into Trainer arguments -------------------------------------------------------------
 def recipe_parts(recipe: str | Recipe, model: torch.nn.Module | None = None, *,
                  max_duration: str | None = None, optimizers=None, schedulers=None, algorithms=None,
-                 precision: str | None = None, config: dict | None = None) -> dict:
+                 precision: str | None = None, loggers=None, config: dict | None = None) -> dict:
     """The Trainer arguments a recipe supplies, with the ones given here winning over the recipe's.
 
     ``recipe`` is a Recipe, ``"task:name"`` or a bare name picked by ``model``'s domain (vision or
@@ -104,11 +108,13 @@ def recipe_parts(recipe: str | Recipe, model: torch.nn.Module | None = None, *,
             "schedulers": recipe.schedule if schedulers is None else schedulers,
             "algorithms": build_algorithms(recipe.methods) if algorithms is None else algorithms,
             "precision": precision or recipe.precision,
+            "loggers": list(recipe.loggers) if loggers is None else loggers,
             "config": {"recipe": recipe.name, "recipe_spec": recipe.to_dict(), **(config or {})}}
 
 
 # -- the one way to build a run -----------------------------------------------------------------
 def make_trainer(task: str | Task = "fashion-mnist", recipe: str | Recipe = "baseline", *, data=None,
+                 task_options: dict | None = None,
                  model: str | None = None, duration: str | None = None, methods: Any = None,
                  precision: str | None = None, batch_size: int | None = None, eval_interval: str | None = None,
                  device: str = "auto", seed: int = 0, data_fraction: float = 1.0,
@@ -118,12 +124,12 @@ def make_trainer(task: str | Task = "fashion-mnist", recipe: str | Recipe = "bas
     """A Trainer for ``task`` configured by ``recipe``; keyword arguments override the recipe's fields.
 
     ``task`` is anything ``resolve_task`` takes (a name, a Task, ``"pkg.mod:attr"``, a function); ``data``
-    is the folder of a folder task. ``extra_config`` is stored in the RunRecord's config beside the task and
+    is the folder of a folder task, ``task_options`` its options (``{"image_size": 64}``). ``extra_config`` is stored in the RunRecord's config beside the task and
     recipe (the benchmark marks seeds and leave-one-out runs this way).
     """
     if not 0 < data_fraction <= 1:
         raise ValueError(f"data_fraction must be in (0, 1], got {data_fraction}")
-    spec = resolve_task(task, data)
+    spec = resolve_task(task, data, **(task_options or {}))
     recipe = get_recipe(spec.name, recipe).with_changes(model=model, duration=duration, precision=precision,
                                                         batch_size=batch_size, eval_interval=eval_interval)
     if methods is not None:
@@ -144,7 +150,8 @@ def make_trainer(task: str | Task = "fashion-mnist", recipe: str | Recipe = "bas
     config = {"task": spec.name, "data_fraction": data_fraction,
               "target": {"metric": spec.target_metric, "value": target_value}, **(extra_config or {})}
     trainer = Trainer(
-        net, train, evaluators=evaluators, **recipe_parts(recipe, net, config=config), device=device, seed=seed,
+        net, train, evaluators=evaluators, device=device, seed=seed,
+        **recipe_parts(recipe, net, config=config, loggers=trainer_kwargs.pop("loggers", None)),
         eval_interval=recipe.eval_interval, stop_at=(spec.target_metric, target_value) if stop_at_target else None,
         loss_fn=spec.loss, **trainer_kwargs)
     trainer.record.target = {"metric": spec.target_metric, "value": target_value}

@@ -54,6 +54,8 @@ def tune(task: str = "fashion-mnist", target=None, budget: str | float = "30m", 
          runner=None, log=print, on_trial=None, should_stop=None) -> TuneResult:
     """Search for the recipe that reaches ``target`` on ``task`` soonest, within ``budget`` of wall clock.
 
+    ``task``: anything ``speedkit.tasks.resolve_task`` takes (a name, a ``speedkit.Task``, ``"pkg.mod:attr"``).
+
     ``target``: None (the task's), a value of the task's metric, ``"metric=value"`` or (metric, value).
     ``methods``: the methods the search may turn on (default: all that fit the task's domain and model).
     ``storage``: a journal file (default ``out_dir/study.journal``), ``*.db`` SQLite file or database URL;
@@ -128,9 +130,14 @@ def build_config(*, task, target, budget, methods, storage, study_name, seeds_to
     """Check every argument and read the search space from the cards; refusals name the argument."""
     from speedkit.devices import resolve_device, resolve_precision
     from speedkit.recipes import get_recipe
-    from speedkit.tasks import get_task
+    from speedkit.task import BUILT_IN
+    from speedkit.tasks import resolve_task
 
-    spec = get_task(task)
+    spec = resolve_task(task)  # a name, a Task or "pkg.mod:attr": registered, so the trials find it by name
+    task = spec.name
+    if n_workers > 1 and task not in BUILT_IN:
+        raise TuneInputError(f"n_workers={n_workers}: worker processes know only the built-in tasks, not {task!r}; "
+                             f"tune your own task with n_workers=1")
     budget_s = parse_budget(budget)
     metric, value = resolve_target(spec, target)
     if n_workers < 1:

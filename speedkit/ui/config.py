@@ -7,11 +7,17 @@ a user can paste, and into a recipe file.
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
+import functools
+
+import torch
 
 from speedkit.algorithms import REGISTRY, build_algorithms
+from speedkit.core import Event, State, Time
 from speedkit.core.algorithm import check_compatibility
 from speedkit.recipes import Recipe, get_recipe
+from speedkit.task import Task
 from speedkit.tasks import get_task, model_fit_problem
 
 
@@ -78,8 +84,9 @@ class RunConfig:
         problem = model_fit_problem(spec, recipe.model)  # the check make_trainer runs, not a copy of it
         if problem:
             found.append(problem)
+        misfits = method_misfits(spec, recipe.model) if not problem else {}
         for name in recipe.methods:
-            reason = unsuitable_reason(name, spec.domain)
+            reason = unsuitable_reason(name, spec.domain) or misfits.get(name)
             if reason:
                 found.append(reason)
         try:
@@ -129,6 +136,30 @@ def unsuitable_reason(method: str, domain: str) -> str | None:
     if card_domain not in ("any", domain):
         return f"{method} is for {card_domain} models; this task is {domain}"
     return None
+
+
+def method_misfits(task: Task, model: str) -> dict[str, str]:
+    """Methods whose model surgery finds nothing to act on in ``task``'s model ``model``, with each one's own
+    reason: every INIT method of the task's domain is applied, with its card's defaults, to a copy of the model."""
+    return dict(_surgery_misfits(task.name, id(task), model))
+
+
+@functools.lru_cache(maxsize=16)
+def _surgery_misfits(task_name: str, task_id: int, model_name: str) -> tuple[tuple[str, str], ...]:
+    task = get_task(task_name)
+    with torch.random.fork_rng():
+        model = task.model(model_name)
+    found = []
+    for name, cls in REGISTRY.items():
+        if Event.INIT not in cls.CARD.events or unsuitable_reason(name, task.domain):
+            continue
+        state = State(model=copy.deepcopy(model), loss_fn=None, max_duration=Time.from_input("1ep"),
+                      device=torch.device("cpu"), precision="fp32", seed=0)
+        try:
+            cls().apply(Event.INIT, state, None)
+        except (ValueError, TypeError, RuntimeError) as e:  # NothingToChangeError is a ValueError
+            found.append((name, str(e)))
+    return tuple(found)
 
 
 def _normalise(methods: dict) -> dict:

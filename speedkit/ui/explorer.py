@@ -28,10 +28,11 @@ from speedkit.core.algorithm import HParam
 from speedkit.devices import PRECISIONS
 from speedkit.recipes import RECIPES, get_recipe
 from speedkit.runs import RunRecord
-from speedkit.tasks import TASKS, get_task
+from speedkit.task import Task
+from speedkit.tasks import TASKS, get_task, resolve_task
 from speedkit.ui import plots
 from speedkit.ui.board import RunBoard
-from speedkit.ui.config import RunConfig, unsuitable_reason
+from speedkit.ui.config import RunConfig, method_misfits, unsuitable_reason
 from speedkit.ui.live import BackgroundRun
 
 
@@ -169,14 +170,15 @@ class MethodExplorer:
 
     _tune_panel = None  # speedkit.ui.tune_panel.TunePanel, built on first use
 
-    def __init__(self, task: str = "fashion-mnist", recipe: str = "mild", *, duration: str | None = None,
+    def __init__(self, task: str | Task = "fashion-mnist", recipe: str | None = None, *, data=None,
+                 duration: str | None = None,
                  device: str = "auto", seed: int = 0, data_fraction: float = 1.0, eval_fraction: float | None = None,
                  eval_interval: str | None = None, run_dir: str | os.PathLike = "runs/explorer",
                  records: str | os.PathLike | None = None, baseline: RunRecord | str | None = None,
                  update_interval: float = 1.0, live: bool = True):
         """``live=False`` (headless) draws into a plain plotly Figure instead of a FigureWidget, so an
         executed notebook stores no widget JavaScript; everything else works the same."""
-        get_task(task)
+        task = resolve_task(task, data).name  # a name, a Task, "pkg.mod:attr", a folder task with data=DIR
         self.data_fraction, self.eval_fraction, self.eval_interval = data_fraction, eval_fraction, eval_interval
         self._widget = None
         with (contextlib.nullcontext() if live else _detached_widgets()):
@@ -218,7 +220,7 @@ class MethodExplorer:
     def _build_settings(self, task: str, device: str, seed: int) -> None:
         narrow = {"style": {"description_width": "70px"}, "layout": w.Layout(width="220px")}
         self.task = w.Dropdown(options=list(TASKS), value=task, description="task", **narrow)
-        self.model = w.Dropdown(options=list(get_task(task).models), description="model", **narrow)
+        self.model = w.Dropdown(options=get_task(task).model_names, description="model", **narrow)
         self.duration = w.Text(description="duration", placeholder="3ep, 500ba, 90s", **narrow)
         devices = available_devices()
         self.device = w.Dropdown(options=devices if device in devices else [*devices, device], value=device,
@@ -288,14 +290,13 @@ class MethodExplorer:
     def set_task(self, task: str, recipe: str | None = None) -> None:
         spec = get_task(task)
         with self._applying_preset():
+            self.task.options = list(TASKS)  # tasks registered since (a user's Task, a folder task)
             if self.task.value != task:
                 self.task.value = task  # its observer calls back here; the guard above keeps it single
-            self.model.options = list(spec.models)
+            self.model.options = spec.model_names
             self.target.value = spec.target_value
             self.target_label.value = f"<span style='font-size:12px'>{spec.target_metric}</span>"
             self.preset.options = [*RECIPES[task], "custom"]
-            for name, row in self.rows.items():
-                row.set_available(unsuitable_reason(name, spec.domain))
         self.board.task = task
         if getattr(self, "_plotted_metric", None) != spec.target_metric:  # keep the curves within a task
             with self._draw_lock:
@@ -416,12 +417,20 @@ class MethodExplorer:
     def _on_method_change(self) -> None:
         if self._applying:
             return
+        self._grey_unfit_methods()
         config = self.config
         with self._applying_preset():
             self.preset.value = "custom" if config.is_custom or self._settings_differ(config) else config.recipe
         problems = config.problems()
         self.conflicts.value = "".join(f"<div style='color:#d62728'>⚠ {html.escape(p)}</div>" for p in problems)
         self.run_button.disabled = bool(problems) or self.running
+
+    def _grey_unfit_methods(self) -> None:
+        """Grey the methods that cannot act on this task's domain or on the chosen model, each with its reason."""
+        spec, model = get_task(self.task.value), self.model.value
+        misfits = method_misfits(spec, model) if model and spec.model_fit_problem(model) is None else {}
+        for name, row in self.rows.items():
+            row.set_available(unsuitable_reason(name, spec.domain) or misfits.get(name))
 
     def _settings_differ(self, config: RunConfig) -> bool:
         base = config.base_recipe()

@@ -1,0 +1,120 @@
+"""A user's task through every entry point but the benchmark: ``speedkit train --task pkg.mod:attr`` and
+``--task image-folder --data DIR``, ``speedkit tune`` with a Task, and ``MethodExplorer(task=...)`` with the
+methods that do not fit the user's model greyed, each with its reason."""
+from __future__ import annotations
+
+import json
+import re
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from speedkit.cli import main
+from speedkit.recipes import RECIPES
+from speedkit.tasks import TASKS
+from test_folder_tasks import write_image_folder
+from test_tasks import user_task
+
+
+@pytest.fixture(autouse=True)
+def forget_user_tasks():
+    before = dict(TASKS)
+    yield
+    for name in set(TASKS) - set(before):
+        TASKS.pop(name)
+        RECIPES.pop(name, None)
+
+
+def _record(run_dir: Path) -> dict:
+    (record,) = run_dir.glob("*/record.json")
+    return json.loads(record.read_text())
+
+
+# -- speedkit train --------------------------------------------------------------------------
+def test_train_takes_a_task_from_a_module_in_the_current_folder(tmp_path, monkeypatch, capsys):
+    (tmp_path / "my_project_tasks.py").write_text(textwrap.dedent("""
+        from test_tasks import user_task
+        fashion = user_task("cli-fashion")
+    """))
+    monkeypatch.chdir(tmp_path)
+    code = main(["train", "--task", "my_project_tasks:fashion", "--duration", "6ba", "--run-dir", "runs",
+                 "--no-progress"])
+    assert code == 0, capsys.readouterr().err
+    record = _record(tmp_path / "runs")
+    assert record["config"]["task"] == "cli-fashion" and record["status"] == "completed"
+    assert "completed" in capsys.readouterr().out
+
+
+def test_train_takes_an_image_folder(tmp_path, capsys):
+    data = write_image_folder(tmp_path / "pictures", per_class=12)
+    code = main(["train", "--task", "image-folder", "--data", str(data), "--image-size", "20", "--duration", "2ba",
+                 "--run-dir", str(tmp_path / "runs"), "--no-progress"])
+    assert code == 0, capsys.readouterr().err
+    record = _record(tmp_path / "runs")
+    assert record["config"]["task"] == "image-folder" and record["status"] == "completed"
+    assert "20x20" in TASKS["image-folder"].summary
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--task", "not_a_module_anywhere:task"], "cannot import module 'not_a_module_anywhere'"),
+    (["--task", "image-folder"], r"give the folder \(--data DIR"),
+    (["--task", "text-folder", "--data", "{empty}"], "no files ending in"),
+    (["--task", "image-folder", "--data", "{empty}"], "has no class subfolders"),
+    (["--task", "fashion-mnist", "--data", "{empty}"], "loads its own data"),
+])
+def test_train_refuses_a_task_it_cannot_build_before_training(tmp_path, capsys, args, message):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    args = [a.replace("{empty}", str(empty)) for a in args]
+    assert main(["train", *args, "--run-dir", str(tmp_path / "runs")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("speedkit: error:")
+    assert re.search(message, err), err
+    assert not (tmp_path / "runs").exists()  # refused before any run folder was made
+
+
+# -- speedkit tune ---------------------------------------------------------------------------
+def test_tune_searches_a_user_task(tmp_path, monkeypatch):
+    pytest.importorskip("optuna")
+    from speedkit.tune import TuneInputError, tune
+
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    result = tune(user_task("tuned-fashion"), methods=["label_smoothing", "low_precision_layernorm"],
+                  out_dir=tmp_path, runner="tune_fakes:fake_run", budget=30, max_trials=2, max_baseline_trials=1,
+                  seeds_to_confirm=1, data_fraction=0.25, log=lambda *_: None)
+    assert result.summary["task"] == "tuned-fashion"
+    assert result.summary["methods_searched"] == ["label_smoothing"]
+    assert "found no nn.LayerNorm" in result.summary["left_out"]["low_precision_layernorm"]  # the user's CNN has none
+    with pytest.raises(TuneInputError, match="worker processes know only the built-in tasks"):
+        tune(user_task("tuned-fashion"), n_workers=2, out_dir=tmp_path / "two", budget=30, log=lambda *_: None)
+
+
+# -- the explorer ----------------------------------------------------------------------------
+def test_the_explorer_opens_on_a_user_task_and_runs_it(tmp_path):
+    pytest.importorskip("ipywidgets")
+    from speedkit.ui import MethodExplorer
+
+    explorer = MethodExplorer(task=user_task("explored"), run_dir=tmp_path, live=False)
+    assert explorer.task.value == "explored" and "explored" in explorer.task.options
+    assert {"fashion-mnist", "pydocs"} <= set(explorer.task.options)  # the dropdown lists every registered task
+    assert list(explorer.preset.options) == ["baseline", "custom"] and explorer.model.value == "small-cnn"
+    # Greyed with the reason: by domain (a language method), and by the user's model (no LayerNorm to act on).
+    assert explorer.rows["rotary_embeddings"].checkbox.disabled
+    layernorm = explorer.rows["low_precision_layernorm"]
+    assert layernorm.checkbox.disabled and "found no nn.LayerNorm" in layernorm.checkbox.tooltip
+    assert not explorer.rows["label_smoothing"].checkbox.disabled
+    (record,) = explorer.run_all([{"recipe": "baseline", "methods": {"label_smoothing": {}}}], duration="4ba")
+    assert record.status == "completed" and record.config["task"] == "explored"
+
+
+def test_the_explorer_greys_what_the_chosen_model_lacks(tmp_path):
+    pytest.importorskip("ipywidgets")
+    from speedkit.ui import MethodExplorer
+
+    explorer = MethodExplorer(task="fashion-mnist", run_dir=tmp_path, live=False)
+    assert not explorer.rows["stochastic_depth"].checkbox.disabled  # resnet8 has residual blocks
+    explorer.model.options = [*explorer.model.options, "torchvision:mobilenet_v3_small"]
+    explorer.model.value = "torchvision:mobilenet_v3_small"
+    row = explorer.rows["stochastic_depth"]
+    assert row.checkbox.disabled and "found no residual blocks" in row.checkbox.tooltip
