@@ -3,8 +3,10 @@ the csv module, and compared with the RunRecord the same run wrote (the loggers 
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -12,7 +14,7 @@ from speedkit import Trainer
 from speedkit.algorithms import LabelSmoothing
 from speedkit.loggers import CSVLogger, TensorBoardLogger
 
-from helpers import toy_loaders, toy_model
+from helpers import needs_fmnist, toy_loaders, toy_model
 from prerequisites import import_or_missing
 
 
@@ -221,3 +223,58 @@ def test_an_unknown_logger_name_is_refused_with_the_known_names(tmp_path):
     with pytest.raises(ValueError, match=r"'tensorbord' \(did you mean 'tensorboard'\?\); known names: "
                                          r"tensorboard, csv, mlflow, wandb"):
         Trainer(toy_model(), train, loggers=["tensorbord"], device="cpu", run_dir=tmp_path)
+
+
+# -- loggers named by a recipe file, and the explorer's runs --------------------------------------
+TINY_RUN = ["--duration", "4ba", "--batch-size", "64", "--data-fraction", "0.02", "--eval-fraction", "0.05",
+            "--device", "cpu", "--no-progress"]
+
+
+def recipe_file(tmp_path, loggers) -> str:
+    from speedkit.recipes import get_recipe
+
+    recipe = dataclasses.replace(get_recipe("fashion-mnist", "plain"), name="logged", loggers=loggers)
+    path = tmp_path / "logged.yaml"
+    path.write_text(recipe.to_yaml())
+    return str(path)
+
+
+@needs_fmnist
+def test_a_recipe_files_loggers_log_its_runs_and_the_cli_flag_replaces_them(tmp_path):
+    from speedkit.cli import main
+
+    recipe = recipe_file(tmp_path, ["csv"])
+    assert "loggers:\n- csv" in (tmp_path / "logged.yaml").read_text()
+    assert main(["train", "--recipe", recipe, *TINY_RUN, "--run-dir", str(tmp_path), "--run-name", "from-file"]) == 0
+    assert (tmp_path / "from-file" / "csv" / "eval.csv").is_file()
+
+    import_or_missing("tensorboard", "pip install 'speedkit[tensorboard]'")
+    assert main(["train", "--recipe", recipe, *TINY_RUN, "--run-dir", str(tmp_path), "--run-name", "flag",
+                 "--logger", "tensorboard"]) == 0
+    assert (tmp_path / "flag" / "tensorboard").is_dir() and not (tmp_path / "flag" / "csv").exists()
+
+
+def test_a_recipe_file_with_an_unknown_logger_is_refused_when_read(tmp_path):
+    from speedkit.recipes import Recipe
+
+    path = tmp_path / "bad.yaml"
+    path.write_text(Path(recipe_file(tmp_path, ["csv"])).read_text().replace("- csv", "- tensorbord"))
+    with pytest.raises(ValueError, match=r"recipe 'logged': loggers: unknown logger name 'tensorbord' "
+                                         r"\(did you mean 'tensorboard'\?\)"):
+        Recipe.from_file(path)
+    path.write_text(Path(recipe_file(tmp_path, ["csv"])).read_text().replace("- csv", "- 3"))
+    with pytest.raises(TypeError, match="loggers must be a list of logger names"):
+        Recipe.from_file(path)
+
+
+@needs_fmnist
+def test_the_explorers_runs_log_to_the_loggers_it_was_given(tmp_path):
+    import_or_missing("ipywidgets")
+    from speedkit.ui.explorer import MethodExplorer
+
+    explorer = MethodExplorer(run_dir=tmp_path, duration="4ba", data_fraction=0.02, eval_fraction=0.05,
+                              device="cpu", update_interval=0.05, live=False, loggers=["csv"])
+    explorer.run(wait=True)
+    (record,) = explorer.history
+    _, rows = read_csv(tmp_path / record.name / "csv" / "eval.csv")
+    assert len(rows) == len(record.evals) >= 1

@@ -40,6 +40,7 @@ class Recipe:
     summary: str = ""
     target: dict | None = None  # {"metric", "value"} it was tuned to reach; None: the task's target
     reached: dict | None = None  # what the benchmark measured: metric, value, time, machine
+    loggers: list = dataclasses.field(default_factory=list)  # logger names: tensorboard, csv, mlflow, wandb
 
     def __post_init__(self):
         """Every field is checked now, so a bad recipe (file) fails when read, naming the field."""
@@ -61,7 +62,20 @@ class Recipe:
             raise ValueError(f"{where}: loader must be 'memory' or 'torch', got {_show(self.loader)}")
         if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:
             raise ValueError(f"{where}: batch_size must be a whole number >= 1, got {_show(self.batch_size)}")
+        self._check_loggers(where)
         self._check_parts(where)
+
+    def _check_loggers(self, where: str) -> None:
+        from speedkit.loggers import check_logger_name
+
+        if not isinstance(self.loggers, list) or not all(isinstance(name, str) for name in self.loggers):
+            raise TypeError(f"{where}: loggers must be a list of logger names such as [tensorboard, csv], "
+                            f"got {_show(self.loggers)}")
+        for name in self.loggers:
+            try:
+                check_logger_name(name)
+            except ValueError as e:
+                raise ValueError(f"{where}: {e}") from None
 
     def _check_parts(self, where: str) -> None:
         """Optimizer, schedule, methods, precision and augmentation, checked by the code that will use them."""
@@ -121,7 +135,8 @@ class Recipe:
         """The recipe as a file ``speedkit train --recipe file.yaml`` and ``make_trainer`` read back."""
         import yaml
 
-        data = {k: v for k, v in self.to_dict().items() if v is not None and k != "reached"}
+        # an empty logger list is left out, so files of recipes without loggers read as before
+        data = {k: v for k, v in self.to_dict().items() if v is not None and k != "reached" and v != []}
         if "betas" in data["optimizer"]:
             data["optimizer"]["betas"] = list(data["optimizer"]["betas"])
         return yaml.safe_dump(data, sort_keys=False)

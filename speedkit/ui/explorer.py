@@ -175,10 +175,13 @@ class MethodExplorer:
                  device: str = "auto", seed: int = 0, data_fraction: float = 1.0, eval_fraction: float | None = None,
                  eval_interval: str | None = None, run_dir: str | os.PathLike = "runs/explorer",
                  records: str | os.PathLike | None = None, baseline: RunRecord | str | None = None,
-                 update_interval: float = 1.0, live: bool = True):
+                 update_interval: float = 1.0, live: bool = True, loggers=None):
         """``live=False`` (headless) draws into a plain plotly Figure instead of a FigureWidget, so an
-        executed notebook stores no widget JavaScript; everything else works the same."""
+        executed notebook stores no widget JavaScript; everything else works the same. ``loggers`` (names
+        or LoggerDestination objects, as the Trainer takes) log every run the explorer starts; None: the
+        preset's own ``loggers`` field."""
         task = resolve_task(task, data).name  # a name, a Task, "pkg.mod:attr", a folder task with data=DIR
+        self.loggers = loggers
         self.data_fraction, self.eval_fraction, self.eval_interval = data_fraction, eval_fraction, eval_interval
         self._widget = None
         with (contextlib.nullcontext() if live else _detached_widgets()):
@@ -458,7 +461,7 @@ class MethodExplorer:
                 self.status.value = "<span style='color:#d62728'>cannot run: " + html.escape("; ".join(problems)) + "</span>"
                 return None
             config.name = self._run_name(config)
-            trainer = config.make_trainer(run_dir=self.run_dir)
+            trainer = config.make_trainer(run_dir=self.run_dir, loggers=self.loggers)
             with self._draw_lock:
                 self._show_baseline(trainer.record)
                 plots.add_run(self.figure, trainer.record, self._metric,
