@@ -23,6 +23,7 @@ import torch
 from speedkit import distributed
 from speedkit.core import Timestamp
 from speedkit.runs import RunRecord, atomic_write_bytes
+from speedkit.storage import RemoteFolder, download, is_remote, local_path
 
 MAGIC = b"SPEEDKIT-CHECKPOINT\n"
 LATEST = "latest.ckpt"
@@ -327,11 +328,17 @@ class Checkpointer:
     newest few, and resuming from one. The run's parallel plan (``speedkit.distributed``) does its part:
     under DDP rank 0 writes with every rank's RNG; under FSDP every rank writes its shards.
 
-    ``state`` is the run's State, ``logger`` its Logger, ``plan`` its parallel plan.
+    ``state`` is the run's State, ``logger`` its Logger, ``plan`` its parallel plan. ``folder`` may be an
+    fsspec URL (``s3://...``, ``memory://...``): the checkpoints are then written in ``staging`` (a local
+    folder) and mirrored there, see ``speedkit.storage``.
     """
 
-    def __init__(self, folder: str | os.PathLike, state, logger, plan, *, run_name: str, keep: int = 3):
-        self.folder, self.keep = Path(folder), keep
+    def __init__(self, folder: str | os.PathLike, state, logger, plan, *, run_name: str, keep: int = 3,
+                 staging: str | os.PathLike | None = None):
+        self.remote = RemoteFolder(str(folder)) if is_remote(folder) else None
+        if self.remote is not None and staging is None:
+            raise ValueError(f"checkpoints at {folder} need a local staging folder (staging=...)")
+        self.folder, self.keep = Path(staging) if self.remote else local_path(folder), keep
         self.state, self.logger, self.plan, self.run_name = state, logger, plan, run_name
 
     @property
@@ -381,6 +388,9 @@ class Checkpointer:
         state.record.notes["last_checkpoint"] = str(path)  # on a file system all ranks share
         if distributed.is_main():
             self._point_latest_at(path)
+            if self.remote is not None:
+                self.remote.upload(path, self.latest, self.keep, SHARDED_SUFFIX)
+                state.record.notes["remote_checkpoints"] = self.remote.url
             state.record.save()
             state.record.add_timing("checkpoint_s", time.perf_counter() - start)
         return path
@@ -418,6 +428,7 @@ class Checkpointer:
         Returns the RNG state the run continues from (set when its next epoch starts), None when nothing
         was loaded.
         """
+        load_path = self._fetch_remote(load_path, autoresume)
         candidates = [Path(load_path)] if load_path is not None else self._autoresume_candidates() if autoresume else []
         seen = self.plan.ranks_that_see(bool(candidates))
         if len(set(seen)) > 1:
@@ -440,6 +451,20 @@ class Checkpointer:
             self.state.record.notes["rng_not_restored_per_rank"] = note
             self.logger.log_text(note)
         return self.plan.resume_rng(payload)
+
+    def _fetch_remote(self, load_path, autoresume: bool) -> Path | None:
+        """Remote checkpoints copied into the local folder before a resume (rank 0 copies, the others wait);
+        ``load_path`` as a local path."""
+        if is_remote(load_path):
+            if distributed.is_main():
+                download(str(load_path), self.folder)
+            distributed.barrier()
+            return self.folder / str(load_path).rstrip("/").rsplit("/", 1)[-1]
+        if self.remote is not None and autoresume and load_path is None:
+            if distributed.is_main():
+                self.remote.download_missing(self.folder, SHARDED_SUFFIX)
+            distributed.barrier()
+        return None if load_path is None else local_path(load_path)
 
     def _verified(self, path: Path) -> dict:
         """The checkpoint's payload, every check passed (shards included); CheckpointError otherwise."""
