@@ -22,7 +22,8 @@ from speedkit.recipes import RECIPES, Recipe
 from speedkit.task import DataRequest, Task
 
 LIBRARY_MODELS = ("torchvision:*", "timm:*")  # any classifier of these, adapted to channels and classes
-GPT_MODELS = ("gpt-nano", "gpt-micro", "gpt-mini", "gpt-small")
+GPT_MODELS = ("gpt-nano", "gpt-micro", "gpt-mini", "gpt-small",
+              "hf:gpt2-nano", "hf:gpt2-micro", "hf:gpt2-mini", "hf:gpt2-small")  # hf: transformers, from a config
 
 
 def classification_metrics() -> dict:
@@ -121,17 +122,49 @@ def _context_length(request: DataRequest) -> int:
     return 256
 
 
+class DictBatches:
+    """A token loader whose ``(inputs, targets)`` batches come out as ``{"input_ids", "labels"}`` dicts, for
+    models called Hugging Face style; length, epochs and resuming part-way are the wrapped loader's."""
+
+    def __init__(self, loader):
+        self.loader = loader
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self):
+        return self._as_dicts(iter(self.loader))
+
+    def iter_from(self, batch_index: int):
+        return self._as_dicts(self.loader.iter_from(batch_index))
+
+    def __getattr__(self, name):  # batch_size, tokens_per_batch, set_epoch, ...
+        return getattr(self.__dict__["loader"], name)
+
+    @staticmethod
+    def _as_dicts(batches):
+        for inputs, targets in batches:
+            yield {"input_ids": inputs, "labels": targets}
+
+
+def _for_model(loader, request: DataRequest):
+    return DictBatches(loader) if getattr(request.model, "takes_dict_batches", False) else loader
+
+
 def text_data(root: str | None):
     """(train_data, eval_data) over the text files under ``root`` (None: the Python docs), split by file."""
     def train(request: DataRequest):
         corpus, seq_len = _corpus(root, request.seed), _context_length(request)
         tokens = corpus.train[: max(seq_len + 1, int(len(corpus.train) * request.data_fraction))]
-        return TokenBatchLoader(tokens, seq_len, request.batch_size, seed=request.seed, device=request.device)
+        loader = TokenBatchLoader(tokens, seq_len, request.batch_size, seed=request.seed, device=request.device)
+        return _for_model(loader, request)
 
     def evaluate(request: DataRequest):
         corpus, seq_len = _corpus(root, request.seed), _context_length(request)
         batches = max(1, int(64 * (request.eval_fraction or 1.0)))
-        return TokenBatchLoader(corpus.val, seq_len, 32, steps_per_epoch=batches, shuffle=False, device=request.device)
+        loader = TokenBatchLoader(corpus.val, seq_len, 32, steps_per_epoch=batches, shuffle=False,
+                                  device=request.device)
+        return _for_model(loader, request)
 
     return train, evaluate
 

@@ -8,6 +8,7 @@ Models speedkit trains and benchmarks, by name:
     get_model("unet", num_classes=2)
     get_model("torchvision:mobilenet_v3_small", num_classes=5, in_channels=1)   # any torchvision classifier
     get_model("timm:resnet10t", num_classes=5)   # where timm is installed
+    get_model("hf:gpt2-nano")                     # a transformers GPT-2 of gpt-nano's sizes (speedkit[hf])
 
 Nothing here downloads weights: torchvision models are built with weights=None.
 """
@@ -16,6 +17,7 @@ import torch.nn as nn
 
 from .gpt import GPT, GPT_CONFIGS, GPTConfig, CausalSelfAttention, Rotary, gpt_config
 from .resnet import BasicBlock, ResNet9, SmallResNet, resnet8, resnet9, resnet20, resnet56
+from .hf import PREFIX as HF_PREFIX, hf_causal_lm
 from .unet import UNet
 
 
@@ -133,6 +135,8 @@ def get_model(name, num_classes=10, in_channels=None, **kwargs):
     kwargs: passed to the builder, e.g. width= for resnet8/9, small_input= for resnet18/50,
         base=/depth= for unet, any GPTConfig field for the GPT presets.
     """
+    if name.startswith(HF_PREFIX):
+        return hf_causal_lm(name)
     if name.partition(":")[0] in LIBRARIES:
         return library_model(name, num_classes, 3 if in_channels is None else in_channels)
     if name not in MODELS:

@@ -1,0 +1,50 @@
+"""Hugging Face causal language models, built from a config (random weights, nothing downloaded).
+
+``get_model("hf:gpt2-nano")`` is a ``transformers`` GPT-2 with the sizes of speedkit's ``gpt-nano`` preset
+(``hf:gpt2-micro``, ``hf:gpt2-mini``, ``hf:gpt2-small`` likewise) over the 256 byte values. It is called
+Hugging Face style, ``model(**batch)`` with ``input_ids`` and ``labels``, and trains on the dict batches the
+language tasks yield for it. Needs ``pip install 'speedkit[hf]'``.
+"""
+from __future__ import annotations
+
+import torch.nn as nn
+
+from .gpt import GPT_CONFIGS
+
+PREFIX = "hf:gpt2-"  # hf:gpt2-nano -> the gpt-nano preset's sizes
+
+
+class NextTokenLM(nn.Module):
+    """A Hugging Face causal LM for batches whose ``labels`` are already the next tokens.
+
+    speedkit's text loaders shift the targets by one; a Hugging Face model given ``labels`` shifts them
+    again, so it is asked for logits only and the Trainer's cross-entropy compares them with the labels.
+    """
+
+    takes_dict_batches = True  # the language tasks yield {"input_ids", "labels"} for it
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+        self.config = model.config
+
+    def forward(self, input_ids, labels=None, attention_mask=None):
+        return self.model(input_ids=input_ids, attention_mask=attention_mask)
+
+
+def hf_causal_lm(name: str) -> NextTokenLM:
+    """``hf:gpt2-<preset>``: a transformers GPT-2 with the sizes of speedkit's ``gpt-<preset>``."""
+    preset = "gpt-" + name.removeprefix(PREFIX)
+    if not name.startswith(PREFIX) or preset not in GPT_CONFIGS:
+        known = [PREFIX + n.removeprefix("gpt-") for n in GPT_CONFIGS if n.startswith("gpt-")]
+        raise ValueError(f"unknown Hugging Face model {name!r}; known: {known}")
+    try:
+        from transformers import GPT2Config, GPT2LMHeadModel
+    except ImportError:
+        raise ValueError(f"model {name!r} needs transformers, which is not installed; pip install 'speedkit[hf]' "
+                         f"or pick a gpt-* model") from None
+    sizes = GPT_CONFIGS[preset]
+    config = GPT2Config(vocab_size=sizes.vocab_size, n_positions=sizes.block_size, n_embd=sizes.n_embd,
+                        n_layer=sizes.n_layer, n_head=sizes.n_head, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                        bos_token_id=None, eos_token_id=None)  # bytes have no special tokens
+    return NextTokenLM(GPT2LMHeadModel(config))
