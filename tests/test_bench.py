@@ -133,6 +133,27 @@ def test_every_recipe_is_measured_against_every_baseline_and_the_headline_agains
     assert "| plain-bf16 (strongest baseline) | 7ep | 2/2 |" in markdown and "2.50x faster" in markdown
 
 
+def test_a_summary_says_which_runs_came_later_and_what_the_sweep_tried():
+    records = [fake_record(name, s, [(t, 3.2)], target=3.3, metric="eval/bpb")
+               for s in (0, 1) for name, t in (("baseline", 40), ("hot", 8))]
+    records += [fake_record("tuned", s, [(20, 3.2)], target=3.3, metric="eval/bpb") for s in (0, 1)]
+    for record in records:
+        later = record.config["recipe"] == "tuned"
+        record.config["bench"] = {"session": "20261130-140000" if later else "20261130-130000"}
+    pick = {"lr": 4e-3, "schedule": {"name": "linear_to_zero"}}
+    sweeps = {"tuned": {"pick": pick, "tried": [{"lr": 1e-3, "schedule": {"name": "cosine"}, "batches_to_target": 475},
+                                                {**pick, "batches_to_target": 300}]}}
+    profile = BenchProfile(name="cpu", task="pydocs", device="cpu", target=3.3)
+    entry = summarize(records, profile, sweeps=sweeps)
+    assert entry["sessions"] == {"20261130-130000": ["baseline", "hot"], "20261130-140000": ["tuned"]}
+    assert entry["strongest_baseline"] == "tuned" and entry["speedup_median"] == 2.5
+    markdown = summary_markdown({"language": entry})
+    assert "baseline, hot interleaved by seed, then tuned in the same sitting (paired by seed)" in markdown
+    assert "lr 0.001 cosine: 475; lr 0.004 linear_to_zero: 300 -> lr 0.004 linear_to_zero" in markdown
+    one_sitting = summarize(records[:4], profile)
+    assert "baselines and recipes interleaved by seed" in summary_markdown({"language": one_sitting})
+
+
 def test_a_summary_needs_a_baseline_and_a_recipe_that_ends_below_its_target_is_not_best():
     with pytest.raises(ValueError, match="needs runs of a baseline \\(baseline, plain, plain-bf16\\)"):
         summarize([fake_record("mild", 0, [(4, 0.93)])], BenchProfile(name="cpu", task="fashion-mnist"))

@@ -126,8 +126,7 @@ def task_markdown(key: str, entry: dict) -> str:
         headline(key, entry),
         "",
         *[f"Note: {note}." for note in entry.get("notes", [])],
-        f"Profile `{entry['profile']}`, {n} seed{'s' if n != 1 else ''}, baselines and recipes interleaved by "
-        f"seed; times are training wall clock with a plain evaluation excluded (shown apart) and the extra "
+        f"Profile `{entry['profile']}`, {n} seed{'s' if n != 1 else ''}, {_sittings(entry)}; times are training wall clock with a plain evaluation excluded (shown apart) and the extra "
         f"cost of evaluation-time methods and of set-up work at fit start included; setup (data into memory, "
         f"model, surgery) and compile time (also inside training time) are shown apart; speed-ups are "
         f"paired by seed. Machine: {machine_line(entry)}.",
@@ -149,12 +148,28 @@ def task_markdown(key: str, entry: dict) -> str:
         lines += ["", "Baseline budgets, searched (budget: seeds that reached the target): " + "; ".join(
             f"{name} {', '.join(f'{k}: {v}/{n}' for k, v in s['tried'].items())} -> {s['budget']}"
             for name, s in searched.items())]
+    swept = {name: b["sweep"] for name, b in _baselines(entry).items() if b.get("sweep")}
+    for name, sweep in swept.items():
+        lines += ["", f"{name}'s learning rate and schedule, swept on one seed (each run stopped at the target; "
+                      f"ranked by batches to it): " + "; ".join(
+                          f"lr {t['lr']:g} {t['schedule']['name']}: {_num(t['batches_to_target'], 0, missing='not reached')}"
+                          for t in sweep["tried"]) + f" -> lr {sweep['pick']['lr']:g} {sweep['pick']['schedule']['name']}"]
     if entry.get("flops_fraction_of_peak") is not None:
         lines += ["", f"Best recipe's achieved FLOP/s: {100 * entry['flops_fraction_of_peak']:.1f}% of the "
                       f"measured matmul peak."]
     lines += leave_one_out_markdown(entry.get("leave_one_out"))
     lines += time_breakdown_markdown(entry.get("time_breakdown"))
     return "\n".join(lines)
+
+
+def _sittings(entry: dict) -> str:
+    """How the main runs were ordered: one sitting, interleaved by seed, or which recipes ran later."""
+    sessions = entry.get("sessions") or {}
+    if len(sessions) <= 1:
+        return "baselines and recipes interleaved by seed"
+    later = "; then ".join(", ".join(names) for names in list(sessions.values())[1:])
+    return (f"{', '.join(next(iter(sessions.values())))} interleaved by seed, then {later} in the same sitting "
+            f"(paired by seed)")
 
 
 def _budget_cell(r: dict) -> str:
