@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.speedkit-installed
 PYTEST_ARGS ?=
 
-.PHONY: setup system demo test lab readme clean
+.PHONY: setup system demo test lab readme docs clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -33,6 +33,10 @@ lab: setup
 
 readme: setup
 	$(PY) scripts/update_readme.py README.md
+
+# The API reference (pdoc, offline) with a page per method from its card; fails on a broken reference.
+docs: setup
+	$(PY) scripts/build_docs.py build/docs
 
 clean:
 	rm -rf runs .pytest_cache .hypothesis

@@ -18,7 +18,7 @@ with the same names (``blurpool`` blurs before strided convolutions) cannot be u
 exactly. A fresh model must have the same methods applied first, with the run's parameters, through
 their functional forms (``speedkit.functional``): ``sf.apply_blurpool(model, **params)`` and so on.
 :attr:`ExportResult.model_methods` lists them, a safetensors file carries them in its metadata
-(``speedkit.model_methods``), and the CLI prints them.
+(key ``"speedkit.model_methods"``), and the CLI prints them.
 """
 from __future__ import annotations
 

@@ -357,8 +357,8 @@ class MLflowLogger(LoggerDestination):
     """One MLflow run per fit, in ``experiment`` of the tracking store at ``tracking_uri`` (a server's URL, or
     ``sqlite:///<path>/mlflow.db``; None: MLflow's own choice, ``MLFLOW_TRACKING_URI``). Metrics at their
     batch as the step, the config and methods as params (flattened as for TensorBoard) at fit start, the
-    methods also as the tag ``speedkit.methods``; at the end ``timings/<name>`` metrics, the tag
-    ``speedkit.status`` and the run ended as FINISHED, FAILED or KILLED. Text lines are not sent (MLflow keeps
+    methods also as the tag ``"speedkit.methods"``; at the end ``timings/<name>`` metrics, the tag
+    ``"speedkit.status"`` and the run ended as FINISHED, FAILED or KILLED. Text lines are not sent (MLflow keeps
     text only as artifacts). Uses ``MlflowClient``, so it never touches MLflow's global active run.
     """
 
