@@ -89,10 +89,24 @@ def import_or_missing(module: str, install: str = DEV_INSTALL):
         missing(f"the Python package {module}", install)
 
 
+def _importorskip_failing_in_ci(importorskip):
+    """``pytest.importorskip`` as tests call it, except that under CI a missing module fails the test."""
+    def wrapped(modname, minversion=None, reason=None, **kwargs):
+        try:
+            return importorskip(modname, minversion=minversion, reason=reason, **kwargs)
+        except pytest.skip.Exception as skipped:
+            pytest.fail(f"{skipped.msg}. CI=true: tests that need {modname} must run, not skip", pytrace=False)
+    wrapped.__wrapped__ = importorskip
+    return wrapped
+
+
 # -- plugin hooks ---------------------------------------------------------------------------------
 def pytest_configure(config):
     config.addinivalue_line("markers", "prerequisite(name): needs an installed dataset or program "
                                        f"(one of {sorted(PREREQUISITES)}); skipped without it, failed under CI=true")
+    if in_ci() and not hasattr(pytest.importorskip, "__wrapped__"):
+        # Tests written with plain pytest.importorskip (not import_or_missing) cannot skip silently in CI either.
+        pytest.importorskip = _importorskip_failing_in_ci(pytest.importorskip)
 
 
 @pytest.hookimpl(tryfirst=True)  # before fixtures: a missing dataset must not start a module's expensive fixture

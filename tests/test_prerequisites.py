@@ -34,6 +34,10 @@ def test_imports():
     prerequisites.import_or_missing("speedkit_no_such_module", "pip install the-module")
 
 
+def test_plain_importorskip():
+    pytest.importorskip("speedkit_no_such_module_either")
+
+
 def test_plain_skip():
     pytest.skip("not on this device")
 
@@ -57,8 +61,8 @@ def run_inner(tmp_path: Path, ci: str | None) -> subprocess.CompletedProcess:
 def test_missing_prerequisites_skip_locally_with_the_install_command_counted_by_reason(tmp_path):
     result = run_inner(tmp_path, ci=None)
     assert result.returncode == 0, result.stdout
-    assert "1 passed, 4 skipped" in result.stdout
-    summary = result.stdout[result.stdout.index("4 skipped, by reason"):]
+    assert "1 passed, 5 skipped" in result.stdout
+    summary = result.stdout[result.stdout.index("5 skipped, by reason"):]
     assert "    2  Fashion-MNIST is missing: apt-get install the-data" in summary
     assert "    1  the Python package speedkit_no_such_module is missing: pip install the-module" in summary
     assert "    1  not on this device" in summary
@@ -69,14 +73,17 @@ def test_under_ci_a_missing_prerequisite_fails_with_what_to_install(tmp_path, ci
     result = run_inner(tmp_path, ci=ci)
     assert result.returncode == 1, result.stdout
     # the two marked tests fail in setup (before fixtures), the import in the test; a plain skip stays a skip
-    assert "2 errors" in result.stdout and "1 failed" in result.stdout and "1 skipped" in result.stdout
+    assert "2 errors" in result.stdout and "2 failed" in result.stdout and "1 skipped" in result.stdout
     assert result.stdout.count("Fashion-MNIST is missing: apt-get install the-data. CI=true: tests that need "
                                "it must run, not skip") >= 2
     assert "speedkit_no_such_module is missing: pip install the-module. CI=true" in result.stdout
+    # plain pytest.importorskip too (tests that do not use import_or_missing)
+    assert "could not import 'speedkit_no_such_module_either'" in result.stdout
+    assert "CI=true: tests that need speedkit_no_such_module_either must run, not skip" in result.stdout
 
 
 def test_ci_false_means_local(tmp_path):
-    assert "1 passed, 4 skipped" in run_inner(tmp_path, ci="false").stdout
+    assert "1 passed, 5 skipped" in run_inner(tmp_path, ci="false").stdout
 
 
 # -- scripts/setup-system.sh and `make system` ------------------------------------------------------
