@@ -8,6 +8,7 @@ so a configuration means the same thing everywhere. A hand-built Trainer takes a
 """
 from __future__ import annotations
 
+import copy
 import importlib
 from types import SimpleNamespace
 from typing import Any
@@ -31,7 +32,12 @@ for _task in BUILT_IN_TASKS:
 
 # -- tasks: one resolver for every entry point --------------------------------------------------
 def resolve_task(task, data=None, **options) -> Task:
-    """The Task that ``task`` names, registered so that its name works everywhere afterwards.
+    """The Task that ``task`` names (see ``find_task``), registered so that its name works everywhere afterwards."""
+    return register_task(find_task(task, data, **options), replace=True)
+
+
+def find_task(task, data=None, **options) -> Task:
+    """The Task that ``task`` names, not registered (``make_trainer`` registers it once the run is built).
 
     ``task`` is a Task, a registered name (``"fashion-mnist"``), a folder task's name with ``data`` (the
     folder: ``"image-folder"``, ``"text-folder"``), ``"package.module:attr"`` naming a Task or a function
@@ -40,22 +46,22 @@ def resolve_task(task, data=None, **options) -> Task:
     """
     if isinstance(task, Task):
         _refuse_data(data, options, f"task object {task.name!r}")
-        return register_task(task, replace=True)
+        return task
     if isinstance(task, str) and task in FOLDER_TASKS:
         if data is None:
             raise ValueError(f"task {task!r} trains on your files: give the folder (--data DIR, or data=DIR)")
-        return register_task(FOLDER_TASKS[task](data, **options), replace=True)
+        return FOLDER_TASKS[task](data, **options)
     if isinstance(task, str) and task in TASKS:
         _refuse_data(data, options, f"task {task!r}")
         return TASKS[task]
     if isinstance(task, str) and ":" in task:
-        return resolve_task(import_attribute(task), data, **options)
+        return find_task(import_attribute(task), data, **options)
     if callable(task):
         made = task(data=data, **options) if data is not None else task(**options)
         if not isinstance(made, Task):
             raise TypeError(f"task function {getattr(task, '__qualname__', task)!r} returned {type(made).__name__}, "
                             f"not a speedkit.Task")
-        return register_task(made, replace=True)
+        return made
     raise ValueError(f"unknown task {task!r}; give one of {sorted({*TASKS, *FOLDER_TASKS})}, a speedkit.Task, "
                      f"'package.module:attr' naming one, or a function returning one")
 
@@ -129,8 +135,8 @@ def make_trainer(task: str | Task = "fashion-mnist", recipe: str | Recipe = "bas
     """
     if not 0 < data_fraction <= 1:
         raise ValueError(f"data_fraction must be in (0, 1], got {data_fraction}")
-    spec = resolve_task(task, data, **(task_options or {}))
-    recipe = get_recipe(spec.name, recipe).with_changes(model=model, duration=duration, precision=precision,
+    spec = find_task(task, data, **(task_options or {}))
+    recipe = task_recipe(spec, recipe).with_changes(model=model, duration=duration, precision=precision,
                                                         batch_size=batch_size, eval_interval=eval_interval)
     if methods is not None:
         recipe = recipe.with_changes(methods=_methods_dict(methods))
@@ -155,7 +161,17 @@ def make_trainer(task: str | Task = "fashion-mnist", recipe: str | Recipe = "bas
         eval_interval=recipe.eval_interval, stop_at=(spec.target_metric, target_value) if stop_at_target else None,
         loss_fn=spec.loss, **trainer_kwargs)
     trainer.record.target = {"metric": spec.target_metric, "value": target_value}
-    return trainer
+    register_task(spec, replace=True)  # built: its name and recipes now work everywhere (not before: a refused
+    return trainer                     # task stays out of the explorer's list)
+
+
+def task_recipe(task: Task, recipe: str | Recipe) -> Recipe:
+    """One of ``task``'s recipes by name, a recipe file for it, or a Recipe as it is."""
+    if isinstance(recipe, Recipe) or str(recipe).endswith((".yaml", ".yml", ".json")):
+        return get_recipe(task.name, recipe)
+    if recipe not in task.recipes:
+        raise ValueError(f"unknown recipe {recipe!r} for {task.name}; known: {sorted(task.recipes)}")
+    return copy.deepcopy(task.recipes[recipe])
 
 
 def check_model_fits_data(task: Task, model: torch.nn.Module, eval_data) -> None:
