@@ -97,7 +97,15 @@ def fashion_mnist_train(request: DataRequest):
 
 
 def fashion_mnist_eval(request: DataRequest):
-    return _fashion_mnist_loaders(request)[1]  # the same test set for every recipe
+    """The test set (a class-balanced ``eval_fraction`` of it), the same for every recipe: what
+    ``fashion_mnist_loaders`` evaluates on, without building its training loader again."""
+    arrays = load_fashion_mnist(download=request.download)
+    x, y = arrays.test_x, arrays.test_y
+    if request.eval_fraction:
+        keep = stratified_indices(y, request.eval_fraction, request.seed)
+        x, y = x.index_select(0, keep), y.index_select(0, keep)
+    return BatchLoader(x, y, 1024, shuffle=False, device=request.device, mean=arrays.mean, std=arrays.std,
+                       seed=request.seed)
 
 
 FASHION_MNIST = Task(

@@ -175,3 +175,30 @@ def test_a_model_that_cannot_take_the_inputs_is_refused_before_training(tmp_path
 def test_an_unknown_model_name_for_a_task_names_the_ones_that_fit(tmp_path):
     with pytest.raises(ValueError, match=r"model 'resnet8' does not fit task 'my-fashion'; use one of \['small-cnn'\]"):
         make_trainer(user_task(), "baseline", model="resnet8", run_dir=tmp_path)
+
+
+def test_fashion_mnist_evaluates_on_the_test_set_its_loaders_give():
+    from speedkit.builtin_tasks import fashion_mnist_eval
+    from speedkit.data import fashion_mnist_loaders
+
+    request = speedkit.DataRequest(batch_size=64, device=torch.device("cpu"), seed=3, eval_fraction=0.05)
+    _, expected = fashion_mnist_loaders(batch_size=64, seed=3, eval_fraction=0.05)
+    for (x, y), (ex, ey) in zip(fashion_mnist_eval(request), expected, strict=True):
+        assert torch.equal(x, ex) and torch.equal(y, ey)
+
+
+class DictCNN(SmallCNN):
+    def forward(self, pixel_values, labels=None):
+        return super().forward(pixel_values)
+
+
+def test_a_task_whose_dict_batches_carry_no_labels_is_refused_before_training(tmp_path):
+    def dicts(request):
+        x, _ = fashion_tensors(64)
+        return [{"pixel_values": x}]
+
+    task = user_task("unlabelled", model=lambda name: DictCNN(), train_data=dicts, eval_data=dicts,
+                     recipes={"baseline": user_task("unlabelled").recipes["baseline"]})
+    with pytest.raises(ValueError, match=r"task 'unlabelled': .* no 'labels' .*add the labels under 'labels'"):
+        make_trainer(task, "baseline", run_dir=tmp_path)
+    assert "unlabelled" not in TASKS  # a refused task is not registered
