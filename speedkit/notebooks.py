@@ -16,6 +16,7 @@ Trainer never needs them.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import json
@@ -143,11 +144,12 @@ def _export_html(executed: Path) -> Path:
 
 
 def run_notebook(path: str | Path, parameters: dict, out_dir: str | Path, root: str | Path = ".",
-                 timeout: float | None = None) -> NotebookResult:
+                 timeout: float | None = None, progress: Callable[[str], None] | None = None) -> NotebookResult:
     """Execute one notebook with ``parameters`` (plus ``out_dir``) in a fresh kernel started in ``root``.
 
     Writes ``<out_dir>/<stem>.ipynb`` and ``<out_dir>/<stem>.html`` even when a cell fails, so the
-    failure can be read where it happened. ``timeout`` limits each cell, in seconds.
+    failure can be read where it happened. ``timeout`` limits each cell, in seconds. ``progress`` (e.g.
+    ``print``) hears each cell as it starts and every line the notebook prints, while it runs.
     """
     _, papermill = _imports()
     path, root = Path(path).resolve(), Path(root).resolve()
@@ -169,8 +171,10 @@ def run_notebook(path: str | Path, parameters: dict, out_dir: str | Path, root: 
 
     start = time.perf_counter()
     try:
-        papermill.execute_notebook(str(path), str(result.executed), parameters=parameters, kernel_name=KERNEL,
-                                   cwd=str(root), progress_bar=False, execution_timeout=timeout)
+        with _kernel_over_ipc() as config, _streamed(path, progress) as streaming:
+            papermill.execute_notebook(str(path), str(result.executed), parameters=parameters, kernel_name=KERNEL,
+                                       cwd=str(root), progress_bar=False, execution_timeout=timeout,
+                                       config=config, **streaming)
         result.status = "passed"
     except papermill.PapermillExecutionError as e:
         # The notebook's own exception, e.g. the library's ValueError, not papermill's wrapper.
@@ -186,10 +190,85 @@ def run_notebook(path: str | Path, parameters: dict, out_dir: str | Path, root: 
     return result
 
 
+@contextlib.contextmanager
+def _kernel_over_ipc():
+    """A kernel configuration that talks over Unix sockets in a private folder instead of TCP on 127.0.0.1:
+    nothing else on the machine can reach it, and ipykernel 7 has no reason to warn that TCP is unencrypted."""
+    import tempfile
+
+    from traitlets.config import Config
+
+    with tempfile.TemporaryDirectory(prefix="speedkit-kernel-") as folder:
+        yield Config({"KernelManager": {"transport": "ipc", "ip": str(Path(folder) / "kernel")}})
+
+
+class _Lines:
+    """A file papermill writes the kernel's output to; hands each complete line to ``progress``."""
+
+    def __init__(self, progress: Callable[[str], None], prefix: str = "    "):
+        self.progress, self.prefix, self.pending = progress, prefix, ""
+
+    def write(self, text: str) -> None:
+        *lines, self.pending = (self.pending + text.replace("\r", "\n")).split("\n")
+        for line in lines:
+            if line.strip():
+                self.progress(self.prefix + line)
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        if self.pending.strip():
+            self.progress(self.prefix + self.pending)
+        self.pending = ""
+
+
+@contextlib.contextmanager
+def _streamed(path: Path, progress: Callable[[str], None] | None):
+    """papermill's arguments that stream a run to ``progress``: each cell as it starts (papermill logs
+    "Executing Cell N" when ``log_output`` is on; only those records are passed on) and the output lines."""
+    if progress is None:
+        yield {}
+        return
+    import logging
+
+    nbformat, _ = _imports()
+    cells = []
+    for cell in nbformat.read(str(path), as_version=4).cells:  # as papermill runs them:
+        cells.append(cell.source)
+        if "parameters" in cell.metadata.get("tags", []):  # its injected cell follows the parameters cell
+            cells.append("# parameters injected by papermill")
+    total = len(cells)
+
+    class CellStarts(logging.Handler):
+        def emit(self, record):
+            found = re.match(r"Executing Cell (\d+)", record.getMessage())
+            if found:
+                n = int(found.group(1))
+                source = cells[n - 1] if n <= total else ""
+                first = next((line for line in source.splitlines() if line.strip()), "")
+                progress(f"[cell {n}/{total}] {first[:100]}")
+
+    logger = logging.getLogger("papermill")
+    handler, level = CellStarts(), logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    out, err = _Lines(progress), _Lines(progress, prefix="    ! ")
+    try:
+        yield {"log_output": True, "stdout_file": out, "stderr_file": err}
+    finally:
+        out.close(), err.close()
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+
+
 def run_notebooks(params: str | Path = "cpu-smoke", out: str | Path = "runs/nb", root: str | Path = ".",
                   only: Iterable[str] | None = None, overrides: dict | None = None, timeout: float | None = None,
-                  progress: Callable[[str], None] | None = None) -> list[NotebookResult]:
+                  progress: Callable[[str], None] | None = None,
+                  stream: Callable[[str], None] | None = None) -> list[NotebookResult]:
     """Run every notebook under ``root`` (or those named in ``only``) with parameter set ``params``.
+
+    ``progress`` hears which notebook starts and how it ended; ``stream`` also each cell and output line.
 
     ``overrides`` replace parameters of every notebook run (like papermill's ``-p``). A notebook
     without a parameter file in the set is reported as "no parameters" and not run: running it at
@@ -209,7 +288,8 @@ def run_notebooks(params: str | Path = "cpu-smoke", out: str | Path = "runs/nb",
         else:
             if progress:
                 progress(f"running {path.relative_to(root) if path.is_relative_to(root) else path} ...")
-            result = run_notebook(path, {**values, **(overrides or {})}, Path(out) / path.stem, root, timeout)
+            result = run_notebook(path, {**values, **(overrides or {})}, Path(out) / path.stem, root, timeout,
+                                  progress=stream)
         if progress:
             progress(f"  {result.status} ({result.seconds:.1f}s){': ' + _first_line(result.error) if result.failed else ''}")
         results.append(result)

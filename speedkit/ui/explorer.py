@@ -17,6 +17,7 @@ import html
 import math
 import os
 import threading
+import time
 from pathlib import Path
 
 import ipywidgets as w
@@ -34,6 +35,8 @@ from speedkit.ui import plots
 from speedkit.ui.board import RunBoard
 from speedkit.ui.config import RunConfig, method_misfits, unsuitable_reason
 from speedkit.ui.live import BackgroundRun
+
+PRINT_EVERY_S = 5.0  # how often a headless run prints a progress line
 
 
 def available_devices() -> list[str]:
@@ -200,6 +203,7 @@ class MethodExplorer:
         self.board = RunBoard(task=task, on_select=self.overlay)
         empty = plots.empty_figure(get_task(task).target_metric)
         self.live = live
+        self._printed_at = -float("inf")  # when a headless run last printed its progress
         self.figure = go.FigureWidget(empty) if live else empty
         self._baseline = RunRecord.load(baseline) if isinstance(baseline, (str, os.PathLike)) else baseline
         if records is not None:
@@ -537,13 +541,18 @@ class MethodExplorer:
         last = record.steps[-1] if record.steps else {}
         speed = last.get("throughput/samples_per_s")
         evaluated = record.evals[-1].get(self._metric) if record.evals else None
-        parts = [f"<b>{html.escape(record.name)}</b>", record.status, f"epoch {state.timestamp.epoch}",
-                 f"batch {state.timestamp.batch}", f"{state.timestamp.wall_s:.1f}s"]
+        parts = [record.status, f"epoch {state.timestamp.epoch}", f"batch {state.timestamp.batch}",
+                 f"{100 * state.fraction_done():.0f}%", f"{state.timestamp.wall_s:.1f}s"]
         if speed:
             parts.append(f"{speed:,.0f} samples/s")
         if evaluated is not None:
             parts.append(f"{self._metric} {evaluated:.4f}")
-        self.status.value = " · ".join(parts)
+        self.status.value = " · ".join([f"<b>{html.escape(record.name)}</b>", *parts])
+        if not self.live and time.monotonic() - self._printed_at >= PRINT_EVERY_S:
+            # Headless (papermill, `make demo`): nobody sees the widgets, so the run's progress goes to the
+            # cell's output, which a headless runner streams as it arrives.
+            self._printed_at = time.monotonic()
+            print(f"{record.name}: " + ", ".join(parts), flush=True)
 
     def _on_finish(self, run: BackgroundRun) -> None:
         record = run.record
@@ -556,6 +565,11 @@ class MethodExplorer:
         error = f" — {html.escape(record.error)}" if record.error else ""
         self.status.value = (f"<b>{html.escape(record.name)}</b> {record.status}{error} · "
                              f"{record.timings.get('train_s', 0):.1f}s training · {outcome}")
+        if not self.live:
+            self._printed_at = -float("inf")  # the next run prints its first progress at once
+            final = ", ".join(f"{k} {v:.4f}" for k, v in record.final_metrics.items() if isinstance(v, float))
+            print(f"{record.name}: {record.status}{' (' + record.error + ')' if record.error else ''}, "
+                  f"{record.timings.get('train_s', 0):.1f}s training, {final}", flush=True)
 
     def overlay(self, record: RunRecord) -> None:
         """Show a finished run's curves on the live plot, or hide them if they are shown."""

@@ -1,0 +1,34 @@
+"""`make demo` at a tiny scale: while the quickstart notebook runs headlessly the demo shows each cell as it starts
+and the runs' progress lines, the kernel prints no TCP warning, and the speed-up comes from interleaved pairs with
+their spread."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from helpers import needs_fmnist
+from prerequisites import import_or_missing
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = {"device": "cpu", "duration": "6ba", "data_fraction": 0.02, "eval_fraction": 0.05, "repeats": 2,
+        "min_speedup": 0.0, "max_accuracy_drop": 1.0}  # tiny runs time too little to assert a speed-up
+
+
+@needs_fmnist
+def test_the_demo_streams_cells_and_progress_and_reports_interleaved_pairs(tmp_path, capfd):
+    import_or_missing("papermill")
+    from speedkit.demo import run_demo
+
+    assert run_demo(ROOT, tmp_path, TINY) == 0
+    out, err = capfd.readouterr()  # file descriptors: the kernel's own output lands there too
+    lines = out.splitlines()
+
+    starts = [line for line in lines if line.startswith("[cell ")]
+    assert starts[0].startswith("[cell 1/") and len(starts) >= 6
+    run_cell = next(i for i, line in enumerate(lines) if "from speedkit.demo import" in line)
+    finished = [i for i, line in enumerate(lines) if ": completed, " in line and "s training" in line]
+    assert len(finished) == 4 and all(i > run_cell for i in finished)  # each run, as it ended, before the next cell
+    assert lines.index(next(line for line in starts if "print(comparison_table" in line)) > finished[-1]
+
+    assert any("median of 2 interleaved pairs, spread" in line for line in lines)
+    assert "without encryption" not in out + err  # the kernel talks over private Unix sockets, not TCP
+    assert not list(tmp_path.glob("kernel-ipc*")) and not list(ROOT.glob("kernel-ipc*"))
