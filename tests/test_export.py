@@ -118,3 +118,24 @@ def test_the_cli_exports_a_run_and_refuses_a_folder_without_a_checkpoint(tmp_pat
     (tmp_path / "empty").mkdir()
     assert cli(["export", str(tmp_path / "empty")]) == 2
     assert "has no checkpoint" in capsys.readouterr().err
+
+
+def test_tied_weights_are_written_under_both_names_and_stay_tied_in_the_fresh_model(tmp_path):
+    # safetensors refuses tensors that share memory; the GPT ties its embedding and output weights
+    from speedkit.checkpoint import save_checkpoint
+    from speedkit.runs import RunRecord
+
+    torch.manual_seed(0)
+    trained = get_model("gpt-nano")
+    with torch.no_grad():
+        trained.lm_head.weight.add_(0.5)  # "training" moved the shared tensor
+    checkpoint = save_checkpoint(tmp_path / "ba000000001.ckpt", {
+        "model": trained.state_dict(), "algorithms": {}, "record": RunRecord(status="completed").to_json()})
+    exported = read_back(export_weights(checkpoint, out=tmp_path / "gpt.safetensors"))
+    assert {"transformer.wte.weight", "lm_head.weight"} <= set(exported)
+
+    torch.manual_seed(1)
+    fresh = get_model("gpt-nano")
+    fresh.load_state_dict(exported)
+    assert fresh.lm_head.weight is fresh.transformer.wte.weight  # still one tensor
+    same_outputs(trained, fresh, torch.randint(0, 256, (2, 16)))
