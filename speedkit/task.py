@@ -139,7 +139,9 @@ def register_task(task: Task, *, replace: bool = False, built_in: bool = False) 
             raise ValueError(f"a different task named {task.name!r} is registered already; pass replace=True "
                              f"to replace it or give yours another name")
     TASKS[task.name] = task
-    RECIPES[task.name] = dict(task.recipes)
+    # The task's own dict where it is one, so RECIPES[name] and task.recipes stay the same object (a recipe
+    # added to either is seen by both; the built-in tasks' recipes are RECIPES' own dicts).
+    RECIPES[task.name] = task.recipes if isinstance(task.recipes, dict) else dict(task.recipes)
     BASELINES[task.name] = tuple(task.baselines)
     if built_in:
         BUILT_IN.add(task.name)

@@ -202,3 +202,13 @@ def test_a_task_whose_dict_batches_carry_no_labels_is_refused_before_training(tm
     with pytest.raises(ValueError, match=r"task 'unlabelled': .* no 'labels' .*add the labels under 'labels'"):
         make_trainer(task, "baseline", run_dir=tmp_path)
     assert "unlabelled" not in TASKS  # a refused task is not registered
+
+
+def test_a_registered_task_leaves_bare_preset_names_to_the_built_in_presets():
+    from speedkit.models import get_model
+    from speedkit.tasks import recipe_parts
+
+    register_task(user_task("has-a-baseline"))  # a vision "baseline" beside fashion-mnist's
+    parts = recipe_parts("baseline", get_model("resnet8"))
+    assert parts["config"]["recipe_spec"]["task"] == "fashion-mnist"
+    assert recipe_parts("has-a-baseline:baseline")["config"]["recipe_spec"]["model"] == "small-cnn"

@@ -277,6 +277,8 @@ RECIPES: dict[str, dict[str, Recipe]] = {
 }
 
 
+PRESET_TASKS = tuple(RECIPES)  # the tasks whose presets are defined here (others come with registered tasks)
+
 # The baselines of each task, weakest first: every speed-up is measured against each of them, and the
 # headline against the strongest (the fastest to the target). They never get a profile's speed-up changes.
 BASELINES: dict[str, tuple[str, ...]] = {
@@ -327,10 +329,13 @@ def resolve_recipe(spec, model=None) -> Recipe:
                              f"{domain} model; pick a {domain} recipe")
         return recipe
     domain = model_domain(model) if model is not None else None
-    matches = [r for recipes in RECIPES.values() for r in recipes.values()
+    # A bare name means a preset defined here: a registered task's recipes (its own "baseline") are named
+    # "task:name", or one name would match several.
+    presets = {task: recipes for task, recipes in RECIPES.items() if task in PRESET_TASKS}
+    matches = [r for recipes in presets.values() for r in recipes.values()
                if r.name == spec and (domain is None or r.domain == domain)]
     if len(matches) != 1:
-        known = sorted(f"{task}:{name}" for task, recipes in RECIPES.items() for name in recipes)
+        known = sorted(f"{task}:{name}" for task, recipes in presets.items() for name in recipes)
         why = "no" if not matches else "more than one"
         raise ValueError(f"{why} {domain or ''} recipe named {spec!r}; name one of {known}")
     return copy.deepcopy(matches[0])
