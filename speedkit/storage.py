@@ -32,6 +32,10 @@ def is_remote(location) -> bool:
     return isinstance(location, str) and "://" in location and not location.startswith("file://")
 
 
+def _protocol(url: str) -> str:
+    return url.split("://", 1)[0]
+
+
 def local_path(location: str | os.PathLike) -> Path:
     """A local location as a Path (``file:///tmp/x`` -> ``/tmp/x``)."""
     if isinstance(location, str) and location.startswith("file://"):
@@ -39,19 +43,30 @@ def local_path(location: str | os.PathLike) -> Path:
     return Path(location)
 
 
+def open_url(url: str, what: str):
+    """fsspec's file system and path for ``url``; a ValueError naming ``what`` (the argument) and the fix when
+    the protocol is unknown, its package is missing, or the storage cannot be reached."""
+    import fsspec  # a dependency of torch
+
+    protocol = _protocol(url)
+    if protocol not in fsspec.available_protocols():
+        raise ValueError(f"{what} {url!r}: {protocol!r} is not a storage protocol fsspec knows; use one such as "
+                         f"s3://, gs://, az://, memory://, or a local path")
+    try:
+        return fsspec.core.url_to_fs(url)
+    except ImportError as e:  # the protocol's package (s3fs, gcsfs, ...) is not installed
+        raise ValueError(f"{what} {url!r}: fsspec cannot open it ({e}); install the package for its protocol "
+                         f"(s3fs for s3://, gcsfs for gs://, adlfs for az://)") from None
+    except Exception as e:  # a host that does not answer, credentials, a malformed URL
+        raise ValueError(f"{what} {url!r}: fsspec cannot open it ({type(e).__name__}: {e}); check the URL and "
+                         f"the storage's credentials") from e
+
+
 class RemoteFolder:
     """A folder of checkpoints at an fsspec URL, mirrored from a local staging folder."""
 
     def __init__(self, url: str):
-        try:
-            import fsspec
-        except ImportError:  # pragma: no cover - torch depends on fsspec
-            raise ImportError(f"save_folder {url!r} is a URL, which needs fsspec: pip install fsspec") from None
-        try:
-            self.fs, self.root = fsspec.core.url_to_fs(url)
-        except (ImportError, ValueError) as e:  # an unknown protocol, or its package (s3fs, gcsfs) missing
-            raise ValueError(f"save_folder {url!r}: fsspec cannot open it ({e}); install the package for its "
-                             f"protocol (s3fs for s3://, gcsfs for gs://, adlfs for az://)") from None
+        self.fs, self.root = open_url(url, "save_folder")
         self.url = url.rstrip("/")
         self.root = self.root.rstrip("/")
 
@@ -97,9 +112,7 @@ class RemoteFolder:
 
 def download(url: str, staging: Path) -> Path:
     """A remote checkpoint file (``load_path``) copied into ``staging``; its local path."""
-    import fsspec
-
-    fs, path = fsspec.core.url_to_fs(url)
+    fs, path = open_url(url, "load_path")
     if not fs.isfile(path):
         raise FileNotFoundError(f"no checkpoint at {url}; check the URL or drop load_path to start fresh")
     target = Path(staging) / path.rstrip("/").rsplit("/", 1)[-1]

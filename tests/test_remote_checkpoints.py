@@ -90,10 +90,15 @@ def test_a_file_url_is_a_local_folder_with_the_local_guarantees(tmp_path):
     assert not (tmp_path / "run" / "checkpoints").exists()  # no staging copy: it is local already
 
 
-def test_a_url_fsspec_cannot_open_names_the_package_to_install(tmp_path):
+@pytest.mark.parametrize("url, message", [
+    ("nosuchproto://x", "'nosuchproto' is not a storage protocol fsspec knows"),
+    ("://x", "'' is not a storage protocol"),
+    ("zip://x", "fsspec cannot open it .*check the URL"),  # known to fsspec, but no archive there
+])
+def test_a_url_fsspec_cannot_open_is_refused_when_the_trainer_is_made(tmp_path, url, message):
     train, _ = toy_loaders()
-    with pytest.raises(ValueError, match="nosuchproto://x.*install the package for its protocol"):
-        Trainer(toy_model(), train, max_duration="1ba", device="cpu", run_dir=tmp_path, save_folder="nosuchproto://x")
+    with pytest.raises(ValueError, match=f"save_folder '{url}': {message}"):
+        Trainer(toy_model(), train, max_duration="1ba", device="cpu", run_dir=tmp_path, save_folder=url)
 
 
 def test_a_corrupt_remote_checkpoint_named_as_load_path_is_refused(tmp_path, bucket):
