@@ -136,11 +136,18 @@ def _plain_tensors(state_dict: dict) -> dict[str, torch.Tensor]:
             if isinstance(t, torch.Tensor)}
 
 
+# Methods that write the model without changing what a fresh one needs to load and run the weights: a memory
+# layout (tensors are written contiguous), compilation in place, which parameters train, initial values only,
+# and norms that keep their parameters and only compute in lower precision.
+LOADS_AS_IS = ("channels_last", "torch_compile", "layer_freezing", "identity_init", "low_precision_groupnorm",
+               "low_precision_layernorm")
+
+
 def _model_methods(record: RunRecord) -> list:
     from speedkit.algorithms import REGISTRY
 
     return [m for m in record.methods if m.get("name") in REGISTRY and "model" in REGISTRY[m["name"]].CARD.writes
-            and m["name"] != "channels_last"]  # a memory layout: contiguous tensors load into any model
+            and m["name"] not in LOADS_AS_IS]
 
 
 def _default_out(run, checkpoint: Path, format: str) -> Path:
