@@ -15,7 +15,7 @@ import torch
 from speedkit.data import Augment, BatchLoader, FashionMNIST, TokenBatchLoader, fashion_mnist_loaders
 from speedkit.data import load_fashion_mnist, load_text_corpus, stratified_indices
 from speedkit.data.per_image import alternate_flips, as_augment, per_image_transforms
-from speedkit.data.vision import IMAGE_EXTENSIONS, image_folder
+from speedkit.data.vision import image_folder
 from speedkit.metrics import Accuracy, BitsPerByte, CrossEntropy
 from speedkit.models import get_model
 from speedkit.recipes import RECIPES, Recipe
@@ -307,5 +307,5 @@ def image_folder_task(data, image_size: int = 32, val_fraction: float = 0.1, see
 
 BUILT_IN_TASKS = (FASHION_MNIST, PYDOCS)
 FOLDER_TASKS = {"image-folder": image_folder_task, "text-folder": text_folder_task}
-__all__ = ["BUILT_IN_TASKS", "FASHION_MNIST", "FOLDER_TASKS", "IMAGE_EXTENSIONS", "PYDOCS", "fashion_mnist_torch_loader",
+__all__ = ["BUILT_IN_TASKS", "FASHION_MNIST", "FOLDER_TASKS", "PYDOCS", "fashion_mnist_torch_loader",
            "image_folder_task", "load_image_folder", "text_folder_task", "vision_model_factory"]

@@ -16,8 +16,7 @@ from typing import Any
 import torch
 
 from speedkit.core.algorithm import show  # repr cut short, never failing
-from speedkit.core.batch import (BatchShapeError, batch_inputs, batch_targets, is_dict_batch, output_logits,
-                                 output_loss)
+from speedkit.core.batch import batch_inputs, batch_targets, is_dict_batch, output_logits, output_loss
 from speedkit.core.time import Time, TimeUnit
 
 _DEVICE = re.compile(r"^(auto|cpu|mps|cuda(:(0|[1-9][0-9]{0,3}))?)$")
@@ -295,10 +294,7 @@ def check_first_batch(state, tokens: int) -> None:
     A duration in ``tok`` over batches without tokens (or ``sp`` over empty batches) would never end.
     """
     batch = state.batch
-    try:
-        first = batch_inputs(batch)
-    except BatchShapeError as e:
-        raise TypeError(f"train_dataloader's first batch cannot be read: {e}") from None
+    first = batch_inputs(batch)  # a dict without an inputs key is refused here, naming its keys
     if not isinstance(first, torch.Tensor) or first.dim() == 0:
         raise TypeError(f"train_dataloader's batches must be a tensor, a tuple (inputs, targets, ...) whose "
                         f"first item is a batched tensor [batch, ...], or a dict of tensors with the inputs under "

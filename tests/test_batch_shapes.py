@@ -163,3 +163,10 @@ def test_input_methods_act_on_dict_batches(tmp_path, method):
     _, record = fit(DictConvNet(own_loss=True), dict_batches(), tmp_path,
                     algorithms=build_algorithms({method: LABEL_AND_INPUT_METHODS[method]}))
     assert record.status == "completed"
+
+
+def test_a_dict_batch_without_a_known_inputs_key_is_refused_naming_the_keys(tmp_path):
+    batches = [{"features": x, "labels": y} for x, y in tuple_batches(n_batches=1)]
+    with pytest.raises(ValueError, match=r"inputs under one of \['input_ids', 'pixel_values'.*"
+                                         r"keys \['features', 'labels'\]; rename the inputs' key"):
+        fit(ConvNet(), batches, tmp_path)
