@@ -62,7 +62,7 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--logger", default="", help="comma-separated loggers besides the record and log.jsonl: "
                        "tensorboard, csv, mlflow, wandb (each writes into a folder of that name in the run "
                        "folder; MLFLOW_TRACKING_URI and WANDB_MODE=offline are honoured); replaces the recipe "
-                       "file's loggers field")
+                       "file's loggers field ('none': no loggers)")
     train.add_argument("--parallel", default="auto", choices=["auto", "ddp", "fsdp", "none"],
                        help="under torchrun / speedkit launch: ddp (auto) or fsdp; none trains each process alone")
     _add_launch_parser(commands)
@@ -182,7 +182,7 @@ def _train(args) -> int:
                            eval_fraction=args.eval_fraction, target=args.target,
                            stop_at_target=args.stop_at_target, download=args.download, run_dir=args.run_dir,
                            run_name=args.run_name, autoresume=args.autoresume,
-                           progress_bar=not args.no_progress, console=True, loggers=_logger_names(args.logger) or None,
+                           progress_bar=not args.no_progress, console=True, loggers=_logger_names(args.logger),
                            parallel=None if args.parallel == "none" else args.parallel)
     record = trainer.fit()
     if distributed.is_main():
@@ -200,10 +200,12 @@ def _importable(task: str) -> str:
     return task
 
 
-def _logger_names(value: str) -> list[str]:
+def _logger_names(value: str) -> list[str] | None:
     """``--logger tensorboard,csv`` as a list of names; the Trainer refuses an unknown one, naming the known.
-    Empty (not given): the recipe's own ``loggers`` field applies."""
-    return [name.strip() for name in value.split(",") if name.strip()]
+    Not given: None (the recipe's own ``loggers`` field applies); ``none``: no loggers, whatever the recipe says."""
+    if value.strip().lower() == "none":
+        return []
+    return [name.strip() for name in value.split(",") if name.strip()] or None
 
 
 def _methods(args) -> int:

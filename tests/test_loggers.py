@@ -252,6 +252,9 @@ def test_a_recipe_files_loggers_log_its_runs_and_the_cli_flag_replaces_them(tmp_
     assert main(["train", "--recipe", recipe, *TINY_RUN, "--run-dir", str(tmp_path), "--run-name", "flag",
                  "--logger", "tensorboard"]) == 0
     assert (tmp_path / "flag" / "tensorboard").is_dir() and not (tmp_path / "flag" / "csv").exists()
+    assert main(["train", "--recipe", recipe, *TINY_RUN, "--run-dir", str(tmp_path), "--run-name", "quiet",
+                 "--logger", "none"]) == 0
+    assert (tmp_path / "quiet" / "record.json").is_file() and not (tmp_path / "quiet" / "csv").exists()
 
 
 def test_a_recipe_file_with_an_unknown_logger_is_refused_when_read(tmp_path):
