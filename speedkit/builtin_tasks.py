@@ -196,7 +196,10 @@ def text_folder_task(data, target: float = 2.5) -> Task:
 
     ``target`` is the validation bits per byte to reach."""
     root = Path(data).expanduser()
-    _corpus(str(root), 0)  # fails now, naming the folder, if it holds no text
+    try:
+        _corpus(str(root), 0)  # fails now, before a model is built, if the folder holds too little text
+    except (FileNotFoundError, ValueError) as e:
+        raise type(e)(f"text-folder {root}: {e}") from None
     train, evaluate = text_data(str(root))
     return Task(name="text-folder", domain="language", summary=f"byte-level language model on the text in {root}",
                 model=language_model, train_data=train, eval_data=evaluate, metrics=language_metrics,
