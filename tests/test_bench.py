@@ -349,7 +349,9 @@ def test_the_sweep_runs_the_grid_on_one_seed_and_picks_the_fastest(monkeypatch, 
         seconds = {1e-3: 50, 2e-3: 30, 4e-3: None}[lr] if shape == "cosine" else {1e-3: 45, 2e-3: 20, 4e-3: None}[lr]
         # one evaluation every 10 s (so at batches 1, 2, ...), reaching 3.3 bpb at ``seconds``
         evals = [(60, 3.4)] if seconds is None else [(t, 3.4) for t in range(10, seconds - 9, 10)] + [(seconds, 3.2)]
-        return fake_record(recipe.name, seed, evals, target=3.3, metric="eval/bpb")
+        record = fake_record(recipe.name, seed, evals, target=3.3, metric="eval/bpb")
+        record.config["recipe_spec"] = dataclasses.asdict(recipe)  # as make_trainer records it
+        return record
 
     monkeypatch.setattr(harness, "run_one", fake_run_one)
     found = harness.sweep_baseline(get_profile("language"), "tuned", 3, tmp_path, "s", log=lambda line: None)

@@ -164,38 +164,62 @@ def budget_hint(swept: dict, step: str) -> str | None:
     return f"{math.ceil(pick['batches_to_target'] / step_time.value) * step_time.value:g}ba"
 
 
-def sweep_baseline(profile: BenchProfile, name: str, seed: int, run_dir: str | Path, session: str,
-                   log: Callable[[str], None] = print, **trainer_kwargs) -> dict:
-    """Run baseline ``name`` once (on ``seed``) for every learning rate and schedule of its sweep in the
-    profile, and pick the fastest to the target (ties and misses: the best final metric).
-
-    Returns ``{"tried": [{"lr", "schedule", "time_to_target_s", "batches_to_target", "final_metric", "run"}],
-    "pick": {"lr", "schedule"}}``. The runs are marked ``config["bench"]["sweep"]``; they are not main runs.
-    """
+def sweep_grid(profile: BenchProfile, name: str) -> list[dict]:
+    """Every ``{"lr", "schedule"}`` the profile's sweep of baseline ``name`` tries, in order."""
     grid = profile.sweeps.get(name)
     if not grid:
         raise ValueError(f"profile {profile.name!r} has no sweep for {name!r}; it sweeps {sorted(profile.sweeps)}")
     recipe = scheduled_recipe(profile, name)
-    tried = []
-    for lr in grid.get("lr", (recipe.optimizer["lr"],)):
-        for schedule in grid.get("schedule", (recipe.schedule,)):
-            candidate = recipe.with_changes(optimizer={"lr": lr}, schedule=dict(schedule))
-            info = {**_bench_info(profile, session, seed), "sweep": True}
-            run_name = f"{profile.task}-{name}-lr{lr:g}-{schedule['name']}-s{seed}"
-            # stopped at the target: past it a candidate's run says nothing more about its rank
-            record = run_one(profile, candidate, seed, run_name, run_dir, info,
-                             **{"stop_at_target": True, **trainer_kwargs})
-            log(f"[sweep {name}] {_describe_run(record)}")
-            target = record.target or {}
-            tried.append({"lr": lr, "schedule": dict(schedule), "time_to_target_s": record.time_to_target,
-                          "batches_to_target": record.time_to(target.get("metric"), target.get("value"), x="batch")
-                          if target else None, "final_metric": final_metric(record), "run": record.name})
-    # Ranked by batches, not seconds: every candidate runs the same model and batch, so they agree, and
-    # batches do not depend on what else the machine is doing (a sweep need not run on a quiet machine).
+    return [{"lr": lr, "schedule": dict(schedule)} for lr in grid.get("lr", (recipe.optimizer["lr"],))
+            for schedule in grid.get("schedule", (recipe.schedule,))]
+
+
+def sweep_point(profile: BenchProfile, name: str, point: dict, seed: int, run_dir: str | Path, session: str,
+                log: Callable[[str], None] = print, **trainer_kwargs) -> dict:
+    """One run of baseline ``name`` with ``point``'s learning rate and schedule, stopped at the target
+    (past it a candidate's run says nothing more about its rank); marked ``config["bench"]["sweep"]``."""
+    candidate = scheduled_recipe(profile, name).with_changes(optimizer={"lr": point["lr"]},
+                                                             schedule=dict(point["schedule"]))
+    info = {**_bench_info(profile, session, seed), "sweep": True}
+    run_name = f"{profile.task}-{name}-lr{point['lr']:g}-{point['schedule']['name']}-s{seed}"
+    record = run_one(profile, candidate, seed, run_name, run_dir, info, **{"stop_at_target": True, **trainer_kwargs})
+    log(f"[sweep {name}] {_describe_run(record)}")
+    return swept_point(record)
+
+
+def swept_point(record: RunRecord) -> dict:
+    """What a sweep keeps of one of its runs (also to re-read a sweep from its run folder)."""
+    target = record.target or {}
+    return {"lr": record.config["recipe_spec"]["optimizer"]["lr"],
+            "schedule": dict(record.config["recipe_spec"]["schedule"]), "time_to_target_s": record.time_to_target,
+            "batches_to_target": record.time_to(target.get("metric"), target.get("value"), x="batch")
+            if target else None, "final_metric": final_metric(record), "run": record.name}
+
+
+def pick_swept(profile: BenchProfile, tried: Sequence[dict]) -> dict:
+    """The sweep's result: ``{"tried", "pick": {"lr", "schedule"}}``, the pick fastest to the target
+    (ties and misses: the best final metric).
+
+    Ranked by batches, not seconds: every candidate runs the same model and batch, so they agree, and
+    batches do not depend on what else the machine is doing (a sweep need not run on a quiet machine,
+    and its points may run in several processes at once)."""
     metric = TASKS[profile.task].target_metric
     best = min(tried, key=lambda t: _rank({"time_to_target_s": [t["batches_to_target"]],
                                            "final_metric": [t["final_metric"]]}, metric))
-    return {"tried": tried, "pick": {"lr": best["lr"], "schedule": best["schedule"]}}
+    return {"tried": list(tried), "pick": {"lr": best["lr"], "schedule": best["schedule"]}}
+
+
+def sweep_baseline(profile: BenchProfile, name: str, seed: int, run_dir: str | Path, session: str,
+                   log: Callable[[str], None] = print, **trainer_kwargs) -> dict:
+    """Run baseline ``name`` once (on ``seed``) for every learning rate and schedule of its sweep in the
+    profile (``sweep_grid``), and pick the fastest to the target (``pick_swept``).
+
+    Returns ``{"tried": [{"lr", "schedule", "time_to_target_s", "batches_to_target", "final_metric", "run"}],
+    "pick": {"lr", "schedule"}}``. The runs are not main runs.
+    """
+    tried = [sweep_point(profile, name, point, seed, run_dir, session, log, **trainer_kwargs)
+             for point in sweep_grid(profile, name)]
+    return pick_swept(profile, tried)
 
 
 def _describe_run(record: RunRecord) -> str:
@@ -648,8 +672,9 @@ def run_benchmark(task: str, profile: str | BenchProfile = "cpu", seeds: int | S
     return BenchResult(entry=entry, summary=summary, records=records, ablations=ablations, paths=paths)
 
 
-__all__ = ["BenchResult", "NON_METHOD_PARTS", "TASK_KEYS", "ablation_changes", "apply_overrides", "budget_hint",
-           "find_budget",
-           "holds_target", "machine", "pick_best", "strongest_baseline", "profile_recipe", "recipe_entry", "resolve_profile", "reusable_runs", "run_benchmark", "run_interleaved",
-           "run_leave_one_out", "run_one", "scheduled_recipe", "summarize", "sweep_baseline", "summarize_leave_one_out", "target_key",
-           "trainer_factory"]
+__all__ = ["BenchResult", "NON_METHOD_PARTS", "TASK_KEYS", "ablation_changes", "apply_overrides",
+           "budget_hint", "find_budget", "holds_target", "machine", "pick_best", "pick_swept",
+           "profile_recipe", "recipe_entry", "resolve_profile", "reusable_runs", "run_benchmark",
+           "run_interleaved", "run_leave_one_out", "run_one", "scheduled_recipe", "strongest_baseline",
+           "summarize", "summarize_leave_one_out", "sweep_baseline", "sweep_grid", "sweep_point", "swept_point",
+           "target_key", "trainer_factory"]
