@@ -328,17 +328,17 @@ class Checkpointer:
     newest few, and resuming from one. The run's parallel plan (``speedkit.distributed``) does its part:
     under DDP rank 0 writes with every rank's RNG; under FSDP every rank writes its shards.
 
-    ``state`` is the run's State, ``logger`` its Logger, ``plan`` its parallel plan. ``folder`` may be an
-    fsspec URL (``s3://...``, ``memory://...``): the checkpoints are then written in ``staging`` (a local
-    folder) and mirrored there, see ``speedkit.storage``.
+    ``state`` is the run's State, ``logger`` its Logger, ``plan`` its parallel plan. ``folder`` is the run's
+    ``save_folder``: None for ``local`` (the run folder's ``checkpoints/``), a path, or an fsspec URL
+    (``s3://...``, ``memory://...``), whose checkpoints are written in ``local`` and mirrored there (see
+    ``speedkit.storage``).
     """
 
-    def __init__(self, folder: str | os.PathLike, state, logger, plan, *, run_name: str, keep: int = 3,
-                 staging: str | os.PathLike | None = None):
+    def __init__(self, folder: str | os.PathLike | None, state, logger, plan, *, run_name: str, keep: int = 3,
+                 local: str | os.PathLike):
         self.remote = RemoteFolder(str(folder)) if is_remote(folder) else None
-        if self.remote is not None and staging is None:
-            raise ValueError(f"checkpoints at {folder} need a local staging folder (staging=...)")
-        self.folder, self.keep = Path(staging) if self.remote else local_path(folder), keep
+        self.folder = Path(local) if not folder or self.remote else local_path(folder)
+        self.keep = keep
         self.state, self.logger, self.plan, self.run_name = state, logger, plan, run_name
 
     @property

@@ -123,10 +123,8 @@ class Trainer:
                                   run_folder=self.run_folder, writes=distributed.is_main())
         self.engine = Engine(state, self.logger)
         self._log_file: JSONLFileLogger | None = None
-        # save_folder may be an fsspec URL (s3://, memory://): the run folder's checkpoints/ then stages them
-        self.checkpointer = Checkpointer(save_folder or self.run_folder / "checkpoints", state, self.logger, plan,
-                                         run_name=self.run_name, keep=keep_checkpoints,
-                                         staging=self.run_folder / "checkpoints")
+        self.checkpointer = Checkpointer(save_folder, state, self.logger, plan, run_name=self.run_name,
+                                         keep=keep_checkpoints, local=self.run_folder / "checkpoints")
 
         # Methods that change the model act now, before optimizers are built on its parameters.
         self.engine.run_event(Event.INIT)
