@@ -118,3 +118,28 @@ def test_the_explorer_greys_what_the_chosen_model_lacks(tmp_path):
     explorer.model.value = "torchvision:mobilenet_v3_small"
     row = explorer.rows["stochastic_depth"]
     assert row.checkbox.disabled and "found no residual blocks" in row.checkbox.tooltip
+
+
+def test_the_explorer_greys_what_the_tasks_dict_batches_do_not_allow(tmp_path):
+    pytest.importorskip("ipywidgets")
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from speedkit.ui import MethodExplorer
+    from test_tasks import DictCNN, fashion_tensors
+
+    x, y = fashion_tensors(256)
+
+    def dicts(request):
+        loader = DataLoader(TensorDataset(x, y), batch_size=request.batch_size)
+        return [{"pixel_values": images, "labels": labels} for images, labels in loader]
+
+    task = user_task("dict-batches", model=lambda name: DictCNN(), train_data=dicts, eval_data=dicts,
+                     recipes={"baseline": user_task("dict-batches").recipes["baseline"]})
+    explorer = MethodExplorer(task=task, run_dir=tmp_path, live=False)
+    for method in ("label_smoothing", "mixup", "cutmix", "selective_backprop", "test_time_augmentation"):
+        row = explorer.rows[method]
+        assert row.checkbox.disabled and "cannot act on this batch (a dict with keys" in row.checkbox.tooltip, method
+    for method in ("cutout", "channels_last", "progressive_resizing"):
+        assert not explorer.rows[method].checkbox.disabled, method
+    (record,) = explorer.run_all([{"recipe": "baseline", "methods": {"cutout": {}}}], duration="3ba")
+    assert record.status == "completed"

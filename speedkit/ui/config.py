@@ -17,7 +17,8 @@ from speedkit.algorithms import REGISTRY, build_algorithms
 from speedkit.core import Event, State, Time
 from speedkit.core.algorithm import check_compatibility
 from speedkit.recipes import Recipe, get_recipe
-from speedkit.task import Task
+from speedkit.core.batch import BatchShapeError, is_dict_batch
+from speedkit.task import DataRequest, Task
 from speedkit.tasks import get_task, model_fit_problem
 
 
@@ -139,9 +140,11 @@ def unsuitable_reason(method: str, domain: str) -> str | None:
 
 
 def method_misfits(task: Task, model: str) -> dict[str, str]:
-    """Methods whose model surgery finds nothing to act on in ``task``'s model ``model``, with each one's own
-    reason: every INIT method of the task's domain is applied, with its card's defaults, to a copy of the model."""
-    return dict(_surgery_misfits(task.name, id(task), model))
+    """Methods that cannot act on ``task`` with its model ``model``, with each one's own reason: every INIT
+    method of the task's domain is applied, with its card's defaults, to a copy of the model (surgery that
+    finds nothing says so); where the task's batches are dicts, each batch method is applied to one of them
+    (those that need ``(inputs, targets)`` say so)."""
+    return {**dict(_surgery_misfits(task.name, id(task), model)), **dict(_batch_misfits(task.name, id(task), model))}
 
 
 @functools.lru_cache(maxsize=16)
@@ -159,6 +162,36 @@ def _surgery_misfits(task_name: str, task_id: int, model_name: str) -> tuple[tup
             cls().apply(Event.INIT, state, None)
         except (ValueError, TypeError, RuntimeError) as e:  # NothingToChangeError is a ValueError
             found.append((name, str(e)))
+    return tuple(found)
+
+
+BATCH_EVENTS = (Event.AFTER_DATALOADER, Event.BEFORE_FORWARD, Event.BEFORE_LOSS, Event.EVAL_AFTER_FORWARD)
+
+
+@functools.lru_cache(maxsize=16)
+def _batch_misfits(task_name: str, task_id: int, model_name: str) -> tuple[tuple[str, str], ...]:
+    task = get_task(task_name)
+    with torch.random.fork_rng():
+        model = task.model(model_name)
+        request = DataRequest(batch_size=8, device=torch.device("cpu"), model=model, eval_fraction=0.01,
+                              recipe=task.recipes["baseline"])
+        batch = next(iter(task.eval_data(request)), None)
+    if not is_dict_batch(batch):  # (inputs, targets, ...) batches: every method reads them
+        return ()
+    found = []
+    for name, cls in REGISTRY.items():
+        for event in (e for e in BATCH_EVENTS if e in cls.CARD.events and not unsuitable_reason(name, task.domain)):
+            state = State(model=model, loss_fn=None, max_duration=Time.from_input("1ep"),
+                          device=torch.device("cpu"), precision="fp32", seed=0)
+            state.batch = batch
+            try:
+                with torch.random.fork_rng(), torch.no_grad():
+                    cls().apply(event, state, None)
+            except BatchShapeError as e:  # the method's own refusal of this batch shape
+                found.append((name, str(e)))
+                break
+            except Exception:  # noqa: BLE001  what a half-made state lacks is not the batch's fault
+                continue
     return tuple(found)
 
 
