@@ -6,6 +6,7 @@ import csv
 import dataclasses
 import json
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -181,6 +182,22 @@ def wandb_records(path) -> list:
     return records
 
 
+def written_wandb_records(path, timeout_s: float = 60.0) -> list:
+    """The run file's records once its exit record is there: wandb's service process writes the offline file
+    on its own time, and on a busy machine ``run.finish()`` returns while the file holds only its header."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            records = wandb_records(path)
+        except Exception:  # a record caught half-written
+            if time.monotonic() > deadline:
+                raise
+            records = []
+        if any(r.HasField("exit") for r in records) or time.monotonic() > deadline:
+            return records
+        time.sleep(0.2)
+
+
 def wandb_items(items) -> dict:
     return {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in items}
 
@@ -192,7 +209,7 @@ def test_wandb_offline_logs_the_records_metrics_config_and_timings(tmp_path, mon
     record, folder = fit_toy(tmp_path, ["wandb"])
 
     (run_file,) = (folder / "wandb").glob("wandb/offline-run-*/run-*.wandb")
-    records = wandb_records(run_file)
+    records = written_wandb_records(run_file)
     kinds = [r.WhichOneof("record_type") for r in records]
     history = {r.history.step.num: wandb_items(r.history.item) for r in records if r.HasField("history")}
     for row in record.steps + record.evals:
