@@ -193,11 +193,16 @@ def run_notebook(path: str | Path, parameters: dict, out_dir: str | Path, root: 
 @contextlib.contextmanager
 def _kernel_over_ipc():
     """A kernel configuration that talks over Unix sockets in a private folder instead of TCP on 127.0.0.1:
-    nothing else on the machine can reach it, and ipykernel 7 has no reason to warn that TCP is unencrypted."""
+    nothing else on the machine can reach it, and ipykernel 7 has no reason to warn that TCP is unencrypted.
+    Windows has no such sockets: there the kernel keeps jupyter's TCP default."""
+    import os
     import tempfile
 
     from traitlets.config import Config
 
+    if os.name != "posix":
+        yield Config()
+        return
     with tempfile.TemporaryDirectory(prefix="speedkit-kernel-") as folder:
         yield Config({"KernelManager": {"transport": "ipc", "ip": str(Path(folder) / "kernel")}})
 
