@@ -15,6 +15,8 @@ from speedkit.algorithms import build_algorithms
 from speedkit.core import batch as b
 from speedkit.data import load_fashion_mnist
 
+pytestmark = pytest.mark.prerequisite("fashion-mnist")
+
 
 def real_images(n: int = 256):
     """Real Fashion-MNIST images [n, 1, 28, 28], normalised, and their labels."""

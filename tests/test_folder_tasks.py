@@ -3,19 +3,20 @@ of text files), each with a default model and recipe that train as they are, mod
 clear errors for a folder that holds nothing to train on."""
 from __future__ import annotations
 
-import importlib.util
 import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 from PIL import Image
+from prerequisites import import_or_missing
 
 from speedkit.data import load_fashion_mnist
 from speedkit.data.text import DEFAULT_TEXT_ROOT
 from speedkit.recipes import RECIPES
 from speedkit.tasks import TASKS, make_trainer, resolve_task
 
+pytestmark = pytest.mark.prerequisite("fashion-mnist", "python-docs")  # the folders hold real files
 CLASSES = {0: "tshirt", 1: "trouser", 7: "sneaker"}  # three Fashion-MNIST classes, easy to tell apart
 
 
@@ -70,10 +71,10 @@ def test_image_folder_reads_train_and_val_folders_in_colour(tmp_path):
     assert "3 channel" in task.summary
 
 
-@pytest.mark.parametrize("name", ["torchvision:mobilenet_v3_small",
-                                  pytest.param("timm:resnet10t", marks=pytest.mark.skipif(
-                                      importlib.util.find_spec("timm") is None, reason="timm is not installed"))])
+@pytest.mark.parametrize("name", ["torchvision:mobilenet_v3_small", "timm:resnet10t"])
 def test_image_folder_trains_a_library_model_adapted_to_its_channels_and_classes(image_dir, tmp_path, name):
+    if name.startswith("timm:"):
+        import_or_missing("timm", "pip install 'speedkit[timm]'")
     trainer = make_trainer("image-folder", "baseline", data=image_dir, model=name, duration="2ba", run_dir=tmp_path,
                            save_checkpoints=False, eval_fraction=0.5)
     first_conv = next(m for m in trainer.state.model.modules() if m.__class__.__name__ == "Conv2d")
@@ -116,7 +117,7 @@ def text_dir(tmp_path_factory) -> Path:
 
 def test_text_folder_trains_its_default_language_model(text_dir, tmp_path):
     trainer = make_trainer("text-folder", "baseline", data=text_dir, duration="16ba", eval_interval="8ba",
-                           batch_size=8, eval_fraction=0.05, run_dir=tmp_path, save_checkpoints=False)
+                           batch_size=8, eval_fraction=0.02, run_dir=tmp_path, save_checkpoints=False)
     record = trainer.fit()
     assert record.status == "completed" and record.config["task"] == "text-folder"
     first, last = record.evals[0]["eval/bpb"], record.evals[-1]["eval/bpb"]

@@ -9,12 +9,15 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from prerequisites import import_or_missing
 
 from speedkit.cli import main
 from speedkit.recipes import RECIPES
 from speedkit.tasks import TASKS
 from test_folder_tasks import write_image_folder
 from test_tasks import user_task
+
+pytestmark = pytest.mark.prerequisite("fashion-mnist")
 
 
 @pytest.fixture(autouse=True)
@@ -76,7 +79,7 @@ def test_train_refuses_a_task_it_cannot_build_before_training(tmp_path, capsys, 
 
 # -- speedkit tune ---------------------------------------------------------------------------
 def test_tune_searches_a_user_task(tmp_path, monkeypatch):
-    pytest.importorskip("optuna")
+    import_or_missing("optuna")
     from speedkit.tune import TuneInputError, tune
 
     monkeypatch.syspath_prepend(str(Path(__file__).parent))

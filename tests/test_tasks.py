@@ -17,6 +17,8 @@ from speedkit.recipes import RECIPES, Recipe, get_recipe
 from speedkit.task import BUILT_IN
 from speedkit.tasks import TASKS, get_task, make_trainer, register_task, resolve_task
 
+pytestmark = pytest.mark.prerequisite("fashion-mnist")  # the user's data here is real images
+
 
 class SmallCNN(nn.Module):
     def __init__(self, classes: int = 10):
