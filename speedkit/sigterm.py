@@ -10,7 +10,8 @@ after another; a KeyboardInterrupt between two of them would save a state that n
 (the update without the counter: a resume repeats the batch). So:
 
 - The first Ctrl-C inside a step (forward, backward, the optimizer step, BATCH_END) is held until the step
-  and its BATCH_END are through, then raised there: the checkpoint is the state after that whole batch.
+  and its BATCH_END are through, then raised there: the checkpoint is the state after that whole batch. The
+  same holds for an evaluation (EMA and SWA swap their average into the model for it) and a checkpoint write.
 - A second Ctrl-C inside the same step raises at once (a hung step must stay interruptible), and so does a
   KeyboardInterrupt raised by code. Before the batch is counted the state is then half-done, so the Trainer
   writes no checkpoint from it: the last checkpoint stays the one to resume from, and the record says so.
@@ -89,6 +90,11 @@ class StepInterrupts:
         if self.pending:
             raise KeyboardInterrupt  # the Ctrl-C held during the step, now at a batch boundary
 
+    def held(self, state, fn, *args):
+        """``fn(*args)`` as one step: a Ctrl-C during it is raised when it returns."""
+        with self.step(state):
+            return fn(*args)
+
     def _hold_sigint(self):
         """Route SIGINT to ``_on_sigint`` for the step; the handler to restore, or None when not routed."""
         if threading.current_thread() is not threading.main_thread():
@@ -103,7 +109,7 @@ class StepInterrupts:
         self.pending = True
 
     def mid_step(self) -> bool:
-        """A KeyboardInterrupt came out of a step before its batch was counted."""
+        """A KeyboardInterrupt came out of a step before its batch was counted (or out of an evaluation)."""
         return self._batch_at_start is not None and self._state.timestamp.batch == self._batch_at_start
 
     def may_save(self, logger) -> bool:

@@ -403,7 +403,7 @@ class Trainer:
         self._clock.pause()
         start = time.perf_counter()
         try:
-            return fn(*args)
+            return self.interrupts.held(self.state, fn, *args)  # a Ctrl-C waits (EMA swapped back after an eval)
         finally:
             self._clock.start()
             self.state.record.add_timing("paused_s", time.perf_counter() - start)

@@ -601,6 +601,31 @@ def test_an_interrupt_that_cannot_wait_keeps_the_last_checkpoint(tmp_path, phase
     resumed_equals_uninterrupted(tmp_path)
 
 
+def ema_run(tmp_path, **kwargs):
+    from speedkit.algorithms import EMA
+
+    train, test = toy_loaders()
+    return make_trainer(tmp_path, algorithms=[EMA(half_life="2ba")], eval_dataloader=test, eval_interval="2ba",
+                        **kwargs)
+
+
+def test_ctrl_c_during_an_evaluation_with_ema_swapped_in_saves_the_trained_weights(tmp_path):
+    """EMA swaps its average into the model for an evaluation: a checkpoint written then would hold the average
+    as the trained weights. A Ctrl-C there waits for the evaluation to end (and the weights to be swapped back)."""
+    trainer = ema_run(tmp_path)
+    hook = on_fifth(sigint)  # eval-mode forwards: one at fit start, two per evaluation: the 5th is after batch 4
+    trainer.state.model[0].register_forward_hook(lambda module, args, out: None if module.training else hook())
+    with pytest.raises(KeyboardInterrupt):
+        trainer.fit()
+    assert checkpoint_batch(tmp_path / "t" / "checkpoints" / "latest.ckpt") == 4
+    resumed = ema_run(tmp_path, autoresume=True)
+    resumed.fit()
+    reference = ema_run(tmp_path / "reference")
+    reference.fit()
+    for name, value in reference.state.model.state_dict().items():
+        assert torch.equal(resumed.state.model.state_dict()[name], value), name
+
+
 def test_ctrl_c_between_runs_is_python_s_own_again(tmp_path):
     """The handler is routed to the Trainer only while a step runs: after fit, Ctrl-C raises at once."""
     make_trainer(tmp_path, max_duration="2ba").fit()
