@@ -229,7 +229,10 @@ def _add_bench_parser(commands) -> None:
     bench = commands.add_parser("bench", help="time-to-accuracy benchmark: baseline and recipes interleaved by seed",
                                 description=f"Tasks: {', '.join(f'{k} = {v}' for k, v in TASK_KEYS.items())}. "
                                             "Writes summary.json (merged across tasks), summary.md and figures.")
-    bench.add_argument("task", choices=sorted(TASK_KEYS))
+    bench.add_argument("task", help="vision, language, or a task of your own: a registered name, "
+                       "package.module:attr naming a speedkit.Task, or image-folder / text-folder with --data")
+    bench.add_argument("--data", help="the folder for image-folder / text-folder (or passed to a task function)")
+    bench.add_argument("--image-size", type=int, help="image-folder: resize images to this square size")
     bench.add_argument("--profile", default="cpu", choices=sorted({p for ps in PROFILES.values() for p in ps}))
     bench.add_argument("--seeds", type=int, help="number of seeds (default: the profile's)")
     bench.add_argument("--recipes", help="comma-separated speed-up recipes (default: the profile's)")
@@ -281,15 +284,17 @@ def _bench(args) -> int:
 
     budgets = earlier_result(args.budgets, "--budgets", "--find-budgets")
     sweeps = earlier_result(args.sweeps, "--sweeps", "--sweep")
-    result = run_benchmark(args.task, args.profile, seeds=args.seeds, recipes=args.recipes,
+    options = {"image_size": args.image_size} if args.image_size else None
+    result = run_benchmark(_importable(args.task), args.profile, seeds=args.seeds, recipes=args.recipes,
                            baselines=args.baselines, find_budgets=args.find_budgets, budgets=budgets, sweep=args.sweep,
                            sweeps=sweeps, out_dir=args.out,
                            run_dir=args.run_dir, leave_one_out=args.leave_one_out, reuse=args.reuse,
                            profile_steps=args.profile_steps, figures=not args.no_figures, device=args.device,
                            data_fraction=args.data_fraction, eval_fraction=args.eval_fraction,
                            eval_interval=args.eval_interval, duration=args.duration,
-                           duration_scale=args.duration_scale, target=args.target)
-    print("\n" + task_markdown(args.task, result.entry))
+                           duration_scale=args.duration_scale, target=args.target, data=args.data,
+                           task_options=options)
+    print("\n" + task_markdown(result.key, result.entry))
     print("\n" + "\n".join(f"{name}: {path}" for name, path in result.paths.items()))
     return 0
 

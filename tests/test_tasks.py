@@ -214,3 +214,35 @@ def test_a_registered_task_leaves_bare_preset_names_to_the_built_in_presets():
     parts = recipe_parts("baseline", get_model("resnet8"))
     assert parts["config"]["recipe_spec"]["task"] == "fashion-mnist"
     assert recipe_parts("has-a-baseline:baseline")["config"]["recipe_spec"]["model"] == "small-cnn"
+
+
+def test_a_user_task_is_benchmarked_against_its_baseline_from_the_library_and_the_cli(tmp_path, monkeypatch):
+    """`speedkit bench` takes a user's task like the built-in ones: its recipes against its baseline,
+    interleaved by seed, its entry keyed by its name beside the others in summary.json."""
+    from speedkit.bench import run_benchmark
+    from speedkit.cli import main
+
+    task = user_task("bench-me")
+    task.recipes["one-epoch"] = task.recipes["baseline"].with_changes(
+        name="one-epoch", duration="1ep", methods={"label_smoothing": {"smoothing": 0.1}})
+    result = run_benchmark(task, seeds=2, out_dir=tmp_path / "out", run_dir=tmp_path / "runs", figures=False,
+                           log=lambda line: None)
+    assert result.key == "bench-me" and list(result.summary) == ["bench-me"]
+    assert [r.config["recipe"] for r in result.records] == ["baseline", "one-epoch"] * 2  # A B A B
+    entry = result.entry
+    assert set(entry["baselines"]) == {"baseline"} and set(entry["recipes"]) == {"one-epoch"}
+    assert entry["target"] == {"metric": "eval/accuracy", "value": 0.7}
+    assert entry["recipes"]["one-epoch"]["budget"] == "1ep" and entry["baselines"]["baseline"]["budget"] == "2ep"
+    assert len(entry["recipes"]["one-epoch"]["final_metric"]) == 2
+
+    (tmp_path / "bench_tasks.py").write_text("from test_tasks import user_task\ntask = user_task('bench-cli')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setitem(sys.modules, "test_tasks", sys.modules[__name__])
+    assert main(["bench", "bench_tasks:task", "--seeds", "1", "--out", str(tmp_path / "out"),
+                 "--run-dir", str(tmp_path / "cli-runs"), "--no-figures"]) == 0
+    summary = __import__("json").loads((tmp_path / "out" / "summary.json").read_text())
+    assert set(summary) == {"bench-me", "bench-cli"}  # merged beside the first task's entry
+    assert summary["bench-cli"]["baselines"]["baseline"]["runs"] == ["bench-cli-baseline-s0"]
+    with pytest.raises(ValueError, match="unknown benchmark task 'nothing-such'.*register_task"):
+        from speedkit.bench import get_profile
+        get_profile("nothing-such")

@@ -22,7 +22,7 @@ from speedkit.core.time import Time
 from speedkit.devices import resolve_device, resolve_precision
 from speedkit.recipes import BASELINES, Recipe, get_recipe
 from speedkit.runs import RunRecord, environment, load_records, lower_is_better
-from speedkit.tasks import TASKS, make_trainer
+from speedkit.tasks import TASKS, make_trainer, resolve_task
 
 # Parts of a recipe besides its methods that a leave-one-out run can swap for the baseline's: together
 # with the methods they are the recipe's whole difference from the baseline.
@@ -32,6 +32,7 @@ NON_METHOD_PARTS = ("precision", "loader", "augment", "budget", "schedule", "bat
 
 @dataclasses.dataclass
 class BenchResult:
+    key: str  # the task's key in summary.json ("vision", "language", or a user's task's name)
     entry: dict  # this task's entry in summary.json
     summary: dict  # the whole summary.json after merging
     records: list[RunRecord]  # the main runs, in the order they ran
@@ -593,7 +594,7 @@ def reusable_runs(run_dir: str | Path, profile: BenchProfile, seeds: Sequence[in
     return [newest[(r, s)] for s in seeds for r in profile.recipes]
 
 
-def run_benchmark(task: str, profile: str | BenchProfile = "cpu", seeds: int | Sequence[int] | None = None,
+def run_benchmark(task, profile: str | BenchProfile = "cpu", seeds: int | Sequence[int] | None = None,
                   recipes: Sequence[str] | str | None = None, out_dir: str | Path = "bench/results",
                   run_dir: str | Path = "runs/bench", leave_one_out: bool = False, profile_steps: int = 0,
                   figures: bool = True, log: Callable[[str], None] = print, *, reuse: bool = False,
@@ -603,8 +604,14 @@ def run_benchmark(task: str, profile: str | BenchProfile = "cpu", seeds: int | S
                   duration_scale: float | None = None, target: float | None = None,
                   trainer_kwargs: dict | None = None, baselines: Sequence[str] | str | None = None,
                   find_budgets: bool = False, budgets: dict | None = None, sweep: bool = False,
-                  sweeps: dict | None = None, on_record: Callable[[RunRecord], None] | None = None) -> BenchResult:
-    """Benchmark ``task`` ("vision"/"language") and merge its entry into ``out_dir/summary.json``.
+                  sweeps: dict | None = None, on_record: Callable[[RunRecord], None] | None = None,
+                  data: str | None = None, task_options: dict | None = None) -> BenchResult:
+    """Benchmark ``task`` and merge its entry into ``out_dir/summary.json``.
+
+    ``task`` is ``"vision"``/``"language"`` (the built-in tasks), or any task ``speedkit.tasks.resolve_task``
+    accepts (a Task, a registered name, ``"package.module:attr"``, a folder task with ``data`` and
+    ``task_options``): its own
+    recipes are run against its baselines under the ``default_profiles``, and its entry is keyed by its name.
 
     ``seeds`` is a count or a list; ``recipes`` names the speed-up recipes and ``baselines`` the
     baselines (default: all of the task's). ``find_budgets`` first searches each baseline's budget
@@ -620,7 +627,8 @@ def run_benchmark(task: str, profile: str | BenchProfile = "cpu", seeds: int | S
     """
     from speedkit.bench.report import write_reports
 
-    key = task_key(task)
+    named = isinstance(task, str) and (task in TASK_KEYS or task in TASKS) and data is None and not task_options
+    key = task_key(task if named else resolve_task(task, data, **(task_options or {})).name)
     profile, seed_list = resolve_profile(
         key, profile, seeds, recipes, baselines, device=device, data_fraction=data_fraction, eval_fraction=eval_fraction,
         eval_interval=eval_interval, duration=duration, duration_scale=duration_scale, target=target)
@@ -669,7 +677,7 @@ def run_benchmark(task: str, profile: str | BenchProfile = "cpu", seeds: int | S
                                    **trainer_kwargs)
     entry = summarize(records, profile, ablations, breakdown, budgets, sweeps)
     summary, paths = write_reports(out_dir, key, entry, records if figures else None)
-    return BenchResult(entry=entry, summary=summary, records=records, ablations=ablations, paths=paths)
+    return BenchResult(key=key, entry=entry, summary=summary, records=records, ablations=ablations, paths=paths)
 
 
 __all__ = ["BenchResult", "NON_METHOD_PARTS", "TASK_KEYS", "ablation_changes", "apply_overrides",

@@ -16,14 +16,14 @@ from speedkit.recipes import BASELINES, RECIPES, Recipe, get_recipe
 from speedkit.tasks import TASKS
 from speedkit.validation import check_duration
 
-# The benchmark's names for the tasks (the README and summary.json use these keys).
+# The benchmark's names for the built-in tasks (the README and summary.json use these keys); any other
+# registered task (a user's) is benchmarked under its own name.
 TASK_KEYS = {"vision": "fashion-mnist", "language": "pydocs"}
-SPEEDUP_RECIPES = ("mild", "medium", "hot")
 
 
 def default_recipes(task: str) -> tuple[str, ...]:
-    """Every baseline of ``task`` and every speed-up preset it has."""
-    return (*BASELINES[task], *[r for r in SPEEDUP_RECIPES if r in RECIPES[task]])
+    """Every baseline of ``task``, weakest first, then every other recipe it has."""
+    return (*BASELINES[task], *[r for r in RECIPES[task] if r not in BASELINES[task]])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,21 +130,32 @@ PROFILES: dict[str, dict[str, BenchProfile]] = {
 
 
 def task_key(task: str) -> str:
-    """``"vision"``/``"language"`` for a benchmark key or a task name."""
+    """``"vision"``/``"language"`` for a built-in task's key or name; a user's registered task's own name."""
     if task in TASK_KEYS:
         return task
     for key, name in TASK_KEYS.items():
         if task == name:
             return key
-    known = sorted([*TASK_KEYS, *TASK_KEYS.values()])
-    raise ValueError(f"unknown benchmark task {task!r}; known: {known}")
+    if task in TASKS:
+        return task
+    known = sorted([*TASK_KEYS, *TASK_KEYS.values(), *(set(TASKS) - set(TASK_KEYS.values()))])
+    raise ValueError(f"unknown benchmark task {task!r}; known: {known} (a task of your own: register it with "
+                     f"speedkit.tasks.register_task, or pass it as a Task or 'package.module:attr')")
+
+
+def default_profiles(task: str) -> dict[str, BenchProfile]:
+    """The profiles of a task that has none of its own (a user's): every recipe it has against its
+    baselines, at each recipe's own budget and cadence, to the task's own target."""
+    return {"cpu": BenchProfile(name="cpu", task=task, device="cpu"),
+            "gpu": BenchProfile(name="gpu", task=task, device="cuda")}
 
 
 def get_profile(task: str, profile: str | BenchProfile = "cpu") -> BenchProfile:
-    """The named profile of a task (``"vision"``, ``"language"`` or their task names)."""
+    """The named profile of a task (``"vision"``, ``"language"``, their task names, or a registered task's)."""
     if isinstance(profile, BenchProfile):
         return profile
-    profiles = PROFILES[task_key(task)]
+    key = task_key(task)
+    profiles = PROFILES[key] if key in PROFILES else default_profiles(key)
     if profile not in profiles:
         raise ValueError(f"unknown benchmark profile {profile!r} for {task}; known: {sorted(profiles)}")
     return profiles[profile]
