@@ -594,6 +594,16 @@ def reusable_runs(run_dir: str | Path, profile: BenchProfile, seeds: Sequence[in
     return [newest[(r, s)] for s in seeds for r in profile.recipes]
 
 
+def reusable_ablations(run_dir: str | Path, recipe: str) -> list[RunRecord]:
+    """The newest leave-one-out of ``recipe`` under ``run_dir`` (its reference rerun and its ablations,
+    from one session), or [] when there is none."""
+    by_session: dict[str, list[RunRecord]] = {}
+    for record in load_records(run_dir):
+        if "ablation" in record.config and record.config.get("recipe") == recipe and record.status != "failed":
+            by_session.setdefault(record.config.get("bench", {}).get("session", ""), []).append(record)
+    return by_session[max(by_session)] if by_session else []
+
+
 def run_benchmark(task, profile: str | BenchProfile = "cpu", seeds: int | Sequence[int] | None = None,
                   recipes: Sequence[str] | str | None = None, out_dir: str | Path = "bench/results",
                   run_dir: str | Path = "runs/bench", leave_one_out: bool = False, profile_steps: int = 0,
@@ -623,7 +633,8 @@ def run_benchmark(task, profile: str | BenchProfile = "cpu", seeds: int | Sequen
     Keyword overrides replace the profile's fields; ``trainer_kwargs`` go to every make_trainer call;
     ``on_record`` is called with each main run's record as it finishes. ``reuse`` takes the main runs
     from ``run_dir`` instead of running them (to add a leave-one-out or a profile later); the
-    leave-one-out then reruns the full recipe beside its ablations.
+    leave-one-out then reruns the full recipe beside its ablations; without ``leave_one_out`` the newest
+    leave-one-out of the best recipe already in ``run_dir`` is summarised.
     """
     from speedkit.bench.report import write_reports
 
@@ -671,6 +682,8 @@ def run_benchmark(task, profile: str | BenchProfile = "cpu", seeds: int | Sequen
     if leave_one_out and best is not None:
         ablations = run_leave_one_out(profile, records, best, run_dir, session, log, rerun_full=reuse,
                                       baseline=entry["strongest_baseline"], **trainer_kwargs)
+    elif reuse and best is not None:
+        ablations = reusable_ablations(run_dir, best)
     breakdown = None
     if profile_steps and profile_steps > 0:
         breakdown = profile_recipe(profile, best or "baseline", seed_list[0], profile_steps, run_dir, session,
@@ -682,7 +695,7 @@ def run_benchmark(task, profile: str | BenchProfile = "cpu", seeds: int | Sequen
 
 __all__ = ["BenchResult", "NON_METHOD_PARTS", "TASK_KEYS", "ablation_changes", "apply_overrides",
            "budget_hint", "find_budget", "holds_target", "machine", "pick_best", "pick_swept",
-           "profile_recipe", "recipe_entry", "resolve_profile", "reusable_runs", "run_benchmark",
+           "profile_recipe", "recipe_entry", "resolve_profile", "reusable_ablations", "reusable_runs", "run_benchmark",
            "run_interleaved", "run_leave_one_out", "run_one", "scheduled_recipe", "strongest_baseline",
            "summarize", "summarize_leave_one_out", "sweep_baseline", "sweep_grid", "sweep_point", "swept_point",
            "target_key", "trainer_factory"]
