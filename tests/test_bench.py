@@ -345,6 +345,7 @@ def test_the_sweep_runs_the_grid_on_one_seed_and_picks_the_fastest(monkeypatch, 
 
     def fake_run_one(profile, recipe, seed, run_name, run_dir, bench_info, **kwargs):
         assert bench_info["sweep"] is True and seed == 3
+        assert recipe.duration == "600ba"  # the grid's budget, not the shorter one tuned ships with
         lr, shape = recipe.optimizer["lr"], recipe.schedule["name"]
         seconds = {1e-3: 50, 2e-3: 30, 4e-3: None}[lr] if shape == "cosine" else {1e-3: 45, 2e-3: 20, 4e-3: None}[lr]
         # one evaluation every 10 s (so at batches 1, 2, ...), reaching 3.3 bpb at ``seconds``

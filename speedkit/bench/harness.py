@@ -179,8 +179,10 @@ def sweep_point(profile: BenchProfile, name: str, point: dict, seed: int, run_di
                 log: Callable[[str], None] = print, **trainer_kwargs) -> dict:
     """One run of baseline ``name`` with ``point``'s learning rate and schedule, stopped at the target
     (past it a candidate's run says nothing more about its rank); marked ``config["bench"]["sweep"]``."""
-    candidate = scheduled_recipe(profile, name).with_changes(optimizer={"lr": point["lr"]},
-                                                             schedule=dict(point["schedule"]))
+    recipe = scheduled_recipe(profile, name)
+    # the grid's budget where it names one: the recipe's own may be the shorter one a budget search found
+    candidate = recipe.with_changes(optimizer={"lr": point["lr"]}, schedule=dict(point["schedule"]),
+                                    duration=profile.sweeps[name].get("budget", recipe.duration))
     info = {**_bench_info(profile, session, seed), "sweep": True}
     run_name = f"{profile.task}-{name}-lr{point['lr']:g}-{point['schedule']['name']}-s{seed}"
     record = run_one(profile, candidate, seed, run_name, run_dir, info, **{"stop_at_target": True, **trainer_kwargs})

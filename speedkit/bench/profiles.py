@@ -45,7 +45,7 @@ class BenchProfile:
     report_targets: tuple[float, ...] = ()  # targets whose times are reported too (the task's is always)
     speedup_changes: Mapping[str, object] = dataclasses.field(default_factory=dict)  # every recipe but baseline
     recipe_changes: Mapping[str, Mapping[str, object]] = dataclasses.field(default_factory=dict)  # per recipe
-    # baseline -> {"lr": values, "schedule": schedules}: what `--sweep` tries on that baseline (its grid)
+    # baseline -> {"lr": values, "schedule": schedules, "budget": one}: what `--sweep` tries on that baseline
     sweeps: Mapping[str, Mapping[str, Sequence]] = dataclasses.field(default_factory=dict)
     budget_step: str = "1ep"  # how finely `--find-budgets` searches a baseline's budget (in its unit)
 
@@ -102,9 +102,11 @@ class BenchProfile:
 # warmup would recompile at every new shape, so the recipes that use them go without it.
 _COMPILE = {"torch_compile": {}}
 
-# The language baseline's sweep: AdamW's learning rate around nanoGPT's 1e-3, with two schedules.
+# The language baseline's sweep: AdamW's learning rate around nanoGPT's 1e-3, with two schedules, at the
+# baseline's budget (the tuned recipe carries the shorter budget `--find-budgets` found afterwards).
 _LANGUAGE_SWEEP = {"lr": (1e-3, 2e-3, 4e-3),
-                   "schedule": ({"name": "cosine", "warmup": "0.05dur"}, {"name": "linear_to_zero", "warmup": "0.05dur"})}
+                   "schedule": ({"name": "cosine", "warmup": "0.05dur"}, {"name": "linear_to_zero", "warmup": "0.05dur"}),
+                   "budget": "600ba"}
 
 PROFILES: dict[str, dict[str, BenchProfile]] = {
     "vision": {
