@@ -156,8 +156,9 @@ def find_budget(profile: BenchProfile, name: str, seeds: Sequence[int], run_dir:
 
 def budget_hint(swept: dict, step: str) -> str | None:
     """Where a budget search can start after a sweep: the pick's batches to the target, rounded up to
-    the step (a shorter schedule decays sooner, so the shortest budget is at most about that). None
-    when the step is not in batches or the pick never reached the target."""
+    the step. The answer is near there but on either side: a shorter schedule decays sooner, which may
+    bring the target forward or, with too little time at the full learning rate, out of reach (the
+    search then goes up). None when the step is not in batches or the pick never reached the target."""
     step_time = Time.from_string(step)
     pick = next(t for t in swept["tried"] if {"lr": t["lr"], "schedule": t["schedule"]} == swept["pick"])
     if step_time.unit.value != "ba" or pick.get("batches_to_target") is None:
