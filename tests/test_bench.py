@@ -364,6 +364,33 @@ def test_the_sweep_runs_the_grid_on_one_seed_and_picks_the_fastest(monkeypatch, 
         harness.sweep_baseline(get_profile("vision"), "plain", 0, tmp_path, "s")
 
 
+def test_the_language_budget_search_covers_tuned_only_and_starts_from_the_sweep(monkeypatch, tmp_path):
+    """`--sweeps F --find-budgets`: tuned's budget is searched from the pick's batches; `baseline` stays as it is."""
+    from speedkit.bench import harness
+
+    searched, main = [], {}
+
+    def fake_run_one(profile, recipe, seed, run_name, run_dir, bench_info, **kwargs):
+        batches = int(recipe.duration.removesuffix("ba"))
+        if bench_info.get("budget_search"):
+            searched.append((recipe.name, batches, seed))
+        else:
+            main[recipe.name] = recipe.duration
+        return fake_record(recipe.name, seed, [(1.0, 3.2 if batches >= 500 else 3.4)], target=3.3, metric="eval/bpb")
+
+    monkeypatch.setattr(harness, "run_one", fake_run_one)
+    pick = {"lr": 1e-3, "schedule": {"name": "linear_to_zero", "warmup": "0.05dur"}}
+    sweeps = {"tuned": {"pick": pick, "tried": [{**pick, "batches_to_target": 430}]}}
+    result = harness.run_benchmark("language", seeds=1, recipes="", out_dir=tmp_path, run_dir=tmp_path,
+                                   figures=False, log=lambda line: None, sweeps=sweeps, find_budgets=True)
+    assert {name for name, _, _ in searched} == {"tuned"}
+    assert [batches for _, batches, _ in searched] == [450, 500]  # up from the hint to the first that holds
+    assert main == {"baseline": "600ba", "tuned": "500ba"}
+    saved = json.loads((tmp_path / "language_budgets.json").read_text())
+    assert saved == {"tuned": {"budget": "500ba", "tried": {"450ba": 0, "500ba": 1}}}
+    assert result.entry["baselines"]["tuned"]["budget_search"] == saved["tuned"]
+
+
 def test_an_earlier_sweep_sets_the_swept_baseline_and_nothing_else(monkeypatch, tmp_path):
     """`--sweeps FILE` runs the swept baseline with the file's pick, as `--sweep` would have."""
     from speedkit.bench import harness

@@ -660,7 +660,7 @@ def run_benchmark(task, profile: str | BenchProfile = "cpu", seeds: int | Sequen
         log("sweep picks: " + ", ".join(f"{n} {s['pick']}" for n, s in sweeps.items()))
     if find_budgets and not reuse:
         budgets = {}
-        for name in profile.baselines:
+        for name in [b for b in profile.baselines if profile.budget_searched is None or b in profile.budget_searched]:
             start = budget_hint(sweeps[name], profile.budget_step) if name in (sweeps or {}) else None
             budgets[name] = find_budget(profile, name, seed_list, run_dir, session, log, start=start,
                                         **trainer_kwargs)

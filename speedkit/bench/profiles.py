@@ -48,6 +48,7 @@ class BenchProfile:
     # baseline -> {"lr": values, "schedule": schedules, "budget": one}: what `--sweep` tries on that baseline
     sweeps: Mapping[str, Mapping[str, Sequence]] = dataclasses.field(default_factory=dict)
     budget_step: str = "1ep"  # how finely `--find-budgets` searches a baseline's budget (in its unit)
+    budget_searched: tuple[str, ...] | None = None  # the baselines `--find-budgets` searches; None: all
 
     def __post_init__(self):
         if self.task not in TASKS:
@@ -123,7 +124,7 @@ PROFILES: dict[str, dict[str, BenchProfile]] = {
         # 2-core CPU (bits per byte at batch ~470 of its 600, measured before the benchmark was run).
         "cpu": BenchProfile(name="cpu", task="pydocs", device="cpu", eval_interval="25ba", eval_fraction=0.25,
                             target=3.30, report_targets=(3.5,), sweeps={"tuned": _LANGUAGE_SWEEP},
-                            budget_step="50ba"),
+                            budget_step="50ba", budget_searched=("tuned",)),  # the baseline stays as it is
         "gpu": BenchProfile(name="gpu", task="pydocs", device="cuda", eval_interval="25ba",
                             speedup_changes={"batch_size": 128, "precision": "bf16"},
                             recipe_changes={"mild": {"methods": _COMPILE}, "hot": {"methods": _COMPILE}}),
