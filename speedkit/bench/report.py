@@ -126,7 +126,8 @@ def task_markdown(key: str, entry: dict) -> str:
         headline(key, entry),
         "",
         *[f"Note: {note}." for note in entry.get("notes", [])],
-        f"Profile `{entry['profile']}`, {n} seed{'s' if n != 1 else ''}, {_sittings(entry)}; times are training wall clock with a plain evaluation excluded (shown apart) and the extra "
+        f"Profile `{entry['profile']}`, {n} seed{'s' if n != 1 else ''}, {_sittings(entry)}; times are "
+        f"training wall clock with a plain evaluation excluded (shown apart) and the extra "
         f"cost of evaluation-time methods and of set-up work at fit start included; setup (data into memory, "
         f"model, surgery) and compile time (also inside training time) are shown apart; speed-ups are "
         f"paired by seed. Machine: {machine_line(entry)}.",
