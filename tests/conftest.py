@@ -28,6 +28,20 @@ def one_thread_for_small_tests(request):
     torch.set_num_threads(threads)
 
 
+@pytest.fixture(autouse=True)
+def forget_registered_tasks():
+    """Tasks a test registers (a user's, a folder's) are gone afterwards, so tests do not see each other's."""
+    from speedkit.recipes import BASELINES, RECIPES
+    from speedkit.tasks import TASKS
+
+    before = set(TASKS)
+    yield
+    for name in set(TASKS) - before:
+        TASKS.pop(name)
+        RECIPES.pop(name, None)
+        BASELINES.pop(name, None)
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     """The fuzz tests' counts: tests/test_fuzz.py fills ``config.speedkit_fuzz_counts`` (test -> [tried, accepted])."""
     counts = getattr(config, "speedkit_fuzz_counts", None)

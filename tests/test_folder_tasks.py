@@ -13,7 +13,6 @@ from prerequisites import import_or_missing
 
 from speedkit.data import load_fashion_mnist
 from speedkit.data.text import DEFAULT_TEXT_ROOT
-from speedkit.recipes import RECIPES
 from speedkit.tasks import TASKS, make_trainer, resolve_task
 
 pytestmark = pytest.mark.prerequisite("fashion-mnist", "python-docs")  # the folders hold real files
@@ -33,14 +32,6 @@ def write_image_folder(root: Path, per_class: int, rgb: bool = False, offset: in
             (image.convert("RGB") if rgb else image).save(folder / f"{i:03d}.png")
     return root
 
-
-@pytest.fixture(autouse=True)
-def forget_folder_tasks():
-    before = dict(TASKS)
-    yield
-    for name in set(TASKS) - set(before):
-        TASKS.pop(name)
-        RECIPES.pop(name, None)
 
 
 @pytest.fixture(scope="module")

@@ -10,8 +10,7 @@ from prerequisites import import_or_missing
 from speedkit.algorithms import REGISTRY
 from speedkit.core import Event
 from speedkit.data.text import DEFAULT_TEXT_ROOT
-from speedkit.recipes import RECIPES
-from speedkit.tasks import TASKS, make_trainer
+from speedkit.tasks import make_trainer
 
 pytestmark = pytest.mark.prerequisite("python-docs")
 
@@ -24,14 +23,6 @@ def needs_transformers():
     """Skipped where transformers is not installed (failed under CI=true, whose dev install has it)."""
     import_or_missing("transformers", "pip install 'speedkit[hf]'")
 
-
-@pytest.fixture(autouse=True)
-def forget_folder_tasks():
-    before = dict(TASKS)
-    yield
-    for name in set(TASKS) - set(before):
-        TASKS.pop(name)
-        RECIPES.pop(name, None)
 
 
 @pytest.fixture(scope="module")

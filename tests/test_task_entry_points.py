@@ -12,21 +12,12 @@ import pytest
 from prerequisites import import_or_missing
 
 from speedkit.cli import main
-from speedkit.recipes import RECIPES
 from speedkit.tasks import TASKS
 from test_folder_tasks import write_image_folder
 from test_tasks import user_task
 
 pytestmark = pytest.mark.prerequisite("fashion-mnist")
 
-
-@pytest.fixture(autouse=True)
-def forget_user_tasks():
-    before = dict(TASKS)
-    yield
-    for name in set(TASKS) - set(before):
-        TASKS.pop(name)
-        RECIPES.pop(name, None)
 
 
 def _record(run_dir: Path) -> dict:

@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader, TensorDataset
 import speedkit
 from speedkit.data import load_fashion_mnist
 from speedkit.metrics import Accuracy, CrossEntropy
-from speedkit.recipes import RECIPES, Recipe, get_recipe
+from speedkit.recipes import Recipe, get_recipe
 from speedkit.task import BUILT_IN
 from speedkit.tasks import TASKS, get_task, make_trainer, register_task, resolve_task
 
@@ -61,15 +61,6 @@ def user_task(name: str = "my-fashion", classes: int = 10, **changes) -> speedki
                   target_metric="eval/accuracy", target_value=0.7, recipes={"baseline": baseline})
     return speedkit.Task(**{**fields, **changes})
 
-
-@pytest.fixture(autouse=True)
-def forget_user_tasks():
-    """Tasks a test registers are gone afterwards, so tests do not see each other's."""
-    before = dict(TASKS)
-    yield
-    for name in set(TASKS) - set(before):
-        TASKS.pop(name)
-        RECIPES.pop(name, None)
 
 
 def test_a_user_task_trains_through_make_trainer(tmp_path):
