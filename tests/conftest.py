@@ -29,17 +29,21 @@ def one_thread_for_small_tests(request):
 
 
 @pytest.fixture(autouse=True)
-def forget_registered_tasks():
-    """Tasks a test registers (a user's, a folder's) are gone afterwards, so tests do not see each other's."""
+def forget_registered_tasks_and_methods():
+    """Tasks and methods a test registers (a user's, a folder's) are gone afterwards, so tests do not see
+    each other's."""
+    from speedkit.algorithms import REGISTRY
     from speedkit.recipes import BASELINES, RECIPES
     from speedkit.tasks import TASKS
 
-    before = set(TASKS)
+    before, methods_before = set(TASKS), dict(REGISTRY)
     yield
     for name in set(TASKS) - before:
         TASKS.pop(name)
         RECIPES.pop(name, None)
         BASELINES.pop(name, None)
+    REGISTRY.clear()
+    REGISTRY.update(methods_before)
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):

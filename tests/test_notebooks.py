@@ -7,6 +7,8 @@ clean. A new notebook is picked up as soon as it has a parameter file.
 """
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -77,6 +79,18 @@ def test_a_bad_parameter_fails_with_the_librarys_message(tmp_path):
     assert result.html.exists()  # a failed run is exported too, to be read where it failed
 
 
+@needs_fmnist
+def test_a_2x_slower_speed_up_path_fails_the_quickstart(tmp_path, monkeypatch):
+    """The cpu-smoke threshold has teeth: with every training step of the recipe's run (the one with methods)
+    taking twice as long, as a regression in the methods' path would make it, the quickstart must fail its
+    speed-up check, not pass on a margin too loose to notice."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT / "tests" / "slowdown"),
+                                                                     os.environ.get("PYTHONPATH")])))
+    monkeypatch.setenv("SPEEDKIT_TEST_SLOWDOWN", "2")
+    [result] = run_notebooks("cpu-smoke", out=tmp_path, root=ROOT, only=["00_quickstart"])
+    assert result.failed and "faster than the baseline (expected >=" in result.error, result.error
+
+
 # -- as committed -------------------------------------------------------------------------------------
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids(NOTEBOOKS))
 def test_notebook_is_committed_clean(path):
@@ -99,6 +113,48 @@ def test_parameter_files_name_real_notebooks_and_parameters():
             assert file.stem in stems, f"{file} names no notebook in notebooks/ or tutorials/"
             unknown = set(load_params(param_set, file.stem, ROOT)) - set(declared_parameters(stems[file.stem]))
             assert not unknown, f"{file} sets {sorted(unknown)}, which {file.stem} does not declare"
+
+
+# -- the checks at their defaults, against the committed benchmark results ---------------------------------
+SUMMARY = ROOT / "bench" / "results" / "summary.json"
+
+
+def _defaults_and_cells(name: str) -> tuple[dict, list]:
+    """A notebook's parameters at their defaults (its parameters cell executed) and its code cells."""
+    nb = nbformat.read(str(ROOT / "notebooks" / f"{name}.ipynb"), as_version=4)
+    code = [c.source for c in nb.cells if c.cell_type == "code"]
+    defaults: dict = {}
+    exec(code[0], defaults)
+    return defaults, code
+
+
+@pytest.mark.parametrize("name, task", [("02_vision_benchmark", "vision"), ("03_language_benchmark", "language")])
+def test_benchmark_notebook_checks_pass_at_their_defaults_on_the_committed_results(name, task):
+    """The last cell's checks, at the notebook's default thresholds, accept the committed summary (so the
+    notebook run as it ships passes where the benchmark's figures hold) and refuse it a little below them."""
+    import types
+
+    defaults, code = _defaults_and_cells(name)
+    entry = json.loads(SUMMARY.read_text())[task]
+    run_checks = lambda e: exec("import statistics\nfrom speedkit.runs import lower_is_better\n" + code[-1],  # noqa: E731
+                                {**defaults, "entry": e, "result": types.SimpleNamespace(paths={"summary_json": str(SUMMARY)})})
+    run_checks(entry)
+    with pytest.raises(AssertionError, match="median speed-up"):
+        run_checks({**entry, "speedup_median": defaults["min_speedup"] * 0.95})
+    strongest = entry["baselines"][entry["strongest_baseline"]]
+    worse = 1.0 if task == "language" else -1.0  # a final metric just past the strongest baseline's, the wrong way
+    best = {**entry["recipes"][entry["best_recipe"]],
+            "final_metric": [max(strongest["final_metric"]) + 0.01 if worse > 0 else min(strongest["final_metric"]) - 0.01]}
+    with pytest.raises(AssertionError, match="the best recipe"):
+        run_checks({**entry, "recipes": {**entry["recipes"], entry["best_recipe"]: best}})
+
+
+def test_ablation_notebook_asks_at_its_defaults_for_what_the_committed_leave_one_out_found():
+    defaults, _ = _defaults_and_cells("04_ablation")
+    table = json.loads(SUMMARY.read_text())[defaults["task"]]["leave_one_out"]
+    assert table["recipe"] == defaults["recipe"]
+    assert defaults["must_pay_off"], "04_ablation checks no part at its defaults"
+    assert all(table["parts"][part]["pays_off"] for part in defaults["must_pay_off"]), table["parts"]
 
 
 # -- the runner on small notebooks made here ------------------------------------------------------------

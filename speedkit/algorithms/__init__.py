@@ -49,7 +49,7 @@ from speedkit.algorithms.swa import SWA
 from speedkit.algorithms.test_time_augmentation import TestTimeAugmentation
 from speedkit.algorithms.torch_compile import TorchCompile
 from speedkit.algorithms.weight_standardization import WeightStandardization
-from speedkit.core.algorithm import Algorithm, show
+from speedkit.core.algorithm import Algorithm, MethodCard, show
 
 # Every method, by class; a new method module adds its class here (tests/test_method_catalogue.py checks
 # that every module of this package is listed).
@@ -73,6 +73,41 @@ def _registry(methods) -> dict[str, type[Algorithm]]:
 
 
 REGISTRY: dict[str, type[Algorithm]] = _registry(METHODS)
+BUILT_IN_METHODS = frozenset(REGISTRY)  # names a user's method may not take over
+
+
+def register_method(cls: type[Algorithm], *, replace: bool = False) -> type[Algorithm]:
+    """Make a method of your own (an Algorithm subclass with a ``CARD``, in your file or notebook) known by
+    its card's name everywhere a method name is accepted: recipes and recipe files, ``make_trainer(methods=...)``,
+    the explorer's grid, ``speedkit tune`` and the compatibility check. Returns the class, so it can decorate it.
+
+    A different class under a taken name is refused unless ``replace=True``; built-in names are never replaced.
+    """
+    if not (isinstance(cls, type) and issubclass(cls, Algorithm)):
+        raise TypeError(f"register_method takes an Algorithm subclass (class MyMethod(speedkit.Algorithm)), got {show(cls)}")
+    card = cls.__dict__.get("CARD")
+    if not isinstance(card, MethodCard):
+        raise TypeError(f"{cls.__name__} has no CARD of its own; give it CARD = MethodCard(name=..., ...) so the "
+                        f"Trainer can order and check it")
+    if not card.name.isidentifier() or card.name != card.name.lower():
+        raise ValueError(f"method name {card.name!r} must be snake_case (lower-case letters, digits and _), "
+                         f"such as 'trim_border'")
+    current = REGISTRY.get(card.name)
+    if current is not None and current is not cls:
+        if card.name in BUILT_IN_METHODS:
+            raise ValueError(f"method name {card.name!r} is built in; give your method's card another name")
+        if not replace:
+            raise ValueError(f"a different method named {card.name!r} is registered already; pass replace=True "
+                             f"to replace it or give yours another name")
+    REGISTRY[card.name] = cls
+    return cls
+
+
+def unregister_method(name: str) -> None:
+    """Forget a method ``register_method`` added (built-in methods stay)."""
+    if name in BUILT_IN_METHODS:
+        raise ValueError(f"{name!r} is a built-in method and cannot be unregistered")
+    REGISTRY.pop(name, None)
 
 
 def get_algorithm(name: str, **params) -> Algorithm:
@@ -117,7 +152,8 @@ def methods_table() -> str:
     return "\n".join(rows)
 
 
-__all__ = ["METHODS", "REGISTRY", "build_algorithms", "get_algorithm", "methods_table",
+__all__ = ["BUILT_IN_METHODS", "METHODS", "REGISTRY", "build_algorithms", "get_algorithm", "methods_table",
+           "register_method", "unregister_method",
            "ALiBi", "AlternatingFlip", "AugMix", "Autocast", "BatchSizeWarmup", "BlurPool", "BudgetSchedule",
            "ChannelsLast", "ColOut", "CutMix", "CutOut", "DataEchoing", "EMA", "Factorize", "GatedLinearUnits",
            "GhostBatchNorm", "GradientClipping", "GyroDropout", "IdentityInit", "LabelSmoothing",
