@@ -148,7 +148,8 @@ def test_a_summary_says_which_runs_came_later_and_what_the_sweep_tried():
     assert entry["sessions"] == {"20261130-130000": ["baseline", "hot"], "20261130-140000": ["tuned"]}
     assert entry["strongest_baseline"] == "tuned" and entry["speedup_median"] == 2.5
     markdown = summary_markdown({"language": entry})
-    assert "baseline, hot interleaved by seed, then tuned in the same sitting (paired by seed)" in markdown
+    assert ("baseline, hot interleaved by seed (started 20261130-130000); then tuned (started 20261130-140000), "
+            "paired by seed") in markdown
     assert "lr 0.001 cosine: 475; lr 0.004 linear_to_zero: 300 -> lr 0.004 linear_to_zero" in markdown
     one_sitting = summarize(records[:4], profile)
     assert "baselines and recipes interleaved by seed" in summary_markdown({"language": one_sitting})

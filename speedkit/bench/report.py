@@ -164,13 +164,14 @@ def task_markdown(key: str, entry: dict) -> str:
 
 
 def _sittings(entry: dict) -> str:
-    """How the main runs were ordered: one sitting, interleaved by seed, or which recipes ran later."""
+    """How the main runs were ordered: one benchmark run, interleaved by seed, or which recipes a later one
+    added (each named with the time it started, so a reader sees how far apart they were)."""
     sessions = entry.get("sessions") or {}
     if len(sessions) <= 1:
         return "baselines and recipes interleaved by seed"
-    later = "; then ".join(", ".join(names) for names in list(sessions.values())[1:])
-    return (f"{', '.join(next(iter(sessions.values())))} interleaved by seed, then {later} in the same sitting "
-            f"(paired by seed)")
+    (first, names), *later = sessions.items()
+    added = "; then ".join(f"{', '.join(recipes)} (started {session})" for session, recipes in later)
+    return f"{', '.join(names)} interleaved by seed (started {first}); then {added}, paired by seed"
 
 
 def _budget_cell(r: dict) -> str:
