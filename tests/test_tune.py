@@ -20,7 +20,7 @@ from prerequisites import import_or_missing  # noqa: E402
 
 optuna = import_or_missing("optuna")
 
-from speedkit.recipes import Recipe  # noqa: E402
+from speedkit.recipes import BASELINES, Recipe  # noqa: E402
 from speedkit.tune import TuneInputError, parse_budget, penalized, tune  # noqa: E402
 from speedkit.tune.space import SearchSpace, recipe_params, suggest_recipe  # noqa: E402
 
@@ -158,6 +158,10 @@ def test_finds_the_planted_best_and_writes_a_loadable_recipe(tmp_path, fake_env)
     assert loaded.reached["time_to_target_s"] == result.summary["confirmation"]["candidates"][1]["median_s"]
     roles = [c["role"] for c in result.summary["confirmation"]["candidates"]]
     assert roles == ["baseline", "winner", "runner-up"]
+    # no candidate takes a baseline's name on any task (pydocs has "tuned"): runs of that name count as baseline runs
+    every_baseline = {name for names in BASELINES.values() for name in names}
+    names = [c["recipe"]["name"] for c in result.summary["confirmation"]["candidates"][1:]] + [loaded.name]
+    assert not every_baseline & set(names), names
     # successive halving stopped trials that fell behind, once the search had found where the target lies
     from speedkit.tune.search import PRUNER_STARTUP_TRIALS
 

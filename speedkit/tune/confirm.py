@@ -26,7 +26,7 @@ def confirm_candidates(config: TuneConfig, studies: dict) -> list[tuple[str, str
         candidates.append(("baseline", "baseline:untuned", config.base_recipe()))
     reached = [t for t in _distinct_best(studies["search"], 2) if t.user_attrs.get("time_to_target_s") is not None]
     for role, trial in zip(("winner", "runner-up"), reached):  # a trial that missed the target cannot win
-        candidates.append((role, f"search:{trial.number}", recipe_from_trial(trial, "tuned")))
+        candidates.append((role, f"search:{trial.number}", recipe_from_trial(trial, f"tune-{role}")))
     return candidates
 
 

@@ -25,6 +25,10 @@ def reached_entry(config, winner: dict) -> dict:
             "date": _dt.date.today().isoformat()}
 
 
+# Not "tuned": that is a baseline's name on some tasks (pydocs), and runs of a baseline's name count as baseline runs.
+WINNER_NAME = "tune-winner"
+
+
 def winner_recipe(config, summary: dict):
     """The confirmed winner as a Recipe (with ``reached`` filled from measurement), or None."""
     from speedkit.recipes import Recipe
@@ -35,7 +39,7 @@ def winner_recipe(config, summary: dict):
         return None
     data = dict(row["recipe"])
     fraction = config.settings.get("data_fraction", 1.0)
-    data.update(name="tuned", eval_interval=config.settings.get("eval_interval") or data["eval_interval"],
+    data.update(name=WINNER_NAME, eval_interval=config.settings.get("eval_interval") or data["eval_interval"],
                 summary=f"found by speedkit tune on {config.task} (data_fraction {fraction}): {row['change']}",
                 reached=reached_entry(config, row))
     return Recipe(**data)
