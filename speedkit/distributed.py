@@ -499,6 +499,11 @@ class SingleProcess:
         """The run's name, the same on every rank (one run folder for all)."""
         return name
 
+    def agree_on_precision(self, precision: str) -> str:
+        """Rank 0's resolved precision on every rank: "auto" times bf16 in each process, and two ranks must
+        not train in two precisions because their measurements differed."""
+        return precision
+
     def wrap(self, model: nn.Module, algorithms, grad_scaler) -> nn.Module:
         """Prepare ``model`` after the INIT surgery; returns the module that runs the training forward."""
         return model
@@ -565,6 +570,9 @@ class _SeveralProcesses(SingleProcess):
 
     def agree_on_run_name(self, name: str, given: bool) -> str:
         return name if given else broadcast_object(name)
+
+    def agree_on_precision(self, precision: str) -> str:
+        return broadcast_object(precision)
 
     def wrap(self, model, algorithms, grad_scaler):
         self._model_class = type(model).__name__

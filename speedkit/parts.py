@@ -15,6 +15,7 @@ from speedkit.batches import loader_length
 from speedkit.callbacks import CheckpointSaver, LRMonitor, NaNGuard, ProgressBar, SpeedMonitor, StopAtTarget
 from speedkit.core import Callback, Interval, Time
 from speedkit.core.batch import batch_targets, output_logits, output_loss
+from speedkit.devices import cpu_bf16_speedup
 from speedkit.loggers import ConsoleLogger, Logger, RecordDestination, logger_from_name
 from speedkit.metrics import Evaluator, flatten_logits
 from speedkit.optim import Schedule, apply_schedule, get_schedule
@@ -155,8 +156,16 @@ def describe_run(state, *, precision: str, eval_interval, microbatch_size, grad_
         "batch_size": getattr(loader, "batch_size", None), "microbatch_size": microbatch_size,
         "grad_accum": grad_accum, "seed": state.seed, "deterministic": deterministic,
         "eval_interval": str(eval_interval), "train_loader": type(loader).__name__ if loader is not None else None,
+        **auto_precision_evidence(precision, state.device),
         **(extra or {}),
     }
+
+
+def auto_precision_evidence(precision: str, device) -> dict:
+    """What "auto" chose from on a CPU: the bf16 speed-up it measured there (GPUs report their bf16 support)."""
+    if precision != "auto" or device.type != "cpu":
+        return {}
+    return {"bf16_speedup_measured": round(cpu_bf16_speedup(torch.get_num_threads()), 3)}
 
 
 def global_batch_size(loader, world: int) -> int | None:

@@ -95,7 +95,7 @@ class Trainer:
         self.plan = plan = distributed.make_plan(parallel, resolve_device(device), microbatch_size)
         self.parallel = plan.name  # "ddp" or "fsdp" under torchrun, else None
         device = plan.device
-        resolved_precision = resolve_precision(precision, device)
+        resolved_precision = plan.agree_on_precision(resolve_precision(precision, device))
         self.microbatching = Microbatching(microbatch_size, grad_accum)
         given_name = run_name is not None
         run_name = run_name or f"run-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"

@@ -161,7 +161,22 @@ def ddp_methods(out: Path) -> dict:
             "final_metrics": record.final_metrics}
 
 
-SCENARIOS = {"ddp_resnet": ddp_resnet, "fsdp_gpt": fsdp_gpt, "ddp_methods": ddp_methods}
+def auto_precision(out: Path) -> dict:
+    """"auto" measures bf16 in each process; here rank 0 finds it fast and rank 1 slow. Both must train in rank 0's."""
+    from speedkit import devices
+
+    measured = devices.cpu_bf16_speedup
+    devices.cpu_bf16_speedup = lambda threads=None: 2.0 if distributed.rank() == 0 else 0.5
+    try:
+        trainer = Trainer(get_model("resnet8", num_classes=10), device="cpu", precision="auto", run_dir=out / "runs",
+                          run_name="auto-precision", save_checkpoints=False)
+    finally:
+        devices.cpu_bf16_speedup = measured
+    return {"precision_by_rank": distributed.all_gather_object(trainer.state.precision)}
+
+
+SCENARIOS = {"ddp_resnet": ddp_resnet, "fsdp_gpt": fsdp_gpt, "ddp_methods": ddp_methods,
+             "auto_precision": auto_precision}
 
 
 def main(argv: list[str]) -> None:

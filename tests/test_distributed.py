@@ -67,6 +67,7 @@ def two_ranks(tmp_path_factory):
     """Runs every two-rank scenario once: ``(out_dir, {scenario: result}, seconds)``."""
     out = tmp_path_factory.mktemp("two-ranks")
     scenarios = ["ddp_resnet", "ddp_methods", "fsdp_gpt"] if _fmnist_available() else ["fsdp_gpt"]
+    scenarios.append("auto_precision")
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--nnodes", "1",
                "--master-addr", "127.0.0.1", "--master-port", str(_free_port()), str(WORKER), str(out), *scenarios]
     start = time.perf_counter()
@@ -176,6 +177,10 @@ def test_methods_with_global_state_keep_ranks_identical(two_ranks):
     assert result["distributed"]["find_unused_parameters"]  # layer freezing, stochastic depth per batch
     assert result["distributed"]["averaged_buffers"]  # ghost batch norm keeps per-rank statistics
     assert result["frozen"]  # freezing happened at an epoch end and training went on
+
+
+def test_ranks_train_in_rank_zeros_auto_precision_when_their_measurements_differ(two_ranks):
+    assert _result(two_ranks, "auto_precision")["precision_by_rank"] == ["bf16", "bf16"]
 
 
 # -- FSDP2 --------------------------------------------------------------------------------------------

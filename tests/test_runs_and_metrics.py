@@ -86,6 +86,34 @@ def test_devices_and_precision_choices():
             resolve_device("cuda")
 
 
+def test_auto_precision_on_a_cpu_follows_the_measured_bf16_speed(monkeypatch):
+    from speedkit import devices
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(devices, "cpu_bf16_speedup", lambda threads=None: 0.3)  # emulated bf16: slower
+    assert resolve_precision("auto", cpu) == "fp32"
+    monkeypatch.setattr(devices, "cpu_bf16_speedup", lambda threads=None: devices.BF16_MIN_SPEEDUP - 0.01)
+    assert resolve_precision("auto", cpu) == "fp32"  # a near tie is not worth bf16's rounding
+    monkeypatch.setattr(devices, "cpu_bf16_speedup", lambda threads=None: 1.8)
+    assert resolve_precision("auto", cpu) == "bf16"
+    assert resolve_precision("fp32", cpu) == "fp32"  # asked for by name: never overridden
+
+
+def test_the_bf16_probe_really_times_this_cpu_and_the_record_keeps_it(tmp_path):
+    from speedkit.devices import cpu_bf16_speedup
+    threads = torch.get_num_threads()
+    ratio = cpu_bf16_speedup(threads)
+    assert math.isfinite(ratio) and 0.01 < ratio < 100
+    assert cpu_bf16_speedup(threads) is ratio  # measured once per process and thread count
+    loader = [(torch.randn(8, 4), torch.randint(0, 3, (8,)))]
+    auto = Trainer(torch.nn.Linear(4, 3), loader, precision="auto", device="cpu", max_duration="1ba",
+                   run_dir=tmp_path, save_checkpoints=False)
+    assert auto.record.config["bf16_speedup_measured"] == round(ratio, 3)
+    assert auto.record.config["precision_resolved"] == ("bf16" if ratio >= 1.15 else "fp32")
+    fixed = Trainer(torch.nn.Linear(4, 3), loader, precision="fp32", device="cpu", max_duration="1ba",
+                    run_dir=tmp_path, save_checkpoints=False)
+    assert "bf16_speedup_measured" not in fixed.record.config
+
+
 def test_flop_count_matches_a_linear_layer():
     model = torch.nn.Linear(100, 10, bias=False)
     # Forward 2*100*10 FLOPs per sample; training counts forward + backward as 3x forward.
