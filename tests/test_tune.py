@@ -102,6 +102,37 @@ def test_a_preset_maps_back_onto_its_point_of_the_space():
     assert recipe_params(mild, base, full_space(base, ["ema"], "cpu")) is None  # its methods are not in that space
 
 
+def test_card_ranges_are_narrowed_to_what_acts_on_the_model_and_trials_stay_inside():
+    import torch
+
+    import speedkit.functional as sf
+    from speedkit.models import get_model
+    from speedkit.recipes import get_recipe
+    from speedkit.tune.space import fit_hparams_to_model, full_space, suggest_hparams
+
+    base = get_recipe("fashion-mnist", "plain-bf16").with_changes(loader="memory")
+    methods = ["squeeze_excite", "weight_standardization", "label_smoothing", "channels_last"]
+    limits = fit_hparams_to_model("fashion-mnist", base, methods, "cpu")
+    convs = [m for m in get_model("resnet8").modules() if isinstance(m, torch.nn.Conv2d)]
+    widest = max(c.out_channels for c in convs)
+    assert limits["squeeze_excite.min_channels"] == {"low": 1, "high": widest}  # the card goes up to 4096
+    assert limits["weight_standardization.n_last_layers_ignore"] == {"low": 0, "high": len(convs) - 1}  # card: 100
+    # label smoothing is no surgery; channels_last's card has nothing to narrow
+    assert not any(key.split(".")[0] in ("label_smoothing", "channels_last") for key in limits)
+    sf.apply_squeeze_excite(get_model("resnet8"), min_channels=widest)  # the edge still acts ...
+    with pytest.raises(ValueError, match="found no Conv2d"):
+        sf.apply_squeeze_excite(get_model("resnet8"), min_channels=widest + 1)  # ... one past it does not
+
+    space = full_space(base, ["squeeze_excite"], "cpu", hparam_limits=limits)
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    drawn = []
+    for _ in range(40):
+        trial = study.ask()
+        drawn.append(suggest_hparams(trial, "squeeze_excite", space.hparam_limits)["min_channels"])
+        study.tell(trial, 1.0)
+    assert all(1 <= d <= widest for d in drawn) and len(set(drawn)) > 10
+
+
 def _filled(methods: dict) -> dict:
     """Methods with every searched parameter at the card's default where not given (what they run with)."""
     from speedkit.algorithms import REGISTRY
@@ -298,6 +329,18 @@ def test_cli_tune_writes_recipe_and_report(tmp_path, capsys, fake_env):
     assert code == 0 and "speed-up over the tuned baseline" in out
     assert Recipe.from_file(tmp_path / "recipe.yaml").reached["seeds_reached"] == "1/1"
     assert (tmp_path / "report.md").exists() and f"report: {tmp_path / 'report.md'}" in out
+
+
+def test_the_winner_file_says_auto_where_the_search_chose_what_auto_picks_here(monkeypatch):
+    from speedkit import devices
+    from speedkit.tune.report import portable_precision
+
+    monkeypatch.setattr(devices, "cpu_bf16_speedup", lambda threads=None: 1.8)  # bf16 measured fast here
+    assert portable_precision("bf16", "cpu") == "auto"  # so another machine picks its own fast one
+    assert portable_precision("fp32", "cpu") == "fp32"  # the search chose against auto: kept
+    monkeypatch.setattr(devices, "cpu_bf16_speedup", lambda threads=None: 0.4)  # bf16 emulated here
+    assert portable_precision("fp32", "cpu") == "auto"
+    assert portable_precision("bf16", "cpu") == "bf16"
 
 
 def test_continuing_a_study_with_other_settings_is_refused(tmp_path, fake_env):

@@ -20,8 +20,8 @@ from speedkit.tune.confirm import run_confirmation, run_leave_one_out, summarize
 from speedkit.tune.objective import resolve_runner, runner_path
 from speedkit.tune.search import (PHASES, PRUNERS, TuneConfig, check_same_search, load_study, logged_metrics, parse_budget,
                                   resolve_target, run_phases, seed_baseline_study, start_workers)
-from speedkit.tune.space import (TuneInputError, baseline_space, candidate_methods, full_space, probe_surgery,
-                                 resolve_methods)
+from speedkit.tune.space import (TuneInputError, baseline_space, candidate_methods, describe_limit,
+                                 fit_hparams_to_model, full_space, probe_surgery, resolve_methods)
 from speedkit.tune.storage import fail_dead_trials, open_storage, optuna_module, spent_before_s, storage_url
 
 
@@ -170,13 +170,17 @@ def build_config(*, task, target, budget, methods, storage, study_name, seeds_to
     candidates, left_out = candidate_methods(spec.domain, allowed, device_type)
     left_out.update(probe_surgery(task, probe_recipe, candidates, device, data_fraction))
     candidates = [m for m in candidates if m not in left_out]
-    search = full_space(base_recipe, candidates, device_type, tune_hparams, duration_scale, lr_factor)
+    limits = fit_hparams_to_model(task, probe_recipe, candidates, device) if tune_hparams else {}
+    search = full_space(base_recipe, candidates, device_type, tune_hparams, duration_scale, lr_factor, limits)
     if allowed is not None and not candidates:
         reasons = "; ".join(f"{m}: {why}" for m, why in left_out.items())
         raise TuneInputError(f"methods: no method left to search ({reasons}); allow methods that fit the "
                              f"{spec.domain} task {task!r}, or pass methods=None for all of them")
     for name, why in left_out.items():
         log(f"left out {name}: {why}")
+    for key, limit in limits.items():
+        log(f"searched {key} only {describe_limit(limit)}: elsewhere in its card's range it finds nothing in "
+            f"this model")
     out_dir = out.resolve()
     storage_text = storage_url(storage, out_dir)
     studies_spent = spent_before_s(storage_text, study_name, n_workers)
@@ -211,7 +215,8 @@ def build_summary(config: TuneConfig, studies: dict) -> dict:
     return {"task": config.task, "target": {"metric": config.metric, "value": config.target},
             "budget_s": config.budget_s, "spent_s": round(config.spent_s(), 1), "limit_s": config.limit_s,
             "settings": config.settings, "storage": config.storage, "study": config.study_name,
-            "methods_searched": list(space.methods), "left_out": {**config.left_out, **_found_inapplicable(studies)},
+            "methods_searched": list(space.methods), "hparam_limits": dict(space.hparam_limits),
+            "left_out": {**config.left_out, **_found_inapplicable(studies)},
             "trials": trials, "confirmation": summarize_confirmation(config, studies)}
 
 

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import yaml
 
+from speedkit.tune.space import describe_limit
+
 
 def reached_entry(config, winner: dict) -> dict:
     """The recipe's ``reached``: what the confirmation runs measured, in the presets' format."""
@@ -39,10 +41,25 @@ def winner_recipe(config, summary: dict):
         return None
     data = dict(row["recipe"])
     fraction = config.settings.get("data_fraction", 1.0)
-    data.update(name=WINNER_NAME, eval_interval=config.settings.get("eval_interval") or data["eval_interval"],
+    precision = portable_precision(data["precision"], config.settings.get("device", "auto"))
+    data.update(name=WINNER_NAME, precision=precision,
+                eval_interval=config.settings.get("eval_interval") or data["eval_interval"],
                 summary=f"found by speedkit tune on {config.task} (data_fraction {fraction}): {row['change']}",
                 reached=reached_entry(config, row))
     return Recipe(**data)
+
+
+def portable_precision(precision: str, device) -> str:
+    """The winner's precision as the recipe file says it: ``"auto"`` where that is what auto picks here.
+
+    The search tries concrete precisions, so the winner holds one; but a file that says ``bf16`` keeps
+    bf16 on a machine where it is emulated and several times slower. Where the winner's precision is the
+    one ``"auto"`` measures as fast on this device, the file says ``"auto"``, which picks the fast one
+    wherever it runs (``reached`` names the machine it was measured on). A choice against auto stays.
+    """
+    from speedkit.devices import resolve_device, resolve_precision
+
+    return "auto" if precision == resolve_precision("auto", resolve_device(device)) else precision
 
 
 def recipe_yaml(recipe) -> str:
@@ -91,6 +108,8 @@ def markdown(config, summary: dict, recipe_path) -> str:
               f"{_fmt(t['final'], '.4f')} | {t['change'] or ''} |" for t in done]
     lines += ["", "## Methods", "", f"Searched: {', '.join(summary['methods_searched']) or 'none'}.", ""]
     lines += [f"- left out `{m}`: {why}" for m, why in summary["left_out"].items()]
+    lines += [f"- searched `{key}` only {describe_limit(limit)}: elsewhere in its card's range it finds nothing to "
+              f"change in this model" for key, limit in summary.get("hparam_limits", {}).items()]
     lines += ["", f"Study `{config.study_name}` in `{config.storage}` (rerun the same command to continue it; "
               f"`optuna-dashboard {config.storage}` shows it where optuna-dashboard is installed). "
               f"RunRecords: `{config.run_dir}`."]

@@ -99,6 +99,80 @@ def probe_surgery(task: str, recipe, methods: list[str], device: str, data_fract
     return left_out
 
 
+def fit_hparams_to_model(task: str, recipe, methods: list[str], device: str) -> dict:
+    """{"method.hparam": {"low", "high"} or {"choices"}}: the card ranges narrowed to what acts on this model.
+
+    A card's range is written for every model: squeeze-excite's ``min_channels`` goes up to 4096 and
+    weight standardization may leave out the last 100 convolutions. On a small model most of such a range
+    finds nothing to change, and each trial drawn there is wasted (the method is then dropped after two).
+    So each hyperparameter of a surgery method is tried alone at its range's ends (the others at their
+    defaults); an end that finds nothing is moved in by bisection to the last value that still does, and a
+    choice that finds nothing is not offered. Interactions between two hyperparameters are not probed; a
+    trial that meets one is refused as before.
+    """
+    import torch
+
+    from speedkit.algorithms import REGISTRY, get_algorithm
+    from speedkit.core.event import Event
+    from speedkit.tasks import resolve_task
+    from speedkit.trainer import Trainer
+
+    spec = resolve_task(task)
+    limits: dict[str, dict] = {}
+    with tempfile.TemporaryDirectory() as run_dir:
+        def acts(name: str, params: dict) -> bool:
+            """Whether the surgery finds something in a fresh model: a Trainer without data runs INIT only
+            (a hundred of these take seconds, where building the task's data each time would take minutes)."""
+            torch.manual_seed(0)
+            try:
+                Trainer(spec.model(recipe.model), algorithms=[get_algorithm(name, **params)], device=device,
+                        precision=recipe.precision, run_dir=run_dir, save_checkpoints=False)
+            except (ValueError, TypeError, RuntimeError):  # NothingToChangeError is a ValueError
+                return False
+            return True
+
+        for name in methods:
+            if Event.INIT not in REGISTRY[name].CARD.events or not acts(name, {}):
+                continue  # not a surgery, or one that finds nothing even at its defaults (probe_surgery says why)
+            for hp in REGISTRY[name].CARD.hparams:
+                limit = _fit_hparam(hp, lambda value: acts(name, {hp.name: value}))
+                if limit is not None:
+                    limits[f"{name}.{hp.name}"] = limit
+    return limits
+
+
+def _fit_hparam(hp: HParam, acts) -> dict | None:
+    """The part of one hyperparameter's range where ``acts(value)`` holds, or None where that is all of it."""
+    if hp.name in NOT_SEARCHED:
+        return None
+    if hp.choices is not None or hp.type is bool:
+        choices = hp.choices if hp.choices is not None else (False, True)
+        kept = [c for c in choices if c == hp.default or acts(c)]
+        return {"choices": kept} if len(kept) < len(choices) else None
+    if hp.type not in (int, float) or hp.low is None or hp.high is None or hp.low >= hp.high:
+        return None
+    low = hp.low if acts(hp.low) else _last_acting(hp, hp.default, hp.low, acts)
+    high = hp.high if acts(hp.high) else _last_acting(hp, hp.default, hp.high, acts)
+    return None if (low, high) == (hp.low, hp.high) else {"low": low, "high": high}
+
+
+def describe_limit(limit: dict) -> str:
+    """A narrowed range in words: ``in [1, 128]`` or ``as True``."""
+    if "choices" in limit:
+        return "as " + " or ".join(map(str, limit["choices"]))
+    return f"in [{limit['low']:.4g}, {limit['high']:.4g}]"
+
+
+def _last_acting(hp: HParam, good, bad, acts, steps: int = 10):
+    """Bisect between a value that acts (``good``) and one that does not (``bad``): the last that acts."""
+    for _ in range(64 if hp.type is int else steps):
+        if hp.type is int and abs(bad - good) <= 1:
+            break
+        middle = (good + bad) // 2 if hp.type is int else (good + bad) / 2
+        good, bad = (middle, bad) if acts(middle) else (good, middle)
+    return good
+
+
 # -- the space ---------------------------------------------------------------------------------
 @dataclasses.dataclass
 class SearchSpace:
@@ -114,6 +188,7 @@ class SearchSpace:
     loaders: tuple[str, ...] = ()
     crop_pads: tuple[int, ...] = ()
     flips: tuple[str, ...] = ()  # "random", "alternating", "none"
+    hparam_limits: dict = dataclasses.field(default_factory=dict)  # "method.hparam": fit_hparams_to_model's ranges
 
     def is_empty(self) -> bool:
         return not any((self.methods, self.lr_factor, self.duration_scale, self.batch_sizes, self.schedules,
@@ -129,7 +204,7 @@ def baseline_space(duration_scale=(0.1, 1.0), lr_factor: float = 10.0) -> Search
 
 
 def full_space(base, methods: Sequence[str], device_type: str, tune_hparams: bool = True,
-               duration_scale=(0.1, 1.0), lr_factor: float = 10.0) -> SearchSpace:
+               duration_scale=(0.1, 1.0), lr_factor: float = 10.0, hparam_limits: dict | None = None) -> SearchSpace:
     """Methods plus every recipe field that fits the task's domain and device."""
     vision = base.domain == "vision"
     precisions = ("fp32", "bf16", "fp16") if device_type == "cuda" else ("fp32", "bf16")
@@ -139,7 +214,8 @@ def full_space(base, methods: Sequence[str], device_type: str, tune_hparams: boo
                                   base.batch_size * 4})),
         schedules=("base", *SCHEDULE_CHOICES), precisions=precisions,
         loaders=("memory", "torch") if vision else (),
-        crop_pads=(0, 1, 2) if vision else (), flips=("random", "alternating", "none") if vision else ())
+        crop_pads=(0, 1, 2) if vision else (), flips=("random", "alternating", "none") if vision else (),
+        hparam_limits=dict(hparam_limits or {}))
 
 
 # -- one trial -> one recipe -------------------------------------------------------------------------
@@ -202,19 +278,25 @@ def suggest_methods(trial, space: SearchSpace) -> dict:
             continue  # never proposed beside a method it conflicts with (the engine would refuse the pair)
         if not trial.suggest_categorical(f"use:{name}", (False, True)):
             continue
-        params = suggest_hparams(trial, name) if space.tune_hparams else {}
+        params = suggest_hparams(trial, name, space.hparam_limits) if space.tune_hparams else {}
         chosen[name] = params
         algorithms.append(candidate)
     return chosen
 
 
-def suggest_hparams(trial, method: str) -> dict:
-    """The method's searchable hyperparameters, each within its card's range (log scale where it says)."""
+def suggest_hparams(trial, method: str, limits: dict | None = None) -> dict:
+    """The method's searchable hyperparameters, each within its card's range (log scale where it says),
+    narrowed to ``limits`` where this model needs it (``fit_hparams_to_model``)."""
     from speedkit.algorithms import REGISTRY
 
     params = {}
     for hp in REGISTRY[method].CARD.hparams:
-        value = _suggest_hparam(trial, f"{method}.{hp.name}", hp)
+        key = f"{method}.{hp.name}"
+        limit = (limits or {}).get(key)
+        if limit is not None:
+            hp = dataclasses.replace(hp, **({"choices": tuple(limit["choices"])} if "choices" in limit
+                                             else {"low": limit["low"], "high": limit["high"]}))
+        value = _suggest_hparam(trial, key, hp)
         if value is not _NOT_SEARCHABLE:
             params[hp.name] = value
     return params
