@@ -360,9 +360,10 @@ def _tune(args) -> int:
     if result.recipe is None:
         print("no candidate reached the target on every seed; see the report")
     else:
-        speedup = confirmation.get("speedup_median")
+        speedup, seeds = confirmation.get("speedup_median"), len(confirmation["seeds"])
         print(f"winner: {result.recipe.summary}\nspeed-up over the tuned baseline: "
-              f"{'-' if speedup is None else f'{speedup:.2f}x'} (median of {len(confirmation['seeds'])} seeds)\n"
+              f"{'-' if speedup is None else f'{speedup:.2f}x'} "
+              f"({f'median of {seeds} seeds' if seeds > 1 else 'one seed'})\n"
               f"recipe: {result.recipe_path}")
     print(f"report: {result.report_path}")
     return 0
