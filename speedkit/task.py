@@ -13,7 +13,7 @@ from typing import Callable, Iterable, Mapping
 
 import torch
 
-from speedkit.core.algorithm import show
+from speedkit.core.algorithm import check_free_name, show
 from speedkit.metrics import Metric
 from speedkit.recipes import BASELINES, DOMAINS, RECIPES, Recipe
 
@@ -131,13 +131,7 @@ def register_task(task: Task, *, replace: bool = False, built_in: bool = False) 
     """
     if not isinstance(task, Task):
         raise TypeError(f"register_task takes a speedkit.Task, got {show(task)}")
-    current = TASKS.get(task.name)
-    if current is not None and current is not task:
-        if task.name in BUILT_IN:
-            raise ValueError(f"task name {task.name!r} is built in; give your task another name")
-        if not replace:
-            raise ValueError(f"a different task named {task.name!r} is registered already; pass replace=True "
-                             f"to replace it or give yours another name")
+    check_free_name("task", task.name, TASKS.get(task.name), task, BUILT_IN, replace, rename="your task")
     TASKS[task.name] = task
     # The task's own dict where it is one, so RECIPES[name] and task.recipes stay the same object (a recipe
     # added to either is seen by both; the built-in tasks' recipes are RECIPES' own dicts).

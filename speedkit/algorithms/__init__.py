@@ -49,7 +49,7 @@ from speedkit.algorithms.swa import SWA
 from speedkit.algorithms.test_time_augmentation import TestTimeAugmentation
 from speedkit.algorithms.torch_compile import TorchCompile
 from speedkit.algorithms.weight_standardization import WeightStandardization
-from speedkit.core.algorithm import Algorithm, MethodCard, show
+from speedkit.core.algorithm import Algorithm, MethodCard, check_free_name, show
 
 # Every method, by class; a new method module adds its class here (tests/test_method_catalogue.py checks
 # that every module of this package is listed).
@@ -92,13 +92,8 @@ def register_method(cls: type[Algorithm], *, replace: bool = False) -> type[Algo
     if not card.name.isidentifier() or card.name != card.name.lower():
         raise ValueError(f"method name {card.name!r} must be snake_case (lower-case letters, digits and _), "
                          f"such as 'trim_border'")
-    current = REGISTRY.get(card.name)
-    if current is not None and current is not cls:
-        if card.name in BUILT_IN_METHODS:
-            raise ValueError(f"method name {card.name!r} is built in; give your method's card another name")
-        if not replace:
-            raise ValueError(f"a different method named {card.name!r} is registered already; pass replace=True "
-                             f"to replace it or give yours another name")
+    check_free_name("method", card.name, REGISTRY.get(card.name), cls, BUILT_IN_METHODS, replace,
+                    rename="your method's card")
     REGISTRY[card.name] = cls
     return cls
 

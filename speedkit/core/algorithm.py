@@ -76,6 +76,21 @@ def show(value: Any, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def check_free_name(kind: str, name: str, current: Any, new: Any, built_in, replace: bool, rename: str) -> None:
+    """The one rule for adding ``new`` to a registry (methods, tasks) under ``name``, where ``current`` holds it.
+
+    Re-adding the same object is fine; a built-in name is never taken over; another object's name only
+    with ``replace=True``. ``rename`` says what to rename in the message ("your task", "your method's card").
+    """
+    if current is None or current is new:
+        return
+    if name in built_in:
+        raise ValueError(f"{kind} name {name!r} is built in; give {rename} another name")
+    if not replace:
+        raise ValueError(f"a different {kind} named {name!r} is registered already; pass replace=True "
+                         f"to replace it or give yours another name")
+
+
 def _is_choice(value: Any, choice: Any) -> bool:
     """``value`` is ``choice`` itself: ``1`` is not ``True`` and ``0.0`` is not ``False`` here."""
     if choice is None or isinstance(choice, bool) or isinstance(value, bool):

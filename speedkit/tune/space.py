@@ -143,14 +143,12 @@ def fit_hparams_to_model(task: str, recipe, methods: list[str], device: str) -> 
 
 def _fit_hparam(hp: HParam, acts) -> dict | None:
     """The part of one hyperparameter's range where ``acts(value)`` holds, or None where that is all of it."""
-    if hp.name in NOT_SEARCHED:
+    if not _is_searched(hp):
         return None
-    if hp.choices is not None or hp.type is bool:
-        choices = hp.choices if hp.choices is not None else (False, True)
+    choices = _search_choices(hp)
+    if choices is not None:
         kept = [c for c in choices if c == hp.default or acts(c)]
         return {"choices": kept} if len(kept) < len(choices) else None
-    if hp.type not in (int, float) or hp.low is None or hp.high is None or hp.low >= hp.high:
-        return None
     low = hp.low if acts(hp.low) else _last_acting(hp, hp.default, hp.low, acts)
     high = hp.high if acts(hp.high) else _last_acting(hp, hp.default, hp.high, acts)
     return None if (low, high) == (hp.low, hp.high) else {"low": low, "high": high}
@@ -305,18 +303,27 @@ def suggest_hparams(trial, method: str, limits: dict | None = None) -> dict:
 _NOT_SEARCHABLE = object()
 
 
-def _suggest_hparam(trial, key: str, hp: HParam):
-    """One hyperparameter from the card: choices, a bool, or a number in [low, high]."""
+def _search_choices(hp: HParam) -> tuple | None:
+    """The values the search picks this hyperparameter from, if it is a choice (a bool is one)."""
+    return hp.choices if hp.choices is not None else ((False, True) if hp.type is bool else None)
+
+
+def _is_searched(hp: HParam) -> bool:
+    """Whether the search sets this hyperparameter: plain choices, or a number with a range; else its default stays."""
     if hp.name in NOT_SEARCHED:
-        return _NOT_SEARCHABLE
-    if hp.choices is not None:
-        if not all(isinstance(c, (str, int, float, bool)) for c in hp.choices):
-            return _NOT_SEARCHABLE  # Optuna stores only plain values (e.g. torch_compile's dynamic=None)
-        return trial.suggest_categorical(key, hp.choices)
-    if hp.type is bool:
-        return trial.suggest_categorical(key, (False, True))
-    if hp.type not in (int, float) or hp.low is None or hp.high is None or hp.low >= hp.high:
+        return False
+    choices = _search_choices(hp)
+    if choices is not None:
+        return all(isinstance(c, (str, int, float, bool)) for c in choices)  # what Optuna stores (not dynamic=None)
+    return hp.type in (int, float) and hp.low is not None and hp.high is not None and hp.low < hp.high
+
+
+def _suggest_hparam(trial, key: str, hp: HParam):
+    """One hyperparameter from the card: one of its choices, or a number in [low, high]."""
+    if not _is_searched(hp):
         return _NOT_SEARCHABLE  # e.g. ema's half_life string: its default is kept
+    if _search_choices(hp) is not None:
+        return trial.suggest_categorical(key, _search_choices(hp))
     log = hp.log and hp.low > 0
     if hp.type is int:
         on_grid = hp.step and not log and (hp.high - hp.low) % hp.step == 0 and (hp.default - hp.low) % hp.step == 0
