@@ -165,7 +165,7 @@ def _range(hparam) -> str:
 
 
 def write_method_pages(out: Path) -> list[Path]:
-    from speedkit.algorithms import REGISTRY
+    from speedkit.methods import REGISTRY
 
     folder = out / "methods"
     folder.mkdir(parents=True, exist_ok=True)

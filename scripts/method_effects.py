@@ -12,7 +12,7 @@ import argparse
 import json
 from pathlib import Path
 
-from speedkit.algorithms import REGISTRY
+from speedkit.methods import REGISTRY
 from speedkit.tasks import make_trainer
 
 VISION = dict(task="fashion-mnist", recipe="mild", duration="1ep", data_fraction=0.5)

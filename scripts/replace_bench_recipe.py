@@ -18,10 +18,10 @@ import argparse
 import json
 from pathlib import Path
 
-from speedkit.bench.harness import resolve_profile, summarize
-from speedkit.bench.profiles import get_profile, task_key
-from speedkit.bench.report import write_reports
-from speedkit.runs import load_records
+from speedkit.experiments.bench.harness import resolve_profile, summarize
+from speedkit.experiments.bench.profiles import get_profile, task_key
+from speedkit.experiments.bench.report import write_reports
+from speedkit.record.runs import load_records
 
 
 def main_runs(folder: str | Path) -> list:

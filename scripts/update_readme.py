@@ -7,9 +7,9 @@ import re
 import sys
 from pathlib import Path
 
-from speedkit.algorithms import methods_table
-from speedkit.bench.report import readme_table
-from speedkit.recipes import RECIPES
+from speedkit.experiments.bench.report import readme_table
+from speedkit.methods import methods_table
+from speedkit.tasks.recipes import RECIPES
 
 SUMMARY = Path(__file__).resolve().parents[1] / "bench" / "results" / "summary.json"
 

@@ -1,5 +1,5 @@
 import sys
 
-from speedkit.cli import main
+from speedkit.cli.main import main
 
 sys.exit(main())

@@ -4,10 +4,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))  # tests import helpers.py
 
 
+import prerequisites  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
-
-import prerequisites  # noqa: E402
 
 
 def pytest_configure(config):
@@ -32,9 +31,9 @@ def one_thread_for_small_tests(request):
 def forget_registered_tasks_and_methods():
     """Tasks and methods a test registers (a user's, a folder's) are gone afterwards, so tests do not see
     each other's."""
-    from speedkit.algorithms import REGISTRY
-    from speedkit.recipes import BASELINES, RECIPES
+    from speedkit.methods import REGISTRY
     from speedkit.tasks import TASKS
+    from speedkit.tasks.recipes import BASELINES, RECIPES
 
     before, methods_before = set(TASKS), dict(REGISTRY)
     yield

@@ -13,11 +13,12 @@ from pathlib import Path
 
 import torch
 
-from speedkit import Trainer, distributed
-from speedkit.algorithms import EMA
+from speedkit import Trainer
+from speedkit.core import distributed
 from speedkit.data import Augment, TokenBatchLoader, fashion_mnist_loaders
-from speedkit.metrics import Accuracy, CrossEntropy, Evaluator
+from speedkit.methods import EMA
 from speedkit.models import get_model
+from speedkit.record.metrics import Accuracy, CrossEntropy, Evaluator
 
 STEPS = 10
 LR = 0.01
@@ -144,7 +145,7 @@ METHODS = {"ghost_batchnorm": {"ghost_batch_size": 8}, "stochastic_depth": {"dro
 
 
 def ddp_methods(out: Path) -> dict:
-    from speedkit.algorithms import build_algorithms
+    from speedkit.methods import build_algorithms
 
     torch.manual_seed(0)
     model = get_model("resnet8", num_classes=10)
@@ -163,7 +164,7 @@ def ddp_methods(out: Path) -> dict:
 
 def auto_precision(out: Path) -> dict:
     """"auto" measures bf16 in each process; here rank 0 finds it fast and rank 1 slow. Both must train in rank 0's."""
-    from speedkit import devices
+    from speedkit.core import devices
 
     measured = devices.cpu_bf16_speedup
     devices.cpu_bf16_speedup = lambda threads=None: 2.0 if distributed.rank() == 0 else 0.5

@@ -11,9 +11,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from speedkit import Trainer
-from speedkit.algorithms import build_algorithms
 from speedkit.core import batch as b
 from speedkit.data import load_fashion_mnist
+from speedkit.methods import build_algorithms
 
 pytestmark = pytest.mark.prerequisite("fashion-mnist")
 

@@ -7,15 +7,14 @@ import json
 import time
 
 import pytest
-
-from speedkit.bench import (BenchProfile, get_profile, merge_summary, pick_best, profile_steps, readme_table,
-                            run_benchmark, summarize, summary_markdown)
-from speedkit.cli import main
-from speedkit.core import Callback
-from speedkit.runs import RunRecord
-from speedkit.trainer import Trainer
-
 from helpers import needs_fmnist, needs_python_docs, toy_loaders, toy_model
+
+from speedkit.cli.main import main
+from speedkit.core import Callback
+from speedkit.experiments.bench import (BenchProfile, get_profile, merge_summary, pick_best, profile_steps,
+                                        readme_table, run_benchmark, summarize, summary_markdown)
+from speedkit.record.runs import RunRecord
+from speedkit.train.trainer import Trainer
 
 TINY_VISION = dict(device="cpu", data_fraction=0.02, eval_fraction=0.05, eval_interval="3ba", duration="6ba",
                    target=0.15)
@@ -288,7 +287,7 @@ def test_cli_bench_runs_tiny_and_keeps_the_other_task(tmp_path, capsys):
 
 def test_the_budget_search_finds_the_shortest_whole_epoch_budget_every_seed_reaches(monkeypatch, tmp_path):
     """run_one is replaced by a model of a baseline that needs 5 epochs in seed 0 and 4 in seed 1."""
-    from speedkit.bench import harness
+    from speedkit.experiments.bench import harness
 
     needs = {0: 5, 1: 4}
     ran = []
@@ -316,7 +315,7 @@ def test_the_budget_search_finds_the_shortest_whole_epoch_budget_every_seed_reac
 
 def test_a_budget_search_in_batches_starts_where_the_sweep_reached_the_target(monkeypatch, tmp_path):
     """A language baseline needs 380 batches in seed 0 and 420 in seed 1; the search moves 50 at a time."""
-    from speedkit.bench import harness
+    from speedkit.experiments.bench import harness
 
     needs, ran = {0: 380, 1: 420}, []
 
@@ -342,7 +341,7 @@ def test_a_budget_search_in_batches_starts_where_the_sweep_reached_the_target(mo
 
 
 def test_the_sweep_runs_the_grid_on_one_seed_and_picks_the_fastest(monkeypatch, tmp_path):
-    from speedkit.bench import harness
+    from speedkit.experiments.bench import harness
 
     def fake_run_one(profile, recipe, seed, run_name, run_dir, bench_info, **kwargs):
         assert bench_info["sweep"] is True and seed == 3
@@ -367,7 +366,7 @@ def test_the_sweep_runs_the_grid_on_one_seed_and_picks_the_fastest(monkeypatch, 
 
 def test_the_language_budget_search_covers_tuned_only_and_starts_from_the_sweep(monkeypatch, tmp_path):
     """`--sweeps F --find-budgets`: tuned's budget is searched from the pick's batches; `baseline` stays as it is."""
-    from speedkit.bench import harness
+    from speedkit.experiments.bench import harness
 
     searched, main = [], {}
 
@@ -394,7 +393,7 @@ def test_the_language_budget_search_covers_tuned_only_and_starts_from_the_sweep(
 
 def test_an_earlier_sweep_sets_the_swept_baseline_and_nothing_else(monkeypatch, tmp_path):
     """`--sweeps FILE` runs the swept baseline with the file's pick, as `--sweep` would have."""
-    from speedkit.bench import harness
+    from speedkit.experiments.bench import harness
 
     ran = {}
 
@@ -416,8 +415,8 @@ def test_an_earlier_sweep_sets_the_swept_baseline_and_nothing_else(monkeypatch, 
 
 
 def test_leave_one_out_covers_the_whole_difference_from_the_baseline():
-    from speedkit.bench import ablation_changes
-    from speedkit.recipes import get_recipe
+    from speedkit.experiments.bench import ablation_changes
+    from speedkit.tasks.recipes import get_recipe
 
     plain_bf16, hot = get_recipe("fashion-mnist", "plain-bf16"), get_recipe("fashion-mnist", "hot")
     changes = ablation_changes(hot, plain_bf16)

@@ -5,12 +5,11 @@ import subprocess
 import sys
 
 import pytest
-
-from speedkit import RunRecord
-from speedkit.cli import main
-
 from helpers import needs_fmnist
 from prerequisites import import_or_missing
+
+from speedkit import RunRecord
+from speedkit.cli.main import main
 
 
 @needs_fmnist

@@ -17,7 +17,7 @@ TINY = {"device": "cpu", "duration": "6ba", "eval_interval": "2ba", "target": 0.
 @needs_fmnist
 def test_the_demo_streams_cells_and_progress_and_reports_interleaved_pairs(tmp_path, capfd):
     import_or_missing("papermill")
-    from speedkit.demo import run_demo
+    from speedkit.cli.demo import run_demo
 
     assert run_demo(ROOT, tmp_path, TINY) == 0
     out, err = capfd.readouterr()  # file descriptors: the kernel's own output lands there too
@@ -25,7 +25,7 @@ def test_the_demo_streams_cells_and_progress_and_reports_interleaved_pairs(tmp_p
 
     starts = [line for line in lines if line.startswith("[cell ")]
     assert starts[0].startswith("[cell 1/") and len(starts) >= 6
-    run_cell = next(i for i, line in enumerate(lines) if "from speedkit.demo import" in line)
+    run_cell = next(i for i, line in enumerate(lines) if "from speedkit.cli.demo import" in line)
     finished = [i for i, line in enumerate(lines) if ": completed, " in line and "s training" in line]
     assert len(finished) == 4 and all(i > run_cell for i in finished)  # each run, as it ended, before the next cell
     assert lines.index(next(line for line in starts if "print(comparison_table" in line)) > finished[-1]

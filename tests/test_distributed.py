@@ -25,14 +25,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from helpers import needs_fmnist, toy_loaders, toy_model
 from prerequisites import import_or_missing, require
 
-from speedkit import Trainer, distributed
-from speedkit.checkpoint import CheckpointError, load_checkpoint, load_sharded_checkpoint, save_checkpoint
+from speedkit import Trainer
+from speedkit.core import distributed
 from speedkit.data import BatchLoader, TokenBatchLoader
 from speedkit.data.fashion_mnist import locate_fashion_mnist
+from speedkit.train import parallel
+from speedkit.train.checkpoint import CheckpointError, load_checkpoint, load_sharded_checkpoint, save_checkpoint
 
 pytestmark = pytest.mark.distributed
 
@@ -320,7 +321,7 @@ def test_speedkit_train_under_launch(tmp_path):
 
 
 def test_launch_passes_rendezvous_options_to_torchrun():
-    from speedkit.cli import _parser, torchrun_args
+    from speedkit.cli.main import _parser, torchrun_args
 
     args = _parser().parse_args(["launch", "-n", "4", "--nnodes", "2", "--node-rank", "1", "--rdzv-backend", "c10d",
                                  "--rdzv-endpoint", "head:29400", "--rdzv-id", "job7", "train.py", "--lr", "0.1"])
@@ -337,9 +338,9 @@ def test_launch_passes_rendezvous_options_to_torchrun():
 # -- pieces that need no second process ----------------------------------------------------------------
 def test_strategy_names_are_checked():
     with pytest.raises(ValueError, match="'ddp', 'fsdp'"):
-        distributed.resolve_strategy("zero3")
+        parallel.resolve_strategy("zero3")
     with pytest.raises(ValueError, match="'ddp', 'fsdp'"):
-        distributed.wrap_model(toy_model(), "deepspeed", "cpu")
+        parallel.wrap_model(toy_model(), "deepspeed", "cpu")
     train, _ = toy_loaders()
     with pytest.raises(ValueError, match="parallel strategy must be one of"):
         Trainer(toy_model(), train, parallel="fdsp", save_checkpoints=False)
@@ -427,7 +428,7 @@ def test_fsdp_units_are_the_transformer_blocks():
     from speedkit.models import get_model
 
     model = get_model("gpt-nano")
-    units = distributed.shard_units(model)
+    units = parallel.shard_units(model)
     assert units == list(model.transformer.h)  # the tied embedding / head stays with the root
 
 

@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from prerequisites import import_or_missing
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,7 +26,7 @@ def build_docs():
 
 def test_every_reference_in_speedkits_docstrings_names_something_that_exists(build_docs):
     modules = build_docs.module_names()
-    assert {"speedkit.trainer", "speedkit.export", "speedkit.algorithms.ema"} <= set(modules)
+    assert {"speedkit.train.trainer", "speedkit.cli.export", "speedkit.methods.ema"} <= set(modules)
     assert not any("._" in name or name.endswith("__main__") for name in modules)
     assert build_docs.broken_docstring_references(modules) == []
 
@@ -45,7 +44,7 @@ def test_a_reference_to_nothing_is_reported(build_docs, tmp_path, monkeypatch):
 
 
 def test_method_pages_come_from_the_cards(build_docs, tmp_path):
-    from speedkit.algorithms import REGISTRY
+    from speedkit.methods import REGISTRY
 
     pages = build_docs.write_method_pages(tmp_path)
     assert sorted(p.stem for p in pages) == sorted(REGISTRY)
@@ -58,14 +57,14 @@ def test_method_pages_come_from_the_cards(build_docs, tmp_path):
 
 
 def test_the_rendered_algorithms_reference_has_no_broken_links(build_docs, tmp_path):
-    modules = ["speedkit", "speedkit.algorithms"] + [
-        name for name in build_docs.module_names() if name.startswith("speedkit.algorithms.")]
+    modules = ["speedkit", "speedkit.methods"] + [
+        name for name in build_docs.module_names() if name.startswith("speedkit.methods.")]
     assert build_docs.build(tmp_path, modules) == []
     assert (tmp_path / "speedkit" / "algorithms" / "ema.html").is_file()
-    assert "<a href='../speedkit/algorithms/ema.html#EMA'>" in (tmp_path / "methods" / "ema.html").read_text()
+    assert "<a href='../speedkit/methods/ema.html#EMA'>" in (tmp_path / "methods" / "ema.html").read_text()
 
-    (tmp_path / "methods" / "ema.html").write_text("<a href='../speedkit/algorithms/ema.html#NoSuchClass'>x</a>"
+    (tmp_path / "methods" / "ema.html").write_text("<a href='../speedkit/methods/ema.html#NoSuchClass'>x</a>"
                                                    "<script src='https://cdn.example/x.js'></script>")
     assert sorted(build_docs.broken_links(tmp_path)) == [
-        "methods/ema.html: ../speedkit/algorithms/ema.html#NoSuchClass (no such anchor)",
+        "methods/ema.html: ../speedkit/methods/ema.html#NoSuchClass (no such anchor)",
         "methods/ema.html: loads https://cdn.example/x.js from the network"]

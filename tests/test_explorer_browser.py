@@ -15,10 +15,9 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 from helpers import needs_fmnist
-from prerequisites import import_or_missing
 from lab_server import CHROMIUM, CHROMIUM_FLAGS, lab_server, run_all_cells
+from prerequisites import import_or_missing
 
 REPO = Path(__file__).resolve().parents[1]
 ARTIFACTS = Path(os.environ.get("SPEEDKIT_ARTIFACTS", REPO / "runs" / "test-artifacts")) / "browser"
@@ -36,7 +35,7 @@ def jupyter_lab(tmp_path):
 
 def _explorer_notebook(folder: Path, out_dir: Path) -> Path:
     """The explorer notebook with small parameters injected after its parameters cell, as papermill would."""
-    from speedkit.notebooks import parameterized_copy
+    from speedkit.cli.notebooks import parameterized_copy
 
     return parameterized_copy(REPO / "notebooks" / "01_method_explorer.ipynb",
                               {"live": True, "device": "cpu", "duration": "40ba", "data_fraction": 0.1,

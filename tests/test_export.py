@@ -4,18 +4,17 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import toy_loaders, toy_model
+from prerequisites import import_or_missing
 from torch.utils.data import DataLoader, TensorDataset
 
 import speedkit.functional as sf
 from speedkit import Trainer
-from speedkit.algorithms import EMA, SWA, BlurPool, ChannelsLast, IdentityInit, SqueezeExcite
-from speedkit.checkpoint import load_checkpoint
-from speedkit.cli import main as cli
-from speedkit.export import export_weights
+from speedkit.cli.export import export_weights
+from speedkit.cli.main import main as cli
+from speedkit.methods import EMA, SWA, BlurPool, ChannelsLast, IdentityInit, SqueezeExcite
 from speedkit.models import get_model
-
-from helpers import toy_loaders, toy_model
-from prerequisites import import_or_missing
+from speedkit.train.checkpoint import load_checkpoint
 
 SAFETENSORS_INSTALL = "pip install 'speedkit[export]'"
 
@@ -123,8 +122,8 @@ def test_the_cli_exports_a_run_and_refuses_a_folder_without_a_checkpoint(tmp_pat
 
 def test_tied_weights_are_written_under_both_names_and_stay_tied_in_the_fresh_model(tmp_path):
     # safetensors refuses tensors that share memory; the GPT ties its embedding and output weights
-    from speedkit.checkpoint import save_checkpoint
-    from speedkit.runs import RunRecord
+    from speedkit.record.runs import RunRecord
+    from speedkit.train.checkpoint import save_checkpoint
 
     torch.manual_seed(0)
     trained = get_model("gpt-nano")

@@ -18,12 +18,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import needs_fmnist, toy_loaders, toy_model
 
 from speedkit import RunRecord, Trainer
 from speedkit.callbacks import Callback, NaNGuard, NonFiniteLossError
-from speedkit.checkpoint import MAGIC, CheckpointError, load_checkpoint, save_checkpoint
-
-from helpers import needs_fmnist, toy_loaders, toy_model
+from speedkit.train.checkpoint import MAGIC, CheckpointError, load_checkpoint, save_checkpoint
 
 CHILD = Path(__file__).with_name("fault_child.py")
 BATCHES = 48  # fault_child.py: 2 epochs of 24 batches, a checkpoint every 5
@@ -602,7 +601,7 @@ def test_an_interrupt_that_cannot_wait_keeps_the_last_checkpoint(tmp_path, phase
 
 
 def ema_run(tmp_path, **kwargs):
-    from speedkit.algorithms import EMA
+    from speedkit.methods import EMA
 
     train, test = toy_loaders()
     return make_trainer(tmp_path, algorithms=[EMA(half_life="2ba")], eval_dataloader=test, eval_interval="2ba",
@@ -821,8 +820,8 @@ def test_a_failing_data_loader_or_loss_leaves_a_failed_record(tmp_path):
 
 def failing_write_on(call, monkeypatch):
     """The ``call``-th checkpoint write dies mid-way with a full disk, inside the real atomic write."""
-    import speedkit.checkpoint as checkpoint_module
-    from speedkit.runs import atomic_write_bytes
+    import speedkit.train.checkpoint as checkpoint_module
+    from speedkit.record.runs import atomic_write_bytes
 
     calls = {"n": 0}
     real_fsync = os.fsync

@@ -54,7 +54,7 @@ def test_image_folder_reads_train_and_val_folders_in_colour(tmp_path):
     write_image_folder(root / "train", per_class=20, rgb=True)
     write_image_folder(root / "val", per_class=5, rgb=True, offset=20)
     task = resolve_task("image-folder", data=root)
-    from speedkit.builtin_tasks import load_image_folder
+    from speedkit.tasks.builtin import load_image_folder
 
     arrays = load_image_folder(str(root.resolve()), 32, 0.1, 0)
     assert tuple(arrays.train_x.shape) == (60, 3, 32, 32) and tuple(arrays.val_x.shape) == (15, 3, 32, 32)

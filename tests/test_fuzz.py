@@ -21,16 +21,15 @@ import torch
 import yaml
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
+from method_harness import tiny_vision
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
 from speedkit import Time, Trainer
-from speedkit.algorithms import REGISTRY, build_algorithms, get_algorithm
 from speedkit.core import Algorithm, TimeUnit
+from speedkit.methods import REGISTRY, build_algorithms, get_algorithm
 from speedkit.optim.schedulers import SCHEDULES
-from speedkit.recipes import RECIPES, Recipe, get_recipe
 from speedkit.tasks import recipe_parts
-
-from method_harness import tiny_vision
+from speedkit.tasks.recipes import RECIPES, Recipe, get_recipe
 
 COUNTS: dict[str, list[int]] = {}  # test -> [configurations tried, accepted]; conftest.py prints the totals
 SCALE = float(os.environ.get("SPEEDKIT_FUZZ_SCALE", "1"))  # e.g. 20 for a long hunt; 1 keeps the file under a minute

@@ -7,9 +7,9 @@ import shutil
 import pytest
 from prerequisites import import_or_missing
 
-from speedkit.algorithms import REGISTRY
 from speedkit.core import Event
 from speedkit.data.text import DEFAULT_TEXT_ROOT
+from speedkit.methods import REGISTRY
 from speedkit.tasks import make_trainer
 
 pytestmark = pytest.mark.prerequisite("python-docs")

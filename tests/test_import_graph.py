@@ -12,16 +12,20 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1] / "speedkit"
 
-# The layers that build runs: they must never import the entry points above them.
-ENTRY_POINTS = ("speedkit.tasks", "speedkit.recipes", "speedkit.ui", "speedkit.bench", "speedkit.tune",
-                "speedkit.cli", "speedkit.notebooks", "speedkit.demo", "speedkit.compare")
-LOOP = ("speedkit.core", "speedkit.algorithms", "speedkit.callbacks", "speedkit.optim", "speedkit.data",
-        "speedkit.models", "speedkit.trainer", "speedkit.parts", "speedkit.checkpoint", "speedkit.distributed",
-        "speedkit.validation", "speedkit.microbatching", "speedkit.batches", "speedkit.sigterm",
-        "speedkit.loggers", "speedkit.metrics", "speedkit.runs", "speedkit.devices", "speedkit.seeding",
-        "speedkit.functional")
-# Below everything: what any module may import without a cycle.
-BOTTOM = ("speedkit.version", "speedkit.seeding")
+# The layers, bottom to top, as folders (and the few top-level modules) of speedkit/. A module imports only
+# from its own layer or the ones below it. Peers in one layer may import each other (no cycles, tested below).
+LAYERS = (
+    ("version",),
+    ("core",),
+    ("record",),
+    ("methods", "functional", "optim", "data", "models", "callbacks"),
+    ("train",),
+    ("tasks",),
+    ("experiments",),
+    ("ui", "cli"),
+    ("__init__", "__main__"),
+)
+BOTTOM = ("speedkit.version", "speedkit.core.seeding")  # what any module may import without a cycle
 
 
 def _module_name(path: Path) -> str:
@@ -98,8 +102,8 @@ def _cycles() -> list[list[str]]:
 
 
 def test_the_graph_is_read():
-    assert {"speedkit.trainer", "speedkit.core.engine", "speedkit.algorithms.ema"} <= set(MODULES)
-    assert "speedkit.checkpoint" in GRAPH["speedkit.trainer"]
+    assert {"speedkit.train.trainer", "speedkit.core.engine", "speedkit.methods.ema"} <= set(MODULES)
+    assert "speedkit.train.checkpoint" in GRAPH["speedkit.train.trainer"]
 
 
 def test_no_import_cycles():
@@ -114,9 +118,18 @@ def test_core_imports_nothing_above_it():
     assert not {m: i for m, i in upward.items() if i}
 
 
-@pytest.mark.parametrize("layer", LOOP)
-def test_the_training_layers_never_import_the_entry_points(layer):
-    upward = {m: sorted(i for i in GRAPH[m] if _in(i, ENTRY_POINTS)) for m in MODULES if _in(m, (layer,))}
+def _layer(module: str) -> int:
+    room = module.split(".")[1] if "." in module else "__init__"
+    return next(i for i, rooms in enumerate(LAYERS) if room in rooms)
+
+
+def test_every_folder_of_speedkit_is_a_layer():
+    rooms = {p.stem for p in ROOT.iterdir() if (p.is_dir() and (p / "__init__.py").exists()) or p.suffix == ".py"}
+    assert rooms == {room for rooms in LAYERS for room in rooms}
+
+
+def test_imports_point_down_the_layers():
+    upward = {m: sorted(i for i in GRAPH[m] if _layer(i) > _layer(m)) for m in MODULES}
     assert not {m: i for m, i in upward.items() if i}
 
 
@@ -124,17 +137,18 @@ def test_the_bottom_imports_nothing_of_speedkit():
     assert not {m: GRAPH[m] for m in BOTTOM if GRAPH[m]}
 
 
-def test_distributed_and_checkpoint_sit_below_the_trainer():
-    assert not GRAPH["speedkit.distributed"] - set(BOTTOM)  # only collectives and torch: no data, no trainer
-    assert "speedkit.trainer" not in GRAPH["speedkit.checkpoint"]
+def test_parallel_and_checkpoint_sit_below_the_trainer():
+    assert not GRAPH["speedkit.core.distributed"] - set(BOTTOM)  # only collectives and torch: no data, no trainer
+    assert not GRAPH["speedkit.train.parallel"] - {"speedkit.core.distributed", *BOTTOM}
+    assert "speedkit.train.trainer" not in GRAPH["speedkit.train.checkpoint"]
 
 
 def test_the_trainer_keeps_the_loop_only():
     """trainer.py names no method (what a method varies comes from its card) and branches on no parallel
-    strategy (the plan in speedkit.distributed does); it stays short enough to read in one sitting."""
-    from speedkit.algorithms import REGISTRY
+    strategy (the plan in speedkit.core.distributed does); it stays short enough to read in one sitting."""
+    from speedkit.methods import REGISTRY
 
-    source = (ROOT / "trainer.py").read_text()
+    source = (ROOT / "train" / "trainer.py").read_text()
     tree = ast.parse(source)
     strings = {node.value for node in ast.walk(tree) if isinstance(node, ast.Constant) and isinstance(node.value, str)}
     assert not strings & set(REGISTRY)
@@ -144,16 +158,16 @@ def test_the_trainer_keeps_the_loop_only():
 
 
 def _package_of(module: str) -> str:
-    """The room a module belongs to: its subpackage (speedkit.algorithms) or itself (speedkit.trainer).
-    speedkit.functional is the algorithms' functional face (it re-exports their forms), so it is theirs."""
+    """The room a module belongs to: its subpackage (speedkit.methods) or itself (speedkit.train.trainer).
+    speedkit.functional is the methods' functional face (it re-exports their forms), so it is theirs."""
     if module == "speedkit.functional":
-        return "speedkit.algorithms"
+        return "speedkit.methods"
     parts = module.split(".")
     return ".".join(parts[:2])
 
 
 def test_no_private_name_is_imported_across_packages():
-    """What packages share is public (core.algorithm.show, runs.json_safe, speedkit.seeding, ...)."""
+    """What packages share is public (core.algorithm.show, runs.json_safe, speedkit.core.seeding, ...)."""
     crossing = []
     for module, path in MODULES.items():
         for node in ast.walk(ast.parse(path.read_text())):

@@ -10,13 +10,12 @@ import time
 from pathlib import Path
 
 import pytest
-
-from speedkit import Trainer
-from speedkit.algorithms import LabelSmoothing
-from speedkit.loggers import CSVLogger, TensorBoardLogger
-
 from helpers import needs_fmnist, toy_loaders, toy_model
 from prerequisites import import_or_missing
+
+from speedkit import Trainer
+from speedkit.methods import LabelSmoothing
+from speedkit.record.loggers import CSVLogger, TensorBoardLogger
 
 
 def fit_toy(tmp_path, loggers, run_name="run"):
@@ -248,7 +247,7 @@ TINY_RUN = ["--duration", "4ba", "--batch-size", "64", "--data-fraction", "0.02"
 
 
 def recipe_file(tmp_path, loggers) -> str:
-    from speedkit.recipes import get_recipe
+    from speedkit.tasks.recipes import get_recipe
 
     recipe = dataclasses.replace(get_recipe("fashion-mnist", "plain"), name="logged", loggers=loggers)
     path = tmp_path / "logged.yaml"
@@ -258,7 +257,7 @@ def recipe_file(tmp_path, loggers) -> str:
 
 @needs_fmnist
 def test_a_recipe_files_loggers_log_its_runs_and_the_cli_flag_replaces_them(tmp_path):
-    from speedkit.cli import main
+    from speedkit.cli.main import main
 
     recipe = recipe_file(tmp_path, ["csv"])
     assert "loggers:\n- csv" in (tmp_path / "logged.yaml").read_text()
@@ -275,7 +274,7 @@ def test_a_recipe_files_loggers_log_its_runs_and_the_cli_flag_replaces_them(tmp_
 
 
 def test_a_recipe_file_with_an_unknown_logger_is_refused_when_read(tmp_path):
-    from speedkit.recipes import Recipe
+    from speedkit.tasks.recipes import Recipe
 
     path = tmp_path / "bad.yaml"
     path.write_text(Path(recipe_file(tmp_path, ["csv"])).read_text().replace("- csv", "- tensorbord"))

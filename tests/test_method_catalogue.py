@@ -7,12 +7,11 @@ import itertools
 
 import pytest
 import torch
+from method_harness import run_steps, tiny_language, tiny_vision
 
-from speedkit.algorithms import REGISTRY
 from speedkit.core import IncompatibleMethodsError
 from speedkit.core.algorithm import DOMAINS, STAGES
-
-from method_harness import run_steps, tiny_language, tiny_vision
+from speedkit.methods import REGISTRY
 
 COMPOSER_METHODS = [
     "alibi", "augmix", "blurpool", "channels_last", "colout", "cutmix", "cutout", "ema", "factorize",
@@ -123,8 +122,8 @@ def test_every_method_module_is_exported_by_name():
     """algorithms/__init__.py imports each method class by name (no discovery): a new module must be listed."""
     import pkgutil
 
-    import speedkit.algorithms as package
-    from speedkit.algorithms import METHODS
+    import speedkit.methods as package
+    from speedkit.methods import METHODS
 
     modules = {info.name for info in pkgutil.iter_modules(package.__path__) if not info.name.startswith("_")}
     listed = {cls.__module__.rpartition(".")[2] for cls in METHODS}
@@ -134,7 +133,7 @@ def test_every_method_module_is_exported_by_name():
 
 def test_what_a_method_varies_over_a_run_comes_from_its_card():
     """DDP's find_unused_parameters and FSDP's refusal read ``Algorithm.varies_parameters`` (from the card)."""
-    from speedkit.algorithms import EMA, LayerFreezing, StochasticDepth
+    from speedkit.methods import EMA, LayerFreezing, StochasticDepth
 
     assert LayerFreezing().varies_parameters and StochasticDepth(mode="block").varies_parameters
     assert not StochasticDepth(mode="sample").varies_parameters and not EMA().varies_parameters

@@ -2,36 +2,30 @@
 claims, each Trainer method to act at exactly its card's events, and each card to refuse bad parameters."""
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
-import pytest
-
-from speedkit import Trainer
-from speedkit.algorithms.alternating_flip import AlternatingFlip, alternating_flip_mask
-from speedkit.algorithms.augmix import AugMix, augmix_batch, mixing_weights
-from speedkit.algorithms.batch_size_warmup import BatchSizeWarmup, batch_size_at
-from speedkit.algorithms.colout import ColOut, colout_batch
-from speedkit.algorithms.cutmix import CutMix, cutmix_batch
-from speedkit.algorithms.cutout import CutOut, cutout_batch
-from speedkit.algorithms.data_echoing import DataEchoing, EchoingLoader, echo_batches
-from speedkit.algorithms.label_smoothing import LabelSmoothing
-from speedkit.algorithms.mixup import MixUp, mixup_batch
-from speedkit.algorithms.progressive_resizing import ProgressiveResizing, progressive_scale, resize_batch
-from speedkit.algorithms.randaugment import (OPERATIONS, RandAugment, apply_operation, apply_per_sample,
-                                             from_unit_range, loader_normalization, randaugment_batch,
-                                             to_unit_range)
-from speedkit.algorithms.selective_backprop import (SelectiveBackprop, per_sample_loss, select_hardest,
-                                                    should_select)
-from speedkit.algorithms.test_time_augmentation import TestTimeAugmentation, tta_logits
-from speedkit.core import Event, IncompatibleMethodsError
-from speedkit.core.algorithm import Algorithm, MethodCard
-from speedkit.data import Augment, BatchLoader
-
 from helpers import toy_loaders, toy_model
 from method_harness import run_steps, tiny_images, tiny_language, tiny_vision
 
-
-
+from speedkit import Trainer
+from speedkit.core import Event, IncompatibleMethodsError
+from speedkit.core.algorithm import Algorithm, MethodCard
+from speedkit.data import Augment, BatchLoader
+from speedkit.methods.alternating_flip import AlternatingFlip, alternating_flip_mask
+from speedkit.methods.augmix import AugMix, augmix_batch, mixing_weights
+from speedkit.methods.batch_size_warmup import BatchSizeWarmup, batch_size_at
+from speedkit.methods.colout import ColOut, colout_batch
+from speedkit.methods.cutmix import CutMix, cutmix_batch
+from speedkit.methods.cutout import CutOut, cutout_batch
+from speedkit.methods.data_echoing import DataEchoing, EchoingLoader, echo_batches
+from speedkit.methods.label_smoothing import LabelSmoothing
+from speedkit.methods.mixup import MixUp, mixup_batch
+from speedkit.methods.progressive_resizing import ProgressiveResizing, progressive_scale, resize_batch
+from speedkit.methods.randaugment import (OPERATIONS, RandAugment, apply_operation, apply_per_sample, from_unit_range,
+                                          loader_normalization, randaugment_batch, to_unit_range)
+from speedkit.methods.selective_backprop import SelectiveBackprop, per_sample_loss, select_hardest, should_select
+from speedkit.methods.test_time_augmentation import TestTimeAugmentation, tta_logits
 
 TRAIN_EVENTS = {Event.BEFORE_FORWARD, Event.BEFORE_LOSS, Event.EVAL_BATCH_END}
 

@@ -12,19 +12,18 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-
 from method_harness import run_steps, tiny_language
+
 from speedkit import Trainer
-from speedkit.algorithms import _attention as attention
-from speedkit.algorithms.alibi import ALiBi, alibi_slopes, apply_alibi
-from speedkit.algorithms.gated_linear_units import GatedLinearUnit, GatedLinearUnits, apply_gated_linear_units
-from speedkit.algorithms.qk_norm import QKNorm, QKNormalization, apply_qk_norm
-from speedkit.algorithms.relu_squared import ReLUSquared, ReLUSquaredActivation, apply_relu_squared, find_mlp_blocks
-from speedkit.algorithms.rotary_embeddings import RotaryEmbeddings, apply_rotary, apply_rotary_embeddings
-from speedkit.algorithms.seq_length_warmup import (SeqLengthWarmup, seq_length_at, split_sequences,
-                                                   truncate_sequences)
 from speedkit.core import Algorithm, Event, IncompatibleMethodsError, MethodCard
 from speedkit.core.algorithm import NothingToChangeError
+from speedkit.methods import _attention as attention
+from speedkit.methods.alibi import ALiBi, alibi_slopes, apply_alibi
+from speedkit.methods.gated_linear_units import GatedLinearUnit, GatedLinearUnits, apply_gated_linear_units
+from speedkit.methods.qk_norm import QKNorm, QKNormalization, apply_qk_norm
+from speedkit.methods.relu_squared import ReLUSquared, ReLUSquaredActivation, apply_relu_squared, find_mlp_blocks
+from speedkit.methods.rotary_embeddings import RotaryEmbeddings, apply_rotary, apply_rotary_embeddings
+from speedkit.methods.seq_length_warmup import SeqLengthWarmup, seq_length_at, split_sequences, truncate_sequences
 
 VOCAB, T = 64, 12
 

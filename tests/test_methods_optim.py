@@ -8,28 +8,26 @@ import math
 import pytest
 import torch
 import torch.nn as nn
+from method_harness import run_steps, tiny_language, tiny_vision
 
-from speedkit.algorithms.autocast import Autocast
-from speedkit.algorithms.budget_schedule import BudgetSchedule, StepBudgetSchedule, make_budget_schedule
-from speedkit.algorithms.ema import EMA, compute_ema_smoothing, ema_update, init_ema
-from speedkit.algorithms.gradient_clipping import GradientClipping, apply_gradient_clipping
-from speedkit.algorithms.layer_freezing import LayerFreezing, freezable_layers, freeze_fraction, freeze_layers
-from speedkit.algorithms.lookahead import Lookahead
-from speedkit.algorithms.muon import Muon, muon_parameter_names, split_for_muon
-from speedkit.algorithms.sam import SAM
-from speedkit.algorithms.swa import SWA, swa_update, update_batchnorm_statistics
-from speedkit.algorithms.torch_compile import TorchCompile
 from speedkit.core import Callback, Event
 from speedkit.core.algorithm import NothingToChangeError
+from speedkit.methods.autocast import Autocast
+from speedkit.methods.budget_schedule import BudgetSchedule, StepBudgetSchedule, make_budget_schedule
+from speedkit.methods.ema import EMA, compute_ema_smoothing, ema_update, init_ema
+from speedkit.methods.gradient_clipping import GradientClipping, apply_gradient_clipping
+from speedkit.methods.layer_freezing import LayerFreezing, freezable_layers, freeze_fraction, freeze_layers
+from speedkit.methods.lookahead import Lookahead
+from speedkit.methods.muon import Muon, muon_parameter_names, split_for_muon
+from speedkit.methods.sam import SAM
+from speedkit.methods.swa import SWA, swa_update, update_batchnorm_statistics
+from speedkit.methods.torch_compile import TorchCompile
 from speedkit.models import get_model
 from speedkit.optim.lookahead import Lookahead as LookaheadOptimizer
 from speedkit.optim.lookahead import lookahead_sync
 from speedkit.optim.muon import Muon as MuonOptimizer
 from speedkit.optim.muon import zeropower_via_newtonschulz
 from speedkit.optim.sam import SAM as SAMOptimizer
-
-from method_harness import run_steps, tiny_language, tiny_vision
-
 
 
 class Spy(Callback):

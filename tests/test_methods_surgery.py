@@ -8,27 +8,25 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-
-from speedkit.algorithms import REGISTRY
-from speedkit.algorithms._surgery import find_residual_blocks
-from speedkit.algorithms.blurpool import BlurConv2d, MaxBlurPool2d, apply_blurpool, blur_2d
-from speedkit.algorithms.factorize import FactorizedConv2d, FactorizedLinear, apply_factorization
-from speedkit.algorithms.ghost_batchnorm import apply_ghost_batchnorm
-from speedkit.algorithms.gyro_dropout import GyroDropoutLayer, apply_gyro_dropout
-from speedkit.algorithms.identity_init import apply_identity_init
-from speedkit.algorithms.low_precision_groupnorm import apply_low_precision_groupnorm
-from speedkit.algorithms.low_precision_layernorm import apply_low_precision_layernorm
-from speedkit.algorithms.patch_whitening import (WhitenedConv2d, add_missing_parameters, apply_patch_whitening,
-                                                 whitening_conv_from_images)
-from speedkit.algorithms.squeeze_excite import SqueezeExciteConv2d, apply_squeeze_excite
-from speedkit.algorithms.stochastic_depth import apply_stochastic_depth, stochastic_depth_layers
-from speedkit.algorithms.weight_standardization import apply_weight_standardization
-from speedkit.core import Event
-from speedkit.core.algorithm import NothingToChangeError
-from speedkit.models import get_model
-
 from method_harness import run_steps, tiny_language, tiny_vision
 
+from speedkit.core import Event
+from speedkit.core.algorithm import NothingToChangeError
+from speedkit.methods import REGISTRY
+from speedkit.methods._surgery import find_residual_blocks
+from speedkit.methods.blurpool import BlurConv2d, MaxBlurPool2d, apply_blurpool, blur_2d
+from speedkit.methods.factorize import FactorizedConv2d, FactorizedLinear, apply_factorization
+from speedkit.methods.ghost_batchnorm import apply_ghost_batchnorm
+from speedkit.methods.gyro_dropout import GyroDropoutLayer, apply_gyro_dropout
+from speedkit.methods.identity_init import apply_identity_init
+from speedkit.methods.low_precision_groupnorm import apply_low_precision_groupnorm
+from speedkit.methods.low_precision_layernorm import apply_low_precision_layernorm
+from speedkit.methods.patch_whitening import (WhitenedConv2d, add_missing_parameters, apply_patch_whitening,
+                                              whitening_conv_from_images)
+from speedkit.methods.squeeze_excite import SqueezeExciteConv2d, apply_squeeze_excite
+from speedkit.methods.stochastic_depth import apply_stochastic_depth, stochastic_depth_layers
+from speedkit.methods.weight_standardization import apply_weight_standardization
+from speedkit.models import get_model
 
 
 def resnet18():

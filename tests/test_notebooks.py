@@ -14,18 +14,18 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from prerequisites import import_or_missing  # noqa: E402
 
 import_or_missing("papermill")
 import_or_missing("nbval")
 nbformat = import_or_missing("nbformat")
 
-from speedkit.cli import main  # noqa: E402
-from speedkit.notebooks import (check_committed, declared_parameters, discover_notebooks, format_summary,  # noqa: E402
-                                is_check_cell, load_params, parameterized_copy, param_sets, run_notebooks)
-
 from helpers import needs_fmnist  # noqa: E402
+
+from speedkit.cli.main import main  # noqa: E402
+from speedkit.cli.notebooks import (check_committed, declared_parameters, discover_notebooks,  # noqa: E402
+                                    format_summary, is_check_cell, load_params, param_sets, parameterized_copy,
+                                    run_notebooks)
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = discover_notebooks(ROOT)
@@ -136,7 +136,7 @@ def test_benchmark_notebook_checks_pass_at_their_defaults_on_the_committed_resul
 
     defaults, code = _defaults_and_cells(name)
     entry = json.loads(SUMMARY.read_text())[task]
-    run_checks = lambda e: exec("import statistics\nfrom speedkit.runs import lower_is_better\n" + code[-1],  # noqa: E731
+    run_checks = lambda e: exec("import statistics\nfrom speedkit.record.runs import lower_is_better\n" + code[-1],  # noqa: E731
                                 {**defaults, "entry": e, "result": types.SimpleNamespace(paths={"summary_json": str(SUMMARY)})})
     run_checks(entry)
     with pytest.raises(AssertionError, match="median speed-up"):

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import needs_fmnist
 from torch.utils.data import DataLoader, Dataset, SequentialSampler
 
-from speedkit.batches import set_loader_epoch
 from speedkit.data import Augment, BatchLoader
 from speedkit.data.per_image import AlternatingFlips, alternate_flips, as_augment, per_image_transforms
-
-from helpers import needs_fmnist
+from speedkit.train.batches import set_loader_epoch
 
 N, SEED = 40, 7
 
@@ -100,7 +99,7 @@ def test_bad_augment_and_indexing_are_refused_clearly():
 def test_fashion_mnist_dataloader_path_flips_as_the_recipe_says(flip, wrapped, flip_step):
     import torchvision.transforms as T
 
-    from speedkit.builtin_tasks import fashion_mnist_torch_loader
+    from speedkit.tasks.builtin import fashion_mnist_torch_loader
 
     loader = fashion_mnist_torch_loader(32, {"crop_pad": 0, "flip": flip}, data_fraction=0.01, seed=SEED)
     dataset = loader.dataset

@@ -6,12 +6,11 @@ import statistics
 from pathlib import Path
 
 import pytest
-
-from speedkit.algorithms import build_algorithms
-from speedkit.recipes import RECIPES, get_recipe
-from speedkit.tasks import make_trainer
-
 from prerequisites import require
+
+from speedkit.methods import build_algorithms
+from speedkit.tasks import make_trainer
+from speedkit.tasks.recipes import RECIPES, get_recipe
 
 ALL = [(task, name) for task, recipes in RECIPES.items() for name in recipes]
 
@@ -24,8 +23,8 @@ def test_recipe_validates(task, name):
 
 
 def test_speed_up_presets_state_the_target_they_were_tuned_for_and_runs_measure_against_it(tmp_path):
-    from speedkit.recipes import BASELINES, Recipe
     from speedkit.tasks import TASKS, recipe_target
+    from speedkit.tasks.recipes import BASELINES, Recipe
 
     for task, recipes in RECIPES.items():
         for name, recipe in recipes.items():
@@ -48,7 +47,7 @@ SUMMARY = Path(__file__).resolve().parents[1] / "bench" / "results" / "summary.j
 
 @pytest.mark.parametrize("task", sorted(RECIPES))
 def test_what_a_recipe_says_it_reached_is_what_the_committed_benchmark_measured(task):
-    from speedkit.bench.profiles import task_key
+    from speedkit.experiments.bench.profiles import task_key
 
     entry = json.loads(SUMMARY.read_text())[task_key(task)]
     measured = {**entry.get("baselines", {"baseline": entry["baseline"]}), **entry["recipes"]}

@@ -1,14 +1,13 @@
-"""A user's own method, registered through ``speedkit.algorithms.register_method``, is named like a built-in one."""
+"""A user's own method, registered through ``speedkit.methods.register_method``, is named like a built-in one."""
 from __future__ import annotations
 
 import pytest
+from method_harness import run_steps, tiny_vision
 
 from speedkit import Algorithm, Event, MethodCard
-from speedkit.algorithms import REGISTRY, build_algorithms, get_algorithm, register_method, unregister_method
 from speedkit.core.algorithm import HParam
-from speedkit.tune.space import candidate_methods
-
-from method_harness import run_steps, tiny_vision
+from speedkit.experiments.tune.space import candidate_methods
+from speedkit.methods import REGISTRY, build_algorithms, get_algorithm, register_method, unregister_method
 
 
 class HalveInputs(Algorithm):

@@ -1,6 +1,6 @@
 """Checkpoints at fsspec URLs: written through fsspec's in-memory file system (a stand-in for s3:// or gs://) and
 a file:// URL, resumed on "another machine" (a fresh run folder) from the remote copies alone, and a remote file
-cut off mid-upload passed over by autoresume, as speedkit.storage says."""
+cut off mid-upload passed over by autoresume, as speedkit.train.storage says."""
 from __future__ import annotations
 
 import uuid
@@ -8,11 +8,10 @@ import uuid
 import fsspec  # a dependency of torch itself
 import pytest
 import torch
+from helpers import toy_loaders, toy_model
 
 from speedkit import Trainer
-from speedkit.checkpoint import LATEST, CheckpointError, load_checkpoint
-
-from helpers import toy_loaders, toy_model
+from speedkit.train.checkpoint import LATEST, CheckpointError, load_checkpoint
 
 
 @pytest.fixture

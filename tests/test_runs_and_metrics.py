@@ -6,14 +6,13 @@ import math
 
 import pytest
 import torch
+from helpers import toy_loaders, toy_model
 
 from speedkit import RunRecord, Trainer
 from speedkit.callbacks import SpeedMonitor, count_training_flops_per_sample
-from speedkit.devices import resolve_device, resolve_precision
-from speedkit.metrics import Accuracy, BitsPerByte, CrossEntropy, Perplexity
-from speedkit.runs import load_records, lower_is_better
-
-from helpers import toy_loaders, toy_model
+from speedkit.core.devices import resolve_device, resolve_precision
+from speedkit.record.metrics import Accuracy, BitsPerByte, CrossEntropy, Perplexity
+from speedkit.record.runs import load_records, lower_is_better
 
 
 def test_record_round_trip_and_time_to(tmp_path):
@@ -87,7 +86,7 @@ def test_devices_and_precision_choices():
 
 
 def test_auto_precision_on_a_cpu_follows_the_measured_bf16_speed(monkeypatch):
-    from speedkit import devices
+    from speedkit.core import devices
     cpu = torch.device("cpu")
     monkeypatch.setattr(devices, "cpu_bf16_speedup", lambda threads=None: 0.3)  # emulated bf16: slower
     assert resolve_precision("auto", cpu) == "fp32"
@@ -99,7 +98,7 @@ def test_auto_precision_on_a_cpu_follows_the_measured_bf16_speed(monkeypatch):
 
 
 def test_the_bf16_probe_really_times_this_cpu_and_the_record_keeps_it(tmp_path):
-    from speedkit.devices import cpu_bf16_speedup
+    from speedkit.core.devices import cpu_bf16_speedup
     threads = torch.get_num_threads()
     ratio = cpu_bf16_speedup(threads)
     assert math.isfinite(ratio) and 0.01 < ratio < 100
@@ -149,7 +148,7 @@ def test_rng_state_round_trips_through_a_checkpoint(tmp_path):
 
     import numpy as np
 
-    from speedkit.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
+    from speedkit.train.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
 
     random.seed(1), np.random.seed(2), torch.manual_seed(3)
     np.random.randn()  # leaves a cached gaussian in numpy's state

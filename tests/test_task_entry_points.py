@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 from prerequisites import import_or_missing
-
-from speedkit.cli import main
-from speedkit.tasks import TASKS
 from test_folder_tasks import write_image_folder
 from test_tasks import user_task
+
+from speedkit.cli.main import main
+from speedkit.tasks import TASKS
 
 pytestmark = pytest.mark.prerequisite("fashion-mnist")
 
@@ -71,7 +71,7 @@ def test_train_refuses_a_task_it_cannot_build_before_training(tmp_path, capsys, 
 # -- speedkit tune ---------------------------------------------------------------------------
 def test_tune_searches_a_user_task(tmp_path, monkeypatch):
     import_or_missing("optuna")
-    from speedkit.tune import TuneInputError, tune
+    from speedkit.experiments.tune import TuneInputError, tune
 
     monkeypatch.syspath_prepend(str(Path(__file__).parent))
     result = tune(user_task("tuned-fashion"), methods=["label_smoothing", "low_precision_layernorm"],
@@ -116,10 +116,10 @@ def test_the_explorer_greys_what_the_chosen_model_lacks(tmp_path):
 
 def test_the_explorer_greys_what_the_tasks_dict_batches_do_not_allow(tmp_path):
     pytest.importorskip("ipywidgets")
+    from test_tasks import DictCNN, fashion_tensors
     from torch.utils.data import DataLoader, TensorDataset
 
     from speedkit.ui import MethodExplorer
-    from test_tasks import DictCNN, fashion_tensors
 
     x, y = fashion_tensors(256)
 

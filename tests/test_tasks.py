@@ -12,10 +12,10 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import speedkit
 from speedkit.data import load_fashion_mnist
-from speedkit.metrics import Accuracy, CrossEntropy
-from speedkit.recipes import Recipe, get_recipe
-from speedkit.task import BUILT_IN
+from speedkit.record.metrics import Accuracy, CrossEntropy
 from speedkit.tasks import TASKS, get_task, make_trainer, register_task, resolve_task
+from speedkit.tasks.recipes import Recipe, get_recipe
+from speedkit.tasks.task import BUILT_IN
 
 pytestmark = pytest.mark.prerequisite("fashion-mnist")  # the user's data here is real images
 
@@ -171,8 +171,8 @@ def test_an_unknown_model_name_for_a_task_names_the_ones_that_fit(tmp_path):
 
 
 def test_fashion_mnist_evaluates_on_the_test_set_its_loaders_give():
-    from speedkit.builtin_tasks import fashion_mnist_eval
     from speedkit.data import fashion_mnist_loaders
+    from speedkit.tasks.builtin import fashion_mnist_eval
 
     request = speedkit.DataRequest(batch_size=64, device=torch.device("cpu"), seed=3, eval_fraction=0.05)
     _, expected = fashion_mnist_loaders(batch_size=64, seed=3, eval_fraction=0.05)
@@ -210,8 +210,8 @@ def test_a_registered_task_leaves_bare_preset_names_to_the_built_in_presets():
 def test_a_user_task_is_benchmarked_against_its_baseline_from_the_library_and_the_cli(tmp_path, monkeypatch):
     """`speedkit bench` takes a user's task like the built-in ones: its recipes against its baseline,
     interleaved by seed, its entry keyed by its name beside the others in summary.json."""
-    from speedkit.bench import run_benchmark
-    from speedkit.cli import main
+    from speedkit.cli.main import main
+    from speedkit.experiments.bench import run_benchmark
 
     task = user_task("bench-me")
     task.recipes["one-epoch"] = task.recipes["baseline"].with_changes(
@@ -235,5 +235,5 @@ def test_a_user_task_is_benchmarked_against_its_baseline_from_the_library_and_th
     assert set(summary) == {"bench-me", "bench-cli"}  # merged beside the first task's entry
     assert summary["bench-cli"]["baselines"]["baseline"]["runs"] == ["bench-cli-baseline-s0"]
     with pytest.raises(ValueError, match="unknown benchmark task 'nothing-such'.*register_task"):
-        from speedkit.bench import get_profile
+        from speedkit.experiments.bench import get_profile
         get_profile("nothing-such")

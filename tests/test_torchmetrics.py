@@ -4,12 +4,12 @@ sum (the two-rank run is in tests/test_distributed.py)."""
 from __future__ import annotations
 
 import pytest
-
-from speedkit import Trainer, distributed
-from speedkit.metrics import Accuracy, CrossEntropy, Evaluator, TorchMetric
-
 from helpers import toy_loaders, toy_model
 from prerequisites import import_or_missing
+
+from speedkit import Trainer
+from speedkit.core import distributed
+from speedkit.record.metrics import Accuracy, CrossEntropy, Evaluator, TorchMetric
 
 INSTALL = "pip install 'speedkit[metrics]'"
 

@@ -6,13 +6,12 @@ import time
 
 import pytest
 import torch
+from helpers import needs_fmnist, toy_loaders, toy_model
 
 from speedkit import RunRecord, Trainer
 from speedkit.callbacks import Callback, NonFiniteLossError
-from speedkit.checkpoint import CheckpointError, load_checkpoint
 from speedkit.optim import Cosine, Linear
-
-from helpers import needs_fmnist, toy_loaders, toy_model
+from speedkit.train.checkpoint import CheckpointError, load_checkpoint
 
 
 def fit(tmp_path, **kwargs):
@@ -153,7 +152,7 @@ def test_checkpoint_with_code_is_not_executed_even_with_a_valid_checksum(tmp_pat
     import hashlib
     import io
 
-    from speedkit.checkpoint import MAGIC
+    from speedkit.train.checkpoint import MAGIC
 
     monkeypatch.chdir(tmp_path)
     buffer = io.BytesIO()
@@ -326,7 +325,7 @@ class ComposerStyle(torch.nn.Module):
         return torch.nn.functional.cross_entropy(outputs, batch[1]) * 2.0
 
     def metrics(self):
-        from speedkit.metrics import Accuracy
+        from speedkit.record.metrics import Accuracy
 
         return {"top2": Accuracy(topk=2)}
 
@@ -366,10 +365,10 @@ def test_resume_is_exact_with_the_in_memory_loader_and_its_augmentation(tmp_path
 
 
 def test_recipe_parts_fill_what_was_not_given(tmp_path):
-    from speedkit.recipes import get_recipe
-    from speedkit.tasks import recipe_parts
-
     from method_harness import tiny_vision
+
+    from speedkit.tasks import recipe_parts
+    from speedkit.tasks.recipes import get_recipe
 
     model, train, test = tiny_vision()
     mild = get_recipe("fashion-mnist", "mild")
@@ -404,7 +403,7 @@ def test_the_checkpointer_follows_its_parallel_plan(tmp_path):
     ranks writes none), and otherwise keeps the last one and the record's note of it."""
     import dataclasses
 
-    from speedkit.distributed import SingleProcess
+    from speedkit.train.parallel import SingleProcess
 
     trainer, record = fit(tmp_path, max_duration="2ba")
     folder = tmp_path / "r" / "checkpoints"

@@ -15,14 +15,13 @@ import time
 from pathlib import Path
 
 import pytest
-
 from prerequisites import import_or_missing  # noqa: E402
 
 optuna = import_or_missing("optuna")
 
-from speedkit.recipes import BASELINES, Recipe  # noqa: E402
-from speedkit.tune import TuneInputError, parse_budget, penalized, tune  # noqa: E402
-from speedkit.tune.space import SearchSpace, recipe_params, suggest_recipe  # noqa: E402
+from speedkit.experiments.tune import TuneInputError, parse_budget, penalized, tune  # noqa: E402
+from speedkit.experiments.tune.space import SearchSpace, recipe_params, suggest_recipe  # noqa: E402
+from speedkit.tasks.recipes import BASELINES, Recipe  # noqa: E402
 
 TESTS = Path(__file__).parent
 FAKE = "tune_fakes:fake_run"
@@ -48,7 +47,7 @@ def _search_trials(storage: str, name: str = "tune", states=None):
 
 
 def _storage(path: str):
-    from speedkit.tune.storage import open_storage
+    from speedkit.experiments.tune.storage import open_storage
 
     return open_storage(path)
 
@@ -88,8 +87,8 @@ def test_conflicting_methods_are_never_proposed_together():
 
 
 def test_a_preset_maps_back_onto_its_point_of_the_space():
-    from speedkit.recipes import get_recipe
-    from speedkit.tune.space import full_space
+    from speedkit.experiments.tune.space import full_space
+    from speedkit.tasks.recipes import get_recipe
 
     base, mild = get_recipe("fashion-mnist", "baseline"), get_recipe("fashion-mnist", "mild")
     space = full_space(base, [*mild.methods, "ema"], "cpu")
@@ -106,9 +105,9 @@ def test_card_ranges_are_narrowed_to_what_acts_on_the_model_and_trials_stay_insi
     import torch
 
     import speedkit.functional as sf
+    from speedkit.experiments.tune.space import fit_hparams_to_model, full_space, suggest_hparams
     from speedkit.models import get_model
-    from speedkit.recipes import get_recipe
-    from speedkit.tune.space import fit_hparams_to_model, full_space, suggest_hparams
+    from speedkit.tasks.recipes import get_recipe
 
     base = get_recipe("fashion-mnist", "plain-bf16").with_changes(loader="memory")
     methods = ["squeeze_excite", "weight_standardization", "label_smoothing", "channels_last"]
@@ -135,7 +134,7 @@ def test_card_ranges_are_narrowed_to_what_acts_on_the_model_and_trials_stay_insi
 
 def _filled(methods: dict) -> dict:
     """Methods with every searched parameter at the card's default where not given (what they run with)."""
-    from speedkit.algorithms import REGISTRY
+    from speedkit.methods import REGISTRY
 
     return {name: {**{hp.name: hp.default for hp in REGISTRY[name].CARD.hparams if hp.name != "allow_empty"},
                    **params} for name, params in methods.items()}
@@ -194,7 +193,7 @@ def test_finds_the_planted_best_and_writes_a_loadable_recipe(tmp_path, fake_env)
     names = [c["recipe"]["name"] for c in result.summary["confirmation"]["candidates"][1:]] + [loaded.name]
     assert not every_baseline & set(names), names
     # successive halving stopped trials that fell behind, once the search had found where the target lies
-    from speedkit.tune.search import PRUNER_STARTUP_TRIALS
+    from speedkit.experiments.tune.search import PRUNER_STARTUP_TRIALS
 
     search = [t for t in result.summary["trials"] if t["phase"] == "search"]
     pruned = [t["number"] for t in search if t["stop_reason"] == "pruned"]
@@ -203,8 +202,8 @@ def test_finds_the_planted_best_and_writes_a_loadable_recipe(tmp_path, fake_env)
     loo = result.summary["confirmation"]["leave_one_out"]
     assert set(loo) == set(result.recipe.methods) and loo["label_smoothing"]["slowdown"] > 1.5
     # every run is a RunRecord in one folder (re-scorable, and the board's leave-one-out reads it too)
-    from speedkit.compare import leave_one_out
-    from speedkit.runs import load_records
+    from speedkit.experiments.compare import leave_one_out
+    from speedkit.record.runs import load_records
 
     records = load_records(tmp_path / "runs")
     assert len(records) == len([t for t in result.summary["trials"] if t["record"]]) + 3 * 2 + len(loo)
@@ -227,7 +226,7 @@ def test_respects_the_wall_clock_budget(tmp_path, fake_env, monkeypatch):
 
 def test_resumes_after_a_kill_without_rerunning_finished_trials(tmp_path, fake_env):
     out, storage = tmp_path / "out", str(tmp_path / "out" / "study.journal")
-    script = (f"from speedkit.tune import tune; tune('fashion-mnist', methods=['ema', 'label_smoothing'], "
+    script = (f"from speedkit.experiments.tune import tune; tune('fashion-mnist', methods=['ema', 'label_smoothing'], "
               f"out_dir={str(out)!r}, runner={FAKE!r}, budget=300, trial_limit=12, max_trials=12, "
               f"max_baseline_trials=2, seeds_to_confirm=1, data_fraction=0.02, eval_fraction=0.05)")
     env = {**os.environ, "TUNE_FAKE_PACE": "0.05"}  # 0.1-0.6 s per fake run: time to kill one mid-run
@@ -289,7 +288,7 @@ def test_real_trainer_search_on_a_sliver_of_fashion_mnist(tmp_path):
     summary = result.summary
     finished = [t for t in summary["trials"] if t["record"]]
     assert finished, summary["trials"]
-    from speedkit.runs import RunRecord
+    from speedkit.record.runs import RunRecord
 
     for trial in finished:  # each trial is a real run, its record re-scorable from disk
         record = RunRecord.load(trial["record"])
@@ -312,7 +311,7 @@ def test_real_trainer_search_on_a_sliver_of_fashion_mnist(tmp_path):
     (["--budget", "tomorrow", "--methods", "ema"], "budget must be a wall-clock time"),
 ])
 def test_cli_refuses_bad_input_with_a_clear_message(tmp_path, capsys, args, message):
-    from speedkit.cli import main
+    from speedkit.cli.main import main
 
     code = main(["tune", "--out", str(tmp_path), "--data-fraction", "0.02", "--eval-fraction", "0.05", *args])
     assert code == 2
@@ -320,7 +319,7 @@ def test_cli_refuses_bad_input_with_a_clear_message(tmp_path, capsys, args, mess
 
 
 def test_cli_tune_writes_recipe_and_report(tmp_path, capsys, fake_env):
-    from speedkit.cli import main
+    from speedkit.cli.main import main
 
     code = main(["tune", "--task", "fashion-mnist", "--methods", "ema,label_smoothing", "--budget", "60s",
                  "--trial-limit", "12", "--max-trials", "8", "--max-baseline-trials", "2", "--seeds", "1",
@@ -332,8 +331,8 @@ def test_cli_tune_writes_recipe_and_report(tmp_path, capsys, fake_env):
 
 
 def test_the_winner_file_says_auto_where_the_search_chose_what_auto_picks_here(monkeypatch):
-    from speedkit import devices
-    from speedkit.tune.report import portable_precision
+    from speedkit.core import devices
+    from speedkit.experiments.tune.report import portable_precision
 
     monkeypatch.setattr(devices, "cpu_bf16_speedup", lambda threads=None: 1.8)  # bf16 measured fast here
     assert portable_precision("bf16", "cpu") == "auto"  # so another machine picks its own fast one
@@ -418,7 +417,7 @@ def test_ctrl_c_stops_the_cli_cleanly_and_the_same_command_continues(tmp_path, f
     assert child.returncode == 130, err[-2000:]
     assert "stopped; finished trials are kept" in err
     before = {t.number for t in _search_trials(storage) if t.state.is_finished()}
-    from speedkit.cli import main
+    from speedkit.cli.main import main
 
     assert main(command[3:]) == 0  # the same command, in this process, continues the search
     after = _search_trials(storage)

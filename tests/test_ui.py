@@ -8,19 +8,18 @@ import json
 import time
 
 import pytest
-
 from prerequisites import import_or_missing  # noqa: E402
 
 import_or_missing("ipywidgets")
 
 import plotly.graph_objects as go  # noqa: E402
-
 from helpers import needs_fmnist  # noqa: E402
-from speedkit.algorithms import build_algorithms  # noqa: E402
-from speedkit.compare import compare_table, leave_one_out, paired_speedups, pareto_front  # noqa: E402
+
 from speedkit.core.algorithm import IncompatibleMethodsError, check_compatibility  # noqa: E402
-from speedkit.recipes import RECIPES, Recipe  # noqa: E402
-from speedkit.runs import RunRecord  # noqa: E402
+from speedkit.experiments.compare import compare_table, leave_one_out, paired_speedups, pareto_front  # noqa: E402
+from speedkit.methods import build_algorithms  # noqa: E402
+from speedkit.record.runs import RunRecord  # noqa: E402
+from speedkit.tasks.recipes import RECIPES, Recipe  # noqa: E402
 from speedkit.ui import plots  # noqa: E402
 from speedkit.ui.board import RunBoard  # noqa: E402
 from speedkit.ui.config import RunConfig  # noqa: E402

@@ -1,6 +1,6 @@
 """A planted world for tests/test_tune.py: fake runs whose time to target is known in advance.
 
-``fake_run`` stands in for training (``speedkit.tune``'s ``runner=``): label_smoothing halves the time
+``fake_run`` stands in for training (``speedkit.experiments.tune``'s ``runner=``): label_smoothing halves the time
 to target, ema doubles it, a learning rate far from the base's slows it; everything else is neutral.
 It reports evaluations through the same TrialContext hooks as the real trainer, writes a RunRecord,
 and logs every start and end to ``$TUNE_FAKE_LOG`` so tests can see which trials ran.
@@ -12,8 +12,8 @@ import os
 import time
 
 from speedkit.core.algorithm import NothingToChangeError, check_compatibility
-from speedkit.algorithms import build_algorithms
-from speedkit.runs import RunRecord
+from speedkit.methods import build_algorithms
+from speedkit.record.runs import RunRecord
 
 BASE_TIME = 4.0  # fake training seconds to the target with nothing on
 REAL_SECONDS_PER_FAKE = float(os.environ.get("TUNE_FAKE_PACE", "0.01"))

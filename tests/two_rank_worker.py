@@ -16,9 +16,10 @@ from pathlib import Path
 import torch
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-from speedkit import Callback, RunRecord, Trainer, distributed
-from speedkit.checkpoint import load_checkpoint, load_sharded_checkpoint
+from speedkit import Callback, RunRecord, Trainer
+from speedkit.core import distributed
 from speedkit.data import BatchLoader
+from speedkit.train.checkpoint import load_checkpoint, load_sharded_checkpoint
 
 STEPS, GLOBAL_BATCH = 6, 16  # 8 samples per rank per step; accumulation splits them into microbatches of 4
 

@@ -5,9 +5,9 @@ import math
 
 import torch
 
-from speedkit import distributed
+from speedkit.core import distributed
 from speedkit.core.engine import Callback
-from speedkit.runs import lower_is_better
+from speedkit.record.runs import lower_is_better
 
 
 class LRMonitor(Callback):

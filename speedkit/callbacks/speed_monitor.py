@@ -8,8 +8,8 @@ import time
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from speedkit.core.devices import synchronize
 from speedkit.core.engine import Callback
-from speedkit.devices import synchronize
 
 
 @functools.cache

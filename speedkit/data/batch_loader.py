@@ -20,9 +20,9 @@ from typing import Iterator, Optional, Sequence, Union
 
 import torch
 
-from speedkit.distributed import resolve_shard, shard_span
+from speedkit.core.distributed import resolve_shard, shard_span
+from speedkit.core.seeding import make_generator
 
-from speedkit.seeding import make_generator
 from ._sharding import GlobalBatch
 
 FLIP_MODES = ("random", "alternating", None)

@@ -7,7 +7,8 @@ from typing import Optional, Union
 
 import torch
 
-from speedkit.seeding import make_generator
+from speedkit.core.seeding import make_generator
+
 from .batch_loader import Augment, BatchLoader
 from .fashion_mnist import load_fashion_mnist
 

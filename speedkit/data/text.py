@@ -17,9 +17,9 @@ from typing import Iterator, Optional, Sequence, Union
 
 import torch
 
-from speedkit.distributed import resolve_shard, shard_span
+from speedkit.core.distributed import resolve_shard, shard_span
+from speedkit.core.seeding import make_generator
 
-from speedkit.seeding import make_generator
 from ._sharding import GlobalBatch
 
 PathLike = Union[str, os.PathLike]

@@ -7,7 +7,7 @@ the slow ones. It damps the oscillation of the fast optimizer at little cost (on
 
 :func:`lookahead_sync` is the update on lists of tensors; :class:`Lookahead` wraps any optimizer for
 a plain PyTorch loop. The Trainer method ``lookahead`` keeps its own slow weights instead (see
-``speedkit.algorithms.lookahead``).
+``speedkit.methods.lookahead``).
 """
 from __future__ import annotations
 

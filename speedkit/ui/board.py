@@ -3,7 +3,7 @@
 A table (methods, parameters, final metric, time to target, speed-up over the baseline), a
 scatter of time to target against final metric with its Pareto frontier, and a bar chart of
 each method's share of the speed-up when leave-one-out runs exist. All of it is computed by
-``speedkit.compare`` from RunRecords, the same functions the benchmark reports with.
+``speedkit.experiments.compare`` from RunRecords, the same functions the benchmark reports with.
 """
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from typing import Callable
 
 import plotly.graph_objects as go
 
-from speedkit.compare import compare_table, final_metric, is_baseline, leave_one_out, pareto_front
-from speedkit.runs import RunRecord, load_records, lower_is_better
+from speedkit.experiments.compare import compare_table, final_metric, is_baseline, leave_one_out, pareto_front
+from speedkit.record.runs import RunRecord, load_records, lower_is_better
 
 
 def _fmt(value, spec: str, none: str = "–") -> str:

@@ -13,13 +13,13 @@ import functools
 
 import torch
 
-from speedkit.algorithms import REGISTRY, build_algorithms
 from speedkit.core import Event, State, Time
 from speedkit.core.algorithm import check_compatibility
-from speedkit.recipes import Recipe, get_recipe
 from speedkit.core.batch import BatchShapeError, is_dict_batch
-from speedkit.task import DataRequest, Task
+from speedkit.methods import REGISTRY, build_algorithms
 from speedkit.tasks import get_task, model_fit_problem
+from speedkit.tasks.recipes import Recipe, get_recipe
+from speedkit.tasks.task import DataRequest, Task
 
 
 @dataclasses.dataclass

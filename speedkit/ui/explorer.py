@@ -23,14 +23,14 @@ from pathlib import Path
 import ipywidgets as w
 import plotly.graph_objects as go
 
-from speedkit.algorithms import REGISTRY
-from speedkit.compare import latest_baseline
 from speedkit.core.algorithm import HParam
-from speedkit.devices import PRECISIONS
-from speedkit.recipes import RECIPES, get_recipe
-from speedkit.runs import RunRecord
-from speedkit.task import Task
+from speedkit.core.devices import PRECISIONS
+from speedkit.experiments.compare import latest_baseline
+from speedkit.methods import REGISTRY
+from speedkit.record.runs import RunRecord
 from speedkit.tasks import TASKS, get_task, resolve_task
+from speedkit.tasks.recipes import RECIPES, get_recipe
+from speedkit.tasks.task import Task
 from speedkit.ui import plots
 from speedkit.ui.board import RunBoard
 from speedkit.ui.config import RunConfig, method_misfits, unsuitable_reason
@@ -344,7 +344,7 @@ class MethodExplorer:
     # -- tune -------------------------------------------------------------------------------
     @property
     def tune_panel(self):
-        """The Tune panel (target, budget, methods; Start/Stop run ``speedkit.tune`` on a worker thread)."""
+        """The Tune panel (target, budget, methods; Start/Stop run ``speedkit.experiments.tune`` on a worker thread)."""
         if self._tune_panel is None:
             from speedkit.ui.tune_panel import TunePanel
 
@@ -354,7 +354,7 @@ class MethodExplorer:
 
     def tune(self, wait: bool = True, use_winner: bool = True, **arguments):
         """Search for the fastest recipe from here (headless under papermill): the Tune panel's settings,
-        overridden by any ``speedkit.tune`` argument. Trials appear on the run board as they finish; the
+        overridden by any ``speedkit.experiments.tune`` argument. Trials appear on the run board as they finish; the
         confirmed winner is loaded into the controls when ``use_winner``. Returns the TuneResult (or the
         worker thread when ``wait`` is false)."""
         self.tune_panel.refresh_methods()
@@ -365,7 +365,7 @@ class MethodExplorer:
 
     def refresh_measured(self) -> None:
         """Each method row's "measured here": what this task's records on the board say about it."""
-        from speedkit.tune.evidence import measured_here
+        from speedkit.experiments.tune.evidence import measured_here
 
         records = self.board.finished()
         for name, row in self.rows.items():

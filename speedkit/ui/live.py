@@ -11,7 +11,7 @@ import threading
 import traceback
 from typing import Callable
 
-from speedkit.runs import RunRecord
+from speedkit.record.runs import RunRecord
 
 
 class BackgroundRun:

@@ -1,4 +1,4 @@
-"""The explorer's Tune panel: ``speedkit.tune`` on a worker thread, its trials on the run board as they finish.
+"""The explorer's Tune panel: ``speedkit.experiments.tune`` on a worker thread, its trials on the run board as they finish.
 
 Target, budget and the methods the search may try are controls; Start runs the search off the
 kernel's main thread (so Stop, a widget event, is handled while it trains); each finished trial's
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import ipywidgets as w
 
-from speedkit.algorithms import REGISTRY
-from speedkit.runs import RunRecord
+from speedkit.methods import REGISTRY
+from speedkit.record.runs import RunRecord
 from speedkit.tasks import get_task
 from speedkit.ui.config import unsuitable_reason
 
@@ -63,7 +63,7 @@ class TunePanel:
             actions = w.HBox([self.start_button, self.stop_button, self.use_button, self.status])
             body = w.VBox([w.HBox([w.VBox([self.budget, self.target]), self.methods]), actions, self.best])
             self._widget = w.Accordion(children=[body])
-            self._widget.set_title(0, "Tune: search for the fastest recipe (speedkit.tune)")
+            self._widget.set_title(0, "Tune: search for the fastest recipe (speedkit.experiments.tune)")
             self._widget.selected_index = None
         return self._widget
 
@@ -73,7 +73,7 @@ class TunePanel:
 
     # -- running ----------------------------------------------------------------------------
     def start(self, wait: bool = False, **overrides):
-        """Start the search with the panel's settings (``overrides``: any other ``speedkit.tune`` argument).
+        """Start the search with the panel's settings (``overrides``: any other ``speedkit.experiments.tune`` argument).
 
         Returns the TuneResult when ``wait`` is true, else the worker thread.
         """
@@ -110,7 +110,7 @@ class TunePanel:
             self.status.value = "stopping at the next batch …"
 
     def _search(self, arguments: dict) -> None:
-        from speedkit.tune import tune
+        from speedkit.experiments.tune import tune
 
         try:
             self.result = tune(**arguments, on_trial=self._on_trial, should_stop=self._stop.is_set,

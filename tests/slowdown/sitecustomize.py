@@ -8,7 +8,7 @@ _FACTOR = float(os.environ.get("SPEEDKIT_TEST_SLOWDOWN") or 0)
 if _FACTOR > 1:
     import time
 
-    from speedkit.trainer import Trainer
+    from speedkit.train.trainer import Trainer
 
     _train_step = Trainer._train_step
 

@@ -1,0 +1,178 @@
+"""Trained weights for other tools: a run's checkpoint written as a plain state dict.
+
+``export_weights(run)`` writes ``model.safetensors`` (read with ``safetensors.torch.load_file``) or ``model.pt``
+(read with ``torch.load(path, weights_only=True)``); either loads with ``model.load_state_dict`` into a fresh
+model of the run's architecture. Which weights:
+
+- a run that finished (completed, stopped, target reached) ran FIT_END, where EMA and SWA load their average
+  into the model, so its last checkpoint already holds the weights the run ended with;
+- a checkpoint written before that (an interval checkpoint, an interrupted or terminated run) holds the raw
+  weights and the methods' averages beside them: the export takes the average FIT_END would have loaded
+  (SWA's before EMA's, as at FIT_END; EMA's only with ``final_weights="ema"``).
+
+Surgery: tensors are written contiguous (``channels_last`` is a memory layout, not a different model) and
+each under its own name (a tied weight is written under both names, so ``load_state_dict`` with
+``strict=True`` fills both). Methods that change the model's structure (``squeeze_excite`` adds layers,
+``weight_standardization`` renames weights to ``parametrizations.weight.original``) or its computation
+with the same names (``blurpool`` blurs before strided convolutions) cannot be undone on a state dict
+exactly. A fresh model must have the same methods applied first, with the run's parameters, through
+their functional forms (``speedkit.functional``): ``sf.apply_blurpool(model, **params)`` and so on.
+:attr:`ExportResult.model_methods` lists them, a safetensors file carries them in its metadata
+(key ``"speedkit.model_methods"``), and the CLI prints them.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from speedkit.record.runs import RunRecord, atomic_write_bytes
+from speedkit.train.checkpoint import LATEST, CheckpointError, load_checkpoint, load_sharded_checkpoint
+from speedkit.version import __version__
+
+FORMATS = {"safetensors": "model.safetensors", "pt": "model.pt"}
+WEIGHTS = ("auto", "model", "ema", "swa")
+FINISHED = ("completed", "stopped", "target_reached")  # statuses whose last checkpoint was written after FIT_END
+
+
+@dataclasses.dataclass
+class ExportResult:
+    path: Path
+    format: str
+    weights: str  # which tensors were written: "model", "ema" or "swa"
+    checkpoint: Path
+    model_methods: list  # [{"name", "params"}] of the run's methods that change the model; a fresh model needs them
+
+    def instructions(self) -> str:
+        """What a user runs to load the file, surgery included."""
+        reader = ("safetensors.torch.load_file(path)" if self.format == "safetensors"
+                  else "torch.load(path, weights_only=True)")
+        lines = [f"wrote {self.path} ({self.weights} weights from {self.checkpoint})",
+                 f"load: model.load_state_dict({reader})"]
+        if self.model_methods:
+            calls = "; ".join(f"{m['name']}({m['params']})" for m in self.model_methods)
+            lines.append(f"this run changed the model ({calls}): apply the same methods to the fresh model first, "
+                         f"through speedkit.functional (e.g. sf.apply_blurpool(model, **params)), then load")
+        return "\n".join(lines)
+
+
+def find_checkpoint(run: str | os.PathLike) -> Path:
+    """The checkpoint of ``run``: a ``.ckpt`` file, or a run folder (its record's last checkpoint, else
+    ``checkpoints/latest.ckpt``)."""
+    run = Path(run)
+    if run.is_file():
+        return run
+    if not run.is_dir():
+        raise FileNotFoundError(f"no run at {run}: pass a run folder (runs/NAME) or a .ckpt file")
+    candidates = []
+    if (run / "record.json").is_file():
+        last = RunRecord.load(run).notes.get("last_checkpoint")
+        if last:
+            candidates.append(Path(last))
+    candidates.append(run / "checkpoints" / LATEST)
+    for path in candidates:
+        if path.is_file():
+            return path
+    raise FileNotFoundError(f"{run} has no checkpoint (looked for {', '.join(map(str, candidates))}); the run "
+                            f"was trained with save_checkpoints=False, or its checkpoints are in its save_folder: "
+                            f"pass that .ckpt file")
+
+
+def export_weights(run: str | os.PathLike, out: str | os.PathLike | None = None, format: str = "safetensors",
+                   weights: str = "auto") -> ExportResult:
+    """Write the trained weights of ``run`` (a run folder or a ``.ckpt`` file) to ``out`` (default: beside the
+    checkpoints, ``<run folder>/model.safetensors`` or ``model.pt``). ``weights``: ``auto`` (the weights the run
+    ended with, see the module notes), or ``model`` / ``ema`` / ``swa`` to pick one set."""
+    if format not in FORMATS:
+        raise ValueError(f"format must be one of {sorted(FORMATS)}, got {format!r}")
+    if weights not in WEIGHTS:
+        raise ValueError(f"weights must be one of {WEIGHTS}, got {weights!r}")
+    checkpoint = find_checkpoint(run)
+    payload = load_checkpoint(checkpoint)
+    if payload.get("sharded") is not None:  # FSDP: read the shards back as whole tensors in this process
+        payload = load_sharded_checkpoint(checkpoint, payload)
+    record = RunRecord.from_dict(json.loads(payload["record"]))
+    source = _choose_weights(payload, record, weights, checkpoint)
+    tensors = _plain_tensors(payload["model"] if source == "model" else _average(payload, source))
+    out = Path(out) if out else _default_out(run, checkpoint, format)
+    model_methods = _model_methods(record)
+    if format == "safetensors":
+        _write_safetensors(out, tensors, {"speedkit.version": __version__, "speedkit.run": record.name,
+                                          "speedkit.weights": source,
+                                          "speedkit.model_methods": json.dumps(model_methods)})
+    else:
+        atomic_write_bytes(out, _torch_bytes(tensors))
+    return ExportResult(out, format, source, checkpoint, model_methods)
+
+
+def _choose_weights(payload: dict, record: RunRecord, weights: str, checkpoint: Path) -> str:
+    averages = {name for name in ("swa", "ema") if _average(payload, name) is not None}
+    if weights != "auto":
+        if weights != "model" and weights not in averages:
+            raise ValueError(f"{checkpoint} holds no {weights} average (the run did not use {weights}, or it had "
+                             f"not started averaging); choose weights='model' or one of {sorted(averages)}")
+        return weights
+    if record.status in FINISHED:
+        return "model"  # FIT_END already loaded the average the run's methods chose
+    if "swa" in averages:
+        return "swa"
+    ema = next((m for m in record.methods if m.get("name") == "ema"), None)
+    if "ema" in averages and (ema or {}).get("params", {}).get("final_weights", "ema") == "ema":
+        return "ema"
+    return "model"
+
+
+def _average(payload: dict, name: str) -> dict | None:
+    state = payload.get("algorithms", {}).get(name) or {}
+    return state.get({"ema": "ema", "swa": "average"}[name])
+
+
+def _plain_tensors(state_dict: dict) -> dict[str, torch.Tensor]:
+    """CPU, contiguous, one storage per name: what safetensors writes and any model can load."""
+    return {name: t.detach().to("cpu").contiguous().clone() for name, t in state_dict.items()
+            if isinstance(t, torch.Tensor)}
+
+
+# Methods that write the model without changing what a fresh one needs to load and run the weights: a memory
+# layout (tensors are written contiguous), compilation in place, which parameters train, initial values only,
+# and norms that keep their parameters and only compute in lower precision.
+LOADS_AS_IS = ("channels_last", "torch_compile", "layer_freezing", "identity_init", "low_precision_groupnorm",
+               "low_precision_layernorm")
+
+
+def _model_methods(record: RunRecord) -> list:
+    from speedkit.methods import REGISTRY
+
+    return [m for m in record.methods if m.get("name") in REGISTRY and "model" in REGISTRY[m["name"]].CARD.writes
+            and m["name"] not in LOADS_AS_IS]
+
+
+def _default_out(run, checkpoint: Path, format: str) -> Path:
+    run = Path(run)
+    folder = run if run.is_dir() else checkpoint.parent
+    if folder.name == "checkpoints":
+        folder = folder.parent
+    return folder / FORMATS[format]
+
+
+def _write_safetensors(out: Path, tensors: dict, metadata: dict) -> None:
+    try:
+        from safetensors.torch import save
+    except ImportError:
+        raise ImportError("format='safetensors' needs the safetensors package: pip install 'speedkit[export]' "
+                          "(or use format='pt')") from None
+    atomic_write_bytes(out, save(tensors, metadata=metadata))
+
+
+def _torch_bytes(tensors: dict) -> bytes:
+    import io
+
+    buffer = io.BytesIO()
+    torch.save(tensors, buffer)
+    return buffer.getvalue()
+
+
+__all__ = ["ExportResult", "export_weights", "find_checkpoint", "CheckpointError"]

@@ -1,0 +1,706 @@
+"""Run the time-to-accuracy benchmark: baseline and recipes interleaved by seed, then summarise.
+
+Every run is built by ``speedkit.tasks.make_trainer`` and runs to its full budget, so a recipe's
+final metric is what it reaches in its own budget; its time to a target is read afterwards from
+the record's evaluations, whose ``wall_s`` is training wall clock with evaluation excluded.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import functools
+import json
+import math
+import statistics
+import time
+from pathlib import Path
+from typing import Callable, Sequence
+
+from speedkit.core.devices import resolve_device, resolve_precision
+from speedkit.core.time import Time
+from speedkit.experiments.bench.profiles import TASK_KEYS, BenchProfile, get_profile, task_key
+from speedkit.experiments.compare import final_metric
+from speedkit.experiments.compare import leave_one_out as leave_one_out_table
+from speedkit.experiments.compare import median_or_none, paired_speedups
+from speedkit.record.runs import RunRecord, environment, load_records, lower_is_better
+from speedkit.tasks import TASKS, make_trainer, resolve_task
+from speedkit.tasks.recipes import BASELINES, Recipe, get_recipe
+
+# Parts of a recipe besides its methods that a leave-one-out run can swap for the baseline's: together
+# with the methods they are the recipe's whole difference from the baseline.
+NON_METHOD_PARTS = ("precision", "loader", "augment", "budget", "schedule", "batch_size", "learning_rate",
+                    "optimizer")
+
+
+@dataclasses.dataclass
+class BenchResult:
+    key: str  # the task's key in summary.json ("vision", "language", or a user's task's name)
+    entry: dict  # this task's entry in summary.json
+    summary: dict  # the whole summary.json after merging
+    records: list[RunRecord]  # the main runs, in the order they ran
+    ablations: list[RunRecord]
+    paths: dict[str, Path]
+
+
+# -- building the runs -------------------------------------------------------------------------
+def apply_overrides(profile: BenchProfile, **overrides) -> BenchProfile:
+    """The profile with every override that is not None."""
+    given = {k: v for k, v in overrides.items() if v is not None}
+    return dataclasses.replace(profile, **given) if given else profile
+
+
+def scheduled_recipe(profile: BenchProfile, name: str) -> Recipe:
+    """The recipe as the profile runs it, with the profile's budget applied."""
+    recipe = profile.recipe(name)
+    duration = profile.duration or recipe.duration
+    if profile.duration_scale != 1.0:
+        duration = str(Time.from_string(duration) * profile.duration_scale)
+    return recipe.with_changes(duration=duration)
+
+
+def trainer_factory(profile: BenchProfile, recipe: Recipe, seed: int, run_name: str, run_dir: str | Path,
+                    bench_info: dict, extra_config: dict | None = None, **trainer_kwargs) -> Callable[..., object]:
+    """``make_trainer`` with everything a benchmark run needs bound; call it (with any last overrides,
+    such as a profile run's duration and callbacks) to build the Trainer."""
+    return functools.partial(
+        make_trainer, profile.task, recipe, seed=seed, device=profile.device, run_dir=str(run_dir),
+        run_name=run_name, data_fraction=profile.data_fraction, eval_fraction=profile.eval_fraction,
+        target=profile.target,
+        extra_config={"bench": bench_info, "seed": seed, **(extra_config or {})},
+        **{"save_checkpoints": False, **trainer_kwargs})  # benchmark runs are not resumed
+
+
+def run_one(profile: BenchProfile, recipe: Recipe, seed: int, run_name: str, run_dir: str | Path,
+            bench_info: dict, extra_config: dict | None = None, **trainer_kwargs) -> RunRecord:
+    """Build and fit one run; the time to build it (data into memory, model, INIT surgery) is ``setup_s``."""
+    started = time.perf_counter()
+    trainer = trainer_factory(profile, recipe, seed, run_name, run_dir, bench_info, extra_config, **trainer_kwargs)()
+    trainer.record.timings["setup_s"] = round(time.perf_counter() - started, 4)
+    return trainer.fit()
+
+
+def _bench_info(profile: BenchProfile, session: str, seed: int) -> dict:
+    return {"task": task_key(profile.task), "profile": profile.name, "session": session, "seed": seed}
+
+
+def run_interleaved(profile: BenchProfile, seeds: Sequence[int], run_dir: str | Path, session: str,
+                    log: Callable[[str], None] = print, on_record: Callable[[RunRecord], None] | None = None,
+                    **trainer_kwargs) -> list[RunRecord]:
+    """Every recipe once per seed, seed by seed (A B A B ...), so slow drifts of a shared machine
+    hit baseline and recipes alike and each seed's pair ran side by side."""
+    records, total = [], len(seeds) * len(profile.recipes)
+    for seed in seeds:
+        for name in profile.recipes:
+            run_name = f"{profile.task}-{name}-s{seed}"
+            record = run_one(profile, scheduled_recipe(profile, name), seed, run_name, run_dir,
+                             _bench_info(profile, session, seed), **trainer_kwargs)
+            records.append(record)
+            log(f"[{len(records)}/{total}] {_describe_run(record)}")
+            if on_record is not None:
+                on_record(record)  # e.g. a notebook's run board, filling as runs finish
+    return records
+
+
+# -- each baseline's budget ---------------------------------------------------------------------
+def _budget_in_steps(duration: str, step: Time, what: str) -> int:
+    """``duration`` as a whole number of ``step``s (a budget search moves a step at a time)."""
+    time = Time.from_string(duration)
+    steps = time.value / step.value
+    if time.unit != step.unit or steps != int(steps):
+        raise ValueError(f"a budget search in steps of {step} needs {what} in whole steps of it, got {duration!r}; "
+                         f"set the profile's budget_step to the unit of the baseline's budget")
+    return int(steps)
+
+
+def find_budget(profile: BenchProfile, name: str, seeds: Sequence[int], run_dir: str | Path, session: str,
+                log: Callable[[str], None] = print, start: str | None = None, **trainer_kwargs) -> dict:
+    """The shortest budget, in whole ``profile.budget_step``s (one epoch unless the profile says otherwise),
+    with which baseline ``name`` reaches the target in every seed.
+
+    Starts at ``start`` (default: the recipe's budget); goes down a step at a time while every seed
+    reaches the target, or up while some seed does not (to at most twice the start). Only whether a run
+    reaches the target matters here, not how fast, so the search need not run on a quiet machine, and
+    each run stops at the target (the main runs, afterwards, check that the end of the budget still
+    holds it). Returns ``{"budget", "tried": {budget: seeds that reached the target}}``; the runs are
+    marked ``config["bench"]["budget_search"]`` and are not the benchmark's main runs.
+    """
+    step = Time.from_string(profile.budget_step)
+    first = _budget_in_steps(start or scheduled_recipe(profile, name).duration, step,
+                             "the start" if start else f"{name}'s budget")
+    budget = lambda steps: f"{step.value * steps:g}{step.unit.value}"  # noqa: E731
+    tried: dict[str, int] = {}
+
+    def all_reach(steps: int) -> bool:
+        recipe = scheduled_recipe(profile, name).with_changes(duration=budget(steps))
+        reached = 0
+        for seed in seeds:
+            info = {**_bench_info(profile, session, seed), "budget_search": True}
+            record = run_one(profile, recipe, seed, f"{profile.task}-{name}-{budget(steps)}-s{seed}", run_dir, info,
+                             **{"stop_at_target": True, **trainer_kwargs})
+            reached += record.time_to_target is not None
+            log(f"[budget {name} {budget(steps)}] {_describe_run(record)}")
+            if record.time_to_target is None:
+                break  # one seed short is enough to reject this budget
+        tried[budget(steps)] = reached
+        return reached == len(seeds)
+
+    if all_reach(first):
+        best = first
+        while best > 1 and all_reach(best - 1):
+            best -= 1
+    else:
+        best = next((n for n in range(first + 1, 2 * first + 1) if all_reach(n)), None)
+        if best is None:
+            raise ValueError(f"baseline {name} did not reach the target in every seed within {budget(2 * first)}; "
+                             f"lower the target or give the baseline a longer budget")
+    return {"budget": budget(best), "tried": tried}
+
+
+def budget_hint(swept: dict, step: str) -> str | None:
+    """Where a budget search can start after a sweep: the pick's batches to the target, rounded up to
+    the step. The answer is near there but on either side: a shorter schedule decays sooner, which may
+    bring the target forward or, with too little time at the full learning rate, out of reach (the
+    search then goes up). None when the step is not in batches or the pick never reached the target."""
+    step_time = Time.from_string(step)
+    pick = next(t for t in swept["tried"] if {"lr": t["lr"], "schedule": t["schedule"]} == swept["pick"])
+    if step_time.unit.value != "ba" or pick.get("batches_to_target") is None:
+        return None
+    return f"{math.ceil(pick['batches_to_target'] / step_time.value) * step_time.value:g}ba"
+
+
+def sweep_grid(profile: BenchProfile, name: str) -> list[dict]:
+    """Every ``{"lr", "schedule"}`` the profile's sweep of baseline ``name`` tries, in order."""
+    grid = profile.sweeps.get(name)
+    if not grid:
+        raise ValueError(f"profile {profile.name!r} has no sweep for {name!r}; it sweeps {sorted(profile.sweeps)}")
+    recipe = scheduled_recipe(profile, name)
+    return [{"lr": lr, "schedule": dict(schedule)} for lr in grid.get("lr", (recipe.optimizer["lr"],))
+            for schedule in grid.get("schedule", (recipe.schedule,))]
+
+
+def sweep_point(profile: BenchProfile, name: str, point: dict, seed: int, run_dir: str | Path, session: str,
+                log: Callable[[str], None] = print, **trainer_kwargs) -> dict:
+    """One run of baseline ``name`` with ``point``'s learning rate and schedule, stopped at the target
+    (past it a candidate's run says nothing more about its rank); marked ``config["bench"]["sweep"]``."""
+    recipe = scheduled_recipe(profile, name)
+    # the grid's budget where it names one: the recipe's own may be the shorter one a budget search found
+    candidate = recipe.with_changes(optimizer={"lr": point["lr"]}, schedule=dict(point["schedule"]),
+                                    duration=profile.sweeps[name].get("budget", recipe.duration))
+    info = {**_bench_info(profile, session, seed), "sweep": True}
+    run_name = f"{profile.task}-{name}-lr{point['lr']:g}-{point['schedule']['name']}-s{seed}"
+    record = run_one(profile, candidate, seed, run_name, run_dir, info, **{"stop_at_target": True, **trainer_kwargs})
+    log(f"[sweep {name}] {_describe_run(record)}")
+    return swept_point(record)
+
+
+def swept_point(record: RunRecord) -> dict:
+    """What a sweep keeps of one of its runs (also to re-read a sweep from its run folder)."""
+    target = record.target or {}
+    return {"lr": record.config["recipe_spec"]["optimizer"]["lr"],
+            "schedule": dict(record.config["recipe_spec"]["schedule"]), "time_to_target_s": record.time_to_target,
+            "batches_to_target": record.time_to(target.get("metric"), target.get("value"), x="batch")
+            if target else None, "final_metric": final_metric(record), "run": record.name}
+
+
+def pick_swept(profile: BenchProfile, tried: Sequence[dict]) -> dict:
+    """The sweep's result: ``{"tried", "pick": {"lr", "schedule"}}``, the pick fastest to the target
+    (ties and misses: the best final metric).
+
+    Ranked by batches, not seconds: every candidate runs the same model and batch, so they agree, and
+    batches do not depend on what else the machine is doing (a sweep need not run on a quiet machine,
+    and its points may run in several processes at once)."""
+    metric = TASKS[profile.task].target_metric
+    best = min(tried, key=lambda t: _rank({"time_to_target_s": [t["batches_to_target"]],
+                                           "final_metric": [t["final_metric"]]}, metric))
+    return {"tried": list(tried), "pick": {"lr": best["lr"], "schedule": best["schedule"]}}
+
+
+def sweep_baseline(profile: BenchProfile, name: str, seed: int, run_dir: str | Path, session: str,
+                   log: Callable[[str], None] = print, **trainer_kwargs) -> dict:
+    """Run baseline ``name`` once (on ``seed``) for every learning rate and schedule of its sweep in the
+    profile (``sweep_grid``), and pick the fastest to the target (``pick_swept``).
+
+    Returns ``{"tried": [{"lr", "schedule", "time_to_target_s", "batches_to_target", "final_metric", "run"}],
+    "pick": {"lr", "schedule"}}``. The runs are not main runs.
+    """
+    tried = [sweep_point(profile, name, point, seed, run_dir, session, log, **trainer_kwargs)
+             for point in sweep_grid(profile, name)]
+    return pick_swept(profile, tried)
+
+
+def _describe_run(record: RunRecord) -> str:
+    reached = record.time_to_target
+    target = record.target or {}
+    when = f"reached {target.get('value')} at {reached:.1f}s" if reached is not None else "target not reached"
+    final = final_metric(record)
+    return (f"{record.name}: {record.timings.get('train_s', 0):.1f}s training, "
+            f"{record.timings.get('eval_s', 0):.1f}s eval apart, {when}, final "
+            f"{'-' if final is None else f'{final:.4f}'}")
+
+
+# -- leave-one-out -----------------------------------------------------------------------------
+def _part_value(recipe: Recipe, part: str):
+    """What ``part`` of a recipe is: a field, or the learning rate / the rest of the optimizer."""
+    if part == "budget":
+        return recipe.duration
+    if part == "learning_rate":
+        return recipe.optimizer.get("lr")
+    if part == "optimizer":
+        return {k: v for k, v in recipe.optimizer.items() if k != "lr"}
+    return getattr(recipe, part)
+
+
+def _swap_part(recipe: Recipe, part: str, reference: Recipe) -> dict:
+    """The field changes that give ``recipe`` the reference's ``part``."""
+    if part == "budget":
+        return {"duration": reference.duration}
+    if part == "learning_rate":
+        return {"optimizer": {**recipe.optimizer, "lr": reference.optimizer.get("lr")}}
+    if part == "optimizer":
+        return {"optimizer": {**reference.optimizer, "lr": recipe.optimizer.get("lr")}}
+    return {part: getattr(reference, part)}
+
+
+def ablation_changes(recipe: Recipe, reference: Recipe) -> dict[str, dict]:
+    """``{part left out: field changes}``: one per method the reference (a baseline) does not have as it
+    is, and one per non-method part where the recipe differs from the reference."""
+    changes = {}
+    for method, params in recipe.methods.items():
+        if reference.methods.get(method) == params:
+            continue  # the baseline has it too: not part of the difference
+        kept = {m: p for m, p in recipe.methods.items() if m != method}
+        if method in reference.methods:
+            kept[method] = reference.methods[method]
+        changes[method] = {"methods": kept}
+    for part in NON_METHOD_PARTS:
+        if _part_value(recipe, part) != _part_value(reference, part):
+            changes[part] = _swap_part(recipe, part, reference)
+    return changes
+
+
+def _without(recipe: Recipe, change: dict) -> Recipe:
+    # Not Recipe.with_changes: it skips None values, and the baseline's part may be None (no augmentation).
+    data = {**dataclasses.asdict(recipe), **change}
+    return Recipe(**data)
+
+
+def run_leave_one_out(profile: BenchProfile, records: Sequence[RunRecord], recipe_name: str, run_dir,
+                      session: str, log: Callable[[str], None] = print, rerun_full: bool = False,
+                      baseline: str = "baseline", **trainer_kwargs) -> list[RunRecord]:
+    """One run per part of ``recipe_name`` left out (given ``baseline``'s value for that part), on one
+    seed (the first whose full run reached the target), marked ``config["ablation"]`` for
+    ``speedkit.experiments.compare.leave_one_out``.
+
+    ``rerun_full`` first runs the whole recipe again on that seed and compares the ablations with this
+    reference (returned first), for main runs measured in another session: side by side or not at all.
+    """
+    full_runs = [r for r in records if r.config.get("recipe") == recipe_name]
+    full = next((r for r in full_runs if r.time_to_target is not None), full_runs[0])
+    seed = full.config["seed"]
+    recipe = scheduled_recipe(profile, recipe_name)
+    ablations = []
+    if rerun_full:
+        full = run_one(profile, recipe, seed, f"{full.name}-reference-{session}", run_dir,
+                       _bench_info(profile, session, seed), extra_config={"ablation": {"reference_for": full.name}},
+                       **trainer_kwargs)
+        ablations.append(full)
+        log(f"[leave-one-out] reference {_describe_run(full)}")
+    # "auto" precision compared as what it runs as here: "auto" against a bf16 baseline is no difference
+    device = resolve_device(profile.device)
+    recipe, reference = (r.with_changes(precision=resolve_precision(r.precision, device))
+                         for r in (recipe, scheduled_recipe(profile, baseline)))
+    for part, change in ablation_changes(recipe, reference).items():
+        run_name = f"{full.name}-without-{part}"
+        try:
+            record = run_one(profile, _without(recipe, change), seed, run_name, run_dir,
+                             _bench_info(profile, session, seed),
+                             extra_config={"ablation": {"of": full.name, "left_out": part, "against": baseline}},
+                             **trainer_kwargs)
+        except Exception as e:  # one ablation that cannot run must not cost the others
+            log(f"leave-one-out {run_name} failed: {type(e).__name__}: {e}")
+            record = RunRecord(name=run_name, status="failed", error=f"{type(e).__name__}: {e}",
+                               config={"recipe": recipe_name,
+                                       "ablation": {"of": full.name, "left_out": part, "against": baseline}})
+        ablations.append(record)
+        log(f"[leave-one-out] {_describe_run(record)}")
+    return ablations
+
+
+# -- summarising -------------------------------------------------------------------------------
+def _seed_of(record: RunRecord) -> int:
+    return record.config.get("seed", record.config.get("bench", {}).get("seed"))
+
+
+def _median_fraction_of_peak(record: RunRecord) -> float | None:
+    return median_or_none(row.get("throughput/fraction_of_peak") for row in record.steps)
+
+
+def _by_seed(records: Sequence[RunRecord], seeds: Sequence[int], value: Callable[[RunRecord], object]) -> list:
+    """``value(record)`` for each seed in order; None for a seed without a run."""
+    found = {_seed_of(r): r for r in records}
+    return [value(found[s]) if s in found else None for s in seeds]
+
+
+def target_key(value: float) -> str:
+    return f"{value:g}"
+
+
+def recipe_entry(records: Sequence[RunRecord], seeds: Sequence[int], targets: Sequence[float]) -> dict:
+    """One recipe's results, every list in seed order (None where a seed never got there)."""
+    metric = records[0].target["metric"]
+    return {
+        "runs": _by_seed(records, seeds, lambda r: r.name),
+        "methods": records[0].method_names,
+        "time_to_target_s": _by_seed(records, seeds, lambda r: r.time_to_target),
+        "final_metric": _by_seed(records, seeds, final_metric),
+        "train_s": _by_seed(records, seeds, lambda r: r.timings.get("train_s")),
+        "eval_s": _by_seed(records, seeds, lambda r: r.timings.get("eval_s")),
+        "setup_s": _by_seed(records, seeds, lambda r: r.timings.get("setup_s")),
+        "compile_s": _by_seed(records, seeds, lambda r: r.timings.get("compile_s")),
+        "flops_fraction_of_peak": _by_seed(records, seeds, _median_fraction_of_peak),
+        "time_to": {target_key(t): _by_seed(records, seeds, lambda r, t=t: r.time_to(metric, t)) for t in targets},
+    }
+
+
+def _add_speedups(entry: dict, baselines: dict[str, dict], strongest: str) -> None:
+    """Paired by seed against every baseline; a seed where either side never reached the target has no
+    speed-up. ``speedup`` and ``speedup_median`` are against the strongest baseline."""
+    entry["median_time_to_target_s"] = median_or_none(entry["time_to_target_s"])
+    entry["reached"] = sum(t is not None for t in entry["time_to_target_s"])
+    entry["speedup_vs"] = {name: paired_speedups(b["time_to_target_s"], entry["time_to_target_s"])
+                           for name, b in baselines.items()}
+    entry["speedup_median_vs"] = {name: median_or_none(v) for name, v in entry["speedup_vs"].items()}
+    entry["speedup"] = entry["speedup_vs"][strongest]
+    entry["speedup_median"] = entry["speedup_median_vs"][strongest]
+
+
+def _rank(entry: dict, metric: str) -> tuple[float, float]:
+    """Median time to target with a seed that never got there counting as infinitely slow (so one lucky
+    seed cannot win); ties, such as nothing reaching the target, go to the best median final metric."""
+    sign = 1.0 if lower_is_better(metric) else -1.0
+    times = [math.inf if t is None else t for t in entry["time_to_target_s"]]
+    median_final = median_or_none(entry["final_metric"])
+    return (statistics.median(times) if times else math.inf,
+            sign * median_final if median_final is not None else math.inf)
+
+
+def holds_target(entry: dict, metric: str, target: float) -> bool:
+    """Reached the target in every seed and still at or above it at the end of the budget."""
+    def at_target(value):
+        return value is not None and (value <= target if lower_is_better(metric) else value >= target)
+
+    return (bool(entry["time_to_target_s"]) and all(t is not None for t in entry["time_to_target_s"])
+            and all(at_target(v) for v in entry["final_metric"]))
+
+
+def pick_best(recipes: dict[str, dict], metric: str, target: float | None = None) -> str | None:
+    """The fastest recipe to the target (see ``_rank``). With ``target``, only recipes that hold it
+    (``holds_target``) can be best, and there may be none."""
+    if target is not None:
+        recipes = {name: entry for name, entry in recipes.items() if holds_target(entry, metric, target)}
+    return min(recipes, key=lambda name: _rank(recipes[name], metric)) if recipes else None
+
+
+def strongest_baseline(baselines: dict[str, dict], metric: str) -> str:
+    """The baseline fastest to the target (the one every headline speed-up is measured against)."""
+    return min(baselines, key=lambda name: _rank(baselines[name], metric))
+
+
+def _budget(records: Sequence[RunRecord]) -> str | None:
+    return records[0].config.get("recipe_spec", {}).get("duration")
+
+
+def summarize(records: Sequence[RunRecord], profile: BenchProfile, ablations: Sequence[RunRecord] = (),
+              time_breakdown: dict | None = None, budget_search: dict | None = None,
+              sweeps: dict | None = None) -> dict:
+    """This task's summary.json entry, from the main runs' records (and any leave-one-out runs).
+
+    ``baselines`` holds every baseline that ran (with its budget); ``baseline`` is the tutorial-style
+    one where it ran (else the strongest), ``recipes`` the speed-up recipes. Speed-ups are paired by
+    seed against each baseline (``speedup_vs``); the headline (``speedup_median``) is the best recipe's
+    against the strongest baseline. The best recipe must hold the target in every seed.
+    """
+    by_recipe: dict[str, list[RunRecord]] = {}
+    for record in records:
+        if "ablation" in record.config or record.config.get("bench", {}).get("profiling"):
+            continue  # records loaded from a run folder may include these
+        by_recipe.setdefault(record.config["recipe"], []).append(record)
+    baseline_names = [name for name in BASELINES[profile.task] if name in by_recipe]
+    if not baseline_names:
+        raise ValueError(f"a benchmark summary needs runs of a baseline ({', '.join(BASELINES[profile.task])}); "
+                         f"got runs of {sorted(by_recipe)}")
+    seeds = sorted({_seed_of(r) for rs in by_recipe.values() for r in rs})
+    target = dict(by_recipe[baseline_names[0]][0].target)
+    order = {name: i for i, name in enumerate(profile.recipes)}  # the profile's order, whatever ran when
+    entries = {name: {**recipe_entry(rs, seeds, profile.targets), "budget": _budget(rs)}
+               for name, rs in sorted(by_recipe.items(), key=lambda item: order.get(item[0], len(order)))}
+    baselines = {name: entries.pop(name) for name in baseline_names}
+    for name, found in (budget_search or {}).items():
+        baselines[name]["budget_search"] = found
+    for name, swept in (sweeps or {}).items():
+        baselines[name]["sweep"] = swept
+    strongest = strongest_baseline(baselines, target["metric"])
+    for entry in [*baselines.values(), *entries.values()]:
+        _add_speedups(entry, baselines, strongest)
+    best = pick_best(entries, target["metric"], target["value"])
+    best_entry = entries.get(best, {})
+    strongest_times = baselines[strongest]["time_to"]
+    summary = {
+        "task": profile.task, "profile": profile.name, "device": profile.device, "seeds": seeds,
+        "target": target, "report_targets": list(profile.targets),
+        "baseline": baselines.get("baseline", baselines[strongest]), "baselines": baselines,
+        "strongest_baseline": strongest, "recipes": entries, "best_recipe": best,
+        "speedup_median": best_entry.get("speedup_median"),
+        "speedup_vs": dict(best_entry.get("speedup_median_vs", {})),
+        "speedup_median_at": {key: median_or_none(paired_speedups(strongest_times[key], times))
+                              for key, times in best_entry.get("time_to", {}).items()},
+        "flops_fraction_of_peak": median_or_none(best_entry.get("flops_fraction_of_peak", [])),
+        "leave_one_out": summarize_leave_one_out(records, ablations) if ablations else None,
+        "machine": machine(profile.device, records),
+        # the sittings the main runs come from (one when all ran interleaved; more when a baseline or
+        # a recipe was run later, e.g. after a sweep, and paired by seed with the earlier runs)
+        "sessions": _sessions(records),
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "profile_spec": dataclasses.asdict(profile),
+    }
+    if time_breakdown is not None:
+        summary["time_breakdown"] = time_breakdown
+    return summary
+
+
+def _sessions(records: Sequence[RunRecord]) -> dict[str, list[str]]:
+    """``{benchmark session: recipes whose main runs it ran}``."""
+    sessions: dict[str, set] = {}
+    for record in records:
+        if "ablation" not in record.config:
+            sessions.setdefault(str(record.config.get("bench", {}).get("session")), set()).add(record.config["recipe"])
+    return {session: sorted(names) for session, names in sorted(sessions.items())}
+
+
+def summarize_leave_one_out(records: Sequence[RunRecord], ablations: Sequence[RunRecord]) -> dict:
+    """The ablated runs with compare.leave_one_out's slowdown and share of the speed-up for each part."""
+    left_out = [r for r in ablations if "left_out" in r.config["ablation"]]  # not a rerun reference
+    full_name = left_out[0].config["ablation"]["of"]
+    full = next(r for r in [*records, *ablations] if r.name == full_name)
+    against = left_out[0].config["ablation"].get("against", "baseline")
+    effects = leave_one_out_table([*records, *ablations], baseline=against).get(full_name, {})
+    parts = {}
+    for record in left_out:
+        part = record.config["ablation"]["left_out"]
+        parts[part] = {"run": record.name, "time_without_s": record.time_to_target,
+                       "final_metric": final_metric(record) if record.target else None,
+                       "slowdown": None, "share": None, "pays_off": None,
+                       **effects.get(part, {}), **({"error": record.error} if record.error else {})}
+    shares = [row["share"] for row in parts.values() if row.get("share") is not None]
+    needed = [part for part, row in parts.items() if row["time_without_s"] is None and "error" not in row]
+    return {"recipe": full.config["recipe"], "seed": _seed_of(full), "of": full_name, "against": against,
+            "reference_rerun": full not in records, "share_sum": sum(shares) if shares else None,
+            "not_reached_without": needed,
+            "time_to_target_s": full.time_to_target, "final_metric": final_metric(full), "parts": parts}
+
+
+def machine(device: str, records: Sequence[RunRecord] = ()) -> dict:
+    """Where the numbers were measured: CPU model, threads, torch version, and the measured matmul peak.
+
+    The runs' own environment where they recorded one (a summary may be written by another process,
+    with other threads), else this process's."""
+    used = [r.environment for r in records if r.environment.get("device")]
+    env = {**environment(used[0]["device"] if used else resolve_device(device)), **(used[0] if used else {})}
+    peaks = [r.environment.get("matmul_peak_flops") for r in records if r.environment.get("matmul_peak_flops")]
+    if peaks:
+        env["matmul_peak_flops"] = max(peaks)
+    return env
+
+
+def profile_recipe(profile: BenchProfile, name: str, seed: int, steps: int, run_dir: str | Path, session: str,
+                   **trainer_kwargs) -> dict:
+    """Where ``steps`` batches of one recipe spend their time, by Trainer phase (see bench.profiling)."""
+    from speedkit.experiments.bench.profiling import profile_steps
+
+    info = {**_bench_info(profile, session, seed), "profiling": True}
+    factory = trainer_factory(profile, scheduled_recipe(profile, name), seed, f"{profile.task}-{name}-profile",
+                              run_dir, info, **trainer_kwargs)
+    return {"recipe": name, **profile_steps(factory, steps)}
+
+
+# -- the whole benchmark -----------------------------------------------------------------------
+def _write_json(path: Path, data: dict, log: Callable[[str], None], what: str, flag: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=1))
+    log(f"{what} written to {path} (reuse them with {flag} {path})")
+
+
+def _with_sweep_picks(profile: BenchProfile, sweeps: dict) -> BenchProfile:
+    """The profile with each swept baseline's picked learning rate and schedule."""
+    unknown = sorted(set(sweeps) - set(profile.sweeps))
+    if unknown:
+        raise ValueError(f"sweeps for {unknown}, which this profile does not sweep ({sorted(profile.sweeps)}); "
+                         f"pass the <task>_sweeps.json that --sweep wrote for this task")
+    changes = {}
+    for name, swept in sweeps.items():
+        pick = swept["pick"]
+        changes[name] = {**profile.recipe_changes.get(name, {}),
+                         "optimizer": {"lr": pick["lr"]}, "schedule": dict(pick["schedule"])}
+    return dataclasses.replace(profile, recipe_changes={**profile.recipe_changes, **changes})
+
+
+def _names(value: Sequence[str] | str | None) -> list[str] | None:
+    if isinstance(value, str):
+        return [v.strip() for v in value.split(",") if v.strip()]
+    return None if value is None else list(value)
+
+
+def resolve_profile(task: str, profile: str | BenchProfile = "cpu", seeds: int | Sequence[int] | None = None,
+                    recipes: Sequence[str] | str | None = None, baselines: Sequence[str] | str | None = None,
+                    **overrides) -> tuple[BenchProfile, list[int]]:
+    """The profile with command-line style overrides, and the seeds to run.
+
+    ``recipes`` names the speed-up recipes and ``baselines`` the baselines to run them against (default:
+    every baseline of the task); each list replaces the profile's.
+    """
+    profile = get_profile(task, profile)
+    recipes, baselines = _names(recipes), _names(baselines)
+    for name in [*(recipes or []), *(baselines or [])]:
+        get_recipe(profile.task, name)  # a clear error for unknown names
+    if baselines is not None:
+        wrong = [b for b in baselines if b not in BASELINES[profile.task]]
+        if wrong or not baselines:
+            raise ValueError(f"baselines {wrong or baselines} are not baselines of {profile.task}; "
+                             f"choose from {list(BASELINES[profile.task])}")
+    if recipes is not None or baselines is not None:
+        baselines = baselines or list(BASELINES[profile.task])
+        speedups = [r for r in (recipes if recipes is not None else profile.recipes)
+                    if r not in BASELINES[profile.task]]
+        recipes = (*baselines, *speedups)  # every speed-up is measured against each baseline
+    seed_list = list(range(seeds)) if isinstance(seeds, int) else list(seeds) if seeds is not None else None
+    if seed_list is not None and not seed_list:
+        raise ValueError("seeds must be a positive count or a non-empty list of seeds")
+    profile = apply_overrides(profile, recipes=tuple(recipes) if recipes else None,
+                              seeds=len(seed_list) if seed_list else None, **overrides)
+    return profile, seed_list or list(range(profile.seeds))
+
+
+def reusable_runs(run_dir: str | Path, profile: BenchProfile, seeds: Sequence[int]) -> list[RunRecord]:
+    """The newest finished main run of each (recipe, seed) of ``profile`` under ``run_dir``."""
+    newest: dict[tuple, RunRecord] = {}
+    for record in load_records(run_dir):  # oldest first, so later ones replace earlier ones
+        bench = record.config.get("bench", {})
+        if (bench.get("task") != task_key(profile.task) or bench.get("profile") != profile.name
+                or bench.get("profiling") or bench.get("budget_search") or bench.get("sweep")
+                or "ablation" in record.config
+                or record.status == "failed"):
+            continue
+        if record.config.get("recipe") in profile.recipes and _seed_of(record) in seeds:
+            newest[(record.config["recipe"], _seed_of(record))] = record
+    missing = [(r, s) for r in profile.recipes for s in seeds if (r, s) not in newest]
+    if missing:
+        raise ValueError(f"cannot reuse the runs in {run_dir}: no finished {profile.task} run for "
+                         f"{', '.join(f'{r} seed {s}' for r, s in missing)}; run the benchmark without --reuse")
+    return [newest[(r, s)] for s in seeds for r in profile.recipes]
+
+
+def reusable_ablations(run_dir: str | Path, recipe: str) -> list[RunRecord]:
+    """The newest leave-one-out of ``recipe`` under ``run_dir`` (its reference rerun and its ablations,
+    from one session), or [] when there is none."""
+    by_session: dict[str, list[RunRecord]] = {}
+    for record in load_records(run_dir):
+        if "ablation" in record.config and record.config.get("recipe") == recipe and record.status != "failed":
+            by_session.setdefault(record.config.get("bench", {}).get("session", ""), []).append(record)
+    return by_session[max(by_session)] if by_session else []
+
+
+def run_benchmark(task, profile: str | BenchProfile = "cpu", seeds: int | Sequence[int] | None = None,
+                  recipes: Sequence[str] | str | None = None, out_dir: str | Path = "bench/results",
+                  run_dir: str | Path = "runs/bench", leave_one_out: bool = False, profile_steps: int = 0,
+                  figures: bool = True, log: Callable[[str], None] = print, *, reuse: bool = False,
+                  device: str | None = None,
+                  data_fraction: float | None = None, eval_fraction: float | None = None,
+                  eval_interval: str | None = None, duration: str | None = None,
+                  duration_scale: float | None = None, target: float | None = None,
+                  trainer_kwargs: dict | None = None, baselines: Sequence[str] | str | None = None,
+                  find_budgets: bool = False, budgets: dict | None = None, sweep: bool = False,
+                  sweeps: dict | None = None, on_record: Callable[[RunRecord], None] | None = None,
+                  data: str | None = None, task_options: dict | None = None) -> BenchResult:
+    """Benchmark ``task`` and merge its entry into ``out_dir/summary.json``.
+
+    ``task`` is ``"vision"``/``"language"`` (the built-in tasks), or any task ``speedkit.tasks.resolve_task``
+    accepts (a Task, a registered name, ``"package.module:attr"``, a folder task with ``data`` and
+    ``task_options``): its own
+    recipes are run against its baselines under the ``default_profiles``, and its entry is keyed by its name.
+
+    ``seeds`` is a count or a list; ``recipes`` names the speed-up recipes and ``baselines`` the
+    baselines (default: all of the task's). ``find_budgets`` first searches each baseline's budget
+    (``find_budget``) and runs the baselines with it, and ``budgets`` gives the result of an earlier
+    search (``{baseline: find_budget's result}``) instead; ``sweep`` first sweeps the learning rate and
+    schedule of each baseline that has a sweep in the profile (``sweep_baseline``, saved as
+    ``<out>/<task>_sweeps.json``) and runs it with the pick, and ``sweeps`` gives an earlier sweep's
+    result instead; a budget search after a sweep starts from the pick's batches to the target.
+    Keyword overrides replace the profile's fields; ``trainer_kwargs`` go to every make_trainer call;
+    ``on_record`` is called with each main run's record as it finishes. ``reuse`` takes the main runs
+    from ``run_dir`` instead of running them (to add a leave-one-out or a profile later); the
+    leave-one-out then reruns the full recipe beside its ablations; without ``leave_one_out`` the newest
+    leave-one-out of the best recipe already in ``run_dir`` is summarised.
+    """
+    from speedkit.experiments.bench.report import write_reports
+
+    named = isinstance(task, str) and (task in TASK_KEYS or task in TASKS) and data is None and not task_options
+    key = task_key(task if named else resolve_task(task, data, **(task_options or {})).name)
+    profile, seed_list = resolve_profile(
+        key, profile, seeds, recipes, baselines, device=device, data_fraction=data_fraction, eval_fraction=eval_fraction,
+        eval_interval=eval_interval, duration=duration, duration_scale=duration_scale, target=target)
+    resolve_device(profile.device)  # a clear error now, not after the first runs
+    trainer_kwargs = dict(trainer_kwargs or {})
+    session = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    log(f"benchmark {key} ({profile.task}), profile {profile.name}: recipes {', '.join(profile.recipes)}; "
+        f"seeds {seed_list}; device {profile.device}")
+    if sweep and not reuse:
+        sweeps = {name: sweep_baseline(profile, name, seed_list[0], run_dir, session, log, **trainer_kwargs)
+                  for name in profile.baselines if name in profile.sweeps}
+        _write_json(Path(out_dir) / f"{key}_sweeps.json", sweeps, log, "sweeps", "--sweeps")
+    if sweeps:
+        profile = _with_sweep_picks(profile, sweeps)
+        log("sweep picks: " + ", ".join(f"{n} {s['pick']}" for n, s in sweeps.items()))
+    if find_budgets and not reuse:
+        budgets = {}
+        for name in [b for b in profile.baselines if profile.budget_searched is None or b in profile.budget_searched]:
+            start = budget_hint(sweeps[name], profile.budget_step) if name in (sweeps or {}) else None
+            budgets[name] = find_budget(profile, name, seed_list, run_dir, session, log, start=start,
+                                        **trainer_kwargs)
+        _write_json(Path(out_dir) / f"{key}_budgets.json", budgets, log, "baseline budgets", "--budgets")
+    if budgets:
+        unknown = sorted(set(budgets) - set(profile.baselines))
+        if unknown:
+            raise ValueError(f"budgets for {unknown}, which are not baselines this benchmark runs "
+                             f"({', '.join(profile.baselines)}); drop them or add them with --baselines")
+        changes = {name: {**profile.recipe_changes.get(name, {}), "duration": found["budget"]}
+                   for name, found in budgets.items()}
+        profile = dataclasses.replace(profile, recipe_changes={**profile.recipe_changes, **changes})
+        log("baseline budgets: " + ", ".join(f"{n} {b['budget']}" for n, b in budgets.items()))
+    if reuse:
+        records = reusable_runs(run_dir, profile, seed_list)
+        log(f"reusing {len(records)} runs from {run_dir}")
+    else:
+        records = run_interleaved(profile, seed_list, run_dir, session, log, on_record, **trainer_kwargs)
+    entry = summarize(records, profile)
+    best = entry["best_recipe"]
+    ablations = []
+    if leave_one_out and best is not None:
+        ablations = run_leave_one_out(profile, records, best, run_dir, session, log, rerun_full=reuse,
+                                      baseline=entry["strongest_baseline"], **trainer_kwargs)
+    elif reuse and best is not None:
+        ablations = reusable_ablations(run_dir, best)
+    breakdown = None
+    if profile_steps and profile_steps > 0:
+        breakdown = profile_recipe(profile, best or "baseline", seed_list[0], profile_steps, run_dir, session,
+                                   **trainer_kwargs)
+    entry = summarize(records, profile, ablations, breakdown, budgets, sweeps)
+    summary, paths = write_reports(out_dir, key, entry, records if figures else None)
+    return BenchResult(key=key, entry=entry, summary=summary, records=records, ablations=ablations, paths=paths)
+
+
+__all__ = ["BenchResult", "NON_METHOD_PARTS", "TASK_KEYS", "ablation_changes", "apply_overrides",
+           "budget_hint", "find_budget", "holds_target", "machine", "pick_best", "pick_swept",
+           "profile_recipe", "recipe_entry", "resolve_profile", "reusable_ablations", "reusable_runs", "run_benchmark",
+           "run_interleaved", "run_leave_one_out", "run_one", "scheduled_recipe", "strongest_baseline",
+           "summarize", "summarize_leave_one_out", "sweep_baseline", "sweep_grid", "sweep_point", "swept_point",
+           "target_key", "trainer_factory"]

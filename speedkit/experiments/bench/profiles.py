@@ -1,0 +1,164 @@
+"""Benchmark profiles as data: which recipes, seeds, device and budgets a time-to-accuracy run uses.
+
+A profile changes how a recipe is *run* (device, budget, evaluation cadence, and on GPUs a larger
+batch, bf16 and torch.compile); the recipes themselves stay in ``speedkit.tasks.recipes``. The baselines
+(``speedkit.tasks.recipes.BASELINES``) are never changed by ``speedup_changes``: they stay what a competent
+user writes by hand, and each evaluates at ``baseline_eval_interval`` (free for them: a plain
+evaluation is excluded from the clock) while a speed-up recipe keeps its own cadence, because the
+extra cost of its evaluation-time methods (test-time augmentation, weight averaging) is counted.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Mapping, Sequence
+
+from speedkit.tasks import TASKS
+from speedkit.tasks.recipes import BASELINES, RECIPES, Recipe, get_recipe
+from speedkit.train.checks import check_duration
+
+# The benchmark's names for the built-in tasks (the README and summary.json use these keys); any other
+# registered task (a user's) is benchmarked under its own name.
+TASK_KEYS = {"vision": "fashion-mnist", "language": "pydocs"}
+
+
+def default_recipes(task: str) -> tuple[str, ...]:
+    """Every baseline of ``task``, weakest first, then every other recipe it has."""
+    return (*BASELINES[task], *[r for r in RECIPES[task] if r not in BASELINES[task]])
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchProfile:
+    """How one task is benchmarked. Fields left ``None`` keep each recipe's own value."""
+
+    name: str
+    task: str  # a speedkit task name, e.g. "fashion-mnist"
+    recipes: tuple[str, ...] = ()  # baselines and speed-up recipes to run; () means default_recipes(task)
+    seeds: int = 3
+    device: str = "cpu"
+    data_fraction: float = 1.0
+    eval_fraction: float | None = None
+    eval_interval: str | None = None  # one cadence for every run (smoke tests); None: see the next field
+    baseline_eval_interval: str | None = None  # the baselines' cadence; speed-up recipes keep their own
+    duration: str | None = None  # one budget for every recipe (smoke tests); None: each recipe's own
+    duration_scale: float = 1.0  # multiplies each recipe's budget
+    target: float | None = None  # None: the task's target
+    report_targets: tuple[float, ...] = ()  # targets whose times are reported too (the task's is always)
+    speedup_changes: Mapping[str, object] = dataclasses.field(default_factory=dict)  # every recipe but baseline
+    recipe_changes: Mapping[str, Mapping[str, object]] = dataclasses.field(default_factory=dict)  # per recipe
+    # baseline -> {"lr": values, "schedule": schedules, "budget": one}: what `--sweep` tries on that baseline
+    sweeps: Mapping[str, Mapping[str, Sequence]] = dataclasses.field(default_factory=dict)
+    budget_step: str = "1ep"  # how finely `--find-budgets` searches a baseline's budget (in its unit)
+    budget_searched: tuple[str, ...] | None = None  # the baselines `--find-budgets` searches; None: all
+
+    def __post_init__(self):
+        if self.task not in TASKS:
+            raise ValueError(f"profile {self.name!r}: unknown task {self.task!r}; known tasks: {sorted(TASKS)}")
+        if not self.recipes:
+            object.__setattr__(self, "recipes", default_recipes(self.task))
+        if not any(r in BASELINES[self.task] for r in self.recipes):
+            raise ValueError(f"profile {self.name!r}: recipes {list(self.recipes)} include no baseline; "
+                             f"add one of {list(BASELINES[self.task])}")
+        unknown = [r for r in self.recipes if r not in RECIPES[self.task]]
+        if unknown:
+            raise ValueError(f"profile {self.name!r}: unknown recipes {unknown} for {self.task}; "
+                             f"known: {sorted(RECIPES[self.task])}")
+        if self.seeds < 1:
+            raise ValueError(f"profile {self.name!r}: seeds must be >= 1, got {self.seeds}")
+        if not self.duration_scale > 0:
+            raise ValueError(f"profile {self.name!r}: duration_scale must be positive, got {self.duration_scale}")
+        check_duration("budget_step", self.budget_step, optional=False, fraction_ok=False)
+
+    @property
+    def baselines(self) -> tuple[str, ...]:
+        """The baselines this profile runs, weakest first."""
+        return tuple(r for r in BASELINES[self.task] if r in self.recipes)
+
+    @property
+    def target_value(self) -> float:
+        return TASKS[self.task].target_value if self.target is None else self.target
+
+    @property
+    def targets(self) -> tuple[float, ...]:
+        """Every target reported, the headline one included, in increasing order."""
+        return tuple(sorted({*self.report_targets, self.target_value}))
+
+    def recipe(self, name: str) -> Recipe:
+        """The recipe as this profile runs it: profile-wide changes, then per-recipe ones.
+
+        ``methods`` in a change are *added* to the recipe's methods (e.g. torch_compile on a GPU).
+        """
+        recipe = get_recipe(self.task, name)
+        baseline = name in BASELINES[self.task]
+        cadence = {"eval_interval": self.eval_interval or (self.baseline_eval_interval if baseline else None)}
+        changes = [cadence] if baseline else [self.speedup_changes, cadence]
+        for change in [*changes, self.recipe_changes.get(name, {})]:
+            change = dict(change)
+            if "methods" in change:
+                change["methods"] = {**recipe.methods, **change["methods"]}
+            recipe = recipe.with_changes(**change)
+        return recipe
+
+
+# torch.compile pays for itself only where shapes stay fixed: progressive resizing and sequence-length
+# warmup would recompile at every new shape, so the recipes that use them go without it.
+_COMPILE = {"torch_compile": {}}
+
+# The language baseline's sweep: AdamW's learning rate around nanoGPT's 1e-3, with two schedules, at the
+# baseline's budget (the tuned recipe carries the shorter budget `--find-budgets` found afterwards).
+_LANGUAGE_SWEEP = {"lr": (1e-3, 2e-3, 4e-3),
+                   "schedule": ({"name": "cosine", "warmup": "0.05dur"}, {"name": "linear_to_zero", "warmup": "0.05dur"}),
+                   "budget": "600ba"}
+
+PROFILES: dict[str, dict[str, BenchProfile]] = {
+    "vision": {
+        "cpu": BenchProfile(name="cpu", task="fashion-mnist", device="cpu", baseline_eval_interval="0.25ep",
+                            report_targets=(0.90, 0.93)),
+        "gpu": BenchProfile(name="gpu", task="fashion-mnist", device="cuda", baseline_eval_interval="0.25ep",
+                            report_targets=(0.90, 0.93),
+                            # twice the batch, twice the learning rate (linear scaling from the CPU recipes)
+                            speedup_changes={"batch_size": 512, "precision": "bf16", "optimizer": {"lr": 0.4}},
+                            recipe_changes={"mild": {"methods": _COMPILE}, "medium": {"methods": _COMPILE}}),
+    },
+    "language": {
+        # The target is what the baseline reaches in about 8 minutes of training on one core of the
+        # 2-core CPU (bits per byte at batch ~470 of its 600, measured before the benchmark was run).
+        "cpu": BenchProfile(name="cpu", task="pydocs", device="cpu", eval_interval="25ba", eval_fraction=0.25,
+                            target=3.30, report_targets=(3.5,), sweeps={"tuned": _LANGUAGE_SWEEP},
+                            budget_step="50ba", budget_searched=("tuned",)),  # the baseline stays as it is
+        "gpu": BenchProfile(name="gpu", task="pydocs", device="cuda", eval_interval="25ba",
+                            speedup_changes={"batch_size": 128, "precision": "bf16"},
+                            recipe_changes={"mild": {"methods": _COMPILE}, "hot": {"methods": _COMPILE}}),
+    },
+}
+
+
+def task_key(task: str) -> str:
+    """``"vision"``/``"language"`` for a built-in task's key or name; a user's registered task's own name."""
+    if task in TASK_KEYS:
+        return task
+    for key, name in TASK_KEYS.items():
+        if task == name:
+            return key
+    if task in TASKS:
+        return task
+    known = sorted([*TASK_KEYS, *TASK_KEYS.values(), *(set(TASKS) - set(TASK_KEYS.values()))])
+    raise ValueError(f"unknown benchmark task {task!r}; known: {known} (a task of your own: register it with "
+                     f"speedkit.tasks.register_task, or pass it as a Task or 'package.module:attr')")
+
+
+def default_profiles(task: str) -> dict[str, BenchProfile]:
+    """The profiles of a task that has none of its own (a user's): every recipe it has against its
+    baselines, at each recipe's own budget and cadence, to the task's own target."""
+    return {"cpu": BenchProfile(name="cpu", task=task, device="cpu"),
+            "gpu": BenchProfile(name="gpu", task=task, device="cuda")}
+
+
+def get_profile(task: str, profile: str | BenchProfile = "cpu") -> BenchProfile:
+    """The named profile of a task (``"vision"``, ``"language"``, their task names, or a registered task's)."""
+    if isinstance(profile, BenchProfile):
+        return profile
+    key = task_key(task)
+    profiles = PROFILES[key] if key in PROFILES else default_profiles(key)
+    if profile not in profiles:
+        raise ValueError(f"unknown benchmark profile {profile!r} for {task}; known: {sorted(profiles)}")
+    return profiles[profile]

@@ -1,0 +1,291 @@
+"""The benchmark's outputs: summary.json (merged across tasks), summary.md, the README's table, figures."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Sequence
+
+from speedkit.experiments.compare import median_or_none
+from speedkit.record.runs import RunRecord, atomic_write_bytes
+from speedkit.record.runs import json_safe as _json_safe
+
+SUMMARY_JSON = "summary.json"
+SUMMARY_MD = "summary.md"
+
+
+# -- summary.json ------------------------------------------------------------------------------
+def merge_summary(path: str | Path, key: str, entry: dict) -> dict:
+    """Put ``entry`` under ``key`` in the summary at ``path``, keeping the other tasks' entries."""
+    path = Path(path)
+    summary = {}
+    if path.exists():
+        try:
+            summary = json.loads(path.read_text())
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path} exists but is not valid JSON ({e}); move it away before benchmarking "
+                             f"so the other task's results are not lost") from e
+        if not isinstance(summary, dict):
+            raise ValueError(f"{path} is not a benchmark summary (expected a JSON object keyed by task)")
+    summary[key] = entry
+    summary = _json_safe(summary)  # inf/nan (a never-reached slowdown) become null
+    atomic_write_bytes(path, json.dumps(summary, indent=1).encode())
+    return summary
+
+
+def write_reports(out_dir: str | Path, key: str, entry: dict,
+                  records: Sequence[RunRecord] | None = None) -> tuple[dict, dict[str, Path]]:
+    """Merge ``entry`` into summary.json, rewrite summary.md, and draw this task's figures from ``records``."""
+    out_dir = Path(out_dir)
+    paths = {"summary_json": out_dir / SUMMARY_JSON, "summary_md": out_dir / SUMMARY_MD}
+    summary = merge_summary(paths["summary_json"], key, entry)
+    atomic_write_bytes(paths["summary_md"], summary_markdown(summary).encode())
+    if records:
+        paths.update(write_figures(out_dir, key, entry, records))
+    return summary, paths
+
+
+# -- markdown ----------------------------------------------------------------------------------
+def _num(value, digits: int = 1, missing: str = "—") -> str:
+    return missing if value is None else f"{value:.{digits}f}"
+
+
+def _spread(values: Sequence[float | None], digits: int = 1) -> str:
+    present = [v for v in values if v is not None]
+    if len(present) < 2:
+        return ""
+    return f" ({min(present):.{digits}f}–{max(present):.{digits}f})"
+
+
+def _median_sum(values) -> str:
+    return _num(median_or_none(values))
+
+
+def _row(cells: Sequence[str]) -> str:
+    return "| " + " | ".join(cells) + " |"
+
+
+def _baselines(entry: dict) -> dict[str, dict]:
+    """The baselines that ran (summaries written before there were several hold only ``baseline``)."""
+    return entry.get("baselines") or {"baseline": entry["baseline"]}
+
+
+def _all_recipes(entry: dict) -> list[tuple[str, dict]]:
+    return [*_baselines(entry).items(), *entry["recipes"].items()]
+
+
+def _speedup_cells(entry: dict, r: dict) -> list[str]:
+    """The median paired speed-up (min–max) against each baseline."""
+    cells = []
+    for name in _baselines(entry):
+        values = r.get("speedup_vs", {}).get(name, r.get("speedup", []) if name == "baseline" else [])
+        median = median_or_none(values)
+        cells.append(_num(median, 2) + "x" * (median is not None) + _spread(values, 2))
+    return cells
+
+
+def _label(entry: dict, name: str) -> str:
+    if name == entry.get("best_recipe"):
+        return f"**{name}**"
+    return f"{name} (strongest baseline)" if name == entry.get("strongest_baseline") else name
+
+
+def headline(key: str, entry: dict) -> str:
+    """One sentence: the best recipe's median speed-up against the strongest baseline, or why there is none."""
+    target = entry["target"]
+    best, strongest = entry.get("best_recipe"), entry.get("strongest_baseline")
+    if strongest is None:  # a summary from before there were several baselines
+        return (f"{key}: **{best}** reaches {target['metric']} {target['value']:g} "
+                f"{_num(entry.get('speedup_median'), 2)}x faster (median of paired seeds) than `baseline`, "
+                f"the only baseline that run measured.")
+    if best is None:
+        return (f"{key}: no speed-up recipe reached {target['metric']} {target['value']:g} in every seed and "
+                f"ended at or above it, so there is no headline speed-up.")
+    others = ", ".join(f"{_num(v, 2)}x against {name}" for name, v in entry.get("speedup_vs", {}).items()
+                       if name != strongest and v is not None)
+    return (f"{key}: **{best}** reaches {target['metric']} {target['value']:g} "
+            f"{_num(entry.get('speedup_median'), 2)}x faster (median of paired seeds) than the strongest "
+            f"baseline, {strongest}" + (f"; {others}" if others else "") + ".")
+
+
+def machine_line(entry: dict) -> str:
+    m = entry.get("machine", {})
+    where = m.get("gpu") or m.get("cpu", "unknown CPU")
+    threads = m.get("torch_threads", "?")
+    return (f"{where}, {threads} thread{'' if threads == 1 else 's'}, torch {m.get('torch', '?')}, "
+            f"{str(entry.get('date', '?'))[:10]}")
+
+
+def task_markdown(key: str, entry: dict) -> str:
+    """One task's results: a row per recipe (medians over seeds, min–max in brackets)."""
+    target = entry["target"]
+    extra = [k for k in entry["baseline"]["time_to"] if float(k) != target["value"]]
+    n = len(entry["seeds"])
+    baselines = list(_baselines(entry))
+    lines = [
+        f"## {key}: {entry['task']} to {target['metric']} {target['value']:g}",
+        "",
+        headline(key, entry),
+        "",
+        *[f"Note: {note}." for note in entry.get("notes", [])],
+        f"Profile `{entry['profile']}`, {n} seed{'s' if n != 1 else ''}, {_sittings(entry)}; times are "
+        f"training wall clock with a plain evaluation excluded (shown apart) and the extra "
+        f"cost of evaluation-time methods and of set-up work at fit start included; setup (data into memory, "
+        f"model, surgery) and compile time (also inside training time) are shown apart; speed-ups are "
+        f"paired by seed. Machine: {machine_line(entry)}.",
+        "",
+        _row(["recipe", "budget", "reached", "time to target (s)", *[f"speed-up vs {b}" for b in baselines],
+              "final", "train s", "eval s", "setup s", "compile s", *[f"time to {k} (s)" for k in extra]]),
+        _row(["---"] * (9 + len(baselines) + len(extra))),
+    ]
+    for name, r in _all_recipes(entry):
+        cells = [_label(entry, name), _budget_cell(r), f"{sum(t is not None for t in r['time_to_target_s'])}/{n}",
+                 _median_sum(r["time_to_target_s"]) + _spread(r["time_to_target_s"]),
+                 *_speedup_cells(entry, r),
+                 _num(median_or_none(r["final_metric"]), 4), _median_sum(r["train_s"]), _median_sum(r["eval_s"]),
+                 _median_sum(r["setup_s"]), _median_sum(r["compile_s"]),
+                 *[_median_sum(r["time_to"][k]) for k in extra]]
+        lines.append(_row(cells))
+    searched = {name: b["budget_search"] for name, b in _baselines(entry).items() if b.get("budget_search")}
+    if searched:
+        lines += ["", "Baseline budgets, searched (budget: seeds that reached the target): " + "; ".join(
+            f"{name} {', '.join(f'{k}: {v}/{n}' for k, v in s['tried'].items())} -> {s['budget']}"
+            for name, s in searched.items())]
+    swept = {name: b["sweep"] for name, b in _baselines(entry).items() if b.get("sweep")}
+    for name, sweep in swept.items():
+        lines += ["", f"{name}'s learning rate and schedule, swept on one seed (each run stopped at the target; "
+                      f"ranked by batches to it): " + "; ".join(
+                          f"lr {t['lr']:g} {t['schedule']['name']}: {_num(t['batches_to_target'], 0, missing='not reached')}"
+                          for t in sweep["tried"]) + f" -> lr {sweep['pick']['lr']:g} {sweep['pick']['schedule']['name']}"]
+    if entry.get("flops_fraction_of_peak") is not None:
+        lines += ["", f"Best recipe's achieved FLOP/s: {100 * entry['flops_fraction_of_peak']:.1f}% of the "
+                      f"measured matmul peak."]
+    lines += leave_one_out_markdown(entry.get("leave_one_out"))
+    lines += time_breakdown_markdown(entry.get("time_breakdown"))
+    return "\n".join(lines)
+
+
+def _sittings(entry: dict) -> str:
+    """How the main runs were ordered: one benchmark run, interleaved by seed, or which recipes a later one
+    added (each named with the time it started, so a reader sees how far apart they were)."""
+    sessions = entry.get("sessions") or {}
+    if len(sessions) <= 1:
+        return "baselines and recipes interleaved by seed"
+    (first, names), *later = sessions.items()
+    added = "; then ".join(f"{', '.join(recipes)} (started {session})" for session, recipes in later)
+    return f"{', '.join(names)} interleaved by seed (started {first}); then {added}, paired by seed"
+
+
+def _budget_cell(r: dict) -> str:
+    return r.get("budget") or "—"
+
+
+def leave_one_out_markdown(table: dict | None) -> list[str]:
+    if not table:
+        return []
+    rerun = " (the full recipe rerun beside its ablations)" if table.get("reference_rerun") else ""
+    against = f" against {table['against']}" if table.get("against") else ""
+    needed = table.get("not_reached_without") or []
+    share_sum = f"; the measurable shares add up to {_num(table['share_sum'], 2)}" if table.get("share_sum") is not None else ""
+    if needed:
+        share_sum += (f" ({' and '.join(needed)}: without {'it' if len(needed) == 1 else 'either'} the target is "
+                      f"not reached within the budget, so no share)")
+    lines = ["", f"Leave-one-out from `{table['of']}`{rerun}, time to target {_num(table['time_to_target_s'])} s; "
+                 f"each row gives one part the baseline's value{against}{share_sum}:",
+             "", "| left out | time to target (s) | slowdown | share of speed-up | pays off here | final |",
+             "|---|---|---|---|---|---|"]
+    for part, row in table["parts"].items():
+        time_without = _num(row["time_without_s"], missing="not reached")
+        pays_off = {True: "yes", False: "**no**", None: "—"}[row.get("pays_off")]
+        lines.append(f"| {part} | {time_without} | {_num(row['slowdown'], 2)} | {_num(row['share'], 2)} | "
+                     f"{pays_off} | {_num(row['final_metric'], 4)} |")
+    return lines
+
+
+def time_breakdown_markdown(breakdown: dict | None) -> list[str]:
+    if not breakdown:
+        return []
+    lines = ["", f"Where the time goes ({breakdown['recipe']}, {breakdown['steps']} steps):", "",
+             "| phase | s | share | ms per step |", "|---|---|---|---|"]
+    for phase, row in breakdown["phases"].items():
+        share = "—" if row["share"] is None else f"{100 * row['share']:.1f}%"
+        lines.append(f"| {phase} | {row['s']:.2f} | {share} | {_num(row['per_step_ms'], 2)} |")
+    return lines
+
+
+def summary_markdown(summary: dict) -> str:
+    """summary.md: every task in the summary."""
+    return "# Time-to-accuracy benchmark\n\n" + "\n\n".join(
+        task_markdown(key, entry) for key, entry in summary.items()) + "\n"
+
+
+def readme_table(summary: dict) -> str:
+    """The README's results: per task, the headline, then each baseline and recipe with its median time to
+    the target and its paired speed-up against every baseline."""
+    parts = []
+    for key, entry in summary.items():
+        target, n = entry["target"], len(entry["seeds"])
+        baselines = list(_baselines(entry))
+        lines = [headline(key, entry), "",
+                 _row(["recipe", "budget", "seeds that reached it", "time to target (s, median)",
+                       *[f"speed-up vs {b}" for b in baselines], "final (median)"]),
+                 _row(["---"] * (5 + len(baselines)))]
+        for name, r in _all_recipes(entry):
+            lines.append(_row([_label(entry, name), _budget_cell(r), f"{r.get('reached', 0)}/{n}",
+                               _num(r.get("median_time_to_target_s"), missing="not reached"),
+                               *_speedup_cells(entry, r), _num(median_or_none(r["final_metric"]), 4)]))
+        lines += ["", f"{key} ({entry['task']} to {target['metric']} {target['value']:g}): {machine_line(entry)}, "
+                      f"profile `{entry['profile']}`, {n} seeds."]
+        lines += leave_one_out_markdown(entry.get("leave_one_out"))
+        parts.append("\n".join(lines))
+    return "\n\n".join(parts) + (
+        "\n\nTraining wall clock with a plain evaluation excluded; the extra cost of evaluation-time methods "
+        "and of set-up work at fit start is included. Speed-ups are baseline time / recipe time, paired by "
+        "seed, over the seeds where both reached the target.\n")
+
+
+# -- figures -----------------------------------------------------------------------------------
+_COLOURS = ("#636efa", "#ef553b", "#00cc96", "#ab63fa", "#ffa15a", "#19d3f3", "#ff6692", "#b6e880")
+
+
+def metric_curves_figure(records: Sequence[RunRecord], metric: str, target: float | None = None):
+    """The metric against training wall clock for every run, one colour per recipe."""
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    colours: dict[str, str] = {}
+    for record in records:
+        recipe = record.config.get("recipe", record.name)
+        first = recipe not in colours
+        colour = colours.setdefault(recipe, _COLOURS[len(colours) % len(_COLOURS)])
+        xs, ys = record.series(metric)
+        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines+markers", name=recipe, legendgroup=recipe,
+                                 showlegend=first, line={"color": colour}, hovertext=record.name))
+    if target is not None:
+        fig.add_hline(y=target, line_dash="dash", annotation_text=f"target {target:g}")
+    fig.update_layout(xaxis_title="training wall clock (s, evaluation excluded)", yaxis_title=metric)
+    return fig
+
+
+def speedup_figure(entry: dict):
+    """Each recipe's speed-up over the baseline, one point per seed (paired), with its spread."""
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    for name, r in entry["recipes"].items():
+        values = [v for v in r["speedup"] if v is not None]
+        fig.add_trace(go.Box(y=values, name=name, boxpoints="all", pointpos=0))
+    fig.add_hline(y=1.0, line_dash="dot", annotation_text="baseline")
+    fig.update_layout(yaxis_title="speed-up to target (baseline time / recipe time)", showlegend=False)
+    return fig
+
+
+def write_figures(out_dir: str | Path, key: str, entry: dict, records: Sequence[RunRecord]) -> dict[str, Path]:
+    """Standalone HTML figures; plotly.js is written once beside them, so they open offline."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    target = entry["target"]
+    paths = {"curves_html": out_dir / f"{key}_curves.html", "speedup_html": out_dir / f"{key}_speedup.html"}
+    metric_curves_figure(records, target["metric"], target["value"]).write_html(
+        paths["curves_html"], include_plotlyjs="directory")
+    speedup_figure(entry).write_html(paths["speedup_html"], include_plotlyjs="directory")
+    return paths

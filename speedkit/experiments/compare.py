@@ -1,0 +1,156 @@
+"""Comparing runs: speed-ups, the Pareto frontier and leave-one-out contributions, from RunRecords.
+
+The run board, the benchmark and the notebooks all compare runs through these functions, so a
+speed-up means the same thing in every table and figure.
+
+Conventions:
+- a run's *time* is its training wall clock until the target was first reached (evaluation excluded),
+  ``None`` where it never got there;
+- a speed-up is ``baseline time / run time``; paired by seed when there are several seeds;
+- a leave-one-out run carries ``config["ablation"] = {"of": <full run's name>, "left_out": <method>}``.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Iterable, Sequence
+
+from speedkit.record.runs import RunRecord
+
+
+def final_metric(record: RunRecord, metric: str | None = None) -> float | None:
+    """The run's last evaluated value of ``metric`` (its target metric by default)."""
+    metric = metric or (record.target or {}).get("metric")
+    if metric is None:
+        return None
+    value = record.final_metrics.get(metric)
+    if value is None and record.evals:
+        value = record.evals[-1].get(metric)
+    return value
+
+
+def speedup(baseline_time: float | None, run_time: float | None) -> float | None:
+    """baseline / run, or None where either never reached the target."""
+    if baseline_time is None or run_time is None or run_time <= 0:
+        return None
+    return baseline_time / run_time
+
+
+def paired_speedups(baseline_times: Sequence[float | None], run_times: Sequence[float | None]) -> list[float | None]:
+    """Speed-ups seed by seed: the i-th baseline against the i-th run (same seed, run side by side)."""
+    if len(baseline_times) != len(run_times):
+        raise ValueError(f"pairing needs the same seeds on both sides; got {len(baseline_times)} baseline "
+                         f"times and {len(run_times)} run times")
+    return [speedup(b, r) for b, r in zip(baseline_times, run_times)]
+
+
+def median_or_none(values: Iterable[float | None]) -> float | None:
+    """The median of the values that exist; None if none do."""
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else None
+
+
+def is_baseline(record: RunRecord) -> bool:
+    """A run of one of its task's baseline recipes (``speedkit.tasks.recipes.BASELINES``), not a leave-one-out run."""
+    from speedkit.tasks.recipes import is_baseline as is_baseline_recipe
+
+    recipe = record.config.get("recipe")
+    return (recipe is not None and is_baseline_recipe(record.config.get("task"), recipe)
+            and "ablation" not in record.config)
+
+
+def baseline_median_times(records: Sequence[RunRecord]) -> dict[str, float]:
+    """Each baseline recipe among ``records`` -> its median time to target (baselines that never reached it left out)."""
+    times: dict[str, list] = {}
+    for r in records:
+        if is_baseline(r):
+            times.setdefault(r.config["recipe"], []).append(r.time_to_target)
+    medians = {name: median_or_none(values) for name, values in times.items()}
+    return {name: t for name, t in medians.items() if t is not None}
+
+
+def latest_baseline(records: Sequence[RunRecord]) -> RunRecord | None:
+    """The last baseline run among ``records``: what speed-ups and dashed curves are drawn against."""
+    return next((r for r in reversed(records) if is_baseline(r)), None)
+
+
+def pareto_front(points: Sequence[tuple[float | None, float | None]], lower_metric_better: bool = False) -> list[int]:
+    """Indices of the points no other point beats on both time (lower) and metric, fastest first.
+
+    Points are (time, metric); points missing either are never on the frontier.
+    """
+    sign = 1.0 if lower_metric_better else -1.0  # turn the metric into something to minimise
+    valid = [(t, sign * m, i) for i, (t, m) in enumerate(points) if t is not None and m is not None]
+    front, best = [], math.inf
+    for t, m, i in sorted(valid):
+        if m < best:
+            front.append(i)
+            best = m
+    return front
+
+
+def leave_one_out(records: Sequence[RunRecord], baseline: str | None = None) -> dict[str, dict[str, dict]]:
+    """For every full run that has ablations among ``records``: each left-out part's effect.
+
+    Returns ``{full run name: {part: {"time_without_s", "slowdown", "share", "pays_off"}}}``.
+    ``slowdown`` is time without the part / time with all of them (inf if the ablated run never
+    reached the target). ``share`` splits the full run's log speed-up over a baseline among the
+    records (the recipe named ``baseline``, else the fastest baseline); None when there is none, or
+    when the run without the part never reached the target.
+    """
+    by_name = {r.name: r for r in records}
+    medians = baseline_median_times(records)
+    baseline_time = medians.get(baseline) if baseline else min(medians.values(), default=None)
+    result: dict[str, dict[str, dict]] = {}
+    for r in records:
+        ablation = r.config.get("ablation")
+        if not ablation or ablation.get("of") not in by_name:
+            continue
+        full = by_name[ablation["of"]]
+        full_time, without = full.time_to_target, r.time_to_target
+        if full_time is None:
+            continue
+        slowdown = math.inf if without is None else without / full_time
+        total = math.log(baseline_time / full_time) if baseline_time and baseline_time > full_time else None
+        # A part without which the target is never reached has no finite share: the run says it is
+        # needed, not how much of the speed-up it carries, so its share stays None rather than a made-up 1.
+        share = math.log(slowdown) / total if total and not math.isinf(slowdown) else None
+        result.setdefault(full.name, {})[ablation["left_out"]] = {
+            "time_without_s": without, "slowdown": slowdown, "share": share, "pays_off": slowdown > 1.0}
+    return result
+
+
+def compare_table(records: Sequence[RunRecord], baseline: RunRecord | None = None) -> list[dict]:
+    """One row per run: methods, final metric, time to target, speed-up over ``baseline``.
+
+    The baseline defaults to the latest record whose recipe is "baseline".
+    """
+    if baseline is None:
+        baseline = latest_baseline(records)
+    base_time = baseline.time_to_target if baseline is not None else None
+    rows = []
+    for r in records:
+        metric = (r.target or {}).get("metric")
+        rows.append({
+            "name": r.name, "status": r.status, "recipe": r.config.get("recipe"),
+            "methods": ", ".join(r.method_names) or "none",
+            "params": changed_params(r.methods),
+            "metric": metric, "final": final_metric(r), "best": r.best(metric) if metric else None,
+            "time_to_target_s": r.time_to_target, "train_s": r.timings.get("train_s"),
+            "speedup": speedup(base_time, r.time_to_target) if r is not baseline else (1.0 if base_time else None),
+        })
+    return rows
+
+
+def changed_params(methods: list[dict]) -> dict:
+    """Each method's parameters that differ from its card's defaults (a record stores them all)."""
+    from speedkit.methods import REGISTRY
+
+    changed = {}
+    for m in methods:
+        card = REGISTRY[m["name"]].CARD if m["name"] in REGISTRY else None
+        defaults = {hp.name: hp.default for hp in card.hparams} if card else {}
+        diff = {k: v for k, v in m["params"].items() if k not in defaults or defaults[k] != v}
+        if diff:
+            changed[m["name"]] = diff
+    return changed

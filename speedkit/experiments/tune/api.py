@@ -1,0 +1,227 @@
+"""``speedkit.experiments.tune.tune``: a measured search (Optuna) for the recipe that reaches a task's target soonest.
+
+The baseline's learning rate and budget are tuned first, then methods and recipe fields are searched
+against time to target, then the tuned baseline, the winner and the runner-up are confirmed on fresh
+seeds. Everything lives in one Optuna storage (a journal file in the output folder by default, or any
+SQLite/database URL): a killed search loses no finished trial, and a rerun with the same storage and
+study name continues it, re-running only the trial that was cut short. Several processes may work on
+one study (``n_workers``, or more ``tune`` calls on the same storage elsewhere). Every run also
+writes a RunRecord into ``run_dir``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+from speedkit.experiments.tune.confirm import run_confirmation, run_leave_one_out, summarize_confirmation
+from speedkit.experiments.tune.objective import resolve_runner, runner_path
+from speedkit.experiments.tune.search import (PHASES, PRUNERS, TuneConfig, check_same_search, load_study,
+                                              logged_metrics, parse_budget, resolve_target, run_phases,
+                                              seed_baseline_study, start_workers)
+from speedkit.experiments.tune.space import (TuneInputError, baseline_space, candidate_methods, describe_limit,
+                                             fit_hparams_to_model, full_space, probe_surgery, resolve_methods)
+from speedkit.experiments.tune.storage import fail_dead_trials, open_storage, optuna_module, spent_before_s, storage_url
+
+
+@dataclasses.dataclass
+class TuneResult:
+    """What a search found; ``summary`` holds every trial and the confirmation, as in ``summary.json``."""
+
+    recipe: Any  # the confirmed winner (Recipe), or None when no candidate reached the target on every seed
+    recipe_path: Path | None
+    report_path: Path
+    html_path: Path | None
+    summary: dict  # also in summary.json
+    out_dir: Path
+    storage: str
+    study_name: str
+
+    @property
+    def speedup(self) -> float | None:
+        return self.summary["confirmation"].get("speedup_median")
+
+
+def tune(task: str = "fashion-mnist", target=None, budget: str | float = "30m", methods: Sequence[str] | str | None = None,
+         storage: str | os.PathLike | None = None, study_name: str = "tune", seeds_to_confirm: int = 3,
+         out_dir: str | os.PathLike = "runs/tune", run_dir: str | os.PathLike | None = None,
+         data_fraction: float = 1.0, eval_fraction: float | None = None, eval_interval: str | None = None,
+         device: str = "auto", n_workers: int = 1, base="baseline", tune_hparams: bool = True,
+         trial_limit: str | float | None = None, baseline_share: float = 0.25, max_trials: int | None = None,
+         max_baseline_trials: int | None = None, pruner: str = "halving", sampler_seed: int = 0,
+         duration_scale: tuple[float, float] = (0.1, 1.0), lr_factor: float = 10.0, leave_one_out: bool = False,
+         runner=None, log=print, on_trial=None, should_stop=None) -> TuneResult:
+    """Search for the recipe that reaches ``target`` on ``task`` soonest, within ``budget`` of wall clock.
+
+    ``task``: anything ``speedkit.tasks.resolve_task`` takes (a name, a ``speedkit.Task``, ``"pkg.mod:attr"``).
+
+    ``target``: None (the task's), a value of the task's metric, ``"metric=value"`` or (metric, value).
+    ``methods``: the methods the search may turn on (default: all that fit the task's domain and model).
+    ``storage``: a journal file (default ``out_dir/study.journal``), ``*.db`` SQLite file or database URL;
+    a rerun with the same storage and ``study_name`` continues the search. ``trial_limit``: most training
+    time of one trial (default a fifth of the budget). ``leave_one_out``: afterwards, run the winner
+    without each of its methods (on the first confirmation seed) so the report says what each one adds. ``runner``: a function ``(TrialContext) -> RunRecord``
+    or ``"module:function"`` replacing the real training (tests plant known answers this way).
+    ``on_trial(study, trial)`` is called after each trial of this process; ``should_stop()`` ends the search early.
+    Writes ``recipe.yaml`` (the confirmed winner, with ``reached``), ``report.md``, ``report.html`` and
+    ``summary.json`` into ``out_dir``, and a RunRecord per run into ``run_dir`` (default ``out_dir/runs``).
+    """
+    from speedkit.experiments.tune.report import write_outputs
+
+    optuna_module()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    config = build_config(
+        task=task, target=target, budget=budget, methods=methods, storage=storage, study_name=study_name,
+        seeds_to_confirm=seeds_to_confirm, out=out, run_dir=run_dir, data_fraction=data_fraction,
+        eval_fraction=eval_fraction, eval_interval=eval_interval, device=device, n_workers=n_workers, base=base,
+        tune_hparams=tune_hparams, trial_limit=trial_limit, baseline_share=baseline_share, max_trials=max_trials,
+        max_baseline_trials=max_baseline_trials, pruner=pruner, sampler_seed=sampler_seed,
+        duration_scale=duration_scale, lr_factor=lr_factor, leave_one_out=leave_one_out, runner=runner, log=log)
+    in_process = resolve_runner(runner)  # a lambda in a notebook works here; worker processes import config.runner
+    config_path = out / "tune_config.json"
+    config.save(config_path)
+    storage_obj = open_storage(config.storage)
+    studies = {phase: load_study(config, phase, 0, storage_obj) for phase in (*PHASES, "confirm")}
+    check_same_search(config, studies["search"])
+    for phase, study in studies.items():
+        retried = fail_dead_trials(study, storage_obj)
+        if retried:
+            log(f"{study.study_name}: trials {retried} were cut short by a dead worker; marked failed, settings re-queued")
+    seed_baseline_study(config, studies["baseline"])
+    log(f"speedkit tune: {config.task}, target {config.metric} {config.target}, budget {config.budget_s:.0f}s "
+        f"({config.spent_before_s:.0f}s used before), storage {config.storage}")
+    workers = start_workers(config_path, n_workers - 1) if n_workers > 1 else []
+    try:
+        run_phases(config, 0, runner=in_process, on_trial=_logger(log, on_trial), should_stop=should_stop)
+    finally:
+        for process in workers:
+            process.wait()
+    log(f"speedkit tune: confirming the tuned baseline, the winner and the runner-up on {seeds_to_confirm} seeds")
+    run_confirmation(config, studies, runner=in_process, should_stop=should_stop)
+    if leave_one_out:
+        log("speedkit tune: the winner's leave-one-out (each of its methods left out, on the first seed)")
+        run_leave_one_out(config, studies, runner=in_process, should_stop=should_stop)
+    summary = build_summary(config, studies)
+    paths = write_outputs(config, studies, summary)
+    log(f"speedkit tune: done; report {paths['report']}")
+    return TuneResult(recipe=paths.get("recipe_obj"), recipe_path=paths.get("recipe"), report_path=paths["report"],
+                      html_path=paths.get("html"), summary=summary, out_dir=out, storage=config.storage,
+                      study_name=config.study_name)
+
+
+def _logger(log, on_trial):
+    def callback(study, trial):
+        attrs = trial.user_attrs
+        reached = attrs.get("time_to_target_s")
+        what = (attrs.get("infeasible") or (f"reached at {reached:.1f}s" if reached is not None else
+                                            f"missed (best {attrs.get('final')})"))
+        log(f"  {study.study_name} #{trial.number} {trial.state.name.lower()}: {attrs.get('change', '')} -> {what}")
+        if on_trial is not None:
+            on_trial(study, trial)
+    return callback
+
+
+def build_config(*, task, target, budget, methods, storage, study_name, seeds_to_confirm, out: Path, run_dir,
+                 data_fraction, eval_fraction, eval_interval, device, n_workers, base, tune_hparams, trial_limit,
+                 baseline_share, max_trials, max_baseline_trials, pruner, sampler_seed, duration_scale,
+                 lr_factor, leave_one_out, runner, log) -> TuneConfig:
+    """Check every argument and read the search space from the cards; refusals name the argument."""
+    from speedkit.core.devices import resolve_device, resolve_precision
+    from speedkit.tasks import resolve_task
+    from speedkit.tasks.recipes import get_recipe
+    from speedkit.tasks.task import BUILT_IN
+
+    spec = resolve_task(task)  # a name, a Task or "pkg.mod:attr": registered, so the trials find it by name
+    task = spec.name
+    if n_workers > 1 and task not in BUILT_IN:
+        raise TuneInputError(f"n_workers={n_workers}: worker processes know only the built-in tasks, not {task!r}; "
+                             f"tune your own task with n_workers=1")
+    budget_s = parse_budget(budget)
+    metric, value = resolve_target(spec, target)
+    if n_workers < 1:
+        raise TuneInputError(f"n_workers must be at least 1, got {n_workers}")
+    if seeds_to_confirm < 1:
+        raise TuneInputError(f"seeds_to_confirm must be at least 1, got {seeds_to_confirm}")
+    for name, count in (("max_trials", max_trials), ("max_baseline_trials", max_baseline_trials)):
+        if count is not None and count < 1:
+            raise TuneInputError(f"{name} must be at least 1 (or None: until the budget is used), got {count}")
+    if not 0 < baseline_share < 1:
+        raise TuneInputError(f"baseline_share is the part of the budget that tunes the baseline, in (0, 1); "
+                             f"got {baseline_share}")
+    if pruner not in PRUNERS:
+        raise TuneInputError(f"pruner must be one of {', '.join(PRUNERS)}, got {pruner!r}")
+    if n_workers > 1 and runner is not None and runner_path(runner) is None:
+        raise TuneInputError("runner must be importable ('module:function', or a module-level function) when "
+                             "n_workers > 1: worker processes import it")
+    allowed = resolve_methods(methods)
+    base_recipe = get_recipe(task, base)
+    device_type = resolve_device(device).type
+    # "auto" precision made concrete, so the base is a point of the space (whose choices are fp32/bf16/fp16)
+    base_recipe = base_recipe.with_changes(precision=resolve_precision(base_recipe.precision, resolve_device(device)))
+    if eval_interval:
+        base_recipe = base_recipe.with_changes(eval_interval=eval_interval)
+    probe_recipe = base_recipe.with_changes(loader="memory")  # the probes need the model and evaluators, not a DataLoader
+    known = logged_metrics(task, probe_recipe, device, data_fraction, eval_fraction)
+    if metric not in known:
+        raise TuneInputError(f"target metric {metric!r} is not logged by any evaluator of task {task!r}; "
+                             f"it logs {', '.join(known)}")
+    candidates, left_out = candidate_methods(spec.domain, allowed, device_type)
+    left_out.update(probe_surgery(task, probe_recipe, candidates, device, data_fraction))
+    candidates = [m for m in candidates if m not in left_out]
+    limits = fit_hparams_to_model(task, probe_recipe, candidates, device) if tune_hparams else {}
+    search = full_space(base_recipe, candidates, device_type, tune_hparams, duration_scale, lr_factor, limits)
+    if allowed is not None and not candidates:
+        reasons = "; ".join(f"{m}: {why}" for m, why in left_out.items())
+        raise TuneInputError(f"methods: no method left to search ({reasons}); allow methods that fit the "
+                             f"{spec.domain} task {task!r}, or pass methods=None for all of them")
+    for name, why in left_out.items():
+        log(f"left out {name}: {why}")
+    for key, limit in limits.items():
+        log(f"searched {key} only {describe_limit(limit)}: elsewhere in its card's range it finds nothing in "
+            f"this model")
+    out_dir = out.resolve()
+    storage_text = storage_url(storage, out_dir)
+    studies_spent = spent_before_s(storage_text, study_name, n_workers)
+    limit_s = parse_budget(trial_limit) if trial_limit is not None else budget_s / 5
+    settings = {"device": device, "data_fraction": data_fraction, "eval_fraction": eval_fraction,
+                "eval_interval": base_recipe.eval_interval}
+    return TuneConfig(
+        task=task, metric=metric, target=value, base=base_recipe.to_dict(),
+        spaces={"baseline": baseline_space(duration_scale, lr_factor).to_dict(), "search": search.to_dict()},
+        storage=storage_text, study_name=study_name, out_dir=str(out_dir),
+        run_dir=str(Path(run_dir).resolve()) if run_dir else str(out_dir / "runs"), settings=settings,
+        budget_s=budget_s, limit_s=limit_s, baseline_share=baseline_share, seeds_to_confirm=seeds_to_confirm,
+        max_trials={"baseline": max_baseline_trials, "search": max_trials}, pruner=pruner,
+        sampler_seed=sampler_seed, runner=runner_path(runner) if runner is not None else None,
+        started_at=time.time(), spent_before_s=studies_spent, n_workers=n_workers, leave_one_out=leave_one_out,
+        left_out=left_out)
+
+
+def build_summary(config: TuneConfig, studies: dict) -> dict:
+    """Everything the report shows, as data (summary.json)."""
+    trials = []
+    for phase in PHASES:
+        for t in studies[phase].get_trials(deepcopy=False):
+            if t.state.name == "WAITING":
+                continue  # a starting point queued but never run
+            trials.append({"phase": phase, "number": t.number, "state": t.state.name.lower(), "value": t.value,
+                           "params": t.params, **{k: t.user_attrs.get(k) for k in (
+                               "change", "time_to_target_s", "final", "train_s", "wall_s", "infeasible",
+                               "stop_reason", "record", "start_from")},
+                           "started": t.datetime_start.isoformat() if t.datetime_start else None})
+    space = config.space("search")
+    return {"task": config.task, "target": {"metric": config.metric, "value": config.target},
+            "budget_s": config.budget_s, "spent_s": round(config.spent_s(), 1), "limit_s": config.limit_s,
+            "settings": config.settings, "storage": config.storage, "study": config.study_name,
+            "methods_searched": list(space.methods), "hparam_limits": dict(space.hparam_limits),
+            "left_out": {**config.left_out, **_found_inapplicable(studies)},
+            "trials": trials, "confirmation": summarize_confirmation(config, studies)}
+
+
+def _found_inapplicable(studies: dict) -> dict:
+    """Methods the search stopped trying because they found nothing to act on when training started."""
+    return {key.split(":", 1)[1]: f"found nothing to act on in a trial, so no longer tried: {reason}"
+            for key, reason in studies["search"].user_attrs.items() if key.startswith("inapplicable:")}

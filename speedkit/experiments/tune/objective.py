@@ -1,0 +1,154 @@
+"""What a tune trial measures: time to target, a penalty for runs that miss it, and pruning at each evaluation.
+
+The objective is the training wall clock until the target metric was first reached (evaluation
+excluded), as ``RunRecord.time_to_target`` reads it. A run that never reaches the target scores
+``limit_s * (1 + shortfall)``: worse than any run that reached it within the per-trial limit, and
+ranked among the misses by how far from the target it ended. The same score, computed at each
+evaluation, is what the pruner compares between trials; the pruner's resource is training time.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+from typing import Callable
+
+from speedkit.core.engine import Callback
+from speedkit.record.runs import RunRecord, lower_is_better
+
+USER_STOP = "the search was stopped"
+MAX_SHORTFALL = 10.0  # a diverged run (nan, or a loss far off) scores as 11x the limit, no worse
+
+
+def shortfall(metric: str, value: float | None, target: float) -> float:
+    """How far ``value`` is from ``target``, relative to the target (0 when reached, capped)."""
+    if value is None or not math.isfinite(value):
+        return MAX_SHORTFALL
+    gap = (value - target) if lower_is_better(metric) else (target - value)
+    return min(MAX_SHORTFALL, max(0.0, gap / max(abs(target), 1e-12)))
+
+
+def penalized(metric: str, target: float, limit_s: float, time_to_target: float | None,
+              value: float | None) -> float:
+    """The objective: the time to target if reached, else the limit stretched by the shortfall."""
+    if time_to_target is not None:
+        return float(time_to_target)
+    return float(limit_s) * (1.0 + shortfall(metric, value, target))
+
+
+def score_record(record: RunRecord, metric: str, target: float, limit_s: float) -> float:
+    """A finished run's objective, from its record alone (so any record can be re-scored later)."""
+    return penalized(metric, target, limit_s, record.time_to(metric, target), record.best(metric))
+
+
+@dataclasses.dataclass
+class TrialContext:
+    """Everything one trial's run needs, and the hooks through which it reports progress.
+
+    A runner (the default one trains through ``make_trainer``) calls :meth:`on_eval` after each
+    evaluation; it reports to the Optuna trial and says whether to stop (pruned, over the time
+    limit, or unable to beat the best run so far).
+    """
+
+    task: str
+    recipe: object  # speedkit.tasks.recipes.Recipe
+    seed: int
+    run_dir: str
+    run_name: str
+    metric: str
+    target: float
+    limit_s: float  # the per-trial limit the penalty is measured against
+    stop_after_s: float  # when this run is stopped (the limit, the search's deadline, or the best run so far)
+    settings: dict  # device, data_fraction, eval_fraction, eval_interval
+    extra_config: dict
+    trial: object | None = None  # optuna.Trial, or None for confirmation runs
+    should_stop: Callable[[], bool] | None = None  # the search was asked to stop (Stop button, Ctrl-C handler)
+    stop_reason: str | None = None
+
+    def on_eval(self, wall_s: float, value: float | None) -> bool:
+        """Report one evaluation; True when the run should stop now."""
+        if self.trial is not None:
+            reached = value is not None and (value <= self.target if lower_is_better(self.metric)
+                                             else value >= self.target)
+            current = penalized(self.metric, self.target, self.limit_s, wall_s if reached else None, value)
+            self.trial.report(current, step=max(1, int(round(wall_s * 1000))))  # resource: training ms
+            if not reached and self.trial.should_prune():
+                self.stop_reason = "pruned"
+                return True
+        return self.over_time(wall_s)
+
+    def over_time(self, wall_s: float) -> bool:
+        if self.stop_reason is None and self.should_stop is not None and self.should_stop():
+            self.stop_reason = USER_STOP
+        if wall_s >= self.stop_after_s and self.stop_reason is None:
+            self.stop_reason = f"time limit ({self.stop_after_s:.1f}s of training)"
+        return self.stop_reason is not None
+
+    def record_path(self) -> Path:
+        return Path(self.run_dir) / self.run_name / "record.json"
+
+
+class TrialReporter(Callback):
+    """Trainer callback: reports each evaluation to the trial; stops the run when it should end."""
+
+    def __init__(self, context: TrialContext):
+        self.context = context
+        self.trainer = None  # set once the Trainer exists; stop() goes through its public API
+
+    def eval_end(self, state, logger):
+        label, name = self.context.metric.rsplit("/", 1)
+        value = state.eval_metrics.get(label, {}).get(name)
+        if self.context.on_eval(state.timestamp.wall_s, None if value is None else float(value)):
+            self._stop()
+
+    def batch_end(self, state, logger):
+        if self.context.over_time(state.timestamp.wall_s):
+            self._stop()
+
+    def _stop(self):
+        if self.trainer is not None:
+            self.trainer.stop(self.context.stop_reason or "stopped by speedkit tune")
+
+
+def train_trial(context: TrialContext) -> RunRecord:
+    """The default runner: one run built by ``make_trainer``, stopped at the target, with the reporter."""
+    import time
+
+    from speedkit.tasks import make_trainer
+
+    reporter = TrialReporter(context)
+    started = time.perf_counter()
+    trainer = make_trainer(context.task, context.recipe, seed=context.seed, target=context.target,
+                           stop_at_target=True, run_dir=context.run_dir, run_name=context.run_name,
+                           callbacks=[reporter], save_checkpoints=False, extra_config=context.extra_config,
+                           **context.settings)
+    reporter.trainer = trainer
+    trainer.record.timings["setup_s"] = round(time.perf_counter() - started, 4)
+    return trainer.fit()
+
+
+Runner = Callable[[TrialContext], RunRecord]
+
+
+def resolve_runner(runner: Runner | str | None) -> Runner:
+    """A runner callable from itself, ``"module:function"`` (what worker processes import), or the default."""
+    if runner is None:
+        return train_trial
+    if callable(runner):
+        return runner
+    import importlib
+
+    module, _, name = str(runner).partition(":")
+    if not name:
+        raise ValueError(f"runner must be a callable or 'module:function', got {runner!r}")
+    return getattr(importlib.import_module(module), name)
+
+
+def runner_path(runner: Runner | str | None) -> str | None:
+    """``"module:function"`` for a runner, so other processes can import the same one."""
+    if runner is None or isinstance(runner, str):
+        return runner
+    module, name = getattr(runner, "__module__", None), getattr(runner, "__qualname__", "")
+    if not module or "<" in name or "." in name:
+        return None  # a lambda or a nested function: usable in this process only
+    return f"{module}:{name}"

@@ -1,0 +1,218 @@
+"""What ``speedkit tune`` leaves behind: the winner as a recipe file, a markdown report, a plotly page, summary.json."""
+from __future__ import annotations
+
+import datetime as _dt
+import html
+import json
+from pathlib import Path
+
+import yaml
+
+from speedkit.experiments.tune.space import describe_limit
+
+
+def reached_entry(config, winner: dict) -> dict:
+    """The recipe's ``reached``: what the confirmation runs measured, in the presets' format."""
+    import torch
+
+    from speedkit.record.runs import cpu_name
+
+    threads = torch.get_num_threads()
+    fraction = config.settings.get("data_fraction", 1.0)
+    return {"metric": config.metric, "target": config.target,
+            "seeds_reached": f"{winner['seeds_reached']}/{len(winner['seeds'])}",
+            "time_to_target_s": winner["median_s"], "final": winner["median_final"],
+            "profile": f"speedkit tune, data_fraction {fraction}, device {config.settings.get('device')}",
+            "machine": f"{cpu_name()}, {threads} thread{'s' * (threads > 1)}, torch {torch.__version__}",
+            "date": _dt.date.today().isoformat()}
+
+
+# Not "tuned": that is a baseline's name on some tasks (pydocs), and runs of a baseline's name count as baseline runs.
+WINNER_NAME = "tune-winner"
+
+
+def winner_recipe(config, summary: dict):
+    """The confirmed winner as a Recipe (with ``reached`` filled from measurement), or None."""
+    from speedkit.tasks.recipes import Recipe
+
+    confirmation = summary["confirmation"]
+    row = next((r for r in confirmation["candidates"] if r["key"] == confirmation.get("winner")), None)
+    if row is None:
+        return None
+    data = dict(row["recipe"])
+    fraction = config.settings.get("data_fraction", 1.0)
+    precision = portable_precision(data["precision"], config.settings.get("device", "auto"))
+    data.update(name=WINNER_NAME, precision=precision,
+                eval_interval=config.settings.get("eval_interval") or data["eval_interval"],
+                summary=f"found by speedkit tune on {config.task} (data_fraction {fraction}): {row['change']}",
+                reached=reached_entry(config, row))
+    return Recipe(**data)
+
+
+def portable_precision(precision: str, device) -> str:
+    """The winner's precision as the recipe file says it: ``"auto"`` where that is what auto picks here.
+
+    The search tries concrete precisions, so the winner holds one; but a file that says ``bf16`` keeps
+    bf16 on a machine where it is emulated and several times slower. Where the winner's precision is the
+    one ``"auto"`` measures as fast on this device, the file says ``"auto"``, which picks the fast one
+    wherever it runs (``reached`` names the machine it was measured on). A choice against auto stays.
+    """
+    from speedkit.core.devices import resolve_device, resolve_precision
+
+    return "auto" if precision == resolve_precision("auto", resolve_device(device)) else precision
+
+
+def recipe_yaml(recipe) -> str:
+    """``Recipe.to_yaml`` plus the measured ``reached`` (which ``Recipe.from_file`` reads back)."""
+    return recipe.to_yaml() + yaml.safe_dump({"reached": recipe.reached}, sort_keys=False)
+
+
+def write_outputs(config, studies, summary: dict) -> dict:
+    out = Path(config.out_dir)
+    paths: dict = {"summary": out / "summary.json", "report": out / "report.md"}
+    paths["summary"].write_text(json.dumps(summary, indent=1, default=str))
+    recipe = winner_recipe(config, summary)
+    if recipe is not None:
+        paths["recipe"] = out / "recipe.yaml"
+        paths["recipe"].write_text(recipe_yaml(recipe))
+        paths["recipe_obj"] = recipe
+    paths["report"].write_text(markdown(config, summary, paths.get("recipe")))
+    html_path = write_html(config, summary, out / "report.html")
+    if html_path is not None:
+        paths["html"] = html_path
+    return paths
+
+
+# -- markdown -------------------------------------------------------------------------------------------
+def _fmt(value, spec: str = ".1f", none: str = "–") -> str:
+    return none if value is None else format(value, spec)
+
+
+def markdown(config, summary: dict, recipe_path) -> str:
+    confirmation = summary["confirmation"]
+    trials = summary["trials"]
+    states = {}
+    for t in trials:
+        states[t["state"]] = states.get(t["state"], 0) + 1
+    lines = [f"# speedkit tune: {config.task}", "",
+             f"Target {config.metric} {config.target}; budget {config.budget_s:.0f}s, used {summary['spent_s']:.0f}s; "
+             f"trial limit {config.limit_s:.0f}s of training; data_fraction {config.settings.get('data_fraction')}; "
+             f"trials: {', '.join(f'{n} {s}' for s, n in sorted(states.items()))}.", "",
+             "Times are training wall clock to the target, evaluation excluded. A trial that missed the target "
+             "scores limit x (1 + shortfall).", ""]
+    lines += _confirmation_lines(confirmation, recipe_path, config)
+    lines += ["", "## Best trials of the search", "", "| phase | # | objective | time to target (s) | best metric | change |",
+              "|---|---|---|---|---|---|"]
+    done = sorted((t for t in trials if t["state"] == "complete"), key=lambda t: t["value"])[:12]
+    lines += [f"| {t['phase']} | {t['number']} | {t['value']:.2f} | {_fmt(t['time_to_target_s'])} | "
+              f"{_fmt(t['final'], '.4f')} | {t['change'] or ''} |" for t in done]
+    lines += ["", "## Methods", "", f"Searched: {', '.join(summary['methods_searched']) or 'none'}.", ""]
+    lines += [f"- left out `{m}`: {why}" for m, why in summary["left_out"].items()]
+    lines += [f"- searched `{key}` only {describe_limit(limit)}: elsewhere in its card's range it finds nothing to "
+              f"change in this model" for key, limit in summary.get("hparam_limits", {}).items()]
+    lines += ["", f"Study `{config.study_name}` in `{config.storage}` (rerun the same command to continue it; "
+              f"`optuna-dashboard {config.storage}` shows it where optuna-dashboard is installed). "
+              f"RunRecords: `{config.run_dir}`."]
+    return "\n".join(lines) + "\n"
+
+
+def _confirmation_lines(confirmation: dict, recipe_path, config) -> list[str]:
+    seeds = confirmation["seeds"]
+    lines = [f"## Confirmation on seeds {seeds}", "",
+             "| candidate | reached | median time (s) | times (s) | median final | change |", "|---|---|---|---|---|---|"]
+    for row in confirmation["candidates"]:
+        times = ", ".join(_fmt(t) for t in row["times_s"])
+        mark = " (winner)" if row["key"] == confirmation.get("winner") else ""
+        lines.append(f"| {row['role']}{mark} | {row['seeds_reached']}/{len(seeds)} | {_fmt(row['median_s'])} | {times} | "
+                     f"{_fmt(row['median_final'], '.4f')} | {row['change']} |")
+    lines.append("")
+    if confirmation.get("winner") is None:
+        lines.append("No search candidate reached the target on every seed: no recipe is called the winner.")
+    else:
+        pairs = ", ".join(_fmt(s, ".2f") for s in confirmation["speedups"] or [])
+        lines.append(f"Speed-up over the tuned baseline (paired by seed): median "
+                     f"**{_fmt(confirmation['speedup_median'], '.2f')}x** ({pairs}).")
+        lines.append(f"Recipe: `{recipe_path}`; run it with `speedkit train --task {config.task} --recipe "
+                     f"{recipe_path} --stop-at-target`.")
+    loo = confirmation.get("leave_one_out") or {}
+    if loo:
+        lines += ["", f"### The winner's leave-one-out (seed {seeds[0]})", "",
+                  "| left out | time to target (s) | time without / with |", "|---|---|---|"]
+        lines += [f"| {m} | {_fmt(row['time_without_s'], '.1f', 'never reached')} | "
+                  f"{_fmt(row['slowdown'], '.2f', 'never reached')} |" for m, row in loo.items()]
+        lines.append("Above 1: the method pays off here; below 1: the winner is faster without it.")
+    return lines
+
+
+# -- plotly page --------------------------------------------------------------------------------------
+def write_html(config, summary: dict, path: Path) -> Path | None:
+    """Every trial on time to target vs final metric, and the search's path; None without plotly."""
+    try:
+        import plotly.graph_objects as go
+    except ImportError:
+        return None
+    figures = [trials_figure(summary), path_figure(summary)]
+    if summary["confirmation"].get("leave_one_out"):
+        figures.append(leave_one_out_figure(summary))
+    parts = [fig.to_html(full_html=False, include_plotlyjs=(i == 0)) for i, fig in enumerate(figures)]
+    title = html.escape(f"speedkit tune: {config.task}")
+    path.write_text(f"<!doctype html><html><head><meta charset='utf-8'><title>{title}</title></head><body>"
+                    f"<h1>{title}</h1>{''.join(parts)}</body></html>")
+    return path
+
+
+def trials_figure(summary: dict):
+    """Every trial that evaluated: time to target (or time trained, when missed) against its best metric."""
+    import plotly.graph_objects as go
+
+    target = summary["target"]
+    fig = go.Figure()
+    for phase, color in (("baseline", "#7f7f7f"), ("search", "#1f77b4")):
+        for reached in (True, False):
+            rows = [t for t in summary["trials"] if t["phase"] == phase and t["final"] is not None
+                    and (t["time_to_target_s"] is not None) == reached]
+            fig.add_trace(go.Scatter(
+                x=[t["time_to_target_s"] if reached else t["train_s"] for t in rows], y=[t["final"] for t in rows],
+                mode="markers", name=f"{phase} ({'reached' if reached else 'missed: time trained'})",
+                marker={"color": color, "size": 9, "symbol": "circle" if reached else "circle-open"},
+                text=[f"#{t['number']} {t['state']}: {t['change']}" for t in rows], hoverinfo="text+x+y"))
+    fig.add_hline(y=target["value"], line_dash="dot", annotation_text="target")
+    fig.update_layout(title="Every trial: time to target vs best metric", xaxis_title="training seconds",
+                      yaxis_title=target["metric"], height=480)
+    return fig
+
+
+def path_figure(summary: dict):
+    """The search's path: each completed trial's objective, and the best so far, by trial number."""
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    for phase, color in (("baseline", "#7f7f7f"), ("search", "#1f77b4")):
+        rows = [t for t in summary["trials"] if t["phase"] == phase and t["state"] == "complete"]
+        best, bests = float("inf"), []
+        for t in rows:
+            best = min(best, t["value"])
+            bests.append(best)
+        fig.add_trace(go.Scatter(x=[t["number"] for t in rows], y=[t["value"] for t in rows], mode="markers",
+                                 name=f"{phase} trials", marker={"color": color},
+                                 text=[t["change"] for t in rows]))
+        fig.add_trace(go.Scatter(x=[t["number"] for t in rows], y=bests, mode="lines", name=f"{phase} best so far",
+                                 line={"color": color, "shape": "hv"}))
+    fig.update_layout(title="The search's path: objective by trial (lower is faster)", xaxis_title="trial",
+                      yaxis_title="objective (s)", yaxis_type="log", height=420)
+    return fig
+
+
+def leave_one_out_figure(summary: dict):
+    """The winner's slowdown when each of its methods is left out (above 1: the method pays off)."""
+    import plotly.graph_objects as go
+
+    rows = summary["confirmation"]["leave_one_out"]
+    names = list(rows)
+    slowdowns = [rows[m]["slowdown"] for m in names]
+    fig = go.Figure(go.Bar(x=names, y=[10.0 if s is None else min(s, 10.0) for s in slowdowns],
+                           text=["never reached" if s is None else f"{s:.2f}x" for s in slowdowns]))
+    fig.add_hline(y=1.0, line_dash="dot", annotation_text="no effect")
+    fig.update_layout(title="The winner's leave-one-out: time without each method / time with all",
+                      yaxis_title="slowdown", height=360)
+    return fig

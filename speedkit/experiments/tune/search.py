@@ -1,0 +1,443 @@
+"""The search itself: its configuration (shared by every worker process), the Optuna studies and the
+objective, and the phases (tune the baseline, then search) that each worker runs until they close.
+
+Three studies share one Optuna storage: ``<name>-baseline`` tunes the baseline recipe's learning rate
+and budget, ``<name>`` searches methods and recipe fields, ``<name>-confirm`` holds the confirmation
+runs (``speedkit.experiments.tune.confirm``). ``speedkit.experiments.tune.api.tune`` is the entry point.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import statistics
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+from speedkit.experiments.tune.objective import USER_STOP, TrialContext, resolve_runner, score_record
+from speedkit.experiments.tune.space import SearchSpace, TuneInputError, describe_change, recipe_params, suggest_recipe
+from speedkit.experiments.tune.storage import finished_trials, open_storage, optuna_module, worker_id
+
+PHASES = ("baseline", "search")
+PRUNERS = ("halving", "hyperband", "median", "none")
+
+
+def parse_budget(budget: str | float | int) -> float:
+    """Seconds from ``"30m"``, ``"90s"``, ``"1.5h"`` or a number of seconds."""
+    if isinstance(budget, (int, float)) and not isinstance(budget, bool):
+        seconds = float(budget)
+    else:
+        match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*(s|sec|m|min|h)?\s*", str(budget))
+        if not match:
+            raise TuneInputError(f"budget must be a wall-clock time such as '30m', '90s' or '1h', got {budget!r}")
+        seconds = float(match.group(1)) * {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, None: 1}[match.group(2)]
+    if not seconds > 0:
+        raise TuneInputError(f"budget must be longer than zero, got {budget!r}")
+    return seconds
+
+
+def resolve_target(task_spec, target) -> tuple[str, float]:
+    """(metric, value) from None (the task's), a number (the task's metric), ``"metric=value"`` or a pair."""
+    if target is None:
+        return task_spec.target_metric, float(task_spec.target_value)
+    if isinstance(target, (int, float)) and not isinstance(target, bool):
+        return task_spec.target_metric, float(target)
+    if isinstance(target, str):
+        metric, sep, value = target.partition("=")
+        if not sep:
+            try:
+                return task_spec.target_metric, float(target)
+            except ValueError:
+                raise TuneInputError(f"target must be a number or 'metric=value' such as "
+                                     f"'{task_spec.target_metric}=0.9', got {target!r}") from None
+        target = (metric.strip(), value)
+    if isinstance(target, (tuple, list)) and len(target) == 2:
+        try:
+            return str(target[0]), float(target[1])
+        except ValueError:
+            raise TuneInputError(f"target value must be a number, got {target[1]!r}") from None
+    raise TuneInputError(f"target must be a number, 'metric=value' or (metric, value), got {target!r}")
+
+
+def logged_metrics(task: str, base, device: str, data_fraction: float, eval_fraction) -> list[str]:
+    """The metric names the task's evaluators log (what a target may name)."""
+    import tempfile
+
+    from speedkit.tasks import make_trainer
+
+    with tempfile.TemporaryDirectory() as run_dir:
+        trainer = make_trainer(task, base, device=device, data_fraction=data_fraction, eval_fraction=eval_fraction,
+                               run_dir=run_dir, save_checkpoints=False)
+        return [f"{'eval' if ev.label == 'eval' else 'eval/' + ev.label}/{name}"
+                for ev in trainer.state.evaluators for name in ev.metrics]
+
+
+@dataclasses.dataclass
+class TuneConfig:
+    """Everything a worker needs to work on the search, as JSON (``tune_config.json`` in the output folder)."""
+
+    task: str
+    metric: str
+    target: float
+    base: dict  # the base recipe (Recipe.to_dict)
+    spaces: dict  # phase -> SearchSpace.to_dict
+    storage: str
+    study_name: str
+    out_dir: str
+    run_dir: str
+    settings: dict  # device, data_fraction, eval_fraction, eval_interval
+    budget_s: float
+    limit_s: float  # per-trial training limit, and the penalty's reference
+    baseline_share: float
+    seeds_to_confirm: int
+    max_trials: dict  # phase -> most finished trials (None: until the time is used)
+    pruner: str
+    sampler_seed: int
+    runner: str | None
+    started_at: float  # time.time() when this tune call started
+    spent_before_s: float  # search time used by earlier calls on the same studies
+    n_workers: int = 1
+    leave_one_out: bool = False  # the winner without each of its methods, after the confirmation
+    left_out: dict = dataclasses.field(default_factory=dict)  # method -> why the search does not try it
+
+    def save(self, path: Path) -> None:
+        path.write_text(json.dumps(dataclasses.asdict(self), indent=1))
+
+    @classmethod
+    def load(cls, path) -> "TuneConfig":
+        return cls(**json.loads(Path(path).read_text()))
+
+    def study(self, phase: str) -> str:
+        return self.study_name if phase == "search" else f"{self.study_name}-{phase}"
+
+    def base_recipe(self):
+        from speedkit.tasks.recipes import Recipe
+
+        return Recipe(**self.base)
+
+    def space(self, phase: str) -> SearchSpace:
+        data = dict(self.spaces[phase])
+        return SearchSpace(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})
+
+    def spent_s(self) -> float:
+        return self.spent_before_s + (time.time() - self.started_at)
+
+
+def load_study(config: TuneConfig, phase: str, worker_index: int = 0, storage=None):
+    """The phase's study (created on first use), with this worker's sampler and the search's pruner."""
+    optuna = optuna_module()
+    with warnings.catch_warnings():  # `group` (conditional spaces: a method's settings only when it is on) is experimental
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        sampler = optuna.samplers.TPESampler(seed=config.sampler_seed + worker_index, n_startup_trials=5,
+                                             multivariate=True, group=True, constant_liar=config.n_workers > 1)
+    return optuna.create_study(study_name=config.study(phase), storage=storage or open_storage(config.storage),
+                               direction="minimize", sampler=sampler, pruner=make_pruner(config),
+                               load_if_exists=True)
+
+
+PRUNER_STARTUP_TRIALS = 6  # finished trials a study needs before any trial is pruned
+
+
+def make_pruner(config: TuneConfig):
+    """Successive halving (default) or Hyperband over training milliseconds, the trials' resource; any of
+    them only once the study has a few finished trials and one that reached the target."""
+    optuna = optuna_module()
+    limit_ms = max(3, int(config.limit_s * 1000))
+    if config.pruner == "none":
+        return optuna.pruners.NopPruner()
+    if config.pruner == "halving":
+        inner = optuna.pruners.SuccessiveHalvingPruner(min_resource=max(1, limit_ms // 9), reduction_factor=3)
+    elif config.pruner == "hyperband":
+        inner = optuna.pruners.HyperbandPruner(min_resource=max(1, limit_ms // 27), max_resource=limit_ms,
+                                               reduction_factor=3)
+    elif config.pruner == "median":
+        inner = optuna.pruners.MedianPruner(n_startup_trials=0)
+    else:
+        raise TuneInputError(f"pruner must be one of {', '.join(PRUNERS)}, got {config.pruner!r}")
+    return _after_startup(optuna, inner)
+
+
+def _after_startup(optuna, inner):
+    """``inner``, consulted only once PRUNER_STARTUP_TRIALS trials finished and one reached the target.
+
+    Successive halving promotes only the best of a rung's first trials, so in a small search the second
+    trial is pruned whenever the first was ahead at that moment; and for time to target, being ahead early
+    says little (a short schedule leads early and then stalls below the target) until some trial has shown
+    where the target lies.
+    """
+    class AfterStartup(optuna.pruners.BasePruner):
+        def prune(self, study, trial) -> bool:
+            done = finished_trials(study)
+            if len(done) < PRUNER_STARTUP_TRIALS or best_reached_s(study) is None:
+                return False
+            return inner.prune(study, trial)
+
+    return AfterStartup()
+
+
+def best_reached_s(study) -> float | None:
+    times = [t.user_attrs.get("time_to_target_s") for t in finished_trials(study, ("COMPLETE",))]
+    times = [t for t in times if t is not None]
+    return min(times) if times else None
+
+
+class SearchStopped(Exception):
+    """The search was asked to stop mid-trial; that trial is failed and queued to run again on resume."""
+
+
+def make_objective(config: TuneConfig, phase: str, runner, should_stop=None):
+    """The Optuna objective of one phase: propose a recipe, train it (or refuse it untrained), score it."""
+    optuna = optuna_module()
+    base, space = config.base_recipe(), config.space(phase)
+
+    def objective(trial):
+        trial.set_user_attr("worker", worker_id())
+        name = f"{config.study_name}-{phase}-t{trial.number:04d}"
+        try:
+            recipe = suggest_recipe(trial, base, space, name=name)
+        except (ValueError, TypeError) as e:
+            _infeasible(trial, f"recipe refused: {e}")
+        blocked = _known_inapplicable(trial.study, recipe.methods)
+        if blocked:
+            _infeasible(trial, blocked)
+        trial.set_user_attr("recipe", recipe.to_dict())
+        trial.set_user_attr("change", describe_change(recipe, base))
+        context = trial_context(config, phase, recipe, seed=0, run_name=name, trial=trial)
+        context.should_stop = should_stop
+        return _run_and_score(config, trial, context, runner)
+
+    def _infeasible(trial, reason: str):
+        trial.set_user_attr("infeasible", reason)
+        raise optuna.TrialPruned(reason)  # pruned at once, untrained: the sampler learns to avoid it
+
+    objective.infeasible = _infeasible
+    return objective
+
+
+def trial_context(config: TuneConfig, phase: str, recipe, seed: int, run_name: str, trial=None) -> TrialContext:
+    remaining = max(1.0, config.budget_s - config.spent_s())
+    stop_after = min(config.limit_s, remaining)
+    best = best_reached_s(trial.study) if trial is not None else None
+    if best is not None:
+        stop_after = min(stop_after, 1.5 * best)  # past 1.5x the best time a run can be neither winner nor runner-up
+    return TrialContext(task=config.task, recipe=recipe, seed=seed, run_dir=config.run_dir, run_name=run_name,
+                        metric=config.metric, target=config.target, limit_s=config.limit_s, stop_after_s=stop_after,
+                        settings=dict(config.settings), trial=trial,
+                        extra_config={"seed": seed, "tune": {"study": config.study_name, "phase": phase,
+                                                             "trial": trial.number if trial else None}})
+
+
+def _run_and_score(config: TuneConfig, trial, context: TrialContext, runner) -> float:
+    optuna = optuna_module()
+    from speedkit.core.algorithm import NothingToChangeError
+
+    started = time.perf_counter()
+    try:
+        record = runner(context)
+    except KeyboardInterrupt:  # Ctrl-C: this trial runs again when the search continues
+        trial.study.enqueue_trial(trial.params, user_attrs={"retry_of": trial.number})
+        raise
+    except NothingToChangeError as e:
+        _mark_inapplicable(trial.study, context.recipe.methods, str(e))
+        trial.set_user_attr("infeasible", f"NothingToChangeError: {e}")
+        raise optuna.TrialPruned(str(e)) from None
+    except Exception as e:  # a combination the code refused, or one that broke: recorded, and the search goes on
+        trial.set_user_attr("infeasible", f"{type(e).__name__}: {e}")
+        trial.set_user_attr("wall_s", round(time.perf_counter() - started, 3))
+        raise optuna.TrialPruned(f"{type(e).__name__}: {e}") from None
+    if context.stop_reason == USER_STOP:
+        trial.study.enqueue_trial(trial.params, user_attrs={"retry_of": trial.number})
+        raise SearchStopped(f"trial {trial.number} stopped before it finished; it will run again on resume")
+    value = score_record(record, config.metric, config.target, config.limit_s)
+    store_outcome(trial, record, config, time.perf_counter() - started, context.stop_reason)
+    if context.stop_reason == "pruned":
+        raise optuna.TrialPruned(f"pruned at {record.timings.get('train_s', 0):.1f}s of training")
+    return value
+
+
+def store_outcome(trial, record, config: TuneConfig, wall_s: float, stop_reason: str | None) -> None:
+    trial.set_user_attr("record", str(record.path))
+    trial.set_user_attr("time_to_target_s", record.time_to(config.metric, config.target))
+    trial.set_user_attr("final", record.best(config.metric))
+    trial.set_user_attr("train_s", record.timings.get("train_s"))
+    trial.set_user_attr("wall_s", round(wall_s, 3))
+    trial.set_user_attr("stop_reason", stop_reason)
+
+
+def _mark_inapplicable(study, methods: dict, message: str) -> None:
+    """Remember a method that found nothing to change, so later trials with it are refused untrained: at once
+    when it had its card's defaults, else on its second refusal (one refusal may be its settings' doing,
+    say blurpool's min_channels; two with different settings point at the model)."""
+    from speedkit.methods import REGISTRY
+
+    culprit = next((m for m in methods if message.startswith(m)), None)
+    if culprit is None:
+        return
+    defaults = {hp.name: hp.default for hp in REGISTRY[culprit].CARD.hparams}
+    refusals = int(study.user_attrs.get(f"refusals:{culprit}", 0)) + 1
+    study.set_user_attr(f"refusals:{culprit}", refusals)
+    if refusals >= 2 or all(defaults.get(k) == v for k, v in (methods[culprit] or {}).items()):
+        study.set_user_attr(f"inapplicable:{culprit}", message)
+
+
+def _known_inapplicable(study, methods: dict) -> str | None:
+    for name in methods:
+        reason = study.user_attrs.get(f"inapplicable:{name}")
+        if reason:
+            return f"{name} found nothing to act on in an earlier trial: {reason}"
+    return None
+
+
+def confirm_reserve_s(config: TuneConfig, studies: dict) -> float:
+    """Time kept back for confirmation: each candidate's measured trial time, times the seeds."""
+    typical = [t.user_attrs.get("wall_s") for s in studies.values() for t in finished_trials(s, ("COMPLETE",))]
+    typical = [t for t in typical if t]
+    fallback = statistics.median(typical) if typical else config.limit_s
+    walls = []
+    for phase, count in (("baseline", 1), ("search", 2)):
+        if phase in studies:
+            best = ranked(studies[phase])[:count]
+            walls += [t.user_attrs.get("wall_s") or fallback for t in best]
+            walls += [fallback] * (count - len(best))
+    reserve = config.seeds_to_confirm * sum(walls)
+    if config.leave_one_out and "search" in studies:  # one run per method of the likely winner
+        best = ranked(studies["search"])[:1]
+        methods = len(best[0].user_attrs.get("recipe", {}).get("methods", {})) if best else 0
+        reserve += methods * (best[0].user_attrs.get("wall_s") or fallback if best else fallback)
+    return reserve
+
+
+def phase_open(config: TuneConfig, phase: str, studies: dict) -> bool:
+    """Whether a worker may start another trial in ``phase`` now."""
+    finished = len(finished_trials(studies[phase]))
+    if config.max_trials.get(phase) is not None and finished >= config.max_trials[phase]:
+        return False
+    if finished == 0:
+        return True  # at least one measured trial per phase, or there is nothing to confirm
+    spent = config.spent_s()
+    if phase == "baseline":
+        return spent < config.baseline_share * config.budget_s
+    return spent + confirm_reserve_s(config, studies) < config.budget_s
+
+
+def run_phases(config: TuneConfig, worker_index: int = 0, runner=None, on_trial=None, should_stop=None) -> None:
+    """Work on the baseline study, then the search study, until each phase closes (all workers run this)."""
+    storage = open_storage(config.storage)
+    runner = runner or resolve_runner(config.runner)
+    studies = {phase: load_study(config, phase, worker_index, storage) for phase in PHASES}
+    for phase in PHASES:
+        objective = make_objective(config, phase, runner, should_stop)
+        callbacks = [on_trial] if on_trial is not None else []
+        while phase_open(config, phase, studies) and not (should_stop and should_stop()):
+            if worker_index == 0 and phase == "search":
+                seed_search_study(config, studies)
+            try:
+                studies[phase].optimize(objective, n_trials=1, callbacks=callbacks, gc_after_trial=False)
+            except SearchStopped:
+                return
+
+
+def seed_search_study(config: TuneConfig, studies: dict) -> None:
+    """Start the search from known points: the baseline, the tuned baseline, the task's presets (once)."""
+    search = studies["search"]
+    if search.user_attrs.get("seeded"):
+        return
+    search.set_user_attr("seeded", True)
+    base, space = config.base_recipe(), config.space("search")
+    for recipe in starting_recipes(config, studies["baseline"]):  # presets first: the fast ones set the bar early
+        if space.methods:  # a preset restricted to the methods the search may try is still a good start
+            recipe = recipe.with_changes(methods={m: p for m, p in recipe.methods.items() if m in space.methods})
+        params = recipe_params(recipe, base, space)
+        if params is not None:
+            search.enqueue_trial(params, user_attrs={"start_from": recipe.name}, skip_if_exists=True)
+
+
+def seed_baseline_study(config: TuneConfig, study) -> None:
+    """The baseline recipe as it is is the baseline study's first point."""
+    if study.user_attrs.get("seeded"):
+        return
+    study.set_user_attr("seeded", True)
+    params = recipe_params(config.base_recipe(), config.base_recipe(), config.space("baseline"))
+    if params is not None:
+        study.enqueue_trial(params, user_attrs={"start_from": "baseline"}, skip_if_exists=True)
+
+
+def starting_recipes(config: TuneConfig, baseline_study) -> list:
+    from speedkit.core.devices import resolve_device, resolve_precision
+    from speedkit.tasks.recipes import RECIPES
+
+    recipes = []
+    device = resolve_device(config.settings.get("device", "auto"))
+    presets = [p for name, p in RECIPES.get(config.task, {}).items() if name != "baseline"]
+    for preset in sorted(presets, key=lambda p: (_measured_time(p), _budget_fraction(p, config.base_recipe()))):
+        recipes.append(preset.with_changes(precision=resolve_precision(preset.precision, device)))
+    # The tuned baseline, or the base as it is; the baseline study measured these already, but the search's
+    # sampler learns from its own trials only.
+    best = ranked(baseline_study)[:1]
+    recipes.append(recipe_from_trial(best[0], "tuned-baseline") if best else config.base_recipe())
+    return recipes
+
+
+def _budget_fraction(recipe, base) -> float:
+    """The recipe's budget over the base's (presets that need less come first); unknown: last."""
+    from speedkit.core.time import Time
+
+    try:
+        return Time.from_string(recipe.duration) / Time.from_string(base.duration)
+    except (ValueError, TypeError):
+        return float("inf")
+
+
+def _measured_time(recipe) -> float:
+    """A preset's benchmarked time to its target (those never measured, or that missed, come last)."""
+    time_s = (recipe.reached or {}).get("time_to_target_s")
+    return float("inf") if time_s is None else float(time_s)
+
+
+def ranked(study) -> list:
+    """Completed trials, best objective first."""
+    return sorted(finished_trials(study, ("COMPLETE",)), key=lambda t: t.value)
+
+
+def recipe_from_trial(trial, name: str):
+    from speedkit.tasks.recipes import Recipe
+
+    data = dict(trial.user_attrs["recipe"])
+    data["name"] = name
+    return Recipe(**data)
+
+
+def start_workers(config_path: Path, n_extra: int) -> list[subprocess.Popen]:
+    """Extra worker processes on the same studies (``python -m speedkit.experiments.tune.worker CONFIG INDEX``),
+    each logging to ``worker-INDEX.log`` beside the config."""
+    workers = []
+    for index in range(1, n_extra + 1):
+        with open(config_path.parent / f"worker-{index}.log", "ab") as log:
+            workers.append(subprocess.Popen([sys.executable, "-m", "speedkit.experiments.tune.worker", str(config_path),
+                                             str(index)], stdout=log, stderr=subprocess.STDOUT))
+    return workers
+
+
+def search_identity(config: TuneConfig) -> dict:
+    """What must not change when a search continues: its trials are only comparable under the same settings."""
+    return {"task": config.task, "metric": config.metric, "target": config.target, "base": config.base,
+            "spaces": config.spaces, "settings": config.settings, "limit_s": config.limit_s}
+
+
+def check_same_search(config: TuneConfig, study) -> None:
+    """Refuse to continue a study that was started with other settings (its times would not compare)."""
+    identity = json.loads(json.dumps(search_identity(config)))  # as stored: tuples become lists
+    stored = study.user_attrs.get("identity")
+    if stored is None:
+        study.set_user_attr("identity", identity)
+        return
+    changed = sorted(k for k in identity if identity[k] != stored.get(k))
+    if changed:
+        details = "; ".join(f"{k}: was {stored.get(k)!r}, now {identity[k]!r}" for k in changed
+                            if k not in ("spaces", "base"))
+        raise TuneInputError(f"study {study.study_name!r} in {config.storage} was started with other settings "
+                             f"({', '.join(changed)} differ{': ' + details if details else ''}); continue it with "
+                             f"the same arguments, or start a new search with another study_name or out_dir")

@@ -1,0 +1,405 @@
+"""The search space of ``speedkit tune``, read from the method cards and the task's baseline recipe.
+
+Which methods may be tried (and why the others are left out), and how one Optuna trial becomes a
+Recipe: methods on or off with their card's hyperparameters, plus the recipe fields (batch size,
+learning rate, schedule, budget, precision, input pipeline). Conflicting methods are never proposed
+together: methods are drawn in a fixed order and one that the engine's own check refuses beside
+those already on is not offered at all.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import tempfile
+from typing import Any, Sequence
+
+from speedkit.core.algorithm import HParam, IncompatibleMethodsError, check_compatibility
+from speedkit.core.time import Time
+
+# Hyperparameters that are switches of the method's error handling or facts about the task, not settings.
+NOT_SEARCHED = {"allow_empty", "num_classes"}
+
+# Schedules a trial may pick besides the baseline recipe's own (their shapes stretch with the budget).
+SCHEDULE_CHOICES = {
+    "one_cycle": {"name": "one_cycle", "peak_at": 0.2},
+    "linear_to_zero": {"name": "linear_to_zero", "warmup": "0.05dur"},
+}
+
+
+class TuneInputError(ValueError):
+    """Bad input to ``speedkit.experiments.tune``: the message names the argument and how to fix it."""
+
+
+def default_left_out(device_type: str) -> dict[str, str]:
+    """Methods not tried unless asked for by name, with the reason."""
+    left_out = {"autocast": "the search tunes the recipe's precision field, which sets the same autocast"}
+    if device_type == "cpu":
+        left_out["torch_compile"] = ("its first batch compiles for 20-40 s on CPU, which a timed search would "
+                                     "count against it; name it in methods= to try it anyway")
+    return left_out
+
+
+def resolve_methods(methods: Sequence[str] | str | None) -> list[str] | None:
+    """The allowed method names, checked against the registry (None: every method)."""
+    from speedkit.methods import REGISTRY
+
+    if methods is None:
+        return None
+    if isinstance(methods, str):
+        methods = [m.strip() for m in methods.split(",") if m.strip()]
+    names = list(dict.fromkeys(methods))
+    unknown = [m for m in names if m not in REGISTRY]
+    if unknown:
+        hints = [f"{m!r} (did you mean {close[0]!r}?)" if (close := difflib.get_close_matches(m, list(REGISTRY), n=1))
+                 else repr(m) for m in unknown]
+        raise TuneInputError(f"methods: unknown method {', '.join(hints)}; known methods: {', '.join(REGISTRY)}")
+    return names
+
+
+def candidate_methods(task_domain: str, allowed: list[str] | None, device_type: str) -> tuple[list[str], dict]:
+    """(methods the search may turn on, {method left out: why}) by domain and the default exclusions."""
+    from speedkit.methods import REGISTRY
+
+    named = allowed is not None
+    left_out: dict[str, str] = {}
+    candidates = []
+    for name in (allowed if named else list(REGISTRY)):
+        card = REGISTRY[name].CARD
+        if card.domain not in (task_domain, "any"):
+            left_out[name] = f"a {card.domain} method; this task is {task_domain}"
+        elif not named and name in default_left_out(device_type):
+            left_out[name] = default_left_out(device_type)[name]
+        else:
+            candidates.append(name)
+    return candidates, left_out
+
+
+def probe_surgery(task: str, recipe, methods: list[str], device: str, data_fraction: float) -> dict[str, str]:
+    """{method: why it is left out} for methods whose surgery finds nothing in the task's model.
+
+    Each method that acts at INIT is built alone into the task's Trainer (construction runs INIT, no
+    training), with the card's defaults: a ``NothingToChangeError`` or a refused requirement means the
+    search would only waste trials on it.
+    """
+    from speedkit.core.event import Event
+    from speedkit.methods import REGISTRY
+    from speedkit.tasks import make_trainer
+
+    left_out = {}
+    with tempfile.TemporaryDirectory() as run_dir:
+        for name in methods:
+            if Event.INIT not in REGISTRY[name].CARD.events:
+                continue
+            try:
+                make_trainer(task, recipe.with_changes(methods={name: {}}), device=device,
+                             data_fraction=data_fraction, run_dir=run_dir, save_checkpoints=False)
+            except (ValueError, TypeError, RuntimeError) as e:  # NothingToChangeError is a ValueError
+                left_out[name] = f"{type(e).__name__}: {e}"
+    return left_out
+
+
+def fit_hparams_to_model(task: str, recipe, methods: list[str], device: str) -> dict:
+    """{"method.hparam": {"low", "high"} or {"choices"}}: the card ranges narrowed to what acts on this model.
+
+    A card's range is written for every model: squeeze-excite's ``min_channels`` goes up to 4096 and
+    weight standardization may leave out the last 100 convolutions. On a small model most of such a range
+    finds nothing to change, and each trial drawn there is wasted (the method is then dropped after two).
+    So each hyperparameter of a surgery method is tried alone at its range's ends (the others at their
+    defaults); an end that finds nothing is moved in by bisection to the last value that still does, and a
+    choice that finds nothing is not offered. Interactions between two hyperparameters are not probed; a
+    trial that meets one is refused as before.
+    """
+    import torch
+
+    from speedkit.core.event import Event
+    from speedkit.methods import REGISTRY, get_algorithm
+    from speedkit.tasks import resolve_task
+    from speedkit.train.trainer import Trainer
+
+    spec = resolve_task(task)
+    limits: dict[str, dict] = {}
+    with tempfile.TemporaryDirectory() as run_dir:
+        def acts(name: str, params: dict) -> bool:
+            """Whether the surgery finds something in a fresh model: a Trainer without data runs INIT only
+            (a hundred of these take seconds, where building the task's data each time would take minutes)."""
+            torch.manual_seed(0)
+            try:
+                Trainer(spec.model(recipe.model), algorithms=[get_algorithm(name, **params)], device=device,
+                        precision=recipe.precision, run_dir=run_dir, save_checkpoints=False)
+            except (ValueError, TypeError, RuntimeError):  # NothingToChangeError is a ValueError
+                return False
+            return True
+
+        for name in methods:
+            if Event.INIT not in REGISTRY[name].CARD.events or not acts(name, {}):
+                continue  # not a surgery, or one that finds nothing even at its defaults (probe_surgery says why)
+            for hp in REGISTRY[name].CARD.hparams:
+                limit = _fit_hparam(hp, lambda value: acts(name, {hp.name: value}))
+                if limit is not None:
+                    limits[f"{name}.{hp.name}"] = limit
+    return limits
+
+
+def _fit_hparam(hp: HParam, acts) -> dict | None:
+    """The part of one hyperparameter's range where ``acts(value)`` holds, or None where that is all of it."""
+    if not _is_searched(hp):
+        return None
+    choices = _search_choices(hp)
+    if choices is not None:
+        kept = [c for c in choices if c == hp.default or acts(c)]
+        return {"choices": kept} if len(kept) < len(choices) else None
+    low = hp.low if acts(hp.low) else _last_acting(hp, hp.default, hp.low, acts)
+    high = hp.high if acts(hp.high) else _last_acting(hp, hp.default, hp.high, acts)
+    return None if (low, high) == (hp.low, hp.high) else {"low": low, "high": high}
+
+
+def describe_limit(limit: dict) -> str:
+    """A narrowed range in words: ``in [1, 128]`` or ``as True``."""
+    if "choices" in limit:
+        return "as " + " or ".join(map(str, limit["choices"]))
+    return f"in [{limit['low']:.4g}, {limit['high']:.4g}]"
+
+
+def _last_acting(hp: HParam, good, bad, acts, steps: int = 10):
+    """Bisect between a value that acts (``good``) and one that does not (``bad``): the last that acts."""
+    for _ in range(64 if hp.type is int else steps):
+        if hp.type is int and abs(bad - good) <= 1:
+            break
+        middle = (good + bad) // 2 if hp.type is int else (good + bad) / 2
+        good, bad = (middle, bad) if acts(middle) else (good, middle)
+    return good
+
+
+# -- the space ---------------------------------------------------------------------------------
+@dataclasses.dataclass
+class SearchSpace:
+    """What a trial may change in the base recipe. Empty tuples (or None ranges) keep the base's value."""
+
+    methods: tuple[str, ...] = ()  # tried on/off in this order
+    tune_hparams: bool = True  # each method's card hyperparameters too, not only on/off
+    lr_factor: float | None = 10.0  # lr in [base / f, base * f], log scale
+    duration_scale: tuple[float, float] | None = (0.1, 1.0)  # budget as a fraction of the base's, log scale
+    batch_sizes: tuple[int, ...] = ()
+    schedules: tuple[str, ...] = ()  # "base" and names in SCHEDULE_CHOICES
+    precisions: tuple[str, ...] = ()
+    loaders: tuple[str, ...] = ()
+    crop_pads: tuple[int, ...] = ()
+    flips: tuple[str, ...] = ()  # "random", "alternating", "none"
+    hparam_limits: dict = dataclasses.field(default_factory=dict)  # "method.hparam": fit_hparams_to_model's ranges
+
+    def is_empty(self) -> bool:
+        return not any((self.methods, self.lr_factor, self.duration_scale, self.batch_sizes, self.schedules,
+                        self.precisions, self.loaders, self.crop_pads, self.flips))
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def baseline_space(duration_scale=(0.1, 1.0), lr_factor: float = 10.0) -> SearchSpace:
+    """The tuned baseline's space: the baseline recipe with only its learning rate and budget searched."""
+    return SearchSpace(methods=(), lr_factor=lr_factor, duration_scale=duration_scale)
+
+
+def full_space(base, methods: Sequence[str], device_type: str, tune_hparams: bool = True,
+               duration_scale=(0.1, 1.0), lr_factor: float = 10.0, hparam_limits: dict | None = None) -> SearchSpace:
+    """Methods plus every recipe field that fits the task's domain and device."""
+    vision = base.domain == "vision"
+    precisions = ("fp32", "bf16", "fp16") if device_type == "cuda" else ("fp32", "bf16")
+    return SearchSpace(
+        methods=tuple(methods), tune_hparams=tune_hparams, lr_factor=lr_factor, duration_scale=duration_scale,
+        batch_sizes=tuple(sorted({max(1, base.batch_size // 2), base.batch_size, base.batch_size * 2,
+                                  base.batch_size * 4})),
+        schedules=("base", *SCHEDULE_CHOICES), precisions=precisions,
+        loaders=("memory", "torch") if vision else (),
+        crop_pads=(0, 1, 2) if vision else (), flips=("random", "alternating", "none") if vision else (),
+        hparam_limits=dict(hparam_limits or {}))
+
+
+# -- one trial -> one recipe -------------------------------------------------------------------------
+def suggest_recipe(trial, base, space: SearchSpace, name: str):
+    """The Recipe this trial proposes (base recipe fields changed by what the sampler picked)."""
+    changes: dict[str, Any] = {"name": name, "summary": f"found by speedkit tune ({name})"}
+    optimizer = dict(base.optimizer)
+    if space.lr_factor:
+        lr = base.optimizer["lr"]
+        optimizer["lr"] = trial.suggest_float("lr", lr / space.lr_factor, lr * space.lr_factor, log=True)
+    changes["optimizer"] = optimizer
+    if space.duration_scale:
+        scale = trial.suggest_float("duration_scale", *space.duration_scale, log=True)
+        changes["duration"] = scaled_duration(base.duration, scale)
+    _pick(trial, changes, "batch_size", space.batch_sizes)
+    if space.schedules:
+        schedule = trial.suggest_categorical("schedule", space.schedules)
+        changes["schedule"] = base.schedule if schedule == "base" else dict(SCHEDULE_CHOICES[schedule])
+    _pick(trial, changes, "precision", space.precisions)
+    _pick(trial, changes, "loader", space.loaders)
+    augment = dict(base.augment or {})
+    if space.crop_pads:
+        augment["crop_pad"] = trial.suggest_categorical("crop_pad", space.crop_pads)
+    if space.flips:
+        flip = trial.suggest_categorical("flip", space.flips)
+        augment["flip"] = None if flip == "none" else flip
+    if space.crop_pads or space.flips:
+        changes["augment"] = augment
+    if space.methods:  # the trial's methods replace the base's (checked against the cards); no methods: the base's stay
+        changes["methods"] = suggest_methods(trial, space)
+    return base.with_changes(**changes)
+
+
+def _pick(trial, changes: dict, field: str, choices: tuple) -> None:
+    if choices:
+        changes[field] = trial.suggest_categorical(field, choices)
+
+
+def scaled_duration(duration: str, scale: float) -> str:
+    """The base budget times ``scale``, in the base's unit (at least one whole batch, sample or token)."""
+    time = Time.from_string(duration) * scale
+    if isinstance(time.value, int):
+        time = Time(max(1, time.value), time.unit)
+    else:
+        time = Time(float(f"{time.value:.3g}"), time.unit)
+    return str(time)
+
+
+def suggest_methods(trial, space: SearchSpace) -> dict:
+    """Methods on/off in a fixed order; one that conflicts with those already on is not offered."""
+    from speedkit.methods import get_algorithm
+
+    chosen: dict[str, dict] = {}
+    algorithms = []
+    for name in space.methods:
+        candidate = get_algorithm(name)
+        try:
+            check_compatibility([*algorithms, candidate])
+        except IncompatibleMethodsError:
+            continue  # never proposed beside a method it conflicts with (the engine would refuse the pair)
+        if not trial.suggest_categorical(f"use:{name}", (False, True)):
+            continue
+        params = suggest_hparams(trial, name, space.hparam_limits) if space.tune_hparams else {}
+        chosen[name] = params
+        algorithms.append(candidate)
+    return chosen
+
+
+def suggest_hparams(trial, method: str, limits: dict | None = None) -> dict:
+    """The method's searchable hyperparameters, each within its card's range (log scale where it says),
+    narrowed to ``limits`` where this model needs it (``fit_hparams_to_model``)."""
+    from speedkit.methods import REGISTRY
+
+    params = {}
+    for hp in REGISTRY[method].CARD.hparams:
+        key = f"{method}.{hp.name}"
+        limit = (limits or {}).get(key)
+        if limit is not None:
+            hp = dataclasses.replace(hp, **({"choices": tuple(limit["choices"])} if "choices" in limit
+                                             else {"low": limit["low"], "high": limit["high"]}))
+        value = _suggest_hparam(trial, key, hp)
+        if value is not _NOT_SEARCHABLE:
+            params[hp.name] = value
+    return params
+
+
+_NOT_SEARCHABLE = object()
+
+
+def _search_choices(hp: HParam) -> tuple | None:
+    """The values the search picks this hyperparameter from, if it is a choice (a bool is one)."""
+    return hp.choices if hp.choices is not None else ((False, True) if hp.type is bool else None)
+
+
+def _is_searched(hp: HParam) -> bool:
+    """Whether the search sets this hyperparameter: plain choices, or a number with a range; else its default stays."""
+    if hp.name in NOT_SEARCHED:
+        return False
+    choices = _search_choices(hp)
+    if choices is not None:
+        return all(isinstance(c, (str, int, float, bool)) for c in choices)  # what Optuna stores (not dynamic=None)
+    return hp.type in (int, float) and hp.low is not None and hp.high is not None and hp.low < hp.high
+
+
+def _suggest_hparam(trial, key: str, hp: HParam):
+    """One hyperparameter from the card: one of its choices, or a number in [low, high]."""
+    if not _is_searched(hp):
+        return _NOT_SEARCHABLE  # e.g. ema's half_life string: its default is kept
+    if _search_choices(hp) is not None:
+        return trial.suggest_categorical(key, _search_choices(hp))
+    log = hp.log and hp.low > 0
+    if hp.type is int:
+        on_grid = hp.step and not log and (hp.high - hp.low) % hp.step == 0 and (hp.default - hp.low) % hp.step == 0
+        step = int(hp.step) if on_grid else 1  # a grid that misses the default could not start from the presets
+        return trial.suggest_int(key, int(hp.low), int(hp.high), step=step, log=log)
+    return trial.suggest_float(key, float(hp.low), float(hp.high), log=log)
+
+
+# -- a known recipe as a starting point ------------------------------------------------------------
+def recipe_params(recipe, base, space: SearchSpace) -> dict | None:
+    """The trial parameters that reproduce ``recipe`` in ``space`` (to enqueue it), or None if it does not fit.
+
+    Only the fields and methods the space searches can be set; a recipe that needs anything else
+    (another model, a method left out, a value outside a range) is not a point of this space.
+    """
+    if recipe.model != base.model:
+        return None
+    if not set(recipe.methods) <= set(space.methods) and not (not space.methods and recipe.methods == base.methods):
+        return None
+    params: dict[str, Any] = {}
+    if space.lr_factor:
+        params["lr"] = recipe.optimizer.get("lr", base.optimizer["lr"])
+        if not base.optimizer["lr"] / space.lr_factor <= params["lr"] <= base.optimizer["lr"] * space.lr_factor:
+            return None
+    elif recipe.optimizer != base.optimizer:
+        return None
+    if space.duration_scale:
+        try:
+            scale = Time.from_string(recipe.duration) / Time.from_string(base.duration)
+        except ValueError:
+            return None
+        if not space.duration_scale[0] <= scale <= space.duration_scale[1]:
+            return None
+        params["duration_scale"] = scale
+    fields = {"batch_size": (recipe.batch_size, space.batch_sizes), "precision": (recipe.precision, space.precisions),
+              "loader": (recipe.loader, space.loaders)}
+    augment = recipe.augment or {}
+    if space.crop_pads:
+        fields["crop_pad"] = (augment.get("crop_pad", 0), space.crop_pads)
+    if space.flips:
+        fields["flip"] = (augment.get("flip") or "none", space.flips)
+    schedule = next((n for n, s in SCHEDULE_CHOICES.items() if s == recipe.schedule), None)
+    if space.schedules:
+        fields["schedule"] = ("base" if recipe.schedule == base.schedule else schedule, space.schedules)
+    for key, (value, choices) in fields.items():
+        if choices:
+            if value not in choices:
+                return None
+            params[key] = value
+    return params | _method_params(recipe.methods, space)
+
+
+def _method_params(methods: dict, space: SearchSpace) -> dict:
+    """``use:`` switches for every method in the space, and the given methods' hyperparameters."""
+    from speedkit.methods import REGISTRY
+
+    params: dict[str, Any] = {f"use:{name}": name in methods for name in space.methods}
+    if space.tune_hparams:
+        for name, given in methods.items():
+            for hp in REGISTRY[name].CARD.hparams:
+                if hp.name not in NOT_SEARCHED:
+                    params[f"{name}.{hp.name}"] = (given or {}).get(hp.name, hp.default)
+    return params
+
+
+def describe_change(recipe, base) -> str:
+    """A short line of what a recipe changes from the base: methods and the fields that differ."""
+    parts = [f"+{m}" for m in recipe.methods]
+    for field in ("batch_size", "precision", "loader", "duration"):
+        if getattr(recipe, field) != getattr(base, field):
+            parts.append(f"{field}={getattr(recipe, field)}")
+    lr = recipe.optimizer.get("lr")
+    if lr is not None and not math.isclose(lr, base.optimizer.get("lr", lr)):
+        parts.append(f"lr={lr:.3g}")
+    if recipe.schedule != base.schedule:
+        parts.append(f"schedule={(recipe.schedule or {}).get('name')}")
+    if recipe.augment != base.augment:
+        parts.append(f"augment={recipe.augment}")
+    return " ".join(parts) or "as the base"

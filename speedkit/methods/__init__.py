@@ -1,0 +1,159 @@
+"""Speed-up methods, one module each. ``REGISTRY`` maps each stable snake_case name to its Algorithm class.
+
+Every module in this package whose name does not start with ``_`` is a method module; its Algorithm class
+is imported here by name (editors and type checkers see every export) and listed in ``METHODS``.
+"""
+from __future__ import annotations
+
+import difflib
+from collections.abc import Mapping
+
+from speedkit.core.algorithm import Algorithm, MethodCard, check_free_name, show
+from speedkit.methods.alibi import ALiBi
+from speedkit.methods.alternating_flip import AlternatingFlip
+from speedkit.methods.augmix import AugMix
+from speedkit.methods.autocast import Autocast
+from speedkit.methods.batch_size_warmup import BatchSizeWarmup
+from speedkit.methods.blurpool import BlurPool
+from speedkit.methods.budget_schedule import BudgetSchedule
+from speedkit.methods.channels_last import ChannelsLast
+from speedkit.methods.colout import ColOut
+from speedkit.methods.cutmix import CutMix
+from speedkit.methods.cutout import CutOut
+from speedkit.methods.data_echoing import DataEchoing
+from speedkit.methods.ema import EMA
+from speedkit.methods.factorize import Factorize
+from speedkit.methods.gated_linear_units import GatedLinearUnits
+from speedkit.methods.ghost_batchnorm import GhostBatchNorm
+from speedkit.methods.gradient_clipping import GradientClipping
+from speedkit.methods.gyro_dropout import GyroDropout
+from speedkit.methods.identity_init import IdentityInit
+from speedkit.methods.label_smoothing import LabelSmoothing
+from speedkit.methods.layer_freezing import LayerFreezing
+from speedkit.methods.lookahead import Lookahead
+from speedkit.methods.low_precision_groupnorm import LowPrecisionGroupNormMethod
+from speedkit.methods.low_precision_layernorm import LowPrecisionLayerNormMethod
+from speedkit.methods.mixup import MixUp
+from speedkit.methods.muon import Muon
+from speedkit.methods.patch_whitening import PatchWhitening
+from speedkit.methods.progressive_resizing import ProgressiveResizing
+from speedkit.methods.qk_norm import QKNormalization
+from speedkit.methods.randaugment import RandAugment
+from speedkit.methods.relu_squared import ReLUSquaredActivation
+from speedkit.methods.rotary_embeddings import RotaryEmbeddings
+from speedkit.methods.sam import SAM
+from speedkit.methods.selective_backprop import SelectiveBackprop
+from speedkit.methods.seq_length_warmup import SeqLengthWarmup
+from speedkit.methods.squeeze_excite import SqueezeExcite
+from speedkit.methods.stochastic_depth import StochasticDepth
+from speedkit.methods.swa import SWA
+from speedkit.methods.test_time_augmentation import TestTimeAugmentation
+from speedkit.methods.torch_compile import TorchCompile
+from speedkit.methods.weight_standardization import WeightStandardization
+
+# Every method, by class; a new method module adds its class here (tests/test_method_catalogue.py checks
+# that every module of this package is listed).
+METHODS: tuple[type[Algorithm], ...] = (
+    ALiBi, AlternatingFlip, AugMix, Autocast, BatchSizeWarmup, BlurPool, BudgetSchedule, ChannelsLast, ColOut,
+    CutMix, CutOut, DataEchoing, EMA, Factorize, GatedLinearUnits, GhostBatchNorm, GradientClipping,
+    GyroDropout, IdentityInit, LabelSmoothing, LayerFreezing, Lookahead, LowPrecisionGroupNormMethod,
+    LowPrecisionLayerNormMethod, MixUp, Muon, PatchWhitening, ProgressiveResizing, QKNormalization, RandAugment,
+    ReLUSquaredActivation, RotaryEmbeddings, SAM, SelectiveBackprop, SeqLengthWarmup, SqueezeExcite,
+    StochasticDepth, SWA, TestTimeAugmentation, TorchCompile, WeightStandardization,
+)
+
+
+def _registry(methods) -> dict[str, type[Algorithm]]:
+    registry: dict[str, type[Algorithm]] = {}
+    for cls in methods:
+        if cls.CARD.name in registry:
+            raise RuntimeError(f"two methods are named {cls.CARD.name!r}: {registry[cls.CARD.name]} and {cls}")
+        registry[cls.CARD.name] = cls
+    return dict(sorted(registry.items()))
+
+
+REGISTRY: dict[str, type[Algorithm]] = _registry(METHODS)
+BUILT_IN_METHODS = frozenset(REGISTRY)  # names a user's method may not take over
+
+
+def register_method(cls: type[Algorithm], *, replace: bool = False) -> type[Algorithm]:
+    """Make a method of your own (an Algorithm subclass with a ``CARD``, in your file or notebook) known by
+    its card's name everywhere a method name is accepted: recipes and recipe files, ``make_trainer(methods=...)``,
+    the explorer's grid, ``speedkit tune`` and the compatibility check. Returns the class, so it can decorate it.
+
+    A different class under a taken name is refused unless ``replace=True``; built-in names are never replaced.
+    """
+    if not (isinstance(cls, type) and issubclass(cls, Algorithm)):
+        raise TypeError(f"register_method takes an Algorithm subclass (class MyMethod(speedkit.Algorithm)), got {show(cls)}")
+    card = cls.__dict__.get("CARD")
+    if not isinstance(card, MethodCard):
+        raise TypeError(f"{cls.__name__} has no CARD of its own; give it CARD = MethodCard(name=..., ...) so the "
+                        f"Trainer can order and check it")
+    if not card.name.isidentifier() or card.name != card.name.lower():
+        raise ValueError(f"method name {card.name!r} must be snake_case (lower-case letters, digits and _), "
+                         f"such as 'trim_border'")
+    check_free_name("method", card.name, REGISTRY.get(card.name), cls, BUILT_IN_METHODS, replace,
+                    rename="your method's card")
+    REGISTRY[card.name] = cls
+    return cls
+
+
+def unregister_method(name: str) -> None:
+    """Forget a method ``register_method`` added (built-in methods stay)."""
+    if name in BUILT_IN_METHODS:
+        raise ValueError(f"{name!r} is a built-in method and cannot be unregistered")
+    REGISTRY.pop(name, None)
+
+
+def get_algorithm(name: str, **params) -> Algorithm:
+    """Build a method by registry name; unknown names get a message listing the known ones, and
+    parameters are checked against the method's card (names, types, ranges) before it is built."""
+    if not isinstance(name, str):
+        raise TypeError(f"a method name must be a string such as 'ema', got {type(name).__name__} {show(name)}; "
+                        f"known methods: {', '.join(REGISTRY)}")
+    if name not in REGISTRY:
+        close = difflib.get_close_matches(name, list(REGISTRY), n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise ValueError(f"unknown method {name!r}.{hint} Known methods: {', '.join(REGISTRY)}")
+    cls = REGISTRY[name]
+    cls.CARD.validate_params(params)  # a TypeError/ValueError naming method.parameter, whatever __init__ looks like
+    return cls(**params)
+
+
+def build_algorithms(spec) -> list[Algorithm]:
+    """Methods from ``"a,b"``, ``["a", "b"]`` or ``{"a": {params}, "b": {}}``."""
+    if isinstance(spec, str):
+        spec = [s.strip() for s in spec.split(",") if s.strip()]
+    if isinstance(spec, Mapping):
+        for name, params in spec.items():
+            if params is not None and not isinstance(params, Mapping):
+                raise TypeError(f"the parameters of method {name!r} must be a dict such as {{'alpha': 0.2}} (or "
+                                f"empty), got {type(params).__name__} {show(params)}")
+        return [get_algorithm(name, **(params or {})) for name, params in spec.items()]
+    if not isinstance(spec, (list, tuple)):
+        raise TypeError(f"methods must be 'a,b', a list of names or Algorithm objects, or a dict "
+                        f"{{name: parameters}}, got {type(spec).__name__} {show(spec)}")
+    return [s if isinstance(s, Algorithm) else get_algorithm(s) for s in spec]
+
+
+def methods_table() -> str:
+    """The README's methods table, drawn from the cards (``make readme`` writes it into README.md)."""
+    rows = ["| method | domain | acts on | what it does | expected effect (source) |", "|---|---|---|---|---|"]
+    for name, cls in REGISTRY.items():
+        card = cls.CARD
+        events = ", ".join(e.value for e in card.events)
+        effect = f"{card.effect} ({card.source})".replace("|", "/")
+        rows.append(f"| `{name}` | {card.domain} | {events} | {card.summary.replace('|', '/')} | {effect} |")
+    return "\n".join(rows)
+
+
+__all__ = ["BUILT_IN_METHODS", "METHODS", "REGISTRY", "build_algorithms", "get_algorithm", "methods_table",
+           "register_method", "unregister_method",
+           "ALiBi", "AlternatingFlip", "AugMix", "Autocast", "BatchSizeWarmup", "BlurPool", "BudgetSchedule",
+           "ChannelsLast", "ColOut", "CutMix", "CutOut", "DataEchoing", "EMA", "Factorize", "GatedLinearUnits",
+           "GhostBatchNorm", "GradientClipping", "GyroDropout", "IdentityInit", "LabelSmoothing",
+           "LayerFreezing", "Lookahead", "LowPrecisionGroupNormMethod", "LowPrecisionLayerNormMethod", "MixUp",
+           "Muon", "PatchWhitening", "ProgressiveResizing", "QKNormalization", "RandAugment",
+           "ReLUSquaredActivation", "RotaryEmbeddings", "SAM", "SelectiveBackprop", "SeqLengthWarmup",
+           "SqueezeExcite", "StochasticDepth", "SWA", "TestTimeAugmentation", "TorchCompile",
+           "WeightStandardization"]

@@ -1,0 +1,133 @@
+"""BlurPool: anti-aliased downsampling (Zhang 2019, "Making Convolutional Networks Shift-Invariant Again").
+
+A strided convolution or max-pool samples its input at every s-th pixel, so frequencies above the new
+Nyquist limit fold back (alias) and a one-pixel shift of the input can change the output a lot. BlurPool
+low-passes with a fixed [1, 2, 1] x [1, 2, 1] / 16 depthwise filter before (or while) subsampling:
+
+    strided Conv2d  -> blur, then the same conv           (blur_first=True, Composer's default)
+                    or the conv at stride 1, then blurred subsampling by the stride
+    MaxPool2d       -> max at stride 1, then blurred subsampling ("MaxBlurPool")
+
+Output shapes are unchanged and the replacements subclass the originals, so state dict keys stay.
+Composer reports +0.5-1% ImageNet top-1 for ResNet-50 at a small throughput cost.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from speedkit.core.algorithm import Algorithm, HParam, MethodCard, SurgeryReport
+from speedkit.core.event import Event
+from speedkit.methods._surgery import adopt_state, record_surgery, replace_modules
+
+_BINOMIAL = torch.tensor([1.0, 2.0, 1.0])
+
+
+def blur_filter(channels: int, device=None, dtype=None) -> torch.Tensor:
+    """The depthwise [channels, 1, 3, 3] binomial low-pass filter (sums to 1 per channel)."""
+    kernel = torch.outer(_BINOMIAL, _BINOMIAL) / 16.0
+    return kernel.to(device=device, dtype=dtype).expand(channels, 1, 3, 3).contiguous()
+
+
+def blur_2d(x: torch.Tensor, stride: int = 1, filter: torch.Tensor | None = None) -> torch.Tensor:
+    """Blur every channel of ``x`` [N, C, H, W] with the binomial filter (zero padding 1), then keep every
+    ``stride``-th pixel. Shapes: stride 1 keeps H, W; stride s gives floor((H - 1) / s) + 1."""
+    channels = x.shape[1]
+    if filter is None:
+        filter = blur_filter(channels, x.device, x.dtype)
+    return F.conv2d(x, filter.to(x.dtype), stride=stride, padding=1, groups=channels)
+
+
+class BlurConv2d(nn.Conv2d):
+    """A strided Conv2d that low-passes its input first (or blurs its stride-1 output while subsampling).
+    Same parameters (and state dict keys) as the conv it replaces."""
+
+    def __init__(self, *args, blur_first: bool = True, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.blur_first = blur_first
+        self.blur_stride = self.stride
+        if not blur_first:  # the conv runs at stride 1; the blur does the subsampling
+            self.stride = (1, 1)
+        self.register_buffer("blur", blur_filter(self.in_channels if blur_first else self.out_channels),
+                             persistent=False)
+
+    @classmethod
+    def from_conv(cls, conv: nn.Conv2d, blur_first: bool = True) -> "BlurConv2d":
+        new = cls(conv.in_channels, conv.out_channels, conv.kernel_size, stride=conv.stride, padding=conv.padding,
+                  dilation=conv.dilation, groups=conv.groups, bias=conv.bias is not None,
+                  padding_mode=conv.padding_mode, blur_first=blur_first,
+                  device=conv.weight.device, dtype=conv.weight.dtype)
+        return adopt_state(new, conv)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.blur_first:
+            return super().forward(blur_2d(x, 1, self.blur))
+        sh, sw = self.blur_stride
+        out = blur_2d(super().forward(x), 1, self.blur)
+        # subsample at the original conv's sampling points (stride s from the first output)
+        return out[:, :, ::sh, ::sw]
+
+
+class MaxBlurPool2d(nn.MaxPool2d):
+    """Max-pool at stride 1, then blurred subsampling by the original stride: the same output shape."""
+
+    def __init__(self, kernel_size, stride=None, padding=0, channels: int | None = None):
+        super().__init__(kernel_size, stride=stride, padding=padding)
+        self.blur_stride = self.stride
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        pooled = F.max_pool2d(x, self.kernel_size, 1, self.padding)
+        return blur_2d(pooled, self.blur_stride)
+
+
+def _stride_gt_one(stride) -> bool:
+    return any(s > 1 for s in ((stride, stride) if isinstance(stride, int) else stride))
+
+
+def apply_blurpool(model: nn.Module, replace_convs: bool = True, replace_maxpools: bool = True,
+                   blur_first: bool = True, min_channels: int = 16, allow_empty: bool = False) -> SurgeryReport:
+    """Replace strided ``nn.Conv2d`` (with at least ``min_channels`` input channels: blurring an RGB stem
+    costs more than it gives) by ``BlurConv2d`` and ``nn.MaxPool2d`` by ``MaxBlurPool2d``, in place."""
+    report = SurgeryReport("blurpool")
+    if replace_convs:
+        replace_modules(
+            model,
+            lambda name, m: (isinstance(m, nn.Conv2d) and not isinstance(m, BlurConv2d)
+                             and _stride_gt_one(m.stride) and m.in_channels >= min_channels),
+            lambda name, m: BlurConv2d.from_conv(m, blur_first), report, "strided convs")
+    if replace_maxpools:
+        replace_modules(
+            model,
+            lambda name, m: (type(m) is nn.MaxPool2d and _stride_gt_one(m.stride) and not m.ceil_mode
+                             and not m.return_indices and m.dilation in (1, (1, 1))),
+            lambda name, m: MaxBlurPool2d(m.kernel_size, m.stride, m.padding), report, "max pools")
+    return report.require_changes(allow_empty, "strided Conv2d or MaxPool2d layers"
+                                  f" (convs need >= {min_channels} input channels)")
+
+
+class BlurPool(Algorithm):
+    CARD = MethodCard(
+        name="blurpool",
+        summary="Low-pass filter before every strided conv and max-pool, so downsampling stops aliasing.",
+        domain="vision",
+        events=(Event.INIT,),
+        reads=("model",),
+        writes=("model",),
+        hparams=(
+            HParam("replace_convs", bool, True, help="blur strided Conv2d layers"),
+            HParam("replace_maxpools", bool, True, help="turn MaxPool2d into max-then-blur-pool"),
+            HParam("blur_first", bool, True, help="blur before the strided conv (cheaper) instead of after a "
+                                                 "stride-1 conv"),
+            HParam("min_channels", int, 16, low=1, high=4096, step=1,
+                   help="skip convs with fewer input channels (e.g. the RGB stem)"),
+            HParam("allow_empty", bool, False, help="do not fail on a model with nothing to blur"),
+        ),
+        requirements=("a model with strided Conv2d or MaxPool2d layers",),
+        effect="+0.5-1% ImageNet top-1 on ResNet-50 at a small throughput cost (Composer); more shift-invariant "
+               "outputs (Zhang 2019)",
+        source="Zhang 2019, Making Convolutional Networks Shift-Invariant Again; Composer BlurPool docs",
+    )
+
+    def apply(self, event, state, logger):
+        record_surgery(state, logger, apply_blurpool(state.model, **self.params))

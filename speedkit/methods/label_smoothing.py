@@ -1,0 +1,49 @@
+"""Label smoothing: train against (1 - s) * one_hot + s / C, which calibrates and regularises classifiers."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from speedkit.core.algorithm import Algorithm, HParam, MethodCard
+from speedkit.core.batch import output_logits, require_tuple_batch, with_targets
+from speedkit.core.event import Event
+
+
+def smooth_labels(targets: torch.Tensor, num_classes: int, smoothing: float = 0.1) -> torch.Tensor:
+    """Dense smoothed labels from index labels [N] or from dense labels [N, C] (e.g. after mixup)."""
+    if not 0.0 <= smoothing < 1.0:
+        raise ValueError(f"smoothing must be in [0, 1), got {smoothing}")
+    dense = targets.float() if targets.is_floating_point() else F.one_hot(targets, num_classes).float()
+    return dense * (1.0 - smoothing) + smoothing / num_classes
+
+
+class LabelSmoothing(Algorithm):
+    CARD = MethodCard(
+        name="label_smoothing",
+        summary="Replace one-hot targets by smoothed ones before the loss; restore them after.",
+        domain="any",
+        events=(Event.BEFORE_LOSS, Event.AFTER_LOSS),
+        reads=("labels",),
+        writes=("labels",),
+        hparams=(HParam("smoothing", float, 0.1, low=0.0, high=0.5, step=0.05,
+                        help="probability mass spread over all classes"),),
+        requirements=("class-index or dense targets; logits as outputs",),
+        effect="up to 1.5x faster to target in Composer's ResNet recipes; airbench uses 0.2",
+        source="Szegedy et al. 2016; Composer LabelSmoothing docs; airbench",
+    )
+
+    def __init__(self, smoothing: float = 0.1):
+        super().__init__(smoothing=smoothing)
+        self._original_targets = None
+
+    def apply(self, event, state, logger):
+        if event is Event.BEFORE_LOSS:
+            require_tuple_batch(state.batch, self.name, "it makes soft labels, and a dict batch's labels go into "
+                                "the model, whose own loss takes class indices")
+            targets = state.batch_targets()
+            self._original_targets = targets
+            smoothed = smooth_labels(targets, output_logits(state.outputs).shape[-1], self.params["smoothing"])
+            state.batch = with_targets(state.batch, smoothed)
+        elif self._original_targets is not None:
+            state.batch = with_targets(state.batch, self._original_targets)
+            self._original_targets = None

@@ -1,0 +1,109 @@
+"""Rotary position embeddings (RoPE): rotate q and k by position so attention scores depend on relative offsets.
+
+Each (x_i, x_{i+D/2}) pair of a head vector at position p is rotated by the angle p * base**(-2i/D), so
+q_m . k_n depends only on m - n (Su et al. 2021, "RoFormer"). modded-nanogpt's GPT-2 speed-runs use it
+instead of learned absolute positions. Applied to any attention module that calls
+scaled_dot_product_attention (or any nn.MultiheadAttention) through :mod:`speedkit.methods._attention`.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from speedkit.core.algorithm import Algorithm, HParam, MethodCard, SurgeryReport
+from speedkit.core.event import Event
+from speedkit.methods import _attention as attention
+from speedkit.methods._surgery import record_surgery
+
+ROTARY_ORDER = 10  # after normalisations (order 0), before additive biases (order 20)
+_EXISTING_ROTARY_ATTRS = ("rotary", "rotary_emb", "rotary_embedding", "rope")
+
+
+def rotary_angles(positions: torch.Tensor, head_dim: int, base: float = 10000.0) -> torch.Tensor:
+    """[T, head_dim] rotation angles (float32): pair i of position p turns by p * base**(-2i/head_dim)."""
+    if head_dim % 2:
+        raise ValueError(f"rotary embeddings need an even head dimension, got {head_dim}")
+    inv_freq = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float32, device=positions.device) / head_dim)
+    angles = torch.outer(positions.float(), inv_freq)
+    return torch.cat([angles, angles], dim=-1)
+
+
+def apply_rotary(x: torch.Tensor, positions: torch.Tensor, base: float = 10000.0) -> torch.Tensor:
+    """Rotate ``x`` [..., T, D] by its ``positions`` [T]; the half-split pairing (x_i, x_{i+D/2})."""
+    angles = rotary_angles(positions, x.shape[-1], base)
+    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+    first, second = x.chunk(2, dim=-1)
+    return x * cos + torch.cat([-second, first], dim=-1) * sin
+
+
+def rotate_queries_keys(q: torch.Tensor, k: torch.Tensor, base: float = 10000.0):
+    """q [B, H, Tq, D], k [B, H, Tk, D] rotated; keys sit at 0..Tk-1, queries at the last Tq of those."""
+    k_len = k.shape[-2]
+    q_pos = attention.query_positions(q.shape[-2], k_len, q.device)
+    return apply_rotary(q, q_pos, base), apply_rotary(k, torch.arange(k_len, device=k.device), base)
+
+
+class RotaryTransform:
+    """The attention transform: rotate q and k, leave v, the mask and causality as they are."""
+
+    def __init__(self, base: float = 10000.0):
+        self.base = base
+
+    def __call__(self, q, k, v, attn_mask, is_causal, scale):
+        q, k = rotate_queries_keys(q, k, self.base)
+        return q, k, v, attn_mask, is_causal, scale
+
+
+def _has_own_rotary(module: nn.Module) -> bool:
+    return any(getattr(module, name, None) is not None for name in _EXISTING_ROTARY_ATTRS)
+
+
+def apply_rotary_embeddings(model: nn.Module, base: float = 10000.0, remove_position_embeddings: bool = False,
+                            allow_empty: bool = False) -> SurgeryReport:
+    """Make every attention module of ``model`` rotate its q and k (positions 0..T-1).
+
+    Modules that already rotate (a non-None ``rotary``/``rope`` attribute) are left alone. Learned
+    absolute position tables stay (noted in the report) unless ``remove_position_embeddings``, which
+    zeroes and freezes them.
+    """
+    report = SurgeryReport("rotary_embeddings")
+    for name, module in attention.find_attention_modules(model):
+        if _has_own_rotary(module):
+            report.details.append(f"note: {name} already applies rotary positions; left alone")
+        elif not attention.can_intercept(module):
+            report.details.append(f"note: {name} ({type(module).__name__}) is not supported; left alone")
+        else:
+            attention.intercept_attention(module, RotaryTransform(base), name="rotary_embeddings",
+                                          order=ROTARY_ORDER)
+            report.add("attention modules", f"{name}: {type(module).__name__} rotates q, k (base {base:g})")
+    attention.settle_position_embeddings(model, report, remove_position_embeddings)
+    return report.require_changes(allow_empty, "attention modules that call scaled_dot_product_attention")
+
+
+class RotaryEmbeddings(Algorithm):
+    CARD = MethodCard(
+        name="rotary_embeddings",
+        summary="Rotate q and k by token position inside every attention layer (RoPE).",
+        domain="language",
+        events=(Event.INIT,),
+        reads=("model",),
+        writes=("model",),
+        hparams=(
+            HParam("base", float, 10000.0, low=100.0, high=1_000_000.0, step=100.0,
+                   help="RoPE's theta: the longest wavelength; larger suits longer contexts"),
+            HParam("remove_position_embeddings", bool, False,
+                   help="zero and freeze learned position tables (nn.Embedding named *pos* or wpe)"),
+            HParam("allow_empty", bool, False, help="do not fail on a model without attention"),
+        ),
+        requirements=("attention modules that call F.scaled_dot_product_attention, or nn.MultiheadAttention",
+                      "an even head dimension"),
+        exclusive=("positions",),
+        effect="modded-nanogpt's GPT-2 speed-run uses RoPE in place of learned positions; RoFormer reports "
+               "faster convergence than absolute positions; no parameters, a few elementwise ops per layer",
+        source="Su et al. 2021 (RoFormer); modded-nanogpt",
+    )
+
+    def apply(self, event, state, logger):
+        report = apply_rotary_embeddings(state.model, self.params["base"],
+                                         self.params["remove_position_embeddings"], self.params["allow_empty"])
+        record_surgery(state, logger, report)

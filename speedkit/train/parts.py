@@ -1,0 +1,184 @@
+"""The parts a Trainer is built from: loss, evaluators, callbacks, optimizers, schedules, the record, its
+logger and the config it keeps. Each turns what a user may pass (a factory, a list, a name, None) into one
+kind, so the Trainer's ``__init__`` reads as a list of parts."""
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from speedkit.callbacks import CheckpointSaver, LRMonitor, NaNGuard, ProgressBar, SpeedMonitor, StopAtTarget
+from speedkit.core import Callback, Interval, Time
+from speedkit.core.batch import batch_targets, output_logits, output_loss
+from speedkit.core.devices import cpu_bf16_speedup
+from speedkit.optim import Schedule, apply_schedule, get_schedule
+from speedkit.record.loggers import ConsoleLogger, Logger, RecordDestination, logger_from_name
+from speedkit.record.metrics import Evaluator, flatten_logits
+from speedkit.record.runs import RunRecord
+from speedkit.train.batches import loader_length
+
+
+def cross_entropy_loss(outputs, batch) -> torch.Tensor:
+    """The loss the model computed itself (a Hugging Face output's ``.loss``), else cross-entropy of its logits
+    against the batch's labels: index or dense (soft) labels; [B,T,V] logits flattened."""
+    own = output_loss(outputs)
+    if own is not None:
+        return own
+    logits, targets = flatten_logits(output_logits(outputs), batch_targets(batch))
+    return F.cross_entropy(logits.float(), targets)
+
+
+def make_loss(model: torch.nn.Module, loss_fn) -> Callable:
+    """The loss as ``fn(outputs, batch)``: the model's own ``loss``, a criterion(outputs, targets), or CE."""
+    if loss_fn is None:
+        return model.loss if callable(getattr(model, "loss", None)) else cross_entropy_loss
+    if not callable(loss_fn):
+        raise TypeError(f"loss_fn must be callable as loss_fn(outputs, targets), got {loss_fn!r}")
+    return lambda outputs, batch: loss_fn(output_logits(outputs), batch_targets(batch))
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def make_reproducible(seed: int, deterministic: bool) -> None:
+    """Seed every generator; with ``deterministic``, ask torch for deterministic kernels too."""
+    if deterministic:
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        torch.backends.cudnn.benchmark = False
+    seed_everything(seed)
+
+
+def make_record(run_folder: Path, name: str, writes: bool) -> RunRecord:
+    """The run's RunRecord, saved as ``run_folder/record.json``; a process that ``writes`` nothing (a rank
+    other than 0) keeps its record in memory."""
+    record = RunRecord(name=name)
+    record.path = str(run_folder / "record.json")
+    if not writes:
+        record.save = lambda path=None: Path(record.path)
+    return record
+
+
+def make_logger(state, destinations: list, console: bool, run_folder: Path, writes: bool) -> Logger:
+    """A Logger whose first destination is the run's record, so every destination sees the same numbers.
+
+    A destination given by name (``"tensorboard"``, ``"csv"``) writes into ``run_folder/<name>``, and only on
+    the process that ``writes`` the run folder (rank 0): other ranks would write the same files.
+    """
+    named = [logger_from_name(d, run_folder) for d in destinations if isinstance(d, str) and writes]
+    given = [d for d in destinations if not isinstance(d, str)]
+    destinations = [RecordDestination(state.record), *given, *named, *([ConsoleLogger()] if console else [])]
+    return Logger(state, destinations)
+
+
+def apply_schedules(state) -> None:
+    """Set every optimizer's learning rate (and what else a schedule drives) for the fraction of training done."""
+    fraction = state.fraction_done()
+    for schedule in state.schedulers:
+        if isinstance(schedule, Schedule):
+            for optimizer in state.optimizers:
+                apply_schedule(optimizer, schedule, fraction, state.to_fraction)
+
+
+def make_evaluators(model, eval_dataloader, evaluators, eval_interval) -> list[Evaluator]:
+    evaluators = list(evaluators)
+    if eval_dataloader is not None:
+        # A model that names its own metrics (Composer-style ``metrics()``) is evaluated with them.
+        own = model.metrics() if callable(getattr(model, "metrics", None)) else None
+        evaluators.insert(0, Evaluator(eval_dataloader, own) if own else Evaluator(eval_dataloader))
+    for ev in evaluators:
+        if not isinstance(ev, Evaluator):
+            raise TypeError(f"evaluators must be speedkit.record.metrics.Evaluator objects, got {type(ev).__name__}")
+        ev.interval = ev.interval or Time.from_input(eval_interval)
+        ev.schedule = Interval(ev.interval)
+    return evaluators
+
+
+def make_callbacks(callbacks, *, stop_at, nan_policy, progress_bar: bool, save: Callable | None,
+                   save_interval) -> list[Callback]:
+    """The user's callbacks between the monitors every run has and the ones its arguments ask for."""
+    callbacks = [SpeedMonitor(), LRMonitor(), *callbacks]
+    if nan_policy is not None:
+        callbacks.append(NaNGuard(nan_policy))
+    if stop_at is not None:
+        metric, value = (stop_at["metric"], stop_at["value"]) if isinstance(stop_at, dict) else stop_at
+        callbacks.append(StopAtTarget(metric, value))
+    if progress_bar:
+        callbacks.append(ProgressBar())
+    if save_interval is not None and save is not None:
+        callbacks.append(CheckpointSaver(save, save_interval))
+    return callbacks
+
+
+def make_optimizers(optimizers, model) -> list[torch.optim.Optimizer]:
+    if not any(p.requires_grad for p in model.parameters()):
+        raise ValueError("the model has no trainable parameters; nothing to train")
+    if optimizers is None:
+        optimizers = lambda params: torch.optim.SGD(params, lr=0.05, momentum=0.9, nesterov=True,
+                                                    weight_decay=5e-4)
+    if callable(optimizers) and not isinstance(optimizers, torch.optim.Optimizer):
+        optimizers = optimizers(model.parameters())
+    optimizers = list(optimizers) if isinstance(optimizers, (list, tuple)) else [optimizers]
+    for opt in optimizers:
+        if not isinstance(opt, torch.optim.Optimizer):
+            raise TypeError(f"optimizers must be torch optimizers or a factory fn(params), got {opt!r}")
+    return optimizers
+
+
+def make_schedules(schedulers) -> list:
+    if schedulers is None:
+        return []
+    if not isinstance(schedulers, (list, tuple)):
+        schedulers = [schedulers]
+    return [s if isinstance(s, torch.optim.lr_scheduler.LRScheduler) else get_schedule(s) for s in schedulers]
+
+
+def describe_run(state, *, precision: str, eval_interval, microbatch_size, grad_accum: int,
+                 deterministic: bool, extra: dict | None) -> dict:
+    """The RunRecord's config: what was asked for and what it resolved to."""
+    loader = state.train_dataloader
+    optimizer = state.optimizers[0]
+    return {
+        "model": type(state.model).__name__,
+        "parameters": sum(p.numel() for p in state.model.parameters()),
+        "optimizer": {"name": type(optimizer).__name__,
+                      **{k: v for k, v in optimizer.defaults.items() if isinstance(v, (int, float, bool, str))}},
+        "schedules": [s.to_dict() if isinstance(s, Schedule) else type(s).__name__ for s in state.schedulers],
+        "max_duration": str(state.original_max_duration),
+        "schedule_scale": state.schedule_scale,
+        "precision": precision, "precision_resolved": state.precision, "device": str(state.device),
+        "batch_size": getattr(loader, "batch_size", None), "microbatch_size": microbatch_size,
+        "grad_accum": grad_accum, "seed": state.seed, "deterministic": deterministic,
+        "eval_interval": str(eval_interval), "train_loader": type(loader).__name__ if loader is not None else None,
+        **auto_precision_evidence(precision, state.device),
+        **(extra or {}),
+    }
+
+
+def auto_precision_evidence(precision: str, device) -> dict:
+    """What "auto" chose from on a CPU: the bf16 speed-up it measured there (GPUs report their bf16 support)."""
+    if precision != "auto" or device.type != "cpu":
+        return {}
+    return {"bf16_speedup_measured": round(cpu_bf16_speedup(torch.get_num_threads()), 3)}
+
+
+def global_batch_size(loader, world: int) -> int | None:
+    """Samples per step over all ranks: a sharded loader says so, a DataLoader's batch is per rank."""
+    per_rank = getattr(loader, "batch_size", None)
+    return getattr(loader, "global_batch_size", None) or (per_rank * world if per_rank else None)
+
+
+def measure_loader(state, world: int) -> None:
+    """Set ``state``'s epoch length and global batch size (samples, tokens) from its train loader."""
+    loader = state.train_dataloader
+    state.batches_per_epoch = loader_length(loader)
+    if state.batches_per_epoch == 0:
+        raise ValueError("train_dataloader is empty: it yields no batches")
+    state.samples_per_batch = global_batch_size(loader, world)
+    state.tokens_per_batch = getattr(loader, "tokens_per_batch", None)

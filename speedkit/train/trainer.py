@@ -1,0 +1,520 @@
+"""The Trainer: a training loop whose every step is a named event that methods can act on.
+
+Reading order: ``__init__`` (parts, INIT), ``fit`` (resume, the epoch loop, clean endings), ``_train_step``
+(microbatches, forward, loss, backward, step), ``eval``. Every run writes a RunRecord and, unless told not
+to, a final checkpoint into its run folder. Around the loop, each in a room of its own: ``speedkit.train.parts``
+(what the Trainer is given, made into one kind each), ``speedkit.train.checkpoint.Checkpointer``, the parallel
+plan of ``speedkit.train.parallel``, ``speedkit.train.microbatching``, ``speedkit.train.interrupts``, ``speedkit.train.checks``.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import time
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import torch
+
+from speedkit.callbacks import ProgressBar
+from speedkit.core import Algorithm, Callback, Engine, Event, State, Time, TimeUnit, TrainClock, distributed
+from speedkit.core.batch import batch_size, batch_tokens, call_model, output_logits, to_device
+from speedkit.core.devices import (autocast_factory, make_grad_scaler, resolve_device, resolve_precision, synchronize,
+                                   timed)
+from speedkit.core.event import EVAL_EVENTS
+from speedkit.record.loggers import InMemoryLogger, JSONLFileLogger
+from speedkit.record.metrics import Evaluator
+from speedkit.record.runs import RunRecord, environment
+from speedkit.train import parallel
+from speedkit.train.batches import iterate_from, set_loader_epoch
+from speedkit.train.checkpoint import Checkpointer, set_rng_state
+from speedkit.train.checks import (check_first_batch, check_first_loss, check_first_outputs, check_trainer_arguments,
+                                   explain_first_batch_error)
+from speedkit.train.interrupts import SIGTERM_EXIT_CODE, SIGTERM_REASON, SigtermFlag, StepInterrupts
+from speedkit.train.microbatching import Microbatching
+from speedkit.train.parts import (apply_schedules, cross_entropy_loss, describe_run, global_batch_size, make_callbacks,
+                                  make_evaluators, make_logger, make_loss, make_optimizers, make_record,
+                                  make_reproducible, make_schedules, measure_loader, seed_everything)
+
+
+class Trainer:
+    """Train ``model`` on ``train_dataloader`` with speed-up ``algorithms``.
+
+    Durations (``max_duration``, ``eval_interval``, ``save_interval``) take strings such as ``"3ep"``,
+    ``"500ba"``, ``"0.25dur"`` or ``"90s"``. ``optimizers`` is an optimizer, a list of them, or a factory
+    ``fn(params) -> optimizer`` (use a factory when methods change the model at INIT).
+    ``schedulers`` are speedkit schedules (functions of the fraction done) or torch LR schedulers.
+    ``stop_at=("eval/accuracy", 0.92)`` ends the run when the target is reached (time to accuracy).
+    A recipe's parts come from ``speedkit.tasks.recipe_parts("mild", model)``: ``Trainer(model, data,
+    **recipe_parts("mild", model))``.
+    Each run lives in ``run_dir/run_name``: ``record.json``, ``log.jsonl`` and ``checkpoints/`` (or
+    ``save_folder``), where a final checkpoint is always written unless ``save_checkpoints=False``.
+    ``loggers`` are ``speedkit.record.loggers.LoggerDestination`` objects or the names ``"tensorboard"``, ``"csv"``,
+    ``"mlflow"`` and ``"wandb"``, which write into the folder of that name in the run folder.
+    ``microbatch_size="auto"`` starts with the whole batch and halves the microbatch on out-of-memory.
+    A SIGTERM during ``fit`` (main thread) stops at the next batch, saves, then exits with code 143.
+    Under torchrun (or ``speedkit launch -n N``), ``parallel="auto"`` trains with DDP and ``"fsdp"`` shards the
+    model with FSDP2; each rank takes its slice of every global batch (see ``speedkit.train.parallel``).
+    """
+
+    _first_batch_checked = False  # the first training step checks the batch against the model, once
+
+    def __init__(self, model: torch.nn.Module, train_dataloader: Iterable | None = None, *,
+                 eval_dataloader: Iterable | None = None, evaluators: Sequence[Evaluator] = (),
+                 max_duration: str | Time | None = None, optimizers=None, schedulers=None, loss_fn=None,
+                 algorithms: Sequence[Algorithm] | None = None, callbacks: Sequence[Callback] = (), loggers=(),
+                 precision: str | None = None, device: str | torch.device = "auto",
+                 microbatch_size: int | str | None = None, grad_accum: int = 1,
+                 seed: int = 0, deterministic: bool = False,
+                 eval_interval: str | Time = "1ep", log_interval: int = 10,
+                 run_name: str | None = None, run_dir: str | os.PathLike = "runs",
+                 save_folder: str | os.PathLike | None = None, save_interval: str | Time | None = None,
+                 save_checkpoints: bool = True, keep_checkpoints: int = 3,
+                 load_path: str | os.PathLike | None = None, autoresume: bool = False,
+                 stop_at: tuple[str, float] | dict | None = None, nan_policy: str | None = "stop",
+                 schedule_scale: float = 1.0, progress_bar: bool = False, console: bool = False,
+                 config: dict | None = None, parallel: str | None = "auto"):
+        # Every argument checked first (speedkit.train.checks); a refusal names the argument and what it expects.
+        check_trainer_arguments(
+            model=model, train_dataloader=train_dataloader, eval_dataloader=eval_dataloader, evaluators=evaluators,
+            max_duration=max_duration, eval_interval=eval_interval, save_interval=save_interval,
+            grad_accum=grad_accum, log_interval=log_interval, keep_checkpoints=keep_checkpoints,
+            microbatch_size=microbatch_size, seed=seed, schedule_scale=schedule_scale, precision=precision,
+            device=device, nan_policy=nan_policy, stop_at=stop_at, algorithms=algorithms, callbacks=callbacks,
+            loggers=loggers, loss_fn=loss_fn, deterministic=deterministic, save_checkpoints=save_checkpoints,
+            autoresume=autoresume, progress_bar=progress_bar, console=console, run_name=run_name, run_dir=run_dir,
+            save_folder=save_folder, load_path=load_path, config=config)
+        max_duration = Time.from_input(max_duration or "1ep")
+        precision = precision or "fp32"
+
+        self.deterministic = deterministic
+        make_reproducible(seed, deterministic)
+
+        # Several processes (torchrun): the plan opens the process group and takes this rank's device.
+        self.plan = plan = parallel.make_plan(parallel, resolve_device(device), microbatch_size)
+        self.parallel = plan.name  # "ddp" or "fsdp" under torchrun, else None
+        device = plan.device
+        resolved_precision = plan.agree_on_precision(resolve_precision(precision, device))
+        self.microbatching = Microbatching(microbatch_size, grad_accum)
+        given_name = run_name is not None
+        run_name = run_name or f"run-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+        self.run_name = plan.agree_on_run_name(run_name, given_name)  # one run folder for all ranks
+        self.run_folder = Path(run_dir) / self.run_name
+        self.save_checkpoints = save_checkpoints
+        self.load_path, self.autoresume = load_path, autoresume
+
+        record = make_record(self.run_folder, self.run_name, writes=distributed.is_main())
+        self.state = state = State(
+            model=model.to(device), loss_fn=make_loss(model, loss_fn), max_duration=max_duration,
+            device=device, precision=resolved_precision, seed=seed, algorithms=list(algorithms or ()),
+            train_dataloader=train_dataloader, record=record, schedule_scale=float(schedule_scale))
+        state.log_every = log_interval
+        state.autocast = autocast_factory(resolved_precision, device)
+        state.grad_scaler = make_grad_scaler(resolved_precision, device)
+        state.evaluators = make_evaluators(model, eval_dataloader, evaluators, eval_interval)
+        state.callbacks = make_callbacks(callbacks, stop_at=stop_at, nan_policy=nan_policy,
+                                         progress_bar=progress_bar and distributed.is_main(),
+                                         save=self.save_checkpoint if save_checkpoints else None,
+                                         save_interval=save_interval)
+
+        self.memory_logger = InMemoryLogger()
+        self.logger = make_logger(state, [self.memory_logger, *loggers], console=console and distributed.is_main(),
+                                  run_folder=self.run_folder, writes=distributed.is_main())
+        self.engine = Engine(state, self.logger)
+        self._log_file: JSONLFileLogger | None = None
+        self.checkpointer = Checkpointer(save_folder, state, self.logger, plan, run_name=self.run_name,
+                                         keep=keep_checkpoints, local=self.run_folder / "checkpoints")
+
+        # Methods that change the model act now, before optimizers are built on its parameters.
+        self.engine.run_event(Event.INIT)
+        # After the surgery, before the optimizers (FSDP replaces the parameters): the module the forward runs.
+        self._train_module = plan.wrap(state.model, state.algorithms, state.grad_scaler)
+        state.optimizers = make_optimizers(optimizers, state.model)
+        state.schedulers = make_schedules(schedulers)
+        record.config = describe_run(state, precision=precision, eval_interval=eval_interval,
+                                     microbatch_size=microbatch_size, grad_accum=grad_accum,
+                                     deterministic=deterministic, extra=config)
+        record.config.update(plan.config(state.model, global_batch_size(train_dataloader, plan.world)))
+        record.methods = [{"name": a.name, "params": dict(a.params)} for a in state.algorithms]
+        record.environment = environment(device)
+        self.sigterm, self.interrupts = SigtermFlag(), StepInterrupts()
+        self._clock = TrainClock()
+        self._resume_rng: dict | None = None
+        self._fit_started = False
+        self._run_logged = False  # loggers heard of the run's start, so they hear of its end
+
+    # -- public API -----------------------------------------------------------------------
+    @property
+    def record(self) -> RunRecord:
+        return self.state.record
+
+    @property
+    def microbatch_size(self) -> int | None:
+        """Samples per microbatch (None: the whole batch); ``"auto"`` runs settle on one when memory runs out."""
+        return self.microbatching.size
+
+    def stop(self, reason: str = "stopped") -> None:
+        """End the run at the next batch boundary, with a checkpoint and a complete record. Thread-safe."""
+        self.state.request_stop(reason)
+
+    def save_checkpoint(self) -> Path:
+        """Write ``ba{batch}.ckpt`` and point ``latest.ckpt`` at it (see ``speedkit.train.checkpoint.Checkpointer``)."""
+        return self.checkpointer.save()
+
+    def fit(self) -> RunRecord:
+        """Train to ``max_duration`` (or a stop); returns the RunRecord, also saved as ``record.json``.
+
+        Every ending leaves a complete record: ``completed``/``stopped``/``target_reached`` with a final
+        checkpoint; ``interrupted`` (KeyboardInterrupt) with a checkpoint; ``terminated`` (SIGTERM) with a
+        checkpoint, then ``SystemExit(143)``; ``failed`` with the error, the last checkpoint left untouched.
+        """
+        if self.state.train_dataloader is None:
+            raise ValueError("Trainer.fit needs train_dataloader")
+        self.sigterm.install()
+        try:
+            try:
+                self._fit_start()
+                while not self._should_end():
+                    self._run_epoch()
+                self._end_normally()
+            except KeyboardInterrupt:
+                self._end_abnormally("interrupted", "KeyboardInterrupt", save=self.interrupts.may_save(self.logger))
+                raise
+            except BaseException as e:
+                self._end_abnormally("failed", f"{type(e).__name__}: {e}", save=False)
+                raise
+        finally:
+            self.sigterm.restore()
+        if self.sigterm.received:
+            self.sigterm.exit_after_saving()  # the previous handler, or SystemExit(143)
+        return self.state.record
+
+    # -- fit: start, loop, end ------------------------------------------------------------
+    def _fit_start(self) -> None:
+        state = self.state
+        self._measure_loader()
+        if distributed.is_main():  # the run folder's files are rank 0's to write
+            self.run_folder.mkdir(parents=True, exist_ok=True)
+            self._log_file = JSONLFileLogger(self.run_folder / "log.jsonl")
+            self.logger.destinations.append(self._log_file)
+        state.record.status = "running"
+        self.logger.log_run_start(state.record)  # config, methods and target are final by now
+        self._run_logged = True
+        # Methods may rebuild optimizers, wrap modules or replace the loader at FIT_START; resuming after
+        # it loads the checkpoint into the same structure it was saved from.
+        fit_start_s = self._run_fit_start()
+        self._measure_loader()
+        self._resume_rng = self.checkpointer.resume(self.load_path, self.autoresume)
+        if state.timestamp.batch == 0:
+            # What methods do at FIT_START (patch whitening's fit on data, optimizer wrapping) is part of
+            # training: it counts in the clock, so in time to target, and is reported apart too. A resumed
+            # run's clock continues from its checkpoint, which already counts the first run's fit start.
+            state.timestamp = state.timestamp.with_wall(fit_start_s)
+            state.record.timings["fit_start_s"] = round(fit_start_s, 4)
+        self._clock = TrainClock(offset=state.timestamp.wall_s)
+        for ev in state.evaluators:
+            ev.schedule.start(state)
+        state.record.save()
+        self._fit_started = True
+        if self.autoresume:
+            self.checkpointer.remove_partial_writes()
+        self.microbatching.resume(state.record.notes)
+
+    def _run_fit_start(self) -> float:
+        """FIT_START; returns the seconds the methods spent in it. Callbacks' own set-up there (the speed
+        monitor measuring the matmul peak, once per process) is measurement, not training."""
+        before = self.engine.seconds_at((Event.FIT_START,))
+        self.engine.run_event(Event.FIT_START)
+        method_s = self.engine.seconds_at((Event.FIT_START,)) - before
+        return method_s + timed(lambda: self.plan.after_fit_start(self.state.model), self.state.device)
+
+    def _measure_loader(self) -> None:
+        """Nominal epoch length and batch size (all ranks together), which convert between time units."""
+        measure_loader(self.state, self.plan.world)
+        self.microbatching.settle(self.state.samples_per_batch, self.plan.world)
+
+    def _should_end(self) -> bool:
+        state = self.state
+        if self.sigterm.received and not state.stop_requested:
+            state.request_stop(SIGTERM_REASON)
+        if state.max_duration.unit is TimeUnit.SECOND:
+            state.timestamp = state.timestamp.with_wall(self._clock.elapsed())
+        return self.plan.agree_to_end(state, state.stop_requested or state.is_done())
+
+    def _end_normally(self) -> None:
+        state, record = self.state, self.state.record
+        if state.stop_reason == SIGTERM_REASON:
+            # Suspended, not ended: no final evaluation (the grace period before SIGKILL is short) and no
+            # FIT_END (averaging methods would swap their weights in), so the checkpoint resumes exactly.
+            record.status = "terminated"
+            self.logger.log_text(f"SIGTERM: stopped after batch {state.timestamp.batch}; saving a "
+                                 f"checkpoint and the record, then exiting with code {SIGTERM_EXIT_CODE}")
+        else:
+            self._final_eval()
+            record.status = {"target_reached": "target_reached", None: "completed"}.get(state.stop_reason, "stopped")
+        record.stop_reason = state.stop_reason
+        if record.status != "terminated":
+            self.engine.run_event(Event.FIT_END)
+        self._finish(save=self.save_checkpoints)  # inside: a failed final save marks the run failed
+
+    def _set_epoch(self, epoch: int) -> None:
+        """Make each epoch's shuffling and augmentation a function of (seed, epoch), so resume is exact."""
+        # Per rank (rank 0: the one-process stream), so ranks do not draw the same per-sample randomness.
+        seed_everything(distributed.rank_seed(self.state.seed * 1_000_003 + epoch))
+        set_loader_epoch(self.state.train_dataloader, epoch)
+
+    def _epoch_complete(self) -> bool:
+        per_epoch = self.state.batches_per_epoch
+        return per_epoch is not None and self.state.timestamp.batch_in_epoch >= per_epoch
+
+    def _run_epoch(self) -> None:
+        state, engine = self.state, self.engine
+        resuming_mid_epoch = state.timestamp.batch_in_epoch > 0
+        self._clock.start()  # starting the loader's iterator (worker processes) is training time too
+        self._set_epoch(state.timestamp.epoch)
+        iterator = iterate_from(state.train_dataloader, state.timestamp.batch_in_epoch)
+        if self._resume_rng is not None:
+            set_rng_state(self._resume_rng)
+            self._resume_rng = None
+        if not resuming_mid_epoch:
+            engine.run_event(Event.EPOCH_START)
+        while not self._epoch_complete():
+            if self._should_end():
+                return  # stopped or out of budget mid-epoch: no epoch end
+            engine.run_event(Event.BEFORE_DATALOADER)
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                break
+            state.batch = to_device(batch, state.device)
+            engine.run_event(Event.AFTER_DATALOADER)
+            if not self._first_batch_checked:
+                check_first_batch(state, batch_tokens(state.batch))
+            with self.interrupts.step(state):  # a Ctrl-C waits for the batch's end (speedkit/train/interrupts.py)
+                self._train_step()
+                engine.run_event(Event.BATCH_END)
+            self._maybe_eval(at_epoch_end=False)
+            self._paused(engine.run_event, Event.BATCH_CHECKPOINT)
+        if state.timestamp.batch_in_epoch == 0:  # looping over empty epochs would never reach max_duration
+            raise ValueError(f"train_dataloader yielded no batches in epoch {state.timestamp.epoch}; a loader "
+                             f"must yield batches every epoch (a generator is used up after one pass)")
+        state.timestamp = state.timestamp.after_epoch()
+        engine.run_event(Event.EPOCH_END)
+        self._maybe_eval(at_epoch_end=True)
+        self._paused(engine.run_event, Event.EPOCH_CHECKPOINT)
+
+    # -- one optimizer step ---------------------------------------------------------------
+    def _train_step(self) -> None:
+        """One optimizer step on ``state.batch``: forward, loss and backward per microbatch, then the step."""
+        state, engine = self.state, self.engine
+        state.skip_step = False
+        apply_schedules(state)
+        engine.run_event(Event.BATCH_START)
+        full_batch = state.batch
+        forward_backward = functools.partial(self._forward_backward, full_batch)
+        step_loss, microbatches = self.microbatching.run(forward_backward, state, self.logger)
+        if not state.skip_step:
+            # Optimizers that evaluate the loss again (SAM) re-run forward, loss and backward, events included.
+            self._optimizer_step(closure=lambda: forward_backward(microbatches))
+        for optimizer in state.optimizers:
+            optimizer.zero_grad(set_to_none=True)
+        engine.run_event(Event.AFTER_TRAIN_BATCH)
+        for scheduler in state.schedulers:
+            if isinstance(scheduler, torch.optim.lr_scheduler.LRScheduler):
+                scheduler.step()
+        step_loss = self.plan.after_step(state.model, step_loss)  # e.g. averaged over ranks
+        self._count_batch(full_batch, step_loss)
+
+    def _count_batch(self, batch, step_loss: torch.Tensor) -> None:
+        """Advance the timestamp (samples and tokens of all ranks) and log the loss every few batches."""
+        state, world = self.state, self.plan.world
+        state.timestamp = state.timestamp.after_batch(batch_size(batch) * world, batch_tokens(batch) * world,
+                                                      wall_s=self._clock.elapsed())
+        if state.timestamp.batch % state.log_every == 0 or state.is_done():
+            state.last_train_loss = step_loss.item()
+            self.logger.log_metrics({"loss": state.last_train_loss})
+
+    def _forward_backward(self, full_batch, microbatches) -> torch.Tensor:
+        """Gradients of the whole batch, one microbatch at a time; returns the batch's mean loss."""
+        state = self.state
+        total = batch_size(full_batch)
+        step_loss = torch.zeros((), device=state.device)
+        for index, microbatch in enumerate(microbatches):
+            state.batch, state.microbatch_index, weight = microbatch, index, batch_size(microbatch) / total
+            with self.plan.gradient_sync(self._train_module, last=index == len(microbatches) - 1):
+                step_loss += self._train_microbatch(weight) * weight
+        state.batch = full_batch
+        return step_loss
+
+    def _train_microbatch(self, weight: float) -> torch.Tensor:
+        state, engine = self.state, self.engine
+        checked = self._first_batch_checked  # until the first step is through, failures name batch and model
+        engine.run_event(Event.BEFORE_FORWARD)
+        with self._explained("forward", checked), state.autocast():
+            state.outputs = call_model(self._train_module, state.batch)
+        engine.run_event(Event.AFTER_FORWARD)
+        if not checked:
+            check_first_outputs(state, default_loss=state.loss_fn is cross_entropy_loss)
+        engine.run_event(Event.BEFORE_LOSS)
+        with self._explained("loss", checked), state.autocast():
+            state.loss = state.loss_fn(state.outputs, state.batch)
+        if not checked:
+            check_first_loss(state)
+        engine.run_event(Event.AFTER_LOSS)
+        engine.run_event(Event.BEFORE_BACKWARD)
+        if not state.skip_step:
+            scaled = state.loss * weight
+            if state.grad_scaler is not None:
+                scaled = state.grad_scaler.scale(scaled)
+            with self._explained("backward", checked):
+                scaled.backward()
+        engine.run_event(Event.AFTER_BACKWARD)
+        self._first_batch_checked = True
+        return state.loss.detach().float()
+
+    @contextlib.contextmanager
+    def _explained(self, stage: str, checked: bool):
+        """Until the first step is through, an error in ``stage`` is raised again naming the batch and model."""
+        try:
+            yield
+        except Exception as error:
+            if not checked:
+                explain_first_batch_error(self.state, stage, error)  # returns for out-of-memory errors
+            raise
+
+    def _optimizer_step(self, closure) -> None:
+        """Step every optimizer; those that evaluate the loss again (``needs_closure``) get ``closure``."""
+        scaler = self.state.grad_scaler
+        for optimizer in self.state.optimizers:
+            if getattr(optimizer, "needs_closure", False):
+                optimizer.step(closure)
+            elif scaler is not None:
+                scaler.step(optimizer)
+            else:
+                optimizer.step()
+        if scaler is not None:
+            scaler.update()
+
+    # -- evaluation -----------------------------------------------------------------------
+    def _paused(self, fn, *args):
+        """Run ``fn`` with the training clock stopped: evaluation and saving are not training time."""
+        synchronize(self.state.device)
+        self._clock.pause()
+        start = time.perf_counter()
+        try:
+            return self.interrupts.held(self.state, fn, *args)  # a Ctrl-C waits (EMA swapped back after an eval)
+        finally:
+            self._clock.start()
+            self.state.record.add_timing("paused_s", time.perf_counter() - start)
+
+    def _maybe_eval(self, at_epoch_end: bool) -> None:
+        due = [ev for ev in self.state.evaluators if ev.schedule.due(self.state, at_epoch_end)]
+        if due:
+            self._paused(self.eval, due)
+
+    def _final_eval(self) -> None:
+        """Make sure the record ends with metrics for the final weights."""
+        evals = self.state.record.evals
+        if self.state.evaluators and (not evals or evals[-1]["batch"] != self.state.timestamp.batch):
+            self._paused(self.eval)
+
+    def eval(self, evaluators: Sequence[Evaluator] | None = None) -> dict[str, dict[str, float]]:
+        """Evaluate the current model; returns and logs ``{label: {metric: value}}``."""
+        state = self.state
+        evaluators = state.evaluators if evaluators is None else evaluators
+        start = time.perf_counter()
+        method_s_before = self.engine.seconds_at(EVAL_EVENTS)
+        self.plan.before_eval(state.model)
+        was_training = state.model.training
+        state.model.eval()
+        results = {}
+        # Evaluation must not shift training's random stream (DataLoader iterators draw a seed), or how
+        # often one evaluates would change the run; fork_rng restores the generators afterwards.
+        devices = [state.device] if state.device.type == "cuda" else []
+        try:
+            with torch.random.fork_rng(devices=devices):
+                for evaluator in evaluators:
+                    results[evaluator.label] = self._run_evaluator(evaluator)
+        finally:
+            state.model.train(was_training)
+        eval_s = time.perf_counter() - start
+        self.state.record.add_timing("eval_s", eval_s)
+        self._count_eval_methods(self.engine.seconds_at(EVAL_EVENTS) - method_s_before)
+        logged = {f"{'eval' if label == 'eval' else 'eval/' + label}/{name}": value
+                  for label, metrics in results.items() for name, value in metrics.items()}
+        self.logger.log_metrics({**logged, "eval_s": round(eval_s, 4)})
+        state.record.final_metrics = logged
+        if self._fit_started:
+            state.record.save()
+        return results
+
+    def _count_eval_methods(self, seconds: float) -> None:
+        """What methods added to an evaluation (test-time augmentation, EMA/SWA swaps) is training time; a plain
+        evaluation is not. Added before the metrics are logged: the row that reaches a target pays its own."""
+        if not self._fit_started or seconds <= 0:
+            return
+        self._clock.offset += seconds
+        self.state.timestamp = self.state.timestamp.with_wall(self.state.timestamp.wall_s + seconds)
+        self.state.record.add_timing("eval_methods_s", seconds)
+
+    @torch.no_grad()
+    def _run_evaluator(self, evaluator: Evaluator) -> dict[str, float]:
+        state, engine = self.state, self.engine
+        state.current_evaluator = evaluator
+        for metric in evaluator.metrics.values():
+            metric.reset()
+        engine.run_event(Event.EVAL_START)
+        seen, last = 0, None
+        for index, batch in enumerate(evaluator.dataloader):
+            if evaluator.max_batches is not None and index >= evaluator.max_batches:
+                break
+            self._eval_batch(evaluator, batch)
+            seen, last = seen + 1, batch
+        # Under several processes: pad to the ranks' longest shard (FSDP) and sum the metrics over ranks.
+        repeat_last = functools.partial(self._eval_batch, evaluator, last, count=False)
+        self.plan.finish_evaluator(state.model, evaluator, seen, repeat_last)
+        values = {name: metric.compute() for name, metric in evaluator.metrics.items()}
+        label = "eval" if evaluator.label == "eval" else f"eval/{evaluator.label}"
+        state.eval_metrics[label] = values
+        engine.run_event(Event.EVAL_END)
+        state.current_evaluator = None
+        return values
+
+    def _eval_batch(self, evaluator: Evaluator, batch, count: bool = True) -> None:
+        state, engine = self.state, self.engine
+        state.batch = to_device(batch, state.device)
+        engine.run_event(Event.EVAL_BATCH_START)
+        engine.run_event(Event.EVAL_BEFORE_FORWARD)
+        with state.autocast():
+            state.outputs = call_model(state.model, state.batch)
+        engine.run_event(Event.EVAL_AFTER_FORWARD)
+        if count:
+            for metric in evaluator.metrics.values():
+                metric.update(output_logits(state.outputs).float(), state.batch_targets())
+        engine.run_event(Event.EVAL_BATCH_END)
+
+    # -- endings --------------------------------------------------------------------------
+    def _end_abnormally(self, status: str, error: str, save: bool) -> None:
+        record = self.state.record
+        record.status, record.error = status, error
+        self._finish(save=save and self.save_checkpoints)
+
+    def _finish(self, save: bool) -> None:
+        """Close out a run: final timings, a checkpoint when asked, the record on disk, loggers closed."""
+        state = self.state
+        self._clock.pause()
+        state.record.timings["train_s"] = round(self._clock.elapsed(), 4)
+        for cb in state.callbacks:
+            if isinstance(cb, ProgressBar):
+                cb.close()
+        if save and self._fit_started:
+            self.checkpointer.save()
+        state.record.save()
+        if self._run_logged:
+            self._run_logged = False  # once, even if a logger fails here and the run ends again as failed
+            self.logger.log_run_end(state.record)
+        if self._log_file is not None:
+            self.logger.destinations.remove(self._log_file)
+            self._log_file.close()
+            self._log_file = None
