@@ -48,7 +48,7 @@ def resnet_trainer(run_dir, run_name: str, steps: int = STEPS, **kwargs) -> Trai
                    max_duration=f"{steps}ba", eval_interval="1000ba", log_interval=1, device="cpu",
                    precision="fp32", seed=0, deterministic=True, run_dir=run_dir, run_name=run_name,
                    optimizers=lambda p: torch.optim.SGD(p, lr=LR, momentum=0.9, nesterov=True, weight_decay=5e-4),
-                   algorithms=[EMA(half_life="4ba", final_weights="model")], **kwargs)
+                   methods=[EMA(half_life="4ba", final_weights="model")], **kwargs)
 
 
 def text_tokens() -> torch.Tensor:
@@ -66,7 +66,7 @@ def gpt_trainer(run_dir, run_name: str, steps: int, **kwargs) -> Trainer:
     val = TokenBatchLoader(tokens[split:], seq_len=64, batch_size=8, shuffle=False, steps_per_epoch=3)
     return Trainer(model, train, evaluators=[Evaluator(val, {"loss": CrossEntropy()})], max_duration=f"{steps}ba",
                    eval_interval="1000ba", log_interval=1, device="cpu", precision="fp32", seed=0,
-                   run_dir=run_dir, run_name=run_name, algorithms=[EMA(half_life="2ba")],
+                   run_dir=run_dir, run_name=run_name, methods=[EMA(half_life="2ba")],
                    optimizers=lambda p: torch.optim.AdamW(p, lr=3e-3, weight_decay=0.01), **kwargs)
 
 
@@ -75,7 +75,7 @@ def losses(record) -> list[float]:
 
 
 def _ema_digest(trainer) -> list[float]:
-    ema = next(a for a in trainer.state.algorithms if a.name == "ema")
+    ema = next(a for a in trainer.state.methods if a.name == "ema")
     return [float(t.double().sum()) for t in ema.ema.values()]
 
 
@@ -130,7 +130,7 @@ def fsdp_gpt(out: Path) -> dict:
             "model_class": record.config.get("model"), "final_metrics": record.final_metrics,
             "checkpoint_files": sorted(p.name for p in Path(record.notes["last_checkpoint"]).parent.iterdir()),
             "ema_is_sharded": all(isinstance(t, DTensor) for t in
-                                  next(a for a in resumed.state.algorithms if a.name == "ema").ema.values()
+                                  next(a for a in resumed.state.methods if a.name == "ema").ema.values()
                                   if t.is_floating_point() and t.dim() > 0)}
 
 
@@ -145,7 +145,7 @@ METHODS = {"ghost_batchnorm": {"ghost_batch_size": 8}, "stochastic_depth": {"dro
 
 
 def ddp_methods(out: Path) -> dict:
-    from speedkit.methods import build_algorithms
+    from speedkit.methods import build_methods
 
     torch.manual_seed(0)
     model = get_model("resnet8", num_classes=10)
@@ -153,7 +153,7 @@ def ddp_methods(out: Path) -> dict:
                                         seed=0)
     trainer = Trainer(model, train, eval_dataloader=test, max_duration="6ba", device="cpu", precision="fp32",
                       run_dir=out / "runs", run_name="ddp-methods", log_interval=1,
-                      algorithms=build_algorithms(METHODS))
+                      methods=build_methods(METHODS))
     record = trainer.fit()
     tensors = [float(t.detach().double().sum()) for t in trainer.state.model.state_dict().values()]
     return {"losses": losses(record), "weights_by_rank": distributed.all_gather_object(tensors),

@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from speedkit.core import Algorithm, Event, MethodCard
+from speedkit.core import Event, Method, MethodCard
 
 
 def toy_classification(n: int = 256, features: int = 8, classes: int = 3, seed: int = 0):
@@ -34,7 +34,7 @@ def make_card(name: str, events=tuple(Event), writes=(), domain="any", **kwargs)
                       writes=tuple(writes), **kwargs)
 
 
-class Recorder(Algorithm):
+class Recorder(Method):
     """Acts on every event and remembers (event, microbatch index) in order."""
 
     CARD = make_card("recorder")
@@ -47,10 +47,10 @@ class Recorder(Algorithm):
         self.seen.append((event, state.microbatch_index))
 
 
-def algorithm_class(name: str, writes=(), events=(Event.BATCH_START, Event.AFTER_FORWARD), log=None, **card_kwargs):
-    """An Algorithm class with its own card that appends its name to ``log`` when it runs."""
+def method_class(name: str, writes=(), events=(Event.BATCH_START, Event.AFTER_FORWARD), log=None, **card_kwargs):
+    """An Method class with its own card that appends its name to ``log`` when it runs."""
 
-    class _Method(Algorithm):
+    class _Method(Method):
         CARD = make_card(name, events=events, writes=writes, **card_kwargs)
 
         def apply(self, event, state, logger):

@@ -49,13 +49,13 @@ def tiny_language(batch_size: int = 4, seq_len: int = 16, n_tokens: int = 4096, 
     return GPT(GPTConfig(**cfg)), train, test
 
 
-def run_steps(setup, algorithms=(), steps: int = 2, tmp_path=None, **trainer_kwargs) -> Trainer:
-    """Train ``steps`` batches of a (model, train, eval) setup with ``algorithms``; returns the Trainer."""
+def run_steps(setup, methods=(), steps: int = 2, tmp_path=None, **trainer_kwargs) -> Trainer:
+    """Train ``steps`` batches of a (model, train, eval) setup with ``methods``; returns the Trainer."""
     model, train, test = setup
     options = dict(max_duration=f"{steps}ba", device="cpu", run_dir=tmp_path or "runs/tests",
                    save_checkpoints=False, log_interval=1, eval_interval=f"{steps}ba",
                    optimizers=lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9))
     options.update(trainer_kwargs)
-    trainer = Trainer(model, train, eval_dataloader=test, algorithms=list(algorithms), **options)
+    trainer = Trainer(model, train, eval_dataloader=test, methods=list(methods), **options)
     trainer.fit()
     return trainer

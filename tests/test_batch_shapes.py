@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from speedkit import Trainer
 from speedkit.core import batch as b
 from speedkit.data import load_fashion_mnist
-from speedkit.methods import build_algorithms
+from speedkit.methods import build_methods
 
 pytestmark = pytest.mark.prerequisite("fashion-mnist")
 
@@ -135,7 +135,7 @@ def test_methods_act_on_batches_with_extra_items(tmp_path, method):
     seen = []
     trainer = Trainer(ConvNet(), tuple_batches(extra=True), eval_dataloader=tuple_batches(extra=True)[:1],
                       max_duration="4ba", save_checkpoints=False, run_dir=tmp_path,
-                      algorithms=build_algorithms({method: LABEL_AND_INPUT_METHODS[method]}),
+                      methods=build_methods({method: LABEL_AND_INPUT_METHODS[method]}),
                       optimizers=lambda p: torch.optim.SGD(p, lr=0.05))
     original_loss = trainer.state.loss_fn
 
@@ -157,13 +157,13 @@ def test_methods_act_on_batches_with_extra_items(tmp_path, method):
 def test_methods_that_cannot_act_on_dict_batches_say_why(tmp_path, method):
     with pytest.raises(ValueError, match=rf"{method} cannot act on this batch \(a dict with keys .*\): .*remove {method}"):
         fit(DictConvNet(own_loss=False), dict_batches(), tmp_path,
-            algorithms=build_algorithms({method: LABEL_AND_INPUT_METHODS[method]}))
+            methods=build_methods({method: LABEL_AND_INPUT_METHODS[method]}))
 
 
 @pytest.mark.parametrize("method", ["progressive_resizing", "cutout", "channels_last", "data_echoing"])
 def test_input_methods_act_on_dict_batches(tmp_path, method):
     _, record = fit(DictConvNet(own_loss=True), dict_batches(), tmp_path,
-                    algorithms=build_algorithms({method: LABEL_AND_INPUT_METHODS[method]}))
+                    methods=build_methods({method: LABEL_AND_INPUT_METHODS[method]}))
     assert record.status == "completed"
 
 

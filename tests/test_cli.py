@@ -15,7 +15,7 @@ from speedkit.cli.main import main
 @needs_fmnist
 def test_speedkit_train_writes_a_record(tmp_path, capsys):
     code = main(["train", "--task", "fashion-mnist", "--recipe", "mild", "--duration", "6ba", "--batch-size", "64",
-                 "--data-fraction", "0.02", "--eval-fraction", "0.05", "--algorithms", "label_smoothing",
+                 "--data-fraction", "0.02", "--eval-fraction", "0.05", "--methods", "label_smoothing",
                  "--precision", "fp32", "--device", "cpu", "--run-dir", str(tmp_path), "--run-name", "cli",
                  "--no-progress"])
     assert code == 0
@@ -42,7 +42,7 @@ def test_speedkit_train_logs_to_tensorboard_and_csv(tmp_path):
 
 @needs_fmnist
 @pytest.mark.parametrize("args, message", [
-    (["--algorithms", "label_smothing"], "Did you mean 'label_smoothing'"),
+    (["--methods", "label_smothing"], "Did you mean 'label_smoothing'"),
     (["--duration", "3 fortnights"], "fortnights"),
     (["--task", "imagenet"], "unknown task"),
     (["--model", "resnet1000"], "resnet1000"),

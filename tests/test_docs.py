@@ -1,5 +1,5 @@
 """make docs: the docstring references resolve in every module, the method pages are drawn from the cards, and
-a rendered reference (the algorithms package with its method pages) has no link that leads nowhere and loads
+a rendered reference (the methods package with its method pages) has no link that leads nowhere and loads
 nothing from the network. The whole reference is built by `make docs` (scripts/build_docs.py), which runs the
 same checks over every module."""
 from __future__ import annotations
@@ -56,11 +56,11 @@ def test_method_pages_come_from_the_cards(build_docs, tmp_path):
     assert all(f"href='{name}.html'" in index for name in REGISTRY)
 
 
-def test_the_rendered_algorithms_reference_has_no_broken_links(build_docs, tmp_path):
+def test_the_rendered_methods_reference_has_no_broken_links(build_docs, tmp_path):
     modules = ["speedkit", "speedkit.methods"] + [
         name for name in build_docs.module_names() if name.startswith("speedkit.methods.")]
     assert build_docs.build(tmp_path, modules) == []
-    assert (tmp_path / "speedkit" / "algorithms" / "ema.html").is_file()
+    assert (tmp_path / "speedkit" / "methods" / "ema.html").is_file()
     assert "<a href='../speedkit/methods/ema.html#EMA'>" in (tmp_path / "methods" / "ema.html").read_text()
 
     (tmp_path / "methods" / "ema.html").write_text("<a href='../speedkit/methods/ema.html#NoSuchClass'>x</a>"

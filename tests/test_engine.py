@@ -2,12 +2,11 @@
 from __future__ import annotations
 
 import pytest
+from helpers import Recorder, make_card, method_class, toy_loaders, toy_model
 
 from speedkit import Trainer
 from speedkit.core import Event, HParam, IncompatibleMethodsError, MethodCard
-from speedkit.core.algorithm import Algorithm, order_algorithms
-
-from helpers import Recorder, algorithm_class, make_card, toy_loaders, toy_model
+from speedkit.core.method import Method, order_methods
 
 TRAIN_STEP = [Event.BATCH_START]
 MICRO = [Event.BEFORE_FORWARD, Event.AFTER_FORWARD, Event.BEFORE_LOSS, Event.AFTER_LOSS,
@@ -18,7 +17,7 @@ EVAL_BATCH = [Event.EVAL_BATCH_START, Event.EVAL_BEFORE_FORWARD, Event.EVAL_AFTE
 def test_recorder_sees_every_event_in_documented_order_with_microbatches(tmp_path):
     train, test = toy_loaders(batch_size=32, n=96)  # 3 batches per epoch
     recorder = Recorder()
-    trainer = Trainer(toy_model(), train, eval_dataloader=test, max_duration="2ep", algorithms=[recorder],
+    trainer = Trainer(toy_model(), train, eval_dataloader=test, max_duration="2ep", methods=[recorder],
                       microbatch_size=16, device="cpu", run_dir=tmp_path, save_interval="1ep")
     trainer.fit()
     events = [e for e, _ in recorder.seen]
@@ -39,12 +38,12 @@ def test_recorder_sees_every_event_in_documented_order_with_microbatches(tmp_pat
 
 def test_methods_run_in_stage_order_and_reverse_on_after_events(tmp_path):
     log = []
-    early = algorithm_class("zz_surgery", writes=("model",), log=log)()
-    late = algorithm_class("aa_loss", writes=("loss",), log=log)()
+    early = method_class("zz_surgery", writes=("model",), log=log)()
+    late = method_class("aa_loss", writes=("loss",), log=log)()
     train, _ = toy_loaders(n=32)
-    trainer = Trainer(toy_model(), train, max_duration="1ba", algorithms=[late, early], device="cpu",
+    trainer = Trainer(toy_model(), train, max_duration="1ba", methods=[late, early], device="cpu",
                       run_dir=tmp_path, save_checkpoints=False)
-    assert [a.name for a in trainer.state.algorithms] == ["zz_surgery", "aa_loss"]  # stage beats name
+    assert [a.name for a in trainer.state.methods] == ["zz_surgery", "aa_loss"]  # stage beats name
     trainer.fit()
     at_start = [n for e, n in log if e is Event.BATCH_START]
     after_forward = [n for e, n in log if e is Event.AFTER_FORWARD]
@@ -53,42 +52,42 @@ def test_methods_run_in_stage_order_and_reverse_on_after_events(tmp_path):
 
 
 def test_runs_after_and_cycles():
-    a = algorithm_class("a", writes=("loss",), runs_after=("b",))()
-    b = algorithm_class("b", writes=("loss",))()
-    assert [x.name for x in order_algorithms([a, b])] == ["b", "a"]
-    c = algorithm_class("c", runs_after=("d",))()
-    d = algorithm_class("d", runs_after=("c",))()
+    a = method_class("a", writes=("loss",), runs_after=("b",))()
+    b = method_class("b", writes=("loss",))()
+    assert [x.name for x in order_methods([a, b])] == ["b", "a"]
+    c = method_class("c", runs_after=("d",))()
+    d = method_class("d", runs_after=("c",))()
     with pytest.raises(IncompatibleMethodsError, match="circular"):
-        order_algorithms([c, d])
+        order_methods([c, d])
 
 
 def test_declared_conflict_names_both_methods_and_the_fix(tmp_path):
-    first = algorithm_class("mix_one", conflicts={"mix_two": "both mix the loss; keep one"})()
-    second = algorithm_class("mix_two")()
+    first = method_class("mix_one", conflicts={"mix_two": "both mix the loss; keep one"})()
+    second = method_class("mix_two")()
     train, _ = toy_loaders()
     with pytest.raises(IncompatibleMethodsError) as info:
-        Trainer(toy_model(), train, algorithms=[first, second], device="cpu", run_dir=tmp_path)
+        Trainer(toy_model(), train, methods=[first, second], device="cpu", run_dir=tmp_path)
     message = str(info.value)
     assert "mix_one" in message and "mix_two" in message and "keep one" in message
 
 
 def test_conflict_added_after_init_is_caught_at_fit_start(tmp_path):
     train, _ = toy_loaders()
-    trainer = Trainer(toy_model(), train, algorithms=[algorithm_class("x", exclusive=("loss_mixing",))()],
+    trainer = Trainer(toy_model(), train, methods=[method_class("x", exclusive=("loss_mixing",))()],
                       device="cpu", run_dir=tmp_path)
-    trainer.state.algorithms.append(algorithm_class("y", exclusive=("loss_mixing",))())
+    trainer.state.methods.append(method_class("y", exclusive=("loss_mixing",))())
     with pytest.raises(IncompatibleMethodsError, match="loss_mixing"):
         trainer.fit()
 
 
 def test_same_method_twice_is_refused(tmp_path):
-    cls = algorithm_class("twice")
+    cls = method_class("twice")
     train, _ = toy_loaders()
     with pytest.raises(IncompatibleMethodsError, match="twice is listed twice"):
-        Trainer(toy_model(), train, algorithms=[cls(), cls()], device="cpu", run_dir=tmp_path)
+        Trainer(toy_model(), train, methods=[cls(), cls()], device="cpu", run_dir=tmp_path)
 
 
-class Tunable(Algorithm):
+class Tunable(Method):
     CARD = MethodCard(name="tunable", summary="t", domain="any", events=(Event.BATCH_START,),
                       hparams=(HParam("alpha", float, 0.2, low=0.0, high=1.0, step=0.1),
                                HParam("mode", str, "a", choices=("a", "b")),
@@ -119,9 +118,9 @@ def test_card_rejects_unknown_domain_and_write_targets():
 
 
 def test_default_match_is_the_cards_events(tmp_path):
-    method = algorithm_class("only_start", events=(Event.FIT_START, Event.EPOCH_END))()
+    method = method_class("only_start", events=(Event.FIT_START, Event.EPOCH_END))()
     train, _ = toy_loaders(n=64)
-    trainer = Trainer(toy_model(), train, max_duration="2ep", algorithms=[method], device="cpu",
+    trainer = Trainer(toy_model(), train, max_duration="2ep", methods=[method], device="cpu",
                       run_dir=tmp_path, save_checkpoints=False)
     trainer.fit()
     assert trainer.engine.events_of("only_start") == {Event.FIT_START: 1, Event.EPOCH_END: 2}

@@ -25,10 +25,10 @@ def read_back(result) -> dict:
     return torch.load(result.path, weights_only=True)
 
 
-def fit(tmp_path, model, algorithms=(), loaders=None, **kwargs):
+def fit(tmp_path, model, methods=(), loaders=None, **kwargs):
     train, test = loaders or toy_loaders()
     trainer = Trainer(model, train, eval_dataloader=test, max_duration="2ep", eval_interval="1ep",
-                      algorithms=list(algorithms), device="cpu", run_dir=tmp_path, run_name="run", **kwargs)
+                      methods=list(methods), device="cpu", run_dir=tmp_path, run_name="run", **kwargs)
     trainer.fit()
     return trainer, tmp_path / "run"
 
@@ -52,7 +52,7 @@ def test_exported_weights_load_into_a_fresh_model_and_compute_the_same(tmp_path,
 
 def test_a_finished_ema_run_exports_its_average_which_the_model_holds_after_fit_end(tmp_path):
     trainer, folder = fit(tmp_path, toy_model(), [EMA(half_life="4ba")])
-    ema = trainer.state.algorithms[0].ema
+    ema = trainer.state.methods[0].ema
     exported = read_back(export_weights(folder))
     for name, tensor in exported.items():
         torch.testing.assert_close(tensor, ema[name], rtol=0, atol=0)
@@ -63,7 +63,7 @@ def test_a_checkpoint_from_before_fit_end_exports_the_average_not_the_raw_weight
     fit(tmp_path, toy_model(), [EMA(half_life="4ba"), SWA(swa_start=0.25, update_interval=2)], save_interval="8ba")
     mid_run = tmp_path / "run" / "checkpoints" / "ba000000008.ckpt"
     payload = load_checkpoint(mid_run)
-    assert payload["algorithms"]["swa"]["average"]  # the case this test is about: an average exists mid-run
+    assert payload["methods"]["swa"]["average"]  # the case this test is about: an average exists mid-run
 
     result = export_weights(mid_run, out=tmp_path / "mid.safetensors")
     assert result.weights == "swa"  # SWA wins over EMA, as at FIT_END
@@ -71,11 +71,11 @@ def test_a_checkpoint_from_before_fit_end_exports_the_average_not_the_raw_weight
     raw = payload["model"]
     assert any(not torch.equal(exported[k], raw[k]) for k in raw)
     for name, tensor in exported.items():
-        torch.testing.assert_close(tensor, payload["algorithms"]["swa"]["average"][name], rtol=0, atol=0)
+        torch.testing.assert_close(tensor, payload["methods"]["swa"]["average"][name], rtol=0, atol=0)
 
     ema = read_back(export_weights(mid_run, out=tmp_path / "ema.pt", format="pt", weights="ema"))
     for name, tensor in ema.items():
-        torch.testing.assert_close(tensor, payload["algorithms"]["ema"]["ema"][name], rtol=0, atol=0)
+        torch.testing.assert_close(tensor, payload["methods"]["ema"]["ema"][name], rtol=0, atol=0)
     with pytest.raises(ValueError, match="no swa average"):
         export_weights(fit(tmp_path / "plain", toy_model())[1], weights="swa")
 
@@ -130,7 +130,7 @@ def test_tied_weights_are_written_under_both_names_and_stay_tied_in_the_fresh_mo
     with torch.no_grad():
         trained.lm_head.weight.add_(0.5)  # "training" moved the shared tensor
     checkpoint = save_checkpoint(tmp_path / "ba000000001.ckpt", {
-        "model": trained.state_dict(), "algorithms": {}, "record": RunRecord(status="completed").to_json()})
+        "model": trained.state_dict(), "methods": {}, "record": RunRecord(status="completed").to_json()})
     exported = read_back(export_weights(checkpoint, out=tmp_path / "gpt.safetensors"))
     assert {"transformer.wte.weight", "lm_head.weight"} <= set(exported)
 

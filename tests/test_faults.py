@@ -604,7 +604,7 @@ def ema_run(tmp_path, **kwargs):
     from speedkit.methods import EMA
 
     train, test = toy_loaders()
-    return make_trainer(tmp_path, algorithms=[EMA(half_life="2ba")], eval_dataloader=test, eval_interval="2ba",
+    return make_trainer(tmp_path, methods=[EMA(half_life="2ba")], eval_dataloader=test, eval_interval="2ba",
                         **kwargs)
 
 

@@ -25,8 +25,8 @@ from method_harness import tiny_vision
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
 from speedkit import Time, Trainer
-from speedkit.core import Algorithm, TimeUnit
-from speedkit.methods import REGISTRY, build_algorithms, get_algorithm
+from speedkit.core import Method, TimeUnit
+from speedkit.methods import REGISTRY, build_methods, get_method
 from speedkit.optim.schedulers import SCHEDULES
 from speedkit.tasks import recipe_parts
 from speedkit.tasks.recipes import RECIPES, Recipe, get_recipe
@@ -388,7 +388,7 @@ def test_method_parameters(name, data):
     if mode == "unknown":
         bogus = data.draw(st.from_regex(r"[a-z][a-z_]{0,11}", fullmatch=True).filter(
             lambda n: n not in {hp.name for hp in card.hparams}))
-        judge(test, f"{name}({bogus}=1)", lambda: get_algorithm(name, **{bogus: 1}), False, bogus)
+        judge(test, f"{name}({bogus}=1)", lambda: get_method(name, **{bogus: 1}), False, bogus)
         return
     if mode == "one":
         hp = data.draw(st.sampled_from(card.hparams))
@@ -401,7 +401,7 @@ def test_method_parameters(name, data):
     _count(test)
     with time_limit(LIMIT_S, what):
         try:
-            algorithm = get_algorithm(name, **params)
+            method = get_method(name, **params)
         except (ValueError, TypeError) as e:
             message = str(e)
             if bad:
@@ -411,9 +411,9 @@ def test_method_parameters(name, data):
             return
     assert not bad, f"{what} was accepted, but {[hp.name for hp in bad]} are bad"
     _count(test, accepted=True)
-    assert isinstance(algorithm, Algorithm)
+    assert isinstance(method, Method)
     for key, value in params.items():
-        assert algorithm.params[key] == value
+        assert method.params[key] == value
 
 
 def _misspell(name: str):
@@ -426,7 +426,7 @@ def _misspell(name: str):
                       TEXT, JUNK))
 def test_method_names(name):
     ok = type(name) is str and name in REGISTRY
-    judge("methods: names", f"get_algorithm({name!r})", lambda: get_algorithm(name), ok,
+    judge("methods: names", f"get_method({name!r})", lambda: get_method(name), ok,
           ("Known methods", "known methods"))
 
 
@@ -453,10 +453,10 @@ def spec_ok(spec) -> bool:
 @given(spec=METHOD_SPECS)
 def test_method_specs(spec):
     ok = spec_ok(spec)
-    built = judge("methods: specs", f"build_algorithms({spec!r})", lambda: build_algorithms(spec), ok,
+    built = judge("methods: specs", f"build_methods({spec!r})", lambda: build_methods(spec), ok,
                   ("method", "parameter", "bogus", "nope", "Known"))
     if ok:
-        assert all(isinstance(a, Algorithm) for a in built)
+        assert all(isinstance(a, Method) for a in built)
 
 
 # -- data against the model ---------------------------------------------------------------------

@@ -167,7 +167,7 @@ def _package_of(module: str) -> str:
 
 
 def test_no_private_name_is_imported_across_packages():
-    """What packages share is public (core.algorithm.show, runs.json_safe, speedkit.core.seeding, ...)."""
+    """What packages share is public (core.method.show, runs.json_safe, speedkit.core.seeding, ...)."""
     crossing = []
     for module, path in MODULES.items():
         for node in ast.walk(ast.parse(path.read_text())):

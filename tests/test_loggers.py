@@ -21,7 +21,7 @@ from speedkit.record.loggers import CSVLogger, TensorBoardLogger
 def fit_toy(tmp_path, loggers, run_name="run"):
     train, test = toy_loaders()  # 8 batches an epoch
     trainer = Trainer(toy_model(), train, eval_dataloader=test, max_duration="2ep", log_interval=3,
-                      eval_interval="1ep", algorithms=[LabelSmoothing(smoothing=0.1)], loggers=loggers,
+                      eval_interval="1ep", methods=[LabelSmoothing(smoothing=0.1)], loggers=loggers,
                       device="cpu", run_dir=tmp_path, run_name=run_name, save_checkpoints=False)
     return trainer.fit(), tmp_path / run_name
 

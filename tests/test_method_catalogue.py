@@ -10,7 +10,7 @@ import torch
 from method_harness import run_steps, tiny_language, tiny_vision
 
 from speedkit.core import IncompatibleMethodsError
-from speedkit.core.algorithm import DOMAINS, STAGES
+from speedkit.core.method import DOMAINS, STAGES
 from speedkit.methods import REGISTRY
 
 COMPOSER_METHODS = [
@@ -119,7 +119,7 @@ def test_readme_methods_table_is_generated_from_the_cards():
 
 
 def test_every_method_module_is_exported_by_name():
-    """algorithms/__init__.py imports each method class by name (no discovery): a new module must be listed."""
+    """methods/__init__.py imports each method class by name (no discovery): a new module must be listed."""
     import pkgutil
 
     import speedkit.methods as package
@@ -132,7 +132,7 @@ def test_every_method_module_is_exported_by_name():
 
 
 def test_what_a_method_varies_over_a_run_comes_from_its_card():
-    """DDP's find_unused_parameters and FSDP's refusal read ``Algorithm.varies_parameters`` (from the card)."""
+    """DDP's find_unused_parameters and FSDP's refusal read ``Method.varies_parameters`` (from the card)."""
     from speedkit.methods import EMA, LayerFreezing, StochasticDepth
 
     assert LayerFreezing().varies_parameters and StochasticDepth(mode="block").varies_parameters

@@ -10,7 +10,7 @@ from method_harness import run_steps, tiny_images, tiny_language, tiny_vision
 
 from speedkit import Trainer
 from speedkit.core import Event, IncompatibleMethodsError
-from speedkit.core.algorithm import Algorithm, MethodCard
+from speedkit.core.method import Method, MethodCard
 from speedkit.data import Augment, BatchLoader
 from speedkit.methods.alternating_flip import AlternatingFlip, alternating_flip_mask
 from speedkit.methods.augmix import AugMix, augmix_batch, mixing_weights
@@ -30,7 +30,7 @@ from speedkit.methods.test_time_augmentation import TestTimeAugmentation, tta_lo
 TRAIN_EVENTS = {Event.BEFORE_FORWARD, Event.BEFORE_LOSS, Event.EVAL_BATCH_END}
 
 
-class Spy(Algorithm):
+class Spy(Method):
     """Records (event, inputs, targets, outputs) where it runs; it writes nothing, so it runs last."""
 
     CARD = MethodCard(name="spy", summary="records batches", domain="any", events=tuple(TRAIN_EVENTS))
@@ -280,7 +280,7 @@ def test_alternating_flip_switches_the_loader_and_needs_a_batch_loader(tmp_path)
     augment = trainer.state.train_dataloader.augment
     assert augment.flip == "alternating" and augment.crop_pad == 1  # the crop setting is kept
     train, _ = toy_loaders(n=64)
-    trainer = Trainer(toy_model(), train, algorithms=[AlternatingFlip()], max_duration="1ba", device="cpu",
+    trainer = Trainer(toy_model(), train, methods=[AlternatingFlip()], max_duration="1ba", device="cpu",
                       run_dir=tmp_path, save_checkpoints=False)
     with pytest.raises(TypeError, match="BatchLoader"):
         trainer.fit()
@@ -366,7 +366,7 @@ def test_echo_batches_and_the_echoing_loader_resume_exactly():
 
 def _echo_run(folder, duration="1ep", load_path=None, save_interval=None):
     model, train, test = tiny_vision()
-    trainer = Trainer(model, train, eval_dataloader=test, algorithms=[DataEchoing(factor=2)], max_duration=duration,
+    trainer = Trainer(model, train, eval_dataloader=test, methods=[DataEchoing(factor=2)], max_duration=duration,
                       device="cpu", run_dir=folder, run_name="r", save_interval=save_interval, log_interval=1,
                       load_path=load_path, optimizers=lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9))
     trainer.fit()

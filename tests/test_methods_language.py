@@ -15,8 +15,8 @@ import torch.nn.functional as F
 from method_harness import run_steps, tiny_language
 
 from speedkit import Trainer
-from speedkit.core import Algorithm, Event, IncompatibleMethodsError, MethodCard
-from speedkit.core.algorithm import NothingToChangeError
+from speedkit.core import Event, IncompatibleMethodsError, Method, MethodCard
+from speedkit.core.method import NothingToChangeError
 from speedkit.methods import _attention as attention
 from speedkit.methods.alibi import ALiBi, alibi_slopes, apply_alibi
 from speedkit.methods.gated_linear_units import GatedLinearUnit, GatedLinearUnits, apply_gated_linear_units
@@ -276,7 +276,7 @@ def test_alibi_removes_learned_positions_by_default():
     assert kept.transformer.wpe.weight.requires_grad and any("wpe kept" in d for d in report.details)
 
 
-class BatchShapes(Algorithm):
+class BatchShapes(Method):
     """Remembers the input shape of every training batch, as the model will see it."""
 
     CARD = MethodCard(name="batch_shapes", summary="test helper", domain="any", events=(Event.BATCH_START,))
@@ -303,7 +303,7 @@ def test_alibi_events_and_shorter_training_sequences(tmp_path):
 def test_alibi_and_rotary_both_take_the_positions_role(tmp_path):
     model, train, _ = tiny_language()
     with pytest.raises(IncompatibleMethodsError, match="positions"):
-        Trainer(model, train, algorithms=[ALiBi(), RotaryEmbeddings()], device="cpu", run_dir=tmp_path)
+        Trainer(model, train, methods=[ALiBi(), RotaryEmbeddings()], device="cpu", run_dir=tmp_path)
 
 
 # -- qk_norm ----------------------------------------------------------------------------------------
@@ -420,7 +420,7 @@ def test_glu_events_and_conflict_with_relu_squared(tmp_path):
     assert isinstance(trainer.state.model.transformer.h[0].mlp.fc, GatedLinearUnit)
     model, train, _ = tiny_language()
     with pytest.raises(IncompatibleMethodsError, match="mlp_activation"):
-        Trainer(model, train, algorithms=[GatedLinearUnits(), ReLUSquaredActivation()], device="cpu",
+        Trainer(model, train, methods=[GatedLinearUnits(), ReLUSquaredActivation()], device="cpu",
                 run_dir=tmp_path)
 
 

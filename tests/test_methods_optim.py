@@ -11,7 +11,7 @@ import torch.nn as nn
 from method_harness import run_steps, tiny_language, tiny_vision
 
 from speedkit.core import Callback, Event
-from speedkit.core.algorithm import NothingToChangeError
+from speedkit.core.method import NothingToChangeError
 from speedkit.methods.autocast import Autocast
 from speedkit.methods.budget_schedule import BudgetSchedule, StepBudgetSchedule, make_budget_schedule
 from speedkit.methods.ema import EMA, compute_ema_smoothing, ema_update, init_ema
@@ -31,7 +31,7 @@ from speedkit.optim.sam import SAM as SAMOptimizer
 
 
 class Spy(Callback):
-    """Calls ``fn(event, state)`` at the given events (callbacks run after the algorithms of an event)."""
+    """Calls ``fn(event, state)`` at the given events (callbacks run after the methods of an event)."""
 
     def __init__(self, fn, *events):
         self.fn, self.events = fn, set(events)
@@ -80,7 +80,7 @@ def test_ema_update_follows_the_recurrence_for_weights_and_batchnorm_statistics(
     assert compute_ema_smoothing(10, update_interval=5) ** 2 == pytest.approx(0.5)
 
 
-def test_ema_algorithm_averages_at_batch_end_and_swaps_for_eval(tmp_path):
+def test_ema_method_averages_at_batch_end_and_swaps_for_eval(tmp_path):
     weights, eval_weights = [], []
     spy = Spy(lambda e, s: (weights if e is Event.FIT_START or e is Event.BATCH_END else eval_weights)
               .append(params_of(s.model)), Event.FIT_START, Event.BATCH_END, Event.EVAL_BATCH_START)
@@ -137,7 +137,7 @@ def test_update_batchnorm_statistics_averages_batch_means():
     assert model[1].momentum == 0.1  # restored
 
 
-def test_swa_algorithm_sets_lr_averages_and_loads_the_average(tmp_path):
+def test_swa_method_sets_lr_averages_and_loads_the_average(tmp_path):
     lrs, after_step = [], []
     spy = Spy(lambda e, s: lrs.append(s.optimizers[0].param_groups[0]["lr"]) if e is Event.BATCH_START
               else after_step.append(params_of(s.model)), Event.BATCH_START, Event.AFTER_TRAIN_BATCH)
@@ -218,7 +218,7 @@ def test_sam_joint_wrappers_use_one_norm_and_one_closure_call():
     assert wrappers[0].state_dict() == wrappers[0].base_optimizer.state_dict()
 
 
-def test_sam_algorithm_wraps_every_optimizer_including_muons(tmp_path):
+def test_sam_method_wraps_every_optimizer_including_muons(tmp_path):
     forwards = []
     spy = Spy(lambda e, s: forwards.append(s.timestamp.batch), Event.BEFORE_FORWARD)
     method = SAM(interval=2)
@@ -260,7 +260,7 @@ def test_lookahead_sync_and_optimizer_wrapper():
     assert saved["fast_steps"] == 4 and torch.equal(saved["slow"][0], slow)
 
 
-def test_lookahead_algorithm_pulls_back_every_k_steps(tmp_path):
+def test_lookahead_method_pulls_back_every_k_steps(tmp_path):
     plain = run_steps(tiny_vision(), [], steps=2, tmp_path=tmp_path / "plain")
     start = params_of(tiny_vision()[0])
     method = Lookahead(k=2, alpha=0.5)
@@ -333,7 +333,7 @@ def test_split_for_muon_moves_parameters_and_reports():
 
 
 @pytest.mark.parametrize("setup", [tiny_vision, tiny_language])
-def test_muon_algorithm_trains_with_two_optimizers(tmp_path, setup):
+def test_muon_method_trains_with_two_optimizers(tmp_path, setup):
     method = Muon()
     trainer = run_steps(setup(), [method], steps=2, tmp_path=tmp_path)
     assert_acted_at(trainer, method, [Event.FIT_START])
@@ -401,7 +401,7 @@ def test_freeze_layers_on_resnets_and_gpt():
     assert freeze_fraction(0.4) == 0.0 and freeze_fraction(0.75) == 0.5 and freeze_fraction(1.0, 0.5, 0.8) == 0.8
 
 
-def test_layer_freezing_algorithm_freezes_progressively(tmp_path):
+def test_layer_freezing_method_freezes_progressively(tmp_path):
     method = LayerFreezing(freeze_start=0.5)
     model, train, test = tiny_vision(batch_size=32)  # 2 batches per epoch, 4 epochs
     trainer = run_steps((model, train, test), [method], steps=8, tmp_path=tmp_path)

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from method_harness import run_steps, tiny_language, tiny_vision
 
 from speedkit.core import Event
-from speedkit.core.algorithm import NothingToChangeError
+from speedkit.core.method import NothingToChangeError
 from speedkit.methods import REGISTRY
 from speedkit.methods._surgery import find_residual_blocks
 from speedkit.methods.blurpool import BlurConv2d, MaxBlurPool2d, apply_blurpool, blur_2d
@@ -438,7 +438,7 @@ TRAINER_CASES = {  # name -> (setup factory, params, events expected in a 2-step
 
 
 @pytest.mark.parametrize("name", sorted(TRAINER_CASES))
-def test_algorithm_acts_at_its_card_events(name, tmp_path):
+def test_method_acts_at_its_card_events(name, tmp_path):
     setup, params, expected = TRAINER_CASES[name]
     method = REGISTRY[name](**params)
     trainer = run_steps(setup(), [method], steps=2, tmp_path=tmp_path)

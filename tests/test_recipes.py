@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from prerequisites import require
 
-from speedkit.methods import build_algorithms
+from speedkit.methods import build_methods
 from speedkit.tasks import make_trainer
 from speedkit.tasks.recipes import RECIPES, get_recipe
 
@@ -19,7 +19,7 @@ ALL = [(task, name) for task, recipes in RECIPES.items() for name in recipes]
 def test_recipe_validates(task, name):
     recipe = get_recipe(task, name)
     assert recipe.task == task and recipe.name == name and recipe.summary
-    build_algorithms(recipe.methods)  # every method exists and its parameters fit its card
+    build_methods(recipe.methods)  # every method exists and its parameters fit its card
 
 
 def test_speed_up_presets_state_the_target_they_were_tuned_for_and_runs_measure_against_it(tmp_path):
@@ -77,5 +77,5 @@ def test_recipe_runs_a_few_steps(tmp_path, task, name):
                            device="cpu", run_dir=tmp_path, save_checkpoints=False)
     record = trainer.fit()
     assert record.status == "completed" and record.steps[-1]["batch"] == 3
-    assert record.method_names == [a.name for a in trainer.state.algorithms]
+    assert record.method_names == [a.name for a in trainer.state.methods]
     assert sorted(record.method_names) == sorted(get_recipe(task, name).methods)

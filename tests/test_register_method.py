@@ -4,13 +4,13 @@ from __future__ import annotations
 import pytest
 from method_harness import run_steps, tiny_vision
 
-from speedkit import Algorithm, Event, MethodCard
-from speedkit.core.algorithm import HParam
+from speedkit import Event, Method, MethodCard
+from speedkit.core.method import HParam
 from speedkit.experiments.tune.space import candidate_methods
-from speedkit.methods import REGISTRY, build_algorithms, get_algorithm, register_method, unregister_method
+from speedkit.methods import REGISTRY, build_methods, get_method, register_method, unregister_method
 
 
-class HalveInputs(Algorithm):
+class HalveInputs(Method):
     """Scales training images by ``factor`` (a visible change the tests can read back from the batch)."""
 
     CARD = MethodCard(name="halve_inputs", summary="Scale training images.", domain="vision",
@@ -24,12 +24,12 @@ class HalveInputs(Algorithm):
 
 def test_a_registered_method_is_built_by_name_and_runs_at_its_event(tmp_path):
     assert register_method(HalveInputs) is HalveInputs
-    [method] = build_algorithms({"halve_inputs": {"factor": 0.25}})
+    [method] = build_methods({"halve_inputs": {"factor": 0.25}})
     assert isinstance(method, HalveInputs) and method.params == {"factor": 0.25}
     trainer = run_steps(tiny_vision(), [method], steps=3, tmp_path=tmp_path)
     assert trainer.engine.events_of("halve_inputs") == {Event.AFTER_DATALOADER: 3}
     with pytest.raises(ValueError, match="halve_inputs.factor"):
-        get_algorithm("halve_inputs", factor=2.0)  # its card's range is checked like a built-in's
+        get_method("halve_inputs", factor=2.0)  # its card's range is checked like a built-in's
     methods, _ = candidate_methods("vision", None, "cpu")
     assert "halve_inputs" in methods  # speedkit tune may try it
     unregister_method("halve_inputs")
@@ -50,9 +50,9 @@ def test_registering_the_same_class_twice_is_harmless_and_a_different_one_needs_
 
 
 @pytest.mark.parametrize("bad, error, message", [
-    (object, TypeError, "takes an Algorithm subclass"),
-    (HalveInputs(), TypeError, "takes an Algorithm subclass"),
-    (type("NoCard", (Algorithm,), {"apply": lambda *a: None}), TypeError, "has no CARD of its own"),
+    (object, TypeError, "takes an Method subclass"),
+    (HalveInputs(), TypeError, "takes an Method subclass"),
+    (type("NoCard", (Method,), {"apply": lambda *a: None}), TypeError, "has no CARD of its own"),
 ])
 def test_what_is_not_a_method_is_refused_with_the_fix(bad, error, message):
     with pytest.raises(error, match=message):

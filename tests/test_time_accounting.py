@@ -3,17 +3,17 @@ from __future__ import annotations
 
 import time
 
-from speedkit import Evaluator, Trainer
-from speedkit.core import Algorithm, Event
-
 from helpers import make_card, toy_loaders, toy_model
+
+from speedkit import Evaluator, Trainer
+from speedkit.core import Event, Method
 
 FIT_START_S = 0.3
 EVAL_FORWARD_S = 0.1
 SLOW_METRIC_S = 0.3
 
 
-class Sleeper(Algorithm):
+class Sleeper(Method):
     """A method whose set-up (FIT_START) and evaluation work (EVAL_AFTER_FORWARD) cost known seconds."""
 
     CARD = make_card("sleeper", events=(Event.FIT_START, Event.EVAL_AFTER_FORWARD), writes=("eval",))
@@ -42,7 +42,7 @@ class SlowMetric:
 def _trainer(tmp_path, eval_s=EVAL_FORWARD_S, **kwargs):
     train, test = toy_loaders()  # 8 batches per epoch; evaluation: 2 batches of 128
     options = dict(max_duration="2ba", eval_interval="1ba", device="cpu", run_dir=tmp_path, run_name="r",
-                   algorithms=[Sleeper(eval_s)], evaluators=[Evaluator(test, {"slow": SlowMetric()})],
+                   methods=[Sleeper(eval_s)], evaluators=[Evaluator(test, {"slow": SlowMetric()})],
                    save_checkpoints=False)
     options.update(kwargs)
     return Trainer(toy_model(), train, **options)

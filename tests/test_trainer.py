@@ -375,7 +375,7 @@ def test_recipe_parts_fill_what_was_not_given(tmp_path):
     trainer = Trainer(model, train, eval_dataloader=test, **recipe_parts("mild", model, max_duration="2ba",
                                                                          precision="fp32"),
                       device="cpu", run_dir=tmp_path, save_checkpoints=False)
-    assert [a.name for a in trainer.state.algorithms] == sorted(mild.methods, key=lambda n: n != "channels_last")
+    assert [a.name for a in trainer.state.methods] == sorted(mild.methods, key=lambda n: n != "channels_last")
     assert trainer.state.optimizers[0].defaults["lr"] == mild.optimizer["lr"]
     assert str(trainer.state.max_duration) == "2ba" and trainer.state.precision == "fp32"  # explicit wins
     assert trainer.record.config["recipe"] == "mild"

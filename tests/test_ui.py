@@ -15,9 +15,9 @@ import_or_missing("ipywidgets")
 import plotly.graph_objects as go  # noqa: E402
 from helpers import needs_fmnist  # noqa: E402
 
-from speedkit.core.algorithm import IncompatibleMethodsError, check_compatibility  # noqa: E402
+from speedkit.core.method import IncompatibleMethodsError, check_compatibility  # noqa: E402
 from speedkit.experiments.compare import compare_table, leave_one_out, paired_speedups, pareto_front  # noqa: E402
-from speedkit.methods import build_algorithms  # noqa: E402
+from speedkit.methods import build_methods  # noqa: E402
 from speedkit.record.runs import RunRecord  # noqa: E402
 from speedkit.tasks.recipes import RECIPES, Recipe  # noqa: E402
 from speedkit.ui import plots  # noqa: E402
@@ -69,7 +69,7 @@ def test_conflicts_show_the_engines_own_message(explorer):
     explorer.toggle("cutmix")
     explorer.toggle("mixup")
     with pytest.raises(IncompatibleMethodsError) as engine:
-        check_compatibility(build_algorithms(["cutmix", "mixup"]))
+        check_compatibility(build_methods(["cutmix", "mixup"]))
     assert str(engine.value) in explorer.conflicts.value.replace("&#x27;", "'")
     assert explorer.run_button.disabled
     assert explorer.run() is None and "cannot run" in explorer.status.value
@@ -147,7 +147,7 @@ def test_copy_as_code_produces_code_and_a_recipe_file_that_run(explorer, tmp_pat
     from speedkit.tasks import make_trainer
 
     trainer = make_trainer("fashion-mnist", str(path), run_dir=tmp_path / "from-file", **SMALL)
-    assert [a.name for a in trainer.state.algorithms] == [a.name for a in build_algorithms(recipe.methods)]
+    assert [a.name for a in trainer.state.methods] == [a.name for a in build_methods(recipe.methods)]
 
 
 def test_recipe_files_with_unknown_fields_are_refused(tmp_path):

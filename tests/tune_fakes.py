@@ -11,8 +11,8 @@ import math
 import os
 import time
 
-from speedkit.core.algorithm import NothingToChangeError, check_compatibility
-from speedkit.methods import build_algorithms
+from speedkit.core.method import NothingToChangeError, check_compatibility
+from speedkit.methods import build_methods
 from speedkit.record.runs import RunRecord
 
 BASE_TIME = 4.0  # fake training seconds to the target with nothing on
@@ -55,7 +55,7 @@ def _rendezvous() -> None:
 
 
 def fake_run(context) -> RunRecord:
-    check_compatibility(build_algorithms(context.recipe.methods))  # a conflicting set must never get here
+    check_compatibility(build_methods(context.recipe.methods))  # a conflicting set must never get here
     _rendezvous()
     if "gyro_dropout" in context.recipe.methods:  # as the real one does at FIT_START in a model without dropout
         raise NothingToChangeError("gyro_dropout found no nn.Dropout layers with p > 0 in the model")

@@ -126,7 +126,7 @@ def _choose_weights(payload: dict, record: RunRecord, weights: str, checkpoint: 
 
 
 def _average(payload: dict, name: str) -> dict | None:
-    state = payload.get("algorithms", {}).get(name) or {}
+    state = payload.get("methods", {}).get(name) or {}
     return state.get({"ema": "ema", "swa": "average"}[name])
 
 

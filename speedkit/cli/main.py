@@ -44,7 +44,7 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--recipe", default="baseline", help="preset to start from (see below)")
     train.add_argument("--model", help="model name, overriding the recipe's")
     train.add_argument("--duration", help="training budget such as 3ep, 500ba, 90s")
-    train.add_argument("--algorithms", "--methods", dest="methods",
+    train.add_argument("--methods",
                        help="comma-separated methods, replacing the recipe's (use '' for none)")
     train.add_argument("--precision", choices=["fp32", "bf16", "fp16", "auto"])
     train.add_argument("--batch-size", type=int)
@@ -211,10 +211,10 @@ def _logger_names(value: str) -> list[str] | None:
 def _methods(args) -> int:
     import json
 
-    from speedkit.methods import REGISTRY, get_algorithm, methods_table
+    from speedkit.methods import REGISTRY, get_method, methods_table
 
     if args.name:
-        print(json.dumps(get_algorithm(args.name).CARD.to_dict(), indent=2, default=str))
+        print(json.dumps(get_method(args.name).CARD.to_dict(), indent=2, default=str))
     elif args.markdown:
         print(methods_table())
     else:

@@ -1,12 +1,12 @@
-"""The Engine runs the matching algorithms, then the callbacks, at each event, and keeps a trace."""
+"""The Engine runs the matching methods, then the callbacks, at each event, and keeps a trace."""
 from __future__ import annotations
 
 import collections
 import time
 from typing import Sequence
 
-from speedkit.core.algorithm import Algorithm, check_compatibility, order_algorithms
 from speedkit.core.event import Event
+from speedkit.core.method import Method, check_compatibility, order_methods
 
 
 class Callback:
@@ -30,11 +30,11 @@ class Callback:
 
 
 class Engine:
-    """Dispatches events. Algorithms run in card order (reversed on AFTER_* events), callbacks after.
+    """Dispatches events. Methods run in card order (reversed on AFTER_* events), callbacks after.
 
-    ``trace`` counts (event, algorithm) applications for the whole run; ``recent`` keeps the last
-    few thousand ``(batch, event, algorithm)`` entries for inspection without growing forever;
-    ``seconds`` adds up the wall time algorithms spent in ``apply`` per event, so the Trainer can count
+    ``trace`` counts (event, method) applications for the whole run; ``recent`` keeps the last
+    few thousand ``(batch, event, method)`` entries for inspection without growing forever;
+    ``seconds`` adds up the wall time methods spent in ``apply`` per event, so the Trainer can count
     the work methods do at evaluation (test-time augmentation, weight swaps) as training time.
     """
 
@@ -44,32 +44,32 @@ class Engine:
         self.trace: collections.Counter = collections.Counter()
         self.recent: collections.deque = collections.deque(maxlen=trace_size)
         self.seconds: collections.Counter = collections.Counter()
-        self.set_algorithms(state.algorithms)
+        self.set_methods(state.methods)
 
-    def set_algorithms(self, algorithms: Sequence[Algorithm]) -> None:
-        check_compatibility(algorithms)
-        self.state.algorithms = order_algorithms(algorithms)
+    def set_methods(self, methods: Sequence[Method]) -> None:
+        check_compatibility(methods)
+        self.state.methods = order_methods(methods)
 
     def run_event(self, event: Event) -> None:
         state = self.state
         if event is Event.FIT_START:
-            # Checked again at fit start: algorithms may have been added after INIT.
-            self.set_algorithms(state.algorithms)
-        algorithms = reversed(state.algorithms) if event.is_after else state.algorithms
-        for algorithm in algorithms:
-            if algorithm.match(event, state):
+            # Checked again at fit start: methods may have been added after INIT.
+            self.set_methods(state.methods)
+        methods = reversed(state.methods) if event.is_after else state.methods
+        for method in methods:
+            if method.match(event, state):
                 start = time.perf_counter()
-                algorithm.apply(event, state, self.logger)
+                method.apply(event, state, self.logger)
                 self.seconds[event] += time.perf_counter() - start
-                self.trace[(event, algorithm.name)] += 1
-                self.recent.append((state.timestamp.batch, event, algorithm.name))
+                self.trace[(event, method.name)] += 1
+                self.recent.append((state.timestamp.batch, event, method.name))
         for callback in state.callbacks:
             callback.run_event(event, state, self.logger)
 
     def events_of(self, name: str) -> dict[Event, int]:
-        """How many times the named algorithm acted at each event."""
+        """How many times the named method acted at each event."""
         return {event: n for (event, algo), n in self.trace.items() if algo == name}
 
     def seconds_at(self, events) -> float:
-        """Wall seconds algorithms have spent in ``apply`` at any of ``events`` so far."""
+        """Wall seconds methods have spent in ``apply`` at any of ``events`` so far."""
         return sum(self.seconds[event] for event in events)

@@ -34,7 +34,7 @@ class Event(str, Enum):
 
     @property
     def is_after(self) -> bool:
-        """AFTER_* events undo what BEFORE_* events did, so algorithms run on them in reverse order."""
+        """AFTER_* events undo what BEFORE_* events did, so methods run on them in reverse order."""
         return self.value.startswith("after_") or self.value.startswith("eval_after_")
 
     @property

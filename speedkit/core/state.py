@@ -11,7 +11,7 @@ from speedkit.core.time import Time, Timestamp, TimeUnit
 
 
 class State:
-    """The run's mutable state. Algorithms act on it; the Trainer advances it.
+    """The run's mutable state. Methods act on it; the Trainer advances it.
 
     ``batch`` is whatever the dataloader yields: ``(inputs, targets, ...)``, a dict or a tensor, read and
     rewritten through ``speedkit.core.batch``; methods rewrite it at AFTER_DATALOADER / BEFORE_FORWARD.
@@ -20,13 +20,13 @@ class State:
 
     def __init__(self, *, model: torch.nn.Module, loss_fn: Callable, max_duration: Time,
                  device: torch.device, precision: str, seed: int, optimizers=(), schedulers=(),
-                 algorithms=(), callbacks=(), train_dataloader=None, evaluators=(), record=None,
+                 methods=(), callbacks=(), train_dataloader=None, evaluators=(), record=None,
                  schedule_scale: float = 1.0):
         self.model = model
         self.loss_fn = loss_fn
         self.optimizers: list[torch.optim.Optimizer] = list(optimizers)
         self.schedulers: list = list(schedulers)
-        self.algorithms: list = list(algorithms)
+        self.methods: list = list(methods)
         self.callbacks: list = list(callbacks)
         self.train_dataloader = train_dataloader
         self.evaluators: list = list(evaluators)

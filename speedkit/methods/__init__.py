@@ -1,6 +1,6 @@
-"""Speed-up methods, one module each. ``REGISTRY`` maps each stable snake_case name to its Algorithm class.
+"""Speed-up methods, one module each. ``REGISTRY`` maps each stable snake_case name to its Method class.
 
-Every module in this package whose name does not start with ``_`` is a method module; its Algorithm class
+Every module in this package whose name does not start with ``_`` is a method module; its Method class
 is imported here by name (editors and type checkers see every export) and listed in ``METHODS``.
 """
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Mapping
 
-from speedkit.core.algorithm import Algorithm, MethodCard, check_free_name, show
+from speedkit.core.method import Method, MethodCard, check_free_name, show
 from speedkit.methods.alibi import ALiBi
 from speedkit.methods.alternating_flip import AlternatingFlip
 from speedkit.methods.augmix import AugMix
@@ -53,7 +53,7 @@ from speedkit.methods.weight_standardization import WeightStandardization
 
 # Every method, by class; a new method module adds its class here (tests/test_method_catalogue.py checks
 # that every module of this package is listed).
-METHODS: tuple[type[Algorithm], ...] = (
+METHODS: tuple[type[Method], ...] = (
     ALiBi, AlternatingFlip, AugMix, Autocast, BatchSizeWarmup, BlurPool, BudgetSchedule, ChannelsLast, ColOut,
     CutMix, CutOut, DataEchoing, EMA, Factorize, GatedLinearUnits, GhostBatchNorm, GradientClipping,
     GyroDropout, IdentityInit, LabelSmoothing, LayerFreezing, Lookahead, LowPrecisionGroupNormMethod,
@@ -63,8 +63,8 @@ METHODS: tuple[type[Algorithm], ...] = (
 )
 
 
-def _registry(methods) -> dict[str, type[Algorithm]]:
-    registry: dict[str, type[Algorithm]] = {}
+def _registry(methods) -> dict[str, type[Method]]:
+    registry: dict[str, type[Method]] = {}
     for cls in methods:
         if cls.CARD.name in registry:
             raise RuntimeError(f"two methods are named {cls.CARD.name!r}: {registry[cls.CARD.name]} and {cls}")
@@ -72,19 +72,19 @@ def _registry(methods) -> dict[str, type[Algorithm]]:
     return dict(sorted(registry.items()))
 
 
-REGISTRY: dict[str, type[Algorithm]] = _registry(METHODS)
+REGISTRY: dict[str, type[Method]] = _registry(METHODS)
 BUILT_IN_METHODS = frozenset(REGISTRY)  # names a user's method may not take over
 
 
-def register_method(cls: type[Algorithm], *, replace: bool = False) -> type[Algorithm]:
-    """Make a method of your own (an Algorithm subclass with a ``CARD``, in your file or notebook) known by
+def register_method(cls: type[Method], *, replace: bool = False) -> type[Method]:
+    """Make a method of your own (an Method subclass with a ``CARD``, in your file or notebook) known by
     its card's name everywhere a method name is accepted: recipes and recipe files, ``make_trainer(methods=...)``,
     the explorer's grid, ``speedkit tune`` and the compatibility check. Returns the class, so it can decorate it.
 
     A different class under a taken name is refused unless ``replace=True``; built-in names are never replaced.
     """
-    if not (isinstance(cls, type) and issubclass(cls, Algorithm)):
-        raise TypeError(f"register_method takes an Algorithm subclass (class MyMethod(speedkit.Algorithm)), got {show(cls)}")
+    if not (isinstance(cls, type) and issubclass(cls, Method)):
+        raise TypeError(f"register_method takes an Method subclass (class MyMethod(speedkit.Method)), got {show(cls)}")
     card = cls.__dict__.get("CARD")
     if not isinstance(card, MethodCard):
         raise TypeError(f"{cls.__name__} has no CARD of its own; give it CARD = MethodCard(name=..., ...) so the "
@@ -105,7 +105,7 @@ def unregister_method(name: str) -> None:
     REGISTRY.pop(name, None)
 
 
-def get_algorithm(name: str, **params) -> Algorithm:
+def get_method(name: str, **params) -> Method:
     """Build a method by registry name; unknown names get a message listing the known ones, and
     parameters are checked against the method's card (names, types, ranges) before it is built."""
     if not isinstance(name, str):
@@ -120,7 +120,7 @@ def get_algorithm(name: str, **params) -> Algorithm:
     return cls(**params)
 
 
-def build_algorithms(spec) -> list[Algorithm]:
+def build_methods(spec) -> list[Method]:
     """Methods from ``"a,b"``, ``["a", "b"]`` or ``{"a": {params}, "b": {}}``."""
     if isinstance(spec, str):
         spec = [s.strip() for s in spec.split(",") if s.strip()]
@@ -129,11 +129,11 @@ def build_algorithms(spec) -> list[Algorithm]:
             if params is not None and not isinstance(params, Mapping):
                 raise TypeError(f"the parameters of method {name!r} must be a dict such as {{'alpha': 0.2}} (or "
                                 f"empty), got {type(params).__name__} {show(params)}")
-        return [get_algorithm(name, **(params or {})) for name, params in spec.items()]
+        return [get_method(name, **(params or {})) for name, params in spec.items()]
     if not isinstance(spec, (list, tuple)):
-        raise TypeError(f"methods must be 'a,b', a list of names or Algorithm objects, or a dict "
+        raise TypeError(f"methods must be 'a,b', a list of names or Method objects, or a dict "
                         f"{{name: parameters}}, got {type(spec).__name__} {show(spec)}")
-    return [s if isinstance(s, Algorithm) else get_algorithm(s) for s in spec]
+    return [s if isinstance(s, Method) else get_method(s) for s in spec]
 
 
 def methods_table() -> str:
@@ -147,7 +147,7 @@ def methods_table() -> str:
     return "\n".join(rows)
 
 
-__all__ = ["BUILT_IN_METHODS", "METHODS", "REGISTRY", "build_algorithms", "get_algorithm", "methods_table",
+__all__ = ["BUILT_IN_METHODS", "METHODS", "REGISTRY", "build_methods", "get_method", "methods_table",
            "register_method", "unregister_method",
            "ALiBi", "AlternatingFlip", "AugMix", "Autocast", "BatchSizeWarmup", "BlurPool", "BudgetSchedule",
            "ChannelsLast", "ColOut", "CutMix", "CutOut", "DataEchoing", "EMA", "Factorize", "GatedLinearUnits",

@@ -1,5 +1,5 @@
 """What low_precision_groupnorm and low_precision_layernorm share: the surgery that swaps a norm for its
-low-precision subclass (same parameters), the card, and the Algorithm that runs the surgery at INIT.
+low-precision subclass (same parameters), the card, and the Method that runs the surgery at INIT.
 
 Each method module keeps only what differs: its norm subclass's forward and how to copy a norm.
 """
@@ -9,8 +9,8 @@ from typing import Callable
 
 import torch.nn as nn
 
-from speedkit.core.algorithm import Algorithm, HParam, MethodCard, SurgeryReport
 from speedkit.core.event import Event
+from speedkit.core.method import HParam, Method, MethodCard, SurgeryReport
 from speedkit.methods._surgery import record_surgery, replace_modules
 
 
@@ -40,7 +40,7 @@ def low_precision_norm_card(name: str, norm: str, domain: str) -> MethodCard:
     )
 
 
-class LowPrecisionNormMethod(Algorithm):
+class LowPrecisionNormMethod(Method):
     """Runs the method module's surgery (``surgery``) at INIT and notes when no autocast will use it."""
 
     surgery: Callable[..., SurgeryReport]

@@ -1,5 +1,5 @@
 """What mixup and cutmix share: the draws (a Beta weight, a permutation), labels mixed as dense
-probabilities, and the Algorithm flow that mixes a batch with a permutation of itself.
+probabilities, and the Method flow that mixes a batch with a permutation of itself.
 
 At BEFORE_FORWARD the inputs are mixed (each method's ``mix``) and the labels by the same weight; index
 labels without ``num_classes`` wait for BEFORE_LOSS, where the logits' width gives the class count. A
@@ -11,9 +11,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from speedkit.core.algorithm import Algorithm
 from speedkit.core.batch import output_logits, require_tuple_batch, with_inputs, with_targets
 from speedkit.core.event import Event
+from speedkit.core.method import Method
 
 
 def sample_beta(alpha: float, generator: torch.Generator | None = None) -> float:
@@ -45,7 +45,7 @@ def mix_labels(targets: torch.Tensor, permutation: torch.Tensor, lam: float, num
     return lam * dense + (1.0 - lam) * dense[permutation]
 
 
-class BatchMixing(Algorithm):
+class BatchMixing(Method):
     """Base of methods that mix a batch with a permutation of itself; subclasses say how (``draw``,
     ``mix``) and which inputs they take (``check_inputs``). Parameters: ``alpha``, ``num_classes``."""
 

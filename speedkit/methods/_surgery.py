@@ -9,7 +9,7 @@ from typing import Callable, Iterator
 import torch
 import torch.nn as nn
 
-from speedkit.core.algorithm import SurgeryReport
+from speedkit.core.method import SurgeryReport
 
 
 def named_children_recursive(model: nn.Module) -> Iterator[tuple[str, nn.Module, str, nn.Module]]:

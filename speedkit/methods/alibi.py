@@ -11,8 +11,8 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from speedkit.core.algorithm import Algorithm, HParam, MethodCard, SurgeryReport
 from speedkit.core.event import Event
+from speedkit.core.method import HParam, Method, MethodCard, SurgeryReport
 from speedkit.methods import _attention as attention
 from speedkit.methods._surgery import record_surgery
 from speedkit.methods.seq_length_warmup import truncate_sequences
@@ -60,7 +60,7 @@ def apply_alibi(model: nn.Module, remove_position_embeddings: bool = True, allow
     return report.require_changes(allow_empty, "attention modules that call scaled_dot_product_attention")
 
 
-class ALiBi(Algorithm):
+class ALiBi(Method):
     CARD = MethodCard(
         name="alibi",
         summary="Replace position embeddings by per-head linear distance biases on the attention logits.",

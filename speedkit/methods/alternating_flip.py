@@ -16,8 +16,8 @@ import dataclasses
 
 import torch
 
-from speedkit.core.algorithm import Algorithm, MethodCard
 from speedkit.core.event import Event
+from speedkit.core.method import Method, MethodCard
 from speedkit.data.batch_loader import Augment, alternating_flip_phase
 
 
@@ -47,7 +47,7 @@ def use_alternating_flip(loader):
     return loader.with_options(augment=dataclasses.replace(augment, flip="alternating"))
 
 
-class AlternatingFlip(Algorithm):
+class AlternatingFlip(Method):
     CARD = MethodCard(
         name="alternating_flip",
         summary="Flip each image on alternate epochs (half on even, the other half on odd) instead of at random.",

@@ -18,8 +18,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from speedkit.core.algorithm import Algorithm, HParam, MethodCard
 from speedkit.core.event import Event
+from speedkit.core.method import HParam, Method, MethodCard
 from speedkit.methods.randaugment import RANDAUGMENT_OPS, apply_per_sample, augment_normalised_batch, check_unit_images
 
 AUGMIX_OPS = ("autocontrast", "equalize", "posterize", "rotate", "solarize",
@@ -79,7 +79,7 @@ def augmix_batch(images: torch.Tensor, severity: int = 3, width: int = 3, depth:
     return ((1.0 - blend) * images + blend * mixed).clamp(0.0, 1.0)
 
 
-class AugMix(Algorithm):
+class AugMix(Method):
     CARD = MethodCard(
         name="augmix",
         summary="Blend each image with a Dirichlet mix of random augmentation chains.",

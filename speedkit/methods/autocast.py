@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import torch
 
-from speedkit.core.algorithm import Algorithm, HParam, MethodCard
 from speedkit.core.devices import autocast_factory, make_grad_scaler
 from speedkit.core.event import Event
+from speedkit.core.method import HParam, Method, MethodCard
 
 
 def check_autocast_dtype(dtype: str, device: torch.device) -> None:
@@ -36,7 +36,7 @@ def enable_autocast(state, dtype: str = "bf16") -> None:
     state.precision = dtype
 
 
-class Autocast(Algorithm):
+class Autocast(Method):
     CARD = MethodCard(
         name="autocast",
         summary="Mixed precision: forward and loss under torch.autocast in bf16 (or fp16 with loss scaling on GPU).",

@@ -17,9 +17,9 @@ import math
 import torch
 
 from speedkit.core import distributed
-from speedkit.core.algorithm import Algorithm, HParam, MethodCard
 from speedkit.core.batch import batch_inputs, select_samples
 from speedkit.core.event import Event
+from speedkit.core.method import HParam, Method, MethodCard
 
 
 def batch_size_at(fraction_done: float, batch_size: int, initial_fraction: float = 0.25,
@@ -39,7 +39,7 @@ def take_first(batch, k: int):
     return select_samples(batch, torch.arange(k, device=batch_inputs(batch).device))
 
 
-class BatchSizeWarmup(Algorithm):
+class BatchSizeWarmup(Method):
     CARD = MethodCard(
         name="batch_size_warmup",
         summary="Use only part of each batch early, growing linearly to the full batch.",

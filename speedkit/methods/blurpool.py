@@ -17,8 +17,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from speedkit.core.algorithm import Algorithm, HParam, MethodCard, SurgeryReport
 from speedkit.core.event import Event
+from speedkit.core.method import HParam, Method, MethodCard, SurgeryReport
 from speedkit.methods._surgery import adopt_state, record_surgery, replace_modules
 
 _BINOMIAL = torch.tensor([1.0, 2.0, 1.0])
@@ -106,7 +106,7 @@ def apply_blurpool(model: nn.Module, replace_convs: bool = True, replace_maxpool
                                   f" (convs need >= {min_channels} input channels)")
 
 
-class BlurPool(Algorithm):
+class BlurPool(Method):
     CARD = MethodCard(
         name="blurpool",
         summary="Low-pass filter before every strided conv and max-pool, so downsampling stops aliasing.",

@@ -11,8 +11,8 @@ the elapsed fraction and gets close to its end value as time runs out.
 """
 from __future__ import annotations
 
-from speedkit.core.algorithm import Algorithm, HParam, MethodCard
 from speedkit.core.event import Event
+from speedkit.core.method import HParam, Method, MethodCard
 from speedkit.core.time import TimeUnit
 from speedkit.optim import LinearToZero, OneCycle, Schedule
 
@@ -59,7 +59,7 @@ def budget_steps(state) -> int | None:
         return None
 
 
-class BudgetSchedule(Algorithm):
+class BudgetSchedule(Method):
     CARD = MethodCard(
         name="budget_schedule",
         summary="Replace the LR schedule with one that reaches its minimum exactly at the end of the budget.",

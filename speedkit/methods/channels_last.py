@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import torch
 
-from speedkit.core.algorithm import Algorithm, HParam, MethodCard, SurgeryReport
 from speedkit.core.batch import with_inputs
 from speedkit.core.event import Event
+from speedkit.core.method import HParam, Method, MethodCard, SurgeryReport
 from speedkit.methods._surgery import record_surgery
 
 
@@ -25,7 +25,7 @@ def to_channels_last(images: torch.Tensor) -> torch.Tensor:
     return images.contiguous(memory_format=torch.channels_last) if images.dim() == 4 else images
 
 
-class ChannelsLast(Algorithm):
+class ChannelsLast(Method):
     CARD = MethodCard(
         name="channels_last",
         summary="Store conv weights and image batches as NHWC so convolutions use faster kernels.",

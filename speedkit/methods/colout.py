@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import torch
 
-from speedkit.core.algorithm import Algorithm, HParam, MethodCard
 from speedkit.core.batch import with_inputs, with_targets
 from speedkit.core.event import Event
+from speedkit.core.method import HParam, Method, MethodCard
 
 
 def kept_indices(size: int, drop_fraction: float, generator: torch.Generator | None = None, device=None) -> torch.Tensor:
@@ -45,7 +45,7 @@ def colout_batch(x: torch.Tensor, p_row: float = 0.15, p_col: float = 0.15,
     return smaller, targets
 
 
-class ColOut(Algorithm):
+class ColOut(Method):
     CARD = MethodCard(
         name="colout",
         summary="Drop random rows and columns of the whole batch: smaller images, faster steps.",

@@ -12,8 +12,8 @@ import math
 
 import torch
 
-from speedkit.core.algorithm import HParam, MethodCard
 from speedkit.core.event import Event
+from speedkit.core.method import HParam, MethodCard
 from speedkit.methods._mixing import BatchMixing, mix_labels, random_permutation, sample_beta
 
 

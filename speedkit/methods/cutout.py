@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import torch
 
-from speedkit.core.algorithm import Algorithm, HParam, MethodCard
 from speedkit.core.batch import with_inputs
 from speedkit.core.event import Event
+from speedkit.core.method import HParam, Method, MethodCard
 
 
 def cutout_mask(num_samples: int, height: int, width: int, num_holes: int = 1, length: float = 0.5,
@@ -45,7 +45,7 @@ def cutout_batch(x: torch.Tensor, num_holes: int = 1, length: float = 0.5,
     return x * mask.to(x.dtype)
 
 
-class CutOut(Algorithm):
+class CutOut(Method):
     CARD = MethodCard(
         name="cutout",
         summary="Zero random square holes in each training image.",

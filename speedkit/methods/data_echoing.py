@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from typing import Iterable, Iterator
 
-from speedkit.core.algorithm import Algorithm, HParam, MethodCard
 from speedkit.core.event import Event
+from speedkit.core.method import HParam, Method, MethodCard
 
 
 def echo_batches(iterable: Iterable, factor: int = 2) -> Iterator:
@@ -87,7 +87,7 @@ class EchoingLoader:
         return f"EchoingLoader(factor={self.factor}, loader={self.loader!r})"
 
 
-class DataEchoing(Algorithm):
+class DataEchoing(Method):
     CARD = MethodCard(
         name="data_echoing",
         summary="Repeat each batch `factor` times to amortise a slow input pipeline.",

@@ -19,8 +19,8 @@ from typing import Mapping
 
 import torch
 
-from speedkit.core.algorithm import Algorithm, HParam, MethodCard
 from speedkit.core.event import Event
+from speedkit.core.method import HParam, Method, MethodCard
 from speedkit.core.time import Time, TimeUnit
 
 
@@ -114,7 +114,7 @@ def half_life_in_batches(half_life: str, state) -> float:
     return state.convert(time, TimeUnit.BATCH)
 
 
-class EMA(Algorithm):
+class EMA(Method):
     CARD = MethodCard(
         name="ema",
         summary="Keep an exponential moving average of the weights; evaluate (and finish) with it.",

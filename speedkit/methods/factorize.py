@@ -17,8 +17,8 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from speedkit.core.algorithm import Algorithm, HParam, MethodCard, SurgeryReport
 from speedkit.core.event import Event
+from speedkit.core.method import HParam, Method, MethodCard, SurgeryReport
 from speedkit.methods._surgery import record_surgery, replace_modules, shared_parameter_ids
 
 
@@ -118,7 +118,7 @@ def apply_factorization(model: nn.Module, factorize_convs: bool = True, factoriz
                                   "factorization saves FLOPs")
 
 
-class Factorize(Algorithm):
+class Factorize(Method):
     CARD = MethodCard(
         name="factorize",
         summary="Split large convs and linears into low-rank pairs initialized by SVD (fewer FLOPs).",

@@ -13,8 +13,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from speedkit.core.algorithm import Algorithm, HParam, MethodCard, SurgeryReport
 from speedkit.core.event import Event
+from speedkit.core.method import HParam, Method, MethodCard, SurgeryReport
 from speedkit.methods._surgery import record_surgery
 from speedkit.methods.relu_squared import MLPBlock, class_understands, find_mlp_blocks
 
@@ -110,7 +110,7 @@ def apply_gated_linear_units(model: nn.Module, activation: str = "gelu", hidden_
     return report.require_changes(allow_empty, "MLP blocks (Linear d->h, activation, Linear h->d)")
 
 
-class GatedLinearUnits(Algorithm):
+class GatedLinearUnits(Method):
     CARD = MethodCard(
         name="gated_linear_units",
         summary="Replace each MLP's first Linear and activation by a gated linear unit (GeGLU / SwiGLU).",

@@ -14,8 +14,8 @@ import math
 import torch
 import torch.nn as nn
 
-from speedkit.core.algorithm import Algorithm, HParam, MethodCard, SurgeryReport
 from speedkit.core.event import Event
+from speedkit.core.method import HParam, Method, MethodCard, SurgeryReport
 from speedkit.methods._surgery import adopt_state, record_surgery, replace_modules
 
 
@@ -74,7 +74,7 @@ def apply_ghost_batchnorm(model: nn.Module, ghost_batch_size: int = 32, allow_em
     return report.require_changes(allow_empty, "BatchNorm1d/2d/3d layers")
 
 
-class GhostBatchNorm(Algorithm):
+class GhostBatchNorm(Method):
     CARD = MethodCard(
         name="ghost_batchnorm",
         summary="BatchNorm statistics over virtual batches of ghost_batch_size in training (regulariser).",

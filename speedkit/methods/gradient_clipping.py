@@ -17,8 +17,8 @@ from typing import Iterable
 
 import torch
 
-from speedkit.core.algorithm import Algorithm, HParam, MethodCard
 from speedkit.core.event import Event
+from speedkit.core.method import HParam, Method, MethodCard
 
 CLIPPING_TYPES = ("norm", "value", "adaptive")
 
@@ -62,7 +62,7 @@ def apply_gradient_clipping(parameters: Iterable[torch.Tensor], clipping_type: s
         adaptive_clip_grad_(parameters, clipping_threshold)
 
 
-class GradientClipping(Algorithm):
+class GradientClipping(Method):
     CARD = MethodCard(
         name="gradient_clipping",
         summary="Clip gradients by global norm, by value, or per unit relative to the weights (AGC).",

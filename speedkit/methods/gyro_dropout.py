@@ -19,8 +19,8 @@ import torch
 import torch.nn as nn
 
 from speedkit.core import distributed
-from speedkit.core.algorithm import Algorithm, HParam, MethodCard, SurgeryReport
 from speedkit.core.event import Event
+from speedkit.core.method import HParam, Method, MethodCard, SurgeryReport
 from speedkit.core.seeding import derive_seed
 from speedkit.core.time import TimeUnit
 from speedkit.methods._surgery import record_surgery, replace_modules
@@ -82,7 +82,7 @@ def apply_gyro_dropout(model: nn.Module, total_steps: int, sigma: int = 256, tau
     return report.require_changes(allow_empty, "nn.Dropout layers with p > 0")
 
 
-class GyroDropout(Algorithm):
+class GyroDropout(Method):
     CARD = MethodCard(
         name="gyro_dropout",
         summary="Dropout that trains a fixed set of sigma masks, tau at a time on sub-batches.",

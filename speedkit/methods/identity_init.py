@@ -16,8 +16,8 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from speedkit.core.algorithm import Algorithm, HParam, MethodCard, SurgeryReport
 from speedkit.core.event import Event
+from speedkit.core.method import HParam, Method, MethodCard, SurgeryReport
 from speedkit.methods._surgery import find_residual_blocks, record_surgery
 
 _CONVS = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
@@ -51,7 +51,7 @@ def apply_identity_init(model: nn.Module, dirac: bool = True, zero_branch: bool 
                                   "branches ending in a norm")
 
 
-class IdentityInit(Algorithm):
+class IdentityInit(Method):
     CARD = MethodCard(
         name="identity_init",
         summary="Dirac-init square convs and zero each residual branch's last norm, so blocks start as identities.",

@@ -4,9 +4,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from speedkit.core.algorithm import Algorithm, HParam, MethodCard
 from speedkit.core.batch import output_logits, require_tuple_batch, with_targets
 from speedkit.core.event import Event
+from speedkit.core.method import HParam, Method, MethodCard
 
 
 def smooth_labels(targets: torch.Tensor, num_classes: int, smoothing: float = 0.1) -> torch.Tensor:
@@ -17,7 +17,7 @@ def smooth_labels(targets: torch.Tensor, num_classes: int, smoothing: float = 0.
     return dense * (1.0 - smoothing) + smoothing / num_classes
 
 
-class LabelSmoothing(Algorithm):
+class LabelSmoothing(Method):
     CARD = MethodCard(
         name="label_smoothing",
         summary="Replace one-hot targets by smoothed ones before the loss; restore them after.",

@@ -14,8 +14,8 @@ import math
 
 import torch
 
-from speedkit.core.algorithm import Algorithm, HParam, MethodCard
 from speedkit.core.event import Event
+from speedkit.core.method import HParam, Method, MethodCard
 
 
 def freezable_layers(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
@@ -51,7 +51,7 @@ def freeze_layers(model: torch.nn.Module, fraction: float) -> list[str]:
     return [name for name, _ in layers[:count]]
 
 
-class LayerFreezing(Algorithm):
+class LayerFreezing(Method):
     CARD = MethodCard(
         name="layer_freezing",
         summary="Progressively freeze the earliest layers late in training to skip their backward pass.",

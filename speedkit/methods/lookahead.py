@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import torch
 
-from speedkit.core.algorithm import Algorithm, HParam, MethodCard
 from speedkit.core.event import Event
+from speedkit.core.method import HParam, Method, MethodCard
 from speedkit.optim.lookahead import lookahead_sync
 
 
@@ -25,7 +25,7 @@ def trainable_parameters(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return dict(model.named_parameters())
 
 
-class Lookahead(Algorithm):
+class Lookahead(Method):
     CARD = MethodCard(
         name="lookahead",
         summary="Keep slow weights; every k steps move them towards the fast weights and restart from them.",

@@ -11,7 +11,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from speedkit.core.algorithm import SurgeryReport
+from speedkit.core.method import SurgeryReport
 from speedkit.methods._low_precision_norm import LowPrecisionNormMethod, low_precision_norm_card, replace_norms
 from speedkit.methods._surgery import adopt_state, in_low_precision
 

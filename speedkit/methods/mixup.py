@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from speedkit.core.algorithm import HParam, MethodCard
 from speedkit.core.event import Event
+from speedkit.core.method import HParam, MethodCard
 from speedkit.methods._mixing import BatchMixing, dense_labels, mix_labels, random_permutation, sample_beta
 
 __all__ = ["MixUp", "dense_labels", "mix_labels", "mixup_batch", "random_permutation", "sample_beta"]

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import torch
 
-from speedkit.core.algorithm import Algorithm, HParam, MethodCard, SurgeryReport
 from speedkit.core.event import Event
+from speedkit.core.method import HParam, Method, MethodCard, SurgeryReport
 from speedkit.methods._surgery import record_surgery
 from speedkit.optim.muon import Muon as MuonOptimizer
 
@@ -69,7 +69,7 @@ def split_for_muon(model: torch.nn.Module, optimizers, lr: float = 0.02, momentu
     return muon, report
 
 
-class Muon(Algorithm):
+class Muon(Method):
     CARD = MethodCard(
         name="muon",
         summary="Train the hidden weight matrices with Muon (orthogonalized momentum); the rest keeps its optimizer.",

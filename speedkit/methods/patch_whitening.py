@@ -22,9 +22,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from speedkit.core.algorithm import Algorithm, HParam, MethodCard, SurgeryReport
 from speedkit.core.batch import batch_inputs
 from speedkit.core.event import Event
+from speedkit.core.method import HParam, Method, MethodCard, SurgeryReport
 from speedkit.methods._surgery import record_surgery
 
 
@@ -165,7 +165,7 @@ def add_missing_parameters(optimizer: torch.optim.Optimizer, module: nn.Module) 
     return len(missing)
 
 
-class PatchWhitening(Algorithm):
+class PatchWhitening(Method):
     CARD = MethodCard(
         name="patch_whitening",
         summary="Replace the first conv by a frozen conv that whitens the data's patches, plus a 1x1 conv.",

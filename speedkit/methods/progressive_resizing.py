@@ -17,9 +17,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from speedkit.core.algorithm import Algorithm, HParam, MethodCard
 from speedkit.core.batch import with_inputs, with_targets
 from speedkit.core.event import Event
+from speedkit.core.method import HParam, Method, MethodCard
 
 
 def progressive_scale(fraction_done: float, initial_scale: float = 0.5, finetune_fraction: float = 0.2,
@@ -74,7 +74,7 @@ def resize_batch(x: torch.Tensor, scale: float, size_increment: int = 4, targets
     return x if targets is None else (x, targets)
 
 
-class ProgressiveResizing(Algorithm):
+class ProgressiveResizing(Method):
     CARD = MethodCard(
         name="progressive_resizing",
         summary="Train on smaller images early, grow to full size; optionally evaluate larger.",

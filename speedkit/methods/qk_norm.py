@@ -12,8 +12,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from speedkit.core.algorithm import Algorithm, HParam, MethodCard, SurgeryReport
 from speedkit.core.event import Event
+from speedkit.core.method import HParam, Method, MethodCard, SurgeryReport
 from speedkit.methods import _attention as attention
 from speedkit.methods._surgery import record_surgery
 
@@ -78,7 +78,7 @@ def apply_qk_norm(model: nn.Module, eps: float = 1e-6, allow_empty: bool = False
     return report.require_changes(allow_empty, "attention modules that call scaled_dot_product_attention")
 
 
-class QKNormalization(Algorithm):
+class QKNormalization(Method):
     CARD = MethodCard(
         name="qk_norm",
         summary="RMS-normalise queries and keys per head (learnable gains) before attention.",

@@ -20,9 +20,9 @@ from typing import Callable
 
 import torch
 
-from speedkit.core.algorithm import Algorithm, HParam, MethodCard
 from speedkit.core.batch import with_inputs
 from speedkit.core.event import Event
+from speedkit.core.method import HParam, Method, MethodCard
 
 MAX_MAGNITUDE = 30  # RandAugment's magnitude scale: 31 levels, 0..30
 
@@ -211,7 +211,7 @@ def augment_normalised_batch(state, method: str, augment: Callable[[torch.Tensor
     state.batch = with_inputs(state.batch, from_unit_range(images, stats, x))
 
 
-class RandAugment(Algorithm):
+class RandAugment(Method):
     CARD = MethodCard(
         name="randaugment",
         summary="Apply N random image operations of magnitude M to each training image.",

@@ -14,8 +14,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from speedkit.core.algorithm import Algorithm, HParam, MethodCard, SurgeryReport
 from speedkit.core.event import Event
+from speedkit.core.method import HParam, Method, MethodCard, SurgeryReport
 from speedkit.methods._surgery import record_surgery
 
 # Attribute names under which MLPs usually keep their activation (module, function or name).
@@ -164,7 +164,7 @@ def apply_relu_squared(model: nn.Module, allow_empty: bool = False) -> SurgeryRe
     return report.require_changes(allow_empty, "MLP blocks (Linear d->h, activation, Linear h->d) to change")
 
 
-class ReLUSquaredActivation(Algorithm):
+class ReLUSquaredActivation(Method):
     CARD = MethodCard(
         name="relu_squared",
         summary="Use relu(x)**2 as the activation of every transformer MLP block.",

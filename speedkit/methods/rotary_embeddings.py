@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from speedkit.core.algorithm import Algorithm, HParam, MethodCard, SurgeryReport
 from speedkit.core.event import Event
+from speedkit.core.method import HParam, Method, MethodCard, SurgeryReport
 from speedkit.methods import _attention as attention
 from speedkit.methods._surgery import record_surgery
 
@@ -80,7 +80,7 @@ def apply_rotary_embeddings(model: nn.Module, base: float = 10000.0, remove_posi
     return report.require_changes(allow_empty, "attention modules that call scaled_dot_product_attention")
 
 
-class RotaryEmbeddings(Algorithm):
+class RotaryEmbeddings(Method):
     CARD = MethodCard(
         name="rotary_embeddings",
         summary="Rotate q and k by token position inside every attention layer (RoPE).",

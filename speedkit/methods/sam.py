@@ -13,8 +13,8 @@ exists when the wrapping happens.
 """
 from __future__ import annotations
 
-from speedkit.core.algorithm import Algorithm, HParam, MethodCard
 from speedkit.core.event import Event
+from speedkit.core.method import HParam, Method, MethodCard
 from speedkit.optim.sam import SAM as SAMOptimizer
 
 
@@ -28,7 +28,7 @@ def wrap_with_sam(optimizers, rho: float = 0.05, epsilon: float = 1e-12, interva
     return SAMOptimizer.wrap_jointly(optimizers, rho=rho, epsilon=epsilon, interval=interval)
 
 
-class SAM(Algorithm):
+class SAM(Method):
     CARD = MethodCard(
         name="sam",
         summary="Sharpness-aware minimization: step with the gradient at the worst nearby point (every k-th step).",

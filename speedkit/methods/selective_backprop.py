@@ -18,9 +18,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from speedkit.core.algorithm import Algorithm, HParam, MethodCard
 from speedkit.core.batch import require_tuple_batch, select_samples
 from speedkit.core.event import Event
+from speedkit.core.method import HParam, Method, MethodCard
 
 
 def per_sample_loss(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int = -1) -> torch.Tensor:
@@ -85,7 +85,7 @@ def score_batch(model: torch.nn.Module, inputs: torch.Tensor, targets: torch.Ten
         model.train(was_training)
 
 
-class SelectiveBackprop(Algorithm):
+class SelectiveBackprop(Method):
     CARD = MethodCard(
         name="selective_backprop",
         summary="Score the batch with a no-grad forward and train only on its highest-loss samples.",

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from speedkit.core.algorithm import Algorithm, HParam, MethodCard
 from speedkit.core.event import Event
+from speedkit.core.method import HParam, Method, MethodCard
 
 
 def seq_length_at(fraction_done: float, full_length: int, min_seq_length: int = 8, duration: float = 0.3,
@@ -69,7 +69,7 @@ def split_sequences(batch, length: int):
     return _map_sequences(batch, split)
 
 
-class SeqLengthWarmup(Algorithm):
+class SeqLengthWarmup(Method):
     CARD = MethodCard(
         name="seq_length_warmup",
         summary="Start training on short sequences and grow them linearly to the full length.",

@@ -15,8 +15,8 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from speedkit.core.algorithm import Algorithm, HParam, MethodCard, SurgeryReport
 from speedkit.core.event import Event
+from speedkit.core.method import HParam, Method, MethodCard, SurgeryReport
 from speedkit.methods._surgery import adopt_state, record_surgery, replace_modules
 
 
@@ -74,7 +74,7 @@ def apply_squeeze_excite(model: nn.Module, latent_channels: float = 64, min_chan
     return report.require_changes(allow_empty, f"Conv2d layers with >= {min_channels} output channels")
 
 
-class SqueezeExcite(Algorithm):
+class SqueezeExcite(Method):
     CARD = MethodCard(
         name="squeeze_excite",
         summary="Add squeeze-and-excitation channel gates after wide convolutions.",

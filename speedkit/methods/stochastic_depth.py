@@ -19,8 +19,8 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from speedkit.core.algorithm import Algorithm, HParam, MethodCard, SurgeryReport
 from speedkit.core.event import Event
+from speedkit.core.method import HParam, Method, MethodCard, SurgeryReport
 from speedkit.methods._surgery import ResidualBlock, find_residual_blocks, record_surgery
 
 
@@ -105,7 +105,7 @@ def set_drop_scale(model: nn.Module, scale: float) -> None:
         layer.rate_scale = scale
 
 
-class StochasticDepth(Algorithm):
+class StochasticDepth(Method):
     CARD = MethodCard(
         name="stochastic_depth",
         summary="Randomly skip residual branches in training (per batch or per sample), deeper ones more often.",

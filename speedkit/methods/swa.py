@@ -21,9 +21,9 @@ from typing import Iterable, Mapping
 
 import torch
 
-from speedkit.core.algorithm import Algorithm, HParam, MethodCard
 from speedkit.core.batch import call_model, to_device
 from speedkit.core.event import Event
+from speedkit.core.method import HParam, Method, MethodCard
 from speedkit.methods.ema import copy_into, init_ema, load_weights, model_tensors
 
 _NORMS = (torch.nn.modules.batchnorm._BatchNorm,)
@@ -83,7 +83,7 @@ def update_batchnorm_statistics(model: torch.nn.Module, batches: Iterable, max_b
     return seen
 
 
-class SWA(Algorithm):
+class SWA(Method):
     CARD = MethodCard(
         name="swa",
         summary="Average the weights over the last part of training, then refresh BatchNorm statistics.",

@@ -12,9 +12,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from speedkit.core.algorithm import Algorithm, HParam, MethodCard
 from speedkit.core.batch import BatchShapeError, describe_shape, is_dict_batch
 from speedkit.core.event import Event
+from speedkit.core.method import HParam, Method, MethodCard
 
 
 def translated_views(x: torch.Tensor, shifts: int) -> list[torch.Tensor]:
@@ -51,7 +51,7 @@ def tta_logits(model: torch.nn.Module, x: torch.Tensor, flip: bool = True, shift
     return 0.5 * logits + 0.5 * translated
 
 
-class TestTimeAugmentation(Algorithm):
+class TestTimeAugmentation(Method):
     __test__ = False  # not a pytest test class despite its name
 
     CARD = MethodCard(

@@ -15,9 +15,9 @@ import time
 
 import torch
 
-from speedkit.core.algorithm import Algorithm, HParam, MethodCard
 from speedkit.core.devices import synchronize
 from speedkit.core.event import Event
+from speedkit.core.method import HParam, Method, MethodCard
 
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
@@ -31,7 +31,7 @@ def compile_model(model: torch.nn.Module, mode: str = "default", dynamic: bool |
     return model
 
 
-class TorchCompile(Algorithm):
+class TorchCompile(Method):
     CARD = MethodCard(
         name="torch_compile",
         summary="Compile the model with torch.compile at fit start; the first batch's time is reported as compile_s.",

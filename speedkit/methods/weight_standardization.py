@@ -13,8 +13,8 @@ import torch
 import torch.nn as nn
 from torch.nn.utils import parametrize
 
-from speedkit.core.algorithm import Algorithm, HParam, MethodCard, SurgeryReport
 from speedkit.core.event import Event
+from speedkit.core.method import HParam, Method, MethodCard, SurgeryReport
 from speedkit.methods._surgery import record_surgery
 
 _CONVS = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
@@ -54,7 +54,7 @@ def apply_weight_standardization(model: nn.Module, n_last_layers_ignore: int = 0
                                   f"{n_last_layers_ignore})")
 
 
-class WeightStandardization(Algorithm):
+class WeightStandardization(Method):
     CARD = MethodCard(
         name="weight_standardization",
         summary="Use conv filters standardized to zero mean, unit variance over their fan-in.",

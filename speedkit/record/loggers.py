@@ -141,7 +141,7 @@ class RecordDestination(LoggerDestination):
 
 
 class Logger:
-    """What algorithms and callbacks call. ``state`` supplies the position of every row."""
+    """What methods and callbacks call. ``state`` supplies the position of every row."""
 
     def __init__(self, state, destinations=()):
         self.state = state

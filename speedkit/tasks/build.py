@@ -17,7 +17,7 @@ import torch
 
 from speedkit.core.batch import call_model, to_device
 from speedkit.core.devices import resolve_device
-from speedkit.methods import build_algorithms
+from speedkit.methods import build_methods
 from speedkit.optim.factory import make_optimizer_factory
 from speedkit.record.metrics import Evaluator
 from speedkit.tasks.builtin import BUILT_IN_TASKS, FOLDER_TASKS, fashion_mnist_torch_loader  # noqa: F401
@@ -101,7 +101,7 @@ def model_fit_problem(task: Task, model: str) -> str | None:
 
 # -- recipes into Trainer arguments -------------------------------------------------------------
 def recipe_parts(recipe: str | Recipe, model: torch.nn.Module | None = None, *,
-                 max_duration: str | None = None, optimizers=None, schedulers=None, algorithms=None,
+                 max_duration: str | None = None, optimizers=None, schedulers=None, methods=None,
                  precision: str | None = None, loggers=None, config: dict | None = None) -> dict:
     """The Trainer arguments a recipe supplies, with the ones given here winning over the recipe's.
 
@@ -112,7 +112,7 @@ def recipe_parts(recipe: str | Recipe, model: torch.nn.Module | None = None, *,
     return {"max_duration": max_duration or recipe.duration,
             "optimizers": optimizers or make_optimizer_factory(recipe.optimizer),
             "schedulers": recipe.schedule if schedulers is None else schedulers,
-            "algorithms": build_algorithms(recipe.methods) if algorithms is None else algorithms,
+            "methods": build_methods(recipe.methods) if methods is None else methods,
             "precision": precision or recipe.precision,
             "loggers": list(recipe.loggers) if loggers is None else loggers,
             "config": {"recipe": recipe.name, "recipe_spec": recipe.to_dict(), **(config or {})}}

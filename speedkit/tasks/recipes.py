@@ -12,7 +12,7 @@ import dataclasses
 import math
 from pathlib import Path
 
-from speedkit.core.algorithm import show as _show
+from speedkit.core.method import show as _show
 from speedkit.train.checks import check_duration
 
 DOMAINS = ("vision", "language")
@@ -81,7 +81,7 @@ class Recipe:
         """Optimizer, schedule, methods, precision and augmentation, checked by the code that will use them."""
         from speedkit.core.devices import PRECISIONS
         from speedkit.data import Augment
-        from speedkit.methods import build_algorithms
+        from speedkit.methods import build_methods
         from speedkit.optim import get_schedule
         from speedkit.optim.factory import make_optimizer_factory
 
@@ -111,7 +111,7 @@ class Recipe:
                 raise TypeError(f"{where}: augment.crop_pad must be a whole number >= 0, got {_show(crop_pad)}")
         checks = (("optimizer", lambda: make_optimizer_factory(self.optimizer)),
                   ("schedule", lambda: self.schedule is None or get_schedule(self.schedule)),
-                  ("methods", lambda: build_algorithms(self.methods)),
+                  ("methods", lambda: build_methods(self.methods)),
                   ("augment", lambda: self.augment is None or Augment(**self.augment)))
         for field, check in checks:
             try:

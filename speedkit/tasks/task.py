@@ -13,7 +13,7 @@ from typing import Callable, Iterable, Mapping
 
 import torch
 
-from speedkit.core.algorithm import check_free_name, show
+from speedkit.core.method import check_free_name, show
 from speedkit.record.metrics import Metric
 from speedkit.tasks.recipes import BASELINES, DOMAINS, RECIPES, Recipe
 

@@ -71,6 +71,8 @@ def load_checkpoint(path: str | os.PathLike, map_location="cpu") -> dict:
     if version != FORMAT_VERSION:
         raise CheckpointError(f"{path} has checkpoint format {version}, this speedkit reads {FORMAT_VERSION}; "
                               f"load it with the speedkit version that wrote it")
+    if "algorithms" in payload and "methods" not in payload:  # written before methods had one name
+        payload["methods"] = payload.pop("algorithms")
     return payload
 
 
@@ -353,7 +355,7 @@ class Checkpointer:
             "optimizers": [opt.state_dict() for opt in state.optimizers],
             "schedulers": [s.state_dict() for s in _torch_schedulers(state)],
             "grad_scaler": state.grad_scaler.state_dict() if state.grad_scaler is not None else None,
-            "algorithms": {a.name: a.state_dict() for a in state.algorithms},
+            "methods": {a.name: a.state_dict() for a in state.methods},
             "callbacks": {type(cb).__name__: cb.state_dict() for cb in state.callbacks},
             "timestamp": state.timestamp.to_dict(),
             "rng": rng_state(),
@@ -527,8 +529,8 @@ class Checkpointer:
         except (RuntimeError, ValueError, KeyError) as e:
             raise CheckpointError(f"{path} does not fit this model/optimizer ({e}); it was written by a "
                                   f"different configuration") from e
-        for algorithm in state.algorithms:
-            algorithm.load_state_dict(payload["algorithms"].get(algorithm.name, {}))
+        for method in state.methods:
+            method.load_state_dict(payload["methods"].get(method.name, {}))
         saved_callbacks = payload.get("callbacks", {})
         for callback in state.callbacks:
             if type(callback).__name__ in saved_callbacks:

@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
-from speedkit.core.algorithm import show  # repr cut short, never failing
 from speedkit.core.batch import batch_inputs, batch_targets, is_dict_batch, output_logits, output_loss
+from speedkit.core.method import show  # repr cut short, never failing
 from speedkit.core.time import Time, TimeUnit
 
 _DEVICE = re.compile(r"^(auto|cpu|mps|cuda(:(0|[1-9][0-9]{0,3}))?)$")
@@ -149,7 +149,7 @@ def check_trainer_arguments(*, model: Any, train_dataloader: Any = None, eval_da
                             save_interval: Any = None, grad_accum: Any = 1, log_interval: Any = 10,
                             keep_checkpoints: Any = 3, microbatch_size: Any = None, seed: Any = 0,
                             schedule_scale: Any = 1.0, precision: Any = None, device: Any = "auto",
-                            nan_policy: Any = "stop", stop_at: Any = None, algorithms: Any = None,
+                            nan_policy: Any = "stop", stop_at: Any = None, methods: Any = None,
                             callbacks: Any = (), loggers: Any = (), loss_fn: Any = None, deterministic: Any = False,
                             save_checkpoints: Any = True, autoresume: Any = False, progress_bar: Any = False,
                             console: Any = False, run_name: Any = None, run_dir: Any = "runs",
@@ -174,7 +174,7 @@ def check_trainer_arguments(*, model: Any, train_dataloader: Any = None, eval_da
     _check_nan_policy(nan_policy)
     has_evaluation = eval_dataloader is not None or not isinstance(evaluators, (list, tuple)) or bool(evaluators)
     _check_stop_at(stop_at, has_evaluation)
-    _check_parts(algorithms, callbacks, loggers, loss_fn)
+    _check_parts(methods, callbacks, loggers, loss_fn)
     for name, flag in (("deterministic", deterministic), ("save_checkpoints", save_checkpoints),
                        ("autoresume", autoresume), ("progress_bar", progress_bar), ("console", console)):
         if not isinstance(flag, bool):
@@ -233,12 +233,12 @@ def _check_nan_policy(nan_policy: Any) -> None:
         raise ValueError(f"nan_policy must be one of {NaNGuard.POLICIES} or None, got {_kind(nan_policy)}")
 
 
-def _check_parts(algorithms, callbacks, loggers, loss_fn) -> None:
-    from speedkit.core.algorithm import Algorithm
+def _check_parts(methods, callbacks, loggers, loss_fn) -> None:
+    from speedkit.core.method import Method
 
-    if algorithms is not None:
-        _check_sequence("algorithms", algorithms, lambda a: isinstance(a, Algorithm),
-                        "Algorithm objects (speedkit.methods.get_algorithm('name', ...) builds one by name)")
+    if methods is not None:
+        _check_sequence("methods", methods, lambda a: isinstance(a, Method),
+                        "Method objects (speedkit.methods.get_method('name', ...) builds one by name)")
     _check_sequence("callbacks", callbacks, lambda c: callable(getattr(c, "run_event", None)),
                     "speedkit.callbacks.Callback objects")
     _check_loggers(loggers)

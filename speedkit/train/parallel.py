@@ -255,7 +255,7 @@ class SingleProcess:
         not train in two precisions because their measurements differed."""
         return precision
 
-    def wrap(self, model: nn.Module, algorithms, grad_scaler) -> nn.Module:
+    def wrap(self, model: nn.Module, methods, grad_scaler) -> nn.Module:
         """Prepare ``model`` after the INIT surgery; returns the module that runs the training forward."""
         return model
 
@@ -325,9 +325,9 @@ class _SeveralProcesses(SingleProcess):
     def agree_on_precision(self, precision: str) -> str:
         return broadcast_object(precision)
 
-    def wrap(self, model, algorithms, grad_scaler):
+    def wrap(self, model, methods, grad_scaler):
         self._model_class = type(model).__name__
-        self.varying = sorted(a.name for a in algorithms if a.varies_parameters)
+        self.varying = sorted(a.name for a in methods if a.varies_parameters)
         return model
 
     def config(self, model, global_batch_size):
@@ -381,8 +381,8 @@ class DDPPlan(_SeveralProcesses):
 
     name = "ddp"
 
-    def wrap(self, model, algorithms, grad_scaler):
-        super().wrap(model, algorithms, grad_scaler)
+    def wrap(self, model, methods, grad_scaler):
+        super().wrap(model, methods, grad_scaler)
         wrapped = wrap_model(model, "ddp", self.device, find_unused_parameters=bool(self.varying))
         self.averages_buffers = has_unsynchronized_batchnorm(model)
         return wrapped
@@ -417,8 +417,8 @@ class FSDPPlan(_SeveralProcesses):
 
     name = "fsdp"
 
-    def wrap(self, model, algorithms, grad_scaler):
-        super().wrap(model, algorithms, grad_scaler)
+    def wrap(self, model, methods, grad_scaler):
+        super().wrap(model, methods, grad_scaler)
         if self.varying:
             raise ValueError(f"parallel='fsdp' cannot run {', '.join(self.varying)}: it changes which blocks "
                              f"run per step, and FSDP needs every rank to run every block; use parallel='ddp'")
@@ -452,7 +452,7 @@ class FSDPPlan(_SeveralProcesses):
         payload = checkpointer.payload(rng_by_rank=all_gather_object(checkpointer.rng_state()))
         del payload["model"], payload["optimizers"]
         model_sd, optim_sd = get_state_dict(state.model, [getattr(o, "base_optimizer", o) for o in state.optimizers])
-        sharded = {"model": model_sd, "optimizers": optim_sd, "algorithms": payload.pop("algorithms"),
+        sharded = {"model": model_sd, "optimizers": optim_sd, "methods": payload.pop("methods"),
                    "callbacks": payload.pop("callbacks")}
         checkpointer.write_sharded(path, payload, sharded)
         return True

@@ -18,7 +18,7 @@ from typing import Iterable, Sequence
 import torch
 
 from speedkit.callbacks import ProgressBar
-from speedkit.core import Algorithm, Callback, Engine, Event, State, Time, TimeUnit, TrainClock, distributed
+from speedkit.core import Callback, Engine, Event, Method, State, Time, TimeUnit, TrainClock, distributed
 from speedkit.core.batch import batch_size, batch_tokens, call_model, output_logits, to_device
 from speedkit.core.devices import (autocast_factory, make_grad_scaler, resolve_device, resolve_precision, synchronize,
                                    timed)
@@ -26,20 +26,20 @@ from speedkit.core.event import EVAL_EVENTS
 from speedkit.record.loggers import InMemoryLogger, JSONLFileLogger
 from speedkit.record.metrics import Evaluator
 from speedkit.record.runs import RunRecord, environment
-from speedkit.train import parallel
 from speedkit.train.batches import iterate_from, set_loader_epoch
 from speedkit.train.checkpoint import Checkpointer, set_rng_state
 from speedkit.train.checks import (check_first_batch, check_first_loss, check_first_outputs, check_trainer_arguments,
                                    explain_first_batch_error)
 from speedkit.train.interrupts import SIGTERM_EXIT_CODE, SIGTERM_REASON, SigtermFlag, StepInterrupts
 from speedkit.train.microbatching import Microbatching
+from speedkit.train.parallel import make_plan
 from speedkit.train.parts import (apply_schedules, cross_entropy_loss, describe_run, global_batch_size, make_callbacks,
                                   make_evaluators, make_logger, make_loss, make_optimizers, make_record,
                                   make_reproducible, make_schedules, measure_loader, seed_everything)
 
 
 class Trainer:
-    """Train ``model`` on ``train_dataloader`` with speed-up ``algorithms``.
+    """Train ``model`` on ``train_dataloader`` with speed-up ``methods``.
 
     Durations (``max_duration``, ``eval_interval``, ``save_interval``) take strings such as ``"3ep"``,
     ``"500ba"``, ``"0.25dur"`` or ``"90s"``. ``optimizers`` is an optimizer, a list of them, or a factory
@@ -63,7 +63,7 @@ class Trainer:
     def __init__(self, model: torch.nn.Module, train_dataloader: Iterable | None = None, *,
                  eval_dataloader: Iterable | None = None, evaluators: Sequence[Evaluator] = (),
                  max_duration: str | Time | None = None, optimizers=None, schedulers=None, loss_fn=None,
-                 algorithms: Sequence[Algorithm] | None = None, callbacks: Sequence[Callback] = (), loggers=(),
+                 methods: Sequence[Method] | None = None, callbacks: Sequence[Callback] = (), loggers=(),
                  precision: str | None = None, device: str | torch.device = "auto",
                  microbatch_size: int | str | None = None, grad_accum: int = 1,
                  seed: int = 0, deterministic: bool = False,
@@ -81,7 +81,7 @@ class Trainer:
             max_duration=max_duration, eval_interval=eval_interval, save_interval=save_interval,
             grad_accum=grad_accum, log_interval=log_interval, keep_checkpoints=keep_checkpoints,
             microbatch_size=microbatch_size, seed=seed, schedule_scale=schedule_scale, precision=precision,
-            device=device, nan_policy=nan_policy, stop_at=stop_at, algorithms=algorithms, callbacks=callbacks,
+            device=device, nan_policy=nan_policy, stop_at=stop_at, methods=methods, callbacks=callbacks,
             loggers=loggers, loss_fn=loss_fn, deterministic=deterministic, save_checkpoints=save_checkpoints,
             autoresume=autoresume, progress_bar=progress_bar, console=console, run_name=run_name, run_dir=run_dir,
             save_folder=save_folder, load_path=load_path, config=config)
@@ -92,7 +92,7 @@ class Trainer:
         make_reproducible(seed, deterministic)
 
         # Several processes (torchrun): the plan opens the process group and takes this rank's device.
-        self.plan = plan = parallel.make_plan(parallel, resolve_device(device), microbatch_size)
+        self.plan = plan = make_plan(parallel, resolve_device(device), microbatch_size)
         self.parallel = plan.name  # "ddp" or "fsdp" under torchrun, else None
         device = plan.device
         resolved_precision = plan.agree_on_precision(resolve_precision(precision, device))
@@ -107,7 +107,7 @@ class Trainer:
         record = make_record(self.run_folder, self.run_name, writes=distributed.is_main())
         self.state = state = State(
             model=model.to(device), loss_fn=make_loss(model, loss_fn), max_duration=max_duration,
-            device=device, precision=resolved_precision, seed=seed, algorithms=list(algorithms or ()),
+            device=device, precision=resolved_precision, seed=seed, methods=list(methods or ()),
             train_dataloader=train_dataloader, record=record, schedule_scale=float(schedule_scale))
         state.log_every = log_interval
         state.autocast = autocast_factory(resolved_precision, device)
@@ -129,14 +129,14 @@ class Trainer:
         # Methods that change the model act now, before optimizers are built on its parameters.
         self.engine.run_event(Event.INIT)
         # After the surgery, before the optimizers (FSDP replaces the parameters): the module the forward runs.
-        self._train_module = plan.wrap(state.model, state.algorithms, state.grad_scaler)
+        self._train_module = plan.wrap(state.model, state.methods, state.grad_scaler)
         state.optimizers = make_optimizers(optimizers, state.model)
         state.schedulers = make_schedules(schedulers)
         record.config = describe_run(state, precision=precision, eval_interval=eval_interval,
                                      microbatch_size=microbatch_size, grad_accum=grad_accum,
                                      deterministic=deterministic, extra=config)
         record.config.update(plan.config(state.model, global_batch_size(train_dataloader, plan.world)))
-        record.methods = [{"name": a.name, "params": dict(a.params)} for a in state.algorithms]
+        record.methods = [{"name": a.name, "params": dict(a.params)} for a in state.methods]
         record.environment = environment(device)
         self.sigterm, self.interrupts = SigtermFlag(), StepInterrupts()
         self._clock = TrainClock()

@@ -14,9 +14,9 @@ import functools
 import torch
 
 from speedkit.core import Event, State, Time
-from speedkit.core.algorithm import check_compatibility
 from speedkit.core.batch import BatchShapeError, is_dict_batch
-from speedkit.methods import REGISTRY, build_algorithms
+from speedkit.core.method import check_compatibility
+from speedkit.methods import REGISTRY, build_methods
 from speedkit.tasks import get_task, model_fit_problem
 from speedkit.tasks.recipes import Recipe, get_recipe
 from speedkit.tasks.task import DataRequest, Task
@@ -91,7 +91,7 @@ class RunConfig:
             if reason:
                 found.append(reason)
         try:
-            check_compatibility(build_algorithms(recipe.methods))
+            check_compatibility(build_methods(recipe.methods))
         except (ValueError, TypeError) as e:
             found.append(str(e))
         return found

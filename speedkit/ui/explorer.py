@@ -23,8 +23,8 @@ from pathlib import Path
 import ipywidgets as w
 import plotly.graph_objects as go
 
-from speedkit.core.algorithm import HParam
 from speedkit.core.devices import PRECISIONS
+from speedkit.core.method import HParam
 from speedkit.experiments.compare import latest_baseline
 from speedkit.methods import REGISTRY
 from speedkit.record.runs import RunRecord

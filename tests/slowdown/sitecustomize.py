@@ -15,7 +15,7 @@ if _FACTOR > 1:
     def _slow_train_step(self) -> None:
         start = time.perf_counter()
         _train_step(self)
-        if self.state.algorithms:  # the baselines (no methods) keep their speed
+        if self.state.methods:  # the baselines (no methods) keep their speed
             time.sleep((_FACTOR - 1) * (time.perf_counter() - start))
 
     Trainer._train_step = _slow_train_step

@@ -232,7 +232,7 @@ def trial_context(config: TuneConfig, phase: str, recipe, seed: int, run_name: s
 
 def _run_and_score(config: TuneConfig, trial, context: TrialContext, runner) -> float:
     optuna = optuna_module()
-    from speedkit.core.algorithm import NothingToChangeError
+    from speedkit.core.method import NothingToChangeError
 
     started = time.perf_counter()
     try:

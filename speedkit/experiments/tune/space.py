@@ -14,7 +14,7 @@ import math
 import tempfile
 from typing import Any, Sequence
 
-from speedkit.core.algorithm import HParam, IncompatibleMethodsError, check_compatibility
+from speedkit.core.method import HParam, IncompatibleMethodsError, check_compatibility
 from speedkit.core.time import Time
 
 # Hyperparameters that are switches of the method's error handling or facts about the task, not settings.
@@ -113,7 +113,7 @@ def fit_hparams_to_model(task: str, recipe, methods: list[str], device: str) -> 
     import torch
 
     from speedkit.core.event import Event
-    from speedkit.methods import REGISTRY, get_algorithm
+    from speedkit.methods import REGISTRY, get_method
     from speedkit.tasks import resolve_task
     from speedkit.train.trainer import Trainer
 
@@ -125,7 +125,7 @@ def fit_hparams_to_model(task: str, recipe, methods: list[str], device: str) -> 
             (a hundred of these take seconds, where building the task's data each time would take minutes)."""
             torch.manual_seed(0)
             try:
-                Trainer(spec.model(recipe.model), algorithms=[get_algorithm(name, **params)], device=device,
+                Trainer(spec.model(recipe.model), methods=[get_method(name, **params)], device=device,
                         precision=recipe.precision, run_dir=run_dir, save_checkpoints=False)
             except (ValueError, TypeError, RuntimeError):  # NothingToChangeError is a ValueError
                 return False
@@ -264,21 +264,21 @@ def scaled_duration(duration: str, scale: float) -> str:
 
 def suggest_methods(trial, space: SearchSpace) -> dict:
     """Methods on/off in a fixed order; one that conflicts with those already on is not offered."""
-    from speedkit.methods import get_algorithm
+    from speedkit.methods import get_method
 
     chosen: dict[str, dict] = {}
-    algorithms = []
+    methods = []
     for name in space.methods:
-        candidate = get_algorithm(name)
+        candidate = get_method(name)
         try:
-            check_compatibility([*algorithms, candidate])
+            check_compatibility([*methods, candidate])
         except IncompatibleMethodsError:
             continue  # never proposed beside a method it conflicts with (the engine would refuse the pair)
         if not trial.suggest_categorical(f"use:{name}", (False, True)):
             continue
         params = suggest_hparams(trial, name, space.hparam_limits) if space.tune_hparams else {}
         chosen[name] = params
-        algorithms.append(candidate)
+        methods.append(candidate)
     return chosen
 
 

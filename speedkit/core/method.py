@@ -1,7 +1,7 @@
-"""The Algorithm base class and the MethodCard every method carries.
+"""The Method base class and the MethodCard every method carries.
 
 A method is one module with two faces: a functional form for any PyTorch loop and an
-:class:`Algorithm` that plugs the same code into the Trainer at the events its card declares.
+:class:`Method` that plugs the same code into the Trainer at the events its card declares.
 The card is data that the engine (ordering, conflicts), the explorer (controls, badges) and the
 README (methods table) all read.
 """
@@ -159,7 +159,7 @@ class MethodCard:
         return d
 
 
-class Algorithm:
+class Method:
     """Base class of Trainer methods. Subclasses set ``CARD`` and implement ``apply``.
 
     ``match`` defaults to "the event is one the card declares", so the card is the truth about
@@ -191,7 +191,7 @@ class Algorithm:
     def apply(self, event: Event, state, logger) -> None:
         raise NotImplementedError(f"{type(self).__name__}.apply")
 
-    # Algorithms with state (EMA weights, SWA averages, counters) override these for checkpoints.
+    # Methods with state (EMA weights, SWA averages, counters) override these for checkpoints.
     def state_dict(self) -> dict:
         return {}
 
@@ -207,11 +207,11 @@ class IncompatibleMethodsError(ValueError):
     """Two methods that cannot run together; the message names both and the fix."""
 
 
-def order_algorithms(algorithms: Sequence[Algorithm]) -> list[Algorithm]:
+def order_methods(methods: Sequence[Method]) -> list[Method]:
     """Deterministic order from the cards: stage, then explicit ``runs_after``, then name."""
-    by_name = {a.name: a for a in algorithms}
-    pending = sorted(algorithms, key=lambda a: (a.CARD.stage, a.name))
-    ordered: list[Algorithm] = []
+    by_name = {a.name: a for a in methods}
+    pending = sorted(methods, key=lambda a: (a.CARD.stage, a.name))
+    ordered: list[Method] = []
     while pending:
         for a in pending:
             waits_for = [n for n in a.CARD.runs_after if n in by_name and by_name[n] not in ordered]
@@ -225,10 +225,10 @@ def order_algorithms(algorithms: Sequence[Algorithm]) -> list[Algorithm]:
     return ordered
 
 
-def check_compatibility(algorithms: Sequence[Algorithm]) -> None:
+def check_compatibility(methods: Sequence[Method]) -> None:
     """Raise IncompatibleMethodsError for declared conflicts, shared exclusive roles or duplicates."""
-    seen: dict[str, Algorithm] = {}
-    for a in algorithms:
+    seen: dict[str, Method] = {}
+    for a in methods:
         if a.name in seen:
             raise IncompatibleMethodsError(f"{a.name} is listed twice; keep one and set its parameters there")
         seen[a.name] = a
