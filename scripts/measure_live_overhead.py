@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO / "tests" / "support"))
 
 from lab_server import CHROMIUM, CHROMIUM_FLAGS, lab_server, run_all_cells  # noqa: E402
 

@@ -1,7 +1,7 @@
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))  # tests import helpers.py
+sys.path.insert(0, str(Path(__file__).parent / "support"))  # tests import helpers.py and the other support modules
 
 
 import prerequisites  # noqa: E402
@@ -46,7 +46,7 @@ def forget_registered_tasks_and_methods():
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
-    """The fuzz tests' counts: tests/test_fuzz.py fills ``config.speedkit_fuzz_counts`` (test -> [tried, accepted])."""
+    """The fuzz tests' counts: tests/train/test_fuzz.py fills ``config.speedkit_fuzz_counts`` (test -> [tried, accepted])."""
     counts = getattr(config, "speedkit_fuzz_counts", None)
     if not counts:
         return

@@ -50,7 +50,7 @@ def test_passes():
 def run_inner(tmp_path: Path, ci: str | None) -> subprocess.CompletedProcess:
     (tmp_path / "test_inner.py").write_text(INNER_TESTS)
     env = {k: v for k, v in os.environ.items() if k != "CI"}
-    env.update(PYTHONPATH=str(ROOT / "tests"), PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")
+    env.update(PYTHONPATH=str(ROOT / "tests" / "support"), PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")
     if ci is not None:
         env["CI"] = ci
     return subprocess.run([sys.executable, "-m", "pytest", "-p", "prerequisites", "-p", "no:cacheprovider",

@@ -1,4 +1,4 @@
-"""Injected into notebook kernels by tests/test_notebooks.py (this folder on PYTHONPATH): with
+"""Injected into notebook kernels by tests/cli/test_notebooks.py (this folder on PYTHONPATH): with
 SPEEDKIT_TEST_SLOWDOWN=2, every training step of a run that uses speed-up methods takes twice as long, as
 if a regression had halved their speed. The notebooks' checks must then fail; that is their teeth."""
 import os

@@ -1,6 +1,6 @@
-"""A small real training run that tests/test_faults.py starts as a subprocess, kills and starts again.
+"""A small real training run that tests/train/test_faults.py starts as a subprocess, kills and starts again.
 
-    python tests/fault_child.py RUN_DIR
+    python tests/support/fault_child.py RUN_DIR
 
 Fashion-MNIST (2% of the training set: 24 batches of 50 an epoch; 5% of the test set), resnet8 at width 8,
 2 epochs, deterministic on CPU, a checkpoint every 5 batches, ``autoresume=True``: running the same command

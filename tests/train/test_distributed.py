@@ -37,8 +37,8 @@ from speedkit.train.checkpoint import CheckpointError, load_checkpoint, load_sha
 
 pytestmark = pytest.mark.distributed
 
-ROOT = Path(__file__).resolve().parents[1]
-WORKER = Path(__file__).with_name("distributed_worker.py")
+ROOT = Path(__file__).resolve().parents[2]
+WORKER = Path(__file__).resolve().parents[1] / "support" / "distributed_worker.py"
 TIMEOUT_S = 400
 
 

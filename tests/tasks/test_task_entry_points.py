@@ -73,7 +73,7 @@ def test_tune_searches_a_user_task(tmp_path, monkeypatch):
     import_or_missing("optuna")
     from speedkit.experiments.tune import TuneInputError, tune
 
-    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "support"))
     result = tune(user_task("tuned-fashion"), methods=["label_smoothing", "low_precision_layernorm"],
                   out_dir=tmp_path, runner="tune_fakes:fake_run", budget=30, max_trials=2, max_baseline_trials=1,
                   seeds_to_confirm=1, data_fraction=0.25, log=lambda *_: None)

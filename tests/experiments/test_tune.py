@@ -1,6 +1,6 @@
 """speedkit tune: the measured search for the fastest recipe.
 
-Most tests plant a known answer through ``runner=`` (tests/tune_fakes.py: label_smoothing halves the
+Most tests plant a known answer through ``runner=`` (tests/support/tune_fakes.py: label_smoothing halves the
 time to target, ema doubles it) so the search's logic is checked in seconds; one test runs the real
 trainer on a sliver of Fashion-MNIST. Kills and extra workers are real processes.
 """
@@ -23,7 +23,7 @@ from speedkit.experiments.tune import TuneInputError, parse_budget, penalized, t
 from speedkit.experiments.tune.space import SearchSpace, recipe_params, suggest_recipe  # noqa: E402
 from speedkit.tasks.recipes import BASELINES, Recipe  # noqa: E402
 
-TESTS = Path(__file__).parent
+TESTS = Path(__file__).resolve().parents[1] / "support"
 FAKE = "tune_fakes:fake_run"
 SMALL = dict(data_fraction=0.02, eval_fraction=0.05, log=lambda *_: None)
 

@@ -42,7 +42,7 @@ def test_speed_up_presets_state_the_target_they_were_tuned_for_and_runs_measure_
     assert Recipe.from_file(path).target == {"metric": "eval/accuracy", "value": 0.92}
 
 
-SUMMARY = Path(__file__).resolve().parents[1] / "bench" / "results" / "summary.json"
+SUMMARY = Path(__file__).resolve().parents[2] / "bench" / "results" / "summary.json"
 
 
 @pytest.mark.parametrize("task", sorted(RECIPES))

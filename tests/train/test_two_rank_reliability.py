@@ -1,4 +1,4 @@
-"""Two CPU processes over gloo, one torchrun launch of tests/two_rank_worker.py:
+"""Two CPU processes over gloo, one torchrun launch of tests/support/two_rank_worker.py:
 
 - DDP with gradient accumulation all-reduces once per step (no_sync on every microbatch but the last), with the
   same weights as when every microbatch synced;
@@ -19,8 +19,8 @@ import torch
 
 pytestmark = pytest.mark.distributed
 
-ROOT = Path(__file__).resolve().parents[1]
-WORKER = Path(__file__).with_name("two_rank_worker.py")
+ROOT = Path(__file__).resolve().parents[2]
+WORKER = Path(__file__).resolve().parents[1] / "support" / "two_rank_worker.py"
 
 
 def free_port() -> int:

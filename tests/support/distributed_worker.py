@@ -1,7 +1,7 @@
-"""What tests/test_distributed.py runs on two CPU processes (torchrun, gloo), and the builders it shares
+"""What tests/train/test_distributed.py runs on two CPU processes (torchrun, gloo), and the builders it shares
 with the one-process runs it compares against.
 
-Run as ``torchrun --nproc-per-node 2 tests/distributed_worker.py OUT_DIR [SCENARIO ...]``; each scenario
+Run as ``torchrun --nproc-per-node 2 tests/support/distributed_worker.py OUT_DIR [SCENARIO ...]``; each scenario
 writes its findings as JSON (rank 0) into OUT_DIR. One launch runs them all, because starting two
 Python processes that import torch costs more than the training itself.
 """
@@ -28,7 +28,7 @@ EVAL_BATCH = 128  # 300 eval images: 128, 128, 44 globally, split unevenly on th
 
 def eval_metrics() -> dict:
     """speedkit's accuracy and loss, and torchmetrics' accuracy beside them where it is installed (it gathers
-    its own states across ranks; tests/test_distributed.py fails under CI=true when it is missing)."""
+    its own states across ranks; tests/train/test_distributed.py fails under CI=true when it is missing)."""
     metrics = {"accuracy": Accuracy(), "loss": CrossEntropy()}
     try:
         from torchmetrics.classification import MulticlassAccuracy
@@ -53,7 +53,7 @@ def resnet_trainer(run_dir, run_name: str, steps: int = STEPS, **kwargs) -> Trai
 
 def text_tokens() -> torch.Tensor:
     """Real English text that is always there: speedkit's own README, as bytes."""
-    text = (Path(__file__).resolve().parents[1] / "README.md").read_bytes()
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_bytes()
     return torch.frombuffer(bytearray(text), dtype=torch.uint8)
 
 

@@ -19,7 +19,7 @@ from helpers import needs_fmnist
 from lab_server import CHROMIUM, CHROMIUM_FLAGS, lab_server, run_all_cells
 from prerequisites import import_or_missing
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = Path(os.environ.get("SPEEDKIT_ARTIFACTS", REPO / "runs" / "test-artifacts")) / "browser"
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]

@@ -1,6 +1,6 @@
 """Fault tolerance: kills, signals, bad losses, broken checkpoints, out-of-memory and errors never cost a run.
 
-The kill tests start tests/fault_child.py (a real Fashion-MNIST run) as a real subprocess, send it a real
+The kill tests start tests/support/fault_child.py (a real Fashion-MNIST run) as a real subprocess, send it a real
 signal, and start the same command again; the others inject the fault in-process on the toy problem.
 """
 from __future__ import annotations
@@ -24,13 +24,13 @@ from speedkit import RunRecord, Trainer
 from speedkit.callbacks import Callback, NaNGuard, NonFiniteLossError
 from speedkit.train.checkpoint import MAGIC, CheckpointError, load_checkpoint, save_checkpoint
 
-CHILD = Path(__file__).with_name("fault_child.py")
+CHILD = Path(__file__).resolve().parents[1] / "support" / "fault_child.py"
 BATCHES = 48  # fault_child.py: 2 epochs of 24 batches, a checkpoint every 5
 
 
 # -- helpers ----------------------------------------------------------------------------------------
 def start_child(run_dir: Path, **env) -> subprocess.Popen:
-    """``python tests/fault_child.py RUN_DIR``; it inherits this process's environment and CPU affinity."""
+    """``python tests/support/fault_child.py RUN_DIR``; it inherits this process's environment and CPU affinity."""
     with open(run_dir / f"child-{time.monotonic_ns()}.out", "w") as log:  # the child keeps its own copy
         return subprocess.Popen([sys.executable, str(CHILD), str(run_dir)], stdout=log, stderr=subprocess.STDOUT,
                                 env={**os.environ, **env}, cwd=CHILD.parent.parent)

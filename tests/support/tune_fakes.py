@@ -1,4 +1,4 @@
-"""A planted world for tests/test_tune.py: fake runs whose time to target is known in advance.
+"""A planted world for tests/experiments/test_tune.py: fake runs whose time to target is known in advance.
 
 ``fake_run`` stands in for training (``speedkit.experiments.tune``'s ``runner=``): label_smoothing halves the time
 to target, ema doubles it, a learning rate far from the base's slows it; everything else is neutral.

@@ -1,10 +1,10 @@
-"""Two ranks (torchrun, gloo), small runs for tests/test_two_rank_reliability.py, which reads ``OUT/result.json``:
+"""Two ranks (torchrun, gloo), small runs for tests/train/test_two_rank_reliability.py, which reads ``OUT/result.json``:
 
 - accumulation: the same DDP run with and without gradient accumulation, counting DDP's gradient all-reduces;
 - ddp_interrupted / fsdp_interrupted: a run stopped by a KeyboardInterrupt at batch 5 on both ranks (Ctrl-C in a
   terminal reaches every rank), what its checkpoint folder and record say, then the same run resumed.
 
-    python -m torch.distributed.run --nproc-per-node 2 tests/two_rank_worker.py OUT
+    python -m torch.distributed.run --nproc-per-node 2 tests/support/two_rank_worker.py OUT
 """
 from __future__ import annotations
 

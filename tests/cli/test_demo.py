@@ -8,7 +8,7 @@ from pathlib import Path
 from helpers import needs_fmnist
 from prerequisites import import_or_missing
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TINY = {"device": "cpu", "duration": "6ba", "eval_interval": "2ba", "target": 0.0, "data_fraction": 0.02,
         "eval_fraction": 0.05, "repeats": 2, "min_speedup": 0.0,
         "max_accuracy_drop": 1.0}  # tiny runs time too little to assert a speed-up or reach a real target

@@ -110,7 +110,7 @@ def test_readme_methods_table_is_generated_from_the_cards():
     import importlib.util
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     spec = importlib.util.spec_from_file_location("update_readme", root / "scripts" / "update_readme.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -27,7 +27,7 @@ from speedkit.cli.notebooks import (check_committed, declared_parameters, discov
                                     format_summary, is_check_cell, load_params, param_sets, parameterized_copy,
                                     run_notebooks)
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = discover_notebooks(ROOT)
 SMOKE = [p for p in NOTEBOOKS if load_params("cpu-smoke", p, ROOT) is not None]
 TUTORIALS = [p for p in NOTEBOOKS if p.parent.name == "tutorials"]
@@ -84,7 +84,7 @@ def test_a_2x_slower_speed_up_path_fails_the_quickstart(tmp_path, monkeypatch):
     """The cpu-smoke threshold has teeth: with every training step of the recipe's run (the one with methods)
     taking twice as long, as a regression in the methods' path would make it, the quickstart must fail its
     speed-up check, not pass on a margin too loose to notice."""
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT / "tests" / "slowdown"),
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT / "tests" / "support" / "slowdown"),
                                                                      os.environ.get("PYTHONPATH")])))
     monkeypatch.setenv("SPEEDKIT_TEST_SLOWDOWN", "2")
     [result] = run_notebooks("cpu-smoke", out=tmp_path, root=ROOT, only=["00_quickstart"])

@@ -62,6 +62,6 @@ def method_class(name: str, writes=(), events=(Event.BATCH_START, Event.AFTER_FO
 
 
 # Real-data tests skip where the data is missing, with the install command as the reason; under CI=true they
-# fail instead (tests/prerequisites.py), so a green CI means they ran.
+# fail instead (tests/support/prerequisites.py), so a green CI means they ran.
 needs_fmnist = pytest.mark.prerequisite("fashion-mnist")
 needs_python_docs = pytest.mark.prerequisite("python-docs")

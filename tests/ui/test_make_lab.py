@@ -19,7 +19,7 @@ import pytest
 from lab_server import free_port
 from prerequisites import DEV_INSTALL, missing
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_make_lab_starts_jupyterlab_as_this_user(tmp_path):

@@ -1,6 +1,6 @@
 """torchmetrics metrics passed to an Evaluator as they are: the same numbers as speedkit's own metrics at every
 evaluation, a clear error for one that does not reduce to a number, and left out of speedkit's own cross-rank
-sum (the two-rank run is in tests/test_distributed.py)."""
+sum (the two-rank run is in tests/train/test_distributed.py)."""
 from __future__ import annotations
 
 import pytest
