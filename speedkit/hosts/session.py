@@ -63,15 +63,18 @@ class Host:
     stage_fixes: Mapping[str, str] = dataclasses.field(default_factory=dict)
     method_fixes: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
-    def refusal(self, method: Method) -> str | None:
-        """Why this host cannot run ``method`` and the fix, or None when it can."""
+    def refusal(self, method: Method, state: State | None = None) -> str | None:
+        """Why this host cannot run ``method`` and the fix, or None when it can.
+
+        With ``state``, an event the card lists but the method says (``match``) it will not act on with these
+        parameters is not needed (progressive resizing acts at evaluation only with ``eval_scale != 1``)."""
         card = method.CARD
         if card.name in self.method_fixes:
             return f"{card.name} cannot run in {self.name}: {self.method_fixes[card.name]}"
         for stage in card.writes:
             if stage in self.stage_fixes:
                 return f"{card.name} cannot run in {self.name}: {_STAGE_NEEDS.get(stage, stage)}; {self.stage_fixes[stage]}"
-        missing = [event for event in card.events if event not in self.serves]
+        missing = [event for event in card.events if event not in self.serves and _may_act(method, event, state)]
         if not missing:
             return None
         names = ", ".join(event.value for event in missing)
@@ -79,12 +82,22 @@ class Host:
                                                             f"{event.value}") for event in missing))
         return f"{card.name} needs {names}, which {self.name} does not serve as set up: {fix}"
 
-    def check(self, methods: Sequence[Method]) -> None:
+    def check(self, methods: Sequence[Method], state: State | None = None) -> None:
         """Refuse the first method this host cannot run (the message names it, the host and the fix)."""
         for method in methods:
-            reason = self.refusal(method)
+            reason = self.refusal(method, state)
             if reason:
                 raise HostCannotServeError(reason)
+
+
+def _may_act(method: Method, event: Event, state: State | None) -> bool:
+    """Whether ``method`` may act at ``event`` in this run: its ``match`` at the start, where it can tell."""
+    if state is None:
+        return True
+    try:
+        return bool(method.match(event, state))
+    except Exception:  # a match that needs a batch or outputs: assume it acts
+        return True
 
 
 class _TextToLogging(LoggerDestination):
@@ -125,7 +138,6 @@ class MethodSession:
             if not isinstance(method, Method):
                 raise TypeError(f"methods must be speedkit Method objects (speedkit.methods.get_method('ema') or "
                                 f"speedkit.methods.EMA()), got {type(method).__name__} {method!r}")
-        host.check(methods)
         self.host = host
         self.record = RunRecord(name=f"speedkit in {host.name}")
         self.state = State(model=None, loss_fn=None, max_duration=duration_of(max_duration, "max_duration"),
@@ -137,6 +149,7 @@ class MethodSession:
         state.autocast = contextlib.nullcontext  # the host owns the forward's precision
         state.schedulers = make_schedules(schedules)
         self._given_loss = loss_fn
+        host.check(methods, state)
         self.logger = Logger(state, [RecordDestination(self.record), _TextToLogging(), *loggers])
         self.engine = Engine(state, self.logger)  # orders the methods and checks their conflicts
         self.batch_started = False  # BATCH_START ran for the batch in flight
