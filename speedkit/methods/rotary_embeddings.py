@@ -7,6 +7,8 @@ scaled_dot_product_attention (or any nn.MultiheadAttention) through :mod:`speedk
 """
 from __future__ import annotations
 
+import inspect
+
 import torch
 import torch.nn as nn
 
@@ -55,7 +57,13 @@ class RotaryTransform:
 
 
 def _has_own_rotary(module: nn.Module) -> bool:
-    return any(getattr(module, name, None) is not None for name in _EXISTING_ROTARY_ATTRS)
+    """A rotary attribute, or a forward that takes rotary ``position_embeddings`` (Hugging Face LLaMA-style)."""
+    if any(getattr(module, name, None) is not None for name in _EXISTING_ROTARY_ATTRS):
+        return True
+    try:
+        return "position_embeddings" in inspect.signature(type(module).forward).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def apply_rotary_embeddings(model: nn.Module, base: float = 10000.0, remove_position_embeddings: bool = False,
@@ -77,7 +85,10 @@ def apply_rotary_embeddings(model: nn.Module, base: float = 10000.0, remove_posi
                                           order=ROTARY_ORDER)
             report.add("attention modules", f"{name}: {type(module).__name__} rotates q, k (base {base:g})")
     attention.settle_position_embeddings(model, report, remove_position_embeddings)
-    return report.require_changes(allow_empty, "attention modules that call scaled_dot_product_attention")
+    looked_for = "attention modules that call scaled_dot_product_attention"
+    if any("already applies rotary" in d for d in report.details):
+        looked_for += " without rotary positions of their own (the model's attention rotates already)"
+    return report.require_changes(allow_empty, looked_for)
 
 
 class RotaryEmbeddings(Method):
