@@ -32,6 +32,7 @@ LOG = logging.getLogger("speedkit")
 _STAGE_NEEDS = {
     "data": "it replaces the training data loader, which the host owns",
     "precision": "it sets the forward's autocast, which the host owns",
+    "optimizer": "it changes or replaces the optimizer, which the host owns",
 }
 
 
