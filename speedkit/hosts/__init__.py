@@ -4,7 +4,7 @@
 * ``speedkit.hosts.lightning``: a Lightning ``Callback`` (needs ``pip install 'speedkit[lightning]'``);
 * ``speedkit.hosts.hf``: the Hugging Face ``Trainer`` (needs ``pip install 'speedkit[hf]'``).
 
-Every host runs the same Method objects, cards, order and conflict checks as ``speedkit.train.Trainer``
+Every host runs the same Method objects, cards, order and conflict checks as ``speedkit.Trainer``
 (through ``speedkit.core.Engine``), declares which events it can serve (:class:`speedkit.hosts.session.Host`),
 refuses before training a method it cannot serve (naming the method, the host and the fix), and puts the
 methods' state into its own checkpoints. The Lightning and Hugging Face adapters are imported from their

@@ -42,11 +42,11 @@ METHOD_STATE_FILE = "speedkit_methods.pt"  # in each checkpoint-N folder, beside
 
 _USE_SUBCLASS = "use speedkit.hosts.hf.SpeedkitTrainer in place of transformers.Trainer"
 _NO_EVAL_BATCHES = ("the Hugging Face Trainer's prediction_step gives speedkit no evaluation batch; remove the "
-                    "method, or train with speedkit.train.Trainer")
-_STAGE_FIXES = {"data": "remove it (the Trainer builds its own DataLoader), or train with speedkit.train.Trainer",
+                    "method, or train with speedkit.Trainer")
+_STAGE_FIXES = {"data": "remove it (the Trainer builds its own DataLoader), or train with speedkit.Trainer",
                 "precision": "remove it and pass TrainingArguments(bf16=True) (or fp16=True on a GPU)"}
 _METHOD_FIXES = {"sam": "SAM re-runs forward and backward inside its step, which the Hugging Face Trainer's "
-                        "optimizer.step() does not pass; remove it, or train with speedkit.train.Trainer"}
+                        "optimizer.step() does not pass; remove it, or train with speedkit.Trainer"}
 
 _CALLBACK_EVENTS = {
     Event.INIT: "SpeedkitCallback.on_init_end", Event.FIT_START: "on_train_begin (the optimizer as the Trainer built it)",

@@ -87,10 +87,10 @@ def lightning_host(step_calls: Iterable[str] = (), eval_calls: Iterable[str] = (
     return Host(
         name="Lightning", serves=serves, fixes=fixes,
         stage_fixes={"data": "remove it (shuffling and augmentation belong to your DataModule), or train with "
-                             "speedkit.train.Trainer",
+                             "speedkit.Trainer",
                      "precision": "remove it and pass L.Trainer(precision='bf16-mixed') (or '16-mixed' on a GPU)"},
         method_fixes={"sam": "SAM re-runs forward and backward inside its step, and Lightning's closure would run "
-                             "training_step's speedkit calls twice; remove it, or train with speedkit.train.Trainer"})
+                             "training_step's speedkit calls twice; remove it, or train with speedkit.Trainer"})
 
 
 def _code_names(code) -> Iterator[str]:

@@ -23,7 +23,7 @@
             evaluate(model)
     sk.finish()                                                            # speedkit: final weights (EMA)
 
-The same Method objects, cards, order and conflict checks as ``speedkit.train.Trainer``. Epochs follow from
+The same Method objects, cards, order and conflict checks as ``speedkit.Trainer``. Epochs follow from
 ``train_dataloader``'s length (or ``batches_per_epoch=``). Method state goes into your checkpoint with
 ``sk.state_dict()`` and comes back with ``sk.load_state_dict(...)``. A method whose events your step did not
 reach (a missing ``sk.loss`` call, say) is refused after the first step, with the call to add.
@@ -56,11 +56,11 @@ LOOP = Host(
             Event.EVAL_BATCH_START: "batch = sk.eval_batch(batch)", Event.EVAL_BEFORE_FORWARD: "batch = sk.eval_batch(batch)",
             Event.EVAL_AFTER_FORWARD: "outputs = sk.eval_outputs(outputs)",
             Event.EVAL_BATCH_END: "outputs = sk.eval_outputs(outputs)", Event.FIT_END: "sk.finish()"},
-    stage_fixes={"data": "remove it, or train with speedkit.train.Trainer, whose loader methods can act on",
+    stage_fixes={"data": "remove it, or train with speedkit.Trainer, whose loader methods can act on",
                  "precision": "remove it and wrap your forward in torch.autocast(device_type, dtype=torch.bfloat16) "
                               "(Accelerate: Accelerator(mixed_precision='bf16'))"},
     method_fixes={"sam": "SAM's step runs the forward and backward a second time through the trainer's closure, "
-                         "which a hand-written step does not pass; remove it, or train with speedkit.train.Trainer"},
+                         "which a hand-written step does not pass; remove it, or train with speedkit.Trainer"},
 )
 
 

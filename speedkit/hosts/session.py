@@ -79,7 +79,7 @@ class Host:
         if not missing:
             return None
         names = ", ".join(event.value for event in missing)
-        fix = "; ".join(dict.fromkeys(self.fixes.get(event, f"train with speedkit.train.Trainer, which serves "
+        fix = "; ".join(dict.fromkeys(self.fixes.get(event, f"train with speedkit.Trainer, which serves "
                                                             f"{event.value}") for event in missing))
         return f"{card.name} needs {names}, which {self.name} does not serve as set up: {fix}"
 
