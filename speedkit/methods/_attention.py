@@ -261,8 +261,9 @@ def route_through_sdpa(module: nn.Module) -> str | None:
 
 
 def intercept_attention(module: nn.Module, transform: AttentionTransform, *, name: str | None = None,
-                        order: int = 0) -> None:
-    """Run ``transform`` on every SDPA call inside ``module``'s forward.
+                        order: int = 0) -> str | None:
+    """Run ``transform`` on every SDPA call inside ``module``'s forward; returns a note for the surgery report
+    when the module had to be switched to SDPA first (Hugging Face "eager" attention), else None.
 
     Several transforms may be installed on one module; they run by ``order`` (lower first: e.g.
     normalisation 0, positions 10, biases 20), then in installation order. Installing a transform
@@ -272,7 +273,7 @@ def intercept_attention(module: nn.Module, transform: AttentionTransform, *, nam
         raise NotImplementedError(f"cannot intercept {type(module).__name__}: nn.MultiheadAttention with "
                                   f"add_bias_kv/add_zero_attn, or a Hugging Face attention implementation "
                                   f"({hf_attention_implementation(module)!r}) that never calls SDPA")
-    route_through_sdpa(module)
+    switched = route_through_sdpa(module)
     transforms = getattr(module, _TRANSFORMS_ATTR, None)
     if transforms is None:
         transforms = []
@@ -283,6 +284,7 @@ def intercept_attention(module: nn.Module, transform: AttentionTransform, *, nam
     transforms[:] = [t for t in transforms if t[1] != name]
     transforms.append((order, name, transform))
     transforms.sort(key=lambda t: t[0])  # stable: equal orders keep installation order
+    return switched
 
 
 def intercepted_transforms(module: nn.Module) -> list[str]:

@@ -81,8 +81,10 @@ def apply_rotary_embeddings(model: nn.Module, base: float = 10000.0, remove_posi
         elif not attention.can_intercept(module):
             report.details.append(f"note: {name} ({type(module).__name__}) is not supported; left alone")
         else:
-            attention.intercept_attention(module, RotaryTransform(base), name="rotary_embeddings",
-                                          order=ROTARY_ORDER)
+            switched = attention.intercept_attention(module, RotaryTransform(base), name="rotary_embeddings",
+                                                     order=ROTARY_ORDER)
+            if switched:
+                report.details.append(f"note: {switched}")
             report.add("attention modules", f"{name}: {type(module).__name__} rotates q, k (base {base:g})")
     attention.settle_position_embeddings(model, report, remove_position_embeddings)
     looked_for = "attention modules that call scaled_dot_product_attention"

@@ -122,3 +122,20 @@ def test_a_llama_style_model_loads_from_a_local_folder_and_takes_the_language_su
         apply_gated_linear_units(model)
     with pytest.raises(ValueError, match="neither a preset .* nor a local folder"):
         get_model(f"hf:{tmp_path / 'missing'}")
+
+
+def test_eager_hugging_face_attention_is_routed_through_sdpa_and_the_report_says_so():
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from speedkit.methods.qk_norm import apply_qk_norm
+
+    config = GPT2Config(vocab_size=256, n_positions=32, n_embd=32, n_layer=1, n_head=2, bos_token_id=None,
+                        eos_token_id=None, attn_implementation="eager")
+    model = GPT2LMHeadModel(config)
+    x = torch.randint(0, 256, (2, 8))
+    before = model(input_ids=x).logits
+    report = apply_qk_norm(model)
+    assert model.config._attn_implementation == "sdpa"
+    assert any("'eager' -> 'sdpa'" in detail for detail in report.details)
+    assert not torch.allclose(model(input_ids=x).logits, before)  # the transform runs: eager never calls SDPA
