@@ -29,7 +29,7 @@ from speedkit.data.text import load_text_corpus
 from speedkit.hosts.hf import SpeedkitTrainer
 from speedkit.methods import build_methods
 from speedkit.models import get_model
-from speedkit.tasks.recipes import get_recipe
+from speedkit.tasks import get_recipe
 
 TARGET_BPB = 3.30
 SEQUENCE = 256
