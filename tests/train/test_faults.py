@@ -492,7 +492,7 @@ def test_autoresume_passes_over_a_broken_latest_to_the_newest_checkpoint_that_ve
     assert [str(w.message).split(" and kept")[0] for w in caught] == \
         [f"autoresume: passed over {folder / name}" for name in passed_over]
     assert record.status == "completed" and resumed.state.timestamp.batch == 16
-    assert record.notes["resumed_from"] == str(folder / f"ba{resumes_at:09d}.ckpt")
+    assert record.notes["resumed_from"] == f"checkpoints/ba{resumes_at:09d}.ckpt"  # relative to the run folder
     assert [Path(n["file"]).name for n in record.notes["resume_passed_over"]] == passed_over
     assert all(why in n["reason"] for n in record.notes["resume_passed_over"])
     for name, data in bad_bytes.items():  # kept, byte for byte, out of the way of the resumed run's saves
@@ -820,7 +820,7 @@ def test_a_failing_data_loader_or_loss_leaves_a_failed_record(tmp_path):
 
 def failing_write_on(call, monkeypatch):
     """The ``call``-th checkpoint write dies mid-way with a full disk, inside the real atomic write."""
-    import speedkit.train.checkpoint as checkpoint_module
+    import speedkit.train.checkpoint.format as checkpoint_module
     from speedkit.record.runs import atomic_write_bytes
 
     calls = {"n": 0}
