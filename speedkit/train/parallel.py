@@ -415,7 +415,7 @@ class DDPPlan(_SeveralProcesses):
             if self.averages_buffers:
                 average_buffers(state.model)
         else:  # the other ranks may be gone: no collective, so their RNG states are not in this checkpoint
-            _say(state, logger, "rank_0_rng_only", f"ddp: the checkpoint at batch {state.timestamp.batch} was "
+            _say(logger, "rank_0_rng_only", f"ddp: the checkpoint at batch {state.timestamp.batch} was "
                  f"written by rank 0 alone (the run {state.record.status}), so it holds rank 0's RNG state only: "
                  f"resumed on several ranks, every rank continues rank 0's stream until the next epoch re-seeds "
                  f"each (random draws such as dropout differ from an uninterrupted run); weights, optimizer, "
@@ -456,7 +456,7 @@ class FSDPPlan(_SeveralProcesses):
 
     def gather_checkpoint(self, state, logger, rng, last_checkpoint):
         if self._alone(state):
-            _say(state, logger, "checkpoint_not_written", f"fsdp: no checkpoint at batch {state.timestamp.batch}: "
+            _say(logger, "checkpoint_not_written", f"fsdp: no checkpoint at batch {state.timestamp.batch}: "
                  f"the run {state.record.status}, and every rank must write its shards (the others may be gone); "
                  f"the last checkpoint, {last_checkpoint or 'none'}, is kept intact")
             return None
@@ -471,7 +471,7 @@ class FSDPPlan(_SeveralProcesses):
         return next((p.device_mesh for p in model.parameters() if hasattr(p, "device_mesh")), None)
 
 
-def _say(state, logger, note: str, text: str) -> None:
+def _say(logger, note: str, text: str) -> None:
     """What a checkpoint does not hold, in the log and in the record's notes."""
     logger.log_note(note, text)
     logger.log_text(text)

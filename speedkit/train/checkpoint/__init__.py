@@ -7,9 +7,9 @@
 - ``storage``: checkpoint folders at fsspec URLs (``s3://``, ``memory://``, ...).
 """
 from speedkit.train.checkpoint.checkpointer import Checkpointer
-from speedkit.train.checkpoint.format import (FORMAT_VERSION, MAGIC, SHARDED_SUFFIX, CheckpointContents, CheckpointError,
-                                              load_checkpoint, load_sharded_checkpoint, read, rng_state,
-                                              save_checkpoint, set_rng_state, write)
+from speedkit.train.checkpoint.format import (FORMAT_VERSION, MAGIC, SHARDED_SUFFIX, CheckpointContents,
+                                              CheckpointError, load_checkpoint, load_sharded_checkpoint, read,
+                                              rng_state, save_checkpoint, set_rng_state, write)
 from speedkit.train.checkpoint.storage import LATEST
 
 __all__ = ["Checkpointer", "CheckpointContents", "CheckpointError", "FORMAT_VERSION", "LATEST", "MAGIC",

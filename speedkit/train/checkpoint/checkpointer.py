@@ -58,19 +58,19 @@ class Checkpointer:
             return str(absolute)
 
     # -- writing -----------------------------------------------------------------------------
-    def contents(self, model: dict, optimizers: list, rng_by_rank: list | None = None,
-                 sharded: bool = False) -> CheckpointContents:
-        """Everything a resume needs: the state dicts the plan gathered and every component's own state."""
+    def contents(self, share, rng: dict) -> CheckpointContents:
+        """Everything a resume needs: what the plan gathered (``share``), every component's own state, and
+        this process's RNG state ``rng``."""
         state = self.state
         return CheckpointContents(
-            model=model, optimizers=optimizers,
+            model=share.model, optimizers=share.optimizers,
             schedulers=[s.state_dict() for s in _torch_schedulers(state)],
             grad_scaler=state.grad_scaler.state_dict() if state.grad_scaler is not None else None,
             methods={a.name: a.state_dict() for a in state.methods},
             callbacks={type(cb).__name__: cb.state_dict() for cb in state.callbacks},
             microbatching=self.microbatching.state_dict(),
-            timestamp=state.timestamp.to_dict(), rng=checkpoint_format.rng_state(),
-            record=state.record.to_json(), run_name=self.run_name, rng_by_rank=rng_by_rank, sharded=sharded)
+            timestamp=state.timestamp.to_dict(), rng=rng, record=state.record.to_json(), run_name=self.run_name,
+            rng_by_rank=share.rng_by_rank, sharded=share.sharded)
 
     def save(self) -> Path:
         """Write ``ba{batch}.ckpt`` and point ``latest.ckpt`` at it, both atomically; keep the newest few.
@@ -81,15 +81,14 @@ class Checkpointer:
         state = self.state
         start = time.perf_counter()
         path = self.folder / f"ba{state.timestamp.batch:09d}.ckpt"
-        last = self.recorded(self.last_checkpoint) if self.last_checkpoint else None
-        share = self.plan.gather_checkpoint(state, self.logger, checkpoint_format.rng_state(), last)
+        last, rng = self.recorded(self.last_checkpoint) if self.last_checkpoint else None, checkpoint_format.rng_state()
+        share = self.plan.gather_checkpoint(state, self.logger, rng, last)
         if share is None:  # the plan writes none now (e.g. FSDP without its other ranks)
             return path
         if share.sharded:  # a collective: every rank writes its shards
-            checkpoint_format.write_sharded(path, self.contents(share.model, share.optimizers, share.rng_by_rank,
-                                                                sharded=True))
+            checkpoint_format.write_sharded(path, self.contents(share, rng))
         elif share.writes:
-            checkpoint_format.write(path, self.contents(share.model, share.optimizers, share.rng_by_rank))
+            checkpoint_format.write(path, self.contents(share, rng))
         self.last_checkpoint = path  # on a file system all ranks share
         self.logger.log_note("last_checkpoint", self.recorded(path))
         if distributed.is_main():
