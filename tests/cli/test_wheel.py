@@ -96,6 +96,8 @@ def test_the_wheel_is_torch_speedkit_and_carries_the_notebooks_and_parameter_set
         expected = {str(p.relative_to(ROOT)) for p in (ROOT / folder).glob(pattern)}
         assert expected and expected <= shipped, f"missing from the wheel: {sorted(expected - shipped)}"
     assert "bench/results/summary.json" in shipped
+    presets = {str(p.relative_to(ROOT)) for p in (ROOT / "speedkit" / "tasks" / "presets").glob("*.*")}
+    assert presets and presets <= names, f"presets missing from the wheel: {sorted(presets - names)}"
     assert not any(n.startswith(("tests/", "build/")) for n in names)
 
 
