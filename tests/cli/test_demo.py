@@ -38,6 +38,7 @@ def test_the_demo_streams_cells_and_progress_and_reports_interleaved_pairs(tmp_p
                for line in lines)
     assert any(line.strip().startswith(("the machine was busy", "the machine looked quiet")) for line in lines)
     figure = tmp_path / "00_quickstart" / "00_quickstart.png"
+    assert any(line.startswith("training: ") and " s over 4 runs (evaluation and set-up apart)" in line for line in lines)
     assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"figure (PNG):      {figure}" in lines
     assert "without encryption" not in out + err  # the kernel talks over private Unix sockets, not TCP
     assert not list(tmp_path.glob("kernel-ipc*")) and not list(ROOT.glob("kernel-ipc*"))
