@@ -241,7 +241,8 @@ def save_accuracy_figure(records: list[RunRecord], path: str | Path, target: flo
         colors.setdefault(name, line.get_color())
     if target is not None:
         ax.axhline(target, color="grey", linewidth=0.8)
-        ax.annotate(f"target {target}", (0, target), textcoords="offset points", xytext=(4, 4), color="grey")
+        ax.annotate(f"target {target}", (0, target), xycoords=("axes fraction", "data"), textcoords="offset points",
+                    xytext=(4, 4), color="grey")
     ax.set_xlabel("training seconds (evaluation excluded)")
     ax.set_ylabel(metric)
     ax.set_title("time to target: each pair run interleaved, the baseline dashed")
