@@ -1,8 +1,8 @@
 """speedkit's methods in training loops speedkit does not own: one engine, several hosts.
 
 * :class:`speedkit.hosts.loop.Speedkit`: a hand-written PyTorch loop, or an Accelerate script;
-* ``speedkit.hosts.lightning``: a Lightning ``Callback`` (needs ``pip install 'speedkit[lightning]'``);
-* ``speedkit.hosts.hf``: the Hugging Face ``Trainer`` (needs ``pip install 'speedkit[hf]'``).
+* ``speedkit.hosts.lightning``: a Lightning ``Callback`` (needs ``pip install 'torch-speedkit[lightning]'``);
+* ``speedkit.hosts.hf``: the Hugging Face ``Trainer`` (needs ``pip install 'torch-speedkit[hf]'``).
 
 Every host runs the same Method objects, cards, order and conflict checks as ``speedkit.Trainer``
 (through ``speedkit.core.Engine``), declares which events it can serve (:class:`speedkit.hosts.session.Host`),

@@ -5,7 +5,7 @@
 ``get_model("hf:/path/to/folder")`` loads ``AutoModelForCausalLM.from_pretrained`` from a folder written by
 ``save_pretrained`` (any causal LM: GPT-2, LLaMA, ...), from that folder only: nothing is downloaded.
 Either is called Hugging Face style, ``model(**batch)`` with ``input_ids`` and ``labels``, and trains on the
-dict batches the language tasks yield for it. Needs ``pip install 'speedkit[hf]'``.
+dict batches the language tasks yield for it. Needs ``pip install 'torch-speedkit[hf]'``.
 """
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ def _transformers(name: str):
     try:
         import transformers
     except ImportError:
-        raise ValueError(f"model {name!r} needs transformers, which is not installed; pip install 'speedkit[hf]' "
+        raise ValueError(f"model {name!r} needs transformers, which is not installed; pip install 'torch-speedkit[hf]' "
                          f"or pick a gpt-* model") from None
     return transformers
 

@@ -33,7 +33,7 @@ def _env() -> dict:
 
 
 def test_two_cpu_processes_under_accelerate_launch_train_as_one(tmp_path):
-    import_or_missing("accelerate", "pip install 'speedkit[accelerate]'")
+    import_or_missing("accelerate", "pip install 'torch-speedkit[accelerate]'")
     # --multi_gpu picks accelerate's torchrun launcher (--cpu would pick its single-process or mpirun one); the
     # worker's Accelerator(cpu=True) then trains on the CPU with gloo.
     launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",

@@ -9,7 +9,7 @@ import pytest
 import torch
 from prerequisites import import_or_missing
 
-transformers = import_or_missing("transformers", "pip install 'speedkit[hf]'")
+transformers = import_or_missing("transformers", "pip install 'torch-speedkit[hf]'")
 
 from speedkit.core import Event  # noqa: E402
 from speedkit.data.text import DEFAULT_TEXT_ROOT  # noqa: E402

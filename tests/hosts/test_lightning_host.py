@@ -9,7 +9,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from prerequisites import import_or_missing
 
-L = import_or_missing("lightning.pytorch", "pip install 'speedkit[lightning]'")
+L = import_or_missing("lightning.pytorch", "pip install 'torch-speedkit[lightning]'")
 
 from speedkit.hosts import HostCannotServeError, OptimizerGroup  # noqa: E402
 from speedkit.hosts.lightning import SpeedkitCallback  # noqa: E402

@@ -123,7 +123,7 @@ def train_trial(context: TrialContext) -> RunRecord:
                            callbacks=[reporter], save_checkpoints=False, extra_config=context.extra_config,
                            **context.settings)
     reporter.trainer = trainer
-    trainer.record.timings["setup_s"] = round(time.perf_counter() - started, 4)
+    trainer.logger.log_timing("setup_s", time.perf_counter() - started)
     return trainer.fit()
 
 
