@@ -63,22 +63,15 @@ def test_each_language_method_acts_on_the_hugging_face_model_or_says_why(text_di
 
 def test_every_language_surgery_acts_on_hugging_face_gpt2():
     """GPT2Attention (through transformers' attention registry) and Conv1D MLPs are found by structure."""
+    from speedkit.hosts import LOOP, MethodSession
     from speedkit.methods import build_methods
     from speedkit.models import get_model
 
     for name in LANGUAGE_SURGERY:
-        model = get_model("hf:gpt2-nano")
-        state = _surgery_state(model)
-        for method in build_methods({name: {}}):
-            method.apply(Event.INIT, state, None)
-        (note,) = state.record.notes["surgery"]
+        session = MethodSession(LOOP, build_methods({name: {}}), max_duration="1ba")
+        session.init(get_model("hf:gpt2-nano"))  # INIT: the surgery, reported into the session's record
+        (note,) = session.record.notes["surgery"]
         assert note.startswith(f"{name}: changed 5 "), note  # every one of gpt2-nano's 5 blocks
-
-
-def _surgery_state(model):
-    from types import SimpleNamespace
-
-    return SimpleNamespace(model=model, record=SimpleNamespace(notes={}))
 
 
 def test_hot_runs_on_hf_gpt2(text_dir, tmp_path):
