@@ -23,6 +23,7 @@ from speedkit.core.batch import batch_size, batch_tokens, call_model, output_log
 from speedkit.core.devices import (autocast_factory, make_grad_scaler, resolve_device, resolve_precision, synchronize,
                                    timed)
 from speedkit.core.event import EVAL_EVENTS
+from speedkit.core.seeding import epoch_seed, seed_everything
 from speedkit.record.loggers import InMemoryLogger, JSONLFileLogger
 from speedkit.record.metrics import Evaluator
 from speedkit.record.runs import RunRecord, environment
@@ -35,7 +36,7 @@ from speedkit.train.microbatching import Microbatching
 from speedkit.train.parallel import make_plan
 from speedkit.train.parts import (apply_schedules, cross_entropy_loss, describe_run, global_batch_size, make_callbacks,
                                   make_evaluators, make_logger, make_loss, make_optimizers, make_record,
-                                  make_reproducible, make_schedules, measure_loader, seed_everything)
+                                  make_reproducible, make_schedules, measure_loader)
 
 
 class Trainer:
@@ -261,7 +262,7 @@ class Trainer:
     def _set_epoch(self, epoch: int) -> None:
         """Make each epoch's shuffling and augmentation a function of (seed, epoch), so resume is exact."""
         # Per rank (rank 0: the one-process stream), so ranks do not draw the same per-sample randomness.
-        seed_everything(distributed.rank_seed(self.state.seed * 1_000_003 + epoch))
+        seed_everything(distributed.rank_seed(epoch_seed(self.state.seed, epoch)))
         set_loader_epoch(self.state.train_dataloader, epoch)
 
     def _epoch_complete(self) -> bool:

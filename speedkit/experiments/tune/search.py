@@ -17,6 +17,7 @@ import time
 import warnings
 from pathlib import Path
 
+from speedkit.core.seeding import process_seed
 from speedkit.experiments.tune.objective import USER_STOP, TrialContext, resolve_runner, score_record
 from speedkit.experiments.tune.space import SearchSpace, TuneInputError, describe_change, recipe_params, suggest_recipe
 from speedkit.experiments.tune.storage import finished_trials, open_storage, optuna_module, worker_id
@@ -131,7 +132,9 @@ def load_study(config: TuneConfig, phase: str, worker_index: int = 0, storage=No
     optuna = optuna_module()
     with warnings.catch_warnings():  # `group` (conditional spaces: a method's settings only when it is on) is experimental
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        sampler = optuna.samplers.TPESampler(seed=config.sampler_seed + worker_index, n_startup_trials=5,
+        # worker 0 keeps sampler_seed (a one-process search samples as it always did); numpy's RandomState takes 32 bits
+        seed = process_seed(config.sampler_seed, worker_index, bits=32)
+        sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=5,
                                              multivariate=True, group=True, constant_liar=config.n_workers > 1)
     return optuna.create_study(study_name=config.study(phase), storage=storage or open_storage(config.storage),
                                direction="minimize", sampler=sampler, pruner=make_pruner(config),
