@@ -18,6 +18,7 @@ from typing import Callable, Sequence
 
 from speedkit.core.devices import resolve_device, resolve_precision
 from speedkit.core.time import Time
+from speedkit.experiments.ablation import ablated_recipes, ablation_marker
 from speedkit.experiments.bench.profiles import TASK_KEYS, BenchProfile, get_profile, task_key
 from speedkit.experiments.compare import final_metric
 from speedkit.experiments.compare import leave_one_out as leave_one_out_table
@@ -25,12 +26,6 @@ from speedkit.experiments.compare import median_or_none, paired_speedups
 from speedkit.record.runs import RunRecord, environment, load_records, lower_is_better
 from speedkit.tasks import TASKS, make_trainer, resolve_task
 from speedkit.tasks.recipes import BASELINES, Recipe, get_recipe
-
-# Parts of a recipe besides its methods that a leave-one-out run can swap for the baseline's: together
-# with the methods they are the recipe's whole difference from the baseline.
-NON_METHOD_PARTS = ("precision", "loader", "augment", "budget", "schedule", "batch_size", "learning_rate",
-                    "optimizer")
-
 
 @dataclasses.dataclass
 class BenchResult:
@@ -239,51 +234,6 @@ def _describe_run(record: RunRecord) -> str:
 
 
 # -- leave-one-out -----------------------------------------------------------------------------
-def _part_value(recipe: Recipe, part: str):
-    """What ``part`` of a recipe is: a field, or the learning rate / the rest of the optimizer."""
-    if part == "budget":
-        return recipe.duration
-    if part == "learning_rate":
-        return recipe.optimizer.get("lr")
-    if part == "optimizer":
-        return {k: v for k, v in recipe.optimizer.items() if k != "lr"}
-    return getattr(recipe, part)
-
-
-def _swap_part(recipe: Recipe, part: str, reference: Recipe) -> dict:
-    """The field changes that give ``recipe`` the reference's ``part``."""
-    if part == "budget":
-        return {"duration": reference.duration}
-    if part == "learning_rate":
-        return {"optimizer": {**recipe.optimizer, "lr": reference.optimizer.get("lr")}}
-    if part == "optimizer":
-        return {"optimizer": {**reference.optimizer, "lr": recipe.optimizer.get("lr")}}
-    return {part: getattr(reference, part)}
-
-
-def ablation_changes(recipe: Recipe, reference: Recipe) -> dict[str, dict]:
-    """``{part left out: field changes}``: one per method the reference (a baseline) does not have as it
-    is, and one per non-method part where the recipe differs from the reference."""
-    changes = {}
-    for method, params in recipe.methods.items():
-        if reference.methods.get(method) == params:
-            continue  # the baseline has it too: not part of the difference
-        kept = {m: p for m, p in recipe.methods.items() if m != method}
-        if method in reference.methods:
-            kept[method] = reference.methods[method]
-        changes[method] = {"methods": kept}
-    for part in NON_METHOD_PARTS:
-        if _part_value(recipe, part) != _part_value(reference, part):
-            changes[part] = _swap_part(recipe, part, reference)
-    return changes
-
-
-def _without(recipe: Recipe, change: dict) -> Recipe:
-    # Not Recipe.with_changes: it skips None values, and the baseline's part may be None (no augmentation).
-    data = {**dataclasses.asdict(recipe), **change}
-    return Recipe(**data)
-
-
 def run_leave_one_out(profile: BenchProfile, records: Sequence[RunRecord], recipe_name: str, run_dir,
                       session: str, log: Callable[[str], None] = print, rerun_full: bool = False,
                       baseline: str = "baseline", **trainer_kwargs) -> list[RunRecord]:
@@ -309,18 +259,15 @@ def run_leave_one_out(profile: BenchProfile, records: Sequence[RunRecord], recip
     device = resolve_device(profile.device)
     recipe, reference = (r.with_changes(precision=resolve_precision(r.precision, device))
                          for r in (recipe, scheduled_recipe(profile, baseline)))
-    for part, change in ablation_changes(recipe, reference).items():
-        run_name = f"{full.name}-without-{part}"
+    for part, ablated in ablated_recipes(recipe, reference).items():
+        run_name, marker = f"{full.name}-without-{part}", ablation_marker(full.name, part, against=baseline)
         try:
-            record = run_one(profile, _without(recipe, change), seed, run_name, run_dir,
-                             _bench_info(profile, session, seed),
-                             extra_config={"ablation": {"of": full.name, "left_out": part, "against": baseline}},
-                             **trainer_kwargs)
+            record = run_one(profile, ablated, seed, run_name, run_dir, _bench_info(profile, session, seed),
+                             extra_config={"ablation": marker}, **trainer_kwargs)
         except Exception as e:  # one ablation that cannot run must not cost the others
             log(f"leave-one-out {run_name} failed: {type(e).__name__}: {e}")
             record = RunRecord(name=run_name, status="failed", error=f"{type(e).__name__}: {e}",
-                               config={"recipe": recipe_name,
-                                       "ablation": {"of": full.name, "left_out": part, "against": baseline}})
+                               config={"recipe": recipe_name, "ablation": marker})
         ablations.append(record)
         log(f"[leave-one-out] {_describe_run(record)}")
     return ablations
@@ -698,7 +645,7 @@ def run_benchmark(task, profile: str | BenchProfile = "cpu", seeds: int | Sequen
     return BenchResult(key=key, entry=entry, summary=summary, records=records, ablations=ablations, paths=paths)
 
 
-__all__ = ["BenchResult", "NON_METHOD_PARTS", "TASK_KEYS", "ablation_changes", "apply_overrides",
+__all__ = ["BenchResult", "TASK_KEYS", "apply_overrides",
            "budget_hint", "find_budget", "holds_target", "machine", "pick_best", "pick_swept",
            "profile_recipe", "recipe_entry", "resolve_profile", "reusable_ablations", "reusable_runs", "run_benchmark",
            "run_interleaved", "run_leave_one_out", "run_one", "scheduled_recipe", "strongest_baseline",
