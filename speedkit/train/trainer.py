@@ -77,15 +77,7 @@ class Trainer:
                  schedule_scale: float = 1.0, progress_bar: bool = False, console: bool = False,
                  config: dict | None = None, parallel: str | None = "auto"):
         # Every argument checked first (speedkit.train.checks); a refusal names the argument and what it expects.
-        check_trainer_arguments(
-            model=model, train_dataloader=train_dataloader, eval_dataloader=eval_dataloader, evaluators=evaluators,
-            max_duration=max_duration, eval_interval=eval_interval, save_interval=save_interval,
-            grad_accum=grad_accum, log_interval=log_interval, keep_checkpoints=keep_checkpoints,
-            microbatch_size=microbatch_size, seed=seed, schedule_scale=schedule_scale, precision=precision,
-            device=device, nan_policy=nan_policy, stop_at=stop_at, methods=methods, callbacks=callbacks,
-            loggers=loggers, loss_fn=loss_fn, deterministic=deterministic, save_checkpoints=save_checkpoints,
-            autoresume=autoresume, progress_bar=progress_bar, console=console, run_name=run_name, run_dir=run_dir,
-            save_folder=save_folder, load_path=load_path, config=config)
+        check_trainer_arguments({name: value for name, value in locals().items() if name != "self"})
         max_duration = Time.from_input(max_duration or "1ep")
         precision = precision or "fp32"
 

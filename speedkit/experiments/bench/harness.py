@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
-import functools
 import json
 import math
 import statistics
@@ -24,7 +23,7 @@ from speedkit.experiments.compare import final_metric
 from speedkit.experiments.compare import leave_one_out as leave_one_out_table
 from speedkit.experiments.compare import median_or_none, paired_speedups
 from speedkit.record.runs import RunRecord, environment, load_records, lower_is_better
-from speedkit.tasks import TASKS, make_trainer, resolve_task
+from speedkit.tasks import TASKS, RunRequest, make_trainer, resolve_task
 from speedkit.tasks.recipes import BASELINES, Recipe, get_recipe
 
 @dataclasses.dataclass
@@ -53,16 +52,23 @@ def scheduled_recipe(profile: BenchProfile, name: str) -> Recipe:
     return recipe.with_changes(duration=duration)
 
 
-def trainer_factory(profile: BenchProfile, recipe: Recipe, seed: int, run_name: str, run_dir: str | Path,
-                    bench_info: dict, extra_config: dict | None = None, **trainer_kwargs) -> Callable[..., object]:
-    """``make_trainer`` with everything a benchmark run needs bound; call it (with any last overrides,
-    such as a profile run's duration and callbacks) to build the Trainer."""
-    return functools.partial(
-        make_trainer, profile.task, recipe, seed=seed, device=profile.device, run_dir=str(run_dir),
-        run_name=run_name, data_fraction=profile.data_fraction, eval_fraction=profile.eval_fraction,
-        target=profile.target,
+def run_request(profile: BenchProfile, recipe: Recipe, seed: int, run_name: str, run_dir: str | Path,
+                bench_info: dict, extra_config: dict | None = None, **trainer_kwargs) -> RunRequest:
+    """The RunRequest of one benchmark run: ``recipe`` as the profile runs it (``scheduled_recipe``), on the
+    profile's device and data; ``trainer_kwargs`` are more request fields or Trainer keyword arguments."""
+    return RunRequest.build(
+        profile.task, recipe, seed=seed, device=profile.device, run_dir=str(run_dir), run_name=run_name,
+        data_fraction=profile.data_fraction, eval_fraction=profile.eval_fraction, target=profile.target,
         extra_config={"bench": bench_info, "seed": seed, **(extra_config or {})},
         **{"save_checkpoints": False, **trainer_kwargs})  # benchmark runs are not resumed
+
+
+def trainer_factory(profile: BenchProfile, recipe: Recipe, seed: int, run_name: str, run_dir: str | Path,
+                    bench_info: dict, extra_config: dict | None = None, **trainer_kwargs) -> Callable[..., object]:
+    """``make_trainer`` of the run's request; call it (with any last changes, such as a profile run's
+    duration and callbacks) to build the Trainer."""
+    request = run_request(profile, recipe, seed, run_name, run_dir, bench_info, extra_config, **trainer_kwargs)
+    return lambda **changes: make_trainer(request.replace(**changes))
 
 
 def run_one(profile: BenchProfile, recipe: Recipe, seed: int, run_name: str, run_dir: str | Path,

@@ -89,7 +89,7 @@ class TuneConfig:
     study_name: str
     out_dir: str
     run_dir: str
-    settings: dict  # device, data_fraction, eval_fraction, eval_interval
+    settings: dict  # RunRequest fields every run of the search shares: device, data_fraction, eval_fraction, eval_interval
     budget_s: float
     limit_s: float  # per-trial training limit, and the penalty's reference
     baseline_share: float
