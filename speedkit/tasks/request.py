@@ -142,7 +142,8 @@ def _sort_settings(settings: dict) -> tuple[dict, dict]:
     fields = {f.name for f in dataclasses.fields(RunRequest)}
     unknown = sorted(set(settings) - fields - set(trainer_options()))
     if unknown:
-        raise TypeError(f"unknown run setting(s) {unknown}: a run request takes {sorted(fields - {'trainer_options'})}, "
+        taken = sorted(fields - {"trainer_options"})
+        raise TypeError(f"unknown run setting(s) {unknown}: a run request takes {taken}, "
                         f"and the Trainer's own keyword arguments {sorted(trainer_options())}")
     return ({k: v for k, v in settings.items() if k in fields},
             {k: v for k, v in settings.items() if k not in fields})

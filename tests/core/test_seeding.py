@@ -47,7 +47,7 @@ def test_no_seed_arithmetic_outside_seeding():
         lines = seed_arithmetic(path.read_text())
         if lines:
             offenders[str(path.relative_to(PACKAGE))] = lines
-    assert not offenders, f"derive seeds with speedkit.core.seeding (derive_seed, epoch_seed, process_seed): {offenders}"
+    assert not offenders, f"derive seeds through speedkit.core.seeding (derive_seed, epoch_seed): {offenders}"
 
 
 def test_epoch_seeds_do_not_collide_across_seeds_epochs_and_loader_streams():
