@@ -8,7 +8,7 @@ from speedkit.experiments import ablation
 from speedkit.experiments.bench import harness
 from speedkit.experiments.tune import confirm
 from speedkit.record.runs import RunRecord
-from speedkit.tasks.recipes import get_recipe
+from speedkit.tasks import get_recipe
 
 # precision given as it runs here: the benchmark compares "auto" as what it resolves to on the device
 WINNER = get_recipe("fashion-mnist", "hot").with_changes(name="tune-winner", precision="fp32")

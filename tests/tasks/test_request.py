@@ -13,7 +13,7 @@ from speedkit.experiments.bench import get_profile, harness
 from speedkit.experiments.tune.objective import TrialContext, trial_request
 from speedkit.tasks import RunRequest, make_trainer
 from speedkit.tasks.build import resolved_request
-from speedkit.tasks.recipes import get_recipe
+from speedkit.tasks import get_recipe
 from speedkit.tasks.request import trainer_options
 from speedkit.train.trainer import Trainer
 from speedkit.ui.config import RunConfig
