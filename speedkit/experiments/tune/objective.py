@@ -130,7 +130,7 @@ def train_trial(context: TrialContext) -> RunRecord:
     started = time.perf_counter()
     trainer = make_trainer(trial_request(context).replace(callbacks=[reporter]))
     reporter.trainer = trainer
-    trainer.record.timings["setup_s"] = round(time.perf_counter() - started, 4)
+    trainer.logger.log_timing("setup_s", time.perf_counter() - started)
     return trainer.fit()
 
 
