@@ -23,8 +23,9 @@ this file), so the training loop itself has no branch on the strategy:
   (:func:`any_rank`), so a wall-clock budget or a stop request on one rank never leaves another
   waiting in a collective.
 * **Randomness**: all ranks start from the same seed (same initial weights, same surgery), but each
-  epoch's global RNGs are seeded per rank (:func:`rank_seed`; rank 0 keeps the one-process stream),
-  so per-sample randomness (dropout, cutout holes, mixup pairs) is not repeated on every rank.
+  epoch's global RNGs are seeded per rank (:func:`speedkit.core.distributed.rank_seed`; rank 0 keeps the
+  one-process stream), so per-sample randomness (dropout, cutout holes, mixup pairs) is not repeated on
+  every rank.
   Loader randomness (order, crops, flips) comes from the loaders' own (seed, epoch) generators and is
   the same global plan on every rank, each rank taking its slice.
 

@@ -23,6 +23,7 @@ from speedkit.core.batch import batch_size, batch_tokens, call_model, output_log
 from speedkit.core.devices import (autocast_factory, make_grad_scaler, resolve_device, resolve_precision, synchronize,
                                    timed)
 from speedkit.core.event import EVAL_EVENTS
+from speedkit.core.seeding import epoch_seed, seed_everything
 from speedkit.record.loggers import InMemoryLogger, JSONLFileLogger
 from speedkit.record.metrics import Evaluator
 from speedkit.record.runs import RunRecord, environment
@@ -35,7 +36,7 @@ from speedkit.train.microbatching import Microbatching
 from speedkit.train.parallel import make_plan
 from speedkit.train.parts import (apply_schedules, cross_entropy_loss, describe_run, global_batch_size, make_callbacks,
                                   make_evaluators, make_logger, make_loss, make_optimizers, make_record,
-                                  make_reproducible, make_schedules, measure_loader, seed_everything)
+                                  make_reproducible, make_schedules, measure_loader)
 
 
 class Trainer:
@@ -76,15 +77,7 @@ class Trainer:
                  schedule_scale: float = 1.0, progress_bar: bool = False, console: bool = False,
                  config: dict | None = None, parallel: str | None = "auto"):
         # Every argument checked first (speedkit.train.checks); a refusal names the argument and what it expects.
-        check_trainer_arguments(
-            model=model, train_dataloader=train_dataloader, eval_dataloader=eval_dataloader, evaluators=evaluators,
-            max_duration=max_duration, eval_interval=eval_interval, save_interval=save_interval,
-            grad_accum=grad_accum, log_interval=log_interval, keep_checkpoints=keep_checkpoints,
-            microbatch_size=microbatch_size, seed=seed, schedule_scale=schedule_scale, precision=precision,
-            device=device, nan_policy=nan_policy, stop_at=stop_at, methods=methods, callbacks=callbacks,
-            loggers=loggers, loss_fn=loss_fn, deterministic=deterministic, save_checkpoints=save_checkpoints,
-            autoresume=autoresume, progress_bar=progress_bar, console=console, run_name=run_name, run_dir=run_dir,
-            save_folder=save_folder, load_path=load_path, config=config)
+        check_trainer_arguments({name: value for name, value in locals().items() if name != "self"})
         max_duration = Time.from_input(max_duration or "1ep")
         precision = precision or "fp32"
 
@@ -261,7 +254,7 @@ class Trainer:
     def _set_epoch(self, epoch: int) -> None:
         """Make each epoch's shuffling and augmentation a function of (seed, epoch), so resume is exact."""
         # Per rank (rank 0: the one-process stream), so ranks do not draw the same per-sample randomness.
-        seed_everything(distributed.rank_seed(self.state.seed * 1_000_003 + epoch))
+        seed_everything(distributed.rank_seed(epoch_seed(self.state.seed, epoch)))
         set_loader_epoch(self.state.train_dataloader, epoch)
 
     def _epoch_complete(self) -> bool:
