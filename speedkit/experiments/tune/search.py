@@ -371,8 +371,8 @@ def starting_recipes(config: TuneConfig, baseline_study) -> list:
 
     recipes = []
     device = resolve_device(config.settings.get("device", "auto"))
-    recipes = TASKS[config.task].recipes if config.task in TASKS else {}
-    presets = [p for name, p in recipes.items() if name != "baseline"]
+    own = TASKS[config.task].recipes if config.task in TASKS else {}
+    presets = [p for name, p in own.items() if name != "baseline"]
     for preset in sorted(presets, key=lambda p: (_measured_time(p), _budget_fraction(p, config.base_recipe()))):
         recipes.append(preset.with_changes(precision=resolve_precision(preset.precision, device)))
     # The tuned baseline, or the base as it is; the baseline study measured these already, but the search's
