@@ -28,6 +28,8 @@ def _catalogue() -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
+    from speedkit.tasks.build import DEFAULT_SAVE_INTERVAL
+
     parser = argparse.ArgumentParser(prog="speedkit", description="Faster PyTorch training by composing "
                                      "speed-up methods.", epilog=_catalogue(),
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -56,7 +58,15 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--stop-at-target", action="store_true", help="end the run when the target is reached")
     train.add_argument("--run-dir", default="runs")
     train.add_argument("--run-name")
-    train.add_argument("--autoresume", action="store_true", help="continue the named run from its checkpoint")
+    train.add_argument("--autoresume", action="store_true",
+                       help="continue the named run from its newest good checkpoint (a new name starts afresh)")
+    train.add_argument("--overwrite", action="store_true",
+                       help="replace the run already in the --run-name folder (its record, log and checkpoints)")
+    train.add_argument("--extend-duration", action="store_true",
+                       help="with --autoresume: train the run on to a longer --duration (the record notes it)")
+    train.add_argument("--save-interval", default=DEFAULT_SAVE_INTERVAL,
+                       help=f"checkpoint every interval of training: {DEFAULT_SAVE_INTERVAL} (default), 90s, 200ba, 1ep, 0.25dur; "
+                            "'none': only at the end. A kill loses at most one interval")
     train.add_argument("--download", action="store_true", help="let torchvision download missing data")
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
     train.add_argument("--logger", default="", help="comma-separated loggers besides the record and log.jsonl: "
@@ -181,13 +191,19 @@ def _train(args) -> int:
                            device=args.device, seed=args.seed, data_fraction=args.data_fraction,
                            eval_fraction=args.eval_fraction, target=args.target,
                            stop_at_target=args.stop_at_target, download=args.download, run_dir=args.run_dir,
-                           run_name=args.run_name, autoresume=args.autoresume,
+                           run_name=args.run_name, autoresume=args.autoresume, overwrite=args.overwrite,
+                           extend_duration=args.extend_duration, save_interval=_save_interval(args.save_interval),
                            progress_bar=not args.no_progress, console=True, loggers=_logger_names(args.logger),
                            parallel=None if args.parallel == "none" else args.parallel)
     record = trainer.fit()
     if distributed.is_main():
         print(_summary(record))
     return 0
+
+
+def _save_interval(value: str) -> str | None:
+    """``--save-interval none`` as None (only the final checkpoint); a duration as it is."""
+    return None if value.strip().lower() == "none" else value
 
 
 def _importable(task: str) -> str:

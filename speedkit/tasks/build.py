@@ -119,6 +119,12 @@ def recipe_parts(recipe: str | Recipe, model: torch.nn.Module | None = None, *,
 
 
 # -- the one way to build a run -----------------------------------------------------------------
+# Runs built here (the CLI, the explorer, notebooks) checkpoint as they train: a kill (SIGKILL, out of memory)
+# loses at most this much training, and runs shorter than it pay nothing beyond their final checkpoint.
+# The cost of a save is measured by scripts/measure_checkpoint_cost.py (not in a test: it is a timing).
+DEFAULT_SAVE_INTERVAL = "5m"
+
+
 def make_trainer(task: str | Task = "fashion-mnist", recipe: str | Recipe = "baseline", *, data=None,
                  task_options: dict | None = None,
                  model: str | None = None, duration: str | None = None, methods: Any = None,
@@ -126,12 +132,15 @@ def make_trainer(task: str | Task = "fashion-mnist", recipe: str | Recipe = "bas
                  device: str = "auto", seed: int = 0, data_fraction: float = 1.0,
                  eval_fraction: float | None = None, target: float | None = None, stop_at_target: bool = False,
                  download: bool = False, num_workers: int = 0, extra_config: dict | None = None,
-                 **trainer_kwargs) -> Trainer:
+                 save_interval: str | None = DEFAULT_SAVE_INTERVAL, **trainer_kwargs) -> Trainer:
     """A Trainer for ``task`` configured by ``recipe``; keyword arguments override the recipe's fields.
 
     ``task`` is anything ``resolve_task`` takes (a name, a Task, ``"pkg.mod:attr"``, a function); ``data``
     is the folder of a folder task, ``task_options`` its options (``{"image_size": 64}``). ``extra_config`` is stored in the RunRecord's config beside the task and
     recipe (the benchmark marks seeds and leave-one-out runs this way).
+    ``save_interval`` defaults to a checkpoint every 5 minutes of training (any duration: ``"200ba"``,
+    ``"1ep"``; None: only the final one). Other keyword arguments go to the Trainer (``run_name``,
+    ``autoresume``, ``overwrite``, ``extend_duration``, ...).
     """
     if not 0 < data_fraction <= 1:
         raise ValueError(f"data_fraction must be in (0, 1], got {data_fraction}")
@@ -159,7 +168,7 @@ def make_trainer(task: str | Task = "fashion-mnist", recipe: str | Recipe = "bas
         net, train, evaluators=evaluators, device=device, seed=seed,
         **recipe_parts(recipe, net, config=config, loggers=trainer_kwargs.pop("loggers", None)),
         eval_interval=recipe.eval_interval, stop_at=(spec.target_metric, target_value) if stop_at_target else None,
-        loss_fn=spec.loss, **trainer_kwargs)
+        loss_fn=spec.loss, save_interval=save_interval, **trainer_kwargs)
     trainer.record.target = {"metric": spec.target_metric, "value": target_value}
     register_task(spec, replace=True)  # built: its name and recipes now work everywhere (not before: a refused
     return trainer                     # task stays out of the explorer's list)

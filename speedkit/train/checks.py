@@ -18,6 +18,7 @@ import torch
 from speedkit.core.batch import batch_inputs, batch_targets, is_dict_batch, output_logits, output_loss
 from speedkit.core.method import show  # repr cut short, never failing
 from speedkit.core.time import Time, TimeUnit
+from speedkit.record.run_folder import run_folder_path
 
 _DEVICE = re.compile(r"^(auto|cpu|mps|cuda(:(0|[1-9][0-9]{0,3}))?)$")
 _DEVICE_TYPES = ("cpu", "cuda", "mps")
@@ -151,7 +152,8 @@ def check_trainer_arguments(*, model: Any, train_dataloader: Any = None, eval_da
                             schedule_scale: Any = 1.0, precision: Any = None, device: Any = "auto",
                             nan_policy: Any = "stop", stop_at: Any = None, methods: Any = None,
                             callbacks: Any = (), loggers: Any = (), loss_fn: Any = None, deterministic: Any = False,
-                            save_checkpoints: Any = True, autoresume: Any = False, progress_bar: Any = False,
+                            save_checkpoints: Any = True, autoresume: Any = False, overwrite: Any = False,
+                            extend_duration: Any = False, progress_bar: Any = False,
                             console: Any = False, run_name: Any = None, run_dir: Any = "runs",
                             save_folder: Any = None, load_path: Any = None, config: Any = None) -> None:
     """Check the arguments of ``Trainer.__init__`` (same names, same defaults); raise on the first bad one."""
@@ -176,9 +178,11 @@ def check_trainer_arguments(*, model: Any, train_dataloader: Any = None, eval_da
     _check_stop_at(stop_at, has_evaluation)
     _check_parts(methods, callbacks, loggers, loss_fn)
     for name, flag in (("deterministic", deterministic), ("save_checkpoints", save_checkpoints),
-                       ("autoresume", autoresume), ("progress_bar", progress_bar), ("console", console)):
+                       ("autoresume", autoresume), ("overwrite", overwrite), ("extend_duration", extend_duration),
+                       ("progress_bar", progress_bar), ("console", console)):
         if not isinstance(flag, bool):
             raise TypeError(f"{name} must be True or False, got {_kind(flag)}")
+    _check_run_folder_choice(autoresume, overwrite, extend_duration, max_duration)
     _check_paths(run_name, run_dir, save_folder, load_path)
     if config is not None and not isinstance(config, Mapping):
         raise TypeError(f"config must be a dict or None, got {_kind(config)}")
@@ -258,12 +262,25 @@ def _check_loggers(loggers) -> None:
         check_logger_name(name)
 
 
+def _check_run_folder_choice(autoresume: bool, overwrite: bool, extend_duration: bool, max_duration) -> None:
+    """What to do with a run folder that holds an earlier run: continue it or replace it, not both."""
+    if autoresume and overwrite:
+        raise ValueError("autoresume=True (--autoresume) continues the run in its folder and overwrite=True "
+                         "(--overwrite) deletes it: choose one")
+    if extend_duration and not autoresume:
+        raise ValueError("extend_duration=True (--extend-duration) lengthens a run being continued: use it with "
+                         "autoresume=True (--autoresume)")
+    if extend_duration and max_duration is None:
+        raise ValueError("extend_duration=True (--extend-duration) needs the new, longer max_duration (--duration)")
+
+
 def _check_paths(run_name, run_dir, save_folder, load_path) -> None:
     if run_name is not None:
         if not isinstance(run_name, str):
             raise TypeError(f"run_name must be a string (a folder name under run_dir) or None, got {_kind(run_name)}")
         if run_name.strip() in (".", "..") or "\x00" in run_name:
             raise ValueError(f"run_name must name a folder under run_dir, got {show(run_name)}")
+        run_folder_path(run_dir if _is_path(run_dir) else "runs", run_name)  # refuses '../x' and absolute paths
     if not _is_path(run_dir):
         raise TypeError(f"run_dir must be a path (str or os.PathLike), got {_kind(run_dir)}")
     for name, path in (("save_folder", save_folder), ("load_path", load_path)):

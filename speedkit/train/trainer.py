@@ -12,6 +12,7 @@ import contextlib
 import functools
 import os
 import time
+import warnings
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -25,6 +26,7 @@ from speedkit.core.devices import (autocast_factory, make_grad_scaler, resolve_d
 from speedkit.core.event import EVAL_EVENTS
 from speedkit.record.loggers import InMemoryLogger, JSONLFileLogger
 from speedkit.record.metrics import Evaluator
+from speedkit.record.run_folder import RunFolderClaim, RunFolderError, free_run_name, run_folder_path
 from speedkit.record.runs import RunRecord, environment
 from speedkit.train.batches import iterate_from, set_loader_epoch
 from speedkit.train.checkpoint import Checkpointer, set_rng_state
@@ -71,7 +73,8 @@ class Trainer:
                  run_name: str | None = None, run_dir: str | os.PathLike = "runs",
                  save_folder: str | os.PathLike | None = None, save_interval: str | Time | None = None,
                  save_checkpoints: bool = True, keep_checkpoints: int = 3,
-                 load_path: str | os.PathLike | None = None, autoresume: bool = False,
+                 load_path: str | os.PathLike | None = None, autoresume: bool = False, overwrite: bool = False,
+                 extend_duration: bool = False,
                  stop_at: tuple[str, float] | dict | None = None, nan_policy: str | None = "stop",
                  schedule_scale: float = 1.0, progress_bar: bool = False, console: bool = False,
                  config: dict | None = None, parallel: str | None = "auto"):
@@ -83,7 +86,7 @@ class Trainer:
             microbatch_size=microbatch_size, seed=seed, schedule_scale=schedule_scale, precision=precision,
             device=device, nan_policy=nan_policy, stop_at=stop_at, methods=methods, callbacks=callbacks,
             loggers=loggers, loss_fn=loss_fn, deterministic=deterministic, save_checkpoints=save_checkpoints,
-            autoresume=autoresume, progress_bar=progress_bar, console=console, run_name=run_name, run_dir=run_dir,
+            autoresume=autoresume, overwrite=overwrite, extend_duration=extend_duration, progress_bar=progress_bar, console=console, run_name=run_name, run_dir=run_dir,
             save_folder=save_folder, load_path=load_path, config=config)
         max_duration = Time.from_input(max_duration or "1ep")
         precision = precision or "fp32"
@@ -98,9 +101,9 @@ class Trainer:
         resolved_precision = plan.agree_on_precision(resolve_precision(precision, device))
         self.microbatching = Microbatching(microbatch_size, grad_accum)
         given_name = run_name is not None
-        run_name = run_name or f"run-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+        run_name = run_name or free_run_name(run_dir, f"run-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
         self.run_name = plan.agree_on_run_name(run_name, given_name)  # one run folder for all ranks
-        self.run_folder = Path(run_dir) / self.run_name
+        self.run_folder = run_folder_path(run_dir, self.run_name)
         self.save_checkpoints = save_checkpoints
         self.load_path, self.autoresume = load_path, autoresume
 
@@ -138,6 +141,9 @@ class Trainer:
         record.config.update(plan.config(state.model, global_batch_size(train_dataloader, plan.world)))
         record.methods = [{"name": a.name, "params": dict(a.params)} for a in state.methods]
         record.environment = environment(device)
+        self.claim = RunFolderClaim(self.run_folder, None if self.checkpointer.remote else self.checkpointer.folder,
+                                    autoresume=autoresume, overwrite=overwrite, extend_duration=extend_duration)
+        self._on_main(self.claim.check, record.config, record.methods, str(max_duration))
         self.sigterm, self.interrupts = SigtermFlag(), StepInterrupts()
         self._clock = TrainClock()
         self._resume_rng: dict | None = None
@@ -171,6 +177,9 @@ class Trainer:
         """
         if self.state.train_dataloader is None:
             raise ValueError("Trainer.fit needs train_dataloader")
+        for line in self._on_main(self.claim.begin, self.state.record.config, self.state.record.methods,
+                                  str(self.state.max_duration)) or ():
+            warnings.warn(line, stacklevel=2)
         self.sigterm.install()
         try:
             try:
@@ -186,6 +195,7 @@ class Trainer:
                 raise
         finally:
             self.sigterm.restore()
+            self.claim.end()
         if self.sigterm.received:
             self.sigterm.exit_after_saving()  # the previous handler, or SystemExit(143)
         return self.state.record
@@ -206,6 +216,7 @@ class Trainer:
         fit_start_s = self._run_fit_start()
         self._measure_loader()
         self._resume_rng = self.checkpointer.resume(self.load_path, self.autoresume)
+        self._after_resume()
         if state.timestamp.batch == 0:
             # What methods do at FIT_START (patch whitening's fit on data, optimizer wrapping) is part of
             # training: it counts in the clock, so in time to target, and is reported apart too. A resumed
@@ -228,6 +239,39 @@ class Trainer:
         self.engine.run_event(Event.FIT_START)
         method_s = self.engine.seconds_at((Event.FIT_START,)) - before
         return method_s + timed(lambda: self.plan.after_fit_start(self.state.model), self.state.device)
+
+    def _on_main(self, fn, *args):
+        """``fn(*args)`` on rank 0 (the run folder is rank 0's); a refusal there is raised on every rank."""
+        result, refusal = None, None
+        if distributed.is_main():
+            try:
+                result = fn(*args)
+            except RunFolderError as error:
+                refusal = error
+        refused = [r for r in distributed.all_gather_object(None if refusal is None else str(refusal)) if r]
+        if refusal is not None:
+            raise refusal
+        if refused:
+            raise RunFolderError(refused[0])
+        return result
+
+    def _after_resume(self) -> None:
+        """Continuing an earlier run: its checkpoint is loaded now (or there was none to load, which is
+        refused: the earlier record stays as it is), and the record notes what the claim noted."""
+        record = self.state.record
+        if self.claim.continuing and "resumed_from" not in record.notes:
+            raise RunFolderError(f"autoresume (--autoresume): no checkpoint of the run in {self.run_folder} could "
+                                 f"be loaded, so nothing was changed; start it again with --overwrite "
+                                 f"(overwrite=True), or give this run a new --run-name")
+        self.claim.continuing = False  # from here on the record is this run's to write
+        if "lock_taken_over" in self.claim.notes:
+            record.notes["lock_taken_over"] = self.claim.notes["lock_taken_over"]
+        extension = self.claim.notes.pop("extended_duration", None)
+        if extension is not None:  # a list: a run may be lengthened more than once
+            extension = {**extension, "at_batch": self.state.timestamp.batch}
+            record.notes.setdefault("extended_duration", []).append(extension)
+            self.logger.log_text(f"extend_duration: training on from {extension['from']} to {extension['to']} "
+                                 f"after batch {extension['at_batch']}; the schedules follow the new budget")
 
     def _measure_loader(self) -> None:
         """Nominal epoch length and batch size (all ranks together), which convert between time units."""
@@ -508,9 +552,13 @@ class Trainer:
         for cb in state.callbacks:
             if isinstance(cb, ProgressBar):
                 cb.close()
-        if save and self._fit_started:
+        # A resume that failed before loading the earlier run's checkpoint leaves that run's record and
+        # checkpoints exactly as they were (the error says why; log.jsonl notes the attempt).
+        keep_earlier_run = self.claim.continuing
+        if save and self._fit_started and not keep_earlier_run:
             self.checkpointer.save()
-        state.record.save()
+        if not keep_earlier_run:
+            state.record.save()
         if self._run_logged:
             self._run_logged = False  # once, even if a logger fails here and the run ends again as failed
             self.logger.log_run_end(state.record)
