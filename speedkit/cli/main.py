@@ -43,6 +43,9 @@ def _parser() -> argparse.ArgumentParser:
                             "returning one (imported from the current folder too)")
     train.add_argument("--data", help="the folder for image-folder / text-folder (or passed to a task function)")
     train.add_argument("--image-size", type=int, help="image-folder: resize images to this square size (default 32)")
+    train.add_argument("--skip-unreadable", action="store_true",
+                       help="image-folder / text-folder: leave out (and count) images that cannot be decoded and "
+                            "files that are not text, instead of refusing the folder")
     train.add_argument("--recipe", default="baseline", help="preset to start from (see below)")
     train.add_argument("--model", help="model name, overriding the recipe's")
     train.add_argument("--duration", help="training budget such as 3ep, 500ba, 90s")
@@ -181,11 +184,12 @@ def _launch(args) -> int:
     return 0
 
 
-def _train(args) -> int:
+def _train(args, argv: list[str]) -> int:
+    from speedkit.cli.outcomes import INTERRUPTED_EXIT_CODE, interrupted_line
     from speedkit.core import distributed
     from speedkit.tasks import make_trainer
 
-    options = {"image_size": args.image_size} if args.image_size else None
+    options = _folder_options(args)
     trainer = make_trainer(_importable(args.task), args.recipe, data=args.data, task_options=options,
                            model=args.model, duration=args.duration, methods=args.methods, precision=args.precision, batch_size=args.batch_size,
                            device=args.device, seed=args.seed, data_fraction=args.data_fraction,
@@ -195,10 +199,23 @@ def _train(args) -> int:
                            extend_duration=args.extend_duration, save_interval=_save_interval(args.save_interval),
                            progress_bar=not args.no_progress, console=True, loggers=_logger_names(args.logger),
                            parallel=None if args.parallel == "none" else args.parallel)
-    record = trainer.fit()
+    try:
+        record = trainer.fit()
+    except KeyboardInterrupt:  # the Trainer saved a checkpoint and the record before letting it through
+        if distributed.is_main():
+            print(interrupted_line(trainer, argv), file=sys.stderr)
+        return INTERRUPTED_EXIT_CODE
     if distributed.is_main():
         print(_summary(record))
     return 0
+
+
+def _folder_options(args) -> dict | None:
+    """A folder task's options from the flags given (``--image-size 0`` is given, and refused by the task)."""
+    options = {"image_size": args.image_size} if args.image_size is not None else {}
+    if getattr(args, "skip_unreadable", False):
+        options["skip_unreadable"] = True
+    return options or None
 
 
 def _save_interval(value: str) -> str | None:
@@ -300,7 +317,7 @@ def _bench(args) -> int:
 
     budgets = earlier_result(args.budgets, "--budgets", "--find-budgets")
     sweeps = earlier_result(args.sweeps, "--sweeps", "--sweep")
-    options = {"image_size": args.image_size} if args.image_size else None
+    options = _folder_options(args)
     result = run_benchmark(_importable(args.task), args.profile, seeds=args.seeds, recipes=args.recipes,
                            baselines=args.baselines, find_budgets=args.find_budgets, budgets=budgets, sweep=args.sweep,
                            sweeps=sweeps, out_dir=args.out,
@@ -444,10 +461,13 @@ def _notebooks(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from speedkit.cli.outcomes import INTERRUPTED_EXIT_CODE, interrupted_line, report_error
+
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = _parser().parse_args(argv)
     try:
         if args.command == "train":
-            return _train(args)
+            return _train(args, argv)
         if args.command == "launch":
             return _launch(args)
         if args.command == "methods":
@@ -465,9 +485,12 @@ def main(argv: list[str] | None = None) -> int:
 
             overrides = {"duration": args.duration, "data_fraction": args.data_fraction, "device": args.device}
             return run_demo(args.root, args.out, {k: v for k, v in overrides.items() if v is not None})
+    except KeyboardInterrupt:  # speedkit train answers a Ctrl-C during training itself (with the resume command)
+        print(interrupted_line(None, argv) if args.command == "train" else f"speedkit {args.command}: interrupted",
+              file=sys.stderr)
+        return INTERRUPTED_EXIT_CODE
     except (ValueError, TypeError, FileNotFoundError, ImportError) as e:
-        print(f"speedkit: error: {e}", file=sys.stderr)
-        return 2
+        return report_error(e)  # one line for a mistake in the input; the traceback for one in the user's code
     return 1
 
 

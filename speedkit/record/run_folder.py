@@ -103,6 +103,23 @@ def clear_run_folder(folder: Path, checkpoint_folder: Path | None) -> None:
             shutil.rmtree(file.with_suffix(".dcp"), ignore_errors=True)  # an FSDP checkpoint's shards
 
 
+def remove_earlier_runs(folder: str | os.PathLike) -> list[Path]:
+    """Delete the run folders directly in ``folder`` (those holding ``record.json`` or ``log.jsonl``), for a
+    tool that owns ``folder`` and reruns what it holds (``speedkit notebooks run``); returns what it deleted.
+    A run folder that a live process is training in is refused (RunFolderError), and nothing is deleted."""
+    folder = Path(folder)
+    runs = sorted(p for p in folder.iterdir() if p.is_dir() and any((p / name).exists() for name in RUN_FILES)) \
+        if folder.is_dir() else []
+    for run in runs:
+        lock = RunLock(run)
+        holder = lock.holder()
+        if holder is not None:
+            raise lock.refusal(holder)
+    for run in runs:
+        shutil.rmtree(run, ignore_errors=True)
+    return runs
+
+
 # -- the lock ---------------------------------------------------------------------------------------
 def _describe_holder(info: dict) -> str:
     return f"PID {info.get('pid', '?')} on host {info.get('host', '?')} (since {info.get('started', '?')})"

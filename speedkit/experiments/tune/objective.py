@@ -121,6 +121,7 @@ def train_trial(context: TrialContext) -> RunRecord:
     trainer = make_trainer(context.task, context.recipe, seed=context.seed, target=context.target,
                            stop_at_target=True, run_dir=context.run_dir, run_name=context.run_name,
                            callbacks=[reporter], save_checkpoints=False, extra_config=context.extra_config,
+                           overwrite=True,  # a trial cut short by a stop runs again from the start, under its name
                            **context.settings)
     reporter.trainer = trainer
     trainer.record.timings["setup_s"] = round(time.perf_counter() - started, 4)
