@@ -120,7 +120,7 @@ def decode_images(samples: Sequence[tuple[str, int]], image_size: int, *, where:
             continue
         try:
             with Image.open(path) as image:
-                pixels = np.asarray(image.convert(mode).resize((image_size, image_size), Image.BILINEAR))
+                pixels = np.array(image.convert(mode).resize((image_size, image_size), Image.BILINEAR))  # writable
         except Exception as error:  # truncated or corrupt past the header: found only when decoding
             if not skip_unreadable:
                 raise _refuse(where, [(path, _unreadable(path, error))]) from error
