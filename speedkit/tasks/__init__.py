@@ -1,7 +1,7 @@
 """Tasks: a model, its data, its metric and target, and the recipes that fit it.
 
-``task.py`` the ``Task`` object and the registry of tasks by name; ``builtin.py`` the built-in tasks, defined
-with the public ``Task`` like a user's; ``recipes.py`` the presets; ``build.py`` the one resolver of a task and
+``task.py`` the ``Task`` object and the registry of tasks by name; ``builtin/`` the built-in tasks, one module
+each, defined with the public ``Task`` like a user's; ``recipes.py`` the presets; ``build.py`` the one resolver of a task and
 ``make_trainer``, where a task and a recipe become a Trainer.
 """
 from speedkit.tasks.build import (FOLDER_TASKS, fashion_mnist_torch_loader, find_task, import_attribute, make_trainer,

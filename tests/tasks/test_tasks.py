@@ -172,7 +172,7 @@ def test_an_unknown_model_name_for_a_task_names_the_ones_that_fit(tmp_path):
 
 def test_fashion_mnist_evaluates_on_the_test_set_its_loaders_give():
     from speedkit.data import fashion_mnist_loaders
-    from speedkit.tasks.builtin import fashion_mnist_eval
+    from speedkit.tasks.builtin.fashion_mnist import fashion_mnist_eval
 
     request = speedkit.DataRequest(batch_size=64, device=torch.device("cpu"), seed=3, eval_fraction=0.05)
     _, expected = fashion_mnist_loaders(batch_size=64, seed=3, eval_fraction=0.05)
