@@ -16,13 +16,11 @@ import sysconfig
 import traceback
 from pathlib import Path
 
-import speedkit
-
 INTERRUPTED_EXIT_CODE = 130
 INPUT_ERROR_EXIT_CODE = 2
 USER_CODE_EXIT_CODE = 1
 
-_SPEEDKIT = Path(speedkit.__file__).resolve().parent
+_SPEEDKIT = Path(__file__).resolve().parents[1]  # the speedkit package
 _LIBRARIES = tuple(Path(p).resolve() for p in {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib",
                                                                                     "platlib")})
 

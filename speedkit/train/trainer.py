@@ -12,7 +12,6 @@ import contextlib
 import functools
 import os
 import time
-import warnings
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -26,7 +25,7 @@ from speedkit.core.devices import (autocast_factory, make_grad_scaler, resolve_d
 from speedkit.core.event import EVAL_EVENTS
 from speedkit.record.loggers import InMemoryLogger, JSONLFileLogger
 from speedkit.record.metrics import Evaluator
-from speedkit.record.run_folder import RunFolderClaim, RunFolderError, free_run_name, run_folder_path
+from speedkit.record.run_folder import free_run_name, run_folder_path
 from speedkit.record.runs import RunRecord, environment
 from speedkit.train.batches import iterate_from, set_loader_epoch
 from speedkit.train.checkpoint import Checkpointer, set_rng_state
@@ -34,10 +33,11 @@ from speedkit.train.checks import (check_first_batch, check_first_loss, check_fi
                                    explain_first_batch_error)
 from speedkit.train.interrupts import SIGTERM_EXIT_CODE, SIGTERM_REASON, SigtermFlag, StepInterrupts
 from speedkit.train.microbatching import Microbatching
+from speedkit.train.ownership import FolderOwner
 from speedkit.train.parallel import make_plan
 from speedkit.train.parts import (apply_schedules, cross_entropy_loss, describe_run, global_batch_size, make_callbacks,
                                   make_evaluators, make_logger, make_loss, make_optimizers, make_record,
-                                  make_reproducible, make_schedules, measure_loader, seed_everything)
+                                  make_reproducible, make_schedules, measure_loader, seed_everything, step_optimizers)
 
 
 class Trainer:
@@ -51,7 +51,9 @@ class Trainer:
     A recipe's parts come from ``speedkit.tasks.recipe_parts("mild", model)``: ``Trainer(model, data,
     **recipe_parts("mild", model))``.
     Each run lives in ``run_dir/run_name``: ``record.json``, ``log.jsonl`` and ``checkpoints/`` (or
-    ``save_folder``), where a final checkpoint is always written unless ``save_checkpoints=False``.
+    ``save_folder``), where a final checkpoint is always written unless ``save_checkpoints=False``. A folder
+    holding an earlier run is refused unless ``autoresume`` continues it (``extend_duration``: to a longer
+    ``max_duration``) or ``overwrite`` replaces it; a second process is refused (``speedkit.record.run_folder``).
     ``loggers`` are ``speedkit.record.loggers.LoggerDestination`` objects or the names ``"tensorboard"``, ``"csv"``,
     ``"mlflow"`` and ``"wandb"``, which write into the folder of that name in the run folder.
     ``microbatch_size="auto"`` starts with the whole batch and halves the microbatch on out-of-memory.
@@ -86,8 +88,9 @@ class Trainer:
             microbatch_size=microbatch_size, seed=seed, schedule_scale=schedule_scale, precision=precision,
             device=device, nan_policy=nan_policy, stop_at=stop_at, methods=methods, callbacks=callbacks,
             loggers=loggers, loss_fn=loss_fn, deterministic=deterministic, save_checkpoints=save_checkpoints,
-            autoresume=autoresume, overwrite=overwrite, extend_duration=extend_duration, progress_bar=progress_bar, console=console, run_name=run_name, run_dir=run_dir,
-            save_folder=save_folder, load_path=load_path, config=config)
+            autoresume=autoresume, overwrite=overwrite, extend_duration=extend_duration, progress_bar=progress_bar,
+            console=console, run_name=run_name, run_dir=run_dir, save_folder=save_folder, load_path=load_path,
+            config=config)
         max_duration = Time.from_input(max_duration or "1ep")
         precision = precision or "fp32"
 
@@ -141,9 +144,8 @@ class Trainer:
         record.config.update(plan.config(state.model, global_batch_size(train_dataloader, plan.world)))
         record.methods = [{"name": a.name, "params": dict(a.params)} for a in state.methods]
         record.environment = environment(device)
-        self.claim = RunFolderClaim(self.run_folder, None if self.checkpointer.remote else self.checkpointer.folder,
-                                    autoresume=autoresume, overwrite=overwrite, extend_duration=extend_duration)
-        self._on_main(self.claim.check, record.config, record.methods, str(max_duration))
+        self.owner = FolderOwner(self.run_folder, self.checkpointer, record, max_duration, autoresume=autoresume,
+                                 overwrite=overwrite, extend_duration=extend_duration)  # refuses a taken folder
         self.sigterm, self.interrupts = SigtermFlag(), StepInterrupts()
         self._clock = TrainClock()
         self._resume_rng: dict | None = None
@@ -177,9 +179,7 @@ class Trainer:
         """
         if self.state.train_dataloader is None:
             raise ValueError("Trainer.fit needs train_dataloader")
-        for line in self._on_main(self.claim.begin, self.state.record.config, self.state.record.methods,
-                                  str(self.state.max_duration)) or ():
-            warnings.warn(line, stacklevel=2)
+        self.owner.begin()  # the folder's lock, held until the run ends (speedkit.train.ownership)
         self.sigterm.install()
         try:
             try:
@@ -195,7 +195,7 @@ class Trainer:
                 raise
         finally:
             self.sigterm.restore()
-            self.claim.end()
+            self.owner.end()
         if self.sigterm.received:
             self.sigterm.exit_after_saving()  # the previous handler, or SystemExit(143)
         return self.state.record
@@ -216,7 +216,7 @@ class Trainer:
         fit_start_s = self._run_fit_start()
         self._measure_loader()
         self._resume_rng = self.checkpointer.resume(self.load_path, self.autoresume)
-        self._after_resume()
+        self.owner.after_resume(state.timestamp, self.logger)
         if state.timestamp.batch == 0:
             # What methods do at FIT_START (patch whitening's fit on data, optimizer wrapping) is part of
             # training: it counts in the clock, so in time to target, and is reported apart too. A resumed
@@ -239,39 +239,6 @@ class Trainer:
         self.engine.run_event(Event.FIT_START)
         method_s = self.engine.seconds_at((Event.FIT_START,)) - before
         return method_s + timed(lambda: self.plan.after_fit_start(self.state.model), self.state.device)
-
-    def _on_main(self, fn, *args):
-        """``fn(*args)`` on rank 0 (the run folder is rank 0's); a refusal there is raised on every rank."""
-        result, refusal = None, None
-        if distributed.is_main():
-            try:
-                result = fn(*args)
-            except RunFolderError as error:
-                refusal = error
-        refused = [r for r in distributed.all_gather_object(None if refusal is None else str(refusal)) if r]
-        if refusal is not None:
-            raise refusal
-        if refused:
-            raise RunFolderError(refused[0])
-        return result
-
-    def _after_resume(self) -> None:
-        """Continuing an earlier run: its checkpoint is loaded now (or there was none to load, which is
-        refused: the earlier record stays as it is), and the record notes what the claim noted."""
-        record = self.state.record
-        if self.claim.continuing and "resumed_from" not in record.notes:
-            raise RunFolderError(f"autoresume (--autoresume): no checkpoint of the run in {self.run_folder} could "
-                                 f"be loaded, so nothing was changed; start it again with --overwrite "
-                                 f"(overwrite=True), or give this run a new --run-name")
-        self.claim.continuing = False  # from here on the record is this run's to write
-        if "lock_taken_over" in self.claim.notes:
-            record.notes["lock_taken_over"] = self.claim.notes["lock_taken_over"]
-        extension = self.claim.notes.pop("extended_duration", None)
-        if extension is not None:  # a list: a run may be lengthened more than once
-            extension = {**extension, "at_batch": self.state.timestamp.batch}
-            record.notes.setdefault("extended_duration", []).append(extension)
-            self.logger.log_text(f"extend_duration: training on from {extension['from']} to {extension['to']} "
-                                 f"after batch {extension['at_batch']}; the schedules follow the new budget")
 
     def _measure_loader(self) -> None:
         """Nominal epoch length and batch size (all ranks together), which convert between time units."""
@@ -360,7 +327,7 @@ class Trainer:
         step_loss, microbatches = self.microbatching.run(forward_backward, state, self.logger)
         if not state.skip_step:
             # Optimizers that evaluate the loss again (SAM) re-run forward, loss and backward, events included.
-            self._optimizer_step(closure=lambda: forward_backward(microbatches))
+            step_optimizers(state, closure=lambda: forward_backward(microbatches))
         for optimizer in state.optimizers:
             optimizer.zero_grad(set_to_none=True)
         engine.run_event(Event.AFTER_TRAIN_BATCH)
@@ -426,19 +393,6 @@ class Trainer:
             if not checked:
                 explain_first_batch_error(self.state, stage, error)  # returns for out-of-memory errors
             raise
-
-    def _optimizer_step(self, closure) -> None:
-        """Step every optimizer; those that evaluate the loss again (``needs_closure``) get ``closure``."""
-        scaler = self.state.grad_scaler
-        for optimizer in self.state.optimizers:
-            if getattr(optimizer, "needs_closure", False):
-                optimizer.step(closure)
-            elif scaler is not None:
-                scaler.step(optimizer)
-            else:
-                optimizer.step()
-        if scaler is not None:
-            scaler.update()
 
     # -- evaluation -----------------------------------------------------------------------
     def _paused(self, fn, *args):
@@ -552,12 +506,9 @@ class Trainer:
         for cb in state.callbacks:
             if isinstance(cb, ProgressBar):
                 cb.close()
-        # A resume that failed before loading the earlier run's checkpoint leaves that run's record and
-        # checkpoints exactly as they were (the error says why; log.jsonl notes the attempt).
-        keep_earlier_run = self.claim.continuing
-        if save and self._fit_started and not keep_earlier_run:
-            self.checkpointer.save()
-        if not keep_earlier_run:
+        if not self.owner.keeps_earlier_run:  # else a resume failed before loading: the earlier run stays as it was
+            if save and self._fit_started:
+                self.checkpointer.save()
             state.record.save()
         if self._run_logged:
             self._run_logged = False  # once, even if a logger fails here and the run ends again as failed
