@@ -18,6 +18,7 @@ import torch
 
 from cli_child import speedkit_train
 
+from speedkit.cli.main import main
 from speedkit.train.checkpoint import load_checkpoint
 
 pytestmark = pytest.mark.prerequisite("fashion-mnist")
@@ -42,11 +43,15 @@ def wait_for(path: Path, process: subprocess.Popen, timeout: float = 300) -> Non
         time.sleep(0.05)
 
 
+RUN = ["--duration", "12ba", "--save-interval", "3ba", *SMALL]
+
+
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory) -> Path:
-    """A completed 6-batch run, ``runs/base``, checkpointed every 2 batches; tests copy it before changing it."""
+    """A completed 12-batch run, ``runs/base``, checkpointed every 3 batches: the uninterrupted run a killed
+    one must end equal to, and the earlier run that others try to overwrite (they copy it first)."""
     cwd = tmp_path_factory.mktemp("finished")
-    result = speedkit_train("--duration", "6ba", "--save-interval", "2ba", "--run-name", "base", *SMALL, cwd=cwd)
+    result = speedkit_train(*RUN, "--run-name", "base", cwd=cwd)
     assert result.returncode == 0, result.stderr
     return cwd / "runs" / "base"
 
@@ -57,12 +62,8 @@ def copy_of(run: Path, tmp_path: Path) -> Path:
 
 
 # -- kill -9, then --autoresume --------------------------------------------------------------------
-def test_a_sigkill_mid_run_then_autoresume_ends_equal_to_an_uninterrupted_run(tmp_path):
-    args = ["--duration", "12ba", "--save-interval", "3ba", *SMALL]
-    whole = speedkit_train(*args, "--run-name", "whole", cwd=tmp_path)
-    assert whole.returncode == 0, whole.stderr
-
-    killed = speedkit_train(*args, "--run-name", "killed", cwd=tmp_path, wait=False)
+def test_a_sigkill_mid_run_then_autoresume_ends_equal_to_an_uninterrupted_run(finished, tmp_path):
+    killed = speedkit_train(*RUN, "--run-name", "killed", cwd=tmp_path, wait=False)
     try:
         wait_for(tmp_path / "runs" / "killed" / "checkpoints" / "ba000000003.ckpt", killed)
         killed.send_signal(signal.SIGKILL)  # what the out-of-memory killer does: no handler runs
@@ -71,18 +72,18 @@ def test_a_sigkill_mid_run_then_autoresume_ends_equal_to_an_uninterrupted_run(tm
     assert killed.returncode == -signal.SIGKILL
     assert (tmp_path / "runs" / "killed" / "run.lock").exists()  # left behind: nothing ran to remove it
 
-    resumed = speedkit_train(*args, "--run-name", "killed", "--autoresume", cwd=tmp_path)
+    resumed = speedkit_train(*RUN, "--run-name", "killed", "--autoresume", cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr
     assert "took over run.lock left by PID" in resumed.stderr  # the dead process's lock, recognised and named
 
-    a, b = record(tmp_path / "runs" / "whole"), record(tmp_path / "runs" / "killed")
+    a, b = record(finished), record(tmp_path / "runs" / "killed")
     assert b["status"] == "completed" and b["notes"]["resumed_from"].endswith(".ckpt")
     assert [(s["batch"], s["loss"]) for s in a["steps"]] == [(s["batch"], s["loss"]) for s in b["steps"]]
     assert [{k: v for k, v in e.items() if k.startswith("eval/")} for e in a["evals"]] == \
            [{k: v for k, v in e.items() if k.startswith("eval/")} for e in b["evals"]]
     assert a["final_metrics"] == b["final_metrics"]
-    weights = [load_checkpoint(tmp_path / "runs" / name / "checkpoints" / "latest.ckpt")["model"]
-               for name in ("whole", "killed")]
+    weights = [load_checkpoint(run / "checkpoints" / "latest.ckpt")["model"]
+               for run in (finished, tmp_path / "runs" / "killed")]
     assert weights[0].keys() == weights[1].keys()
     assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
     assert not (tmp_path / "runs" / "killed" / "run.lock").exists()
@@ -92,7 +93,7 @@ def test_a_sigkill_mid_run_then_autoresume_ends_equal_to_an_uninterrupted_run(tm
 def test_the_same_run_name_again_is_refused_with_the_choices_and_changes_nothing(finished, tmp_path):
     run = copy_of(finished, tmp_path)
     before = {name: digest(run / name) for name in ("record.json", "log.jsonl")}
-    again = speedkit_train("--duration", "6ba", "--run-name", "base", *SMALL, cwd=tmp_path)
+    again = speedkit_train(*RUN, "--run-name", "base", cwd=tmp_path)
     assert again.returncode == 2
     assert again.stderr.count("\n") == 1 and "already holds a run that ended completed" in again.stderr
     for choice in ("--autoresume", "--run-name", "--overwrite"):
@@ -116,8 +117,7 @@ def test_two_runs_with_one_name_at_once_one_trains_and_the_other_is_refused(tmp_
 def test_a_failed_autoresume_never_replaces_the_record_it_failed_to_continue(finished, tmp_path):
     run = copy_of(finished, tmp_path)
     before = digest(run / "record.json")
-    wrong = speedkit_train("--duration", "6ba", "--run-name", "base", "--autoresume", "--model", "resnet9", *SMALL,
-                           cwd=tmp_path)
+    wrong = speedkit_train(*RUN, "--run-name", "base", "--autoresume", "--model", "resnet9", cwd=tmp_path)
     assert wrong.returncode == 2
     assert "different experiment: model: the run has resnet8, this one asks for resnet9 (--model)" in wrong.stderr
     assert digest(run / "record.json") == before and record(run)["status"] == "completed"
@@ -127,7 +127,7 @@ def test_autoresume_without_a_checkpoint_says_so_instead_of_starting_over(finish
     run = copy_of(finished, tmp_path)
     shutil.rmtree(run / "checkpoints")
     before = digest(run / "record.json")
-    result = speedkit_train("--duration", "6ba", "--run-name", "base", "--autoresume", *SMALL, cwd=tmp_path)
+    result = speedkit_train(*RUN, "--run-name", "base", "--autoresume", cwd=tmp_path)
     assert result.returncode == 2 and "no checkpoint" in result.stderr and "--overwrite" in result.stderr
     assert digest(run / "record.json") == before
 
@@ -141,26 +141,27 @@ def test_overwrite_replaces_the_earlier_run(finished, tmp_path):
     assert sorted(p.name for p in (run / "checkpoints").glob("ba*.ckpt")) == ["ba000000002.ckpt"]
 
 
-def test_run_name_cannot_leave_run_dir(tmp_path):
-    result = speedkit_train("--duration", "2ba", "--run-name", "../../x", *SMALL, cwd=tmp_path)
-    assert result.returncode == 2 and "would write outside run_dir" in result.stderr
-    assert result.stderr.count("\n") == 1
-    assert not any(tmp_path.parent.parent.glob("x")) and not (tmp_path / "runs").exists()
+def test_run_name_cannot_leave_run_dir(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "--duration", "2ba", "--run-name", "../../x", *SMALL]) == 2  # in this process: quick
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "run_name '../../x' (--run-name) would write outside run_dir 'runs'" in err
+    assert not (tmp_path.parent / "x").exists() and not (tmp_path / "runs").exists()
 
 
 # -- a resumed run is the same experiment -----------------------------------------------------------
 def test_resuming_with_another_duration_is_refused_and_extending_is_named_and_noted(finished, tmp_path):
     run = copy_of(finished, tmp_path)
-    shorter = speedkit_train("--duration", "4ba", "--run-name", "base", "--autoresume", *SMALL, cwd=tmp_path)
+    shorter = speedkit_train(*RUN, "--duration", "8ba", "--run-name", "base", "--autoresume", cwd=tmp_path)
     assert shorter.returncode == 2
-    assert "duration: the run has '6ba', this one asks for '4ba'" in shorter.stderr
+    assert "duration: the run has '12ba', this one asks for '8ba'" in shorter.stderr
     assert "--extend-duration" in shorter.stderr
-    longer = speedkit_train("--duration", "8ba", "--run-name", "base", "--autoresume", "--extend-duration", *SMALL,
+    longer = speedkit_train(*RUN, "--duration", "14ba", "--run-name", "base", "--autoresume", "--extend-duration",
                             cwd=tmp_path)
     assert longer.returncode == 0, longer.stderr
     extended = record(run)
-    assert extended["status"] == "completed" and extended["steps"][-1]["batch"] == 8
-    assert extended["notes"]["extended_duration"] == [{"from": "6ba", "to": "8ba", "at_batch": 6}]
+    assert extended["status"] == "completed" and extended["steps"][-1]["batch"] == 14
+    assert extended["notes"]["extended_duration"] == [{"from": "12ba", "to": "14ba", "at_batch": 12}]
 
 
 # -- the CLI speaks to people -------------------------------------------------------------------------
