@@ -108,7 +108,8 @@ def remove_earlier_runs(folder: str | os.PathLike) -> list[Path]:
     tool that owns ``folder`` and reruns what it holds (``speedkit notebooks run``); returns what it deleted.
     A run folder that a live process is training in is refused (RunFolderError), and nothing is deleted."""
     folder = Path(folder)
-    runs = sorted(p for p in folder.iterdir() if p.is_dir() and any((p / name).exists() for name in RUN_FILES)) \
+    markers = (*RUN_FILES, LOCK_FILE)  # a run that has only just started holds its lock alone
+    runs = sorted(p for p in folder.iterdir() if p.is_dir() and any((p / name).exists() for name in markers)) \
         if folder.is_dir() else []
     for run in runs:
         lock = RunLock(run)
@@ -371,8 +372,9 @@ class RunFolderClaim:
         except BaseException:
             self.lock.release()
             raise
-        if self.overwrite and earlier_run(self.folder, self.checkpoint_folder) is not None:
-            said.append(f"overwrite: deleted the earlier run in {self.folder}")
+        earlier = earlier_run(self.folder, self.checkpoint_folder) if self.overwrite else None
+        if earlier is not None:  # asked for: noted in the new record, not warned about
+            self.notes["overwrote"] = f"deleted {earlier}"
             clear_run_folder(self.folder, self.checkpoint_folder)
         if left:
             self.notes["lock_taken_over"] = said[0]

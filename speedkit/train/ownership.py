@@ -58,9 +58,8 @@ class FolderOwner:
                                  f"be loaded, so nothing was changed; start it again with --overwrite "
                                  f"(overwrite=True), or give this run a new --run-name")
         self.claim.continuing = False
-        if "lock_taken_over" in notes:
-            record.notes["lock_taken_over"] = notes["lock_taken_over"]
         extension = notes.pop("extended_duration", None)
+        record.notes.update(notes)  # a lock taken over, an earlier run overwritten
         if extension is not None:  # a list: a run may be lengthened more than once
             extension = {**extension, "at_batch": timestamp.batch}
             record.notes.setdefault("extended_duration", []).append(extension)
