@@ -76,3 +76,12 @@ def test_a_live_lock_refuses_a_second_owner_and_a_dead_ones_is_taken_over(tmp_pa
     taken = RunLock(tmp_path)
     assert taken.acquire() == left and left["pid"] != os.getpid()
     taken.release()
+
+
+def test_a_notebook_rerun_replaces_its_earlier_runs_and_nothing_else(tmp_path):
+    toy_trainer(tmp_path).fit()  # tmp_path/r: an earlier session's run of the notebook
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "summary.json").write_text("{}")
+    assert remove_earlier_runs(tmp_path) == [tmp_path / "r"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes", "summary.json"]
+    assert toy_trainer(tmp_path).fit().status == "completed"  # the same name starts again
