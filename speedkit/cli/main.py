@@ -13,14 +13,13 @@ def _catalogue() -> str:
     from speedkit.methods import REGISTRY
     from speedkit.models import list_models
     from speedkit.tasks import FOLDER_TASKS, TASKS
-    from speedkit.tasks.recipes import RECIPES
 
     lines = ["tasks (or --task package.module:attr naming a speedkit.Task, or a function returning one):"]
     lines += [f"  {name:<14} {spec.summary} (target {spec.target_metric} {spec.target_value})"
               for name, spec in TASKS.items() if name not in FOLDER_TASKS]
     lines += [f"  {name:<14} {make.__doc__.splitlines()[0]} (needs --data DIR)" for name, make in FOLDER_TASKS.items()]
     lines.append("recipes:")
-    lines += [f"  {task:<14} {', '.join(recipes)}" for task, recipes in RECIPES.items()]
+    lines += [f"  {name:<14} {', '.join(spec.recipes)}" for name, spec in TASKS.items() if name not in FOLDER_TASKS]
     lines.append("models:\n  " + ", ".join(list_models()))
     lines.append("methods:")
     lines += [f"  {name:<18} {cls.CARD.summary}" for name, cls in sorted(REGISTRY.items())]

@@ -28,8 +28,7 @@ from speedkit.core.method import HParam
 from speedkit.experiments.compare import latest_baseline
 from speedkit.methods import REGISTRY
 from speedkit.record.runs import RunRecord
-from speedkit.tasks import TASKS, get_task, resolve_task
-from speedkit.tasks.recipes import RECIPES, get_recipe
+from speedkit.tasks import TASKS, get_recipe, get_task, resolve_task
 from speedkit.tasks.task import Task
 from speedkit.ui import plots
 from speedkit.ui.board import RunBoard
@@ -236,7 +235,7 @@ class MethodExplorer:
         self.seed = w.IntText(value=seed, description="seed", **narrow)
         self.target = w.FloatText(description="target", **narrow)
         self.target_label = w.HTML()
-        self.preset = w.ToggleButtons(options=[*RECIPES[task], "custom"], description="recipe")
+        self.preset = w.ToggleButtons(options=[*TASKS[task].recipes, "custom"], description="recipe")
         self.domain_filter = w.ToggleButtons(options=["all", "vision", "language", "any"], value="all",
                                              description="show")
         self.task.observe(lambda c: None if self._applying else self.set_task(c["new"]), "value")
@@ -303,21 +302,21 @@ class MethodExplorer:
             self.model.options = spec.model_names
             self.target.value = spec.target_value
             self.target_label.value = f"<span style='font-size:12px'>{spec.target_metric}</span>"
-            self.preset.options = [*RECIPES[task], "custom"]
+            self.preset.options = [*TASKS[task].recipes, "custom"]
         self.board.task = task
         if getattr(self, "_plotted_metric", None) != spec.target_metric:  # keep the curves within a task
             with self._draw_lock:
                 plots.retitle(self.figure, spec.target_metric)
             self._plotted_metric = spec.target_metric
-        self.set_recipe(recipe or ("mild" if "mild" in RECIPES[task] else next(iter(RECIPES[task]))))
+        self.set_recipe(recipe or ("mild" if "mild" in TASKS[task].recipes else next(iter(TASKS[task].recipes))))
 
     def set_recipe(self, name: str) -> None:
         """Set every control from a preset (or a recipe file that ``use_recipe`` offered)."""
-        recipe = RECIPES[self.task.value].get(name)
+        recipe = TASKS[self.task.value].recipes.get(name)
         if recipe is None and name in self._recipe_files:
             recipe = get_recipe(self.task.value, name)
         if recipe is None:
-            raise ValueError(f"unknown recipe {name!r} for {self.task.value}; known: {sorted(RECIPES[self.task.value])}")
+            raise ValueError(f"unknown recipe {name!r} for {self.task.value}; known: {sorted(TASKS[self.task.value].recipes)}")
         with self._applying_preset():
             self._custom_base = name
             self.preset.value = name
@@ -338,7 +337,7 @@ class MethodExplorer:
         recipe = get_recipe(self.task.value, path)  # refuses a file for another task, naming both
         self._recipe_files = (path,)
         with self._applying_preset():
-            self.preset.options = [*((n, n) for n in RECIPES[self.task.value]), (recipe.name, path), ("custom", "custom")]
+            self.preset.options = [*((n, n) for n in TASKS[self.task.value].recipes), (recipe.name, path), ("custom", "custom")]
         self.set_recipe(path)
 
     # -- tune -------------------------------------------------------------------------------

@@ -247,7 +247,7 @@ TINY_RUN = ["--duration", "4ba", "--batch-size", "64", "--data-fraction", "0.02"
 
 
 def recipe_file(tmp_path, loggers) -> str:
-    from speedkit.tasks.recipes import get_recipe
+    from speedkit.tasks import get_recipe
 
     recipe = dataclasses.replace(get_recipe("fashion-mnist", "plain"), name="logged", loggers=loggers)
     path = tmp_path / "logged.yaml"

@@ -413,7 +413,7 @@ def test_loaders_take_rank_and_world_size_from_torchrun(monkeypatch):
 
 @needs_fmnist
 def test_torch_loader_gets_a_distributed_sampler(monkeypatch):
-    from speedkit.tasks import fashion_mnist_torch_loader
+    from speedkit.tasks.builtin import fashion_mnist_torch_loader
 
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "1")

@@ -7,7 +7,7 @@ import torch
 from speedkit.data import BatchLoader, FashionMNIST, fashion_mnist_loaders, load_fashion_mnist, stratified_indices
 from speedkit.data.per_image import alternate_flips, as_augment, per_image_transforms
 from speedkit.tasks.builtin._shared import LIBRARY_MODELS, classification_metrics, recipe_augment, vision_model_factory
-from speedkit.tasks.recipes import RECIPES
+from speedkit.tasks.recipes import load_presets
 from speedkit.tasks.task import DataRequest, Task
 
 
@@ -72,5 +72,5 @@ FASHION_MNIST = Task(
     name="fashion-mnist", domain="vision", summary="Fashion-MNIST 28x28 clothing images, 10 classes",
     model=vision_model_factory(in_channels=1, num_classes=10), train_data=fashion_mnist_train,
     eval_data=fashion_mnist_eval, metrics=classification_metrics, target_metric="eval/accuracy", target_value=0.92,
-    recipes=RECIPES["fashion-mnist"], baselines=("baseline", "plain", "plain-bf16"),
+    recipes=load_presets("fashion-mnist"), baselines=("baseline", "plain", "plain-bf16"),
     models=("resnet8", "resnet9", *LIBRARY_MODELS))

@@ -12,7 +12,7 @@ from speedkit.data import BatchLoader, stratified_indices
 from speedkit.data.images import check_image_size, decode_images
 from speedkit.data.vision import image_folder
 from speedkit.tasks.builtin._shared import LIBRARY_MODELS, classification_metrics, recipe_augment, vision_model_factory
-from speedkit.tasks.recipes import Recipe
+from speedkit.tasks.recipes import load_presets
 from speedkit.tasks.task import DataRequest, Task
 
 
@@ -68,20 +68,6 @@ def _decode(dataset, **options) -> tuple[torch.Tensor, torch.Tensor, tuple]:
     return decoded.x, decoded.y, decoded.skipped
 
 
-def _image_folder_recipes(task: str) -> dict:
-    common = dict(task=task, domain="vision", model="resnet9", batch_size=64, loader="memory",
-                  optimizer={"name": "sgd", "lr": 0.05, "momentum": 0.9, "nesterov": True, "weight_decay": 5e-4},
-                  schedule={"name": "cosine", "warmup": "0.1dur"}, augment={"crop_pad": 2, "flip": "random"})
-    return {
-        "baseline": Recipe(name="baseline", duration="10ep", precision="fp32",
-                           summary="SGD+Nesterov, cosine with warmup, fp32, crop+flip, images in memory", **common),
-        "mild": Recipe(name="mild", duration="6ep", precision="auto",
-                       methods={"channels_last": {}, "label_smoothing": {"smoothing": 0.1}},
-                       summary="the baseline with bf16 autocast where fast, channels_last and label smoothing, "
-                               "in fewer epochs", **common),
-    }
-
-
 def image_folder_task(data, image_size: int = 32, val_fraction: float = 0.1, seed: int = 0,
                       target: float = 0.9, skip_unreadable: bool = False) -> Task:
     """Classify the images in class folders under DIR (train/ and val/, or split per class), resized square.
@@ -120,4 +106,4 @@ def image_folder_task(data, image_size: int = 32, val_fraction: float = 0.1, see
                 train_data=lambda request: loader(arrays.train_x, arrays.train_y, request, train=True),
                 eval_data=lambda request: loader(arrays.val_x, arrays.val_y, request, train=False),
                 metrics=classification_metrics, target_metric="eval/accuracy", target_value=target,
-                recipes=_image_folder_recipes("image-folder"), models=("resnet9", "resnet8", *LIBRARY_MODELS))
+                recipes=load_presets("image-folder"), models=("resnet9", "resnet8", *LIBRARY_MODELS))

@@ -6,14 +6,14 @@ import warnings
 from pathlib import Path
 
 from speedkit.tasks.builtin._shared import GPT_MODELS, language_metrics, language_model, text_corpus, text_data
-from speedkit.tasks.recipes import RECIPES
+from speedkit.tasks.builtin.pydocs import PYDOCS
 from speedkit.tasks.task import Task
 
 
-def _adopted(recipes: dict, task: str, names: tuple[str, ...]) -> dict:
+def _adopted(recipes: dict, names: tuple[str, ...]) -> dict:
     """Recipes of a built-in task for a folder task: the same methods and settings, nothing they reached,
     and the folder task's own target (what a recipe reached on one data set says nothing of another)."""
-    return {name: dataclasses.replace(recipes[name], task=task, target=None, reached=None) for name in names}
+    return {name: dataclasses.replace(recipes[name], task=None, domain=None, target=None, reached=None) for name in names}
 
 
 def text_folder_task(data, target: float = 2.5, skip_unreadable: bool = False) -> Task:
@@ -34,4 +34,4 @@ def text_folder_task(data, target: float = 2.5, skip_unreadable: bool = False) -
     return Task(name="text-folder", domain="language", summary=f"byte-level language model on the text in {root}",
                 model=language_model, train_data=train, eval_data=evaluate, metrics=language_metrics,
                 target_metric="eval/bpb", target_value=target, models=GPT_MODELS,
-                recipes=_adopted(RECIPES["pydocs"], "text-folder", ("baseline", "mild", "hot")))
+                recipes=_adopted(PYDOCS.recipes, ("baseline", "mild", "hot")))
