@@ -18,9 +18,8 @@ import tempfile
 from pathlib import Path
 
 from speedkit.core import Time
-from speedkit.tasks import make_trainer
+from speedkit.tasks import get_task, make_trainer
 from speedkit.tasks.build import DEFAULT_SAVE_INTERVAL
-from speedkit.tasks.recipes import RECIPES
 
 TASKS = {"fashion-mnist": {"data_fraction": 0.25}, "pydocs": {}}
 
@@ -61,8 +60,8 @@ def main() -> None:
     parser.add_argument("--device", default="auto")
     parser.add_argument("--out", help="write the results here as JSON")
     args = parser.parse_args()
-    results = [measure(task, recipe, args, options) for task, options in TASKS.items() if task in RECIPES
-               for recipe in RECIPES[task]]
+    results = [measure(task, recipe, args, options) for task, options in TASKS.items()
+               for recipe in get_task(task).recipes]  # every preset of the built-in tasks
     for r in results:
         print(f"{r['task']:<14} {r['recipe']:<10} {r['seconds_per_save']:.3f}s a save -> "
               f"{r['cost_at_default_interval_percent']:.3f}% of training at one save per {r['default_interval']}")
