@@ -76,7 +76,7 @@ def interrupted_line(trainer, argv: list[str]) -> str:
     if trainer is None:
         return "speedkit: interrupted before training started; nothing was written"
     stamp = trainer.state.timestamp
-    checkpoint = trainer.record.notes.get("last_checkpoint")
+    checkpoint = trainer.checkpointer.last_checkpoint  # the newest this run wrote (or resumed from)
     where = f"interrupted after batch {stamp.batch} (epoch {stamp.epoch})"
     if checkpoint is None or not Path(checkpoint).exists():
         return f"speedkit: {where}; no checkpoint was written, so a new run starts from the beginning"

@@ -91,7 +91,7 @@ class ALiBi(Method):
     def apply(self, event, state, logger):
         if event is Event.INIT:
             report = apply_alibi(state.model, self.params["remove_position_embeddings"], self.params["allow_empty"])
-            record_surgery(state, logger, report)
+            record_surgery(logger, report)
             return
         inputs = state.batch_inputs()
         if isinstance(inputs, torch.Tensor) and inputs.dim() >= 2 and not inputs.is_floating_point():

@@ -135,4 +135,4 @@ class GatedLinearUnits(Method):
     def apply(self, event, state, logger):
         p = self.params
         report = apply_gated_linear_units(state.model, p["activation"], p["hidden_fraction"], p["allow_empty"])
-        record_surgery(state, logger, report)
+        record_surgery(logger, report)

@@ -118,7 +118,7 @@ class GyroDropout(Method):
                              f"or sp") from e
         report = apply_gyro_dropout(state.model, int(total), self.params["sigma"], self.params["tau"],
                                     self.params["allow_empty"])
-        record_surgery(state, logger, report)
+        record_surgery(logger, report)
         if distributed.world_size() > 1:  # the same masks on every rank (see the module docstring)
             for index, layer in enumerate(self._layers(state.model).values()):
                 layer.generator = torch.Generator().manual_seed(derive_seed(abs(int(state.seed)), 0x6E0, index))

@@ -101,4 +101,4 @@ class QKNormalization(Method):
 
     def apply(self, event, state, logger):
         report = apply_qk_norm(state.model, self.params["eps"], self.params["allow_empty"])
-        record_surgery(state, logger, report)
+        record_surgery(logger, report)

@@ -182,4 +182,4 @@ class ReLUSquaredActivation(Method):
     )
 
     def apply(self, event, state, logger):
-        record_surgery(state, logger, apply_relu_squared(state.model, self.params["allow_empty"]))
+        record_surgery(logger, apply_relu_squared(state.model, self.params["allow_empty"]))

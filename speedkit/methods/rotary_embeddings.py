@@ -106,4 +106,4 @@ class RotaryEmbeddings(Method):
     def apply(self, event, state, logger):
         report = apply_rotary_embeddings(state.model, self.params["base"],
                                          self.params["remove_position_embeddings"], self.params["allow_empty"])
-        record_surgery(state, logger, report)
+        record_surgery(logger, report)

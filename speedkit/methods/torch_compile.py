@@ -4,7 +4,7 @@ TorchDynamo captures the forward as graphs and Inductor fuses their elementwise 
 kernels (Triton on GPU, C++/OpenMP on CPU). ``nn.Module.compile`` compiles in place, so the module,
 its parameter names and its state-dict keys stay what they were (checkpoints and other methods are
 unaffected). The first batch pays for the compilation (20-40 s for a small ResNet on a laptop-class
-CPU); its wall time is recorded as ``record.timings["compile_s"]`` so benchmarks can report it apart.
+CPU); its wall time is reported as ``record.timings["compile_s"]`` so benchmarks can report it apart.
 
 It acts at FIT_START, after every INIT surgery; a method that changes the model at FIT_START must
 run before it (``runs_after``).
@@ -76,7 +76,6 @@ class TorchCompile(Method):
         elif self._started is not None:  # BATCH_END of the first batch (timestamp already advanced)
             synchronize(state.device)
             seconds = time.perf_counter() - self._started
-            if state.record is not None:
-                state.record.timings["compile_s"] = round(seconds, 4)
+            logger.log_timing("compile_s", seconds)
             logger.log_text(f"torch_compile: first batch (with compilation) took {seconds:.1f} s")
             self._first_batch, self._started = None, None

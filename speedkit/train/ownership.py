@@ -59,9 +59,10 @@ class FolderOwner:
                                  f"(overwrite=True), or give this run a new --run-name")
         self.claim.continuing = False
         extension = notes.pop("extended_duration", None)
-        record.notes.update(notes)  # a lock taken over, an earlier run overwritten
+        for key, note in notes.items():  # a lock taken over, an earlier run overwritten
+            logger.log_note(key, note)
         if extension is not None:  # a list: a run may be lengthened more than once
             extension = {**extension, "at_batch": timestamp.batch}
-            record.notes.setdefault("extended_duration", []).append(extension)
+            logger.log_note("extended_duration", extension, append=True)
             logger.log_text(f"extend_duration: training on from {extension['from']} to {extension['to']} after "
                             f"batch {extension['at_batch']}; the schedules follow the new budget")

@@ -129,8 +129,8 @@ class Trainer:
                                   run_folder=self.run_folder, writes=distributed.is_main())
         self.engine = Engine(state, self.logger)
         self._log_file: JSONLFileLogger | None = None
-        self.checkpointer = Checkpointer(save_folder, state, self.logger, plan, run_name=self.run_name,
-                                         keep=keep_checkpoints, local=self.run_folder / "checkpoints")
+        self.checkpointer = Checkpointer(save_folder, state, self.logger, plan, self.microbatching,
+                                         run_name=self.run_name, run_folder=self.run_folder, keep=keep_checkpoints)
 
         # Methods that change the model act now, before optimizers are built on its parameters.
         self.engine.run_event(Event.INIT)
@@ -168,6 +168,7 @@ class Trainer:
 
     def save_checkpoint(self) -> Path:
         """Write ``ba{batch}.ckpt`` and point ``latest.ckpt`` at it (see ``speedkit.train.checkpoint.Checkpointer``)."""
+        self.state.record.set_timing("train_s", self.state.timestamp.wall_s)  # the checkpoint's record has it too
         return self.checkpointer.save()
 
     def fit(self) -> RunRecord:
@@ -222,7 +223,7 @@ class Trainer:
             # training: it counts in the clock, so in time to target, and is reported apart too. A resumed
             # run's clock continues from its checkpoint, which already counts the first run's fit start.
             state.timestamp = state.timestamp.with_wall(fit_start_s)
-            state.record.timings["fit_start_s"] = round(fit_start_s, 4)
+            state.record.set_timing("fit_start_s", fit_start_s)
         self._clock = TrainClock(offset=state.timestamp.wall_s)
         for ev in state.evaluators:
             ev.schedule.start(state)
@@ -230,7 +231,6 @@ class Trainer:
         self._fit_started = True
         if self.autoresume:
             self.checkpointer.remove_partial_writes()
-        self.microbatching.resume(state.record.notes)
 
     def _run_fit_start(self) -> float:
         """FIT_START; returns the seconds the methods spent in it. Callbacks' own set-up there (the speed
@@ -502,13 +502,13 @@ class Trainer:
         """Close out a run: final timings, a checkpoint when asked, the record on disk, loggers closed."""
         state = self.state
         self._clock.pause()
-        state.record.timings["train_s"] = round(self._clock.elapsed(), 4)
+        state.record.set_timing("train_s", self._clock.elapsed())  # a final save() sets the checkpoint's own
         for cb in state.callbacks:
             if isinstance(cb, ProgressBar):
                 cb.close()
         if not self.owner.keeps_earlier_run:  # else a resume failed before loading: the earlier run stays as it was
             if save and self._fit_started:
-                self.checkpointer.save()
+                self.save_checkpoint()
             state.record.save()
         if self._run_logged:
             self._run_logged = False  # once, even if a logger fails here and the run ends again as failed

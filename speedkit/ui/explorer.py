@@ -452,8 +452,9 @@ class MethodExplorer:
     def running(self) -> bool:
         return self.current is not None and self.current.running
 
-    def run(self, wait: bool = False) -> BackgroundRun | None:
-        """Start the configured run on a worker thread (``wait=True``: return when it has ended)."""
+    def run(self, wait: bool = False, stop_at_target: bool = False) -> BackgroundRun | None:
+        """Start the configured run on a worker thread (``wait=True``: return when it has ended;
+        ``stop_at_target=True``: end it once it reaches the target, to time it there)."""
         with self._lock:
             if self.running:
                 self.status.value = "a run is already training; stop it first"
@@ -464,7 +465,7 @@ class MethodExplorer:
                 self.status.value = "<span style='color:#d62728'>cannot run: " + html.escape("; ".join(problems)) + "</span>"
                 return None
             config.name = self._run_name(config)
-            trainer = config.make_trainer(run_dir=self.run_dir, loggers=self.loggers)
+            trainer = config.make_trainer(run_dir=self.run_dir, loggers=self.loggers, stop_at_target=stop_at_target)
             with self._draw_lock:
                 self._show_baseline(trainer.record)
                 plots.add_run(self.figure, trainer.record, self._metric,
@@ -489,8 +490,9 @@ class MethodExplorer:
     def wait(self, timeout: float | None = None) -> RunRecord | None:
         return self.current.wait(timeout) if self.current is not None else None
 
-    def run_all(self, configs: list, **defaults) -> list[RunRecord]:
-        """Headless: run each configuration in turn, waiting for each.
+    def run_all(self, configs: list, stop_at_target: bool = False, **defaults) -> list[RunRecord]:
+        """Headless: run each configuration in turn, waiting for each (``stop_at_target=True``: each ends
+        once it reaches the target, so its time to target costs no more training than it takes).
 
         A configuration is a RunConfig or a dict of its fields. What a dict leaves out comes from
         ``defaults`` (for example the notebook's ``device``), then from the explorer's own settings; a
@@ -508,7 +510,7 @@ class MethodExplorer:
             problems = self.config.problems()
             if problems:
                 raise ValueError(f"configuration {config} cannot run: " + "; ".join(problems))
-            records.append(self.run(wait=True).record)
+            records.append(self.run(wait=True, stop_at_target=stop_at_target).record)
         return records
 
     @property

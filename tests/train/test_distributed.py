@@ -126,7 +126,7 @@ def test_eval_metrics_are_reduced_across_ranks(two_ranks, one_process):
 
 @needs_fmnist
 def test_a_torchmetrics_metric_syncs_itself_and_matches_speedkits_accuracy(two_ranks, one_process):
-    import_or_missing("torchmetrics", "pip install 'speedkit[metrics]'")
+    import_or_missing("torchmetrics", "pip install 'torch-speedkit[metrics]'")
     ddp = _result(two_ranks, "ddp_resnet")
     _, before, _, record = one_process
     whole_set = ddp["eval_before"]["accuracy"]

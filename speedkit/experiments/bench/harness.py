@@ -75,7 +75,7 @@ def run_one(profile: BenchProfile, recipe: Recipe, seed: int, run_name: str, run
     """Build and fit one run; the time to build it (data into memory, model, INIT surgery) is ``setup_s``."""
     started = time.perf_counter()
     trainer = trainer_factory(profile, recipe, seed, run_name, run_dir, bench_info, extra_config, **trainer_kwargs)()
-    trainer.record.timings["setup_s"] = round(time.perf_counter() - started, 4)
+    trainer.logger.log_timing("setup_s", time.perf_counter() - started)
     return trainer.fit()
 
 

@@ -124,7 +124,7 @@ def train_trial(context: TrialContext) -> RunRecord:
                            overwrite=True,  # a trial cut short by a stop runs again from the start, under its name
                            **context.settings)
     reporter.trainer = trainer
-    trainer.record.timings["setup_s"] = round(time.perf_counter() - started, 4)
+    trainer.logger.log_timing("setup_s", time.perf_counter() - started)
     return trainer.fit()
 
 
