@@ -144,8 +144,9 @@ class Trainer:
         record.config.update(plan.config(state.model, global_batch_size(train_dataloader, plan.world)))
         record.methods = [{"name": a.name, "params": dict(a.params)} for a in state.methods]
         record.environment = environment(device)
-        self.owner = FolderOwner(self.run_folder, self.checkpointer, record, max_duration, autoresume=autoresume,
-                                 overwrite=overwrite, extend_duration=extend_duration)  # refuses a taken folder
+        self.owner = FolderOwner(self.run_folder, self.checkpointer, record, max_duration,  # refuses a taken folder
+                                 autoresume=autoresume or load_path is not None,  # load_path there: continue it
+                                 overwrite=overwrite, extend_duration=extend_duration)
         self.sigterm, self.interrupts = SigtermFlag(), StepInterrupts()
         self._clock = TrainClock()
         self._resume_rng: dict | None = None
