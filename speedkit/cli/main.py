@@ -27,6 +27,8 @@ def _catalogue() -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
+    from speedkit.tasks.build import DEFAULT_SAVE_INTERVAL
+
     parser = argparse.ArgumentParser(prog="speedkit", description="Faster PyTorch training by composing "
                                      "speed-up methods.", epilog=_catalogue(),
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -40,6 +42,9 @@ def _parser() -> argparse.ArgumentParser:
                             "returning one (imported from the current folder too)")
     train.add_argument("--data", help="the folder for image-folder / text-folder (or passed to a task function)")
     train.add_argument("--image-size", type=int, help="image-folder: resize images to this square size (default 32)")
+    train.add_argument("--skip-unreadable", action="store_true",
+                       help="image-folder / text-folder: leave out (and count) images that cannot be decoded and "
+                            "files that are not text, instead of refusing the folder")
     train.add_argument("--recipe", default="baseline", help="preset to start from (see below), or a recipe file: "
                        "FILE, or FILE:NAME for one of several (copy speedkit/tasks/presets/TASK.yaml to start one)")
     train.add_argument("--model", help="model name, overriding the recipe's")
@@ -56,7 +61,15 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--stop-at-target", action="store_true", help="end the run when the target is reached")
     train.add_argument("--run-dir", default="runs")
     train.add_argument("--run-name")
-    train.add_argument("--autoresume", action="store_true", help="continue the named run from its checkpoint")
+    train.add_argument("--autoresume", action="store_true",
+                       help="continue the named run from its newest good checkpoint (a new name starts afresh)")
+    train.add_argument("--overwrite", action="store_true",
+                       help="replace the run already in the --run-name folder (its record, log and checkpoints)")
+    train.add_argument("--extend-duration", action="store_true",
+                       help="with --autoresume: train the run on to a longer --duration (the record notes it)")
+    train.add_argument("--save-interval", default=DEFAULT_SAVE_INTERVAL,
+                       help=f"checkpoint every interval of training: {DEFAULT_SAVE_INTERVAL} (default), 90s, 200ba, 1ep, 0.25dur; "
+                            "'none': only at the end. A kill loses at most one interval")
     train.add_argument("--download", action="store_true", help="let torchvision download missing data")
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
     train.add_argument("--logger", default="", help="comma-separated loggers besides the record and log.jsonl: "
@@ -175,11 +188,18 @@ def _launch(args) -> int:
     return 0
 
 
-def _train(args) -> int:
+def _train(args, argv: list[str]) -> int:
+    from speedkit.cli.outcomes import INTERRUPTED_EXIT_CODE, interrupted_line
     from speedkit.core import distributed
     from speedkit.tasks import make_trainer
 
-    record = make_trainer(run_request(args)).fit()
+    trainer = make_trainer(run_request(args))
+    try:
+        record = trainer.fit()
+    except KeyboardInterrupt:  # the Trainer saved a checkpoint and the record before letting it through
+        if distributed.is_main():
+            print(interrupted_line(trainer, argv), file=sys.stderr)
+        return INTERRUPTED_EXIT_CODE
     if distributed.is_main():
         print(_summary(record))
     return 0
@@ -190,14 +210,27 @@ def run_request(args):
     from speedkit.tasks import RunRequest
 
     return RunRequest.build(
-        _importable(args.task), args.recipe, data=args.data,
-        task_options={"image_size": args.image_size} if args.image_size else None,
+        _importable(args.task), args.recipe, data=args.data, task_options=_folder_options(args),
         model=args.model, duration=args.duration, methods=args.methods, precision=args.precision,
         batch_size=args.batch_size, device=args.device, seed=args.seed, data_fraction=args.data_fraction,
         eval_fraction=args.eval_fraction, target=args.target, stop_at_target=args.stop_at_target,
         download=args.download, run_dir=args.run_dir, run_name=args.run_name, loggers=_logger_names(args.logger),
-        autoresume=args.autoresume, progress_bar=not args.no_progress, console=True,
+        autoresume=args.autoresume, overwrite=args.overwrite, extend_duration=args.extend_duration,
+        save_interval=_save_interval(args.save_interval), progress_bar=not args.no_progress, console=True,
         parallel=None if args.parallel == "none" else args.parallel)
+
+
+def _folder_options(args) -> dict | None:
+    """A folder task's options from the flags given (``--image-size 0`` is given, and refused by the task)."""
+    options = {"image_size": args.image_size} if args.image_size is not None else {}
+    if getattr(args, "skip_unreadable", False):
+        options["skip_unreadable"] = True
+    return options or None
+
+
+def _save_interval(value: str) -> str | None:
+    """``--save-interval none`` as None (only the final checkpoint); a duration as it is."""
+    return None if value.strip().lower() == "none" else value
 
 
 def _importable(task: str) -> str:
@@ -294,7 +327,7 @@ def _bench(args) -> int:
 
     budgets = earlier_result(args.budgets, "--budgets", "--find-budgets")
     sweeps = earlier_result(args.sweeps, "--sweeps", "--sweep")
-    options = {"image_size": args.image_size} if args.image_size else None
+    options = _folder_options(args)
     result = run_benchmark(_importable(args.task), args.profile, seeds=args.seeds, recipes=args.recipes,
                            baselines=args.baselines, find_budgets=args.find_budgets, budgets=budgets, sweep=args.sweep,
                            sweeps=sweeps, out_dir=args.out,
@@ -439,10 +472,13 @@ def _notebooks(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from speedkit.cli.outcomes import INTERRUPTED_EXIT_CODE, interrupted_line, report_error
+
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = _parser().parse_args(argv)
     try:
         if args.command == "train":
-            return _train(args)
+            return _train(args, argv)
         if args.command == "launch":
             return _launch(args)
         if args.command == "methods":
@@ -461,9 +497,12 @@ def main(argv: list[str] | None = None) -> int:
             overrides = {"duration": args.duration, "data_fraction": args.data_fraction, "device": args.device}
             return run_demo(args.root, args.out, {k: v for k, v in overrides.items() if v is not None},
                             params=args.params)
+    except KeyboardInterrupt:  # speedkit train answers a Ctrl-C during training itself (with the resume command)
+        print(interrupted_line(None, argv) if args.command == "train" else f"speedkit {args.command}: interrupted",
+              file=sys.stderr)
+        return INTERRUPTED_EXIT_CODE
     except (ValueError, TypeError, FileNotFoundError, ImportError) as e:
-        print(f"speedkit: error: {e}", file=sys.stderr)
-        return 2
+        return report_error(e)  # one line for a mistake in the input; the traceback for one in the user's code
     return 1
 
 

@@ -30,6 +30,8 @@ from typing import Any, Callable, Iterable
 
 import yaml
 
+from speedkit.record.run_folder import remove_earlier_runs
+
 NOTEBOOK_FOLDERS = ("notebooks", "tutorials")
 KERNEL = "python3"
 CHECK_MARKER = "NBVAL_CHECK_OUTPUT"
@@ -161,6 +163,7 @@ def run_notebook(path: str | Path, parameters: dict, out_dir: str | Path, root: 
     result = NotebookResult(path.stem, path, "failed", out_dir=out_dir, executed=out_dir / f"{path.stem}.ipynb")
     for stale in (result.executed, result.executed.with_suffix(".html")):  # never report an earlier run's files
         stale.unlink(missing_ok=True)
+    remove_earlier_runs(out_dir)  # a rerun replaces the notebook's runs (run folders refuse to be started over)
     parameters = {**parameters, "out_dir": str(out_dir)}
 
     # papermill only warns about parameters the notebook does not declare; a typo in a parameter file

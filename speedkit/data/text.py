@@ -39,6 +39,7 @@ class ByteCorpus:
     val_files: list = field(default_factory=list)
     root: Optional[Path] = None
     vocab_size: int = VOCAB_SIZE
+    skipped: list = field(default_factory=list)  # files left out as not text (skip_unreadable=True)
 
     @staticmethod
     def encode(text: str) -> torch.Tensor:
@@ -56,11 +57,14 @@ def load_text_corpus(
     val_fraction: float = 0.1,
     seed: int = 0,
     extensions: Sequence[str] = (".txt", ".rst", ".md"),
+    skip_unreadable: bool = False,
 ) -> ByteCorpus:
     """Read every text file under `root` and split train/validation by file.
 
     The split is a seeded shuffle of the sorted relative paths, so it depends only on the file
-    names, `val_fraction` and `seed`: not on the file system's listing order.
+    names, `val_fraction` and `seed`: not on the file system's listing order. A file that is not
+    text (NUL bytes, or mostly control bytes: a binary file named ``.txt``) is refused naming it,
+    or left out with ``skip_unreadable=True`` (the corpus's ``skipped`` lists it).
     """
     if not 0.0 <= val_fraction < 1.0:
         raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
@@ -70,14 +74,34 @@ def load_text_corpus(
         raise FileNotFoundError(
             f"no files ending in {', '.join(extensions)} under {root}. Pass root= a folder of text files."
         )
+    contents = {f: (root / f).read_bytes() for f in files}
+    binary = [f for f, data in contents.items() if looks_binary(data)]  # not trained on, never silently
+    if binary and not skip_unreadable:
+        shown = ", ".join(str(root / f) for f in binary[:5]) + (f" and {len(binary) - 5} more" if len(binary) > 5 else "")
+        raise ValueError(f"{len(binary)} file(s) under {root} are not text: {shown}; remove them, or leave them out "
+                         f"with --skip-unreadable (skip_unreadable=True)")
+    files = [f for f in files if f not in set(binary)]
+    if not files:
+        raise FileNotFoundError(f"no text files under {root}: every file ending in {', '.join(extensions)} is binary")
     train_files, val_files = split_files(files, val_fraction, seed)
     return ByteCorpus(
-        train=_join_files(root, train_files),
-        val=_join_files(root, val_files),
+        train=_join_files(contents, train_files),
+        val=_join_files(contents, val_files),
         train_files=train_files,
         val_files=val_files,
         root=root,
+        skipped=binary,
     )
+
+
+def looks_binary(data: bytes, sample: int = 8192) -> bool:
+    """True for bytes that are not text in any encoding: a NUL byte, or over 30% control bytes other than
+    whitespace and escape, in the first ``sample`` bytes."""
+    head = data[:sample]
+    if b"\x00" in head:
+        return True
+    control = sum(1 for b in head if b < 32 and b not in (9, 10, 12, 13, 27, 8))
+    return bool(head) and control / len(head) > 0.3
 
 
 def _resolve_root(root: Optional[PathLike]) -> Path:
@@ -117,8 +141,8 @@ def split_files(files: Sequence[Path], val_fraction: float, seed: int) -> tuple[
     return train, val
 
 
-def _join_files(root: Path, files: Sequence[Path]) -> torch.Tensor:
-    joined = bytearray(SEPARATOR.join((root / f).read_bytes() for f in files))
+def _join_files(contents: dict, files: Sequence[Path]) -> torch.Tensor:
+    joined = bytearray(SEPARATOR.join(contents[f] for f in files))
     if not joined:
         return torch.empty(0, dtype=torch.uint8)
     return torch.frombuffer(joined, dtype=torch.uint8)  # a bytearray is writable: no copy, no warning

@@ -94,12 +94,20 @@ def recipe_parts(recipe: str | Recipe, model: torch.nn.Module | None = None, *,
 
 
 # -- the one way to build a run -----------------------------------------------------------------
+# Runs built here (the CLI, the explorer, notebooks) checkpoint as they train: a kill (SIGKILL, out of memory)
+# loses at most this much training, and runs shorter than it pay nothing beyond their final checkpoint.
+# The cost of a save is measured by scripts/measure_checkpoint_cost.py (not in a test: it is a timing).
+DEFAULT_SAVE_INTERVAL = "5m"
+
+
 def make_trainer(task: str | Task | RunRequest = "fashion-mnist", recipe: str | Recipe = "baseline",
                  **overrides) -> Trainer:
     """The Trainer for a run request: ``make_trainer(RunRequest(...))``, or the convenience form
     ``make_trainer(task, recipe, **overrides)``, which builds the request (``RunRequest.build``): each
     keyword is a request field (``duration="2ep"``, ``methods="label_smoothing"``, ``seed=1``,
-    ``data_fraction=0.1``, ...) or a Trainer keyword argument (``callbacks=[...]``, ``autoresume=True``).
+    ``data_fraction=0.1``, ...) or a Trainer keyword argument (``callbacks=[...]``, ``autoresume=True``,
+    ``overwrite=True``, ``extend_duration=True``). ``save_interval`` defaults to a checkpoint every
+    ``DEFAULT_SAVE_INTERVAL`` of training (any duration: ``"200ba"``, ``"1ep"``; None: only the final one).
 
     ``task`` is anything ``resolve_task`` takes (a name, a Task, ``"pkg.mod:attr"``, a function); ``data``
     is the folder of a folder task, ``task_options`` its options (``{"image_size": 64}``). ``extra_config``
@@ -160,7 +168,7 @@ def _build_trainer(request: RunRequest) -> Trainer:
         **recipe_parts(recipe, net, config=config, loggers=request.loggers),
         eval_interval=recipe.eval_interval,
         stop_at=(spec.target_metric, target_value) if request.stop_at_target else None,
-        loss_fn=spec.loss, **where, **request.trainer_options)
+        loss_fn=spec.loss, **where, **{"save_interval": DEFAULT_SAVE_INTERVAL, **request.trainer_options})
     trainer.record.target = {"metric": spec.target_metric, "value": target_value}
     register_task(spec, replace=True)  # built: its name and recipes now work everywhere (not before: a refused
     return trainer                     # task stays out of the explorer's list)

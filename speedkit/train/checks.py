@@ -18,6 +18,7 @@ import torch
 from speedkit.core.batch import batch_inputs, batch_targets, is_dict_batch, output_logits, output_loss
 from speedkit.core.method import show  # repr cut short, never failing
 from speedkit.core.time import Time, TimeUnit
+from speedkit.record.run_folder import run_folder_path
 
 _DEVICE = re.compile(r"^(auto|cpu|mps|cuda(:(0|[1-9][0-9]{0,3}))?)$")
 _DEVICE_TYPES = ("cpu", "cuda", "mps")
@@ -171,9 +172,11 @@ def check_trainer_arguments(arguments: Mapping[str, Any]) -> None:
     has_evaluation = eval_dataloader is not None or not isinstance(evaluators, (list, tuple)) or bool(evaluators)
     _check_stop_at(a["stop_at"], has_evaluation)
     _check_parts(a["methods"], a["callbacks"], a["loggers"], a["loss_fn"])
-    for name in ("deterministic", "save_checkpoints", "autoresume", "progress_bar", "console"):
+    for name in ("deterministic", "save_checkpoints", "autoresume", "overwrite", "extend_duration", "progress_bar",
+                 "console"):
         if not isinstance(a[name], bool):
             raise TypeError(f"{name} must be True or False, got {_kind(a[name])}")
+    _check_run_folder_choice(a["autoresume"], a["overwrite"], a["extend_duration"], max_duration)
     _check_paths(a["run_name"], a["run_dir"], a["save_folder"], a["load_path"])
     if a["config"] is not None and not isinstance(a["config"], Mapping):
         raise TypeError(f"config must be a dict or None, got {_kind(a['config'])}")
@@ -254,6 +257,18 @@ def check_loggers(loggers) -> None:
         check_logger_name(name)
 
 
+def _check_run_folder_choice(autoresume: bool, overwrite: bool, extend_duration: bool, max_duration) -> None:
+    """What to do with a run folder that holds an earlier run: continue it or replace it, not both."""
+    if autoresume and overwrite:
+        raise ValueError("autoresume=True (--autoresume) continues the run in its folder and overwrite=True "
+                         "(--overwrite) deletes it: choose one")
+    if extend_duration and not autoresume:
+        raise ValueError("extend_duration=True (--extend-duration) lengthens a run being continued: use it with "
+                         "autoresume=True (--autoresume)")
+    if extend_duration and max_duration is None:
+        raise ValueError("extend_duration=True (--extend-duration) needs the new, longer max_duration (--duration)")
+
+
 def check_run_name(run_name) -> None:
     """None, or a folder name under run_dir."""
     if run_name is not None:
@@ -265,6 +280,8 @@ def check_run_name(run_name) -> None:
 
 def _check_paths(run_name, run_dir, save_folder, load_path) -> None:
     check_run_name(run_name)
+    if run_name is not None and _is_path(run_dir):
+        run_folder_path(run_dir, run_name)  # refuses '../x' and absolute paths
     if not _is_path(run_dir):
         raise TypeError(f"run_dir must be a path (str or os.PathLike), got {_kind(run_dir)}")
     for name, path in (("save_folder", save_folder), ("load_path", load_path)):

@@ -175,3 +175,17 @@ def measure_loader(state, world: int) -> None:
         raise ValueError("train_dataloader is empty: it yields no batches")
     state.samples_per_batch = global_batch_size(loader, world)
     state.tokens_per_batch = getattr(loader, "tokens_per_batch", None)
+
+
+def step_optimizers(state, closure) -> None:
+    """Step every optimizer; those that evaluate the loss again (``needs_closure``) get ``closure``."""
+    scaler = state.grad_scaler
+    for optimizer in state.optimizers:
+        if getattr(optimizer, "needs_closure", False):
+            optimizer.step(closure)
+        elif scaler is not None:
+            scaler.step(optimizer)
+        else:
+            optimizer.step()
+    if scaler is not None:
+        scaler.update()

@@ -26,6 +26,7 @@ from speedkit.core.event import EVAL_EVENTS
 from speedkit.core.seeding import epoch_seed, seed_everything
 from speedkit.record.loggers import InMemoryLogger, JSONLFileLogger
 from speedkit.record.metrics import Evaluator
+from speedkit.record.run_folder import free_run_name, run_folder_path
 from speedkit.record.runs import RunRecord, environment
 from speedkit.train.batches import iterate_from, set_loader_epoch
 from speedkit.train.checkpoint import Checkpointer, set_rng_state
@@ -33,10 +34,11 @@ from speedkit.train.checks import (check_first_batch, check_first_loss, check_fi
                                    explain_first_batch_error)
 from speedkit.train.interrupts import SIGTERM_EXIT_CODE, SIGTERM_REASON, SigtermFlag, StepInterrupts
 from speedkit.train.microbatching import Microbatching
+from speedkit.train.ownership import FolderOwner
 from speedkit.train.parallel import make_plan
 from speedkit.train.parts import (apply_schedules, cross_entropy_loss, describe_run, global_batch_size, make_callbacks,
                                   make_evaluators, make_logger, make_loss, make_optimizers, make_record,
-                                  make_reproducible, make_schedules, measure_loader)
+                                  make_reproducible, make_schedules, measure_loader, step_optimizers)
 
 
 class Trainer:
@@ -50,7 +52,9 @@ class Trainer:
     A recipe's parts come from ``speedkit.tasks.recipe_parts("mild", model)``: ``Trainer(model, data,
     **recipe_parts("mild", model))``.
     Each run lives in ``run_dir/run_name``: ``record.json``, ``log.jsonl`` and ``checkpoints/`` (or
-    ``save_folder``), where a final checkpoint is always written unless ``save_checkpoints=False``.
+    ``save_folder``), where a final checkpoint is always written unless ``save_checkpoints=False``. A folder
+    holding an earlier run is refused unless ``autoresume`` continues it (``extend_duration``: to a longer
+    ``max_duration``) or ``overwrite`` replaces it; a second process is refused (``speedkit.record.run_folder``).
     ``loggers`` are ``speedkit.record.loggers.LoggerDestination`` objects or the names ``"tensorboard"``, ``"csv"``,
     ``"mlflow"`` and ``"wandb"``, which write into the folder of that name in the run folder.
     ``microbatch_size="auto"`` starts with the whole batch and halves the microbatch on out-of-memory.
@@ -72,7 +76,8 @@ class Trainer:
                  run_name: str | None = None, run_dir: str | os.PathLike = "runs",
                  save_folder: str | os.PathLike | None = None, save_interval: str | Time | None = None,
                  save_checkpoints: bool = True, keep_checkpoints: int = 3,
-                 load_path: str | os.PathLike | None = None, autoresume: bool = False,
+                 load_path: str | os.PathLike | None = None, autoresume: bool = False, overwrite: bool = False,
+                 extend_duration: bool = False,
                  stop_at: tuple[str, float] | dict | None = None, nan_policy: str | None = "stop",
                  schedule_scale: float = 1.0, progress_bar: bool = False, console: bool = False,
                  config: dict | None = None, parallel: str | None = "auto"):
@@ -91,9 +96,9 @@ class Trainer:
         resolved_precision = plan.agree_on_precision(resolve_precision(precision, device))
         self.microbatching = Microbatching(microbatch_size, grad_accum)
         given_name = run_name is not None
-        run_name = run_name or f"run-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+        run_name = run_name or free_run_name(run_dir, f"run-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
         self.run_name = plan.agree_on_run_name(run_name, given_name)  # one run folder for all ranks
-        self.run_folder = Path(run_dir) / self.run_name
+        self.run_folder = run_folder_path(run_dir, self.run_name)
         self.save_checkpoints = save_checkpoints
         self.load_path, self.autoresume = load_path, autoresume
 
@@ -131,6 +136,9 @@ class Trainer:
         record.config.update(plan.config(state.model, global_batch_size(train_dataloader, plan.world)))
         record.methods = [{"name": a.name, "params": dict(a.params)} for a in state.methods]
         record.environment = environment(device)
+        self.owner = FolderOwner(self.run_folder, self.checkpointer, record, max_duration,  # refuses a taken folder
+                                 autoresume=autoresume or load_path is not None,  # load_path there: continue it
+                                 overwrite=overwrite, extend_duration=extend_duration)
         self.sigterm, self.interrupts = SigtermFlag(), StepInterrupts()
         self._clock = TrainClock()
         self._resume_rng: dict | None = None
@@ -165,6 +173,7 @@ class Trainer:
         """
         if self.state.train_dataloader is None:
             raise ValueError("Trainer.fit needs train_dataloader")
+        self.owner.begin()  # the folder's lock, held until the run ends (speedkit.train.ownership)
         self.sigterm.install()
         try:
             try:
@@ -180,6 +189,7 @@ class Trainer:
                 raise
         finally:
             self.sigterm.restore()
+            self.owner.end()
         if self.sigterm.received:
             self.sigterm.exit_after_saving()  # the previous handler, or SystemExit(143)
         return self.state.record
@@ -200,6 +210,7 @@ class Trainer:
         fit_start_s = self._run_fit_start()
         self._measure_loader()
         self._resume_rng = self.checkpointer.resume(self.load_path, self.autoresume)
+        self.owner.after_resume(state.timestamp, self.logger, self.checkpointer.resumed_from)
         if state.timestamp.batch == 0:
             # What methods do at FIT_START (patch whitening's fit on data, optimizer wrapping) is part of
             # training: it counts in the clock, so in time to target, and is reported apart too. A resumed
@@ -309,7 +320,7 @@ class Trainer:
         step_loss, microbatches = self.microbatching.run(forward_backward, state, self.logger)
         if not state.skip_step:
             # Optimizers that evaluate the loss again (SAM) re-run forward, loss and backward, events included.
-            self._optimizer_step(closure=lambda: forward_backward(microbatches))
+            step_optimizers(state, closure=lambda: forward_backward(microbatches))
         for optimizer in state.optimizers:
             optimizer.zero_grad(set_to_none=True)
         engine.run_event(Event.AFTER_TRAIN_BATCH)
@@ -375,19 +386,6 @@ class Trainer:
             if not checked:
                 explain_first_batch_error(self.state, stage, error)  # returns for out-of-memory errors
             raise
-
-    def _optimizer_step(self, closure) -> None:
-        """Step every optimizer; those that evaluate the loss again (``needs_closure``) get ``closure``."""
-        scaler = self.state.grad_scaler
-        for optimizer in self.state.optimizers:
-            if getattr(optimizer, "needs_closure", False):
-                optimizer.step(closure)
-            elif scaler is not None:
-                scaler.step(optimizer)
-            else:
-                optimizer.step()
-        if scaler is not None:
-            scaler.update()
 
     # -- evaluation -----------------------------------------------------------------------
     def _paused(self, fn, *args):
@@ -501,9 +499,10 @@ class Trainer:
         for cb in state.callbacks:
             if isinstance(cb, ProgressBar):
                 cb.close()
-        if save and self._fit_started:
-            self.save_checkpoint()
-        state.record.save()
+        if not self.owner.keeps_earlier_run:  # else a resume failed before loading: the earlier run stays as it was
+            if save and self._fit_started:
+                self.save_checkpoint()
+            state.record.save()
         if self._run_logged:
             self._run_logged = False  # once, even if a logger fails here and the run ends again as failed
             self.logger.log_run_end(state.record)

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from PIL import Image
+from cli_child import speedkit_train
 from prerequisites import import_or_missing
 
 from speedkit.data import load_fashion_mnist
@@ -120,3 +121,69 @@ def test_a_folder_without_text_is_refused(tmp_path):
     (tmp_path / "picture.png").write_bytes(b"\x89PNG")
     with pytest.raises(FileNotFoundError, match=r"no files ending in .txt, .rst, .md under"):
         make_trainer("text-folder", data=tmp_path)
+
+
+# -- folders of any size and any mess, through `speedkit train` in a child process -----------------
+def _no_more_open_files_than(limit: int):
+    import resource
+
+    return lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
+
+
+def test_two_thousand_images_train_under_ulimit_n_256(tmp_path):
+    data = write_image_folder(tmp_path / "many", per_class=667)  # 2,001 files: every one was opened at once
+    result = speedkit_train("--task", "image-folder", "--data", str(data), "--image-size", "8", "--duration", "1ba",
+                            "--save-interval", "none", "--no-progress", cwd=tmp_path,
+                            preexec_fn=_no_more_open_files_than(256))
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "completed" in result.stdout
+
+
+def test_a_truncated_image_is_refused_naming_it_or_skipped_and_counted(tmp_path):
+    data = write_image_folder(tmp_path / "pictures", per_class=12)
+    broken = data / "trouser" / "005.png"
+    broken.write_bytes(broken.read_bytes()[:60])  # cut off mid-file, as an interrupted copy leaves it
+    args = ["--task", "image-folder", "--data", str(data), "--image-size", "16", "--duration", "1ba",
+            "--save-interval", "none", "--no-progress"]
+    refused = speedkit_train(*args, cwd=tmp_path)
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1
+    assert str(broken) in refused.stderr and "--skip-unreadable" in refused.stderr
+    skipped = speedkit_train(*args, "--skip-unreadable", cwd=tmp_path)
+    assert skipped.returncode == 0, skipped.stderr[-2000:]
+    assert "left out 1 image(s) that cannot be decoded" in skipped.stderr and str(broken) in skipped.stderr
+
+
+def test_image_size_out_of_bounds_is_one_line_naming_the_flag(image_dir, tmp_path):
+    result = speedkit_train("--task", "image-folder", "--data", str(image_dir), "--image-size", "0",
+                            "--no-progress", cwd=tmp_path)
+    assert result.returncode == 2 and result.stderr.count("\n") == 1
+    assert "--image-size (image_size) must be from 4 to 1024 pixels" in result.stderr and "got 0" in result.stderr
+
+
+@pytest.mark.parametrize("size", [-4, 100_000])
+def test_image_size_bounds_in_the_python_api(image_dir, size):
+    with pytest.raises(ValueError, match=rf"--image-size \(image_size\) must be from 4 to 1024 pixels.*got {size}"):
+        resolve_task("image-folder", data=image_dir, image_size=size)
+
+
+def test_an_oversized_request_is_refused_before_decoding_with_the_fix():
+    from speedkit.data.images import check_memory
+
+    with pytest.raises(MemoryError, match=r"100000 images at 1024x1024 .* need about 1464.8 GiB.* lower "
+                                          r"--image-size \(image_size\) to \d+ or less"):
+        check_memory(100_000, 3, 1024, "image-folder big", available=16 * 2**30)
+    check_memory(100_000, 3, 32, "image-folder big", available=16 * 2**30)  # 1.4 GiB: fits
+
+
+def test_binary_files_in_a_text_folder_are_refused_naming_them_or_skipped(text_dir, tmp_path):
+    data = tmp_path / "text"
+    shutil.copytree(text_dir, data)
+    (data / "weights.txt").write_bytes(bytes(range(256)) * 64)  # a binary file named .txt
+    args = ["--task", "text-folder", "--data", str(data), "--duration", "1ba", "--batch-size", "4",
+            "--eval-fraction", "0.02", "--save-interval", "none", "--no-progress"]
+    refused = speedkit_train(*args, cwd=tmp_path)
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1
+    assert "are not text" in refused.stderr and str(data / "weights.txt") in refused.stderr
+    skipped = speedkit_train(*args, "--skip-unreadable", cwd=tmp_path)
+    assert skipped.returncode == 0, skipped.stderr[-2000:]
+    assert "left out 1 file(s) that are not text: weights.txt" in skipped.stderr

@@ -93,7 +93,7 @@ def test_resume_does_not_count_fit_start_twice(tmp_path):
     first = _trainer(tmp_path, **common).fit()
     assert first.timings["fit_start_s"] >= FIT_START_S and first.timings["train_s"] >= FIT_START_S
     # The resumed run does its FIT_START work again (a real cost) but its clock continues from the checkpoint.
-    second = _trainer(tmp_path, max_duration="4ba", autoresume=True, **common).fit()
+    second = _trainer(tmp_path, max_duration="4ba", autoresume=True, extend_duration=True, **common).fit()
     assert second.notes["resumed_from"].endswith("latest.ckpt")
     assert second.timings["fit_start_s"] == first.timings["fit_start_s"]
     assert second.timings["train_s"] - first.timings["train_s"] < FIT_START_S

@@ -59,7 +59,8 @@ def run_request(profile: BenchProfile, recipe: Recipe, seed: int, run_name: str,
         profile.task, recipe, seed=seed, device=profile.device, run_dir=str(run_dir), run_name=run_name,
         data_fraction=profile.data_fraction, eval_fraction=profile.eval_fraction, target=profile.target,
         extra_config={"bench": bench_info, "seed": seed, **(extra_config or {})},
-        **{"save_checkpoints": False, **trainer_kwargs})  # benchmark runs are not resumed
+        # Benchmark runs are measurements, not resumed: running the benchmark again measures them again.
+        **{"save_checkpoints": False, "overwrite": True, **trainer_kwargs})
 
 
 def trainer_factory(profile: BenchProfile, recipe: Recipe, seed: int, run_name: str, run_dir: str | Path,

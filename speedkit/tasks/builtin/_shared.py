@@ -45,9 +45,10 @@ def recipe_augment(recipe: Recipe | None) -> Augment | None:
 
 # -- byte-level text: pydocs and text-folder ------------------------------------------------
 @functools.lru_cache(maxsize=4)
-def text_corpus(root: str | None, seed: int):
-    """The byte corpus under ``root`` (None: the Python docs), split by file with ``seed``; read once."""
-    return load_text_corpus(root, seed=seed)
+def text_corpus(root: str | None, seed: int, skip_unreadable: bool = False):
+    """The byte corpus under ``root`` (None: the Python docs), split by file with ``seed``; read once.
+    Files that are not text are refused, or left out with ``skip_unreadable``."""
+    return load_text_corpus(root, seed=seed, skip_unreadable=skip_unreadable)
 
 
 def _context_length(request: DataRequest) -> int:
@@ -87,16 +88,16 @@ def _for_model(loader, request: DataRequest):
     return DictBatches(loader) if getattr(request.model, "takes_dict_batches", False) else loader
 
 
-def text_data(root: str | None):
+def text_data(root: str | None, skip_unreadable: bool = False):
     """(train_data, eval_data) over the text files under ``root`` (None: the Python docs), split by file."""
     def train(request: DataRequest):
-        corpus, seq_len = text_corpus(root, request.seed), _context_length(request)
+        corpus, seq_len = text_corpus(root, request.seed, skip_unreadable), _context_length(request)
         tokens = corpus.train[: max(seq_len + 1, int(len(corpus.train) * request.data_fraction))]
         loader = TokenBatchLoader(tokens, seq_len, request.batch_size, seed=request.seed, device=request.device)
         return _for_model(loader, request)
 
     def evaluate(request: DataRequest):
-        corpus, seq_len = text_corpus(root, request.seed), _context_length(request)
+        corpus, seq_len = text_corpus(root, request.seed, skip_unreadable), _context_length(request)
         batches = max(1, int(64 * (request.eval_fraction or 1.0)))
         loader = TokenBatchLoader(corpus.val, seq_len, 32, steps_per_epoch=batches, shuffle=False,
                                   device=request.device)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from pathlib import Path
 
 from speedkit.tasks.builtin._shared import GPT_MODELS, language_metrics, language_model, text_corpus, text_data
@@ -15,16 +16,21 @@ def _adopted(recipes: dict, names: tuple[str, ...]) -> dict:
     return {name: dataclasses.replace(recipes[name], task=None, domain=None, target=None, reached=None) for name in names}
 
 
-def text_folder_task(data, target: float = 2.5) -> Task:
+def text_folder_task(data, target: float = 2.5, skip_unreadable: bool = False) -> Task:
     """A byte-level GPT on the text files (.txt, .rst, .md) under DIR, split train/validation by file.
 
-    ``target`` is the validation bits per byte to reach."""
+    ``target`` is the validation bits per byte to reach. A file that is not text is refused naming it, or
+    left out and counted with ``skip_unreadable=True``."""
     root = Path(data).expanduser()
     try:
-        text_corpus(str(root), 0)  # fails now, before a model is built, if the folder holds too little text
-    except (FileNotFoundError, ValueError) as e:
+        corpus = text_corpus(str(root), 0, skip_unreadable)  # fails now, before a model is built, if the
+    except (FileNotFoundError, ValueError) as e:             # folder holds too little text, or files that are not
         raise type(e)(f"text-folder {root}: {e}") from None
-    train, evaluate = text_data(str(root))
+    if corpus.skipped:
+        warnings.warn(f"text-folder {root}: left out {len(corpus.skipped)} file(s) that are not text: "
+                      + ", ".join(str(f) for f in corpus.skipped[:5]) + (" ..." if len(corpus.skipped) > 5 else ""),
+                      stacklevel=2)
+    train, evaluate = text_data(str(root), skip_unreadable)
     return Task(name="text-folder", domain="language", summary=f"byte-level language model on the text in {root}",
                 model=language_model, train_data=train, eval_data=evaluate, metrics=language_metrics,
                 target_metric="eval/bpb", target_value=target, models=GPT_MODELS,

@@ -40,6 +40,7 @@ class Checkpointer:
         self.remote = RemoteFolder(str(folder)) if is_remote(folder) else None
         self.folder = local if not folder or self.remote else local_path(folder)
         self.run_folder = Path(run_folder)
+        self.resumed_from: Path | None = None  # the checkpoint this run continued from, once one is loaded
         self.keep = keep
         self.state, self.logger, self.plan, self.run_name = state, logger, plan, run_name
         self.microbatching = microbatching
@@ -240,7 +241,7 @@ class Checkpointer:
         state.timestamp = Timestamp.from_dict(contents.timestamp)
         state.record.continue_from(RunRecord.from_dict(contents.record_dict))
         self.logger.log_note("resumed_from", self.recorded(path))
-        self.last_checkpoint = Path(path)
+        self.last_checkpoint = self.resumed_from = Path(path)
         state.eval_metrics = {}
         self.logger.log_text(f"resumed from {path} at epoch {state.timestamp.epoch}, batch {state.timestamp.batch}")
 

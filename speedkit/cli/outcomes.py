@@ -1,0 +1,83 @@
+"""How the ``speedkit`` command ends when a run does not: what it prints and the exit status.
+
+* A mistake in what the user typed (an unknown task, a bad flag value, a run folder that is taken) is one
+  line, ``speedkit: error: ...``, exit status 2: the message names the flag and the fix, and a traceback
+  into speedkit would only hide it.
+* An error raised in the user's own code (their model, Task, method or data function, imported through
+  ``--task module:attr`` or a plugin) keeps its traceback, which is what they need to fix it; exit status 1.
+* Ctrl-C prints one line: where training stopped, the checkpoint it wrote, and the command that continues
+  it; exit status 130 (128 + SIGINT, what shells expect).
+"""
+from __future__ import annotations
+
+import shlex
+import sys
+import sysconfig
+import traceback
+from pathlib import Path
+
+INTERRUPTED_EXIT_CODE = 130
+INPUT_ERROR_EXIT_CODE = 2
+USER_CODE_EXIT_CODE = 1
+
+_SPEEDKIT = Path(__file__).resolve().parents[1]  # the speedkit package
+_LIBRARIES = tuple(Path(p).resolve() for p in {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib",
+                                                                                    "platlib")})
+
+
+def _is_user_file(filename: str) -> bool:
+    """A file of the user's own code: not speedkit, not Python's standard library, not an installed package."""
+    if filename.startswith("<"):  # <frozen importlib._bootstrap>, <string>
+        return False
+    path = Path(filename).resolve()
+    if path.is_relative_to(_SPEEDKIT) or any(path.is_relative_to(lib) for lib in _LIBRARIES):
+        return False
+    return "site-packages" not in path.parts and "dist-packages" not in path.parts
+
+
+def _chain(error: BaseException):
+    """``error`` and the errors it was raised from or during, each once."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        yield error
+        error = error.__cause__ or error.__context__
+
+
+def raised_in_user_code(error: BaseException) -> bool:
+    """True when ``error`` (or an error it was raised from) passed through a frame of the user's own code."""
+    return any(_is_user_file(frame.filename) for e in _chain(error)
+               for frame in traceback.extract_tb(e.__traceback__))
+
+
+def report_error(error: BaseException) -> int:
+    """Print ``error`` the way its kind deserves (see the module's docstring); returns the exit status."""
+    if raised_in_user_code(error):
+        traceback.print_exception(error)
+        print(f"speedkit: error in your code (traceback above): {type(error).__name__}: {error}", file=sys.stderr)
+        return USER_CODE_EXIT_CODE
+    print(f"speedkit: error: {error}", file=sys.stderr)
+    return INPUT_ERROR_EXIT_CODE
+
+
+def resume_command(argv: list[str], run_name: str) -> str:
+    """The ``speedkit`` command line that continues the run ``argv`` started: the same arguments, with
+    ``--autoresume`` (never ``--overwrite``) and the run's name, which an unnamed run was given."""
+    args = [a for a in argv if a != "--overwrite"]
+    if not any(a == "--run-name" or a.startswith("--run-name=") for a in args):
+        args += ["--run-name", run_name]
+    if "--autoresume" not in args:
+        args.append("--autoresume")
+    return shlex.join(["speedkit", *args])
+
+
+def interrupted_line(trainer, argv: list[str]) -> str:
+    """One line for a Ctrl-C: where the run stopped, its newest checkpoint, and the command that resumes it."""
+    if trainer is None:
+        return "speedkit: interrupted before training started; nothing was written"
+    stamp = trainer.state.timestamp
+    checkpoint = trainer.checkpointer.last_checkpoint  # the newest this run wrote (or resumed from)
+    where = f"interrupted after batch {stamp.batch} (epoch {stamp.epoch})"
+    if checkpoint is None or not Path(checkpoint).exists():
+        return f"speedkit: {where}; no checkpoint was written, so a new run starts from the beginning"
+    return f"speedkit: {where}; checkpoint {checkpoint}; resume with: {resume_command(argv, trainer.run_name)}"
