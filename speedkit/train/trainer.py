@@ -17,14 +17,14 @@ from typing import Iterable, Sequence
 
 import torch
 
-from speedkit.callbacks import ProgressBar
+from speedkit.callbacks import ProgressBar, SyncCounter
 from speedkit.core import Callback, Engine, Event, Method, State, Time, TimeUnit, TrainClock, distributed
 from speedkit.core.batch import batch_size, batch_tokens, call_model, output_logits, to_device
 from speedkit.core.devices import (autocast_factory, make_grad_scaler, resolve_device, resolve_precision, synchronize,
-                                   timed)
+                                   timed, to_host)
 from speedkit.core.event import EVAL_EVENTS
 from speedkit.record.loggers import InMemoryLogger, JSONLFileLogger
-from speedkit.record.metrics import Evaluator
+from speedkit.record.metrics import Evaluator, compute_metrics
 from speedkit.record.runs import RunRecord, environment
 from speedkit.train.batches import iterate_from, set_loader_epoch
 from speedkit.train.checkpoint import Checkpointer, set_rng_state
@@ -115,7 +115,7 @@ class Trainer:
         state.evaluators = make_evaluators(model, eval_dataloader, evaluators, eval_interval)
         state.callbacks = make_callbacks(callbacks, stop_at=stop_at, nan_policy=nan_policy,
                                          progress_bar=progress_bar and distributed.is_main(),
-                                         save=self.save_checkpoint if save_checkpoints else None,
+                                         save=self._save_paused if save_checkpoints else None,
                                          save_interval=save_interval)
 
         self.memory_logger = InMemoryLogger()
@@ -172,6 +172,7 @@ class Trainer:
         if self.state.train_dataloader is None:
             raise ValueError("Trainer.fit needs train_dataloader")
         self.sigterm.install()
+        self.interrupts.install()
         try:
             try:
                 self._fit_start()
@@ -185,6 +186,7 @@ class Trainer:
                 self._end_abnormally("failed", f"{type(e).__name__}: {e}", save=False)
                 raise
         finally:
+            self.interrupts.restore()
             self.sigterm.restore()
         if self.sigterm.received:
             self.sigterm.exit_after_saving()  # the previous handler, or SystemExit(143)
@@ -254,6 +256,7 @@ class Trainer:
             self._final_eval()
             record.status = {"target_reached": "target_reached", None: "completed"}.get(state.stop_reason, "stopped")
         record.stop_reason = state.stop_reason
+        self._read_device_checks()  # before FIT_END and the final checkpoint
         if record.status != "terminated":
             self.engine.run_event(Event.FIT_END)
         self._finish(save=self.save_checkpoints)  # inside: a failed final save marks the run failed
@@ -295,14 +298,16 @@ class Trainer:
                 self._train_step()
                 engine.run_event(Event.BATCH_END)
             self._maybe_eval(at_epoch_end=False)
-            self._paused(engine.run_event, Event.BATCH_CHECKPOINT)
+            # Not paused as a whole: a save pauses the clock itself (``_save_paused``), so a batch that saves
+            # nothing makes the host wait for nothing.
+            engine.run_event(Event.BATCH_CHECKPOINT)
         if state.timestamp.batch_in_epoch == 0:  # looping over empty epochs would never reach max_duration
             raise ValueError(f"train_dataloader yielded no batches in epoch {state.timestamp.epoch}; a loader "
                              f"must yield batches every epoch (a generator is used up after one pass)")
         state.timestamp = state.timestamp.after_epoch()
         engine.run_event(Event.EPOCH_END)
         self._maybe_eval(at_epoch_end=True)
-        self._paused(engine.run_event, Event.EPOCH_CHECKPOINT)
+        engine.run_event(Event.EPOCH_CHECKPOINT)
 
     # -- one optimizer step ---------------------------------------------------------------
     def _train_step(self) -> None:
@@ -332,7 +337,7 @@ class Trainer:
         state.timestamp = state.timestamp.after_batch(batch_size(batch) * world, batch_tokens(batch) * world,
                                                       wall_s=self._clock.elapsed())
         if state.timestamp.batch % state.log_every == 0 or state.is_done():
-            state.last_train_loss = step_loss.item()
+            state.last_train_loss = to_host(step_loss)  # the step's one wait, at the logging interval only
             self.logger.log_metrics({"loss": state.last_train_loss})
 
     def _forward_backward(self, full_batch, microbatches) -> torch.Tensor:
@@ -397,6 +402,19 @@ class Trainer:
             scaler.update()
 
     # -- evaluation -----------------------------------------------------------------------
+    def _save_paused(self) -> Path:
+        """A periodic checkpoint, with the training clock stopped; the device's own checks are read first,
+        so that no checkpoint holds a step they would refuse (the NaN guard's flag)."""
+        self._read_device_checks()
+        return self._paused(self.checkpointer.save)
+
+    def _read_device_checks(self) -> None:
+        """Callbacks that keep a check on the device (``read_device_checks``) read it now, at a wait point."""
+        for callback in self.state.callbacks:
+            read = getattr(callback, "read_device_checks", None)
+            if read is not None:
+                read(self.state, self.logger)
+
     def _paused(self, fn, *args):
         """Run ``fn`` with the training clock stopped: evaluation and saving are not training time."""
         synchronize(self.state.device)
@@ -411,12 +429,14 @@ class Trainer:
     def _maybe_eval(self, at_epoch_end: bool) -> None:
         due = [ev for ev in self.state.evaluators if ev.schedule.due(self.state, at_epoch_end)]
         if due:
+            self._read_device_checks()  # before the clock stops: an evaluation is no place to fail a step
             self._paused(self.eval, due)
 
     def _final_eval(self) -> None:
         """Make sure the record ends with metrics for the final weights."""
         evals = self.state.record.evals
         if self.state.evaluators and (not evals or evals[-1]["batch"] != self.state.timestamp.batch):
+            self._read_device_checks()
             self._paused(self.eval)
 
     def eval(self, evaluators: Sequence[Evaluator] | None = None) -> dict[str, dict[str, float]]:
@@ -474,7 +494,7 @@ class Trainer:
         # Under several processes: pad to the ranks' longest shard (FSDP) and sum the metrics over ranks.
         repeat_last = functools.partial(self._eval_batch, evaluator, last, count=False)
         self.plan.finish_evaluator(state.model, evaluator, seen, repeat_last)
-        values = {name: metric.compute() for name, metric in evaluator.metrics.items()}
+        values = compute_metrics(evaluator.metrics)  # one read of every metric's device state
         label = "eval" if evaluator.label == "eval" else f"eval/{evaluator.label}"
         state.eval_metrics[label] = values
         engine.run_event(Event.EVAL_END)
@@ -506,7 +526,7 @@ class Trainer:
         self._clock.pause()
         state.record.timings["train_s"] = round(self._clock.elapsed(), 4)
         for cb in state.callbacks:
-            if isinstance(cb, ProgressBar):
+            if isinstance(cb, (ProgressBar, SyncCounter)):
                 cb.close()
         if save and self._fit_started:
             self.checkpointer.save()
