@@ -19,6 +19,8 @@ its batch to its checkpoint point), the evaluation or the set-up it happened in,
 from __future__ import annotations
 
 import collections
+import os
+import sys
 import traceback
 
 import torch
@@ -27,7 +29,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from speedkit.core import devices
 from speedkit.core.engine import Callback
 
-KINDS = ("item", "host_read", "device_sync", "collective")
+KINDS = ("item", "host_read", "device_sync", "collective")  # "host_only": reads a host-made batch needed
 _COLLECTIVE_NAMESPACES = ("c10d", "_c10d_functional", "c10d_functional")
 
 
@@ -41,13 +43,32 @@ class _SyncDispatch(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func is torch.ops.aten._local_scalar_dense.default:
-            self.counter.count("item")
+            if not _reads_host_resident_value(args[0]):
+                self.counter.count("item")
         elif func.namespace in _COLLECTIVE_NAMESPACES:
             self.counter.count("collective")
         elif func in (torch.ops.aten._to_copy.default, torch.ops.aten.copy_.default) and _device_to_host(
                 func, args, kwargs):
             self.counter.count("host_read")
         return func(*args, **kwargs)
+
+
+def _reads_host_resident_value(tensor: torch.Tensor) -> bool:
+    """Whether this read costs nothing on any device: torch.optim keeps an optimizer's step count on the
+    CPU (unless ``capturable``) precisely so that reading it (``_get_value``) never waits on a GPU."""
+    if tensor.device.type != "cpu" or tensor.numel() != 1:
+        return False
+    frame = sys._getframe(2)
+    for _ in range(6):
+        if frame is None:
+            return False
+        if frame.f_code.co_name == "_get_value" and frame.f_code.co_filename.endswith(_OPTIMIZER_FILE):
+            return True
+        frame = frame.f_back
+    return False
+
+
+_OPTIMIZER_FILE = os.path.join("torch", "optim", "optimizer.py")
 
 
 def _device_to_host(func, args, kwargs) -> bool:
@@ -78,8 +99,11 @@ class SyncCounter(Callback):
 
     # -- counting ---------------------------------------------------------------------------------
     def count(self, kind: str) -> None:
-        self.totals[kind] += 1
         where = self.phase
+        if where[0] == "host_data" and kind == "item":
+            self.totals["host_only"] += 1
+            return
+        self.totals[kind] += 1
         if where[0] == "step":
             self.steps[where[1]] = self.steps.get(where[1], 0) + 1
         elif where[0] == "eval":
@@ -89,7 +113,7 @@ class SyncCounter(Callback):
 
     @property
     def total(self) -> int:
-        return sum(self.totals.values())
+        return sum(n for kind, n in self.totals.items() if kind != "host_only")
 
     def __enter__(self) -> "SyncCounter":
         if self._mode is not None:
@@ -114,8 +138,16 @@ class SyncCounter(Callback):
         self.phase = ("setup",)
 
     def before_dataloader(self, state, logger):
-        self.phase = ("step", state.timestamp.batch + 1)  # loading the batch is part of its step
-        self.steps.setdefault(self.phase[1], 0)
+        batch = state.timestamp.batch + 1
+        self.steps.setdefault(batch, 0)
+        # A torch DataLoader makes its batches on the host (per-image transforms read their random numbers
+        # with .item() on CPU tensors); those reads wait on nothing, on any device. A loader of device
+        # tensors (speedkit's in-memory one) makes them in the step, where every read counts.
+        host_made = isinstance(state.train_dataloader, torch.utils.data.DataLoader)
+        self.phase = ("host_data", batch) if host_made else ("step", batch)
+
+    def after_dataloader(self, state, logger):
+        self.phase = ("step", state.timestamp.batch + 1)
 
     def batch_end(self, state, logger):
         if state.timestamp.batch % state.log_every == 0 or state.is_done():
@@ -146,13 +178,17 @@ class SyncCounter(Callback):
     # -- what was counted -----------------------------------------------------------------------
     def quiet_steps(self) -> dict[int, int]:
         """Waits in each training step that neither logged nor was followed by an evaluation (a step that
-        saves a checkpoint counts the save's wait too)."""
-        return {b: n for b, n in self.steps.items() if b not in self.boundary_steps}
+        saves a checkpoint counts the save's wait too). The fit's first step is left out: it checks its
+        batch against the model, once (``speedkit.train.checks``); ``first_step`` in the report has it."""
+        first = min(self.steps, default=None)
+        return {b: n for b, n in self.steps.items() if b not in self.boundary_steps and b != first}
 
     def report(self) -> dict:
         quiet = self.quiet_steps()
         logged = [self.steps.get(b, 0) for b in sorted(self.boundary_steps)]
+        first = min(self.steps, default=None)
         return {"total": self.total, "by_kind": dict(self.totals), "steps": len(self.steps),
+                "first_step": self.steps.get(first, 0),
                 "waits_in_quiet_steps": sum(quiet.values()),
                 "steps_with_waits": sorted(b for b, n in quiet.items() if n),
                 "max_per_boundary_step": max(logged, default=0),
