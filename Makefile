@@ -3,6 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.speedkit-installed
+DEMO_STAMP := $(VENV)/.speedkit-demo-installed
 PYTEST_ARGS ?=
 
 .PHONY: setup system demo test lab readme docs clean
@@ -19,8 +20,14 @@ system:
 
 setup: $(STAMP) system
 
-demo: setup
-	$(PY) -m speedkit demo
+# The demo needs only speedkit[demo] (papermill, the notebook widgets, matplotlib), not the whole dev set.
+$(DEMO_STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q -e '.[demo]'
+	@touch $(DEMO_STAMP)
+
+demo: $(DEMO_STAMP) system
+	$(PY) -m speedkit demo --root .
 
 test: setup
 	$(PY) -m pytest -q $(PYTEST_ARGS)

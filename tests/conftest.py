@@ -33,14 +33,11 @@ def forget_registered_tasks_and_methods():
     each other's."""
     from speedkit.methods import REGISTRY
     from speedkit.tasks import TASKS
-    from speedkit.tasks.recipes import BASELINES, RECIPES
 
     before, methods_before = set(TASKS), dict(REGISTRY)
     yield
     for name in set(TASKS) - before:
-        TASKS.pop(name)
-        RECIPES.pop(name, None)
-        BASELINES.pop(name, None)
+        TASKS.pop(name)  # its recipes and baselines go with it
     REGISTRY.clear()
     REGISTRY.update(methods_before)
 

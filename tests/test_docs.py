@@ -12,7 +12,7 @@ import pytest
 from prerequisites import import_or_missing
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS_INSTALL = "pip install 'speedkit[docs]'"
+DOCS_INSTALL = "pip install 'torch-speedkit[docs]'"
 
 
 @pytest.fixture(scope="module")

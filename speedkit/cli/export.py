@@ -162,7 +162,7 @@ def _write_safetensors(out: Path, tensors: dict, metadata: dict) -> None:
     try:
         from safetensors.torch import save
     except ImportError:
-        raise ImportError("format='safetensors' needs the safetensors package: pip install 'speedkit[export]' "
+        raise ImportError("format='safetensors' needs the safetensors package: pip install 'torch-speedkit[export]' "
                           "(or use format='pt')") from None
     atomic_write_bytes(out, save(tensors, metadata=metadata))
 

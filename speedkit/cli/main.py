@@ -13,14 +13,13 @@ def _catalogue() -> str:
     from speedkit.methods import REGISTRY
     from speedkit.models import list_models
     from speedkit.tasks import FOLDER_TASKS, TASKS
-    from speedkit.tasks.recipes import RECIPES
 
     lines = ["tasks (or --task package.module:attr naming a speedkit.Task, or a function returning one):"]
     lines += [f"  {name:<14} {spec.summary} (target {spec.target_metric} {spec.target_value})"
               for name, spec in TASKS.items() if name not in FOLDER_TASKS]
     lines += [f"  {name:<14} {make.__doc__.splitlines()[0]} (needs --data DIR)" for name, make in FOLDER_TASKS.items()]
     lines.append("recipes:")
-    lines += [f"  {task:<14} {', '.join(recipes)}" for task, recipes in RECIPES.items()]
+    lines += [f"  {name:<14} {', '.join(spec.recipes)}" for name, spec in TASKS.items() if name not in FOLDER_TASKS]
     lines.append("models:\n  " + ", ".join(list_models()))
     lines.append("methods:")
     lines += [f"  {name:<18} {cls.CARD.summary}" for name, cls in sorted(REGISTRY.items())]
@@ -71,13 +70,17 @@ def _parser() -> argparse.ArgumentParser:
     methods.add_argument("--markdown", action="store_true", help="print the README's markdown table")
     methods.add_argument("name", nargs="?", help="show one method's whole card")
 
-    demo = commands.add_parser("demo", help="run notebooks/00_quickstart headlessly: the baseline against a "
-                               "speed-up recipe on Fashion-MNIST, side by side")
-    demo.add_argument("--duration", help="budget for both runs (default: the params/demo set's)")
+    demo = commands.add_parser("demo", help="run notebooks/00_quickstart headlessly: how much sooner the fastest "
+                               "preset reaches a target accuracy on Fashion-MNIST than the hand-written baseline")
+    demo.add_argument("--duration", help="budget for both runs (default: each recipe's own, as benchmarked)")
     demo.add_argument("--data-fraction", type=float)
     demo.add_argument("--device")
-    demo.add_argument("--out", default="runs/demo", help="where the executed notebook, its HTML and records go")
-    demo.add_argument("--root", default=".", help="the speedkit checkout holding notebooks/ and params/")
+    demo.add_argument("--out", default="runs/demo", help="where the executed notebook, its HTML, PNG figure and "
+                      "records go")
+    demo.add_argument("--params", help="parameter set: a name under ROOT/params or a folder (default: gpu where "
+                      "CUDA is available, else demo)")
+    demo.add_argument("--root", help="a speedkit checkout holding notebooks/ and params/ (default: the copy "
+                      "installed with speedkit)")
     _add_export_parser(commands)
     _add_bench_parser(commands)
     _add_tune_parser(commands)
@@ -307,7 +310,7 @@ def _add_tune_parser(commands) -> None:
                     "target; the winner and runner-up are confirmed on fresh seeds beside the tuned baseline. "
                     "Writes OUT/recipe.yaml (for `speedkit train --recipe`), OUT/report.md, OUT/report.html and "
                     "OUT/summary.json. Rerun the same command to continue a search that was stopped or killed. "
-                    "Needs: pip install 'speedkit[tune]'. optuna-dashboard, where installed, opens the study.",
+                    "Needs: pip install 'torch-speedkit[tune]'. optuna-dashboard, where installed, opens the study.",
         epilog="example:\n  speedkit tune --task fashion-mnist --budget 45m --data-fraction 0.25 "
                "--methods channels_last,label_smoothing,ema,mixup,cutmix,identity_init --out runs/tune-fmnist",
         formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -409,7 +412,8 @@ def _add_notebooks_parser(commands) -> None:
     run.add_argument("--params", default="cpu-smoke", help="parameter set: a folder under ROOT/params (cpu-smoke, gpu)")
     run.add_argument("--out", default="runs/nb", help="each notebook's records, executed copy and HTML go to OUT/<name>/")
     run.add_argument("--only", nargs="+", metavar="NAME", help="run only these notebooks (names without .ipynb)")
-    run.add_argument("--root", default=".", help="the folder holding notebooks/, tutorials/ and params/")
+    run.add_argument("--root", help="a checkout holding notebooks/, tutorials/ and params/ (default: the copy "
+                     "installed with speedkit)")
     run.add_argument("-p", "--parameter", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
                      help="override a parameter of every notebook run (VALUE is read as YAML)")
     run.add_argument("--timeout", type=float, help="seconds any one cell may take")
@@ -448,7 +452,8 @@ def main(argv: list[str] | None = None) -> int:
             from speedkit.cli.demo import run_demo
 
             overrides = {"duration": args.duration, "data_fraction": args.data_fraction, "device": args.device}
-            return run_demo(args.root, args.out, {k: v for k, v in overrides.items() if v is not None})
+            return run_demo(args.root, args.out, {k: v for k, v in overrides.items() if v is not None},
+                            params=args.params)
     except (ValueError, TypeError, FileNotFoundError, ImportError) as e:
         print(f"speedkit: error: {e}", file=sys.stderr)
         return 2

@@ -11,7 +11,10 @@ Committed notebooks carry no outputs. The expected text outputs of cells marked
 ``pytest --nbval-lax`` compares. ``check_committed`` says what is wrong with a notebook as
 committed, and ``update_expected_outputs`` regenerates its expected outputs by running it.
 
-papermill, nbformat and nbconvert are imported only here (they come with ``speedkit[test]``), so the
+Without a ``root``, ``run_notebooks`` runs the copy installed with the package (``speedkit.cli.shipped``),
+so it works from any folder after ``pip install 'torch-speedkit[demo]'``; a checkout is run with ``root=``.
+
+papermill, nbformat and nbconvert are imported only here (they come with ``torch-speedkit[demo]``), so the
 Trainer never needs them.
 """
 from __future__ import annotations
@@ -61,7 +64,7 @@ def _imports():
         import papermill
     except ImportError as e:
         raise ImportError(f"running notebooks needs papermill and nbformat ({e}); "
-                          f"install them with: pip install -e '.[test]'") from e
+                          f"install them with: pip install 'torch-speedkit[demo]'") from e
     return nbformat, papermill
 
 
@@ -267,11 +270,14 @@ def _streamed(path: Path, progress: Callable[[str], None] | None):
         logger.setLevel(level)
 
 
-def run_notebooks(params: str | Path = "cpu-smoke", out: str | Path = "runs/nb", root: str | Path = ".",
+def run_notebooks(params: str | Path = "cpu-smoke", out: str | Path = "runs/nb", root: str | Path | None = None,
                   only: Iterable[str] | None = None, overrides: dict | None = None, timeout: float | None = None,
                   progress: Callable[[str], None] | None = None,
                   stream: Callable[[str], None] | None = None) -> list[NotebookResult]:
     """Run every notebook under ``root`` (or those named in ``only``) with parameter set ``params``.
+
+    ``root`` is a checkout (its notebooks run with the kernel in it, as before); without it, the copy
+    installed with speedkit runs, with the kernel in the current folder.
 
     ``progress`` hears which notebook starts and how it ended; ``stream`` also each cell and output line.
 
@@ -279,7 +285,10 @@ def run_notebooks(params: str | Path = "cpu-smoke", out: str | Path = "runs/nb",
     without a parameter file in the set is reported as "no parameters" and not run: running it at
     its defaults could take hours, and passing silently would hide the missing file.
     """
-    root = Path(root)
+    from speedkit.cli.shipped import is_shipped, notebook_root
+
+    root = notebook_root(root)
+    kernel_dir = Path.cwd() if is_shipped(root) else root  # never write into the installed package
     folder = _param_folder(params, root)
     paths = _select(discover_notebooks(root), only, root)
     if not paths:
@@ -293,7 +302,7 @@ def run_notebooks(params: str | Path = "cpu-smoke", out: str | Path = "runs/nb",
         else:
             if progress:
                 progress(f"running {path.relative_to(root) if path.is_relative_to(root) else path} ...")
-            result = run_notebook(path, {**values, **(overrides or {})}, Path(out) / path.stem, root, timeout,
+            result = run_notebook(path, {**values, **(overrides or {})}, Path(out) / path.stem, kernel_dir, timeout,
                                   progress=stream)
         if progress:
             progress(f"  {result.status} ({result.seconds:.1f}s){': ' + _first_line(result.error) if result.failed else ''}")

@@ -15,7 +15,8 @@ from typing import Any, ClassVar, Sequence
 
 from speedkit.core.event import Event
 
-DOMAINS = ("vision", "language", "any")
+DOMAINS = ("vision", "language")  # what a task is about, and so its models, its recipes and the methods that suit it
+CARD_DOMAINS = (*DOMAINS, "any")  # a method suits one domain, or any
 
 # What a method may read or write. Stages order methods: surgery before precision before data ...
 STAGES = ("model", "precision", "data", "batch", "labels", "loss", "gradients", "optimizer", "schedule", "eval")
@@ -124,8 +125,8 @@ class MethodCard:
     source: str = ""
 
     def __post_init__(self):
-        if self.domain not in DOMAINS:
-            raise ValueError(f"card {self.name!r}: domain must be one of {DOMAINS}, got {self.domain!r}")
+        if self.domain not in CARD_DOMAINS:
+            raise ValueError(f"card {self.name!r}: domain must be one of {CARD_DOMAINS}, got {self.domain!r}")
         bad = [s for s in (*self.reads, *self.writes) if s not in STAGES]
         if bad:
             raise ValueError(f"card {self.name!r}: unknown read/write targets {bad}; known: {STAGES}")

@@ -51,8 +51,8 @@ def median_or_none(values: Iterable[float | None]) -> float | None:
 
 
 def is_baseline(record: RunRecord) -> bool:
-    """A run of one of its task's baseline recipes (``speedkit.tasks.recipes.BASELINES``), not a leave-one-out run."""
-    from speedkit.tasks.recipes import is_baseline as is_baseline_recipe
+    """A run of one of its task's baseline recipes (``speedkit.tasks.Task.baselines``), not a leave-one-out run."""
+    from speedkit.tasks.task import is_baseline as is_baseline_recipe
 
     recipe = record.config.get("recipe")
     return (recipe is not None and is_baseline_recipe(record.config.get("task"), recipe)

@@ -8,7 +8,7 @@ Models speedkit trains and benchmarks, by name:
     get_model("unet", num_classes=2)
     get_model("torchvision:mobilenet_v3_small", num_classes=5, in_channels=1)   # any torchvision classifier
     get_model("timm:resnet10t", num_classes=5)   # where timm is installed
-    get_model("hf:gpt2-nano")                     # a transformers GPT-2 of gpt-nano's sizes (speedkit[hf])
+    get_model("hf:gpt2-nano")                     # a transformers GPT-2 of gpt-nano's sizes (torch-speedkit[hf])
 
 Nothing here downloads weights: torchvision models are built with weights=None.
 """

@@ -3,7 +3,7 @@
 ``get_model("hf:gpt2-nano")`` is a ``transformers`` GPT-2 with the sizes of speedkit's ``gpt-nano`` preset
 (``hf:gpt2-micro``, ``hf:gpt2-mini``, ``hf:gpt2-small`` likewise) over the 256 byte values. It is called
 Hugging Face style, ``model(**batch)`` with ``input_ids`` and ``labels``, and trains on the dict batches the
-language tasks yield for it. Needs ``pip install 'speedkit[hf]'``.
+language tasks yield for it. Needs ``pip install 'torch-speedkit[hf]'``.
 """
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ def hf_causal_lm(name: str) -> NextTokenLM:
     try:
         from transformers import GPT2Config, GPT2LMHeadModel
     except ImportError:
-        raise ValueError(f"model {name!r} needs transformers, which is not installed; pip install 'speedkit[hf]' "
+        raise ValueError(f"model {name!r} needs transformers, which is not installed; pip install 'torch-speedkit[hf]' "
                          f"or pick a gpt-* model") from None
     sizes = GPT_CONFIGS[preset]
     config = GPT2Config(vocab_size=sizes.vocab_size, n_positions=sizes.block_size, n_embd=sizes.n_embd,

@@ -181,7 +181,7 @@ def _optional_import(module: str, extra: str):
     try:
         return importlib.import_module(module)
     except ImportError as e:  # torch.utils.tensorboard raises this too when the tensorboard package is missing
-        raise ImportError(f"the {extra} logger needs the {extra} package: pip install 'speedkit[{extra}]'"
+        raise ImportError(f"the {extra} logger needs the {extra} package: pip install 'torch-speedkit[{extra}]'"
                           f" (import failed: {e})") from e
 
 

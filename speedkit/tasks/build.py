@@ -1,6 +1,6 @@
 """Tasks into runs: the one resolver of a task (a name, a ``Task``, ``"pkg.mod:attr"``, a function, a folder),
-and where recipes become Trainer arguments. ``Task`` itself is in ``speedkit.tasks.task``, the built-in tasks in
-``speedkit.tasks.builtin``.
+and where recipes become Trainer arguments. ``Task``, the registry and the recipe resolver ``get_recipe`` are in
+``speedkit.tasks.task``, the built-in tasks in ``speedkit.tasks.builtin``.
 
 The CLI, the demo, the notebooks and the benchmark all build their runs through ``make_trainer``,
 so a configuration means the same thing everywhere. A hand-built Trainer takes a recipe's parts from
@@ -8,8 +8,6 @@ so a configuration means the same thing everywhere. A hand-built Trainer takes a
 """
 from __future__ import annotations
 
-import copy
-import importlib
 from types import SimpleNamespace
 from typing import Any
 
@@ -20,14 +18,10 @@ from speedkit.core.devices import resolve_device
 from speedkit.methods import build_methods
 from speedkit.optim.factory import make_optimizer_factory
 from speedkit.record.metrics import Evaluator
-from speedkit.tasks.builtin import BUILT_IN_TASKS, FOLDER_TASKS, fashion_mnist_torch_loader  # noqa: F401
-from speedkit.tasks.recipes import Recipe, get_recipe, resolve_recipe
-from speedkit.tasks.task import TASKS, DataRequest, Task, get_task, register_task  # noqa: F401  (the public names)
+from speedkit.tasks.recipes import Recipe
+from speedkit.tasks.task import FOLDER_TASKS, TASKS, DataRequest, Task, get_recipe, import_attribute, register_task
 from speedkit.train.checks import check_first_outputs, describe
 from speedkit.train.trainer import Trainer
-
-for _task in BUILT_IN_TASKS:
-    register_task(_task, built_in=True)
 
 
 # -- tasks: one resolver for every entry point --------------------------------------------------
@@ -75,25 +69,6 @@ def _refuse_data(data, options: dict, what: str) -> None:
                          f"{sorted(FOLDER_TASKS)} and for task functions that take data=")
 
 
-def import_attribute(spec: str):
-    """The object ``"package.module:attr"`` names, with an error that says what failed and what to check."""
-    module_name, _, attr = spec.partition(":")
-    if not module_name or not attr:
-        raise ValueError(f"task {spec!r}: expected 'package.module:attr', e.g. 'mytasks:flowers'")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise ValueError(f"task {spec!r}: cannot import module {module_name!r} ({type(e).__name__}: {e}); check "
-                         f"that it is on the Python path (run from its folder, or pip install its package)") from e
-    value = module
-    for part in attr.split("."):
-        if not hasattr(value, part):
-            raise ValueError(f"task {spec!r}: module {module_name!r} has no attribute {attr!r}; name a Task or a "
-                             f"function returning one")
-        value = getattr(value, part)
-    return value
-
-
 def model_fit_problem(task: Task, model: str) -> str | None:
     """Why ``model`` does not fit the task's data (channels, classes, vocabulary), or None when it does."""
     return task.model_fit_problem(model)
@@ -108,7 +83,7 @@ def recipe_parts(recipe: str | Recipe, model: torch.nn.Module | None = None, *,
     ``recipe`` is a Recipe, ``"task:name"`` or a bare name picked by ``model``'s domain (vision or
     language): ``Trainer(model, data, **recipe_parts("mild", model, max_duration="2ep"))``.
     """
-    recipe = resolve_recipe(recipe, model)
+    recipe = get_recipe(None, recipe, model=model)
     return {"max_duration": max_duration or recipe.duration,
             "optimizers": optimizers or make_optimizer_factory(recipe.optimizer),
             "schedulers": recipe.schedule if schedulers is None else schedulers,
@@ -136,7 +111,7 @@ def make_trainer(task: str | Task = "fashion-mnist", recipe: str | Recipe = "bas
     if not 0 < data_fraction <= 1:
         raise ValueError(f"data_fraction must be in (0, 1], got {data_fraction}")
     spec = find_task(task, data, **(task_options or {}))
-    recipe = task_recipe(spec, recipe).with_changes(model=model, duration=duration, precision=precision,
+    recipe = get_recipe(spec, recipe).with_changes(model=model, duration=duration, precision=precision,
                                                         batch_size=batch_size, eval_interval=eval_interval)
     if methods is not None:
         recipe = recipe.with_changes(methods=_methods_dict(methods))
@@ -163,15 +138,6 @@ def make_trainer(task: str | Task = "fashion-mnist", recipe: str | Recipe = "bas
     trainer.record.target = {"metric": spec.target_metric, "value": target_value}
     register_task(spec, replace=True)  # built: its name and recipes now work everywhere (not before: a refused
     return trainer                     # task stays out of the explorer's list)
-
-
-def task_recipe(task: Task, recipe: str | Recipe) -> Recipe:
-    """One of ``task``'s recipes by name, a recipe file for it, or a Recipe as it is."""
-    if isinstance(recipe, Recipe) or str(recipe).endswith((".yaml", ".yml", ".json")):
-        return get_recipe(task.name, recipe)
-    if recipe not in task.recipes:
-        raise ValueError(f"unknown recipe {recipe!r} for {task.name}; known: {sorted(task.recipes)}")
-    return copy.deepcopy(task.recipes[recipe])
 
 
 def check_model_fits_data(task: Task, model: torch.nn.Module, eval_data) -> None:

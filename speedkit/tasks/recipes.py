@@ -1,21 +1,27 @@
-"""Recipes: presets as data, per task. A recipe names its model, methods, optimizer, schedule,
-duration, precision and input pipeline; ``speedkit.tasks.make_trainer`` turns one into a Trainer.
+"""Recipes: a recipe names its model, methods, optimizer, schedule, duration, precision and input pipeline;
+``speedkit.tasks.make_trainer`` turns one into a Trainer, and ``speedkit.tasks.get_recipe`` finds one by name.
 
-The baseline is what a competent user writes by hand: SGD with Nesterov momentum, a cosine
-schedule with warmup, fp32, a torchvision transform + DataLoader input pipeline. Faster presets
-change the pipeline, precision, schedule and methods, never the model family or the test set.
+A recipe file is YAML (or JSON) holding one recipe per document (``---`` between them): what
+``Recipe.to_yaml`` writes, what ``speedkit train --recipe FILE`` and ``speedkit tune --base FILE`` read,
+and what the built-in tasks' presets are (``presets/<task>.yaml``, shipped with the package; copy one to
+start your own). ``FILE:NAME`` picks one recipe of a file that holds several. A recipe held by a Task takes
+its task and domain from it, so the presets leave them out; what a preset reached in the benchmark is read
+from ``presets/reached.json``, which ``make readme`` writes from ``bench/results/summary.json``.
 """
 from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 import math
 from pathlib import Path
 
+from speedkit.core.method import DOMAINS
 from speedkit.core.method import show as _show
 from speedkit.train.checks import check_duration
 
-DOMAINS = ("vision", "language")
+RECIPE_FILE_SUFFIXES = (".yaml", ".yml", ".json")
+PRESETS = Path(__file__).with_name("presets")  # the built-in tasks' recipe files, and what they reached
 
 
 class RecipeFileNotFoundError(FileNotFoundError, ValueError):
@@ -25,8 +31,6 @@ class RecipeFileNotFoundError(FileNotFoundError, ValueError):
 @dataclasses.dataclass
 class Recipe:
     name: str
-    task: str
-    domain: str  # "vision" | "language": which models it suits
     model: str
     duration: str
     batch_size: int
@@ -41,18 +45,24 @@ class Recipe:
     target: dict | None = None  # {"metric", "value"} it was tuned to reach; None: the task's target
     reached: dict | None = None  # what the benchmark measured: metric, value, time, machine
     loggers: list = dataclasses.field(default_factory=list)  # logger names: tensorboard, csv, mlflow, wandb
+    # Whose recipe it is. None where a Task holds it (the Task says); a recipe taken from a task, or written to
+    # a file, carries them, so that a file is refused for another task.
+    task: str | None = None
+    domain: str | None = None  # one of speedkit.core.method.DOMAINS: which models it suits
 
     def __post_init__(self):
         """Every field is checked now, so a bad recipe (file) fails when read, naming the field."""
         where = f"recipe {_show(self.name)}"
         for field in ("name", "task", "model", "summary"):
             value = getattr(self, field)
+            if value is None and field == "task":
+                continue
             if not isinstance(value, str):
                 raise TypeError(f"{where}: {field} must be a string, got {type(value).__name__} {_show(value)}")
             if field != "summary" and not value.strip():
                 raise ValueError(f"{where}: {field} must not be empty")
-        if not isinstance(self.domain, str) or self.domain not in DOMAINS:
-            raise ValueError(f"{where}: domain must be one of {DOMAINS}, got {_show(self.domain)}")
+        if self.domain is not None and (not isinstance(self.domain, str) or self.domain not in DOMAINS):
+            raise ValueError(f"{where}: domain must be one of {DOMAINS} (or left out), got {_show(self.domain)}")
         for field in ("duration", "eval_interval"):  # a budget cannot be a fraction of itself
             try:
                 check_duration(field, getattr(self, field), optional=False, fraction_ok=field == "eval_interval")
@@ -135,230 +145,101 @@ class Recipe:
         """The recipe as a file ``speedkit train --recipe file.yaml`` and ``make_trainer`` read back."""
         import yaml
 
-        # an empty logger list is left out, so files of recipes without loggers read as before
-        data = {k: v for k, v in self.to_dict().items() if v is not None and k != "reached" and v != []}
+        # whose it is first; an empty logger list is left out, so files of recipes without loggers read as before
+        fields = {"name": self.name, "task": self.task, "domain": self.domain, **self.to_dict()}
+        data = {k: v for k, v in fields.items() if v is not None and k != "reached" and v != []}
         if "betas" in data["optimizer"]:
             data["optimizer"]["betas"] = list(data["optimizer"]["betas"])
         return yaml.safe_dump(data, sort_keys=False)
 
     @classmethod
-    def from_file(cls, path) -> "Recipe":
-        """Read a recipe written by :meth:`to_yaml` (YAML or JSON); unknown fields are an error."""
-        import yaml
-
-        path = Path(path)
-        if not path.is_file():
-            raise RecipeFileNotFoundError(f"recipe file {path} does not exist")
-        try:
-            data = yaml.safe_load(path.read_text(encoding="utf-8"))
-        except (yaml.YAMLError, UnicodeDecodeError) as e:
-            raise ValueError(f"recipe file {path} is not valid YAML/JSON: {e}") from None
-        if not isinstance(data, dict):
-            raise ValueError(f"recipe file {path} must hold a mapping of recipe fields, got {type(data).__name__}")
-        fields = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(map(str, set(data) - fields))
-        missing = sorted(f.name for f in dataclasses.fields(cls)
-                         if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-                         and f.name not in data)
-        if unknown or missing:
-            raise ValueError(f"recipe file {path}: unknown fields {unknown}, missing fields {missing}; "
-                             f"a recipe has the fields {sorted(fields)}")
-        return cls(**data)
+    def from_file(cls, path, name: str | None = None) -> "Recipe":
+        """The recipe in a recipe file, or the one called ``name`` in a file that holds several."""
+        recipes = read_recipe_file(path)
+        if name is None and len(recipes) == 1:
+            return next(iter(recipes.values()))
+        if name is None:
+            raise ValueError(f"recipe file {path} holds the recipes {list(recipes)}; name one as "
+                             f"'{path}:{next(iter(recipes))}'")
+        if name not in recipes:
+            raise ValueError(f"recipe file {path} has no recipe {name!r}; it holds {list(recipes)}")
+        return recipes[name]
 
 
-_SGD = {"name": "sgd", "lr": 0.1, "momentum": 0.9, "nesterov": True, "weight_decay": 5e-4}
+def read_recipe_file(path) -> dict[str, Recipe]:
+    """Every recipe in a recipe file (YAML or JSON, one recipe per document), by name; unknown fields are an error."""
+    import yaml
 
-_ADAMW = {"name": "adamw", "lr": 1e-3, "weight_decay": 0.1, "betas": (0.9, 0.95)}
-
-
-def _measured_by(metric: str, target: float, threads: int):
-    """``reached=`` for one benchmark: medians over 3 seeds (bench/results/summary.json has it all).
-
-    ``fresh_seeds``: how the preset did when run with ``speedkit train`` on seeds the benchmark never used
-    (a budget found on seeds 0-2 may reach the target there only), where that was measured.
-    """
-    def reached(seeds_reached: str, time_to_target_s: float | None, final: float,
-                fresh_seeds: str | None = None) -> dict:
-        entry = {"metric": metric, "target": target, "seeds_reached": seeds_reached,
-                 "time_to_target_s": time_to_target_s, "final": final, "profile": "cpu",
-                 "machine": f"AMD EPYC, {threads} thread{'s' * (threads > 1)}, torch 2.14.1", "date": "2026-11-30"}
-        return entry | ({"fresh_seeds": fresh_seeds} if fresh_seeds else {})
-    return reached
-
-
-_VISION_TARGET = {"metric": "eval/accuracy", "value": 0.92}
-_vision_bench = _measured_by("eval/accuracy", 0.92, threads=1)  # `speedkit bench vision` (README)
-_LANGUAGE_TARGET = {"metric": "eval/bpb", "value": 3.30}  # the language benchmark's (the task's own is 2.0)
-_language_bench = _measured_by("eval/bpb", 3.30, threads=1)  # `speedkit bench language` (README)
+    path = Path(path)
+    if not path.is_file():
+        raise RecipeFileNotFoundError(f"recipe file {path} does not exist")
+    try:
+        documents = [d for d in yaml.safe_load_all(path.read_text(encoding="utf-8")) if d is not None]
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        raise ValueError(f"recipe file {path} is not valid YAML/JSON: {e}") from None
+    if not documents:
+        raise ValueError(f"recipe file {path} holds no recipe; a recipe has the fields {sorted(_FIELDS)}")
+    recipes: dict[str, Recipe] = {}
+    for number, data in enumerate(documents, start=1):
+        where = f"recipe file {path}" + (f", recipe {number}" if len(documents) > 1 else "")
+        recipe = _recipe_from_mapping(data, where)
+        if recipe.name in recipes:
+            raise ValueError(f"{where}: a second recipe named {recipe.name!r}; give each recipe its own name")
+        recipes[recipe.name] = recipe
+    return recipes
 
 
-# Faster presets add methods as the budget shrinks. They are starting points that the time-to-accuracy
-# benchmark measures and tunes; `reached` records what each achieved there.
-RECIPES: dict[str, dict[str, Recipe]] = {
-    "fashion-mnist": {
-        "baseline": Recipe(
-            name="baseline", task="fashion-mnist", domain="vision", model="resnet8", duration="7ep", batch_size=128,
-            optimizer=dict(_SGD), schedule={"name": "cosine", "warmup": "0.1dur"}, precision="fp32", loader="torch",
-            augment={"crop_pad": 2, "flip": "random"}, eval_interval="0.25ep",
-            summary="hand-written PyTorch: SGD+Nesterov, cosine with warmup, fp32, torchvision DataLoader",
-            # 7ep: the shortest budget that reached 92% in every benchmark seed; it grazes the target
-            reached=_vision_bench("3/3", 284.3, 0.9197, fresh_seeds="2/3: seed 3 peaked at 91.85%, seeds 4 and 5 "
-                                  "reached 92% at 304.6 s and 281.1 s (speedkit train, 2026-11-30)")),
-        "plain": Recipe(
-            name="plain", task="fashion-mnist", domain="vision", model="resnet8", duration="8ep", batch_size=128,
-            optimizer=dict(_SGD), schedule={"name": "cosine", "warmup": "0.1dur"}, precision="fp32",
-            loader="memory", augment={"crop_pad": 2, "flip": "random"}, eval_interval="0.25ep",
-            summary="the baseline's model and optimizer, data in memory as tensors, batch-level crop+flip, fp32",
-            reached=_vision_bench("3/3", 235.3, 0.9229, fresh_seeds="3/3: seeds 3-5 reached 92% at 247.6 s, 260.4 s "
-                                  "and 258.2 s (speedkit train, 2026-11-30)")),
-        "plain-bf16": Recipe(
-            name="plain-bf16", task="fashion-mnist", domain="vision", model="resnet8", duration="8ep",
-            batch_size=128, optimizer=dict(_SGD), schedule={"name": "cosine", "warmup": "0.1dur"},
-            methods={"channels_last": {}}, precision="bf16", loader="memory",
-            augment={"crop_pad": 2, "flip": "random"}, eval_interval="0.25ep",
-            summary="plain + bf16 autocast + channels_last: the three lines a competent user adds",
-            reached=_vision_bench("3/3", 137.0, 0.9218, fresh_seeds="2/3: seeds 3 and 5 reached 92% at 136.7 s and "
-                                  "129.5 s, seed 4 peaked at 91.99% (speedkit train, 2026-11-30)")),
-        "mild": Recipe(
-            name="mild", task="fashion-mnist", domain="vision", model="resnet8", duration="5ep", batch_size=256,
-            optimizer={**_SGD, "lr": 0.2}, schedule={"name": "one_cycle", "peak_at": 0.2},
-            methods={"channels_last": {}, "label_smoothing": {"smoothing": 0.1},
-                     "test_time_augmentation": {"flip": True}},
-            precision="auto", loader="memory", augment={"crop_pad": 0, "flip": "alternating"},
-            eval_interval="1ep", target=_VISION_TARGET,
-            summary="in-memory batch augmentation, bf16 autocast + channels_last where fast, one-cycle, "
-                    "label smoothing, flip test-time augmentation, five epochs",
-            reached=_vision_bench("3/3", 75.5, 0.9281, fresh_seeds="3/3: seeds 3-5 ended at 92.7%, 92.7% and 92.6% "
-                                  "(speedkit train, 2026-11-30)")),
-        "medium": Recipe(
-            name="medium", task="fashion-mnist", domain="vision", model="resnet8", duration="3ep", batch_size=256,
-            optimizer={**_SGD, "lr": 0.2}, schedule={"name": "one_cycle", "peak_at": 0.2},
-            methods={"channels_last": {}, "label_smoothing": {"smoothing": 0.1},
-                     "test_time_augmentation": {"flip": True}, "muon": {"lr": 0.04}},
-            precision="auto", loader="memory", augment={"crop_pad": 0, "flip": "alternating"},
-            eval_interval="0.5ep", target=_VISION_TARGET,
-            summary="mild + Muon for the conv filters (SGD keeps the norms and the classifier), three epochs",
-            reached=_vision_bench("3/3", 54.9, 0.9295, fresh_seeds="3/3: seeds 3-5 ended at 92.9%, 93.0% and 92.8% "
-                                  "(speedkit train, 2026-11-30)")),
-        "hot": Recipe(
-            name="hot", task="fashion-mnist", domain="vision", model="resnet8", duration="2.5ep", batch_size=256,
-            optimizer={**_SGD, "lr": 0.2}, schedule={"name": "one_cycle", "peak_at": 0.2},
-            methods={"channels_last": {}, "label_smoothing": {"smoothing": 0.1},
-                     "test_time_augmentation": {"flip": True}, "muon": {"lr": 0.04}},
-            precision="auto", loader="memory", augment={"crop_pad": 0, "flip": "alternating"},
-            eval_interval="0.5ep", target=_VISION_TARGET,
-            summary="medium in two and a half epochs",
-            reached=_vision_bench("3/3", 44.9, 0.9268, fresh_seeds="3/3: seeds 3-5 ended at 92.8%, 92.7% and 92.7% "
-                                  "(speedkit train, 2026-11-30)")),
-    },
-    "pydocs": {
-        "baseline": Recipe(
-            name="baseline", task="pydocs", domain="language", model="gpt-nano", duration="600ba", batch_size=32,
-            optimizer=dict(_ADAMW), schedule={"name": "cosine", "warmup": "0.05dur"}, precision="fp32",
-            loader="memory", eval_interval="100ba",
-            summary="nanoGPT-style byte-level GPT: AdamW, learned positions, GELU, fp32, cosine",
-            reached=_language_bench("3/3", 400.0, 3.2086)),
-        "tuned": Recipe(
-            name="tuned", task="pydocs", domain="language", model="gpt-nano", duration="550ba", batch_size=32,
-            optimizer=dict(_ADAMW), schedule={"name": "linear_to_zero", "warmup": "0.05dur"}, precision="fp32",
-            loader="memory", eval_interval="25ba",
-            summary="the baseline's model, fp32, with the learning rate and schedule `speedkit bench language "
-                    "--sweep` picked (1e-3, linear decay to zero; of 1e-3/2e-3/4e-3 x cosine/linear) and the "
-                    "shortest budget that reaches 3.30 bits per byte in every seed (`--find-budgets`)",
-            reached=_language_bench("3/3", 371.2, 3.2433, fresh_seeds="1/3: seeds 3 and 4 ended at 3.35, seed 5 "
-                                    "reached 3.30 at 211.5 s (speedkit tune's confirmation and speedkit train, "
-                                    "2026-11-30)")),
-        "mild": Recipe(
-            name="mild", task="pydocs", domain="language", model="gpt-nano", duration="400ba", batch_size=32,
-            optimizer={**_ADAMW, "lr": 2e-3}, schedule={"name": "linear_to_zero", "warmup": "0.05dur"},
-            methods={"rotary_embeddings": {"remove_position_embeddings": True}}, precision="auto",
-            loader="memory", eval_interval="100ba", target=_LANGUAGE_TARGET,
-            summary="bf16 autocast where fast, rotary positions, linear decay to zero over the budget",
-            reached=_language_bench("3/3", 84.5, 2.3196)),
-        "medium": Recipe(
-            name="medium", task="pydocs", domain="language", model="gpt-nano", duration="300ba", batch_size=32,
-            optimizer={**_ADAMW, "lr": 2e-3}, schedule={"name": "linear_to_zero", "warmup": "0.05dur"},
-            methods={"rotary_embeddings": {"remove_position_embeddings": True}, "qk_norm": {},
-                     "relu_squared": {}, "seq_length_warmup": {"duration": 0.2, "min_seq_length": 64}},
-            precision="auto", loader="memory", eval_interval="100ba", target=_LANGUAGE_TARGET,
-            summary="mild + QK-norm, ReLU^2 MLPs, sequence-length warmup",
-            reached=_language_bench("3/3", 45.2, 2.1603)),
-        "hot": Recipe(
-            name="hot", task="pydocs", domain="language", model="gpt-nano", duration="250ba", batch_size=32,
-            optimizer={**_ADAMW, "lr": 2e-3}, schedule={"name": "linear_to_zero", "warmup": "0.05dur"},
-            methods={"rotary_embeddings": {"remove_position_embeddings": True}, "qk_norm": {},
-                     "relu_squared": {}, "muon": {"lr": 0.02},
-                     "seq_length_warmup": {"duration": 0.2, "min_seq_length": 64}},
-            precision="auto", loader="memory", eval_interval="50ba", target=_LANGUAGE_TARGET,
-            summary="medium + Muon for the hidden matrices (modded-nanogpt-style), in 250 batches",
-            reached=_language_bench("3/3", 35.2, 1.8385, fresh_seeds="3/3: seeds 3-5 ended at 1.97, 1.94 and 2.02 "
-                                    "(speedkit train, 2026-11-30)")),
-    },
-}
+_FIELDS = {f.name for f in dataclasses.fields(Recipe)}
+_REQUIRED = sorted(f.name for f in dataclasses.fields(Recipe)
+                   if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
 
 
-PRESET_TASKS = tuple(RECIPES)  # the tasks whose presets are defined here (others come with registered tasks)
-
-# The baselines of each task, weakest first: every speed-up is measured against each of them, and the
-# headline against the strongest (the fastest to the target). They never get a profile's speed-up changes.
-BASELINES: dict[str, tuple[str, ...]] = {
-    "fashion-mnist": ("baseline", "plain", "plain-bf16"),
-    "pydocs": ("baseline", "tuned"),
-}
-
-
-def is_baseline(task: str, name: str) -> bool:
-    """True for the recipes that speed-ups are measured against (``BASELINES``)."""
-    return name in BASELINES.get(task, ("baseline",))
-
-
-def get_recipe(task: str, name: str | Recipe = "baseline") -> Recipe:
-    """A preset by name, a recipe file (``*.yaml``, ``*.yml``, ``*.json``), or a Recipe as it is."""
-    if isinstance(name, Recipe):
-        return name
-    if str(name).endswith((".yaml", ".yml", ".json")):
-        recipe = Recipe.from_file(name)
-        if recipe.task != task:
-            raise ValueError(f"recipe file {name} is for task {recipe.task!r}, not {task!r}")
-        return recipe
-    if task not in RECIPES:
-        raise ValueError(f"no recipes for task {task!r}; tasks with recipes: {sorted(RECIPES)}")
-    if name not in RECIPES[task]:
-        raise ValueError(f"unknown recipe {name!r} for {task}; known: {sorted(RECIPES[task])}")
-    return copy.deepcopy(RECIPES[task][name])
+def _recipe_from_mapping(data, where: str) -> Recipe:
+    if not isinstance(data, dict):
+        raise ValueError(f"{where} must hold a mapping of recipe fields, got {type(data).__name__}")
+    unknown = sorted(map(str, set(data) - _FIELDS))
+    missing = [f for f in _REQUIRED if f not in data]
+    if unknown or missing:
+        raise ValueError(f"{where}: unknown fields {unknown}, missing fields {missing}; "
+                         f"a recipe has the fields {sorted(_FIELDS)}")
+    try:
+        return Recipe(**data)
+    except (ValueError, TypeError) as e:
+        raise type(e)(f"{where}: {e}") from None
 
 
-def model_domain(model) -> str:
-    """"language" for models with token embeddings, else "vision"."""
-    import torch.nn as nn
-
-    return "language" if any(isinstance(m, nn.Embedding) for m in model.modules()) else "vision"
-
-
-def resolve_recipe(spec, model=None) -> Recipe:
-    """A Recipe from a Recipe, ``"task:name"``, or a bare name picked by the model's domain."""
-    if isinstance(spec, Recipe):
-        return spec
+def recipe_file_spec(spec) -> tuple[str, str | None] | None:
+    """``(path, name)`` where ``spec`` names a recipe file (``FILE`` or ``FILE:NAME``), else None."""
+    if isinstance(spec, Path):
+        return str(spec), None
     if not isinstance(spec, str):
-        raise TypeError(f"recipe must be a name such as 'mild', 'fashion-mnist:mild' or a Recipe, got {spec!r}")
-    if ":" in spec:
-        recipe = get_recipe(*spec.split(":", 1))
-        domain = model_domain(model) if model is not None else recipe.domain
-        if recipe.domain != domain:
-            raise ValueError(f"recipe {spec!r} is for {recipe.domain} models, but {type(model).__name__} is a "
-                             f"{domain} model; pick a {domain} recipe")
-        return recipe
-    domain = model_domain(model) if model is not None else None
-    # A bare name means a preset defined here: a registered task's recipes (its own "baseline") are named
-    # "task:name", or one name would match several.
-    presets = {task: recipes for task, recipes in RECIPES.items() if task in PRESET_TASKS}
-    matches = [r for recipes in presets.values() for r in recipes.values()
-               if r.name == spec and (domain is None or r.domain == domain)]
-    if len(matches) != 1:
-        known = sorted(f"{task}:{name}" for task, recipes in presets.items() for name in recipes)
-        why = "no" if not matches else "more than one"
-        raise ValueError(f"{why} {domain or ''} recipe named {spec!r}; name one of {known}")
-    return copy.deepcopy(matches[0])
+        return None
+    if spec.endswith(RECIPE_FILE_SUFFIXES):
+        return spec, None
+    path, _, name = spec.rpartition(":")
+    if path.endswith(RECIPE_FILE_SUFFIXES) and name:
+        return path, name
+    return None
 
 
-__all__ = ["BASELINES", "RECIPES", "Recipe", "RecipeFileNotFoundError", "get_recipe", "is_baseline", "model_domain", "resolve_recipe"]
+# -- the built-in tasks' presets ----------------------------------------------------------------
+def load_presets(task: str) -> dict[str, Recipe]:
+    """The presets of built-in task ``task`` (``presets/<task>.yaml``), each with what it reached in the
+    committed benchmark (``presets/reached.json``) where it was measured."""
+    recipes = read_recipe_file(PRESETS / f"{task}.yaml")
+    for name, reached in preset_reached().get(task, {}).items():
+        if name not in recipes:
+            raise ValueError(f"{PRESETS / 'reached.json'} has figures for {task}:{name}, which "
+                             f"{PRESETS / (task + '.yaml')} does not hold; run `make readme` to write it again")
+        recipes[name].reached = reached
+    return recipes
+
+
+def preset_reached() -> dict[str, dict[str, dict]]:
+    """What each preset reached in the committed benchmark: task -> recipe -> figures (``presets/reached.json``,
+    written by ``scripts/update_readme.py`` from ``bench/results/summary.json``)."""
+    return json.loads((PRESETS / "reached.json").read_text(encoding="utf-8"))
+
+
+__all__ = ["PRESETS", "Recipe", "RecipeFileNotFoundError", "load_presets", "preset_reached", "read_recipe_file",
+           "recipe_file_spec"]

@@ -1,21 +1,25 @@
-"""Task: a model, its data, its metrics and target, and the recipes that fit it, as one public object.
+"""Task: a model, its data, its metrics and target, its recipes and its baselines, as one public object;
+the one registry of tasks by name; and ``get_recipe``, the one way a recipe is named.
 
 The built-in tasks (``speedkit.tasks.builtin``) are defined with it and take no special path, so a
 user's task runs wherever theirs do: ``make_trainer(task, recipe)``, ``speedkit train --task``,
 ``speedkit bench``, the explorer, ``speedkit tune`` and the notebooks. ``register_task`` makes a task
-known by name (and its recipes by ``get_recipe(task.name, ...)``).
+known by name (and its recipes by ``get_recipe(task.name, ...)``). The registry knows the built-in tasks
+by name and imports each where it is first asked for, so nothing has to be imported to fill it.
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import fnmatch
-from typing import Callable, Iterable, Mapping
+import importlib
+from typing import Callable, Iterable, Iterator, Mapping, MutableMapping
 
 import torch
 
-from speedkit.core.method import check_free_name, show
+from speedkit.core.method import DOMAINS, check_free_name, show
 from speedkit.record.metrics import Metric
-from speedkit.tasks.recipes import BASELINES, DOMAINS, RECIPES, Recipe
+from speedkit.tasks.recipes import Recipe, recipe_file_spec
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,11 +48,12 @@ class Task:
     in any shape ``speedkit.core.batch`` reads: ``(inputs, targets)``, ``(inputs, targets, extra...)`` or a
     dict. ``metrics()`` returns fresh metrics by name; ``target_metric`` is ``"eval/<one of them>"``.
     ``loss(outputs, targets)`` is optional: by default the model's own ``loss`` or cross-entropy.
-    ``recipes`` must hold a ``"baseline"`` whose ``task`` is this task's name.
+    ``recipes`` maps names to Recipes and must hold a ``"baseline"``; a recipe leaves out its task and domain
+    (the task's) or states this task's. ``baselines`` are the recipes speed-ups are measured against.
     """
 
     name: str
-    domain: str  # "vision" or "language": which methods and preset recipes suit it
+    domain: str  # one of speedkit.core.method.DOMAINS: which models, methods and preset recipes suit it
     model: Callable[[str], torch.nn.Module]
     train_data: Callable[[DataRequest], Iterable]
     eval_data: Callable[[DataRequest], Iterable]
@@ -94,13 +99,25 @@ class Task:
         for key, recipe in self.recipes.items():
             if not isinstance(recipe, Recipe):
                 raise TypeError(f"{where}: recipes[{key!r}] must be a speedkit.tasks.recipes.Recipe, got {show(recipe)}")
-            if recipe.task != self.name or recipe.domain != self.domain or recipe.name != key:
+            if recipe.name != key or recipe.task not in (None, self.name) or recipe.domain not in (None, self.domain):
                 raise ValueError(f"{where}: recipes[{key!r}] says name={recipe.name!r}, task={recipe.task!r}, "
-                                 f"domain={recipe.domain!r}; it must say name={key!r}, task={self.name!r}, "
-                                 f"domain={self.domain!r}")
+                                 f"domain={recipe.domain!r}; it must say name={key!r} and leave out task and "
+                                 f"domain (or say task={self.name!r}, domain={self.domain!r})")
         missing = [b for b in self.baselines if b not in self.recipes]
         if missing:
             raise ValueError(f"{where}: baselines {missing} are not among its recipes {sorted(self.recipes)}")
+
+    def recipe(self, name: str) -> Recipe:
+        """A copy of the recipe called ``name``, saying whose it is (this task and its domain)."""
+        if name not in self.recipes:
+            raise ValueError(f"unknown recipe {name!r} for {self.name}; known: {sorted(self.recipes)}")
+        recipe = copy.deepcopy(self.recipes[name])
+        recipe.task, recipe.domain = self.name, self.domain
+        return recipe
+
+    def is_baseline(self, recipe: str) -> bool:
+        """True for the recipes that speed-ups are measured against (``baselines``)."""
+        return recipe in self.baselines
 
     # -- what menus show and what make_trainer checks ------------------------------------------
     @property
@@ -120,25 +137,105 @@ def _is_pattern(name: str) -> bool:
 
 
 # -- the registry: name -> Task ------------------------------------------------------------------
-TASKS: dict[str, Task] = {}
-BUILT_IN: set[str] = set()  # names a user's task may not take over
+def import_attribute(spec: str):
+    """The object ``"package.module:attr"`` names, with an error that says what failed and what to check."""
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise ValueError(f"task {spec!r}: expected 'package.module:attr', e.g. 'mytasks:flowers'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ValueError(f"task {spec!r}: cannot import module {module_name!r} ({type(e).__name__}: {e}); check "
+                         f"that it is on the Python path (run from its folder, or pip install its package)") from e
+    value = module
+    for part in attr.split("."):
+        if not hasattr(value, part):
+            raise ValueError(f"task {spec!r}: module {module_name!r} has no attribute {attr!r}; name a Task or a "
+                             f"function returning one")
+        value = getattr(value, part)
+    return value
 
 
-def register_task(task: Task, *, replace: bool = False, built_in: bool = False) -> Task:
-    """Make ``task`` known by its name everywhere a task name is accepted; returns it.
+class LazyTable(Mapping):
+    """name -> an object defined in a module, imported when it is first asked for (``{"name": "pkg.mod:attr"}``)."""
+
+    def __init__(self, where: Mapping[str, str]):
+        self._where, self._loaded = dict(where), {}
+
+    def __getitem__(self, name: str):
+        if name not in self._loaded:
+            self._loaded[name] = import_attribute(self._where[name])  # KeyError for an unknown name
+        return self._loaded[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._where)
+
+    def __len__(self) -> int:
+        return len(self._where)
+
+    def __contains__(self, name) -> bool:
+        return name in self._where
+
+
+# The built-in tasks, by name and where each is defined: known here, imported when first used.
+BUILT_IN_TASKS = LazyTable({"fashion-mnist": "speedkit.tasks.builtin.fashion_mnist:FASHION_MNIST",
+                            "pydocs": "speedkit.tasks.builtin.pydocs:PYDOCS"})
+# The tasks over the user's own files: functions of the folder (``--task image-folder --data DIR``).
+FOLDER_TASKS = LazyTable({"image-folder": "speedkit.tasks.builtin.image_folder:image_folder_task",
+                          "text-folder": "speedkit.tasks.builtin.text_folder:text_folder_task"})
+BUILT_IN = frozenset(BUILT_IN_TASKS)  # names a user's task may not take over
+
+
+class TaskRegistry(MutableMapping):
+    """Every task known by name: the built-in ones first (imported when first asked for), then the registered."""
+
+    def __init__(self, built_in: LazyTable):
+        self._built_in, self._registered = built_in, {}
+
+    def __getitem__(self, name: str) -> Task:
+        if name in self._registered:
+            return self._registered[name]
+        if name in self._built_in:
+            return self._built_in[name]
+        raise KeyError(name)
+
+    def __setitem__(self, name: str, task: Task) -> None:
+        if name in self._built_in:
+            raise ValueError(f"task name {name!r} is built in; give your task another name")
+        self._registered[name] = task
+
+    def __delitem__(self, name: str) -> None:
+        if name in self._built_in:
+            raise ValueError(f"task {name!r} is built in and cannot be removed")
+        del self._registered[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter({**dict.fromkeys(self._built_in), **self._registered})
+
+    def __len__(self) -> int:
+        return len(set(self._built_in) | set(self._registered))
+
+    def __contains__(self, name) -> bool:
+        return name in self._registered or name in self._built_in
+
+    def __repr__(self) -> str:
+        return f"TaskRegistry({list(self)})"
+
+
+TASKS = TaskRegistry(BUILT_IN_TASKS)
+
+
+def register_task(task: Task, *, replace: bool = False) -> Task:
+    """Make ``task`` known by its name everywhere a task name is accepted, its recipes and baselines with it
+    (they are the task's own); returns it.
 
     A different task under a taken name is refused unless ``replace=True``; built-in names are never replaced.
     """
     if not isinstance(task, Task):
         raise TypeError(f"register_task takes a speedkit.Task, got {show(task)}")
     check_free_name("task", task.name, TASKS.get(task.name), task, BUILT_IN, replace, rename="your task")
-    TASKS[task.name] = task
-    # The task's own dict where it is one, so RECIPES[name] and task.recipes stay the same object (a recipe
-    # added to either is seen by both; the built-in tasks' recipes are RECIPES' own dicts).
-    RECIPES[task.name] = task.recipes if isinstance(task.recipes, dict) else dict(task.recipes)
-    BASELINES[task.name] = tuple(task.baselines)
-    if built_in:
-        BUILT_IN.add(task.name)
+    if task.name not in BUILT_IN:
+        TASKS[task.name] = task
     return task
 
 
@@ -147,3 +244,77 @@ def get_task(name: str) -> Task:
     if name not in TASKS:
         raise ValueError(f"unknown task {name!r}; known tasks: {sorted(TASKS)}")
     return TASKS[name]
+
+
+def is_baseline(task: str, recipe: str) -> bool:
+    """True for the recipes that speed-ups on ``task`` are measured against (its ``baselines``); for a task
+    not known here, the recipe called ``"baseline"``."""
+    return TASKS[task].is_baseline(recipe) if task in TASKS else recipe == "baseline"
+
+
+# -- the one recipe resolver --------------------------------------------------------------------
+def get_recipe(task: Task | str | None, recipe: str | Recipe = "baseline", *, model=None) -> Recipe:
+    """The recipe that ``recipe`` names, for every entry point (``make_trainer``, ``recipe_parts``, the CLI,
+    the explorer, the benchmark and the search).
+
+    ``recipe`` is a Recipe (returned as it is), the name of one of ``task``'s recipes, ``"task:name"``, a
+    recipe file (``*.yaml``, ``*.yml``, ``*.json``; ``FILE:NAME`` for one of several in a file, such as a
+    preset file), or, with ``task`` None, a bare preset name of the built-in task whose domain fits ``model``.
+    ``task`` is a Task, a registered task's name, or None. A recipe for another task, or for another
+    domain than ``model``'s, is refused, naming both.
+    """
+    if isinstance(recipe, Recipe):
+        return recipe
+    owner = TASKS[task] if isinstance(task, str) and task in TASKS else task
+    if isinstance(owner, str):
+        get_task(owner)  # an unknown task: the error lists the known ones
+    file = recipe_file_spec(recipe)
+    if file is not None:
+        found = Recipe.from_file(*file)
+        if owner is not None and found.task not in (None, owner.name):
+            raise ValueError(f"recipe file {recipe} is for task {found.task!r}, not {owner.name!r}")
+        if owner is not None and found.domain not in (None, owner.domain):
+            raise ValueError(f"recipe file {recipe} is for {found.domain} tasks, but {owner.name!r} is a "
+                             f"{owner.domain} task")
+        if owner is not None:  # a file that leaves them out (a copy of a preset file) is for this task now
+            found.task, found.domain = owner.name, owner.domain
+        return _fits_model(found, str(recipe), model)
+    if not isinstance(recipe, str):
+        raise TypeError(f"recipe must be a name such as 'mild', 'fashion-mnist:mild', a recipe file or a Recipe, "
+                        f"got {recipe!r}")
+    if ":" in recipe:
+        task_name, name = recipe.split(":", 1)
+        named = get_task(task_name)
+        if owner is not None and named is not owner:
+            raise ValueError(f"recipe {recipe!r} is task {task_name!r}'s, not {owner.name!r}'s; name one of "
+                             f"{sorted(owner.recipes)}")
+        return _fits_model(named.recipe(name), recipe, model)
+    if owner is None:
+        return _preset_named(recipe, model)
+    return owner.recipe(recipe)
+
+
+def _preset_named(name: str, model) -> Recipe:
+    """The built-in task's preset called ``name`` whose domain is ``model``'s: a registered task's recipes are
+    named ``"task:name"``, or one name (its own ``"baseline"``) would match several."""
+    domain = model_domain(model) if model is not None else None
+    matches = [task.recipe(name) for task in BUILT_IN_TASKS.values()
+               if name in task.recipes and (domain is None or task.domain == domain)]
+    if len(matches) != 1:
+        known = sorted(f"{task.name}:{r}" for task in BUILT_IN_TASKS.values() for r in task.recipes)
+        why = "no" if not matches else "more than one"
+        raise ValueError(f"{why} {domain or ''} recipe named {name!r}; name one of {known}")
+    return matches[0]
+
+
+def _fits_model(recipe: Recipe, spec: str, model) -> Recipe:
+    if model is not None and recipe.domain is not None and recipe.domain != model_domain(model):
+        domain = model_domain(model)
+        raise ValueError(f"recipe {spec!r} is for {recipe.domain} models, but {type(model).__name__} is a "
+                         f"{domain} model; pick a {domain} recipe")
+    return recipe
+
+
+def model_domain(model) -> str:
+    """"language" for models with token embeddings, else "vision"."""
+    return "language" if any(isinstance(m, torch.nn.Embedding) for m in model.modules()) else "vision"

@@ -1,7 +1,7 @@
 """The notebook side of speedkit: the MethodExplorer, live curves and the run board.
 
 ``speedkit.ui.plots`` and ``speedkit.ui.board`` need only plotly; the explorer needs ipywidgets
-(``pip install 'speedkit[notebook]'``). Nothing outside this package imports it.
+(``pip install 'torch-speedkit[notebook]'``). Nothing outside this package imports it.
 """
 from speedkit.ui.config import RunConfig
 

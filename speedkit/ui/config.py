@@ -18,7 +18,7 @@ from speedkit.core.batch import BatchShapeError, is_dict_batch
 from speedkit.core.method import check_compatibility
 from speedkit.methods import REGISTRY, build_methods
 from speedkit.tasks import get_task, model_fit_problem
-from speedkit.tasks.recipes import Recipe, get_recipe
+from speedkit.tasks import Recipe, get_recipe
 from speedkit.tasks.task import DataRequest, Task
 
 

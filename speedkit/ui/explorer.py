@@ -28,8 +28,7 @@ from speedkit.core.method import HParam
 from speedkit.experiments.compare import latest_baseline
 from speedkit.methods import REGISTRY
 from speedkit.record.runs import RunRecord
-from speedkit.tasks import TASKS, get_task, resolve_task
-from speedkit.tasks.recipes import RECIPES, get_recipe
+from speedkit.tasks import TASKS, get_recipe, get_task, resolve_task
 from speedkit.tasks.task import Task
 from speedkit.ui import plots
 from speedkit.ui.board import RunBoard
@@ -236,7 +235,7 @@ class MethodExplorer:
         self.seed = w.IntText(value=seed, description="seed", **narrow)
         self.target = w.FloatText(description="target", **narrow)
         self.target_label = w.HTML()
-        self.preset = w.ToggleButtons(options=[*RECIPES[task], "custom"], description="recipe")
+        self.preset = w.ToggleButtons(options=[*TASKS[task].recipes, "custom"], description="recipe")
         self.domain_filter = w.ToggleButtons(options=["all", "vision", "language", "any"], value="all",
                                              description="show")
         self.task.observe(lambda c: None if self._applying else self.set_task(c["new"]), "value")
@@ -303,21 +302,21 @@ class MethodExplorer:
             self.model.options = spec.model_names
             self.target.value = spec.target_value
             self.target_label.value = f"<span style='font-size:12px'>{spec.target_metric}</span>"
-            self.preset.options = [*RECIPES[task], "custom"]
+            self.preset.options = [*TASKS[task].recipes, "custom"]
         self.board.task = task
         if getattr(self, "_plotted_metric", None) != spec.target_metric:  # keep the curves within a task
             with self._draw_lock:
                 plots.retitle(self.figure, spec.target_metric)
             self._plotted_metric = spec.target_metric
-        self.set_recipe(recipe or ("mild" if "mild" in RECIPES[task] else next(iter(RECIPES[task]))))
+        self.set_recipe(recipe or ("mild" if "mild" in TASKS[task].recipes else next(iter(TASKS[task].recipes))))
 
     def set_recipe(self, name: str) -> None:
         """Set every control from a preset (or a recipe file that ``use_recipe`` offered)."""
-        recipe = RECIPES[self.task.value].get(name)
+        recipe = TASKS[self.task.value].recipes.get(name)
         if recipe is None and name in self._recipe_files:
             recipe = get_recipe(self.task.value, name)
         if recipe is None:
-            raise ValueError(f"unknown recipe {name!r} for {self.task.value}; known: {sorted(RECIPES[self.task.value])}")
+            raise ValueError(f"unknown recipe {name!r} for {self.task.value}; known: {sorted(TASKS[self.task.value].recipes)}")
         with self._applying_preset():
             self._custom_base = name
             self.preset.value = name
@@ -338,7 +337,7 @@ class MethodExplorer:
         recipe = get_recipe(self.task.value, path)  # refuses a file for another task, naming both
         self._recipe_files = (path,)
         with self._applying_preset():
-            self.preset.options = [*((n, n) for n in RECIPES[self.task.value]), (recipe.name, path), ("custom", "custom")]
+            self.preset.options = [*((n, n) for n in TASKS[self.task.value].recipes), (recipe.name, path), ("custom", "custom")]
         self.set_recipe(path)
 
     # -- tune -------------------------------------------------------------------------------
@@ -453,8 +452,9 @@ class MethodExplorer:
     def running(self) -> bool:
         return self.current is not None and self.current.running
 
-    def run(self, wait: bool = False) -> BackgroundRun | None:
-        """Start the configured run on a worker thread (``wait=True``: return when it has ended)."""
+    def run(self, wait: bool = False, stop_at_target: bool = False) -> BackgroundRun | None:
+        """Start the configured run on a worker thread (``wait=True``: return when it has ended;
+        ``stop_at_target=True``: end it once it reaches the target, to time it there)."""
         with self._lock:
             if self.running:
                 self.status.value = "a run is already training; stop it first"
@@ -465,7 +465,7 @@ class MethodExplorer:
                 self.status.value = "<span style='color:#d62728'>cannot run: " + html.escape("; ".join(problems)) + "</span>"
                 return None
             config.name = self._run_name(config)
-            trainer = config.make_trainer(run_dir=self.run_dir, loggers=self.loggers)
+            trainer = config.make_trainer(run_dir=self.run_dir, loggers=self.loggers, stop_at_target=stop_at_target)
             with self._draw_lock:
                 self._show_baseline(trainer.record)
                 plots.add_run(self.figure, trainer.record, self._metric,
@@ -490,8 +490,9 @@ class MethodExplorer:
     def wait(self, timeout: float | None = None) -> RunRecord | None:
         return self.current.wait(timeout) if self.current is not None else None
 
-    def run_all(self, configs: list, **defaults) -> list[RunRecord]:
-        """Headless: run each configuration in turn, waiting for each.
+    def run_all(self, configs: list, stop_at_target: bool = False, **defaults) -> list[RunRecord]:
+        """Headless: run each configuration in turn, waiting for each (``stop_at_target=True``: each ends
+        once it reaches the target, so its time to target costs no more training than it takes).
 
         A configuration is a RunConfig or a dict of its fields. What a dict leaves out comes from
         ``defaults`` (for example the notebook's ``device``), then from the explorer's own settings; a
@@ -509,7 +510,7 @@ class MethodExplorer:
             problems = self.config.problems()
             if problems:
                 raise ValueError(f"configuration {config} cannot run: " + "; ".join(problems))
-            records.append(self.run(wait=True).record)
+            records.append(self.run(wait=True, stop_at_target=stop_at_target).record)
         return records
 
     @property

@@ -30,7 +30,7 @@ def test_speedkit_train_writes_a_record(tmp_path, capsys):
 
 @needs_fmnist
 def test_speedkit_train_logs_to_tensorboard_and_csv(tmp_path):
-    import_or_missing("tensorboard", "pip install 'speedkit[tensorboard]'")
+    import_or_missing("tensorboard", "pip install 'torch-speedkit[tensorboard]'")
     code = main(["train", "--duration", "4ba", "--batch-size", "64", "--data-fraction", "0.02", "--eval-fraction",
                  "0.05", "--device", "cpu", "--run-dir", str(tmp_path), "--run-name", "logged", "--no-progress",
                  "--logger", "tensorboard,csv"])

@@ -16,7 +16,7 @@ from speedkit.methods import EMA, SWA, BlurPool, ChannelsLast, IdentityInit, Squ
 from speedkit.models import get_model
 from speedkit.train.checkpoint import load_checkpoint
 
-SAFETENSORS_INSTALL = "pip install 'speedkit[export]'"
+SAFETENSORS_INSTALL = "pip install 'torch-speedkit[export]'"
 
 
 def read_back(result) -> dict:

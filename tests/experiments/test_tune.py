@@ -21,7 +21,7 @@ optuna = import_or_missing("optuna")
 
 from speedkit.experiments.tune import TuneInputError, parse_budget, penalized, tune  # noqa: E402
 from speedkit.experiments.tune.space import SearchSpace, recipe_params, suggest_recipe  # noqa: E402
-from speedkit.tasks.recipes import BASELINES, Recipe  # noqa: E402
+from speedkit.tasks import TASKS, Recipe  # noqa: E402
 
 TESTS = Path(__file__).resolve().parents[1] / "support"
 FAKE = "tune_fakes:fake_run"
@@ -88,7 +88,7 @@ def test_conflicting_methods_are_never_proposed_together():
 
 def test_a_preset_maps_back_onto_its_point_of_the_space():
     from speedkit.experiments.tune.space import full_space
-    from speedkit.tasks.recipes import get_recipe
+    from speedkit.tasks import get_recipe
 
     base, mild = get_recipe("fashion-mnist", "baseline"), get_recipe("fashion-mnist", "mild")
     space = full_space(base, [*mild.methods, "ema"], "cpu")
@@ -107,7 +107,7 @@ def test_card_ranges_are_narrowed_to_what_acts_on_the_model_and_trials_stay_insi
     import speedkit.functional as sf
     from speedkit.experiments.tune.space import fit_hparams_to_model, full_space, suggest_hparams
     from speedkit.models import get_model
-    from speedkit.tasks.recipes import get_recipe
+    from speedkit.tasks import get_recipe
 
     base = get_recipe("fashion-mnist", "plain-bf16").with_changes(loader="memory")
     methods = ["squeeze_excite", "weight_standardization", "label_smoothing", "channels_last"]
@@ -189,7 +189,7 @@ def test_finds_the_planted_best_and_writes_a_loadable_recipe(tmp_path, fake_env)
     roles = [c["role"] for c in result.summary["confirmation"]["candidates"]]
     assert roles == ["baseline", "winner", "runner-up"]
     # no candidate takes a baseline's name on any task (pydocs has "tuned"): runs of that name count as baseline runs
-    every_baseline = {name for names in BASELINES.values() for name in names}
+    every_baseline = {name for task in TASKS.values() for name in task.baselines}
     names = [c["recipe"]["name"] for c in result.summary["confirmation"]["candidates"][1:]] + [loaded.name]
     assert not every_baseline & set(names), names
     # successive halving stopped trials that fell behind, once the search had found where the target lies

@@ -10,7 +10,7 @@ import torch
 from method_harness import run_steps, tiny_language, tiny_vision
 
 from speedkit.core import IncompatibleMethodsError
-from speedkit.core.method import DOMAINS, STAGES
+from speedkit.core.method import CARD_DOMAINS, STAGES
 from speedkit.methods import REGISTRY
 
 COMPOSER_METHODS = [
@@ -47,7 +47,7 @@ def test_registry_has_every_composer_method_and_at_least_38():
 def test_card_is_complete(name):
     cls = REGISTRY[name]
     card = cls.CARD
-    assert card.name == name and card.summary and card.domain in DOMAINS
+    assert card.name == name and card.summary and card.domain in CARD_DOMAINS
     assert card.events, f"{name} declares no events"
     assert card.writes and all(w in STAGES for w in (*card.reads, *card.writes))
     assert card.effect and card.source, f"{name} must state its expected effect and its source"

@@ -21,7 +21,7 @@ LANGUAGE_SURGERY = sorted(name for name, cls in REGISTRY.items()
 @pytest.fixture(autouse=True)
 def needs_transformers():
     """Skipped where transformers is not installed (failed under CI=true, whose dev install has it)."""
-    import_or_missing("transformers", "pip install 'speedkit[hf]'")
+    import_or_missing("transformers", "pip install 'torch-speedkit[hf]'")
 
 
 

@@ -57,7 +57,7 @@ def text(events, tag) -> str:
 
 
 def test_tensorboard_logs_the_records_metrics_hparams_and_timings(tmp_path):
-    import_or_missing("tensorboard", "pip install 'speedkit[tensorboard]'")
+    import_or_missing("tensorboard", "pip install 'torch-speedkit[tensorboard]'")
     record, folder = fit_toy(tmp_path, ["tensorboard"])
     events = read_events(folder / "tensorboard")
 
@@ -146,7 +146,7 @@ def test_csv_header_widens_for_a_late_metric_without_moving_a_column(tmp_path):
 
 # -- MLflow and W&B: real packages, local stores only -------------------------------------------
 def test_mlflow_logs_the_records_metrics_params_and_timings(tmp_path):
-    tracking = import_or_missing("mlflow.tracking", "pip install 'speedkit[mlflow]'")
+    tracking = import_or_missing("mlflow.tracking", "pip install 'torch-speedkit[mlflow]'")
     record, folder = fit_toy(tmp_path, ["mlflow"])  # a SQLite store in the run folder, as MLflow 3 advises
 
     client = tracking.MlflowClient(f"sqlite:///{folder / 'mlflow' / 'mlflow.db'}")
@@ -202,7 +202,7 @@ def wandb_items(items) -> dict:
 
 
 def test_wandb_offline_logs_the_records_metrics_config_and_timings(tmp_path, monkeypatch):
-    import_or_missing("wandb", "pip install 'speedkit[wandb]'")
+    import_or_missing("wandb", "pip install 'torch-speedkit[wandb]'")
     monkeypatch.setenv("WANDB_MODE", "offline")  # nothing leaves the machine; no account needed
     monkeypatch.setenv("WANDB_SILENT", "true")
     record, folder = fit_toy(tmp_path, ["wandb"])
@@ -228,7 +228,7 @@ def test_wandb_offline_logs_the_records_metrics_config_and_timings(tmp_path, mon
 
 # -- choosing loggers ---------------------------------------------------------------------------
 def test_logger_objects_write_where_they_are_told(tmp_path):
-    import_or_missing("tensorboard", "pip install 'speedkit[tensorboard]'")
+    import_or_missing("tensorboard", "pip install 'torch-speedkit[tensorboard]'")
     record, _ = fit_toy(tmp_path, [CSVLogger(tmp_path / "my-csv"), TensorBoardLogger(tmp_path / "my-tb")])
     assert len(read_csv(tmp_path / "my-csv" / "eval.csv")[1]) == len(record.evals)
     assert len(read_events(tmp_path / "my-tb").Scalars("eval/accuracy")) == len(record.evals)
@@ -247,7 +247,7 @@ TINY_RUN = ["--duration", "4ba", "--batch-size", "64", "--data-fraction", "0.02"
 
 
 def recipe_file(tmp_path, loggers) -> str:
-    from speedkit.tasks.recipes import get_recipe
+    from speedkit.tasks import get_recipe
 
     recipe = dataclasses.replace(get_recipe("fashion-mnist", "plain"), name="logged", loggers=loggers)
     path = tmp_path / "logged.yaml"
@@ -264,7 +264,7 @@ def test_a_recipe_files_loggers_log_its_runs_and_the_cli_flag_replaces_them(tmp_
     assert main(["train", "--recipe", recipe, *TINY_RUN, "--run-dir", str(tmp_path), "--run-name", "from-file"]) == 0
     assert (tmp_path / "from-file" / "csv" / "eval.csv").is_file()
 
-    import_or_missing("tensorboard", "pip install 'speedkit[tensorboard]'")
+    import_or_missing("tensorboard", "pip install 'torch-speedkit[tensorboard]'")
     assert main(["train", "--recipe", recipe, *TINY_RUN, "--run-dir", str(tmp_path), "--run-name", "flag",
                  "--logger", "tensorboard"]) == 0
     assert (tmp_path / "flag" / "tensorboard").is_dir() and not (tmp_path / "flag" / "csv").exists()

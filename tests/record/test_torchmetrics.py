@@ -11,7 +11,7 @@ from speedkit import Trainer
 from speedkit.core import distributed
 from speedkit.record.metrics import Accuracy, CrossEntropy, Evaluator, TorchMetric
 
-INSTALL = "pip install 'speedkit[metrics]'"
+INSTALL = "pip install 'torch-speedkit[metrics]'"
 
 
 def classification():

@@ -65,7 +65,7 @@ def test_image_folder_reads_train_and_val_folders_in_colour(tmp_path):
 @pytest.mark.parametrize("name", ["torchvision:mobilenet_v3_small", "timm:resnet10t"])
 def test_image_folder_trains_a_library_model_adapted_to_its_channels_and_classes(image_dir, tmp_path, name):
     if name.startswith("timm:"):
-        import_or_missing("timm", "pip install 'speedkit[timm]'")
+        import_or_missing("timm", "pip install 'torch-speedkit[timm]'")
     trainer = make_trainer("image-folder", "baseline", data=image_dir, model=name, duration="2ba", run_dir=tmp_path,
                            save_checkpoints=False, eval_fraction=0.5)
     first_conv = next(m for m in trainer.state.model.modules() if m.__class__.__name__ == "Conv2d")

@@ -14,7 +14,7 @@ import speedkit
 from speedkit.data import load_fashion_mnist
 from speedkit.record.metrics import Accuracy, CrossEntropy
 from speedkit.tasks import TASKS, get_task, make_trainer, register_task, resolve_task
-from speedkit.tasks.recipes import Recipe, get_recipe
+from speedkit.tasks import Recipe, get_recipe
 from speedkit.tasks.task import BUILT_IN
 
 pytestmark = pytest.mark.prerequisite("fashion-mnist")  # the user's data here is real images
@@ -88,7 +88,8 @@ def test_the_built_in_tasks_are_tasks_like_any_other():
     for name in ("fashion-mnist", "pydocs"):
         task = TASKS[name]
         assert isinstance(task, speedkit.Task) and name in BUILT_IN
-        assert "baseline" in task.recipes and task.recipes["baseline"].task == name
+        assert "baseline" in task.recipes and task.recipes["baseline"].task is None  # the task says whose
+        assert (task.recipe("baseline").task, task.recipe("baseline").domain) == (name, task.domain)
         assert resolve_task(name) is task
     assert TASKS["fashion-mnist"].model_fit_problem("torchvision:resnet18") is None
     assert "does not fit" in TASKS["fashion-mnist"].model_fit_problem("gpt-nano")
@@ -135,7 +136,8 @@ def test_a_task_object_is_checked_when_made():
     with pytest.raises(ValueError, match="holding a 'baseline' Recipe"):
         user_task(recipes={})
     someone_elses = user_task("someone-else").recipes["baseline"]
-    with pytest.raises(ValueError, match="must say name='baseline', task='other'"):
+    with pytest.raises(ValueError, match=r"task='someone-else'.*it must say name='baseline' and leave out task and "
+                                         r"domain \(or say task='other'"):
         user_task(name="other", recipes={"baseline": someone_elses})
     with pytest.raises(ValueError, match="domain must be one of"):
         user_task(domain="audio")
@@ -172,7 +174,7 @@ def test_an_unknown_model_name_for_a_task_names_the_ones_that_fit(tmp_path):
 
 def test_fashion_mnist_evaluates_on_the_test_set_its_loaders_give():
     from speedkit.data import fashion_mnist_loaders
-    from speedkit.tasks.builtin import fashion_mnist_eval
+    from speedkit.tasks.builtin.fashion_mnist import fashion_mnist_eval
 
     request = speedkit.DataRequest(batch_size=64, device=torch.device("cpu"), seed=3, eval_fraction=0.05)
     _, expected = fashion_mnist_loaders(batch_size=64, seed=3, eval_fraction=0.05)

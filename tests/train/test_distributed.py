@@ -126,7 +126,7 @@ def test_eval_metrics_are_reduced_across_ranks(two_ranks, one_process):
 
 @needs_fmnist
 def test_a_torchmetrics_metric_syncs_itself_and_matches_speedkits_accuracy(two_ranks, one_process):
-    import_or_missing("torchmetrics", "pip install 'speedkit[metrics]'")
+    import_or_missing("torchmetrics", "pip install 'torch-speedkit[metrics]'")
     ddp = _result(two_ranks, "ddp_resnet")
     _, before, _, record = one_process
     whole_set = ddp["eval_before"]["accuracy"]
@@ -413,7 +413,7 @@ def test_loaders_take_rank_and_world_size_from_torchrun(monkeypatch):
 
 @needs_fmnist
 def test_torch_loader_gets_a_distributed_sampler(monkeypatch):
-    from speedkit.tasks import fashion_mnist_torch_loader
+    from speedkit.tasks.builtin import fashion_mnist_torch_loader
 
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "1")

@@ -368,7 +368,7 @@ def test_recipe_parts_fill_what_was_not_given(tmp_path):
     from method_harness import tiny_vision
 
     from speedkit.tasks import recipe_parts
-    from speedkit.tasks.recipes import get_recipe
+    from speedkit.tasks import get_recipe
 
     model, train, test = tiny_vision()
     mild = get_recipe("fashion-mnist", "mild")

@@ -19,7 +19,7 @@ from speedkit.core.method import IncompatibleMethodsError, check_compatibility  
 from speedkit.experiments.compare import compare_table, leave_one_out, paired_speedups, pareto_front  # noqa: E402
 from speedkit.methods import build_methods  # noqa: E402
 from speedkit.record.runs import RunRecord  # noqa: E402
-from speedkit.tasks.recipes import RECIPES, Recipe  # noqa: E402
+from speedkit.tasks import TASKS, Recipe  # noqa: E402
 from speedkit.ui import plots  # noqa: E402
 from speedkit.ui.board import RunBoard  # noqa: E402
 from speedkit.ui.config import RunConfig  # noqa: E402
@@ -41,7 +41,7 @@ def _points(figure, run_id) -> int:
 # -- the controls describe the configuration ------------------------------------------------
 def test_presets_set_the_grid_and_any_change_marks_it_custom(explorer):
     explorer.preset.value = "hot"
-    hot = RECIPES["fashion-mnist"]["hot"]
+    hot = TASKS["fashion-mnist"].recipes["hot"]
     assert set(explorer.config.methods) == set(hot.methods)
     assert explorer.rows["muon"].checkbox.value and not explorer.rows["mixup"].checkbox.value
     assert explorer.duration.value == hot.duration and explorer.preset.value == "hot"
@@ -298,5 +298,5 @@ def test_rows_show_badges_from_the_card(explorer):
 
 
 def test_a_changed_recipe_does_not_claim_the_presets_measurements():
-    assert RunConfig(recipe="mild").to_recipe().reached == RECIPES["fashion-mnist"]["mild"].reached
+    assert RunConfig(recipe="mild").to_recipe().reached == TASKS["fashion-mnist"].recipes["mild"].reached
     assert RunConfig(recipe="mild", duration="1ep").to_recipe().reached is None

@@ -23,8 +23,7 @@ from speedkit.experiments.compare import final_metric
 from speedkit.experiments.compare import leave_one_out as leave_one_out_table
 from speedkit.experiments.compare import median_or_none, paired_speedups
 from speedkit.record.runs import RunRecord, environment, load_records, lower_is_better
-from speedkit.tasks import TASKS, make_trainer, resolve_task
-from speedkit.tasks.recipes import BASELINES, Recipe, get_recipe
+from speedkit.tasks import TASKS, Recipe, get_recipe, make_trainer, resolve_task
 
 # Parts of a recipe besides its methods that a leave-one-out run can swap for the baseline's: together
 # with the methods they are the recipe's whole difference from the baseline.
@@ -425,9 +424,9 @@ def summarize(records: Sequence[RunRecord], profile: BenchProfile, ablations: Se
         if "ablation" in record.config or record.config.get("bench", {}).get("profiling"):
             continue  # records loaded from a run folder may include these
         by_recipe.setdefault(record.config["recipe"], []).append(record)
-    baseline_names = [name for name in BASELINES[profile.task] if name in by_recipe]
+    baseline_names = [name for name in TASKS[profile.task].baselines if name in by_recipe]
     if not baseline_names:
-        raise ValueError(f"a benchmark summary needs runs of a baseline ({', '.join(BASELINES[profile.task])}); "
+        raise ValueError(f"a benchmark summary needs runs of a baseline ({', '.join(TASKS[profile.task].baselines)}); "
                          f"got runs of {sorted(by_recipe)}")
     seeds = sorted({_seed_of(r) for rs in by_recipe.values() for r in rs})
     target = dict(by_recipe[baseline_names[0]][0].target)
@@ -560,17 +559,17 @@ def resolve_profile(task: str, profile: str | BenchProfile = "cpu", seeds: int |
     """
     profile = get_profile(task, profile)
     recipes, baselines = _names(recipes), _names(baselines)
+    task_baselines = TASKS[profile.task].baselines
     for name in [*(recipes or []), *(baselines or [])]:
         get_recipe(profile.task, name)  # a clear error for unknown names
     if baselines is not None:
-        wrong = [b for b in baselines if b not in BASELINES[profile.task]]
+        wrong = [b for b in baselines if b not in task_baselines]
         if wrong or not baselines:
             raise ValueError(f"baselines {wrong or baselines} are not baselines of {profile.task}; "
-                             f"choose from {list(BASELINES[profile.task])}")
+                             f"choose from {list(task_baselines)}")
     if recipes is not None or baselines is not None:
-        baselines = baselines or list(BASELINES[profile.task])
-        speedups = [r for r in (recipes if recipes is not None else profile.recipes)
-                    if r not in BASELINES[profile.task]]
+        baselines = baselines or list(task_baselines)
+        speedups = [r for r in (recipes if recipes is not None else profile.recipes) if r not in task_baselines]
         recipes = (*baselines, *speedups)  # every speed-up is measured against each baseline
     seed_list = list(range(seeds)) if isinstance(seeds, int) else list(seeds) if seeds is not None else None
     if seed_list is not None and not seed_list:

@@ -1,8 +1,8 @@
 """Benchmark profiles as data: which recipes, seeds, device and budgets a time-to-accuracy run uses.
 
 A profile changes how a recipe is *run* (device, budget, evaluation cadence, and on GPUs a larger
-batch, bf16 and torch.compile); the recipes themselves stay in ``speedkit.tasks.recipes``. The baselines
-(``speedkit.tasks.recipes.BASELINES``) are never changed by ``speedup_changes``: they stay what a competent
+batch, bf16 and torch.compile); the recipes themselves stay with their task (``speedkit.tasks``). The task's baselines
+(``Task.baselines``) are never changed by ``speedup_changes``: they stay what a competent
 user writes by hand, and each evaluates at ``baseline_eval_interval`` (free for them: a plain
 evaluation is excluded from the clock) while a speed-up recipe keeps its own cadence, because the
 extra cost of its evaluation-time methods (test-time augmentation, weight averaging) is counted.
@@ -12,8 +12,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Mapping, Sequence
 
-from speedkit.tasks import TASKS
-from speedkit.tasks.recipes import BASELINES, RECIPES, Recipe, get_recipe
+from speedkit.tasks import TASKS, Recipe, get_recipe
 from speedkit.train.checks import check_duration
 
 # The benchmark's names for the built-in tasks (the README and summary.json use these keys); any other
@@ -23,7 +22,8 @@ TASK_KEYS = {"vision": "fashion-mnist", "language": "pydocs"}
 
 def default_recipes(task: str) -> tuple[str, ...]:
     """Every baseline of ``task``, weakest first, then every other recipe it has."""
-    return (*BASELINES[task], *[r for r in RECIPES[task] if r not in BASELINES[task]])
+    spec = TASKS[task]
+    return (*spec.baselines, *[r for r in spec.recipes if not spec.is_baseline(r)])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,13 +55,14 @@ class BenchProfile:
             raise ValueError(f"profile {self.name!r}: unknown task {self.task!r}; known tasks: {sorted(TASKS)}")
         if not self.recipes:
             object.__setattr__(self, "recipes", default_recipes(self.task))
-        if not any(r in BASELINES[self.task] for r in self.recipes):
+        spec = TASKS[self.task]
+        if not any(spec.is_baseline(r) for r in self.recipes):
             raise ValueError(f"profile {self.name!r}: recipes {list(self.recipes)} include no baseline; "
-                             f"add one of {list(BASELINES[self.task])}")
-        unknown = [r for r in self.recipes if r not in RECIPES[self.task]]
+                             f"add one of {list(spec.baselines)}")
+        unknown = [r for r in self.recipes if r not in spec.recipes]
         if unknown:
             raise ValueError(f"profile {self.name!r}: unknown recipes {unknown} for {self.task}; "
-                             f"known: {sorted(RECIPES[self.task])}")
+                             f"known: {sorted(spec.recipes)}")
         if self.seeds < 1:
             raise ValueError(f"profile {self.name!r}: seeds must be >= 1, got {self.seeds}")
         if not self.duration_scale > 0:
@@ -71,7 +72,7 @@ class BenchProfile:
     @property
     def baselines(self) -> tuple[str, ...]:
         """The baselines this profile runs, weakest first."""
-        return tuple(r for r in BASELINES[self.task] if r in self.recipes)
+        return tuple(r for r in TASKS[self.task].baselines if r in self.recipes)
 
     @property
     def target_value(self) -> float:
@@ -88,7 +89,7 @@ class BenchProfile:
         ``methods`` in a change are *added* to the recipe's methods (e.g. torch_compile on a GPU).
         """
         recipe = get_recipe(self.task, name)
-        baseline = name in BASELINES[self.task]
+        baseline = TASKS[self.task].is_baseline(name)
         cadence = {"eval_interval": self.eval_interval or (self.baseline_eval_interval if baseline else None)}
         changes = [cadence] if baseline else [self.speedup_changes, cadence]
         for change in [*changes, self.recipe_changes.get(name, {})]:

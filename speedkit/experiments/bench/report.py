@@ -1,4 +1,5 @@
-"""The benchmark's outputs: summary.json (merged across tasks), summary.md, the README's table, figures."""
+"""The benchmark's outputs: summary.json (merged across tasks), summary.md, the README's table, figures, and
+what each preset reached (``speedkit/tasks/presets/reached.json``)."""
 from __future__ import annotations
 
 import json
@@ -42,6 +43,40 @@ def write_reports(out_dir: str | Path, key: str, entry: dict,
     if records:
         paths.update(write_figures(out_dir, key, entry, records))
     return summary, paths
+
+
+# -- what each preset reached ---------------------------------------------------------------------
+def preset_reached(summary: dict, fresh_seeds: dict | None = None) -> dict[str, dict[str, dict]]:
+    """task -> recipe -> what it reached in the benchmark: medians over the entry's seeds, the target, the
+    budget it ran with, the profile, machine and date; ``fresh_seeds`` (task -> recipe -> ``{"budget",
+    "result"}``) adds how a preset did under ``speedkit train`` on seeds the benchmark never used.
+
+    ``scripts/update_readme.py`` writes this as ``speedkit/tasks/presets/reached.json``, which the presets read.
+    """
+    fresh_seeds = fresh_seeds or {}
+    figures: dict[str, dict[str, dict]] = {}
+    for entry in summary.values():
+        machine, threads = entry["machine"], entry["machine"]["torch_threads"]
+        common = {"metric": entry["target"]["metric"], "target": entry["target"]["value"], "profile": entry["profile"],
+                  "machine": f"{machine['cpu']}, {threads} thread{'s' * (threads > 1)}, torch {machine['torch']}",
+                  "date": entry["date"][:10]}
+        for name, runs in {**entry["baselines"], **entry["recipes"]}.items():
+            times = [t for t in runs["time_to_target_s"] if t is not None]
+            reached = {**common, "seeds_reached": f"{runs['reached']}/{len(entry['seeds'])}",
+                       "time_to_target_s": round(median_or_none(times), 1) if times else None,
+                       "final": round(median_or_none(runs["final_metric"]), 4), "budget": runs["budget"]}
+            fresh = fresh_seeds.get(entry["task"], {}).get(name)
+            if fresh is not None:
+                if fresh["budget"] != runs["budget"]:
+                    raise ValueError(f"fresh seeds of {entry['task']}:{name} ran {fresh['budget']}, but the benchmark "
+                                     f"ran {runs['budget']}; run the fresh seeds again or remove them")
+                reached["fresh_seeds"] = fresh["result"]
+            figures.setdefault(entry["task"], {})[name] = reached
+    unmeasured = [f"{task}:{name}" for task, runs in fresh_seeds.items() for name in runs
+                  if name not in figures.get(task, {})]
+    if unmeasured:
+        raise ValueError(f"fresh seeds of {unmeasured}, which the benchmark summary has no runs of")
+    return figures
 
 
 # -- markdown ----------------------------------------------------------------------------------

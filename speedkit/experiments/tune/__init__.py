@@ -4,7 +4,7 @@
 methods (on/off and their card's hyperparameters) and recipe fields against time to target, confirms
 the winner and runner-up on fresh seeds beside the tuned baseline, and writes ``recipe.yaml``
 (loadable by ``speedkit train --recipe``), ``report.md``, ``report.html`` and ``summary.json``.
-Needs the optional extra: ``pip install 'speedkit[tune]'``.
+Needs the optional extra: ``pip install 'torch-speedkit[tune]'``.
 """
 from speedkit.experiments.tune.api import TuneResult, tune
 from speedkit.experiments.tune.objective import TrialContext, TrialReporter, penalized, score_record, train_trial

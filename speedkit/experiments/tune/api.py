@@ -130,8 +130,7 @@ def build_config(*, task, target, budget, methods, storage, study_name, seeds_to
                  lr_factor, leave_one_out, runner, log) -> TuneConfig:
     """Check every argument and read the search space from the cards; refusals name the argument."""
     from speedkit.core.devices import resolve_device, resolve_precision
-    from speedkit.tasks import resolve_task
-    from speedkit.tasks.recipes import get_recipe
+    from speedkit.tasks import get_recipe, resolve_task
     from speedkit.tasks.task import BUILT_IN
 
     spec = resolve_task(task)  # a name, a Task or "pkg.mod:attr": registered, so the trials find it by name

@@ -367,11 +367,12 @@ def seed_baseline_study(config: TuneConfig, study) -> None:
 
 def starting_recipes(config: TuneConfig, baseline_study) -> list:
     from speedkit.core.devices import resolve_device, resolve_precision
-    from speedkit.tasks.recipes import RECIPES
+    from speedkit.tasks import TASKS
 
     recipes = []
     device = resolve_device(config.settings.get("device", "auto"))
-    presets = [p for name, p in RECIPES.get(config.task, {}).items() if name != "baseline"]
+    recipes = TASKS[config.task].recipes if config.task in TASKS else {}
+    presets = [p for name, p in recipes.items() if name != "baseline"]
     for preset in sorted(presets, key=lambda p: (_measured_time(p), _budget_fraction(p, config.base_recipe()))):
         recipes.append(preset.with_changes(precision=resolve_precision(preset.precision, device)))
     # The tuned baseline, or the base as it is; the baseline study measured these already, but the search's

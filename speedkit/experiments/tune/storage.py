@@ -16,7 +16,7 @@ def optuna_module():
     try:
         import optuna
     except ImportError:
-        raise ImportError("speedkit tune needs Optuna: pip install 'speedkit[tune]' (or pip install 'optuna>=4')") from None
+        raise ImportError("speedkit tune needs Optuna: pip install 'torch-speedkit[tune]' (or pip install 'optuna>=4')") from None
     return optuna
 
 

@@ -1,0 +1,57 @@
+"""Where the notebooks, tutorials and parameter sets the CLI runs are: a checkout, or the copy in the package.
+
+A speedkit checkout keeps them at its top level (``notebooks/``, ``tutorials/``, ``params/``,
+``bench/results/summary.json``); a wheel carries a copy of the same tree under ``speedkit/shipped/``
+(setup.py puts it there). ``notebook_root()`` answers "the folder holding them": the one given (``--root``),
+else the package's copy, else the checkout the package was imported from (an editable install, or a
+checkout on ``sys.path``), so ``speedkit demo`` works from any folder after ``pip install torch-speedkit``.
+"""
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+
+SHIPPED = "shipped"  # the folder inside the package; setup.py's SHIPPED names the same one
+MARKERS = ("notebooks", "params")  # what makes a folder a notebook root
+
+
+def _is_root(folder: Path) -> bool:
+    return all((folder / marker).is_dir() for marker in MARKERS)
+
+
+def shipped_root() -> Path | None:
+    """The package's own copy (an installed wheel), or None (an editable install or a plain checkout)."""
+    folder = Path(str(resources.files("speedkit") / SHIPPED))
+    return folder if _is_root(folder) else None
+
+
+def checkout_root() -> Path | None:
+    """The checkout the package was imported from, or None when it was installed from a wheel."""
+    folder = Path(str(resources.files("speedkit"))).parent
+    return folder if _is_root(folder) else None
+
+
+def notebook_root(root: str | Path | None = None) -> Path:
+    """The folder holding ``notebooks/``, ``tutorials/`` and ``params/``: ``root`` if given, else the
+    package's copy, else the checkout speedkit was imported from."""
+    if root is not None:
+        root = Path(root)
+        if not _is_root(root):
+            raise FileNotFoundError(f"root={str(root)!r} holds no {' and '.join(f'{m}/' for m in MARKERS)}: pass "
+                                    f"a speedkit checkout, or leave root out to use the copy installed with speedkit")
+        return root
+    found = shipped_root() or checkout_root()
+    if found is None:
+        raise FileNotFoundError("this speedkit installation carries no notebooks/ or params/ (an incomplete "
+                                "build?); reinstall with pip install torch-speedkit, or pass root= (--root) to a "
+                                "speedkit checkout")
+    return found
+
+
+def is_shipped(root: str | Path) -> bool:
+    """Whether ``root`` is the package's copy (read-only to a notebook: it then runs in the current folder)."""
+    shipped = shipped_root()
+    return shipped is not None and Path(root).resolve() == shipped.resolve()
+
+
+__all__ = ["checkout_root", "is_shipped", "notebook_root", "shipped_root"]

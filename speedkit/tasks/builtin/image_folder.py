@@ -1,0 +1,100 @@
+"""The image-folder task: classify the user's own images in class folders (``--task image-folder --data DIR``)."""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from pathlib import Path
+
+import torch
+
+from speedkit.data import BatchLoader, stratified_indices
+from speedkit.data.vision import image_folder
+from speedkit.tasks.builtin._shared import LIBRARY_MODELS, classification_metrics, recipe_augment, vision_model_factory
+from speedkit.tasks.recipes import load_presets
+from speedkit.tasks.task import DataRequest, Task
+
+
+@dataclasses.dataclass(frozen=True)
+class ImageArrays:
+    """A folder's images decoded once, resized, as uint8 tensors; per-channel mean/std of the training part."""
+    train_x: torch.Tensor
+    train_y: torch.Tensor
+    val_x: torch.Tensor
+    val_y: torch.Tensor
+    classes: tuple[str, ...]
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+
+
+@functools.lru_cache(maxsize=2)
+def load_image_folder(data: str, image_size: int, val_fraction: float, seed: int) -> ImageArrays:
+    """``data/train`` and ``data/val`` (or ``valid``/``test``) class folders, or one set of class folders
+    split ``val_fraction`` per class with ``seed``."""
+    root = Path(data).expanduser()
+    val_dir = next((root / name for name in ("val", "valid", "validation", "test") if (root / name).is_dir()), None)
+    if (root / "train").is_dir() and val_dir is not None:
+        train, val = image_folder(root / "train"), image_folder(val_dir)
+        if train.classes != val.classes:
+            raise ValueError(f"{root}: train/ has classes {train.classes} but {val_dir.name}/ has {val.classes}; "
+                             f"both need the same class folders")
+        train_x, train_y = _decode(train, image_size)
+        val_x, val_y = _decode(val, image_size)
+    else:
+        if (root / "train").is_dir():
+            raise FileNotFoundError(f"{root} has train/ but no val/ beside it; add val/<class>/ images, or put the "
+                                    f"class folders directly in {root} to split them")
+        everything = image_folder(root)
+        train = everything
+        x, y = _decode(everything, image_size)
+        val_index = stratified_indices(y, val_fraction, seed)
+        is_val = torch.zeros(len(y), dtype=torch.bool)
+        is_val[val_index] = True
+        train_x, train_y, val_x, val_y = x[~is_val], y[~is_val], x[is_val], y[is_val]
+    scaled = train_x.float() / 255
+    return ImageArrays(train_x, train_y, val_x, val_y, tuple(train.classes),
+                       tuple(scaled.mean(dim=(0, 2, 3)).tolist()), tuple(scaled.std(dim=(0, 2, 3)).clamp_min(1e-3).tolist()))
+
+
+def _decode(dataset, image_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every image of an ImageFolder as uint8 [N, C, size, size] (C = 1 if all are grayscale, else 3)."""
+    import numpy as np
+    from PIL import Image
+
+    images = [Image.open(path) for path, _ in dataset.samples]
+    mode = "L" if all(im.mode in ("L", "1", "I;16", "I") for im in images) else "RGB"
+    arrays = [np.asarray(im.convert(mode).resize((image_size, image_size), Image.BILINEAR)) for im in images]
+    x = torch.from_numpy(np.stack(arrays))
+    x = x.unsqueeze(1) if mode == "L" else x.permute(0, 3, 1, 2)
+    return x.contiguous(), torch.tensor([label for _, label in dataset.samples], dtype=torch.int64)
+
+
+def image_folder_task(data, image_size: int = 32, val_fraction: float = 0.1, seed: int = 0,
+                      target: float = 0.9) -> Task:
+    """Classify the images in class folders under DIR (train/ and val/, or split per class), resized square.
+
+    ``data/train/<class>/`` and ``data/val/<class>/``, or ``data/<class>/`` split ``val_fraction`` per class
+    with ``seed``; images resized to ``image_size`` square; ``target`` is the accuracy to reach."""
+    arrays = load_image_folder(str(Path(data).expanduser().resolve()), image_size, val_fraction, seed)
+    if len(arrays.classes) < 2:
+        raise ValueError(f"{data} holds one class folder ({arrays.classes[0]!r}); a classifier needs at least two")
+    if len(arrays.val_y) == 0:
+        raise ValueError(f"{data}: no images left for validation; add images or raise val_fraction")
+    channels = arrays.train_x.shape[1]
+
+    def loader(x, y, request: DataRequest, train: bool) -> BatchLoader:
+        if train and request.data_fraction < 1.0:
+            keep = stratified_indices(y, request.data_fraction, request.seed)
+            x, y = x[keep], y[keep]
+        if not train and request.eval_fraction:
+            keep = stratified_indices(y, request.eval_fraction, request.seed)
+            x, y = x[keep], y[keep]
+        return BatchLoader(x, y, request.batch_size, shuffle=train, device=request.device, seed=request.seed,
+                           augment=recipe_augment(request.recipe) if train else None, mean=arrays.mean, std=arrays.std)
+
+    return Task(name="image-folder", domain="vision",
+                summary=f"{len(arrays.classes)}-class images from {data}, {image_size}x{image_size}, {channels} channel(s)",
+                model=vision_model_factory(channels, len(arrays.classes)),
+                train_data=lambda request: loader(arrays.train_x, arrays.train_y, request, train=True),
+                eval_data=lambda request: loader(arrays.val_x, arrays.val_y, request, train=False),
+                metrics=classification_metrics, target_metric="eval/accuracy", target_value=target,
+                recipes=load_presets("image-folder"), models=("resnet9", "resnet8", *LIBRARY_MODELS))

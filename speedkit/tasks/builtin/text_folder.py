@@ -1,0 +1,31 @@
+"""The text-folder task: a byte-level GPT on the user's own text files (``--task text-folder --data DIR``)."""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from speedkit.tasks.builtin._shared import GPT_MODELS, language_metrics, language_model, text_corpus, text_data
+from speedkit.tasks.builtin.pydocs import PYDOCS
+from speedkit.tasks.task import Task
+
+
+def _adopted(recipes: dict, names: tuple[str, ...]) -> dict:
+    """Recipes of a built-in task for a folder task: the same methods and settings, nothing they reached,
+    and the folder task's own target (what a recipe reached on one data set says nothing of another)."""
+    return {name: dataclasses.replace(recipes[name], task=None, domain=None, target=None, reached=None) for name in names}
+
+
+def text_folder_task(data, target: float = 2.5) -> Task:
+    """A byte-level GPT on the text files (.txt, .rst, .md) under DIR, split train/validation by file.
+
+    ``target`` is the validation bits per byte to reach."""
+    root = Path(data).expanduser()
+    try:
+        text_corpus(str(root), 0)  # fails now, before a model is built, if the folder holds too little text
+    except (FileNotFoundError, ValueError) as e:
+        raise type(e)(f"text-folder {root}: {e}") from None
+    train, evaluate = text_data(str(root))
+    return Task(name="text-folder", domain="language", summary=f"byte-level language model on the text in {root}",
+                model=language_model, train_data=train, eval_data=evaluate, metrics=language_metrics,
+                target_metric="eval/bpb", target_value=target, models=GPT_MODELS,
+                recipes=_adopted(PYDOCS.recipes, ("baseline", "mild", "hot")))

@@ -1,0 +1,23 @@
+"""Finding the notebooks and parameter sets: a checkout given as root, else the installed copy, else the checkout
+speedkit was imported from (the wheel's own copy is tested in test_wheel.py)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from speedkit.cli.shipped import checkout_root, is_shipped, notebook_root, shipped_root
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_from_a_checkout_the_checkout_is_the_root():
+    assert shipped_root() is None  # imported from the checkout, not a wheel
+    assert checkout_root() == ROOT and notebook_root() == ROOT and notebook_root(ROOT) == ROOT
+    assert not is_shipped(ROOT)
+
+
+def test_a_root_without_notebooks_and_params_is_refused_naming_the_argument(tmp_path):
+    (tmp_path / "notebooks").mkdir()
+    with pytest.raises(FileNotFoundError, match=r"root=.* holds no notebooks/ and params/: pass a speedkit checkout"):
+        notebook_root(tmp_path)
