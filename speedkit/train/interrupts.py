@@ -69,6 +69,18 @@ class SigtermFlag:
         raise SystemExit(SIGTERM_EXIT_CODE)
 
 
+@contextlib.contextmanager
+def installed(*handlers):
+    """Each of ``handlers`` (a SigtermFlag, a StepInterrupts) installed for the block, restored after it."""
+    for handler in handlers:
+        handler.install()
+    try:
+        yield
+    finally:
+        for handler in reversed(handlers):
+            handler.restore()
+
+
 class StepInterrupts:
     """``with interrupts.step(state):`` around one training step; ``may_save`` after a KeyboardInterrupt.
 

@@ -17,7 +17,6 @@ from typing import Iterable, Sequence
 
 import torch
 
-from speedkit.callbacks import ProgressBar, SyncCounter
 from speedkit.core import Callback, Engine, Event, Method, State, Time, TimeUnit, TrainClock, distributed
 from speedkit.core.batch import batch_size, batch_tokens, call_model, output_logits, to_device
 from speedkit.core.devices import (autocast_factory, make_grad_scaler, resolve_device, resolve_precision, synchronize,
@@ -30,12 +29,13 @@ from speedkit.train.batches import iterate_from, set_loader_epoch
 from speedkit.train.checkpoint import Checkpointer, set_rng_state
 from speedkit.train.checks import (check_first_batch, check_first_loss, check_first_outputs, check_trainer_arguments,
                                    explain_first_batch_error)
-from speedkit.train.interrupts import SIGTERM_EXIT_CODE, SIGTERM_REASON, SigtermFlag, StepInterrupts
+from speedkit.train.interrupts import SIGTERM_EXIT_CODE, SIGTERM_REASON, SigtermFlag, StepInterrupts, installed
 from speedkit.train.microbatching import Microbatching
 from speedkit.train.parallel import make_plan
 from speedkit.train.parts import (apply_schedules, cross_entropy_loss, describe_run, global_batch_size, make_callbacks,
                                   make_evaluators, make_logger, make_loss, make_optimizers, make_record,
-                                  make_reproducible, make_schedules, measure_loader, seed_everything)
+                                  make_reproducible, make_schedules, measure_loader, read_device_checks,
+                                  seed_everything, close_callbacks)
 
 
 class Trainer:
@@ -115,7 +115,7 @@ class Trainer:
         state.evaluators = make_evaluators(model, eval_dataloader, evaluators, eval_interval)
         state.callbacks = make_callbacks(callbacks, stop_at=stop_at, nan_policy=nan_policy,
                                          progress_bar=progress_bar and distributed.is_main(),
-                                         save=self._save_paused if save_checkpoints else None,
+                                         save=(lambda: self._paused(self.checkpointer.save)) if save_checkpoints else None,
                                          save_interval=save_interval)
 
         self.memory_logger = InMemoryLogger()
@@ -171,9 +171,7 @@ class Trainer:
         """
         if self.state.train_dataloader is None:
             raise ValueError("Trainer.fit needs train_dataloader")
-        self.sigterm.install()
-        self.interrupts.install()
-        try:
+        with installed(self.sigterm, self.interrupts):  # SIGTERM and SIGINT handlers, for this fit only
             try:
                 self._fit_start()
                 while not self._should_end():
@@ -185,9 +183,6 @@ class Trainer:
             except BaseException as e:
                 self._end_abnormally("failed", f"{type(e).__name__}: {e}", save=False)
                 raise
-        finally:
-            self.interrupts.restore()
-            self.sigterm.restore()
         if self.sigterm.received:
             self.sigterm.exit_after_saving()  # the previous handler, or SystemExit(143)
         return self.state.record
@@ -256,7 +251,7 @@ class Trainer:
             self._final_eval()
             record.status = {"target_reached": "target_reached", None: "completed"}.get(state.stop_reason, "stopped")
         record.stop_reason = state.stop_reason
-        self._read_device_checks()  # before FIT_END and the final checkpoint
+        read_device_checks(self.state, self.logger)  # before FIT_END and the final checkpoint
         if record.status != "terminated":
             self.engine.run_event(Event.FIT_END)
         self._finish(save=self.save_checkpoints)  # inside: a failed final save marks the run failed
@@ -298,9 +293,7 @@ class Trainer:
                 self._train_step()
                 engine.run_event(Event.BATCH_END)
             self._maybe_eval(at_epoch_end=False)
-            # Not paused as a whole: a save pauses the clock itself (``_save_paused``), so a batch that saves
-            # nothing makes the host wait for nothing.
-            engine.run_event(Event.BATCH_CHECKPOINT)
+            engine.run_event(Event.BATCH_CHECKPOINT)  # a save pauses the clock itself: no wait when none is due
         if state.timestamp.batch_in_epoch == 0:  # looping over empty epochs would never reach max_duration
             raise ValueError(f"train_dataloader yielded no batches in epoch {state.timestamp.epoch}; a loader "
                              f"must yield batches every epoch (a generator is used up after one pass)")
@@ -402,21 +395,9 @@ class Trainer:
             scaler.update()
 
     # -- evaluation -----------------------------------------------------------------------
-    def _save_paused(self) -> Path:
-        """A periodic checkpoint, with the training clock stopped; the device's own checks are read first,
-        so that no checkpoint holds a step they would refuse (the NaN guard's flag)."""
-        self._read_device_checks()
-        return self._paused(self.checkpointer.save)
-
-    def _read_device_checks(self) -> None:
-        """Callbacks that keep a check on the device (``read_device_checks``) read it now, at a wait point."""
-        for callback in self.state.callbacks:
-            read = getattr(callback, "read_device_checks", None)
-            if read is not None:
-                read(self.state, self.logger)
-
     def _paused(self, fn, *args):
-        """Run ``fn`` with the training clock stopped: evaluation and saving are not training time."""
+        """Run ``fn`` with the clock stopped (evaluating and saving are not training), after the on-device checks."""
+        read_device_checks(self.state, self.logger)
         synchronize(self.state.device)
         self._clock.pause()
         start = time.perf_counter()
@@ -429,14 +410,12 @@ class Trainer:
     def _maybe_eval(self, at_epoch_end: bool) -> None:
         due = [ev for ev in self.state.evaluators if ev.schedule.due(self.state, at_epoch_end)]
         if due:
-            self._read_device_checks()  # before the clock stops: an evaluation is no place to fail a step
             self._paused(self.eval, due)
 
     def _final_eval(self) -> None:
         """Make sure the record ends with metrics for the final weights."""
         evals = self.state.record.evals
         if self.state.evaluators and (not evals or evals[-1]["batch"] != self.state.timestamp.batch):
-            self._read_device_checks()
             self._paused(self.eval)
 
     def eval(self, evaluators: Sequence[Evaluator] | None = None) -> dict[str, dict[str, float]]:
@@ -525,9 +504,7 @@ class Trainer:
         state = self.state
         self._clock.pause()
         state.record.timings["train_s"] = round(self._clock.elapsed(), 4)
-        for cb in state.callbacks:
-            if isinstance(cb, (ProgressBar, SyncCounter)):
-                cb.close()
+        close_callbacks(state)
         if save and self._fit_started:
             self.checkpointer.save()
         state.record.save()
