@@ -15,10 +15,11 @@ from prerequisites import require
 from speedkit.callbacks import Callback, SyncCounter
 from speedkit.core.devices import synchronize, to_host
 from speedkit.tasks import make_trainer
-from speedkit.tasks.recipes import RECIPES
+from speedkit.tasks import TASKS
+from speedkit.tasks.task import BUILT_IN
 from speedkit.train.trainer import Trainer
 
-PRESETS = [(task, name) for task, recipes in RECIPES.items() for name in recipes]
+PRESETS = [(task, name) for task in sorted(BUILT_IN) for name in TASKS[task].recipes]
 LOG_EVERY = 3
 
 
