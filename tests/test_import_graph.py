@@ -20,6 +20,7 @@ LAYERS = (
     ("record",),
     ("methods", "functional", "optim", "data", "models", "callbacks"),
     ("train",),
+    ("hosts",),  # speedkit's methods in loops it does not own: a plain loop, Accelerate, Lightning, HF
     ("tasks",),
     ("experiments",),
     ("ui", "cli"),

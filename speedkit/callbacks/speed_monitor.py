@@ -149,7 +149,7 @@ class SpeedMonitor(Callback):
                     self.count_flops = False
                     return
                 if state.record is not None:
-                    state.record.notes["flops_per_sample"] = self.flops_per_sample
+                    logger.log_note("flops_per_sample", self.flops_per_sample)
                     state.record.environment["matmul_peak_flops"] = self.measured_peak
                     state.record.environment["peak_flops"] = {"value": self.peak, "source": self.peak_source}
 

@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 from speedkit.record.runs import RunRecord, atomic_write_bytes
-from speedkit.train.checkpoint import LATEST, CheckpointError, load_checkpoint, load_sharded_checkpoint
+from speedkit.train.checkpoint import LATEST, CheckpointContents, CheckpointError, read
 from speedkit.version import __version__
 
 FORMATS = {"safetensors": "model.safetensors", "pt": "model.pt"}
@@ -61,7 +61,8 @@ class ExportResult:
 
 def find_checkpoint(run: str | os.PathLike) -> Path:
     """The checkpoint of ``run``: a ``.ckpt`` file, or a run folder (its record's last checkpoint, else
-    ``checkpoints/latest.ckpt``)."""
+    ``checkpoints/latest.ckpt``). The record names a checkpoint inside the run folder relative to it, so a
+    copied or moved run folder gives its own checkpoint."""
     run = Path(run)
     if run.is_file():
         return run
@@ -69,9 +70,9 @@ def find_checkpoint(run: str | os.PathLike) -> Path:
         raise FileNotFoundError(f"no run at {run}: pass a run folder (runs/NAME) or a .ckpt file")
     candidates = []
     if (run / "record.json").is_file():
-        last = RunRecord.load(run).notes.get("last_checkpoint")
-        if last:
-            candidates.append(Path(last))
+        last = RunRecord.load(run).last_checkpoint  # this folder's own, even when the folder was copied or moved
+        if last is not None:
+            candidates.append(last)
     candidates.append(run / "checkpoints" / LATEST)
     for path in candidates:
         if path.is_file():
@@ -91,12 +92,10 @@ def export_weights(run: str | os.PathLike, out: str | os.PathLike | None = None,
     if weights not in WEIGHTS:
         raise ValueError(f"weights must be one of {WEIGHTS}, got {weights!r}")
     checkpoint = find_checkpoint(run)
-    payload = load_checkpoint(checkpoint)
-    if payload.get("sharded") is not None:  # FSDP: read the shards back as whole tensors in this process
-        payload = load_sharded_checkpoint(checkpoint, payload)
-    record = RunRecord.from_dict(json.loads(payload["record"]))
-    source = _choose_weights(payload, record, weights, checkpoint)
-    tensors = _plain_tensors(payload["model"] if source == "model" else _average(payload, source))
+    contents = read(checkpoint)  # FSDP shards come back as whole tensors in this process
+    record = RunRecord.from_dict(contents.record_dict)
+    source = _choose_weights(contents, record, weights, checkpoint)
+    tensors = _plain_tensors(contents.model if source == "model" else _average(contents, source))
     out = Path(out) if out else _default_out(run, checkpoint, format)
     model_methods = _model_methods(record)
     if format == "safetensors":
@@ -108,8 +107,8 @@ def export_weights(run: str | os.PathLike, out: str | os.PathLike | None = None,
     return ExportResult(out, format, source, checkpoint, model_methods)
 
 
-def _choose_weights(payload: dict, record: RunRecord, weights: str, checkpoint: Path) -> str:
-    averages = {name for name in ("swa", "ema") if _average(payload, name) is not None}
+def _choose_weights(contents: CheckpointContents, record: RunRecord, weights: str, checkpoint: Path) -> str:
+    averages = {name for name in ("swa", "ema") if _average(contents, name) is not None}
     if weights != "auto":
         if weights != "model" and weights not in averages:
             raise ValueError(f"{checkpoint} holds no {weights} average (the run did not use {weights}, or it had "
@@ -125,8 +124,8 @@ def _choose_weights(payload: dict, record: RunRecord, weights: str, checkpoint: 
     return "model"
 
 
-def _average(payload: dict, name: str) -> dict | None:
-    state = payload.get("methods", {}).get(name) or {}
+def _average(contents: CheckpointContents, name: str) -> dict | None:
+    state = contents.methods.get(name) or {}
     return state.get({"ema": "ema", "swa": "average"}[name])
 
 

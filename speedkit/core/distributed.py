@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from speedkit.core.seeding import derive_seed
+from speedkit.core.seeding import process_seed
 
 
 # -- where am I ----------------------------------------------------------------------------------
@@ -111,8 +111,7 @@ def barrier() -> None:
 
 def rank_seed(seed: int) -> int:
     """The seed of this rank's global RNGs: ``seed`` itself on rank 0, a distinct stream on every other."""
-    r = rank()
-    return seed if r == 0 else derive_seed(abs(int(seed)), r)
+    return process_seed(abs(int(seed)) if rank() else seed, rank())
 
 
 # -- data sharding -------------------------------------------------------------------------------

@@ -27,7 +27,7 @@ from typing import Iterator, Optional, Sequence, Union
 import torch
 
 from speedkit.core.distributed import resolve_shard, shard_span
-from speedkit.core.seeding import make_generator
+from speedkit.core.seeding import FLIP_PHASE, make_generator
 
 from ._sharding import GlobalBatch
 
@@ -333,7 +333,7 @@ def alternating_flip_phase(n: int, seed: int) -> torch.Tensor:
     """Per-sample 0/1 phase of alternating flips: sample i is flipped in epoch e when (phase[i] + e) is odd.
     Seeded by the loader's seed on a stream apart from every epoch's; the per-image pipeline uses it too
     (``speedkit.data.per_image``), so both flip the same images in the same epochs."""
-    return torch.randint(0, 2, (n,), generator=make_generator(seed, 2**31))
+    return torch.randint(0, 2, (n,), generator=make_generator(seed, FLIP_PHASE))
 
 
 

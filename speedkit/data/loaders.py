@@ -7,7 +7,7 @@ from typing import Optional, Union
 
 import torch
 
-from speedkit.core.seeding import make_generator
+from speedkit.core.seeding import SUBSET, make_generator
 
 from .batch_loader import Augment, BatchLoader
 from .fashion_mnist import load_fashion_mnist
@@ -26,7 +26,7 @@ def stratified_indices(labels: torch.Tensor, fraction: float, seed: int = 0) -> 
     labels = torch.as_tensor(labels).cpu()
     if fraction == 1.0:
         return torch.arange(len(labels))
-    generator = make_generator(seed, 1)  # the stream name "1" keeps it apart from loader epochs
+    generator = make_generator(seed, SUBSET)
     chosen = []
     for cls in torch.unique(labels):
         members = torch.nonzero(labels == cls).flatten()

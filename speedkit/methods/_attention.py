@@ -36,6 +36,9 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 SDPA_NAME = "scaled_dot_product_attention"
+# Hugging Face attention modules call SDPA through this registry (``ALL_ATTENTION_FUNCTIONS.get_interface``)
+# when their config's ``_attn_implementation`` is "sdpa"; their own code never names SDPA.
+HF_ATTENTION_REGISTRY = "ALL_ATTENTION_FUNCTIONS"
 _TRANSFORMS_ATTR = "_speedkit_attention_transforms"
 _HOOK_ATTR = "_speedkit_attention_hook"
 
@@ -65,15 +68,20 @@ def _code_names(code) -> Iterator[str]:
 
 
 def _class_calls_sdpa(cls: type) -> bool:
-    """Whether any method of ``cls`` (or its bases below nn.Module) mentions SDPA: bytecode names first
-    (works for classes defined anywhere), then the source text (catches e.g. ``getattr`` tricks)."""
+    """Whether any method of ``cls`` (or its bases below nn.Module) mentions SDPA, or Hugging Face's attention
+    registry: bytecode names first (works for classes defined anywhere; decorated methods are unwrapped), then
+    the source text (catches e.g. ``getattr`` tricks)."""
     for klass in cls.__mro__:
         if klass in (nn.Module, object) or klass.__module__.startswith("torch.nn"):
             continue
         for value in vars(klass).values():
             func = getattr(value, "__func__", value)  # staticmethod / classmethod
+            try:
+                func = inspect.unwrap(func)  # transformers decorates forward (deprecate_kwarg, ...)
+            except ValueError:
+                pass
             code = getattr(func, "__code__", None)
-            if code is not None and SDPA_NAME in set(_code_names(code)):
+            if code is not None and {SDPA_NAME, HF_ATTENTION_REGISTRY} & set(_code_names(code)):
                 return True
         try:
             if SDPA_NAME in inspect.getsource(klass):
@@ -226,21 +234,46 @@ def _no_op_pre_hook(module, args):
     return None
 
 
+def hf_attention_implementation(module: nn.Module) -> str | None:
+    """A Hugging Face attention module's ``config._attn_implementation`` ("sdpa", "eager", ...), else None."""
+    config = getattr(module, "config", None)
+    value = getattr(config, "_attn_implementation", None)
+    return value if isinstance(value, str) else None
+
+
 def can_intercept(module: nn.Module) -> bool:
-    """Whether :func:`intercept_attention` supports this module (all but MHA with extra k/v tokens)."""
-    return not (isinstance(module, nn.MultiheadAttention) and (module.bias_k is not None or module.add_zero_attn))
+    """Whether :func:`intercept_attention` supports this module: all but MHA with extra k/v tokens, and Hugging
+    Face attention whose implementation is a fused kernel that never calls SDPA (flash-attention, flex)."""
+    if isinstance(module, nn.MultiheadAttention) and (module.bias_k is not None or module.add_zero_attn):
+        return False
+    return hf_attention_implementation(module) in (None, "sdpa", "eager")
+
+
+def route_through_sdpa(module: nn.Module) -> str | None:
+    """Make a Hugging Face attention module whose implementation is "eager" call SDPA (the same maths), so
+    interception sees its attention; returns a note for the surgery report when it changed anything.
+
+    The implementation lives on the model's config, which its modules share: the whole model switches."""
+    if hf_attention_implementation(module) != "eager":
+        return None
+    module.config._attn_implementation = "sdpa"
+    return f"{type(module).__name__}: config._attn_implementation 'eager' -> 'sdpa' (the same attention, through SDPA)"
 
 
 def intercept_attention(module: nn.Module, transform: AttentionTransform, *, name: str | None = None,
-                        order: int = 0) -> None:
-    """Run ``transform`` on every SDPA call inside ``module``'s forward.
+                        order: int = 0) -> str | None:
+    """Run ``transform`` on every SDPA call inside ``module``'s forward; returns a note for the surgery report
+    when the module had to be switched to SDPA first (Hugging Face "eager" attention), else None.
 
     Several transforms may be installed on one module; they run by ``order`` (lower first: e.g.
     normalisation 0, positions 10, biases 20), then in installation order. Installing a transform
     under a ``name`` that is already present replaces it, so applying a method twice does not stack.
     """
     if not can_intercept(module):
-        raise NotImplementedError(f"cannot intercept {type(module).__name__} with add_bias_kv/add_zero_attn")
+        raise NotImplementedError(f"cannot intercept {type(module).__name__}: nn.MultiheadAttention with "
+                                  f"add_bias_kv/add_zero_attn, or a Hugging Face attention implementation "
+                                  f"({hf_attention_implementation(module)!r}) that never calls SDPA")
+    switched = route_through_sdpa(module)
     transforms = getattr(module, _TRANSFORMS_ATTR, None)
     if transforms is None:
         transforms = []
@@ -251,6 +284,7 @@ def intercept_attention(module: nn.Module, transform: AttentionTransform, *, nam
     transforms[:] = [t for t in transforms if t[1] != name]
     transforms.append((order, name, transform))
     transforms.sort(key=lambda t: t[0])  # stable: equal orders keep installation order
+    return switched
 
 
 def intercepted_transforms(module: nn.Module) -> list[str]:
@@ -316,6 +350,9 @@ def attention_geometry(module: nn.Module) -> tuple[int | None, int | None]:
         return None
 
     heads, head_dim = first_int(_HEAD_COUNT_ATTRS), first_int(_HEAD_DIM_ATTRS)
+    config = getattr(module, "config", None)  # Hugging Face attention (LLaMA) keeps its head count there
+    if heads is None and isinstance(getattr(config, "num_attention_heads", None), int):
+        heads = config.num_attention_heads
     width = first_int(_WIDTH_ATTRS)
     if width is None:  # fall back on the input width of the first projection (q or a fused qkv)
         width = next((m.in_features for m in module.children() if isinstance(m, nn.Linear)), None)

@@ -49,4 +49,4 @@ class LowPrecisionNormMethod(Method):
         report = type(self).surgery(state.model, **self.params)
         if state.precision not in ("bf16", "fp16"):
             report.details.append(f"note: precision is {state.precision}; the norms act only under autocast")
-        record_surgery(state, logger, report)
+        record_surgery(logger, report)

@@ -211,11 +211,10 @@ def adopt_state(new: nn.Module, old: nn.Module) -> nn.Module:
     return new
 
 
-def record_surgery(state, logger, report: SurgeryReport) -> None:
-    """Put a surgery report where a run keeps them: the record's notes and the log."""
-    if getattr(state, "record", None) is not None:
-        state.record.notes.setdefault("surgery", []).append(str(report))
+def record_surgery(logger, report: SurgeryReport) -> None:
+    """Report a surgery to the run's logger: the log, and the list ``record.notes["surgery"]``."""
     if logger is not None:
+        logger.log_note("surgery", str(report), append=True)
         logger.log_text(str(report))
 
 

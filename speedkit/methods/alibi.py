@@ -54,7 +54,9 @@ def apply_alibi(model: nn.Module, remove_position_embeddings: bool = True, allow
         if not attention.can_intercept(module):
             report.details.append(f"note: {name} ({type(module).__name__}) is not supported; left alone")
             continue
-        attention.intercept_attention(module, ALiBiTransform(), name="alibi", order=ALIBI_ORDER)
+        switched = attention.intercept_attention(module, ALiBiTransform(), name="alibi", order=ALIBI_ORDER)
+        if switched:
+            report.details.append(f"note: {switched}")
         report.add("attention modules", f"{name}: {type(module).__name__} adds linear distance biases")
     attention.settle_position_embeddings(model, report, remove_position_embeddings)
     return report.require_changes(allow_empty, "attention modules that call scaled_dot_product_attention")
@@ -91,7 +93,7 @@ class ALiBi(Method):
     def apply(self, event, state, logger):
         if event is Event.INIT:
             report = apply_alibi(state.model, self.params["remove_position_embeddings"], self.params["allow_empty"])
-            record_surgery(state, logger, report)
+            record_surgery(logger, report)
             return
         inputs = state.batch_inputs()
         if isinstance(inputs, torch.Tensor) and inputs.dim() >= 2 and not inputs.is_floating_point():

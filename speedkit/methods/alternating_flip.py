@@ -67,6 +67,5 @@ class AlternatingFlip(Method):
         if getattr(getattr(loader, "augment", None), "flip", None) == "alternating":
             return  # already alternating (e.g. a second fit)
         state.train_dataloader = use_alternating_flip(loader)
-        if state.record is not None:
-            state.record.notes["alternating_flip"] = "train loader switched to Augment(flip='alternating')"
+        logger.log_note("alternating_flip", "train loader switched to Augment(flip='alternating')")
         logger.log_text("alternating_flip: train loader now flips each image on alternate epochs")

@@ -58,6 +58,5 @@ class Autocast(Method):
 
     def apply(self, event, state, logger):
         enable_autocast(state, self.params["dtype"])
-        if state.record is not None:
-            state.record.notes["autocast"] = self.params["dtype"]
+        logger.log_note("autocast", self.params["dtype"])
         logger.log_text(f"autocast: forward passes in {self.params['dtype']} on {state.device.type}")

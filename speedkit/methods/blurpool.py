@@ -130,4 +130,4 @@ class BlurPool(Method):
     )
 
     def apply(self, event, state, logger):
-        record_surgery(state, logger, apply_blurpool(state.model, **self.params))
+        record_surgery(logger, apply_blurpool(state.model, **self.params))

@@ -92,5 +92,4 @@ class BudgetSchedule(Method):
         message = (f"budget_schedule: {inner!r} over {steps if steps else 'the wall-clock budget'} steps"
                    + (f" (replaced {', '.join(replaced)})" if replaced else ""))
         logger.log_text(message)
-        if state.record is not None:
-            state.record.notes["budget_schedule"] = message
+        logger.log_note("budget_schedule", message)

@@ -43,7 +43,7 @@ class ChannelsLast(Method):
     def apply(self, event, state, logger):
         if event is Event.INIT:
             report = apply_channels_last(state.model, allow_empty=self.params["allow_empty"])
-            record_surgery(state, logger, report)
+            record_surgery(logger, report)
             return
         inputs = state.batch_inputs()
         if isinstance(inputs, torch.Tensor) and inputs.dim() == 4:

@@ -110,6 +110,5 @@ class DataEchoing(Method):
         state.train_dataloader = EchoingLoader(loader, self.params["factor"])
         # The Trainer measured the epoch before fit start; an epoch now has factor times the batches.
         state.batches_per_epoch = len(state.train_dataloader)
-        if state.record is not None:
-            state.record.notes["data_echoing"] = f"each batch used {self.params['factor']} times"
+        logger.log_note("data_echoing", f"each batch used {self.params['factor']} times")
         logger.log_text(f"data_echoing: each batch is used {self.params['factor']} times")

@@ -188,8 +188,7 @@ class EMA(Method):
             self.ema = init_ema(state.model)
         else:
             self.ema = {k: v.to(state.device) for k, v in self.ema.items()}
-        if state.record is not None:
-            state.record.notes["ema"] = {"smoothing": self.smoothing}
+        logger.log_note("ema", {"smoothing": self.smoothing})
         logger.log_text(f"ema: smoothing {self.smoothing:.6f} every {self.params['update_interval']} batch(es)")
 
     def state_dict(self) -> dict:

@@ -145,4 +145,4 @@ class Factorize(Method):
     )
 
     def apply(self, event, state, logger):
-        record_surgery(state, logger, apply_factorization(state.model, **self.params))
+        record_surgery(logger, apply_factorization(state.model, **self.params))

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from speedkit.core.event import Event
 from speedkit.core.method import HParam, Method, MethodCard, SurgeryReport
 from speedkit.methods._surgery import record_surgery
-from speedkit.methods.relu_squared import MLPBlock, class_understands, find_mlp_blocks
+from speedkit.methods.relu_squared import MLPBlock, class_understands, find_mlp_blocks, linear_features
 
 GATE_ACTIVATIONS = {"gelu": F.gelu, "silu": F.silu}
 
@@ -75,11 +75,12 @@ def convert_to_glu(block: MLPBlock, activation: str = "gelu", hidden_fraction: f
     """Turn one MLP block into a gated one in place; returns a description of the change."""
     module = block.module
     first, second = getattr(module, block.first), getattr(module, block.second)
-    hidden = max(1, round(first.out_features * hidden_fraction))
+    (d_in, old_hidden), (_, d_out) = linear_features(first), linear_features(second)  # nn.Linear or HF Conv1D
+    hidden = max(1, round(old_hidden * hidden_fraction))
     factory = dict(device=first.weight.device, dtype=first.weight.dtype)
-    glu = GatedLinearUnit(first.in_features, hidden, activation, bias=first.bias is not None, **factory)
+    glu = GatedLinearUnit(d_in, hidden, activation, bias=getattr(first, "bias", None) is not None, **factory)
     _like(glu.proj, first)
-    out = _like(nn.Linear(hidden, second.out_features, bias=second.bias is not None, **factory), second)
+    out = _like(nn.Linear(hidden, d_out, bias=getattr(second, "bias", None) is not None, **factory), second)
     setattr(module, block.first, glu)
     setattr(module, block.second, out)
     if block.activation_kind == "string":
@@ -92,8 +93,8 @@ def convert_to_glu(block: MLPBlock, activation: str = "gelu", hidden_fraction: f
         setattr(module, block.activation_attr, nn.Identity())
         if hasattr(module, "activation_relu_or_gelu"):
             module.activation_relu_or_gelu = 0  # TransformerEncoderLayer's fused path assumes relu/gelu
-    return (f"{block.first} Linear {first.in_features}->{first.out_features} -> GatedLinearUnit "
-            f"{first.in_features}->{hidden} ({activation}); {block.second} -> Linear {hidden}->{second.out_features}")
+    return (f"{block.first} {type(first).__name__} {d_in}->{old_hidden} -> GatedLinearUnit "
+            f"{d_in}->{hidden} ({activation}); {block.second} -> Linear {hidden}->{d_out}")
 
 
 def apply_gated_linear_units(model: nn.Module, activation: str = "gelu", hidden_fraction: float = 2 / 3,
@@ -106,8 +107,14 @@ def apply_gated_linear_units(model: nn.Module, activation: str = "gelu", hidden_
     report = SurgeryReport("gated_linear_units")
     for block in find_mlp_blocks(model):
         where = block.name or type(block.module).__name__
+        if block.gated:
+            report.details.append(f"note: {where} is gated already ({type(block.module).__name__}); left alone")
+            continue
         report.add("MLP blocks", f"{where}: {convert_to_glu(block, activation, hidden_fraction)}")
-    return report.require_changes(allow_empty, "MLP blocks (Linear d->h, activation, Linear h->d)")
+    looked_for = "MLP blocks (Linear d->h, activation, Linear h->d)"
+    if any("is gated already" in d for d in report.details):
+        looked_for += " that are not gated already (the model's MLPs are gated)"
+    return report.require_changes(allow_empty, looked_for)
 
 
 class GatedLinearUnits(Method):
@@ -135,4 +142,4 @@ class GatedLinearUnits(Method):
     def apply(self, event, state, logger):
         p = self.params
         report = apply_gated_linear_units(state.model, p["activation"], p["hidden_fraction"], p["allow_empty"])
-        record_surgery(state, logger, report)
+        record_surgery(logger, report)

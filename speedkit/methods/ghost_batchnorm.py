@@ -93,4 +93,4 @@ class GhostBatchNorm(Method):
     )
 
     def apply(self, event, state, logger):
-        record_surgery(state, logger, apply_ghost_batchnorm(state.model, **self.params))
+        record_surgery(logger, apply_ghost_batchnorm(state.model, **self.params))

@@ -21,7 +21,7 @@ import torch.nn as nn
 from speedkit.core import distributed
 from speedkit.core.event import Event
 from speedkit.core.method import HParam, Method, MethodCard, SurgeryReport
-from speedkit.core.seeding import derive_seed
+from speedkit.core.seeding import GYRO_DROPOUT, derive_seed
 from speedkit.core.time import TimeUnit
 from speedkit.methods._surgery import record_surgery, replace_modules
 
@@ -118,10 +118,10 @@ class GyroDropout(Method):
                              f"or sp") from e
         report = apply_gyro_dropout(state.model, int(total), self.params["sigma"], self.params["tau"],
                                     self.params["allow_empty"])
-        record_surgery(state, logger, report)
+        record_surgery(logger, report)
         if distributed.world_size() > 1:  # the same masks on every rank (see the module docstring)
             for index, layer in enumerate(self._layers(state.model).values()):
-                layer.generator = torch.Generator().manual_seed(derive_seed(abs(int(state.seed)), 0x6E0, index))
+                layer.generator = torch.Generator().manual_seed(derive_seed(abs(int(state.seed)), GYRO_DROPOUT, index))
         self._load_layers(state.model)
 
     # Masks and counters are the method's state: saved here so a resumed run continues the same windows.

@@ -73,4 +73,4 @@ class IdentityInit(Method):
     )
 
     def apply(self, event, state, logger):
-        record_surgery(state, logger, apply_identity_init(state.model, **self.params))
+        record_surgery(logger, apply_identity_init(state.model, **self.params))

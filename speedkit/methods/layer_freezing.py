@@ -96,8 +96,7 @@ class LayerFreezing(Method):
             total = len(freezable_layers(state.model))
             message = f"layer_freezing: {len(frozen)}/{total} layers frozen (new: {', '.join(newly)})"
             logger.log_text(message)
-            if state.record is not None:
-                state.record.notes["layer_freezing"] = list(frozen)
+            logger.log_note("layer_freezing", list(frozen))
 
     def _refreeze(self, model: torch.nn.Module) -> None:
         modules = dict(model.named_modules())

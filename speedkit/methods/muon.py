@@ -105,4 +105,4 @@ class Muon(Method):
         muon, report = split_for_muon(state.model, state.optimizers, allow_empty=allow_empty, **params)
         if muon is not None:
             state.optimizers.append(muon)
-        record_surgery(state, logger, report)
+        record_surgery(logger, report)

@@ -189,8 +189,8 @@ class PatchWhitening(Method):
 
     def apply(self, event, state, logger):
         if event is Event.INIT:
-            record_surgery(state, logger, insert_whitening(state.model, self.params["kernel_size"],
-                                                           self.params["allow_empty"]))
+            record_surgery(logger, insert_whitening(state.model, self.params["kernel_size"],
+                                                    self.params["allow_empty"]))
             return
         stem = whitened_stem(state.model)
         if stem is None:  # allow_empty and nothing to whiten, or someone undid the surgery

@@ -72,7 +72,9 @@ def apply_qk_norm(model: nn.Module, eps: float = 1e-6, allow_empty: bool = False
         reference = next(module.parameters(), None)
         norm = QKNorm(heads, head_dim, eps, device=reference.device if reference is not None else None)
         module.add_module(GAIN_ATTR, norm)
-        attention.intercept_attention(module, norm, name="qk_norm", order=QK_NORM_ORDER)
+        switched = attention.intercept_attention(module, norm, name="qk_norm", order=QK_NORM_ORDER)
+        if switched:
+            report.details.append(f"note: {switched}")
         report.add("attention modules", f"{name}: {type(module).__name__} RMS-normalises q, k "
                                         f"({heads} heads x {head_dim}, learnable gains)")
     return report.require_changes(allow_empty, "attention modules that call scaled_dot_product_attention")
@@ -101,4 +103,4 @@ class QKNormalization(Method):
 
     def apply(self, event, state, logger):
         report = apply_qk_norm(state.model, self.params["eps"], self.params["allow_empty"])
-        record_surgery(state, logger, report)
+        record_surgery(logger, report)

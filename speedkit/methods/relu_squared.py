@@ -36,10 +36,25 @@ class ReLUSquared(nn.Module):
 
 
 def is_activation_module(module: nn.Module) -> bool:
-    """An elementwise activation module: torch's (GELU, ReLU, SiLU, ...) or speedkit's ReLUSquared."""
+    """An elementwise activation module: torch's (GELU, ReLU, SiLU, ...), Hugging Face's (``ACT2FN``'s
+    NewGELUActivation, ...) or speedkit's ReLUSquared."""
     if isinstance(module, ReLUSquared):
         return True
+    if type(module).__module__ == "transformers.activations":
+        return True
     return type(module).__module__ == "torch.nn.modules.activation" and not isinstance(module, _NOT_ELEMENTWISE)
+
+
+def linear_features(module: nn.Module) -> tuple[int, int] | None:
+    """(in, out) features of a linear layer: an ``nn.Linear``, or Hugging Face's ``Conv1D`` (GPT-2's MLP and
+    attention projections, a Linear whose weight is stored transposed: [in, out]); None for anything else."""
+    if isinstance(module, nn.Linear):
+        return module.in_features, module.out_features
+    weight = getattr(module, "weight", None)
+    if type(module).__name__ == "Conv1D" and isinstance(getattr(module, "nf", None), int) and \
+            isinstance(weight, torch.Tensor) and weight.dim() == 2:
+        return int(weight.shape[0]), int(module.nf)
+    return None
 
 
 @dataclasses.dataclass
@@ -58,6 +73,13 @@ class MLPBlock:
     second: str
     activation_attr: str
     activation_kind: str
+
+    @property
+    def gated(self) -> bool:
+        """Already a gated block (LLaMA's gate_proj/up_proj/down_proj): another d -> h linear beside ``first``."""
+        shape = linear_features(getattr(self.module, self.first))
+        return any(attr != self.first and linear_features(child) == shape
+                   for attr, child in self.module.named_children())
 
     @property
     def activation(self):
@@ -90,14 +112,15 @@ def _find_activation(module: nn.Module, children: list, first_index: int, second
 
 
 def find_mlp_blocks(model: nn.Module) -> list[MLPBlock]:
-    """Every module with two Linear children in order, d -> h then h -> d, and an activation between."""
+    """Every module with two linear children in order (``nn.Linear`` or Hugging Face ``Conv1D``), d -> h then
+    h -> d, and an activation between."""
     blocks = []
     for name, module in model.named_modules():
         children = list(module.named_children())
-        linear_at = [i for i, (_, c) in enumerate(children) if isinstance(c, nn.Linear)]
+        linear_at = [i for i, (_, c) in enumerate(children) if linear_features(c) is not None]
         for i, j in zip(linear_at, linear_at[1:]):
-            first, second = children[i][1], children[j][1]
-            if first.out_features != second.in_features or first.in_features != second.out_features:
+            (d_in, hidden), (h_in, d_out) = linear_features(children[i][1]), linear_features(children[j][1])
+            if hidden != h_in or d_in != d_out:
                 continue
             found = _find_activation(module, children, i, j)
             if found is not None:
@@ -182,4 +205,4 @@ class ReLUSquaredActivation(Method):
     )
 
     def apply(self, event, state, logger):
-        record_surgery(state, logger, apply_relu_squared(state.model, self.params["allow_empty"]))
+        record_surgery(logger, apply_relu_squared(state.model, self.params["allow_empty"]))

@@ -7,6 +7,8 @@ scaled_dot_product_attention (or any nn.MultiheadAttention) through :mod:`speedk
 """
 from __future__ import annotations
 
+import inspect
+
 import torch
 import torch.nn as nn
 
@@ -55,7 +57,13 @@ class RotaryTransform:
 
 
 def _has_own_rotary(module: nn.Module) -> bool:
-    return any(getattr(module, name, None) is not None for name in _EXISTING_ROTARY_ATTRS)
+    """A rotary attribute, or a forward that takes rotary ``position_embeddings`` (Hugging Face LLaMA-style)."""
+    if any(getattr(module, name, None) is not None for name in _EXISTING_ROTARY_ATTRS):
+        return True
+    try:
+        return "position_embeddings" in inspect.signature(type(module).forward).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def apply_rotary_embeddings(model: nn.Module, base: float = 10000.0, remove_position_embeddings: bool = False,
@@ -73,11 +81,16 @@ def apply_rotary_embeddings(model: nn.Module, base: float = 10000.0, remove_posi
         elif not attention.can_intercept(module):
             report.details.append(f"note: {name} ({type(module).__name__}) is not supported; left alone")
         else:
-            attention.intercept_attention(module, RotaryTransform(base), name="rotary_embeddings",
-                                          order=ROTARY_ORDER)
+            switched = attention.intercept_attention(module, RotaryTransform(base), name="rotary_embeddings",
+                                                     order=ROTARY_ORDER)
+            if switched:
+                report.details.append(f"note: {switched}")
             report.add("attention modules", f"{name}: {type(module).__name__} rotates q, k (base {base:g})")
     attention.settle_position_embeddings(model, report, remove_position_embeddings)
-    return report.require_changes(allow_empty, "attention modules that call scaled_dot_product_attention")
+    looked_for = "attention modules that call scaled_dot_product_attention"
+    if any("already applies rotary" in d for d in report.details):
+        looked_for += " without rotary positions of their own (the model's attention rotates already)"
+    return report.require_changes(allow_empty, looked_for)
 
 
 class RotaryEmbeddings(Method):
@@ -106,4 +119,4 @@ class RotaryEmbeddings(Method):
     def apply(self, event, state, logger):
         report = apply_rotary_embeddings(state.model, self.params["base"],
                                          self.params["remove_position_embeddings"], self.params["allow_empty"])
-        record_surgery(state, logger, report)
+        record_surgery(logger, report)

@@ -96,4 +96,4 @@ class SqueezeExcite(Method):
     )
 
     def apply(self, event, state, logger):
-        record_surgery(state, logger, apply_squeeze_excite(state.model, **self.params))
+        record_surgery(logger, apply_squeeze_excite(state.model, **self.params))

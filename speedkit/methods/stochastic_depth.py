@@ -140,7 +140,7 @@ class StochasticDepth(Method):
         if event is Event.INIT:
             report = apply_stochastic_depth(state.model, self.params["drop_rate"], self.params["mode"],
                                             self.params["drop_distribution"], self.params["allow_empty"])
-            record_surgery(state, logger, report)
+            record_surgery(logger, report)
             if self.params["drop_warmup"] > 0:
                 set_drop_scale(state.model, 0.0)
         elif event is Event.BATCH_START:

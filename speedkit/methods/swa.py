@@ -169,8 +169,7 @@ class SWA(Method):
         if self.average is None:
             message = "swa: training ended before swa_start, so there is no average; the model keeps its weights"
             logger.log_text(message)
-            if state.record is not None:
-                state.record.notes["swa"] = message
+            logger.log_note("swa", message)
             return
         self.finished = True
         self._load_average(state)
@@ -187,8 +186,7 @@ class SWA(Method):
         message = (f"swa: the model now holds the average of {self.count} snapshots; "
                    f"BatchNorm statistics from {refreshed} batches")
         logger.log_text(message)
-        if state.record is not None:
-            state.record.notes["swa"] = message
+        logger.log_note("swa", message)
 
     def _load_average(self, state) -> None:
         load_weights(state.model, self.average)

@@ -4,7 +4,7 @@ TorchDynamo captures the forward as graphs and Inductor fuses their elementwise 
 kernels (Triton on GPU, C++/OpenMP on CPU). ``nn.Module.compile`` compiles in place, so the module,
 its parameter names and its state-dict keys stay what they were (checkpoints and other methods are
 unaffected). The first batch pays for the compilation (20-40 s for a small ResNet on a laptop-class
-CPU); its wall time is recorded as ``record.timings["compile_s"]`` so benchmarks can report it apart.
+CPU); its wall time is reported as ``record.timings["compile_s"]`` so benchmarks can report it apart.
 
 CUDA graphs come with ``mode="reduce-overhead"`` (and ``"max-autotune"``): the compiled step is recorded
 once and replayed as one launch, which removes the per-kernel launch cost that dominates small models on a
@@ -99,7 +99,6 @@ class TorchCompile(Method):
         elif self._started is not None:  # BATCH_END of the first batch (timestamp already advanced)
             synchronize(state.device)
             seconds = time.perf_counter() - self._started
-            if state.record is not None:
-                state.record.timings["compile_s"] = round(seconds, 4)
+            logger.log_timing("compile_s", seconds)
             logger.log_text(f"torch_compile: first batch (with compilation) took {seconds:.1f} s")
             self._first_batch, self._started = None, None

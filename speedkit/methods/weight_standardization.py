@@ -75,4 +75,4 @@ class WeightStandardization(Method):
     )
 
     def apply(self, event, state, logger):
-        record_surgery(state, logger, apply_weight_standardization(state.model, **self.params))
+        record_surgery(logger, apply_weight_standardization(state.model, **self.params))

@@ -9,6 +9,7 @@ Models speedkit trains and benchmarks, by name:
     get_model("torchvision:mobilenet_v3_small", num_classes=5, in_channels=1)   # any torchvision classifier
     get_model("timm:resnet10t", num_classes=5)   # where timm is installed
     get_model("hf:gpt2-nano")                     # a transformers GPT-2 of gpt-nano's sizes (torch-speedkit[hf])
+    get_model("hf:/path/to/folder")               # from_pretrained from a local folder (save_pretrained wrote it)
 
 Nothing here downloads weights: torchvision models are built with weights=None.
 """
@@ -17,7 +18,7 @@ import torch.nn as nn
 
 from .gpt import GPT, GPT_CONFIGS, GPTConfig, CausalSelfAttention, Rotary, gpt_config
 from .resnet import BasicBlock, ResNet9, SmallResNet, resnet8, resnet9, resnet20, resnet56
-from .hf import PREFIX as HF_PREFIX, hf_causal_lm
+from .hf import HF as HF_PREFIX, hf_causal_lm
 from .unet import UNet
 
 

@@ -1,16 +1,21 @@
-"""Hugging Face causal language models, built from a config (random weights, nothing downloaded).
+"""Hugging Face causal language models: built from a config (random weights), or loaded from a local folder.
 
 ``get_model("hf:gpt2-nano")`` is a ``transformers`` GPT-2 with the sizes of speedkit's ``gpt-nano`` preset
-(``hf:gpt2-micro``, ``hf:gpt2-mini``, ``hf:gpt2-small`` likewise) over the 256 byte values. It is called
-Hugging Face style, ``model(**batch)`` with ``input_ids`` and ``labels``, and trains on the dict batches the
-language tasks yield for it. Needs ``pip install 'torch-speedkit[hf]'``.
+(``hf:gpt2-micro``, ``hf:gpt2-mini``, ``hf:gpt2-small`` likewise) over the 256 byte values.
+``get_model("hf:/path/to/folder")`` loads ``AutoModelForCausalLM.from_pretrained`` from a folder written by
+``save_pretrained`` (any causal LM: GPT-2, LLaMA, ...), from that folder only: nothing is downloaded.
+Either is called Hugging Face style, ``model(**batch)`` with ``input_ids`` and ``labels``, and trains on the
+dict batches the language tasks yield for it. Needs ``pip install 'torch-speedkit[hf]'``.
 """
 from __future__ import annotations
 
 import torch.nn as nn
 
+from pathlib import Path
+
 from .gpt import GPT_CONFIGS
 
+HF = "hf:"  # every Hugging Face model's name starts so
 PREFIX = "hf:gpt2-"  # hf:gpt2-nano -> the gpt-nano preset's sizes
 
 
@@ -32,17 +37,41 @@ class NextTokenLM(nn.Module):
         return self.model(input_ids=input_ids, attention_mask=attention_mask)
 
 
-def hf_causal_lm(name: str) -> NextTokenLM:
-    """``hf:gpt2-<preset>``: a transformers GPT-2 with the sizes of speedkit's ``gpt-<preset>``."""
-    preset = "gpt-" + name.removeprefix(PREFIX)
-    if not name.startswith(PREFIX) or preset not in GPT_CONFIGS:
-        known = [PREFIX + n.removeprefix("gpt-") for n in GPT_CONFIGS if n.startswith("gpt-")]
-        raise ValueError(f"unknown Hugging Face model {name!r}; known: {known}")
+def _transformers(name: str):
     try:
-        from transformers import GPT2Config, GPT2LMHeadModel
+        import transformers
     except ImportError:
         raise ValueError(f"model {name!r} needs transformers, which is not installed; pip install 'torch-speedkit[hf]' "
                          f"or pick a gpt-* model") from None
+    return transformers
+
+
+def hf_causal_lm(name: str) -> NextTokenLM:
+    """``hf:gpt2-<preset>``: a transformers GPT-2 with the sizes of speedkit's ``gpt-<preset>``;
+    ``hf:<folder>``: the causal LM a ``save_pretrained`` wrote into that local folder."""
+    preset = "gpt-" + name.removeprefix(PREFIX)
+    if name.startswith(PREFIX) and preset in GPT_CONFIGS:
+        return _gpt2_preset(name, preset)
+    folder = Path(name.removeprefix(HF)).expanduser()
+    if name.startswith(HF) and folder.is_dir():
+        return _from_folder(name, folder)
+    known = [PREFIX + n.removeprefix("gpt-") for n in GPT_CONFIGS if n.startswith("gpt-")]
+    raise ValueError(f"unknown Hugging Face model {name!r}: neither a preset ({', '.join(known)}) nor a local folder "
+                     f"written by save_pretrained (nothing is downloaded; save the model there first)")
+
+
+def _from_folder(name: str, folder: Path) -> NextTokenLM:
+    if not (folder / "config.json").is_file():
+        raise ValueError(f"{name!r}: {folder} has no config.json; write the model there with "
+                         f"model.save_pretrained({str(folder)!r})")
+    transformers = _transformers(name)
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, local_files_only=True)
+    return NextTokenLM(model)
+
+
+def _gpt2_preset(name: str, preset: str) -> NextTokenLM:
+    transformers = _transformers(name)
+    GPT2Config, GPT2LMHeadModel = transformers.GPT2Config, transformers.GPT2LMHeadModel
     sizes = GPT_CONFIGS[preset]
     config = GPT2Config(vocab_size=sizes.vocab_size, n_positions=sizes.block_size, n_embd=sizes.n_embd,
                         n_layer=sizes.n_layer, n_head=sizes.n_head, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,

@@ -4,6 +4,11 @@ The run's RunRecord is always one destination, so the record, the console, the J
 TensorBoard and CSV loggers see exactly the same numbers. Besides metrics, every destination hears of
 the run twice: at fit start (its config and methods, ``log_run_start``) and at its end (its timings and
 status, ``log_run_end``).
+
+What a component has to say about the run (a method's surgery report, the microbatch size a run settled
+on, the checkpoint it wrote last) it reports with ``logger.log_note(key, value)``, and a timing of its own
+(``compile_s``) with ``logger.log_timing``; the record's destination writes them into ``record.notes`` and
+``record.timings``. A component keeps what it needs to resume in its own ``state_dict``, never in the record.
 """
 from __future__ import annotations
 
@@ -56,6 +61,12 @@ class LoggerDestination:
 
     def log_text(self, text: str) -> None:
         pass
+
+    def log_note(self, key: str, value, append: bool = False) -> None:
+        """A fact about the run for ``record.notes[key]`` (``append``: one more item of the list there)."""
+
+    def log_timing(self, key: str, seconds: float, add: bool = False) -> None:
+        """Seconds for ``record.timings[key]`` (``add``: added to what is there)."""
 
     def log_run_start(self, record) -> None:
         """At fit start: ``record.config``, ``record.methods`` and ``record.target`` are final."""
@@ -128,7 +139,8 @@ class ConsoleLogger(LoggerDestination):
 
 
 class RecordDestination(LoggerDestination):
-    """Writes logged metrics into the RunRecord: eval metrics as eval rows, the rest as step rows."""
+    """Writes what is logged into the RunRecord: eval metrics as eval rows, the rest as step rows; notes and
+    timings into ``notes`` and ``timings``."""
 
     def __init__(self, record):
         self.record = record
@@ -138,6 +150,15 @@ class RecordDestination(LoggerDestination):
             self.record.add_eval(position, metrics)
         else:
             self.record.add_step(position, metrics)
+
+    def log_note(self, key, value, append=False):
+        self.record.add_note(key, value, append=append)
+
+    def log_timing(self, key, seconds, add=False):
+        if add:
+            self.record.add_timing(key, seconds)
+        else:
+            self.record.set_timing(key, seconds)
 
 
 class Logger:
@@ -155,6 +176,16 @@ class Logger:
     def log_text(self, text: str) -> None:
         for d in self.destinations:
             d.log_text(text)
+
+    def log_note(self, key: str, value, append: bool = False) -> None:
+        """Report a fact about the run (see the module notes); ``append`` adds one item to a list of them."""
+        for d in self.destinations:
+            _optional_hook(d, "log_note")(key, value, append)
+
+    def log_timing(self, key: str, seconds: float, add: bool = False) -> None:
+        """Report seconds a component spent (``add``: added to what it reported before)."""
+        for d in self.destinations:
+            _optional_hook(d, "log_timing")(key, seconds, add)
 
     def log_run_start(self, record) -> None:
         for d in self.destinations:

@@ -110,10 +110,39 @@ class RunRecord:
         """Add ``seconds`` to ``timings[key]`` (e.g. ``eval_s``), kept to 0.1 ms."""
         self.timings[key] = round(self.timings.get(key, 0.0) + seconds, 4)
 
+    def set_timing(self, key: str, seconds: float) -> None:
+        """``timings[key] = seconds`` (e.g. ``train_s``), kept to 0.1 ms."""
+        self.timings[key] = round(seconds, 4)
+
+    def add_note(self, key: str, value: Any, append: bool = False) -> None:
+        """``notes[key] = value``, or with ``append`` one more item of the list ``notes[key]``."""
+        if append:
+            self.notes.setdefault(key, []).append(value)
+        else:
+            self.notes[key] = value
+
+    def continue_from(self, earlier: "RunRecord") -> None:
+        """Carry on the run whose earlier part wrote ``earlier`` (a resume): its id, creation time, metric rows,
+        timings and notes. The record is output: nothing is read back from it to resume."""
+        self.run_id, self.created = earlier.run_id, earlier.created
+        self.steps, self.evals, self.timings, self.notes = earlier.steps, earlier.evals, earlier.timings, earlier.notes
+
     # -- reading --------------------------------------------------------------------------
     @property
     def method_names(self) -> list[str]:
         return [m["name"] for m in self.methods]
+
+    @property
+    def last_checkpoint(self) -> Path | None:
+        """The run's newest checkpoint (``notes["last_checkpoint"]``) as a path. The record names a checkpoint
+        inside its run folder (the folder of ``record.json``) relative to that folder, so a copied or moved run
+        folder names its own checkpoint; one elsewhere (a ``save_folder``) by its absolute path."""
+        name = self.notes.get("last_checkpoint")
+        if not name:
+            return None
+        if self.path is None or Path(name).is_absolute():
+            return Path(name)
+        return Path(self.path).parent / name
 
     def series(self, key: str, x: str = "wall_s", source: str | None = None) -> tuple[list, list]:
         """(xs, ys) for one metric, from evals if the key is an eval metric, else from steps."""

@@ -9,7 +9,6 @@ so a configuration means the same thing everywhere. A hand-built Trainer takes a
 from __future__ import annotations
 
 from types import SimpleNamespace
-from typing import Any
 
 import torch
 
@@ -20,6 +19,7 @@ from speedkit.optim.factory import make_optimizer_factory
 from speedkit.record.metrics import Evaluator
 from speedkit.tasks.recipes import Recipe
 from speedkit.tasks.task import FOLDER_TASKS, TASKS, DataRequest, Task, get_recipe, import_attribute, register_task
+from speedkit.tasks.request import RECIPE_OVERRIDES, RunRequest
 from speedkit.train.checks import check_first_outputs, describe
 from speedkit.train.trainer import Trainer
 
@@ -94,47 +94,73 @@ def recipe_parts(recipe: str | Recipe, model: torch.nn.Module | None = None, *,
 
 
 # -- the one way to build a run -----------------------------------------------------------------
-def make_trainer(task: str | Task = "fashion-mnist", recipe: str | Recipe = "baseline", *, data=None,
-                 task_options: dict | None = None,
-                 model: str | None = None, duration: str | None = None, methods: Any = None,
-                 precision: str | None = None, batch_size: int | None = None, eval_interval: str | None = None,
-                 device: str = "auto", seed: int = 0, data_fraction: float = 1.0,
-                 eval_fraction: float | None = None, target: float | None = None, stop_at_target: bool = False,
-                 download: bool = False, num_workers: int = 0, extra_config: dict | None = None,
-                 **trainer_kwargs) -> Trainer:
-    """A Trainer for ``task`` configured by ``recipe``; keyword arguments override the recipe's fields.
+def make_trainer(task: str | Task | RunRequest = "fashion-mnist", recipe: str | Recipe = "baseline",
+                 **overrides) -> Trainer:
+    """The Trainer for a run request: ``make_trainer(RunRequest(...))``, or the convenience form
+    ``make_trainer(task, recipe, **overrides)``, which builds the request (``RunRequest.build``): each
+    keyword is a request field (``duration="2ep"``, ``methods="label_smoothing"``, ``seed=1``,
+    ``data_fraction=0.1``, ...) or a Trainer keyword argument (``callbacks=[...]``, ``autoresume=True``).
 
     ``task`` is anything ``resolve_task`` takes (a name, a Task, ``"pkg.mod:attr"``, a function); ``data``
-    is the folder of a folder task, ``task_options`` its options (``{"image_size": 64}``). ``extra_config`` is stored in the RunRecord's config beside the task and
-    recipe (the benchmark marks seeds and leave-one-out runs this way).
+    is the folder of a folder task, ``task_options`` its options (``{"image_size": 64}``). ``extra_config``
+    is stored in the RunRecord's config beside the task and recipe (the benchmark marks seeds and
+    leave-one-out runs this way).
     """
-    if not 0 < data_fraction <= 1:
-        raise ValueError(f"data_fraction must be in (0, 1], got {data_fraction}")
-    spec = find_task(task, data, **(task_options or {}))
-    recipe = get_recipe(spec, recipe).with_changes(model=model, duration=duration, precision=precision,
-                                                        batch_size=batch_size, eval_interval=eval_interval)
-    if methods is not None:
-        recipe = recipe.with_changes(methods=_methods_dict(methods))
+    if isinstance(task, RunRequest):
+        if overrides or recipe != "baseline":
+            raise TypeError("make_trainer(request) takes the request alone; change it with "
+                            "request.replace(field=value), or call make_trainer(task, recipe, **overrides)")
+        request = task
+    else:
+        request = RunRequest.build(task, recipe, **overrides)
+    return _build_trainer(request)
+
+
+def request_task(request: RunRequest) -> Task:
+    """The Task a request names (not registered: ``make_trainer`` registers it once the run is built)."""
+    return find_task(request.task, request.data, **(request.task_options or {}))
+
+
+def request_recipe(request: RunRequest, task: Task) -> Recipe:
+    """The request's recipe for ``task`` (by name, from a file, or as given), with its overrides applied."""
+    recipe = get_recipe(task, request.recipe).with_changes(
+        model=request.model, duration=request.duration, precision=request.precision,
+        batch_size=request.batch_size, eval_interval=request.eval_interval)
+    return recipe if request.methods is None else recipe.with_changes(methods=request.methods)
+
+
+def resolved_request(request: RunRequest, task: Task | None = None) -> RunRequest:
+    """The same run with its recipe resolved and the overrides folded into it: two requests for the same
+    run resolve equal, whichever front end built them."""
+    recipe = request_recipe(request, task if task is not None else request_task(request))
+    return request.replace(recipe=recipe, **{name: None for name in RECIPE_OVERRIDES})
+
+
+def _build_trainer(request: RunRequest) -> Trainer:
+    spec = request_task(request)
+    recipe = request_recipe(request, spec)
     problem = model_fit_problem(spec, recipe.model)
     if problem:
         raise ValueError(problem)
-    device = resolve_device(device)
-    torch.manual_seed(seed)  # the same initial weights for every recipe with the same seed
+    device = resolve_device(request.device)
+    torch.manual_seed(request.seed)  # the same initial weights for every recipe with the same seed
     net = spec.model(recipe.model)
-    request = DataRequest(batch_size=recipe.batch_size, device=device, seed=seed, data_fraction=data_fraction,
-                          eval_fraction=eval_fraction, recipe=recipe, model=net, download=download,
-                          num_workers=num_workers)
-    train = spec.train_data(request)
-    evaluators = [Evaluator(spec.eval_data(request), dict(spec.metrics()))]
+    data_request = DataRequest(batch_size=recipe.batch_size, device=device, seed=request.seed,
+                               data_fraction=request.data_fraction, eval_fraction=request.eval_fraction,
+                               recipe=recipe, model=net, download=request.download, num_workers=request.num_workers)
+    train = spec.train_data(data_request)
+    evaluators = [Evaluator(spec.eval_data(data_request), dict(spec.metrics()))]
     check_model_fits_data(spec, net, evaluators[0].dataloader)
-    target_value = target if target is not None else recipe_target(spec, recipe)
-    config = {"task": spec.name, "data_fraction": data_fraction,
-              "target": {"metric": spec.target_metric, "value": target_value}, **(extra_config or {})}
+    target_value = request.target if request.target is not None else recipe_target(spec, recipe)
+    config = {"task": spec.name, "data_fraction": request.data_fraction,
+              "target": {"metric": spec.target_metric, "value": target_value}, **(request.extra_config or {})}
+    where = {k: v for k, v in (("run_name", request.run_name), ("run_dir", request.run_dir)) if v is not None}
     trainer = Trainer(
-        net, train, evaluators=evaluators, device=device, seed=seed,
-        **recipe_parts(recipe, net, config=config, loggers=trainer_kwargs.pop("loggers", None)),
-        eval_interval=recipe.eval_interval, stop_at=(spec.target_metric, target_value) if stop_at_target else None,
-        loss_fn=spec.loss, **trainer_kwargs)
+        net, train, evaluators=evaluators, device=device, seed=request.seed,
+        **recipe_parts(recipe, net, config=config, loggers=request.loggers),
+        eval_interval=recipe.eval_interval,
+        stop_at=(spec.target_metric, target_value) if request.stop_at_target else None,
+        loss_fn=spec.loss, **where, **request.trainer_options)
     trainer.record.target = {"metric": spec.target_metric, "value": target_value}
     register_task(spec, replace=True)  # built: its name and recipes now work everywhere (not before: a refused
     return trainer                     # task stays out of the explorer's list)
@@ -176,10 +202,3 @@ def recipe_target(spec: Task, recipe: Recipe) -> float:
                          f"measures {spec.target_metric}; set the recipe's target metric to {spec.target_metric!r}")
     return recipe.target["value"]
 
-
-def _methods_dict(methods) -> dict:
-    if isinstance(methods, dict):
-        return methods
-    if isinstance(methods, str):
-        methods = [m.strip() for m in methods.split(",") if m.strip()]
-    return {name: {} for name in methods}

@@ -88,7 +88,8 @@ def check_loader(name: str, loader: Any, *, optional: bool = True) -> None:
                          f"batch size with drop_last=True?)")
 
 
-def _check_device(device: Any) -> None:
+def check_device(device: Any) -> None:
+    """``"auto"``, ``"cpu"``, ``"cuda"``, ``"cuda:N"`` (one this machine has), ``"mps"`` or a torch.device."""
     if isinstance(device, torch.device):
         if device.type not in _DEVICE_TYPES:
             raise ValueError(f"device must be one of 'auto', 'cpu', 'cuda[:N]', 'mps', got torch.device({device})")
@@ -144,19 +145,14 @@ def _is_path(value: Any) -> bool:
 
 
 # -- the Trainer's arguments --------------------------------------------------------------------
-def check_trainer_arguments(*, model: Any, train_dataloader: Any = None, eval_dataloader: Any = None,
-                            evaluators: Any = (), max_duration: Any = None, eval_interval: Any = "1ep",
-                            save_interval: Any = None, grad_accum: Any = 1, log_interval: Any = 10,
-                            keep_checkpoints: Any = 3, microbatch_size: Any = None, seed: Any = 0,
-                            schedule_scale: Any = 1.0, precision: Any = None, device: Any = "auto",
-                            nan_policy: Any = "stop", stop_at: Any = None, methods: Any = None,
-                            callbacks: Any = (), loggers: Any = (), loss_fn: Any = None, deterministic: Any = False,
-                            save_checkpoints: Any = True, autoresume: Any = False, progress_bar: Any = False,
-                            console: Any = False, run_name: Any = None, run_dir: Any = "runs",
-                            save_folder: Any = None, load_path: Any = None, config: Any = None) -> None:
-    """Check the arguments of ``Trainer.__init__`` (same names, same defaults); raise on the first bad one."""
+def check_trainer_arguments(arguments: Mapping[str, Any]) -> None:
+    """Check the arguments of ``Trainer.__init__``, by name as it received them (its ``locals()`` on entry,
+    so its signature and defaults are stated once, there); raise on the first bad one."""
     from speedkit.record.metrics import Evaluator
 
+    a = arguments
+    model, train_dataloader, eval_dataloader, evaluators = (a["model"], a["train_dataloader"], a["eval_dataloader"],
+                                                            a["evaluators"])
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     check_loader("train_dataloader", train_dataloader)
@@ -164,24 +160,23 @@ def check_trainer_arguments(*, model: Any, train_dataloader: Any = None, eval_da
     _check_sequence("evaluators", evaluators, lambda e: isinstance(e, Evaluator), "speedkit.record.metrics.Evaluator objects")
     for i, evaluator in enumerate(evaluators if isinstance(evaluators, (list, tuple)) else ()):
         check_loader(f"evaluators[{i}].dataloader", evaluator.dataloader, optional=False)
-    max_duration = check_duration("max_duration", max_duration, optional=True, fraction_ok=False)
-    check_duration("eval_interval", eval_interval, optional=False, fraction_ok=True)
-    check_duration("save_interval", save_interval, optional=True, fraction_ok=True)
-    _check_schedule_scale(schedule_scale, max_duration)
-    _check_counts(grad_accum, log_interval, keep_checkpoints, microbatch_size, seed)
-    check_precision("precision", precision, optional=True)
-    _check_device(device)
-    _check_nan_policy(nan_policy)
+    max_duration = check_duration("max_duration", a["max_duration"], optional=True, fraction_ok=False)
+    check_duration("eval_interval", a["eval_interval"], optional=False, fraction_ok=True)
+    check_duration("save_interval", a["save_interval"], optional=True, fraction_ok=True)
+    _check_schedule_scale(a["schedule_scale"], max_duration)
+    _check_counts(a["grad_accum"], a["log_interval"], a["keep_checkpoints"], a["microbatch_size"], a["seed"])
+    check_precision("precision", a["precision"], optional=True)
+    check_device(a["device"])
+    _check_nan_policy(a["nan_policy"])
     has_evaluation = eval_dataloader is not None or not isinstance(evaluators, (list, tuple)) or bool(evaluators)
-    _check_stop_at(stop_at, has_evaluation)
-    _check_parts(methods, callbacks, loggers, loss_fn)
-    for name, flag in (("deterministic", deterministic), ("save_checkpoints", save_checkpoints),
-                       ("autoresume", autoresume), ("progress_bar", progress_bar), ("console", console)):
-        if not isinstance(flag, bool):
-            raise TypeError(f"{name} must be True or False, got {_kind(flag)}")
-    _check_paths(run_name, run_dir, save_folder, load_path)
-    if config is not None and not isinstance(config, Mapping):
-        raise TypeError(f"config must be a dict or None, got {_kind(config)}")
+    _check_stop_at(a["stop_at"], has_evaluation)
+    _check_parts(a["methods"], a["callbacks"], a["loggers"], a["loss_fn"])
+    for name in ("deterministic", "save_checkpoints", "autoresume", "progress_bar", "console"):
+        if not isinstance(a[name], bool):
+            raise TypeError(f"{name} must be True or False, got {_kind(a[name])}")
+    _check_paths(a["run_name"], a["run_dir"], a["save_folder"], a["load_path"])
+    if a["config"] is not None and not isinstance(a["config"], Mapping):
+        raise TypeError(f"config must be a dict or None, got {_kind(a['config'])}")
 
 
 def check_precision(name: str, precision: Any, *, optional: bool) -> str | None:
@@ -241,12 +236,13 @@ def _check_parts(methods, callbacks, loggers, loss_fn) -> None:
                         "Method objects (speedkit.methods.get_method('name', ...) builds one by name)")
     _check_sequence("callbacks", callbacks, lambda c: callable(getattr(c, "run_event", None)),
                     "speedkit.callbacks.Callback objects")
-    _check_loggers(loggers)
+    check_loggers(loggers)
     if loss_fn is not None and not callable(loss_fn):
         raise TypeError(f"loss_fn must be callable as loss_fn(outputs, targets), got {_kind(loss_fn)}")
 
 
-def _check_loggers(loggers) -> None:
+def check_loggers(loggers) -> None:
+    """A list of logger destinations or the names of the built-in ones."""
     from speedkit.record.loggers import NAMED_LOGGERS, check_logger_name
 
     _check_sequence("loggers", loggers,
@@ -258,12 +254,17 @@ def _check_loggers(loggers) -> None:
         check_logger_name(name)
 
 
-def _check_paths(run_name, run_dir, save_folder, load_path) -> None:
+def check_run_name(run_name) -> None:
+    """None, or a folder name under run_dir."""
     if run_name is not None:
         if not isinstance(run_name, str):
             raise TypeError(f"run_name must be a string (a folder name under run_dir) or None, got {_kind(run_name)}")
         if run_name.strip() in (".", "..") or "\x00" in run_name:
             raise ValueError(f"run_name must name a folder under run_dir, got {show(run_name)}")
+
+
+def _check_paths(run_name, run_dir, save_folder, load_path) -> None:
+    check_run_name(run_name)
     if not _is_path(run_dir):
         raise TypeError(f"run_dir must be a path (str or os.PathLike), got {_kind(run_dir)}")
     for name, path in (("save_folder", save_folder), ("load_path", load_path)):

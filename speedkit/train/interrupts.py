@@ -144,6 +144,6 @@ class StepInterrupts:
         note = (f"interrupted inside the step of batch {self._batch_at_start + 1}, before it was counted (a "
                 f"second Ctrl-C, or a KeyboardInterrupt raised by code): its weights may hold part of an update, "
                 f"so no checkpoint was written from them; the last checkpoint is the one to resume from")
-        self._state.record.notes["interrupted_mid_step"] = note
+        logger.log_note("interrupted_mid_step", note)
         logger.log_text(note)
         return False

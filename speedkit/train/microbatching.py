@@ -1,8 +1,9 @@
 """How a batch is split into microbatches, and ``microbatch_size="auto"``: halve on out-of-memory.
 
 With ``"auto"`` the first step tries the whole batch; when it runs out of memory the partial step is
-dropped, the microbatch halved (kept for the rest of the run, and noted in the record so that a resumed
-run continues with it) and the batch retried. The gradient is the same whole-batch gradient either way.
+dropped, the microbatch halved (kept for the rest of the run, in the checkpoint's state of this component
+so that a resumed run continues with it, and reported in ``record.notes["auto_microbatch"]``) and the batch
+retried. The gradient is the same whole-batch gradient either way.
 """
 from __future__ import annotations
 
@@ -22,17 +23,27 @@ class Microbatching:
         self.auto = microbatch_size == "auto"
         self.size: int | None = None if self.auto else microbatch_size  # "auto": the whole batch first
         self.grad_accum = grad_accum
+        self.reductions: list[dict] = []  # each halving: {"batch", "from", "to"}
 
     def settle(self, samples_per_batch: int | None, world: int) -> None:
         """``grad_accum`` steps per batch become a microbatch size, once the batch size is known."""
         if self.size is None and not self.auto and self.grad_accum > 1 and samples_per_batch:
             self.size = -(-(samples_per_batch // world) // self.grad_accum)
 
-    def resume(self, notes: dict) -> None:
-        """A resumed run keeps the microbatch size its earlier part settled on (same numerics, no retries)."""
-        note = notes.get("auto_microbatch")
-        if self.auto and note and note.get("microbatch_size"):
-            self.size = int(note["microbatch_size"])
+    def state_dict(self) -> dict:
+        """What a resumed ``"auto"`` run continues with: the size its earlier part settled on, and how."""
+        return {"size": self.size, "reductions": list(self.reductions)} if self.auto and self.reductions else {}
+
+    def load_state_dict(self, state: dict) -> None:
+        """A resumed ``"auto"`` run keeps the microbatch size its earlier part settled on (same numerics, no
+        retries); a fixed size is the run's own argument."""
+        if self.auto and state.get("size"):
+            self.size = int(state["size"])
+            self.reductions = list(state.get("reductions", []))
+
+    def report(self) -> dict:
+        """What the record notes of the halvings (``notes["auto_microbatch"]``)."""
+        return {"microbatch_size": self.size, "reductions": list(self.reductions)}
 
     def run(self, step: Callable[[list], torch.Tensor], state, logger) -> tuple[torch.Tensor, list]:
         """``step(microbatches)`` on ``state.batch`` split into microbatches, retried with halved ones
@@ -66,8 +77,7 @@ class Microbatching:
         if state.device.type == "cuda":
             torch.cuda.empty_cache()
         self.size = size // 2  # kept for the rest of the run
-        note = state.record.notes.setdefault("auto_microbatch", {"microbatch_size": None, "reductions": []})
-        note["microbatch_size"] = self.size
-        note["reductions"].append({"batch": state.timestamp.batch, "from": size, "to": self.size})
+        self.reductions.append({"batch": state.timestamp.batch, "from": size, "to": self.size})
+        logger.log_note("auto_microbatch", self.report())
         logger.log_text(f"out of memory at batch {state.timestamp.batch} with microbatches of {size} "
                         f"samples ({error}); retrying the batch with microbatches of {self.size}")

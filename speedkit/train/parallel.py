@@ -23,8 +23,9 @@ this file), so the training loop itself has no branch on the strategy:
   (:func:`any_rank`), so a wall-clock budget or a stop request on one rank never leaves another
   waiting in a collective.
 * **Randomness**: all ranks start from the same seed (same initial weights, same surgery), but each
-  epoch's global RNGs are seeded per rank (:func:`rank_seed`; rank 0 keeps the one-process stream),
-  so per-sample randomness (dropout, cutout holes, mixup pairs) is not repeated on every rank.
+  epoch's global RNGs are seeded per rank (:func:`speedkit.core.distributed.rank_seed`; rank 0 keeps the
+  one-process stream), so per-sample randomness (dropout, cutout holes, mixup pairs) is not repeated on
+  every rank.
   Loader randomness (order, crops, flips) comes from the loaders' own (seed, epoch) generators and is
   the same global plan on every rank, each rank taking its slice.
 
@@ -54,6 +55,7 @@ them rather than from ``torch.distributed`` so that code also runs in one proces
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import inspect
 
 import torch
@@ -233,6 +235,18 @@ def unwrap(model: nn.Module) -> nn.Module:
 
 
 # -- the Trainer's parallel plan -------------------------------------------------------------------
+@dataclasses.dataclass
+class CheckpointShare:
+    """What a plan gathers on this rank for a checkpoint, and who writes it (the Checkpointer writes;
+    the format module knows the file)."""
+
+    model: dict  # the model's state dict: whole (one file) or this rank's shards (sharded)
+    optimizers: list  # the optimizers' state dicts, likewise
+    rng_by_rank: list | None = None  # every rank's RNG state, where the ranks gathered them
+    sharded: bool = False  # every rank writes its shards (a collective), rank 0 the rest
+    writes: bool = True  # this rank writes the one file (when not sharded)
+
+
 # Everything a training loop does differently on several processes, behind one interface, so the loop
 # itself has no branches on the strategy: ``SingleProcess`` (every hook a no-op), ``DDPPlan`` and
 # ``FSDPPlan``. ``make_plan`` picks one from the Trainer's ``parallel`` argument.
@@ -290,10 +304,10 @@ class SingleProcess:
         """
 
     # -- checkpoints -------------------------------------------------------------------------
-    def save_checkpoint(self, checkpointer, path, state, logger) -> bool:
-        """This plan's part of writing a checkpoint at ``path``; returns whether one was written."""
-        checkpointer.write(path, checkpointer.payload())
-        return True
+    def gather_checkpoint(self, state, logger, rng: dict, last_checkpoint: str | None) -> CheckpointShare | None:
+        """What this rank contributes to a checkpoint now (``rng``: this process's RNG state), or None when
+        no checkpoint can be written now (the log and the record say why; ``last_checkpoint`` is kept)."""
+        return CheckpointShare(state.model.state_dict(), [opt.state_dict() for opt in state.optimizers])
 
     def ranks_that_see(self, found: bool) -> list[bool]:
         """``found`` (a checkpoint to resume from) as each rank has it: every rank must resume, or none."""
@@ -303,9 +317,9 @@ class SingleProcess:
         """The mesh sharded parameters live on (None when they are not sharded)."""
         return None
 
-    def resume_rng(self, payload: dict) -> dict:
-        """The RNG state this rank continues from."""
-        return payload["rng"]
+    def resume_rng(self, rng: dict, rng_by_rank: list | None) -> dict:
+        """The RNG state this rank continues from, of a checkpoint's ``rng`` (the writer's) and ``rng_by_rank``."""
+        return rng
 
 
 class _SeveralProcesses(SingleProcess):
@@ -361,9 +375,9 @@ class _SeveralProcesses(SingleProcess):
     def ranks_that_see(self, found: bool) -> list[bool]:
         return all_gather_object(found)
 
-    def resume_rng(self, payload):
-        by_rank = payload.get("rng_by_rank")  # written by several ranks: each continues its own stream
-        return by_rank[rank()] if by_rank and len(by_rank) == self.world else payload["rng"]
+    def resume_rng(self, rng, rng_by_rank):
+        # written by several ranks: each continues its own stream
+        return rng_by_rank[rank()] if rng_by_rank and len(rng_by_rank) == self.world else rng
 
     @staticmethod
     def _alone(state) -> bool:
@@ -394,22 +408,22 @@ class DDPPlan(_SeveralProcesses):
         # Gradient accumulation all-reduces once per step: the microbatches before the last add up locally.
         return contextlib.nullcontext() if last else train_module.no_sync()
 
-    def save_checkpoint(self, checkpointer, path, state, logger):
+    def gather_checkpoint(self, state, logger, rng, last_checkpoint):
         # Rank 0 writes the plain module's weights with every rank's RNG (so each rank resumes its own stream).
         rng_by_rank = None
         if not self._alone(state):
-            rng_by_rank = all_gather_object(checkpointer.rng_state())
+            rng_by_rank = all_gather_object(rng)
             if self.averages_buffers:
                 average_buffers(state.model)
         else:  # the other ranks may be gone: no collective, so their RNG states are not in this checkpoint
-            _say(state, logger, "rank_0_rng_only", f"ddp: the checkpoint at batch {state.timestamp.batch} was "
+            _say(logger, "rank_0_rng_only", f"ddp: the checkpoint at batch {state.timestamp.batch} was "
                  f"written by rank 0 alone (the run {state.record.status}), so it holds rank 0's RNG state only: "
                  f"resumed on several ranks, every rank continues rank 0's stream until the next epoch re-seeds "
                  f"each (random draws such as dropout differ from an uninterrupted run); weights, optimizer, "
                  f"schedule and data position are complete")
-        if is_main():
-            checkpointer.write(path, checkpointer.payload(rng_by_rank=rng_by_rank))
-        return True  # rank 0 wrote it (on a file system the ranks share)
+        # Rank 0 writes (on a file system the ranks share).
+        return CheckpointShare(state.model.state_dict(), [opt.state_dict() for opt in state.optimizers],
+                               rng_by_rank=rng_by_rank, writes=is_main())
 
 
 class FSDPPlan(_SeveralProcesses):
@@ -441,29 +455,26 @@ class FSDPPlan(_SeveralProcesses):
         model.reshard()
         super().finish_evaluator(model, evaluator, seen, repeat_last)
 
-    def save_checkpoint(self, checkpointer, path, state, logger):
+    def gather_checkpoint(self, state, logger, rng, last_checkpoint):
         if self._alone(state):
-            _say(state, logger, "checkpoint_not_written", f"fsdp: no checkpoint at batch {state.timestamp.batch}: "
+            _say(logger, "checkpoint_not_written", f"fsdp: no checkpoint at batch {state.timestamp.batch}: "
                  f"the run {state.record.status}, and every rank must write its shards (the others may be gone); "
-                 f"the last checkpoint, {state.record.notes.get('last_checkpoint') or 'none'}, is kept intact")
-            return False
+                 f"the last checkpoint, {last_checkpoint or 'none'}, is kept intact")
+            return None
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
-        payload = checkpointer.payload(rng_by_rank=all_gather_object(checkpointer.rng_state()))
-        del payload["model"], payload["optimizers"]
+        rng_by_rank = all_gather_object(rng)
+        # Sharded state dicts keyed by parameter name: every rank writes its shards of them.
         model_sd, optim_sd = get_state_dict(state.model, [getattr(o, "base_optimizer", o) for o in state.optimizers])
-        sharded = {"model": model_sd, "optimizers": optim_sd, "methods": payload.pop("methods"),
-                   "callbacks": payload.pop("callbacks")}
-        checkpointer.write_sharded(path, payload, sharded)
-        return True
+        return CheckpointShare(model_sd, optim_sd, rng_by_rank=rng_by_rank, sharded=True)
 
     def device_mesh(self, model):
         return next((p.device_mesh for p in model.parameters() if hasattr(p, "device_mesh")), None)
 
 
-def _say(state, logger, note: str, text: str) -> None:
+def _say(logger, note: str, text: str) -> None:
     """What a checkpoint does not hold, in the log and in the record's notes."""
-    state.record.notes[note] = text
+    logger.log_note(note, text)
     logger.log_text(text)
 
 

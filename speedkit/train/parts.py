@@ -3,11 +3,9 @@ logger and the config it keeps. Each turns what a user may pass (a factory, a li
 kind, so the Trainer's ``__init__`` reads as a list of parts."""
 from __future__ import annotations
 
-import random
 from pathlib import Path
 from typing import Callable
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -16,6 +14,7 @@ from speedkit.callbacks import (CheckpointSaver, LRMonitor, NaNGuard, ProgressBa
 from speedkit.core import Callback, Interval, Time
 from speedkit.core.batch import batch_targets, output_logits, output_loss
 from speedkit.core.devices import cpu_bf16_speedup
+from speedkit.core.seeding import seed_everything
 from speedkit.optim import Schedule, apply_schedule, get_schedule
 from speedkit.record.loggers import ConsoleLogger, Logger, RecordDestination, logger_from_name
 from speedkit.record.metrics import Evaluator, flatten_logits
@@ -40,12 +39,6 @@ def make_loss(model: torch.nn.Module, loss_fn) -> Callable:
     if not callable(loss_fn):
         raise TypeError(f"loss_fn must be callable as loss_fn(outputs, targets), got {loss_fn!r}")
     return lambda outputs, batch: loss_fn(output_logits(outputs), batch_targets(batch))
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
 
 
 def make_reproducible(seed: int, deterministic: bool) -> None:

@@ -22,6 +22,7 @@ from speedkit.core.batch import batch_size, batch_tokens, call_model, output_log
 from speedkit.core.devices import (autocast_factory, make_grad_scaler, resolve_device, resolve_precision, synchronize,
                                    timed, to_host)
 from speedkit.core.event import EVAL_EVENTS
+from speedkit.core.seeding import epoch_seed, seed_everything
 from speedkit.record.loggers import InMemoryLogger, JSONLFileLogger
 from speedkit.record.metrics import Evaluator, compute_metrics
 from speedkit.record.runs import RunRecord, environment
@@ -35,7 +36,7 @@ from speedkit.train.parallel import make_plan
 from speedkit.train.parts import (apply_schedules, cross_entropy_loss, describe_run, global_batch_size, make_callbacks,
                                   make_evaluators, make_logger, make_loss, make_optimizers, make_record,
                                   make_reproducible, make_schedules, measure_loader, read_device_checks,
-                                  seed_everything, close_callbacks)
+                                  close_callbacks)
 
 
 class Trainer:
@@ -76,15 +77,7 @@ class Trainer:
                  schedule_scale: float = 1.0, progress_bar: bool = False, console: bool = False,
                  config: dict | None = None, parallel: str | None = "auto"):
         # Every argument checked first (speedkit.train.checks); a refusal names the argument and what it expects.
-        check_trainer_arguments(
-            model=model, train_dataloader=train_dataloader, eval_dataloader=eval_dataloader, evaluators=evaluators,
-            max_duration=max_duration, eval_interval=eval_interval, save_interval=save_interval,
-            grad_accum=grad_accum, log_interval=log_interval, keep_checkpoints=keep_checkpoints,
-            microbatch_size=microbatch_size, seed=seed, schedule_scale=schedule_scale, precision=precision,
-            device=device, nan_policy=nan_policy, stop_at=stop_at, methods=methods, callbacks=callbacks,
-            loggers=loggers, loss_fn=loss_fn, deterministic=deterministic, save_checkpoints=save_checkpoints,
-            autoresume=autoresume, progress_bar=progress_bar, console=console, run_name=run_name, run_dir=run_dir,
-            save_folder=save_folder, load_path=load_path, config=config)
+        check_trainer_arguments({name: value for name, value in locals().items() if name != "self"})
         max_duration = Time.from_input(max_duration or "1ep")
         precision = precision or "fp32"
 
@@ -123,8 +116,8 @@ class Trainer:
                                   run_folder=self.run_folder, writes=distributed.is_main())
         self.engine = Engine(state, self.logger)
         self._log_file: JSONLFileLogger | None = None
-        self.checkpointer = Checkpointer(save_folder, state, self.logger, plan, run_name=self.run_name,
-                                         keep=keep_checkpoints, local=self.run_folder / "checkpoints")
+        self.checkpointer = Checkpointer(save_folder, state, self.logger, plan, self.microbatching,
+                                         run_name=self.run_name, run_folder=self.run_folder, keep=keep_checkpoints)
 
         # Methods that change the model act now, before optimizers are built on its parameters.
         self.engine.run_event(Event.INIT)
@@ -160,6 +153,7 @@ class Trainer:
 
     def save_checkpoint(self) -> Path:
         """Write ``ba{batch}.ckpt`` and point ``latest.ckpt`` at it (see ``speedkit.train.checkpoint.Checkpointer``)."""
+        self.state.record.set_timing("train_s", self.state.timestamp.wall_s)  # the checkpoint's record has it too
         return self.checkpointer.save()
 
     def fit(self) -> RunRecord:
@@ -208,7 +202,7 @@ class Trainer:
             # training: it counts in the clock, so in time to target, and is reported apart too. A resumed
             # run's clock continues from its checkpoint, which already counts the first run's fit start.
             state.timestamp = state.timestamp.with_wall(fit_start_s)
-            state.record.timings["fit_start_s"] = round(fit_start_s, 4)
+            state.record.set_timing("fit_start_s", fit_start_s)
         self._clock = TrainClock(offset=state.timestamp.wall_s)
         for ev in state.evaluators:
             ev.schedule.start(state)
@@ -216,7 +210,6 @@ class Trainer:
         self._fit_started = True
         if self.autoresume:
             self.checkpointer.remove_partial_writes()
-        self.microbatching.resume(state.record.notes)
 
     def _run_fit_start(self) -> float:
         """FIT_START; returns the seconds the methods spent in it. Callbacks' own set-up there (the speed
@@ -259,7 +252,7 @@ class Trainer:
     def _set_epoch(self, epoch: int) -> None:
         """Make each epoch's shuffling and augmentation a function of (seed, epoch), so resume is exact."""
         # Per rank (rank 0: the one-process stream), so ranks do not draw the same per-sample randomness.
-        seed_everything(distributed.rank_seed(self.state.seed * 1_000_003 + epoch))
+        seed_everything(distributed.rank_seed(epoch_seed(self.state.seed, epoch)))
         set_loader_epoch(self.state.train_dataloader, epoch)
 
     def _epoch_complete(self) -> bool:
@@ -503,10 +496,10 @@ class Trainer:
         """Close out a run: final timings, a checkpoint when asked, the record on disk, loggers closed."""
         state = self.state
         self._clock.pause()
-        state.record.timings["train_s"] = round(self._clock.elapsed(), 4)
+        state.record.set_timing("train_s", self._clock.elapsed())  # a final save() sets the checkpoint's own
         close_callbacks(state)
         if save and self._fit_started:
-            self.checkpointer.save()
+            self.save_checkpoint()
         state.record.save()
         if self._run_logged:
             self._run_logged = False  # once, even if a logger fails here and the run ends again as failed

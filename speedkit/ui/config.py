@@ -1,9 +1,9 @@
 """RunConfig: what the explorer's controls describe, as plain data.
 
 A configuration starts from a recipe preset (optimizer, schedule, input pipeline) and may change
-its methods, their parameters and the run's settings. It turns into a Trainer through
-``speedkit.tasks.make_trainer`` (the same path the CLI, notebooks and benchmark take), into code
-a user can paste, and into a recipe file.
+its methods, their parameters and the run's settings. It turns into a ``speedkit.tasks.RunRequest``
+(what the CLI, the benchmark and the search build too, checked in one place) and through
+``make_trainer`` into a Trainer, into code a user can paste, and into a recipe file.
 """
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from speedkit.core.method import check_compatibility
 from speedkit.methods import REGISTRY, build_methods
 from speedkit.tasks import get_task, model_fit_problem
 from speedkit.tasks import Recipe, get_recipe
+from speedkit.tasks.request import RunRequest
 from speedkit.tasks.task import DataRequest, Task
 
 
@@ -79,7 +80,7 @@ class RunConfig:
         found = []
         try:
             spec = get_task(self.task)
-            recipe = self.to_recipe()
+            recipe = self.to_request().recipe  # the request's own checks of every setting, not a copy of them
         except (ValueError, TypeError, FileNotFoundError) as e:
             return [str(e)]
         problem = model_fit_problem(spec, recipe.model)  # the check make_trainer runs, not a copy of it
@@ -96,16 +97,21 @@ class RunConfig:
             found.append(str(e))
         return found
 
-    def make_trainer(self, **trainer_kwargs):
-        """The Trainer for this configuration (extra keyword arguments go to ``make_trainer``)."""
+    def to_request(self, **changes) -> RunRequest:
+        """The RunRequest this configuration asks for; ``changes`` are more request fields or Trainer keyword
+        arguments (the explorer's ``run_dir`` and ``loggers``)."""
+        return RunRequest.build(self.task, self.to_recipe(), **self._run_settings(), **changes)
+
+    def make_trainer(self, **changes):
+        """The Trainer for this configuration (``changes`` as for ``to_request``)."""
         from speedkit.tasks import make_trainer
 
         problems = self.problems()
         if problems:
             raise ValueError("this configuration cannot run: " + "; ".join(problems))
-        return make_trainer(self.task, self.to_recipe(), **self._trainer_arguments(), **trainer_kwargs)
+        return make_trainer(self.to_request(**changes))
 
-    def _trainer_arguments(self) -> dict:
+    def _run_settings(self) -> dict:
         args = {"device": self.device, "seed": self.seed, "data_fraction": self.data_fraction,
                 "eval_fraction": self.eval_fraction, "target": self.target, "run_name": self.name}
         return {k: v for k, v in args.items() if v is not None}
@@ -118,7 +124,7 @@ class RunConfig:
         changes = {"methods": recipe.methods, "model": self.model, "duration": self.duration,
                    "precision": self.precision, "eval_interval": self.eval_interval}
         args += [f"{k}={v!r}" for k, v in changes.items() if v is not None]
-        args += [f"{k}={v!r}" for k, v in self._trainer_arguments().items()]
+        args += [f"{k}={v!r}" for k, v in self._run_settings().items()]
         call = ",\n    ".join(args)
         return ("from speedkit.tasks import make_trainer\n\n"
                 f"trainer = make_trainer(\n    {call},\n)\n"

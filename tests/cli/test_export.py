@@ -2,6 +2,13 @@
 computes what the trained model computed (EMA/SWA averages included, and after surgery)."""
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
 import pytest
 import torch
 from helpers import toy_loaders, toy_model
@@ -14,7 +21,7 @@ from speedkit.cli.export import export_weights
 from speedkit.cli.main import main as cli
 from speedkit.methods import EMA, SWA, BlurPool, ChannelsLast, IdentityInit, SqueezeExcite
 from speedkit.models import get_model
-from speedkit.train.checkpoint import load_checkpoint
+from speedkit.train.checkpoint import load_checkpoint, read
 
 SAFETENSORS_INSTALL = "pip install 'torch-speedkit[export]'"
 
@@ -139,3 +146,49 @@ def test_tied_weights_are_written_under_both_names_and_stay_tied_in_the_fresh_mo
     fresh.load_state_dict(exported)
     assert fresh.lm_head.weight is fresh.transformer.wte.weight  # still one tensor
     same_outputs(trained, fresh, torch.randint(0, 256, (2, 16)))
+
+
+# -- a run folder exports its own checkpoint -----------------------------------------------------------------
+CHECKOUT = Path(__file__).resolve().parents[2]
+
+
+def speedkit_command(*args: str, cwd: Path) -> None:
+    """``python -m speedkit ARGS`` in a child process, running this checkout's code."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(CHECKOUT), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-m", "speedkit", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, f"speedkit {' '.join(args)} failed:\n{done.stdout}\n{done.stderr}"
+
+
+def write_noise_images(root: Path, per_class: int = 10, size: int = 8) -> Path:
+    """Two class folders of random grey PNGs: enough for an image-folder run of a few batches."""
+    from PIL import Image
+
+    noise = np.random.default_rng(0)
+    for name in ("a", "b"):
+        (root / name).mkdir(parents=True)
+        for i in range(per_class):
+            pixels = noise.integers(0, 256, (size, size), dtype=np.uint8)
+            Image.fromarray(pixels, mode="L").save(root / name / f"{i}.png")
+    return root
+
+
+def test_export_of_a_copied_run_folder_writes_that_folders_weights_not_the_originals(tmp_path):
+    """``cp -a runs/A runs/B``, train A again, ``speedkit export runs/B``: B's own weights (issue 25, item 4)."""
+    data = write_noise_images(tmp_path / "images")
+    train = ["train", "--task", "image-folder", "--data", str(data), "--image-size", "8", "--duration", "2ba",
+             "--batch-size", "8", "--device", "cpu", "--run-dir", "runs", "--run-name", "A", "--no-progress"]
+    speedkit_command(*train, cwd=tmp_path)
+    runs = tmp_path / "runs"
+    shutil.copytree(runs / "A", runs / "B")
+    shutil.rmtree(runs / "A")  # A trained again from scratch: other weights under the same paths
+    speedkit_command(*train, "--seed", "1", cwd=tmp_path)
+    speedkit_command("export", "runs/B", "--format", "pt", cwd=tmp_path)
+
+    exported = torch.load(runs / "B" / "model.pt", weights_only=True)
+    own = read(runs / "B" / "checkpoints" / "latest.ckpt").model
+    original = read(runs / "A" / "checkpoints" / "latest.ckpt").model
+    assert exported.keys() == own.keys()
+    for name, tensor in exported.items():
+        assert torch.equal(tensor, own[name]), name
+    assert any(not torch.equal(exported[name], original[name]) for name in exported)  # A's are other weights

@@ -415,7 +415,7 @@ def test_an_earlier_sweep_sets_the_swept_baseline_and_nothing_else(monkeypatch, 
 
 
 def test_leave_one_out_covers_the_whole_difference_from_the_baseline():
-    from speedkit.experiments.bench import ablation_changes
+    from speedkit.experiments.ablation import ablation_changes
     from speedkit.tasks import get_recipe
 
     plain_bf16, hot = get_recipe("fashion-mnist", "plain-bf16"), get_recipe("fashion-mnist", "hot")

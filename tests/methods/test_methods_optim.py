@@ -427,7 +427,7 @@ def test_layer_freezing_freezes_again_after_a_checkpoint_loads(tmp_path):
 def test_methods_with_state_resume_from_a_checkpoint(tmp_path):
     first = run_steps(tiny_vision(), [EMA(), Muon(), SAM(), Lookahead(k=3)], steps=2, tmp_path=tmp_path,
                       save_checkpoints=True, run_name="first")
-    checkpoint = first.record.notes["last_checkpoint"]
+    checkpoint = first.record.last_checkpoint
     ema, lookahead = EMA(), Lookahead(k=3)
     resumed = run_steps(tiny_vision(), [ema, Muon(), SAM(), lookahead], steps=4, tmp_path=tmp_path,
                         load_path=checkpoint, run_name="second")

@@ -59,3 +59,76 @@ def test_each_language_method_acts_on_the_hugging_face_model_or_says_why(text_di
         return
     assert any(note.startswith(method) for note in trainer.record.notes.get("surgery", []))  # what it changed
     assert trainer.fit().status == "completed"
+
+
+def test_every_language_surgery_acts_on_hugging_face_gpt2():
+    """GPT2Attention (through transformers' attention registry) and Conv1D MLPs are found by structure."""
+    from speedkit.hosts import LOOP, MethodSession
+    from speedkit.methods import build_methods
+    from speedkit.models import get_model
+
+    for name in LANGUAGE_SURGERY:
+        session = MethodSession(LOOP, build_methods({name: {}}), max_duration="1ba")
+        session.init(get_model("hf:gpt2-nano"))  # INIT: the surgery, reported into the session's record
+        (note,) = session.record.notes["surgery"]
+        assert note.startswith(f"{name}: changed 5 "), note  # every one of gpt2-nano's 5 blocks
+
+
+def test_hot_runs_on_hf_gpt2(text_dir, tmp_path):
+    trainer = make_trainer("text-folder", "hot", data=text_dir, model="hf:gpt2-nano", batch_size=8, eval_fraction=0.02,
+                           run_dir=tmp_path, save_checkpoints=False, duration="2ba", eval_interval="2ba")
+    record = trainer.fit()
+    assert record.status == "completed"
+    changed = {note.split(":")[0] for note in record.notes["surgery"]}
+    assert changed == {"rotary_embeddings", "qk_norm", "relu_squared", "muon"}
+    assert trainer.engine.events_of("seq_length_warmup")[Event.AFTER_DATALOADER] == 2
+
+
+def test_a_llama_style_model_loads_from_a_local_folder_and_takes_the_language_surgeries(tmp_path):
+    """from_pretrained from a folder (nothing downloaded); LLaMA's own rotary and gated MLPs are said, not doubled."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from speedkit.core.method import NothingToChangeError
+    from speedkit.methods.alibi import apply_alibi
+    from speedkit.methods.gated_linear_units import apply_gated_linear_units
+    from speedkit.methods.qk_norm import apply_qk_norm
+    from speedkit.methods.relu_squared import apply_relu_squared
+    from speedkit.methods.rotary_embeddings import apply_rotary_embeddings
+    from speedkit.models import get_model
+
+    config = LlamaConfig(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64)
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(tmp_path / "llama")
+    model = get_model(f"hf:{tmp_path / 'llama'}")
+    assert type(model.model).__name__ == "LlamaForCausalLM"
+    x = torch.randint(0, 256, (2, 16))
+    before = model(x).logits
+    assert str(apply_qk_norm(model)) == "qk_norm: changed 2 attention modules"
+    assert str(apply_alibi(model)) == "alibi: changed 2 attention modules"
+    assert str(apply_relu_squared(model)) == "relu_squared: changed 2 MLP activations"  # act_fn of the gate
+    assert not torch.allclose(model(x).logits, before)  # the surgeries reach LLaMA's attention and MLPs
+    with pytest.raises(NothingToChangeError, match="rotates already"):
+        apply_rotary_embeddings(model)
+    with pytest.raises(NothingToChangeError, match="gated already"):
+        apply_gated_linear_units(model)
+    with pytest.raises(ValueError, match="neither a preset .* nor a local folder"):
+        get_model(f"hf:{tmp_path / 'missing'}")
+
+
+def test_eager_hugging_face_attention_is_routed_through_sdpa_and_the_report_says_so():
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from speedkit.methods.qk_norm import apply_qk_norm
+
+    config = GPT2Config(vocab_size=256, n_positions=32, n_embd=32, n_layer=1, n_head=2, bos_token_id=None,
+                        eos_token_id=None, attn_implementation="eager")
+    model = GPT2LMHeadModel(config)
+    x = torch.randint(0, 256, (2, 8))
+    before = model(input_ids=x).logits
+    report = apply_qk_norm(model)
+    assert model.config._attn_implementation == "sdpa"
+    assert any("'eager' -> 'sdpa'" in detail for detail in report.details)
+    assert not torch.allclose(model(input_ids=x).logits, before)  # the transform runs: eager never calls SDPA

@@ -81,7 +81,7 @@ def test_tensorboard_logs_the_records_metrics_hparams_and_timings(tmp_path):
 def test_a_missing_tensorboard_names_the_extra_and_the_trainer_runs_without_it(tmp_path, monkeypatch):
     # None in sys.modules makes the import fail as if the package were not installed.
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)
-    with pytest.raises(ImportError, match=r"pip install 'speedkit\[tensorboard\]'"):
+    with pytest.raises(ImportError, match=r"pip install 'torch-speedkit\[tensorboard\]'"):
         TensorBoardLogger(tmp_path / "tb")
     record, _ = fit_toy(tmp_path, ["csv"])
     assert record.status == "completed"

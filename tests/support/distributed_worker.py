@@ -104,7 +104,7 @@ def ddp_resnet(out: Path) -> dict:
             "tm_shard_accuracy_by_rank": shard_accuracy,
             "final_metrics": record.final_metrics, "ema_by_rank": digests, "params_by_rank": params,
             "config": {k: record.config.get(k) for k in ("world_size", "parallel", "distributed", "batch_size")},
-            "samples": trainer.state.timestamp.sample, "checkpoint": record.notes.get("last_checkpoint"),
+            "samples": trainer.state.timestamp.sample, "checkpoint": str(record.last_checkpoint),
             "sync_batchnorms": sum(type(m).__name__ == "CpuSyncBatchNorm" for m in model.modules()),
             "rank_files": sorted(p.name for p in (out / "runs" / "ddp-resnet").iterdir())}
 
@@ -120,15 +120,15 @@ def fsdp_gpt(out: Path) -> dict:
         torch.save(full, out / "fsdp_full_weights.pt")
     local_sizes = distributed.all_gather_object([p.to_local().numel() for p in params])
     # A fresh sharded run resumes from the sharded checkpoint at batch 6 and trains batches 7 and 8 again.
-    middle = Path(record.notes["last_checkpoint"]).with_name("ba000000006.ckpt")
+    middle = record.last_checkpoint.with_name("ba000000006.ckpt")
     resumed = gpt_trainer(out / "runs", "fsdp-gpt-resumed", steps=8, parallel="fsdp", load_path=middle)
     resumed_record = resumed.fit()
     return {"losses": losses(record), "all_dtensors": all(isinstance(p, DTensor) for p in params),
             "local_sizes_by_rank": local_sizes, "global_sizes": [p.numel() for p in params],
-            "checkpoint": record.notes["last_checkpoint"], "resumed_losses": losses(resumed_record),
+            "checkpoint": str(record.last_checkpoint), "resumed_losses": losses(resumed_record),
             "resumed_batches": resumed.state.timestamp.batch, "config": record.config.get("distributed"),
             "model_class": record.config.get("model"), "final_metrics": record.final_metrics,
-            "checkpoint_files": sorted(p.name for p in Path(record.notes["last_checkpoint"]).parent.iterdir()),
+            "checkpoint_files": sorted(p.name for p in record.last_checkpoint.parent.iterdir()),
             "ema_is_sharded": all(isinstance(t, DTensor) for t in
                                   next(a for a in resumed.state.methods if a.name == "ema").ema.values()
                                   if t.is_floating_point() and t.dim() > 0)}

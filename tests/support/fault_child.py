@@ -22,7 +22,7 @@ import torch
 
 def inject_slow_save(k: int) -> None:
     """Make the k-th checkpoint write stall halfway through the real atomic_write_bytes temp file."""
-    import speedkit.train.checkpoint as checkpoint_module
+    import speedkit.train.checkpoint.format as checkpoint_module
     from speedkit.record.runs import atomic_write_bytes
 
     real_fdopen, calls = os.fdopen, {"n": 0}

@@ -492,7 +492,7 @@ def test_autoresume_passes_over_a_broken_latest_to_the_newest_checkpoint_that_ve
     assert [str(w.message).split(" and kept")[0] for w in caught] == \
         [f"autoresume: passed over {folder / name}" for name in passed_over]
     assert record.status == "completed" and resumed.state.timestamp.batch == 16
-    assert record.notes["resumed_from"] == str(folder / f"ba{resumes_at:09d}.ckpt")
+    assert record.notes["resumed_from"] == f"checkpoints/ba{resumes_at:09d}.ckpt"  # relative to the run folder
     assert [Path(n["file"]).name for n in record.notes["resume_passed_over"]] == passed_over
     assert all(why in n["reason"] for n in record.notes["resume_passed_over"])
     for name, data in bad_bytes.items():  # kept, byte for byte, out of the way of the resumed run's saves
@@ -693,6 +693,39 @@ def test_auto_microbatch_keeps_the_size_for_later_steps_and_after_resume(tmp_pat
     assert resumed_model.errors == 0 and set(resumed_model.sizes) == {8}  # starts at the size it settled on
 
 
+def rewrite_checkpoint(path: Path, change) -> None:
+    """``change(payload)`` applied to the checkpoint at ``path``, written back with a valid checksum."""
+    payload = load_checkpoint(path)
+    change(payload)
+    save_checkpoint(path, {k: v for k, v in payload.items() if k != "format_version"})
+
+
+def forget_the_note(payload: dict) -> None:
+    record = json.loads(payload["record"])
+    del record["notes"]["auto_microbatch"]
+    payload["record"] = json.dumps(record)
+
+
+def as_written_before_microbatching_kept_its_state(payload: dict) -> None:
+    del payload["microbatching"]
+
+
+@pytest.mark.parametrize("change", [forget_the_note, as_written_before_microbatching_kept_its_state],
+                         ids=["from the component's state, not the record", "an older checkpoint: from its record"])
+def test_a_resumed_auto_microbatch_size_comes_from_the_microbatching_state_in_the_checkpoint(tmp_path, change):
+    trainer = make_trainer(tmp_path, [At(3, lambda t: t.stop())], model=MemoryHungry(limit=10), microbatch_size="auto")
+    trainer.fit()
+    latest = tmp_path / "t" / "checkpoints" / "latest.ckpt"
+    assert load_checkpoint(latest)["microbatching"] == {"size": 8, "reductions": [
+        {"batch": 0, "from": 32, "to": 16}, {"batch": 0, "from": 16, "to": 8}]}
+    rewrite_checkpoint(latest, change)
+    resumed_model = MemoryHungry(limit=10)
+    resumed = make_trainer(tmp_path, model=resumed_model, microbatch_size="auto", load_path=latest)
+    assert resumed.microbatch_size is None  # nothing read from the record.json beside the checkpoint
+    assert resumed.fit().status == "completed"
+    assert resumed_model.errors == 0 and set(resumed_model.sizes) == {8}  # the size the first part settled on
+
+
 @pytest.mark.parametrize("error", [lambda: torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate"),
                                    lambda: RuntimeError("CUDA error: out of memory"),
                                    lambda: RuntimeError("MPS backend out of memory (MPS allocated: 1 GB)")],
@@ -820,7 +853,7 @@ def test_a_failing_data_loader_or_loss_leaves_a_failed_record(tmp_path):
 
 def failing_write_on(call, monkeypatch):
     """The ``call``-th checkpoint write dies mid-way with a full disk, inside the real atomic write."""
-    import speedkit.train.checkpoint as checkpoint_module
+    import speedkit.train.checkpoint.format as checkpoint_module
     from speedkit.record.runs import atomic_write_bytes
 
     calls = {"n": 0}

@@ -1,6 +1,6 @@
 """Checkpoints at fsspec URLs: written through fsspec's in-memory file system (a stand-in for s3:// or gs://) and
 a file:// URL, resumed on "another machine" (a fresh run folder) from the remote copies alone, and a remote file
-cut off mid-upload passed over by autoresume, as speedkit.train.storage says."""
+cut off mid-upload passed over by autoresume, as speedkit.train.checkpoint.storage says."""
 from __future__ import annotations
 
 import uuid
@@ -54,8 +54,7 @@ def test_autoresume_on_a_fresh_machine_continues_from_the_remote_checkpoints(tmp
     fs, root, url = bucket
     _, first = fit(tmp_path / "first-machine", url, duration="1ep")
     trainer, record = fit(tmp_path / "second-machine", url, duration="2ep", autoresume=True)
-    staged = tmp_path / "second-machine" / "run" / "checkpoints"
-    assert record.notes["resumed_from"] == str(staged / LATEST)
+    assert record.notes["resumed_from"] == f"checkpoints/{LATEST}"  # the staging folder, in the run folder
     assert record.run_id == first.run_id and record.steps[:len(first.steps)] == first.steps  # the same run, on
     assert len(record.steps) > len(first.steps) and trainer.state.timestamp.batch == 16
     assert "ba000000016.ckpt" in names(fs, root)
@@ -76,7 +75,7 @@ def test_load_path_may_be_a_url_and_a_missing_one_says_so(tmp_path, bucket):
     fs, root, url = bucket
     fit(tmp_path / "first", url, duration="1ep")
     _, record = fit(tmp_path / "second", None, duration="2ep", load_path=f"{url}/ba000000004.ckpt")
-    assert record.notes["resumed_from"] == str(tmp_path / "second" / "run" / "checkpoints" / "ba000000004.ckpt")
+    assert record.notes["resumed_from"] == "checkpoints/ba000000004.ckpt"
     with pytest.raises(FileNotFoundError, match="no checkpoint at memory://.*ba000000099.ckpt"):
         fit(tmp_path / "third", None, load_path=f"{url}/ba000000099.ckpt")
 

@@ -410,8 +410,8 @@ def test_the_checkpointer_follows_its_parallel_plan(tmp_path):
     latest, note = (folder / "latest.ckpt").read_bytes(), record.notes["last_checkpoint"]
 
     class WritesNothing(SingleProcess):
-        def save_checkpoint(self, checkpointer, path, state, logger):
-            return False
+        def gather_checkpoint(self, state, logger, rng, last_checkpoint):
+            return None
 
     checkpointer = trainer.checkpointer
     checkpointer.plan = WritesNothing(torch.device("cpu"))
@@ -422,4 +422,4 @@ def test_the_checkpointer_follows_its_parallel_plan(tmp_path):
     checkpointer.plan = SingleProcess(torch.device("cpu"))
     assert checkpointer.save() == path and path.exists()
     assert (folder / "latest.ckpt").read_bytes() == path.read_bytes()
-    assert trainer.record.notes["last_checkpoint"] == str(path)
+    assert trainer.record.notes["last_checkpoint"] == "checkpoints/ba000000003.ckpt"  # relative to the run folder

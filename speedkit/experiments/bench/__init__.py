@@ -4,7 +4,7 @@
 ``bench/results/summary.json`` and writes ``summary.md`` and figures beside it. The protocol is
 in README.md ("Benchmarks"); ``speedkit bench vision`` is the same from the command line.
 """
-from speedkit.experiments.bench.harness import (BenchResult, ablation_changes, pick_best, resolve_profile,
+from speedkit.experiments.bench.harness import (BenchResult, pick_best, resolve_profile,
                                                 run_benchmark, run_interleaved, run_leave_one_out, run_one,
                                                 scheduled_recipe, summarize)
 from speedkit.experiments.bench.profiles import PROFILES, TASK_KEYS, BenchProfile, get_profile, task_key
@@ -12,7 +12,7 @@ from speedkit.experiments.bench.profiling import PhaseTimer, profile_steps
 from speedkit.experiments.bench.report import (merge_summary, metric_curves_figure, readme_table, speedup_figure,
                                                summary_markdown, write_reports)
 
-__all__ = ["BenchProfile", "BenchResult", "PROFILES", "PhaseTimer", "TASK_KEYS", "ablation_changes", "get_profile",
+__all__ = ["BenchProfile", "BenchResult", "PROFILES", "PhaseTimer", "TASK_KEYS", "get_profile",
            "merge_summary", "metric_curves_figure", "pick_best", "profile_steps", "readme_table", "resolve_profile",
            "run_benchmark", "run_interleaved", "run_leave_one_out", "run_one", "scheduled_recipe", "speedup_figure",
            "summarize", "summary_markdown", "task_key", "write_reports"]

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
-import functools
 import json
 import math
 import statistics
@@ -18,18 +17,13 @@ from typing import Callable, Sequence
 
 from speedkit.core.devices import resolve_device, resolve_precision
 from speedkit.core.time import Time
+from speedkit.experiments.ablation import ablated_recipes, ablation_marker
 from speedkit.experiments.bench.profiles import TASK_KEYS, BenchProfile, get_profile, task_key
 from speedkit.experiments.compare import final_metric
 from speedkit.experiments.compare import leave_one_out as leave_one_out_table
 from speedkit.experiments.compare import median_or_none, paired_speedups
 from speedkit.record.runs import RunRecord, environment, load_records, lower_is_better
-from speedkit.tasks import TASKS, Recipe, get_recipe, make_trainer, resolve_task
-
-# Parts of a recipe besides its methods that a leave-one-out run can swap for the baseline's: together
-# with the methods they are the recipe's whole difference from the baseline.
-NON_METHOD_PARTS = ("precision", "loader", "augment", "budget", "schedule", "batch_size", "learning_rate",
-                    "optimizer")
-
+from speedkit.tasks import TASKS, Recipe, RunRequest, get_recipe, make_trainer, resolve_task
 
 @dataclasses.dataclass
 class BenchResult:
@@ -57,16 +51,23 @@ def scheduled_recipe(profile: BenchProfile, name: str) -> Recipe:
     return recipe.with_changes(duration=duration)
 
 
-def trainer_factory(profile: BenchProfile, recipe: Recipe, seed: int, run_name: str, run_dir: str | Path,
-                    bench_info: dict, extra_config: dict | None = None, **trainer_kwargs) -> Callable[..., object]:
-    """``make_trainer`` with everything a benchmark run needs bound; call it (with any last overrides,
-    such as a profile run's duration and callbacks) to build the Trainer."""
-    return functools.partial(
-        make_trainer, profile.task, recipe, seed=seed, device=profile.device, run_dir=str(run_dir),
-        run_name=run_name, data_fraction=profile.data_fraction, eval_fraction=profile.eval_fraction,
-        target=profile.target,
+def run_request(profile: BenchProfile, recipe: Recipe, seed: int, run_name: str, run_dir: str | Path,
+                bench_info: dict, extra_config: dict | None = None, **trainer_kwargs) -> RunRequest:
+    """The RunRequest of one benchmark run: ``recipe`` as the profile runs it (``scheduled_recipe``), on the
+    profile's device and data; ``trainer_kwargs`` are more request fields or Trainer keyword arguments."""
+    return RunRequest.build(
+        profile.task, recipe, seed=seed, device=profile.device, run_dir=str(run_dir), run_name=run_name,
+        data_fraction=profile.data_fraction, eval_fraction=profile.eval_fraction, target=profile.target,
         extra_config={"bench": bench_info, "seed": seed, **(extra_config or {})},
         **{"save_checkpoints": False, **trainer_kwargs})  # benchmark runs are not resumed
+
+
+def trainer_factory(profile: BenchProfile, recipe: Recipe, seed: int, run_name: str, run_dir: str | Path,
+                    bench_info: dict, extra_config: dict | None = None, **trainer_kwargs) -> Callable[..., object]:
+    """``make_trainer`` of the run's request; call it (with any last changes, such as a profile run's
+    duration and callbacks) to build the Trainer."""
+    request = run_request(profile, recipe, seed, run_name, run_dir, bench_info, extra_config, **trainer_kwargs)
+    return lambda **changes: make_trainer(request.replace(**changes))
 
 
 def run_one(profile: BenchProfile, recipe: Recipe, seed: int, run_name: str, run_dir: str | Path,
@@ -74,7 +75,7 @@ def run_one(profile: BenchProfile, recipe: Recipe, seed: int, run_name: str, run
     """Build and fit one run; the time to build it (data into memory, model, INIT surgery) is ``setup_s``."""
     started = time.perf_counter()
     trainer = trainer_factory(profile, recipe, seed, run_name, run_dir, bench_info, extra_config, **trainer_kwargs)()
-    trainer.record.timings["setup_s"] = round(time.perf_counter() - started, 4)
+    trainer.logger.log_timing("setup_s", time.perf_counter() - started)
     return trainer.fit()
 
 
@@ -238,51 +239,6 @@ def _describe_run(record: RunRecord) -> str:
 
 
 # -- leave-one-out -----------------------------------------------------------------------------
-def _part_value(recipe: Recipe, part: str):
-    """What ``part`` of a recipe is: a field, or the learning rate / the rest of the optimizer."""
-    if part == "budget":
-        return recipe.duration
-    if part == "learning_rate":
-        return recipe.optimizer.get("lr")
-    if part == "optimizer":
-        return {k: v for k, v in recipe.optimizer.items() if k != "lr"}
-    return getattr(recipe, part)
-
-
-def _swap_part(recipe: Recipe, part: str, reference: Recipe) -> dict:
-    """The field changes that give ``recipe`` the reference's ``part``."""
-    if part == "budget":
-        return {"duration": reference.duration}
-    if part == "learning_rate":
-        return {"optimizer": {**recipe.optimizer, "lr": reference.optimizer.get("lr")}}
-    if part == "optimizer":
-        return {"optimizer": {**reference.optimizer, "lr": recipe.optimizer.get("lr")}}
-    return {part: getattr(reference, part)}
-
-
-def ablation_changes(recipe: Recipe, reference: Recipe) -> dict[str, dict]:
-    """``{part left out: field changes}``: one per method the reference (a baseline) does not have as it
-    is, and one per non-method part where the recipe differs from the reference."""
-    changes = {}
-    for method, params in recipe.methods.items():
-        if reference.methods.get(method) == params:
-            continue  # the baseline has it too: not part of the difference
-        kept = {m: p for m, p in recipe.methods.items() if m != method}
-        if method in reference.methods:
-            kept[method] = reference.methods[method]
-        changes[method] = {"methods": kept}
-    for part in NON_METHOD_PARTS:
-        if _part_value(recipe, part) != _part_value(reference, part):
-            changes[part] = _swap_part(recipe, part, reference)
-    return changes
-
-
-def _without(recipe: Recipe, change: dict) -> Recipe:
-    # Not Recipe.with_changes: it skips None values, and the baseline's part may be None (no augmentation).
-    data = {**dataclasses.asdict(recipe), **change}
-    return Recipe(**data)
-
-
 def run_leave_one_out(profile: BenchProfile, records: Sequence[RunRecord], recipe_name: str, run_dir,
                       session: str, log: Callable[[str], None] = print, rerun_full: bool = False,
                       baseline: str = "baseline", **trainer_kwargs) -> list[RunRecord]:
@@ -308,18 +264,15 @@ def run_leave_one_out(profile: BenchProfile, records: Sequence[RunRecord], recip
     device = resolve_device(profile.device)
     recipe, reference = (r.with_changes(precision=resolve_precision(r.precision, device))
                          for r in (recipe, scheduled_recipe(profile, baseline)))
-    for part, change in ablation_changes(recipe, reference).items():
-        run_name = f"{full.name}-without-{part}"
+    for part, ablated in ablated_recipes(recipe, reference).items():
+        run_name, marker = f"{full.name}-without-{part}", ablation_marker(full.name, part, against=baseline)
         try:
-            record = run_one(profile, _without(recipe, change), seed, run_name, run_dir,
-                             _bench_info(profile, session, seed),
-                             extra_config={"ablation": {"of": full.name, "left_out": part, "against": baseline}},
-                             **trainer_kwargs)
+            record = run_one(profile, ablated, seed, run_name, run_dir, _bench_info(profile, session, seed),
+                             extra_config={"ablation": marker}, **trainer_kwargs)
         except Exception as e:  # one ablation that cannot run must not cost the others
             log(f"leave-one-out {run_name} failed: {type(e).__name__}: {e}")
             record = RunRecord(name=run_name, status="failed", error=f"{type(e).__name__}: {e}",
-                               config={"recipe": recipe_name,
-                                       "ablation": {"of": full.name, "left_out": part, "against": baseline}})
+                               config={"recipe": recipe_name, "ablation": marker})
         ablations.append(record)
         log(f"[leave-one-out] {_describe_run(record)}")
     return ablations
@@ -697,7 +650,7 @@ def run_benchmark(task, profile: str | BenchProfile = "cpu", seeds: int | Sequen
     return BenchResult(key=key, entry=entry, summary=summary, records=records, ablations=ablations, paths=paths)
 
 
-__all__ = ["BenchResult", "NON_METHOD_PARTS", "TASK_KEYS", "ablation_changes", "apply_overrides",
+__all__ = ["BenchResult", "TASK_KEYS", "apply_overrides",
            "budget_hint", "find_budget", "holds_target", "machine", "pick_best", "pick_swept",
            "profile_recipe", "recipe_entry", "resolve_profile", "reusable_ablations", "reusable_runs", "run_benchmark",
            "run_interleaved", "run_leave_one_out", "run_one", "scheduled_recipe", "strongest_baseline",

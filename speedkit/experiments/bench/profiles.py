@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Mapping, Sequence
 
-from speedkit.tasks import TASKS, Recipe, get_recipe
+from speedkit.tasks import TASKS, Recipe, RunRequest, get_recipe
 from speedkit.train.checks import check_duration
 
 # The benchmark's names for the built-in tasks (the README and summary.json use these keys); any other
@@ -63,11 +63,21 @@ class BenchProfile:
         if unknown:
             raise ValueError(f"profile {self.name!r}: unknown recipes {unknown} for {self.task}; "
                              f"known: {sorted(spec.recipes)}")
+        self.check_run_settings()
         if self.seeds < 1:
             raise ValueError(f"profile {self.name!r}: seeds must be >= 1, got {self.seeds}")
         if not self.duration_scale > 0:
             raise ValueError(f"profile {self.name!r}: duration_scale must be positive, got {self.duration_scale}")
         check_duration("budget_step", self.budget_step, optional=False, fraction_ok=False)
+
+    def check_run_settings(self) -> None:
+        """The fields every run of the profile takes as its RunRequest's are checked by the request, once."""
+        try:
+            RunRequest(task=self.task, device=self.device, data_fraction=self.data_fraction,
+                       eval_fraction=self.eval_fraction, eval_interval=self.eval_interval, duration=self.duration,
+                       target=self.target)
+        except (ValueError, TypeError) as e:
+            raise type(e)(f"profile {self.name!r}: {e}") from None
 
     @property
     def baselines(self) -> tuple[str, ...]:

@@ -130,9 +130,12 @@ def build_config(*, task, target, budget, methods, storage, study_name, seeds_to
                  lr_factor, leave_one_out, runner, log) -> TuneConfig:
     """Check every argument and read the search space from the cards; refusals name the argument."""
     from speedkit.core.devices import resolve_device, resolve_precision
-    from speedkit.tasks import get_recipe, resolve_task
+    from speedkit.tasks import RunRequest, get_recipe, resolve_task
     from speedkit.tasks.task import BUILT_IN
 
+    # the settings every run shares are a run request's fields: checked by it, once, naming the field
+    RunRequest(task=task, device=device, data_fraction=data_fraction, eval_fraction=eval_fraction,
+               eval_interval=eval_interval or None)
     spec = resolve_task(task)  # a name, a Task or "pkg.mod:attr": registered, so the trials find it by name
     task = spec.name
     if n_workers > 1 and task not in BUILT_IN:

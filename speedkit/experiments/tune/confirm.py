@@ -97,6 +97,7 @@ def _confirm_run(config: TuneConfig, confirm, runner, role: str, key: str, seed:
 def run_leave_one_out(config: TuneConfig, studies: dict, runner=None, should_stop=None) -> None:
     """The confirmed winner without each of its methods, on the first confirmation seed (beside its own run
     there), so the report can say what each method adds; resumable like the confirmation."""
+    from speedkit.experiments.ablation import ablated_recipes, ablation_marker
     from speedkit.tasks.recipes import Recipe
 
     summary = summarize_confirmation(config, studies)
@@ -105,15 +106,14 @@ def run_leave_one_out(config: TuneConfig, studies: dict, runner=None, should_sto
         return
     confirm, seed = studies["confirm"], CONFIRM_SEED_START
     done, runner = _done(confirm), runner or resolve_runner(config.runner)
-    recipe = Recipe(**winner["recipe"])
-    for method in recipe.methods:
+    of = run_name_for(config, winner["key"], seed)
+    for method, ablated in ablated_recipes(Recipe(**winner["recipe"])).items():  # its methods, each dropped
         key = f"loo:{winner['key']}:{method}"
         if (key, seed) in done or (should_stop and should_stop()):
             continue
-        ablated = recipe.with_changes(name=f"tuned-without-{method}",
-                                      methods={m: p for m, p in recipe.methods.items() if m != method})
-        _confirm_run(config, confirm, runner, "leave-one-out", key, seed, ablated, should_stop,
-                     ablation={"of": run_name_for(config, winner["key"], seed), "left_out": method})
+        _confirm_run(config, confirm, runner, "leave-one-out", key, seed,
+                     ablated.with_changes(name=f"tuned-without-{method}"), should_stop,
+                     ablation=ablation_marker(of, method))
 
 
 def summarize_leave_one_out(config: TuneConfig, studies: dict, winner: dict | None) -> dict:

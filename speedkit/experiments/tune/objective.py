@@ -59,7 +59,7 @@ class TrialContext:
     target: float
     limit_s: float  # the per-trial limit the penalty is measured against
     stop_after_s: float  # when this run is stopped (the limit, the search's deadline, or the best run so far)
-    settings: dict  # device, data_fraction, eval_fraction, eval_interval
+    settings: dict  # RunRequest fields: device, data_fraction, eval_fraction, eval_interval
     extra_config: dict
     trial: object | None = None  # optuna.Trial, or None for confirmation runs
     should_stop: Callable[[], bool] | None = None  # the search was asked to stop (Stop button, Ctrl-C handler)
@@ -110,20 +110,27 @@ class TrialReporter(Callback):
             self.trainer.stop(self.context.stop_reason or "stopped by speedkit tune")
 
 
+def trial_request(context: TrialContext):
+    """The RunRequest of one trial's run: its recipe and seed with the search's settings (request fields by
+    name), stopped at the target, not checkpointed."""
+    from speedkit.tasks import RunRequest
+
+    return RunRequest.build(context.task, context.recipe, seed=context.seed, target=context.target,
+                            stop_at_target=True, run_dir=context.run_dir, run_name=context.run_name,
+                            save_checkpoints=False, extra_config=context.extra_config, **context.settings)
+
+
 def train_trial(context: TrialContext) -> RunRecord:
-    """The default runner: one run built by ``make_trainer``, stopped at the target, with the reporter."""
+    """The default runner: the trial's request built by ``make_trainer``, with the reporter."""
     import time
 
     from speedkit.tasks import make_trainer
 
     reporter = TrialReporter(context)
     started = time.perf_counter()
-    trainer = make_trainer(context.task, context.recipe, seed=context.seed, target=context.target,
-                           stop_at_target=True, run_dir=context.run_dir, run_name=context.run_name,
-                           callbacks=[reporter], save_checkpoints=False, extra_config=context.extra_config,
-                           **context.settings)
+    trainer = make_trainer(trial_request(context).replace(callbacks=[reporter]))
     reporter.trainer = trainer
-    trainer.record.timings["setup_s"] = round(time.perf_counter() - started, 4)
+    trainer.logger.log_timing("setup_s", time.perf_counter() - started)
     return trainer.fit()
 
 

@@ -17,6 +17,7 @@ import time
 import warnings
 from pathlib import Path
 
+from speedkit.core.seeding import process_seed
 from speedkit.experiments.tune.objective import USER_STOP, TrialContext, resolve_runner, score_record
 from speedkit.experiments.tune.space import SearchSpace, TuneInputError, describe_change, recipe_params, suggest_recipe
 from speedkit.experiments.tune.storage import finished_trials, open_storage, optuna_module, worker_id
@@ -88,7 +89,7 @@ class TuneConfig:
     study_name: str
     out_dir: str
     run_dir: str
-    settings: dict  # device, data_fraction, eval_fraction, eval_interval
+    settings: dict  # RunRequest fields every run of the search shares: device, data_fraction, eval_fraction, eval_interval
     budget_s: float
     limit_s: float  # per-trial training limit, and the penalty's reference
     baseline_share: float
@@ -131,7 +132,9 @@ def load_study(config: TuneConfig, phase: str, worker_index: int = 0, storage=No
     optuna = optuna_module()
     with warnings.catch_warnings():  # `group` (conditional spaces: a method's settings only when it is on) is experimental
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        sampler = optuna.samplers.TPESampler(seed=config.sampler_seed + worker_index, n_startup_trials=5,
+        # worker 0 keeps sampler_seed (a one-process search samples as it always did); numpy's RandomState takes 32 bits
+        seed = process_seed(config.sampler_seed, worker_index, bits=32)
+        sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=5,
                                              multivariate=True, group=True, constant_liar=config.n_workers > 1)
     return optuna.create_study(study_name=config.study(phase), storage=storage or open_storage(config.storage),
                                direction="minimize", sampler=sampler, pruner=make_pruner(config),
@@ -371,8 +374,8 @@ def starting_recipes(config: TuneConfig, baseline_study) -> list:
 
     recipes = []
     device = resolve_device(config.settings.get("device", "auto"))
-    recipes = TASKS[config.task].recipes if config.task in TASKS else {}
-    presets = [p for name, p in recipes.items() if name != "baseline"]
+    known = TASKS[config.task].recipes if config.task in TASKS else {}
+    presets = [p for name, p in known.items() if name != "baseline"]
     for preset in sorted(presets, key=lambda p: (_measured_time(p), _budget_fraction(p, config.base_recipe()))):
         recipes.append(preset.with_changes(precision=resolve_precision(preset.precision, device)))
     # The tuned baseline, or the base as it is; the baseline study measured these already, but the search's

@@ -14,7 +14,8 @@ from speedkit.tasks.task import DataRequest
 
 LIBRARY_MODELS = ("torchvision:*", "timm:*")  # any classifier of these, adapted to channels and classes
 GPT_MODELS = ("gpt-nano", "gpt-micro", "gpt-mini", "gpt-small",
-              "hf:gpt2-nano", "hf:gpt2-micro", "hf:gpt2-mini", "hf:gpt2-small")  # hf: transformers, from a config
+              "hf:gpt2-nano", "hf:gpt2-micro", "hf:gpt2-mini", "hf:gpt2-small",  # hf: transformers, from a config
+              "hf:*")  # hf:<folder>: from_pretrained from a local folder
 
 
 def classification_metrics() -> dict:

@@ -1,31 +1,35 @@
-"""Checkpoint files: safe to load, checked before use, written atomically.
+"""The checkpoint file format: the one module that knows what a checkpoint file holds and how it is laid out.
 
-Layout of a file: a magic line, the SHA-256 of the payload, a newline, then the payload written
-by ``torch.save`` holding plain containers and tensors only. Loading verifies the checksum and
-uses ``torch.load(weights_only=True)``, so a file can never run code, and a truncated or edited
-file is refused with a message that says so.
+A file: a magic line, the SHA-256 of the payload, a newline, then the payload written by ``torch.save``
+holding plain containers and tensors only. Loading verifies the checksum and uses
+``torch.load(weights_only=True)``, so a file can never run code, and a truncated or edited file is refused
+with a message that says so.
+
+The payload is a dictionary whose keys are the fields of :class:`CheckpointContents` (plus
+``format_version``, and ``sharded`` in a sharded checkpoint). Everything else in speedkit reads and writes
+checkpoints through :func:`write`, :func:`write_sharded` and :func:`read`, and sees a
+:class:`CheckpointContents`, never the payload's keys. ``save_checkpoint``/``load_checkpoint`` are the
+low-level face (a payload dictionary in and out), for tools that inspect a file.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import io
 import json
 import os
 import random
 import shutil
-import time
 import warnings
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from speedkit.core import Timestamp, distributed
-from speedkit.record.runs import RunRecord, atomic_write_bytes
-from speedkit.train.storage import RemoteFolder, download, is_remote, local_path
+from speedkit.core import distributed
+from speedkit.record.runs import atomic_write_bytes
 
 MAGIC = b"SPEEDKIT-CHECKPOINT\n"
-LATEST = "latest.ckpt"
 FORMAT_VERSION = 1
 
 
@@ -71,8 +75,18 @@ def load_checkpoint(path: str | os.PathLike, map_location="cpu") -> dict:
     if version != FORMAT_VERSION:
         raise CheckpointError(f"{path} has checkpoint format {version}, this speedkit reads {FORMAT_VERSION}; "
                               f"load it with the speedkit version that wrote it")
+    return _upgraded(payload)
+
+
+def _upgraded(payload: dict) -> dict:
+    """A payload written by an earlier speedkit, in today's keys (same format version: only names moved)."""
     if "algorithms" in payload and "methods" not in payload:  # written before methods had one name
         payload["methods"] = payload.pop("algorithms")
+    if "microbatching" not in payload and isinstance(payload.get("record"), str):
+        # Written before Microbatching kept its own state: the size an "auto" run settled on was in its record.
+        note = json.loads(payload["record"]).get("notes", {}).get("auto_microbatch") or {}
+        if note.get("microbatch_size"):
+            payload["microbatching"] = {"size": int(note["microbatch_size"]), "reductions": note.get("reductions", [])}
     return payload
 
 
@@ -323,260 +337,75 @@ def load_sharded_checkpoint(path: str | os.PathLike, payload: dict, mesh=None, m
     return {**payload, **join_sharded(manifest["skeleton"], targets)}
 
 
-# -- a run's checkpoints ------------------------------------------------------------------------------
-class Checkpointer:
-    """A run's checkpoints: what goes into one, writing ``ba{batch}.ckpt`` and ``latest.ckpt``, keeping the
-    newest few, and resuming from one. The run's parallel plan (``speedkit.train.parallel``) does its part:
-    under DDP rank 0 writes with every rank's RNG; under FSDP every rank writes its shards.
+# -- what a checkpoint holds ----------------------------------------------------------------------------
+@dataclasses.dataclass
+class CheckpointContents:
+    """Everything a resume needs, as plain data and tensors: one field per payload key.
 
-    ``state`` is the run's State, ``logger`` its Logger, ``plan`` its parallel plan. ``folder`` is the run's
-    ``save_folder``: None for ``local`` (the run folder's ``checkpoints/``), a path, or an fsspec URL
-    (``s3://...``, ``memory://...``), whose checkpoints are written in ``local`` and mirrored there (see
-    ``speedkit.train.storage``).
+    ``model`` and ``optimizers`` are the plain ``state_dict()``s, or, when ``sharded`` (FSDP), the state
+    dicts of ``torch.distributed.checkpoint.state_dict.get_state_dict`` keyed by parameter name. Each
+    component keeps its own state: ``methods`` and ``callbacks`` by name, ``microbatching`` the microbatch
+    size a run settled on. ``record`` is the run's RunRecord as JSON (its history, carried on by a resume);
+    ``rng_by_rank`` every rank's RNG state when the ranks gathered them (``rng`` is this process's).
     """
 
-    def __init__(self, folder: str | os.PathLike | None, state, logger, plan, *, run_name: str, keep: int = 3,
-                 local: str | os.PathLike):
-        self.remote = RemoteFolder(str(folder)) if is_remote(folder) else None
-        self.folder = Path(local) if not folder or self.remote else local_path(folder)
-        self.keep = keep
-        self.state, self.logger, self.plan, self.run_name = state, logger, plan, run_name
+    model: dict
+    optimizers: list
+    schedulers: list
+    grad_scaler: dict | None
+    methods: dict
+    callbacks: dict
+    microbatching: dict
+    timestamp: dict
+    rng: dict
+    record: str
+    run_name: str | None = None
+    rng_by_rank: list | None = None
+    sharded: bool = False  # read from (or to be written as) a sharded checkpoint
 
     @property
-    def latest(self) -> Path:
-        return self.folder / LATEST
-
-    # -- writing -----------------------------------------------------------------------------
-    def payload(self, rng_by_rank: list | None = None) -> dict:
-        """Everything a resume needs, as plain data and tensors."""
-        state = self.state
-        return {
-            "model": state.model.state_dict(),
-            "optimizers": [opt.state_dict() for opt in state.optimizers],
-            "schedulers": [s.state_dict() for s in _torch_schedulers(state)],
-            "grad_scaler": state.grad_scaler.state_dict() if state.grad_scaler is not None else None,
-            "methods": {a.name: a.state_dict() for a in state.methods},
-            "callbacks": {type(cb).__name__: cb.state_dict() for cb in state.callbacks},
-            "timestamp": state.timestamp.to_dict(),
-            "rng": rng_state(),
-            "record": state.record.to_json(),
-            "run_name": self.run_name,
-            **({"rng_by_rank": rng_by_rank} if rng_by_rank else {}),
-        }
-
-    @staticmethod
-    def rng_state() -> dict:
-        return rng_state()
-
-    def write(self, path: Path, payload: dict) -> Path:
-        return save_checkpoint(path, payload)
-
-    def write_sharded(self, path: Path, payload: dict, sharded: dict) -> Path:
-        return save_sharded_checkpoint(path, payload, sharded)
-
-    def save(self) -> Path:
-        """Write ``ba{batch}.ckpt`` and point ``latest.ckpt`` at it, both atomically; keep the newest few.
-
-        Under torchrun only rank 0 writes (DDP: the plain module's weights, so one process can resume
-        it); under FSDP every rank writes its shards beside it (``ba{batch}.dcp/``).
-        """
-        state = self.state
-        start = time.perf_counter()
-        state.record.timings["train_s"] = round(state.timestamp.wall_s, 4)
-        path = self.folder / f"ba{state.timestamp.batch:09d}.ckpt"
-        if not self.plan.save_checkpoint(self, path, state, self.logger):
-            return path
-        state.record.notes["last_checkpoint"] = str(path)  # on a file system all ranks share
-        if distributed.is_main():
-            self._point_latest_at(path)
-            if self.remote is not None:
-                self.remote.upload(path, self.latest, self.keep, SHARDED_SUFFIX)
-                state.record.notes["remote_checkpoints"] = self.remote.url
-            state.record.save()
-            state.record.add_timing("checkpoint_s", time.perf_counter() - start)
-        return path
-
-    def _point_latest_at(self, path: Path) -> None:
-        """Make ``latest.ckpt`` name ``path`` atomically, then drop all but the newest few checkpoints."""
-        tmp = self.folder / f".{LATEST}.link"
-        tmp.unlink(missing_ok=True)
-        try:
-            os.link(path, tmp)  # a second name for the same bytes: instant, and atomic with the rename
-        except OSError:  # file systems without hard links
-            shutil.copyfile(path, tmp)
-        os.replace(tmp, self.latest)
-        for old in sorted(self.folder.glob("ba*.ckpt"))[:-self.keep]:
-            old.unlink()
-            shutil.rmtree(old.with_suffix(SHARDED_SUFFIX), ignore_errors=True)  # an FSDP checkpoint's shards
-
-    def remove_partial_writes(self) -> None:
-        """Delete temp files that a killed save left behind (they never replaced a checkpoint)."""
-        if not self.folder.is_dir():
-            return
-        for pattern in (".ba*.ckpt.*.tmp", f".{LATEST}.link"):
-            for leftover in self.folder.glob(pattern):
-                leftover.unlink(missing_ok=True)
-
-    # -- resuming ----------------------------------------------------------------------------
-    def resume(self, load_path: str | os.PathLike | None = None, autoresume: bool = False) -> dict | None:
-        """Load ``load_path`` (or, with ``autoresume``, the newest checkpoint of the run that verifies) into
-        the run's state.
-
-        An explicit ``load_path`` that cannot be used is an error. With ``autoresume`` a checkpoint that does
-        not verify (``latest.ckpt`` cut off or corrupted on disk) is passed over for the next newest one; it
-        is kept, renamed ``<name>.unusable`` (so that the resumed run's saves neither overwrite nor prune
-        it), and the log, a warning and ``record.notes["resume_passed_over"]`` say which file and why.
-        Returns the RNG state the run continues from (set when its next epoch starts), None when nothing
-        was loaded.
-        """
-        load_path = self._fetch_remote(load_path, autoresume)
-        candidates = [Path(load_path)] if load_path is not None else self._autoresume_candidates() if autoresume else []
-        seen = self.plan.ranks_that_see(bool(candidates))
-        if len(set(seen)) > 1:
-            raise CheckpointError(f"ranks disagree on resuming from {self.latest}: ranks "
-                                  f"{[r for r, s in enumerate(seen) if not s]} do not see it; checkpoints must "
-                                  f"be on a file system every rank shares")
-        if not candidates:
-            return None
-        if load_path is not None:
-            path, payload, passed_over = candidates[0], self._verified(candidates[0]), []
-        else:
-            path, payload, passed_over = self._newest_verified(candidates)
-        self._load_payload(payload, path)
-        if passed_over:
-            self._keep_aside(passed_over, path)
-        if self.plan.world > 1 and len(payload.get("rng_by_rank") or ()) != self.plan.world:
-            note = (f"resumed from {path}, which holds one RNG state (written by one process, or by rank 0 alone "
-                    f"after a failed or interrupted run): all {self.plan.world} ranks continue from it until the "
-                    f"next epoch re-seeds each, so their random draws differ from an uninterrupted run")
-            self.state.record.notes["rng_not_restored_per_rank"] = note
-            self.logger.log_text(note)
-        return self.plan.resume_rng(payload)
-
-    def _fetch_remote(self, load_path, autoresume: bool) -> Path | None:
-        """Remote checkpoints copied into the local folder before a resume (rank 0 copies, the others wait);
-        ``load_path`` as a local path."""
-        if is_remote(load_path):
-            if distributed.is_main():
-                download(str(load_path), self.folder)
-            distributed.barrier()
-            return self.folder / str(load_path).rstrip("/").rsplit("/", 1)[-1]
-        if self.remote is not None and autoresume and load_path is None:
-            if distributed.is_main():
-                self.remote.download_missing(self.folder, SHARDED_SUFFIX)
-            distributed.barrier()
-        return None if load_path is None else local_path(load_path)
-
-    def _verified(self, path: Path) -> dict:
-        """The checkpoint's payload, every check passed (shards included); CheckpointError otherwise."""
-        payload = load_checkpoint(path, map_location=self.state.device)
-        if payload.get("sharded") is not None:
-            payload = load_sharded_checkpoint(path, payload, mesh=self.plan.device_mesh(self.state.model),
-                                              map_location=self.state.device)
-        return payload
-
-    def _autoresume_candidates(self) -> list[Path]:
-        """The run's checkpoints newest first: ``ba{batch}.ckpt`` by batch, ``latest.ckpt`` before the file it
-        names (it is a second name for it), or first when it names none of them (copied, not linked)."""
-        files = sorted(self.folder.glob("ba*.ckpt"), reverse=True)
-        if not self.latest.exists():
-            return files
-        same = [i for i, f in enumerate(files) if _same_file(f, self.latest)]
-        at = same[0] if same else 0
-        return files[:at] + [self.latest] + files[at:]
-
-    def _newest_verified(self, candidates: list[Path]) -> tuple[Path, dict, list[tuple[Path, str]]]:
-        """The first candidate that verifies on every rank, its payload, and (path, why) for those passed over."""
-        passed_over: list[tuple[Path, str]] = []
-        for path in candidates:
-            earlier = [why for bad, why in passed_over if _same_file(bad, path)]
-            if earlier:  # ba{batch}.ckpt after a bad latest.ckpt that names it: the same bytes
-                passed_over.append((path, f"{earlier[0]} (the same file as {self.latest.name})"))
-                continue
-            try:
-                payload, why = self._verified(path), None
-            except CheckpointError as error:
-                payload, why = None, str(error)
-            # Every rank must load the same checkpoint (a sharded load is collective): any rank's failure counts.
-            reasons = [r for r in distributed.all_gather_object(why) if r is not None]
-            if not reasons:
-                return path, payload, passed_over
-            passed_over.append((path, reasons[0]))
-        raise CheckpointError(f"autoresume: no checkpoint in {self.folder} can be used (all are kept as they "
-                              f"are): " + "; ".join(why for _, why in passed_over) +
-                              f". Resume from a copy of the run, or start afresh under another run name")
-
-    def _keep_aside(self, passed_over: list[tuple[Path, str]], resumed_from: Path) -> None:
-        """Rename the checkpoints passed over to ``<name>.unusable`` (never delete them) and say so."""
-        notes = []
-        for path, why in passed_over:
-            kept = _free_name(path.with_name(path.name + ".unusable"))
-            if distributed.is_main():
-                os.replace(path, kept)
-                shards = path.with_suffix(SHARDED_SUFFIX)
-                if shards.is_dir():  # an FSDP checkpoint's shards go with it, out of later saves' way
-                    os.replace(shards, _free_name(shards.with_name(shards.name + ".unusable")))
-            message = f"autoresume: passed over {path} and kept it as {kept.name}: {why}"
-            self.logger.log_text(message + f"; resumed from {resumed_from} instead")
-            warnings.warn(message, stacklevel=3)
-            notes.append({"file": str(path), "kept_as": str(kept), "reason": why})
-        self.state.record.notes["resume_passed_over"] = notes
-
-    def _load_payload(self, payload: dict, path) -> None:
-        state = self.state
-        try:
-            self._load_weights(payload)
-        except (RuntimeError, ValueError, KeyError) as e:
-            raise CheckpointError(f"{path} does not fit this model/optimizer ({e}); it was written by a "
-                                  f"different configuration") from e
-        for method in state.methods:
-            method.load_state_dict(payload["methods"].get(method.name, {}))
-        saved_callbacks = payload.get("callbacks", {})
-        for callback in state.callbacks:
-            if type(callback).__name__ in saved_callbacks:
-                callback.load_state_dict(saved_callbacks[type(callback).__name__])
-        state.timestamp = Timestamp.from_dict(payload["timestamp"])
-        previous = RunRecord.from_dict(json.loads(payload["record"]))
-        record = state.record
-        record.run_id, record.created = previous.run_id, previous.created
-        record.steps, record.evals, record.timings = previous.steps, previous.evals, previous.timings
-        record.notes = {**previous.notes, "resumed_from": str(path)}
-        state.eval_metrics = {}
-        self.logger.log_text(f"resumed from {path} at epoch {state.timestamp.epoch}, batch {state.timestamp.batch}")
-
-    def _load_weights(self, payload: dict) -> None:
-        """Model, optimizers, schedulers and loss scaler; a sharded payload's are keyed by parameter name."""
-        state = self.state
-        if payload.get("sharded") is not None:
-            from torch.distributed.checkpoint.state_dict import set_state_dict
-
-            set_state_dict(state.model, [getattr(o, "base_optimizer", o) for o in state.optimizers],
-                           model_state_dict=payload["model"], optim_state_dict=payload["optimizers"])
-        else:
-            state.model.load_state_dict(payload["model"])
-            for opt, sd in zip(state.optimizers, payload["optimizers"]):
-                opt.load_state_dict(sd)
-        for sched, sd in zip(_torch_schedulers(state), payload["schedulers"]):
-            sched.load_state_dict(sd)
-        if state.grad_scaler is not None and payload.get("grad_scaler"):
-            state.grad_scaler.load_state_dict(payload["grad_scaler"])
+    def record_dict(self) -> dict:
+        return json.loads(self.record)
 
 
-def _same_file(a: Path, b: Path) -> bool:
-    try:
-        return os.path.samefile(a, b)
-    except OSError:
-        return False
+# Under FSDP these fields hold DTensors, so they go into the shard folder; the rest into the file.
+SHARDED_FIELDS = ("model", "optimizers", "methods", "callbacks")
+_OPTIONAL = {"schedulers": [], "methods": {}, "callbacks": {}, "microbatching": {}}  # empty when absent
 
 
-def _free_name(path: Path) -> Path:
-    """``path``, or ``path-2``, ``path-3``, ... : the first that does not exist."""
-    n, free = 1, path
-    while free.exists():
-        n += 1
-        free = path.with_name(f"{path.name}-{n}")
-    return free
+def _payload(contents: CheckpointContents) -> dict:
+    payload = {f.name: getattr(contents, f.name) for f in dataclasses.fields(contents) if f.name != "sharded"}
+    if not payload["rng_by_rank"]:
+        del payload["rng_by_rank"]  # one process's checkpoint holds its one RNG state
+    return payload
 
 
-def _torch_schedulers(state) -> list:
-    return [s for s in state.schedulers if isinstance(s, torch.optim.lr_scheduler.LRScheduler)]
+def _contents(payload: dict) -> CheckpointContents:
+    """The payload's fields; one a hand-made file lacks is None (or empty), so a tool reading only the weights
+    (export) takes a file holding only them."""
+    fields = {f.name: payload.get(f.name, _OPTIONAL.get(f.name)) for f in dataclasses.fields(CheckpointContents)
+              if f.name != "sharded"}
+    return CheckpointContents(**fields, sharded=payload.get("sharded") is not None)
+
+
+def write(path: str | os.PathLike, contents: CheckpointContents) -> Path:
+    """Write ``contents`` as one checkpoint file at ``path``, atomically."""
+    return save_checkpoint(path, _payload(contents))
+
+
+def write_sharded(path: str | os.PathLike, contents: CheckpointContents) -> Path:
+    """Write ``contents`` as a sharded checkpoint (:data:`SHARDED_FIELDS` in the shard folder); every rank calls it."""
+    payload = _payload(contents)
+    sharded = {name: payload.pop(name) for name in SHARDED_FIELDS}
+    return save_sharded_checkpoint(path, payload, sharded)
+
+
+def read(path: str | os.PathLike, map_location="cpu", mesh=None) -> CheckpointContents:
+    """The verified contents of the checkpoint at ``path`` (its shards too); CheckpointError otherwise.
+
+    A sharded checkpoint's tensors come back as DTensors on ``mesh`` (every rank calling), or without one as
+    plain full tensors in this process (see :func:`load_sharded_checkpoint`)."""
+    payload = load_checkpoint(path, map_location=map_location)
+    if payload.get("sharded") is not None:
+        payload = load_sharded_checkpoint(path, payload, mesh=mesh, map_location=map_location)
+    return _contents(payload)

@@ -1,0 +1,72 @@
+"""Leave-one-out: which runs say what each part of a recipe adds. The benchmark and the search both plan
+their ablations here, so a part left out means the same thing in both reports.
+
+A part is one of the recipe's methods, or (against a reference recipe, a baseline) one of the non-method
+``PARTS`` where the two differ. Leaving a part out gives the recipe the reference's value of it: a method
+the reference has too at other settings gets the reference's settings, one it lacks is dropped. Without a
+reference, the parts are the methods alone, each dropped. Every ablated run carries ``ablation_marker``'s
+``config["ablation"]``, which ``speedkit.experiments.compare.leave_one_out`` and the run board read.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from speedkit.tasks.recipes import Recipe
+
+# Parts of a recipe besides its methods that a leave-one-out run can swap for the reference's: together
+# with the methods they are the recipe's whole difference from the reference.
+PARTS = ("precision", "loader", "augment", "budget", "schedule", "batch_size", "learning_rate", "optimizer")
+
+
+def part_value(recipe: Recipe, part: str):
+    """What ``part`` of a recipe is: a field, or the learning rate / the rest of the optimizer."""
+    if part == "budget":
+        return recipe.duration
+    if part == "learning_rate":
+        return recipe.optimizer.get("lr")
+    if part == "optimizer":
+        return {k: v for k, v in recipe.optimizer.items() if k != "lr"}
+    return getattr(recipe, part)
+
+
+def _swap_part(recipe: Recipe, part: str, reference: Recipe) -> dict:
+    """The field changes that give ``recipe`` the reference's ``part``."""
+    if part == "budget":
+        return {"duration": reference.duration}
+    if part == "learning_rate":
+        return {"optimizer": {**recipe.optimizer, "lr": reference.optimizer.get("lr")}}
+    if part == "optimizer":
+        return {"optimizer": {**reference.optimizer, "lr": recipe.optimizer.get("lr")}}
+    return {part: getattr(reference, part)}
+
+
+def ablation_changes(recipe: Recipe, reference: Recipe | None = None) -> dict[str, dict]:
+    """``{part left out: field changes}``: one per method the reference does not have as it is, in the
+    recipe's order, then one per non-method part where the recipe differs from the reference. Without a
+    reference: one per method, dropped."""
+    reference = reference if reference is not None else dataclasses.replace(recipe, methods={})
+    changes = {}
+    for method, params in recipe.methods.items():
+        if reference.methods.get(method) == params:
+            continue  # the reference has it too: not part of the difference
+        kept = {m: p for m, p in recipe.methods.items() if m != method}
+        if method in reference.methods:
+            kept[method] = reference.methods[method]
+        changes[method] = {"methods": kept}
+    for part in PARTS:
+        if part_value(recipe, part) != part_value(reference, part):
+            changes[part] = _swap_part(recipe, part, reference)
+    return changes
+
+
+def ablated_recipes(recipe: Recipe, reference: Recipe | None = None) -> dict[str, Recipe]:
+    """``{part left out: the recipe without it}`` (see ``ablation_changes``); each keeps the recipe's name."""
+    # Not Recipe.with_changes: it skips None values, and the reference's part may be None (no augmentation).
+    return {part: Recipe(**{**dataclasses.asdict(recipe), **change})
+            for part, change in ablation_changes(recipe, reference).items()}
+
+
+def ablation_marker(of: str, left_out: str, against: str | None = None) -> dict:
+    """``config["ablation"]`` of a run of ``of`` (the full run's name) without ``left_out``; ``against``
+    names the reference recipe the part was taken from, where there is one."""
+    return {"of": of, "left_out": left_out, **({"against": against} if against is not None else {})}

@@ -1,0 +1,118 @@
+"""One optimizer object over several: what a host sees when a method (Muon) splits the user's optimizer in two.
+
+Lightning's automatic optimisation, the Hugging Face Trainer and most hand-written loops step one optimizer;
+:class:`OptimizerGroup` steps all of its members as one (a closure runs once), and its ``param_groups`` are the
+members' own group dicts, so a host's LR scheduler reaches every member.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import MutableMapping
+from typing import Sequence
+
+import torch
+
+
+class _MergedState(MutableMapping):
+    """The members' ``state`` dicts seen as one, writing each entry back to the member that holds it."""
+
+    def __init__(self, optimizers: Sequence[torch.optim.Optimizer]):
+        self._optimizers = optimizers
+
+    def _holder(self, key):
+        for optimizer in self._optimizers:
+            if key in optimizer.state:
+                return optimizer.state
+        return None
+
+    def __getitem__(self, key):
+        holder = self._holder(key)
+        if holder is None:
+            raise KeyError(key)
+        return holder[key]
+
+    def __setitem__(self, key, value):
+        holder = self._holder(key)
+        if holder is None:  # a new entry belongs to the member that owns the parameter
+            holder = next((o.state for o in self._optimizers
+                           if any(p is key for g in o.param_groups for p in g["params"])), self._optimizers[0].state)
+        holder[key] = value
+
+    def __delitem__(self, key):
+        holder = self._holder(key)
+        if holder is None:
+            raise KeyError(key)
+        del holder[key]
+
+    def __iter__(self):
+        for optimizer in self._optimizers:
+            yield from optimizer.state
+
+    def __len__(self):
+        return sum(len(o.state) for o in self._optimizers)
+
+
+class OptimizerGroup(torch.optim.Optimizer):
+    """Several optimizers stepped as one: ``step(closure)`` evaluates the closure once, then steps each member.
+
+    ``state_dict()`` holds each member's, so a host's checkpoint of this one optimizer resumes all of them.
+    """
+
+    def __init__(self, optimizers: Sequence[torch.optim.Optimizer]):
+        optimizers = list(optimizers)
+        if not optimizers or not all(isinstance(o, torch.optim.Optimizer) for o in optimizers):
+            raise TypeError(f"OptimizerGroup takes a non-empty list of torch optimizers, got {optimizers!r}")
+        # Not Optimizer.__init__: the groups stay the members' (shared dicts), never copies.
+        self.optimizers = optimizers
+        self.defaults = dict(optimizers[0].defaults)
+        for hooks in ("_optimizer_step_pre_hooks", "_optimizer_step_post_hooks", "_optimizer_state_dict_pre_hooks",
+                      "_optimizer_state_dict_post_hooks", "_optimizer_load_state_dict_pre_hooks",
+                      "_optimizer_load_state_dict_post_hooks"):
+            setattr(self, hooks, OrderedDict())
+
+    @property
+    def param_groups(self) -> list[dict]:
+        return [group for optimizer in self.optimizers for group in optimizer.param_groups]
+
+    @property
+    def state(self) -> _MergedState:
+        return _MergedState(self.optimizers)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for optimizer in self.optimizers:
+            optimizer.step()
+        return loss
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for optimizer in self.optimizers:
+            optimizer.zero_grad(set_to_none=set_to_none)
+
+    def add_param_group(self, param_group: dict) -> None:
+        raise NotImplementedError("add parameter groups to a member of the OptimizerGroup (group.optimizers[i])")
+
+    def state_dict(self) -> dict:
+        return {"optimizers": [optimizer.state_dict() for optimizer in self.optimizers]}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        saved = state_dict.get("optimizers")
+        if saved is None or len(saved) != len(self.optimizers):
+            count = "no member list" if saved is None else f"{len(saved)} member(s)"
+            raise ValueError(f"this optimizer state has {count}, the OptimizerGroup has {len(self.optimizers)}: "
+                             f"it was saved with other optimizer methods (muon, lookahead) on or off; resume "
+                             f"with the same methods")
+        for optimizer, member in zip(self.optimizers, saved):
+            optimizer.load_state_dict(member)
+
+    def __repr__(self) -> str:
+        return f"OptimizerGroup({', '.join(type(o).__name__ for o in self.optimizers)})"
+
+
+def as_one_optimizer(optimizers: Sequence[torch.optim.Optimizer]) -> torch.optim.Optimizer:
+    """The single optimizer a host steps: the only one, or an :class:`OptimizerGroup` of several."""
+    optimizers = list(optimizers)
+    return optimizers[0] if len(optimizers) == 1 else OptimizerGroup(optimizers)

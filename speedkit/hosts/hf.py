@@ -1,0 +1,200 @@
+"""speedkit's methods in the Hugging Face ``Trainer``: a ``Trainer`` subclass, or a ``TrainerCallback`` alone.
+
+::
+
+    from speedkit.hosts.hf import SpeedkitTrainer
+    from speedkit.methods import EMA, Muon, QKNormalization, ReLUSquaredActivation, SeqLengthWarmup
+
+    trainer = SpeedkitTrainer(model=model, args=TrainingArguments(..., max_steps=2000), train_dataset=train,
+                              methods=[QKNormalization(), ReLUSquaredActivation(), Muon(), SeqLengthWarmup(), EMA()])
+    trainer.train()                                  # or trainer.train(resume_from_checkpoint=True)
+
+``SpeedkitTrainer`` is ``transformers.Trainer`` with speedkit's events where a callback cannot reach: the
+surgery (INIT) in ``__init__``, before the optimizer exists; FIT_START in ``create_optimizer`` (Muon's split is
+one optimizer to the Trainer, an OptimizerGroup, so its LR scheduler, clipping and checkpoints cover both);
+the batch and loss events in ``compute_loss`` (AFTER_DATALOADER, BATCH_START, BEFORE_FORWARD, the forward,
+AFTER_FORWARD, BEFORE_LOSS, the loss, AFTER_LOSS, BEFORE_BACKWARD); EVAL_START/END around ``evaluate`` (EMA's
+weights are the ones evaluated). Its :class:`SpeedkitCallback` serves the rest: AFTER_BACKWARD at
+``on_pre_optimizer_step``, AFTER_TRAIN_BATCH and BATCH_END at ``on_step_end``, epochs, FIT_END at
+``on_train_end``. The methods' state is saved beside the optimizer in each ``checkpoint-N`` folder
+(``speedkit_methods.pt``) and loaded with it on ``resume_from_checkpoint``. Schedules are fractions of the
+Trainer's ``max_steps`` (from ``num_train_epochs`` when ``max_steps`` is not set).
+
+``SpeedkitCallback`` alone, in a plain ``transformers.Trainer(callbacks=[...])``, serves what callbacks see
+(surgery at ``on_init_end``, per-step and per-epoch methods, gradient methods) and refuses, before training,
+methods that need a batch, the loss, the optimizer or evaluation's start, naming the fix: SpeedkitTrainer.
+Logging, progress bars and checkpoints stay the Trainer's; methods' notes go to the ``speedkit`` logger.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Callable, Iterable
+
+import torch
+import transformers
+
+from speedkit.core import Event, Method
+from speedkit.hosts._optimizers import as_one_optimizer
+from speedkit.hosts.session import Host, HostCannotServeError, MethodSession
+
+METHOD_STATE_FILE = "speedkit_methods.pt"  # in each checkpoint-N folder, beside optimizer.pt
+
+_USE_SUBCLASS = "use speedkit.hosts.hf.SpeedkitTrainer in place of transformers.Trainer"
+_NO_EVAL_BATCHES = ("the Hugging Face Trainer's prediction_step gives speedkit no evaluation batch; remove the "
+                    "method, or train with speedkit.Trainer")
+_STAGE_FIXES = {"data": "remove it (the Trainer builds its own DataLoader), or train with speedkit.Trainer",
+                "precision": "remove it and pass TrainingArguments(bf16=True) (or fp16=True on a GPU)"}
+_METHOD_FIXES = {"sam": "SAM re-runs forward and backward inside its step, which the Hugging Face Trainer's "
+                        "optimizer.step() does not pass; remove it, or train with speedkit.Trainer"}
+
+_CALLBACK_EVENTS = {
+    Event.INIT: "SpeedkitCallback.on_init_end", Event.FIT_START: "on_train_begin (the optimizer as the Trainer built it)",
+    Event.EPOCH_START: "on_epoch_begin", Event.EPOCH_END: "on_epoch_end",
+    Event.BATCH_START: "on_step_begin", Event.AFTER_BACKWARD: "on_pre_optimizer_step",
+    Event.AFTER_TRAIN_BATCH: "on_step_end", Event.BATCH_END: "on_step_end", Event.FIT_END: "on_train_end",
+}
+_SUBCLASS_EVENTS = {
+    **_CALLBACK_EVENTS, Event.INIT: "SpeedkitTrainer.__init__", Event.FIT_START: "SpeedkitTrainer.create_optimizer",
+    **{e: "SpeedkitTrainer.compute_loss" for e in (Event.AFTER_DATALOADER, Event.BATCH_START, Event.BEFORE_FORWARD,
+                                                   Event.AFTER_FORWARD, Event.BEFORE_LOSS, Event.AFTER_LOSS,
+                                                   Event.BEFORE_BACKWARD)},
+    Event.EVAL_START: "SpeedkitTrainer.evaluate", Event.EVAL_END: "SpeedkitTrainer.evaluate",
+}
+_EVAL_BATCH_EVENTS = (Event.EVAL_BATCH_START, Event.EVAL_BEFORE_FORWARD, Event.EVAL_AFTER_FORWARD, Event.EVAL_BATCH_END)
+
+HF_TRAINER = Host(name="the Hugging Face Trainer (SpeedkitTrainer)", serves=_SUBCLASS_EVENTS,
+                  fixes={e: _NO_EVAL_BATCHES for e in _EVAL_BATCH_EVENTS}, stage_fixes=_STAGE_FIXES,
+                  method_fixes=_METHOD_FIXES)
+HF_CALLBACK = Host(name="a transformers.Trainer callback", serves=_CALLBACK_EVENTS,
+                   fixes={**{e: _USE_SUBCLASS for e in Event if e not in _CALLBACK_EVENTS},
+                          **{e: _NO_EVAL_BATCHES for e in _EVAL_BATCH_EVENTS}},
+                   stage_fixes={**_STAGE_FIXES, "optimizer": f"a callback cannot replace it; {_USE_SUBCLASS}"},
+                   method_fixes=_METHOD_FIXES)
+
+
+def _run_length(args, state=None) -> str:
+    """The run's length in optimizer steps (the Trainer's max_steps once known), else in epochs."""
+    steps = getattr(state, "max_steps", 0) or args.max_steps
+    if steps and steps > 0:
+        return f"{steps}ba"
+    return f"{args.num_train_epochs}ep"
+
+
+class SpeedkitCallback(transformers.TrainerCallback):
+    """speedkit's methods at the Hugging Face Trainer's callback hooks (see this module's docstring).
+
+    Alone, ``transformers.Trainer(..., callbacks=[SpeedkitCallback(methods)])`` runs the methods a callback can
+    serve and refuses the others at ``on_init_end``; SpeedkitTrainer makes one for its own session.
+    """
+
+    def __init__(self, methods: Iterable[Method] = (), *, schedules=None, session: MethodSession | None = None):
+        self.methods, self.schedules = list(methods), schedules
+        self.session = session
+
+    def on_init_end(self, args, state, control, model=None, **kwargs):
+        if self.session is None:
+            if args.gradient_accumulation_steps != 1:
+                raise ValueError("SpeedkitCallback counts one batch per optimizer step; pass "
+                                 "gradient_accumulation_steps=1 (or raise the batch size instead)")
+            self.session = MethodSession(HF_CALLBACK, self.methods, max_duration=_run_length(args),
+                                         schedules=self.schedules)
+            self.session.ends_epochs = False
+            self.session.init(model)
+
+    def on_train_begin(self, args, state, control, model=None, optimizer=None, train_dataloader=None, **kwargs):
+        session = self.session
+        session.set_lengths(max_duration=_run_length(args, state), batches_per_epoch=_length(train_dataloader))
+        if not session.fit_started:  # alone: the optimizer as the Trainer built it (methods may not replace it)
+            session.fit_start([optimizer.optimizer if hasattr(optimizer, "optimizer") else optimizer], train_dataloader)
+
+    def on_epoch_begin(self, args, state, control, **kwargs):
+        self.session.epoch_start()
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self.session.batch_start()
+
+    def on_pre_optimizer_step(self, args, state, control, **kwargs):
+        self.session.after_backward()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.session.batch_end()
+
+    def on_epoch_end(self, args, state, control, **kwargs):
+        self.session.epoch_end()
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self.session.fit_end()
+
+
+class SpeedkitTrainer(transformers.Trainer):
+    """``transformers.Trainer`` running speedkit ``methods`` (see this module's docstring for where each runs).
+
+    ``schedules``: speedkit schedules applied each step as fractions of max_steps (they multiply each group's lr;
+    leave TrainingArguments' ``lr_scheduler_type="constant"`` to have them alone). ``loss_fn``: a criterion
+    ``fn(logits, labels)`` in place of the model's own loss or cross-entropy against ``labels``.
+    """
+
+    def __init__(self, *args, methods: Iterable[Method] = (), schedules=None, loss_fn: Callable | None = None,
+                 **kwargs):
+        super().__init__(*args, **kwargs)
+        if self.args.gradient_accumulation_steps != 1:
+            raise ValueError("SpeedkitTrainer counts one batch per optimizer step; pass "
+                             "gradient_accumulation_steps=1 (or raise the batch size instead)")
+        self.speedkit = MethodSession(HF_TRAINER, methods, max_duration=_run_length(self.args),
+                                      schedules=schedules, loss_fn=loss_fn)
+        self.speedkit.ends_epochs = False
+        self.speedkit.init(self.model)  # before create_optimizer: new parameters are in the optimizer
+        self.add_callback(SpeedkitCallback(session=self.speedkit))
+
+    def create_optimizer(self, model=None):
+        optimizer = super().create_optimizer(model) if model is not None else super().create_optimizer()
+        session = self.speedkit
+        if not session.fit_started:
+            session.set_lengths(max_duration=_run_length(self.args, self.state),
+                                batches_per_epoch=_length(self.get_train_dataloader()))
+            self.optimizer = as_one_optimizer(session.fit_start([optimizer]))
+        return self.optimizer
+
+    def compute_loss(self, model, inputs, return_outputs: bool = False, num_items_in_batch=None):
+        session = self.speedkit
+        if not model.training:  # evaluation: the same loss (the model's own, or cross-entropy), no methods
+            outputs = model(**inputs)
+            loss = session.state.loss_fn(outputs, inputs)
+            return (loss, outputs) if return_outputs else loss
+        inputs = session.transform_batch(inputs)  # the clock counts the loader's batch, before the methods
+        outputs = model(**inputs)
+        loss = session.compute_loss(outputs, inputs)
+        session.before_backward()
+        return (loss, outputs) if return_outputs else loss
+
+    def evaluate(self, *args, **kwargs):
+        if not self.speedkit.fit_started:
+            return super().evaluate(*args, **kwargs)
+        with self.speedkit.evaluating():  # EMA's (or SWA's) weights are the ones evaluated
+            return super().evaluate(*args, **kwargs)
+
+    def _save_optimizer_and_scheduler(self, output_dir: str) -> None:
+        super()._save_optimizer_and_scheduler(output_dir)
+        if self.args.should_save:
+            torch.save(self.speedkit.state_dict(), os.path.join(output_dir, METHOD_STATE_FILE))
+
+    def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
+        super()._load_optimizer_and_scheduler(checkpoint)
+        if checkpoint is None:
+            return
+        path = Path(checkpoint) / METHOD_STATE_FILE
+        if not path.is_file():
+            if self.speedkit.methods:
+                raise HostCannotServeError(f"{checkpoint} has no {METHOD_STATE_FILE}: it was not written by a "
+                                           f"SpeedkitTrainer, so the methods' state (EMA weights, counters) cannot "
+                                           f"resume; start afresh or resume without methods")
+            return
+        self.speedkit.load_state_dict(torch.load(path, map_location="cpu", weights_only=False))
+
+
+def _length(loader) -> int | None:
+    try:
+        return len(loader) if loader is not None else None
+    except TypeError:
+        return None

@@ -1,0 +1,252 @@
+"""speedkit's methods in Lightning: a ``Callback``, and two marked lines in ``training_step`` for batch and loss methods.
+
+::
+
+    import lightning.pytorch as L
+    from speedkit.hosts.lightning import SpeedkitCallback
+    from speedkit.methods import EMA, LabelSmoothing, MixUp, Muon
+
+    class Classifier(L.LightningModule):
+        def training_step(self, batch, batch_idx):
+            batch = self.speedkit.batch(batch)              # speedkit: batch methods (mixup, resizing, ...)
+            x, y = batch
+            return self.speedkit.loss(self(x), batch)      # speedkit: label methods (label smoothing, mixup)
+
+        def configure_optimizers(self):
+            return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+    trainer = L.Trainer(max_steps=2000, callbacks=[SpeedkitCallback([EMA(), LabelSmoothing(), MixUp(), Muon()])])
+    trainer.fit(Classifier(), loader)
+
+Where each event runs: INIT (surgery) at the callback's ``setup``, before Lightning restores a checkpoint's
+weights; FIT_START at ``on_fit_start``, after ``configure_optimizers`` and before the optimizer states are
+restored (Muon's split is one optimizer to Lightning, an OptimizerGroup); BATCH_START at
+``on_train_batch_start``; AFTER_DATALOADER and BEFORE_FORWARD in ``self.speedkit.batch``; AFTER_FORWARD to
+AFTER_LOSS in ``self.speedkit.loss``; BEFORE_BACKWARD at ``on_before_backward``; AFTER_BACKWARD at
+``on_before_optimizer_step`` (gradients unscaled); AFTER_TRAIN_BATCH and BATCH_END at ``on_train_batch_end``;
+EVAL_START/END around validation; evaluation batch events in ``validation_step`` through
+``self.speedkit.eval_batch(batch)`` and ``self.speedkit.eval_outputs(outputs)``; FIT_END at ``on_train_end``
+(not when training dies). The run's length is ``max_steps`` (or ``max_epochs``), so every schedule is a
+fraction of it. Method state rides in Lightning's checkpoints (the callback's ``state_dict``) and resumes
+exactly with ``trainer.fit(..., ckpt_path=...)``.
+
+A method that needs a step call ``training_step`` does not make is refused at ``setup``, before training,
+with the line to add; the calls are read from ``training_step``'s code (or given as ``step_calls=``).
+Lightning's progress bar, loggers and checkpoints stay Lightning's; methods' notes go to the ``speedkit``
+Python logger.
+"""
+from __future__ import annotations
+
+import inspect
+from typing import Callable, Iterable, Iterator
+
+import lightning.pytorch as L
+
+from speedkit.core import Event, Method
+from speedkit.hosts._optimizers import as_one_optimizer
+from speedkit.hosts.session import Host, HostCannotServeError, MethodSession
+
+STEP_CALLS = ("batch", "loss")  # self.speedkit.batch(...) and self.speedkit.loss(...) in training_step
+EVAL_CALLS = ("eval_batch", "eval_outputs")  # in validation_step
+
+_BATCH_LINE = "add `batch = self.speedkit.batch(batch)` at the top of your LightningModule's training_step"
+_LOSS_LINE = "compute the loss in training_step as `loss = self.speedkit.loss(logits, batch)`"
+_EVAL_BATCH_LINE = "add `batch = self.speedkit.eval_batch(batch)` at the top of validation_step"
+_EVAL_OUTPUTS_LINE = "pass the logits through `logits = self.speedkit.eval_outputs(logits)` in validation_step"
+
+_HOOKS = {
+    Event.INIT: "SpeedkitCallback.setup", Event.FIT_START: "SpeedkitCallback.on_fit_start",
+    Event.EPOCH_START: "on_train_epoch_start", Event.BATCH_START: "on_train_batch_start",
+    Event.BEFORE_BACKWARD: "on_before_backward", Event.AFTER_BACKWARD: "on_before_optimizer_step",
+    Event.AFTER_TRAIN_BATCH: "on_train_batch_end", Event.BATCH_END: "on_train_batch_end",
+    Event.EPOCH_END: "on_train_epoch_end", Event.EVAL_START: "on_validation_start",
+    Event.EVAL_END: "on_validation_end", Event.FIT_END: "on_train_end",
+}
+
+
+def lightning_host(step_calls: Iterable[str] = (), eval_calls: Iterable[str] = ()) -> Host:
+    """Lightning as a host: its callback hooks, plus the events ``training_step``/``validation_step`` serve
+    through the calls they make (``step_calls`` of STEP_CALLS, ``eval_calls`` of EVAL_CALLS)."""
+    step_calls, eval_calls = set(step_calls), set(eval_calls)
+    serves = dict(_HOOKS)
+    if "batch" in step_calls:
+        serves.update({e: "training_step's self.speedkit.batch" for e in (Event.AFTER_DATALOADER, Event.BEFORE_FORWARD)})
+    if "loss" in step_calls:
+        serves.update({e: "training_step's self.speedkit.loss"
+                       for e in (Event.AFTER_FORWARD, Event.BEFORE_LOSS, Event.AFTER_LOSS)})
+    if "eval_batch" in eval_calls:
+        serves.update({e: "validation_step's self.speedkit.eval_batch"
+                       for e in (Event.EVAL_BATCH_START, Event.EVAL_BEFORE_FORWARD)})
+    if "eval_outputs" in eval_calls:
+        serves.update({e: "validation_step's self.speedkit.eval_outputs"
+                       for e in (Event.EVAL_AFTER_FORWARD, Event.EVAL_BATCH_END)})
+    fixes = {Event.AFTER_DATALOADER: _BATCH_LINE, Event.BEFORE_FORWARD: _BATCH_LINE,
+             Event.AFTER_FORWARD: _LOSS_LINE, Event.BEFORE_LOSS: _LOSS_LINE, Event.AFTER_LOSS: _LOSS_LINE,
+             Event.EVAL_BATCH_START: _EVAL_BATCH_LINE, Event.EVAL_BEFORE_FORWARD: _EVAL_BATCH_LINE,
+             Event.EVAL_AFTER_FORWARD: _EVAL_OUTPUTS_LINE, Event.EVAL_BATCH_END: _EVAL_OUTPUTS_LINE}
+    return Host(
+        name="Lightning", serves=serves, fixes=fixes,
+        stage_fixes={"data": "remove it (shuffling and augmentation belong to your DataModule), or train with "
+                             "speedkit.Trainer",
+                     "precision": "remove it and pass L.Trainer(precision='bf16-mixed') (or '16-mixed' on a GPU)"},
+        method_fixes={"sam": "SAM re-runs forward and backward inside its step, and Lightning's closure would run "
+                             "training_step's speedkit calls twice; remove it, or train with speedkit.Trainer"})
+
+
+def _code_names(code) -> Iterator[str]:
+    yield from code.co_names
+    for const in code.co_consts:
+        if inspect.iscode(const):
+            yield from _code_names(const)
+
+
+def calls_in(function, candidates: Iterable[str]) -> set[str]:
+    """Which of ``candidates`` a function's code calls on ``speedkit`` (read from its bytecode names)."""
+    code = getattr(getattr(function, "__func__", function), "__code__", None)
+    if code is None:
+        return set()
+    names = set(_code_names(code))
+    return {c for c in candidates if c in names} if "speedkit" in names else set()
+
+
+class StepCalls:
+    """``self.speedkit`` inside a LightningModule: the calls ``training_step`` and ``validation_step`` make."""
+
+    def __init__(self, session: MethodSession):
+        self.session = session
+
+    def batch(self, batch):
+        """The batch as the forward should take it, after the batch methods (AFTER_DATALOADER, BEFORE_FORWARD)."""
+        return self.session.transform_batch(batch)
+
+    def loss(self, outputs, batch, loss_fn: Callable | None = None):
+        """The loss of ``outputs`` on ``batch`` with the label methods applied; ``loss_fn(logits, targets)``,
+        default cross-entropy (dense targets after mixup or label smoothing)."""
+        return self.session.compute_loss(outputs, batch, loss_fn)
+
+    def eval_batch(self, batch):
+        state = self.session.state
+        state.batch = batch
+        self.session.run(Event.EVAL_BATCH_START)
+        self.session.run(Event.EVAL_BEFORE_FORWARD)
+        return state.batch
+
+    def eval_outputs(self, outputs):
+        state = self.session.state
+        state.outputs = outputs
+        self.session.run(Event.EVAL_AFTER_FORWARD)
+        outputs = state.outputs
+        self.session.run(Event.EVAL_BATCH_END)
+        return outputs
+
+
+def _duration(trainer: "L.Trainer") -> str:
+    if trainer.max_steps is not None and trainer.max_steps > 0:
+        return f"{trainer.max_steps}ba"
+    if trainer.max_epochs is not None and trainer.max_epochs > 0:
+        return f"{trainer.max_epochs}ep"
+    raise ValueError("SpeedkitCallback needs the run's length, since schedules are fractions of it: pass "
+                     "L.Trainer(max_steps=...) or L.Trainer(max_epochs=...)")
+
+
+_PRECISIONS = {"bf16": "bf16", "16": "fp16", "fp16": "fp16"}
+
+
+class SpeedkitCallback(L.Callback):
+    """speedkit's methods in a Lightning run (see this module's docstring for where each event runs).
+
+    ``schedules``: speedkit schedules applied to the optimizers each step, as fractions of ``max_steps`` (or
+    ``max_epochs``). ``loss_fn``: the criterion ``fn(logits, targets)`` ``self.speedkit.loss`` uses by default.
+    ``step_calls``/``eval_calls``: which speedkit calls ``training_step``/``validation_step`` make, when reading
+    them from the code would be wrong (a step that calls a helper that makes them).
+    """
+
+    def __init__(self, methods: Iterable[Method] = (), *, schedules=None, loss_fn: Callable | None = None,
+                 step_calls: Iterable[str] | None = None, eval_calls: Iterable[str] | None = None):
+        self.methods = list(methods)
+        self.schedules, self.loss_fn = schedules, loss_fn
+        self.step_calls = None if step_calls is None else set(step_calls)
+        self.eval_calls = None if eval_calls is None else set(eval_calls)
+        self.session: MethodSession | None = None
+        self._step_checked = False
+
+    @property
+    def state_key(self) -> str:
+        return "SpeedkitCallback"  # one per Trainer; a stable key keeps old checkpoints loadable
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        if stage != "fit" or self.session is not None:
+            return
+        if trainer.accumulate_grad_batches != 1:
+            raise ValueError("SpeedkitCallback counts one batch per optimizer step; pass accumulate_grad_batches=1 "
+                             "(or raise the batch size instead)")
+        step_calls = self.step_calls if self.step_calls is not None else calls_in(type(pl_module).training_step,
+                                                                               STEP_CALLS)
+        eval_calls = self.eval_calls if self.eval_calls is not None else calls_in(
+            getattr(type(pl_module), "validation_step", None), EVAL_CALLS)
+        precision = str(trainer.precision).split("-")[0]
+        self.session = MethodSession(lightning_host(step_calls, eval_calls), self.methods,
+                                     max_duration=_duration(trainer), schedules=self.schedules, loss_fn=self.loss_fn,
+                                     precision=_PRECISIONS.get(precision, "fp32"))
+        self.session.ends_epochs = False  # Lightning says when an epoch ends
+        object.__setattr__(pl_module, "speedkit", StepCalls(self.session))  # not a submodule: no state_dict keys
+        self.session.init(pl_module)
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        session = self.session
+        trainer.fit_loop.setup_data()  # the train loader, so its length is known (Lightning does it once)
+        loader = trainer.train_dataloader
+        per_epoch = trainer.num_training_batches
+        session.set_lengths(batches_per_epoch=int(per_epoch) if per_epoch != float("inf") else None,
+                            samples_per_batch=getattr(loader, "batch_size", None) * trainer.world_size
+                            if getattr(loader, "batch_size", None) else None)
+        session.world = trainer.world_size
+        given = list(trainer.optimizers)
+        optimizers = session.fit_start(given, loader)
+        if [id(o) for o in optimizers] != [id(o) for o in given]:
+            trainer.strategy.optimizers = [as_one_optimizer(optimizers)]  # Muon's split steps as one optimizer
+
+    def on_train_epoch_start(self, trainer, pl_module) -> None:
+        self.session.epoch_start()
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self.session._counted_batch = batch
+        self.session.batch_start()
+
+    def on_before_backward(self, trainer, pl_module, loss) -> None:
+        self.session.before_backward()
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
+        self.session.after_backward()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self.session.batch_end(batch)
+        if not self._step_checked:  # the calls read from training_step's code were really made
+            self._step_checked = True
+            missing = self.session.unserved_step_events()
+            if missing:
+                method, events = missing[0]
+                fix = _BATCH_LINE if {Event.AFTER_DATALOADER, Event.BEFORE_FORWARD} & set(events) else _LOSS_LINE
+                raise HostCannotServeError(f"{method.name} needs {', '.join(e.value for e in events)}, which "
+                                           f"training_step's first step did not reach: {fix}")
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        self.session.epoch_end()
+
+    def on_validation_start(self, trainer, pl_module) -> None:
+        if self.session is not None and self.session.fit_started:
+            self.session.eval_start()
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if self.session is not None and self.session.fit_started:
+            self.session.eval_end()
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self.session.fit_end()
+
+    def state_dict(self) -> dict:
+        return self.session.state_dict() if self.session is not None else {}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        if state_dict:
+            self.session.load_state_dict(state_dict)

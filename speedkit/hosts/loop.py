@@ -1,0 +1,196 @@
+"""speedkit's methods in a hand-written PyTorch loop, or an Accelerate script: a few marked calls.
+
+::
+
+    from speedkit.hosts import Speedkit
+    from speedkit.methods import EMA, LabelSmoothing, Muon
+
+    sk = Speedkit([EMA(), LabelSmoothing(0.1), Muon()], max_duration="3ep", train_dataloader=loader)
+    model = sk.prepare_model(model)                                        # speedkit: surgery (INIT)
+    optimizer = sk.prepare_optimizer(torch.optim.AdamW(model.parameters()))  # speedkit: Muon, Lookahead, ...
+    # with Accelerate: model, optimizer, loader = accelerator.prepare(model, optimizer, loader) here
+    while not sk.done:
+        for batch in loader:
+            batch = sk.batch(batch)                                        # speedkit: batch methods
+            loss = sk.loss(model(batch[0]), batch)                         # speedkit: label and loss methods
+            sk.backward(loss)                                              # or sk.backward(loss, accelerator.backward)
+            optimizer.step()
+            optimizer.zero_grad()
+            sk.step_end()                                                  # speedkit: EMA, schedules, the clock
+            if sk.done:
+                break
+        with sk.evaluating():                                              # speedkit: EMA's weights in
+            evaluate(model)
+    sk.finish()                                                            # speedkit: final weights (EMA)
+
+The same Method objects, cards, order and conflict checks as ``speedkit.Trainer``. Epochs follow from
+``train_dataloader``'s length (or ``batches_per_epoch=``). Method state goes into your checkpoint with
+``sk.state_dict()`` and comes back with ``sk.load_state_dict(...)``. A method whose events your step did not
+reach (a missing ``sk.loss`` call, say) is refused after the first step, with the call to add.
+"""
+from __future__ import annotations
+
+from typing import Callable, Iterable, Sequence
+
+import torch
+
+from speedkit.core import Event, Method, Time
+from speedkit.hosts._optimizers import as_one_optimizer
+from speedkit.hosts.session import STEP_EVENTS, Host, HostCannotServeError, MethodSession
+from speedkit.record.loggers import LoggerDestination
+
+_STEP_CALLS = {  # event -> the call in the user's step that runs it
+    Event.AFTER_DATALOADER: "batch = sk.batch(batch)", Event.BATCH_START: "batch = sk.batch(batch)",
+    Event.BEFORE_FORWARD: "batch = sk.batch(batch)", Event.AFTER_FORWARD: "loss = sk.loss(outputs, batch)",
+    Event.BEFORE_LOSS: "loss = sk.loss(outputs, batch)", Event.AFTER_LOSS: "loss = sk.loss(outputs, batch)",
+    Event.BEFORE_BACKWARD: "sk.backward(loss)", Event.AFTER_BACKWARD: "sk.backward(loss)",
+    Event.AFTER_TRAIN_BATCH: "sk.step_end()", Event.BATCH_END: "sk.step_end()",
+}
+
+LOOP = Host(
+    name="a plain PyTorch loop",
+    serves={**{event: f"the step's {call}" for event, call in _STEP_CALLS.items()},
+            Event.INIT: "sk.prepare_model(model)", Event.FIT_START: "sk.prepare_optimizer(optimizer)",
+            Event.EPOCH_START: "the first sk.batch of an epoch", Event.EPOCH_END: "the epoch's last sk.step_end()",
+            Event.EVAL_START: "with sk.evaluating():", Event.EVAL_END: "with sk.evaluating():",
+            Event.EVAL_BATCH_START: "batch = sk.eval_batch(batch)", Event.EVAL_BEFORE_FORWARD: "batch = sk.eval_batch(batch)",
+            Event.EVAL_AFTER_FORWARD: "outputs = sk.eval_outputs(outputs)",
+            Event.EVAL_BATCH_END: "outputs = sk.eval_outputs(outputs)", Event.FIT_END: "sk.finish()"},
+    stage_fixes={"data": "remove it, or train with speedkit.Trainer, whose loader methods can act on",
+                 "precision": "remove it and wrap your forward in torch.autocast(device_type, dtype=torch.bfloat16) "
+                              "(Accelerate: Accelerator(mixed_precision='bf16'))"},
+    method_fixes={"sam": "SAM's step runs the forward and backward a second time through the trainer's closure, "
+                         "which a hand-written step does not pass; remove it, or train with speedkit.Trainer"},
+)
+
+
+class Speedkit:
+    """speedkit's methods in your own loop (see the module's docstring for the calls and where they go).
+
+    ``max_duration`` (``"2000ba"``, ``"3ep"``, ``"1Mtok"``) is the run's length: schedules (progressive
+    resizing, sequence-length warmup, EMA half-lives in ``dur``, ``schedules=``) are fractions of it.
+    ``schedules`` are speedkit schedules (``"cosine"``, ``{"name": "linear_to_zero", "warmup": "0.05dur"}``)
+    applied to the optimizers each step. ``loss_fn`` is the default criterion ``fn(logits, targets)`` of
+    :meth:`loss` (cross-entropy, or a Hugging Face model's own loss). ``accelerator`` (Accelerate) counts
+    samples over all processes and does the backward; pass the loader each process iterates.
+    """
+
+    def __init__(self, methods: Iterable[Method] = (), *, max_duration: str | Time,
+                 train_dataloader=None, batches_per_epoch: int | None = None, schedules=None,
+                 loss_fn: Callable | None = None, accelerator=None, seed: int = 0,
+                 loggers: Sequence[LoggerDestination] = ()):
+        self.accelerator = accelerator
+        self.world = int(getattr(accelerator, "num_processes", 1) or 1)
+        per_epoch = batches_per_epoch if batches_per_epoch is not None else _length(train_dataloader)
+        per_batch = getattr(train_dataloader, "batch_size", None)
+        self.session = MethodSession(LOOP, methods, max_duration=max_duration, batches_per_epoch=per_epoch,
+                                     samples_per_batch=per_batch * self.world if per_batch else None,
+                                     tokens_per_batch=getattr(train_dataloader, "tokens_per_batch", None),
+                                     schedules=schedules, loss_fn=loss_fn, seed=seed, loggers=loggers)
+        self.session.world = self.world  # the clock counts the samples of every process
+        self.train_dataloader = train_dataloader
+        self._steps_checked = False
+
+    @property
+    def state(self):
+        """The speedkit State the methods act on (timestamp, model, optimizers, record of surgeries)."""
+        return self.session.state
+
+    @property
+    def methods(self) -> list[Method]:
+        """The methods in the order they run (from their cards)."""
+        return self.session.methods
+
+    @property
+    def done(self) -> bool:
+        """Whether the run has reached ``max_duration``."""
+        return self.session.is_done()
+
+    # -- before training -------------------------------------------------------------------------------
+    def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        """Run the model surgeries (INIT) on ``model``, in place; call before building the optimizer."""
+        return self.session.init(model)
+
+    def prepare_optimizer(self, optimizer: torch.optim.Optimizer):
+        """FIT_START: optimizer methods act on ``optimizer`` (Muon takes the hidden matrices, Lookahead wraps).
+
+        Returns the optimizer to step from now on: ``optimizer`` itself, or an OptimizerGroup when a method
+        added one (step and zero_grad it as usual; its state_dict holds every member's)."""
+        optimizers = self.session.fit_start(optimizer, self.train_dataloader)
+        return as_one_optimizer(optimizers)
+
+    # -- each step -------------------------------------------------------------------------------------
+    def batch(self, batch):
+        """The batch the forward takes, after the batch methods (resizing, sequence-length warmup, mixup)."""
+        return self.session.transform_batch(batch)
+
+    def loss(self, outputs, batch=None, loss_fn: Callable | None = None) -> torch.Tensor:
+        """The loss of ``outputs`` on ``batch`` (the one :meth:`batch` returned), with the label methods applied
+        (label smoothing, mixup's mixed labels). ``loss_fn(logits, targets)``, default cross-entropy."""
+        return self.session.compute_loss(outputs, batch, loss_fn)
+
+    def backward(self, loss: torch.Tensor, backward: Callable | None = None) -> None:
+        """BEFORE_BACKWARD, ``backward(loss)`` (default ``loss.backward()``; Accelerate's is used when given),
+        then AFTER_BACKWARD (gradient clipping)."""
+        self.session.before_backward()
+        if backward is None:
+            backward = self.accelerator.backward if self.accelerator is not None else torch.Tensor.backward
+        backward(loss)
+        self.session.after_backward()
+
+    def step_end(self) -> None:
+        """After ``optimizer.step()``: the methods' per-step work (EMA's update, Lookahead) and the clock."""
+        self.session.batch_end()
+        if not self._steps_checked:
+            self._check_step_calls()
+            self._steps_checked = True
+
+    def _check_step_calls(self) -> None:
+        missing = self.session.unserved_step_events()
+        if missing:
+            method, events = missing[0]
+            calls = " and ".join(dict.fromkeys(_STEP_CALLS[e] for e in events))
+            raise HostCannotServeError(f"{method.name} needs {', '.join(e.value for e in events)}, which this loop's "
+                                       f"first step did not reach: add `{calls}` to the step (see speedkit.hosts.loop)")
+
+    # -- evaluation and the end ------------------------------------------------------------------------
+    def evaluating(self):
+        """``with sk.evaluating(): ...``: EVAL_START before (EMA/SWA weights in), EVAL_END after (back out)."""
+        return self.session.evaluating()
+
+    def eval_batch(self, batch):
+        """EVAL_BATCH_START and EVAL_BEFORE_FORWARD: the evaluation batch as the model should see it."""
+        session = self.session
+        session.state.batch = batch
+        session.run(Event.EVAL_BATCH_START)
+        session.run(Event.EVAL_BEFORE_FORWARD)
+        return session.state.batch
+
+    def eval_outputs(self, outputs):
+        """EVAL_AFTER_FORWARD (test-time augmentation) and EVAL_BATCH_END; returns the outputs to score."""
+        session = self.session
+        session.state.outputs = outputs
+        session.run(Event.EVAL_AFTER_FORWARD)
+        outputs = session.state.outputs
+        session.run(Event.EVAL_BATCH_END)
+        return outputs
+
+    def finish(self) -> None:
+        """FIT_END: averaging methods leave their weights in the model (EMA's ``final_weights="ema"``)."""
+        self.session.fit_end()
+
+    # -- checkpoints -----------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """The clock and the methods' state; save it with your model and optimizer."""
+        return self.session.state_dict()
+
+    def load_state_dict(self, saved: dict) -> None:
+        """Restore :meth:`state_dict`'s output, after prepare_model and prepare_optimizer."""
+        self.session.load_state_dict(saved)
+
+
+def _length(loader) -> int | None:
+    try:
+        return len(loader) if loader is not None else None
+    except TypeError:
+        return None

@@ -1,0 +1,345 @@
+"""What every host of the engine shares: a declaration of the events it can serve, and a session that runs
+the methods at those events on a :class:`speedkit.core.State` through the same :class:`speedkit.core.Engine`
+speedkit's own Trainer uses (same cards, same order, same conflict checks).
+
+A host is a training loop speedkit does not own: a plain PyTorch loop, Accelerate, Lightning, the Hugging
+Face Trainer. Its adapter (``speedkit.hosts.loop``, ``.lightning``, ``.hf``) says, as a :class:`Host`, which
+events it serves and where, and what to do about each event it cannot serve. :meth:`Host.check` refuses,
+before training, a method whose card needs an event the host cannot serve, naming the method, the host and
+the fix. The adapter then calls the :class:`MethodSession` at its hook points; the session keeps the clock
+(batches, samples, tokens, epochs) and the methods' state, which ride in the host's own checkpoints
+(:meth:`MethodSession.state_dict`).
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+import torch
+
+from speedkit.core import Engine, Event, Method, State, Time, TimeUnit
+from speedkit.core.batch import batch_size, batch_tokens
+from speedkit.core.method import IncompatibleMethodsError
+from speedkit.record.loggers import Logger, LoggerDestination, RecordDestination
+from speedkit.record.runs import RunRecord
+from speedkit.train.parts import apply_schedules, make_loss, make_schedules
+
+LOG = logging.getLogger("speedkit")
+
+# What a method that writes these stages needs beyond events, and why a host that does not own them refuses it.
+_STAGE_NEEDS = {
+    "data": "it replaces the training data loader, which the host owns",
+    "precision": "it sets the forward's autocast, which the host owns",
+    "optimizer": "it changes or replaces the optimizer, which the host owns",
+}
+
+
+# The events of one training step that a host's user calls into (batch, loss, backward), in order.
+STEP_EVENTS = (Event.AFTER_DATALOADER, Event.BATCH_START, Event.BEFORE_FORWARD, Event.AFTER_FORWARD,
+               Event.BEFORE_LOSS, Event.AFTER_LOSS, Event.BEFORE_BACKWARD, Event.AFTER_BACKWARD,
+               Event.AFTER_TRAIN_BATCH, Event.BATCH_END)
+
+
+class HostCannotServeError(IncompatibleMethodsError):
+    """A method needs an event (or a part of the loop) that this host does not give speedkit; the message
+    names the method, the host and the fix."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Host:
+    """What a host can do for methods, as data.
+
+    ``serves``: event -> where the host runs it (a hook name, a call in the user's step).
+    ``fixes``: event the host cannot serve as things stand -> the one-line fix (a call to add in the user's
+    step, or the host that can run it). ``stage_fixes``: a card's written stage the host does not own
+    (``"data"``, ``"precision"``) -> the fix. ``method_fixes``: method name -> why not and the fix, for needs
+    a card does not spell out as events (SAM's step closure).
+    """
+
+    name: str
+    serves: Mapping[Event, str]
+    fixes: Mapping[Event, str] = dataclasses.field(default_factory=dict)
+    stage_fixes: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    method_fixes: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+    def refusal(self, method: Method, state: State | None = None) -> str | None:
+        """Why this host cannot run ``method`` and the fix, or None when it can.
+
+        With ``state``, an event the card lists but the method says (``match``) it will not act on with these
+        parameters is not needed (progressive resizing acts at evaluation only with ``eval_scale != 1``)."""
+        card = method.CARD
+        if card.name in self.method_fixes:
+            return f"{card.name} cannot run in {self.name}: {self.method_fixes[card.name]}"
+        for stage in card.writes:
+            if stage in self.stage_fixes:
+                return f"{card.name} cannot run in {self.name}: {_STAGE_NEEDS.get(stage, stage)}; {self.stage_fixes[stage]}"
+        missing = [event for event in card.events if event not in self.serves and _may_act(method, event, state)]
+        if not missing:
+            return None
+        names = ", ".join(event.value for event in missing)
+        fix = "; ".join(dict.fromkeys(self.fixes.get(event, f"train with speedkit.Trainer, which serves "
+                                                            f"{event.value}") for event in missing))
+        return f"{card.name} needs {names}, which {self.name} does not serve as set up: {fix}"
+
+    def check(self, methods: Sequence[Method], state: State | None = None) -> None:
+        """Refuse the first method this host cannot run (the message names it, the host and the fix)."""
+        for method in methods:
+            reason = self.refusal(method, state)
+            if reason:
+                raise HostCannotServeError(reason)
+
+
+def _may_act(method: Method, event: Event, state: State | None) -> bool:
+    """Whether ``method`` may act at ``event`` in this run: its ``match`` at the start, where it can tell."""
+    if state is None:
+        return True
+    try:
+        return bool(method.match(event, state))
+    except Exception:  # a match that needs a batch or outputs: assume it acts
+        return True
+
+
+class _TextToLogging(LoggerDestination):
+    """Methods' text lines (surgery reports, notes) go to the ``speedkit`` logger, so the host's console,
+    progress bar and loggers stay the host's."""
+
+    def log_text(self, text: str) -> None:
+        LOG.info(text)
+
+
+def duration_of(value: str | Time | None, what: str) -> Time:
+    """``value`` as a Time, refusing a missing or wall-clock duration (schedules need a known length)."""
+    duration = Time.from_input(value)
+    if duration is None:
+        raise ValueError(f"{what} is needed: methods with schedules run on fractions of the run; pass e.g. "
+                         f"max_duration='1000ba' or '3ep'")
+    if duration.unit in (TimeUnit.SECOND, TimeUnit.DURATION) or duration.value <= 0:
+        raise ValueError(f"{what} must be a positive length in ba, ep, sp or tok, got {duration}")
+    return duration
+
+
+class MethodSession:
+    """The methods of one run in a host: a State, the Engine, the clock, and a call per hook point.
+
+    The adapter calls, in the order speedkit's Trainer reaches the same events: :meth:`init` (surgery),
+    :meth:`fit_start` (optimizer methods; returns the optimizers to train with), then per batch
+    :meth:`batch_start`, :meth:`transform_batch`, :meth:`compute_loss`, :meth:`before_backward`,
+    :meth:`after_backward`, :meth:`batch_end`; :meth:`epoch_start`/:meth:`epoch_end`, :meth:`eval_start`/
+    :meth:`eval_end`, and :meth:`fit_end` when training ends (not when it is killed).
+    """
+
+    def __init__(self, host: Host, methods: Iterable[Method], *, max_duration: str | Time,
+                 batches_per_epoch: int | None = None, samples_per_batch: int | None = None,
+                 tokens_per_batch: int | None = None, schedules=None, loss_fn: Callable | None = None,
+                 precision: str = "fp32", seed: int = 0, loggers: Sequence[LoggerDestination] = ()):
+        methods = list(methods)
+        for method in methods:
+            if not isinstance(method, Method):
+                raise TypeError(f"methods must be speedkit Method objects (speedkit.methods.get_method('ema') or "
+                                f"speedkit.methods.EMA()), got {type(method).__name__} {method!r}")
+        self.host = host
+        self.record = RunRecord(name=f"speedkit in {host.name}")
+        self.state = State(model=None, loss_fn=None, max_duration=duration_of(max_duration, "max_duration"),
+                           device=torch.device("cpu"), precision=precision, seed=seed, methods=methods,
+                           record=self.record)
+        state = self.state
+        state.batches_per_epoch, state.samples_per_batch = batches_per_epoch, samples_per_batch
+        state.tokens_per_batch = tokens_per_batch
+        state.autocast = contextlib.nullcontext  # the host owns the forward's precision
+        state.schedulers = make_schedules(schedules)
+        self._given_loss = loss_fn
+        host.check(methods, state)
+        self.logger = Logger(state, [RecordDestination(self.record), _TextToLogging(), *loggers])
+        self.engine = Engine(state, self.logger)  # orders the methods and checks their conflicts
+        self.batch_started = False  # BATCH_START ran for the batch in flight
+        self._counted_batch = None  # the loader's batch in flight, which the clock counts
+        self.epoch_started = False
+        self.initialized = False
+        self.served: set[Event] = set()  # every event run so far
+        self.fit_started = False
+
+    # -- the run's parts ----------------------------------------------------------------------------
+    @property
+    def methods(self) -> list[Method]:
+        return self.state.methods
+
+    def run(self, event: Event) -> None:
+        self.served.add(event)
+        self.engine.run_event(event)
+
+    def unserved_step_events(self) -> list[tuple[Method, list[Event]]]:
+        """Methods whose per-step events did not run in the step just finished (a call missing from the step)."""
+        missing = []
+        for method in self.state.methods:
+            events = [e for e in method.CARD.events if e in STEP_EVENTS and e not in self.served]
+            if events:
+                missing.append((method, events))
+        return missing
+
+    def init(self, model: torch.nn.Module) -> torch.nn.Module:
+        """INIT: the model surgeries, once; returns the model to train (the same object, changed in place)."""
+        state = self.state
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        state.model = model
+        reference = next(model.parameters(), None)
+        if reference is not None:
+            state.device = reference.device
+        state.loss_fn = make_loss(model, self._given_loss)
+        if not self.initialized:
+            self.run(Event.INIT)
+            self.initialized = True
+        return state.model
+
+    def set_lengths(self, *, max_duration: str | Time | None = None, batches_per_epoch: int | None = None,
+                    samples_per_batch: int | None = None, tokens_per_batch: int | None = None) -> None:
+        """What the host learns once its data is set up: the run's length and the nominal epoch and batch."""
+        state = self.state
+        if max_duration is not None:
+            state.original_max_duration = state.max_duration = duration_of(max_duration, "max_duration")
+        state.batches_per_epoch = batches_per_epoch or state.batches_per_epoch
+        state.samples_per_batch = samples_per_batch or state.samples_per_batch
+        state.tokens_per_batch = tokens_per_batch or state.tokens_per_batch
+
+    def fit_start(self, optimizers, train_dataloader=None) -> list[torch.optim.Optimizer]:
+        """FIT_START with the host's optimizers: methods may split (Muon) or wrap them; returns the list."""
+        state = self.state
+        if state.model is None:
+            raise RuntimeError("call init(model) (the surgery) before fit_start; optimizers are built after it")
+        if not self.fit_started:
+            state.optimizers = list(optimizers) if isinstance(optimizers, (list, tuple)) else [optimizers]
+            state.train_dataloader = train_dataloader
+            self.run(Event.FIT_START)
+            self.fit_started = True
+        return state.optimizers
+
+    # -- per epoch and per batch ------------------------------------------------------------------------
+    def epoch_start(self) -> None:
+        if not self.epoch_started:
+            self.run(Event.EPOCH_START)
+            self.epoch_started = True
+
+    def epoch_end(self) -> None:
+        """EPOCH_END: the clock's epoch advances, then the methods hear of it."""
+        self.state.timestamp = self.state.timestamp.after_epoch()
+        self.epoch_started = False
+        self.run(Event.EPOCH_END)
+
+    def batch_start(self) -> None:
+        """Schedules for the fraction done, then BATCH_START (before the forward of this step)."""
+        self._require_fit_start()
+        self.epoch_start()
+        if not self.batch_started:
+            self.state.skip_step = False
+            apply_schedules(self.state)
+            self.run(Event.BATCH_START)
+            self.batch_started = True
+
+    def transform_batch(self, batch):
+        """AFTER_DATALOADER and BEFORE_FORWARD on ``batch``; returns the batch the forward should take."""
+        state = self.state
+        state.batch = batch
+        self._counted_batch = batch
+        self.run(Event.AFTER_DATALOADER)
+        self.batch_start()
+        self.run(Event.BEFORE_FORWARD)
+        return state.batch
+
+    def compute_loss(self, outputs, batch=None, loss_fn: Callable | None = None) -> torch.Tensor:
+        """AFTER_FORWARD, BEFORE_LOSS, the loss, AFTER_LOSS; returns the loss (label methods acted on it).
+
+        ``loss_fn`` is a criterion ``fn(logits, targets)`` (``F.cross_entropy``; dense targets arrive after
+        mixup or label smoothing) or None for the session's loss (cross-entropy, or a Hugging Face model's own).
+        """
+        state = self.state
+        if batch is not None:
+            state.batch = batch
+        state.outputs = outputs
+        self.run(Event.AFTER_FORWARD)
+        self.run(Event.BEFORE_LOSS)
+        fn = make_loss(state.model, loss_fn) if loss_fn is not None else state.loss_fn
+        state.loss = fn(state.outputs, state.batch)
+        self.run(Event.AFTER_LOSS)
+        return state.loss
+
+    def before_backward(self) -> None:
+        self.run(Event.BEFORE_BACKWARD)
+
+    def after_backward(self) -> None:
+        self.run(Event.AFTER_BACKWARD)
+
+    def batch_end(self, batch=None) -> None:
+        """After the optimizer step: AFTER_TRAIN_BATCH, the clock advances by ``batch`` (the loader's batch),
+        BATCH_END, and EPOCH_END when the epoch's last batch is through."""
+        state = self.state
+        counted = batch if batch is not None else self._counted_batch
+        self.run(Event.AFTER_TRAIN_BATCH)
+        samples = batch_size(counted) * self.world if counted is not None else (state.samples_per_batch or 0)
+        tokens = batch_tokens(counted) * self.world if counted is not None else 0
+        state.timestamp = state.timestamp.after_batch(samples, tokens)
+        self.run(Event.BATCH_END)
+        self.batch_started = False
+        self._counted_batch = None
+        per_epoch = state.batches_per_epoch
+        if self.ends_epochs and per_epoch and state.timestamp.batch_in_epoch >= per_epoch:
+            self.epoch_end()
+
+    world = 1  # processes training together (DDP, Accelerate): the clock counts the samples of all of them
+    ends_epochs = True  # whether batch_end closes epochs by count (hosts with their own epoch hooks turn it off)
+
+    # -- evaluation and the end ------------------------------------------------------------------------
+    def eval_start(self) -> None:
+        self.run(Event.EVAL_START)
+
+    def eval_end(self) -> None:
+        self.run(Event.EVAL_END)
+
+    @contextlib.contextmanager
+    def evaluating(self):
+        """EVAL_START before, EVAL_END after (EMA and SWA swap their averaged weights in and out)."""
+        model = self.state.model
+        was_training = model.training if model is not None else False
+        self.eval_start()
+        try:
+            yield self.state.model
+        finally:
+            self.eval_end()
+            if model is not None:
+                model.train(was_training)
+
+    def fit_end(self) -> None:
+        """FIT_END, once: averaging methods leave their final weights in the model."""
+        if self.fit_started:
+            self.run(Event.FIT_END)
+            self.fit_started = False
+
+    def is_done(self) -> bool:
+        return self.state.is_done()
+
+    # -- checkpoints -----------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """The clock and every method's state (EMA weights, averages, counters), for the host's checkpoint."""
+        return {"timestamp": self.state.timestamp.to_dict(),
+                "methods": {m.name: m.state_dict() for m in self.state.methods}}
+
+    def load_state_dict(self, saved: Mapping[str, Any]) -> None:
+        from speedkit.core import Timestamp
+
+        state = self.state
+        saved_methods = dict(saved.get("methods", {}))
+        names = [m.name for m in state.methods]
+        missing = sorted(set(saved_methods) - set(names))
+        if missing:
+            raise ValueError(f"this checkpoint was written with method(s) {missing}, which this run lacks; add "
+                             f"them to methods= to resume it (their state would be lost), or start afresh")
+        for method in state.methods:
+            if method.name in saved_methods:
+                method.load_state_dict(saved_methods[method.name])
+        state.timestamp = Timestamp.from_dict(saved["timestamp"])
+
+    def _require_fit_start(self) -> None:
+        if not self.fit_started:
+            raise RuntimeError(f"{self.host.name}: training started before speedkit's fit start; call "
+                               f"prepare_optimizer(optimizer) (FIT_START) before the first batch")

@@ -1,0 +1,74 @@
+"""One leave-one-out: the benchmark and the search plan their ablations with speedkit.experiments.ablation,
+so the same recipe left one part out at a time gives the same runs in both."""
+from __future__ import annotations
+
+import dataclasses
+
+from speedkit.experiments import ablation
+from speedkit.experiments.bench import harness
+from speedkit.experiments.tune import confirm
+from speedkit.record.runs import RunRecord
+from speedkit.tasks import get_recipe
+
+# precision given as it runs here: the benchmark compares "auto" as what it resolves to on the device
+WINNER = get_recipe("fashion-mnist", "hot").with_changes(name="tune-winner", precision="fp32")
+
+
+def _bench_ablations(monkeypatch, recipe, reference) -> dict[str, tuple]:
+    """{part: (recipe, config["ablation"])} of the benchmark's leave-one-out of ``recipe`` against ``reference``."""
+    ran = {}
+
+    def fake_run_one(profile, run_recipe, seed, run_name, run_dir, bench_info, extra_config=None, **kwargs):
+        marker = extra_config["ablation"]
+        ran[marker["left_out"]] = (run_recipe, marker)
+        return RunRecord(name=run_name, config={"recipe": run_recipe.name, "ablation": marker})
+
+    monkeypatch.setattr(harness, "run_one", fake_run_one)
+    monkeypatch.setattr(harness, "scheduled_recipe", lambda profile, name: recipe if name == recipe.name else reference)
+    full = RunRecord(name="full", config={"recipe": recipe.name, "seed": 0})
+    profile = dataclasses.replace(harness.get_profile("vision"), device="cpu")
+    harness.run_leave_one_out(profile, [full], recipe.name, "unused", "session", log=lambda line: None,
+                              baseline=reference.name)
+    return ran
+
+
+def _tune_ablations(monkeypatch, recipe) -> dict[str, tuple]:
+    """{method: (recipe, config["ablation"])} of the search's leave-one-out of its confirmed winner."""
+    ran = {}
+    winner = {"key": "search:7", "recipe": recipe.to_dict()}
+    monkeypatch.setattr(confirm, "summarize_confirmation", lambda config, studies: {"candidates": [winner],
+                                                                                   "winner": "search:7"})
+    monkeypatch.setattr(confirm, "_done", lambda study: set())
+    monkeypatch.setattr(confirm, "run_name_for", lambda config, key, seed: "full")
+
+    def fake_confirm_run(config, study, runner, role, key, seed, run_recipe, should_stop, ablation=None):
+        ran[ablation["left_out"]] = (run_recipe, ablation)
+
+    monkeypatch.setattr(confirm, "_confirm_run", fake_confirm_run)
+    confirm.run_leave_one_out(config=None, studies={"confirm": None}, runner=lambda context: None)
+    return ran
+
+
+def test_bench_and_tune_leave_out_the_same_methods_as_the_same_runs(monkeypatch):
+    # Against a reference that differs only in having no methods, the benchmark's parts are the methods
+    # alone: exactly what the search leaves out of its winner.
+    reference = dataclasses.replace(WINNER, name="bare", methods={})
+    bench = _bench_ablations(monkeypatch, WINNER, reference)
+    tune = _tune_ablations(monkeypatch, WINNER)
+    assert list(bench) == list(tune) == list(WINNER.methods)
+    for method in WINNER.methods:
+        bench_recipe, bench_marker = bench[method]
+        tune_recipe, tune_marker = tune[method]
+        assert method not in tune_recipe.methods
+        assert {**bench_recipe.to_dict(), "name": None} == {**tune_recipe.to_dict(), "name": None}
+        assert {k: bench_marker[k] for k in ("of", "left_out")} == tune_marker == {"of": "full", "left_out": method}
+        assert bench_marker["against"] == "bare"
+
+
+def test_against_a_baseline_the_non_method_parts_are_left_out_too():
+    plain_bf16 = get_recipe("fashion-mnist", "plain-bf16")
+    ablated = ablation.ablated_recipes(WINNER, plain_bf16)
+    assert "channels_last" not in ablated  # the baseline has it too, as it is
+    assert ablated["budget"].duration == plain_bf16.duration
+    assert ablated["augment"].augment == plain_bf16.augment  # None stays None (with_changes would skip it)
+    assert set(ablation.ablated_recipes(WINNER)) == set(WINNER.methods)  # no reference: the methods alone

@@ -1,0 +1,125 @@
+"""speedkit's methods in a real ``transformers.Trainer.train`` on a small text folder: the language recipe's
+methods on Hugging Face GPT-2, EMA evaluated in place of the raw weights, the methods' state through the
+Trainer's own checkpoints (a kill and a resume end as an uninterrupted run), and the callback's refusals."""
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+from prerequisites import import_or_missing
+
+transformers = import_or_missing("transformers", "pip install 'torch-speedkit[hf]'")
+
+from speedkit.core import Event  # noqa: E402
+from speedkit.data.text import DEFAULT_TEXT_ROOT  # noqa: E402
+from speedkit.hosts import HostCannotServeError, OptimizerGroup  # noqa: E402
+from speedkit.hosts.hf import SpeedkitCallback, SpeedkitTrainer  # noqa: E402
+from speedkit.methods import (EMA, MixUp, Muon, QKNormalization, ReLUSquaredActivation,  # noqa: E402
+                              RotaryEmbeddings, SeqLengthWarmup)
+from speedkit.models import get_model  # noqa: E402
+
+pytestmark = pytest.mark.prerequisite("python-docs")
+SEQUENCE = 64
+
+
+class ByteSequences(torch.utils.data.Dataset):
+    """A small text folder as causal-LM examples the Hugging Face way: labels = input_ids (the model shifts)."""
+
+    def __init__(self, folder, count: int = 48):
+        data = torch.tensor(list(b"".join(p.read_bytes() for p in sorted(folder.glob("*.txt")))), dtype=torch.long)
+        self.rows = data[: count * SEQUENCE].view(count, SEQUENCE)
+
+    def __len__(self):
+        return len(self.rows)
+
+    def __getitem__(self, i):
+        return {"input_ids": self.rows[i], "labels": self.rows[i]}
+
+
+@pytest.fixture(scope="module")
+def text_folder(tmp_path_factory):
+    root = tmp_path_factory.mktemp("text")
+    for path in sorted((DEFAULT_TEXT_ROOT / "tutorial").glob("*.rst.txt"))[:4]:
+        shutil.copy(path, root / path.name)
+    return root
+
+
+def arguments(tmp_path, **overrides):
+    settings = dict(output_dir=str(tmp_path / "out"), max_steps=6, per_device_train_batch_size=8, learning_rate=2e-3,
+                    lr_scheduler_type="constant", logging_steps=100, save_strategy="no", report_to=[], use_cpu=True,
+                    disable_tqdm=True, seed=0, dataloader_num_workers=0)
+    return transformers.TrainingArguments(**{**settings, **overrides})
+
+
+def language_methods():
+    return [RotaryEmbeddings(remove_position_embeddings=True), QKNormalization(), ReLUSquaredActivation(),
+            Muon(lr=0.02), SeqLengthWarmup(duration=0.5, min_seq_length=16, truncate=True), EMA(half_life="2ba")]
+
+
+def gpt2():
+    """transformers' GPT2LMHeadModel (gpt-nano's sizes, built from a config), computing its own loss."""
+    torch.manual_seed(0)
+    model = get_model("hf:gpt2-nano").model
+    model.lengths = []
+    model.register_forward_pre_hook(lambda module, args, kwargs: module.lengths.append(kwargs["input_ids"].shape[1]),
+                                    with_kwargs=True)
+    return model
+
+
+def test_the_language_methods_run_in_the_hugging_face_trainer(text_folder, tmp_path):
+    model = gpt2()
+    data = ByteSequences(text_folder)
+    trainer = SpeedkitTrainer(model=model, args=arguments(tmp_path, eval_strategy="steps", eval_steps=3),
+                              train_dataset=data, eval_dataset=torch.utils.data.Subset(data, range(8)),
+                              methods=language_methods())
+    trainer.train()
+    session = trainer.speedkit
+    changed = {note.split(":")[0] for note in session.record.notes["surgery"]}
+    assert changed == {"rotary_embeddings", "qk_norm", "relu_squared", "muon"}
+    assert isinstance(trainer.optimizer.optimizer, OptimizerGroup)  # inside the Trainer's AcceleratedOptimizer
+    training = [n for n in model.lengths if n != SEQUENCE]
+    assert training and training == sorted(training) and model.lengths[-1] == SEQUENCE  # warmup by max_steps
+    ema = next(m for m in session.methods if m.name == "ema")
+    assert ema.updates == 6 and session.state.timestamp.batch == 6 and session.state.timestamp.token > 0
+    assert session.engine.events_of("ema")[Event.EVAL_START] == 2  # evaluated with the average, twice
+
+
+class Kill(transformers.TrainerCallback):
+    def on_step_begin(self, args, state, control, **kwargs):
+        if state.global_step == 4:
+            raise RuntimeError("killed")
+
+
+def test_a_kill_and_resume_through_the_trainers_checkpoints_ends_as_an_uninterrupted_run(text_folder, tmp_path):
+    data = ByteSequences(text_folder)
+    whole = SpeedkitTrainer(model=gpt2(), args=arguments(tmp_path / "whole"), train_dataset=data,
+                            methods=language_methods())
+    whole.train()
+
+    killed = SpeedkitTrainer(model=gpt2(), args=arguments(tmp_path / "killed", save_strategy="steps", save_steps=2),
+                             train_dataset=data, methods=language_methods(), callbacks=[Kill()])
+    with pytest.raises(RuntimeError, match="killed"):
+        killed.train()
+    checkpoint = tmp_path / "killed" / "out" / "checkpoint-4"
+    assert (checkpoint / "speedkit_methods.pt").is_file()
+
+    torch.manual_seed(1)
+    resumed = SpeedkitTrainer(model=gpt2(), args=arguments(tmp_path / "killed"), train_dataset=data,
+                              methods=language_methods())
+    resumed.train(resume_from_checkpoint=str(checkpoint))
+    ours, theirs = resumed.model.state_dict(), whole.model.state_dict()
+    for name in theirs:
+        assert torch.allclose(ours[name], theirs[name], atol=1e-5), name  # EMA's final average, Muon's steps
+    assert resumed.speedkit.state.timestamp.batch == 6
+
+
+@pytest.mark.parametrize("method, message", [
+    (MixUp(), "mixup needs .*before_forward.*SpeedkitTrainer in place of transformers.Trainer"),
+    (Muon(), "muon cannot run in a transformers.Trainer callback: it changes or replaces the optimizer.*SpeedkitTrainer"),
+    (EMA(), "ema needs eval_start, eval_end.*SpeedkitTrainer"),
+])
+def test_a_callback_alone_refuses_what_it_cannot_serve(text_folder, tmp_path, method, message):
+    with pytest.raises(HostCannotServeError, match=message):
+        transformers.Trainer(model=gpt2(), args=arguments(tmp_path), train_dataset=ByteSequences(text_folder),
+                             callbacks=[SpeedkitCallback([method])])

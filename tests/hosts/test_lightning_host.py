@@ -1,0 +1,195 @@
+"""speedkit's methods in a real ``lightning.Trainer.fit`` on CPU: surgery, EMA, Muon, label smoothing,
+mixup/cutmix, progressive resizing and sequence-length warmup, schedules as fractions of max_steps/max_epochs;
+a kill and a resume through Lightning's own checkpoint end equal to an uninterrupted run; refusals."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from prerequisites import import_or_missing
+
+L = import_or_missing("lightning.pytorch", "pip install 'torch-speedkit[lightning]'")
+
+from speedkit.hosts import HostCannotServeError, OptimizerGroup  # noqa: E402
+from speedkit.hosts.lightning import SpeedkitCallback  # noqa: E402
+from speedkit.methods import (EMA, AlternatingFlip, Autocast, BlurPool, CutMix, LabelSmoothing, MixUp,  # noqa: E402
+                              Muon, ProgressiveResizing, QKNormalization, ReLUSquaredActivation,
+                              RotaryEmbeddings, SeqLengthWarmup)
+from speedkit.models import get_model  # noqa: E402
+from speedkit.optim.muon import Muon as MuonOptimizer  # noqa: E402
+
+QUIET = dict(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False, enable_model_summary=False,
+             num_sanity_val_steps=0, enable_checkpointing=False)
+
+
+def image_loader(n: int = 64, batch_size: int = 16):
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(n, 1, 16, 16, generator=g), torch.randint(0, 4, (n,), generator=g)
+    return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=batch_size)
+
+
+class Classifier(L.LightningModule):
+    """A LightningModule as its docs write one, plus speedkit's two marked lines in training_step."""
+
+    def __init__(self, seed: int = 0, criterion=None):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.net = nn.Sequential(nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 16, 3, stride=2, padding=1),
+                                 nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 4))
+        self.criterion, self.sizes = criterion, []
+
+    def forward(self, x):
+        self.sizes.append(x.shape[-1])
+        return self.net(x)
+
+    def training_step(self, batch, batch_idx):
+        batch = self.speedkit.batch(batch)                                  # speedkit
+        x, _ = batch
+        return self.speedkit.loss(self(x), batch, self.criterion)           # speedkit
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.parameters(), lr=1e-2)
+
+
+class PlainClassifier(Classifier):
+    """No speedkit lines in training_step."""
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return F.cross_entropy(self(x), y)
+
+
+def method(callback, name):
+    return next(m for m in callback.session.methods if m.name == name)
+
+
+def test_vision_methods_run_in_lightning_fit_by_fractions_of_max_steps():
+    seen_targets = []
+
+    def criterion(logits, targets):
+        seen_targets.append(targets)
+        return F.cross_entropy(logits, targets)
+
+    module = Classifier(criterion=criterion)
+    callback = SpeedkitCallback([BlurPool(), EMA(half_life="0.25dur"), Muon(lr=0.02), LabelSmoothing(0.1),
+                                 MixUp(alpha=0.4), ProgressiveResizing(initial_scale=0.5, finetune_fraction=0.25)],
+                                schedules="cosine")
+    trainer = L.Trainer(max_steps=8, callbacks=[callback], **QUIET)
+    trainer.fit(module, image_loader())
+
+    assert any("blurpool: changed" in note for note in callback.session.record.notes["surgery"])
+    assert isinstance(trainer.optimizers[0], OptimizerGroup)
+    assert any(isinstance(o, MuonOptimizer) for o in trainer.optimizers[0].optimizers)
+    ema = method(callback, "ema")
+    assert ema.updates == 8 and ema.smoothing == pytest.approx(0.5 ** (1 / 2))  # half-life: 0.25 of 8 steps
+    assert module.sizes[0] < 16 and module.sizes[-1] == 16  # progressive resizing reached full size at the end
+    dense = seen_targets[0]
+    assert dense.shape == (16, 4) and dense.is_floating_point() and dense.min() > 0  # mixed, then smoothed
+    adamw = trainer.optimizers[0].optimizers[0]
+    assert adamw.param_groups[0]["lr"] < 0.05 * 1e-2  # cosine, as a fraction of max_steps: near zero at the end
+    assert callback.session.state.timestamp.batch == 8
+
+
+def test_cutmix_and_resizing_follow_max_epochs():
+    module = Classifier()
+    callback = SpeedkitCallback([CutMix(alpha=1.0), ProgressiveResizing(initial_scale=0.5, finetune_fraction=0.5)])
+    trainer = L.Trainer(max_epochs=2, callbacks=[callback], **QUIET)
+    trainer.fit(module, image_loader())  # 4 batches an epoch
+    state = callback.session.state
+    assert str(state.max_duration) == "2ep" and state.batches_per_epoch == 4
+    assert state.timestamp.epoch == 2 and state.timestamp.batch == 8
+    assert module.sizes[:4] != [16] * 4 and module.sizes[4:] == [16] * 4  # full size for the second half
+    assert callback.session.engine.events_of("cutmix")[speedkit_event("before_forward")] == 8
+
+
+def speedkit_event(name):
+    from speedkit.core import Event
+
+    return Event(name)
+
+
+class TinyLM(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.gpt = get_model("gpt-nano", n_layer=1, n_embd=32, n_head=2, block_size=32)
+        self.lengths = []
+
+    def training_step(self, batch, batch_idx):
+        batch = self.speedkit.batch(batch)                                  # speedkit
+        idx, _ = batch
+        self.lengths.append(idx.shape[1])
+        return self.speedkit.loss(self.gpt(idx), batch)                     # speedkit
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.parameters(), lr=3e-3)
+
+
+def test_language_surgeries_and_sequence_length_warmup_in_lightning():
+    tokens = torch.randint(0, 256, (32, 33), generator=torch.Generator().manual_seed(0))
+    data = torch.utils.data.TensorDataset(tokens[:, :-1], tokens[:, 1:])
+    module = TinyLM()
+    callback = SpeedkitCallback([RotaryEmbeddings(), QKNormalization(), ReLUSquaredActivation(), Muon(),
+                                 SeqLengthWarmup(duration=0.5, min_seq_length=8, truncate=True)])
+    trainer = L.Trainer(max_steps=6, callbacks=[callback], **QUIET)
+    trainer.fit(module, torch.utils.data.DataLoader(data, batch_size=8))
+    notes = " ".join(callback.session.record.notes["surgery"])
+    assert "rotary_embeddings: changed" in notes and "qk_norm: changed" in notes and "relu_squared: changed" in notes
+    assert module.lengths[0] < 32 and module.lengths[-1] == 32 and module.lengths == sorted(module.lengths)
+    assert any(n.endswith("qk_norm.q_gain") for n, _ in module.named_parameters())
+
+
+class Kill(L.Callback):
+    """Dies at the start of the second epoch, after Lightning saved the first epoch's checkpoint."""
+
+    def on_train_epoch_start(self, trainer, pl_module):
+        if trainer.current_epoch == 1:
+            raise RuntimeError("killed")
+
+
+def resumable_methods():
+    return [EMA(half_life="3ba"), Muon(lr=0.02), LabelSmoothing(0.1),
+            ProgressiveResizing(initial_scale=0.5, finetune_fraction=0.25)]
+
+
+def test_a_kill_and_resume_through_lightning_checkpoints_ends_as_an_uninterrupted_run(tmp_path):
+    whole = Classifier()
+    whole_callback = SpeedkitCallback(resumable_methods(), schedules="cosine")
+    L.Trainer(max_epochs=2, callbacks=[whole_callback], **QUIET).fit(whole, image_loader())
+
+    killed = Classifier()
+    saver = L.callbacks.ModelCheckpoint(dirpath=tmp_path, save_top_k=-1, every_n_epochs=1)
+    quiet = {**QUIET, "enable_checkpointing": True, "default_root_dir": tmp_path / "lightning"}
+    with pytest.raises(RuntimeError, match="killed"):
+        L.Trainer(max_epochs=2, callbacks=[SpeedkitCallback(resumable_methods(), schedules="cosine"), saver, Kill()],
+                  **quiet).fit(killed, image_loader())
+    (checkpoint,) = tmp_path.glob("*.ckpt")
+    assert "SpeedkitCallback" in torch.load(checkpoint, weights_only=False)["callbacks"]
+
+    resumed = Classifier(seed=1)  # other starting weights: everything must come from the checkpoint
+    callback = SpeedkitCallback(resumable_methods(), schedules="cosine")
+    L.Trainer(max_epochs=2, callbacks=[callback], **quiet).fit(resumed, image_loader(), ckpt_path=checkpoint)
+
+    for (name, ours), theirs in zip(resumed.state_dict().items(), whole.state_dict().values()):
+        assert torch.allclose(ours, theirs, atol=1e-6), name  # EMA's final weights, after Muon's steps
+    assert method(callback, "ema").updates == method(whole_callback, "ema").updates == 8
+    assert resumed.sizes == whole.sizes[4:]  # resizing resumed where it was in the schedule
+
+
+def test_a_batch_method_without_the_step_call_is_refused_before_training():
+    module = PlainClassifier()
+    trainer = L.Trainer(max_steps=2, callbacks=[SpeedkitCallback([MixUp()])], **QUIET)
+    with pytest.raises(HostCannotServeError, match=r"mixup needs before_forward.*Lightning.*"
+                                                   r"`batch = self.speedkit.batch\(batch\)`"):
+        trainer.fit(module, image_loader())
+    assert module.sizes == []  # refused at setup: not one forward ran
+
+
+@pytest.mark.parametrize("refused, message", [
+    (AlternatingFlip(), "alternating_flip cannot run in Lightning: it replaces the training data loader"),
+    (Autocast(), r"autocast cannot run in Lightning: .*precision='bf16-mixed'"),
+])
+def test_methods_lightning_cannot_serve_are_refused(refused, message):
+    trainer = L.Trainer(max_steps=2, callbacks=[SpeedkitCallback([refused])], **QUIET)
+    with pytest.raises(HostCannotServeError, match=message):
+        trainer.fit(Classifier(), image_loader())

@@ -1,0 +1,117 @@
+"""speedkit's methods in a hand-written loop: the same losses as speedkit's Trainer for host-independent
+methods, the calls a step must make, Muon's optimizer group, method state through the loop's checkpoint, and
+the refusals of methods a loop cannot serve."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from helpers import toy_loaders, toy_model
+
+from speedkit.hosts import HostCannotServeError, OptimizerGroup, Speedkit
+from speedkit.methods import EMA, AlternatingFlip, Autocast, GradientClipping, LabelSmoothing, MixUp, Muon, SAM
+from speedkit.train.trainer import Trainer
+
+
+def host_independent_methods():
+    """Methods whose maths does not depend on who runs the loop (no random draws, no data loader)."""
+    return [LabelSmoothing(0.1), GradientClipping(clipping_type="norm", clipping_threshold=0.5),
+            EMA(half_life="4ba"), Muon(lr=0.02)]
+
+
+def plain_loop(model, loader, methods, steps: int, schedules=None):
+    """The loop a user writes, with speedkit's marked calls; returns the per-step losses and the session."""
+    sk = Speedkit(methods, max_duration=f"{steps}ba", train_dataloader=loader, schedules=schedules)
+    model = sk.prepare_model(model)
+    optimizer = sk.prepare_optimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
+    losses = []
+    while not sk.done:
+        for batch in loader:
+            batch = sk.batch(batch)
+            loss = sk.loss(model(batch[0]), batch)
+            sk.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            sk.step_end()
+            losses.append(loss.item())
+            if sk.done:
+                break
+    return losses, sk, optimizer
+
+
+def test_a_plain_loop_gives_the_trainers_losses_and_weights(tmp_path):
+    model = toy_model()
+    train, _ = toy_loaders(batch_size=32, n=128, shuffle=False)  # 4 batches an epoch; 10 steps cross epochs
+    trainer = Trainer(copy.deepcopy(model), train, max_duration="10ba", methods=host_independent_methods(),
+                      optimizers=lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9), log_interval=1,
+                      run_dir=tmp_path, save_checkpoints=False, nan_policy=None, schedulers="cosine")
+    trainer.fit()
+    _, expected = trainer.memory_logger.series("loss")
+
+    losses, sk, optimizer = plain_loop(model, train, host_independent_methods(), steps=10, schedules="cosine")
+    sk.finish()  # FIT_END: EMA's average into the model, as the Trainer's fit ends
+    assert isinstance(optimizer, OptimizerGroup)  # Muon took the hidden matrix; SGD kept the rest
+    assert losses == pytest.approx(expected, rel=1e-6, abs=1e-7)
+    assert sk.state.timestamp.batch == 10 and sk.state.timestamp.epoch == 2
+    for (name, ours), theirs in zip(model.state_dict().items(), trainer.state.model.state_dict().values()):
+        assert torch.allclose(ours, theirs, atol=1e-6), name
+
+
+def test_method_state_resumes_through_the_loops_checkpoint():
+    train, _ = toy_loaders(batch_size=32, n=128, shuffle=False)
+    whole_losses, whole, _ = plain_loop(toy_model(), train, [EMA(half_life="3ba"), Muon()], steps=8)
+
+    model = toy_model()
+    first_losses, first, optimizer = plain_loop(model, train, [EMA(half_life="3ba"), Muon()], steps=4)
+    saved = copy.deepcopy({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "speedkit": first.state_dict()})
+
+    model = toy_model(seed=1)  # other weights: everything must come from the checkpoint
+    sk = Speedkit([EMA(half_life="3ba"), Muon()], max_duration="8ba", train_dataloader=train)
+    model = sk.prepare_model(model)
+    optimizer = sk.prepare_optimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
+    model.load_state_dict(saved["model"])
+    optimizer.load_state_dict(saved["optimizer"])
+    sk.load_state_dict(saved["speedkit"])
+    losses = []
+    for batch in train:  # the second epoch
+        batch = sk.batch(batch)
+        loss = sk.loss(model(batch[0]), batch)
+        sk.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+        sk.step_end()
+        losses.append(loss.item())
+    assert first_losses + losses == pytest.approx(whole_losses, rel=1e-6)
+    ema, whole_ema = (next(m for m in run.methods if m.name == "ema").ema for run in (sk, whole))
+    assert all(torch.allclose(ema[k], whole_ema[k], atol=1e-7) for k in ema)
+
+
+def test_a_step_without_the_loss_call_is_refused_with_the_call_to_add():
+    train, _ = toy_loaders(batch_size=32, n=64)
+    model = toy_model()
+    sk = Speedkit([LabelSmoothing()], max_duration="2ba", train_dataloader=train)
+    optimizer = sk.prepare_optimizer(torch.optim.SGD(sk.prepare_model(model).parameters(), lr=0.1))
+    x, y = sk.batch(next(iter(train)))
+    sk.backward(F.cross_entropy(model(x), y))  # the user computed the loss without sk.loss
+    optimizer.step()
+    with pytest.raises(HostCannotServeError, match=r"label_smoothing needs before_loss, after_loss.*sk.loss\(outputs, batch\)"):
+        sk.step_end()
+
+
+@pytest.mark.parametrize("method, message", [
+    (AlternatingFlip(), "alternating_flip cannot run in a plain PyTorch loop: it replaces the training data loader"),
+    (Autocast(), "autocast cannot run in a plain PyTorch loop: .*torch.autocast"),
+    (SAM(), "sam cannot run in a plain PyTorch loop: .*closure"),
+])
+def test_methods_a_loop_cannot_serve_are_refused_before_training(method, message):
+    with pytest.raises(HostCannotServeError, match=message):
+        Speedkit([method], max_duration="2ba")
+
+
+def test_conflicting_methods_are_refused_as_in_the_trainer():
+    from speedkit.methods import CutMix
+
+    with pytest.raises(ValueError, match="mixup and cutmix both take the role 'label_mixing'"):
+        Speedkit([MixUp(), CutMix()], max_duration="2ba")
