@@ -109,6 +109,15 @@ def _lazy_names_unresolved():
         yield
 
 
+def _import_speedkits_public_names() -> None:
+    """``speedkit`` imports its public names on first use (so ``import speedkit`` stays cheap); pdoc reads the
+    module's namespace, so they are imported first and documented where users find them (``speedkit.Method``)."""
+    import speedkit
+
+    for name in speedkit.__all__:
+        getattr(speedkit, name)
+
+
 def _own_docstring(obj) -> str:
     """The docstring written for ``obj`` in speedkit itself, else ''."""
     if isinstance(obj, type):
@@ -229,7 +238,7 @@ def broken_links(out: Path) -> list[str]:
             target = (page.parent / urllib.parse.unquote(parsed.path)).resolve() if parsed.path else page
             if not target.is_file():
                 broken.append(f"{page.relative_to(out)}: {link} (no such page)")
-            elif (page.parent.name == "methods" and parsed.fragment
+            elif (page.parent == out / "methods" and parsed.fragment  # the card pages, not pdoc's speedkit/methods/
                   and parsed.fragment not in _parse(target, cache).ids):
                 broken.append(f"{page.relative_to(out)}: {link} (no such anchor)")
     return broken
@@ -256,6 +265,7 @@ def build(out: Path, modules: list[str] | None = None) -> list[str]:
     import pdoc.render
 
     modules = modules or module_names()
+    _import_speedkits_public_names()
     pdoc.render.configure(docformat="restructuredtext", footer_text="speedkit API reference")
     with _lazy_names_unresolved():
         pdoc.pdoc(*modules, output_directory=out)

@@ -40,7 +40,8 @@ def _parser() -> argparse.ArgumentParser:
                             "returning one (imported from the current folder too)")
     train.add_argument("--data", help="the folder for image-folder / text-folder (or passed to a task function)")
     train.add_argument("--image-size", type=int, help="image-folder: resize images to this square size (default 32)")
-    train.add_argument("--recipe", default="baseline", help="preset to start from (see below)")
+    train.add_argument("--recipe", default="baseline", help="preset to start from (see below), or a recipe file: "
+                       "FILE, or FILE:NAME for one of several (copy speedkit/tasks/presets/TASK.yaml to start one)")
     train.add_argument("--model", help="model name, overriding the recipe's")
     train.add_argument("--duration", help="training budget such as 3ep, 500ba, 90s")
     train.add_argument("--methods",

@@ -43,7 +43,7 @@ class Recipe:
     eval_interval: str = "1ep"
     summary: str = ""
     target: dict | None = None  # {"metric", "value"} it was tuned to reach; None: the task's target
-    reached: dict | None = None  # what the benchmark measured: metric, value, time, machine
+    reached: dict | None = None  # what it reached when measured (presets: presets/reached.json; speedkit tune's winner)
     loggers: list = dataclasses.field(default_factory=list)  # logger names: tensorboard, csv, mlflow, wandb
     # Whose recipe it is. None where a Task holds it (the Task says); a recipe taken from a task, or written to
     # a file, carries them, so that a file is refused for another task.
