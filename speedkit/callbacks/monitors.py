@@ -6,6 +6,7 @@ import math
 import torch
 
 from speedkit.core import distributed
+from speedkit.core.devices import to_host
 from speedkit.core.engine import Callback
 from speedkit.record.runs import lower_is_better
 
@@ -99,11 +100,18 @@ class NonFiniteLossError(FloatingPointError):
 
 
 class NaNGuard(Callback):
-    """Catches a NaN/inf loss before it reaches the weights.
+    """Keeps every update computed from a NaN/inf loss or gradient out of the weights, without a per-step wait.
 
-    ``policy="stop"`` raises NonFiniteLossError before backward, so the weights and the last good
-    checkpoint are untouched. ``policy="skip"`` drops that step and multiplies every learning rate by
-    ``lr_factor``, giving up after ``max_skips`` such steps.
+    The check stays on the device, as ``GradScaler``'s ``found_inf`` does: each microbatch's loss and, after
+    the last backward, the gradients are tested there, and a step found non-finite has its gradients
+    zeroed before the optimizer sees them (a masked update: nothing of that step's loss or gradient reaches
+    the weights or the optimizer's moments; momentum and weight decay act as for a gradient of zero, so plain
+    SGD leaves the weights exactly as they were). The flag is read at the logging interval, before every
+    evaluation and checkpoint, and at the end of the run (``read_device_checks``), where the policy acts:
+    ``policy="stop"`` raises NonFiniteLossError naming the batch where it first happened (no checkpoint is
+    written after it, so the last good one is intact); ``policy="skip"`` counts the step as skipped and
+    multiplies every learning rate by ``lr_factor``, giving up after ``max_skips`` such steps. Under a
+    ``GradScaler`` (fp16) the gradients are the scaler's to check: only the loss is tested.
     """
 
     POLICIES = ("stop", "skip")
@@ -115,32 +123,102 @@ class NaNGuard(Callback):
             raise ValueError(f"NaNGuard lr_factor must be in (0, 1], got {lr_factor}")
         self.policy, self.lr_factor, self.max_skips = policy, lr_factor, max_skips
         self.skips = 0
+        self._device_state: dict | None = None  # tensors on the device; see _start_window
+        self._step_bad = None  # this step's losses so far: any non-finite (device bool)
+        self._step_loss = None  # the first non-finite loss of this step (device float)
+        self._window: list[tuple[int, int]] = []  # (batch, epoch) of each step since the last read
+
+    # -- on the device, every step -------------------------------------------------------------
+    def batch_start(self, state, logger):
+        self._step_bad = self._step_loss = None
 
     def after_loss(self, state, logger):
         loss = state.loss
         if loss is None:
             return
-        finite = bool(torch.isfinite(loss.detach()).all())
-        # Under torchrun every rank must take the same branch (skip or stop), or DDP would wait forever for
-        # the gradients of the rank that skipped: a non-finite loss on any rank counts on all of them.
-        if not distributed.any_rank(not finite):
+        value = loss.detach().float()
+        value = value.reshape(()) if value.numel() == 1 else value.sum()
+        bad = ~torch.isfinite(value)
+        if self._step_bad is None:
+            self._step_bad, self._step_loss = bad, value
+        else:
+            self._step_loss = torch.where(self._step_bad, self._step_loss, value)
+            self._step_bad = self._step_bad | bad
+
+    def after_backward(self, state, logger):
+        if state.microbatch_index != state.num_microbatches - 1 or self._step_bad is None:
+            return  # the step's gradient is complete after its last microbatch
+        grads = [p.grad for p in state.model.parameters() if p.grad is not None]
+        loss_bad = self._step_bad
+        bad = loss_bad if state.grad_scaler is not None else loss_bad | _any_non_finite(grads, loss_bad.device)
+        for grad in grads:  # the masked update: a non-finite step's gradient never reaches the optimizer
+            grad.masked_fill_(bad.to(grad.device, non_blocking=True), 0.0)
+        self._note_step(state, bad, loss_bad)
+
+    def _note_step(self, state, bad, loss_bad) -> None:
+        if self._device_state is None:
+            self._start_window(bad.device)
+        d = self._device_state
+        new = bad & ~d["found"]
+        d["first_step"] = torch.where(new, d["steps"], d["first_step"])
+        d["first_loss"] = torch.where(new, self._step_loss, d["first_loss"])
+        d["first_in_loss"] = torch.where(new, loss_bad, d["first_in_loss"])
+        d["found"] = d["found"] | bad
+        d["bad_steps"] = d["bad_steps"] + bad.long()
+        d["steps"] = d["steps"] + 1
+        self._window.append((state.timestamp.batch, state.timestamp.epoch))
+        self._step_bad = None
+
+    def _start_window(self, device) -> None:
+        zero = torch.zeros((), dtype=torch.long, device=device)
+        self._device_state = {"steps": zero, "first_step": zero, "bad_steps": zero,
+                              "found": torch.zeros((), dtype=torch.bool, device=device),
+                              "first_in_loss": torch.zeros((), dtype=torch.bool, device=device),
+                              "first_loss": torch.zeros((), device=device)}
+        self._window = []
+
+    # -- read at the wait points --------------------------------------------------------------
+    def batch_end(self, state, logger):
+        if state.timestamp.batch % state.log_every == 0 or state.is_done() or state.stop_requested:
+            self.read_device_checks(state, logger)
+
+    def read_device_checks(self, state, logger):
+        """Read the flag (one wait) and apply the policy to the steps found non-finite since the last read."""
+        d = self._device_state
+        if d is None or not self._window:
             return
-        where = f"batch {state.timestamp.batch} (epoch {state.timestamp.epoch})"
-        if self.policy == "stop" or self.skips >= self.max_skips:
-            raise NonFiniteLossError(
-                f"the loss is {loss.detach().float().item() if not finite else 'non-finite on another rank'} at "
-                f"{where}; stopped before it reached the weights. "
-                f"Lower the learning rate, use precision='bf16' instead of 'fp16', add gradient clipping, or "
-                f"use NaNGuard(policy='skip'). The last checkpoint is intact.")
-        self.skips += 1
-        state.skip_step = True
+        found, first_step, bad_steps, in_loss, first_loss = to_host(torch.stack([
+            d["found"].double(), d["first_step"].double(), d["bad_steps"].double(), d["first_in_loss"].double(),
+            d["first_loss"].double()]))
+        window = self._window
+        self._start_window(d["found"].device)
+        # Under torchrun every rank must take the same branch (skip or stop): a non-finite step on any rank
+        # counts on all of them. One collective per read, not per step.
+        if not distributed.any_rank(bool(found)):
+            return
+        if found:
+            batch, epoch = window[int(first_step)]
+            where = f"batch {batch} (epoch {epoch})"
+            what = f"the loss is {first_loss}" if in_loss else "a gradient is non-finite"
+        else:
+            where, what, bad_steps = "a recent batch", "the loss is non-finite on another rank", max(bad_steps, 1)
+        for _ in range(int(bad_steps) or 1):
+            if self.policy == "stop" or self.skips >= self.max_skips:
+                raise NonFiniteLossError(
+                    f"{what} at {where}; stopped before it reached the weights. "
+                    f"Lower the learning rate, use precision='bf16' instead of 'fp16', add gradient clipping, or "
+                    f"use NaNGuard(policy='skip'). The last checkpoint is intact.")
+            self.skips += 1
+            self._lower_learning_rates(state)
+        logger.log_text(f"NaN guard: {what} at {where}; {int(bad_steps) or 1} step(s) skipped, learning rates "
+                        f"x{self.lr_factor} each ({self.skips}/{self.max_skips})")
+
+    def _lower_learning_rates(self, state) -> None:
         for optimizer in state.optimizers:
             for group in optimizer.param_groups:
                 group["lr"] *= self.lr_factor
                 if "initial_lr" in group:
                     group["initial_lr"] *= self.lr_factor
-        logger.log_text(f"NaN guard: non-finite loss at {where}; step skipped, learning rates x{self.lr_factor} "
-                        f"({self.skips}/{self.max_skips})")
 
     def state_dict(self):
         return {"skips": self.skips}
@@ -148,3 +226,16 @@ class NaNGuard(Callback):
     def load_state_dict(self, state):
         self.skips = int(state.get("skips", 0))
 
+
+def _any_non_finite(grads: list, device) -> torch.Tensor:
+    """Whether any gradient holds a NaN or inf, as a device bool: one fused check per device and dtype."""
+    found = torch.zeros((), device=device)
+    groups: dict = {}
+    for grad in grads:
+        groups.setdefault((grad.device, grad.dtype), []).append(grad)
+    for (grad_device, _), group in groups.items():
+        flag = torch.zeros((), device=grad_device)
+        # GradScaler's own check; an inverse scale of 1 leaves the gradients exactly as they are.
+        torch._amp_foreach_non_finite_check_and_unscale_(group, flag, torch.ones((), device=grad_device))
+        found = found + flag.to(device, non_blocking=True)
+    return found > 0

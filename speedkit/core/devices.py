@@ -101,8 +101,33 @@ def make_grad_scaler(precision: str, device: torch.device):
     return torch.amp.GradScaler(device.type)
 
 
+# Functions called with a kind ("device_sync", "host_read") each time speedkit itself waits on the device, so
+# a sync counter (speedkit.callbacks.SyncCounter) sees these waits on a CPU too, where they cost nothing.
+SYNC_LISTENERS: list = []
+
+
+def note_sync(kind: str) -> None:
+    for listener in SYNC_LISTENERS:
+        listener(kind)
+
+
+def to_host(tensor: torch.Tensor) -> list | float | int | bool:
+    """``tensor``'s values as Python numbers: the one way speedkit reads the device on purpose.
+
+    One read of a stacked tensor costs one wait, however many values it holds; read as few times as
+    possible (at the logging interval, once per evaluation). On a GPU the copy to the host is the wait, and
+    a sync counter sees that copy; on a CPU it is told here, so the same count holds on both.
+    """
+    tensor = tensor.detach()
+    if tensor.device.type == "cpu":
+        note_sync("host_read")
+        return tensor.tolist()
+    return tensor.to("cpu").tolist()
+
+
 def synchronize(device: torch.device) -> None:
     """Wait for queued GPU work so a wall-clock reading means what it says."""
+    note_sync("device_sync")
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     elif device.type == "mps":

@@ -203,15 +203,18 @@ def reduce_metrics(metrics: Iterable) -> None:
             raise TypeError(f"metric {type(m).__name__} cannot be reduced across ranks: give it `sum_states`, "
                             f"the names of its additive attributes (as speedkit.record.metrics.Accuracy does), or use "
                             f"a torchmetrics.Metric, which synchronizes itself")
-    values = [float(getattr(m, name)) for m in metrics for name in m.sum_states]
-    t = torch.tensor(values, dtype=torch.float64, device=_collective_device())
+    # States may be device tensors (speedkit's metrics keep them there): stacked, not read one by one.
+    device = _collective_device()
+    states = [getattr(m, name) for m in metrics for name in m.sum_states]
+    t = torch.stack([torch.as_tensor(v, dtype=torch.float64).to(device).reshape(()) for v in states])
     dist.all_reduce(t, op=dist.ReduceOp.SUM)
     flat = iter(t.tolist())
     for m in metrics:
         for name in m.sum_states:
             old = getattr(m, name)
             value = next(flat)
-            setattr(m, name, int(round(value)) if isinstance(old, int) else value)
+            integer = isinstance(old, int) or (isinstance(old, torch.Tensor) and not old.is_floating_point())
+            setattr(m, name, int(round(value)) if integer else value)
 
 
 @torch.no_grad()

@@ -5,7 +5,7 @@ import collections
 import time
 from typing import Sequence
 
-from speedkit.core.event import Event
+from speedkit.core.event import EVAL_EVENTS, Event
 from speedkit.core.method import Method, check_compatibility, order_methods
 
 
@@ -34,11 +34,16 @@ class Engine:
 
     ``trace`` counts (event, method) applications for the whole run; ``recent`` keeps the last
     few thousand ``(batch, event, method)`` entries for inspection without growing forever;
-    ``seconds`` adds up the wall time methods spent in ``apply`` per event, so the Trainer can count
-    the work methods do at evaluation (test-time augmentation, weight swaps) as training time.
+    ``seconds`` adds up the wall time methods spent in ``apply`` at the events the Trainer accounts for
+    (FIT_START and the evaluation events: it counts the work methods do at evaluation, such as test-time
+    augmentation and weight swaps, as training time); ``profile = True`` times methods at every event.
+    Off the profile, an event on the step's path costs a loop over the methods' ``match`` and the callbacks.
     """
 
-    def __init__(self, state, logger, trace_size: int = 5000):
+    TIMED_EVENTS = frozenset({Event.FIT_START, *EVAL_EVENTS})
+
+    def __init__(self, state, logger, trace_size: int = 5000, profile: bool = False):
+        self.profile = profile
         self.state = state
         self.logger = logger
         self.trace: collections.Counter = collections.Counter()
@@ -58,9 +63,12 @@ class Engine:
         methods = reversed(state.methods) if event.is_after else state.methods
         for method in methods:
             if method.match(event, state):
-                start = time.perf_counter()
-                method.apply(event, state, self.logger)
-                self.seconds[event] += time.perf_counter() - start
+                if self.profile or event in self.TIMED_EVENTS:
+                    start = time.perf_counter()
+                    method.apply(event, state, self.logger)
+                    self.seconds[event] += time.perf_counter() - start
+                else:
+                    method.apply(event, state, self.logger)
                 self.trace[(event, method.name)] += 1
                 self.recent.append((state.timestamp.batch, event, method.name))
         for callback in state.callbacks:
@@ -71,5 +79,6 @@ class Engine:
         return {event: n for (event, algo), n in self.trace.items() if algo == name}
 
     def seconds_at(self, events) -> float:
-        """Wall seconds methods have spent in ``apply`` at any of ``events`` so far."""
+        """Wall seconds methods have spent in ``apply`` at any of ``events`` so far (events outside
+        ``TIMED_EVENTS`` are timed only with ``profile``)."""
         return sum(self.seconds[event] for event in events)

@@ -23,6 +23,7 @@ from speedkit.methods.cutout import CutOut
 from speedkit.methods.data_echoing import DataEchoing
 from speedkit.methods.ema import EMA
 from speedkit.methods.factorize import Factorize
+from speedkit.methods.fp8 import FP8
 from speedkit.methods.gated_linear_units import GatedLinearUnits
 from speedkit.methods.ghost_batchnorm import GhostBatchNorm
 from speedkit.methods.gradient_clipping import GradientClipping
@@ -55,7 +56,7 @@ from speedkit.methods.weight_standardization import WeightStandardization
 # that every module of this package is listed).
 METHODS: tuple[type[Method], ...] = (
     ALiBi, AlternatingFlip, AugMix, Autocast, BatchSizeWarmup, BlurPool, BudgetSchedule, ChannelsLast, ColOut,
-    CutMix, CutOut, DataEchoing, EMA, Factorize, GatedLinearUnits, GhostBatchNorm, GradientClipping,
+    CutMix, CutOut, DataEchoing, EMA, Factorize, FP8, GatedLinearUnits, GhostBatchNorm, GradientClipping,
     GyroDropout, IdentityInit, LabelSmoothing, LayerFreezing, Lookahead, LowPrecisionGroupNormMethod,
     LowPrecisionLayerNormMethod, MixUp, Muon, PatchWhitening, ProgressiveResizing, QKNormalization, RandAugment,
     ReLUSquaredActivation, RotaryEmbeddings, SAM, SelectiveBackprop, SeqLengthWarmup, SqueezeExcite,
@@ -150,7 +151,7 @@ def methods_table() -> str:
 __all__ = ["BUILT_IN_METHODS", "METHODS", "REGISTRY", "build_methods", "get_method", "methods_table",
            "register_method", "unregister_method",
            "ALiBi", "AlternatingFlip", "AugMix", "Autocast", "BatchSizeWarmup", "BlurPool", "BudgetSchedule",
-           "ChannelsLast", "ColOut", "CutMix", "CutOut", "DataEchoing", "EMA", "Factorize", "GatedLinearUnits",
+           "ChannelsLast", "ColOut", "CutMix", "CutOut", "DataEchoing", "EMA", "Factorize", "FP8", "GatedLinearUnits",
            "GhostBatchNorm", "GradientClipping", "GyroDropout", "IdentityInit", "LabelSmoothing",
            "LayerFreezing", "Lookahead", "LowPrecisionGroupNormMethod", "LowPrecisionLayerNormMethod", "MixUp",
            "Muon", "PatchWhitening", "ProgressiveResizing", "QKNormalization", "RandAugment",

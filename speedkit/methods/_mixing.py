@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from speedkit.core.batch import output_logits, require_tuple_batch, with_inputs, with_targets
 from speedkit.core.event import Event
@@ -36,7 +35,14 @@ def dense_labels(targets: torch.Tensor, num_classes: int | None) -> torch.Tensor
         return targets.float()
     if num_classes is None:
         raise ValueError("index labels need num_classes to become dense labels; pass num_classes=")
-    return F.one_hot(targets.long(), num_classes).float()
+    return one_hot(targets, num_classes)
+
+
+def one_hot(targets: torch.Tensor, num_classes: int) -> torch.Tensor:
+    """Class indices as one-hot float rows, built by a scatter: ``F.one_hot`` reads the largest index back
+    to check it (a host wait on a GPU, every batch); out-of-range indices still fail, in the kernel."""
+    index = targets.long().unsqueeze(-1)
+    return torch.zeros(*targets.shape, num_classes, device=targets.device).scatter_(-1, index, 1.0)
 
 
 def mix_labels(targets: torch.Tensor, permutation: torch.Tensor, lam: float, num_classes: int | None) -> torch.Tensor:

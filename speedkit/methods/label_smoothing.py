@@ -2,18 +2,18 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from speedkit.core.batch import output_logits, require_tuple_batch, with_targets
 from speedkit.core.event import Event
 from speedkit.core.method import HParam, Method, MethodCard
+from speedkit.methods._mixing import one_hot
 
 
 def smooth_labels(targets: torch.Tensor, num_classes: int, smoothing: float = 0.1) -> torch.Tensor:
     """Dense smoothed labels from index labels [N] or from dense labels [N, C] (e.g. after mixup)."""
     if not 0.0 <= smoothing < 1.0:
         raise ValueError(f"smoothing must be in [0, 1), got {smoothing}")
-    dense = targets.float() if targets.is_floating_point() else F.one_hot(targets, num_classes).float()
+    dense = targets.float() if targets.is_floating_point() else one_hot(targets, num_classes)
     return dense * (1.0 - smoothing) + smoothing / num_classes
 
 

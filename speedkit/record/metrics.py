@@ -9,6 +9,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from speedkit.core.devices import to_host
 from speedkit.core.time import Time
 
 
@@ -28,6 +29,10 @@ class Metric:
     several processes each rank evaluates its shard of the eval set and these are summed across
     ranks before ``compute`` (``speedkit.core.distributed.reduce_metrics``). A ``torchmetrics.Metric`` works as
     it is (:class:`TorchMetric` wraps it; it synchronizes itself).
+
+    The states may be tensors on the device, added to without reading them (a read per batch would make
+    the host wait for every evaluation batch); :func:`compute_metrics` reads all of an evaluator's
+    states in one go and then calls ``compute`` on Python numbers.
     """
 
     lower_is_better = False
@@ -64,11 +69,11 @@ class Accuracy(Metric):
         if targets.dim() == 2:
             targets = targets.argmax(dim=1)
         top = outputs.topk(self.topk, dim=1).indices
-        self.correct += (top == targets.unsqueeze(1)).any(dim=1).sum().item()
+        self.correct = self.correct + (top == targets.unsqueeze(1)).any(dim=1).sum()  # stays on the device
         self.total += targets.numel()
 
     def compute(self):
-        return self.correct / self.total if self.total else float("nan")
+        return float(self.correct) / self.total if self.total else float("nan")
 
 
 class CrossEntropy(Metric):
@@ -87,11 +92,12 @@ class CrossEntropy(Metric):
     @torch.no_grad()
     def update(self, outputs, targets):
         outputs, targets = flatten_logits(outputs, targets)
-        self.sum += F.cross_entropy(outputs.float(), targets, reduction="sum").item()
+        # Summed in float64 on the device: an evaluation set's worth of per-batch sums keeps its digits.
+        self.sum = self.sum + F.cross_entropy(outputs.float(), targets, reduction="sum").double()
         self.count += outputs.shape[0]
 
     def compute(self):
-        return self.sum / self.count if self.count else float("nan")
+        return float(self.sum) / self.count if self.count else float("nan")
 
 
 class Perplexity(CrossEntropy):
@@ -135,6 +141,29 @@ class TorchMetric(Metric):
             raise TypeError(f"{type(self.metric).__name__}.compute() returned {_describe(value)}; a speedkit metric "
                             f"is one number: configure it to reduce to a scalar (e.g. average='micro' or 'macro')")
         return float(value)
+
+
+def compute_metrics(metrics: dict) -> dict[str, float]:
+    """``{name: metric.compute()}``, with every tensor state of the metrics read from the device at once.
+
+    Each state named in a metric's ``sum_states`` that is a tensor becomes a Python number (an integer
+    tensor an int), so that ``compute`` reads nothing more: one wait per evaluation, not one per metric
+    or batch. Metrics without ``sum_states`` (a torchmetrics metric) compute as they do.
+    """
+    held = [(metric, name) for metric in metrics.values() for name in getattr(metric, "sum_states", ())
+            if isinstance(getattr(metric, name, None), torch.Tensor)]
+    if held:
+        tensors = [getattr(metric, name).detach().reshape(()) for metric, name in held]
+        by_device: dict = {}
+        for index, tensor in enumerate(tensors):
+            by_device.setdefault(tensor.device, []).append(index)
+        for indices in by_device.values():  # one read per device (one device in practice)
+            values = to_host(torch.stack([tensors[i].double() for i in indices]))
+            for i, value in zip(indices, values):
+                metric, name = held[i]
+                is_integer = not tensors[i].is_floating_point()
+                setattr(metric, name, int(round(value)) if is_integer else value)
+    return {name: metric.compute() for name, metric in metrics.items()}
 
 
 def _describe(value) -> str:

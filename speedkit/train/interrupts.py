@@ -69,25 +69,58 @@ class SigtermFlag:
         raise SystemExit(SIGTERM_EXIT_CODE)
 
 
+@contextlib.contextmanager
+def installed(*handlers):
+    """Each of ``handlers`` (a SigtermFlag, a StepInterrupts) installed for the block, restored after it."""
+    for handler in handlers:
+        handler.install()
+    try:
+        yield
+    finally:
+        for handler in reversed(handlers):
+            handler.restore()
+
+
 class StepInterrupts:
-    """``with interrupts.step(state):`` around one training step; ``may_save`` after a KeyboardInterrupt."""
+    """``with interrupts.step(state):`` around one training step; ``may_save`` after a KeyboardInterrupt.
+
+    The SIGINT handler is installed once per fit (``install``/``restore``), not per step: a step only sets
+    a flag, so the loop's path has no system call on it. Outside a step the handler raises at once, as
+    Python's default handler does.
+    """
 
     def __init__(self):
         self.pending = False
         self._batch_at_start: int | None = None  # set while a step runs; None between steps
         self._state = None
+        self._depth = 0  # steps open now (an evaluation inside a held call counts as one)
+        self._previous = NOT_INSTALLED
+
+    def install(self) -> None:
+        """Route SIGINT to this object for the fit (main thread, and only over Python's default handler)."""
+        self._previous, self._depth, self.pending = NOT_INSTALLED, 0, False
+        if threading.current_thread() is not threading.main_thread():
+            return
+        if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+            return
+        self._previous = signal.signal(signal.SIGINT, self._on_sigint)
+
+    def restore(self) -> None:
+        if self._previous is not NOT_INSTALLED:
+            signal.signal(signal.SIGINT, self._previous)
+            self._previous = NOT_INSTALLED
 
     @contextlib.contextmanager
     def step(self, state):
         self._state, self._batch_at_start, self.pending = state, state.timestamp.batch, False
-        previous = self._hold_sigint()
+        self._depth += 1
         try:
             yield
         finally:
-            if previous is not None:
-                signal.signal(signal.SIGINT, previous)
+            self._depth -= 1
         self._batch_at_start = None  # only when the step ended normally: an exception leaves it set
         if self.pending:
+            self.pending = False
             raise KeyboardInterrupt  # the Ctrl-C held during the step, now at a batch boundary
 
     def held(self, state, fn, *args):
@@ -95,16 +128,8 @@ class StepInterrupts:
         with self.step(state):
             return fn(*args)
 
-    def _hold_sigint(self):
-        """Route SIGINT to ``_on_sigint`` for the step; the handler to restore, or None when not routed."""
-        if threading.current_thread() is not threading.main_thread():
-            return None
-        if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
-            return None
-        return signal.signal(signal.SIGINT, self._on_sigint)
-
     def _on_sigint(self, signum, frame) -> None:
-        if self.pending:  # the second Ctrl-C: now
+        if self._depth == 0 or self.pending:  # between steps, or the second Ctrl-C: now
             raise KeyboardInterrupt
         self.pending = True
 

@@ -27,7 +27,7 @@ def on_main(fn, *args):
 
 class FolderOwner:
     """One run's ownership of ``run_folder``: checked when built (a refusal there loses nothing), taken by
-    ``begin`` when training starts, given back by ``end``. ``checkpointer`` says where checkpoints are."""
+    ``begin`` when training starts, given back by ``close``. ``checkpointer`` says where checkpoints are."""
 
     def __init__(self, run_folder, checkpointer, record, max_duration, *, autoresume: bool, overwrite: bool,
                  extend_duration: bool):
@@ -46,7 +46,7 @@ class FolderOwner:
         for line in on_main(self.claim.begin, self.record.config, self.record.methods, self.max_duration) or ():
             warnings.warn(line, stacklevel=3)
 
-    def end(self) -> None:
+    def close(self) -> None:
         self.claim.end()
 
     def after_resume(self, timestamp, logger, resumed_from) -> None:

@@ -9,7 +9,8 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from speedkit.callbacks import CheckpointSaver, LRMonitor, NaNGuard, ProgressBar, SpeedMonitor, StopAtTarget
+from speedkit.callbacks import (CheckpointSaver, LRMonitor, NaNGuard, ProgressBar, SpeedMonitor, StopAtTarget,
+                                SyncCounter)
 from speedkit.core import Callback, Interval, Time
 from speedkit.core.batch import batch_targets, output_logits, output_loss
 from speedkit.core.devices import cpu_bf16_speedup
@@ -107,6 +108,22 @@ def make_callbacks(callbacks, *, stop_at, nan_policy, progress_bar: bool, save: 
     if save_interval is not None and save is not None:
         callbacks.append(CheckpointSaver(save, save_interval))
     return callbacks
+
+
+def close_callbacks(state) -> None:
+    """At every ending of a run, a failed one too: the progress bar closes, a sync counter stops counting."""
+    for callback in state.callbacks:
+        if isinstance(callback, (ProgressBar, SyncCounter)):
+            callback.close()
+
+
+def read_device_checks(state, logger) -> None:
+    """Callbacks that keep a check on the device (``read_device_checks``: the NaN guard) read it now; the
+    Trainer calls this at its wait points only (before an evaluation, a checkpoint and the run's end)."""
+    for callback in state.callbacks:
+        read = getattr(callback, "read_device_checks", None)
+        if read is not None:
+            read(state, logger)
 
 
 def make_optimizers(optimizers, model) -> list[torch.optim.Optimizer]:

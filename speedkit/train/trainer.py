@@ -17,28 +17,28 @@ from typing import Iterable, Sequence
 
 import torch
 
-from speedkit.callbacks import ProgressBar
 from speedkit.core import Callback, Engine, Event, Method, State, Time, TimeUnit, TrainClock, distributed
 from speedkit.core.batch import batch_size, batch_tokens, call_model, output_logits, to_device
 from speedkit.core.devices import (autocast_factory, make_grad_scaler, resolve_device, resolve_precision, synchronize,
-                                   timed)
+                                   timed, to_host)
 from speedkit.core.event import EVAL_EVENTS
 from speedkit.core.seeding import epoch_seed, seed_everything
 from speedkit.record.loggers import InMemoryLogger, JSONLFileLogger
-from speedkit.record.metrics import Evaluator
+from speedkit.record.metrics import Evaluator, compute_metrics
 from speedkit.record.run_folder import free_run_name, run_folder_path
 from speedkit.record.runs import RunRecord, environment
 from speedkit.train.batches import iterate_from, set_loader_epoch
 from speedkit.train.checkpoint import Checkpointer, set_rng_state
 from speedkit.train.checks import (check_first_batch, check_first_loss, check_first_outputs, check_trainer_arguments,
                                    explain_first_batch_error)
-from speedkit.train.interrupts import SIGTERM_EXIT_CODE, SIGTERM_REASON, SigtermFlag, StepInterrupts
+from speedkit.train.interrupts import SIGTERM_EXIT_CODE, SIGTERM_REASON, SigtermFlag, StepInterrupts, installed
 from speedkit.train.microbatching import Microbatching
 from speedkit.train.ownership import FolderOwner
 from speedkit.train.parallel import make_plan
 from speedkit.train.parts import (apply_schedules, cross_entropy_loss, describe_run, global_batch_size, make_callbacks,
                                   make_evaluators, make_logger, make_loss, make_optimizers, make_record,
-                                  make_reproducible, make_schedules, measure_loader, step_optimizers)
+                                  make_reproducible, make_schedules, measure_loader, read_device_checks,
+                                  close_callbacks, step_optimizers)
 
 
 class Trainer:
@@ -113,7 +113,7 @@ class Trainer:
         state.evaluators = make_evaluators(model, eval_dataloader, evaluators, eval_interval)
         state.callbacks = make_callbacks(callbacks, stop_at=stop_at, nan_policy=nan_policy,
                                          progress_bar=progress_bar and distributed.is_main(),
-                                         save=self.save_checkpoint if save_checkpoints else None,
+                                         save=(lambda: self._paused(self.checkpointer.save)) if save_checkpoints else None,
                                          save_interval=save_interval)
 
         self.memory_logger = InMemoryLogger()
@@ -174,8 +174,7 @@ class Trainer:
         if self.state.train_dataloader is None:
             raise ValueError("Trainer.fit needs train_dataloader")
         self.owner.begin()  # the folder's lock, held until the run ends (speedkit.train.ownership)
-        self.sigterm.install()
-        try:
+        with installed(self.sigterm, self.interrupts), contextlib.closing(self.owner):  # handlers for this fit only
             try:
                 self._fit_start()
                 while not self._should_end():
@@ -187,9 +186,6 @@ class Trainer:
             except BaseException as e:
                 self._end_abnormally("failed", f"{type(e).__name__}: {e}", save=False)
                 raise
-        finally:
-            self.sigterm.restore()
-            self.owner.end()
         if self.sigterm.received:
             self.sigterm.exit_after_saving()  # the previous handler, or SystemExit(143)
         return self.state.record
@@ -258,6 +254,7 @@ class Trainer:
             self._final_eval()
             record.status = {"target_reached": "target_reached", None: "completed"}.get(state.stop_reason, "stopped")
         record.stop_reason = state.stop_reason
+        read_device_checks(self.state, self.logger)  # before FIT_END and the final checkpoint
         if record.status != "terminated":
             self.engine.run_event(Event.FIT_END)
         self._finish(save=self.save_checkpoints)  # inside: a failed final save marks the run failed
@@ -299,14 +296,14 @@ class Trainer:
                 self._train_step()
                 engine.run_event(Event.BATCH_END)
             self._maybe_eval(at_epoch_end=False)
-            self._paused(engine.run_event, Event.BATCH_CHECKPOINT)
+            engine.run_event(Event.BATCH_CHECKPOINT)  # a save pauses the clock itself: no wait when none is due
         if state.timestamp.batch_in_epoch == 0:  # looping over empty epochs would never reach max_duration
             raise ValueError(f"train_dataloader yielded no batches in epoch {state.timestamp.epoch}; a loader "
                              f"must yield batches every epoch (a generator is used up after one pass)")
         state.timestamp = state.timestamp.after_epoch()
         engine.run_event(Event.EPOCH_END)
         self._maybe_eval(at_epoch_end=True)
-        self._paused(engine.run_event, Event.EPOCH_CHECKPOINT)
+        engine.run_event(Event.EPOCH_CHECKPOINT)
 
     # -- one optimizer step ---------------------------------------------------------------
     def _train_step(self) -> None:
@@ -336,7 +333,7 @@ class Trainer:
         state.timestamp = state.timestamp.after_batch(batch_size(batch) * world, batch_tokens(batch) * world,
                                                       wall_s=self._clock.elapsed())
         if state.timestamp.batch % state.log_every == 0 or state.is_done():
-            state.last_train_loss = step_loss.item()
+            state.last_train_loss = to_host(step_loss)  # the step's one wait, at the logging interval only
             self.logger.log_metrics({"loss": state.last_train_loss})
 
     def _forward_backward(self, full_batch, microbatches) -> torch.Tensor:
@@ -389,7 +386,8 @@ class Trainer:
 
     # -- evaluation -----------------------------------------------------------------------
     def _paused(self, fn, *args):
-        """Run ``fn`` with the training clock stopped: evaluation and saving are not training time."""
+        """Run ``fn`` with the clock stopped (evaluating and saving are not training), after the on-device checks."""
+        read_device_checks(self.state, self.logger)
         synchronize(self.state.device)
         self._clock.pause()
         start = time.perf_counter()
@@ -465,7 +463,7 @@ class Trainer:
         # Under several processes: pad to the ranks' longest shard (FSDP) and sum the metrics over ranks.
         repeat_last = functools.partial(self._eval_batch, evaluator, last, count=False)
         self.plan.finish_evaluator(state.model, evaluator, seen, repeat_last)
-        values = {name: metric.compute() for name, metric in evaluator.metrics.items()}
+        values = compute_metrics(evaluator.metrics)  # one read of every metric's device state
         label = "eval" if evaluator.label == "eval" else f"eval/{evaluator.label}"
         state.eval_metrics[label] = values
         engine.run_event(Event.EVAL_END)
@@ -496,9 +494,7 @@ class Trainer:
         state = self.state
         self._clock.pause()
         state.record.set_timing("train_s", self._clock.elapsed())  # a final save() sets the checkpoint's own
-        for cb in state.callbacks:
-            if isinstance(cb, ProgressBar):
-                cb.close()
+        close_callbacks(state)
         if not self.owner.keeps_earlier_run:  # else a resume failed before loading: the earlier run stays as it was
             if save and self._fit_started:
                 self.save_checkpoint()

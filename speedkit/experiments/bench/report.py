@@ -193,7 +193,7 @@ def task_markdown(key: str, entry: dict) -> str:
                           for t in sweep["tried"]) + f" -> lr {sweep['pick']['lr']:g} {sweep['pick']['schedule']['name']}"]
     if entry.get("flops_fraction_of_peak") is not None:
         lines += ["", f"Best recipe's achieved FLOP/s: {100 * entry['flops_fraction_of_peak']:.1f}% of the "
-                      f"measured matmul peak."]
+                      f"device's peak (a GPU's dense spec figure, else the measured matmul; record.environment['peak_flops'])."]
     lines += leave_one_out_markdown(entry.get("leave_one_out"))
     lines += time_breakdown_markdown(entry.get("time_breakdown"))
     return "\n".join(lines)

@@ -1,0 +1,195 @@
+"""Count the times a run makes the host wait on the device, on any device, a CPU included.
+
+On a GPU the host queues work and runs ahead; every read of a device value (``.item()``, ``bool(t)``,
+``float(t)``, ``if t:``, ``.tolist()``, ``.cpu()``), every device synchronize and every collective makes it
+wait until the queue drains, and the GPU then idles while the host queues the next step. A CPU runs each
+op at once, so these waits cost nothing there and a profile cannot show them; counted, they can be:
+
+- reads: a ``TorchDispatchMode`` sees ``aten._local_scalar_dense`` (what ``.item()`` and ``bool()`` dispatch
+  to) and copies from a device to the host; speedkit's own deliberate reads (``core.devices.to_host``) and
+  synchronizes (``core.devices.synchronize``) report themselves, so they count on a CPU too;
+- collectives: the ``c10d`` ops (all-reduce, broadcast, ...), counted beside the reads.
+
+Use it around anything, ``with SyncCounter() as syncs: trainer.fit()``, or as a profiling callback,
+``Trainer(..., callbacks=[SyncCounter()])``, which attributes each wait to the training step (from loading
+its batch to its checkpoint point), the evaluation or the set-up it happened in, and writes
+``record.notes["syncs"]``. ``report()`` says how many waits there were per step between logging steps
+(the fast loop has none), per logging step and per evaluation.
+"""
+from __future__ import annotations
+
+import collections
+import os
+import sys
+import traceback
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from speedkit.core import devices
+from speedkit.core.engine import Callback
+
+KINDS = ("item", "host_read", "device_sync", "collective")  # "host_only": reads a host-made batch needed
+_COLLECTIVE_NAMESPACES = ("c10d", "_c10d_functional", "c10d_functional")
+
+
+class _SyncDispatch(TorchDispatchMode):
+    """Sees every aten op run while active; tells the counter about the ones that make the host wait."""
+
+    def __init__(self, counter: "SyncCounter"):
+        super().__init__()
+        self.counter = counter
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.ops.aten._local_scalar_dense.default:
+            if not _reads_host_resident_value(args[0]):
+                self.counter.count("item")
+        elif func.namespace in _COLLECTIVE_NAMESPACES:
+            self.counter.count("collective")
+        elif func in (torch.ops.aten._to_copy.default, torch.ops.aten.copy_.default) and _device_to_host(
+                func, args, kwargs):
+            self.counter.count("host_read")
+        return func(*args, **kwargs)
+
+
+def _reads_host_resident_value(tensor: torch.Tensor) -> bool:
+    """Whether this read costs nothing on any device: torch.optim keeps an optimizer's step count on the
+    CPU (unless ``capturable``) precisely so that reading it (``_get_value``) never waits on a GPU."""
+    if tensor.device.type != "cpu" or tensor.numel() != 1:
+        return False
+    frame = sys._getframe(2)
+    for _ in range(6):
+        if frame is None:
+            return False
+        if frame.f_code.co_name == "_get_value" and frame.f_code.co_filename.endswith(_OPTIMIZER_FILE):
+            return True
+        frame = frame.f_back
+    return False
+
+
+_OPTIMIZER_FILE = os.path.join("torch", "optim", "optimizer.py")
+
+
+def _device_to_host(func, args, kwargs) -> bool:
+    if func is torch.ops.aten.copy_.default:
+        target, source = args[0], args[1]
+        return target.device.type == "cpu" and source.device.type != "cpu"
+    source, target = args[0], kwargs.get("device")
+    return target is not None and torch.device(target).type == "cpu" and source.device.type != "cpu"
+
+
+class SyncCounter(Callback):
+    """Counts host-device waits: a context manager, and a callback that attributes them to phases of a run.
+
+    ``keep_stacks`` keeps where in the code each wait of a training step came from (the last few frames),
+    so a regression names its line: ``counter.stacks``.
+    """
+
+    def __init__(self, keep_stacks: bool = False):
+        self.keep_stacks = keep_stacks
+        self.totals: collections.Counter = collections.Counter()
+        self.steps: dict[int, int] = {}  # batch number (1-based) -> waits in that training step
+        self.boundary_steps: set[int] = set()  # steps that logged or were followed by an evaluation
+        self.evals: list[int] = []  # waits in each evaluation
+        self.phase: tuple = ("setup",)
+        self.stacks: list[tuple[tuple, str]] = []
+        self._mode: _SyncDispatch | None = None
+        self._entered_by_fit = False
+
+    # -- counting ---------------------------------------------------------------------------------
+    def count(self, kind: str) -> None:
+        where = self.phase
+        if where[0] == "host_data" and kind == "item":
+            self.totals["host_only"] += 1
+            return
+        self.totals[kind] += 1
+        if where[0] == "step":
+            self.steps[where[1]] = self.steps.get(where[1], 0) + 1
+        elif where[0] == "eval":
+            self.evals[where[1]] += 1
+        if self.keep_stacks and where[0] == "step":
+            self.stacks.append((where, "".join(traceback.format_stack(limit=8)[:-2])))
+
+    @property
+    def total(self) -> int:
+        return sum(n for kind, n in self.totals.items() if kind != "host_only")
+
+    def __enter__(self) -> "SyncCounter":
+        if self._mode is not None:
+            raise RuntimeError("this SyncCounter is already counting; use one per block")
+        self._mode = _SyncDispatch(self)
+        self._mode.__enter__()
+        devices.SYNC_LISTENERS.append(self.count)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._mode is None:
+            return
+        devices.SYNC_LISTENERS.remove(self.count)
+        mode, self._mode = self._mode, None
+        mode.__exit__(*exc)
+
+    # -- as a callback: which phase of the run each wait belongs to ---------------------------------
+    def fit_start(self, state, logger):
+        if self._mode is None:
+            self.__enter__()
+            self._entered_by_fit = True
+        self.phase = ("setup",)
+
+    def before_dataloader(self, state, logger):
+        batch = state.timestamp.batch + 1
+        self.steps.setdefault(batch, 0)
+        # A torch DataLoader makes its batches on the host (per-image transforms read their random numbers
+        # with .item() on CPU tensors); those reads wait on nothing, on any device. A loader of device
+        # tensors (speedkit's in-memory one) makes them in the step, where every read counts.
+        host_made = isinstance(state.train_dataloader, torch.utils.data.DataLoader)
+        self.phase = ("host_data", batch) if host_made else ("step", batch)
+
+    def after_dataloader(self, state, logger):
+        self.phase = ("step", state.timestamp.batch + 1)
+
+    def batch_end(self, state, logger):
+        if state.timestamp.batch % state.log_every == 0 or state.is_done():
+            self.boundary_steps.add(state.timestamp.batch)
+
+    def eval_start(self, state, logger):
+        self._before_eval = self.phase
+        if self.phase[0] == "step":  # the clock stops for the evaluation: one wait there is expected
+            self.boundary_steps.add(self.phase[1])
+        self.evals.append(0)
+        self.phase = ("eval", len(self.evals) - 1)
+
+    def eval_end(self, state, logger):
+        self.phase = getattr(self, "_before_eval", ("setup",))
+
+    def fit_end(self, state, logger):
+        if state.record is not None:
+            state.record.notes["syncs"] = self.report()
+        self.close()
+
+    def close(self) -> None:
+        """Stop counting if fit started it (the Trainer calls this at every ending, a failed one too)."""
+        self.phase = ("end",)
+        if self._entered_by_fit:
+            self._entered_by_fit = False
+            self.__exit__(None, None, None)
+
+    # -- what was counted -----------------------------------------------------------------------
+    def quiet_steps(self) -> dict[int, int]:
+        """Waits in each training step that neither logged nor was followed by an evaluation (a step that
+        saves a checkpoint counts the save's wait too). The fit's first step is left out: it checks its
+        batch against the model, once (``speedkit.train.checks``); ``first_step`` in the report has it."""
+        first = min(self.steps, default=None)
+        return {b: n for b, n in self.steps.items() if b not in self.boundary_steps and b != first}
+
+    def report(self) -> dict:
+        quiet = self.quiet_steps()
+        logged = [self.steps.get(b, 0) for b in sorted(self.boundary_steps)]
+        first = min(self.steps, default=None)
+        return {"total": self.total, "by_kind": dict(self.totals), "steps": len(self.steps),
+                "first_step": self.steps.get(first, 0),
+                "waits_in_quiet_steps": sum(quiet.values()),
+                "steps_with_waits": sorted(b for b, n in quiet.items() if n),
+                "max_per_boundary_step": max(logged, default=0),
+                "per_evaluation": list(self.evals)}

@@ -1,0 +1,58 @@
+"""The prepared GPU check (scripts/gpu_check.py) runs its steps on a CPU at tiny scale, so it cannot rot."""
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from prerequisites import require
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def gpu_check():
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "scripts" / "gpu_check.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without a GPU")
+def test_without_a_gpu_it_says_so_and_exits_non_zero(gpu_check, tmp_path, capsys):
+    assert gpu_check.main(["--out", str(tmp_path / "out")]) == 2
+    assert "no CUDA GPU here" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_its_steps_run_on_a_cpu_and_write_one_results_folder(gpu_check, tmp_path):
+    """The sync step runs in full at tiny scale; the notebook and bench steps are `speedkit notebooks run` and
+    `speedkit bench` commands (tested in tests/cli/test_notebooks.py and tests/experiments/test_bench.py;
+    minutes each on 2 cores), checked here for what they run, and one stand-in command runs through the
+    same runner."""
+    require("fashion-mnist")
+    require("python-docs")
+    out = tmp_path / "check"
+    assert gpu_check.main(["--device", "cpu", "--tiny", "--steps", "syncs", "--out", str(out)]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["ok"] and set(summary["syncs"]) == {"fashion-mnist", "pydocs"}
+    for task in summary["syncs"].values():
+        assert task["waits_in_quiet_steps"] == 0 and task["fraction_of_peak"] is not None
+    assert "host waits" in (out / "summary.md").read_text()
+    ran = gpu_check.run_commands([gpu_check.speedkit_command("--help")], out / "commands.log")
+    assert ran[0]["exit"] == 0 and "speedkit --help" in (out / "commands.log").read_text()
+
+
+def test_the_notebook_step_runs_the_gpu_sets_of_00_02_t7_and_t10(gpu_check, tmp_path):
+    commands = gpu_check.notebook_commands(tmp_path, tiny=False)
+    names = [c[c.index("--only") + 1] for c in commands]
+    assert names == ["00_quickstart", "02_vision_benchmark", "t7_gpu_precision_and_compile", "t10_language_model"]
+    assert all(c[c.index("--params") + 1] == "gpu" for c in commands)
+    for name in names:
+        assert (ROOT / "params" / "gpu" / f"{name}.yaml").is_file()
+    assert "-p" in commands[1]  # 02 shortened
+    bench = gpu_check.bench_commands("cuda", tmp_path, tiny=False)
+    assert [c[c.index("--recipes") + 1] + ":" + c[c.index("--baselines") + 1] for c in bench] == \
+        ["hot:plain-bf16", "hot:tuned"] and all("gpu" in c for c in bench)
