@@ -164,8 +164,7 @@ class SyncCounter(Callback):
         self.phase = getattr(self, "_before_eval", ("setup",))
 
     def fit_end(self, state, logger):
-        if state.record is not None:
-            state.record.notes["syncs"] = self.report()
+        logger.log_note("syncs", self.report())
         self.close()
 
     def close(self) -> None:
