@@ -321,7 +321,7 @@ class MethodSession:
     # -- checkpoints -----------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """The clock and every method's state (EMA weights, averages, counters), for the host's checkpoint."""
-        return {"timestamp": self.state.timestamp.to_dict(),
+        return {"clock": self.state.timestamp.to_dict(),
                 "methods": {m.name: m.state_dict() for m in self.state.methods}}
 
     def load_state_dict(self, saved: Mapping[str, Any]) -> None:
@@ -337,7 +337,7 @@ class MethodSession:
         for method in state.methods:
             if method.name in saved_methods:
                 method.load_state_dict(saved_methods[method.name])
-        state.timestamp = Timestamp.from_dict(saved["timestamp"])
+        state.timestamp = Timestamp.from_dict(saved["clock"])
 
     def _require_fit_start(self) -> None:
         if not self.fit_started:
