@@ -30,9 +30,9 @@ from typing import Any, Callable, Iterable
 
 import yaml
 
+from speedkit.cli.shipped import NOTEBOOK_FOLDERS, is_shipped, notebook_root
 from speedkit.record.run_folder import remove_earlier_runs
 
-NOTEBOOK_FOLDERS = ("notebooks", "tutorials")
 KERNEL = "python3"
 CHECK_MARKER = "NBVAL_CHECK_OUTPUT"
 _CHECK_TAG = "nbval-check-output"
@@ -288,7 +288,6 @@ def run_notebooks(params: str | Path = "cpu-smoke", out: str | Path = "runs/nb",
     without a parameter file in the set is reported as "no parameters" and not run: running it at
     its defaults could take hours, and passing silently would hide the missing file.
     """
-    from speedkit.cli.shipped import is_shipped, notebook_root
 
     root = notebook_root(root)
     kernel_dir = Path.cwd() if is_shipped(root) else root  # never write into the installed package

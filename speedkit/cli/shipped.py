@@ -12,11 +12,11 @@ from importlib import resources
 from pathlib import Path
 
 SHIPPED = "shipped"  # the folder inside the package; setup.py's SHIPPED names the same one
-MARKERS = ("notebooks", "params")  # what makes a folder a notebook root
+NOTEBOOK_FOLDERS = ("notebooks", "tutorials")  # a root holds params/ and at least one of these
 
 
 def _is_root(folder: Path) -> bool:
-    return all((folder / marker).is_dir() for marker in MARKERS)
+    return (folder / "params").is_dir() and any((folder / name).is_dir() for name in NOTEBOOK_FOLDERS)
 
 
 def shipped_root() -> Path | None:
@@ -37,7 +37,7 @@ def notebook_root(root: str | Path | None = None) -> Path:
     if root is not None:
         root = Path(root)
         if not _is_root(root):
-            raise FileNotFoundError(f"root={str(root)!r} holds no {' and '.join(f'{m}/' for m in MARKERS)}: pass "
+            raise FileNotFoundError(f"root={str(root)!r} holds no params/ beside notebooks/ or tutorials/: pass "
                                     f"a speedkit checkout, or leave root out to use the copy installed with speedkit")
         return root
     found = shipped_root() or checkout_root()

@@ -19,5 +19,10 @@ def test_from_a_checkout_the_checkout_is_the_root():
 
 def test_a_root_without_notebooks_and_params_is_refused_naming_the_argument(tmp_path):
     (tmp_path / "notebooks").mkdir()
-    with pytest.raises(FileNotFoundError, match=r"root=.* holds no notebooks/ and params/: pass a speedkit checkout"):
+    with pytest.raises(FileNotFoundError, match=r"root=.* holds no params/ beside notebooks/ or tutorials/: pass a"):
         notebook_root(tmp_path)
+    (tmp_path / "params").mkdir()
+    assert notebook_root(tmp_path) == tmp_path
+    (tmp_path / "notebooks").rmdir()
+    (tmp_path / "tutorials").mkdir()  # tutorials alone with params/ is a root too
+    assert notebook_root(tmp_path) == tmp_path

@@ -107,7 +107,9 @@ def test_ddp_two_ranks_match_one_process_step_by_step(two_ranks, one_process):
     single = np.array(losses(one_process[3]))
     double = np.array(ddp["losses"])
     assert len(single) == len(double) == STEPS
-    np.testing.assert_allclose(double[:3], single[:3], rtol=1e-6)
+    assert double[0] == pytest.approx(single[0], rel=1e-6)  # the same weights, the same 64 samples
+    # after a step, gradients summed over two ranks round differently from one batch's (a few 1e-6 seen)
+    np.testing.assert_allclose(double[:3], single[:3], rtol=2e-5)
     np.testing.assert_allclose(double, single, rtol=1e-3)
     assert ddp["samples"] == one_process[0].state.timestamp.sample == STEPS * 64  # counted globally
     assert ddp["sync_batchnorms"] > 0  # plain BatchNorm2d became synchronized batch norm
