@@ -3,7 +3,7 @@
 When a preset changes after the benchmark (it missed its target in a seed, say), re-run just that
 preset beside one baseline, in the same sitting:
 
-    speedkit bench vision --recipes mild --baselines plain-bf16 --budgets bench/results/vision_budgets.json \\
+    speedkit bench --task fashion-mnist --recipes mild --baselines plain-bf16 --budgets bench/results/vision_budgets.json \\
         --run-dir runs/bench-mild --out runs/bench-mild
     python scripts/replace_bench_recipe.py vision mild runs/bench runs/bench-mild \\
         --budgets bench/results/vision_budgets.json

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import math
+import os
+import sys
 
 import torch
 
@@ -22,6 +24,29 @@ class LRMonitor(Callback):
             key = "lr" if len(state.optimizers) == 1 else f"lr/{i}"
             metrics[key] = optimizer.param_groups[0]["lr"]
         logger.log_metrics(metrics)
+
+
+PROGRESS_ENV = "SPEEDKIT_PROGRESS"  # 1 or 0: show progress bars or not, whoever is watching
+_CI_ENV = ("CI", "GITHUB_ACTIONS", "GITLAB_CI", "BUILDKITE", "JENKINS_URL", "TF_BUILD")
+
+
+def someone_is_watching() -> bool:
+    """Whether ``progress_bar="auto"`` shows a bar: yes in a terminal or a Jupyter kernel, no in a pipe, a
+    log file or CI. ``SPEEDKIT_PROGRESS=1`` or ``0`` decides instead (``speedkit notebooks run`` sets 0 for
+    the notebooks it executes: nobody watches a headless kernel)."""
+    chosen = os.environ.get(PROGRESS_ENV, "").strip()
+    if chosen in ("0", "1"):
+        return chosen == "1"
+    if any(os.environ.get(name, "").strip().lower() not in ("", "0", "false") for name in _CI_ENV):
+        return False
+    if "ipykernel" in sys.modules:  # a notebook: tqdm.auto draws a widget there
+        return True
+    return bool(getattr(sys.stderr, "isatty", lambda: False)())
+
+
+def resolve_progress_bar(progress_bar: bool | str) -> bool:
+    """``"auto"`` as ``someone_is_watching()``; True or False as given."""
+    return someone_is_watching() if progress_bar == "auto" else bool(progress_bar)
 
 
 class ProgressBar(Callback):

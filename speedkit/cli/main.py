@@ -1,5 +1,6 @@
-"""``speedkit train | launch | methods | export | demo | bench | tune | notebooks``: the command line over the same make_trainer,
-benchmark harness and notebooks that everything else uses."""
+"""``speedkit train | launch | methods | tasks | recipes | demo | export | bench | tune | notebooks | env``: the
+command line over the same make_trainer, benchmark harness and notebooks that everything else uses. Building the
+parser imports nothing heavy (each command imports what it needs when it runs), so ``--version`` is instant."""
 from __future__ import annotations
 
 import argparse
@@ -9,97 +10,152 @@ import sys
 from speedkit.version import __version__
 
 
-def _catalogue() -> str:
-    from speedkit.methods import REGISTRY
-    from speedkit.models import list_models
-    from speedkit.tasks import FOLDER_TASKS, TASKS
-
-    lines = ["tasks (or --task package.module:attr naming a speedkit.Task, or a function returning one):"]
-    lines += [f"  {name:<14} {spec.summary} (target {spec.target_metric} {spec.target_value})"
-              for name, spec in TASKS.items() if name not in FOLDER_TASKS]
-    lines += [f"  {name:<14} {make.__doc__.splitlines()[0]} (needs --data DIR)" for name, make in FOLDER_TASKS.items()]
-    lines.append("recipes:")
-    lines += [f"  {name:<14} {', '.join(spec.recipes)}" for name, spec in TASKS.items() if name not in FOLDER_TASKS]
-    lines.append("models:\n  " + ", ".join(list_models()))
-    lines.append("methods:")
-    lines += [f"  {name:<18} {cls.CARD.summary}" for name, cls in sorted(REGISTRY.items())]
-    return "\n".join(lines)
+COMMANDS_EPILOG = """getting started:
+  speedkit demo                                     the headline in about three minutes
+  speedkit train --task fashion-mnist --recipe hot  train a preset; see speedkit tasks, recipes, methods
+  speedkit COMMAND --help                           each command's own flags
+"""
 
 
 def _parser() -> argparse.ArgumentParser:
-    from speedkit.tasks.build import DEFAULT_SAVE_INTERVAL
-
+    """The whole command line; building it imports nothing heavy, so --version and --help answer at once."""
     parser = argparse.ArgumentParser(prog="speedkit", description="Faster PyTorch training by composing "
-                                     "speed-up methods.", epilog=_catalogue(),
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+                                     "speed-up methods.", epilog=COMMANDS_EPILOG,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
     parser.add_argument("--version", action="version", version=f"speedkit {__version__}")
-    commands = parser.add_subparsers(dest="command", required=True)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_train_parser(commands)
+    _add_launch_parser(commands)
+    _add_catalogue_parsers(commands)
+    _add_demo_parser(commands)
+    _add_export_parser(commands)
+    _add_bench_parser(commands)
+    _add_tune_parser(commands)
+    _add_notebooks_parser(commands)
+    commands.add_parser("env", help="what a bug report needs: versions, devices, bf16 speed measured here, data found",
+                        allow_abbrev=False)
+    return parser
 
-    train = commands.add_parser("train", help="train a task with a recipe and methods",
-                                epilog=_catalogue(), formatter_class=argparse.RawDescriptionHelpFormatter)
-    train.add_argument("--task", default="fashion-mnist",
-                       help="a task name (below), or package.module:attr naming a speedkit.Task or a function "
-                            "returning one (imported from the current folder too)")
-    train.add_argument("--data", help="the folder for image-folder / text-folder (or passed to a task function)")
-    train.add_argument("--image-size", type=int, help="image-folder: resize images to this square size (default 32)")
-    train.add_argument("--skip-unreadable", action="store_true",
-                       help="image-folder / text-folder: leave out (and count) images that cannot be decoded and "
-                            "files that are not text, instead of refusing the folder")
-    train.add_argument("--recipe", default="baseline", help="preset to start from (see below), or a recipe file: "
-                       "FILE, or FILE:NAME for one of several (copy speedkit/tasks/presets/TASK.yaml to start one)")
-    train.add_argument("--model", help="model name, overriding the recipe's")
-    train.add_argument("--duration", help="training budget such as 3ep, 500ba, 90s")
-    train.add_argument("--methods",
-                       help="comma-separated methods, replacing the recipe's (use '' for none)")
-    train.add_argument("--precision", choices=["fp32", "bf16", "fp16", "auto"])
-    train.add_argument("--batch-size", type=int)
-    train.add_argument("--device", default="auto")
-    train.add_argument("--seed", type=int, default=0)
-    train.add_argument("--data-fraction", type=float, default=1.0, help="train on this class-balanced fraction")
-    train.add_argument("--eval-fraction", type=float, help="evaluate on this fraction of the test set")
-    train.add_argument("--target", type=float, help="target value of the task's metric")
-    train.add_argument("--stop-at-target", action="store_true", help="end the run when the target is reached")
-    train.add_argument("--run-dir", default="runs")
-    train.add_argument("--run-name")
-    train.add_argument("--autoresume", action="store_true",
+
+def _add_task_argument(parser, what: str) -> None:
+    """The one way every command names a task."""
+    parser.add_argument("--task", default="fashion-mnist",
+                        help=f"the task {what}: a name from `speedkit tasks` (default fashion-mnist), or "
+                             "package.module:attr naming a speedkit.Task or a function returning one (imported "
+                             "from the current folder too)")
+
+
+def _add_folder_task_arguments(parser) -> None:
+    parser.add_argument("--data", help="the folder for image-folder / text-folder (or passed to a task function)")
+    parser.add_argument("--image-size", type=int, help="image-folder: resize images to this square size (default 32)")
+    parser.add_argument("--skip-unreadable", action="store_true",
+                        help="image-folder / text-folder: leave out (and count) images that cannot be decoded and "
+                             "files that are not text, instead of refusing the folder")
+
+
+def _add_train_parser(commands) -> None:
+    train = commands.add_parser("train", help="train a task with a recipe and methods", allow_abbrev=False,
+                                description="Trains one run and writes its folder (record.json, log.jsonl, "
+                                            "checkpoints) under --run-dir/--run-name.",
+                                epilog="examples:\n  speedkit train --task fashion-mnist --recipe hot\n"
+                                       "  speedkit train --task image-folder --data ~/photos --recipe mild\n"
+                                       "  speedkit train --recipe my.yaml --run-name first --autoresume",
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    what = train.add_argument_group("what to train")
+    _add_task_argument(what, "to train")
+    _add_folder_task_arguments(what)
+    what.add_argument("--recipe", default="baseline", help="a preset from `speedkit recipes` (default baseline), or "
+                      "a recipe file: FILE, or FILE:NAME for one of several (copy speedkit/tasks/presets/TASK.yaml "
+                      "to start one)")
+    what.add_argument("--model", help="a model name, replacing the recipe's (`speedkit tasks` lists each task's)")
+    what.add_argument("--methods", help="comma-separated methods, replacing the recipe's ('' for none; "
+                      "`speedkit methods` lists them)")
+    how = train.add_argument_group("how long and on what")
+    how.add_argument("--duration", help="training budget such as 3ep, 500ba, 90s (default: the recipe's)")
+    how.add_argument("--precision", choices=["fp32", "bf16", "fp16", "auto"],
+                     help="numeric precision (default: the recipe's); auto measures what is fast here")
+    how.add_argument("--batch-size", type=int, help="samples per step (default: the recipe's)")
+    how.add_argument("--device", default="auto", help="auto (default: a GPU when there is one), cpu, cuda, cuda:N, mps")
+    how.add_argument("--seed", type=int, default=0, help="seeds the weights, the data order and the methods (default 0)")
+    how.add_argument("--data-fraction", type=float, default=1.0, help="train on this class-balanced fraction")
+    how.add_argument("--eval-fraction", type=float, help="evaluate on this fraction of the test set")
+    how.add_argument("--target", type=float, help="target value of the task's metric (default: the recipe's or task's)")
+    how.add_argument("--stop-at-target", action="store_true", help="end the run when the target is reached")
+    how.add_argument("--download", action="store_true", help="let torchvision download missing data")
+    how.add_argument("--parallel", default="auto", choices=["auto", "ddp", "fsdp", "none"],
+                     help="under torchrun / speedkit launch: ddp (auto) or fsdp; none trains each process alone")
+    where = train.add_argument_group("the run folder")
+    where.add_argument("--run-dir", default="runs", help="the folder holding run folders (default runs)")
+    where.add_argument("--run-name", help="the run's folder name (default: run-DATE-TIME-PID); a name in use is "
+                       "refused unless --autoresume or --overwrite says what to do with it")
+    where.add_argument("--autoresume", action="store_true",
                        help="continue the named run from its newest good checkpoint (a new name starts afresh)")
-    train.add_argument("--overwrite", action="store_true",
+    where.add_argument("--overwrite", action="store_true",
                        help="replace the run already in the --run-name folder (its record, log and checkpoints)")
-    train.add_argument("--extend-duration", action="store_true",
+    where.add_argument("--extend-duration", action="store_true",
                        help="with --autoresume: train the run on to a longer --duration (the record notes it)")
-    train.add_argument("--save-interval", default=DEFAULT_SAVE_INTERVAL,
-                       help=f"checkpoint every interval of training: {DEFAULT_SAVE_INTERVAL} (default), 90s, 200ba, 1ep, 0.25dur; "
-                            "'none': only at the end. A kill loses at most one interval")
-    train.add_argument("--download", action="store_true", help="let torchvision download missing data")
-    train.add_argument("--no-progress", action="store_true", help="no progress bar")
-    train.add_argument("--logger", default="", help="comma-separated loggers besides the record and log.jsonl: "
+    where.add_argument("--save-interval", help="checkpoint every interval of training (default 5m), e.g. 90s, "
+                       "200ba, 1ep, 0.25dur; 'none': only at the end. A kill loses at most one interval")
+    shown = train.add_argument_group("what it shows")
+    shown.add_argument("--no-progress", action="store_true",
+                       help="no progress bar (by default there is one when a terminal shows the run, none in a "
+                            "pipe or CI)")
+    shown.add_argument("--logger", default="", help="comma-separated loggers besides the record and log.jsonl: "
                        "tensorboard, csv, mlflow, wandb (each writes into a folder of that name in the run "
                        "folder; MLFLOW_TRACKING_URI and WANDB_MODE=offline are honoured); replaces the recipe "
                        "file's loggers field ('none': no loggers)")
-    train.add_argument("--parallel", default="auto", choices=["auto", "ddp", "fsdp", "none"],
-                       help="under torchrun / speedkit launch: ddp (auto) or fsdp; none trains each process alone")
-    _add_launch_parser(commands)
 
-    methods = commands.add_parser("methods", help="the method catalogue, from the cards")
+
+def _add_catalogue_parsers(commands) -> None:
+    methods = commands.add_parser("methods", help="the speed-up methods, from their cards", allow_abbrev=False)
     methods.add_argument("--markdown", action="store_true", help="print the README's markdown table")
     methods.add_argument("name", nargs="?", help="show one method's whole card")
+    commands.add_parser("tasks", help="the tasks, their targets and models", allow_abbrev=False)
+    recipes = commands.add_parser("recipes", help="each task's presets: baselines and speed-up recipes",
+                                  allow_abbrev=False)
+    recipes.add_argument("--task", help="only this task's (default: every built-in task's)")
 
-    demo = commands.add_parser("demo", help="run notebooks/00_quickstart headlessly: how much sooner the fastest "
-                               "preset reaches a target accuracy on Fashion-MNIST than the hand-written baseline")
+
+def _add_demo_parser(commands) -> None:
+    demo = commands.add_parser("demo", allow_abbrev=False,
+                               help="the headline in about three minutes: how much sooner the fastest preset "
+                                    "reaches a target accuracy on Fashion-MNIST than the hand-written baseline")
     demo.add_argument("--duration", help="budget for both runs (default: each recipe's own, as benchmarked)")
-    demo.add_argument("--data-fraction", type=float)
-    demo.add_argument("--device")
+    demo.add_argument("--data-fraction", type=float, help="train on this class-balanced fraction (default: the "
+                      "parameter set's)")
+    demo.add_argument("--device", help="device for both runs (default: the parameter set's)")
     demo.add_argument("--out", default="runs/demo", help="where the executed notebook, its HTML, PNG figure and "
                       "records go")
     demo.add_argument("--params", help="parameter set: a name under ROOT/params or a folder (default: gpu where "
                       "CUDA is available, else demo)")
     demo.add_argument("--root", help="a speedkit checkout holding notebooks/ and params/ (default: the copy "
                       "installed with speedkit)")
-    _add_export_parser(commands)
-    _add_bench_parser(commands)
-    _add_tune_parser(commands)
-    _add_notebooks_parser(commands)
-    return parser
+
+
+def _tasks(args) -> int:
+    from speedkit.tasks import FOLDER_TASKS, TASKS
+
+    for name, task in TASKS.items():
+        if name not in FOLDER_TASKS:
+            print(f"{name:<14} {task.summary}; target {task.target_metric} {task.target_value:g}\n"
+                  f"{'':<14} models: {', '.join(task.models) if task.models else 'its own'}")
+    for name, make in FOLDER_TASKS.items():
+        print(f"{name:<14} {make.__doc__.splitlines()[0]} (needs --data DIR)")
+    print("\nor --task package.module:attr naming a speedkit.Task of your own (see tutorials/t8)")
+    return 0
+
+
+def _recipes(args) -> int:
+    from speedkit.tasks import FOLDER_TASKS, TASKS, get_task
+
+    names = [args.task] if args.task else [n for n in TASKS if n not in FOLDER_TASKS]
+    for name in names:
+        task = get_task(name)
+        print(f"{name}:")
+        for recipe_name, recipe in task.recipes.items():
+            kind = "baseline" if task.is_baseline(recipe_name) else "speed-up"
+            print(f"  {recipe_name:<12} {kind:<9} {recipe.duration:>6}  {recipe.summary}")
+    return 0
 
 
 def _summary(record) -> str:
@@ -112,12 +168,13 @@ def _summary(record) -> str:
 
 
 def _add_export_parser(commands) -> None:
-    export = commands.add_parser("export", help="write a run's trained weights for other tools (safetensors, pt)",
+    export = commands.add_parser("export", allow_abbrev=False, help="write a run's trained weights for other tools (safetensors, pt)",
                                  description="Writes the weights the run ended with (EMA/SWA averages where it used "
                                              "them) as a plain state dict that safetensors.torch.load_file or "
                                              "torch.load(weights_only=True) reads into a fresh model.")
     export.add_argument("run", help="a run folder (runs/NAME) or a .ckpt file")
-    export.add_argument("--format", default="safetensors", choices=["safetensors", "pt"])
+    export.add_argument("--format", default="safetensors", choices=["safetensors", "pt"],
+                        help="safetensors (default) or pt (torch.save of the state dict)")
     export.add_argument("--out", help="file to write (default: model.safetensors or model.pt in the run folder)")
     export.add_argument("--weights", default="auto", choices=["auto", "model", "ema", "swa"],
                         help="auto: what the run ended with; or one set from the checkpoint")
@@ -132,7 +189,7 @@ def _export(args) -> int:
 
 def _add_launch_parser(commands) -> None:
     launch = commands.add_parser(
-        "launch", help="run a script on N processes per machine with torchrun (DDP in the Trainer)",
+        "launch", allow_abbrev=False, help="run a script on N processes per machine with torchrun (DDP in the Trainer)",
         description="A thin front to torchrun (torch.distributed.run): one process per device, each with RANK, "
                     "WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT set; a Trainer in the script then trains "
                     "with DDP (or parallel='fsdp'). One machine: `speedkit launch -n 4 train.py`. Several: run the "
@@ -209,6 +266,7 @@ def run_request(args):
     """The RunRequest that ``speedkit train``'s flags ask for (the request checks them, naming the field)."""
     from speedkit.tasks import RunRequest
 
+    saving = {} if args.save_interval is None else {"save_interval": _save_interval(args.save_interval)}
     return RunRequest.build(
         _importable(args.task), args.recipe, data=args.data, task_options=_folder_options(args),
         model=args.model, duration=args.duration, methods=args.methods, precision=args.precision,
@@ -216,8 +274,8 @@ def run_request(args):
         eval_fraction=args.eval_fraction, target=args.target, stop_at_target=args.stop_at_target,
         download=args.download, run_dir=args.run_dir, run_name=args.run_name, loggers=_logger_names(args.logger),
         autoresume=args.autoresume, overwrite=args.overwrite, extend_duration=args.extend_duration,
-        save_interval=_save_interval(args.save_interval), progress_bar=not args.no_progress, console=True,
-        parallel=None if args.parallel == "none" else args.parallel)
+        progress_bar=False if args.no_progress else "auto", console=True,
+        parallel=None if args.parallel == "none" else args.parallel, **saving)
 
 
 def _folder_options(args) -> dict | None:
@@ -229,7 +287,8 @@ def _folder_options(args) -> dict | None:
 
 
 def _save_interval(value: str) -> str | None:
-    """``--save-interval none`` as None (only the final checkpoint); a duration as it is."""
+    """``--save-interval none`` as None (only the final checkpoint); a duration as it is. Not given at all,
+    the run request's default applies (``speedkit.tasks.build.DEFAULT_SAVE_INTERVAL``)."""
     return None if value.strip().lower() == "none" else value
 
 
@@ -267,16 +326,20 @@ def _methods(args) -> int:
 
 
 def _add_bench_parser(commands) -> None:
-    from speedkit.experiments.bench.profiles import PROFILES, TASK_KEYS
-
-    bench = commands.add_parser("bench", help="time-to-accuracy benchmark: baseline and recipes interleaved by seed",
-                                description=f"Tasks: {', '.join(f'{k} = {v}' for k, v in TASK_KEYS.items())}. "
-                                            "Writes summary.json (merged across tasks), summary.md and figures.")
-    bench.add_argument("task", help="vision, language, or a task of your own: a registered name, "
-                       "package.module:attr naming a speedkit.Task, or image-folder / text-folder with --data")
-    bench.add_argument("--data", help="the folder for image-folder / text-folder (or passed to a task function)")
-    bench.add_argument("--image-size", type=int, help="image-folder: resize images to this square size")
-    bench.add_argument("--profile", default="cpu", choices=sorted({p for ps in PROFILES.values() for p in ps}))
+    bench = commands.add_parser("bench", help="time-to-accuracy benchmark: baselines and recipes interleaved by seed",
+                                allow_abbrev=False,
+                                description="Runs each baseline and speed-up recipe of a task on every seed, "
+                                            "interleaved, and reports how much sooner each recipe reaches the "
+                                            "target. Writes summary.json (merged across tasks), summary.md and "
+                                            "figures. The built-in tasks' results are keyed vision "
+                                            "(fashion-mnist) and language (pydocs), names --task also takes.",
+                                epilog="example:\n  speedkit bench --task fashion-mnist --seeds 3 --recipes hot "
+                                       "--baselines plain,plain-bf16",
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    _add_task_argument(bench, "to benchmark")
+    _add_folder_task_arguments(bench)
+    bench.add_argument("--profile", default="cpu", help="cpu (default) or gpu: the task's batch sizes, precision, "
+                       "compile settings and cadence for that device")
     bench.add_argument("--seeds", type=int, help="number of seeds (default: the profile's)")
     bench.add_argument("--recipes", help="comma-separated speed-up recipes (default: the profile's)")
     bench.add_argument("--baselines", help="comma-separated baselines to measure them against (default: all of "
@@ -295,16 +358,18 @@ def _add_bench_parser(commands) -> None:
     bench.add_argument("--leave-one-out", action="store_true", help="ablate each part of the best recipe")
     bench.add_argument("--profile-steps", type=int, default=0, help="profile this many steps of the best recipe")
     bench.add_argument("--device", help="device, overriding the profile's")
-    bench.add_argument("--data-fraction", type=float)
-    bench.add_argument("--eval-fraction", type=float)
+    bench.add_argument("--data-fraction", type=float, help="train on this class-balanced fraction (default: all)")
+    bench.add_argument("--eval-fraction", type=float, help="evaluate on this fraction of the test set "
+                       "(default: the profile's)")
     bench.add_argument("--eval-interval", help="one evaluation cadence for every run, e.g. 0.25ep, 25ba "
                        "(default: the profile's for the baselines, each recipe's own for the recipes)")
     bench.add_argument("--duration", help="one budget for every recipe (smoke tests)")
     bench.add_argument("--duration-scale", type=float, help="multiply every recipe's budget")
     bench.add_argument("--target", type=float, help="target value of the task's metric")
-    bench.add_argument("--out", default="bench/results")
-    bench.add_argument("--run-dir", default="runs/bench")
-    bench.add_argument("--no-figures", action="store_true")
+    bench.add_argument("--out", default="bench/results", help="where summary.json, summary.md and the figures go "
+                       "(default bench/results)")
+    bench.add_argument("--run-dir", default="runs/bench", help="where each run's folder goes (default runs/bench)")
+    bench.add_argument("--no-figures", action="store_true", help="write no figures (plotly's image export is slow)")
     bench.add_argument("--reuse", action="store_true",
                        help="take the main runs from --run-dir instead of running them (e.g. to add --leave-one-out)")
 
@@ -344,7 +409,7 @@ def _bench(args) -> int:
 
 def _add_tune_parser(commands) -> None:
     tune = commands.add_parser(
-        "tune", help="search (Optuna) for the recipe that reaches a task's target soonest",
+        "tune", allow_abbrev=False, help="search (Optuna) for the recipe that reaches a task's target soonest",
         description="A measured search: the baseline's learning rate and budget are tuned first, then methods "
                     "(on/off and their cards' hyperparameters) and recipe fields, against training time to the "
                     "target; the winner and runner-up are confirmed on fresh seeds beside the tuned baseline. "
@@ -354,8 +419,8 @@ def _add_tune_parser(commands) -> None:
         epilog="example:\n  speedkit tune --task fashion-mnist --budget 45m --data-fraction 0.25 "
                "--methods channels_last,label_smoothing,ema,mixup,cutmix,identity_init --out runs/tune-fmnist",
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    tune.add_argument("--task", default="fashion-mnist", help="a task name, or package.module:attr naming a "
-                      "speedkit.Task (or a function returning one); a single worker unless the task is a built-in")
+    _add_task_argument(tune, "to search on (a single worker unless it is a built-in)")
+    _add_folder_task_arguments(tune)
     tune.add_argument("--target", help="a value of the task's metric, or METRIC=VALUE (default: the task's target)")
     tune.add_argument("--budget", default="30m", help="wall clock for the whole search, e.g. 30m, 90s, 1h")
     tune.add_argument("--methods", help="comma-separated methods the search may turn on (default: all that fit)")
@@ -368,7 +433,7 @@ def _add_tune_parser(commands) -> None:
     tune.add_argument("--data-fraction", type=float, default=1.0, help="train on this class-balanced fraction")
     tune.add_argument("--eval-fraction", type=float, help="evaluate on this fraction of the test set")
     tune.add_argument("--eval-interval", help="evaluation cadence of every trial, e.g. 0.25ep, 50ba")
-    tune.add_argument("--device", default="auto")
+    tune.add_argument("--device", default="auto", help="auto (default: a GPU when there is one), cpu, cuda, mps")
     tune.add_argument("--workers", type=int, default=1,
                       help="processes working on the study at once; on one machine they share its cores (set "
                            "OMP_NUM_THREADS to cores/workers) and time each other's trials slower")
@@ -435,7 +500,12 @@ def _stop_on_ctrl_c():
 
 
 def _run_tune(tune, args, should_stop):
-    return tune(_importable(args.task), target=args.target, budget=args.budget, methods=args.methods, base=args.base,
+    from speedkit.tasks import resolve_task
+
+    options = _folder_options(args)
+    task = _importable(args.task) if args.data is None and not options else resolve_task(
+        _importable(args.task), args.data, **(options or {}))
+    return tune(task, target=args.target, budget=args.budget, methods=args.methods, base=args.base,
                 storage=args.storage, study_name=args.study, out_dir=args.out, run_dir=args.run_dir,
                 data_fraction=args.data_fraction, eval_fraction=args.eval_fraction,
                 eval_interval=args.eval_interval, device=args.device, n_workers=args.workers,
@@ -446,9 +516,9 @@ def _run_tune(tune, args, should_stop):
 
 
 def _add_notebooks_parser(commands) -> None:
-    notebooks = commands.add_parser("notebooks", help="run the notebooks and tutorials headlessly with papermill")
+    notebooks = commands.add_parser("notebooks", allow_abbrev=False, help="run the notebooks and tutorials headlessly with papermill")
     actions = notebooks.add_subparsers(dest="action", required=True)
-    run = actions.add_parser("run", help="run every notebook with a parameter set; exit status 1 if any fails")
+    run = actions.add_parser("run", allow_abbrev=False, help="run every notebook with a parameter set; exit status 1 if any fails")
     run.add_argument("--params", default="cpu-smoke", help="parameter set: a folder under ROOT/params (cpu-smoke, gpu)")
     run.add_argument("--out", default="runs/nb", help="each notebook's records, executed copy and HTML go to OUT/<name>/")
     run.add_argument("--only", nargs="+", metavar="NAME", help="run only these notebooks (names without .ipynb)")
@@ -472,38 +542,52 @@ def _notebooks(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from speedkit.cli.outcomes import INTERRUPTED_EXIT_CODE, interrupted_line, report_error
-
     argv = sys.argv[1:] if argv is None else list(argv)
     args = _parser().parse_args(argv)
     try:
+        return _dispatch(args, argv)
+    except BrokenPipeError:  # `speedkit methods | head` closed the pipe: not an error of ours, nothing to say
+        _silence_stdout()
+        return 0
+
+
+def _dispatch(args, argv: list[str]) -> int:
+    from speedkit.cli.outcomes import INTERRUPTED_EXIT_CODE, interrupted_line, report_error
+
+    simple = {"launch": _launch, "methods": _methods, "tasks": _tasks, "recipes": _recipes, "export": _export,
+              "bench": _bench, "notebooks": _notebooks, "tune": _tune, "demo": _demo, "env": _env}
+    try:
         if args.command == "train":
             return _train(args, argv)
-        if args.command == "launch":
-            return _launch(args)
-        if args.command == "methods":
-            return _methods(args)
-        if args.command == "export":
-            return _export(args)
-        if args.command == "bench":
-            return _bench(args)
-        if args.command == "notebooks":
-            return _notebooks(args)
-        if args.command == "tune":
-            return _tune(args)
-        if args.command == "demo":
-            from speedkit.cli.demo import run_demo
-
-            overrides = {"duration": args.duration, "data_fraction": args.data_fraction, "device": args.device}
-            return run_demo(args.root, args.out, {k: v for k, v in overrides.items() if v is not None},
-                            params=args.params)
+        return simple[args.command](args)
     except KeyboardInterrupt:  # speedkit train answers a Ctrl-C during training itself (with the resume command)
         print(interrupted_line(None, argv) if args.command == "train" else f"speedkit {args.command}: interrupted",
               file=sys.stderr)
         return INTERRUPTED_EXIT_CODE
     except (ValueError, TypeError, FileNotFoundError, ImportError) as e:
         return report_error(e)  # one line for a mistake in the input; the traceback for one in the user's code
-    return 1
+
+
+def _silence_stdout() -> None:
+    """Python flushes stdout again at exit; pointed at /dev/null, that flush cannot raise a second time."""
+    import os
+
+    with contextlib.suppress(OSError, ValueError):
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+def _demo(args) -> int:
+    from speedkit.cli.demo import run_demo
+
+    overrides = {"duration": args.duration, "data_fraction": args.data_fraction, "device": args.device}
+    return run_demo(args.root, args.out, {k: v for k, v in overrides.items() if v is not None}, params=args.params)
+
+
+def _env(args) -> int:
+    from speedkit.cli.env import environment_report
+
+    print(environment_report())
+    return 0
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ import contextlib
 import copy
 import dataclasses
 import json
+import os
 import re
 import time
 from pathlib import Path
@@ -177,7 +178,7 @@ def run_notebook(path: str | Path, parameters: dict, out_dir: str | Path, root: 
 
     start = time.perf_counter()
     try:
-        with _kernel_over_ipc() as config, _streamed(path, progress) as streaming:
+        with _kernel_over_ipc() as config, _streamed(path, progress) as streaming, _no_progress_bars():
             papermill.execute_notebook(str(path), str(result.executed), parameters=parameters, kernel_name=KERNEL,
                                        cwd=str(root), progress_bar=False, execution_timeout=timeout,
                                        config=config, **streaming)
@@ -194,6 +195,21 @@ def run_notebook(path: str | Path, parameters: dict, out_dir: str | Path, root: 
         except Exception as e:  # the notebook ran; an unexportable output is still a failure to report
             result.status, result.error = "failed", result.error or f"HTML export failed: {type(e).__name__}: {e}"
     return result
+
+
+@contextlib.contextmanager
+def _no_progress_bars():
+    """Kernels inherit the environment: no Trainer draws a bar in a notebook nobody watches (a bar the
+    user asks for with SPEEDKIT_PROGRESS=1 stays)."""
+    from speedkit.callbacks.monitors import PROGRESS_ENV
+
+    before = os.environ.get(PROGRESS_ENV)
+    os.environ.setdefault(PROGRESS_ENV, "0")
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(PROGRESS_ENV, None)
 
 
 @contextlib.contextmanager

@@ -151,12 +151,13 @@ class RunRecord:
         return [p[0] for p in pairs], [p[1] for p in pairs]
 
     def time_to(self, metric: str, value: float, x: str = "wall_s") -> float | None:
-        """The first ``x`` (training seconds by default) at which ``metric`` reached ``value``, else None."""
+        """The first ``x`` (training seconds by default; or ``"batch"``, ``"sample"``, ``"token"``: counted work)
+        at which ``metric`` reached ``value``, else None (also where the evaluation did not log ``x``)."""
         lower = lower_is_better(metric)
         for row in self.evals:
             v = row.get(metric)
             if v is not None and (v <= value if lower else v >= value):
-                return row[x]
+                return row.get(x)
         return None
 
     @property

@@ -36,12 +36,15 @@ def find_task(task, data=None, **options) -> Task:
     ``task`` is a Task, a registered name (``"fashion-mnist"``), a folder task's name with ``data`` (the
     folder: ``"image-folder"``, ``"text-folder"``), ``"package.module:attr"`` naming a Task or a function
     returning one, or such a function itself (called with ``data=`` when ``data`` is given). ``options`` go
-    to a folder task's function (``image_size=64``) or the user's.
+    to a folder task's function (``image_size=64``) or the user's. A folder task's name without ``data`` is
+    the folder last resolved in this process (how a benchmark's or a search's runs find it again).
     """
     if isinstance(task, Task):
         _refuse_data(data, options, f"task object {task.name!r}")
         return task
     if isinstance(task, str) and task in FOLDER_TASKS:
+        if data is None and not options and task in TASKS:
+            return TASKS[task]  # the folder resolved (and registered) earlier in this process: a search's trials
         if data is None:
             raise ValueError(f"task {task!r} trains on your files: give the folder (--data DIR, or data=DIR)")
         return FOLDER_TASKS[task](data, **options)

@@ -172,8 +172,10 @@ def check_trainer_arguments(arguments: Mapping[str, Any]) -> None:
     has_evaluation = eval_dataloader is not None or not isinstance(evaluators, (list, tuple)) or bool(evaluators)
     _check_stop_at(a["stop_at"], has_evaluation)
     _check_parts(a["methods"], a["callbacks"], a["loggers"], a["loss_fn"])
-    for name in ("deterministic", "save_checkpoints", "autoresume", "overwrite", "extend_duration", "progress_bar",
-                 "console"):
+    if a["progress_bar"] != "auto" and not isinstance(a["progress_bar"], bool):
+        raise TypeError(f"progress_bar must be True, False or 'auto' (a bar when a terminal or notebook shows the "
+                        f"run), got {_kind(a['progress_bar'])}")
+    for name in ("deterministic", "save_checkpoints", "autoresume", "overwrite", "extend_duration", "console"):
         if not isinstance(a[name], bool):
             raise TypeError(f"{name} must be True or False, got {_kind(a[name])}")
     _check_run_folder_choice(a["autoresume"], a["overwrite"], a["extend_duration"], max_duration)

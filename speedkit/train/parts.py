@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from speedkit.callbacks import (CheckpointSaver, LRMonitor, NaNGuard, ProgressBar, SpeedMonitor, StopAtTarget,
-                                SyncCounter)
+                                SyncCounter, resolve_progress_bar)
 from speedkit.core import Callback, Interval, Time
 from speedkit.core.batch import batch_targets, output_logits, output_loss
 from speedkit.core.devices import cpu_bf16_speedup
@@ -94,16 +94,17 @@ def make_evaluators(model, eval_dataloader, evaluators, eval_interval) -> list[E
     return evaluators
 
 
-def make_callbacks(callbacks, *, stop_at, nan_policy, progress_bar: bool, save: Callable | None,
+def make_callbacks(callbacks, *, stop_at, nan_policy, progress_bar: bool | str, save: Callable | None,
                    save_interval) -> list[Callback]:
-    """The user's callbacks between the monitors every run has and the ones its arguments ask for."""
+    """The user's callbacks between the monitors every run has and the ones its arguments ask for
+    (``progress_bar="auto"``: a bar when someone is watching, see ``someone_is_watching``)."""
     callbacks = [SpeedMonitor(), LRMonitor(), *callbacks]
     if nan_policy is not None:
         callbacks.append(NaNGuard(nan_policy))
     if stop_at is not None:
         metric, value = (stop_at["metric"], stop_at["value"]) if isinstance(stop_at, dict) else stop_at
         callbacks.append(StopAtTarget(metric, value))
-    if progress_bar:
+    if resolve_progress_bar(progress_bar):
         callbacks.append(ProgressBar())
     if save_interval is not None and save is not None:
         callbacks.append(CheckpointSaver(save, save_interval))

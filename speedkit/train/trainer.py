@@ -79,7 +79,7 @@ class Trainer:
                  load_path: str | os.PathLike | None = None, autoresume: bool = False, overwrite: bool = False,
                  extend_duration: bool = False,
                  stop_at: tuple[str, float] | dict | None = None, nan_policy: str | None = "stop",
-                 schedule_scale: float = 1.0, progress_bar: bool = False, console: bool = False,
+                 schedule_scale: float = 1.0, progress_bar: bool | str = "auto", console: bool = False,
                  config: dict | None = None, parallel: str | None = "auto"):
         # Every argument checked first (speedkit.train.checks); a refusal names the argument and what it expects.
         check_trainer_arguments({name: value for name, value in locals().items() if name != "self"})
@@ -112,7 +112,7 @@ class Trainer:
         state.grad_scaler = make_grad_scaler(resolved_precision, device)
         state.evaluators = make_evaluators(model, eval_dataloader, evaluators, eval_interval)
         state.callbacks = make_callbacks(callbacks, stop_at=stop_at, nan_policy=nan_policy,
-                                         progress_bar=progress_bar and distributed.is_main(),
+                                         progress_bar=progress_bar if distributed.is_main() else False,
                                          save=(lambda: self._paused(self.checkpointer.save)) if save_checkpoints else None,
                                          save_interval=save_interval)
 

@@ -465,7 +465,8 @@ class MethodExplorer:
                 self.status.value = "<span style='color:#d62728'>cannot run: " + html.escape("; ".join(problems)) + "</span>"
                 return None
             config.name = self._run_name(config)
-            trainer = config.make_trainer(run_dir=self.run_dir, loggers=self.loggers, stop_at_target=stop_at_target)
+            trainer = config.make_trainer(run_dir=self.run_dir, loggers=self.loggers, stop_at_target=stop_at_target,
+                                           progress_bar=False)  # the explorer draws its own progress
             with self._draw_lock:
                 self._show_baseline(trainer.record)
                 plots.add_run(self.figure, trainer.record, self._metric,

@@ -274,7 +274,7 @@ def test_cli_bench_runs_tiny_and_keeps_the_other_task(tmp_path, capsys):
     language = summarize([fake_record(r, 0, [(10, 1.9)], target=2.0, metric="eval/bpb") for r in ("baseline", "hot")],
                          BenchProfile(name="cpu", task="pydocs", device="cpu"))
     merge_summary(out / "summary.json", "language", language)
-    code = main(["bench", "vision", "--seeds", "1", "--recipes", "hot", "--baselines", "plain,plain-bf16",
+    code = main(["bench", "--task", "vision", "--seeds", "1", "--recipes", "hot", "--baselines", "plain,plain-bf16",
                  "--duration", "4ba", "--eval-interval", "2ba",
                  "--data-fraction", "0.02", "--eval-fraction", "0.05", "--target", "0.2", "--device", "cpu",
                  "--out", str(out), "--run-dir", str(tmp_path / "runs"), "--no-figures"])
@@ -442,7 +442,7 @@ def test_leave_one_out_covers_the_whole_difference_from_the_baseline():
 
 
 def test_cli_bench_names_the_known_recipes(tmp_path, capsys):
-    code = main(["bench", "vision", "--recipes", "mild,spicy", "--out", str(tmp_path), "--run-dir", str(tmp_path)])
+    code = main(["bench", "--task", "vision", "--recipes", "mild,spicy", "--out", str(tmp_path), "--run-dir", str(tmp_path)])
     assert code == 2
     err = capsys.readouterr().err
     assert "spicy" in err and "hot" in err and "medium" in err

@@ -330,6 +330,28 @@ def test_cli_tune_writes_recipe_and_report(tmp_path, capsys, fake_env):
     assert (tmp_path / "report.md").exists() and f"report: {tmp_path / 'report.md'}" in out
 
 
+def test_cli_tune_searches_a_folder_of_your_own_images(tmp_path, capsys, fake_env):
+    """``speedkit tune --task image-folder --data DIR`` searches on that folder's task, as train and bench do."""
+    import numpy as np
+    from PIL import Image
+
+    from speedkit.cli.main import main
+
+    rng = np.random.default_rng(0)
+    for label in ("cats", "dogs"):
+        (tmp_path / "images" / label).mkdir(parents=True)
+        for i in range(12):
+            Image.fromarray(rng.integers(0, 255, (16, 16), dtype=np.uint8)).save(tmp_path / "images" / label / f"{i}.png")
+    args = ["tune", "--task", "image-folder", "--methods", "ema,label_smoothing", "--budget", "60s", "--seeds", "1",
+            "--trial-limit", "12", "--max-trials", "4", "--max-baseline-trials", "1", "--image-size", "16",
+            "--out", str(tmp_path / "out"), "--runner", FAKE]
+    assert main(args) == 2 and "give the folder (--data DIR" in capsys.readouterr().err
+    assert main([*args, "--data", str(tmp_path / "images")]) == 0
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["task"] == "image-folder" and summary["confirmation"]["seeds"]
+    assert TASKS["image-folder"].summary == f"2-class images from {tmp_path / 'images'}, 16x16, 1 channel(s)"
+
+
 def test_the_winner_file_says_auto_where_the_search_chose_what_auto_picks_here(monkeypatch):
     from speedkit.core import devices
     from speedkit.experiments.tune.report import portable_precision

@@ -231,7 +231,7 @@ def test_a_user_task_is_benchmarked_against_its_baseline_from_the_library_and_th
     (tmp_path / "bench_tasks.py").write_text("from test_tasks import user_task\ntask = user_task('bench-cli')\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setitem(sys.modules, "test_tasks", sys.modules[__name__])
-    assert main(["bench", "bench_tasks:task", "--seeds", "1", "--out", str(tmp_path / "out"),
+    assert main(["bench", "--task", "bench_tasks:task", "--seeds", "1", "--out", str(tmp_path / "out"),
                  "--run-dir", str(tmp_path / "cli-runs"), "--no-figures"]) == 0
     summary = __import__("json").loads((tmp_path / "out" / "summary.json").read_text())
     assert set(summary) == {"bench-me", "bench-cli"}  # merged beside the first task's entry

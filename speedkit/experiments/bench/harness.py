@@ -60,7 +60,8 @@ def run_request(profile: BenchProfile, recipe: Recipe, seed: int, run_name: str,
         data_fraction=profile.data_fraction, eval_fraction=profile.eval_fraction, target=profile.target,
         extra_config={"bench": bench_info, "seed": seed, **(extra_config or {})},
         # Benchmark runs are measurements, not resumed: running the benchmark again measures them again.
-        **{"save_checkpoints": False, "overwrite": True, **trainer_kwargs})
+        # The benchmark reports each run as it ends; a bar per run would only interleave with that.
+        **{"save_checkpoints": False, "overwrite": True, "progress_bar": False, **trainer_kwargs})
 
 
 def trainer_factory(profile: BenchProfile, recipe: Recipe, seed: int, run_name: str, run_dir: str | Path,
@@ -298,9 +299,12 @@ def target_key(value: float) -> str:
     return f"{value:g}"
 
 
+WORK_UNITS = ("batch", "sample", "token")
+
+
 def recipe_entry(records: Sequence[RunRecord], seeds: Sequence[int], targets: Sequence[float]) -> dict:
     """One recipe's results, every list in seed order (None where a seed never got there)."""
-    metric = records[0].target["metric"]
+    metric, value = records[0].target["metric"], records[0].target["value"]
     return {
         "runs": _by_seed(records, seeds, lambda r: r.name),
         "methods": records[0].method_names,
@@ -312,6 +316,9 @@ def recipe_entry(records: Sequence[RunRecord], seeds: Sequence[int], targets: Se
         "compile_s": _by_seed(records, seeds, lambda r: r.timings.get("compile_s")),
         "flops_fraction_of_peak": _by_seed(records, seeds, _median_fraction_of_peak),
         "time_to": {target_key(t): _by_seed(records, seeds, lambda r, t=t: r.time_to(metric, t)) for t in targets},
+        # counted work to the target, which a busy machine cannot change (a smoke test's speed check reads it)
+        "work_to_target": {unit: _by_seed(records, seeds, lambda r, u=unit: r.time_to(metric, value, x=u))
+                           for unit in WORK_UNITS},
     }
 
 
@@ -651,7 +658,7 @@ def run_benchmark(task, profile: str | BenchProfile = "cpu", seeds: int | Sequen
     return BenchResult(key=key, entry=entry, summary=summary, records=records, ablations=ablations, paths=paths)
 
 
-__all__ = ["BenchResult", "TASK_KEYS", "apply_overrides",
+__all__ = ["BenchResult", "TASK_KEYS", "WORK_UNITS", "apply_overrides",
            "budget_hint", "find_budget", "holds_target", "machine", "pick_best", "pick_swept",
            "profile_recipe", "recipe_entry", "resolve_profile", "reusable_ablations", "reusable_runs", "run_benchmark",
            "run_interleaved", "run_leave_one_out", "run_one", "scheduled_recipe", "strongest_baseline",

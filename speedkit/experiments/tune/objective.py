@@ -117,7 +117,7 @@ def trial_request(context: TrialContext):
 
     return RunRequest.build(context.task, context.recipe, seed=context.seed, target=context.target,
                             stop_at_target=True, run_dir=context.run_dir, run_name=context.run_name,
-                            save_checkpoints=False, extra_config=context.extra_config,
+                            save_checkpoints=False, progress_bar=False, extra_config=context.extra_config,
                             overwrite=True,  # a trial cut short by a stop runs again from the start, under its name
                             **context.settings)
 
