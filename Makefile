@@ -40,6 +40,7 @@ lab: setup
 
 readme: setup
 	$(PY) scripts/update_readme.py README.md
+	$(PY) scripts/draw_results_figure.py
 
 # The API reference (pdoc, offline) with a page per method from its card; fails on a broken reference.
 docs: setup

@@ -2,7 +2,7 @@
 
 ``run_benchmark("vision")`` runs every recipe of the task's profile, merges its entry into
 ``bench/results/summary.json`` and writes ``summary.md`` and figures beside it. The protocol is
-in README.md ("Benchmarks"); ``speedkit bench --task fashion-mnist`` is the same from the command line.
+in bench/README.md; ``speedkit bench --task fashion-mnist`` is the same from the command line.
 """
 from speedkit.experiments.bench.harness import (BenchResult, pick_best, resolve_profile,
                                                 run_benchmark, run_interleaved, run_leave_one_out, run_one,

@@ -253,9 +253,10 @@ def summary_markdown(summary: dict) -> str:
         task_markdown(key, entry) for key, entry in summary.items()) + "\n"
 
 
-def readme_table(summary: dict) -> str:
+def readme_table(summary: dict, leave_one_out: bool = True) -> str:
     """The README's results: per task, the headline, then each baseline and recipe with its median time to
-    the target and its paired speed-up against every baseline."""
+    the target and its paired speed-up against every baseline; with ``leave_one_out``, the best recipe's
+    leave-one-out table too (summary.md always has it)."""
     parts = []
     for key, entry in summary.items():
         target, n = entry["target"], len(entry["seeds"])
@@ -270,7 +271,8 @@ def readme_table(summary: dict) -> str:
                                *_speedup_cells(entry, r), _num(median_or_none(r["final_metric"]), 4)]))
         lines += ["", f"{key} ({entry['task']} to {target['metric']} {target['value']:g}): {machine_line(entry)}, "
                       f"profile `{entry['profile']}`, {n} seeds."]
-        lines += leave_one_out_markdown(entry.get("leave_one_out"))
+        if leave_one_out:
+            lines += leave_one_out_markdown(entry.get("leave_one_out"))
         parts.append("\n".join(lines))
     return "\n\n".join(parts) + (
         "\n\nTraining wall clock with a plain evaluation excluded; the extra cost of evaluation-time methods "
