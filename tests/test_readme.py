@@ -297,3 +297,11 @@ def test_the_headline_figures_are_the_committed_benchmarks():
                 f"{vision['target']['value']:.0%}", f"{language['target']['value']:.2f} bits per byte"]
     assert vision["best_recipe"] == language["best_recipe"] == "hot" and "`hot`" in pitch
     assert [figure for figure in expected if figure not in pitch] == []
+
+
+def test_the_method_count_is_the_registrys():
+    from speedkit.methods import REGISTRY
+
+    readme = README.read_text()
+    assert f"{len(REGISTRY)} in all" in readme.split("\n## ", 1)[0]
+    assert f"All {len(REGISTRY)} methods" in readme
