@@ -25,7 +25,6 @@ import io
 import json
 import re
 import shlex
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -114,7 +113,13 @@ def makefile_targets() -> set[str]:
 
 
 def extras() -> set[str]:
-    return set(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"])
+    text = (ROOT / "pyproject.toml").read_text()
+    try:
+        import tomllib  # Python 3.11+
+    except ImportError:  # 3.10: the section's keys, one per line
+        section = text.split("[project.optional-dependencies]", 1)[1].split("\n[", 1)[0]
+        return set(re.findall(r"^([A-Za-z][\w-]*)\s*=", section, re.M))
+    return set(tomllib.loads(text)["project"]["optional-dependencies"])
 
 
 def command_problems(markdown: str, inline: bool = False) -> list[str]:
