@@ -29,8 +29,12 @@ $(DEMO_STAMP): pyproject.toml
 demo: $(DEMO_STAMP) system
 	$(PY) -m speedkit demo --root .
 
+# Two processes, one per core: the notebooks (one file, run in order, their speed checks paired within each
+# notebook) beside everything else; one torch thread each, since two processes of two threads would only
+# wait on one another. TEST_WORKERS=0 runs the suite in this process, as plain pytest does.
+TEST_WORKERS ?= 2
 test: setup
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile) $(PYTEST_ARGS)
 
 # JupyterLab refuses to start as root ("Use --allow-root to bypass"); containers often run as root.
 LAB_ARGS ?= $(shell [ "$$(id -u)" = 0 ] && echo --allow-root)

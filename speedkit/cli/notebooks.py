@@ -404,6 +404,21 @@ def _text_outputs(outputs) -> list:
     return kept
 
 
+def check_cell_differences(notebook: str | Path, executed: str | Path) -> list[str]:
+    """How the executed copy's check cells differ from the committed expected outputs (empty: none do), on
+    the text nbval --nbval-lax compares. A run the runner already made is checked without running it again."""
+    nbformat, _ = _imports()
+    expected = load_expected_outputs(notebook)
+    cells = [c for c in nbformat.read(str(executed), as_version=4).cells if c.cell_type == "code" and is_check_cell(c)]
+    problems = [f"check cell {c.get('id')} has no expected outputs" for c in cells if c.get("id") not in expected]
+    for cell in cells:
+        got, want = _text_outputs(cell.outputs), expected.get(cell.get("id"))
+        if want is not None and got != want:
+            problems.append(f"check cell {cell.get('id')} printed {[_text(o) for o in got]!r}, expected "
+                            f"{[_text(o) for o in want]!r}")
+    return problems
+
+
 def strip_notebook(nb):
     """A copy of ``nb`` ready to commit: no outputs or execution counts; papermill's injected cells
     and metadata dropped."""

@@ -23,9 +23,9 @@ nbformat = import_or_missing("nbformat")
 from helpers import needs_fmnist  # noqa: E402
 
 from speedkit.cli.main import main  # noqa: E402
-from speedkit.cli.notebooks import (check_committed, declared_parameters, discover_notebooks,  # noqa: E402
-                                    format_summary, is_check_cell, load_params, param_sets, parameterized_copy,
-                                    run_notebooks)
+from speedkit.cli.notebooks import (check_cell_differences, check_committed, declared_parameters,  # noqa: E402
+                                    discover_notebooks, format_summary, is_check_cell, load_expected_outputs,
+                                    load_params, param_sets, parameterized_copy, run_notebooks)
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = discover_notebooks(ROOT)
@@ -55,10 +55,33 @@ def test_notebook_runs_with_its_smoke_parameters(path, tmp_path):
                                       f"(executed copy: {result.executed})"
     assert list((tmp_path / path.stem).rglob("record.json")), f"{path.name} wrote no RunRecord into out_dir"
     assert result.html is not None and result.html.stat().st_size > 0
+    assert check_cell_differences(path, result.executed) == []  # what nbval --nbval-lax would compare
+
+
+def test_a_check_cell_that_prints_something_else_is_reported(tmp_path):
+    [path] = [p for p in CHECKED if p.stem == NBVAL_NOTEBOOK]
+    nb = nbformat.read(str(path), as_version=4)
+    expected = load_expected_outputs(path)
+    for cell in nb.cells:
+        if cell.cell_type == "code" and is_check_cell(cell):
+            cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text=text)
+                            for text in ("".join(o.get("text", "")) for o in expected[cell.id])]
+    nbformat.write(nb, tmp_path / "as_expected.ipynb")
+    assert check_cell_differences(path, tmp_path / "as_expected.ipynb") == []
+    first = next(c for c in nb.cells if c.cell_type == "code" and is_check_cell(c))
+    first.outputs = [nbformat.v4.new_output("stream", name="stdout", text="something else\n")]
+    nbformat.write(nb, tmp_path / "changed.ipynb")
+    [problem] = check_cell_differences(path, tmp_path / "changed.ipynb")
+    assert problem.startswith(f"check cell {first.id} printed ['something else\\n']")
+
+
+# nbval itself, as a user runs it (pytest --nbval-lax on a parameterized copy), on one notebook: the runner
+# test above already compares every check cell's output, so running each notebook twice would only cost time.
+NBVAL_NOTEBOOK = "t3_write_your_own_method"
 
 
 @needs_fmnist
-@pytest.mark.parametrize("path", CHECKED, ids=_ids(CHECKED))
+@pytest.mark.parametrize("path", [p for p in CHECKED if p.stem == NBVAL_NOTEBOOK], ids=[NBVAL_NOTEBOOK])
 def test_nbval_lax_passes_on_the_parameterized_notebook(path, tmp_path):
     """nbval runs a copy with the smoke parameters injected and compares the check cells' outputs."""
     copy = parameterized_copy(path, {**load_params("cpu-smoke", path, ROOT), "out_dir": str(tmp_path / "out")},

@@ -84,7 +84,7 @@ def test_methods_for_another_domain_are_disabled_with_the_reason(explorer):
     assert not explorer.rows["rotary_embeddings"].checkbox.disabled
     assert explorer.model.options == ("gpt-nano", "gpt-micro", "gpt-mini", "gpt-small",
                                       "hf:gpt2-nano", "hf:gpt2-micro", "hf:gpt2-mini", "hf:gpt2-small")
-    assert explorer.config.target == 2.0
+    assert explorer.config.target == TASKS["pydocs"].target_value == 3.30
     with pytest.raises(ValueError, match="cannot be used here"):
         explorer.toggle("blurpool")
 
