@@ -21,15 +21,14 @@ import_or_missing("nbval")
 nbformat = import_or_missing("nbformat")
 
 from helpers import needs_fmnist  # noqa: E402
+from notebook_checks import NOTEBOOKS, ROOT, SMOKE, assert_runs_with_smoke_parameters, smoke_in  # noqa: E402
 
 from speedkit.cli.main import main  # noqa: E402
 from speedkit.cli.notebooks import (check_cell_differences, check_committed, declared_parameters,  # noqa: E402
-                                    discover_notebooks, format_summary, is_check_cell, load_expected_outputs,
-                                    load_params, param_sets, parameterized_copy, run_notebooks)
+                                    format_summary, is_check_cell, load_expected_outputs, load_params, param_sets,
+                                    parameterized_copy, run_notebooks)
 
-ROOT = Path(__file__).resolve().parents[2]
-NOTEBOOKS = discover_notebooks(ROOT)
-SMOKE = [p for p in NOTEBOOKS if load_params("cpu-smoke", p, ROOT) is not None]
+SMOKE_NOTEBOOKS = smoke_in("notebooks")
 TUTORIALS = [p for p in NOTEBOOKS if p.parent.name == "tutorials"]
 # nbval on a notebook without check cells would only repeat the runner's test, at the same cost.
 CHECKED = [p for p in SMOKE if any(is_check_cell(c) for c in nbformat.read(str(p), as_version=4).cells)]
@@ -46,16 +45,11 @@ def _ids(paths):
     return [p.stem for p in paths]
 
 
-# -- every notebook, executed -------------------------------------------------------------------------
+# -- every notebook, executed (the tutorials in test_tutorials.py: two files, so make test's two workers share them)
 @needs_fmnist
-@pytest.mark.parametrize("path", SMOKE, ids=_ids(SMOKE))
+@pytest.mark.parametrize("path", SMOKE_NOTEBOOKS, ids=_ids(SMOKE_NOTEBOOKS))
 def test_notebook_runs_with_its_smoke_parameters(path, tmp_path):
-    [result] = run_notebooks("cpu-smoke", out=tmp_path, root=ROOT, only=[path.stem])
-    assert result.status == "passed", f"{path.name} failed in cell {result.cell}: {result.error} " \
-                                      f"(executed copy: {result.executed})"
-    assert list((tmp_path / path.stem).rglob("record.json")), f"{path.name} wrote no RunRecord into out_dir"
-    assert result.html is not None and result.html.stat().st_size > 0
-    assert check_cell_differences(path, result.executed) == []  # what nbval --nbval-lax would compare
+    assert_runs_with_smoke_parameters(path, tmp_path)
 
 
 def test_a_check_cell_that_prints_something_else_is_reported(tmp_path):
