@@ -50,7 +50,8 @@ def bare_loop(batches, device) -> float:
 def trainer_loop(batches, device, profile: bool, run_dir: str) -> float:
     trainer = Trainer(make_model(device), batches, max_duration=f"{len(batches)}ba", device=device,
                       optimizers=lambda p: torch.optim.SGD(p, lr=0.01), log_interval=len(batches),
-                      save_checkpoints=False, run_dir=run_dir, run_name="engine-overhead")
+                      save_checkpoints=False, run_dir=run_dir, run_name="engine-overhead", overwrite=True,
+                      progress_bar=False)  # each repeat measures afresh, in the same folder
     trainer.engine.profile = profile
     trainer.fit()
     return len(batches) / trainer.record.timings["train_s"]
