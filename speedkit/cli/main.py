@@ -11,7 +11,7 @@ from speedkit.version import __version__
 
 
 COMMANDS_EPILOG = """getting started:
-  speedkit demo                                     the headline in about three minutes
+  speedkit demo                                     the headline: time to a target, preset against baseline
   speedkit train --task fashion-mnist --recipe hot  train a preset; see speedkit tasks, recipes, methods
   speedkit COMMAND --help                           each command's own flags
 """
@@ -118,7 +118,7 @@ def _add_catalogue_parsers(commands) -> None:
 
 def _add_demo_parser(commands) -> None:
     demo = commands.add_parser("demo", allow_abbrev=False,
-                               help="the headline in about three minutes: how much sooner the fastest preset "
+                               help="the headline: how much sooner the fastest preset "
                                     "reaches a target accuracy on Fashion-MNIST than the hand-written baseline")
     demo.add_argument("--duration", help="budget for both runs (default: each recipe's own, as benchmarked)")
     demo.add_argument("--data-fraction", type=float, help="train on this class-balanced fraction (default: the "

@@ -304,7 +304,6 @@ def run_notebooks(params: str | Path = "cpu-smoke", out: str | Path = "runs/nb",
     without a parameter file in the set is reported as "no parameters" and not run: running it at
     its defaults could take hours, and passing silently would hide the missing file.
     """
-
     root = notebook_root(root)
     kernel_dir = Path.cwd() if is_shipped(root) else root  # never write into the installed package
     folder = _param_folder(params, root)
