@@ -148,10 +148,15 @@ class NaNGuard(Callback):
             raise ValueError(f"NaNGuard lr_factor must be in (0, 1], got {lr_factor}")
         self.policy, self.lr_factor, self.max_skips = policy, lr_factor, max_skips
         self.skips = 0
-        self._device_state: dict | None = None  # tensors on the device; see _start_window
         self._step_bad = None  # this step's losses so far: any non-finite (device bool)
         self._step_loss = None  # the first non-finite loss of this step (device float)
-        self._window: list[tuple[int, int]] = []  # (batch, epoch) of each step since the last read
+        # Since the last read, one entry per step: (batch, epoch) on the host, and on the device whether the
+        # step was non-finite, whether its loss was, and that loss. Stacked only when read, so that a step
+        # adds no tensor work beyond its check.
+        self._window: list[tuple[int, int]] = []
+        self._bad: list[torch.Tensor] = []
+        self._bad_loss: list[torch.Tensor] = []
+        self._loss: list[torch.Tensor] = []
 
     # -- on the device, every step -------------------------------------------------------------
     def batch_start(self, state, logger):
@@ -181,26 +186,11 @@ class NaNGuard(Callback):
         self._note_step(state, bad, loss_bad)
 
     def _note_step(self, state, bad, loss_bad) -> None:
-        if self._device_state is None:
-            self._start_window(bad.device)
-        d = self._device_state
-        new = bad & ~d["found"]
-        d["first_step"] = torch.where(new, d["steps"], d["first_step"])
-        d["first_loss"] = torch.where(new, self._step_loss, d["first_loss"])
-        d["first_in_loss"] = torch.where(new, loss_bad, d["first_in_loss"])
-        d["found"] = d["found"] | bad
-        d["bad_steps"] = d["bad_steps"] + bad.long()
-        d["steps"] = d["steps"] + 1
         self._window.append((state.timestamp.batch, state.timestamp.epoch))
+        self._bad.append(bad)
+        self._bad_loss.append(loss_bad)
+        self._loss.append(self._step_loss)
         self._step_bad = None
-
-    def _start_window(self, device) -> None:
-        zero = torch.zeros((), dtype=torch.long, device=device)
-        self._device_state = {"steps": zero, "first_step": zero, "bad_steps": zero,
-                              "found": torch.zeros((), dtype=torch.bool, device=device),
-                              "first_in_loss": torch.zeros((), dtype=torch.bool, device=device),
-                              "first_loss": torch.zeros((), device=device)}
-        self._window = []
 
     # -- read at the wait points --------------------------------------------------------------
     def batch_end(self, state, logger):
@@ -209,14 +199,15 @@ class NaNGuard(Callback):
 
     def read_device_checks(self, state, logger):
         """Read the flag (one wait) and apply the policy to the steps found non-finite since the last read."""
-        d = self._device_state
-        if d is None or not self._window:
+        if not self._window:
             return
+        bad = torch.stack(self._bad)
+        first = bad.int().argmax()  # the first non-finite step (argmax gives the first of equal maxima)
         found, first_step, bad_steps, in_loss, first_loss = to_host(torch.stack([
-            d["found"].double(), d["first_step"].double(), d["bad_steps"].double(), d["first_in_loss"].double(),
-            d["first_loss"].double()]))
+            bad.any().double(), first.double(), bad.sum().double(), torch.stack(self._bad_loss)[first].double(),
+            torch.stack(self._loss)[first].double()]))
         window = self._window
-        self._start_window(d["found"].device)
+        self._window, self._bad, self._bad_loss, self._loss = [], [], [], []
         # Under torchrun every rank must take the same branch (skip or stop): a non-finite step on any rank
         # counts on all of them. One collective per read, not per step.
         if not distributed.any_rank(bool(found)):
@@ -254,13 +245,15 @@ class NaNGuard(Callback):
 
 def _any_non_finite(grads: list, device) -> torch.Tensor:
     """Whether any gradient holds a NaN or inf, as a device bool: one fused check per device and dtype."""
-    found = torch.zeros((), device=device)
     groups: dict = {}
     for grad in grads:
         groups.setdefault((grad.device, grad.dtype), []).append(grad)
+    flags = []
     for (grad_device, _), group in groups.items():
         flag = torch.zeros((), device=grad_device)
         # GradScaler's own check; an inverse scale of 1 leaves the gradients exactly as they are.
         torch._amp_foreach_non_finite_check_and_unscale_(group, flag, torch.ones((), device=grad_device))
-        found = found + flag.to(device, non_blocking=True)
-    return found > 0
+        flags.append(flag.to(device, non_blocking=True))
+    if not flags:
+        return torch.zeros((), dtype=torch.bool, device=device)
+    return (flags[0] if len(flags) == 1 else torch.stack(flags).sum()) > 0

@@ -83,7 +83,7 @@ class State:
 
     def progress(self, unit: TimeUnit) -> float:
         """Progress so far in ``unit``; epochs count fractionally within the current epoch."""
-        unit = TimeUnit(unit)
+        unit = unit if isinstance(unit, TimeUnit) else TimeUnit(unit)
         ts = self.timestamp
         if unit is TimeUnit.EPOCH:
             per_epoch = self.batches_per_epoch or 1

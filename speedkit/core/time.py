@@ -28,6 +28,9 @@ _WHOLE_UNITS = {TimeUnit.BATCH, TimeUnit.SAMPLE, TimeUnit.TOKEN}
 _CLOCK_UNITS = {"s": 1.0, "sec": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
 _MULTIPLIERS = {"": 1, "k": 1_000, "K": 1_000, "M": 1_000_000, "B": 1_000_000_000, "G": 1_000_000_000}
 _UNIT_NAMES = {u.value: u for u in TimeUnit}
+# The Timestamp field that counts each unit (a fraction of the run is the State's to know).
+_TIMESTAMP_FIELDS = {TimeUnit.EPOCH: "epoch", TimeUnit.BATCH: "batch", TimeUnit.SAMPLE: "sample",
+                     TimeUnit.TOKEN: "token", TimeUnit.SECOND: "wall_s"}
 _PATTERN = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([kKMBG]?)\s*([a-z]+)\s*$")
 ACCEPTED_UNITS = "ep, ba, sp, tok, dur, s, m, h (with an optional k/M/B multiplier, e.g. '2Mtok')"
 
@@ -205,28 +208,19 @@ class Timestamp:
     wall_s: float = 0.0  # training clock: plain evaluation excluded, methods' set-up and eval work included
 
     def get(self, unit: TimeUnit | str) -> float:
-        unit = TimeUnit(unit)
-        if unit is TimeUnit.DURATION:
-            raise ValueError("a Timestamp does not know the run's length; use State.fraction_done()")
-        return {
-            TimeUnit.EPOCH: self.epoch,
-            TimeUnit.BATCH: self.batch,
-            TimeUnit.SAMPLE: self.sample,
-            TimeUnit.TOKEN: self.token,
-            TimeUnit.SECOND: self.wall_s,
-        }[unit]
+        field = _TIMESTAMP_FIELDS.get(unit)  # a TimeUnit: one lookup (its spelling, "ba", goes through TimeUnit)
+        if field is None:
+            unit = TimeUnit(unit)
+            if unit is TimeUnit.DURATION:
+                raise ValueError("a Timestamp does not know the run's length; use State.fraction_done()")
+            field = _TIMESTAMP_FIELDS[unit]
+        return getattr(self, field)
 
     def after_batch(self, samples: int, tokens: int = 0, wall_s: float | None = None) -> "Timestamp":
-        return dataclasses.replace(
-            self,
-            batch=self.batch + 1,
-            sample=self.sample + samples,
-            token=self.token + tokens,
-            batch_in_epoch=self.batch_in_epoch + 1,
-            sample_in_epoch=self.sample_in_epoch + samples,
-            token_in_epoch=self.token_in_epoch + tokens,
-            wall_s=self.wall_s if wall_s is None else wall_s,
-        )
+        # Built directly, not with dataclasses.replace: this runs every step, and replace checks every field.
+        return Timestamp(self.epoch, self.batch + 1, self.sample + samples, self.token + tokens,
+                         self.batch_in_epoch + 1, self.sample_in_epoch + samples, self.token_in_epoch + tokens,
+                         self.wall_s if wall_s is None else wall_s)
 
     def after_epoch(self) -> "Timestamp":
         return dataclasses.replace(self, epoch=self.epoch + 1, batch_in_epoch=0, sample_in_epoch=0, token_in_epoch=0)

@@ -284,7 +284,10 @@ def get_recipe(task: Task | str | None, recipe: str | Recipe = "baseline", *, mo
                         f"got {recipe!r}")
     if ":" in recipe:
         task_name, name = recipe.split(":", 1)
-        named = get_task(task_name)
+        if task_name not in TASKS:
+            raise ValueError(f"recipe {recipe!r} names task {task_name!r}, which is not registered; known tasks: "
+                             f"{sorted(TASKS)}")
+        named = TASKS[task_name]
         if owner is not None and named is not owner:
             raise ValueError(f"recipe {recipe!r} is task {task_name!r}'s, not {owner.name!r}'s; name one of "
                              f"{sorted(owner.recipes)}")

@@ -340,11 +340,12 @@ class Trainer:
         """Gradients of the whole batch, one microbatch at a time; returns the batch's mean loss."""
         state = self.state
         total = batch_size(full_batch)
-        step_loss = torch.zeros((), device=state.device)
+        step_loss = None
         for index, microbatch in enumerate(microbatches):
             state.batch, state.microbatch_index, weight = microbatch, index, batch_size(microbatch) / total
             with self.plan.gradient_sync(self._train_module, last=index == len(microbatches) - 1):
-                step_loss += self._train_microbatch(weight) * weight
+                loss = _weighted(self._train_microbatch(weight), weight)
+            step_loss = loss if step_loss is None else step_loss + loss
         state.batch = full_batch
         return step_loss
 
@@ -365,7 +366,7 @@ class Trainer:
         engine.run_event(Event.AFTER_LOSS)
         engine.run_event(Event.BEFORE_BACKWARD)
         if not state.skip_step:
-            scaled = state.loss * weight
+            scaled = _weighted(state.loss, weight)
             if state.grad_scaler is not None:
                 scaled = state.grad_scaler.scale(scaled)
             with self._explained("backward", checked):
@@ -506,3 +507,9 @@ class Trainer:
             self.logger.destinations.remove(self._log_file)
             self._log_file.close()
             self._log_file = None
+
+
+def _weighted(loss: torch.Tensor, weight: float) -> torch.Tensor:
+    """``loss * weight``, without the multiplication (a tensor op, and a node in the backward graph) in the
+    common case of one microbatch a step, where the weight is 1."""
+    return loss if weight == 1.0 else loss * weight

@@ -9,7 +9,7 @@ from helpers import toy_loaders, toy_model
 
 from speedkit import Trainer
 from speedkit.callbacks import ProgressBar, someone_is_watching
-from speedkit.callbacks.monitors import PROGRESS_ENV
+from speedkit.callbacks.monitors import _CI_ENV, PROGRESS_ENV
 
 
 class _Terminal(io.StringIO):
@@ -19,7 +19,7 @@ class _Terminal(io.StringIO):
 
 @pytest.fixture
 def nobody_set_anything(monkeypatch):
-    for name in (PROGRESS_ENV, "CI", "GITHUB_ACTIONS", "GITLAB_CI", "BUILDKITE", "JENKINS_URL", "TF_BUILD"):
+    for name in (PROGRESS_ENV, *_CI_ENV):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.delitem(sys.modules, "ipykernel", raising=False)
     return monkeypatch

@@ -104,6 +104,12 @@ def test_every_flag_of_every_command_has_help_text():
                for path, parser in _all_parsers(_parser()) for action in parser._actions
                if not isinstance(action, (argparse._HelpAction, argparse._SubParsersAction)) and not action.help]
     assert missing == []
+    # The parser imports no torch, so its help states the default checkpoint interval rather than reading it.
+    from speedkit.tasks.build import DEFAULT_SAVE_INTERVAL
+
+    train = dict(_all_parsers(_parser()))[("speedkit", "train")]
+    save_interval = next(a for a in train._actions if "--save-interval" in a.option_strings)
+    assert f"(default {DEFAULT_SAVE_INTERVAL})" in save_interval.help
 
 
 def test_every_command_that_takes_a_task_names_it_with_the_same_flag():

@@ -36,9 +36,22 @@ def test_the_demo_streams_cells_and_progress_and_reports_interleaved_pairs(tmp_p
     assert "hot reached eval/accuracy 0.0" in summary and "budgets baseline 6ba and hot 6ba" in summary
     assert any(line.strip().startswith("committed benchmark:") and "to 0.92 (the full target" in line
                for line in lines)
+    assert any(line.strip().startswith("2 pairs as asked, ") for line in lines)
     assert any(line.strip().startswith(("the machine was busy", "the machine looked quiet")) for line in lines)
     figure = tmp_path / "00_quickstart" / "00_quickstart.png"
     assert any(line.startswith("training: ") and " s over 4 runs (evaluation and set-up apart)" in line for line in lines)
     assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"figure (PNG):      {figure}" in lines
     assert "without encryption" not in out + err  # the kernel talks over private Unix sockets, not TCP
     assert not list(tmp_path.glob("kernel-ipc*")) and not list(ROOT.glob("kernel-ipc*"))
+
+
+def test_the_number_of_pairs_follows_the_time_budget():
+    from speedkit.cli.demo import another_pair_fits, pairs_note
+
+    assert another_pair_fits([], 1.0) and another_pair_fits([500.0], None)  # the first pair always runs
+    assert another_pair_fits([60.0], 180) and another_pair_fits([60.0, 60.0], 180)
+    assert not another_pair_fits([60.0, 61.0], 180)  # a third at their mean would end past 180 s
+    assert not another_pair_fits([183.0], 180)  # one slow pair fills the budget
+    assert pairs_note([60.0, 70.0], 2, 180).startswith("2 pairs as asked, 130 s of training")
+    note = pairs_note([183.0], 3, 180)
+    assert note.startswith("1 of 3 pairs, 183 s") and "would not fit the 180 s budget" in note

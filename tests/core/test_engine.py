@@ -124,3 +124,56 @@ def test_default_match_is_the_cards_events(tmp_path):
                       run_dir=tmp_path, save_checkpoints=False)
     trainer.fit()
     assert trainer.engine.events_of("only_start") == {Event.FIT_START: 1, Event.EPOCH_END: 2}
+
+
+def test_callbacks_get_the_events_they_handle_even_when_added_mid_run(tmp_path):
+    """The engine looks up once which callbacks handle which event; a callback added to the list during
+    the run, and one that overrides run_event itself, still get theirs."""
+    from speedkit.callbacks import Callback
+
+    class CountsBatchEnds(Callback):
+        def __init__(self):
+            self.batches = 0
+
+        def batch_end(self, state, logger):
+            self.batches += 1
+
+    class SeesEverything:  # duck-typed: only run_event
+        def __init__(self):
+            self.events = []
+
+        def run_event(self, event, state, logger):
+            self.events.append(event)
+
+    late = CountsBatchEnds()
+
+    class AddsOneAtBatchTwo(Callback):
+        def batch_end(self, state, logger):
+            if state.timestamp.batch == 2:
+                state.callbacks.append(late)
+
+    train, _ = toy_loaders(batch_size=32, n=96)
+    watcher = SeesEverything()
+    trainer = Trainer(toy_model(), train, max_duration="5ba", callbacks=[AddsOneAtBatchTwo(), watcher],
+                      device="cpu", run_dir=tmp_path, save_checkpoints=False)
+    trainer.fit()
+    assert late.batches == 3  # batches 3, 4 and 5
+    assert watcher.events.count(Event.BEFORE_FORWARD) == 5 and watcher.events[-1] is Event.FIT_END
+
+
+def test_the_engine_overhead_benchmark_runs_and_reports_each_loop(tmp_path):
+    """bench/engine_overhead.py at a tiny size: it must keep running, since its figures are quoted."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "bench/engine_overhead.py", "--steps", "60", "--repeats", "1",
+                           "--run-dir", str(tmp_path)], cwd=root, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr
+    figures = json.loads(done.stdout.strip().splitlines()[-1])
+    assert all(figures[f"{arm}_steps_per_s"] > 0 for arm in ("bare", "loop_only", "trainer"))
+    assert 0 < figures["event_ns"] < 1e6 and "loop_only_overhead_us_per_step" in figures
