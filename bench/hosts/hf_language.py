@@ -9,6 +9,7 @@ counts training only: evaluation (every ``--eval-steps``) is timed apart and sub
 ``bench/results/hosts_hf_language.json`` with every run and the median ratio baseline/recipe.
 
     python bench/hosts/hf_language.py --sweep 1e-3 2e-3 4e-3 8e-3 --seeds 0 1 2
+    python bench/hosts/hf_language.py --sweep 1e-3 --baseline-steps 600   # the rate the pydocs task's sweep picked
 
 Not run for figures on the shared development machine: run it on a quiet one (or the GPU machine).
 """
@@ -18,6 +19,7 @@ import argparse
 import json
 import math
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -100,16 +102,19 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--sweep", type=float, nargs="*", default=[1e-3, 2e-3, 4e-3, 8e-3],
-                        help="baseline learning rates to try first (one seed each)")
+                        help="baseline learning rates to try first (one seed each); one rate: use it, no sweep")
     parser.add_argument("--baseline-steps", type=int, default=500)
     parser.add_argument("--eval-steps", type=int, default=25)
     args = parser.parse_args()
     recipe = get_recipe("pydocs", "hot")
     hot_steps = int(str(recipe.duration).removesuffix("ba"))
-    sweep = [run("baseline", args.seeds[0], lr, args.baseline_steps, args.eval_steps) for lr in args.sweep]
-    reached = [r for r in sweep if r["time_to_target_s"]]
-    best_lr = min(reached, key=lambda r: r["time_to_target_s"])["lr"] if reached else \
-        min(sweep, key=lambda r: r["best_bpb"])["lr"]
+    if len(args.sweep) == 1:  # a learning rate tuned elsewhere (the pydocs task's own sweep): no sweep
+        sweep, best_lr = [], args.sweep[0]
+    else:
+        sweep = [run("baseline", args.seeds[0], lr, args.baseline_steps, args.eval_steps) for lr in args.sweep]
+        reached = [r for r in sweep if r["time_to_target_s"]]
+        best_lr = min(reached, key=lambda r: r["time_to_target_s"])["lr"] if reached else \
+            min(sweep, key=lambda r: r["best_bpb"])["lr"]
     runs = []
     for seed in args.seeds:  # interleaved: baseline, recipe, baseline, recipe, ...
         runs.append(run("baseline", seed, best_lr, args.baseline_steps, args.eval_steps))
@@ -119,6 +124,7 @@ def main():
     summary = {"target_bpb": TARGET_BPB, "sweep": sweep, "baseline_lr": best_lr, "runs": runs, "ratios": ratios,
                "median_ratio": statistics.median(ratios) if ratios else None, "torch": torch.__version__,
                "transformers": transformers.__version__, "threads": torch.get_num_threads(),
+               "command": " ".join(["python", "bench/hosts/hf_language.py", *sys.argv[1:]]),
                "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"}
     RESULTS.write_text(json.dumps(summary, indent=2))
     print(json.dumps({k: summary[k] for k in ("baseline_lr", "ratios", "median_ratio")}))

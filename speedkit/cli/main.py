@@ -51,6 +51,9 @@ def _add_folder_task_arguments(parser) -> None:
     parser.add_argument("--skip-unreadable", action="store_true",
                         help="image-folder / text-folder: leave out (and count) images that cannot be decoded and "
                              "files that are not text, instead of refusing the folder")
+    parser.add_argument("--no-flips", action="store_true",
+                        help="image-folder: a horizontal flip changes these images' labels (digits, letters, "
+                             "text), so train without flip augmentation, alternating flips or mirrored test views")
 
 
 def _add_train_parser(commands) -> None:
@@ -283,6 +286,8 @@ def _folder_options(args) -> dict | None:
     options = {"image_size": args.image_size} if args.image_size is not None else {}
     if getattr(args, "skip_unreadable", False):
         options["skip_unreadable"] = True
+    if getattr(args, "no_flips", False):
+        options["flips_keep_labels"] = False
     return options or None
 
 

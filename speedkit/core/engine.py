@@ -50,8 +50,8 @@ class Engine:
     (FIT_START and the evaluation events: it counts the work methods do at evaluation, such as test-time
     augmentation and weight swaps, as training time); ``profile = True`` times methods at every event.
     Off the profile, an event on the step's path costs a loop over the methods' ``match`` and a call to each
-    callback that handles it: which callbacks handle which event is looked up once (``_build_handler_table``), so an event
-    nobody handles costs a dictionary lookup and two empty loops.
+    callback that handles it. Which callbacks handle which event is looked up once (``_build_handler_table``),
+    so an event that nobody handles costs a dictionary lookup and an empty loop.
     """
 
     TIMED_EVENTS = frozenset({Event.FIT_START, *EVAL_EVENTS})

@@ -218,9 +218,10 @@ class Timestamp:
 
     def after_batch(self, samples: int, tokens: int = 0, wall_s: float | None = None) -> "Timestamp":
         # Built directly, not with dataclasses.replace: this runs every step, and replace checks every field.
-        return Timestamp(self.epoch, self.batch + 1, self.sample + samples, self.token + tokens,
-                         self.batch_in_epoch + 1, self.sample_in_epoch + samples, self.token_in_epoch + tokens,
-                         self.wall_s if wall_s is None else wall_s)
+        return Timestamp(epoch=self.epoch, batch=self.batch + 1, sample=self.sample + samples,
+                         token=self.token + tokens, batch_in_epoch=self.batch_in_epoch + 1,
+                         sample_in_epoch=self.sample_in_epoch + samples, token_in_epoch=self.token_in_epoch + tokens,
+                         wall_s=self.wall_s if wall_s is None else wall_s)
 
     def after_epoch(self) -> "Timestamp":
         return dataclasses.replace(self, epoch=self.epoch + 1, batch_in_epoch=0, sample_in_epoch=0, token_in_epoch=0)

@@ -8,6 +8,7 @@ so a configuration means the same thing everywhere. A hand-built Trainer takes a
 """
 from __future__ import annotations
 
+import warnings
 from types import SimpleNamespace
 
 import torch
@@ -17,7 +18,7 @@ from speedkit.core.devices import resolve_device
 from speedkit.methods import build_methods
 from speedkit.optim.factory import make_optimizer_factory
 from speedkit.record.metrics import Evaluator
-from speedkit.tasks.recipes import Recipe
+from speedkit.tasks.recipes import Recipe, without_flips
 from speedkit.tasks.task import FOLDER_TASKS, TASKS, DataRequest, Task, get_recipe, import_attribute, register_task
 from speedkit.tasks.request import RECIPE_OVERRIDES, RunRequest
 from speedkit.train.checks import check_first_outputs, describe
@@ -133,11 +134,28 @@ def request_task(request: RunRequest) -> Task:
 
 
 def request_recipe(request: RunRequest, task: Task) -> Recipe:
-    """The request's recipe for ``task`` (by name, from a file, or as given), with its overrides applied."""
+    """The request's recipe for ``task`` (by name, from a file, or as given), with its overrides applied, and
+    without flips where a flip changes the task's labels (``Task.flips_keep_labels``)."""
     recipe = get_recipe(task, request.recipe).with_changes(
         model=request.model, duration=request.duration, precision=request.precision,
         batch_size=request.batch_size, eval_interval=request.eval_interval)
-    return recipe if request.methods is None else recipe.with_changes(methods=request.methods)
+    if request.methods is not None:
+        recipe = recipe.with_changes(methods=request.methods)
+    return recipe if task.flips_keep_labels else _keep_labels(task, recipe, asked=request.methods or {})
+
+
+def _keep_labels(task: Task, recipe: Recipe, asked: dict) -> Recipe:
+    """``recipe`` without its flips, with a warning naming what was taken out; a method asked for by name that
+    would be taken out whole is refused instead, naming it."""
+    adapted, removed = without_flips(recipe)
+    refused = sorted(set(asked) - set(adapted.methods))
+    if refused:
+        raise ValueError(f"methods {refused} only flip images, but on task {task.name!r} a horizontal flip changes "
+                         f"the label (flips_keep_labels=False); leave them out")
+    if removed:
+        warnings.warn(f"task {task.name!r}: a horizontal flip changes its labels, so recipe {recipe.name!r} runs "
+                      f"without {', '.join(removed)}", stacklevel=2)
+    return adapted
 
 
 def resolved_request(request: RunRequest, task: Task | None = None) -> RunRequest:

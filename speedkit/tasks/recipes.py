@@ -166,6 +166,27 @@ class Recipe:
         return recipes[name]
 
 
+def without_flips(recipe: Recipe) -> tuple[Recipe, list[str]]:
+    """``recipe`` for images whose label a horizontal flip changes (digits, letters, text): no flip
+    augmentation, no alternating flips, no mirrored test-time view (shifted views stay); and what was taken out."""
+    removed, augment, methods = [], dict(recipe.augment or {}), copy.deepcopy(recipe.methods)
+    if augment.get("flip"):
+        removed.append(f"augment flip={augment['flip']!r}")
+        augment["flip"] = None
+    if "alternating_flip" in methods:
+        del methods["alternating_flip"]
+        removed.append("alternating_flip")
+    tta = methods.get("test_time_augmentation")
+    if tta is not None and (tta or {}).get("flip", True):
+        if (tta or {}).get("shifts", 0):
+            methods["test_time_augmentation"] = {**tta, "flip": False}
+            removed.append("test_time_augmentation's mirrored view")
+        else:  # the mirrored view was its only one
+            del methods["test_time_augmentation"]
+            removed.append("test_time_augmentation")
+    return dataclasses.replace(recipe, augment=augment or None, methods=methods), removed
+
+
 def read_recipe_file(path) -> dict[str, Recipe]:
     """Every recipe in a recipe file (YAML or JSON, one recipe per document), by name; unknown fields are an error."""
     import yaml

@@ -65,6 +65,9 @@ class Task:
     summary: str = ""
     models: tuple[str, ...] = ()  # empty: the models its recipes name
     baselines: tuple[str, ...] = ("baseline",)  # the recipes speed-ups are measured against, weakest first
+    # Whether a horizontal flip leaves an image's label as it is: not for digits, letters or text. Where it does
+    # not, runs train without flip augmentation, alternating flips and the mirrored test-time view.
+    flips_keep_labels: bool = True
 
     def __post_init__(self):
         where = f"task {show(self.name)}"
@@ -72,6 +75,9 @@ class Task:
             raise ValueError(f"{where}: name must be a non-empty string without ':' (that marks 'module:attr')")
         if self.domain not in DOMAINS:
             raise ValueError(f"{where}: domain must be one of {DOMAINS}, got {show(self.domain)}")
+        if not isinstance(self.flips_keep_labels, bool):
+            raise TypeError(f"{where}: flips_keep_labels must be True or False (whether a horizontal flip keeps "
+                            f"an image's label), got {show(self.flips_keep_labels)}")
         for field in ("model", "train_data", "eval_data", "metrics"):
             if not callable(getattr(self, field)):
                 raise TypeError(f"{where}: {field} must be a function, got {show(getattr(self, field))}")

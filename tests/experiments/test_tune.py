@@ -470,3 +470,17 @@ def test_a_sqlite_storage_holds_the_search_and_a_rerun_continues_it(tmp_path, fa
     assert len([t for t in trials if t.state.is_finished()]) == 5  # 3 kept, 2 more
     starts = [line.split()[1] for line in fake_env.read_text().splitlines() if line.startswith("start")]
     assert len(starts) == len(set(starts))  # nothing ran twice
+
+
+def test_the_search_samples_no_flip_where_a_flip_changes_the_labels():
+    from speedkit.experiments.tune.space import candidate_methods, full_space
+    from speedkit.tasks import get_recipe
+
+    candidates, left_out = candidate_methods("vision", None, "cpu", flips_keep_labels=False)
+    assert {"alternating_flip", "test_time_augmentation"} <= left_out.keys()
+    assert "a horizontal flip changes this task's labels" in left_out["alternating_flip"]
+    assert not {"alternating_flip", "test_time_augmentation"} & set(candidates) and "label_smoothing" in candidates
+    assert "alternating_flip" in candidate_methods("vision", None, "cpu")[0]
+    base = get_recipe("fashion-mnist", "baseline")
+    assert full_space(base, [], "cpu", flips_keep_labels=False).flips == ()
+    assert full_space(base, [], "cpu").flips == ("random", "alternating", "none")

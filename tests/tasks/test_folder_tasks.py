@@ -187,3 +187,41 @@ def test_binary_files_in_a_text_folder_are_refused_naming_them_or_skipped(text_d
     skipped = speedkit_train(*args, "--skip-unreadable", cwd=tmp_path)
     assert skipped.returncode == 0, skipped.stderr[-2000:]
     assert "left out 1 file(s) that are not text: weights.txt" in skipped.stderr
+
+
+def test_a_task_whose_labels_flips_change_trains_without_flips(image_dir, tmp_path):
+    """Digits, letters, text: ``--no-flips`` / ``flips_keep_labels=False`` takes a recipe's flips out, saying
+    which, and refuses a flipping method asked for by name."""
+    from speedkit.tasks import get_recipe
+    from speedkit.tasks.recipes import without_flips
+
+    hot = get_recipe("fashion-mnist", "hot")  # alternating flips and a flip-only test-time view
+    adapted, removed = without_flips(hot)
+    assert adapted.augment["flip"] is None and "test_time_augmentation" not in adapted.methods
+    assert removed == ["augment flip='alternating'", "test_time_augmentation"]
+    assert adapted.methods.keys() == hot.methods.keys() - {"test_time_augmentation"}
+    shifted, removed = without_flips(hot.with_changes(methods={"test_time_augmentation": {"shifts": 1}}))
+    assert shifted.methods["test_time_augmentation"] == {"shifts": 1, "flip": False}  # the shifted views stay
+    assert without_flips(adapted) == (adapted, [])
+
+    options = {"flips_keep_labels": False}
+    with pytest.warns(UserWarning, match=r"runs without augment flip='random'"):
+        trainer = make_trainer("image-folder", "mild", data=image_dir, task_options=options, duration="2ba",
+                               run_dir=tmp_path, save_checkpoints=False)
+    assert TASKS["image-folder"].flips_keep_labels is False
+    assert trainer.state.train_dataloader.augment.flip is None and trainer.state.train_dataloader.augment.crop_pad == 2
+    with pytest.raises(ValueError, match=r"\['alternating_flip'\] only flip images.*image-folder"):
+        make_trainer("image-folder", "mild", data=image_dir, task_options=options, methods={"alternating_flip": {}},
+                     run_dir=tmp_path, run_name="refused", save_checkpoints=False)
+    plain = make_trainer("image-folder", "mild", data=image_dir, duration="2ba", run_dir=tmp_path,
+                         run_name="flipping", save_checkpoints=False)  # the default: flips keep labels
+    assert plain.state.train_dataloader.augment.flip == "random"
+
+
+def test_no_flips_is_a_folder_option_of_train_tune_and_bench():
+    from speedkit.cli.main import _folder_options, _parser
+
+    for command in ("train", "tune", "bench"):
+        args = _parser().parse_args([command, "--task", "image-folder", "--data", "DIR", "--no-flips"])
+        assert _folder_options(args) == {"flips_keep_labels": False}
+        assert _folder_options(_parser().parse_args([command, "--task", "image-folder"])) is None

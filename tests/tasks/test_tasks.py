@@ -143,6 +143,8 @@ def test_a_task_object_is_checked_when_made():
         user_task(domain="audio")
     with pytest.raises(TypeError, match="train_data must be a function"):
         user_task(train_data=[1, 2])
+    with pytest.raises(TypeError, match="flips_keep_labels must be True or False"):
+        user_task(flips_keep_labels="no")
 
 
 def test_a_built_in_name_cannot_be_taken_and_a_taken_name_needs_replace():

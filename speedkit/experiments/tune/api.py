@@ -131,6 +131,7 @@ def build_config(*, task, target, budget, methods, storage, study_name, seeds_to
     """Check every argument and read the search space from the cards; refusals name the argument."""
     from speedkit.core.devices import resolve_device, resolve_precision
     from speedkit.tasks import RunRequest, get_recipe, resolve_task
+    from speedkit.tasks.recipes import without_flips
     from speedkit.tasks.task import BUILT_IN
 
     # the settings every run shares are a run request's fields: checked by it, once, naming the field
@@ -160,6 +161,10 @@ def build_config(*, task, target, budget, methods, storage, study_name, seeds_to
                              "n_workers > 1: worker processes import it")
     allowed = resolve_methods(methods)
     base_recipe = get_recipe(task, base)
+    if not spec.flips_keep_labels:  # the base as its runs train it, so the search never samples a flip back
+        base_recipe, removed = without_flips(base_recipe)
+        for what in removed:
+            log(f"left out the base's {what}: a horizontal flip changes this task's labels")
     device_type = resolve_device(device).type
     # "auto" precision made concrete, so the base is a point of the space (whose choices are fp32/bf16/fp16)
     base_recipe = base_recipe.with_changes(precision=resolve_precision(base_recipe.precision, resolve_device(device)))
@@ -170,11 +175,12 @@ def build_config(*, task, target, budget, methods, storage, study_name, seeds_to
     if metric not in known:
         raise TuneInputError(f"target metric {metric!r} is not logged by any evaluator of task {task!r}; "
                              f"it logs {', '.join(known)}")
-    candidates, left_out = candidate_methods(spec.domain, allowed, device_type)
+    candidates, left_out = candidate_methods(spec.domain, allowed, device_type, spec.flips_keep_labels)
     left_out.update(probe_surgery(task, probe_recipe, candidates, device, data_fraction))
     candidates = [m for m in candidates if m not in left_out]
     limits = fit_hparams_to_model(task, probe_recipe, candidates, device) if tune_hparams else {}
-    search = full_space(base_recipe, candidates, device_type, tune_hparams, duration_scale, lr_factor, limits)
+    search = full_space(base_recipe, candidates, device_type, tune_hparams, duration_scale, lr_factor, limits,
+                        spec.flips_keep_labels)
     if allowed is not None and not candidates:
         reasons = "; ".join(f"{m}: {why}" for m, why in left_out.items())
         raise TuneInputError(f"methods: no method left to search ({reasons}); allow methods that fit the "

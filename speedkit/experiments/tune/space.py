@@ -57,8 +57,13 @@ def resolve_methods(methods: Sequence[str] | str | None) -> list[str] | None:
     return names
 
 
-def candidate_methods(task_domain: str, allowed: list[str] | None, device_type: str) -> tuple[list[str], dict]:
-    """(methods the search may turn on, {method left out: why}) by domain and the default exclusions."""
+FLIPPING_METHODS = ("alternating_flip", "test_time_augmentation")  # they mirror images
+
+
+def candidate_methods(task_domain: str, allowed: list[str] | None, device_type: str,
+                      flips_keep_labels: bool = True) -> tuple[list[str], dict]:
+    """(methods the search may turn on, {method left out: why}) by domain, by whether a flip keeps the task's
+    labels, and the default exclusions."""
     from speedkit.methods import REGISTRY
 
     named = allowed is not None
@@ -68,6 +73,8 @@ def candidate_methods(task_domain: str, allowed: list[str] | None, device_type: 
         card = REGISTRY[name].CARD
         if card.domain not in (task_domain, "any"):
             left_out[name] = f"a {card.domain} method; this task is {task_domain}"
+        elif not flips_keep_labels and name in FLIPPING_METHODS:
+            left_out[name] = "it mirrors images, and a horizontal flip changes this task's labels"
         elif not named and name in default_left_out(device_type):
             left_out[name] = default_left_out(device_type)[name]
         else:
@@ -202,8 +209,10 @@ def baseline_space(duration_scale=(0.1, 1.0), lr_factor: float = 10.0) -> Search
 
 
 def full_space(base, methods: Sequence[str], device_type: str, tune_hparams: bool = True,
-               duration_scale=(0.1, 1.0), lr_factor: float = 10.0, hparam_limits: dict | None = None) -> SearchSpace:
-    """Methods plus every recipe field that fits the task's domain and device."""
+               duration_scale=(0.1, 1.0), lr_factor: float = 10.0, hparam_limits: dict | None = None,
+               flips_keep_labels: bool = True) -> SearchSpace:
+    """Methods plus every recipe field that fits the task's domain and device (flips only where they keep the
+    labels)."""
     vision = base.domain == "vision"
     precisions = ("fp32", "bf16", "fp16") if device_type == "cuda" else ("fp32", "bf16")
     return SearchSpace(
@@ -212,7 +221,8 @@ def full_space(base, methods: Sequence[str], device_type: str, tune_hparams: boo
                                   base.batch_size * 4})),
         schedules=("base", *SCHEDULE_CHOICES), precisions=precisions,
         loaders=("memory", "torch") if vision else (),
-        crop_pads=(0, 1, 2) if vision else (), flips=("random", "alternating", "none") if vision else (),
+        crop_pads=(0, 1, 2) if vision else (),
+        flips=("random", "alternating", "none") if vision and flips_keep_labels else (),
         hparam_limits=dict(hparam_limits or {}))
 
 

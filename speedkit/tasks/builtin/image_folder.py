@@ -69,13 +69,14 @@ def _decode(dataset, **options) -> tuple[torch.Tensor, torch.Tensor, tuple]:
 
 
 def image_folder_task(data, image_size: int = 32, val_fraction: float = 0.1, seed: int = 0,
-                      target: float = 0.9, skip_unreadable: bool = False) -> Task:
+                      target: float = 0.9, skip_unreadable: bool = False, flips_keep_labels: bool = True) -> Task:
     """Classify the images in class folders under DIR (train/ and val/, or split per class), resized square.
 
     ``data/train/<class>/`` and ``data/val/<class>/``, or ``data/<class>/`` split ``val_fraction`` per class
     with ``seed``; images resized to ``image_size`` square (4 to 1024); ``target`` is the accuracy to reach.
     An image that cannot be decoded is refused naming its path, or left out and counted with
-    ``skip_unreadable=True``."""
+    ``skip_unreadable=True``. ``flips_keep_labels=False`` for images whose label a horizontal flip changes
+    (digits, letters, text): runs then train without flips (``Task.flips_keep_labels``)."""
     check_image_size(image_size)
     arrays = load_image_folder(str(Path(data).expanduser().resolve()), image_size, val_fraction, seed,
                                skip_unreadable)
@@ -106,4 +107,5 @@ def image_folder_task(data, image_size: int = 32, val_fraction: float = 0.1, see
                 train_data=lambda request: loader(arrays.train_x, arrays.train_y, request, train=True),
                 eval_data=lambda request: loader(arrays.val_x, arrays.val_y, request, train=False),
                 metrics=classification_metrics, target_metric="eval/accuracy", target_value=target,
-                recipes=load_presets("image-folder"), models=("resnet9", "resnet8", *LIBRARY_MODELS))
+                recipes=load_presets("image-folder"), models=("resnet9", "resnet8", *LIBRARY_MODELS),
+                flips_keep_labels=flips_keep_labels)
