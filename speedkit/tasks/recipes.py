@@ -166,6 +166,9 @@ class Recipe:
         return recipes[name]
 
 
+FLIPPING_METHODS = ("alternating_flip", "test_time_augmentation")  # the methods that mirror images
+
+
 def without_flips(recipe: Recipe) -> tuple[Recipe, list[str]]:
     """``recipe`` for images whose label a horizontal flip changes (digits, letters, text): no flip
     augmentation, no alternating flips, no mirrored test-time view (shifted views stay); and what was taken out."""
@@ -176,8 +179,8 @@ def without_flips(recipe: Recipe) -> tuple[Recipe, list[str]]:
     if "alternating_flip" in methods:
         del methods["alternating_flip"]
         removed.append("alternating_flip")
-    tta = methods.get("test_time_augmentation")
-    if tta is not None and (tta or {}).get("flip", True):
+    tta = methods.get("test_time_augmentation", False)
+    if tta is not False and (tta or {}).get("flip", True):
         if (tta or {}).get("shifts", 0):
             methods["test_time_augmentation"] = {**tta, "flip": False}
             removed.append("test_time_augmentation's mirrored view")

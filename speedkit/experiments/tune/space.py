@@ -57,14 +57,12 @@ def resolve_methods(methods: Sequence[str] | str | None) -> list[str] | None:
     return names
 
 
-FLIPPING_METHODS = ("alternating_flip", "test_time_augmentation")  # they mirror images
-
-
 def candidate_methods(task_domain: str, allowed: list[str] | None, device_type: str,
                       flips_keep_labels: bool = True) -> tuple[list[str], dict]:
     """(methods the search may turn on, {method left out: why}) by domain, by whether a flip keeps the task's
     labels, and the default exclusions."""
     from speedkit.methods import REGISTRY
+    from speedkit.tasks.recipes import FLIPPING_METHODS
 
     named = allowed is not None
     left_out: dict[str, str] = {}
