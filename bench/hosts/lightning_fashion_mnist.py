@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from speedkit.data import load_fashion_mnist
+from speedkit.data.per_image import alternate_flips, as_augment
 from speedkit.hosts.lightning import SpeedkitCallback
 from speedkit.methods import build_methods
 from speedkit.models import get_model
@@ -99,13 +100,20 @@ class TimeToTarget(L.Callback):
             trainer.should_stop = True
 
 
-def loaders(batch_size: int, seed: int):
+def loaders(batch_size: int, seed: int, augment: dict | None = None):
+    """Tensors in memory. ``augment`` is a recipe's: the DataModule's part of it (a Lightning host owns its data),
+    here the alternating flip ``hot`` trains with, through the sampler and dataset wrapper speedkit provides."""
     data = load_fashion_mnist()
     normalize = lambda x: ((x.float() / 255.0 - data.mean) / data.std).unsqueeze(1)  # noqa: E731
     train = torch.utils.data.TensorDataset(normalize(data.train_x), data.train_y)
     test = torch.utils.data.TensorDataset(normalize(data.test_x), data.test_y)
-    generator = torch.Generator().manual_seed(seed)
-    return (torch.utils.data.DataLoader(train, batch_size=batch_size, shuffle=True, generator=generator, drop_last=True),
+    sampler = torch.utils.data.RandomSampler(train, generator=torch.Generator().manual_seed(seed))
+    augment = as_augment(augment)
+    if augment is not None and (augment.crop_pad or augment.flip not in (None, "alternating")):
+        raise ValueError(f"this benchmark's loader does only hot's augmentation (alternating flips), got {augment}")
+    if augment is not None and augment.flip == "alternating":
+        train, sampler = alternate_flips(train, sampler, seed)                    # speedkit: hot's flips
+    return (torch.utils.data.DataLoader(train, batch_size=batch_size, sampler=sampler, drop_last=True),
             torch.utils.data.DataLoader(test, batch_size=1000))
 
 
@@ -114,7 +122,7 @@ def run(arm: str, seed: int, baseline_epochs: float, precision: str = "bf16-mixe
     recipe = get_recipe("fashion-mnist", "hot")
     speedkit = arm == "hot"
     epochs = float(str(recipe.duration).removesuffix("ep")) if speedkit else baseline_epochs
-    train, test = loaders(recipe.batch_size, seed)
+    train, test = loaders(recipe.batch_size, seed, recipe.augment if speedkit else None)
     module = FashionClassifier(recipe.optimizer["lr"], epochs, len(train), speedkit)
     clock = TimeToTarget()
     callbacks = [clock]

@@ -267,7 +267,7 @@ class SurgeryReport:
         """A surgery that finds nothing to change says so, unless the caller allows it."""
         if self.total == 0 and not allow_empty:
             raise NothingToChangeError(f"{self.method} found no {looked_for} in the model, so it would do nothing; "
-                                       f"remove the method or pass allow_empty=True")
+                                       f"remove the method or pass allow_empty=True", method=self.method)
         return self
 
     def __str__(self) -> str:
@@ -276,4 +276,8 @@ class SurgeryReport:
 
 
 class NothingToChangeError(ValueError):
-    """A surgery method found nothing in the model to act on."""
+    """A surgery method found nothing in the model to act on; ``method`` is its name."""
+
+    def __init__(self, message: str, method: str | None = None):
+        super().__init__(message)
+        self.method = method

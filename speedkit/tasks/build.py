@@ -15,9 +15,11 @@ import torch
 
 from speedkit.core.batch import call_model, to_device
 from speedkit.core.devices import resolve_device
+from speedkit.core.method import NothingToChangeError
 from speedkit.methods import build_methods
 from speedkit.optim.factory import make_optimizer_factory
 from speedkit.record.metrics import Evaluator
+from speedkit.tasks.ladder import measure_hint
 from speedkit.tasks.recipes import Recipe, without_flips
 from speedkit.tasks.task import FOLDER_TASKS, TASKS, DataRequest, Task, get_recipe, import_attribute, register_task
 from speedkit.tasks.request import RECIPE_OVERRIDES, RunRequest
@@ -171,6 +173,28 @@ def _build_trainer(request: RunRequest) -> Trainer:
     problem = model_fit_problem(spec, recipe.model)
     if problem:
         raise ValueError(problem)
+    measuring = {"bench", "tune"} & set(request.extra_config or {})  # a run of the measurement the hint names
+    if recipe.adopted_from is not None and recipe.reached is None and not measuring:
+        hint = measure_hint(_task_spelling(request, spec), recipe.name, request.data, request.task_options)
+        warnings.warn(f"recipe {recipe.name!r} on task {spec.name!r} is {recipe.adopted_from} rebuilt on this task's "
+                      f"baseline, and nobody has measured it here: before trusting its speed-up, see whether it "
+                      f"reaches the target, with `{hint}`", stacklevel=3)
+    while True:
+        try:
+            return _trainer_of(request, spec, recipe)
+        except NothingToChangeError as e:  # a rung rebuilt for this task: a surgery with nothing to change here
+            if recipe.adopted_from is None or e.method not in recipe.methods:
+                raise
+            warnings.warn(f"recipe {recipe.name!r} on task {spec.name!r} runs without {e.method}: {e}", stacklevel=3)
+            recipe = recipe.with_changes(methods={k: v for k, v in recipe.methods.items() if k != e.method})
+
+
+def _task_spelling(request: RunRequest, spec: Task) -> str:
+    """How the CLI names the request's task: its name, or the 'package.module:attr' it was given as."""
+    return request.task if isinstance(request.task, str) else spec.name
+
+
+def _trainer_of(request: RunRequest, spec: Task, recipe: Recipe) -> Trainer:
     device = resolve_device(request.device)
     torch.manual_seed(request.seed)  # the same initial weights for every recipe with the same seed
     net = spec.model(recipe.model)

@@ -49,13 +49,16 @@ class Recipe:
     # a file, carries them, so that a file is refused for another task.
     task: str | None = None
     domain: str | None = None  # one of speedkit.core.method.DOMAINS: which models it suits
+    # "task:name" of the ladder rung this recipe was rebuilt from for another task (speedkit.tasks.ladder): a
+    # surgery of it that finds nothing in this task's model is left out with a warning instead of refusing the run.
+    adopted_from: str | None = None
 
     def __post_init__(self):
         """Every field is checked now, so a bad recipe (file) fails when read, naming the field."""
         where = f"recipe {_show(self.name)}"
-        for field in ("name", "task", "model", "summary"):
+        for field in ("name", "task", "model", "summary", "adopted_from"):
             value = getattr(self, field)
-            if value is None and field == "task":
+            if value is None and field in ("task", "adopted_from"):
                 continue
             if not isinstance(value, str):
                 raise TypeError(f"{where}: {field} must be a string, got {type(value).__name__} {_show(value)}")

@@ -19,6 +19,7 @@ import torch
 
 from speedkit.core.method import DOMAINS, check_free_name, show
 from speedkit.record.metrics import Metric
+from speedkit.tasks.ladder import with_ladder
 from speedkit.tasks.recipes import Recipe, recipe_file_spec
 
 
@@ -49,7 +50,9 @@ class Task:
     dict. ``metrics()`` returns fresh metrics by name; ``target_metric`` is ``"eval/<one of them>"``.
     ``loss(outputs, targets)`` is optional: by default the model's own ``loss`` or cross-entropy.
     ``recipes`` maps names to Recipes and must hold a ``"baseline"``; a recipe leaves out its task and domain
-    (the task's) or states this task's. ``baselines`` are the recipes speed-ups are measured against.
+    (the task's) or states this task's. ``baselines`` are the recipes speed-ups are measured against. A task
+    whose recipes hold none of its domain's speed presets (mild, medium, hot) gets them rebuilt on its
+    baseline, budgets scaled to the baseline's (``speedkit.tasks.ladder``).
     """
 
     name: str
@@ -85,6 +88,7 @@ class Task:
             raise TypeError(f"{where}: loss must be a function loss(outputs, targets) or None, got {show(self.loss)}")
         self._check_target(where)
         self._check_recipes(where)
+        object.__setattr__(self, "recipes", with_ladder(self.domain, dict(self.recipes)))
         if not self.models:
             object.__setattr__(self, "models", tuple(dict.fromkeys(r.model for r in self.recipes.values())))
 

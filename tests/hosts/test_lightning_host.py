@@ -186,10 +186,42 @@ def test_a_batch_method_without_the_step_call_is_refused_before_training():
 
 
 @pytest.mark.parametrize("refused, message", [
-    (AlternatingFlip(), "alternating_flip cannot run in Lightning: it replaces the training data loader"),
+    (AlternatingFlip(), r"alternating_flip cannot run in Lightning: .*DataModule.*alternate_flips\(dataset, sampler"),
     (Autocast(), r"autocast cannot run in Lightning: .*precision='bf16-mixed'"),
 ])
 def test_methods_lightning_cannot_serve_are_refused(refused, message):
     trainer = L.Trainer(max_steps=2, callbacks=[SpeedkitCallback([refused])], **QUIET)
     with pytest.raises(HostCannotServeError, match=message):
         trainer.fit(Classifier(), image_loader())
+
+
+class Recorder(PlainClassifier):
+    """Keeps every training batch it is given, by epoch."""
+
+    def __init__(self):
+        super().__init__()
+        self.batches = {}
+
+    def training_step(self, batch, batch_idx):
+        self.batches.setdefault(self.current_epoch, []).append([t.clone() for t in batch])
+        return F.cross_entropy(self(batch[0]), batch[1])
+
+
+def test_the_refusals_fix_for_alternating_flips_flips_alternately_in_a_lightning_fit():
+    """The fix the alternating_flip refusal names: the DataModule's loader flips each image on alternate epochs,
+    the same images as speedkit's loader with the same seed, because Lightning tells the sampler the epoch."""
+    from speedkit.data.per_image import alternate_flips
+    from speedkit.functional import alternating_flip_mask
+
+    x = torch.randn(32, 1, 8, 8, generator=torch.Generator().manual_seed(1))
+    y = torch.arange(32) % 4
+    ids = torch.arange(32)
+    dataset, sampler = alternate_flips(torch.utils.data.TensorDataset(x, y, ids),
+                                       torch.utils.data.SequentialSampler(range(32)), seed=5)
+    module = Recorder()
+    L.Trainer(max_epochs=3, **QUIET).fit(module, torch.utils.data.DataLoader(dataset, batch_size=8, sampler=sampler))
+    for epoch in range(3):
+        images, _, seen = (torch.cat(parts) for parts in zip(*module.batches[epoch]))
+        flipped = torch.tensor([torch.equal(image, x[i].flip(-1)) for image, i in zip(images, seen)])
+        kept = torch.tensor([torch.equal(image, x[i]) for image, i in zip(images, seen)])
+        assert torch.equal(flipped, alternating_flip_mask(32, epoch, seed=5)[seen]) and bool((flipped ^ kept).all())

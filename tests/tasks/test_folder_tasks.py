@@ -114,7 +114,23 @@ def test_text_folder_trains_its_default_language_model(text_dir, tmp_path):
     assert record.status == "completed" and record.config["task"] == "text-folder"
     first, last = record.evals[0]["eval/bpb"], record.evals[-1]["eval/bpb"]
     assert last < 8.0 and last < first  # 8 bits per byte is knowing nothing; it learned from the text
-    assert set(TASKS["text-folder"].recipes) == {"baseline", "mild", "hot"}
+    assert set(TASKS["text-folder"].recipes) == {"baseline", "mild", "medium", "hot"}  # pydocs' ladder
+
+
+def test_the_folder_tasks_take_their_domains_ladders_rebuilt_on_their_baselines(image_dir, text_dir):
+    from speedkit.tasks.ladder import RUNGS, budget_fraction
+    from speedkit.tasks.recipes import load_presets
+
+    reference = load_presets("fashion-mnist")
+    image = resolve_task("image-folder", data=image_dir)
+    assert list(image.recipes) == ["baseline", *RUNGS]
+    for name in RUNGS:
+        rung = image.recipes[name]
+        share = float(rung.duration.removesuffix("ep")) / float(image.recipes["baseline"].duration.removesuffix("ep"))
+        assert rung.model == "resnet9" and rung.adopted_from == f"fashion-mnist:{name}"
+        assert 0 <= share - budget_fraction(reference[name], reference["baseline"]) < 0.05  # rounded up
+    text = resolve_task("text-folder", data=text_dir)
+    assert text.recipes["hot"].duration == load_presets("pydocs")["hot"].duration  # the same baseline budget
 
 
 def test_a_folder_without_text_is_refused(tmp_path):
@@ -206,14 +222,14 @@ def test_a_task_whose_labels_flips_change_trains_without_flips(image_dir, tmp_pa
 
     options = {"flips_keep_labels": False}
     with pytest.warns(UserWarning, match=r"runs without augment flip='random'"):
-        trainer = make_trainer("image-folder", "mild", data=image_dir, task_options=options, duration="2ba",
+        trainer = make_trainer("image-folder", "baseline", data=image_dir, task_options=options, duration="2ba",
                                run_dir=tmp_path, save_checkpoints=False)
     assert TASKS["image-folder"].flips_keep_labels is False
     assert trainer.state.train_dataloader.augment.flip is None and trainer.state.train_dataloader.augment.crop_pad == 2
     with pytest.raises(ValueError, match=r"\['alternating_flip'\] only flip images.*image-folder"):
         make_trainer("image-folder", "mild", data=image_dir, task_options=options, methods={"alternating_flip": {}},
                      run_dir=tmp_path, run_name="refused", save_checkpoints=False)
-    plain = make_trainer("image-folder", "mild", data=image_dir, duration="2ba", run_dir=tmp_path,
+    plain = make_trainer("image-folder", "baseline", data=image_dir, duration="2ba", run_dir=tmp_path,
                          run_name="flipping", save_checkpoints=False)  # the default: flips keep labels
     assert plain.state.train_dataloader.augment.flip == "random"
 

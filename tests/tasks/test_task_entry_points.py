@@ -92,7 +92,9 @@ def test_the_explorer_opens_on_a_user_task_and_runs_it(tmp_path):
     explorer = MethodExplorer(task=user_task("explored"), run_dir=tmp_path, live=False)
     assert explorer.task.value == "explored" and "explored" in explorer.task.options
     assert {"fashion-mnist", "pydocs"} <= set(explorer.task.options)  # the dropdown lists every registered task
-    assert list(explorer.preset.options) == ["baseline", "custom"] and explorer.model.value == "small-cnn"
+    # its baseline, the vision ladder rebuilt on it, and the explorer's own
+    assert list(explorer.preset.options) == ["baseline", "mild", "medium", "hot", "custom"]
+    assert explorer.model.value == "small-cnn"
     # Greyed with the reason: by domain (a language method), and by the user's model (no LayerNorm to act on).
     assert explorer.rows["rotary_embeddings"].checkbox.disabled
     layernorm = explorer.rows["low_precision_layernorm"]

@@ -220,8 +220,8 @@ def test_a_user_task_is_benchmarked_against_its_baseline_from_the_library_and_th
     task = user_task("bench-me")
     task.recipes["one-epoch"] = task.recipes["baseline"].with_changes(
         name="one-epoch", duration="1ep", methods={"label_smoothing": {"smoothing": 0.1}})
-    result = run_benchmark(task, seeds=2, out_dir=tmp_path / "out", run_dir=tmp_path / "runs", figures=False,
-                           log=lambda line: None)
+    result = run_benchmark(task, seeds=2, recipes=["one-epoch"], out_dir=tmp_path / "out", run_dir=tmp_path / "runs",
+                           figures=False, log=lambda line: None)
     assert result.key == "bench-me" and list(result.summary) == ["bench-me"]
     assert [r.config["recipe"] for r in result.records] == ["baseline", "one-epoch"] * 2  # A B A B
     entry = result.entry
@@ -233,11 +233,12 @@ def test_a_user_task_is_benchmarked_against_its_baseline_from_the_library_and_th
     (tmp_path / "bench_tasks.py").write_text("from test_tasks import user_task\ntask = user_task('bench-cli')\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setitem(sys.modules, "test_tasks", sys.modules[__name__])
-    assert main(["bench", "--task", "bench_tasks:task", "--seeds", "1", "--out", str(tmp_path / "out"),
+    assert main(["bench", "--task", "bench_tasks:task", "--seeds", "1", "--recipes", "hot", "--out", str(tmp_path / "out"),
                  "--run-dir", str(tmp_path / "cli-runs"), "--no-figures"]) == 0
     summary = __import__("json").loads((tmp_path / "out" / "summary.json").read_text())
     assert set(summary) == {"bench-me", "bench-cli"}  # merged beside the first task's entry
     assert summary["bench-cli"]["baselines"]["baseline"]["runs"] == ["bench-cli-baseline-s0"]
+    assert summary["bench-cli"]["recipes"]["hot"]["budget"] == "1ep"  # the vision ladder's hot, on its 2ep baseline
     with pytest.raises(ValueError, match="unknown benchmark task 'nothing-such'.*register_task"):
         from speedkit.experiments.bench import get_profile
         get_profile("nothing-such")

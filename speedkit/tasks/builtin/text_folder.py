@@ -12,7 +12,8 @@ from speedkit.tasks.task import Task
 
 def _adopted(recipes: dict, names: tuple[str, ...]) -> dict:
     """Recipes of a built-in task for a folder task: the same methods and settings, nothing they reached,
-    and the folder task's own target (what a recipe reached on one data set says nothing of another)."""
+    and the folder task's own target (what a recipe reached on one data set says nothing of another). The
+    Task adds the language ladder rebuilt on them (``speedkit.tasks.ladder``)."""
     return {name: dataclasses.replace(recipes[name], task=None, domain=None, target=None, reached=None) for name in names}
 
 
@@ -34,4 +35,4 @@ def text_folder_task(data, target: float = 2.5, skip_unreadable: bool = False) -
     return Task(name="text-folder", domain="language", summary=f"byte-level language model on the text in {root}",
                 model=language_model, train_data=train, eval_data=evaluate, metrics=language_metrics,
                 target_metric="eval/bpb", target_value=target, models=GPT_MODELS,
-                recipes=_adopted(PYDOCS.recipes, ("baseline", "mild", "hot")))
+                recipes=_adopted(PYDOCS.recipes, ("baseline",)))

@@ -1,0 +1,97 @@
+"""The domain ladders rebuilt for a task that brings only its baseline: budgets as the same share of its own
+baseline's as on the reference task, its model, nothing of what the reference measured, surgeries that
+find nothing left out with a warning, and the command that measures a rung there."""
+from __future__ import annotations
+
+import dataclasses
+import warnings
+
+import pytest
+import torch.nn as nn
+from test_tasks import user_task
+
+from speedkit.core import Time
+from speedkit.tasks import Recipe, make_trainer
+from speedkit.tasks.ladder import REFERENCES, RUNGS, budget_fraction, domain_ladder, measure_hint, scaled_budget
+from speedkit.tasks.recipes import load_presets
+
+pytestmark = pytest.mark.prerequisite("fashion-mnist")
+
+
+def samples(recipe: Recipe, batches_per_epoch_at_64: int = 100) -> float:
+    """Samples a recipe trains on, on a data set of ``100 * 64`` samples."""
+    time = Time.from_input(recipe.duration)
+    return time.value * 64 * batches_per_epoch_at_64 if time.unit.value == "ep" else time.value * recipe.batch_size
+
+
+@pytest.mark.parametrize("domain", sorted(REFERENCES))
+@pytest.mark.parametrize("duration", ["10ep", "3000ba"])
+def test_a_rung_trains_the_same_share_of_its_baseline_as_on_the_reference_task(domain, duration):
+    reference_task, reference_name = REFERENCES[domain]
+    presets = load_presets(reference_task)
+    baseline = presets[reference_name].with_changes(name="baseline", model="their-model", duration=duration,
+                                                    batch_size=64)
+    ladder = domain_ladder(domain, baseline)
+    assert list(ladder) == list(RUNGS)
+    for name, rung in ladder.items():
+        share = budget_fraction(presets[name], presets[reference_name])
+        assert 0 < share < 1  # each rung trains less than its baseline
+        assert samples(rung) / samples(baseline) == pytest.approx(share, abs=0.05 + 1 / 3000)
+        assert rung.model == "their-model" and rung.adopted_from == f"{reference_task}:{name}"
+        assert rung.methods == presets[name].methods and rung.reached is None and rung.target is None
+    shares = [samples(ladder[name]) for name in RUNGS]
+    assert shares == sorted(shares, reverse=True)  # mild trains longest, hot shortest
+
+
+def test_budgets_round_up_to_the_half_epoch_and_keep_whole_batches():
+    baseline = load_presets("fashion-mnist")["baseline"].with_changes(duration="10ep")
+    assert scaled_budget(baseline, 0.36, 256) == "4ep" and scaled_budget(baseline, 0.01, 256) == "0.5ep"
+    batches = baseline.with_changes(duration="1000ba", batch_size=64)
+    assert scaled_budget(batches, 0.5, 256) == "125ba"  # half the samples, at four times the batch
+    with pytest.raises(ValueError, match="not wall-clock time"):
+        scaled_budget(baseline.with_changes(duration="60s"), 0.5, 64)
+
+
+def test_a_registered_task_with_only_a_baseline_gets_the_vision_ladder_and_one_with_rungs_keeps_its_own():
+    task = user_task("ladder-user")
+    assert list(task.recipes) == ["baseline", *RUNGS]
+    assert {r.model for r in task.recipes.values()} == {"small-cnn"} and task.models == ("small-cnn",)
+    baseline = dataclasses.replace(task.recipes["baseline"], task=None, domain=None)
+    own = baseline.with_changes(name="mild", duration="1ep")
+    keeps = user_task("ladder-own", recipes={"baseline": baseline, "mild": own})
+    assert list(keeps.recipes) == ["baseline", "mild"] and keeps.recipes["mild"].adopted_from is None
+
+
+class OnlyLinear(nn.Module):
+    """A model with no convolution: the ladder's channels_last has nothing to change in it."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Sequential(nn.Flatten(), nn.Linear(784, 64), nn.ReLU(), nn.Linear(64, 10))
+
+    def forward(self, x):
+        return self.net(x)
+
+
+def test_an_adopted_rung_runs_without_a_surgery_that_finds_nothing_and_says_how_to_measure_it(tmp_path):
+    task = user_task("ladder-linear", model=lambda name: OnlyLinear())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer = make_trainer(task, "mild", duration="2ba", run_dir=tmp_path, save_checkpoints=False)
+    messages = [str(w.message) for w in caught]
+    assert any("speedkit bench --task ladder-linear --recipes mild --baselines baseline --seeds 1" in m
+               for m in messages)
+    dropped = [m for m in messages if "runs without" in m]
+    assert dropped, messages
+    used = {m.CARD.name for m in trainer.state.methods}
+    assert used < set(task.recipes["mild"].methods) and used  # what acts stays, what finds nothing goes
+    assert trainer.fit().status == "completed"
+    own = task.recipes["baseline"].with_changes(name="mine", methods={"blurpool": {}})
+    with pytest.raises(ValueError, match="blurpool found no"):  # a recipe of the user's own is refused, as before
+        make_trainer(task, own, run_dir=tmp_path, run_name="own", save_checkpoints=False)
+
+
+def test_the_measure_command_carries_the_folder_options():
+    hint = measure_hint("image-folder", "hot", "data/glyphs", {"image_size": 28, "flips_keep_labels": False})
+    assert hint == ("speedkit bench --task image-folder --data data/glyphs --image-size 28 --no-flips "
+                    "--recipes hot --baselines baseline --seeds 1")
