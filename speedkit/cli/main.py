@@ -415,16 +415,17 @@ def _bench(args) -> int:
 def _add_tune_parser(commands) -> None:
     tune = commands.add_parser(
         "tune", allow_abbrev=False, help="search (Optuna) for the recipe that reaches a task's target soonest",
-        description="A measured search: the baseline's learning rate and budget are tuned first, then methods "
-                    "(on/off and their cards' hyperparameters) and recipe fields, against training time to the "
-                    "target; the winner and runner-up are confirmed on fresh seeds beside the tuned baseline. "
+        description="A measured search: the baseline's learning rate and budget are tuned first; then the "
+                    "task's presets, and moves from the best recipe so far (add, drop or retune one method, "
+                    "change the budget or the learning rate), against training time to the target; the winner "
+                    "is confirmed on fresh seeds beside the tuned baseline, within the budget. "
                     "Writes OUT/recipe.yaml (for `speedkit train --recipe`), OUT/report.md, OUT/report.html and "
                     "OUT/summary.json. Rerun the same command to continue a search that was stopped or killed. "
                     "Needs: pip install 'torch-speedkit[tune]'. optuna-dashboard, where installed, opens the study.",
         epilog="example:\n  speedkit tune --task fashion-mnist --budget 45m --data-fraction 0.25 "
                "--methods channels_last,label_smoothing,ema,mixup,cutmix,identity_init --out runs/tune-fmnist",
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    _add_task_argument(tune, "to search on (a single worker unless it is a built-in)")
+    _add_task_argument(tune, "to search on")
     _add_folder_task_arguments(tune)
     tune.add_argument("--target", help="a value of the task's metric, or METRIC=VALUE (default: the task's target)")
     tune.add_argument("--budget", default="30m", help="wall clock for the whole search, e.g. 30m, 90s, 1h")
@@ -442,7 +443,8 @@ def _add_tune_parser(commands) -> None:
     tune.add_argument("--workers", type=int, default=1,
                       help="processes working on the study at once; on one machine they share its cores (set "
                            "OMP_NUM_THREADS to cores/workers) and time each other's trials slower")
-    tune.add_argument("--seeds", type=int, default=3, help="fresh seeds the winner and runner-up are confirmed on")
+    tune.add_argument("--seeds", type=int, default=3,
+                      help="fresh seeds the winner is confirmed on (fewer where the budget holds no more; default 3)")
     tune.add_argument("--trial-limit", help="most training time of one trial (default: a fifth of the budget)")
     tune.add_argument("--max-trials", type=int, help="stop the search after this many trials")
     tune.add_argument("--max-baseline-trials", type=int, help="stop tuning the baseline after this many trials")
@@ -505,12 +507,7 @@ def _stop_on_ctrl_c():
 
 
 def _run_tune(tune, args, should_stop):
-    from speedkit.tasks import resolve_task
-
-    options = _folder_options(args)
-    task = _importable(args.task) if args.data is None and not options else resolve_task(
-        _importable(args.task), args.data, **(options or {}))
-    return tune(task, target=args.target, budget=args.budget, methods=args.methods, base=args.base,
+    return tune(_importable(args.task), data=args.data, task_options=_folder_options(args), target=args.target, budget=args.budget, methods=args.methods, base=args.base,
                 storage=args.storage, study_name=args.study, out_dir=args.out, run_dir=args.run_dir,
                 data_fraction=args.data_fraction, eval_fraction=args.eval_fraction,
                 eval_interval=args.eval_interval, device=args.device, n_workers=args.workers,

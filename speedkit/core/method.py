@@ -35,6 +35,7 @@ class HParam:
     choices: tuple | None = None
     help: str = ""
     log: bool = False  # spans orders of magnitude: controls step multiplicatively instead of by `step`
+    at_most: str | None = None  # another hyperparameter of the same method this one may not exceed (gyro's tau <= sigma)
 
     def validate(self, value: Any, method: str) -> Any:
         """Return ``value`` checked against this parameter, or raise a message naming both."""
@@ -153,6 +154,15 @@ class MethodCard:
             raise TypeError(f"{self.name} got unknown parameter(s) {unknown}{hint}; it accepts {sorted(known)}")
         return {k: known[k].validate(v, self.name) for k, v in params.items()}
 
+    def check_constraints(self, params: dict) -> None:
+        """Refuse settings that break a constraint between two hyperparameters (``HParam.at_most``); ``params``
+        holds every hyperparameter (the defaults filled in)."""
+        for hp in self.hparams:
+            if hp.at_most is not None and params.get(hp.name) is not None and params.get(hp.at_most) is not None \
+                    and params[hp.name] > params[hp.at_most]:
+                raise ValueError(f"{self.name}.{hp.name}={params[hp.name]} must not exceed "
+                                 f"{hp.at_most}={params[hp.at_most]}; lower {hp.name} or raise {hp.at_most}")
+
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
         d["events"] = [e.value for e in self.events]
@@ -173,6 +183,7 @@ class Method:
         """Parameters are checked against the card; those not given take the card's defaults."""
         defaults = {hp.name: hp.default for hp in self.CARD.hparams}
         self.params = {**defaults, **self.CARD.validate_params(params)}
+        self.CARD.check_constraints(self.params)
 
     @property
     def name(self) -> str:

@@ -92,7 +92,8 @@ class GyroDropout(Method):
         writes=("model",),
         hparams=(
             HParam("sigma", int, 256, low=1, high=4096, step=1, help="number of pre-sampled masks"),
-            HParam("tau", int, 16, low=1, high=256, step=1, help="masks trained at once (sub-batches per batch)"),
+            HParam("tau", int, 16, low=1, high=256, step=1, at_most="sigma",
+                   help="masks trained at once (sub-batches per batch)"),
             HParam("allow_empty", bool, False, help="do not fail on a model without dropout"),
         ),
         requirements=("nn.Dropout layers with p > 0 (e.g. before a classifier head)",
@@ -104,9 +105,7 @@ class GyroDropout(Method):
     )
 
     def __init__(self, **params):
-        super().__init__(**params)
-        if self.params["tau"] > self.params["sigma"]:
-            raise ValueError(f"gyro_dropout.tau={self.params['tau']} must not exceed sigma={self.params['sigma']}")
+        super().__init__(**params)  # the card refuses tau > sigma
         self._pending: dict = {}
 
     def apply(self, event, state, logger):

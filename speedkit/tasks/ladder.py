@@ -10,7 +10,9 @@ says nothing about the new one, so nothing of it is carried; ``measure_hint`` sa
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
+import functools
 import math
 
 from speedkit.core.time import Time, TimeUnit
@@ -52,11 +54,11 @@ def domain_ladder(domain: str, baseline: Recipe) -> dict[str, Recipe]:
     if domain not in REFERENCES:
         return {}
     task, reference_name = REFERENCES[domain]
-    presets = load_presets(task)
+    presets = _reference_presets(task)
     reference = presets[reference_name]
     ladder = {}
     for name in RUNGS:
-        rung = presets[name]
+        rung = copy.deepcopy(presets[name])  # the cached preset stays as read, whatever a caller does to its rung
         fraction = budget_fraction(rung, reference)
         duration = scaled_budget(baseline, fraction, rung.batch_size)
         ladder[name] = dataclasses.replace(
@@ -64,6 +66,13 @@ def domain_ladder(domain: str, baseline: Recipe) -> dict[str, Recipe]:
             task=None, domain=None, target=None, reached=None, adopted_from=f"{task}:{name}",
             summary=f"{task}'s {name} ({rung.summary}) in {fraction:.2f} of this task's baseline budget")
     return ladder
+
+
+@functools.lru_cache(maxsize=None)
+def _reference_presets(task: str) -> dict[str, Recipe]:
+    """The reference task's presets, read once per process: every Task without rungs builds its ladder from
+    them when it is made, and a search or a benchmark makes many."""
+    return load_presets(task)
 
 
 def _as_many_evaluations(rung: Recipe, duration: str) -> str:

@@ -127,11 +127,12 @@ class TunePanel:
 
     def _outcome(self) -> str:
         result = self.result
+        spent = time_line(result.summary.get("time"))
         if result.recipe is None:
-            return "done: no candidate reached the target on every seed (see the report)"
+            return f"done: no candidate reached the target on every seed (see the report) · {spent}"
         speedup = result.speedup
         return (f"done: the winner is {'-' if speedup is None else f'{speedup:.2f}x'} the tuned baseline "
-                f"({html.escape(result.recipe.summary)}); report: {html.escape(str(result.report_path))}")
+                f"({html.escape(result.recipe.summary)}); report: {html.escape(str(result.report_path))} · {spent}")
 
     def _on_trial(self, study, trial) -> None:
         """Called on the search thread after each trial: its record onto the board, the best so far named."""
@@ -145,8 +146,11 @@ class TunePanel:
             self._best_value = value
             reached = trial.user_attrs.get("time_to_target_s")
             what = f"reached the target at {reached:.1f}s" if reached is not None else f"objective {value:.1f}"
+            move = trial.user_attrs.get("move") or (f"start: {trial.user_attrs['start_from']}"
+                                                    if trial.user_attrs.get("start_from") else "")
             self.best.value = (f"<b>best so far</b> ({html.escape(study.study_name)} #{trial.number}): {what} · "
-                               f"{html.escape(str(trial.user_attrs.get('change', '')))}")
+                               f"{html.escape(str(trial.user_attrs.get('change', '')))}"
+                               + (f" · proposed as {html.escape(move)}" if move else ""))
         self.status.value = f"searching … {self.trials} trials finished"
 
     def use_recipe(self) -> None:
@@ -154,3 +158,11 @@ class TunePanel:
         if self.result is None or self.result.recipe_path is None:
             raise ValueError("no winner to use yet: run a search that confirms one first")
         self.explorer.use_recipe(self.result.recipe_path)
+
+
+def time_line(time: dict | None) -> str:
+    """Where the search's time went, in one line (the report's table, shortened)."""
+    if not time:
+        return ""
+    parts = [f"{what} {seconds:.0f}s" for what, seconds in time["seconds"].items() if seconds >= 0.5]
+    return html.escape(f"{time['spent_s']:.0f}s: " + ", ".join(parts))

@@ -4,6 +4,7 @@ methods that do not fit the user's model greyed, each with its reason."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import textwrap
 from pathlib import Path
@@ -80,8 +81,38 @@ def test_tune_searches_a_user_task(tmp_path, monkeypatch):
     assert result.summary["task"] == "tuned-fashion"
     assert result.summary["methods_searched"] == ["label_smoothing"]
     assert "found no nn.LayerNorm" in result.summary["left_out"]["low_precision_layernorm"]  # the user's CNN has none
-    with pytest.raises(TuneInputError, match="worker processes know only the built-in tasks"):
+    with pytest.raises(TuneInputError, match=r"cannot build task 'tuned-fashion'.*'package.module:attr'"):
         tune(user_task("tuned-fashion"), n_workers=2, out_dir=tmp_path / "two", budget=30, log=lambda *_: None)
+
+
+def test_two_worker_processes_tune_a_user_task_named_by_its_module(tmp_path, monkeypatch):
+    """``--task my_tasks:fashion --workers 2``: the second process imports the same module and works on the study."""
+    import_or_missing("optuna")
+    import tune_fakes
+
+    from speedkit.experiments.tune import tune
+    from speedkit.experiments.tune.storage import open_storage
+
+    (tmp_path / "my_tasks.py").write_text("from test_tasks import user_task\nfashion = user_task('two-workers')\n")
+    monkeypatch.chdir(tmp_path)
+    tests = Path(__file__).resolve().parents[1]
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tests / "tasks"), str(tests / "support"), str(tmp_path)]))
+    (tmp_path / "arrived").mkdir()
+    monkeypatch.setenv("TUNE_FAKE_RENDEZVOUS", f"{tmp_path / 'arrived'}:2")  # both processes in before any run ends
+    monkeypatch.setattr(tune_fakes, "_met", False)
+    monkeypatch.setenv("TUNE_FAKE_PACE", "0.1")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    result = tune("my_tasks:fashion", methods=["label_smoothing"], out_dir=tmp_path / "out",
+                  runner="tune_fakes:fake_run", budget=60, trial_limit=12, max_trials=4, max_baseline_trials=1,
+                  seeds_to_confirm=1, data_fraction=0.25, n_workers=2, log=lambda *_: None)
+    assert result.summary["task"] == "two-workers"
+    import optuna
+
+    storage = open_storage(result.storage)
+    trials = [t for name in ("tune-baseline", "tune")
+              for t in optuna.load_study(study_name=name, storage=storage).get_trials(deepcopy=False)]
+    log = (tmp_path / "out" / "worker-1.log").read_text()
+    assert len({t.user_attrs.get("worker") for t in trials}) == 2, log[-2000:]
 
 
 # -- the explorer ----------------------------------------------------------------------------

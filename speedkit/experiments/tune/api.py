@@ -1,12 +1,13 @@
 """``speedkit.experiments.tune.tune``: a measured search (Optuna) for the recipe that reaches a task's target soonest.
 
 The baseline's learning rate and budget are tuned first, then methods and recipe fields are searched
-against time to target, then the tuned baseline, the winner and the runner-up are confirmed on fresh
-seeds. Everything lives in one Optuna storage (a journal file in the output folder by default, or any
-SQLite/database URL): a killed search loses no finished trial, and a rerun with the same storage and
-study name continues it, re-running only the trial that was cut short. Several processes may work on
-one study (``n_workers``, or more ``tune`` calls on the same storage elsewhere). Every run also
-writes a RunRecord into ``run_dir``.
+against time to target (the task's presets first, then moves from the best recipe so far), then the
+tuned baseline and the winner (and the runner-up, where the budget holds it) are confirmed on fresh
+seeds, with a longer budget for a winner that missed a seed. Everything lives in one Optuna storage (a
+journal file in the output folder by default, or any SQLite/database URL): a killed search loses no
+finished trial, and a rerun with the same storage and study name continues it, re-running only the
+trial that was cut short. Several processes may work on one study (``n_workers``, or more ``tune``
+calls on the same storage elsewhere). Every run also writes a RunRecord into ``run_dir``.
 """
 from __future__ import annotations
 
@@ -16,14 +17,17 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from speedkit.experiments.tune.confirm import run_confirmation, run_leave_one_out, summarize_confirmation
+from speedkit.experiments.tune.confirm import (confirm_candidates, confirm_seeds, plan_confirmation,
+                                               run_budget_search, run_confirmation, run_leave_one_out,
+                                               summarize_confirmation)
 from speedkit.experiments.tune.objective import resolve_runner, runner_path
 from speedkit.experiments.tune.search import (PHASES, PRUNERS, TuneConfig, check_same_search, load_study,
                                               logged_metrics, parse_budget, resolve_target, run_phases,
                                               seed_baseline_study, start_workers)
 from speedkit.experiments.tune.space import (TuneInputError, baseline_space, candidate_methods, describe_limit,
                                              fit_hparams_to_model, full_space, probe_surgery, resolve_methods)
-from speedkit.experiments.tune.storage import fail_dead_trials, open_storage, optuna_module, spent_before_s, storage_url
+from speedkit.experiments.tune.storage import (fail_dead_trials, finished_trials, open_storage, optuna_module,
+                                               spent_before_s, storage_url)
 
 
 @dataclasses.dataclass
@@ -44,18 +48,22 @@ class TuneResult:
         return self.summary["confirmation"].get("speedup_median")
 
 
-def tune(task: str = "fashion-mnist", target=None, budget: str | float = "30m", methods: Sequence[str] | str | None = None,
+def tune(task: str = "fashion-mnist", target=None, *, data=None, task_options: dict | None = None,
+         budget: str | float = "30m", methods: Sequence[str] | str | None = None,
          storage: str | os.PathLike | None = None, study_name: str = "tune", seeds_to_confirm: int = 3,
          out_dir: str | os.PathLike = "runs/tune", run_dir: str | os.PathLike | None = None,
          data_fraction: float = 1.0, eval_fraction: float | None = None, eval_interval: str | None = None,
          device: str = "auto", n_workers: int = 1, base="baseline", tune_hparams: bool = True,
-         trial_limit: str | float | None = None, baseline_share: float = 0.25, max_trials: int | None = None,
+         trial_limit: str | float | None = None, baseline_share: float = 0.15, max_trials: int | None = None,
          max_baseline_trials: int | None = None, pruner: str = "halving", sampler_seed: int = 0,
          duration_scale: tuple[float, float] = (0.1, 1.0), lr_factor: float = 10.0, leave_one_out: bool = False,
          runner=None, log=print, on_trial=None, should_stop=None) -> TuneResult:
     """Search for the recipe that reaches ``target`` on ``task`` soonest, within ``budget`` of wall clock.
 
-    ``task``: anything ``speedkit.tasks.resolve_task`` takes (a name, a ``speedkit.Task``, ``"pkg.mod:attr"``).
+    ``task``: anything ``speedkit.tasks.resolve_task`` takes (a name, a ``speedkit.Task``, ``"pkg.mod:attr"``);
+    ``data`` and ``task_options`` are a folder task's folder and options (``tune("image-folder", data=DIR)``).
+    Worker processes (``n_workers``) build the task again from its name, ``"pkg.mod:attr"`` or folder; a
+    Task object made in this process only they cannot.
 
     ``target``: None (the task's), a value of the task's metric, ``"metric=value"`` or (metric, value).
     ``methods``: the methods the search may turn on (default: all that fit the task's domain and model).
@@ -74,8 +82,8 @@ def tune(task: str = "fashion-mnist", target=None, budget: str | float = "30m", 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     config = build_config(
-        task=task, target=target, budget=budget, methods=methods, storage=storage, study_name=study_name,
-        seeds_to_confirm=seeds_to_confirm, out=out, run_dir=run_dir, data_fraction=data_fraction,
+        task=task, data=data, task_options=task_options, target=target, budget=budget, methods=methods,
+        storage=storage, study_name=study_name, seeds_to_confirm=seeds_to_confirm, out=out, run_dir=run_dir, data_fraction=data_fraction,
         eval_fraction=eval_fraction, eval_interval=eval_interval, device=device, n_workers=n_workers, base=base,
         tune_hparams=tune_hparams, trial_limit=trial_limit, baseline_share=baseline_share, max_trials=max_trials,
         max_baseline_trials=max_baseline_trials, pruner=pruner, sampler_seed=sampler_seed,
@@ -99,8 +107,11 @@ def tune(task: str = "fashion-mnist", target=None, budget: str | float = "30m", 
     finally:
         for process in workers:
             process.wait()
-    log(f"speedkit tune: confirming the tuned baseline, the winner and the runner-up on {seeds_to_confirm} seeds")
+    plan_confirmation(config, studies, log=log)
+    log(f"speedkit tune: confirming {', '.join(role for role, _, _ in confirm_candidates(config, studies))} on "
+        f"seeds {confirm_seeds(config, studies)}")
     run_confirmation(config, studies, runner=in_process, should_stop=should_stop)
+    run_budget_search(config, studies, runner=in_process, should_stop=should_stop, log=log)
     if leave_one_out:
         log("speedkit tune: the winner's leave-one-out (each of its methods left out, on the first seed)")
         run_leave_one_out(config, studies, runner=in_process, should_stop=should_stop)
@@ -118,14 +129,17 @@ def _logger(log, on_trial):
         reached = attrs.get("time_to_target_s")
         what = (attrs.get("infeasible") or (f"reached at {reached:.1f}s" if reached is not None else
                                             f"missed (best {attrs.get('final')})"))
-        log(f"  {study.study_name} #{trial.number} {trial.state.name.lower()}: {attrs.get('change', '')} -> {what}")
+        origin = f" [{attrs['move']}]" if attrs.get("move") else (f" [start: {attrs['start_from']}]"
+                                                                   if attrs.get("start_from") else "")
+        log(f"  {study.study_name} #{trial.number} {trial.state.name.lower()}{origin}: {attrs.get('change', '')} "
+            f"-> {what}")
         if on_trial is not None:
             on_trial(study, trial)
     return callback
 
 
-def build_config(*, task, target, budget, methods, storage, study_name, seeds_to_confirm, out: Path, run_dir,
-                 data_fraction, eval_fraction, eval_interval, device, n_workers, base, tune_hparams, trial_limit,
+def build_config(*, task, data, task_options, target, budget, methods, storage, study_name, seeds_to_confirm,
+                 out: Path, run_dir, data_fraction, eval_fraction, eval_interval, device, n_workers, base, tune_hparams, trial_limit,
                  baseline_share, max_trials, max_baseline_trials, pruner, sampler_seed, duration_scale,
                  lr_factor, leave_one_out, runner, log) -> TuneConfig:
     """Check every argument and read the search space from the cards; refusals name the argument."""
@@ -137,11 +151,14 @@ def build_config(*, task, target, budget, methods, storage, study_name, seeds_to
     # the settings every run shares are a run request's fields: checked by it, once, naming the field
     RunRequest(task=task, device=device, data_fraction=data_fraction, eval_fraction=eval_fraction,
                eval_interval=eval_interval or None)
-    spec = resolve_task(task)  # a name, a Task or "pkg.mod:attr": registered, so the trials find it by name
+    # a name, a Task, "pkg.mod:attr" or a folder: registered, so that the trials find it by name
+    spec = resolve_task(task, data, **(task_options or {}))
+    task_source = _task_source(task, data, task_options)
+    if n_workers > 1 and task_source is None and spec.name not in BUILT_IN:
+        raise TuneInputError(f"n_workers={n_workers}: worker processes cannot build task {spec.name!r}, a Task "
+                             f"object made in this process; give it as 'package.module:attr' (--task mod:attr) "
+                             f"or as a folder task with data=, or tune it with n_workers=1")
     task = spec.name
-    if n_workers > 1 and task not in BUILT_IN:
-        raise TuneInputError(f"n_workers={n_workers}: worker processes know only the built-in tasks, not {task!r}; "
-                             f"tune your own task with n_workers=1")
     budget_s = parse_budget(budget)
     metric, value = resolve_target(spec, target)
     if n_workers < 1:
@@ -205,7 +222,15 @@ def build_config(*, task, target, budget, methods, storage, study_name, seeds_to
         max_trials={"baseline": max_baseline_trials, "search": max_trials}, pruner=pruner,
         sampler_seed=sampler_seed, runner=runner_path(runner) if runner is not None else None,
         started_at=time.time(), spent_before_s=studies_spent, n_workers=n_workers, leave_one_out=leave_one_out,
-        left_out=left_out)
+        left_out=left_out, task_source=task_source)
+
+
+def _task_source(task, data, task_options) -> dict | None:
+    """How a worker process builds the task again (None: a built-in, or a Task object it cannot rebuild)."""
+    if not isinstance(task, str) or (data is None and not task_options and ":" not in task):
+        return None
+    return {"task": task, "data": None if data is None else str(Path(data).resolve()),
+            "options": dict(task_options or {})}
 
 
 def build_summary(config: TuneConfig, studies: dict) -> dict:
@@ -218,7 +243,7 @@ def build_summary(config: TuneConfig, studies: dict) -> dict:
             trials.append({"phase": phase, "number": t.number, "state": t.state.name.lower(), "value": t.value,
                            "params": t.params, **{k: t.user_attrs.get(k) for k in (
                                "change", "time_to_target_s", "final", "train_s", "wall_s", "infeasible",
-                               "stop_reason", "record", "start_from")},
+                               "stop_reason", "record", "start_from", "move")},
                            "started": t.datetime_start.isoformat() if t.datetime_start else None})
     space = config.space("search")
     return {"task": config.task, "target": {"metric": config.metric, "value": config.target},
@@ -226,7 +251,31 @@ def build_summary(config: TuneConfig, studies: dict) -> dict:
             "settings": config.settings, "storage": config.storage, "study": config.study_name,
             "methods_searched": list(space.methods), "hparam_limits": dict(space.hparam_limits),
             "left_out": {**config.left_out, **_found_inapplicable(studies)},
-            "trials": trials, "confirmation": summarize_confirmation(config, studies)}
+            "trials": trials, "confirmation": summarize_confirmation(config, studies),
+            "time": where_the_time_went(config, studies, trials)}
+
+
+def where_the_time_went(config: TuneConfig, studies: dict, trials: list[dict]) -> dict:
+    """Seconds of the search by what they bought: tuning the baseline, search trials that reached the target,
+    missed it or were pruned, proposals refused untrained, the confirmation (with the final budget search
+    and the leave-one-out), and the rest (building data and models, the probes, the storage)."""
+    def wall(rows) -> float:
+        return round(sum(r.get("wall_s") or 0.0 for r in rows), 1)
+
+    search = [t for t in trials if t["phase"] == "search"]
+    kinds = {"reached": [t for t in search if t["state"] == "complete" and t["time_to_target_s"] is not None],
+             "missed": [t for t in search if t["state"] == "complete" and t["time_to_target_s"] is None],
+             "pruned": [t for t in search if t["state"] == "pruned" and not t["infeasible"]],
+             "refused": [t for t in search if t["infeasible"]]}
+    confirm = [{"wall_s": t.user_attrs.get("wall_s")} for t in finished_trials(studies["confirm"], ("COMPLETE",))]
+    rows = {"baseline study": wall(t for t in trials if t["phase"] == "baseline"),
+            **{f"search: {kind}": wall(rows) for kind, rows in kinds.items()},
+            "confirmation": wall(confirm)}
+    counts = {"baseline study": sum(t["phase"] == "baseline" for t in trials),
+              **{f"search: {kind}": len(rows) for kind, rows in kinds.items()}, "confirmation": len(confirm)}
+    spent = config.spent_s()
+    rows["set-up and the rest"] = round(max(0.0, spent - sum(rows.values())), 1)
+    return {"spent_s": round(spent, 1), "seconds": rows, "runs": counts}
 
 
 def _found_inapplicable(studies: dict) -> dict:

@@ -7,27 +7,81 @@ speed-up is the baseline's time over the winner's, seed by seed. Confirmation ru
 from __future__ import annotations
 
 import statistics
+import time
 
 from speedkit.experiments.tune.objective import USER_STOP, resolve_runner, score_record
-from speedkit.experiments.tune.search import TuneConfig, ranked, recipe_from_trial, store_outcome, trial_context
+from speedkit.experiments.tune.search import (TuneConfig, ranked, recipe_from_trial, seeds_that_fit, store_outcome,
+                                              trial_context)
 from speedkit.experiments.tune.space import describe_change
 from speedkit.experiments.tune.storage import finished_trials, optuna_module, worker_id
 
 CONFIRM_SEED_START = 1  # the search runs seed 0; confirmation uses fresh seeds, so the winner's luck does not count twice
 
 
-def confirm_candidates(config: TuneConfig, studies: dict) -> list[tuple[str, str, object]]:
-    """[(role, key, recipe)]: the tuned baseline, the winner and the runner-up of the search."""
+BUDGET_STEPS = (1.2, 1.44)  # the final budget search: a winner that missed a seed is rerun this much longer
+
+
+def confirm_candidates(config: TuneConfig, studies: dict,
+                       with_runner_up: bool | None = None) -> list[tuple[str, str, object]]:
+    """[(role, key, recipe)]: the tuned baseline, the winner and (where the budget has room for it, or
+    ``with_runner_up``) the runner-up of the search, then any longer budgets of the winner the final budget
+    search tried."""
+    from speedkit.tasks.recipes import Recipe
+
     candidates = []
     baseline = ranked(studies["baseline"])[:1]
     if baseline:
         candidates.append(("baseline", f"baseline:{baseline[0].number}", recipe_from_trial(baseline[0], "baseline")))
     else:
         candidates.append(("baseline", "baseline:untuned", config.base_recipe()))
+    if with_runner_up is None:
+        with_runner_up = studies["confirm"].user_attrs.get("with_runner_up", True)
+    count = 2 if with_runner_up else 1
     reached = [t for t in _distinct_best(studies["search"], 2) if t.user_attrs.get("time_to_target_s") is not None]
-    for role, trial in zip(("winner", "runner-up"), reached):  # a trial that missed the target cannot win
+    for role, trial in list(zip(("winner", "runner-up"), reached))[:count]:  # a trial that missed cannot win
         candidates.append((role, f"search:{trial.number}", recipe_from_trial(trial, f"tune-{role}")))
+    for stretched in studies["confirm"].user_attrs.get("stretched", []):
+        candidates.append(("winner, longer", stretched["key"], Recipe(**stretched["recipe"])))
     return candidates
+
+
+def plan_confirmation(config: TuneConfig, studies: dict, log=print) -> None:
+    """Decide what the confirmation runs, so that it ends within the search's budget (each run taken as long
+    as its search trial): every seed asked for with the runner-up where the time left holds that; else without
+    the runner-up; else on as many seeds as fit (at least one), which the report says. A search continued
+    with more budget may add the runner-up or seeds; what was confirmed already is never taken back."""
+    confirm = studies["confirm"]
+    candidates = confirm_candidates(config, studies, with_runner_up=True)
+    walls = [_trial_wall(config, studies, key) for _, key, _ in candidates]
+    left = max(0.0, config.budget_s - config.spent_s())
+    with_runner_up = (len(candidates) < 3 or config.seeds_to_confirm * sum(walls) <= left
+                      or bool(confirm.user_attrs.get("with_runner_up")))
+    per_seed = sum(walls if with_runner_up else walls[:2])
+    seeds = max(seeds_that_fit(config, per_seed, left), int(confirm.user_attrs.get("seeds", 1)))
+    confirm.set_user_attr("with_runner_up", with_runner_up)
+    confirm.set_user_attr("seeds", seeds)
+    if not with_runner_up:
+        log(f"speedkit tune: confirming the tuned baseline and the winner only: with the runner-up the "
+            f"confirmation would take about {config.seeds_to_confirm * sum(walls):.0f}s, and {left:.0f}s of the "
+            f"budget is left")
+    if seeds < config.seeds_to_confirm:
+        log(f"speedkit tune: confirming on {seeds} of the {config.seeds_to_confirm} seeds asked for: each seed "
+            f"takes about {per_seed:.0f}s and {left:.0f}s of the budget is left; a longer --budget confirms on more")
+
+
+def confirm_seeds(config: TuneConfig, studies: dict) -> list[int]:
+    """The fresh seeds of the confirmation: as many as ``plan_confirmation`` found room for."""
+    count = int(studies["confirm"].user_attrs.get("seeds", config.seeds_to_confirm))
+    return list(range(CONFIRM_SEED_START, CONFIRM_SEED_START + count))
+
+
+def _trial_wall(config: TuneConfig, studies: dict, key: str) -> float:
+    phase, _, number = key.partition(":")
+    if number.isdigit():
+        trial = studies[phase].trials[int(number)]
+        if trial.user_attrs.get("wall_s"):
+            return float(trial.user_attrs["wall_s"])
+    return config.limit_s
 
 
 def _distinct_best(study, count: int) -> list:
@@ -44,11 +98,11 @@ def _distinct_best(study, count: int) -> list:
 
 
 def run_confirmation(config: TuneConfig, studies: dict, runner=None, on_run=None, should_stop=None) -> list:
-    """Each candidate on ``seeds_to_confirm`` fresh seeds, interleaved (A B C A B C ...); resumable."""
+    """Each candidate on the confirmation's fresh seeds, interleaved (A B C A B C ...); resumable."""
     confirm = studies["confirm"]
     done = _done(confirm)
     runner = runner or resolve_runner(config.runner)
-    for seed in range(CONFIRM_SEED_START, CONFIRM_SEED_START + config.seeds_to_confirm):
+    for seed in confirm_seeds(config, studies):
         for role, key, recipe in confirm_candidates(config, studies):
             if (key, seed) in done or (should_stop and should_stop()):
                 continue
@@ -79,6 +133,7 @@ def _confirm_run(config: TuneConfig, confirm, runner, role: str, key: str, seed:
     context.should_stop = should_stop
     if ablation is not None:
         context.extra_config["ablation"] = ablation  # what speedkit.experiments.compare.leave_one_out and the run board read
+    started = time.perf_counter()
     try:
         record = runner(context)
     except Exception as e:
@@ -88,9 +143,41 @@ def _confirm_run(config: TuneConfig, confirm, runner, role: str, key: str, seed:
     if context.stop_reason == USER_STOP:  # not a measurement: run again when the search continues
         confirm.tell(trial, state=optuna.trial.TrialState.FAIL)
         return None
-    store_outcome(trial, record, config, record.timings.get("train_s", 0.0), context.stop_reason)
+    store_outcome(trial, record, config, time.perf_counter() - started, context.stop_reason)
     confirm.tell(trial, score_record(record, config.metric, config.target, config.limit_s))
     return record
+
+
+# -- the final budget search ------------------------------------------------------------------------
+def run_budget_search(config: TuneConfig, studies: dict, runner=None, should_stop=None, log=print) -> None:
+    """Where no candidate reached the target on every confirmation seed, rerun the fastest one that reached it
+    on some with a longer budget (``BUDGET_STEPS``) on every seed, so that what is shipped reaches the target
+    in each; resumable, and the longer budgets are candidates like the others."""
+    from speedkit.experiments.tune.space import scaled_duration
+    from speedkit.tasks.recipes import Recipe
+
+    confirm = studies["confirm"]
+    summary = summarize_confirmation(config, studies)
+    if summary["winner"] is not None or (should_stop and should_stop()):
+        return
+    missed = [r for r in summary["candidates"] if r["role"] in ("winner", "runner-up") and r["seeds_reached"]]
+    if not missed:
+        return
+    start = min(missed, key=lambda r: statistics.median([t for t in r["times_s"] if t is not None]))
+    stretched = list(confirm.user_attrs.get("stretched", []))
+    for factor in BUDGET_STEPS:
+        key = f"{start['key']}@x{factor:g}"
+        if all(s["key"] != key for s in stretched):
+            recipe = Recipe(**start["recipe"])
+            recipe = recipe.with_changes(name=f"tune-winner-x{factor:g}",
+                                         duration=scaled_duration(recipe.duration, factor))
+            log(f"speedkit tune: {start['key']} reached the target on {start['seeds_reached']} of "
+                f"{len(start['seeds'])} seeds; trying it with {factor:g}x its budget ({recipe.duration})")
+            stretched.append({"key": key, "recipe": recipe.to_dict()})
+            confirm.set_user_attr("stretched", stretched)
+        run_confirmation(config, studies, runner=runner, should_stop=should_stop)
+        if summarize_confirmation(config, studies)["winner"] is not None or (should_stop and should_stop()):
+            return
 
 
 # -- the winner's leave-one-out ---------------------------------------------------------------------
@@ -134,7 +221,7 @@ def summarize_leave_one_out(config: TuneConfig, studies: dict, winner: dict | No
 def summarize_confirmation(config: TuneConfig, studies: dict) -> dict:
     """Per candidate: seeds reached, times, median; the winner is the confirmed fastest, not the search's luckiest."""
     runs = finished_trials(studies["confirm"], ("COMPLETE",))
-    seeds = list(range(CONFIRM_SEED_START, CONFIRM_SEED_START + config.seeds_to_confirm))
+    seeds = confirm_seeds(config, studies)
     rows = []
     for role, key, recipe in confirm_candidates(config, studies):
         by_seed = {t.user_attrs["seed"]: t.user_attrs for t in runs if t.user_attrs.get("candidate") == key}

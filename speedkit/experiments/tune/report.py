@@ -101,11 +101,13 @@ def markdown(config, summary: dict, recipe_path) -> str:
              "Times are training wall clock to the target, evaluation excluded. A trial that missed the target "
              "scores limit x (1 + shortfall).", ""]
     lines += _confirmation_lines(confirmation, recipe_path, config)
-    lines += ["", "## Best trials of the search", "", "| phase | # | objective | time to target (s) | best metric | change |",
-              "|---|---|---|---|---|---|"]
+    lines += _time_lines(summary.get("time"))
+    lines += ["", "## Best trials of the search", "",
+              "| phase | # | objective | time to target (s) | best metric | change | proposed as |",
+              "|---|---|---|---|---|---|---|"]
     done = sorted((t for t in trials if t["state"] == "complete"), key=lambda t: t["value"])[:12]
     lines += [f"| {t['phase']} | {t['number']} | {t['value']:.2f} | {_fmt(t['time_to_target_s'])} | "
-              f"{_fmt(t['final'], '.4f')} | {t['change'] or ''} |" for t in done]
+              f"{_fmt(t['final'], '.4f')} | {t['change'] or ''} | {proposal(t)} |" for t in done]
     lines += ["", "## Methods", "", f"Searched: {', '.join(summary['methods_searched']) or 'none'}.", ""]
     lines += [f"- left out `{m}`: {why}" for m, why in summary["left_out"].items()]
     lines += [f"- searched `{key}` only {describe_limit(limit)}: elsewhere in its card's range it finds nothing to "
@@ -114,6 +116,25 @@ def markdown(config, summary: dict, recipe_path) -> str:
               f"`optuna-dashboard {config.storage}` shows it where optuna-dashboard is installed). "
               f"RunRecords: `{config.run_dir}`."]
     return "\n".join(lines) + "\n"
+
+
+def proposal(trial: dict) -> str:
+    """Where a trial came from: a starting point, a move from an earlier trial, or the sampler."""
+    if trial.get("start_from"):
+        return f"start: {trial['start_from']}"
+    return f"move: {trial['move']}" if trial.get("move") else "sampler"
+
+
+def _time_lines(time: dict | None) -> list[str]:
+    if not time:
+        return []
+    lines = ["", f"## Where the time went ({time['spent_s']:.0f}s)", "", "| what | runs | seconds | share |",
+             "|---|---|---|---|"]
+    total = max(time["spent_s"], 1e-9)
+    for what, seconds in time["seconds"].items():
+        runs = time["runs"].get(what, "")
+        lines.append(f"| {what} | {runs} | {seconds:.0f} | {seconds / total:.0%} |")
+    return lines
 
 
 def _confirmation_lines(confirmation: dict, recipe_path, config) -> list[str]:
@@ -126,6 +147,9 @@ def _confirmation_lines(confirmation: dict, recipe_path, config) -> list[str]:
         lines.append(f"| {row['role']}{mark} | {row['seeds_reached']}/{len(seeds)} | {_fmt(row['median_s'])} | {times} | "
                      f"{_fmt(row['median_final'], '.4f')} | {row['change']} |")
     lines.append("")
+    if len(seeds) < config.seeds_to_confirm:
+        lines += [f"Confirmed on {len(seeds)} of the {config.seeds_to_confirm} seeds asked for: the budget held no "
+                  f"more beside the search; a longer budget confirms on every seed.", ""]
     if confirmation.get("winner") is None:
         lines.append("No search candidate reached the target on every seed: no recipe is called the winner.")
     else:

@@ -1,5 +1,7 @@
 """The search itself: its configuration (shared by every worker process), the Optuna studies and the
-objective, and the phases (tune the baseline, then search) that each worker runs until they close.
+objective, and the phases (tune the baseline, then search) that each worker runs until they close. The
+search phase runs its starting points (the task's presets, the tuned baseline), then moves from the best
+recipe so far (``speedkit.experiments.tune.moves``); the Optuna sampler draws only when no move is left.
 
 Three studies share one Optuna storage: ``<name>-baseline`` tunes the baseline recipe's learning rate
 and budget, ``<name>`` searches methods and recipe fields, ``<name>-confirm`` holds the confirmation
@@ -103,6 +105,23 @@ class TuneConfig:
     n_workers: int = 1
     leave_one_out: bool = False  # the winner without each of its methods, after the confirmation
     left_out: dict = dataclasses.field(default_factory=dict)  # method -> why the search does not try it
+    # How a worker process builds the task again: {"task": name or "pkg.mod:attr", "data": folder, "options": {}}
+    task_source: dict | None = None
+
+    def rebuild_task(self) -> None:
+        """Make the search's task known in this process (a worker's), as the first process built it."""
+        from speedkit.tasks import TASKS, resolve_task
+
+        if self.task_source is None:
+            if self.task not in TASKS:
+                raise TuneInputError(f"task {self.task!r} is not known in this worker process; give it as "
+                                     f"'package.module:attr' or as a folder task with data=")
+            return
+        source = self.task_source
+        spec = resolve_task(source["task"], source.get("data"), **(source.get("options") or {}))
+        if spec.name != self.task:
+            raise TuneInputError(f"the worker built task {spec.name!r} from {source}, but the search is on "
+                                 f"{self.task!r}")
 
     def save(self, path: Path) -> None:
         path.write_text(json.dumps(dataclasses.asdict(self), indent=1))
@@ -191,7 +210,7 @@ class SearchStopped(Exception):
     """The search was asked to stop mid-trial; that trial is failed and queued to run again on resume."""
 
 
-def make_objective(config: TuneConfig, phase: str, runner, should_stop=None):
+def make_objective(config: TuneConfig, phase: str, runner, should_stop=None, studies: dict | None = None):
     """The Optuna objective of one phase: propose a recipe, train it (or refuse it untrained), score it."""
     optuna = optuna_module()
     base, space = config.base_recipe(), config.space(phase)
@@ -200,15 +219,18 @@ def make_objective(config: TuneConfig, phase: str, runner, should_stop=None):
         trial.set_user_attr("worker", worker_id())
         name = f"{config.study_name}-{phase}-t{trial.number:04d}"
         try:
-            recipe = suggest_recipe(trial, base, space, name=name)
+            recipe = suggest_recipe(trial, base, space, name=name, refused=refused_methods(trial.study))
         except (ValueError, TypeError) as e:
             _infeasible(trial, f"recipe refused: {e}")
-        blocked = _known_inapplicable(trial.study, recipe.methods)
+        blocked = _known_inapplicable(trial.study, recipe.methods)  # a queued point made before the refusal
         if blocked:
             _infeasible(trial, blocked)
         trial.set_user_attr("recipe", recipe.to_dict())
         trial.set_user_attr("change", describe_change(recipe, base))
-        context = trial_context(config, phase, recipe, seed=0, run_name=name, trial=trial)
+        # the first trial runs whole (there is nothing to confirm without one); later ones leave the reserve be
+        later = studies is not None and phase == "search" and finished_trials(studies["search"])
+        kept_back = confirm_reserve_s(config, studies) if later else 0.0
+        context = trial_context(config, phase, recipe, seed=0, run_name=name, trial=trial, kept_back_s=kept_back)
         context.should_stop = should_stop
         return _run_and_score(config, trial, context, runner)
 
@@ -220,8 +242,11 @@ def make_objective(config: TuneConfig, phase: str, runner, should_stop=None):
     return objective
 
 
-def trial_context(config: TuneConfig, phase: str, recipe, seed: int, run_name: str, trial=None) -> TrialContext:
-    remaining = max(1.0, config.budget_s - config.spent_s())
+def trial_context(config: TuneConfig, phase: str, recipe, seed: int, run_name: str, trial=None,
+                  kept_back_s: float = 0.0) -> TrialContext:
+    """One run's context; a search trial stops where it would eat into the time ``kept_back_s`` for the
+    confirmation (or, for one that reached nothing, at the search's end)."""
+    remaining = max(1.0, config.budget_s - config.spent_s() - kept_back_s)
     stop_after = min(config.limit_s, remaining)
     best = best_reached_s(trial.study) if trial is not None else None
     if best is not None:
@@ -271,19 +296,17 @@ def store_outcome(trial, record, config: TuneConfig, wall_s: float, stop_reason:
 
 
 def _mark_inapplicable(study, methods: dict, message: str) -> None:
-    """Remember a method that found nothing to change, so later trials with it are refused untrained: at once
-    when it had its card's defaults, else on its second refusal (one refusal may be its settings' doing,
-    say blurpool's min_channels; two with different settings point at the model)."""
-    from speedkit.methods import REGISTRY
-
+    """Remember a method that found nothing to change in this model, so that it is never proposed again (its
+    settings' ranges were narrowed to what acts on the model before the search, ``fit_hparams_to_model``,
+    so a refusal is the model's doing, not the settings')."""
     culprit = next((m for m in methods if message.startswith(m)), None)
-    if culprit is None:
-        return
-    defaults = {hp.name: hp.default for hp in REGISTRY[culprit].CARD.hparams}
-    refusals = int(study.user_attrs.get(f"refusals:{culprit}", 0)) + 1
-    study.set_user_attr(f"refusals:{culprit}", refusals)
-    if refusals >= 2 or all(defaults.get(k) == v for k, v in (methods[culprit] or {}).items()):
+    if culprit is not None:
         study.set_user_attr(f"inapplicable:{culprit}", message)
+
+
+def refused_methods(study) -> set[str]:
+    """The methods that found nothing to act on in an earlier trial of ``study``."""
+    return {key.split(":", 1)[1] for key in study.user_attrs if key.startswith("inapplicable:")}
 
 
 def _known_inapplicable(study, methods: dict) -> str | None:
@@ -295,22 +318,29 @@ def _known_inapplicable(study, methods: dict) -> str | None:
 
 
 def confirm_reserve_s(config: TuneConfig, studies: dict) -> float:
-    """Time kept back for confirmation: each candidate's measured trial time, times the seeds."""
+    """Time kept back for confirmation: the tuned baseline's and the likely winner's measured trial times,
+    times the seeds (as many of those asked for as fit in half the budget, at least one: where a baseline run
+    is long, a search of one trial confirmed on three seeds would find nothing)."""
     typical = [t.user_attrs.get("wall_s") for s in studies.values() for t in finished_trials(s, ("COMPLETE",))]
     typical = [t for t in typical if t]
     fallback = statistics.median(typical) if typical else config.limit_s
     walls = []
-    for phase, count in (("baseline", 1), ("search", 2)):
+    for phase, count in (("baseline", 1), ("search", 1)):  # the runner-up is confirmed only where time is left
         if phase in studies:
             best = ranked(studies[phase])[:count]
             walls += [t.user_attrs.get("wall_s") or fallback for t in best]
             walls += [fallback] * (count - len(best))
-    reserve = config.seeds_to_confirm * sum(walls)
+    reserve = seeds_that_fit(config, sum(walls), config.budget_s / 2) * sum(walls)
     if config.leave_one_out and "search" in studies:  # one run per method of the likely winner
         best = ranked(studies["search"])[:1]
         methods = len(best[0].user_attrs.get("recipe", {}).get("methods", {})) if best else 0
         reserve += methods * (best[0].user_attrs.get("wall_s") or fallback if best else fallback)
     return reserve
+
+
+def seeds_that_fit(config: TuneConfig, per_seed_s: float, within_s: float) -> int:
+    """How many of the confirmation seeds asked for fit in ``within_s`` at ``per_seed_s`` each (at least one)."""
+    return max(1, min(config.seeds_to_confirm, int(within_s // max(per_seed_s, 1e-9))))
 
 
 def phase_open(config: TuneConfig, phase: str, studies: dict) -> bool:
@@ -332,15 +362,44 @@ def run_phases(config: TuneConfig, worker_index: int = 0, runner=None, on_trial=
     runner = runner or resolve_runner(config.runner)
     studies = {phase: load_study(config, phase, worker_index, storage) for phase in PHASES}
     for phase in PHASES:
-        objective = make_objective(config, phase, runner, should_stop)
+        objective = make_objective(config, phase, runner, should_stop, studies)
         callbacks = [on_trial] if on_trial is not None else []
         while phase_open(config, phase, studies) and not (should_stop and should_stop()):
-            if worker_index == 0 and phase == "search":
-                seed_search_study(config, studies)
+            if phase == "search":
+                seed_search_study(config, studies)  # once, by whichever worker gets here first
+                queue_next_move(config, studies, worker_index)
             try:
                 studies[phase].optimize(objective, n_trials=1, callbacks=callbacks, gc_after_trial=False)
             except SearchStopped:
                 return
+
+
+def queue_next_move(config: TuneConfig, studies: dict, worker_index: int = 0) -> None:
+    """Queue a move from the best recipe so far (``speedkit.experiments.tune.moves``), unless a point is queued
+    already; with no move left, the next trial is the sampler's."""
+    import random
+
+    from speedkit.experiments.tune.moves import propose_move, recipe_key
+
+    search = studies["search"]
+    trials = search.get_trials(deepcopy=False)
+    if any(t.state.name == "WAITING" for t in trials):
+        return
+    base, space = config.base_recipe(), config.space("search")
+    from_search = bool(ranked(search))
+    best = ranked(search)[:1] or ranked(studies["baseline"])[:1]
+    incumbent = recipe_from_trial(best[0], "incumbent") if best else base
+    reached = bool(best) and best[0].user_attrs.get("time_to_target_s") is not None
+    tried = {recipe_key(recipe_from_trial(t, "tried")) for t in trials if t.user_attrs.get("recipe")}
+    tried |= {t.user_attrs["proposed"] for t in trials if t.user_attrs.get("proposed")}
+    rng = random.Random(f"{config.sampler_seed}:{len(trials)}:{worker_index}")  # a rerun proposes the same
+    added = {m for t in trials for m in (t.user_attrs.get("recipe") or {}).get("methods", {})}
+    move = propose_move(incumbent, reached, base, space, refused_methods(search), tried, rng, added)
+    if move is None:
+        return
+    origin = f"#{best[0].number}" if from_search else "the tuned baseline"
+    search.enqueue_trial(recipe_params(move.recipe, base, space),
+                         user_attrs={"move": f"{move.what} (from {origin})", "proposed": recipe_key(move.recipe)})
 
 
 def seed_search_study(config: TuneConfig, studies: dict) -> None:
@@ -378,10 +437,9 @@ def starting_recipes(config: TuneConfig, baseline_study) -> list:
     presets = [p for name, p in known.items() if name != "baseline"]
     for preset in sorted(presets, key=lambda p: (_measured_time(p), _budget_fraction(p, config.base_recipe()))):
         recipes.append(preset.with_changes(precision=resolve_precision(preset.precision, device)))
-    # The tuned baseline, or the base as it is; the baseline study measured these already, but the search's
-    # sampler learns from its own trials only.
-    best = ranked(baseline_study)[:1]
-    recipes.append(recipe_from_trial(best[0], "tuned-baseline") if best else config.base_recipe())
+    if not recipes:  # no preset: the tuned baseline (or the base as it is) is where the moves start from
+        best = ranked(baseline_study)[:1]
+        recipes.append(recipe_from_trial(best[0], "tuned-baseline") if best else config.base_recipe())
     return recipes
 
 

@@ -225,8 +225,9 @@ def full_space(base, methods: Sequence[str], device_type: str, tune_hparams: boo
 
 
 # -- one trial -> one recipe -------------------------------------------------------------------------
-def suggest_recipe(trial, base, space: SearchSpace, name: str):
-    """The Recipe this trial proposes (base recipe fields changed by what the sampler picked)."""
+def suggest_recipe(trial, base, space: SearchSpace, name: str, refused=frozenset()):
+    """The Recipe this trial proposes (base recipe fields changed by what the sampler picked); methods in
+    ``refused`` (found nothing in this model) are never offered."""
     changes: dict[str, Any] = {"name": name, "summary": f"found by speedkit tune ({name})"}
     optimizer = dict(base.optimizer)
     if space.lr_factor:
@@ -251,7 +252,7 @@ def suggest_recipe(trial, base, space: SearchSpace, name: str):
     if space.crop_pads or space.flips:
         changes["augment"] = augment
     if space.methods:  # the trial's methods replace the base's (checked against the cards); no methods: the base's stay
-        changes["methods"] = suggest_methods(trial, space)
+        changes["methods"] = suggest_methods(trial, space, refused)
     return base.with_changes(**changes)
 
 
@@ -270,13 +271,16 @@ def scaled_duration(duration: str, scale: float) -> str:
     return str(time)
 
 
-def suggest_methods(trial, space: SearchSpace) -> dict:
-    """Methods on/off in a fixed order; one that conflicts with those already on is not offered."""
+def suggest_methods(trial, space: SearchSpace, refused=frozenset()) -> dict:
+    """Methods on/off in a fixed order; one that conflicts with those already on, or that found nothing in
+    this model in an earlier trial (``refused``), is not offered."""
     from speedkit.methods import get_method
 
     chosen: dict[str, dict] = {}
     methods = []
     for name in space.methods:
+        if name in refused:
+            continue
         candidate = get_method(name)
         try:
             check_compatibility([*methods, candidate])
@@ -298,10 +302,7 @@ def suggest_hparams(trial, method: str, limits: dict | None = None) -> dict:
     params = {}
     for hp in REGISTRY[method].CARD.hparams:
         key = f"{method}.{hp.name}"
-        limit = (limits or {}).get(key)
-        if limit is not None:
-            hp = dataclasses.replace(hp, **({"choices": tuple(limit["choices"])} if "choices" in limit
-                                             else {"low": limit["low"], "high": limit["high"]}))
+        hp = limited_hparam(method, hp, limits, params)
         value = _suggest_hparam(trial, key, hp)
         if value is not _NOT_SEARCHABLE:
             params[hp.name] = value
@@ -309,6 +310,22 @@ def suggest_hparams(trial, method: str, limits: dict | None = None) -> dict:
 
 
 _NOT_SEARCHABLE = object()
+
+
+def limited_hparam(method: str, hp: HParam, limits: dict | None, chosen: dict) -> HParam:
+    """``hp`` with its range narrowed to what acts on this model (``limits``) and to its card constraint: a
+    hyperparameter that may not exceed another (``at_most``) is drawn no higher than the value ``chosen`` for
+    that one (or its default), so no trial is lost to settings the method would refuse."""
+    from speedkit.methods import REGISTRY
+
+    limit = (limits or {}).get(f"{method}.{hp.name}")
+    if limit is not None:
+        hp = dataclasses.replace(hp, **({"choices": tuple(limit["choices"])} if "choices" in limit
+                                         else {"low": limit["low"], "high": limit["high"]}))
+    if hp.at_most is not None and hp.high is not None:
+        bound = chosen.get(hp.at_most, REGISTRY[method].CARD.hparam(hp.at_most).default)
+        hp = dataclasses.replace(hp, high=max(hp.low, min(hp.high, bound)), default=min(hp.default, bound))
+    return hp
 
 
 def _search_choices(hp: HParam) -> tuple | None:
@@ -366,6 +383,8 @@ def recipe_params(recipe, base, space: SearchSpace) -> dict | None:
         if not space.duration_scale[0] <= scale <= space.duration_scale[1]:
             return None
         params["duration_scale"] = scale
+    elif recipe.duration != base.duration:
+        return None
     fields = {"batch_size": (recipe.batch_size, space.batch_sizes), "precision": (recipe.precision, space.precisions),
               "loader": (recipe.loader, space.loaders)}
     augment = recipe.augment or {}
@@ -376,11 +395,16 @@ def recipe_params(recipe, base, space: SearchSpace) -> dict | None:
     schedule = next((n for n, s in SCHEDULE_CHOICES.items() if s == recipe.schedule), None)
     if space.schedules:
         fields["schedule"] = ("base" if recipe.schedule == base.schedule else schedule, space.schedules)
+    elif recipe.schedule != base.schedule:
+        return None
+    base_values = {"batch_size": base.batch_size, "precision": base.precision, "loader": base.loader}
     for key, (value, choices) in fields.items():
         if choices:
             if value not in choices:
                 return None
             params[key] = value
+        elif key in base_values and value != base_values[key]:
+            return None  # a field the space does not search must stay the base's
     return params | _method_params(recipe.methods, space)
 
 

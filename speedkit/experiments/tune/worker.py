@@ -20,7 +20,9 @@ def main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
     # Ctrl-C in the terminal reaches every worker: each stops at its next batch, like the main process
     signal.signal(signal.SIGINT, lambda signum, frame: stop.set())
-    run_phases(TuneConfig.load(argv[0]), worker_index=int(argv[1]), should_stop=stop.is_set)
+    config = TuneConfig.load(argv[0])
+    config.rebuild_task()  # a folder task or a user's task is built here as the first process built it
+    run_phases(config, worker_index=int(argv[1]), should_stop=stop.is_set)
     return 0
 
 

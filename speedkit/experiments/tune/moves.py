@@ -1,0 +1,181 @@
+"""The search's proposals after its starting points: small moves from the best recipe so far.
+
+A person tuning by hand does not draw ten methods at once. They take the best recipe they have and change
+one or two things: add a method, drop one, retune one setting, shorten the budget of a recipe that reached
+the target (or lengthen one that missed it), nudge the learning rate, or try a neighbouring batch size or
+schedule. Independent draws over 30 switches mostly land on combinations that miss the target, so most of a
+short search's trials teach nothing; a move from the incumbent keeps what already works.
+
+Every move is checked before it is proposed: a method that found nothing in this model, one that conflicts
+with those on, settings that break a card constraint, a point outside the search space, or a recipe that
+was tried already is never proposed. ``propose_move`` returns None when no move is left; the search then
+falls back to its sampler.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+
+from speedkit.experiments.tune.space import (NOT_SEARCHED, SCHEDULE_CHOICES, SearchSpace, _is_searched,
+                                             _search_choices, limited_hparam, recipe_params, scaled_duration)
+
+TWO_MOVES_SHARE = 0.25  # how often a proposal makes two changes at once (one move alone can sit in a local dip)
+UNTRIED_ADD_WEIGHT = 3.0  # adding a method no trial has had yet: what the search knows least about
+
+
+@dataclasses.dataclass(frozen=True)
+class Move:
+    """One proposal: what changed from the incumbent, in words, and the recipe it makes."""
+
+    what: str
+    recipe: object  # speedkit.tasks.recipes.Recipe
+    weight: float = 1.0  # how likely it is picked among the incumbent's moves
+
+
+def recipe_key(recipe) -> str:
+    """Two recipes that train alike have the same key (their names and summaries do not count)."""
+    data = {k: v for k, v in dataclasses.asdict(recipe).items() if k not in ("name", "summary", "reached")}
+    return json.dumps(data, sort_keys=True, default=str)
+
+
+def propose_move(incumbent, reached: bool, base, space: SearchSpace, refused: set[str], tried: set[str],
+                 rng: random.Random, added: set[str] = frozenset()) -> Move | None:
+    """A move from ``incumbent`` not tried yet (one, or now and then two), or None when none is left.
+
+    ``reached``: whether the incumbent reached the target (then a shorter budget is the likeliest gain,
+    else a longer one). ``refused``: methods that found nothing in this model. ``tried``: ``recipe_key`` of
+    every recipe proposed so far. ``added``: methods some trial had (adding one that none had is likelier).
+    """
+    first = _pick(neighbour_moves(incumbent, reached, base, space, refused, tried, added), rng)
+    if first is None:
+        return None
+    if rng.random() < TWO_MOVES_SHARE:
+        second = _pick([m for m in neighbour_moves(first.recipe, reached, base, space, refused, tried, added)
+                        if m.what.split(" ", 1)[0] != first.what.split(" ", 1)[0]], rng)
+        if second is not None:
+            return Move(f"{first.what}, {second.what}", second.recipe)
+    return first
+
+
+def _move(what: str, changes: dict, recipe, weight: float = 1.0) -> list[Move]:
+    """[the move], or [] where the changed recipe is refused (a method's settings break its card's rules)."""
+    try:
+        return [Move(what, recipe.with_changes(**changes), weight)]
+    except (ValueError, TypeError):
+        return []
+
+
+def _pick(moves: list[Move], rng: random.Random) -> Move | None:
+    if not moves:
+        return None
+    return rng.choices(moves, weights=[m.weight for m in moves], k=1)[0]
+
+
+def neighbour_moves(recipe, reached: bool, base, space: SearchSpace, refused: set[str],
+                    tried: set[str], added: set[str] = frozenset()) -> list[Move]:
+    """Every single move from ``recipe`` that is valid, inside ``space`` and not tried."""
+    moves = [*_method_moves(recipe, space, refused, added), *_budget_moves(recipe, reached),
+             *_lr_moves(recipe), *_field_moves(recipe, base, space)]
+    return [m for m in moves if recipe_key(m.recipe) not in tried and _valid(m.recipe, base, space)]
+
+
+def _valid(recipe, base, space: SearchSpace) -> bool:
+    """The methods build with these settings and together, and the recipe is a point of the space."""
+    from speedkit.core.method import IncompatibleMethodsError, check_compatibility
+    from speedkit.methods import get_method
+
+    try:
+        check_compatibility([get_method(name, **(params or {})) for name, params in recipe.methods.items()])
+    except (ValueError, TypeError, IncompatibleMethodsError):
+        return False
+    return recipe_params(recipe, base, space) is not None
+
+
+def _method_moves(recipe, space: SearchSpace, refused: set[str], added: set[str]) -> list[Move]:
+    from speedkit.methods import REGISTRY
+
+    moves = []
+    for name in space.methods:
+        if name in recipe.methods:
+            moves += _move(f"-{name}", {"methods": _without(recipe.methods, name)}, recipe)
+        elif name not in refused:
+            moves += _move(f"+{name}", {"methods": {**recipe.methods, name: {}}}, recipe,
+                           1.0 if name in added else UNTRIED_ADD_WEIGHT)
+    if not space.tune_hparams:
+        return moves
+    retunes = []
+    for name, params in recipe.methods.items():
+        for hp in REGISTRY[name].CARD.hparams:
+            if hp.name in NOT_SEARCHED or not _is_searched(hp):
+                continue
+            current = {h.name: h.default for h in REGISTRY[name].CARD.hparams} | dict(params or {})
+            bounded = limited_hparam(name, hp, space.hparam_limits, current)
+            for value in _retuned(bounded, current[hp.name]):
+                changed = {**recipe.methods, name: {**(params or {}), hp.name: value}}
+                shown = f"{value:.3g}" if isinstance(value, float) else f"{value}"
+                retunes += _move(f"{name}.{hp.name}={shown}", {"methods": changed}, recipe)
+    share = 2.0 / max(1, len(retunes))  # all retunes together weigh as two adds or drops
+    return moves + [dataclasses.replace(m, weight=share) for m in retunes]
+
+
+def _without(methods: dict, name: str) -> dict:
+    return {k: v for k, v in methods.items() if k != name}
+
+
+def _retuned(hp, value) -> list:
+    """The values one step away from ``value`` in the hyperparameter's (narrowed) range."""
+    choices = _search_choices(hp)
+    if choices is not None:
+        return [c for c in choices if c != value]
+    if hp.log and hp.low > 0:
+        steps = [value / 2, value * 2]
+    else:
+        quarter = (hp.high - hp.low) / 4
+        steps = [value - quarter, value + quarter]
+    out = []
+    for step in steps:
+        step = min(hp.high, max(hp.low, step))
+        step = int(round(step)) if hp.type is int else float(f"{step:.3g}")
+        if step != value and step not in out:
+            out.append(step)
+    return out
+
+
+def _budget_moves(recipe, reached: bool) -> list[Move]:
+    """A shorter budget is where a recipe that reached the target gains; a longer one rescues one that missed."""
+    shorter, longer = (4.0, 0.5) if reached else (0.5, 4.0)
+    return [*_move("budget x0.8", {"duration": scaled_duration(recipe.duration, 0.8)}, recipe, shorter),
+            *_move("budget x1.25", {"duration": scaled_duration(recipe.duration, 1.25)}, recipe, longer)]
+
+
+def _lr_moves(recipe) -> list[Move]:
+    lr = recipe.optimizer.get("lr")
+    if not lr:
+        return []
+    return [move for factor in (0.7, 1.4)
+            for move in _move(f"lr x{factor:g}", {"optimizer": {"lr": float(f"{lr * factor:.4g}")}}, recipe)]
+
+
+def _field_moves(recipe, base, space: SearchSpace) -> list[Move]:
+    """A neighbouring batch size, another schedule, crop padding or flip: half as likely as a method move."""
+    moves = []
+    sizes = sorted(space.batch_sizes)
+    if recipe.batch_size in sizes:
+        at = sizes.index(recipe.batch_size)
+        for i in (at - 1, at + 1):
+            if 0 <= i < len(sizes):
+                moves += _move(f"batch_size={sizes[i]}", {"batch_size": sizes[i]}, recipe, 0.5)
+    for name in space.schedules:
+        schedule = base.schedule if name == "base" else dict(SCHEDULE_CHOICES[name])
+        if schedule != recipe.schedule:
+            moves += _move(f"schedule={name}", {"schedule": schedule}, recipe, 0.5)
+    augment = dict(recipe.augment or {})
+    for pad in space.crop_pads:
+        if pad != augment.get("crop_pad", 0):
+            moves += _move(f"crop_pad={pad}", {"augment": {**augment, "crop_pad": pad}}, recipe, 0.25)
+    for flip in space.flips:
+        if flip != (augment.get("flip") or "none"):
+            moves += _move(f"flip={flip}", {"augment": {**augment, "flip": None if flip == "none" else flip}},
+                           recipe, 0.25)
+    return moves
