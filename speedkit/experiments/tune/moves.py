@@ -17,8 +17,8 @@ import dataclasses
 import json
 import random
 
-from speedkit.experiments.tune.space import (NOT_SEARCHED, SCHEDULE_CHOICES, SearchSpace, _is_searched,
-                                             _search_choices, limited_hparam, recipe_params, scaled_duration)
+from speedkit.experiments.tune.space import (NOT_SEARCHED, SCHEDULE_CHOICES, SearchSpace, is_searched,
+                                             limited_hparam, recipe_params, scaled_duration, search_choices)
 
 TWO_MOVES_SHARE = 0.25  # how often a proposal makes two changes at once (one move alone can sit in a local dip)
 UNTRIED_ADD_WEIGHT = 3.0  # adding a method no trial has had yet: what the search knows least about
@@ -107,7 +107,7 @@ def _method_moves(recipe, space: SearchSpace, refused: set[str], added: set[str]
     retunes = []
     for name, params in recipe.methods.items():
         for hp in REGISTRY[name].CARD.hparams:
-            if hp.name in NOT_SEARCHED or not _is_searched(hp):
+            if hp.name in NOT_SEARCHED or not is_searched(hp):
                 continue
             current = {h.name: h.default for h in REGISTRY[name].CARD.hparams} | dict(params or {})
             bounded = limited_hparam(name, hp, space.hparam_limits, current)
@@ -125,7 +125,7 @@ def _without(methods: dict, name: str) -> dict:
 
 def _retuned(hp, value) -> list:
     """The values one step away from ``value`` in the hyperparameter's (narrowed) range."""
-    choices = _search_choices(hp)
+    choices = search_choices(hp)
     if choices is not None:
         return [c for c in choices if c != value]
     if hp.log and hp.low > 0:

@@ -148,9 +148,9 @@ def fit_hparams_to_model(task: str, recipe, methods: list[str], device: str) -> 
 
 def _fit_hparam(hp: HParam, acts) -> dict | None:
     """The part of one hyperparameter's range where ``acts(value)`` holds, or None where that is all of it."""
-    if not _is_searched(hp):
+    if not is_searched(hp):
         return None
-    choices = _search_choices(hp)
+    choices = search_choices(hp)
     if choices is not None:
         kept = [c for c in choices if c == hp.default or acts(c)]
         return {"choices": kept} if len(kept) < len(choices) else None
@@ -328,16 +328,16 @@ def limited_hparam(method: str, hp: HParam, limits: dict | None, chosen: dict) -
     return hp
 
 
-def _search_choices(hp: HParam) -> tuple | None:
+def search_choices(hp: HParam) -> tuple | None:
     """The values the search picks this hyperparameter from, if it is a choice (a bool is one)."""
     return hp.choices if hp.choices is not None else ((False, True) if hp.type is bool else None)
 
 
-def _is_searched(hp: HParam) -> bool:
+def is_searched(hp: HParam) -> bool:
     """Whether the search sets this hyperparameter: plain choices, or a number with a range; else its default stays."""
     if hp.name in NOT_SEARCHED:
         return False
-    choices = _search_choices(hp)
+    choices = search_choices(hp)
     if choices is not None:
         return all(isinstance(c, (str, int, float, bool)) for c in choices)  # what Optuna stores (not dynamic=None)
     return hp.type in (int, float) and hp.low is not None and hp.high is not None and hp.low < hp.high
@@ -345,10 +345,10 @@ def _is_searched(hp: HParam) -> bool:
 
 def _suggest_hparam(trial, key: str, hp: HParam):
     """One hyperparameter from the card: one of its choices, or a number in [low, high]."""
-    if not _is_searched(hp):
+    if not is_searched(hp):
         return _NOT_SEARCHABLE  # e.g. ema's half_life string: its default is kept
-    if _search_choices(hp) is not None:
-        return trial.suggest_categorical(key, _search_choices(hp))
+    if search_choices(hp) is not None:
+        return trial.suggest_categorical(key, search_choices(hp))
     log = hp.log and hp.low > 0
     if hp.type is int:
         on_grid = hp.step and not log and (hp.high - hp.low) % hp.step == 0 and (hp.default - hp.low) % hp.step == 0
