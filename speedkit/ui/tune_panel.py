@@ -164,5 +164,7 @@ def time_line(time: dict | None) -> str:
     """Where the search's time went, in one line (the report's table, shortened)."""
     if not time:
         return ""
-    parts = [f"{what} {seconds:.0f}s" for what, seconds in time["seconds"].items() if seconds >= 0.5]
+    runs = time.get("runs", {})
+    parts = [f"{what} {seconds:.0f}s" + (f" ({runs[what]} runs)" if runs.get(what) else "")
+             for what, seconds in time["seconds"].items() if runs.get(what) or seconds >= 0.5]
     return html.escape(f"{time['spent_s']:.0f}s: " + ", ".join(parts))

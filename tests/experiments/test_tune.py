@@ -396,6 +396,9 @@ def test_explorer_tunes_headless_shows_trials_and_loads_the_winner(tmp_path, fak
 
     assert re.search(r"tune trials(: with it|, all with it:) median", explorer.rows["label_smoothing"].measured.value)
     assert "not measured here" in explorer.rows["mixup"].measured.value
+    # the panel says where the search's time went, and where its best trial came from
+    assert "baseline study" in explorer.tune_panel.status.value and "confirmation" in explorer.tune_panel.status.value
+    assert "proposed as" in explorer.tune_panel.best.value
 
 
 def test_stop_ends_the_search_mid_trial_and_a_rerun_continues(tmp_path, fake_env, monkeypatch):

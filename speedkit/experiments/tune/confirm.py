@@ -18,6 +18,7 @@ from speedkit.experiments.tune.storage import finished_trials, optuna_module, wo
 CONFIRM_SEED_START = 1  # the search runs seed 0; confirmation uses fresh seeds, so the winner's luck does not count twice
 
 
+CONFIRM_SLACK = 0.1  # how far past the budget a planned confirmation seed may run
 BUDGET_STEPS = (1.2, 1.44)  # the final budget search: a winner that missed a seed is rerun this much longer
 
 
@@ -57,7 +58,9 @@ def plan_confirmation(config: TuneConfig, studies: dict, log=print) -> None:
     with_runner_up = (len(candidates) < 3 or config.seeds_to_confirm * sum(walls) <= left
                       or bool(confirm.user_attrs.get("with_runner_up")))
     per_seed = sum(walls if with_runner_up else walls[:2])
-    seeds = max(seeds_that_fit(config, per_seed, left), int(confirm.user_attrs.get("seeds", 1)))
+    # The search kept back whole seeds' time, but evaluation and set-up of its last trial eat a little of it:
+    # a seed that fits within 10% still runs rather than leaving that reserve unspent.
+    seeds = max(seeds_that_fit(config, per_seed, left * (1 + CONFIRM_SLACK)), int(confirm.user_attrs.get("seeds", 1)))
     confirm.set_user_attr("with_runner_up", with_runner_up)
     confirm.set_user_attr("seeds", seeds)
     if not with_runner_up:
