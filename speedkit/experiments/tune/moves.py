@@ -83,10 +83,10 @@ def neighbour_moves(recipe, reached: bool, base, space: SearchSpace, refused: se
 def _valid(recipe, base, space: SearchSpace) -> bool:
     """The methods build with these settings and together, and the recipe is a point of the space."""
     from speedkit.core.method import IncompatibleMethodsError, check_compatibility
-    from speedkit.methods import get_method
+    from speedkit.methods import build_methods
 
     try:
-        check_compatibility([get_method(name, **(params or {})) for name, params in recipe.methods.items()])
+        check_compatibility(build_methods(recipe.methods))
     except (ValueError, TypeError, IncompatibleMethodsError):
         return False
     return recipe_params(recipe, base, space) is not None

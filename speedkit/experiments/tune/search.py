@@ -386,8 +386,9 @@ def queue_next_move(config: TuneConfig, studies: dict, worker_index: int = 0) ->
     if any(t.state.name == "WAITING" for t in trials):
         return
     base, space = config.base_recipe(), config.space("search")
-    from_search = bool(ranked(search))
-    best = ranked(search)[:1] or ranked(studies["baseline"])[:1]
+    best = ranked(search)[:1]
+    from_search = bool(best)
+    best = best or ranked(studies["baseline"])[:1]
     incumbent = recipe_from_trial(best[0], "incumbent") if best else base
     reached = bool(best) and best[0].user_attrs.get("time_to_target_s") is not None
     tried = {recipe_key(recipe_from_trial(t, "tried")) for t in trials if t.user_attrs.get("recipe")}
