@@ -86,14 +86,16 @@ def test_tune_searches_a_user_task(tmp_path, monkeypatch):
 
 
 def test_two_worker_processes_tune_a_user_task_named_by_its_module(tmp_path, monkeypatch):
-    """``--task my_tasks:fashion --workers 2``: the second process imports the same module and works on the study."""
+    """``--task two_worker_tasks:fashion --workers 2``: the second process imports the same module and works on the study.
+
+    The module has a name no other test uses: an earlier test's ``my_tasks`` may sit in ``sys.modules``."""
     import_or_missing("optuna")
     import tune_fakes
 
     from speedkit.experiments.tune import tune
     from speedkit.experiments.tune.storage import open_storage
 
-    (tmp_path / "my_tasks.py").write_text("from test_tasks import user_task\nfashion = user_task('two-workers')\n")
+    (tmp_path / "two_worker_tasks.py").write_text("from test_tasks import user_task\nfashion = user_task('two-workers')\n")
     monkeypatch.chdir(tmp_path)
     tests = Path(__file__).resolve().parents[1]
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tests / "tasks"), str(tests / "support"), str(tmp_path)]))
@@ -102,7 +104,7 @@ def test_two_worker_processes_tune_a_user_task_named_by_its_module(tmp_path, mon
     monkeypatch.setattr(tune_fakes, "_met", False)
     monkeypatch.setenv("TUNE_FAKE_PACE", "0.1")
     monkeypatch.syspath_prepend(str(tmp_path))
-    result = tune("my_tasks:fashion", methods=["label_smoothing"], out_dir=tmp_path / "out",
+    result = tune("two_worker_tasks:fashion", methods=["label_smoothing"], out_dir=tmp_path / "out",
                   runner="tune_fakes:fake_run", budget=60, trial_limit=12, max_trials=4, max_baseline_trials=1,
                   seeds_to_confirm=1, data_fraction=0.25, n_workers=2, log=lambda *_: None)
     assert result.summary["task"] == "two-workers"
