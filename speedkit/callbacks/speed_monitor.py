@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import math
 import re
 import time
 
@@ -109,18 +110,29 @@ def count_training_flops_per_sample(model: torch.nn.Module, inputs: torch.Tensor
     return 3.0 * counter.get_total_flops() / max(1, inputs.shape[0])
 
 
+# Input shapes whose FLOPs are counted exactly (each count is a forward pass of 8 samples in training time);
+# sequence-length warmup in steps of 8 tokens to 256 brings 24, a step of 1 could bring thousands.
+MAX_COUNTED_SHAPES = 32
+
+
 class SpeedMonitor(Callback):
     """Logs throughput over a sliding window of batches, and model FLOP/s against the device's peak.
 
     ``throughput/fraction_of_peak`` divides by the vendor's dense figure on a GPU the table knows
     (``record.environment["peak_flops"]`` says which) and by the measured matmul elsewhere;
     ``throughput/fraction_of_measured_peak`` always divides by the measured matmul.
+
+    FLOPs are counted once per input shape and summed batch by batch: a method that changes the shape
+    during training (sequence-length warmup, progressive resizing) makes the first batches cheaper than the
+    last, and one count at the first batch would credit every later one with its few FLOPs.
     """
 
     def __init__(self, window: int = 20, count_flops: bool = True):
         self.window = window
         self.count_flops = count_flops
-        self.flops_per_sample: float | None = None
+        self.flops_per_sample: float | None = None  # of the current batch's input shape
+        self._flops_by_shape: dict[tuple, float] = {}
+        self._flops_done = 0.0  # training FLOPs summed over the batches since fit start
         self.peak: float | None = None  # what fraction_of_peak divides by
         self.measured_peak: float | None = None
         self.peak_source: str | None = None
@@ -128,6 +140,7 @@ class SpeedMonitor(Callback):
 
     def fit_start(self, state, logger):
         self._history.clear()
+        self._flops_done = 0.0
         if self.count_flops:
             dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(state.precision, torch.float32)
             self.measured_peak = matmul_peak_flops(state.device.type, dtype)
@@ -139,38 +152,56 @@ class SpeedMonitor(Callback):
                     self.peak, self.peak_source = spec
 
     def after_dataloader(self, state, logger):
-        if self.count_flops and self.flops_per_sample is None:
-            inputs = state.batch_inputs()
-            if isinstance(inputs, torch.Tensor):
+        if not self.count_flops:
+            return
+        inputs = state.batch_inputs()
+        if not isinstance(inputs, torch.Tensor):
+            return
+        shape = tuple(inputs.shape[1:])
+        if shape not in self._flops_by_shape:
+            if len(self._flops_by_shape) >= MAX_COUNTED_SHAPES:
+                self._flops_by_shape[shape] = self._scaled_from_nearest(shape)
+            else:
                 try:
                     with state.autocast():
-                        self.flops_per_sample = count_training_flops_per_sample(state.model, inputs[:8])
+                        self._flops_by_shape[shape] = count_training_flops_per_sample(state.model, inputs[:8])
                 except Exception:  # a batch the model cannot take: the training step reports it, naming both
                     self.count_flops = False
+                    self.flops_per_sample = None
                     return
-                if state.record is not None:
-                    logger.log_note("flops_per_sample", self.flops_per_sample)
-                    state.record.environment["matmul_peak_flops"] = self.measured_peak
-                    state.record.environment["peak_flops"] = {"value": self.peak, "source": self.peak_source}
+        first = self.flops_per_sample is None
+        self.flops_per_sample = self._flops_by_shape[shape]
+        if first and state.record is not None:
+            logger.log_note("flops_per_sample", self.flops_per_sample)
+            state.record.environment["matmul_peak_flops"] = self.measured_peak
+            state.record.environment["peak_flops"] = {"value": self.peak, "source": self.peak_source}
+
+    def _scaled_from_nearest(self, shape: tuple) -> float:
+        """A shape past the counting limit: the count of the counted shape nearest in size, scaled by size."""
+        size = math.prod(shape)
+        nearest = min(self._flops_by_shape, key=lambda counted: abs(math.prod(counted) - size))
+        return self._flops_by_shape[nearest] * size / max(1, math.prod(nearest))
 
     def batch_start(self, state, logger):
         if not self._history:  # the window starts where this fit starts (a resumed run starts mid-way)
             ts = state.timestamp
-            self._history.append((ts.wall_s, ts.sample, ts.token))
+            self._history.append((ts.wall_s, ts.sample, ts.token, self._flops_done))
 
     def batch_end(self, state, logger):
         ts = state.timestamp
-        self._history.append((ts.wall_s, ts.sample, ts.token))
+        if self.flops_per_sample and self._history:
+            self._flops_done += self.flops_per_sample * (ts.sample - self._history[-1][1])
+        self._history.append((ts.wall_s, ts.sample, ts.token, self._flops_done))
         if ts.batch % state.log_every:
             return
-        (t0, s0, k0), (t1, s1, k1) = self._history[0], self._history[-1]
+        (t0, s0, k0, f0), (t1, s1, k1, f1) = self._history[0], self._history[-1]
         if t1 <= t0:
             return
         metrics = {"throughput/samples_per_s": (s1 - s0) / (t1 - t0)}
         if k1 > k0:
             metrics["throughput/tokens_per_s"] = (k1 - k0) / (t1 - t0)
-        if self.flops_per_sample:
-            flops = self.flops_per_sample * metrics["throughput/samples_per_s"]
+        if self.flops_per_sample and f1 > f0:
+            flops = (f1 - f0) / (t1 - t0)
             metrics["throughput/flops_per_s"] = flops
             if self.peak:
                 metrics["throughput/fraction_of_peak"] = flops / self.peak

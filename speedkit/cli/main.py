@@ -116,7 +116,9 @@ def _add_catalogue_parsers(commands) -> None:
     commands.add_parser("tasks", help="the tasks, their targets and models", allow_abbrev=False)
     recipes = commands.add_parser("recipes", help="each task's presets: baselines and speed-up recipes",
                                   allow_abbrev=False)
-    recipes.add_argument("--task", help="only this task's (default: every built-in task's)")
+    recipes.add_argument("--task", help="only this task's (default: every built-in task's): a name from `speedkit "
+                         "tasks`, a folder task with --data DIR, or package.module:attr")
+    _add_folder_task_arguments(recipes)
 
 
 def _add_demo_parser(commands) -> None:
@@ -149,16 +151,34 @@ def _tasks(args) -> int:
 
 
 def _recipes(args) -> int:
-    from speedkit.tasks import FOLDER_TASKS, TASKS, get_task
+    from speedkit.tasks import FOLDER_TASKS, TASKS
+    from speedkit.tasks.build import find_task
+    from speedkit.tasks.ladder import measure_hint
 
+    if args.task is None and (args.data is not None or _folder_options(args)):
+        raise SystemExit("speedkit recipes: --data and the folder options need --task (e.g. --task image-folder "
+                         "--data DIR)")
     names = [args.task] if args.task else [n for n in TASKS if n not in FOLDER_TASKS]
     for name in names:
-        task = get_task(name)
+        try:
+            task = find_task(_importable(name), args.data, **(_folder_options(args) or {}))
+        except (ValueError, FileNotFoundError) as e:
+            raise SystemExit(f"speedkit recipes: {e}") from None
         print(f"{name}:")
         for recipe_name, recipe in task.recipes.items():
-            kind = "baseline" if task.is_baseline(recipe_name) else "speed-up"
-            print(f"  {recipe_name:<12} {kind:<9} {recipe.duration:>6}  {recipe.summary}")
+            print(f"  {recipe_name:<12} {_recipe_kind(task, recipe):<9} {recipe.duration:>6}  {recipe.summary}")
+        unmeasured = [r.name for r in task.recipes.values() if r.adopted_from is not None and r.reached is None]
+        if unmeasured:
+            print(f"  {', '.join(unmeasured)}: rebuilt from another task's presets and not measured here; before "
+                  f"trusting a speed-up, measure it against this task's baseline on one seed:\n    "
+                  + measure_hint(name, ",".join(unmeasured), args.data, _folder_options(args)))
     return 0
+
+
+def _recipe_kind(task, recipe) -> str:
+    if task.is_baseline(recipe.name):
+        return "baseline"
+    return "rebuilt" if recipe.adopted_from is not None and recipe.reached is None else "speed-up"
 
 
 def _summary(record) -> str:
@@ -475,11 +495,14 @@ def _tune(args) -> int:
     if result.recipe is None:
         print("no candidate reached the target on every seed; see the report")
     else:
-        speedup, seeds = confirmation.get("speedup_median"), len(confirmation["seeds"])
+        speedup = confirmation.get("speedup_median")
+        pairs = sum(p is not None for p in confirmation.get("speedups") or [])  # seeds where both reached it
+        seeds = len(confirmation["seeds"])
+        basis = f"median of {pairs} seeds" if pairs > 1 else f"{pairs} seed"
+        if pairs < seeds:
+            basis += f" of {seeds}: the baseline missed the target on the others"
         print(f"winner: {result.recipe.summary}\nspeed-up over the tuned baseline: "
-              f"{'-' if speedup is None else f'{speedup:.2f}x'} "
-              f"({f'median of {seeds} seeds' if seeds > 1 else 'one seed'})\n"
-              f"recipe: {result.recipe_path}")
+              f"{'-' if speedup is None else f'{speedup:.2f}x'} ({basis})\nrecipe: {result.recipe_path}")
     print(f"report: {result.report_path}")
     return 0
 

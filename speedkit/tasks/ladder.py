@@ -92,9 +92,8 @@ def with_ladder(domain: str, recipes: dict[str, Recipe]) -> dict[str, Recipe]:
     return {**recipes, **domain_ladder(domain, recipes["baseline"])}
 
 
-def measure_hint(task: str, recipe: str, data=None, task_options: dict | None = None) -> str:
-    """The command that measures ``recipe`` against the task's baseline on one seed: what a run of a rung
-    nobody has measured on this task tells the user to run before trusting its speed-up."""
+def task_flags(task: str, data=None, task_options: dict | None = None) -> str:
+    """The command-line flags that name ``task`` again: ``--task``, and a folder's ``--data`` and options."""
     flags = [f"--task {task}"] + ([f"--data {data}"] if data is not None else [])
     options = task_options or {}
     if "image_size" in options:
@@ -103,8 +102,14 @@ def measure_hint(task: str, recipe: str, data=None, task_options: dict | None = 
         flags.append("--skip-unreadable")
     if options.get("flips_keep_labels") is False:
         flags.append("--no-flips")
-    return f"speedkit bench {' '.join(flags)} --recipes {recipe} --baselines baseline --seeds 1"
+    return " ".join(flags)
+
+
+def measure_hint(task: str, recipe: str, data=None, task_options: dict | None = None) -> str:
+    """The command that measures ``recipe`` against the task's baseline on one seed: what a run of a rung
+    nobody has measured on this task tells the user to run before trusting its speed-up."""
+    return f"speedkit bench {task_flags(task, data, task_options)} --recipes {recipe} --baselines baseline --seeds 1"
 
 
 __all__ = ["REFERENCES", "RUNGS", "budget_fraction", "domain_ladder", "measure_hint", "scaled_budget",
-           "with_ladder"]
+           "task_flags", "with_ladder"]

@@ -142,6 +142,29 @@ def test_catalogue_commands_list_tasks_recipes_models_and_methods(capsys):
     assert all(line.split()[0] in REGISTRY for line in methods.splitlines()) and len(methods.splitlines()) == len(REGISTRY)
 
 
+def test_recipes_of_a_folder_task_say_which_rungs_nobody_measured_there_and_how_to(tmp_path, capsys):
+    """``speedkit recipes --task image-folder --data DIR``: the ladder rebuilt on the folder's baseline, each rung
+    marked as not measured here, and the one-seed bench command (with the folder's flags) that measures them."""
+    from PIL import Image
+
+    for label in ("a", "b"):
+        (tmp_path / label).mkdir()
+        for i in range(6):
+            Image.new("L", (12, 12), color=i * 40).save(tmp_path / label / f"{i}.png")
+    assert main(["recipes", "--task", "image-folder", "--data", str(tmp_path), "--no-flips"]) == 0
+    out = capsys.readouterr().out
+    rows = dict(re.findall(r"^  (\S+) +(baseline|rebuilt|speed-up) ", out, flags=re.M))
+    assert rows == {"baseline": "baseline", "mild": "rebuilt", "medium": "rebuilt", "hot": "rebuilt"}, out
+    assert (f"speedkit bench --task image-folder --data {tmp_path} --no-flips --recipes mild,medium,hot "
+            f"--baselines baseline --seeds 1") in out
+    assert main(["recipes", "--task", "fashion-mnist"]) == 0
+    assert "not measured here" not in capsys.readouterr().out  # the built-in presets were measured on their task
+    with pytest.raises(SystemExit, match="give the folder"):
+        main(["recipes", "--task", "text-folder"])
+    with pytest.raises(SystemExit, match="need --task"):
+        main(["recipes", "--data", str(tmp_path)])
+
+
 def test_a_pipe_closed_early_ends_quietly():
     """``speedkit methods | head -1``: the reader goes away; no BrokenPipeError traceback, exit status 0."""
     proc = subprocess.Popen([sys.executable, "-m", "speedkit", "methods", "--markdown"], stdout=subprocess.PIPE,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -96,16 +97,28 @@ def test_a_bad_parameter_fails_with_the_librarys_message(tmp_path):
     assert result.html.exists()  # a failed run is exported too, to be read where it failed
 
 
+def _quickstart_ratio(out: Path, monkeypatch, slowdown: str | None) -> float:
+    """The quickstart's measured speed-up, read from the check it fails at an unreachable threshold."""
+    if slowdown:
+        monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT / "tests" / "support" / "slowdown"),
+                                                                         os.environ.get("PYTHONPATH")])))
+        monkeypatch.setenv("SPEEDKIT_TEST_SLOWDOWN", slowdown)
+    [result] = run_notebooks("cpu-smoke", out=out, root=ROOT, only=["00_quickstart"], overrides={"min_speedup": 1e6})
+    found = re.search(r"only ([0-9.]+)x faster than the baseline \(expected >=", result.error or "")
+    assert result.failed and found, result.error
+    return float(found.group(1))
+
+
 @needs_fmnist
-def test_a_2x_slower_speed_up_path_fails_the_quickstart(tmp_path, monkeypatch):
-    """The cpu-smoke threshold has teeth: with every training step of the recipe's run (the one with methods)
-    taking twice as long, as a regression in the methods' path would make it, the quickstart must fail its
-    speed-up check, not pass on a margin too loose to notice."""
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT / "tests" / "support" / "slowdown"),
-                                                                     os.environ.get("PYTHONPATH")])))
-    monkeypatch.setenv("SPEEDKIT_TEST_SLOWDOWN", "2")
-    [result] = run_notebooks("cpu-smoke", out=tmp_path, root=ROOT, only=["00_quickstart"])
-    assert result.failed and "faster than the baseline (expected >=" in result.error, result.error
+def test_the_quickstart_speed_check_sees_a_2x_slower_speed_up_path(tmp_path, monkeypatch):
+    """The speed-up check has teeth: with every training step of the recipe's run (the one with methods) taking
+    twice as long, as a regression in the methods' path would make it, the measured ratio falls well below the
+    unslowed one. Compared within the test, since the ratio itself depends on the CPU (0.63-0.83 on an AMD EPYC
+    that trains in fp32, 1.04-1.10 on a Xeon whose AMX makes bf16 fast; 0.47 and 0.59-0.62 slowed), which no
+    single threshold in params/cpu-smoke separates on both."""
+    plain = _quickstart_ratio(tmp_path / "plain", monkeypatch, None)
+    slowed = _quickstart_ratio(tmp_path / "slowed", monkeypatch, "2")
+    assert slowed < 0.8 * plain, (plain, slowed)  # measured: 0.56-0.75 of it
 
 
 # -- as committed -------------------------------------------------------------------------------------

@@ -352,6 +352,8 @@ def test_cli_tune_searches_a_folder_of_your_own_images(tmp_path, capsys, fake_en
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["task"] == "image-folder" and summary["confirmation"]["seeds"]
     assert TASKS["image-folder"].summary == f"2-class images from {tmp_path / 'images'}, 16x16, 1 channel(s)"
+    report = (tmp_path / "out" / "report.md").read_text()  # the command it gives names the folder again
+    assert f"`speedkit train --task image-folder --data {(tmp_path / 'images').resolve()} --image-size 16 --recipe" in report
 
 
 def test_the_winner_file_says_auto_where_the_search_chose_what_auto_picks_here(monkeypatch):
@@ -578,3 +580,21 @@ def test_the_confirmation_is_planned_to_end_within_the_budget(tmp_path, fake_env
     assert [c["role"] for c in confirmation["candidates"]] == ["baseline", "winner"]  # no room for the runner-up
     assert result.summary["spent_s"] <= 12 + 2.5, result.summary["time"]  # one fake run's slack
     assert f"Confirmed on {len(confirmation['seeds'])} of the 3 seeds asked for" in result.report_path.read_text()
+
+
+def test_a_baseline_that_never_reaches_the_target_is_named_with_the_target_it_does_reach():
+    """A folder task's default target can lie out of its baseline's reach: the report says so, and the rerun."""
+    from speedkit.experiments.tune.report import baseline_shortfall
+
+    def summary(metric, finals, reached=(), confirmed=0):
+        trials = [{"phase": "baseline", "state": "complete", "final": f, "time_to_target_s": 9.0 if i in reached else None}
+                  for i, f in enumerate(finals)]
+        trials.append({"phase": "search", "state": "complete", "final": 0.1, "time_to_target_s": 3.0})
+        return {"target": {"metric": metric, "value": 2.5}, "trials": trials,
+                "confirmation": {"candidates": [{"role": "baseline", "seeds_reached": confirmed}]}}
+
+    message = baseline_shortfall(summary("eval/bpb", [3.9, 3.7185, 3.8]))
+    assert "none of its 3 run(s)" in message and "--target 3.719" in message  # bits per byte: lower is better
+    assert "--target 0.88" in baseline_shortfall(summary("eval/accuracy", [0.85, 0.88]))
+    assert baseline_shortfall(summary("eval/bpb", [3.9, 2.4], reached={1})) is None
+    assert baseline_shortfall(summary("eval/bpb", [3.9], confirmed=1)) is None  # reached on a confirmation seed

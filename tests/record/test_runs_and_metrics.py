@@ -133,6 +133,27 @@ def test_speed_monitor_reports_throughput_and_fraction_of_peak(tmp_path):
     assert record.environment["matmul_peak_flops"] > 1e8
 
 
+class _MeanOverPositions(torch.nn.Module):
+    def forward(self, x):
+        return x.mean(1)
+
+
+def test_flops_follow_the_input_shape_when_it_changes_during_training(tmp_path):
+    """Sequence-length warmup and progressive resizing start on small inputs: FLOP/s late in the run count the
+    late batches' FLOPs, not the first batch's."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8, bias=False), _MeanOverPositions(), torch.nn.Linear(8, 3, bias=False))
+    loader = [(torch.randn(8, length, 4), torch.randint(0, 3, (8,))) for length in [4] * 40 + [16] * 40]
+    trainer = Trainer(model, loader, max_duration="1ep", device="cpu", run_dir=tmp_path, log_interval=10,
+                      save_checkpoints=False)
+    record = trainer.fit()
+    monitor = next(cb for cb in trainer.state.callbacks if isinstance(cb, SpeedMonitor))
+    per_sample = {length: 3 * (2 * 4 * 8 * length + 2 * 8 * 3) for length in (4, 16)}
+    assert monitor.flops_per_sample == per_sample[16]
+    last = [row for row in record.steps if "throughput/flops_per_s" in row][-1]  # its window: 20 batches of 16
+    assert last["throughput/flops_per_s"] == pytest.approx(last["throughput/samples_per_s"] * per_sample[16])
+
+
 def test_checkpoints_keep_the_newest_few(tmp_path):
     train, _ = toy_loaders()
     trainer = Trainer(toy_model(), train, max_duration="12ba", save_interval="2ba", keep_checkpoints=2,

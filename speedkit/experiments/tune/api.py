@@ -76,7 +76,7 @@ def tune(task: str = "fashion-mnist", target=None, *, data=None, task_options: d
     Writes ``recipe.yaml`` (the confirmed winner, with ``reached``), ``report.md``, ``report.html`` and
     ``summary.json`` into ``out_dir``, and a RunRecord per run into ``run_dir`` (default ``out_dir/runs``).
     """
-    from speedkit.experiments.tune.report import write_outputs
+    from speedkit.experiments.tune.report import baseline_shortfall, write_outputs
 
     optuna_module()
     out = Path(out_dir)
@@ -117,6 +117,9 @@ def tune(task: str = "fashion-mnist", target=None, *, data=None, task_options: d
         run_leave_one_out(config, studies, runner=in_process, should_stop=should_stop)
     summary = build_summary(config, studies)
     paths = write_outputs(config, studies, summary)
+    shortfall = baseline_shortfall(summary)
+    if shortfall:
+        log(f"speedkit tune: {shortfall}")
     log(f"speedkit tune: done; report {paths['report']}")
     return TuneResult(recipe=paths.get("recipe_obj"), recipe_path=paths.get("recipe"), report_path=paths["report"],
                       html_path=paths.get("html"), summary=summary, out_dir=out, storage=config.storage,

@@ -9,6 +9,8 @@ from pathlib import Path
 import yaml
 
 from speedkit.experiments.tune.space import describe_limit
+from speedkit.record.runs import lower_is_better
+from speedkit.tasks.ladder import task_flags
 
 
 def reached_entry(config, winner: dict) -> dict:
@@ -100,6 +102,8 @@ def markdown(config, summary: dict, recipe_path) -> str:
              f"trials: {', '.join(f'{n} {s}' for s, n in sorted(states.items()))}.", "",
              "Times are training wall clock to the target, evaluation excluded. A trial that missed the target "
              "scores limit x (1 + shortfall).", ""]
+    shortfall = baseline_shortfall(summary)
+    lines += [f"**{shortfall}**", ""] if shortfall else []
     lines += _confirmation_lines(confirmation, recipe_path, config)
     lines += _time_lines(summary.get("time"))
     lines += ["", "## Best trials of the search", "",
@@ -116,6 +120,30 @@ def markdown(config, summary: dict, recipe_path) -> str:
               f"`optuna-dashboard {config.storage}` shows it where optuna-dashboard is installed). "
               f"RunRecords: `{config.run_dir}`."]
     return "\n".join(lines) + "\n"
+
+
+def _task_flags(config) -> str:
+    """The flags that name the search's task in a command: a folder task's --data and options too."""
+    source = config.task_source or {}
+    task = source.get("task") if isinstance(source.get("task"), str) else config.task
+    return task_flags(task, source.get("data"), source.get("options"))
+
+
+def baseline_shortfall(summary: dict) -> str | None:
+    """What to rerun with when the tuned baseline never reached the target: a speed-up is a ratio of times to a
+    target both reach, so against one the baseline misses there is nothing to measure (a folder task's default
+    target, set before anyone saw its data, can be out of the baseline's reach there)."""
+    runs = [t for t in summary["trials"] if t["phase"] == "baseline" and t["state"] == "complete"
+            and t["final"] is not None]
+    confirmed = [r for r in summary["confirmation"]["candidates"] if r["role"] == "baseline"]
+    if not runs or any(t["time_to_target_s"] is not None for t in runs) or any(r["seeds_reached"] for r in confirmed):
+        return None
+    metric, target = summary["target"]["metric"], summary["target"]["value"]
+    finals = [t["final"] for t in runs]
+    best = min(finals) if lower_is_better(metric) else max(finals)
+    return (f"The tuned baseline reached {metric} {target:g} in none of its {len(runs)} run(s) (its best: {best:.4g}), "
+            f"so no speed-up towards that target can be measured here; rerun with `--target {best:.4g}`, the "
+            f"baseline's own best {metric}.")
 
 
 def proposal(trial: dict) -> str:
@@ -156,7 +184,7 @@ def _confirmation_lines(confirmation: dict, recipe_path, config) -> list[str]:
         pairs = ", ".join(_fmt(s, ".2f") for s in confirmation["speedups"] or [])
         lines.append(f"Speed-up over the tuned baseline (paired by seed): median "
                      f"**{_fmt(confirmation['speedup_median'], '.2f')}x** ({pairs}).")
-        lines.append(f"Recipe: `{recipe_path}`; run it with `speedkit train --task {config.task} --recipe "
+        lines.append(f"Recipe: `{recipe_path}`; run it with `speedkit train {_task_flags(config)} --recipe "
                      f"{recipe_path} --stop-at-target`.")
     loo = confirmation.get("leave_one_out") or {}
     if loo:
