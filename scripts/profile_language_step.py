@@ -53,7 +53,8 @@ def measure(recipe: str, batch_size: int | None, precision: str | None, steps: i
         profile = profile_steps(factory, steps, torch_profiler=True, top=200)
     by_kind: dict[str, float] = {}
     for row in profile.pop("top_operators"):
-        by_kind[kind_of(row["name"])] = by_kind.get(kind_of(row["name"]), 0.0) + row["self_cpu_ms"]
+        kind = kind_of(row["name"])
+        by_kind[kind] = by_kind.get(kind, 0.0) + row["self_cpu_ms"]
     total = sum(by_kind.values())
     return {"recipe": recipe, "batch_size": batch_size or record.config.get("batch_size"),
             "precision": record.config.get("precision_resolved", record.config.get("precision")),

@@ -155,30 +155,31 @@ def _recipes(args) -> int:
     from speedkit.tasks.build import find_task
     from speedkit.tasks.ladder import measure_hint
 
-    if args.task is None and (args.data is not None or _folder_options(args)):
+    options = _folder_options(args)
+    if args.task is None and (args.data is not None or options):
         raise SystemExit("speedkit recipes: --data and the folder options need --task (e.g. --task image-folder "
                          "--data DIR)")
     names = [args.task] if args.task else [n for n in TASKS if n not in FOLDER_TASKS]
     for name in names:
         try:
-            task = find_task(_importable(name), args.data, **(_folder_options(args) or {}))
+            task = find_task(_importable(name), args.data, **(options or {}))
         except (ValueError, FileNotFoundError) as e:
             raise SystemExit(f"speedkit recipes: {e}") from None
         print(f"{name}:")
         for recipe_name, recipe in task.recipes.items():
             print(f"  {recipe_name:<12} {_recipe_kind(task, recipe):<9} {recipe.duration:>6}  {recipe.summary}")
-        unmeasured = [r.name for r in task.recipes.values() if r.adopted_from is not None and r.reached is None]
+        unmeasured = [r.name for r in task.recipes.values() if r.unmeasured_rebuild]
         if unmeasured:
             print(f"  {', '.join(unmeasured)}: rebuilt from another task's presets and not measured here; before "
                   f"trusting a speed-up, measure it against this task's baseline on one seed:\n    "
-                  + measure_hint(name, ",".join(unmeasured), args.data, _folder_options(args)))
+                  + measure_hint(name, ",".join(unmeasured), args.data, options))
     return 0
 
 
 def _recipe_kind(task, recipe) -> str:
     if task.is_baseline(recipe.name):
         return "baseline"
-    return "rebuilt" if recipe.adopted_from is not None and recipe.reached is None else "speed-up"
+    return "rebuilt" if recipe.unmeasured_rebuild else "speed-up"
 
 
 def _summary(record) -> str:

@@ -174,7 +174,7 @@ def _build_trainer(request: RunRequest) -> Trainer:
     if problem:
         raise ValueError(problem)
     measuring = {"bench", "tune"} & set(request.extra_config or {})  # a run of the measurement the hint names
-    if recipe.adopted_from is not None and recipe.reached is None and not measuring:
+    if recipe.unmeasured_rebuild and not measuring:
         hint = measure_hint(_task_spelling(request, spec), recipe.name, request.data, request.task_options)
         warnings.warn(f"recipe {recipe.name!r} on task {spec.name!r} is {recipe.adopted_from} rebuilt on this task's "
                       f"baseline, and nobody has measured it here: before trusting its speed-up, see whether it "

@@ -132,6 +132,11 @@ class Recipe:
             except (ValueError, TypeError) as e:
                 raise (TypeError if isinstance(e, TypeError) else ValueError)(f"{where}: {field}: {e}") from e
 
+    @property
+    def unmeasured_rebuild(self) -> bool:
+        """A ladder rung rebuilt for this task that nobody has measured on it: its speed-up is not known here."""
+        return self.adopted_from is not None and self.reached is None
+
     def with_changes(self, **changes) -> "Recipe":
         """A copy with some fields replaced (``methods`` and ``optimizer`` dicts are merged)."""
         data = copy.deepcopy(dataclasses.asdict(self))

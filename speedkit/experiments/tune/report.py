@@ -125,8 +125,7 @@ def markdown(config, summary: dict, recipe_path) -> str:
 def _task_flags(config) -> str:
     """The flags that name the search's task in a command: a folder task's --data and options too."""
     source = config.task_source or {}
-    task = source.get("task") if isinstance(source.get("task"), str) else config.task
-    return task_flags(task, source.get("data"), source.get("options"))
+    return task_flags(source.get("task", config.task), source.get("data"), source.get("options"))
 
 
 def baseline_shortfall(summary: dict) -> str | None:
