@@ -209,6 +209,42 @@ def test_gpt_runs_under_bf16_autocast_with_rotary():
     assert logits.shape == (2, 16, 256) and torch.isfinite(logits.float()).all()
 
 
+def test_cpu_bf16_attention_runs_in_fp32_and_comes_back_in_bf16_with_the_attention_methods_too():
+    """On a CPU the bf16 SDPA kernel is the slower one, so the GPT computes attention in fp32 there; the
+    rest of the block stays bf16, and rotary and QK-norm (which intercept the SDPA call) see fp32 q and k."""
+    from torch.overrides import TorchFunctionMode
+
+    from speedkit.methods.qk_norm import apply_qk_norm
+    from speedkit.methods.rotary_embeddings import apply_rotary_embeddings
+
+    class SeenDtypes(TorchFunctionMode):
+        def __init__(self):
+            super().__init__()
+            self.dtypes = []
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if func is F.scaled_dot_product_attention:
+                self.dtypes.append((args[0].dtype, out.dtype))
+            return out
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=16, n_layer=2, n_head=2, n_embd=32))
+    idx = torch.randint(0, 256, (2, 16))
+    apply_rotary_embeddings(model)
+    apply_qk_norm(model)
+    with SeenDtypes() as seen, torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = model(idx)
+    assert seen.dtypes == [(torch.float32, torch.float32)] * 2  # one SDPA call per layer, in fp32
+    assert logits.dtype == torch.bfloat16 and torch.isfinite(logits).all()
+    attn = model.transformer.h[0].attn
+    q, k, v = (torch.randn(2, 2, 16, 16, dtype=torch.bfloat16) for _ in range(3))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = attn._attend(q, k, v)
+    exact = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True)
+    assert out.dtype == torch.bfloat16 and torch.equal(out, exact.to(torch.bfloat16))
+
+
 def test_gpt_tied_and_untied_head():
     tied = _tiny_gpt()
     assert tied.lm_head.weight is tied.transformer.wte.weight
