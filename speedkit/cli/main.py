@@ -168,11 +168,11 @@ def _recipes(args) -> int:
         print(f"{name}:")
         for recipe_name, recipe in task.recipes.items():
             print(f"  {recipe_name:<12} {_recipe_kind(task, recipe):<9} {recipe.duration:>6}  {recipe.summary}")
-        unmeasured = [r.name for r in task.recipes.values() if r.unmeasured_rebuild]
+        unmeasured = [r.name for r in task.recipes.values() if r.unmeasured_rebuild and not task.is_baseline(r.name)]
         if unmeasured:
             print(f"  {', '.join(unmeasured)}: rebuilt from another task's presets and not measured here; before "
-                  f"trusting a speed-up, measure it against this task's baseline on one seed:\n    "
-                  + measure_hint(name, ",".join(unmeasured), args.data, options))
+                  f"trusting a speed-up, measure it against this task's strongest baseline on one seed:\n    "
+                  + measure_hint(name, ",".join(unmeasured), args.data, options, task.baselines[-1]))
     return 0
 
 
@@ -451,7 +451,8 @@ def _add_tune_parser(commands) -> None:
     tune.add_argument("--target", help="a value of the task's metric, or METRIC=VALUE (default: the task's target)")
     tune.add_argument("--budget", default="30m", help="wall clock for the whole search, e.g. 30m, 90s, 1h")
     tune.add_argument("--methods", help="comma-separated methods the search may turn on (default: all that fit)")
-    tune.add_argument("--base", default="baseline", help="the recipe the search starts from (a preset or a file)")
+    tune.add_argument("--base", help="the baseline the search tunes, measures against and starts from (a preset "
+                      "or a file; default: the task's strongest baseline, the last `speedkit recipes` lists)")
     tune.add_argument("--storage", help="Optuna storage: a journal file, a *.db SQLite file or a database URL "
                                         "(default OUT/study.journal); share it to run workers elsewhere")
     tune.add_argument("--study", default="tune", help="study name within the storage")
@@ -467,8 +468,12 @@ def _add_tune_parser(commands) -> None:
     tune.add_argument("--seeds", type=int, default=3,
                       help="fresh seeds the winner is confirmed on (fewer where the budget holds no more; default 3)")
     tune.add_argument("--trial-limit", help="most training time of one trial (default: a fifth of the budget)")
-    tune.add_argument("--max-trials", type=int, help="stop the search after this many trials")
+    tune.add_argument("--max-trials", type=int, help="stop the screen, and then the search, after this many trials")
     tune.add_argument("--max-baseline-trials", type=int, help="stop tuning the baseline after this many trials")
+    tune.add_argument("--screen-fraction", type=float,
+                      help="first screen the candidates on this share of the training data, e.g. 0.33, and "
+                           "train only the best few on all of it (default: no screen; it ranks budgets in "
+                           "epochs wrongly, see docs/guide.md)")
     tune.add_argument("--pruner", default="halving", choices=["halving", "hyperband", "median", "none"],
                       help="stops trials that fall behind at an evaluation (successive halving by default)")
     tune.add_argument("--no-hparams", action="store_true", help="methods on/off only, each at its card's defaults")
@@ -536,7 +541,8 @@ def _run_tune(tune, args, should_stop):
                 data_fraction=args.data_fraction, eval_fraction=args.eval_fraction,
                 eval_interval=args.eval_interval, device=args.device, n_workers=args.workers,
                 seeds_to_confirm=args.seeds, trial_limit=args.trial_limit, max_trials=args.max_trials,
-                max_baseline_trials=args.max_baseline_trials, pruner=args.pruner,
+                max_baseline_trials=args.max_baseline_trials, screen_fraction=args.screen_fraction or None,
+                pruner=args.pruner,
                 tune_hparams=not args.no_hparams, leave_one_out=args.leave_one_out, runner=args.runner,
                 should_stop=should_stop)
 

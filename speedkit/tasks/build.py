@@ -174,8 +174,9 @@ def _build_trainer(request: RunRequest) -> Trainer:
     if problem:
         raise ValueError(problem)
     measuring = {"bench", "tune"} & set(request.extra_config or {})  # a run of the measurement the hint names
-    if recipe.unmeasured_rebuild and not measuring:
-        hint = measure_hint(_task_spelling(request, spec), recipe.name, request.data, request.task_options)
+    if recipe.unmeasured_rebuild and not measuring and not spec.is_baseline(recipe.name):
+        hint = measure_hint(_task_spelling(request, spec), recipe.name, request.data, request.task_options,
+                            spec.baselines[-1])
         warnings.warn(f"recipe {recipe.name!r} on task {spec.name!r} is {recipe.adopted_from} rebuilt on this task's "
                       f"baseline, and nobody has measured it here: before trusting its speed-up, see whether it "
                       f"reaches the target, with `{hint}`", stacklevel=3)

@@ -7,6 +7,10 @@ baseline: the rung's methods, optimizer, schedule and batch size, the new baseli
 that is the same fraction of the new baseline's budget as the rung's is of its reference baseline's
 (counted in samples, so a larger batch does not buy more data). What a rung reached on its reference task
 says nothing about the new one, so nothing of it is carried; ``measure_hint`` says how to find out.
+
+Beside the rungs, such a task gets the baseline a skeptic measures speed-ups against: ``plain-bf16``, its own
+baseline with bf16 autocast where it is fast here (``precision: auto``) and the reference's plain-bf16 methods
+(channels_last for vision). Without it, a rung's bf16 would be counted as a speed-up of its methods.
 """
 from __future__ import annotations
 
@@ -19,6 +23,7 @@ from speedkit.core.time import Time, TimeUnit
 from speedkit.tasks.recipes import Recipe, load_presets
 
 RUNGS = ("mild", "medium", "hot")  # the speed presets of a ladder, slowest first
+STRONG_BASELINE = "plain-bf16"  # the rebuilt baseline: the task's own with the lines a competent user adds
 # Per domain: the task whose presets are the ladder, and the recipe its budgets are fractions of.
 REFERENCES = {"vision": ("fashion-mnist", "baseline"), "language": ("pydocs", "baseline")}
 
@@ -68,11 +73,36 @@ def domain_ladder(domain: str, baseline: Recipe) -> dict[str, Recipe]:
     return ladder
 
 
+def strong_baseline(domain: str, baseline: Recipe) -> Recipe | None:
+    """``baseline`` with bf16 autocast where it is fast and the reference plain-bf16's methods, or None where
+    the domain has no reference or the baseline already trains in lower precision (nothing to add)."""
+    if domain not in REFERENCES or baseline.precision != "fp32":
+        return None
+    reference = _reference_presets(REFERENCES[domain][0]).get(STRONG_BASELINE)
+    added = copy.deepcopy(reference.methods) if reference else {}
+    return dataclasses.replace(
+        baseline, name=STRONG_BASELINE, methods={**baseline.methods, **added}, precision="auto", target=None,
+        reached=None, adopted_from=f"{REFERENCES[domain][0]}:{STRONG_BASELINE}" if reference else None,
+        summary="the baseline with bf16 autocast where it is fast here" + "".join(f" and {m}" for m in added))
+
+
 @functools.lru_cache(maxsize=None)
 def _reference_presets(task: str) -> dict[str, Recipe]:
     """The reference task's presets, read once per process: every Task without rungs builds its ladder from
     them when it is made, and a search or a benchmark makes many."""
     return load_presets(task)
+
+
+def reference_leave_one_out(domain: str) -> dict[str, float | None]:
+    """What each part of the domain's reference preset is worth, from the committed benchmark's leave-one-out:
+    part -> time to target without it over time with it (None: the target was not reached without it); {}
+    for a domain without a reference or one never ablated. ``speedkit tune`` weighs its moves by it."""
+    if domain not in REFERENCES:
+        return {}
+    for recipe in _reference_presets(REFERENCES[domain][0]).values():
+        if (recipe.reached or {}).get("leave_one_out"):
+            return dict(recipe.reached["leave_one_out"])
+    return {}
 
 
 def _as_many_evaluations(rung: Recipe, duration: str) -> str:
@@ -86,10 +116,11 @@ def _as_many_evaluations(rung: Recipe, duration: str) -> str:
 
 def with_ladder(domain: str, recipes: dict[str, Recipe]) -> dict[str, Recipe]:
     """``recipes`` with the domain's ladder on their ``baseline`` added, where they hold none of its rungs
-    (a task that ships any rung of its own keeps its own)."""
+    (a task that ships any rung of its own keeps its own), and its ``plain-bf16`` baseline where it has none."""
     if any(name in recipes for name in RUNGS) or "baseline" not in recipes:
         return dict(recipes)
-    return {**recipes, **domain_ladder(domain, recipes["baseline"])}
+    strong = None if STRONG_BASELINE in recipes else strong_baseline(domain, recipes["baseline"])
+    return {**recipes, **({STRONG_BASELINE: strong} if strong else {}), **domain_ladder(domain, recipes["baseline"])}
 
 
 def task_flags(task: str, data=None, task_options: dict | None = None) -> str:
@@ -105,11 +136,12 @@ def task_flags(task: str, data=None, task_options: dict | None = None) -> str:
     return " ".join(flags)
 
 
-def measure_hint(task: str, recipe: str, data=None, task_options: dict | None = None) -> str:
-    """The command that measures ``recipe`` against the task's baseline on one seed: what a run of a rung
-    nobody has measured on this task tells the user to run before trusting its speed-up."""
-    return f"speedkit bench {task_flags(task, data, task_options)} --recipes {recipe} --baselines baseline --seeds 1"
+def measure_hint(task: str, recipe: str, data=None, task_options: dict | None = None,
+                 baseline: str = "baseline") -> str:
+    """The command that measures ``recipe`` against the task's strongest ``baseline`` on one seed: what a run
+    of a rung nobody has measured on this task tells the user to run before trusting its speed-up."""
+    return f"speedkit bench {task_flags(task, data, task_options)} --recipes {recipe} --baselines {baseline} --seeds 1"
 
 
-__all__ = ["REFERENCES", "RUNGS", "budget_fraction", "domain_ladder", "measure_hint", "scaled_budget",
-           "task_flags", "with_ladder"]
+__all__ = ["REFERENCES", "RUNGS", "STRONG_BASELINE", "budget_fraction", "domain_ladder", "measure_hint",
+           "reference_leave_one_out", "scaled_budget", "strong_baseline", "task_flags", "with_ladder"]

@@ -19,7 +19,7 @@ import torch
 
 from speedkit.core.method import DOMAINS, check_free_name, show
 from speedkit.record.metrics import Metric
-from speedkit.tasks.ladder import with_ladder
+from speedkit.tasks.ladder import STRONG_BASELINE, with_ladder
 from speedkit.tasks.recipes import Recipe, recipe_file_spec
 
 
@@ -88,7 +88,10 @@ class Task:
             raise TypeError(f"{where}: loss must be a function loss(outputs, targets) or None, got {show(self.loss)}")
         self._check_target(where)
         self._check_recipes(where)
-        object.__setattr__(self, "recipes", with_ladder(self.domain, dict(self.recipes)))
+        recipes = with_ladder(self.domain, dict(self.recipes))
+        if STRONG_BASELINE in recipes and STRONG_BASELINE not in self.recipes:  # rebuilt: the strongest baseline
+            object.__setattr__(self, "baselines", (*self.baselines, STRONG_BASELINE))
+        object.__setattr__(self, "recipes", recipes)
         if not self.models:
             object.__setattr__(self, "models", tuple(dict.fromkeys(r.model for r in self.recipes.values())))
 

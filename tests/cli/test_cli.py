@@ -154,9 +154,10 @@ def test_recipes_of_a_folder_task_say_which_rungs_nobody_measured_there_and_how_
     assert main(["recipes", "--task", "image-folder", "--data", str(tmp_path), "--no-flips"]) == 0
     out = capsys.readouterr().out
     rows = dict(re.findall(r"^  (\S+) +(baseline|rebuilt|speed-up) ", out, flags=re.M))
-    assert rows == {"baseline": "baseline", "mild": "rebuilt", "medium": "rebuilt", "hot": "rebuilt"}, out
+    assert rows == {"baseline": "baseline", "plain-bf16": "baseline", "mild": "rebuilt", "medium": "rebuilt",
+                    "hot": "rebuilt"}, out
     assert (f"speedkit bench --task image-folder --data {tmp_path} --no-flips --recipes mild,medium,hot "
-            f"--baselines baseline --seeds 1") in out
+            f"--baselines plain-bf16 --seeds 1") in out
     assert main(["recipes", "--task", "fashion-mnist"]) == 0
     assert "not measured here" not in capsys.readouterr().out  # the built-in presets were measured on their task
     with pytest.raises(SystemExit, match="give the folder"):

@@ -169,11 +169,13 @@ def test_methods_that_find_nothing_in_the_model_are_left_out_with_the_reason(tmp
 def test_a_method_that_finds_nothing_once_training_starts_is_dropped_from_the_search(tmp_path, fake_env):
     result = tune("fashion-mnist", methods=["label_smoothing", "gyro_dropout"], out_dir=tmp_path, runner=FAKE,
                   budget=60, trial_limit=12, max_trials=14, max_baseline_trials=1, seeds_to_confirm=1, **SMALL)
-    search = [t for t in result.summary["trials"] if t["phase"] == "search"]
-    tried = [t for t in search if t["params"].get("use:gyro_dropout")]
-    assert len(tried) == 1, [(t["number"], t["move"], t["infeasible"]) for t in tried]  # refused once: never again
+    searched = [t for t in result.summary["trials"] if t["phase"] in ("screen", "search")]
+    tried = [t for t in searched if t["params"].get("use:gyro_dropout")]
+    # refused once, in the screen or the search: never again in either
+    assert len(tried) == 1, [(t["phase"], t["number"], t["move"], t["infeasible"]) for t in tried]
     assert "NothingToChangeError" in tried[0]["infeasible"]
-    assert len(search) > tried[0]["number"] + 3  # the search went on without it
+    same_phase = [t for t in searched if t["phase"] == tried[0]["phase"]]
+    assert len(same_phase) > tried[0]["number"] + 3  # it went on without it
     assert "gyro_dropout" in result.summary["left_out"] and "gyro_dropout" not in result.recipe.methods
 
 
@@ -281,22 +283,77 @@ def test_two_worker_processes_share_one_study(tmp_path, fake_env, monkeypatch):
     assert len(names) == len(set(names))  # no trial ran twice
 
 
+# -- the screen -----------------------------------------------------------------------------------------
+def test_the_screen_runs_cheaply_on_a_fraction_to_its_own_target_and_the_search_starts_from_its_best(tmp_path,
+                                                                                                   fake_env):
+    """Planted: on a third of the data a run takes a third of the time and ends at 0.9 of what it reaches on all
+    of it. The screen's target is the base's best there, moved as far as the search's target is from the base's
+    best on all the data; the search trains the screen's best first, and never a recipe the screen dropped."""
+    from tune_fakes import SCREEN_CEILING, SCREEN_FRACTION
+
+    from speedkit.record.runs import RunRecord
+
+    result = tune("fashion-mnist", methods=["ema", "label_smoothing"], out_dir=tmp_path, runner=FAKE, budget=60,
+                  trial_limit=12, max_trials=6, max_baseline_trials=1, seeds_to_confirm=1, tune_hparams=False,
+                  screen_fraction=SCREEN_FRACTION, **SMALL)
+    summary, target = result.summary, 0.92
+    screen = summary["screen"]
+    assert screen["fraction"] == pytest.approx(1 / 3)
+    assert screen["target_from"]["full_best"] == pytest.approx(target)  # the base reached the target on all the data
+    assert screen["target_from"]["screen_best"] == pytest.approx(SCREEN_CEILING * target)
+    assert screen["target"] == pytest.approx(SCREEN_CEILING * target)  # so the screen aims at the base's best there
+    screened = [t for t in summary["trials"] if t["phase"] == "screen"]
+    assert screened[0]["start_from"] == "baseline" and len(screened) == 6
+    for trial in screened:
+        record = RunRecord.load(trial["record"])
+        assert record.config["data_fraction"] == pytest.approx(SMALL["data_fraction"] / 3)
+        assert record.time_to("eval/accuracy", screen["target"]) == trial["time_to_target_s"]
+    reached = sorted((t for t in screened[1:] if t["time_to_target_s"] is not None), key=lambda t: t["value"])
+    point = lambda trial: json.dumps(trial["params"], sort_keys=True)  # noqa: E731 (one point of the space: one recipe)
+    promoted = {point(t) for t in reached[:3]}
+    search = [t for t in summary["trials"] if t["phase"] == "search"]
+    starts = [t for t in search if t["start_from"]]
+    assert starts
+    assert [t["start_from"] for t in starts] == [f"screen #{t['number']}" for t in reached[:len(starts)]]
+    assert [p["screen_trial"] for p in screen["promoted"]] == [t["number"] for t in reached[:len(starts)]]
+    dropped = {point(t) for t in screened} - promoted
+    assert not dropped & {point(t) for t in search if t["move"]}
+    assert "label_smoothing" in result.recipe.methods  # the planted best survives the screen
+    assert summary["time"]["runs"]["screen (0.33 of the data)"] == len(screened)
+    assert "## The screen (0.33 of the training data)" in result.report_path.read_text()
+
+
+def test_by_default_there_is_no_screen_and_every_trial_trains_on_all_the_data(tmp_path, fake_env):
+    result = tune("fashion-mnist", methods=["ema", "label_smoothing"], out_dir=tmp_path, runner=FAKE, budget=30,
+                  trial_limit=12, max_trials=3, max_baseline_trials=1, seeds_to_confirm=1, **SMALL)
+    assert {t["phase"] for t in result.summary["trials"]} == {"baseline", "search"}
+    assert result.summary["screen"] == {"fraction": None}
+    with pytest.raises(TuneInputError, match="screen_fraction is the share of the training data"):
+        tune("fashion-mnist", out_dir=tmp_path / "bad", runner=FAKE, screen_fraction=1.5, **SMALL)
+
+
 # -- the real trainer ------------------------------------------------------------------------------------
 def test_real_trainer_search_on_a_sliver_of_fashion_mnist(tmp_path):
     """Real runs through make_trainer (from the mild preset, so a few seconds reach the target)."""
     result = tune("fashion-mnist", target=0.4, base="mild", methods=["label_smoothing", "ema"], out_dir=tmp_path,
                   budget=90, trial_limit=4, max_trials=2, max_baseline_trials=1, seeds_to_confirm=1,
-                  eval_interval="0.5ep", data_fraction=0.05, eval_fraction=0.05, log=lambda *_: None)
+                  eval_interval="0.5ep", data_fraction=0.05, eval_fraction=0.05, screen_fraction=1 / 3,
+                  log=lambda *_: None)
     summary = result.summary
     finished = [t for t in summary["trials"] if t["record"]]
     assert finished, summary["trials"]
     from speedkit.record.runs import RunRecord
 
+    screen = summary["screen"]
+    assert screen["target"] is not None and screen["trials"] >= 1
     for trial in finished:  # each trial is a real run, its record re-scorable from disk
         record = RunRecord.load(trial["record"])
         assert record.evals and record.config["tune"]["phase"] == trial["phase"]
-        assert record.time_to("eval/accuracy", 0.4) == trial["time_to_target_s"]
-        assert record.config["data_fraction"] == 0.05 and record.status in ("target_reached", "stopped", "completed")
+        # the screen trains on a third of the search's data, timed to its own target
+        on_screen = trial["phase"] == "screen"
+        assert record.time_to("eval/accuracy", screen["target"] if on_screen else 0.4) == trial["time_to_target_s"]
+        assert record.config["data_fraction"] == pytest.approx(0.05 / 3 if on_screen else 0.05)
+        assert record.status in ("target_reached", "stopped", "completed")
     confirmation = summary["confirmation"]
     reached = [t for t in finished if t["phase"] == "search" and t["time_to_target_s"] is not None]
     assert len(confirmation["candidates"]) == 1 + min(2, len(reached))  # the tuned baseline, and what reached
@@ -330,6 +387,17 @@ def test_cli_tune_writes_recipe_and_report(tmp_path, capsys, fake_env):
     assert code == 0 and "speed-up over the tuned baseline" in out
     assert Recipe.from_file(tmp_path / "recipe.yaml").reached["seeds_reached"] == "1/1"
     assert (tmp_path / "report.md").exists() and f"report: {tmp_path / 'report.md'}" in out
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["screen"] == {"fraction": None} and summary["target"]["value"] == 0.92  # the default: no screen
+    assert summary["base"]["name"] == "plain-bf16"  # the task's strongest baseline, unless --base names another
+    prior = json.loads((tmp_path / "tune_config.json").read_text())["move_prior"]  # the benchmark's leave-one-out
+    assert prior["muon"] is None and prior["label_smoothing"] > 1
+    assert main(["tune", "--task", "fashion-mnist", "--methods", "ema,label_smoothing", "--budget", "60s",
+                 "--trial-limit", "12", "--max-trials", "4", "--max-baseline-trials", "1", "--seeds", "1",
+                 "--screen-fraction", "0.25", "--data-fraction", "0.02", "--eval-fraction", "0.05",
+                 "--out", str(tmp_path / "screened"), "--runner", FAKE]) == 0
+    screened = json.loads((tmp_path / "screened" / "summary.json").read_text())
+    assert screened["screen"]["fraction"] == 0.25 and screened["time"]["runs"]["screen (0.25 of the data)"] == 4
 
 
 def test_cli_tune_searches_a_folder_of_your_own_images(tmp_path, capsys, fake_env):

@@ -80,3 +80,19 @@ def test_a_card_constraint_is_refused_when_built_and_kept_when_sampled():
         gyro = move.recipe.methods.get("gyro_dropout")
         if gyro:
             assert gyro.get("tau", 16) <= gyro.get("sigma", 256), move.what
+
+
+def test_the_reference_leave_one_out_sets_which_method_is_dropped_first():
+    """A method the reference preset reached its target sooner without is dropped likeliest; one it missed the
+    target without, least; one with no figure as usual. The figures are the committed benchmark's."""
+    from speedkit.tasks.ladder import reference_leave_one_out
+
+    prior = reference_leave_one_out("vision")
+    assert prior["muon"] is None and prior["test_time_augmentation"] < 1 < prior["label_smoothing"]
+    assert reference_leave_one_out("audio") == {}
+    incumbent = BASE.with_changes(methods={"mixup": {}, "label_smoothing": {}, "ema": {}})
+    planted = {"mixup": 0.8, "label_smoothing": None}  # faster without mixup; no target without label smoothing
+    weights = {m.what: m.weight for m in neighbour_moves(incumbent, True, BASE, SPACE, set(), set(), prior=planted)}
+    assert weights["-mixup"] > weights["-ema"] == 1.0 > weights["-label_smoothing"]
+    plain = {m.what: m.weight for m in neighbour_moves(incumbent, True, BASE, SPACE, set(), set())}
+    assert plain["-mixup"] == plain["-label_smoothing"] == plain["-ema"]

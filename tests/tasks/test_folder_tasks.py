@@ -114,7 +114,8 @@ def test_text_folder_trains_its_default_language_model(text_dir, tmp_path):
     assert record.status == "completed" and record.config["task"] == "text-folder"
     first, last = record.evals[0]["eval/bpb"], record.evals[-1]["eval/bpb"]
     assert last < 8.0 and last < first  # 8 bits per byte is knowing nothing; it learned from the text
-    assert set(TASKS["text-folder"].recipes) == {"baseline", "mild", "medium", "hot"}  # pydocs' ladder
+    assert set(TASKS["text-folder"].recipes) == {"baseline", "plain-bf16", "mild", "medium", "hot"}  # pydocs' ladder
+    assert TASKS["text-folder"].recipes["plain-bf16"].methods == {}  # the language reference has no plain-bf16
 
 
 def test_the_folder_tasks_take_their_domains_ladders_rebuilt_on_their_baselines(image_dir, text_dir):
@@ -123,7 +124,7 @@ def test_the_folder_tasks_take_their_domains_ladders_rebuilt_on_their_baselines(
 
     reference = load_presets("fashion-mnist")
     image = resolve_task("image-folder", data=image_dir)
-    assert list(image.recipes) == ["baseline", *RUNGS]
+    assert list(image.recipes) == ["baseline", "plain-bf16", *RUNGS] and image.baselines[-1] == "plain-bf16"
     for name in RUNGS:
         rung = image.recipes[name]
         share = float(rung.duration.removesuffix("ep")) / float(image.recipes["baseline"].duration.removesuffix("ep"))

@@ -54,7 +54,11 @@ def test_budgets_round_up_to_the_half_epoch_and_keep_whole_batches():
 
 def test_a_registered_task_with_only_a_baseline_gets_the_vision_ladder_and_one_with_rungs_keeps_its_own():
     task = user_task("ladder-user")
-    assert list(task.recipes) == ["baseline", *RUNGS]
+    assert list(task.recipes) == ["baseline", "plain-bf16", *RUNGS]
+    # the baseline speed-ups are measured against: its own, with bf16 where fast here and channels_last
+    strong = task.recipes["plain-bf16"]
+    assert task.baselines == ("baseline", "plain-bf16") and strong.precision == "auto"
+    assert strong.methods == {"channels_last": {}} and strong.duration == task.recipes["baseline"].duration
     assert {r.model for r in task.recipes.values()} == {"small-cnn"} and task.models == ("small-cnn",)
     baseline = dataclasses.replace(task.recipes["baseline"], task=None, domain=None)
     own = baseline.with_changes(name="mild", duration="1ep")
@@ -79,7 +83,7 @@ def test_an_adopted_rung_runs_without_a_surgery_that_finds_nothing_and_says_how_
         warnings.simplefilter("always")
         trainer = make_trainer(task, "mild", duration="2ba", run_dir=tmp_path, save_checkpoints=False)
     messages = [str(w.message) for w in caught]
-    assert any("speedkit bench --task ladder-linear --recipes mild --baselines baseline --seeds 1" in m
+    assert any("speedkit bench --task ladder-linear --recipes mild --baselines plain-bf16 --seeds 1" in m
                for m in messages)
     dropped = [m for m in messages if "runs without" in m]
     assert dropped, messages

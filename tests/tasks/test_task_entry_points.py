@@ -126,7 +126,7 @@ def test_the_explorer_opens_on_a_user_task_and_runs_it(tmp_path):
     assert explorer.task.value == "explored" and "explored" in explorer.task.options
     assert {"fashion-mnist", "pydocs"} <= set(explorer.task.options)  # the dropdown lists every registered task
     # its baseline, the vision ladder rebuilt on it, and the explorer's own
-    assert list(explorer.preset.options) == ["baseline", "mild", "medium", "hot", "custom"]
+    assert list(explorer.preset.options) == ["baseline", "plain-bf16", "mild", "medium", "hot", "custom"]
     assert explorer.model.value == "small-cnn"
     # Greyed with the reason: by domain (a language method), and by the user's model (no LayerNorm to act on).
     assert explorer.rows["rotary_embeddings"].checkbox.disabled

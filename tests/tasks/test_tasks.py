@@ -220,8 +220,8 @@ def test_a_user_task_is_benchmarked_against_its_baseline_from_the_library_and_th
     task = user_task("bench-me")
     task.recipes["one-epoch"] = task.recipes["baseline"].with_changes(
         name="one-epoch", duration="1ep", methods={"label_smoothing": {"smoothing": 0.1}})
-    result = run_benchmark(task, seeds=2, recipes=["one-epoch"], out_dir=tmp_path / "out", run_dir=tmp_path / "runs",
-                           figures=False, log=lambda line: None)
+    result = run_benchmark(task, seeds=2, recipes=["one-epoch"], baselines=["baseline"], out_dir=tmp_path / "out",
+                           run_dir=tmp_path / "runs", figures=False, log=lambda line: None)
     assert result.key == "bench-me" and list(result.summary) == ["bench-me"]
     assert [r.config["recipe"] for r in result.records] == ["baseline", "one-epoch"] * 2  # A B A B
     entry = result.entry
@@ -238,6 +238,8 @@ def test_a_user_task_is_benchmarked_against_its_baseline_from_the_library_and_th
     summary = __import__("json").loads((tmp_path / "out" / "summary.json").read_text())
     assert set(summary) == {"bench-me", "bench-cli"}  # merged beside the first task's entry
     assert summary["bench-cli"]["baselines"]["baseline"]["runs"] == ["bench-cli-baseline-s0"]
+    # by default against each of the task's baselines, the rebuilt plain-bf16 the strongest
+    assert summary["bench-cli"]["strongest_baseline"] == "plain-bf16"
     assert summary["bench-cli"]["recipes"]["hot"]["budget"] == "1ep"  # the vision ladder's hot, on its 2ep baseline
     with pytest.raises(ValueError, match="unknown benchmark task 'nothing-such'.*register_task"):
         from speedkit.experiments.bench import get_profile

@@ -49,7 +49,9 @@ def write_reports(out_dir: str | Path, key: str, entry: dict,
 def preset_reached(summary: dict, fresh_seeds: dict | None = None) -> dict[str, dict[str, dict]]:
     """task -> recipe -> what it reached in the benchmark: medians over the entry's seeds, the target, the
     budget it ran with, the profile, machine and date; ``fresh_seeds`` (task -> recipe -> ``{"budget",
-    "result"}``) adds how a preset did under ``speedkit train`` on seeds the benchmark never used.
+    "result"}``) adds how a preset did under ``speedkit train`` on seeds the benchmark never used. The recipe
+    the entry's leave-one-out ablated gets ``leave_one_out``: each part's time without it over the time with
+    it (None: the target was not reached without it), which the search reads as a prior for its moves.
 
     ``scripts/update_readme.py`` writes this as ``speedkit/tasks/presets/reached.json``, which the presets read.
     """
@@ -71,6 +73,10 @@ def preset_reached(summary: dict, fresh_seeds: dict | None = None) -> dict[str, 
                     raise ValueError(f"fresh seeds of {entry['task']}:{name} ran {fresh['budget']}, but the benchmark "
                                      f"ran {runs['budget']}; run the fresh seeds again or remove them")
                 reached["fresh_seeds"] = fresh["result"]
+            ablation = entry.get("leave_one_out") or {}
+            if ablation.get("recipe") == name:
+                reached["leave_one_out"] = {part: None if row["slowdown"] is None else round(row["slowdown"], 3)
+                                            for part, row in ablation["parts"].items()}
             figures.setdefault(entry["task"], {})[name] = reached
     unmeasured = [f"{task}:{name}" for task, runs in fresh_seeds.items() for name in runs
                   if name not in figures.get(task, {})]

@@ -1,7 +1,8 @@
 """``speedkit.experiments.tune.tune``: a measured search (Optuna) for the recipe that reaches a task's target soonest.
 
 The baseline's learning rate and budget are tuned first, then methods and recipe fields are searched
-against time to target (the task's presets first, then moves from the best recipe so far), then the
+against time to target (the task's presets first, then moves from the best recipe so far; optionally
+screened on a fraction of the data first, the screen's best being what the search starts from), then the
 tuned baseline and the winner (and the runner-up, where the budget holds it) are confirmed on fresh
 seeds, with a longer budget for a winner that missed a seed. Everything lives in one Optuna storage (a
 journal file in the output folder by default, or any SQLite/database URL): a killed search loses no
@@ -21,6 +22,7 @@ from speedkit.experiments.tune.confirm import (confirm_candidates, confirm_seeds
                                                run_budget_search, run_confirmation, run_leave_one_out,
                                                summarize_confirmation)
 from speedkit.experiments.tune.objective import resolve_runner, runner_path
+from speedkit.experiments.tune.screen import screen_summary
 from speedkit.experiments.tune.search import (PHASES, PRUNERS, TuneConfig, check_same_search, load_study,
                                               logged_metrics, parse_budget, resolve_target, run_phases,
                                               seed_baseline_study, start_workers)
@@ -53,9 +55,10 @@ def tune(task: str = "fashion-mnist", target=None, *, data=None, task_options: d
          storage: str | os.PathLike | None = None, study_name: str = "tune", seeds_to_confirm: int = 3,
          out_dir: str | os.PathLike = "runs/tune", run_dir: str | os.PathLike | None = None,
          data_fraction: float = 1.0, eval_fraction: float | None = None, eval_interval: str | None = None,
-         device: str = "auto", n_workers: int = 1, base="baseline", tune_hparams: bool = True,
+         device: str = "auto", n_workers: int = 1, base=None, tune_hparams: bool = True,
          trial_limit: str | float | None = None, baseline_share: float = 0.15, max_trials: int | None = None,
-         max_baseline_trials: int | None = None, pruner: str = "halving", sampler_seed: int = 0,
+         max_baseline_trials: int | None = None, screen_fraction: float | None = None,
+         pruner: str = "halving", sampler_seed: int = 0,
          duration_scale: tuple[float, float] = (0.1, 1.0), lr_factor: float = 10.0, leave_one_out: bool = False,
          runner=None, log=print, on_trial=None, should_stop=None) -> TuneResult:
     """Search for the recipe that reaches ``target`` on ``task`` soonest, within ``budget`` of wall clock.
@@ -66,9 +69,14 @@ def tune(task: str = "fashion-mnist", target=None, *, data=None, task_options: d
     Task object made in this process only they cannot.
 
     ``target``: None (the task's), a value of the task's metric, ``"metric=value"`` or (metric, value).
+    ``base``: the recipe the baseline study tunes and the search starts from (a name or a Recipe); None: the
+    task's strongest baseline (the last of its ``baselines``: ``plain-bf16`` for a folder task).
     ``methods``: the methods the search may turn on (default: all that fit the task's domain and model).
     ``storage``: a journal file (default ``out_dir/study.journal``), ``*.db`` SQLite file or database URL;
-    a rerun with the same storage and ``study_name`` continues the search. ``trial_limit``: most training
+    a rerun with the same storage and ``study_name`` continues the search. ``screen_fraction``: screen the
+    candidates on this share of the training data first (``speedkit.experiments.tune.screen``: it ranks
+    budgets in epochs wrongly, so it is off by default).
+    ``trial_limit``: most training
     time of one trial (default a fifth of the budget). ``leave_one_out``: afterwards, run the winner
     without each of its methods (on the first confirmation seed) so the report says what each one adds. ``runner``: a function ``(TrialContext) -> RunRecord``
     or ``"module:function"`` replacing the real training (tests plant known answers this way).
@@ -86,7 +94,7 @@ def tune(task: str = "fashion-mnist", target=None, *, data=None, task_options: d
         storage=storage, study_name=study_name, seeds_to_confirm=seeds_to_confirm, out=out, run_dir=run_dir, data_fraction=data_fraction,
         eval_fraction=eval_fraction, eval_interval=eval_interval, device=device, n_workers=n_workers, base=base,
         tune_hparams=tune_hparams, trial_limit=trial_limit, baseline_share=baseline_share, max_trials=max_trials,
-        max_baseline_trials=max_baseline_trials, pruner=pruner, sampler_seed=sampler_seed,
+        max_baseline_trials=max_baseline_trials, screen_fraction=screen_fraction, pruner=pruner, sampler_seed=sampler_seed,
         duration_scale=duration_scale, lr_factor=lr_factor, leave_one_out=leave_one_out, runner=runner, log=log)
     in_process = resolve_runner(runner)  # a lambda in a notebook works here; worker processes import config.runner
     config_path = out / "tune_config.json"
@@ -143,11 +151,12 @@ def _logger(log, on_trial):
 
 def build_config(*, task, data, task_options, target, budget, methods, storage, study_name, seeds_to_confirm,
                  out: Path, run_dir, data_fraction, eval_fraction, eval_interval, device, n_workers, base, tune_hparams, trial_limit,
-                 baseline_share, max_trials, max_baseline_trials, pruner, sampler_seed, duration_scale,
+                 baseline_share, max_trials, max_baseline_trials, screen_fraction, pruner, sampler_seed, duration_scale,
                  lr_factor, leave_one_out, runner, log) -> TuneConfig:
     """Check every argument and read the search space from the cards; refusals name the argument."""
     from speedkit.core.devices import resolve_device, resolve_precision
     from speedkit.tasks import RunRequest, get_recipe, resolve_task
+    from speedkit.tasks.ladder import reference_leave_one_out
     from speedkit.tasks.recipes import without_flips
     from speedkit.tasks.task import BUILT_IN
 
@@ -171,6 +180,9 @@ def build_config(*, task, data, task_options, target, budget, methods, storage, 
     for name, count in (("max_trials", max_trials), ("max_baseline_trials", max_baseline_trials)):
         if count is not None and count < 1:
             raise TuneInputError(f"{name} must be at least 1 (or None: until the budget is used), got {count}")
+    if screen_fraction is not None and not 0 < screen_fraction < 1:
+        raise TuneInputError(f"screen_fraction is the share of the training data the screen's runs see, in (0, 1), "
+                             f"or None for no screen; got {screen_fraction}")
     if not 0 < baseline_share < 1:
         raise TuneInputError(f"baseline_share is the part of the budget that tunes the baseline, in (0, 1); "
                              f"got {baseline_share}")
@@ -180,7 +192,8 @@ def build_config(*, task, data, task_options, target, budget, methods, storage, 
         raise TuneInputError("runner must be importable ('module:function', or a module-level function) when "
                              "n_workers > 1: worker processes import it")
     allowed = resolve_methods(methods)
-    base_recipe = get_recipe(task, base)
+    # the search's recipes are its own: a method of theirs that finds nothing is refused, not quietly dropped
+    base_recipe = dataclasses.replace(get_recipe(task, spec.baselines[-1] if base is None else base), adopted_from=None)
     if not spec.flips_keep_labels:  # the base as its runs train it, so the search never samples a flip back
         base_recipe, removed = without_flips(base_recipe)
         for what in removed:
@@ -222,10 +235,11 @@ def build_config(*, task, data, task_options, target, budget, methods, storage, 
         storage=storage_text, study_name=study_name, out_dir=str(out_dir),
         run_dir=str(Path(run_dir).resolve()) if run_dir else str(out_dir / "runs"), settings=settings,
         budget_s=budget_s, limit_s=limit_s, baseline_share=baseline_share, seeds_to_confirm=seeds_to_confirm,
-        max_trials={"baseline": max_baseline_trials, "search": max_trials}, pruner=pruner,
+        max_trials={"baseline": max_baseline_trials, "screen": max_trials, "search": max_trials}, pruner=pruner,
         sampler_seed=sampler_seed, runner=runner_path(runner) if runner is not None else None,
         started_at=time.time(), spent_before_s=studies_spent, n_workers=n_workers, leave_one_out=leave_one_out,
-        left_out=left_out, task_source=task_source)
+        left_out=left_out, task_source=task_source, screen_fraction=screen_fraction,
+        move_prior=reference_leave_one_out(spec.domain))
 
 
 def _task_source(task, data, task_options) -> dict | None:
@@ -250,18 +264,21 @@ def build_summary(config: TuneConfig, studies: dict) -> dict:
                            "started": t.datetime_start.isoformat() if t.datetime_start else None})
     space = config.space("search")
     return {"task": config.task, "target": {"metric": config.metric, "value": config.target},
-            "budget_s": config.budget_s, "spent_s": round(config.spent_s(), 1), "limit_s": config.limit_s,
+            "base": config.base, "budget_s": config.budget_s, "spent_s": round(config.spent_s(), 1),
+            "limit_s": config.limit_s,
             "settings": config.settings, "storage": config.storage, "study": config.study_name,
             "methods_searched": list(space.methods), "hparam_limits": dict(space.hparam_limits),
             "left_out": {**config.left_out, **_found_inapplicable(studies)},
-            "trials": trials, "confirmation": summarize_confirmation(config, studies),
+            "trials": trials, "screen": screen_summary(config, studies),
+            "confirmation": summarize_confirmation(config, studies),
             "time": where_the_time_went(config, studies, trials)}
 
 
 def where_the_time_went(config: TuneConfig, studies: dict, trials: list[dict]) -> dict:
-    """Seconds of the search by what they bought: tuning the baseline, search trials that reached the target,
-    missed it or were pruned, proposals refused untrained, the confirmation (with the final budget search
-    and the leave-one-out), and the rest (building data and models, the probes, the storage)."""
+    """Seconds of the search by what they bought: tuning the baseline, the screen on a fraction of the data,
+    search trials that reached the target, missed it or were pruned, proposals refused untrained, the
+    confirmation (with the final budget search and the leave-one-out), and the rest (building data and models,
+    the probes, the storage)."""
     def wall(rows) -> float:
         return round(sum(r.get("wall_s") or 0.0 for r in rows), 1)
 
@@ -271,10 +288,14 @@ def where_the_time_went(config: TuneConfig, studies: dict, trials: list[dict]) -
              "pruned": [t for t in search if t["state"] == "pruned" and not t["infeasible"]],
              "refused": [t for t in search if t["infeasible"]]}
     confirm = [{"wall_s": t.user_attrs.get("wall_s")} for t in finished_trials(studies["confirm"], ("COMPLETE",))]
+    screen = {f"screen ({config.screen_fraction:.2g} of the data)": [t for t in trials if t["phase"] == "screen"]
+              } if config.screen_fraction else {}
     rows = {"baseline study": wall(t for t in trials if t["phase"] == "baseline"),
+            **{what: wall(rows) for what, rows in screen.items()},
             **{f"search: {kind}": wall(rows) for kind, rows in kinds.items()},
             "confirmation": wall(confirm)}
     counts = {"baseline study": sum(t["phase"] == "baseline" for t in trials),
+              **{what: len(rows) for what, rows in screen.items()},
               **{f"search: {kind}": len(rows) for kind, rows in kinds.items()}, "confirmation": len(confirm)}
     spent = config.spent_s()
     rows["set-up and the rest"] = round(max(0.0, spent - sum(rows.values())), 1)

@@ -6,6 +6,10 @@ the target (or lengthen one that missed it), nudge the learning rate, or try a n
 schedule. Independent draws over 30 switches mostly land on combinations that miss the target, so most of a
 short search's trials teach nothing; a move from the incumbent keeps what already works.
 
+Which method to drop first is read from the domain's committed leave-one-out where there is one (``prior``):
+a method the reference preset reached its target sooner without is dropped first, one it could not do without
+last; that is the benchmark's knowledge, the starting point, and the search's own trials still decide.
+
 Every move is checked before it is proposed: a method that found nothing in this model, one that conflicts
 with those on, settings that break a card constraint, a point outside the search space, or a recipe that
 was tried already is never proposed. ``propose_move`` returns None when no move is left; the search then
@@ -22,6 +26,13 @@ from speedkit.experiments.tune.space import (NOT_SEARCHED, SCHEDULE_CHOICES, Sea
 
 TWO_MOVES_SHARE = 0.25  # how often a proposal makes two changes at once (one move alone can sit in a local dip)
 UNTRIED_ADD_WEIGHT = 3.0  # adding a method no trial has had yet: what the search knows least about
+ESSENTIAL_DROP_WEIGHT = 0.25  # dropping a method without which the reference preset missed its target
+
+
+def drop_weight(slowdown: float | None) -> float:
+    """How likely dropping a method is, from its leave-one-out slowdown on the reference task (time without
+    it over time with it): 1 for no effect, above for one that slowed the reference, at most 2."""
+    return ESSENTIAL_DROP_WEIGHT if slowdown is None else min(2.0, 1.0 / slowdown ** 2)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,18 +51,19 @@ def recipe_key(recipe) -> str:
 
 
 def propose_move(incumbent, reached: bool, base, space: SearchSpace, refused: set[str], tried: set[str],
-                 rng: random.Random, added: set[str] = frozenset()) -> Move | None:
+                 rng: random.Random, added: set[str] = frozenset(), prior: dict | None = None) -> Move | None:
     """A move from ``incumbent`` not tried yet (one, or now and then two), or None when none is left.
 
     ``reached``: whether the incumbent reached the target (then a shorter budget is the likeliest gain,
     else a longer one). ``refused``: methods that found nothing in this model. ``tried``: ``recipe_key`` of
     every recipe proposed so far. ``added``: methods some trial had (adding one that none had is likelier).
+    ``prior``: method -> its leave-one-out slowdown on the reference task (``drop_weight``).
     """
-    first = _pick(neighbour_moves(incumbent, reached, base, space, refused, tried, added), rng)
+    first = _pick(neighbour_moves(incumbent, reached, base, space, refused, tried, added, prior), rng)
     if first is None:
         return None
     if rng.random() < TWO_MOVES_SHARE:
-        second = _pick([m for m in neighbour_moves(first.recipe, reached, base, space, refused, tried, added)
+        second = _pick([m for m in neighbour_moves(first.recipe, reached, base, space, refused, tried, added, prior)
                         if m.what.split(" ", 1)[0] != first.what.split(" ", 1)[0]], rng)
         if second is not None:
             return Move(f"{first.what}, {second.what}", second.recipe)
@@ -73,9 +85,9 @@ def _pick(moves: list[Move], rng: random.Random) -> Move | None:
 
 
 def neighbour_moves(recipe, reached: bool, base, space: SearchSpace, refused: set[str],
-                    tried: set[str], added: set[str] = frozenset()) -> list[Move]:
+                    tried: set[str], added: set[str] = frozenset(), prior: dict | None = None) -> list[Move]:
     """Every single move from ``recipe`` that is valid, inside ``space`` and not tried."""
-    moves = [*_method_moves(recipe, space, refused, added), *_budget_moves(recipe, reached),
+    moves = [*_method_moves(recipe, space, refused, added, prior or {}), *_budget_moves(recipe, reached),
              *_lr_moves(recipe), *_field_moves(recipe, base, space)]
     return [m for m in moves if recipe_key(m.recipe) not in tried and _valid(m.recipe, base, space)]
 
@@ -92,13 +104,14 @@ def _valid(recipe, base, space: SearchSpace) -> bool:
     return recipe_params(recipe, base, space) is not None
 
 
-def _method_moves(recipe, space: SearchSpace, refused: set[str], added: set[str]) -> list[Move]:
+def _method_moves(recipe, space: SearchSpace, refused: set[str], added: set[str], prior: dict) -> list[Move]:
     from speedkit.methods import REGISTRY
 
     moves = []
     for name in space.methods:
         if name in recipe.methods:
-            moves += _move(f"-{name}", {"methods": _without(recipe.methods, name)}, recipe)
+            moves += _move(f"-{name}", {"methods": _without(recipe.methods, name)}, recipe,
+                           drop_weight(prior[name]) if name in prior else 1.0)
         elif name not in refused:
             moves += _move(f"+{name}", {"methods": {**recipe.methods, name: {}}}, recipe,
                            1.0 if name in added else UNTRIED_ADD_WEIGHT)

@@ -99,7 +99,8 @@ def markdown(config, summary: dict, recipe_path) -> str:
     lines = [f"# speedkit tune: {config.task}", "",
              f"Target {config.metric} {config.target}; budget {config.budget_s:.0f}s, used {summary['spent_s']:.0f}s; "
              f"trial limit {config.limit_s:.0f}s of training; data_fraction {config.settings.get('data_fraction')}; "
-             f"trials: {', '.join(f'{n} {s}' for s, n in sorted(states.items()))}.", "",
+             f"trials: {', '.join(f'{n} {s}' for s, n in sorted(states.items()))}; the baseline: "
+             f"`{config.base['name']}` ({config.base.get('summary') or 'as the task has it'}).", "",
              "Times are training wall clock to the target, evaluation excluded. A trial that missed the target "
              "scores limit x (1 + shortfall).", ""]
     shortfall = baseline_shortfall(summary)
@@ -109,9 +110,10 @@ def markdown(config, summary: dict, recipe_path) -> str:
     lines += ["", "## Best trials of the search", "",
               "| phase | # | objective | time to target (s) | best metric | change | proposed as |",
               "|---|---|---|---|---|---|---|"]
-    done = sorted((t for t in trials if t["state"] == "complete"), key=lambda t: t["value"])[:12]
-    lines += [f"| {t['phase']} | {t['number']} | {t['value']:.2f} | {_fmt(t['time_to_target_s'])} | "
-              f"{_fmt(t['final'], '.4f')} | {t['change'] or ''} | {proposal(t)} |" for t in done]
+    done = sorted((t for t in trials if t["state"] == "complete" and t["phase"] != "screen"),
+                  key=lambda t: t["value"])[:12]
+    lines += _trial_rows(done)
+    lines += _screen_lines(summary.get("screen") or {}, trials, config.metric)
     lines += ["", "## Methods", "", f"Searched: {', '.join(summary['methods_searched']) or 'none'}.", ""]
     lines += [f"- left out `{m}`: {why}" for m, why in summary["left_out"].items()]
     lines += [f"- searched `{key}` only {describe_limit(limit)}: elsewhere in its card's range it finds nothing to "
@@ -150,6 +152,35 @@ def proposal(trial: dict) -> str:
     if trial.get("start_from"):
         return f"start: {trial['start_from']}"
     return f"move: {trial['move']}" if trial.get("move") else "sampler"
+
+
+def _trial_rows(rows: list[dict]) -> list[str]:
+    return [f"| {t['phase']} | {t['number']} | {t['value']:.2f} | {_fmt(t['time_to_target_s'])} | "
+            f"{_fmt(t['final'], '.4f')} | {t['change'] or ''} | {proposal(t)} |" for t in rows]
+
+
+def _screen_lines(screen: dict, trials: list[dict], metric: str) -> list[str]:
+    """The screen: its target and where it came from, its best trials, and how the promoted ones did on all
+    the data beside their screen times (whether the screen ranked as the full runs did)."""
+    if not screen.get("fraction"):
+        return []
+    lines = ["", f"## The screen ({screen['fraction']:.2g} of the training data)", ""]
+    source = screen.get("target_from")
+    if screen.get("target") is None or not source:
+        return lines + ["The screen set no target (its base run ended without one), so the search started from the "
+                        "presets on all the data."]
+    lines += [f"{screen['trials']} trials in {screen['seconds']:.0f}s, each timed to {metric} "
+              f"{screen['target']:.4g}: the base recipe's best there ({source['screen_best']:.4g}) moved as far as "
+              f"the search's target is from its best on all the data ({source['full_best']:.4g}).", "",
+              "| phase | # | objective | time to target (s) | best metric | change | proposed as |",
+              "|---|---|---|---|---|---|---|"]
+    done = sorted((t for t in trials if t["state"] == "complete" and t["phase"] == "screen"), key=lambda t: t["value"])
+    lines += _trial_rows(done[:8])
+    if screen["promoted"]:
+        lines += ["", "Promoted to all the data (screen time, then time on all the data):", ""]
+        lines += [f"- screen #{p['screen_trial']} -> search #{p['search_trial']}: {_fmt(p['screen_s'])} s, then "
+                  f"{_fmt(p['full_s'])} s ({p['change']})" for p in screen["promoted"]]
+    return lines
 
 
 def _time_lines(time: dict | None) -> list[str]:
