@@ -452,7 +452,7 @@ def _add_tune_parser(commands) -> None:
     tune.add_argument("--budget", default="30m", help="wall clock for the whole search, e.g. 30m, 90s, 1h")
     tune.add_argument("--methods", help="comma-separated methods the search may turn on (default: all that fit)")
     tune.add_argument("--base", help="the baseline the search tunes, measures against and starts from (a preset "
-                      "or a file; default: the task's strongest baseline, the last `speedkit recipes` lists)")
+                      "or a file; default: the task's strongest baseline, the last baseline `speedkit recipes` lists)")
     tune.add_argument("--storage", help="Optuna storage: a journal file, a *.db SQLite file or a database URL "
                                         "(default OUT/study.journal); share it to run workers elsewhere")
     tune.add_argument("--study", default="tune", help="study name within the storage")
