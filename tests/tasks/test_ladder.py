@@ -95,6 +95,17 @@ def test_an_adopted_rung_runs_without_a_surgery_that_finds_nothing_and_says_how_
         make_trainer(task, own, run_dir=tmp_path, run_name="own", save_checkpoints=False)
 
 
+def test_the_rebuilt_plain_bf16_is_a_baseline_no_hint_asks_to_measure_and_its_surgery_may_find_nothing(tmp_path):
+    task = user_task("ladder-linear-bf16", model=lambda name: OnlyLinear())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer = make_trainer(task, "plain-bf16", duration="2ba", run_dir=tmp_path, save_checkpoints=False)
+    messages = [str(w.message) for w in caught]
+    assert not any("speedkit bench" in m for m in messages), messages  # a baseline is what rungs are measured against
+    assert any("runs without channels_last" in m for m in messages), messages  # no conv for it to act on
+    assert trainer.fit().status == "completed"
+
+
 def test_the_measure_command_carries_the_folder_options():
     hint = measure_hint("image-folder", "hot", "data/glyphs", {"image_size": 28, "flips_keep_labels": False})
     assert hint == ("speedkit bench --task image-folder --data data/glyphs --image-size 28 --no-flips "
