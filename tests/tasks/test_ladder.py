@@ -77,12 +77,17 @@ class OnlyLinear(nn.Module):
         return self.net(x)
 
 
-def test_an_adopted_rung_runs_without_a_surgery_that_finds_nothing_and_says_how_to_measure_it(tmp_path):
-    task = user_task("ladder-linear", model=lambda name: OnlyLinear())
+def _trainer_and_warnings(task, recipe: str, run_dir):
+    """A two-batch Trainer of ``recipe`` and the warnings its building raised."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        trainer = make_trainer(task, "mild", duration="2ba", run_dir=tmp_path, save_checkpoints=False)
-    messages = [str(w.message) for w in caught]
+        trainer = make_trainer(task, recipe, duration="2ba", run_dir=run_dir, save_checkpoints=False)
+    return trainer, [str(w.message) for w in caught]
+
+
+def test_an_adopted_rung_runs_without_a_surgery_that_finds_nothing_and_says_how_to_measure_it(tmp_path):
+    task = user_task("ladder-linear", model=lambda name: OnlyLinear())
+    trainer, messages = _trainer_and_warnings(task, "mild", tmp_path)
     assert any("speedkit bench --task ladder-linear --recipes mild --baselines plain-bf16 --seeds 1" in m
                for m in messages)
     dropped = [m for m in messages if "runs without" in m]
@@ -97,10 +102,7 @@ def test_an_adopted_rung_runs_without_a_surgery_that_finds_nothing_and_says_how_
 
 def test_the_rebuilt_plain_bf16_is_a_baseline_no_hint_asks_to_measure_and_its_surgery_may_find_nothing(tmp_path):
     task = user_task("ladder-linear-bf16", model=lambda name: OnlyLinear())
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        trainer = make_trainer(task, "plain-bf16", duration="2ba", run_dir=tmp_path, save_checkpoints=False)
-    messages = [str(w.message) for w in caught]
+    trainer, messages = _trainer_and_warnings(task, "plain-bf16", tmp_path)
     assert not any("speedkit bench" in m for m in messages), messages  # a baseline is what rungs are measured against
     assert any("runs without channels_last" in m for m in messages), messages  # no conv for it to act on
     assert trainer.fit().status == "completed"

@@ -25,7 +25,7 @@ import time
 
 from speedkit.experiments.tune.storage import finished_trials
 
-SCREEN_BASE = "baseline"  # the screen study's start_from mark for its first trial, the base on the fraction
+BASE_START = "baseline"  # start_from of the base recipe's own trial, in the baseline study and in the screen
 POLL_S = 1.0  # how often a worker looks again for the screen's target while another worker measures it
 
 
@@ -38,7 +38,7 @@ def screen_target(study) -> float | None:
 def full_base_best(config, studies) -> float | None:
     """The base recipe's best value of the target metric on all the data (the baseline study's first trial)."""
     for trial in finished_trials(studies["baseline"], ("COMPLETE",)):
-        if trial.user_attrs.get("start_from") == "baseline":
+        if trial.user_attrs.get("start_from") == BASE_START:
             return trial.user_attrs.get("final")
     return None
 
@@ -56,7 +56,7 @@ def set_screen_target(config, studies, screen_best: float | None) -> float | Non
 
 def base_trial(study):
     """The screen's base trial (the base recipe on the fraction), or None before it was queued."""
-    return next((t for t in study.get_trials(deepcopy=False) if t.user_attrs.get("start_from") == SCREEN_BASE), None)
+    return next((t for t in study.get_trials(deepcopy=False) if t.user_attrs.get("start_from") == BASE_START), None)
 
 
 def screen_state(config, studies) -> str:
@@ -89,7 +89,7 @@ def wait_for_screen(config, studies, should_stop=None) -> str:
 def _full_base_pending(studies) -> bool:
     """Whether the base's run on all the data has finished or may still finish."""
     for trial in studies["baseline"].get_trials(deepcopy=False):
-        if trial.user_attrs.get("start_from") == "baseline":
+        if trial.user_attrs.get("start_from") == BASE_START:
             return trial.state.name in ("COMPLETE", "RUNNING", "WAITING")
     return True
 

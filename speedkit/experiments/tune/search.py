@@ -24,7 +24,7 @@ from pathlib import Path
 
 from speedkit.core.seeding import process_seed
 from speedkit.experiments.tune.objective import USER_STOP, TrialContext, resolve_runner, score_record
-from speedkit.experiments.tune.screen import (SCREEN_BASE, screen_seconds, screen_state, screen_target,
+from speedkit.experiments.tune.screen import (BASE_START, screen_seconds, screen_state, screen_target,
                                               set_screen_target, wait_for_screen)
 from speedkit.experiments.tune.space import SearchSpace, TuneInputError, describe_change, recipe_params, suggest_recipe
 from speedkit.experiments.tune.storage import finished_trials, open_storage, optuna_module, worker_id
@@ -252,7 +252,7 @@ def make_objective(config: TuneConfig, phase: str, runner, should_stop=None, stu
         later = studies is not None and phase != "baseline" and finished_trials(studies[phase])
         kept_back = confirm_reserve_s(config, studies) if later else 0.0
         # the screen's base trial runs to its end and sets the screen's target; the others aim at that target
-        sets_target = phase == "screen" and trial.user_attrs.get("start_from") == SCREEN_BASE
+        sets_target = phase == "screen" and trial.user_attrs.get("start_from") == BASE_START
         target = config.target
         if phase == "screen" and not sets_target:
             wait_for_screen(config, studies, should_stop)  # another worker may still be measuring the base
@@ -436,7 +436,7 @@ def queue_next_move(config: TuneConfig, studies: dict, worker_index: int = 0, ph
     if any(t.state.name == "WAITING" for t in trials):
         return
     base, space = config.base_recipe(), config.space("search")
-    best = [t for t in ranked(study) if t.user_attrs.get("start_from") != SCREEN_BASE][:1]
+    best = [t for t in ranked(study) if t.user_attrs.get("start_from") != BASE_START][:1]
     from_phase = bool(best)
     best = best or ranked(studies["baseline"])[:1]
     incumbent = recipe_from_trial(best[0], "incumbent") if best else base
@@ -463,7 +463,7 @@ def seed_screen_study(config: TuneConfig, studies: dict) -> None:
         return
     screen.set_user_attr("seeded", True)
     base, space = config.base_recipe(), config.space("search")
-    if not _enqueue(screen, [(SCREEN_BASE, base)], base, space):
+    if not _enqueue(screen, [(BASE_START, base)], base, space):
         screen.set_user_attr("no_base", "the base recipe is no point of the search space")
         return
     _enqueue(screen, [(r.name, r) for r in starting_recipes(config, studies["baseline"])], base, space)
@@ -478,7 +478,7 @@ def promoted(config, studies) -> list:
         return []
     chosen, seen = [], set()
     for trial in ranked(studies["screen"]):
-        if trial.user_attrs.get("time_to_target_s") is None or trial.user_attrs.get("start_from") == SCREEN_BASE:
+        if trial.user_attrs.get("time_to_target_s") is None or trial.user_attrs.get("start_from") == BASE_START:
             continue
         recipe = recipe_from_trial(trial, f"screen-{trial.number}")
         key = recipe_key(recipe)
@@ -523,7 +523,7 @@ def seed_baseline_study(config: TuneConfig, study) -> None:
     study.set_user_attr("seeded", True)
     params = recipe_params(config.base_recipe(), config.base_recipe(), config.space("baseline"))
     if params is not None:
-        study.enqueue_trial(params, user_attrs={"start_from": "baseline"}, skip_if_exists=True)
+        study.enqueue_trial(params, user_attrs={"start_from": BASE_START}, skip_if_exists=True)
 
 
 def starting_recipes(config: TuneConfig, baseline_study) -> list:
