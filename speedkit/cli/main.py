@@ -82,6 +82,8 @@ def _add_train_parser(commands) -> None:
     how.add_argument("--seed", type=int, default=0, help="seeds the weights, the data order and the methods (default 0)")
     how.add_argument("--data-fraction", type=float, default=1.0, help="train on this class-balanced fraction")
     how.add_argument("--eval-fraction", type=float, help="evaluate on this fraction of the test set")
+    how.add_argument("--eval-interval", help="how often to evaluate, e.g. 0.25ep, 50ba (default: the recipe's); a "
+                     "time to target is read at an evaluation, so a finer cadence reads it closer")
     how.add_argument("--target", type=float, help="target value of the task's metric (default: the recipe's or task's)")
     how.add_argument("--stop-at-target", action="store_true", help="end the run when the target is reached")
     how.add_argument("--download", action="store_true", help="let torchvision download missing data")
@@ -295,8 +297,8 @@ def run_request(args):
         _importable(args.task), args.recipe, data=args.data, task_options=_folder_options(args),
         model=args.model, duration=args.duration, methods=args.methods, precision=args.precision,
         batch_size=args.batch_size, device=args.device, seed=args.seed, data_fraction=args.data_fraction,
-        eval_fraction=args.eval_fraction, target=args.target, stop_at_target=args.stop_at_target,
-        download=args.download, run_dir=args.run_dir, run_name=args.run_name, loggers=_logger_names(args.logger),
+        eval_fraction=args.eval_fraction, eval_interval=args.eval_interval, target=args.target,
+        stop_at_target=args.stop_at_target, download=args.download, run_dir=args.run_dir, run_name=args.run_name, loggers=_logger_names(args.logger),
         autoresume=args.autoresume, overwrite=args.overwrite, extend_duration=args.extend_duration,
         progress_bar=False if args.no_progress else "auto", console=True,
         parallel=None if args.parallel == "none" else args.parallel, **saving)

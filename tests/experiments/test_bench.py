@@ -66,6 +66,9 @@ def test_profiles_are_data_and_bad_names_get_clear_errors():
         get_profile("speech")
     with pytest.raises(ValueError, match="known: \\['cpu', 'gpu'\\]"):
         get_profile("vision", "tpu")
+    # baselines are timed at a fine cadence (free for them); speed-up recipes keep their own, as they ship
+    cpu = get_profile("vision", "cpu")
+    assert cpu.recipe("plain-bf16").eval_interval == "0.25ep" and cpu.recipe("hot").eval_interval == "0.5ep"
     with pytest.raises(ValueError, match="unknown recipes \\['spicy'\\].*known"):
         BenchProfile(name="x", task="fashion-mnist", recipes=("baseline", "spicy"))
 

@@ -21,7 +21,7 @@ optuna = import_or_missing("optuna")
 
 from speedkit.experiments.tune import TuneInputError, parse_budget, penalized, tune  # noqa: E402
 from speedkit.experiments.tune.space import SearchSpace, recipe_params, suggest_recipe  # noqa: E402
-from speedkit.tasks import TASKS, Recipe  # noqa: E402
+from speedkit.tasks import TASKS, Recipe, get_recipe  # noqa: E402
 
 TESTS = Path(__file__).resolve().parents[1] / "support"
 FAKE = "tune_fakes:fake_run"
@@ -88,7 +88,6 @@ def test_conflicting_methods_are_never_proposed_together():
 
 def test_a_preset_maps_back_onto_its_point_of_the_space():
     from speedkit.experiments.tune.space import full_space
-    from speedkit.tasks import get_recipe
 
     base, mild = get_recipe("fashion-mnist", "baseline"), get_recipe("fashion-mnist", "mild")
     space = full_space(base, [*mild.methods, "ema"], "cpu")
@@ -189,6 +188,12 @@ def test_finds_the_planted_best_and_writes_a_loadable_recipe(tmp_path, fake_env)
     assert result.speedup is not None and result.speedup > 1.5  # planted: 2x from label smoothing
     loaded = Recipe.from_file(result.recipe_path)  # what `speedkit train --recipe` reads
     assert loaded.methods == result.recipe.methods and loaded.reached["seeds_reached"] == "2/2"
+    # the tuned baseline it was measured against, beside it, to run the comparison again
+    baseline = Recipe.from_file(result.recipe_path.with_name("baseline.yaml"))
+    baseline_row = result.summary["confirmation"]["candidates"][0]
+    assert baseline.name == "tune-baseline" and baseline.methods == baseline_row["recipe"]["methods"]
+    assert baseline.reached["time_to_target_s"] == baseline_row["median_s"] and "label_smoothing" not in baseline.methods
+    assert f"--recipe {result.recipe_path.with_name('baseline.yaml')}`" in result.report_path.read_text()
     assert loaded.reached["time_to_target_s"] == result.summary["confirmation"]["candidates"][1]["median_s"]
     roles = [c["role"] for c in result.summary["confirmation"]["candidates"]]
     assert roles == ["baseline", "winner", "runner-up"]
@@ -420,8 +425,12 @@ def test_cli_tune_searches_a_folder_of_your_own_images(tmp_path, capsys, fake_en
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["task"] == "image-folder" and summary["confirmation"]["seeds"]
     assert TASKS["image-folder"].summary == f"2-class images from {tmp_path / 'images'}, 16x16, 1 channel(s)"
+    # the folder's baseline evaluates every epoch; the search times every run every quarter epoch, as it ships
+    assert get_recipe("image-folder", "plain-bf16").eval_interval == "1ep"
+    assert json.loads((tmp_path / "out" / "tune_config.json").read_text())["settings"]["eval_interval"] == "0.25ep"
     report = (tmp_path / "out" / "report.md").read_text()  # the command it gives names the folder again
-    assert f"`speedkit train --task image-folder --data {(tmp_path / 'images').resolve()} --image-size 16 --recipe" in report
+    assert (f"`speedkit train --task image-folder --data {(tmp_path / 'images').resolve()} --image-size 16 "
+            f"--stop-at-target --recipe") in report
 
 
 def test_the_winner_file_says_auto_where_the_search_chose_what_auto_picks_here(monkeypatch):
@@ -589,6 +598,30 @@ def test_a_winner_that_misses_a_fresh_seed_gets_a_longer_budget_until_it_reaches
     assert time_spent["runs"]["confirmation"] == 2 * (2 + len(longer))  # baseline, medium and each longer budget
     assert sum(time_spent["seconds"].values()) == pytest.approx(time_spent["spent_s"], abs=0.5)
     assert "Where the time went" in result.report_path.read_text()
+
+
+def test_a_lead_on_the_search_seed_runs_again_on_another_before_it_leads_the_search(tmp_path, fake_env):
+    """mixup looks 2.5x faster on seed 0 and is 2x slower on every other seed (planted); label smoothing halves
+    the time on every seed. The search runs its best recipe so far on a second seed before any move starts
+    from it, ranks each recipe by its worst seed, and so confirms label smoothing, not mixup."""
+    from speedkit.experiments.tune.search import REPEAT_SEED
+
+    result = tune("fashion-mnist", methods=["mixup", "label_smoothing"], out_dir=tmp_path,
+                  runner="tune_fakes:lucky_seed_run", budget=120, trial_limit=12, max_trials=8, max_baseline_trials=1,
+                  seeds_to_confirm=1, tune_hparams=False, pruner="none", **SMALL)
+    search = [t for t in result.summary["trials"] if t["phase"] == "search"]
+    repeats = [t for t in search if t["repeat_of"] is not None]
+    by_number = {t["number"]: t for t in search}
+    assert repeats and all(t["seed"] == REPEAT_SEED and by_number[t["repeat_of"]]["seed"] == 0 for t in repeats)
+    lucky = [t for t in search if t["seed"] == 0 and "+mixup" in t["change"] and t["time_to_target_s"] is not None]
+    assert lucky and min(t["time_to_target_s"] for t in lucky) < min(
+        t["time_to_target_s"] for t in search if "+mixup" not in t["change"] and t["time_to_target_s"])
+    # every move comes from a recipe that held its lead on a second seed: never from the lucky one
+    lucky_numbers = {t["number"] for t in lucky}
+    assert not [t for t in search if t["move"] and any(f"(from #{n})" in t["move"] for n in lucky_numbers)]
+    winner = next(c for c in result.summary["confirmation"]["candidates"] if c["role"] == "winner")
+    assert "label_smoothing" in winner["recipe"]["methods"] and "mixup" not in winner["recipe"]["methods"]
+    assert f"again, on seed {REPEAT_SEED}" in result.report_path.read_text()
 
 
 def test_a_folder_task_is_searched_by_two_worker_processes(tmp_path, fake_env, monkeypatch):

@@ -83,6 +83,20 @@ def budgeted_run(context) -> RunRecord:
     return _train(context, reach_at, Time.from_string(context.recipe.duration).value * FAKE_SECONDS_PER_EPOCH)
 
 
+LUCKY_METHOD = "mixup"  # on the search's seed (0) it looks 2.5x faster; on every other seed it is 2x slower
+
+
+def lucky_seed_run(context) -> RunRecord:
+    """``fake_run``, but ``LUCKY_METHOD`` is fast only on seed 0, as a recipe that passes the target at an
+    early evaluation by one seed's luck."""
+    check_compatibility(build_methods(context.recipe.methods))
+    _log(f"start {context.run_name} {os.getpid()}")
+    reach_at = planted_time(context.recipe)
+    if LUCKY_METHOD in context.recipe.methods:
+        reach_at *= 0.4 if context.seed == 0 else 2.0
+    return _train(context, reach_at, 3 * BASE_TIME)
+
+
 def _train(context, reach_at: float, available: float) -> RunRecord:
     top = context.target  # a run on all the data reaches the target exactly at reach_at
     search = context.extra_config.get("tune", {})

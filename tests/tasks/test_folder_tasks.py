@@ -50,6 +50,16 @@ def test_image_folder_trains_with_its_default_model_and_recipe(image_dir, tmp_pa
     assert record.final_metrics["eval/accuracy"] > 0.6  # chance is 1/3
 
 
+def test_a_folder_tasks_benchmark_times_its_baselines_every_quarter_epoch_and_its_rungs_as_they_ship(image_dir):
+    from speedkit.experiments.bench import get_profile
+
+    resolve_task("image-folder", data=image_dir)
+    profile = get_profile("image-folder", "cpu")
+    assert TASKS["image-folder"].recipes["plain-bf16"].eval_interval == "1ep"  # evaluating once an epoch...
+    assert profile.recipe("plain-bf16").eval_interval == "0.25ep"  # ...would round its time up to the epoch
+    assert profile.recipe("hot").eval_interval == TASKS["image-folder"].recipes["hot"].eval_interval
+
+
 def test_image_folder_reads_train_and_val_folders_in_colour(tmp_path):
     root = tmp_path / "data"
     write_image_folder(root / "train", per_class=20, rgb=True)

@@ -11,7 +11,7 @@ from prerequisites import require
 
 from speedkit.methods import build_methods
 from speedkit.tasks import TASKS, get_recipe, make_trainer
-from speedkit.tasks.recipes import PRESETS, read_recipe_file
+from speedkit.tasks.recipes import PRESETS, Recipe, read_recipe_file, timing_eval_interval
 from speedkit.tasks.task import BUILT_IN
 
 ALL = [(task, name) for task in sorted(BUILT_IN) for name in TASKS[task].recipes]
@@ -94,6 +94,22 @@ def test_every_preset_file_is_a_recipe_file_holding_its_tasks_presets():
 def test_every_task_has_the_four_presets():
     for task in BUILT_IN:
         assert {"baseline", "mild", "medium", "hot"} <= set(TASKS[task].recipes), task
+
+
+@pytest.mark.parametrize("duration, own, timed", [
+    ("10ep", "1ep", "0.25ep"),     # an epoch's evaluations would round a time up by a whole epoch
+    ("8ep", "0.25ep", "0.25ep"),   # fine enough already: kept
+    ("3ep", "0.1ep", "0.1ep"),
+    ("600ba", "100ba", "30ba"),    # 20 evaluations in the budget
+    ("550ba", "25ba", "25ba"),
+    ("10ba", "5ba", "1ba"),        # at least one batch
+    ("600ba", "0.5ep", "30ba"),    # another unit than the budget's: replaced
+    ("90s", "1ep", "1ep"),         # a budget of wall clock has no count to divide: the recipe's own
+])
+def test_a_run_timed_to_a_target_evaluates_finely(duration, own, timed):
+    recipe = Recipe(name="r", model="resnet9", duration=duration, batch_size=8, optimizer={"name": "sgd", "lr": 0.1},
+                    eval_interval=own)
+    assert timing_eval_interval(recipe) == timed
 
 
 @pytest.mark.parametrize("task, name", ALL, ids=[f"{t}:{n}" for t, n in ALL])

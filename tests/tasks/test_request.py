@@ -19,7 +19,7 @@ from speedkit.train.trainer import Trainer
 from speedkit.ui.config import RunConfig
 
 SETTINGS = {"task": "fashion-mnist", "recipe": "mild", "duration": "2ep", "device": "cpu", "seed": 3,
-            "data_fraction": 0.1, "eval_fraction": 0.2, "target": 0.8}
+            "data_fraction": 0.1, "eval_fraction": 0.2, "eval_interval": "0.5ep", "target": 0.8}
 # What each front end adds for its own bookkeeping (where records go, what they are marked with, its
 # callbacks); the run itself is the rest.
 BOOKKEEPING = {"run_name": None, "run_dir": None, "extra_config": None, "trainer_options": {},
@@ -31,7 +31,7 @@ def from_cli() -> RunRequest:
     args = _parser().parse_args(["train", "--task", s["task"], "--recipe", s["recipe"], "--duration", s["duration"],
                                  "--device", s["device"], "--seed", str(s["seed"]), "--data-fraction",
                                  str(s["data_fraction"]), "--eval-fraction", str(s["eval_fraction"]),
-                                 "--target", str(s["target"])])
+                                 "--eval-interval", s["eval_interval"], "--target", str(s["target"])])
     return run_request(args)
 
 
@@ -42,7 +42,8 @@ def from_explorer() -> RunRequest:
 def from_bench() -> RunRequest:
     s = SETTINGS
     profile = dataclasses.replace(get_profile("vision", "cpu"), device=s["device"], data_fraction=s["data_fraction"],
-                                  eval_fraction=s["eval_fraction"], duration=s["duration"], target=s["target"])
+                                  eval_fraction=s["eval_fraction"], eval_interval=s["eval_interval"],
+                                  duration=s["duration"], target=s["target"])
     return harness.run_request(profile, harness.scheduled_recipe(profile, s["recipe"]), s["seed"], "run", "runs", {})
 
 
@@ -52,7 +53,7 @@ def from_tune() -> RunRequest:
     context = TrialContext(task=s["task"], recipe=recipe, seed=s["seed"], run_dir="runs", run_name="trial",
                            metric="eval/accuracy", target=s["target"], limit_s=60.0, stop_after_s=60.0,
                            settings={"device": s["device"], "data_fraction": s["data_fraction"],
-                                     "eval_fraction": s["eval_fraction"], "eval_interval": recipe.eval_interval},
+                                     "eval_fraction": s["eval_fraction"], "eval_interval": s["eval_interval"]},
                            extra_config={"seed": s["seed"]})
     return trial_request(context)
 
@@ -71,6 +72,7 @@ def test_every_front_end_builds_the_same_request_from_the_same_settings():
                                                        ("bench", from_bench), ("tune", from_tune))}
     cli_request, cli_recipe = runs.pop("cli")
     assert cli_recipe["duration"] == "2ep" and cli_request.seed == 3 and cli_request.data_fraction == 0.1
+    assert cli_recipe["eval_interval"] == "0.5ep"  # mild evaluates every epoch; the flag says 0.5ep
     for name, (request, recipe) in runs.items():
         assert request == cli_request, name
         assert recipe == cli_recipe, name

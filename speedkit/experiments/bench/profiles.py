@@ -3,8 +3,8 @@
 A profile changes how a recipe is *run* (device, budget, evaluation cadence, and on GPUs a larger
 batch, bf16 and torch.compile); the recipes themselves stay with their task (``speedkit.tasks``). The task's baselines
 (``Task.baselines``) are never changed by ``speedup_changes``: they stay what a competent
-user writes by hand, and each evaluates at ``baseline_eval_interval`` (free for them: a plain
-evaluation is excluded from the clock) while a speed-up recipe keeps its own cadence, because the
+user writes by hand, and each evaluates at ``baseline_eval_interval``, by default as finely as
+``timing_eval_interval`` says (free for them: a plain evaluation is excluded from the clock) while a speed-up recipe keeps its own cadence, because the
 extra cost of its evaluation-time methods (test-time augmentation, weight averaging) is counted.
 """
 from __future__ import annotations
@@ -13,6 +13,7 @@ import dataclasses
 from typing import Mapping, Sequence
 
 from speedkit.tasks import TASKS, Recipe, RunRequest, get_recipe
+from speedkit.tasks.recipes import timing_eval_interval
 from speedkit.train.checks import check_duration
 
 # The benchmark's names for the built-in tasks (the README and summary.json use these keys); any other
@@ -38,7 +39,7 @@ class BenchProfile:
     data_fraction: float = 1.0
     eval_fraction: float | None = None
     eval_interval: str | None = None  # one cadence for every run (smoke tests); None: see the next field
-    baseline_eval_interval: str | None = None  # the baselines' cadence; speed-up recipes keep their own
+    baseline_eval_interval: str | None = None  # the baselines' (None: timing_eval_interval); recipes keep their own
     duration: str | None = None  # one budget for every recipe (smoke tests); None: each recipe's own
     duration_scale: float = 1.0  # multiplies each recipe's budget
     target: float | None = None  # None: the task's target
@@ -100,7 +101,10 @@ class BenchProfile:
         """
         recipe = get_recipe(self.task, name)
         baseline = TASKS[self.task].is_baseline(name)
-        cadence = {"eval_interval": self.eval_interval or (self.baseline_eval_interval if baseline else None)}
+        if self.eval_interval or not baseline:
+            cadence = {"eval_interval": self.eval_interval}
+        else:
+            cadence = {"eval_interval": self.baseline_eval_interval or timing_eval_interval(recipe)}
         changes = [cadence] if baseline else [self.speedup_changes, cadence]
         for change in [*changes, self.recipe_changes.get(name, {})]:
             change = dict(change)
@@ -122,10 +126,8 @@ _LANGUAGE_SWEEP = {"lr": (1e-3, 2e-3, 4e-3),
 
 PROFILES: dict[str, dict[str, BenchProfile]] = {
     "vision": {
-        "cpu": BenchProfile(name="cpu", task="fashion-mnist", device="cpu", baseline_eval_interval="0.25ep",
-                            report_targets=(0.90, 0.93)),
-        "gpu": BenchProfile(name="gpu", task="fashion-mnist", device="cuda", baseline_eval_interval="0.25ep",
-                            report_targets=(0.90, 0.93),
+        "cpu": BenchProfile(name="cpu", task="fashion-mnist", device="cpu", report_targets=(0.90, 0.93)),
+        "gpu": BenchProfile(name="gpu", task="fashion-mnist", device="cuda", report_targets=(0.90, 0.93),
                             # twice the batch, twice the learning rate (linear scaling from the CPU recipes)
                             speedup_changes={"batch_size": 512, "precision": "bf16", "optimizer": {"lr": 0.4}},
                             recipe_changes={"mild": {"methods": _COMPILE}, "medium": {"methods": _COMPILE}}),

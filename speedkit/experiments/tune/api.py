@@ -23,8 +23,8 @@ from speedkit.experiments.tune.confirm import (confirm_candidates, confirm_seeds
                                                summarize_confirmation)
 from speedkit.experiments.tune.objective import resolve_runner, runner_path
 from speedkit.experiments.tune.screen import screen_summary
-from speedkit.experiments.tune.search import (PHASES, PRUNERS, TuneConfig, check_same_search, load_study,
-                                              logged_metrics, parse_budget, resolve_target, run_phases,
+from speedkit.experiments.tune.search import (PHASES, PRUNERS, SEARCH_SEED, TuneConfig, check_same_search,
+                                              load_study, logged_metrics, parse_budget, resolve_target, run_phases,
                                               seed_baseline_study, start_workers)
 from speedkit.experiments.tune.space import (TuneInputError, baseline_space, candidate_methods, describe_limit,
                                              fit_hparams_to_model, full_space, probe_surgery, resolve_methods)
@@ -135,13 +135,14 @@ def tune(task: str = "fashion-mnist", target=None, *, data=None, task_options: d
 
 
 def _logger(log, on_trial):
+    from speedkit.experiments.tune.report import proposal
+
     def callback(study, trial):
         attrs = trial.user_attrs
         reached = attrs.get("time_to_target_s")
         what = (attrs.get("infeasible") or (f"reached at {reached:.1f}s" if reached is not None else
                                             f"missed (best {attrs.get('final')})"))
-        origin = f" [{attrs['move']}]" if attrs.get("move") else (f" [start: {attrs['start_from']}]"
-                                                                   if attrs.get("start_from") else "")
+        origin = f" [{proposal({**attrs, 'seed': attrs.get('seed', SEARCH_SEED)})}]"
         log(f"  {study.study_name} #{trial.number} {trial.state.name.lower()}{origin}: {attrs.get('change', '')} "
             f"-> {what}")
         if on_trial is not None:
@@ -157,7 +158,7 @@ def build_config(*, task, data, task_options, target, budget, methods, storage, 
     from speedkit.core.devices import resolve_device, resolve_precision
     from speedkit.tasks import RunRequest, get_recipe, resolve_task
     from speedkit.tasks.ladder import reference_leave_one_out
-    from speedkit.tasks.recipes import without_flips
+    from speedkit.tasks.recipes import timing_eval_interval, without_flips
     from speedkit.tasks.task import BUILT_IN
 
     # the settings every run shares are a run request's fields: checked by it, once, naming the field
@@ -201,8 +202,8 @@ def build_config(*, task, data, task_options, target, budget, methods, storage, 
     device_type = resolve_device(device).type
     # "auto" precision made concrete, so the base is a point of the space (whose choices are fp32/bf16/fp16)
     base_recipe = base_recipe.with_changes(precision=resolve_precision(base_recipe.precision, resolve_device(device)))
-    if eval_interval:
-        base_recipe = base_recipe.with_changes(eval_interval=eval_interval)
+    # every run of the search (and the recipe it ships) evaluates at one cadence, fine enough to rank by
+    base_recipe = base_recipe.with_changes(eval_interval=eval_interval or timing_eval_interval(base_recipe))
     probe_recipe = base_recipe.with_changes(loader="memory")  # the probes need the model and evaluators, not a DataLoader
     known = logged_metrics(task, probe_recipe, device, data_fraction, eval_fraction)
     if metric not in known:
@@ -260,7 +261,8 @@ def build_summary(config: TuneConfig, studies: dict) -> dict:
             trials.append({"phase": phase, "number": t.number, "state": t.state.name.lower(), "value": t.value,
                            "params": t.params, **{k: t.user_attrs.get(k) for k in (
                                "change", "time_to_target_s", "final", "train_s", "wall_s", "infeasible",
-                               "stop_reason", "record", "start_from", "move")},
+                               "stop_reason", "record", "start_from", "move", "repeat_of")},
+                           "seed": t.user_attrs.get("seed", SEARCH_SEED),
                            "started": t.datetime_start.isoformat() if t.datetime_start else None})
     space = config.space("search")
     return {"task": config.task, "target": {"metric": config.metric, "value": config.target},

@@ -10,8 +10,8 @@ import statistics
 import time
 
 from speedkit.experiments.tune.objective import USER_STOP, resolve_runner, score_record
-from speedkit.experiments.tune.search import (TuneConfig, ranked, recipe_from_trial, seeds_that_fit, store_outcome,
-                                              trial_context)
+from speedkit.experiments.tune.search import (TuneConfig, ranked, recipe_from_trial, seeds_that_fit, standings,
+                                              store_outcome, trial_context)
 from speedkit.experiments.tune.space import describe_change
 from speedkit.experiments.tune.storage import finished_trials, optuna_module, worker_id
 
@@ -38,8 +38,9 @@ def confirm_candidates(config: TuneConfig, studies: dict,
     if with_runner_up is None:
         with_runner_up = studies["confirm"].user_attrs.get("with_runner_up", True)
     count = 2 if with_runner_up else 1
-    reached = [t for t in _distinct_best(studies["search"], 2) if t.user_attrs.get("time_to_target_s") is not None]
-    for role, trial in list(zip(("winner", "runner-up"), reached))[:count]:  # a trial that missed cannot win
+    # ranked by their worst seed; a recipe that missed on a seed cannot win
+    reached = [standing.first for standing in standings(studies["search"]) if standing.reached]
+    for role, trial in list(zip(("winner", "runner-up"), reached))[:count]:
         candidates.append((role, f"search:{trial.number}", recipe_from_trial(trial, f"tune-{role}")))
     for stretched in studies["confirm"].user_attrs.get("stretched", []):
         candidates.append(("winner, longer", stretched["key"], Recipe(**stretched["recipe"])))
@@ -85,19 +86,6 @@ def _trial_wall(config: TuneConfig, studies: dict, key: str) -> float:
         if trial.user_attrs.get("wall_s"):
             return float(trial.user_attrs["wall_s"])
     return config.limit_s
-
-
-def _distinct_best(study, count: int) -> list:
-    """The best completed trials whose recipes differ (a re-run of the same settings is not a runner-up)."""
-    chosen, seen = [], []
-    for trial in ranked(study):
-        recipe = {k: v for k, v in trial.user_attrs.get("recipe", {}).items() if k not in ("name", "summary")}
-        if recipe and recipe not in seen:
-            chosen.append(trial)
-            seen.append(recipe)
-        if len(chosen) == count:
-            break
-    return chosen
 
 
 def run_confirmation(config: TuneConfig, studies: dict, runner=None, on_run=None, should_stop=None) -> list:

@@ -31,22 +31,36 @@ def reached_entry(config, winner: dict) -> dict:
 
 # Not "tuned": that is a baseline's name on some tasks (pydocs), and runs of a baseline's name count as baseline runs.
 WINNER_NAME = "tune-winner"
+BASELINE_NAME = "tune-baseline"  # the tuned baseline the speed-up is measured against
 
 
 def winner_recipe(config, summary: dict):
     """The confirmed winner as a Recipe (with ``reached`` filled from measurement), or None."""
-    from speedkit.tasks.recipes import Recipe
-
     confirmation = summary["confirmation"]
     row = next((r for r in confirmation["candidates"] if r["key"] == confirmation.get("winner")), None)
     if row is None:
         return None
-    data = dict(row["recipe"])
     fraction = config.settings.get("data_fraction", 1.0)
-    precision = portable_precision(data["precision"], config.settings.get("device", "auto"))
-    data.update(name=WINNER_NAME, precision=precision,
-                eval_interval=config.settings.get("eval_interval") or data["eval_interval"],
-                summary=f"found by speedkit tune on {config.task} (data_fraction {fraction}): {row['change']}",
+    return confirmed_recipe(config, row, WINNER_NAME,
+                            f"found by speedkit tune on {config.task} (data_fraction {fraction}): {row['change']}")
+
+
+def baseline_recipe(config, summary: dict):
+    """The tuned baseline as the confirmation ran it, so that a user can run the comparison again."""
+    row = next(r for r in summary["confirmation"]["candidates"] if r["role"] == "baseline")
+    return confirmed_recipe(config, row, BASELINE_NAME,
+                            f"the baseline speedkit tune measured its speed-up against on {config.task}: "
+                            f"{row['change'] or 'as it is'}")
+
+
+def confirmed_recipe(config, row: dict, name: str, summary: str):
+    """A confirmation candidate as a Recipe file holds it: the search's evaluation cadence, a portable
+    precision, and what its confirmation runs ``reached``."""
+    from speedkit.tasks.recipes import Recipe
+
+    data = dict(row["recipe"])
+    data.update(name=name, precision=portable_precision(data["precision"], config.settings.get("device", "auto")),
+                eval_interval=config.settings.get("eval_interval") or data["eval_interval"], summary=summary,
                 reached=reached_entry(config, row))
     return Recipe(**data)
 
@@ -78,6 +92,8 @@ def write_outputs(config, studies, summary: dict) -> dict:
         paths["recipe"] = out / "recipe.yaml"
         paths["recipe"].write_text(recipe_yaml(recipe))
         paths["recipe_obj"] = recipe
+        paths["baseline"] = out / "baseline.yaml"
+        paths["baseline"].write_text(recipe_yaml(baseline_recipe(config, summary)))
     paths["report"].write_text(markdown(config, summary, paths.get("recipe")))
     html_path = write_html(config, summary, out / "report.html")
     if html_path is not None:
@@ -148,9 +164,12 @@ def baseline_shortfall(summary: dict) -> str | None:
 
 
 def proposal(trial: dict) -> str:
-    """Where a trial came from: a starting point, a move from an earlier trial, or the sampler."""
+    """Where a trial came from: a starting point, a move from an earlier trial, a second seed of one, or the
+    sampler."""
     if trial.get("start_from"):
         return f"start: {trial['start_from']}"
+    if trial.get("repeat_of") is not None:
+        return f"#{trial['repeat_of']} again, on seed {trial['seed']}"
     return f"move: {trial['move']}" if trial.get("move") else "sampler"
 
 
@@ -214,8 +233,9 @@ def _confirmation_lines(confirmation: dict, recipe_path, config) -> list[str]:
         pairs = ", ".join(_fmt(s, ".2f") for s in confirmation["speedups"] or [])
         lines.append(f"Speed-up over the tuned baseline (paired by seed): median "
                      f"**{_fmt(confirmation['speedup_median'], '.2f')}x** ({pairs}).")
-        lines.append(f"Recipe: `{recipe_path}`; run it with `speedkit train {_task_flags(config)} --recipe "
-                     f"{recipe_path} --stop-at-target`.")
+        command = f"speedkit train {_task_flags(config)} --stop-at-target --recipe"
+        lines.append(f"Recipe: `{recipe_path}`; run it with `{command} {recipe_path}`, and the tuned baseline "
+                     f"with `{command} {recipe_path.with_name('baseline.yaml')}`.")
     loo = confirmation.get("leave_one_out") or {}
     if loo:
         lines += ["", f"### The winner's leave-one-out (seed {seeds[0]})", "",

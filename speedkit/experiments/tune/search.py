@@ -1,8 +1,9 @@
 """The search itself: its configuration (shared by every worker process), the Optuna studies and the
 objective, and the phases (tune the baseline, screen on a fraction of the data where asked, then search)
 that each worker runs until they close. The search runs its starting points (the task's presets, or the
-screen's best), then moves from the best recipe so far (``speedkit.experiments.tune.moves``); the Optuna
-sampler draws only when no move is left. The screen (``speedkit.experiments.tune.screen``) does the same
+screen's best), then moves from the best recipe so far (``speedkit.experiments.tune.moves``), which has run on
+a second seed first (``standings``: each recipe ranks by its worst seed); the Optuna sampler draws only when
+no move is left. The screen (``speedkit.experiments.tune.screen``) does the same
 on a fraction of the data, cheaply, to its own target.
 
 Four studies share one Optuna storage: ``<name>-baseline`` tunes the baseline recipe's learning rate
@@ -27,9 +28,11 @@ from speedkit.experiments.tune.objective import USER_STOP, TrialContext, resolve
 from speedkit.experiments.tune.screen import (BASE_START, screen_seconds, screen_state, screen_target,
                                               set_screen_target, wait_for_screen)
 from speedkit.experiments.tune.space import SearchSpace, TuneInputError, describe_change, recipe_params, suggest_recipe
-from speedkit.experiments.tune.storage import finished_trials, open_storage, optuna_module, worker_id
+from speedkit.experiments.tune.storage import finished_trials, open_storage, optuna_module, retry_attrs, worker_id
 
 PHASES = ("baseline", "screen", "search")
+SEARCH_SEED = 0  # every trial's seed; the confirmation's are fresh (1, 2, 3)
+REPEAT_SEED = 100  # the seed a would-be best recipe runs again on before moves start from it
 PRUNERS = ("halving", "hyperband", "median", "none")
 
 
@@ -259,8 +262,8 @@ def make_objective(config: TuneConfig, phase: str, runner, should_stop=None, stu
             target = screen_target(trial.study)
             if target is None:
                 _infeasible(trial, "the screen has no target: its base run ended without one")
-        context = trial_context(config, phase, recipe, seed=0, run_name=name, trial=trial, kept_back_s=kept_back,
-                                target=target)
+        context = trial_context(config, phase, recipe, seed=trial.user_attrs.get("seed", SEARCH_SEED), run_name=name,
+                                trial=trial, kept_back_s=kept_back, target=target)
         context.should_stop = should_stop
         return _run_and_score(config, trial, context, runner, refused_in, studies if sets_target else None)
 
@@ -302,7 +305,7 @@ def _run_and_score(config: TuneConfig, trial, context: TrialContext, runner, ref
     try:
         record = runner(context)
     except KeyboardInterrupt:  # Ctrl-C: this trial runs again when the search continues
-        trial.study.enqueue_trial(trial.params, user_attrs={"retry_of": trial.number})
+        trial.study.enqueue_trial(trial.params, user_attrs=retry_attrs(trial))
         raise
     except NothingToChangeError as e:
         _mark_inapplicable(refusals or trial.study, context.recipe.methods, str(e))
@@ -313,7 +316,7 @@ def _run_and_score(config: TuneConfig, trial, context: TrialContext, runner, ref
         trial.set_user_attr("wall_s", round(time.perf_counter() - started, 3))
         raise optuna.TrialPruned(f"{type(e).__name__}: {e}") from None
     if context.stop_reason == USER_STOP:
-        trial.study.enqueue_trial(trial.params, user_attrs={"retry_of": trial.number})
+        trial.study.enqueue_trial(trial.params, user_attrs=retry_attrs(trial))
         raise SearchStopped(f"trial {trial.number} stopped before it finished; it will run again on resume")
     if sets_screen_target is not None:
         context.target = set_screen_target(config, sets_screen_target, record.best(config.metric)) or context.target
@@ -436,7 +439,11 @@ def queue_next_move(config: TuneConfig, studies: dict, worker_index: int = 0, ph
     if any(t.state.name == "WAITING" for t in trials):
         return
     base, space = config.base_recipe(), config.space("search")
-    best = [t for t in ranked(study) if t.user_attrs.get("start_from") != BASE_START][:1]
+    leaders = [s for s in standings(study) if s.first.user_attrs.get("start_from") != BASE_START]
+    if phase == "search" and leaders and leaders[0].needs_repeat(trials):
+        queue_repeat(study, leaders[0].first)
+        return
+    best = [s.first for s in leaders[:1]]
     from_phase = bool(best)
     best = best or ranked(studies["baseline"])[:1]
     incumbent = recipe_from_trial(best[0], "incumbent") if best else base
@@ -562,6 +569,49 @@ def _measured_time(recipe) -> float:
 def ranked(study) -> list:
     """Completed trials, best objective first."""
     return sorted(finished_trials(study, ("COMPLETE",)), key=lambda t: t.value)
+
+
+@dataclasses.dataclass
+class Standing:
+    """One recipe of a study and every finished run of it: scored by its worst seed, so that a recipe whose
+    first seed was lucky does not lead once its second seed ran."""
+
+    first: object  # its first trial (the one its moves and the report name)
+    runs: list  # its trials, completed or pruned
+    score: float  # the worst objective over its seeds; a pruned run scores as a miss
+
+    @property
+    def seeds(self) -> int:
+        return len(self.runs)
+
+    @property
+    def reached(self) -> bool:
+        return all(t.user_attrs.get("time_to_target_s") is not None for t in self.runs)
+
+    def needs_repeat(self, trials: list) -> bool:
+        """Whether it reached the target on its one seed and no second run of it is queued or running yet."""
+        return self.seeds == 1 and self.reached and not any(
+            t.user_attrs.get("repeat_of") == self.first.number for t in trials)
+
+
+def standings(study) -> list[Standing]:
+    """The study's recipes, best first, by their worst seed (a recipe run on two seeds must reach the target
+    on both to rank by time; a run pruned behind the others ranks it with the misses)."""
+    from speedkit.experiments.tune.moves import recipe_key
+
+    groups: dict[str, list] = {}
+    for trial in sorted(finished_trials(study), key=lambda t: t.number):
+        if trial.user_attrs.get("recipe") and (trial.state.name == "COMPLETE" or trial.user_attrs.get("repeat_of")):
+            groups.setdefault(recipe_key(recipe_from_trial(trial, "r")), []).append(trial)
+    rows = [Standing(runs[0], runs, max(t.value if t.state.name == "COMPLETE" else float("inf") for t in runs))
+            for runs in groups.values() if runs[0].state.name == "COMPLETE"]
+    return sorted(rows, key=lambda s: (s.score, s.first.number))
+
+
+def queue_repeat(study, trial) -> None:
+    """``trial``'s recipe again, on ``REPEAT_SEED``: a lead on one seed is often that seed's luck (which
+    evaluation first passes the target moves with it), and every move after it would start from that luck."""
+    study.enqueue_trial(trial.params, user_attrs={"repeat_of": trial.number, "seed": REPEAT_SEED})
 
 
 def recipe_from_trial(trial, name: str):

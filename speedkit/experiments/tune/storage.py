@@ -78,9 +78,18 @@ def fail_dead_trials(study, storage) -> list[int]:
         storage.set_trial_system_attr(trial_id, "failed_because", "its worker process died")
         storage.set_trial_state_values(trial_id, optuna.trial.TrialState.FAIL)
         if trial.params:
-            study.enqueue_trial(trial.params, user_attrs={"retry_of": trial.number})
+            study.enqueue_trial(trial.params, user_attrs=retry_attrs(trial))
         failed.append(trial.number)
     return failed
+
+
+# what a queued trial was given to say what it is (its seed, where it came from); a retry keeps them
+QUEUED_ATTRS = ("seed", "repeat_of", "start_from", "move", "proposed")
+
+
+def retry_attrs(trial) -> dict:
+    """The user attributes of ``trial`` run again: what it was queued as, and which trial it retries."""
+    return {**{k: trial.user_attrs[k] for k in QUEUED_ATTRS if k in trial.user_attrs}, "retry_of": trial.number}
 
 
 def finished_trials(study, states=("COMPLETE", "PRUNED")) -> list:
