@@ -42,7 +42,7 @@ class TunePanel:
         self.trials = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._best_value: float | None = None
+        self._studies: dict = {}  # the studies whose trials have finished: the best so far is ranked over them
         self._widget = None
         self.refresh_methods()
 
@@ -82,7 +82,7 @@ class TunePanel:
             return None
         arguments = self._arguments(overrides)
         self._stop.clear()
-        self.result, self.error, self.trials, self._best_value = None, None, 0, None
+        self.result, self.error, self.trials, self._studies = None, None, 0, {}
         self.start_button.disabled, self.stop_button.disabled, self.use_button.disabled = True, False, True
         self.status.value = f"searching ({html.escape(str(arguments['budget']))}) …"
         self._thread = threading.Thread(target=self._search, args=(arguments,), name="speedkit-tune", daemon=True)
@@ -141,17 +141,26 @@ class TunePanel:
         if path and Path(path).exists():
             self.explorer.board.add(RunRecord.load(path))
             self.explorer.refresh_measured()
-        value = trial.value if trial.state.name == "COMPLETE" else None
-        if value is not None and (self._best_value is None or value < self._best_value):
-            self._best_value = value
-            reached = trial.user_attrs.get("time_to_target_s")
-            what = f"reached the target at {reached:.1f}s" if reached is not None else f"objective {value:.1f}"
-            move = trial.user_attrs.get("move") or (f"start: {trial.user_attrs['start_from']}"
-                                                    if trial.user_attrs.get("start_from") else "")
-            self.best.value = (f"<b>best so far</b> ({html.escape(study.study_name)} #{trial.number}): {what} · "
-                               f"{html.escape(str(trial.user_attrs.get('change', '')))}"
-                               + (f" · proposed as {html.escape(move)}" if move else ""))
+        self._studies[study.study_name] = study
+        self._show_best()
         self.status.value = f"searching … {self.trials} trials finished"
+
+    def _show_best(self) -> None:
+        """The best recipe so far as the search ranks it (by its worst seed), over the studies seen so far."""
+        from speedkit.experiments.tune.report import proposal
+        from speedkit.experiments.tune.search import SEARCH_SEED, standings
+
+        leaders = [(s, name) for name, study in self._studies.items() for s in standings(study)[:1]]
+        if not leaders:
+            return
+        lead, name = min(leaders, key=lambda pair: pair[0].score)
+        first = lead.first
+        origin = proposal({**first.user_attrs, "seed": first.user_attrs.get("seed", SEARCH_SEED)})
+        times = [t.user_attrs.get("time_to_target_s") for t in lead.runs]
+        what = ("reached the target at " + " / ".join(f"{t:.1f}s" for t in times) if lead.reached
+                else f"objective {lead.score:.1f}") + (f" ({lead.seeds} seeds)" if lead.seeds > 1 else "")
+        self.best.value = (f"<b>best so far</b> ({html.escape(name)} #{first.number}): {what} · "
+                           f"{html.escape(str(first.user_attrs.get('change', '')))} · proposed as {html.escape(origin)}")
 
     def use_recipe(self) -> None:
         """Load the confirmed winner into the explorer's controls (its methods into the grid)."""
