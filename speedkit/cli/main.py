@@ -298,7 +298,8 @@ def run_request(args):
         model=args.model, duration=args.duration, methods=args.methods, precision=args.precision,
         batch_size=args.batch_size, device=args.device, seed=args.seed, data_fraction=args.data_fraction,
         eval_fraction=args.eval_fraction, eval_interval=args.eval_interval, target=args.target,
-        stop_at_target=args.stop_at_target, download=args.download, run_dir=args.run_dir, run_name=args.run_name, loggers=_logger_names(args.logger),
+        stop_at_target=args.stop_at_target, download=args.download, run_dir=args.run_dir, run_name=args.run_name,
+        loggers=_logger_names(args.logger),
         autoresume=args.autoresume, overwrite=args.overwrite, extend_duration=args.extend_duration,
         progress_bar=False if args.no_progress else "auto", console=True,
         parallel=None if args.parallel == "none" else args.parallel, **saving)

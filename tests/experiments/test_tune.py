@@ -632,6 +632,29 @@ def test_a_lead_on_the_search_seed_runs_again_on_another_before_it_leads_the_sea
     assert lucky_rows and all(" / " in row for row in lucky_rows)
 
 
+def test_standings_rank_each_recipe_by_its_worst_seed_and_a_pruned_second_seed_as_a_miss():
+    from speedkit.experiments.tune.search import REPEAT_SEED, standings
+
+    base = get_recipe("fashion-mnist", "plain-bf16")
+    lucky, steady = base.with_changes(methods={"mixup": {}}), base.with_changes(methods={"label_smoothing": {}})
+    study = optuna.create_study()
+
+    def add(recipe, value, state="COMPLETE", **attrs):
+        reached = None if state == "PRUNED" else value
+        study.add_trial(optuna.trial.create_trial(
+            state=getattr(optuna.trial.TrialState, state), value=value if state == "COMPLETE" else None,
+            user_attrs={"recipe": recipe.to_dict(), "time_to_target_s": reached, **attrs}))
+
+    add(lucky, 5.0)  # trial 0: the fastest on its one seed...
+    add(steady, 8.0)
+    assert [s.first.number for s in standings(study)] == [0, 1] and standings(study)[0].needs_repeat(study.trials)
+    add(steady, 9.0, repeat_of=1, seed=REPEAT_SEED)
+    add(lucky, None, "PRUNED", repeat_of=0, seed=REPEAT_SEED)  # ...stopped behind the others on its second
+    ranking = standings(study)
+    assert [(s.first.number, s.seeds, s.score) for s in ranking] == [(1, 2, 9.0), (0, 2, float("inf"))]
+    assert ranking[0].reached and not ranking[1].reached and not ranking[0].needs_repeat(study.trials)
+
+
 def test_a_folder_task_is_searched_by_two_worker_processes(tmp_path, fake_env, monkeypatch):
     """``speedkit tune --task image-folder --data DIR --workers 2``: the second process builds the folder's task
     again from the config (its name, folder and options) and works on the same study."""

@@ -4,8 +4,9 @@ A profile changes how a recipe is *run* (device, budget, evaluation cadence, and
 batch, bf16 and torch.compile); the recipes themselves stay with their task (``speedkit.tasks``). The task's baselines
 (``Task.baselines``) are never changed by ``speedup_changes``: they stay what a competent
 user writes by hand, and each evaluates at ``baseline_eval_interval``, by default as finely as
-``timing_eval_interval`` says (free for them: a plain evaluation is excluded from the clock) while a speed-up recipe keeps its own cadence, because the
-extra cost of its evaluation-time methods (test-time augmentation, weight averaging) is counted.
+``timing_eval_interval`` says (free for them: a plain evaluation is excluded from the clock), while a
+speed-up recipe keeps its own cadence, because the extra cost of its evaluation-time methods (test-time
+augmentation, weight averaging) is counted.
 """
 from __future__ import annotations
 

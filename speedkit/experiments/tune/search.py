@@ -601,7 +601,8 @@ def standings(study) -> list[Standing]:
 
     groups: dict[str, list] = {}
     for trial in sorted(finished_trials(study), key=lambda t: t.number):
-        if trial.user_attrs.get("recipe") and (trial.state.name == "COMPLETE" or trial.user_attrs.get("repeat_of")):
+        if trial.user_attrs.get("recipe") and (trial.state.name == "COMPLETE"
+                                               or trial.user_attrs.get("repeat_of") is not None):
             groups.setdefault(recipe_key(recipe_from_trial(trial, "r")), []).append(trial)
     rows = [Standing(runs[0], runs, max(t.value if t.state.name == "COMPLETE" else float("inf") for t in runs))
             for runs in groups.values() if runs[0].state.name == "COMPLETE"]
