@@ -25,7 +25,7 @@ from speedkit.experiments.tune.objective import resolve_runner, runner_path
 from speedkit.experiments.tune.screen import screen_summary
 from speedkit.experiments.tune.search import (PHASES, PRUNERS, SEARCH_SEED, TuneConfig, check_same_search,
                                               load_study, logged_metrics, parse_budget, resolve_target, run_phases,
-                                              seed_baseline_study, start_workers)
+                                              seed_baseline_study, standings, start_workers)
 from speedkit.experiments.tune.space import (TuneInputError, baseline_space, candidate_methods, describe_limit,
                                              fit_hparams_to_model, full_space, probe_surgery, resolve_methods)
 from speedkit.experiments.tune.storage import (fail_dead_trials, finished_trials, open_storage, optuna_module,
@@ -255,6 +255,7 @@ def build_summary(config: TuneConfig, studies: dict) -> dict:
     """Everything the report shows, as data (summary.json)."""
     trials = []
     for phase in PHASES:
+        ranking = {s.first.number: s for s in standings(studies[phase])}
         for t in studies[phase].get_trials(deepcopy=False):
             if t.state.name == "WAITING":
                 continue  # a starting point queued but never run
@@ -263,6 +264,7 @@ def build_summary(config: TuneConfig, studies: dict) -> dict:
                                "change", "time_to_target_s", "final", "train_s", "wall_s", "infeasible",
                                "stop_reason", "record", "start_from", "move", "repeat_of")},
                            "seed": t.user_attrs.get("seed", SEARCH_SEED),
+                           "worst_seed": _worst_seed(ranking.get(t.number)),
                            "started": t.datetime_start.isoformat() if t.datetime_start else None})
     space = config.space("search")
     return {"task": config.task, "target": {"metric": config.metric, "value": config.target},
@@ -274,6 +276,15 @@ def build_summary(config: TuneConfig, studies: dict) -> dict:
             "trials": trials, "screen": screen_summary(config, studies),
             "confirmation": summarize_confirmation(config, studies),
             "time": where_the_time_went(config, studies, trials)}
+
+
+def _worst_seed(standing) -> dict | None:
+    """How the search ranks a recipe, on its first trial: its worst objective over its seeds (None: a miss on a
+    seed that was pruned) and the trials that ran it."""
+    if standing is None:
+        return None
+    return {"value": None if standing.score == float("inf") else standing.score,
+            "runs": [t.number for t in standing.runs]}
 
 
 def where_the_time_went(config: TuneConfig, studies: dict, trials: list[dict]) -> dict:

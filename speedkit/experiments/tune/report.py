@@ -175,25 +175,17 @@ TRIAL_HEADER = ["| phase | # | objective (worst seed) | time to target (s), by s
                 "proposed as |", "|---|---|---|---|---|---|---|"]
 
 
-def _by_recipe(trials: list[dict], phases: tuple) -> list[tuple[float, dict, list[dict]]]:
-    """[(worst objective, trial, its runs)]: each completed trial of ``phases`` with its runs on a second seed,
-    best first by its worst seed (a second seed that was pruned counts as a miss)."""
-    done = [t for t in trials if t["phase"] in phases and t["state"] in ("complete", "pruned")]
-    again: dict = {}
-    for t in done:
-        if t.get("repeat_of") is not None:
-            again.setdefault((t["phase"], t["repeat_of"]), []).append(t)
-    rows = []
-    for t in done:
-        if t["state"] == "complete" and t.get("repeat_of") is None:
-            runs = [t, *again.get((t["phase"], t["number"]), [])]
-            worst = max(r["value"] if r["state"] == "complete" else float("inf") for r in runs)
-            rows.append((worst, t, runs))
-    return sorted(rows, key=lambda row: (row[0], row[1]["number"]))
+def _by_recipe(trials: list[dict], phases: tuple) -> list[tuple[float | None, dict, list[dict]]]:
+    """[(worst objective, trial, its runs)]: each recipe of ``phases`` as the search ranks it (``worst_seed``),
+    best first; a recipe that missed on a pruned seed last."""
+    by_number = {(t["phase"], t["number"]): t for t in trials}
+    rows = [(t["worst_seed"]["value"], t, [by_number[(t["phase"], n)] for n in t["worst_seed"]["runs"]])
+            for t in trials if t["phase"] in phases and t.get("worst_seed")]
+    return sorted(rows, key=lambda row: (row[0] is None, row[0] or 0.0, row[1]["number"]))
 
 
-def _trial_rows(rows: list[tuple[float, dict, list[dict]]]) -> list[str]:
-    return [f"| {t['phase']} | {t['number']} | {_fmt(None if worst == float('inf') else worst, '.2f')} | "
+def _trial_rows(rows: list[tuple[float | None, dict, list[dict]]]) -> list[str]:
+    return [f"| {t['phase']} | {t['number']} | {_fmt(worst, '.2f')} | "
             f"{' / '.join(_fmt(r['time_to_target_s']) for r in runs)} "
             f"| {_fmt(t['final'], '.4f')} | {t['change'] or ''} | {proposal(t)} |" for worst, t, runs in rows]
 

@@ -479,22 +479,11 @@ def seed_screen_study(config: TuneConfig, studies: dict) -> None:
 def promoted(config, studies) -> list:
     """The screen's best distinct recipes that reached its target, best first: what the search trains on all
     the data first. Empty where the screen is off or nothing reached its target."""
-    from speedkit.experiments.tune.moves import recipe_key
-
     if config.screen_fraction is None or screen_target(studies["screen"]) is None:
         return []
-    chosen, seen = [], set()
-    for trial in ranked(studies["screen"]):
-        if trial.user_attrs.get("time_to_target_s") is None or trial.user_attrs.get("start_from") == BASE_START:
-            continue
-        recipe = recipe_from_trial(trial, f"screen-{trial.number}")
-        key = recipe_key(recipe)
-        if key not in seen:
-            chosen.append((trial.number, recipe))
-            seen.add(key)
-        if len(chosen) == config.promote:
-            break
-    return chosen
+    best = [s.first for s in standings(studies["screen"])
+            if s.reached and s.first.user_attrs.get("start_from") != BASE_START][:config.promote]
+    return [(trial.number, recipe_from_trial(trial, f"screen-{trial.number}")) for trial in best]
 
 
 def seed_search_study(config: TuneConfig, studies: dict) -> None:
