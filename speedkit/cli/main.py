@@ -442,7 +442,8 @@ def _add_tune_parser(commands) -> None:
         description="A measured search: the baseline's learning rate and budget are tuned first; then the "
                     "task's presets, and moves from the best recipe so far (add, drop or retune one method, "
                     "change the budget or the learning rate), against training time to the target; the winner "
-                    "is confirmed on fresh seeds beside the tuned baseline, within the budget. "
+                    "is confirmed on fresh seeds beside the tuned baseline and the base as given, within the "
+                    "budget. "
                     "Writes OUT/recipe.yaml (for `speedkit train --recipe`), OUT/report.md, OUT/report.html and "
                     "OUT/summary.json. Rerun the same command to continue a search that was stopped or killed. "
                     "Needs: pip install 'torch-speedkit[tune]'. optuna-dashboard, where installed, opens the study.",
@@ -510,7 +511,7 @@ def _tune(args) -> int:
         basis = f"median of {pairs} seeds" if pairs > 1 else f"{pairs} seed"
         if pairs < seeds:
             basis += f" of {seeds}: the baseline missed the target on the others"
-        print(f"winner: {result.recipe.summary}\nspeed-up over the tuned baseline: "
+        print(f"winner: {result.recipe.summary}\nspeed-up over the faster baseline: "
               f"{'-' if speedup is None else f'{speedup:.2f}x'} ({basis})\nrecipe: {result.recipe_path}")
     print(f"report: {result.report_path}")
     return 0

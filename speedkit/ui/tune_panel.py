@@ -131,7 +131,7 @@ class TunePanel:
         if result.recipe is None:
             return f"done: no candidate reached the target on every seed (see the report) · {spent}"
         speedup = result.speedup
-        return (f"done: the winner is {'-' if speedup is None else f'{speedup:.2f}x'} the tuned baseline "
+        return (f"done: the winner is {'-' if speedup is None else f'{speedup:.2f}x'} the faster baseline "
                 f"({html.escape(result.recipe.summary)}); report: {html.escape(str(result.report_path))} · {spent}")
 
     def _on_trial(self, study, trial) -> None:

@@ -2,7 +2,8 @@
 
 ``tune(task, target, budget, methods=...)`` tunes the baseline's learning rate and budget, searches
 methods (on/off and their card's hyperparameters) and recipe fields against time to target, confirms
-the winner and runner-up on fresh seeds beside the tuned baseline, and writes ``recipe.yaml``
+the winner and runner-up on fresh seeds beside the tuned baseline and the base as given (the speed-up
+is over the faster of the two), and writes ``recipe.yaml``
 (loadable by ``speedkit train --recipe``), ``report.md``, ``report.html`` and ``summary.json``.
 Needs the optional extra: ``pip install 'torch-speedkit[tune]'``.
 """

@@ -1,39 +1,42 @@
-"""Confirmation: the tuned baseline, the search's winner and runner-up on fresh seeds, side by side.
+"""Confirmation: the baselines, the search's winner and runner-up on fresh seeds, side by side.
 
 A candidate is called the winner only after it reached the target on every confirmation seed; the
-speed-up is the baseline's time over the winner's, seed by seed. Confirmation runs are trials of the
+speed-up is the faster baseline's time over the winner's, seed by seed (the tuned baseline and the base as
+given both run where tuning changed it: the baseline study picked on one seed). Confirmation runs are trials of the
 ``<name>-confirm`` study, so a killed search does not repeat the ones that finished.
 """
 from __future__ import annotations
 
+import math
 import statistics
 import time
 
 from speedkit.experiments.tune.objective import USER_STOP, resolve_runner, score_record
-from speedkit.experiments.tune.search import (TuneConfig, ranked, recipe_from_trial, seeds_that_fit, standings,
-                                              store_outcome, trial_context)
+from speedkit.experiments.tune.search import (TuneConfig, confirmed_baselines, recipe_from_trial, seeds_that_fit,
+                                              standings, store_outcome, trial_context)
 from speedkit.experiments.tune.space import describe_change
 from speedkit.experiments.tune.storage import finished_trials, optuna_module, worker_id
 
 CONFIRM_SEED_START = 1  # the search runs seed 0; confirmation uses fresh seeds, so the winner's luck does not count twice
 
 
+# (role, recipe name) of the baseline study's best trial and of the base as given (search.confirmed_baselines)
+BASELINE_ROLES = (("baseline", "baseline"), ("baseline as given", "baseline-as-given"))
 CONFIRM_SLACK = 0.1  # how far past the budget a planned confirmation seed may run
 BUDGET_STEPS = (1.2, 1.44)  # the final budget search: a winner that missed a seed is rerun this much longer
 
 
 def confirm_candidates(config: TuneConfig, studies: dict,
                        with_runner_up: bool | None = None) -> list[tuple[str, str, object]]:
-    """[(role, key, recipe)]: the tuned baseline, the winner and (where the budget has room for it, or
+    """[(role, key, recipe)]: the tuned baseline (and the base as given, where tuning changed it), the winner and
+    (where the budget has room for it, or
     ``with_runner_up``) the runner-up of the search, then any longer budgets of the winner the final budget
     search tried."""
     from speedkit.tasks.recipes import Recipe
 
-    candidates = []
-    baseline = ranked(studies["baseline"])[:1]
-    if baseline:
-        candidates.append(("baseline", f"baseline:{baseline[0].number}", recipe_from_trial(baseline[0], "baseline")))
-    else:
+    candidates = [(role, f"baseline:{trial.number}", recipe_from_trial(trial, name)) for (role, name), trial in
+                  zip(BASELINE_ROLES, confirmed_baselines(studies["baseline"]))]
+    if not candidates:
         candidates.append(("baseline", "baseline:untuned", config.base_recipe()))
     if with_runner_up is None:
         with_runner_up = studies["confirm"].user_attrs.get("with_runner_up", True)
@@ -56,16 +59,17 @@ def plan_confirmation(config: TuneConfig, studies: dict, log=print) -> None:
     candidates = confirm_candidates(config, studies, with_runner_up=True)
     walls = [_trial_wall(config, studies, key) for _, key, _ in candidates]
     left = max(0.0, config.budget_s - config.spent_s())
-    with_runner_up = (len(candidates) < 3 or config.seeds_to_confirm * sum(walls) <= left
+    has_runner_up = any(role == "runner-up" for role, _, _ in candidates)
+    with_runner_up = (not has_runner_up or config.seeds_to_confirm * sum(walls) <= left
                       or bool(confirm.user_attrs.get("with_runner_up")))
-    per_seed = sum(walls if with_runner_up else walls[:2])
+    per_seed = sum(wall for (role, _, _), wall in zip(candidates, walls) if with_runner_up or role != "runner-up")
     # The search kept back whole seeds' time, but evaluation and set-up of its last trial eat a little of it:
     # a seed that fits within 10% still runs rather than leaving that reserve unspent.
     seeds = max(seeds_that_fit(config, per_seed, left * (1 + CONFIRM_SLACK)), int(confirm.user_attrs.get("seeds", 1)))
     confirm.set_user_attr("with_runner_up", with_runner_up)
     confirm.set_user_attr("seeds", seeds)
     if not with_runner_up:
-        log(f"speedkit tune: confirming the tuned baseline and the winner only: with the runner-up the "
+        log(f"speedkit tune: confirming the baselines and the winner only: with the runner-up the "
             f"confirmation would take about {config.seeds_to_confirm * sum(walls):.0f}s, and {left:.0f}s of the "
             f"budget is left")
     if seeds < config.seeds_to_confirm:
@@ -231,16 +235,30 @@ def summarize_confirmation(config: TuneConfig, studies: dict) -> dict:
             "leave_one_out": summarize_leave_one_out(config, studies, winner)}
 
 
+def is_baseline_row(row: dict) -> bool:
+    return row["role"] in dict(BASELINE_ROLES)
+
+
+def strongest_baseline(rows: list[dict]) -> dict:
+    """Of the confirmed baselines, the one a speed-up is measured against: the one that reached the target on
+    more seeds, then the one with the lower median time (a missed seed counts as the slowest)."""
+    def slowness(row):
+        times = [t if t is not None else math.inf for t in row["times_s"]]
+        return -row["seeds_reached"], statistics.median(times) if times else math.inf
+    return min((r for r in rows if is_baseline_row(r)), key=slowness)
+
+
 def _judge(rows: list[dict]) -> dict:
-    """The winner: the search candidate that reached the target on every seed with the lowest median time."""
+    """The winner: the search candidate that reached the target on every seed with the lowest median time,
+    and its speed-up over the stronger baseline, seed by seed."""
     from speedkit.experiments.compare import paired_speedups
 
-    baseline = next(r for r in rows if r["role"] == "baseline")
-    contenders = [r for r in rows if r["role"] != "baseline" and r["median_s"] is not None]
+    baseline = strongest_baseline(rows)
+    contenders = [r for r in rows if not is_baseline_row(r) and r["median_s"] is not None]
     if not contenders:
-        return {"winner": None, "speedups": None, "speedup_median": None}
+        return {"winner": None, "baseline": baseline["key"], "speedups": None, "speedup_median": None}
     winner = min(contenders, key=lambda r: r["median_s"])
     pairs = paired_speedups(baseline["times_s"], winner["times_s"])
     present = [p for p in pairs if p is not None]
-    return {"winner": winner["key"], "speedups": pairs,
+    return {"winner": winner["key"], "baseline": baseline["key"], "speedups": pairs,
             "speedup_median": statistics.median(present) if present else None}

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import yaml
 
+from speedkit.experiments.tune.confirm import is_baseline_row, strongest_baseline
 from speedkit.experiments.tune.space import describe_limit
 from speedkit.record.runs import lower_is_better
 from speedkit.tasks.ladder import task_flags
@@ -31,7 +32,7 @@ def reached_entry(config, winner: dict) -> dict:
 
 # Not "tuned": that is a baseline's name on some tasks (pydocs), and runs of a baseline's name count as baseline runs.
 WINNER_NAME = "tune-winner"
-BASELINE_NAME = "tune-baseline"  # the tuned baseline the speed-up is measured against
+BASELINE_NAME = "tune-baseline"  # the baseline the speed-up is measured against
 
 
 def winner_recipe(config, summary: dict):
@@ -46,11 +47,19 @@ def winner_recipe(config, summary: dict):
 
 
 def baseline_recipe(config, summary: dict):
-    """The tuned baseline as the confirmation ran it, so that a user can run the comparison again."""
-    row = next(r for r in summary["confirmation"]["candidates"] if r["role"] == "baseline")
+    """The baseline the speed-up was measured against (the stronger of the tuned one and the base as given, on
+    the confirmation's seeds), as the confirmation ran it, so that a user can run the comparison again."""
+    row = reference_baseline(summary["confirmation"])
     return confirmed_recipe(config, row, BASELINE_NAME,
                             f"the baseline speedkit tune measured its speed-up against on {config.task}: "
                             f"{row['change'] or 'as it is'}")
+
+
+def reference_baseline(confirmation: dict) -> dict:
+    """The confirmation's row of the baseline the speed-up is measured against."""
+    key = confirmation.get("baseline")
+    return next((r for r in confirmation["candidates"] if r["key"] == key), None) or strongest_baseline(
+        confirmation["candidates"])
 
 
 def confirmed_recipe(config, row: dict, name: str, summary: str):
@@ -150,7 +159,7 @@ def baseline_shortfall(summary: dict) -> str | None:
     target, set before anyone saw its data, can be out of the baseline's reach there)."""
     runs = [t for t in summary["trials"] if t["phase"] == "baseline" and t["state"] == "complete"
             and t["final"] is not None]
-    confirmed = [r for r in summary["confirmation"]["candidates"] if r["role"] == "baseline"]
+    confirmed = [r for r in summary["confirmation"]["candidates"] if is_baseline_row(r)]
     if not runs or any(t["time_to_target_s"] is not None for t in runs) or any(r["seeds_reached"] for r in confirmed):
         return None
     metric, target = summary["target"]["metric"], summary["target"]["value"]
@@ -229,7 +238,8 @@ def _confirmation_lines(confirmation: dict, recipe_path, config) -> list[str]:
              "| candidate | reached | median time (s) | times (s) | median final | change |", "|---|---|---|---|---|---|"]
     for row in confirmation["candidates"]:
         times = ", ".join(_fmt(t) for t in row["times_s"])
-        mark = " (winner)" if row["key"] == confirmation.get("winner") else ""
+        mark = {confirmation.get("winner"): " (winner)", reference_baseline(confirmation)["key"]: " (reference)"
+                }.get(row["key"], "")
         lines.append(f"| {row['role']}{mark} | {row['seeds_reached']}/{len(seeds)} | {_fmt(row['median_s'])} | {times} | "
                      f"{_fmt(row['median_final'], '.4f')} | {row['change']} |")
     lines.append("")
@@ -240,10 +250,11 @@ def _confirmation_lines(confirmation: dict, recipe_path, config) -> list[str]:
         lines.append("No search candidate reached the target on every seed: no recipe is called the winner.")
     else:
         pairs = ", ".join(_fmt(s, ".2f") for s in confirmation["speedups"] or [])
-        lines.append(f"Speed-up over the tuned baseline (paired by seed): median "
+        lines.append(f"Speed-up over the {reference_baseline(confirmation)['role']} (the faster baseline on these "
+                     f"seeds; paired by seed): median "
                      f"**{_fmt(confirmation['speedup_median'], '.2f')}x** ({pairs}).")
         command = f"speedkit train {_task_flags(config)} --stop-at-target --recipe"
-        lines.append(f"Recipe: `{recipe_path}`; run it with `{command} {recipe_path}`, and the tuned baseline "
+        lines.append(f"Recipe: `{recipe_path}`; run it with `{command} {recipe_path}`, and that baseline "
                      f"with `{command} {recipe_path.with_name('baseline.yaml')}`.")
     loo = confirmation.get("leave_one_out") or {}
     if loo:

@@ -360,19 +360,17 @@ def _known_inapplicable(study, methods: dict) -> str | None:
 
 
 def confirm_reserve_s(config: TuneConfig, studies: dict) -> float:
-    """Time kept back for confirmation: the tuned baseline's and the likely winner's measured trial times,
+    """Time kept back for confirmation: the baselines' and the likely winner's measured trial times,
     times the seeds (as many of those asked for as fit in half the budget, at least one: where a baseline run
     is long, a search of one trial confirmed on three seeds would find nothing)."""
     typical = [t.user_attrs.get("wall_s") for phase, s in studies.items() if phase != "screen"
                for t in finished_trials(s, ("COMPLETE",))]
     typical = [t for t in typical if t]
     fallback = statistics.median(typical) if typical else config.limit_s
-    walls = []
-    for phase, count in (("baseline", 1), ("search", 1)):  # the runner-up is confirmed only where time is left
-        if phase in studies:
-            best = ranked(studies[phase])[:count]
-            walls += [t.user_attrs.get("wall_s") or fallback for t in best]
-            walls += [fallback] * (count - len(best))
+    # the runner-up is confirmed only where time is left
+    walls = [t.user_attrs.get("wall_s") or fallback for t in confirmed_baselines(studies["baseline"])] or [fallback]
+    if "search" in studies:
+        walls += [t.user_attrs.get("wall_s") or fallback for t in ranked(studies["search"])[:1]] or [fallback]
     reserve = seeds_that_fit(config, sum(walls), config.budget_s / 2) * sum(walls)
     if config.leave_one_out and "search" in studies:  # one run per method of the likely winner
         best = ranked(studies["search"])[:1]
@@ -558,6 +556,15 @@ def _measured_time(recipe) -> float:
 def ranked(study) -> list:
     """Completed trials, best objective first."""
     return sorted(finished_trials(study, ("COMPLETE",)), key=lambda t: t.value)
+
+
+def confirmed_baselines(baseline_study) -> list:
+    """The baseline study's trials the confirmation runs: its best, and the base recipe as given beside it
+    where tuning changed it. The study ranks on seed 0 alone, and a learning rate or budget that was fastest
+    there can be slower on others; the speed-up is measured against whichever is faster on the fresh seeds."""
+    best = ranked(baseline_study)[:1]
+    given = [t for t in finished_trials(baseline_study, ("COMPLETE",)) if t.user_attrs.get("start_from") == BASE_START]
+    return best + [t for t in given[:1] if best and t.number != best[0].number]
 
 
 @dataclasses.dataclass
