@@ -219,7 +219,9 @@ def test_finds_the_planted_best_and_writes_a_loadable_recipe(tmp_path, fake_env)
     [table] = leave_one_out(records).values()
     assert table["label_smoothing"]["slowdown"] == pytest.approx(loo["label_smoothing"]["slowdown"])
     report = result.report_path.read_text()
-    assert "(winner)" in report and "leave-one-out" in report and result.html_path.exists()
+    # the confirmation table marks the baseline measured against; the winner's own row needs no mark
+    assert "| baseline (reference) |" in report and "| winner |" in report and "(winner)" not in report
+    assert "leave-one-out" in report and result.html_path.exists()
 
 
 def test_respects_the_wall_clock_budget(tmp_path, fake_env, monkeypatch):

@@ -4,11 +4,12 @@ The baseline's learning rate and budget are tuned first, then methods and recipe
 against time to target (the task's presets first, then moves from the best recipe so far; optionally
 screened on a fraction of the data first, the screen's best being what the search starts from), then the
 tuned baseline (and the base as given, where tuning changed it) and the winner (and the runner-up, where
-the budget holds it) are confirmed on fresh seeds, the speed-up measured over the faster baseline there, with a longer budget for a winner that missed a seed. Everything lives in one Optuna storage (a
-journal file in the output folder by default, or any SQLite/database URL): a killed search loses no
-finished trial, and a rerun with the same storage and study name continues it, re-running only the
-trial that was cut short. Several processes may work on one study (``n_workers``, or more ``tune``
-calls on the same storage elsewhere). Every run also writes a RunRecord into ``run_dir``.
+the budget holds it) are confirmed on fresh seeds, with a longer budget for a winner that missed a seed; the
+speed-up is over the faster baseline there. Everything lives in one Optuna storage (a journal file in the
+output folder by default, or any SQLite/database URL): a killed search loses no finished trial, and a rerun
+with the same storage and study name continues it, re-running only the trial that was cut short. Several
+processes may work on one study (``n_workers``, or more ``tune`` calls on the same storage elsewhere).
+Every run also writes a RunRecord into ``run_dir``.
 """
 from __future__ import annotations
 

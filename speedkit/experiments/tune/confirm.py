@@ -2,8 +2,8 @@
 
 A candidate is called the winner only after it reached the target on every confirmation seed; the
 speed-up is the faster baseline's time over the winner's, seed by seed (the tuned baseline and the base as
-given both run where tuning changed it: the baseline study picked on one seed). Confirmation runs are trials of the
-``<name>-confirm`` study, so a killed search does not repeat the ones that finished.
+given both run where tuning changed it: the baseline study picked on one seed). Confirmation runs are trials
+of the ``<name>-confirm`` study, so a killed search does not repeat the ones that finished.
 """
 from __future__ import annotations
 
@@ -18,8 +18,6 @@ from speedkit.experiments.tune.space import describe_change
 from speedkit.experiments.tune.storage import finished_trials, optuna_module, worker_id
 
 CONFIRM_SEED_START = 1  # the search runs seed 0; confirmation uses fresh seeds, so the winner's luck does not count twice
-
-
 # (role, recipe name) of the baseline study's best trial and of the base as given (search.confirmed_baselines)
 BASELINE_ROLES = (("baseline", "baseline"), ("baseline as given", "baseline-as-given"))
 CONFIRM_SLACK = 0.1  # how far past the budget a planned confirmation seed may run
@@ -28,10 +26,9 @@ BUDGET_STEPS = (1.2, 1.44)  # the final budget search: a winner that missed a se
 
 def confirm_candidates(config: TuneConfig, studies: dict,
                        with_runner_up: bool | None = None) -> list[tuple[str, str, object]]:
-    """[(role, key, recipe)]: the tuned baseline (and the base as given, where tuning changed it), the winner and
-    (where the budget has room for it, or
-    ``with_runner_up``) the runner-up of the search, then any longer budgets of the winner the final budget
-    search tried."""
+    """[(role, key, recipe)]: the tuned baseline (and the base as given, where tuning changed it), the winner
+    and (where the budget has room for it, or ``with_runner_up``) the runner-up of the search, then any longer
+    budgets of the winner the final budget search tried."""
     from speedkit.tasks.recipes import Recipe
 
     candidates = [(role, f"baseline:{trial.number}", recipe_from_trial(trial, name)) for (role, name), trial in

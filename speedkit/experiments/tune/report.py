@@ -232,15 +232,21 @@ def _time_lines(time: dict | None) -> list[str]:
     return lines
 
 
+def _row_mark(row: dict, confirmation: dict) -> str:
+    """The confirmation table's mark: which row won (the runner-up or a longer budget can) and which baseline
+    the speed-up is measured against."""
+    if row["key"] == confirmation.get("winner"):
+        return "" if row["role"] == "winner" else " (winner)"
+    return " (reference)" if row["key"] == reference_baseline(confirmation)["key"] else ""
+
+
 def _confirmation_lines(confirmation: dict, recipe_path, config) -> list[str]:
     seeds = confirmation["seeds"]
     lines = [f"## Confirmation on seeds {seeds}", "",
              "| candidate | reached | median time (s) | times (s) | median final | change |", "|---|---|---|---|---|---|"]
     for row in confirmation["candidates"]:
         times = ", ".join(_fmt(t) for t in row["times_s"])
-        mark = {confirmation.get("winner"): " (winner)", reference_baseline(confirmation)["key"]: " (reference)"
-                }.get(row["key"], "")
-        lines.append(f"| {row['role']}{mark} | {row['seeds_reached']}/{len(seeds)} | {_fmt(row['median_s'])} | {times} | "
+        lines.append(f"| {row['role']}{_row_mark(row, confirmation)} | {row['seeds_reached']}/{len(seeds)} | {_fmt(row['median_s'])} | {times} | "
                      f"{_fmt(row['median_final'], '.4f')} | {row['change']} |")
     lines.append("")
     if len(seeds) < config.seeds_to_confirm:
