@@ -361,6 +361,9 @@ def test_real_trainer_search_on_a_sliver_of_fashion_mnist(tmp_path):
         assert record.time_to("eval/accuracy", screen["target"] if on_screen else 0.4) == trial["time_to_target_s"]
         assert record.config["data_fraction"] == pytest.approx(0.05 / 3 if on_screen else 0.05)
         assert record.status in ("target_reached", "stopped", "completed")
+    # each run says how much of its budget it trained (the confirmation's reserve scales a baseline by it)
+    baseline_study = optuna.load_study(study_name="tune-baseline", storage=_storage(result.storage))
+    assert all(0 < t.user_attrs["budget_done"] <= 1 for t in baseline_study.trials)
     confirmation = summary["confirmation"]
     reached = [t for t in finished if t["phase"] == "search" and t["time_to_target_s"] is not None]
     assert len(confirmation["candidates"]) == 1 + min(2, len(reached))  # the tuned baseline, and what reached
@@ -677,6 +680,24 @@ def test_standings_rank_each_recipe_by_its_worst_seed_and_a_pruned_second_seed_a
     ranking = standings(study)
     assert [(s.first.number, s.seeds, s.score) for s in ranking] == [(1, 2, 9.0), (0, 2, float("inf"))]
     assert ranking[0].reached and not ranking[1].reached and not ranking[0].needs_repeat(study.trials)
+
+
+def test_the_confirmation_keeps_back_a_baselines_whole_budget():
+    """The baseline reached the target at 80% of its budget on the search's seed; on a confirmation seed where it
+    misses it trains to the end, so the reserve holds its whole budget (counting the seed-0 run, the search on
+    the held-out Perl docs overran its 20 minutes by two). A search trial is counted as it ran."""
+    from types import SimpleNamespace
+
+    from speedkit.experiments.tune.screen import BASE_START
+    from speedkit.experiments.tune.search import confirm_reserve_s
+
+    baseline, search = optuna.create_study(), optuna.create_study()
+    baseline.add_trial(optuna.trial.create_trial(value=80.0, user_attrs={
+        "wall_s": 100.0, "budget_done": 0.8, "time_to_target_s": 80.0, "start_from": BASE_START}))
+    search.add_trial(optuna.trial.create_trial(value=10.0, user_attrs={
+        "wall_s": 20.0, "budget_done": 0.4, "time_to_target_s": 10.0}))
+    config = SimpleNamespace(budget_s=1000.0, seeds_to_confirm=3, limit_s=200.0, leave_one_out=False)
+    assert confirm_reserve_s(config, {"baseline": baseline, "search": search}) == pytest.approx(3 * (100 / 0.8 + 20))
 
 
 def test_a_folder_task_is_searched_by_two_worker_processes(tmp_path, fake_env, monkeypatch):

@@ -13,7 +13,7 @@ import time
 
 from speedkit.experiments.tune.objective import USER_STOP, resolve_runner, score_record
 from speedkit.experiments.tune.search import (TuneConfig, confirmed_baselines, recipe_from_trial, seeds_that_fit,
-                                              standings, store_outcome, trial_context)
+                                              standings, store_outcome, trial_context, whole_budget_wall_s)
 from speedkit.experiments.tune.space import describe_change
 from speedkit.experiments.tune.storage import finished_trials, optuna_module, worker_id
 
@@ -81,11 +81,13 @@ def confirm_seeds(config: TuneConfig, studies: dict) -> list[int]:
 
 
 def _trial_wall(config: TuneConfig, studies: dict, key: str) -> float:
+    """What one confirmation run of candidate ``key`` is expected to take (a baseline: its whole budget)."""
     phase, _, number = key.partition(":")
     if number.isdigit():
         trial = studies[phase].trials[int(number)]
         if trial.user_attrs.get("wall_s"):
-            return float(trial.user_attrs["wall_s"])
+            wall = float(trial.user_attrs["wall_s"])
+            return whole_budget_wall_s(trial, wall) if phase == "baseline" else wall
     return config.limit_s
 
 
@@ -135,7 +137,7 @@ def _confirm_run(config: TuneConfig, confirm, runner, role: str, key: str, seed:
     if context.stop_reason == USER_STOP:  # not a measurement: run again when the search continues
         confirm.tell(trial, state=optuna.trial.TrialState.FAIL)
         return None
-    store_outcome(trial, record, config, time.perf_counter() - started, context.stop_reason)
+    store_outcome(trial, record, config, time.perf_counter() - started, context)
     confirm.tell(trial, score_record(record, config.metric, config.target, config.limit_s))
     return record
 

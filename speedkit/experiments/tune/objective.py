@@ -64,6 +64,7 @@ class TrialContext:
     trial: object | None = None  # optuna.Trial, or None for confirmation runs
     should_stop: Callable[[], bool] | None = None  # the search was asked to stop (Stop button, Ctrl-C handler)
     stop_reason: str | None = None
+    budget_done: float | None = None  # the share of its budget the run had trained at its last evaluation
 
     def on_eval(self, wall_s: float, value: float | None) -> bool:
         """Report one evaluation; True when the run should stop now."""
@@ -96,6 +97,7 @@ class TrialReporter(Callback):
         self.trainer = None  # set once the Trainer exists; stop() goes through its public API
 
     def eval_end(self, state, logger):
+        self.context.budget_done = state.fraction_done()
         label, name = self.context.metric.rsplit("/", 1)
         value = state.eval_metrics.get(label, {}).get(name)
         if self.context.on_eval(state.timestamp.wall_s, None if value is None else float(value)):

@@ -321,20 +321,30 @@ def _run_and_score(config: TuneConfig, trial, context: TrialContext, runner, ref
     if sets_screen_target is not None:
         context.target = set_screen_target(config, sets_screen_target, record.best(config.metric)) or context.target
     value = score_record(record, config.metric, context.target, context.limit_s)
-    store_outcome(trial, record, config, time.perf_counter() - started, context.stop_reason, context.target)
+    store_outcome(trial, record, config, time.perf_counter() - started, context, context.target)
     if context.stop_reason == "pruned":
         raise optuna.TrialPruned(f"pruned at {record.timings.get('train_s', 0):.1f}s of training")
     return value
 
 
-def store_outcome(trial, record, config: TuneConfig, wall_s: float, stop_reason: str | None,
+def store_outcome(trial, record, config: TuneConfig, wall_s: float, context: TrialContext,
                   target: float | None = None) -> None:
     trial.set_user_attr("record", str(record.path))
     trial.set_user_attr("time_to_target_s", record.time_to(config.metric, config.target if target is None else target))
     trial.set_user_attr("final", record.best(config.metric))
     trial.set_user_attr("train_s", record.timings.get("train_s"))
     trial.set_user_attr("wall_s", round(wall_s, 3))
-    trial.set_user_attr("stop_reason", stop_reason)
+    trial.set_user_attr("budget_done", context.budget_done)
+    trial.set_user_attr("stop_reason", context.stop_reason)
+
+
+def whole_budget_wall_s(trial, fallback: float) -> float:
+    """A trial's wall clock had it trained its whole budget. A baseline's target often lies near its own final
+    (the target a user sets is what the baseline reaches), so on a seed where it misses, its confirmation run
+    trains to the end: the confirmation's reserve must hold that, not the seed-0 run that stopped at the target."""
+    wall = trial.user_attrs.get("wall_s") or fallback
+    done = trial.user_attrs.get("budget_done")
+    return wall / done if done and 0 < done < 1 and trial.user_attrs.get("time_to_target_s") is not None else wall
 
 
 def _mark_inapplicable(study, methods: dict, message: str) -> None:
@@ -360,15 +370,15 @@ def _known_inapplicable(study, methods: dict) -> str | None:
 
 
 def confirm_reserve_s(config: TuneConfig, studies: dict) -> float:
-    """Time kept back for confirmation: the baselines' and the likely winner's measured trial times,
-    times the seeds (as many of those asked for as fit in half the budget, at least one: where a baseline run
+    """Time kept back for confirmation: the baselines' trial times over their whole budget and the likely
+    winner's measured trial time, times the seeds (as many of those asked for as fit in half the budget, at least one: where a baseline run
     is long, a search of one trial confirmed on three seeds would find nothing)."""
     typical = [t.user_attrs.get("wall_s") for phase, s in studies.items() if phase != "screen"
                for t in finished_trials(s, ("COMPLETE",))]
     typical = [t for t in typical if t]
     fallback = statistics.median(typical) if typical else config.limit_s
     # the runner-up is confirmed only where time is left
-    walls = [t.user_attrs.get("wall_s") or fallback for t in confirmed_baselines(studies["baseline"])] or [fallback]
+    walls = [whole_budget_wall_s(t, fallback) for t in confirmed_baselines(studies["baseline"])] or [fallback]
     if "search" in studies:
         walls += [t.user_attrs.get("wall_s") or fallback for t in ranked(studies["search"])[:1]] or [fallback]
     reserve = seeds_that_fit(config, sum(walls), config.budget_s / 2) * sum(walls)
