@@ -338,13 +338,19 @@ def store_outcome(trial, record, config: TuneConfig, wall_s: float, context: Tri
     trial.set_user_attr("stop_reason", context.stop_reason)
 
 
+# A run that reached its target after this share of its budget reached it near its own final: on another seed it
+# may miss, and then it trains to the end (one that reached it at a third of its budget has room to spare)
+NEAR_FINAL = 2 / 3
+
+
 def whole_budget_wall_s(trial, fallback: float) -> float:
-    """A trial's wall clock had it trained its whole budget. A baseline's target often lies near its own final
-    (the target a user sets is what the baseline reaches), so on a seed where it misses, its confirmation run
-    trains to the end: the confirmation's reserve must hold that, not the seed-0 run that stopped at the target."""
+    """What a confirmation run of this (baseline) trial's recipe may take. The target a user sets is often what the
+    baseline reaches at the end, so on a seed where it misses, it trains its whole budget: the confirmation's
+    reserve must hold that, not the seed-0 run that stopped at the target."""
     wall = trial.user_attrs.get("wall_s") or fallback
     done = trial.user_attrs.get("budget_done")
-    return wall / done if done and 0 < done < 1 and trial.user_attrs.get("time_to_target_s") is not None else wall
+    reached = trial.user_attrs.get("time_to_target_s") is not None
+    return wall / done if reached and done and NEAR_FINAL <= done < 1 else wall
 
 
 def _mark_inapplicable(study, methods: dict, message: str) -> None:
