@@ -81,7 +81,8 @@ def confirm_seeds(config: TuneConfig, studies: dict) -> list[int]:
 
 
 def _trial_wall(config: TuneConfig, studies: dict, key: str) -> float:
-    """What one confirmation run of candidate ``key`` is expected to take (a baseline: its whole budget)."""
+    """What one confirmation run of candidate ``key`` is expected to take (a baseline whose target lies near its
+    own final: its whole budget, ``whole_budget_wall_s``)."""
     phase, _, number = key.partition(":")
     if number.isdigit():
         trial = studies[phase].trials[int(number)]

@@ -246,8 +246,8 @@ def _confirmation_lines(confirmation: dict, recipe_path, config) -> list[str]:
              "| candidate | reached | median time (s) | times (s) | median final | change |", "|---|---|---|---|---|---|"]
     for row in confirmation["candidates"]:
         times = ", ".join(_fmt(t) for t in row["times_s"])
-        lines.append(f"| {row['role']}{_row_mark(row, confirmation)} | {row['seeds_reached']}/{len(seeds)} | {_fmt(row['median_s'])} | {times} | "
-                     f"{_fmt(row['median_final'], '.4f')} | {row['change']} |")
+        lines.append(f"| {row['role']}{_row_mark(row, confirmation)} | {row['seeds_reached']}/{len(seeds)} | "
+                     f"{_fmt(row['median_s'])} | {times} | {_fmt(row['median_final'], '.4f')} | {row['change']} |")
     lines.append("")
     if len(seeds) < config.seeds_to_confirm:
         lines += [f"Confirmed on {len(seeds)} of the {config.seeds_to_confirm} seeds asked for: the budget held no "
