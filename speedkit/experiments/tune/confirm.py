@@ -86,9 +86,9 @@ def _trial_wall(config: TuneConfig, studies: dict, key: str) -> float:
     phase, _, number = key.partition(":")
     if number.isdigit():
         trial = studies[phase].trials[int(number)]
-        if trial.user_attrs.get("wall_s"):
-            wall = float(trial.user_attrs["wall_s"])
-            return whole_budget_wall_s(trial, wall) if phase == "baseline" else wall
+        wall = trial.user_attrs.get("wall_s")
+        if wall:
+            return whole_budget_wall_s(trial, wall) if phase == "baseline" else float(wall)
     return config.limit_s
 
 

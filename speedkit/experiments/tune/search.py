@@ -377,8 +377,8 @@ def _known_inapplicable(study, methods: dict) -> str | None:
 
 def confirm_reserve_s(config: TuneConfig, studies: dict) -> float:
     """Time kept back for confirmation: the baselines' trial times over their whole budget and the likely
-    winner's measured trial time, times the seeds (as many of those asked for as fit in half the budget, at least one: where a baseline run
-    is long, a search of one trial confirmed on three seeds would find nothing)."""
+    winner's measured trial time, times the seeds (as many of those asked for as fit in half the budget, at
+    least one: where a baseline run is long, a search of one trial confirmed on three seeds would find nothing)."""
     typical = [t.user_attrs.get("wall_s") for phase, s in studies.items() if phase != "screen"
                for t in finished_trials(s, ("COMPLETE",))]
     typical = [t for t in typical if t]
