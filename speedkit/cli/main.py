@@ -82,8 +82,9 @@ def _add_train_parser(commands) -> None:
     how.add_argument("--seed", type=int, default=0, help="seeds the weights, the data order and the methods (default 0)")
     how.add_argument("--data-fraction", type=float, default=1.0, help="train on this class-balanced fraction")
     how.add_argument("--eval-fraction", type=float, help="evaluate on this fraction of the test set")
-    how.add_argument("--eval-interval", help="how often to evaluate, e.g. 0.25ep, 50ba (default: the recipe's); a "
-                     "time to target is read at an evaluation, so a finer cadence reads it closer")
+    how.add_argument("--eval-interval", help="how often to evaluate, e.g. 0.25ep, 50ba (default: the recipe's; a "
+                     "baseline with --stop-at-target as finely as bench times it); a time to target is read at an "
+                     "evaluation, so a finer cadence reads it closer")
     how.add_argument("--target", type=float, help="target value of the task's metric (default: the recipe's or task's)")
     how.add_argument("--stop-at-target", action="store_true", help="end the run when the target is reached")
     how.add_argument("--download", action="store_true", help="let torchvision download missing data")

@@ -20,7 +20,7 @@ from speedkit.methods import build_methods
 from speedkit.optim.factory import make_optimizer_factory
 from speedkit.record.metrics import Evaluator
 from speedkit.tasks.ladder import measure_hint
-from speedkit.tasks.recipes import Recipe, without_flips
+from speedkit.tasks.recipes import Recipe, timing_eval_interval, without_flips
 from speedkit.tasks.task import FOLDER_TASKS, TASKS, DataRequest, Task, get_recipe, import_attribute, register_task
 from speedkit.tasks.request import RECIPE_OVERRIDES, RunRequest
 from speedkit.train.checks import check_first_outputs, describe
@@ -141,9 +141,18 @@ def request_recipe(request: RunRequest, task: Task) -> Recipe:
     recipe = get_recipe(task, request.recipe).with_changes(
         model=request.model, duration=request.duration, precision=request.precision,
         batch_size=request.batch_size, eval_interval=request.eval_interval)
+    if _timed_baseline(request, task):
+        recipe = recipe.with_changes(eval_interval=timing_eval_interval(recipe))
     if request.methods is not None:
         recipe = recipe.with_changes(methods=request.methods)
     return recipe if task.flips_keep_labels else _keep_labels(task, recipe, asked=request.methods or {})
+
+
+def _timed_baseline(request: RunRequest, task: Task) -> bool:
+    """A baseline run to its target at its own cadence: timed as ``speedkit bench`` and ``speedkit tune`` time
+    it, so that a speed-up checked by hand is not against a time rounded up to a coarse evaluation."""
+    named = isinstance(request.recipe, str) and task.is_baseline(request.recipe)
+    return named and request.stop_at_target and request.eval_interval is None
 
 
 def _keep_labels(task: Task, recipe: Recipe, asked: dict) -> Recipe:

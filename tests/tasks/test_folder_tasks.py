@@ -60,6 +60,23 @@ def test_a_folder_tasks_benchmark_times_its_baselines_every_quarter_epoch_and_it
     assert profile.recipe("hot").eval_interval == TASKS["image-folder"].recipes["hot"].eval_interval
 
 
+def test_a_baseline_trained_to_its_target_is_timed_as_bench_times_it(image_dir):
+    """`speedkit train --recipe plain-bf16 --stop-at-target` evaluates every quarter epoch, as bench does; a
+    speed-up rung, a run without a target and a cadence the user gave keep theirs."""
+    from speedkit.tasks import RunRequest
+    from speedkit.tasks.build import request_recipe
+
+    task = resolve_task("image-folder", data=image_dir)
+
+    def cadence(recipe, **fields):
+        return request_recipe(RunRequest.build("image-folder", recipe, data=image_dir, **fields), task).eval_interval
+
+    assert cadence("plain-bf16") == "1ep"
+    assert cadence("plain-bf16", stop_at_target=True) == "0.25ep"
+    assert cadence("plain-bf16", stop_at_target=True, eval_interval="7ba") == "7ba"
+    assert cadence("hot", stop_at_target=True) == task.recipes["hot"].eval_interval != "0.25ep"
+
+
 def test_image_folder_reads_train_and_val_folders_in_colour(tmp_path):
     root = tmp_path / "data"
     write_image_folder(root / "train", per_class=20, rgb=True)
