@@ -83,6 +83,7 @@ def broken_docstring_references(modules: list[str]) -> list[str]:
     """``speedkit.x.y`` in double backticks and Sphinx-style roles that name nothing that exists."""
     import pdoc.doc
 
+    _import_speedkits_public_names()
     broken = []
     for name in modules:
         module = pdoc.doc.Module(importlib.import_module(name))
