@@ -149,8 +149,9 @@ def request_recipe(request: RunRequest, task: Task) -> Recipe:
 
 
 def _timed_baseline(request: RunRequest, task: Task) -> bool:
-    """A baseline run to its target at its own cadence: timed as ``speedkit bench`` and ``speedkit tune`` time
-    it, so that a speed-up checked by hand is not against a time rounded up to a coarse evaluation."""
+    """Whether the request trains one of the task's baselines to its target, with no cadence given. Such a run
+    evaluates as ``speedkit bench`` and ``speedkit tune`` time baselines, so a speed-up checked by hand is not
+    measured against a time rounded up to the baseline's next coarse evaluation."""
     named = isinstance(request.recipe, str) and task.is_baseline(request.recipe)
     return named and request.stop_at_target and request.eval_interval is None
 
