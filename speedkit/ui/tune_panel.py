@@ -173,7 +173,9 @@ def time_line(time: dict | None) -> str:
     """Where the search's time went, in one line (the report's table, shortened)."""
     if not time:
         return ""
+    from speedkit.experiments.tune.report import spent_line
+
     runs = time.get("runs", {})
     parts = [f"{what} {seconds:.0f}s" + (f" ({runs[what]} runs)" if runs.get(what) else "")
              for what, seconds in time["seconds"].items() if runs.get(what) or seconds >= 0.5]
-    return html.escape(f"{time['spent_s']:.0f}s: " + ", ".join(parts))
+    return html.escape(f"{spent_line(time)}: " + ", ".join(parts))

@@ -273,6 +273,32 @@ def test_resumes_after_a_kill_without_rerunning_finished_trials(tmp_path, fake_e
     assert (out / "recipe.yaml").exists()
 
 
+def test_a_resumed_search_counts_the_wall_clock_its_earlier_trials_spanned(tmp_path):
+    """Two workers' overlapping trials count once, and a confirmation run alone counts in full: the time a
+    continued search starts from is the clock's, not the trials' summed time over the workers."""
+    from datetime import datetime, timedelta
+
+    from speedkit.experiments.tune.storage import spent_before_s
+
+    storage_path = str(tmp_path / "study.journal")
+    storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(storage_path))
+    start = datetime(2026, 12, 3, 6, 0, 0)
+
+    def ran(study_name: str, *spans):
+        study = optuna.create_study(study_name=study_name, storage=storage, load_if_exists=True)
+        for begin, end in spans:
+            study.add_trial(optuna.trial.FrozenTrial(
+                number=0, trial_id=0, state=optuna.trial.TrialState.COMPLETE, value=1.0, params={}, distributions={},
+                user_attrs={}, system_attrs={}, intermediate_values={},
+                datetime_start=start + timedelta(seconds=begin), datetime_complete=start + timedelta(seconds=end)))
+
+    ran("tune-baseline", (0, 10), (0, 12))  # two workers at once
+    ran("tune", (12, 30), (13, 25), (26, 40))
+    ran("tune-confirm", (40, 70))  # one worker confirms while the other waits
+    ran("other", (100, 500))  # another study in the same storage is not this search's
+    assert spent_before_s(storage_path, "tune") == pytest.approx(70)
+
+
 def test_two_worker_processes_share_one_study(tmp_path, fake_env, monkeypatch):
     (tmp_path / "arrived").mkdir()
     monkeypatch.setenv("TUNE_FAKE_RENDEZVOUS", f"{tmp_path / 'arrived'}:2")  # both processes in before any run ends
@@ -288,6 +314,15 @@ def test_two_worker_processes_share_one_study(tmp_path, fake_env, monkeypatch):
     assert len(pids) == 2
     names = [line.split()[1] for line in fake_env.read_text().splitlines() if line.startswith("start")]
     assert len(names) == len(set(names))  # no trial ran twice
+    # two workers spend two seconds of runs in each second of the clock: the time's shares are of those
+    time_spent = result.summary["time"]
+    assert time_spent["workers"] == 2 and time_spent["worker_s"] == pytest.approx(2 * time_spent["spent_s"], abs=0.2)
+    assert sum(time_spent["seconds"].values()) == pytest.approx(time_spent["worker_s"], abs=0.5)
+    assert sum(time_spent["seconds"].values()) > 1.2 * time_spent["spent_s"]  # runs overlapped: more than the clock
+    assert f"on 2 workers: {time_spent['worker_s']:.0f} worker-seconds" in result.report_path.read_text()
+    from speedkit.ui.tune_panel import time_line  # the explorer's Tune panel says the same
+
+    assert time_line(time_spent).startswith(f"{time_spent['spent_s']:.0f}s on 2 workers")
 
 
 # -- the screen -----------------------------------------------------------------------------------------

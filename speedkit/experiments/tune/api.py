@@ -227,7 +227,7 @@ def build_config(*, task, data, task_options, target, budget, methods, storage, 
             f"this model")
     out_dir = out.resolve()
     storage_text = storage_url(storage, out_dir)
-    studies_spent = spent_before_s(storage_text, study_name, n_workers)
+    studies_spent = spent_before_s(storage_text, study_name)
     limit_s = parse_budget(trial_limit) if trial_limit is not None else budget_s / 5
     settings = {"device": device, "data_fraction": data_fraction, "eval_fraction": eval_fraction,
                 "eval_interval": base_recipe.eval_interval}
@@ -292,7 +292,8 @@ def where_the_time_went(config: TuneConfig, studies: dict, trials: list[dict]) -
     """Seconds of the search by what they bought: tuning the baseline, the screen on a fraction of the data,
     search trials that reached the target, missed it or were pruned, proposals refused untrained, the
     confirmation (with the final budget search and the leave-one-out), and the rest (building data and models,
-    the probes, the storage)."""
+    the probes, the storage, a worker waiting). With several workers they add up to the workers' seconds
+    (``worker_s``), not to the wall clock."""
     def wall(rows) -> float:
         return round(sum(r.get("wall_s") or 0.0 for r in rows), 1)
 
@@ -311,9 +312,11 @@ def where_the_time_went(config: TuneConfig, studies: dict, trials: list[dict]) -
     counts = {"baseline study": sum(t["phase"] == "baseline" for t in trials),
               **{what: len(rows) for what, rows in screen.items()},
               **{f"search: {kind}": len(rows) for kind, rows in kinds.items()}, "confirmation": len(confirm)}
-    spent = config.spent_s()
-    rows["set-up and the rest"] = round(max(0.0, spent - sum(rows.values())), 1)
-    return {"spent_s": round(spent, 1), "seconds": rows, "runs": counts}
+    # n workers spend n seconds of runs in each second of wall clock: the shares are of that
+    spent, workers = config.spent_s(), config.n_workers
+    rows["set-up and the rest"] = round(max(0.0, spent * workers - sum(rows.values())), 1)
+    return {"spent_s": round(spent, 1), "workers": workers, "worker_s": round(spent * workers, 1), "seconds": rows,
+            "runs": counts}
 
 
 def _found_inapplicable(studies: dict) -> dict:

@@ -223,13 +223,20 @@ def _screen_lines(screen: dict, trials: list[dict], metric: str) -> list[str]:
 def _time_lines(time: dict | None) -> list[str]:
     if not time:
         return []
-    lines = ["", f"## Where the time went ({time['spent_s']:.0f}s)", "", "| what | runs | seconds | share |",
+    lines = ["", f"## Where the time went ({spent_line(time)})", "", "| what | runs | seconds | share |",
              "|---|---|---|---|"]
-    total = max(time["spent_s"], 1e-9)
+    total = max(time.get("worker_s", time["spent_s"]), 1e-9)
     for what, seconds in time["seconds"].items():
         runs = time["runs"].get(what, "")
         lines.append(f"| {what} | {runs} | {seconds:.0f} | {seconds / total:.0%} |")
     return lines
+
+
+def spent_line(time: dict) -> str:
+    """"1208s", or "1208s on 2 workers: 2416 worker-seconds", which the shares of the time are of."""
+    workers = time.get("workers", 1)
+    return f"{time['spent_s']:.0f}s" + (f" on {workers} workers: {time['worker_s']:.0f} worker-seconds"
+                                        if workers > 1 else "")
 
 
 def _row_mark(row: dict, confirmation: dict) -> str:
