@@ -233,7 +233,8 @@ def _time_lines(time: dict | None) -> list[str]:
 
 
 def spent_line(time: dict) -> str:
-    """"1208s", or "1208s on 2 workers: 2416 worker-seconds", which the shares of the time are of."""
+    """The search's time as the report heads it, which its shares are of: ``1208s``, or with several workers
+    ``1208s on 2 workers: 2416 worker-seconds``."""
     workers = time.get("workers", 1)
     return f"{time['spent_s']:.0f}s" + (f" on {workers} workers: {time['worker_s']:.0f} worker-seconds"
                                         if workers > 1 else "")
