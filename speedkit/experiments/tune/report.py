@@ -225,7 +225,7 @@ def _time_lines(time: dict | None) -> list[str]:
         return []
     lines = ["", f"## Where the time went ({spent_line(time)})", "", "| what | runs | seconds | share |",
              "|---|---|---|---|"]
-    total = max(time.get("worker_s", time["spent_s"]), 1e-9)
+    total = max(time["worker_s"], 1e-9)
     for what, seconds in time["seconds"].items():
         runs = time["runs"].get(what, "")
         lines.append(f"| {what} | {runs} | {seconds:.0f} | {seconds / total:.0%} |")
@@ -235,7 +235,7 @@ def _time_lines(time: dict | None) -> list[str]:
 def spent_line(time: dict) -> str:
     """The search's time as the report heads it, which its shares are of: ``1208s``, or with several workers
     ``1208s on 2 workers: 2416 worker-seconds``."""
-    workers = time.get("workers", 1)
+    workers = time["workers"]
     return f"{time['spent_s']:.0f}s" + (f" on {workers} workers: {time['worker_s']:.0f} worker-seconds"
                                         if workers > 1 else "")
 
