@@ -51,8 +51,8 @@ def cpu_bf16_speedup(threads: int | None = None) -> float:
     conv = conv.to(memory_format=torch.channels_last)
     tokens = torch.randn(1024, 256, generator=generator)
 
-    def step(dtype):
-        with torch.autocast("cpu", dtype=dtype, enabled=dtype is not None):
+    def step(dtype):  # grad on: the first caller may be inside no_grad (an optimizer's step)
+        with torch.enable_grad(), torch.autocast("cpu", dtype=dtype, enabled=dtype is not None):
             loss = conv(images).float().square().mean() + linear(tokens).float().square().mean()
         loss.backward()
 

@@ -26,7 +26,7 @@ from speedkit.models import get_model
 from speedkit.optim.lookahead import Lookahead as LookaheadOptimizer
 from speedkit.optim.lookahead import lookahead_sync
 from speedkit.optim.muon import Muon as MuonOptimizer
-from speedkit.optim.muon import zeropower_via_newtonschulz
+from speedkit.optim.muon import CPU_BF16_MIN_ENTRIES, newton_schulz_dtype, zeropower_via_newtonschulz
 from speedkit.optim.sam import SAM as SAMOptimizer
 
 
@@ -301,6 +301,53 @@ def test_muon_step_is_an_orthogonalized_scaled_update():
     assert singular.min() > 0.6 and singular.max() < 1.25
     with pytest.raises(ValueError, match="1-D"):
         MuonOptimizer([nn.Parameter(torch.zeros(3))])
+
+
+def test_muon_steps_every_parameter_as_the_formula_says():
+    """Two filters of different shapes, Nesterov momentum and weight decay, over two steps, against the
+    docstring's formula applied one parameter at a time."""
+    torch.manual_seed(0)
+    params = [nn.Parameter(torch.randn(8, 3, 3, 3)), nn.Parameter(torch.randn(20, 6))]
+    expected = [p.detach().clone() for p in params]
+    buffers = [torch.zeros_like(p) for p in params]
+    lr, momentum, wd = 0.05, 0.9, 0.1
+    opt = MuonOptimizer(params, lr=lr, momentum=momentum, nesterov=True, weight_decay=wd)
+    for _ in range(2):
+        grads = [torch.randn_like(p) for p in params]
+        for p, g in zip(params, grads):
+            p.grad = g.clone()
+        opt.step()
+        for i, g in enumerate(grads):
+            buffers[i] = momentum * buffers[i] + g
+            matrix = (g + momentum * buffers[i]).reshape(g.size(0), -1)
+            rows, cols = matrix.shape
+            ortho = zeropower_via_newtonschulz(matrix).view_as(g)
+            expected[i] = expected[i] * (1 - lr * wd) - lr * max(1.0, rows / cols) ** 0.5 * ortho
+    for p, want in zip(params, expected):
+        torch.testing.assert_close(p.detach(), want)
+
+
+def test_newton_schulz_runs_large_cpu_matrices_in_bf16_only_where_bf16_is_fast(monkeypatch):
+    import speedkit.optim.muon as muon_module
+    small, large = torch.randn(64, 288), torch.randn(128, CPU_BF16_MIN_ENTRIES // 128)
+    monkeypatch.setattr(muon_module, "cpu_has_fast_bf16", lambda: True)
+    assert newton_schulz_dtype(small) == torch.float32 and newton_schulz_dtype(large) == torch.bfloat16
+    out = zeropower_via_newtonschulz(large)
+    assert out.dtype == torch.float32  # the result comes back in the input's dtype
+    singular = torch.linalg.svdvals(out)
+    assert singular.min() > 0.6 and singular.max() < 1.25
+    monkeypatch.setattr(muon_module, "cpu_has_fast_bf16", lambda: False)
+    assert newton_schulz_dtype(large) == torch.float32
+
+
+def test_the_bf16_probe_runs_from_inside_an_optimizer_step():
+    """Muon steps under no_grad; the first large matrix asks whether bf16 is fast, which times a backward."""
+    from speedkit.core.devices import cpu_bf16_speedup
+    cpu_bf16_speedup.cache_clear()
+    w = nn.Parameter(torch.randn(128, CPU_BF16_MIN_ENTRIES // 128))
+    w.grad = torch.randn_like(w)
+    MuonOptimizer([w], lr=0.1).step()
+    assert cpu_bf16_speedup.cache_info().currsize == 1
 
 
 def test_muon_partition_on_resnet8_gpt_and_torchvision():
