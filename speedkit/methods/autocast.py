@@ -1,8 +1,8 @@
 """Mixed precision as a method: run forward passes (and the loss) under ``torch.autocast``.
 
 bf16 halves memory traffic and uses the fast matrix units of recent GPUs and CPUs (AVX-512 BF16 /
-AMX): on such a CPU speedkit measured about 2.5x the throughput of fp32 for a small ResNet together
-with channels_last. bf16 keeps fp32's exponent range, so it needs no loss scaling; fp16 (GPUs only)
+AMX); without them a CPU emulates bf16 and is slower, so ``precision="auto"`` times both first. The
+benchmark's ``plain-bf16`` against ``plain`` measures it (bench/results/summary.json). bf16 keeps fp32's exponent range, so it needs no loss scaling; fp16 (GPUs only)
 does, and this method then also installs a GradScaler. Weights and optimizer state stay fp32.
 
 ``Trainer(precision="bf16")`` does the same thing; this method exists so mixed precision can be
@@ -48,9 +48,9 @@ class Autocast(Method):
                         help="bf16: CPU and recent GPUs, no scaler; fp16: GPUs, with a GradScaler"),),
         requirements=("fp16 only on GPU (CUDA/MPS); bf16 pays off on CPUs with AVX-512 BF16/AMX and on Ampere+ GPUs",
                       "same as Trainer(precision=...): the method's dtype replaces the Trainer's"),
-        effect="about 2x GPU throughput; about 2.5x with channels_last on an AVX-512-BF16 CPU (speedkit measurement)",
-        source="Micikevicius et al. 2018 'Mixed Precision Training'; PyTorch AMP docs; speedkit's measurement: a small "
-               "ResNet, bf16 autocast + channels_last against eager fp32 on a CPU with AVX-512 BF16",
+        effect="about 2x GPU throughput (PyTorch AMP docs); on a CPU only with AVX-512 BF16 or AMX units",
+        source="Micikevicius et al. 2018 'Mixed Precision Training'; PyTorch AMP docs; measured here: "
+               "bench/results/summary.json (plain-bf16 against plain)",
     )
 
     def __init__(self, dtype: str = "bf16"):

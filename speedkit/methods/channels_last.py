@@ -35,9 +35,8 @@ class ChannelsLast(Method):
         writes=("model", "batch"),
         hparams=(HParam("allow_empty", bool, False, help="do not fail on a model without convolutions"),),
         requirements=("a model with Conv2d layers",),
-        effect="up to 1.5x throughput on GPU with AMP; measured ~2.5x with bf16 autocast on an AVX-512-BF16 CPU",
-        source="Composer ChannelsLast docs; speedkit's measurement: a small ResNet, channels_last + bf16 autocast "
-               "against eager fp32 on a CPU with AVX-512 BF16",
+        effect="up to 1.5x throughput on GPU with AMP (Composer); pays with bf16 autocast on a CPU too",
+        source="Composer ChannelsLast docs; measured here: bench/results/summary.json (plain-bf16 against plain)",
     )
 
     def apply(self, event, state, logger):

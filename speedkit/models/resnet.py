@@ -151,10 +151,9 @@ def resnet8(num_classes=10, in_channels=1, width=16):
     widths 2w, 4w, 8w (32/64/128 by default) at 14, 7 and 4 pixels.
 
     Why every stage is strided: on a CPU the cost of a small net is mostly memory traffic at full
-    resolution, not FLOPs. Moving the first stage from 28x28 to 14x14 let it be twice as wide for the
-    same time (0.30 s vs 0.33 s per 512-batch fwd+bwd in fp32 on 2 cores), with 4x the parameters,
-    and it trained to higher accuracy in 5 epochs (91.4% vs 90.4% test, one seed each). With plain
-    SGD + one-cycle + label smoothing 0.1 + flips it reached 92.3% Fashion-MNIST test in 8 epochs.
+    resolution, not FLOPs. Moving the first stage from 28x28 to 14x14 let it be twice as wide for about
+    the same step time, with 4x the parameters, and it trained to higher accuracy in the same epochs.
+    The measurements behind the choice: bench/results/design_notes.json (resnet8).
     """
     return SmallResNet([2 * width, 4 * width, 8 * width], [1, 1, 1], num_classes, in_channels,
                        stem_width=width, strides=[2, 2, 2])
@@ -162,7 +161,7 @@ def resnet8(num_classes=10, in_channels=1, width=16):
 
 def resnet9(num_classes=10, in_channels=1, width=16):
     """DAWNBench-style ResNet-9 for 28x28 input, widths w, 2w, 4w, 8w (see ResNet9). Slower per step
-    than resnet8 but faster per epoch to accuracy: 92.4% Fashion-MNIST test in 5 epochs (one seed)."""
+    than resnet8 but more accurate per epoch (bench/results/design_notes.json, resnet9)."""
     return ResNet9(num_classes, in_channels, width)
 
 

@@ -19,10 +19,9 @@ from speedkit.core.devices import cpu_has_fast_bf16
 # they land in roughly [0.7, 1.2] rather than exactly 1, which works as well in practice.
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
 
-# On a CPU whose bf16 matmuls are fast (AMX, AVX-512 BF16), bf16 pays from about this many entries up. On the
-# 2-core Xeon with AMX (scripts/measure_muon_step.py) a [128, 1152] update orthogonalized in 1.37 ms against
-# 2.08 ms in fp32 and a [128, 576] one in 1.06 against 1.20 ms; a [64, 288] one took 0.59 against 0.28 ms,
-# where the casts cost more than the faster matmuls save.
+# On a CPU whose bf16 matmuls are fast (AMX, AVX-512 BF16), bf16 pays from about this many entries up; below
+# it the casts cost more than the faster matmuls save. The timings per shape behind it are data:
+# bench/results/muon_step.json (scripts/measure_muon_step.py).
 CPU_BF16_MIN_ENTRIES = 65536
 
 

@@ -35,7 +35,7 @@ def default_left_out(device_type: str) -> dict[str, str]:
     """Methods not tried unless asked for by name, with the reason."""
     left_out = {"autocast": "the search tunes the recipe's precision field, which sets the same autocast"}
     if device_type == "cpu":
-        left_out["torch_compile"] = ("its first batch compiles for 20-40 s on CPU, which a timed search would "
+        left_out["torch_compile"] = ("its first batch compiles, which a timed search would "
                                      "count against it; name it in methods= to try it anyway")
     return left_out
 

@@ -100,7 +100,7 @@ def finished_trials(study, states=("COMPLETE", "PRUNED")) -> list:
 def spent_before_s(storage_text: str, study_name: str) -> float:
     """Search time earlier calls used: the wall clock their finished trials spanned. Trials that ran at once on
     several workers count once, and a confirmation run while the other workers waited counts in full (dividing
-    the trials' summed time by the workers counted a two-worker search's 1,208 s as 994 s)."""
+    the trials' summed time by the workers undercounted a two-worker search's time)."""
     optuna = optuna_module()
     storage = open_storage(storage_text)
     names = {s.study_name for s in optuna.get_all_study_summaries(storage)} if _has_studies(storage_text) else set()
