@@ -1,20 +1,92 @@
-"""Rewrite what is generated from the cards, the presets and the committed benchmark results: the README's
-methods and recipes tables and its benchmark results (from bench/results/summary.json), and what each preset
-reached, speedkit/tasks/presets/reached.json (from summary.json and bench/results/fresh_seeds.json)."""
+"""Rewrite what is generated from the cards, the presets and the committed benchmark results.
+
+- README.md: the headline, the benchmark results (bench/results/summary.json), the held-out sets
+  (bench/results/heldout-plain-bf16/summary.json), speedkit in other trainers (bench/results/hosts_*.json)
+  and the searches' picks on fresh seeds (bench/results/tune/*/fresh_seeds*.json).
+- docs/guide.md: the methods table (from the cards) and the recipes table (from the presets).
+- speedkit/tasks/presets/reached.json: what each preset reached (summary.json and bench/results/fresh_seeds.json).
+
+Every figure the README shows comes from here: prose around the tables states no measured number.
+
+    python scripts/update_readme.py [README.md]       # `make readme` (which also redraws the figure)
+"""
 from __future__ import annotations
 
 import json
 import re
+import statistics
 import sys
 from pathlib import Path
 
-from speedkit.experiments.bench.report import preset_reached, readme_table
+from speedkit.experiments.bench.report import preset_reached
 from speedkit.methods import methods_table
 from speedkit.tasks.recipes import PRESETS
 from speedkit.tasks.task import BUILT_IN_TASKS
 
-RESULTS = Path(__file__).resolve().parents[1] / "bench" / "results"
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
 SUMMARY, FRESH_SEEDS = RESULTS / "summary.json", RESULTS / "fresh_seeds.json"
+HELDOUT = RESULTS / "heldout-plain-bf16" / "summary.json"
+GUIDE = ROOT / "docs" / "guide.md"
+
+# The held-out sets, by the folder task they were run as (scripts/build_heldout_sets.py builds them).
+HELDOUT_SETS = {"image-folder": "glyphs: 62 letters and digits, unseen typefaces",
+                "text-folder": "perldoc: Perl's documentation"}
+# speedkit inside other trainers (bench/hosts/): file -> (host, what the two arms are).
+HOSTS = {
+    "hosts_hf_language.json": ("Hugging Face `SpeedkitTrainer`",
+                               "GPT-2 at gpt-nano's sizes on pydocs; `transformers.Trainer` with AdamW against "
+                               "`hot`'s methods and budget"),
+    "hosts_lightning_fashion_mnist.json": ("Lightning `SpeedkitCallback`",
+                                           "Fashion-MNIST as Lightning's docs write it, against `hot`'s methods, "
+                                           "budget and alternating flips"),
+}
+# `speedkit tune`'s picks run again on seeds the search never saw (scripts/fresh_seeds.py). Per seed, a pick is
+# compared with the fastest of `against` on that seed.
+SEARCHES = [
+    {"data": "fashion-mnist", "folder": "fashion-mnist-two-baselines", "files": ["fresh_seeds.json"],
+     "against": {"plain-bf16": "`plain-bf16`"},
+     "arms": {"tune pick": "the search's pick", "hot, timed finely": "`hot`, evaluated as often"}},
+    {"data": "glyphs", "folder": "heldout-glyphs-faster-muon", "files": ["fresh_seeds.json", "fresh_seeds_10-12.json"],
+     "against": {"plain-bf16": "`plain-bf16`", "tuned baseline (v3 search)": "a tuned `plain-bf16`"},
+     "arms": {"v3 pick": "one search's pick", "v4 pick": "another search's pick"}},
+    {"data": "perldoc", "folder": "heldout-perldoc-plain-bf16", "files": ["fresh_seeds.json"],
+     "against": {"plain-bf16": "`plain-bf16`"},
+     "arms": {"tune pick": "the search's pick", "hot": "`hot`, rebuilt"}},
+]
+
+
+def _ratio_cell(ratios: list[float]) -> str:
+    if not ratios:
+        return "not reached"
+    text = f"{statistics.median(ratios):.2f}x"
+    return text + (f" ({min(ratios):.2f}–{max(ratios):.2f}x)" if len(ratios) > 1 else "")
+
+
+def _target_text(metric: str, value: float) -> str:
+    return f"{value:.0%} accuracy" if metric.endswith("accuracy") else f"{value:.2f} bits per byte"
+
+
+# The built-in tasks as the headline names them.
+TASK_WORDS = {"fashion-mnist": "Fashion-MNIST", "pydocs": "A byte-level GPT on the Python docs"}
+
+
+def headline() -> str:
+    """The README's first-screen figures: per task, the best recipe against its weakest and strongest baseline."""
+    summary = json.loads(SUMMARY.read_text())
+    lines, setups = [], set()
+    for entry in summary.values():
+        best, strongest = entry["best_recipe"], entry["strongest_baseline"]
+        weakest = next(iter(entry["baselines"]))  # weakest first
+        target = _target_text(entry["target"]["metric"], entry["target"]["value"])
+        line = f"- {TASK_WORDS.get(entry['task'], entry['task'])} to {target}: `{best}` is "
+        if weakest != strongest:
+            line += f"**{entry['speedup_vs'][weakest]:.1f}x** sooner than a hand-written `{weakest}`, "
+        lines.append(line + f"**{entry['speedup_vs'][strongest]:.1f}x** sooner than `{strongest}`, the strongest.")
+        threads = entry["machine"]["torch_threads"]
+        setups.add(f"{entry['device'].upper()}, {threads} thread{'s' if threads > 1 else ''}, "
+                   f"median of {len(entry['seeds'])} paired seeds")
+    return "\n".join(lines) + f"\n\nMeasured on a {'; '.join(sorted(setups))} ([Results](#results))."
 
 
 def recipes_table() -> str:
@@ -27,10 +99,99 @@ def recipes_table() -> str:
     return "\n".join(rows)
 
 
+def _paired_cell(recipe: dict, baseline: str) -> str:
+    """The recipe's median paired speed-up over ``baseline`` as summary.json has it, with its range."""
+    ratios = [x for x in recipe["speedup_vs"].get(baseline, []) if x is not None]
+    median = recipe.get("speedup_median_vs", {}).get(baseline)
+    if median is None or not ratios:
+        return "not reached"
+    return f"{median:.2f}x ({min(ratios):.2f}–{max(ratios):.2f})"
+
+
 def bench_results() -> str:
+    """Both built-in tasks in one table: each recipe's median time to the target and its paired speed-up over
+    the task's weakest and strongest baseline (bench/results/summary.md has every baseline and leave-one-out)."""
     if not SUMMARY.exists():
         return "No benchmark results are committed yet: `speedkit bench --task fashion-mnist` writes them."
-    return readme_table(json.loads(SUMMARY.read_text()), leave_one_out=False).rstrip("\n")  # those: summary.md
+    summary = json.loads(SUMMARY.read_text())
+    rows = ["| task, target | recipe | budget | reached | time to target (s) | vs weakest baseline "
+            "| vs strongest baseline | final |", "|---" * 8 + "|"]
+    setups = []
+    for key, entry in summary.items():
+        weakest, strongest, n = next(iter(entry["baselines"])), entry["strongest_baseline"], len(entry["seeds"])
+        task = f"{entry['task']}, {_target_text(entry['target']['metric'], entry['target']['value'])}"
+        for name, r in [*entry["baselines"].items(), *entry["recipes"].items()]:
+            shown = f"**{name}**" if name == entry["best_recipe"] else name
+            shown += " (weakest)" if name == weakest else " (strongest)" if name == strongest else ""
+            cells = ["1.00x" if name == b else _paired_cell(r, b) for b in (weakest, strongest)]
+            time = r.get("median_time_to_target_s")
+            final = statistics.median(r["final_metric"])
+            rows.append(f"| {task} | {shown} | {r['budget']} | {r['reached']}/{n} | "
+                        f"{'not reached' if time is None else f'{time:.1f}'} | {' | '.join(cells)} | {final:.4f} |")
+            task = ""
+        m = entry["machine"]
+        setups.append(f"{entry['task']}: {m['cpu']}, {m['torch_threads']} thread{'s' if m['torch_threads'] > 1 else ''}"
+                      f", torch {m['torch']}, {entry['date'][:10]}, profile `{entry['profile']}`, {n} seeds")
+    return "\n".join(rows) + (
+        "\n\nMedians over seeds; speed-ups are baseline time / recipe time, paired by seed (range in brackets). "
+        "Training wall clock: a plain evaluation excluded, what evaluation-time methods add included. " + "; ".join(setups) + ". Every baseline and the "
+        "leave-one-out tables: [bench/results/summary.md](bench/results/summary.md).")
+
+
+def heldout_results() -> str:
+    """One row per held-out set: each rebuilt rung's paired speed-up over the set's strongest baseline."""
+    summary = json.loads(HELDOUT.read_text())
+    rungs = ["mild", "medium", "hot"]
+    rows = ["| data set | target | against | " + " | ".join(f"`{r}`" for r in rungs) + " |", "|---" * 6 + "|"]
+    machines = set()
+    for key, entry in summary.items():
+        baseline, n = entry["strongest_baseline"], len(entry["seeds"])
+        base = entry["baselines"][baseline]
+        cells = []
+        for rung in rungs:
+            r = entry["recipes"][rung]
+            cell = _ratio_cell([x for x in r["speedup_vs"][baseline] if x is not None])
+            cells.append(cell + (f", reached {r['reached']}/{n}" if r["reached"] < n else ""))
+        against = f"`{baseline}`" + (f" (reached {base['reached']}/{n})" if base["reached"] < n else "")
+        rows.append(f"| {HELDOUT_SETS.get(key, key)} | {_target_text(entry['target']['metric'], entry['target']['value'])}"
+                    f" | {against} | " + " | ".join(cells) + " |")
+        machines.add(f"{entry['machine']['cpu']}, {entry['machine']['torch_threads']} threads, "
+                     f"{entry['date'][:10]}, {n} seeds")
+    rows += ["", f"Median speed-up paired by seed (range). {'; '.join(sorted(machines))}. "
+                 f"From [{HELDOUT.relative_to(ROOT)}]({HELDOUT.relative_to(ROOT)})."]
+    return "\n".join(rows)
+
+
+def hosts_results() -> str:
+    rows = ["| host | what ran | target | seeds | speed-up | file |", "|---|---|---|---|---|---|"]
+    for name, (host, what) in HOSTS.items():
+        data = json.loads((RESULTS / name).read_text())
+        target = (_target_text("bpb", data["target_bpb"]) if "target_bpb" in data
+                  else _target_text("accuracy", data["target"]))
+        seeds = len(data["ratios"])
+        rows.append(f"| {host} | {what} | {target} | {seeds} | {_ratio_cell(data['ratios'])} | "
+                    f"[{name}](bench/results/{name}) |")
+    return "\n".join(rows)
+
+
+def search_results() -> str:
+    rows = ["| data | recipe | against (per seed, the faster) | fresh seeds | speed-up | files |",
+            "|---|---|---|---|---|---|"]
+    for search in SEARCHES:
+        where = f"bench/results/tune/{search['folder']}"
+        seeds = [s for f in search["files"] for s in json.loads((ROOT / where / f).read_text())["seeds"]]
+        links = ", ".join(f"[{f.removesuffix('.json').removesuffix('.md').replace('_', ' ')}]({where}/{f})"
+                          for f in ["report.md", *search["files"]])
+        for arm, label in search["arms"].items():
+            ratios = []
+            for seed in seeds:
+                base = [seed[b]["time_to_target_s"] for b in search["against"] if seed[b]["time_to_target_s"]]
+                if base and seed[arm]["time_to_target_s"]:
+                    ratios.append(min(base) / seed[arm]["time_to_target_s"])
+            numbers = [s["seed"] for s in seeds]
+            rows.append(f"| {search['data']} | {label} | {' or '.join(search['against'].values())} | "
+                        f"{min(numbers)}-{max(numbers)} | {_ratio_cell(ratios)} | {links} |")
+    return "\n".join(rows)
 
 
 def reached_json() -> str:
@@ -39,21 +200,25 @@ def reached_json() -> str:
     return json.dumps(figures, indent=1) + "\n"
 
 
-SECTIONS = {"methods-table": methods_table, "recipes-table": recipes_table, "bench-results": bench_results}
+SECTIONS = {"headline": headline, "bench-results": bench_results, "heldout-results": heldout_results,
+            "hosts-results": hosts_results, "search-results": search_results}
+GUIDE_SECTIONS = {"methods-table": methods_table, "recipes-table": recipes_table}
 
 
-def render(readme: str) -> str:
-    for name, make in SECTIONS.items():
+def render(text: str, sections: dict | None = None) -> str:
+    """``text`` with each generated section (README's by default) rewritten."""
+    for name, make in (SECTIONS if sections is None else sections).items():
         start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
         pattern = re.compile(re.escape(start) + r".*?" + re.escape(end), re.S)
-        if not pattern.search(readme):
-            raise SystemExit(f"README.md has no {start} ... {end} section")
-        readme = pattern.sub(lambda _: f"{start}\n{make()}\n{end}", readme)
-    return readme
+        if not pattern.search(text):
+            raise SystemExit(f"no {start} ... {end} section to rewrite")
+        text = pattern.sub(lambda _: f"{start}\n{make()}\n{end}", text)
+    return text
 
 
 if __name__ == "__main__":
     path = Path(sys.argv[1] if len(sys.argv) > 1 else "README.md")
     (PRESETS / "reached.json").write_text(reached_json())  # first: the recipes table reads the presets
     path.write_text(render(path.read_text()))
-    print(f"updated {path} and {PRESETS / 'reached.json'}")
+    GUIDE.write_text(render(GUIDE.read_text(), GUIDE_SECTIONS))
+    print(f"updated {path}, {GUIDE.relative_to(ROOT)} and {PRESETS / 'reached.json'}")

@@ -150,8 +150,9 @@ def test_readme_methods_table_is_generated_from_the_cards():
     spec = importlib.util.spec_from_file_location("update_readme", root / "scripts" / "update_readme.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    readme = (root / "README.md").read_text()
+    readme, guide = (root / "README.md").read_text(), (root / "docs" / "guide.md").read_text()
     assert module.render(readme) == readme, "README's generated tables are stale: run `make readme`"
+    assert module.render(guide, module.GUIDE_SECTIONS) == guide, "docs/guide.md's tables are stale: `make readme`"
 
 
 def test_every_method_module_is_exported_by_name():
