@@ -13,6 +13,8 @@
   several processes, a model the README does not build, or a notebook front end) is compiled, not run.
 - Relative links and the repository paths the README names exist, and the headline figures in its first
   paragraph are the committed benchmark's (bench/results/summary.json).
+- Measurements are data: the README's prose types no speed-up or timing outside the sections `make readme`
+  generates, and no module of the package names a machine.
 
 docs/guide.md and bench/README.md get the parse-level checks too (commands parsed, Python compiled and its
 speedkit imports resolved); nothing in them is run.
@@ -310,3 +312,27 @@ def test_the_method_count_is_the_registrys():
     readme = README.read_text()
     assert f"{len(REGISTRY)} in all" in readme.split("\n## ", 1)[0]
     assert f"All {len(REGISTRY)} methods" in readme
+
+
+GENERATED = re.compile(r"<!-- ([\w-]+):start -->.*?<!-- \1:end -->", re.S)
+TYPED_FIGURE = re.compile(r"\b\d+(?:\.\d+)?x\b|\b\d+(?:\.\d+)? ?(?:s|ms|seconds)\b")
+
+
+def typed_figures(markdown: str) -> list[str]:
+    """Speed-ups and timings written into the prose by hand: outside the generated sections and code blocks."""
+    prose = FENCE.sub("", GENERATED.sub("", markdown))
+    return TYPED_FIGURE.findall(re.sub(r"`[^`]*`", "", prose))
+
+
+def test_the_readme_states_measured_figures_only_in_generated_sections():
+    assert typed_figures(README.read_text()) == [], "put the figure in a results file and generate it (make readme)"
+    planted = "It is 3.1x faster.\n<!-- headline:start -->\n6.5x\n<!-- headline:end -->\nIn 44.9 s.\n"
+    assert typed_figures(planted) == ["3.1x", "44.9 s"]
+
+
+def test_no_machine_names_in_the_package():
+    """Measurements are data (bench/results/): code, comments, docstrings and cards name no machine."""
+    machines = re.compile(r"Xeon|EPYC|Zen ?\d|Ryzen|Core i[3579]|\d-core\b|laptop")
+    found = [f"{path.relative_to(ROOT)}:{n}" for path in sorted((ROOT / "speedkit").rglob("*.py"))
+             for n, line in enumerate(path.read_text().splitlines(), 1) if machines.search(line)]
+    assert found == []
