@@ -134,7 +134,8 @@ def bench_results() -> str:
                       f", torch {m['torch']}, {entry['date'][:10]}, profile `{entry['profile']}`, {n} seeds")
     return "\n".join(rows) + (
         "\n\nMedians over seeds; speed-ups are baseline time / recipe time, paired by seed (range in brackets). "
-        "Training wall clock: a plain evaluation excluded, what evaluation-time methods add included. " + "; ".join(setups) + ". Every baseline and the "
+        "Training wall clock: a plain evaluation excluded, what evaluation-time methods add included. "
+        + "; ".join(setups) + ". Every baseline and the "
         "leave-one-out tables: [bench/results/summary.md](bench/results/summary.md).")
 
 
@@ -153,8 +154,8 @@ def heldout_results() -> str:
             cell = _ratio_cell([x for x in r["speedup_vs"][baseline] if x is not None])
             cells.append(cell + (f", reached {r['reached']}/{n}" if r["reached"] < n else ""))
         against = f"`{baseline}`" + (f" (reached {base['reached']}/{n})" if base["reached"] < n else "")
-        rows.append(f"| {HELDOUT_SETS.get(key, key)} | {_target_text(entry['target']['metric'], entry['target']['value'])}"
-                    f" | {against} | " + " | ".join(cells) + " |")
+        target = _target_text(entry["target"]["metric"], entry["target"]["value"])
+        rows.append(f"| {HELDOUT_SETS.get(key, key)} | {target} | {against} | " + " | ".join(cells) + " |")
         machines.add(f"{entry['machine']['cpu']}, {entry['machine']['torch_threads']} threads, "
                      f"{entry['date'][:10]}, {n} seeds")
     rows += ["", f"Median speed-up paired by seed (range). {'; '.join(sorted(machines))}. "
@@ -164,22 +165,29 @@ def heldout_results() -> str:
 
 def hosts_results() -> str:
     rows = ["| host | what ran | target | seeds | speed-up | file |", "|---|---|---|---|---|---|"]
+    setups = set()
     for name, (host, what) in HOSTS.items():
         data = json.loads((RESULTS / name).read_text())
+        setups.add(f"{data['device'].upper()}, {data['threads']} threads, torch {data['torch']}")
         target = (_target_text("bpb", data["target_bpb"]) if "target_bpb" in data
                   else _target_text("accuracy", data["target"]))
         seeds = len(data["ratios"])
         rows.append(f"| {host} | {what} | {target} | {seeds} | {_ratio_cell(data['ratios'])} | "
                     f"[{name}](bench/results/{name}) |")
-    return "\n".join(rows)
+    return "\n".join(rows) + (f"\n\nMedian speed-up paired by seed (range); {'; '.join(sorted(setups))}. "
+                              "Each file holds its command.")
 
 
 def search_results() -> str:
     rows = ["| data | recipe | against (per seed, the faster) | fresh seeds | speed-up | files |",
             "|---|---|---|---|---|---|"]
+    budgets, machines = set(), set()
     for search in SEARCHES:
         where = f"bench/results/tune/{search['folder']}"
-        seeds = [s for f in search["files"] for s in json.loads((ROOT / where / f).read_text())["seeds"]]
+        files = [json.loads((ROOT / where / f).read_text()) for f in search["files"]]
+        seeds = [s for f in files for s in f["seeds"]]
+        budgets.add(json.loads((ROOT / where / "summary.json").read_text())["budget_s"])
+        machines.update(f["machine"].rsplit(",", 1)[0] for f in files)  # without the date
         links = ", ".join(f"[{f.removesuffix('.json').removesuffix('.md').replace('_', ' ')}]({where}/{f})"
                           for f in ["report.md", *search["files"]])
         for arm, label in search["arms"].items():
@@ -191,7 +199,9 @@ def search_results() -> str:
             numbers = [s["seed"] for s in seeds]
             rows.append(f"| {search['data']} | {label} | {' or '.join(search['against'].values())} | "
                         f"{min(numbers)}-{max(numbers)} | {_ratio_cell(ratios)} | {links} |")
-    return "\n".join(rows)
+    minutes = " or ".join(f"{b / 60:g}" for b in sorted(budgets))
+    return "\n".join(rows) + (f"\n\nSearches of {minutes} minutes; picks run with `speedkit train` as shipped, "
+                              f"median speed-up paired by seed (range). {'; '.join(sorted(machines))}.")
 
 
 def reached_json() -> str:

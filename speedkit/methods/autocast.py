@@ -2,8 +2,9 @@
 
 bf16 halves memory traffic and uses the fast matrix units of recent GPUs and CPUs (AVX-512 BF16 /
 AMX); without them a CPU emulates bf16 and is slower, so ``precision="auto"`` times both first. The
-benchmark's ``plain-bf16`` against ``plain`` measures it (bench/results/summary.json). bf16 keeps fp32's exponent range, so it needs no loss scaling; fp16 (GPUs only)
-does, and this method then also installs a GradScaler. Weights and optimizer state stay fp32.
+benchmark's ``plain-bf16`` against ``plain`` measures it (bench/results/summary.json). bf16 keeps fp32's
+exponent range, so it needs no loss scaling; fp16 (GPUs only) does, and this method then also installs a
+GradScaler. Weights and optimizer state stay fp32.
 
 ``Trainer(precision="bf16")`` does the same thing; this method exists so mixed precision can be
 toggled like any other method (explorer, recipes). With both given, the method's dtype wins.

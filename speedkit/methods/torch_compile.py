@@ -66,11 +66,12 @@ class TorchCompile(Method):
                    help="dynamic shapes: None lets torch decide, True avoids recompiles when shapes vary"),
             HParam("fullgraph", bool, False, help="fail on graph breaks instead of falling back to eager"),
         ),
-        requirements=("a C++ compiler on CPU, Triton on GPU", "a first batch that is slower by the compile (record.timings['compile_s'])",
+        requirements=("a C++ compiler on CPU, Triton on GPU",
+                      "a first batch that is slower by the compile (record.timings['compile_s'])",
                       "varying input shapes (progressive resizing, sequence-length warmup) cause recompiles"),
         runs_after=("patch_whitening",),
-        effect="fused kernels and, on CUDA, fewer launches: PyTorch 2 reports about 1.4x training speed-up "
-               "across its GPU benchmark suites; small on a CPU, after a compile that the first batch pays",
+        effect="fused kernels and, on CUDA, fewer launches: PyTorch 2 reports about 1.4x training speed-up on an A100 "
+               "across its benchmark suites; small on a CPU, after a compile that the first batch pays",
         source="PyTorch 2 (Ansel et al. 2024); measured here: bench/results/design_notes.json (torch_compile)",
     )
 
