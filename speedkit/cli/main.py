@@ -114,7 +114,7 @@ def _add_train_parser(commands) -> None:
 
 def _add_catalogue_parsers(commands) -> None:
     methods = commands.add_parser("methods", help="the speed-up methods, from their cards", allow_abbrev=False)
-    methods.add_argument("--markdown", action="store_true", help="print the methods table as markdown (docs/guide.md's)")
+    methods.add_argument("--markdown", action="store_true", help="print the methods table as markdown")
     methods.add_argument("name", nargs="?", help="show one method's whole card")
     commands.add_parser("tasks", help="the tasks, their targets and models", allow_abbrev=False)
     recipes = commands.add_parser("recipes", help="each task's presets: baselines and speed-up recipes",
