@@ -129,13 +129,15 @@ def bench_results() -> str:
             rows.append(f"| {task} | {shown} | {r['budget']} | {r['reached']}/{n} | "
                         f"{'not reached' if time is None else f'{time:.1f}'} | {' | '.join(cells)} | {final:.4f} |")
             task = ""
-        m = entry["machine"]
-        setups.append(f"{entry['task']}: {m['cpu']}, {m['torch_threads']} thread{'s' if m['torch_threads'] > 1 else ''}"
-                      f", torch {m['torch']}, {entry['date'][:10]}, profile `{entry['profile']}`, {n} seeds")
+        m, threads = entry["machine"], entry["machine"]["torch_threads"]
+        setups.append((entry["task"], f"{m['cpu']}, {threads} thread{'s' if threads > 1 else ''}, torch {m['torch']}, "
+                                      f"{entry['date'][:10]}, profile `{entry['profile']}`, {n} seeds"))
+    if len({setup for _, setup in setups}) == 1:
+        setups = [("both tasks", setups[0][1])]
     return "\n".join(rows) + (
         "\n\nMedians over seeds; speed-ups are baseline time / recipe time, paired by seed (range in brackets). "
         "Training wall clock: a plain evaluation excluded, what evaluation-time methods add included. "
-        + "; ".join(setups) + ". Every baseline and the "
+        + "; ".join(f"{task}: {setup}" for task, setup in setups) + ". Every baseline and the "
         "leave-one-out tables: [bench/results/summary.md](bench/results/summary.md).")
 
 
