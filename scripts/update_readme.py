@@ -133,7 +133,7 @@ def bench_results() -> str:
         setups.append((entry["task"], f"{m['cpu']}, {threads} thread{'s' if threads > 1 else ''}, torch {m['torch']}, "
                                       f"{entry['date'][:10]}, profile `{entry['profile']}`, {n} seeds"))
     if len({setup for _, setup in setups}) == 1:
-        setups = [("both tasks", setups[0][1])]
+        setups = [("Both tasks", setups[0][1])]
     return "\n".join(rows) + (
         "\n\nMedians over seeds; speed-ups are baseline time / recipe time, paired by seed (range in brackets). "
         "Training wall clock: a plain evaluation excluded, what evaluation-time methods add included. "
