@@ -138,7 +138,7 @@ def build_methods(spec) -> list[Method]:
 
 
 def methods_table() -> str:
-    """The README's methods table, drawn from the cards (``make readme`` writes it into README.md)."""
+    """The methods table, drawn from the cards (``make readme`` writes it into docs/guide.md)."""
     rows = ["| method | domain | acts on | what it does | expected effect (source) |", "|---|---|---|---|---|"]
     for name, cls in REGISTRY.items():
         card = cls.CARD

@@ -52,8 +52,8 @@ def resnet_trainer(run_dir, run_name: str, steps: int = STEPS, **kwargs) -> Trai
 
 
 def text_tokens() -> torch.Tensor:
-    """Real English text that is always there: speedkit's own README, as bytes."""
-    text = (Path(__file__).resolve().parents[2] / "README.md").read_bytes()
+    """Real English text that is always there: speedkit's own guide, as bytes (the README alone is short)."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "guide.md").read_bytes()
     return torch.frombuffer(bytearray(text), dtype=torch.uint8)
 
 
