@@ -336,3 +336,12 @@ def test_no_machine_names_in_the_package():
     found = [f"{path.relative_to(ROOT)}:{n}" for path in sorted((ROOT / "speedkit").rglob("*.py"))
              for n, line in enumerate(path.read_text().splitlines(), 1) if machines.search(line)]
     assert found == []
+
+
+def test_the_heldout_and_hosts_figures_are_the_committed_results():
+    readme, results = README.read_text(), ROOT / "bench" / "results"
+    for path in sorted(results.glob("hosts_*.json")):
+        assert f"{json.loads(path.read_text())['median_ratio']:.2f}x" in readme, f"{path.name} is not in the README"
+    for key, entry in json.loads((results / "heldout-plain-bf16" / "summary.json").read_text()).items():
+        hot = entry["recipes"]["hot"]["speedup_median_vs"][entry["strongest_baseline"]]
+        assert f"{hot:.2f}x" in readme, f"the held-out {key} figure is not the committed one"
