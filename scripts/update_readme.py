@@ -86,7 +86,7 @@ def headline() -> str:
         threads = entry["machine"]["torch_threads"]
         setups.add(f"{entry['device'].upper()}, {threads} thread{'s' if threads > 1 else ''}, "
                    f"median of {len(entry['seeds'])} paired seeds")
-    return "\n".join(lines) + f"\n\nMeasured on a {'; '.join(sorted(setups))} ([Results](#results))."
+    return "\n".join(lines) + f"\n- Measured on a {'; '.join(sorted(setups))} ([Results](#results))."
 
 
 def recipes_table() -> str:
