@@ -11,8 +11,10 @@ from speedkit.core.time import Time, Timestamp, TimeUnit
 
 
 class State:
-    """The run's mutable state. Methods act on it; the Trainer advances it.
+    """The run's mutable state. Methods act on it; the Trainer (or a host's session) advances it.
 
+    Every field is declared in ``__init__``, grouped by who sets it; nothing else adds one
+    (``tests/core/test_state_fields.py`` reads the package for assignments to undeclared fields).
     ``batch`` is whatever the dataloader yields: ``(inputs, targets, ...)``, a dict or a tensor, read and
     rewritten through ``speedkit.core.batch``; methods rewrite it at AFTER_DATALOADER / BEFORE_FORWARD.
     ``outputs`` and ``loss`` hold the current microbatch's.
@@ -21,7 +23,9 @@ class State:
     def __init__(self, *, model: torch.nn.Module, loss_fn: Callable, max_duration: Time,
                  device: torch.device, precision: str, seed: int, optimizers=(), schedulers=(),
                  methods=(), callbacks=(), train_dataloader=None, evaluators=(), record=None,
-                 schedule_scale: float = 1.0):
+                 schedule_scale: float = 1.0, log_every: int = 10, autocast: Callable | None = None,
+                 grad_scaler=None):
+        # The run's parts: what trains, on what, with what (methods may replace them at INIT and FIT_START).
         self.model = model
         self.loss_fn = loss_fn
         self.optimizers: list[torch.optim.Optimizer] = list(optimizers)
@@ -34,31 +38,35 @@ class State:
         self.device = device
         self.precision = precision
         self.seed = seed
+        self.log_every = log_every  # batches between the loss's logged rows (and the monitors' readings)
+
+        # The run's length and where it is.
         self.schedule_scale = schedule_scale
         # The user's duration before the schedule scale ratio; schedules are fractions of it.
         self.original_max_duration = max_duration
         self.max_duration = max_duration * schedule_scale if max_duration.unit is not TimeUnit.DURATION else max_duration
         self.timestamp = Timestamp()
-
-        self.batch: Any = None
-        self.outputs: Any = None
-        self.loss: torch.Tensor | None = None
-        self.microbatch_index = 0
-        self.num_microbatches = 1
-        self.last_train_loss: float | None = None
-        self.eval_metrics: dict[str, dict[str, float]] = {}  # evaluator label -> metric -> value
-        self.current_evaluator = None
-
         # Nominal sizes, filled in by the Trainer at FIT_START, used to convert between units.
         self.batches_per_epoch: int | None = None
         self.samples_per_batch: int | None = None
         self.tokens_per_batch: int | None = None
 
-        # Autocast context factory and fp16 scaler, set by the Trainer (and by precision methods).
-        self.autocast: Callable = None
-        self.grad_scaler = None
+        # The step in flight (speedkit.train.step) and the last evaluation.
+        self.batch: Any = None
+        self.outputs: Any = None
+        self.loss: torch.Tensor | None = None
+        self.microbatch_index = 0
+        self.num_microbatches = 1
         self.skip_step = False  # set by a method or the NaN guard to skip this optimizer step
+        self.last_train_loss: float | None = None
+        self.eval_metrics: dict[str, dict[str, float]] = {}  # evaluator label -> metric -> value
+        self.current_evaluator = None
 
+        # Autocast context factory and fp16 scaler, set by the Trainer (and by precision methods).
+        self.autocast: Callable | None = autocast
+        self.grad_scaler = grad_scaler
+
+        # Stopping, asked from any thread.
         self._stop = threading.Event()
         self.stop_reason: str | None = None
 

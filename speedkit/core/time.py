@@ -8,7 +8,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-import time
 from enum import Enum
 from typing import Union
 
@@ -235,26 +234,3 @@ class Timestamp:
     @classmethod
     def from_dict(cls, d: dict) -> "Timestamp":
         return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls) if f.name in d})
-
-
-class TrainClock:
-    """Training wall clock that pauses during evaluation and checkpointing.
-
-    What methods add to an evaluation is added to ``offset`` afterwards (the Trainer's ``_count_eval_methods``).
-    """
-
-    def __init__(self, offset: float = 0.0):
-        self.offset, self._started = offset, None
-
-    def start(self):
-        if self._started is None:
-            self._started = time.perf_counter()
-
-    def pause(self):
-        if self._started is not None:
-            self.offset += time.perf_counter() - self._started
-            self._started = None
-
-    def elapsed(self) -> float:
-        running = time.perf_counter() - self._started if self._started is not None else 0.0
-        return self.offset + running

@@ -6,8 +6,9 @@ A host is a training loop speedkit does not own: a plain PyTorch loop, Accelerat
 Face Trainer. Its adapter (``speedkit.hosts.loop``, ``.lightning``, ``.hf``) says, as a :class:`Host`, which
 events it serves and where, and what to do about each event it cannot serve. :meth:`Host.check` refuses,
 before training, a method whose card needs an event the host cannot serve, naming the method, the host and
-the fix. The adapter then calls the :class:`MethodSession` at its hook points; the session keeps the clock
-(batches, samples, tokens, epochs) and the methods' state, which ride in the host's own checkpoints
+the fix. The adapter then calls the :class:`MethodSession` at its hook points, which drives the same
+:class:`speedkit.train.step.Step` as speedkit's Trainer: one sequence of a step's events, and the clock
+(batches, samples, tokens, epochs). The methods' state rides in the host's own checkpoints
 (:meth:`MethodSession.state_dict`).
 """
 from __future__ import annotations
@@ -20,11 +21,11 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import torch
 
 from speedkit.core import Engine, Event, Method, State, Time, TimeUnit
-from speedkit.core.batch import batch_size, batch_tokens
 from speedkit.core.method import IncompatibleMethodsError
 from speedkit.record.loggers import Logger, LoggerDestination, RecordDestination
 from speedkit.record.runs import RunRecord
-from speedkit.train.parts import apply_schedules, make_loss, make_schedules
+from speedkit.train.parts import make_loss, make_schedules
+from speedkit.train.step import Step
 
 LOG = logging.getLogger("speedkit")
 
@@ -153,6 +154,7 @@ class MethodSession:
         host.check(methods, state)
         self.logger = Logger(state, [RecordDestination(self.record), _TextToLogging(), *loggers])
         self.engine = Engine(state, self.logger)  # orders the methods and checks their conflicts
+        self.step = Step(state, self.run)  # the step's events, as the Trainer runs them; no stopwatch: the host times
         self.batch_started = False  # BATCH_START ran for the batch in flight
         self._counted_batch = None  # the loader's batch in flight, which the clock counts
         self.epoch_started = False
@@ -218,34 +220,28 @@ class MethodSession:
     # -- per epoch and per batch ------------------------------------------------------------------------
     def epoch_start(self) -> None:
         if not self.epoch_started:
-            self.run(Event.EPOCH_START)
+            self.step.epoch_start()
             self.epoch_started = True
 
     def epoch_end(self) -> None:
         """EPOCH_END: the clock's epoch advances, then the methods hear of it."""
-        self.state.timestamp = self.state.timestamp.after_epoch()
         self.epoch_started = False
-        self.run(Event.EPOCH_END)
+        self.step.epoch_end()
 
     def batch_start(self) -> None:
         """Schedules for the fraction done, then BATCH_START (before the forward of this step)."""
         self._require_fit_start()
         self.epoch_start()
         if not self.batch_started:
-            self.state.skip_step = False
-            apply_schedules(self.state)
-            self.run(Event.BATCH_START)
+            self.step.begin()
             self.batch_started = True
 
     def transform_batch(self, batch):
         """AFTER_DATALOADER and BEFORE_FORWARD on ``batch``; returns the batch the forward should take."""
-        state = self.state
-        state.batch = batch
         self._counted_batch = batch
-        self.run(Event.AFTER_DATALOADER)
+        self.step.after_dataloader(batch)
         self.batch_start()
-        self.run(Event.BEFORE_FORWARD)
-        return state.batch
+        return self.step.before_forward()
 
     def compute_loss(self, outputs, batch=None, loss_fn: Callable | None = None) -> torch.Tensor:
         """AFTER_FORWARD, BEFORE_LOSS, the loss, AFTER_LOSS; returns the loss (label methods acted on it).
@@ -256,37 +252,38 @@ class MethodSession:
         state = self.state
         if batch is not None:
             state.batch = batch
-        state.outputs = outputs
-        self.run(Event.AFTER_FORWARD)
-        self.run(Event.BEFORE_LOSS)
-        fn = make_loss(state.model, loss_fn) if loss_fn is not None else state.loss_fn
-        state.loss = fn(state.outputs, state.batch)
-        self.run(Event.AFTER_LOSS)
-        return state.loss
+        self.step.after_forward(outputs)
+        return self.step.loss(make_loss(state.model, loss_fn) if loss_fn is not None else state.loss_fn)
 
     def before_backward(self) -> None:
-        self.run(Event.BEFORE_BACKWARD)
+        self.step.before_backward()
 
     def after_backward(self) -> None:
-        self.run(Event.AFTER_BACKWARD)
+        self.step.after_backward()
 
     def batch_end(self, batch=None) -> None:
         """After the optimizer step: AFTER_TRAIN_BATCH, the clock advances by ``batch`` (the loader's batch),
         BATCH_END, and EPOCH_END when the epoch's last batch is through."""
         state = self.state
         counted = batch if batch is not None else self._counted_batch
-        self.run(Event.AFTER_TRAIN_BATCH)
-        samples = batch_size(counted) * self.world if counted is not None else (state.samples_per_batch or 0)
-        tokens = batch_tokens(counted) * self.world if counted is not None else 0
-        state.timestamp = state.timestamp.after_batch(samples, tokens)
-        self.run(Event.BATCH_END)
+        self.step.after_optimizer()
+        self.step.count(counted)
+        self.step.end()
         self.batch_started = False
         self._counted_batch = None
         per_epoch = state.batches_per_epoch
         if self.ends_epochs and per_epoch and state.timestamp.batch_in_epoch >= per_epoch:
             self.epoch_end()
 
-    world = 1  # processes training together (DDP, Accelerate): the clock counts the samples of all of them
+    @property
+    def world(self) -> int:
+        """Processes training together (DDP, Accelerate): the clock counts the samples of all of them."""
+        return self.step.world
+
+    @world.setter
+    def world(self, processes: int) -> None:
+        self.step.world = processes
+
     ends_epochs = True  # whether batch_end closes epochs by count (hosts with their own epoch hooks turn it off)
 
     # -- evaluation and the end ------------------------------------------------------------------------

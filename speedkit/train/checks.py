@@ -388,9 +388,8 @@ def check_first_outputs(state, default_loss: bool) -> None:
                          f"({IGNORE_INDEX} marks positions to ignore)")
 
 
-def check_first_loss(state) -> None:
-    """The first loss must be a single number that backward can start from."""
-    loss = state.loss
+def check_first_loss(state, loss) -> None:
+    """The first ``loss`` must be a single number that backward can start from."""
     if not isinstance(loss, torch.Tensor):
         raise TypeError(f"the loss must be a scalar tensor, but the loss function returned {_kind(loss)}")
     if loss.numel() != 1 or not loss.is_floating_point():

@@ -1,9 +1,12 @@
 """The Trainer: a training loop whose every step is a named event that methods can act on.
 
 Reading order: ``__init__`` (parts, INIT), ``fit`` (resume, the epoch loop, clean endings), ``_train_step``
-(microbatches, forward, loss, backward, step), ``eval``. Every run writes a RunRecord and, unless told not
+(microbatches, forward, loss, backward, step), ``eval``. The step's events run through a
+``speedkit.train.step.Step``, the one sequence every host drives too, and its training time is the
+``speedkit.train.step.Stopwatch``'s. Every run writes a RunRecord and, unless told not
 to, a final checkpoint into its run folder. Around the loop, each in a room of its own: ``speedkit.train.parts``
-(what the Trainer is given, made into one kind each), ``speedkit.train.checkpoint.Checkpointer``, the parallel
+(what the Trainer is given, made into one kind each), ``speedkit.train.step`` (the step's events and its clock),
+``speedkit.train.checkpoint.Checkpointer``, the parallel
 plan of ``speedkit.train.parallel``, ``speedkit.train.microbatching``, ``speedkit.train.interrupts``, ``speedkit.train.checks``.
 """
 from __future__ import annotations
@@ -17,11 +20,10 @@ from typing import Iterable, Sequence
 
 import torch
 
-from speedkit.core import Callback, Engine, Event, Method, State, Time, TimeUnit, TrainClock, distributed
+from speedkit.core import Callback, Engine, Event, Method, State, Time, TimeUnit, distributed
 from speedkit.core.batch import batch_size, batch_tokens, call_model, output_logits, to_device
 from speedkit.core.devices import (autocast_factory, make_grad_scaler, resolve_device, resolve_precision, synchronize,
                                    timed, to_host)
-from speedkit.core.event import EVAL_EVENTS
 from speedkit.core.seeding import epoch_seed, seed_everything
 from speedkit.record.loggers import InMemoryLogger, JSONLFileLogger
 from speedkit.record.metrics import Evaluator, compute_metrics
@@ -35,10 +37,11 @@ from speedkit.train.interrupts import SIGTERM_EXIT_CODE, SIGTERM_REASON, Sigterm
 from speedkit.train.microbatching import Microbatching
 from speedkit.train.ownership import FolderOwner
 from speedkit.train.parallel import make_plan
-from speedkit.train.parts import (apply_schedules, cross_entropy_loss, describe_run, global_batch_size, make_callbacks,
+from speedkit.train.parts import (cross_entropy_loss, describe_run, global_batch_size, make_callbacks,
                                   make_evaluators, make_logger, make_loss, make_optimizers, make_record,
                                   make_reproducible, make_schedules, measure_loader, read_device_checks,
                                   close_callbacks, step_optimizers)
+from speedkit.train.step import Step, Stopwatch
 
 
 class Trainer:
@@ -106,10 +109,9 @@ class Trainer:
         self.state = state = State(
             model=model.to(device), loss_fn=make_loss(model, loss_fn), max_duration=max_duration,
             device=device, precision=resolved_precision, seed=seed, methods=list(methods or ()),
-            train_dataloader=train_dataloader, record=record, schedule_scale=float(schedule_scale))
-        state.log_every = log_interval
-        state.autocast = autocast_factory(resolved_precision, device)
-        state.grad_scaler = make_grad_scaler(resolved_precision, device)
+            train_dataloader=train_dataloader, record=record, schedule_scale=float(schedule_scale),
+            log_every=log_interval, autocast=autocast_factory(resolved_precision, device),
+            grad_scaler=make_grad_scaler(resolved_precision, device))
         state.evaluators = make_evaluators(model, eval_dataloader, evaluators, eval_interval)
         state.callbacks = make_callbacks(callbacks, stop_at=stop_at, nan_policy=nan_policy,
                                          progress_bar=progress_bar if distributed.is_main() else False,
@@ -120,6 +122,8 @@ class Trainer:
         self.logger = make_logger(state, [self.memory_logger, *loggers], console=console and distributed.is_main(),
                                   run_folder=self.run_folder, writes=distributed.is_main())
         self.engine = Engine(state, self.logger)
+        self.stopwatch = Stopwatch(state, self.logger, self.engine.seconds_at)  # training time, eval apart
+        self.step = Step(state, self.engine.run_event, world=plan.world, stopwatch=self.stopwatch)
         self._log_file: JSONLFileLogger | None = None
         self.checkpointer = Checkpointer(save_folder, state, self.logger, plan, self.microbatching,
                                          run_name=self.run_name, run_folder=self.run_folder, keep=keep_checkpoints)
@@ -140,7 +144,6 @@ class Trainer:
                                  autoresume=autoresume or load_path is not None,  # load_path there: continue it
                                  overwrite=overwrite, extend_duration=extend_duration)
         self.sigterm, self.interrupts = SigtermFlag(), StepInterrupts()
-        self._clock = TrainClock()
         self._resume_rng: dict | None = None
         self._fit_started = False
         self._run_logged = False  # loggers heard of the run's start, so they hear of its end
@@ -161,7 +164,7 @@ class Trainer:
 
     def save_checkpoint(self) -> Path:
         """Write ``ba{batch}.ckpt`` and point ``latest.ckpt`` at it (see ``speedkit.train.checkpoint.Checkpointer``)."""
-        self.state.record.set_timing("train_s", self.state.timestamp.wall_s)  # the checkpoint's record has it too
+        self.stopwatch.checkpointed()  # the checkpoint's record has its training time too
         return self.checkpointer.save()
 
     def fit(self) -> RunRecord:
@@ -207,13 +210,9 @@ class Trainer:
         self._measure_loader()
         self._resume_rng = self.checkpointer.resume(self.load_path, self.autoresume)
         self.owner.after_resume(state.timestamp, self.logger, self.checkpointer.resumed_from)
-        if state.timestamp.batch == 0:
-            # What methods do at FIT_START (patch whitening's fit on data, optimizer wrapping) is part of
-            # training: it counts in the clock, so in time to target, and is reported apart too. A resumed
-            # run's clock continues from its checkpoint, which already counts the first run's fit start.
-            state.timestamp = state.timestamp.with_wall(fit_start_s)
-            state.record.set_timing("fit_start_s", fit_start_s)
-        self._clock = TrainClock(offset=state.timestamp.wall_s)
+        # What methods did at FIT_START (patch whitening's fit on data, optimizer wrapping) is training time;
+        # a resumed run's clock continues from its checkpoint's instead.
+        self.stopwatch.fit_started(fit_start_s)
         for ev in state.evaluators:
             ev.schedule.start(state)
         state.record.save()
@@ -239,7 +238,7 @@ class Trainer:
         if self.sigterm.received and not state.stop_requested:
             state.request_stop(SIGTERM_REASON)
         if state.max_duration.unit is TimeUnit.SECOND:
-            state.timestamp = state.timestamp.with_wall(self._clock.elapsed())
+            self.stopwatch.stamp()
         return self.plan.agree_to_end(state, state.stop_requested or state.is_done())
 
     def _end_normally(self) -> None:
@@ -270,48 +269,45 @@ class Trainer:
         return per_epoch is not None and self.state.timestamp.batch_in_epoch >= per_epoch
 
     def _run_epoch(self) -> None:
-        state, engine = self.state, self.engine
+        state, engine, step = self.state, self.engine, self.step
         resuming_mid_epoch = state.timestamp.batch_in_epoch > 0
-        self._clock.start()  # starting the loader's iterator (worker processes) is training time too
+        self.stopwatch.start()  # starting the loader's iterator (worker processes) is training time too
         self._set_epoch(state.timestamp.epoch)
         iterator = iterate_from(state.train_dataloader, state.timestamp.batch_in_epoch)
         if self._resume_rng is not None:
             set_rng_state(self._resume_rng)
             self._resume_rng = None
         if not resuming_mid_epoch:
-            engine.run_event(Event.EPOCH_START)
+            step.epoch_start()
         while not self._epoch_complete():
             if self._should_end():
                 return  # stopped or out of budget mid-epoch: no epoch end
-            engine.run_event(Event.BEFORE_DATALOADER)
+            step.before_dataloader()
             try:
                 batch = next(iterator)
             except StopIteration:
                 break
-            state.batch = to_device(batch, state.device)
-            engine.run_event(Event.AFTER_DATALOADER)
+            step.after_dataloader(to_device(batch, state.device))
             if not self._first_batch_checked:
                 check_first_batch(state, batch_tokens(state.batch))
             with self.interrupts.step(state):  # a Ctrl-C waits for the batch's end (speedkit/train/interrupts.py)
                 self._train_step()
-                engine.run_event(Event.BATCH_END)
+                step.end()  # BATCH_END
             self._maybe_eval(at_epoch_end=False)
             engine.run_event(Event.BATCH_CHECKPOINT)  # a save pauses the clock itself: no wait when none is due
         if state.timestamp.batch_in_epoch == 0:  # looping over empty epochs would never reach max_duration
             raise ValueError(f"train_dataloader yielded no batches in epoch {state.timestamp.epoch}; a loader "
                              f"must yield batches every epoch (a generator is used up after one pass)")
-        state.timestamp = state.timestamp.after_epoch()
-        engine.run_event(Event.EPOCH_END)
+        step.epoch_end()  # the clock's epoch, then EPOCH_END
         self._maybe_eval(at_epoch_end=True)
         engine.run_event(Event.EPOCH_CHECKPOINT)
 
     # -- one optimizer step ---------------------------------------------------------------
     def _train_step(self) -> None:
-        """One optimizer step on ``state.batch``: forward, loss and backward per microbatch, then the step."""
-        state, engine = self.state, self.engine
-        state.skip_step = False
-        apply_schedules(state)
-        engine.run_event(Event.BATCH_START)
+        """One optimizer step on ``state.batch``: forward, loss and backward per microbatch, then the step.
+        Each ``step.`` call runs its events (``speedkit.train.step``); the work between them is the Trainer's."""
+        state, step = self.state, self.step
+        step.begin()  # schedules for the fraction done, BATCH_START
         full_batch = state.batch
         forward_backward = functools.partial(self._forward_backward, full_batch)
         step_loss, microbatches = self.microbatching.run(forward_backward, state, self.logger)
@@ -320,18 +316,17 @@ class Trainer:
             step_optimizers(state, closure=lambda: forward_backward(microbatches))
         for optimizer in state.optimizers:
             optimizer.zero_grad(set_to_none=True)
-        engine.run_event(Event.AFTER_TRAIN_BATCH)
+        step.after_optimizer()  # AFTER_TRAIN_BATCH
         for scheduler in state.schedulers:
             if isinstance(scheduler, torch.optim.lr_scheduler.LRScheduler):
                 scheduler.step()
         step_loss = self.plan.after_step(state.model, step_loss)  # e.g. averaged over ranks
-        self._count_batch(full_batch, step_loss)
+        step.count(full_batch)  # the clock: the batch's samples and tokens on every rank, the training seconds
+        self._log_loss(step_loss)
 
-    def _count_batch(self, batch, step_loss: torch.Tensor) -> None:
-        """Advance the timestamp (samples and tokens of all ranks) and log the loss every few batches."""
-        state, world = self.state, self.plan.world
-        state.timestamp = state.timestamp.after_batch(batch_size(batch) * world, batch_tokens(batch) * world,
-                                                      wall_s=self._clock.elapsed())
+    def _log_loss(self, step_loss: torch.Tensor) -> None:
+        """Log the step's loss every ``log_interval`` batches."""
+        state = self.state
         if state.timestamp.batch % state.log_every == 0 or state.is_done():
             state.last_train_loss = to_host(step_loss)  # the step's one wait, at the logging interval only
             self.logger.log_metrics({"loss": state.last_train_loss})
@@ -350,30 +345,34 @@ class Trainer:
         return step_loss
 
     def _train_microbatch(self, weight: float) -> torch.Tensor:
-        state, engine = self.state, self.engine
+        state, step = self.state, self.step
         checked = self._first_batch_checked  # until the first step is through, failures name batch and model
-        engine.run_event(Event.BEFORE_FORWARD)
+        step.before_forward()
         with self._explained("forward", checked), state.autocast():
-            state.outputs = call_model(self._train_module, state.batch)
-        engine.run_event(Event.AFTER_FORWARD)
+            outputs = call_model(self._train_module, state.batch)
+        step.after_forward(outputs)
         if not checked:
             check_first_outputs(state, default_loss=state.loss_fn is cross_entropy_loss)
-        engine.run_event(Event.BEFORE_LOSS)
-        with self._explained("loss", checked), state.autocast():
-            state.loss = state.loss_fn(state.outputs, state.batch)
-        if not checked:
-            check_first_loss(state)
-        engine.run_event(Event.AFTER_LOSS)
-        engine.run_event(Event.BEFORE_BACKWARD)
+        step.loss(self._loss)  # BEFORE_LOSS, the loss, AFTER_LOSS
+        step.before_backward()
         if not state.skip_step:
             scaled = _weighted(state.loss, weight)
             if state.grad_scaler is not None:
                 scaled = state.grad_scaler.scale(scaled)
             with self._explained("backward", checked):
                 scaled.backward()
-        engine.run_event(Event.AFTER_BACKWARD)
+        step.after_backward()
         self._first_batch_checked = True
         return state.loss.detach().float()
+
+    def _loss(self, outputs, batch) -> torch.Tensor:
+        """The loss function under autocast; on the first step, its failures explained and its result checked."""
+        state, checked = self.state, self._first_batch_checked
+        with self._explained("loss", checked), state.autocast():
+            loss = state.loss_fn(outputs, batch)
+        if not checked:
+            check_first_loss(state, loss)
+        return loss
 
     @contextlib.contextmanager
     def _explained(self, stage: str, checked: bool):
@@ -390,13 +389,8 @@ class Trainer:
         """Run ``fn`` with the clock stopped (evaluating and saving are not training), after the on-device checks."""
         read_device_checks(self.state, self.logger)
         synchronize(self.state.device)
-        self._clock.pause()
-        start = time.perf_counter()
-        try:
+        with self.stopwatch.paused():
             return self.interrupts.held(self.state, fn, *args)  # a Ctrl-C waits (EMA swapped back after an eval)
-        finally:
-            self._clock.start()
-            self.state.record.add_timing("paused_s", time.perf_counter() - start)
 
     def _maybe_eval(self, at_epoch_end: bool) -> None:
         due = [ev for ev in self.state.evaluators if ev.schedule.due(self.state, at_epoch_end)]
@@ -413,8 +407,7 @@ class Trainer:
         """Evaluate the current model; returns and logs ``{label: {metric: value}}``."""
         state = self.state
         evaluators = state.evaluators if evaluators is None else evaluators
-        start = time.perf_counter()
-        method_s_before = self.engine.seconds_at(EVAL_EVENTS)
+        started = self.stopwatch.eval_started()
         self.plan.before_eval(state.model)
         was_training = state.model.training
         state.model.eval()
@@ -428,9 +421,8 @@ class Trainer:
                     results[evaluator.label] = self._run_evaluator(evaluator)
         finally:
             state.model.train(was_training)
-        eval_s = time.perf_counter() - start
-        self.state.record.add_timing("eval_s", eval_s)
-        self._count_eval_methods(self.engine.seconds_at(EVAL_EVENTS) - method_s_before)
+        # What methods added to it is training time, counted before the metrics are logged (time to target).
+        eval_s = self.stopwatch.eval_ended(started, training=self._fit_started)
         logged = {f"{'eval' if label == 'eval' else 'eval/' + label}/{name}": value
                   for label, metrics in results.items() for name, value in metrics.items()}
         self.logger.log_metrics({**logged, "eval_s": round(eval_s, 4)})
@@ -438,15 +430,6 @@ class Trainer:
         if self._fit_started:
             state.record.save()
         return results
-
-    def _count_eval_methods(self, seconds: float) -> None:
-        """What methods added to an evaluation (test-time augmentation, EMA/SWA swaps) is training time; a plain
-        evaluation is not. Added before the metrics are logged: the row that reaches a target pays its own."""
-        if not self._fit_started or seconds <= 0:
-            return
-        self._clock.offset += seconds
-        self.state.timestamp = self.state.timestamp.with_wall(self.state.timestamp.wall_s + seconds)
-        self.state.record.add_timing("eval_methods_s", seconds)
 
     @torch.no_grad()
     def _run_evaluator(self, evaluator: Evaluator) -> dict[str, float]:
@@ -493,8 +476,7 @@ class Trainer:
     def _finish(self, save: bool) -> None:
         """Close out a run: final timings, a checkpoint when asked, the record on disk, loggers closed."""
         state = self.state
-        self._clock.pause()
-        state.record.set_timing("train_s", self._clock.elapsed())  # a final save() sets the checkpoint's own
+        self.stopwatch.stop()  # train_s; a final save() sets the checkpoint's own
         close_callbacks(state)
         if not self.owner.keeps_earlier_run:  # else a resume failed before loading: the earlier run stays as it was
             if save and self._fit_started:
