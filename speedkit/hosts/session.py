@@ -154,7 +154,7 @@ class MethodSession:
         host.check(methods, state)
         self.logger = Logger(state, [RecordDestination(self.record), _TextToLogging(), *loggers])
         self.engine = Engine(state, self.logger)  # orders the methods and checks their conflicts
-        self.step = Step(state, self.run)  # the step's events, as the Trainer runs them; no stopwatch: the host times
+        self.step = Step(state, self.run)  # the Trainer's step events; no stopwatch: the host keeps its own time
         self.batch_started = False  # BATCH_START ran for the batch in flight
         self._counted_batch = None  # the loader's batch in flight, which the clock counts
         self.epoch_started = False

@@ -1,13 +1,13 @@
 """The Trainer: a training loop whose every step is a named event that methods can act on.
 
 Reading order: ``__init__`` (parts, INIT), ``fit`` (resume, the epoch loop, clean endings), ``_train_step``
-(microbatches, forward, loss, backward, step), ``eval``. The step's events run through a
-``speedkit.train.step.Step``, the one sequence every host drives too, and its training time is the
-``speedkit.train.step.Stopwatch``'s. Every run writes a RunRecord and, unless told not
-to, a final checkpoint into its run folder. Around the loop, each in a room of its own: ``speedkit.train.parts``
-(what the Trainer is given, made into one kind each), ``speedkit.train.step`` (the step's events and its clock),
-``speedkit.train.checkpoint.Checkpointer``, the parallel
-plan of ``speedkit.train.parallel``, ``speedkit.train.microbatching``, ``speedkit.train.interrupts``, ``speedkit.train.checks``.
+(microbatches, forward, loss, backward, step), ``eval``. The step's events run through
+``speedkit.train.step.Step``, the one sequence every host drives too; training time, evaluation apart, is its
+``Stopwatch``'s. Every run writes a RunRecord and, unless told not to, a final checkpoint into its run folder.
+Around the loop, each in a room of its own: ``speedkit.train.parts`` (what the Trainer is given, made into
+one kind each), ``speedkit.train.step``, ``speedkit.train.checkpoint.Checkpointer``, the parallel plan of
+``speedkit.train.parallel``, ``speedkit.train.microbatching``, ``speedkit.train.interrupts``,
+``speedkit.train.checks``.
 """
 from __future__ import annotations
 
