@@ -1,0 +1,356 @@
+"""Loaders over a shard folder, on litdata's ``StreamingDataset`` and ``StreamingDataLoader``.
+
+They yield batches in the form of the in-memory loaders (``BatchLoader``: ``(images, labels)``, images
+normalised floats [B, 3, S, S]; ``TokenBatchLoader``: ``(inputs, targets)``, int64 [B, seq_len]), with the
+same conventions, so the Trainer and the methods work on them unchanged:
+
+* ``batch_size`` is the global batch; each rank yields its ``batch_size / world_size`` samples, from chunks
+  litdata assigns to it (disjoint between ranks and between a rank's worker processes). A training loader on
+  several ranks drops the epoch's last samples that do not fill a batch on every rank (fewer than one global
+  batch), so every rank takes the same number of steps.
+* ``set_epoch(e)`` chooses the epoch's order (a function of ``seed`` and ``e``); a fully consumed iteration
+  moves to the next epoch; ``iter_from(k)`` continues an epoch after its first ``k`` batches without decoding
+  them, from litdata's loader state when one was loaded (``load_state_dict``; the Trainer's checkpoint carries
+  ``state_dict()``), so each sample is seen once in the epoch and the batches equal an uninterrupted run's.
+* Every random choice of a sample (its crop, its flip) is drawn from ``(seed, epoch, sample id)``, so it does
+  not depend on which worker process decodes the sample, nor on a resume.
+
+Images are decoded and augmented in the worker processes at the size the step needs now: ``image_size``,
+or the size set with ``set_image_size`` (progressive resizing), which takes effect when the next epoch's
+iteration starts (every batch of an epoch has the same size, and a resumed epoch decodes at the size the
+uninterrupted one did). JPEG decoding uses PIL's draft mode, so a small output decodes at a reduced scale.
+Batches come from pinned memory with non-blocking copies on CUDA.
+
+Tokens: each stored block of ``block + 1`` tokens gives ``block / seq_len`` consecutive windows. The loader
+serves windows of the model's full ``seq_len``; sequence-length warmup (``seq_length_warmup``) truncates or
+splits them in the step, as it does for the in-memory loader.
+"""
+from __future__ import annotations
+
+import math
+import random
+from pathlib import Path
+from typing import Iterator, Optional, Sequence
+
+import torch
+
+from speedkit.core.distributed import resolve_shard
+from speedkit.data._sharding import GlobalBatch
+from speedkit.data.streaming import shards as S
+
+FLIP_MODES = ("random", "alternating", None)
+
+
+def _rng(seed: int, epoch: int, sample_id: int) -> random.Random:
+    return random.Random(f"{seed}/{epoch}/{sample_id}")
+
+
+class _DecodeImage:
+    """In a worker: JPEG bytes -> uint8 [3, size, size], random-resized crop and flip (train) or a centre crop."""
+
+    def __init__(self, size: int, train: bool, seed: int, flip: Optional[str], scale: tuple, ratio: tuple,
+                 crop_fraction: float):
+        self.size, self.train, self.seed, self.flip = size, train, seed, flip
+        self.scale, self.ratio, self.crop_fraction = scale, ratio, crop_fraction
+        self.epoch = 0
+
+    def __call__(self, item: dict) -> dict:
+        import numpy as np
+        from PIL import Image
+
+        sample_id = int(item["id"])
+        with Image.open(_as_file(item["image"])) as image:
+            image.draft("RGB", (self.size, self.size))
+            image = image.convert("RGB")
+            if self.train:
+                rng = _rng(self.seed, self.epoch, sample_id)
+                box = _random_resized_box(image.size, self.scale, self.ratio, rng)
+                flip = (self.flip == "random" and rng.random() < 0.5) or (
+                    self.flip == "alternating" and (_rng(self.seed, -1, sample_id).getrandbits(1) + self.epoch) % 2)
+            else:
+                box, flip = _center_box(image.size, self.crop_fraction), False
+            image = image.resize((self.size, self.size), Image.BILINEAR, box=box)
+            if flip:
+                image = image.transpose(Image.FLIP_LEFT_RIGHT)
+            pixels = torch.from_numpy(np.asarray(image, dtype=np.uint8).copy()).permute(2, 0, 1)
+        return {"image": pixels, "label": int(item["label"]), "id": sample_id}
+
+
+def _as_file(data):
+    import io
+
+    return io.BytesIO(bytes(data))
+
+
+def _random_resized_box(size: tuple, scale: tuple, ratio: tuple, rng: random.Random) -> tuple:
+    """torchvision's RandomResizedCrop box, drawn from ``rng``."""
+    width, height = size
+    area = width * height
+    log_ratio = (math.log(ratio[0]), math.log(ratio[1]))
+    for _ in range(10):
+        target = area * rng.uniform(*scale)
+        aspect = math.exp(rng.uniform(*log_ratio))
+        w, h = int(round(math.sqrt(target * aspect))), int(round(math.sqrt(target / aspect)))
+        if 0 < w <= width and 0 < h <= height:
+            left, top = rng.randint(0, width - w), rng.randint(0, height - h)
+            return (left, top, left + w, top + h)
+    return _center_box(size, 1.0)
+
+
+def _center_box(size: tuple, fraction: float) -> tuple:
+    """The centre square covering ``fraction`` of the short side."""
+    width, height = size
+    side = min(width, height) * fraction
+    left, top = (width - side) / 2, (height - side) / 2
+    return (left, top, left + side, top + side)
+
+
+def _collate_images(items: list) -> tuple:
+    return (torch.stack([i["image"] for i in items]), torch.tensor([i["label"] for i in items], dtype=torch.int64),
+            torch.tensor([i["id"] for i in items], dtype=torch.int64))
+
+
+class _Windows:
+    """Stored blocks [b, block + 1] -> (inputs, targets, ids) windows [b * k, seq_len]; ``ids`` per block."""
+
+    def __init__(self, seq_len: int):
+        self.seq_len = seq_len
+
+    def __call__(self, items: list) -> tuple:
+        import numpy as np
+
+        blocks = torch.from_numpy(np.stack([np.asarray(i["tokens"]) for i in items]).astype(np.int64))
+        inputs = blocks[:, :-1].reshape(-1, self.seq_len)
+        targets = blocks[:, 1:].reshape(-1, self.seq_len)
+        return inputs, targets, torch.tensor([int(i["id"]) for i in items], dtype=torch.int64)
+
+
+class _StreamingLoader(GlobalBatch):
+    """What the image and token loaders share: the litdata loader, epochs, resuming, ranks."""
+
+    kind = ""
+
+    def __init__(self, root, split: str, batch_size: int, items_per_batch: int, *, shuffle: bool, seed: int,
+                 device, num_workers: int, rank: Optional[int], world_size: Optional[int], transform, collate,
+                 allow_partial: bool = True):
+        S.disable_litdata_network()
+        from litdata import StreamingDataLoader, StreamingDataset
+
+        self.shards = S.read_shards(root, need_complete=not allow_partial)
+        if self.shards.kind != self.kind:
+            raise S.ShardError(f"{self.shards.root} holds {self.shards.kind} shards, not {self.kind}")
+        if self.shards.samples(split) == 0:
+            raise S.ShardError(f"{self.shards.root} has no {split} samples; prepare a folder that has them")
+        self.rank, self.world_size = resolve_shard(rank, world_size)
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be positive, got {batch_size}")
+        if batch_size % self.world_size:
+            raise ValueError(f"batch_size={batch_size} is the global batch size and must split evenly over "
+                             f"world_size={self.world_size} ranks; use a multiple of {self.world_size}")
+        self.batch_size, self.shuffle, self.seed = batch_size, shuffle, seed
+        self.device = torch.device(device)
+        self.split, self.num_workers = split, num_workers
+        self.epoch = 0
+        self.fingerprint = self.shards.fingerprint
+        self._transform = transform
+        # Training on several ranks: every rank the same number of equal batches (see the module's docstring).
+        drop_last = shuffle and self.world_size > 1
+        self.dataset = StreamingDataset(str(self.shards.split_dir(split)), shuffle=shuffle, seed=seed,
+                                        drop_last=drop_last, transform=transform)
+        if rank is not None or world_size is not None:  # a split asked for, not this process's own
+            from litdata.utilities.env import _DistributedEnv
+
+            self.dataset.distributed_env = _DistributedEnv(self.world_size, self.rank, 1)
+        self.loader = StreamingDataLoader(self.dataset, batch_size=items_per_batch, num_workers=num_workers,
+                                          collate_fn=collate, pin_memory=self.device.type == "cuda")
+        self._pending: Optional[dict] = None  # a loaded state, used when iteration resumes at its batch
+        self._yielded = 0  # batches handed out in the current iteration
+        self._iter_epoch = 0
+        self.seen_ids: Optional[list] = None  # set to a list to record every sample id handed out
+
+    # -- sizes and epochs ---------------------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    @property
+    def dataset_size(self) -> int:
+        return self.shards.samples(self.split)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+    # -- iteration and resuming ---------------------------------------------------------------------------------
+    def __iter__(self) -> Iterator[tuple]:
+        return self.iter_from(0)
+
+    def iter_from(self, batch_index: int) -> Iterator[tuple]:
+        """This epoch's batches from ``batch_index`` on (see the module's docstring)."""
+        if batch_index < 0:
+            raise ValueError(f"batch_index must be >= 0, got {batch_index}")
+        return self._batches(self.epoch, batch_index)
+
+    def _batches(self, epoch: int, batch_index: int) -> Iterator[tuple]:
+        self._before_epoch(epoch)
+        self._transform.epoch = epoch
+        state = self._pending
+        self._pending = None
+        skip = batch_index
+        if batch_index and state is not None and (state["epoch"], state["batches"]) == (epoch, batch_index):
+            self.loader.load_state_dict(state["litdata"])
+            skip = 0
+        else:
+            self.loader.current_epoch = epoch  # litdata counts epochs from 1: its iteration adds one
+            self.loader.restore = False
+        self._iter_epoch, self._yielded = epoch, batch_index - skip
+        for batch in self.loader:
+            if skip:  # no state for this point: replay to it (correct, decodes what it skips)
+                skip -= 1
+                self._yielded += 1
+                continue
+            self._yielded += 1
+            *batch, ids = batch
+            if self.seen_ids is not None:
+                self.seen_ids.extend(ids.tolist())
+            yield self._finish(batch)
+        if self.epoch == epoch:
+            self.epoch = epoch + 1
+
+    def _before_epoch(self, epoch: int) -> None:
+        pass
+
+    def _to_device(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.to(self.device, non_blocking=True)  # pinned by the DataLoader on CUDA
+
+    def _finish(self, batch: list) -> tuple:
+        return tuple(self._to_device(t) for t in batch)
+
+    # -- the checkpoint's part ----------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """Where the iteration stands (epoch, batches handed out, litdata's loader state) and which data it is."""
+        return {"kind": self.kind, "fingerprint": self.fingerprint, "root": str(self.shards.root),
+                "split": self.split, "epoch": self._iter_epoch, "batches": self._yielded,
+                "litdata": self.loader.state_dict() if self._yielded else None}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from ``state`` at the next ``iter_from`` of its epoch and batch; refuse other data."""
+        if not state:
+            return
+        if state.get("fingerprint") != self.fingerprint:
+            raise ValueError(
+                f"the run's checkpoint was trained on other data: its {state.get('split')} shards "
+                f"({state.get('root')}, fingerprint {state.get('fingerprint')}) are not these ({self.shards.root}, "
+                f"fingerprint {self.fingerprint}); the shards were prepared again or changed since. Resume with the "
+                f"data the run started on, or start a new run (another run name, or without --autoresume)")
+        self._pending = state if state.get("litdata") else None
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}({self.shards.root}/{self.split}, samples={self.dataset_size}, "
+                f"batch_size={self.batch_size}, batches={len(self)}, shuffle={self.shuffle}, epoch={self.epoch}"
+                + (f", rank={self.rank}/{self.world_size})" if self.world_size > 1 else ")"))
+
+
+class StreamingImageLoader(_StreamingLoader):
+    """(images, labels) batches from image shards: float [B, 3, S, S] normalised with the shards' mean and std
+    (or ``mean``/``std``), int64 labels. ``train=True``: shuffled, random-resized crops of ``scale`` and
+    ``ratio`` and ``flip`` ("random", "alternating" or None); else a centre crop of ``crop_fraction`` of the short
+    side, in order. See the module's docstring."""
+
+    kind = "images"
+
+    def __init__(self, root, batch_size: int, *, split: str = "train", train: Optional[bool] = None,
+                 image_size: int = 160, flip: Optional[str] = "random", scale: Sequence[float] = (0.35, 1.0),
+                 ratio: Sequence[float] = (3 / 4, 4 / 3), crop_fraction: float = 0.875, mean=None, std=None,
+                 dtype: torch.dtype = torch.float32, channels_last: bool = False, seed: int = 0, device="cpu",
+                 num_workers: int = 0, rank: Optional[int] = None, world_size: Optional[int] = None,
+                 allow_partial: bool = True):
+        train = split == "train" if train is None else train
+        if flip not in FLIP_MODES:
+            raise ValueError(f"flip must be one of {FLIP_MODES}, got {flip!r}")
+        from speedkit.data.images import check_image_size
+
+        self.image_size = check_image_size(image_size, "image_size")
+        self._next_size = self.image_size
+        transform = _DecodeImage(self.image_size, train, seed, flip if train else None, tuple(scale), tuple(ratio),
+                                 crop_fraction)
+        local = batch_size // max(1, resolve_shard(rank, world_size)[1])
+        super().__init__(root, split, batch_size, local, shuffle=train, seed=seed, device=device,
+                         num_workers=num_workers, rank=rank, world_size=world_size, transform=transform,
+                         collate=_collate_images, allow_partial=allow_partial)
+        manifest = self.shards.manifest
+        self.classes = tuple(manifest["classes"])
+        self.mean = tuple(mean if mean is not None else manifest.get("mean", (0.5, 0.5, 0.5)))
+        self.std = tuple(std if std is not None else manifest.get("std", (0.25, 0.25, 0.25)))
+        self.dtype, self.channels_last = dtype, channels_last
+        mean_t = torch.tensor(self.mean, dtype=torch.float32).reshape(1, 3, 1, 1)
+        std_t = torch.tensor(self.std, dtype=torch.float32).reshape(1, 3, 1, 1)
+        self._scale = (1.0 / (255.0 * std_t)).to(self.device)
+        self._shift = (-mean_t / std_t).to(self.device)
+
+    @property
+    def image_shape(self) -> tuple:
+        return (3, self.image_size, self.image_size)
+
+    def set_image_size(self, size: int) -> None:
+        """Decode at ``size`` from the next epoch's iteration on (progressive resizing sets it)."""
+        from speedkit.data.images import check_image_size
+
+        self._next_size = check_image_size(int(size), "image size")
+
+    def _before_epoch(self, epoch: int) -> None:
+        self.image_size = self._transform.size = self._next_size
+
+    def _finish(self, batch: list) -> tuple:
+        images, labels = (self._to_device(t) for t in batch)
+        images = images.to(torch.float32).mul_(self._scale).add_(self._shift).to(self.dtype)
+        if self.channels_last:
+            images = images.contiguous(memory_format=torch.channels_last)
+        return images, labels
+
+
+class StreamingTokenLoader(_StreamingLoader):
+    """(inputs, targets) int64 [B, seq_len] windows from token shards; ``batch_size`` counts windows (global).
+    ``seq_len`` must divide the shards' block; each rank's batch must be a whole number of blocks. See the
+    module's docstring."""
+
+    kind = "tokens"
+
+    def __init__(self, root, seq_len: int, batch_size: int, *, split: str = "train", shuffle: Optional[bool] = None,
+                 seed: int = 0, device="cpu", num_workers: int = 0, rank: Optional[int] = None,
+                 world_size: Optional[int] = None, allow_partial: bool = True):
+        shards = S.read_shards(root)
+        block = int(shards.manifest["block"])
+        if seq_len < 1 or block % seq_len:
+            raise ValueError(f"seq_len={seq_len} must divide the shards' block of {block} tokens; use one of "
+                             f"{[d for d in (block // k for k in (1, 2, 4, 8, 16)) if d * (block // d) == block]} "
+                             f"or prepare the text again with --block a multiple of {seq_len}")
+        per_block = block // seq_len
+        world = resolve_shard(rank, world_size)[1]
+        local = batch_size // max(1, world)
+        if local % per_block:
+            raise ValueError(f"batch_size={batch_size} windows ({local} per rank) must be a multiple of {per_block}: "
+                             f"each stored block of {block} tokens gives {per_block} windows of {seq_len}")
+        self.seq_len, self.block = seq_len, block
+        self.vocab_size = int(shards.manifest["vocab_size"])
+        super().__init__(root, split, batch_size, local // per_block,
+                         shuffle=split == "train" if shuffle is None else shuffle, seed=seed, device=device,
+                         num_workers=num_workers, rank=rank, world_size=world_size, transform=_Epochless(),
+                         collate=_Windows(seq_len), allow_partial=allow_partial)
+
+    @property
+    def tokens_per_batch(self) -> int:
+        return self.batch_size * self.seq_len
+
+    def tokenizer(self):
+        """The shards' tokenizer (Hugging Face ``tokenizers``)."""
+        from tokenizers import Tokenizer
+
+        return Tokenizer.from_file(str(Path(self.shards.root) / self.shards.manifest["tokenizer"]))
+
+
+class _Epochless:
+    """Token blocks need no per-sample randomness; the loader still sets ``epoch`` on its transform."""
+
+    epoch = 0
+
+    def __call__(self, item):
+        return item

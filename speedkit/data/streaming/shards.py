@@ -1,0 +1,180 @@
+"""The shard folder ``speedkit data prepare`` writes, and the checks that make a half-written or altered one
+impossible to take as complete.
+
+Layout (``OUT`` is the folder given to ``--out``)::
+
+    OUT/speedkit-shards.json        the manifest: what the shards hold; written last, "complete": true at the end
+    OUT/train/index.json            litdata's index of the split's chunks (a StreamingDataset reads it)
+    OUT/train/chunk-P-K.bin         chunks written by part P (litdata's BinaryWriter, one writer per part)
+    OUT/train/P.index.json          part P's own index, written by its writer
+    OUT/train/P.done                part P finished: its index verified against its chunks (atomic)
+    OUT/val/...                     the same for the validation split
+    OUT/.prepare/plan.json          the work list a rerun continues from (source fingerprint, options)
+    OUT/tokenizer.json              text only: the tokenizer the tokens were made with
+
+A part is the unit of work and of resuming: it is written by one writer and marked done only after its writer
+finished and its chunks were checked against its index. A rerun keeps done parts and deletes and redoes the
+rest, so a kill at any moment loses at most the parts in flight. The split's ``index.json`` lists the chunks of
+done parts only (written atomically), so a folder left by a prepare that stopped (out of disk) is usable up to
+its last complete part, and its manifest says it is partial.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Iterable
+
+from speedkit.record.runs import atomic_write_bytes
+
+MANIFEST = "speedkit-shards.json"
+FORMAT = "speedkit-shards"
+VERSION = 1
+INDEX = "index.json"
+PLAN_DIR = ".prepare"
+SPLITS = ("train", "val")
+
+
+class ShardError(ValueError):
+    """A shard folder that cannot be used as it is: missing, partial where a whole one is needed, or altered."""
+
+
+def disable_litdata_network() -> None:
+    """litdata may ask PyPI for a newer version when imported; speedkit downloads nothing behind the user's back."""
+    os.environ.setdefault("LITDATA_DISABLE_VERSION_CHECK", "1")
+    os.environ.setdefault("LITDATA_CHECK_UPDATES", "0")
+
+
+def write_json(path: Path, value) -> None:
+    atomic_write_bytes(path, (json.dumps(value, indent=1, sort_keys=True) + "\n").encode())
+
+
+def is_shard_folder(path) -> bool:
+    """True for a folder ``speedkit data prepare`` wrote (complete or not)."""
+    return path is not None and (Path(path).expanduser() / MANIFEST).is_file()
+
+
+# -- parts --------------------------------------------------------------------------------------------------
+def part_files(split_dir: Path, part: int) -> list[Path]:
+    return sorted(split_dir.glob(f"chunk-{part}-*.bin")) + [split_dir / f"{part}.{INDEX}"]
+
+
+def done_marker(split_dir: Path, part: int) -> Path:
+    return split_dir / f"{part}.done"
+
+
+def part_is_done(split_dir: Path, part: int) -> bool:
+    return done_marker(split_dir, part).is_file()
+
+
+def discard_part(split_dir: Path, part: int) -> None:
+    """Remove whatever an unfinished part left (chunks, its index); its marker last, if any."""
+    for path in part_files(split_dir, part):
+        path.unlink(missing_ok=True)
+    done_marker(split_dir, part).unlink(missing_ok=True)
+
+
+def finish_part(split_dir: Path, part: int, info: dict) -> None:
+    """Check part ``part``'s chunks against the index its writer wrote, then mark it done (atomically)."""
+    index = json.loads((split_dir / f"{part}.{INDEX}").read_text())
+    check_chunks(split_dir, index["chunks"], where=f"part {part} of {split_dir}")
+    write_json(done_marker(split_dir, part), {**info, "chunks": [c["filename"] for c in index["chunks"]]})
+
+
+def merge_index(split_dir: Path, parts: Iterable[int]) -> dict:
+    """``index.json`` over the done parts' chunks in part order (the order samples were planned in)."""
+    chunks, config = [], None
+    for part in parts:
+        index = json.loads((split_dir / f"{part}.{INDEX}").read_text())
+        chunks += index["chunks"]
+        config = config or index["config"]
+    merged = {"chunks": chunks, "config": config, "updated_at": "speedkit"}
+    write_json(split_dir / INDEX, merged)
+    return merged
+
+
+def check_chunks(split_dir: Path, chunks: list, where: str) -> None:
+    """Every chunk the index lists is there with the size the index says; ShardError naming the first that is not."""
+    for chunk in chunks:
+        path = split_dir / chunk["filename"]
+        if not path.is_file():
+            raise ShardError(f"{where}: {path} is missing but its index lists it; the shards were moved or deleted "
+                             f"in part: run `speedkit data prepare` again into this folder to redo them")
+        size, expected = path.stat().st_size, int(chunk["chunk_bytes"])
+        if size < expected:  # the writer may pad nothing; a chunk's header can make the file a few bytes larger
+            raise ShardError(f"{where}: {path} holds {size} bytes but its index says {expected}: it was cut short "
+                             f"(a copy that stopped, a full disk) or replaced; run `speedkit data prepare` again "
+                             f"into this folder to redo it")
+
+
+# -- the manifest -------------------------------------------------------------------------------------------
+@dataclasses.dataclass
+class ShardSet:
+    """A shard folder's manifest, read and checked: ``kind`` is ``"images"`` or ``"tokens"``."""
+    root: Path
+    manifest: dict
+
+    @property
+    def kind(self) -> str:
+        return self.manifest["kind"]
+
+    @property
+    def complete(self) -> bool:
+        return bool(self.manifest.get("complete"))
+
+    def split_dir(self, split: str) -> Path:
+        return self.root / split
+
+    def samples(self, split: str) -> int:
+        return int(self.manifest["splits"].get(split, {}).get("samples", 0))
+
+    @property
+    def fingerprint(self) -> str:
+        """What identifies the data a run trained on: the hash of every split's index (chunk names and sizes)
+        and the manifest's content options; a loader's state carries it, and a resume refuses another."""
+        digest = hashlib.sha256(json.dumps({k: self.manifest.get(k) for k in ("kind", "options", "classes")},
+                                           sort_keys=True).encode())
+        for split in SPLITS:
+            index = self.split_dir(split) / INDEX
+            if index.is_file():
+                digest.update(index.read_bytes())
+        return digest.hexdigest()[:16]
+
+
+def read_shards(root, *, need_complete: bool = False) -> ShardSet:
+    """The shard folder at ``root``, its manifest and every split's chunks checked against the split's index.
+
+    A partial folder (a prepare that stopped) is refused with ``need_complete``; otherwise it is returned and its
+    ``complete`` is False. Chunks that do not match their index are refused, naming the file."""
+    root = Path(root).expanduser()
+    path = root / MANIFEST
+    if not path.is_file():
+        raise ShardError(f"{root} is not a shard folder ({MANIFEST} is missing); make one with "
+                         f"`speedkit data prepare SOURCE --out {root}`")
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ShardError(f"{path} cannot be read ({e}); run `speedkit data prepare` again into {root}") from None
+    if manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
+        raise ShardError(f"{path} is not a speedkit shard manifest of version {VERSION}; prepare the data again "
+                         f"with this speedkit")
+    shards = ShardSet(root, manifest)
+    if need_complete and not shards.complete:
+        raise ShardError(f"{root} holds a prepare that did not finish ({manifest.get('stopped', 'stopped')}); run "
+                         f"the same `speedkit data prepare` again to complete it")
+    for split, info in manifest["splits"].items():
+        index_path = shards.split_dir(split) / INDEX
+        if not index_path.is_file():
+            raise ShardError(f"{root}: the {split} split's {INDEX} is missing; run `speedkit data prepare` again")
+        index = json.loads(index_path.read_text())
+        if int(info.get("chunks", -1)) != len(index["chunks"]):
+            raise ShardError(f"{index_path} lists {len(index['chunks'])} chunks but {MANIFEST} says "
+                             f"{info.get('chunks')}: the index was replaced; run `speedkit data prepare` again")
+        count = sum(int(c["chunk_size"]) for c in index["chunks"])
+        if count != int(info["samples"]):
+            raise ShardError(f"{index_path} holds {count} samples but {MANIFEST} says {info['samples']}: the "
+                             f"shards do not match their manifest; run `speedkit data prepare` again")
+        check_chunks(shards.split_dir(split), index["chunks"], where=str(root))
+    return shards
