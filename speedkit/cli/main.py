@@ -32,6 +32,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_bench_parser(commands)
     _add_tune_parser(commands)
     _add_notebooks_parser(commands)
+    _add_data_parser(commands)
     commands.add_parser("env", help="what a bug report needs: versions, devices, bf16 speed measured here, data found",
                         allow_abbrev=False)
     return parser
@@ -592,7 +593,7 @@ def _dispatch(args, argv: list[str]) -> int:
     from speedkit.cli.outcomes import INTERRUPTED_EXIT_CODE, interrupted_line, report_error
 
     simple = {"launch": _launch, "methods": _methods, "tasks": _tasks, "recipes": _recipes, "export": _export,
-              "bench": _bench, "notebooks": _notebooks, "tune": _tune, "demo": _demo, "env": _env}
+              "bench": _bench, "notebooks": _notebooks, "tune": _tune, "demo": _demo, "env": _env, "data": _data}
     try:
         if args.command == "train":
             return _train(args, argv)
@@ -618,6 +619,18 @@ def _demo(args) -> int:
 
     overrides = {"duration": args.duration, "data_fraction": args.data_fraction, "device": args.device}
     return run_demo(args.root, args.out, {k: v for k, v in overrides.items() if v is not None}, params=args.params)
+
+
+def _add_data_parser(commands) -> None:
+    from speedkit.cli.data import add_data_parser
+
+    add_data_parser(commands)
+
+
+def _data(args) -> int:
+    from speedkit.cli.data import run_data
+
+    return run_data(args)
 
 
 def _env(args) -> int:

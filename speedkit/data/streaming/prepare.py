@@ -442,6 +442,7 @@ def prepare_text(source, out, *, tokenizer=None, vocab_size: int = 8192, block: 
     """BPE token shards of the text files under ``source`` in ``out`` (see the module's docstring)."""
     from speedkit.data.text import _list_text_files, looks_binary, split_files
 
+    S.require("tokenizers")
     source, out = Path(source).expanduser().resolve(), Path(out).expanduser().resolve()
     if not source.is_dir():
         raise FileNotFoundError(f"{source} is not a folder; give a folder of text files ({', '.join(TEXT_EXTENSIONS)})")

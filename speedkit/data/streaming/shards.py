@@ -42,9 +42,19 @@ class ShardError(ValueError):
 
 
 def disable_litdata_network() -> None:
-    """litdata may ask PyPI for a newer version when imported; speedkit downloads nothing behind the user's back."""
+    """litdata may ask PyPI for a newer version when imported; speedkit downloads nothing behind the user's back.
+    Also says how to install litdata when it is missing."""
     os.environ.setdefault("LITDATA_DISABLE_VERSION_CHECK", "1")
     os.environ.setdefault("LITDATA_CHECK_UPDATES", "0")
+    require("litdata")
+
+
+def require(package: str) -> None:
+    """ImportError with the fix when the ``stream`` extra's ``package`` is not installed."""
+    import importlib.util
+
+    if importlib.util.find_spec(package) is None:
+        raise ImportError(f"streaming data needs {package}: pip install 'speedkit[stream]' (litdata and tokenizers)")
 
 
 def write_json(path: Path, value) -> None:

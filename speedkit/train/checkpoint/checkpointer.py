@@ -71,7 +71,7 @@ class Checkpointer:
             callbacks={type(cb).__name__: cb.state_dict() for cb in state.callbacks},
             microbatching=self.microbatching.state_dict(),
             timestamp=state.timestamp.to_dict(), rng=rng, record=state.record.to_json(), run_name=self.run_name,
-            rng_by_rank=share.rng_by_rank, sharded=share.sharded)
+            rng_by_rank=share.rng_by_rank, sharded=share.sharded, dataloader=_loader_state(state.train_dataloader))
 
     def save(self) -> Path:
         """Write ``ba{batch}.ckpt`` and point ``latest.ckpt`` at it, both atomically; keep the newest few.
@@ -238,6 +238,8 @@ class Checkpointer:
             if type(callback).__name__ in contents.callbacks:
                 callback.load_state_dict(contents.callbacks[type(callback).__name__])
         self.microbatching.load_state_dict(contents.microbatching)
+        if contents.dataloader and _keeps_state(state.train_dataloader):  # refuses other data with the fix
+            state.train_dataloader.load_state_dict(contents.dataloader)
         state.timestamp = Timestamp.from_dict(contents.timestamp)
         state.record.continue_from(RunRecord.from_dict(contents.record_dict))
         self.logger.log_note("resumed_from", self.recorded(path))
@@ -261,6 +263,16 @@ class Checkpointer:
             sched.load_state_dict(sd)
         if state.grad_scaler is not None and contents.grad_scaler:
             state.grad_scaler.load_state_dict(contents.grad_scaler)
+
+
+def _keeps_state(loader) -> bool:
+    """A loader that resumes from its own state: ``iter_from`` continues from what ``load_state_dict`` loaded
+    (the streaming loaders). A loader whose ``iter_from`` is a pure function of the epoch needs none."""
+    return all(callable(getattr(loader, name, None)) for name in ("state_dict", "load_state_dict", "iter_from"))
+
+
+def _loader_state(loader) -> dict | None:
+    return loader.state_dict() if _keeps_state(loader) else None
 
 
 def _same_file(a: Path, b: Path) -> bool:

@@ -361,6 +361,7 @@ class CheckpointContents:
     record: str
     run_name: str | None = None
     rng_by_rank: list | None = None
+    dataloader: dict | None = None  # the training loader's own state, for a loader that keeps one (streaming)
     sharded: bool = False  # read from (or to be written as) a sharded checkpoint
 
     @property
@@ -377,6 +378,8 @@ def _payload(contents: CheckpointContents) -> dict:
     payload = {f.name: getattr(contents, f.name) for f in dataclasses.fields(contents) if f.name != "sharded"}
     if not payload["rng_by_rank"]:
         del payload["rng_by_rank"]  # one process's checkpoint holds its one RNG state
+    if payload["dataloader"] is None:
+        del payload["dataloader"]
     return payload
 
 
