@@ -174,7 +174,12 @@ def _writer(split_dir: Path, part: int, chunk_bytes: int):
     S.disable_litdata_network()
     from litdata.streaming.writer import BinaryWriter
 
-    writer = BinaryWriter(str(split_dir), chunk_bytes=chunk_bytes)
+    class PartWriter(BinaryWriter):
+        @property
+        def filled(self) -> bool:  # litdata's asks whether the folder has an index.json: a rerun's folder has one
+            return self._is_done
+
+    writer = PartWriter(str(split_dir), chunk_bytes=chunk_bytes)
     writer._rank = part  # one writer per part: its chunks are chunk-{part}-K.bin and its index {part}.index.json
     return writer
 

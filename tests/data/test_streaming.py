@@ -1,0 +1,333 @@
+"""Data larger than memory: shards written by ``speedkit data prepare`` and streamed by the litdata loaders.
+
+Small generated folders (JPEG and PNG of varied sizes, a few text files); every test runs in seconds."""
+from __future__ import annotations
+
+import errno
+import json
+import random
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("litdata")
+pytest.importorskip("tokenizers")
+
+from speedkit.data.streaming import (ShardError, StreamingImageLoader, StreamingTokenLoader,  # noqa: E402
+                                     prepare_images, prepare_text, read_shards)
+from speedkit.data.streaming import prepare as prepare_module  # noqa: E402
+from speedkit.data.streaming.prepare import PrepareStopped  # noqa: E402
+
+CLASSES, PER_CLASS = 3, 14
+
+
+def make_image_folder(root: Path, per_class: int = PER_CLASS, seed: int = 0) -> Path:
+    """Class folders of JPEG and PNG images of varied sizes (and a hidden folder that must be ignored)."""
+    from PIL import Image
+
+    rng = random.Random(seed)
+    for c in range(CLASSES):
+        folder = root / f"class{c}"
+        folder.mkdir(parents=True, exist_ok=True)
+        for i in range(per_class):
+            width, height = rng.randint(12, 96), rng.randint(12, 96)
+            image = Image.new("RGB", (width, height), (80 * c, rng.randint(0, 255), 40))
+            image.save(folder / f"im{i}.{'png' if i % 4 == 0 else 'jpg'}")
+    hidden = root / ".thumbnails" / "x"
+    hidden.mkdir(parents=True)
+    Image.new("RGB", (20, 20)).save(hidden / "t.jpg")
+    return root
+
+
+def make_text_folder(root: Path, files: int = 6) -> Path:
+    rng = random.Random(1)
+    words = ["stream", "shard", "token", "epoch", "batch", "resume", "rank", "worker", "image", "the", "a", "of"]
+    root.mkdir(parents=True, exist_ok=True)
+    for i in range(files):
+        (root / f"doc{i}.txt").write_text(" ".join(rng.choice(words) for _ in range(900)) + "\n")
+    return root
+
+
+@pytest.fixture(scope="module")
+def image_shards(tmp_path_factory):
+    base = tmp_path_factory.mktemp("images")
+    source = make_image_folder(base / "source")
+    result = prepare_images(source, base / "shards", short_side=32, part_size=10, progress=False)
+    return source, base / "shards", result
+
+
+@pytest.fixture(scope="module")
+def text_shards(tmp_path_factory):
+    base = tmp_path_factory.mktemp("text")
+    source = make_text_folder(base / "source")
+    result = prepare_text(source, base / "shards", vocab_size=300, block=32, progress=False)
+    return source, base / "shards", result
+
+
+def _epoch_ids(loader) -> list:
+    loader.seen_ids = []
+    for _ in loader:
+        pass
+    return loader.seen_ids
+
+
+# -- prepare --------------------------------------------------------------------------------------------------
+def test_prepare_images_writes_every_image_once_resized_with_a_stable_id(image_shards):
+    source, out, result = image_shards
+    shards = read_shards(out, need_complete=True)
+    assert result.complete and shards.kind == "images"
+    assert shards.samples("train") + shards.samples("val") == CLASSES * PER_CLASS  # the hidden folder left out
+    assert shards.manifest["classes"] == [f"class{c}" for c in range(CLASSES)]
+    assert len(shards.manifest["mean"]) == 3 and all(0 < s for s in shards.manifest["std"])
+    from litdata import StreamingDataset
+    from PIL import Image
+    import io
+
+    dataset = StreamingDataset(str(out / "train"))
+    ids, sizes = [], []
+    for i in range(len(dataset)):
+        item = dataset[i]
+        ids.append(int(item["id"]))
+        with Image.open(io.BytesIO(bytes(item["image"]))) as image:
+            assert image.format == "JPEG"
+            sizes.append(min(image.size))
+    assert sorted(ids) == list(range(shards.samples("train")))
+    assert max(sizes) == 32 and min(sizes) < 32  # larger images shrunk to the short side, smaller ones kept
+
+
+def test_a_streamed_epoch_serves_every_sample_once_in_the_in_memory_loaders_form(image_shards):
+    _, out, _ = image_shards
+    loader = StreamingImageLoader(out, 8, image_size=24, seed=3)
+    loader.seen_ids = []
+    batches = list(loader)
+    assert len(batches) == len(loader) == -(-loader.dataset_size // 8)
+    images, labels = batches[0]
+    assert images.shape == (8, 3, 24, 24) and images.dtype == torch.float32 and labels.dtype == torch.int64
+    assert sorted(loader.seen_ids) == list(range(loader.dataset_size))
+    assert loader.epoch == 1  # a consumed iteration moves to the next epoch, like BatchLoader
+    second = _epoch_ids(loader)
+    assert sorted(second) == sorted(loader.seen_ids[:0] + second) and second != batches and len(set(second)) == len(second)
+
+
+def test_the_order_and_augmentation_are_a_function_of_seed_and_epoch_and_not_of_the_workers(image_shards):
+    _, out, _ = image_shards
+
+    def epoch(workers, seed=0, e=1):
+        loader = StreamingImageLoader(out, 6, image_size=16, seed=seed, num_workers=workers)
+        loader.set_epoch(e)
+        loader.seen_ids = []
+        batches = list(loader)
+        return loader.seen_ids, batches
+
+    ids, batches = epoch(0)
+    again_ids, again = epoch(0)
+    assert ids == again_ids and all(torch.equal(a[0], b[0]) for a, b in zip(batches, again))
+    other_ids, _ = epoch(0, e=2)
+    assert other_ids != ids and sorted(other_ids) == sorted(ids)
+    two_ids, two = epoch(2)  # two worker processes: each sample once, its crop the same as decoded in one process
+    assert sorted(two_ids) == sorted(ids)
+    by_id = {i: img for (x, _), chunk in zip(batches, _chunks(ids, [len(b[1]) for b in batches])) for i, img in zip(chunk, x)}
+    two_by_id = {i: img for (x, _), chunk in zip(two, _chunks(two_ids, [len(b[1]) for b in two])) for i, img in zip(chunk, x)}
+    assert all(torch.equal(by_id[i], two_by_id[i]) for i in by_id)
+
+
+def _chunks(ids, sizes):
+    out, start = [], 0
+    for size in sizes:
+        out.append(ids[start:start + size])
+        start += size
+    return out
+
+
+def test_evaluation_batches_are_centre_crops_in_a_fixed_order(image_shards):
+    _, out, _ = image_shards
+    first = StreamingImageLoader(out, 4, split="val", image_size=16)
+    second = StreamingImageLoader(out, 4, split="val", image_size=16)
+    a, b = list(first), list(second)
+    assert all(torch.equal(x[0], y[0]) for x, y in zip(a, b)) and sum(len(y) for _, y in a) == first.dataset_size
+
+
+def test_two_ranks_see_disjoint_samples_that_cover_the_epoch(image_shards):
+    _, out, _ = image_shards
+    ranks = [StreamingImageLoader(out, 4, image_size=16, rank=r, world_size=2) for r in range(2)]
+    seen = [_epoch_ids(loader) for loader in ranks]
+    assert not set(seen[0]) & set(seen[1])
+    assert len(seen[0]) == len(seen[1]) and len(ranks[0]) == len(ranks[1])  # the same steps on every rank
+    total = ranks[0].dataset_size
+    covered = set(seen[0]) | set(seen[1])
+    assert total - 4 < len(covered) <= total  # at most the last part of a global batch is dropped
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_resuming_mid_epoch_from_the_state_serves_the_rest_exactly(image_shards, workers):
+    _, out, _ = image_shards
+    full = StreamingImageLoader(out, 5, image_size=16, num_workers=workers, seed=1)
+    full.set_epoch(2)
+    full.seen_ids = []
+    expected = list(full)
+    first = StreamingImageLoader(out, 5, image_size=16, num_workers=workers, seed=1)
+    first.set_epoch(2)
+    first.seen_ids = []
+    iterator = first.iter_from(0)
+    head = [next(iterator) for _ in range(3)]
+    state = json.loads(json.dumps(first.state_dict()))  # plain data, as the checkpoint holds it
+    del iterator
+    second = StreamingImageLoader(out, 5, image_size=16, num_workers=workers, seed=1)
+    second.load_state_dict(state)
+    second.set_epoch(2)
+    second.seen_ids = []
+    tail = list(second.iter_from(3))
+    assert sorted(first.seen_ids[:15] + second.seen_ids) == list(range(full.dataset_size))
+    assert first.seen_ids[:15] + second.seen_ids == full.seen_ids
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(head + tail, expected))
+
+
+def test_resuming_on_other_data_is_refused_with_the_fix(image_shards, tmp_path):
+    source, out, _ = image_shards
+    loader = StreamingImageLoader(out, 5, image_size=16)
+    iterator = iter(loader)
+    next(iterator)
+    state = loader.state_dict()
+    prepare_images(source, tmp_path / "other", short_side=24, part_size=10, progress=False)
+    other = StreamingImageLoader(tmp_path / "other", 5, image_size=16)
+    with pytest.raises(ValueError, match="trained on other data.*start a new run"):
+        other.load_state_dict(state)
+
+
+# -- bad input ------------------------------------------------------------------------------------------------
+def test_a_chunk_that_does_not_match_its_index_is_refused_naming_it(image_shards, tmp_path):
+    _, out, _ = image_shards
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    chunk = sorted((copy / "train").glob("chunk-*.bin"))[1]
+    chunk.write_bytes(chunk.read_bytes()[:100])
+    with pytest.raises(ShardError, match=f"{chunk.name}.*cut short"):
+        StreamingImageLoader(copy, 4)
+    chunk.unlink()
+    with pytest.raises(ShardError, match=f"{chunk.name} is missing"):
+        read_shards(copy)
+
+
+def test_corrupt_and_truncated_images_are_named_or_skipped_and_counted(tmp_path):
+    source = make_image_folder(tmp_path / "source", per_class=4)
+    good = (source / "class1" / "im1.jpg").read_bytes()
+    (source / "class1" / "im2.jpg").write_bytes(good[: len(good) // 2])  # truncated
+    (source / "class2" / "im3.jpg").write_bytes(b"not an image at all")
+    with pytest.raises(ValueError, match=r"2 file\(s\) cannot be read.*im(2|3)\.jpg.*--skip-bad"):
+        prepare_images(source, tmp_path / "out", short_side=32, part_size=100, progress=False)
+    result = prepare_images(source, tmp_path / "out", short_side=32, part_size=100, progress=False, skip_bad=True)
+    assert result.complete and len(result.skipped) == 2
+    assert sum(result.samples.values()) == CLASSES * 4 - 2
+    assert len(read_shards(tmp_path / "out").manifest["skipped"]) == 2
+
+
+def test_a_killed_prepare_continues_and_redoes_only_the_unfinished_parts(tmp_path, monkeypatch):
+    source = make_image_folder(tmp_path / "source", per_class=8)
+    reference = prepare_images(source, tmp_path / "reference", short_side=32, part_size=5, progress=False)
+    real, calls = prepare_module._encode_image, []
+
+    def dies_on_the_13th(*args):
+        calls.append(args[0])
+        if len(calls) == 13:
+            raise KeyboardInterrupt  # a kill in the middle of part 2
+        return real(*args)
+
+    monkeypatch.setattr(prepare_module, "_encode_image", dies_on_the_13th)
+    with pytest.raises(KeyboardInterrupt):
+        prepare_images(source, tmp_path / "out", short_side=32, part_size=5, progress=False)
+    assert not (tmp_path / "out" / "speedkit-shards.json").exists()  # nothing is marked complete
+    with pytest.raises(ShardError):
+        read_shards(tmp_path / "out")
+    calls.clear()
+    monkeypatch.setattr(prepare_module, "_encode_image", lambda *a: (calls.append(a[0]), real(*a))[1])
+    result = prepare_images(source, tmp_path / "out", short_side=32, part_size=5, progress=False)
+    assert result.complete and result.samples == reference.samples
+    assert len(calls) == sum(reference.samples.values()) - 10  # the two parts done before the kill were kept
+    for split in ("train", "val"):
+        assert (json.loads((tmp_path / "out" / split / "index.json").read_text())["chunks"]
+                == json.loads((tmp_path / "reference" / split / "index.json").read_text())["chunks"])
+
+
+def test_a_changed_source_is_refused_on_rerun_with_the_fix(tmp_path, monkeypatch):
+    source = make_image_folder(tmp_path / "source", per_class=4)
+    prepare_images(source, tmp_path / "out", short_side=32, progress=False)
+    (source / "class0" / "im0.png").unlink()
+    with pytest.raises(ValueError, match="changed since.*--overwrite"):
+        prepare_images(source, tmp_path / "out", short_side=32, progress=False)
+    with pytest.raises(ValueError, match="options differ.*--overwrite"):
+        prepare_images(source, tmp_path / "out", short_side=40, progress=False, overwrite=False)
+    assert prepare_images(source, tmp_path / "out", short_side=32, progress=False, overwrite=True).complete
+
+
+def test_running_out_of_disk_keeps_the_complete_parts_usable_and_says_so(tmp_path, monkeypatch):
+    source = make_image_folder(tmp_path / "source", per_class=8)
+    real, calls = prepare_module._encode_image, []
+
+    def disk_fills_at_the_12th(*args):
+        calls.append(1)
+        if len(calls) == 12:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(*args)
+
+    monkeypatch.setattr(prepare_module, "_encode_image", disk_fills_at_the_12th)
+    with pytest.raises(PrepareStopped, match="out of disk space.*usable.*rerun the same command") as stopped:
+        prepare_images(source, tmp_path / "out", short_side=32, part_size=5, progress=False)
+    assert not stopped.value.result.complete and stopped.value.result.samples["train"] == 10
+    shards = read_shards(tmp_path / "out")
+    assert not shards.complete
+    with pytest.raises(ShardError, match="did not finish"):
+        read_shards(tmp_path / "out", need_complete=True)
+    loader = StreamingImageLoader(tmp_path / "out", 4, image_size=16)  # the two complete parts stream
+    assert len(_epoch_ids(loader)) == 10
+    monkeypatch.setattr(prepare_module, "_encode_image", real)
+    assert prepare_images(source, tmp_path / "out", short_side=32, part_size=5, progress=False).complete
+
+
+# -- text -----------------------------------------------------------------------------------------------------
+def test_text_becomes_bpe_token_blocks_with_the_tokenizer_saved_beside(text_shards):
+    source, out, result = text_shards
+    shards = read_shards(out, need_complete=True)
+    assert shards.kind == "tokens" and shards.manifest["dtype"] == "uint16" and shards.manifest["vocab_size"] == 300
+    assert (out / "tokenizer.json").is_file()
+    loader = StreamingTokenLoader(out, 16, 8)
+    inputs, targets = next(iter(loader))
+    assert inputs.shape == targets.shape == (8, 16) and inputs.dtype == torch.int64
+    assert torch.equal(inputs[:, 1:], targets[:, :-1])  # next-token targets
+    assert torch.equal(inputs[1, 0], targets[0, -1])  # two windows of one block follow each other
+    text = loader.tokenizer().decode(inputs[0].tolist())
+    assert any(word in text for word in ("stream", "shard", "token", "epoch"))
+    with pytest.raises(ValueError, match="must divide the shards' block of 32"):
+        StreamingTokenLoader(out, 12, 8)
+
+
+def test_a_given_tokenizer_is_used_and_a_wide_vocabulary_takes_uint32(text_shards, tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    source, out, _ = text_shards
+    vocab = {f"w{i}": i for i in range(70_000)}
+    vocab["[UNK]"] = 70_000
+    wide = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    wide.pre_tokenizer = pre_tokenizers.Whitespace()
+    wide.save(str(tmp_path / "tokenizer.json"))
+    result = prepare_text(source, tmp_path / "out", tokenizer=tmp_path / "tokenizer.json", block=32, progress=False)
+    shards = read_shards(result.out)
+    assert shards.manifest["dtype"] == "uint32" and shards.manifest["vocab_size"] == 70_001
+    with pytest.raises(FileNotFoundError, match="--tokenizer .* does not exist"):
+        prepare_text(source, tmp_path / "out2", tokenizer=tmp_path / "missing.json", progress=False)
+
+
+def test_token_epochs_resume_exactly_from_the_state(text_shards):
+    _, out, _ = text_shards
+    full = StreamingTokenLoader(out, 16, 4, seed=2)
+    expected = list(full)
+    first = StreamingTokenLoader(out, 16, 4, seed=2)
+    iterator = iter(first)
+    head = [next(iterator) for _ in range(2)]
+    state = first.state_dict()
+    second = StreamingTokenLoader(out, 16, 4, seed=2)
+    second.load_state_dict(state)
+    tail = list(second.iter_from(2))
+    assert len(head + tail) == len(expected)
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(head + tail, expected))
