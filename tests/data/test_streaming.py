@@ -179,6 +179,7 @@ def test_resuming_mid_epoch_from_the_state_serves_the_rest_exactly(image_shards,
     second.set_epoch(2)
     second.seen_ids = []
     tail = list(second.iter_from(3))
+    assert second.resumed_at == (2, 3)  # from litdata's state, not by replaying the first batches
     assert sorted(first.seen_ids[:15] + second.seen_ids) == list(range(full.dataset_size))
     assert first.seen_ids[:15] + second.seen_ids == full.seen_ids
     assert all(torch.equal(a[0], b[0]) for a, b in zip(head + tail, expected))
@@ -331,3 +332,80 @@ def test_token_epochs_resume_exactly_from_the_state(text_shards):
     tail = list(second.iter_from(2))
     assert len(head + tail) == len(expected)
     assert all(torch.equal(a[0], b[0]) for a, b in zip(head + tail, expected))
+
+
+# -- through the Trainer --------------------------------------------------------------------------------------
+def tiny_convnet(seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(1),
+                               torch.nn.Flatten(), torch.nn.Linear(4, CLASSES))
+
+
+class StopAt:
+    """Stops the run at a batch (a checkpoint and a record are written, as after a kill's last save)."""
+
+    def __init__(self, batch):
+        self.batch, self.trainer = batch, None
+
+    def run_event(self, event, state, logger):
+        if event.value == "batch_end" and state.timestamp.batch == self.batch:
+            self.trainer.stop()
+
+    def state_dict(self):
+        return {}
+
+    def load_state_dict(self, state):
+        pass
+
+    def durations(self):
+        return {}
+
+
+def _fit(shards, folder, stop_at=None, resume=False, workers=0):
+    from speedkit import Trainer
+
+    loader = StreamingImageLoader(shards, 6, image_size=16, seed=5, num_workers=workers)
+    loader.seen_ids = []
+    callbacks = [StopAt(stop_at)] if stop_at else []
+    trainer = Trainer(tiny_convnet(seed=9 if resume else 0), loader, max_duration="3ep", deterministic=True,
+                      log_interval=1, device="cpu", run_dir=folder, run_name="r", autoresume=resume,
+                      callbacks=callbacks)
+    for cb in callbacks:
+        cb.trainer = trainer
+    return trainer.fit(), loader
+
+
+def _losses(record):
+    return [(s["batch"], s["loss"]) for s in record.steps]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_run_stopped_mid_epoch_resumes_exactly_through_the_trainer(image_shards, tmp_path, workers):
+    _, out, _ = image_shards
+    full, full_loader = _fit(out, tmp_path / "full", workers=workers)
+    per_epoch = len(full_loader)
+    stop_at = per_epoch + 2  # epoch 1, batch 2
+    first, first_loader = _fit(out, tmp_path / "part", stop_at=stop_at, workers=workers)
+    assert first.status == "stopped"
+    resumed, second_loader = _fit(out, tmp_path / "part", resume=True, workers=workers)
+    assert _losses(resumed) == _losses(full)
+    assert resumed.notes["resumed_from"].endswith("latest.ckpt") and second_loader.resumed_at == (1, 2)
+    # Epoch 1's samples: those the first run served after epoch 0, then those the resumed run served before epoch 2.
+    size = full_loader.dataset_size
+    before = first_loader.seen_ids[size:]
+    after = second_loader.seen_ids[: size - len(before)]
+    assert len(before) == 2 * 6 and sorted(before + after) == list(range(size))
+    assert first_loader.seen_ids + second_loader.seen_ids == full_loader.seen_ids
+
+
+def test_resuming_a_run_on_shards_prepared_again_is_refused(image_shards, tmp_path):
+    from speedkit import Trainer
+
+    source, out, _ = image_shards
+    _fit(out, tmp_path / "run", stop_at=3)
+    other = tmp_path / "other"
+    prepare_images(source, other, short_side=20, part_size=10, progress=False)
+    trainer = Trainer(tiny_convnet(), StreamingImageLoader(other, 6, image_size=16), max_duration="3ep",
+                      device="cpu", run_dir=tmp_path / "run", run_name="r", autoresume=True)
+    with pytest.raises(ValueError, match="trained on other data"):
+        trainer.fit()

@@ -28,6 +28,7 @@ splits them in the step, as it does for the in-memory loader.
 from __future__ import annotations
 
 import math
+import os
 import random
 from pathlib import Path
 from typing import Iterator, Optional, Sequence
@@ -157,16 +158,19 @@ class _StreamingLoader(GlobalBatch):
         drop_last = shuffle and self.world_size > 1
         self.dataset = StreamingDataset(str(self.shards.split_dir(split)), shuffle=shuffle, seed=seed,
                                         drop_last=drop_last, transform=transform)
-        if rank is not None or world_size is not None:  # a split asked for, not this process's own
-            from litdata.utilities.env import _DistributedEnv
+        # speedkit's ranks (torchrun's environment, or as given), also when the loader is built before the
+        # process group is (litdata would read the group, and see one process).
+        from litdata.utilities.env import _DistributedEnv
 
-            self.dataset.distributed_env = _DistributedEnv(self.world_size, self.rank, 1)
+        per_node = int(os.environ.get("LOCAL_WORLD_SIZE", self.world_size) or self.world_size)
+        self.dataset.distributed_env = _DistributedEnv(self.world_size, self.rank, max(1, self.world_size // per_node))
         self.loader = StreamingDataLoader(self.dataset, batch_size=items_per_batch, num_workers=num_workers,
                                           collate_fn=collate, pin_memory=self.device.type == "cuda")
         self._pending: Optional[dict] = None  # a loaded state, used when iteration resumes at its batch
         self._yielded = 0  # batches handed out in the current iteration
         self._iter_epoch = 0
         self.seen_ids: Optional[list] = None  # set to a list to record every sample id handed out
+        self.resumed_at: Optional[tuple] = None  # (epoch, batch) an iteration continued from a loaded state
 
     # -- sizes and epochs ---------------------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -197,7 +201,7 @@ class _StreamingLoader(GlobalBatch):
         skip = batch_index
         if batch_index and state is not None and (state["epoch"], state["batches"]) == (epoch, batch_index):
             self.loader.load_state_dict(state["litdata"])
-            skip = 0
+            skip, self.resumed_at = 0, (epoch, batch_index)
         else:
             self.loader.current_epoch = epoch  # litdata counts epochs from 1: its iteration adds one
             self.loader.restore = False
