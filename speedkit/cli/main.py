@@ -52,6 +52,10 @@ def _add_folder_task_arguments(parser) -> None:
     parser.add_argument("--skip-unreadable", action="store_true",
                         help="image-folder / text-folder: leave out (and count) images that cannot be decoded and "
                              "files that are not text, instead of refusing the folder")
+    parser.add_argument("--stream", action="store_true",
+                        help="image-folder / text-folder: stream from shards (prepared once, into a cache folder, "
+                             "unless --data is a shard folder from `speedkit data prepare`); chosen by itself when "
+                             "the images would not fit in memory")
     parser.add_argument("--no-flips", action="store_true",
                         help="image-folder: a horizontal flip changes these images' labels (digits, letters, "
                              "text), so train without flip augmentation, alternating flips or mirrored test views")
@@ -314,6 +318,8 @@ def _folder_options(args) -> dict | None:
         options["skip_unreadable"] = True
     if getattr(args, "no_flips", False):
         options["flips_keep_labels"] = False
+    if getattr(args, "stream", False):
+        options["stream"] = True
     return options or None
 
 

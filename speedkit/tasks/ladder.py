@@ -133,6 +133,8 @@ def task_flags(task: str, data=None, task_options: dict | None = None) -> str:
         flags.append("--skip-unreadable")
     if options.get("flips_keep_labels") is False:
         flags.append("--no-flips")
+    if options.get("stream"):
+        flags.append("--stream")
     return " ".join(flags)
 
 

@@ -133,7 +133,7 @@ class _StreamingLoader(GlobalBatch):
 
     def __init__(self, root, split: str, batch_size: int, items_per_batch: int, *, shuffle: bool, seed: int,
                  device, num_workers: int, rank: Optional[int], world_size: Optional[int], transform, collate,
-                 allow_partial: bool = True):
+                 allow_partial: bool = True, subsample: float = 1.0):
         S.disable_litdata_network()
         from litdata import StreamingDataLoader, StreamingDataset
 
@@ -156,8 +156,11 @@ class _StreamingLoader(GlobalBatch):
         self._transform = transform
         # Training on several ranks: every rank the same number of equal batches (see the module's docstring).
         drop_last = shuffle and self.world_size > 1
+        if not 0.0 < subsample <= 1.0:
+            raise ValueError(f"subsample must be in (0, 1], got {subsample}")
+        # subsample < 1: a seeded share of the chunks' samples (litdata's), the same in every epoch.
         self.dataset = StreamingDataset(str(self.shards.split_dir(split)), shuffle=shuffle, seed=seed,
-                                        drop_last=drop_last, transform=transform)
+                                        drop_last=drop_last, transform=transform, subsample=float(subsample))
         # speedkit's ranks (torchrun's environment, or as given), also when the loader is built before the
         # process group is (litdata would read the group, and see one process).
         from litdata.utilities.env import _DistributedEnv
@@ -266,7 +269,7 @@ class StreamingImageLoader(_StreamingLoader):
                  ratio: Sequence[float] = (3 / 4, 4 / 3), crop_fraction: float = 0.875, mean=None, std=None,
                  dtype: torch.dtype = torch.float32, channels_last: bool = False, seed: int = 0, device="cpu",
                  num_workers: int = 0, rank: Optional[int] = None, world_size: Optional[int] = None,
-                 allow_partial: bool = True):
+                 allow_partial: bool = True, subsample: float = 1.0):
         train = split == "train" if train is None else train
         if flip not in FLIP_MODES:
             raise ValueError(f"flip must be one of {FLIP_MODES}, got {flip!r}")
@@ -279,7 +282,7 @@ class StreamingImageLoader(_StreamingLoader):
         local = batch_size // max(1, resolve_shard(rank, world_size)[1])
         super().__init__(root, split, batch_size, local, shuffle=train, seed=seed, device=device,
                          num_workers=num_workers, rank=rank, world_size=world_size, transform=transform,
-                         collate=_collate_images, allow_partial=allow_partial)
+                         collate=_collate_images, allow_partial=allow_partial, subsample=subsample)
         manifest = self.shards.manifest
         self.classes = tuple(manifest["classes"])
         self.mean = tuple(mean if mean is not None else manifest.get("mean", (0.5, 0.5, 0.5)))
@@ -320,7 +323,7 @@ class StreamingTokenLoader(_StreamingLoader):
 
     def __init__(self, root, seq_len: int, batch_size: int, *, split: str = "train", shuffle: Optional[bool] = None,
                  seed: int = 0, device="cpu", num_workers: int = 0, rank: Optional[int] = None,
-                 world_size: Optional[int] = None, allow_partial: bool = True):
+                 world_size: Optional[int] = None, allow_partial: bool = True, subsample: float = 1.0):
         shards = S.read_shards(root)
         block = int(shards.manifest["block"])
         if seq_len < 1 or block % seq_len:
@@ -338,7 +341,7 @@ class StreamingTokenLoader(_StreamingLoader):
         super().__init__(root, split, batch_size, local // per_block,
                          shuffle=split == "train" if shuffle is None else shuffle, seed=seed, device=device,
                          num_workers=num_workers, rank=rank, world_size=world_size, transform=_Epochless(),
-                         collate=_Windows(seq_len), allow_partial=allow_partial)
+                         collate=_Windows(seq_len), allow_partial=allow_partial, subsample=subsample)
 
     @property
     def tokens_per_batch(self) -> int:

@@ -68,18 +68,39 @@ def _decode(dataset, **options) -> tuple[torch.Tensor, torch.Tensor, tuple]:
     return decoded.x, decoded.y, decoded.skipped
 
 
-def image_folder_task(data, image_size: int = 32, val_fraction: float = 0.1, seed: int = 0,
-                      target: float = 0.9, skip_unreadable: bool = False, flips_keep_labels: bool = True) -> Task:
+def image_folder_task(data, image_size: int | None = None, val_fraction: float = 0.1, seed: int = 0,
+                      target: float = 0.9, skip_unreadable: bool = False, flips_keep_labels: bool = True,
+                      stream: bool | None = None) -> Task:
     """Classify the images in class folders under DIR (train/ and val/, or split per class), resized square.
 
     ``data/train/<class>/`` and ``data/val/<class>/``, or ``data/<class>/`` split ``val_fraction`` per class
     with ``seed``; images resized to ``image_size`` square (4 to 1024); ``target`` is the accuracy to reach.
     An image that cannot be decoded is refused naming its path, or left out and counted with
     ``skip_unreadable=True``. ``flips_keep_labels=False`` for images whose label a horizontal flip changes
-    (digits, letters, text): runs then train without flips (``Task.flips_keep_labels``)."""
-    check_image_size(image_size)
-    arrays = load_image_folder(str(Path(data).expanduser().resolve()), image_size, val_fraction, seed,
-                               skip_unreadable)
+    (digits, letters, text): runs then train without flips (``Task.flips_keep_labels``).
+
+    Streaming (``speedkit.tasks.builtin._streamed``): when ``data`` is a shard folder (``speedkit data prepare``),
+    when ``stream=True``, or (``stream=None``) when the decoded images would not fit in memory, the images are
+    streamed from shards at ``image_size`` (default: the shards' short side) with random-resized crops; else
+    they are decoded once into memory at ``image_size`` (default 32), the fast path for small sets."""
+    from speedkit.tasks.builtin import _streamed
+
+    if image_size is not None:
+        check_image_size(image_size)
+    if stream or _streamed.is_shard_folder(data):
+        shards = _streamed.shards_for(data, "images", "streaming asked for", val_fraction=val_fraction, seed=seed,
+                                      skip_bad=skip_unreadable)
+        return _streamed.streamed_image_task(shards, image_size, target, flips_keep_labels)
+    image_size = image_size or 32
+    try:
+        arrays = load_image_folder(str(Path(data).expanduser().resolve()), image_size, val_fraction, seed,
+                                   skip_unreadable)
+    except MemoryError as too_big:
+        if stream is False:
+            raise
+        shards = _streamed.shards_for(data, "images", f"does not fit in memory ({too_big})",
+                                      val_fraction=val_fraction, seed=seed, skip_bad=skip_unreadable)
+        return _streamed.streamed_image_task(shards, image_size, target, flips_keep_labels)
     if arrays.skipped:
         warnings.warn(f"image-folder {data}: left out {len(arrays.skipped)} image(s) that cannot be decoded: "
                       + ", ".join(path for path, _ in arrays.skipped[:5]) + (" ..." if len(arrays.skipped) > 5 else ""),

@@ -17,11 +17,22 @@ def _adopted(recipes: dict, names: tuple[str, ...]) -> dict:
     return {name: dataclasses.replace(recipes[name], task=None, domain=None, target=None, reached=None) for name in names}
 
 
-def text_folder_task(data, target: float = 2.5, skip_unreadable: bool = False) -> Task:
+def text_folder_task(data, target: float | None = None, skip_unreadable: bool = False,
+                     stream: bool | None = None) -> Task:
     """A byte-level GPT on the text files (.txt, .rst, .md) under DIR, split train/validation by file.
 
-    ``target`` is the validation bits per byte to reach. A file that is not text is refused naming it, or
-    left out and counted with ``skip_unreadable=True``."""
+    ``target`` is the validation bits per byte to reach (default 2.5). A file that is not text is refused
+    naming it, or left out and counted with ``skip_unreadable=True``.
+
+    When ``data`` is a shard folder of BPE tokens (``speedkit data prepare``), or with ``stream=True`` (the
+    folder is then tokenized into shards once, with a BPE trained on it), a GPT with the shards' vocabulary
+    trains on windows streamed from them, and ``target`` is the validation loss (default 4.0 nats per token)."""
+    from speedkit.tasks.builtin import _streamed
+
+    if stream or _streamed.is_shard_folder(data):
+        shards = _streamed.shards_for(data, "tokens", "streaming asked for", skip_bad=skip_unreadable)
+        return _streamed.streamed_text_task(shards, target, _adopted(PYDOCS.recipes, ("baseline",)))
+    target = 2.5 if target is None else target
     root = Path(data).expanduser()
     try:
         corpus = text_corpus(str(root), 0, skip_unreadable)  # fails now, before a model is built, if the
