@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("litdata")
 
-from test_streaming import make_image_folder  # noqa: E402
+from streaming_data import make_image_folder  # noqa: E402
 
 from speedkit.data.streaming import prepare_images  # noqa: E402
 
