@@ -15,7 +15,7 @@ pytest.importorskip("tokenizers")
 
 from speedkit.data.streaming import (ShardError, StreamingImageLoader, StreamingTokenLoader,  # noqa: E402
                                      prepare_images, prepare_text, read_shards)
-from speedkit.data.streaming import prepare as prepare_module  # noqa: E402
+import speedkit.data.streaming.prepare as prepare_module  # noqa: E402
 from speedkit.data.streaming.prepare import PrepareStopped  # noqa: E402
 
 from streaming_data import CLASSES, PER_CLASS, make_image_folder, make_text_folder  # noqa: E402

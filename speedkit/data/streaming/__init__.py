@@ -8,7 +8,7 @@ until used.
 from speedkit.data.streaming.shards import MANIFEST, ShardError, ShardSet, is_shard_folder, read_shards
 
 __all__ = ["MANIFEST", "ShardError", "ShardSet", "StreamingImageLoader", "StreamingTokenLoader", "is_shard_folder",
-           "prepare", "prepare_images", "prepare_text", "read_shards"]
+           "prepare_images", "prepare_text", "read_shards"]
 
 
 def __getattr__(name):  # the loaders and prepare import litdata/PIL/tokenizers only when asked for
@@ -16,6 +16,6 @@ def __getattr__(name):  # the loaders and prepare import litdata/PIL/tokenizers 
 
     if name in ("StreamingImageLoader", "StreamingTokenLoader"):
         return getattr(importlib.import_module("speedkit.data.streaming.loaders"), name)
-    if name in ("prepare", "prepare_images", "prepare_text"):
+    if name in ("prepare_images", "prepare_text"):  # (the module .prepare holds prepare(), images or text)
         return getattr(importlib.import_module("speedkit.data.streaming.prepare"), name)
     raise AttributeError(name)
