@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from speedkit.core.batch import with_inputs, with_targets
 from speedkit.core.event import Event
 from speedkit.core.method import HParam, Method, MethodCard
+from speedkit.core.time import Time, TimeUnit
 
 
 def progressive_scale(fraction_done: float, initial_scale: float = 0.5, finetune_fraction: float = 0.2,
@@ -48,8 +49,9 @@ def scaled_size(size: int, scale: float, size_increment: int = 4) -> int:
     return max(increment, int(round(size * scale / increment)) * increment)
 
 
-def resize_batch(x: torch.Tensor, scale: float, size_increment: int = 4, targets: torch.Tensor | None = None):
-    """Images [N, C, H, W] resized by ``scale`` (bilinear; antialiased when shrinking).
+def resize_batch(x: torch.Tensor, scale: float, size_increment: int = 4, targets: torch.Tensor | None = None,
+                 size: tuple[int, int] | None = None):
+    """Images [N, C, H, W] resized by ``scale`` (bilinear; antialiased when shrinking), or to ``size`` when given.
 
     Returns the images, or ``(images, targets)`` when ``targets`` is given: per-pixel targets with the
     images' height and width (segmentation masks) are resized with nearest-neighbour, others pass through.
@@ -57,7 +59,8 @@ def resize_batch(x: torch.Tensor, scale: float, size_increment: int = 4, targets
     if x.dim() != 4:
         raise ValueError(f"resize_batch needs images [N, C, H, W], got shape {list(x.shape)}")
     height, width = x.shape[-2:]
-    new_size = (scaled_size(height, scale, size_increment), scaled_size(width, scale, size_increment))
+    new_size = tuple(size) if size is not None else (scaled_size(height, scale, size_increment),
+                                                     scaled_size(width, scale, size_increment))
     if new_size != (height, width):
         shrinking = new_size[0] * new_size[1] < height * width
         channels_last = x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
@@ -112,6 +115,20 @@ class ProgressiveResizing(Method):
             return self.params["eval_scale"] != 1.0
         return event in self.CARD.events
 
+    def _streamed_size(self, state, loader, scale: float) -> tuple[int, int]:
+        """A loader that decodes at a size it is told (``speedkit.data.streaming``): ask it for the size the next
+        epoch ends at, so early epochs decode small; this batch goes to this step's size, from the full one."""
+        p, full = self.params, loader.full_image_size
+        try:
+            end = state.convert(Time(state.timestamp.epoch + 2, TimeUnit.EPOCH), state.max_duration.unit)
+            fraction = min(1.0, end / state.max_duration.value)
+        except ValueError:  # a budget in seconds: the end of the next epoch is not known in advance
+            fraction = 1.0
+        upcoming = progressive_scale(fraction, p["initial_scale"], p["finetune_fraction"], p["delay_fraction"])
+        loader.set_image_size(max(scaled_size(full, upcoming, p["size_increment"]), 4))
+        side = scaled_size(full, scale, p["size_increment"])
+        return (side, side)
+
     def current_scale(self, state) -> float:
         p = self.params
         return progressive_scale(state.fraction_done(), p["initial_scale"], p["finetune_fraction"],
@@ -123,7 +140,11 @@ class ProgressiveResizing(Method):
             raise ValueError(f"progressive_resizing needs image batches [N, C, H, W], got "
                              f"{getattr(x, 'shape', type(x))}; remove it for this task")
         scale = self.params["eval_scale"] if event is Event.EVAL_BEFORE_FORWARD else self.current_scale(state)
-        x, targets = resize_batch(x, scale, self.params["size_increment"], targets=targets)
+        size = None
+        loader = state.train_dataloader
+        if event is Event.AFTER_DATALOADER and hasattr(loader, "set_image_size"):
+            size = self._streamed_size(state, loader, scale)
+        x, targets = resize_batch(x, scale, self.params["size_increment"], targets=targets, size=size)
         state.batch = with_inputs(state.batch, x)
         if targets is not None:
             state.batch = with_targets(state.batch, targets)

@@ -380,3 +380,52 @@ def test_resuming_a_run_on_shards_prepared_again_is_refused(image_shards, tmp_pa
                       device="cpu", run_dir=tmp_path / "run", run_name="r", autoresume=True)
     with pytest.raises(ValueError, match="trained on other data"):
         trainer.fit()
+
+
+class SizeSpy:
+    """Records the image size of every training batch the model sees, and the loader's decode size."""
+
+    def __init__(self):
+        self.seen, self.decoded = [], []
+
+    def run_event(self, event, state, logger):
+        if event.value == "before_forward" and state.model.training:
+            self.seen.append(state.batch[0].shape[-1])
+            self.decoded.append(state.train_dataloader.image_size)
+
+    def state_dict(self):
+        return {}
+
+    def load_state_dict(self, state):
+        pass
+
+    def durations(self):
+        return {}
+
+
+def test_progressive_resizing_makes_early_epochs_decode_small_and_resumes_exactly(image_shards, tmp_path):
+    from speedkit import Trainer
+    from speedkit.methods.progressive_resizing import ProgressiveResizing
+
+    _, out, _ = image_shards
+
+    def fit(folder, stop_at=None, resume=False):
+        loader = StreamingImageLoader(out, 6, image_size=32, seed=5)
+        spy, stop = SizeSpy(), [StopAt(stop_at)] if stop_at else []
+        trainer = Trainer(tiny_convnet(), loader, max_duration="5ep", deterministic=True, log_interval=1,
+                          device="cpu", run_dir=folder, run_name="r", autoresume=resume, callbacks=[spy, *stop],
+                          methods=[ProgressiveResizing(initial_scale=0.5, finetune_fraction=0.2)])
+        for cb in stop:
+            cb.trainer = trainer
+        return trainer.fit(), spy, len(loader)
+
+    full, spy, per_epoch = fit(tmp_path / "full")
+    first_epoch, last_epoch = spy.decoded[per_epoch:2 * per_epoch], spy.decoded[-per_epoch:]
+    assert spy.decoded[:per_epoch] == [32] * per_epoch  # epoch 0: before the method has asked
+    assert max(first_epoch) < 32 and last_epoch == [32] * per_epoch  # early epochs decode small, the last at full
+    assert all(seen <= decoded for seen, decoded in zip(spy.seen, spy.decoded))  # never upscaled in the step
+    assert spy.seen == sorted(spy.seen) and spy.seen[0] < 32 == spy.seen[-1]
+    fit(tmp_path / "part", stop_at=2 * per_epoch + 1)
+    resumed, resumed_spy, _ = fit(tmp_path / "part", resume=True)
+    assert _losses(resumed) == _losses(full)
+    assert resumed_spy.decoded == spy.decoded[2 * per_epoch + 1:]

@@ -197,12 +197,14 @@ class _StreamingLoader(GlobalBatch):
         return self._batches(self.epoch, batch_index)
 
     def _batches(self, epoch: int, batch_index: int) -> Iterator[tuple]:
-        self._before_epoch(epoch)
-        self._transform.epoch = epoch
         state = self._pending
         self._pending = None
+        if not (batch_index and state is not None and (state["epoch"], state["batches"]) == (epoch, batch_index)):
+            state = None  # not where this iteration starts (an epoch that ended, another run's): not used
+        self._before_epoch(epoch, state)
+        self._transform.epoch = epoch
         skip = batch_index
-        if batch_index and state is not None and (state["epoch"], state["batches"]) == (epoch, batch_index):
+        if state is not None:
             self.loader.load_state_dict(state["litdata"])
             skip, self.resumed_at = 0, (epoch, batch_index)
         else:
@@ -222,8 +224,8 @@ class _StreamingLoader(GlobalBatch):
         if self.epoch == epoch:
             self.epoch = epoch + 1
 
-    def _before_epoch(self, epoch: int) -> None:
-        pass
+    def _before_epoch(self, epoch: int, resumed: Optional[dict]) -> None:
+        """Set-up of an epoch's iteration; ``resumed`` is the loaded state it continues from, if any."""
 
     def _to_device(self, tensor: torch.Tensor) -> torch.Tensor:
         return tensor.to(self.device, non_blocking=True)  # pinned by the DataLoader on CUDA
@@ -275,7 +277,7 @@ class StreamingImageLoader(_StreamingLoader):
             raise ValueError(f"flip must be one of {FLIP_MODES}, got {flip!r}")
         from speedkit.data.images import check_image_size
 
-        self.image_size = check_image_size(image_size, "image_size")
+        self.image_size = self.full_image_size = check_image_size(image_size, "image_size")
         self._next_size = self.image_size
         transform = _DecodeImage(self.image_size, train, seed, flip if train else None, tuple(scale), tuple(ratio),
                                  crop_fraction)
@@ -303,8 +305,19 @@ class StreamingImageLoader(_StreamingLoader):
 
         self._next_size = check_image_size(int(size), "image size")
 
-    def _before_epoch(self, epoch: int) -> None:
-        self.image_size = self._transform.size = self._next_size
+    def _before_epoch(self, epoch: int, resumed: Optional[dict]) -> None:
+        size = self._next_size
+        if resumed is not None and resumed.get("image_size"):  # a resumed epoch decodes at the size it started at
+            size = int(resumed["image_size"])
+        self.image_size = self._transform.size = size
+
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "image_size": self.image_size, "next_image_size": self._next_size}
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        if state and state.get("next_image_size"):  # a resume at an epoch's start: the size asked for it
+            self._next_size = int(state["next_image_size"])
 
     def _finish(self, batch: list) -> tuple:
         images, labels = (self._to_device(t) for t in batch)
