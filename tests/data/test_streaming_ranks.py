@@ -30,7 +30,7 @@ def _free_port() -> int:
 @pytest.mark.parametrize("workers", [0, 1])
 def test_two_ranks_train_on_disjoint_samples_that_cover_the_epoch(tmp_path, workers):
     source = make_image_folder(tmp_path / "source", per_class=12)
-    prepare_images(source, tmp_path / "shards", short_side=24, part_size=7, val_fraction=0.0, progress=False)
+    prepare_images(source, tmp_path / "shards", short_side=24, part_size=7, val_fraction=0.25, progress=False)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests' / 'support'}"}
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(name, None)
@@ -44,5 +44,7 @@ def test_two_ranks_train_on_disjoint_samples_that_cover_the_epoch(tmp_path, work
     a, b = (set(r["ids"]) for r in ranks)
     assert not a & b, "the ranks were served the same samples"
     assert len(ranks[0]["ids"]) == len(ranks[1]["ids"]) == 4 * ranks[0]["batches"]
-    total = 3 * 12
+    total = 3 * 12 - ranks[0]["val_size"]
     assert total - 8 < len(a | b) <= total  # all but the last samples that do not fill a global batch
+    val = [r["val"] for r in ranks]
+    assert not set(val[0]) & set(val[1]) and sorted(val[0] + val[1]) == list(range(ranks[0]["val_size"]))

@@ -20,6 +20,11 @@ trainer = Trainer(model, loader, max_duration="1ep", device="cpu", run_dir=out /
                   log_interval=1)
 record = trainer.fit()
 rank = distributed.rank()
-(out / f"rank{rank}.json").write_text(json.dumps({"ids": loader.seen_ids, "batches": len(loader),
+val = StreamingImageLoader(shards, 8, split="val", image_size=16)  # evaluation: every sample once over the ranks
+val.seen_ids = []
+for _ in val:
+    pass
+(out / f"rank{rank}.json").write_text(json.dumps({"ids": loader.seen_ids, "batches": len(loader), "val": val.seen_ids,
+                                                  "val_size": val.dataset_size,
                                                   "world": distributed.world_size(), "status": record.status,
                                                   "local_batch": loader.local_batch_size}))
