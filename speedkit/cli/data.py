@@ -55,6 +55,9 @@ def add_data_parser(commands) -> None:
     info = actions.add_parser("info", allow_abbrev=False, help="what a shard folder holds; checks it against its index")
     info.add_argument("folder", help="a shard folder written by `speedkit data prepare`")
     info.add_argument("--json", action="store_true", help="print the manifest as JSON")
+    info.add_argument("--verify", action="store_true",
+                      help="also check every chunk's SHA-256 against the one recorded when it was written (reads "
+                           "every byte); exit status 1 when one differs")
 
 
 def run_data(args) -> int:
@@ -100,4 +103,12 @@ def _info(args) -> int:
         print(f"  vocabulary {m['vocab_size']} ({m['dtype']}), blocks of {m['block']} tokens, from {m['source']}")
     if m.get("skipped"):
         print(f"  {len(m['skipped'])} file(s) left out as unreadable")
+    if args.verify:
+        from speedkit.data.streaming.shards import verify_contents
+
+        problems = verify_contents(shards)
+        for problem in problems:
+            print(f"  {problem}", file=sys.stderr)
+        print(f"  verified: {'every chunk as written' if not problems else f'{len(problems)} chunk(s) differ'}")
+        return 1 if problems else 0
     return 0

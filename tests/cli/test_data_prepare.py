@@ -41,8 +41,15 @@ def test_prepare_images_then_info_then_a_rerun_that_has_nothing_left_to_do(tmp_p
     assert code == 0, err
     assert "images shards complete (train 15, val 3)" in out
     assert f"speedkit train --task image-folder --data {tmp_path / 'shards'}" in out
-    code, out, _ = cli(capsys, "data", "info", tmp_path / "shards")
-    assert code == 0 and "3 classes, short side 32" in out
+    code, out, _ = cli(capsys, "data", "info", tmp_path / "shards", "--verify")
+    assert code == 0 and "3 classes, short side 32" in out and "verified: every chunk as written" in out
+    chunk = sorted((tmp_path / "shards" / "train").glob("chunk-*.bin"))[0]
+    data = bytearray(chunk.read_bytes())
+    data[-1] ^= 0xFF  # same size, one byte flipped: only the checksum sees it
+    chunk.write_bytes(bytes(data))
+    code, _, err = cli(capsys, "data", "info", tmp_path / "shards", "--verify")
+    assert code == 1 and f"{chunk.name} was altered" in err
+    chunk.write_bytes(bytes(data[:-1]) + bytes([data[-1] ^ 0xFF]))
     code, out, _ = cli(capsys, "data", "prepare", source, "--out", tmp_path / "shards", "--short-side", 32)
     assert code == 0 and "complete (train 15, val 3)" in out
 

@@ -87,10 +87,37 @@ def discard_part(split_dir: Path, part: int) -> None:
 
 
 def finish_part(split_dir: Path, part: int, info: dict) -> None:
-    """Check part ``part``'s chunks against the index its writer wrote, then mark it done (atomically)."""
+    """Check part ``part``'s chunks against the index its writer wrote, then mark it done (atomically), with
+    each chunk's SHA-256 (``speedkit data info --verify`` checks them)."""
     index = json.loads((split_dir / f"{part}.{INDEX}").read_text())
     check_chunks(split_dir, index["chunks"], where=f"part {part} of {split_dir}")
-    write_json(done_marker(split_dir, part), {**info, "chunks": [c["filename"] for c in index["chunks"]]})
+    write_json(done_marker(split_dir, part), {**info, "chunks": [c["filename"] for c in index["chunks"]],
+                                              "sha256": {c["filename"]: _sha256(split_dir / c["filename"])
+                                                         for c in index["chunks"]}})
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def verify_contents(shards: "ShardSet") -> list[str]:
+    """Every chunk's SHA-256 against the one recorded when its part was written (reads every byte); the files
+    that differ, as messages."""
+    problems = []
+    for split in shards.manifest["splits"]:
+        split_dir = shards.split_dir(split)
+        for marker in sorted(split_dir.glob("*.done")):
+            for name, expected in json.loads(marker.read_text()).get("sha256", {}).items():
+                path = split_dir / name
+                if not path.is_file():
+                    problems.append(f"{path} is missing")
+                elif _sha256(path) != expected:
+                    problems.append(f"{path} was altered since it was written (its SHA-256 differs)")
+    return problems
 
 
 def merge_index(split_dir: Path, parts: Iterable[int]) -> dict:
@@ -113,10 +140,10 @@ def check_chunks(split_dir: Path, chunks: list, where: str) -> None:
             raise ShardError(f"{where}: {path} is missing but its index lists it; the shards were moved or deleted "
                              f"in part: run `speedkit data prepare` again into this folder to redo them")
         size, expected = path.stat().st_size, int(chunk["chunk_bytes"])
-        if size < expected:  # the writer may pad nothing; a chunk's header can make the file a few bytes larger
-            raise ShardError(f"{where}: {path} holds {size} bytes but its index says {expected}: it was cut short "
-                             f"(a copy that stopped, a full disk) or replaced; run `speedkit data prepare` again "
-                             f"into this folder to redo it")
+        if size != expected:
+            what = "it was cut short (a copy that stopped, a full disk)" if size < expected else "it was replaced"
+            raise ShardError(f"{where}: {path} holds {size} bytes but its index says {expected}: {what}; run "
+                             f"`speedkit data prepare` again into this folder to redo it")
 
 
 # -- the manifest -------------------------------------------------------------------------------------------
