@@ -429,3 +429,13 @@ def test_progressive_resizing_makes_early_epochs_decode_small_and_resumes_exactl
     resumed, resumed_spy, _ = fit(tmp_path / "part", resume=True)
     assert _losses(resumed) == _losses(full)
     assert resumed_spy.decoded == spy.decoded[2 * per_epoch + 1:]
+
+
+def test_token_windows_split_over_two_ranks_without_overlap(text_shards):
+    _, out, _ = text_shards
+    ranks = [StreamingTokenLoader(out, 16, 8, rank=r, world_size=2) for r in range(2)]
+    seen = [_epoch_ids(loader) for loader in ranks]  # block ids
+    assert ranks[0].local_batch_size == 4 and len(ranks[0]) == len(ranks[1])
+    assert not set(seen[0]) & set(seen[1])
+    blocks = read_shards(out).samples("train")
+    assert blocks - 4 < len(set(seen[0]) | set(seen[1])) <= blocks  # at most a global batch's blocks dropped
