@@ -439,3 +439,27 @@ def test_token_windows_split_over_two_ranks_without_overlap(text_shards):
     assert not set(seen[0]) & set(seen[1])
     blocks = read_shards(out).samples("train")
     assert blocks - 4 < len(set(seen[0]) | set(seen[1])) <= blocks  # at most a global batch's blocks dropped
+
+
+def test_a_plain_loop_that_restores_the_state_and_iterates_continues_the_epoch(image_shards):
+    """What a loop that owns its loader does (Lightning restores a stateful loader, then iterates it)."""
+    _, out, _ = image_shards
+    full = StreamingImageLoader(out, 5, image_size=16)
+    full.seen_ids = []
+    for _ in range(2):  # two epochs, by plain iteration
+        for _ in full:
+            pass
+    first = StreamingImageLoader(out, 5, image_size=16)
+    first.seen_ids = []
+    for _ in first:  # epoch 0
+        pass
+    iterator = iter(first)  # epoch 1: three batches, then the process ends
+    for _ in range(3):
+        next(iterator)
+    state = first.state_dict()
+    second = StreamingImageLoader(out, 5, image_size=16)
+    second.load_state_dict(state)
+    second.seen_ids = []
+    for _ in second:  # the rest of epoch 1
+        pass
+    assert second.epoch == 2 and first.seen_ids + second.seen_ids == full.seen_ids

@@ -188,6 +188,11 @@ class _StreamingLoader(GlobalBatch):
 
     # -- iteration and resuming ---------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[tuple]:
+        """This epoch's batches; after ``load_state_dict`` of a state taken mid-epoch, the rest of that epoch (a
+        loop that restores a loader's state and then iterates it, as Lightning does, continues where it was)."""
+        state = self._pending
+        if state is not None and state["epoch"] == self.epoch:
+            return self.iter_from(state["batches"])
         return self.iter_from(0)
 
     def iter_from(self, batch_index: int) -> Iterator[tuple]:
@@ -251,6 +256,8 @@ class _StreamingLoader(GlobalBatch):
                 f"fingerprint {self.fingerprint}); the shards were prepared again or changed since. Resume with the "
                 f"data the run started on, or start a new run (another run name, or without --autoresume)")
         self._pending = state if state.get("litdata") else None
+        if self._pending is not None:  # mid-epoch: that epoch continues; at its end: the next one starts
+            self.epoch = state["epoch"] + (1 if state["batches"] >= len(self) else 0)
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}({self.shards.root}/{self.split}, samples={self.dataset_size}, "
