@@ -157,6 +157,7 @@ def _recipes(args) -> int:
     from speedkit.tasks import FOLDER_TASKS, TASKS
     from speedkit.tasks.build import find_task
     from speedkit.tasks.ladder import measure_hint
+    from speedkit.tasks.task import is_baseline
 
     options = _folder_options(args)
     if args.task is None and (args.data is not None or options):
@@ -171,7 +172,7 @@ def _recipes(args) -> int:
         print(f"{name}:")
         for recipe_name, recipe in task.recipes.items():
             print(f"  {recipe_name:<12} {_recipe_kind(task, recipe):<9} {recipe.duration:>6}  {recipe.summary}")
-        unmeasured = [r.name for r in task.recipes.values() if r.unmeasured_rebuild and not task.is_baseline(r.name)]
+        unmeasured = [r.name for r in task.recipes.values() if r.unmeasured_rebuild and not is_baseline(task, r.name)]
         if unmeasured:
             print(f"  {', '.join(unmeasured)}: rebuilt from another task's presets and not measured here; before "
                   f"trusting a speed-up, measure it against this task's strongest baseline on one seed:\n    "
@@ -180,7 +181,9 @@ def _recipes(args) -> int:
 
 
 def _recipe_kind(task, recipe) -> str:
-    if task.is_baseline(recipe.name):
+    from speedkit.tasks.task import is_baseline
+
+    if is_baseline(task, recipe.name):
         return "baseline"
     return "rebuilt" if recipe.unmeasured_rebuild else "speed-up"
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from speedkit.experiments.tune.confirm import is_baseline_row, strongest_baseline
+from speedkit.experiments.tune.confirm import BASELINE_ROLE_NAMES, strongest_baseline
 from speedkit.experiments.tune.space import describe_limit
 from speedkit.record.runs import lower_is_better
 from speedkit.tasks.ladder import task_flags
@@ -159,7 +159,7 @@ def baseline_shortfall(summary: dict) -> str | None:
     target, set before anyone saw its data, can be out of the baseline's reach there)."""
     runs = [t for t in summary["trials"] if t["phase"] == "baseline" and t["state"] == "complete"
             and t["final"] is not None]
-    confirmed = [r for r in summary["confirmation"]["candidates"] if is_baseline_row(r)]
+    confirmed = [r for r in summary["confirmation"]["candidates"] if r["role"] in BASELINE_ROLE_NAMES]
     if not runs or any(t["time_to_target_s"] is not None for t in runs) or any(r["seeds_reached"] for r in confirmed):
         return None
     metric, target = summary["target"]["metric"], summary["target"]["value"]

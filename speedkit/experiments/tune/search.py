@@ -538,13 +538,13 @@ def seed_baseline_study(config: TuneConfig, study) -> None:
 
 def starting_recipes(config: TuneConfig, baseline_study) -> list:
     from speedkit.core.devices import resolve_device, resolve_precision
-    from speedkit.tasks import TASKS
+    from speedkit.tasks import TASKS, is_baseline
 
     recipes = []
     device = resolve_device(config.settings.get("device", "auto"))
     task = TASKS.get(config.task)
     # the speed-up presets: a baseline (plain-bf16 for a folder task) is measured in the baseline study
-    presets = [p for name, p in (task.recipes if task else {}).items() if not task.is_baseline(name)]
+    presets = [p for name, p in (task.recipes if task else {}).items() if not is_baseline(task, name)]
     for preset in sorted(presets, key=lambda p: (_measured_time(p), _budget_fraction(p, config.base_recipe()))):
         recipes.append(preset.with_changes(precision=resolve_precision(preset.precision, device)))
     if not recipes:  # no preset: the tuned baseline (or the base as it is) is where the moves start from
