@@ -474,8 +474,8 @@ def machine(device: str, records: Sequence[RunRecord] = ()) -> dict:
 
 def profile_recipe(profile: BenchProfile, name: str, seed: int, steps: int, run_dir: str | Path, session: str,
                    **trainer_kwargs) -> dict:
-    """Where ``steps`` batches of one recipe spend their time, by Trainer phase (see bench.profiling)."""
-    from speedkit.experiments.bench.profiling import profile_steps
+    """Where ``steps`` batches of one recipe spend their time, by Trainer phase (``speedkit.callbacks.phase_timer``)."""
+    from speedkit.callbacks.phase_timer import profile_steps
 
     info = {**_bench_info(profile, session, seed), "profiling": True}
     factory = trainer_factory(profile, scheduled_recipe(profile, name), seed, f"{profile.task}-{name}-profile",
