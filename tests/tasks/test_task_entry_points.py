@@ -92,7 +92,7 @@ def test_two_worker_processes_tune_a_user_task_named_by_its_module(tmp_path, mon
     import_or_missing("optuna")
     import tune_fakes
 
-    from speedkit.experiments.tune import tune
+    from speedkit.experiments.tune import TuneSettings, tune
     from speedkit.experiments.tune.storage import open_storage
 
     (tmp_path / "two_worker_tasks.py").write_text("from test_tasks import user_task\nfashion = user_task('two-workers')\n")
