@@ -3,7 +3,7 @@
 For each variant (a pydocs preset, optionally at another batch size with the same tokens per run), trains
 ``--steps`` batches twice: once plain, for the FLOP/s the SpeedMonitor logs (the median of its windows,
 against the measured 1024x1024 matmul of the run's precision), and once under torch.profiler, for the
-share of the step by phase (``speedkit.experiments.bench.profiling``) and by kind of operator: matmuls,
+share of the step by phase (``speedkit.callbacks.phase_timer``) and by kind of operator: matmuls,
 attention, normalization, and the rest (elementwise work, the optimizer's foreach kernels, copies). Run it
 on a quiet machine:
 
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from speedkit.experiments.bench.profiling import profile_steps
+from speedkit.callbacks.phase_timer import profile_steps
 from speedkit.record.runs import cpu_name
 from speedkit.tasks import make_trainer
 

@@ -162,6 +162,7 @@ def _recipes(args) -> int:
     from speedkit.tasks import FOLDER_TASKS, TASKS
     from speedkit.tasks.build import find_task
     from speedkit.tasks.ladder import measure_hint
+    from speedkit.tasks.task import is_baseline
 
     options = _folder_options(args)
     if args.task is None and (args.data is not None or options):
@@ -176,7 +177,7 @@ def _recipes(args) -> int:
         print(f"{name}:")
         for recipe_name, recipe in task.recipes.items():
             print(f"  {recipe_name:<12} {_recipe_kind(task, recipe):<9} {recipe.duration:>6}  {recipe.summary}")
-        unmeasured = [r.name for r in task.recipes.values() if r.unmeasured_rebuild and not task.is_baseline(r.name)]
+        unmeasured = [r.name for r in task.recipes.values() if r.unmeasured_rebuild and not is_baseline(task, r.name)]
         if unmeasured:
             print(f"  {', '.join(unmeasured)}: rebuilt from another task's presets and not measured here; before "
                   f"trusting a speed-up, measure it against this task's strongest baseline on one seed:\n    "
@@ -185,7 +186,9 @@ def _recipes(args) -> int:
 
 
 def _recipe_kind(task, recipe) -> str:
-    if task.is_baseline(recipe.name):
+    from speedkit.tasks.task import is_baseline
+
+    if is_baseline(task, recipe.name):
         return "baseline"
     return "rebuilt" if recipe.unmeasured_rebuild else "speed-up"
 
@@ -480,12 +483,8 @@ def _add_tune_parser(commands) -> None:
     tune.add_argument("--seeds", type=int, default=3,
                       help="fresh seeds the winner is confirmed on (fewer where the budget holds no more; default 3)")
     tune.add_argument("--trial-limit", help="most training time of one trial (default: a fifth of the budget)")
-    tune.add_argument("--max-trials", type=int, help="stop the screen, and then the search, after this many trials")
+    tune.add_argument("--max-trials", type=int, help="stop the search after this many trials")
     tune.add_argument("--max-baseline-trials", type=int, help="stop tuning the baseline after this many trials")
-    tune.add_argument("--screen-fraction", type=float,
-                      help="first screen the candidates on this share of the training data, e.g. 0.33, and "
-                           "train only the best few on all of it (default: no screen; it ranks budgets in "
-                           "epochs wrongly, see docs/guide.md)")
     tune.add_argument("--pruner", default="halving", choices=["halving", "hyperband", "median", "none"],
                       help="stops trials that fall behind at an evaluation (successive halving by default)")
     tune.add_argument("--no-hparams", action="store_true", help="methods on/off only, each at its card's defaults")
@@ -495,7 +494,7 @@ def _add_tune_parser(commands) -> None:
 
 def _tune(args) -> int:
     try:
-        from speedkit.experiments.tune import tune
+        from speedkit.experiments.tune import TuneSettings, tune
         from speedkit.experiments.tune.storage import optuna_module
 
         optuna_module()
@@ -503,7 +502,7 @@ def _tune(args) -> int:
         print(f"speedkit: error: {e}", file=sys.stderr)
         return 2
     with _stop_on_ctrl_c() as stop:
-        result = _run_tune(tune, args, stop.is_set)
+        result = tune(_tune_settings(TuneSettings, args), should_stop=stop.is_set)
     if stop.is_set():
         print(f"speedkit tune: stopped; finished trials are kept in the study and the report is at "
               f"{result.report_path}; the same command continues the search (the trial that was cut short "
@@ -547,16 +546,15 @@ def _stop_on_ctrl_c():
         signal.signal(signal.SIGINT, previous)
 
 
-def _run_tune(tune, args, should_stop):
-    return tune(_importable(args.task), data=args.data, task_options=_folder_options(args), target=args.target, budget=args.budget, methods=args.methods, base=args.base,
-                storage=args.storage, study_name=args.study, out_dir=args.out, run_dir=args.run_dir,
-                data_fraction=args.data_fraction, eval_fraction=args.eval_fraction,
-                eval_interval=args.eval_interval, device=args.device, n_workers=args.workers,
-                seeds_to_confirm=args.seeds, trial_limit=args.trial_limit, max_trials=args.max_trials,
-                max_baseline_trials=args.max_baseline_trials, screen_fraction=args.screen_fraction or None,
-                pruner=args.pruner,
-                tune_hparams=not args.no_hparams, leave_one_out=args.leave_one_out, runner=args.runner,
-                should_stop=should_stop)
+def _tune_settings(settings_class, args):
+    """The search the flags ask for, as the TuneSettings that ``tune`` takes."""
+    return settings_class(
+        task=_importable(args.task), data=args.data, task_options=_folder_options(args), target=args.target,
+        budget=args.budget, methods=args.methods, base=args.base, storage=args.storage, study_name=args.study,
+        out_dir=args.out, run_dir=args.run_dir, data_fraction=args.data_fraction, eval_fraction=args.eval_fraction,
+        eval_interval=args.eval_interval, device=args.device, n_workers=args.workers, seeds_to_confirm=args.seeds,
+        trial_limit=args.trial_limit, max_trials=args.max_trials, max_baseline_trials=args.max_baseline_trials,
+        pruner=args.pruner, tune_hparams=not args.no_hparams, leave_one_out=args.leave_one_out, runner=args.runner)
 
 
 def _add_notebooks_parser(commands) -> None:

@@ -1,5 +1,5 @@
 """Leave-one-out: which runs say what each part of a recipe adds. The benchmark and the search both plan
-their ablations here, so a part left out means the same thing in both reports.
+and run their ablations here (``leave_one_out_runs``), so a part left out means the same thing in both reports.
 
 A part is one of the recipe's methods, or (against a reference recipe, a baseline) one of the non-method
 ``PARTS`` where the two differ. Leaving a part out gives the recipe the reference's value of it: a method
@@ -70,3 +70,13 @@ def ablation_marker(of: str, left_out: str, against: str | None = None) -> dict:
     """``config["ablation"]`` of a run of ``of`` (the full run's name) without ``left_out``; ``against``
     names the reference recipe the part was taken from, where there is one."""
     return {"of": of, "left_out": left_out, **({"against": against} if against is not None else {})}
+
+
+def leave_one_out_runs(recipe: Recipe, run, of: str, reference: Recipe | None = None,
+                       against: str | None = None) -> dict:
+    """The one leave-one-out driver (the benchmark's and the search's): ``run(part, ablated recipe, marker)``
+    for each part of ``recipe`` left out (``ablated_recipes``), in order, with the run's ``config["ablation"]``
+    (``ablation_marker``: ``of`` names the full run, ``against`` the reference recipe); ``{part: what run
+    returned}``."""
+    return {part: run(part, ablated, ablation_marker(of, part, against))
+            for part, ablated in ablated_recipes(recipe, reference).items()}

@@ -50,28 +50,27 @@ def median_or_none(values: Iterable[float | None]) -> float | None:
     return statistics.median(present) if present else None
 
 
-def is_baseline(record: RunRecord) -> bool:
-    """A run of one of its task's baseline recipes (``speedkit.tasks.Task.baselines``), not a leave-one-out run."""
-    from speedkit.tasks.task import is_baseline as is_baseline_recipe
+def baseline_runs(records: Sequence[RunRecord]) -> list[RunRecord]:
+    """The runs of one of their task's baseline recipes (``speedkit.tasks.is_baseline``), leave-one-out runs
+    left out."""
+    from speedkit.tasks.task import is_baseline
 
-    recipe = record.config.get("recipe")
-    return (recipe is not None and is_baseline_recipe(record.config.get("task"), recipe)
-            and "ablation" not in record.config)
+    return [r for r in records if r.config.get("recipe") is not None and "ablation" not in r.config
+            and is_baseline(r.config.get("task"), r.config["recipe"])]
 
 
 def baseline_median_times(records: Sequence[RunRecord]) -> dict[str, float]:
     """Each baseline recipe among ``records`` -> its median time to target (baselines that never reached it left out)."""
     times: dict[str, list] = {}
-    for r in records:
-        if is_baseline(r):
-            times.setdefault(r.config["recipe"], []).append(r.time_to_target)
+    for r in baseline_runs(records):
+        times.setdefault(r.config["recipe"], []).append(r.time_to_target)
     medians = {name: median_or_none(values) for name, values in times.items()}
     return {name: t for name, t in medians.items() if t is not None}
 
 
 def latest_baseline(records: Sequence[RunRecord]) -> RunRecord | None:
     """The last baseline run among ``records``: what speed-ups and dashed curves are drawn against."""
-    return next((r for r in reversed(records) if is_baseline(r)), None)
+    return (baseline_runs(records) or [None])[-1]
 
 
 def pareto_front(points: Sequence[tuple[float | None, float | None]], lower_metric_better: bool = False) -> list[int]:

@@ -21,7 +21,8 @@ from speedkit.optim.factory import make_optimizer_factory
 from speedkit.record.metrics import Evaluator
 from speedkit.tasks.ladder import measure_hint
 from speedkit.tasks.recipes import Recipe, timing_eval_interval, without_flips
-from speedkit.tasks.task import FOLDER_TASKS, TASKS, DataRequest, Task, get_recipe, import_attribute, register_task
+from speedkit.tasks.task import (FOLDER_TASKS, TASKS, DataRequest, Task, get_recipe, import_attribute, is_baseline,
+                                 register_task)
 from speedkit.tasks.request import RECIPE_OVERRIDES, RunRequest
 from speedkit.train.checks import check_first_outputs, describe
 from speedkit.train.trainer import Trainer
@@ -152,7 +153,7 @@ def _timed_baseline(request: RunRequest, task: Task) -> bool:
     """Whether the request trains one of the task's baselines to its target, with no cadence given. Such a run
     evaluates as ``speedkit bench`` and ``speedkit tune`` time baselines, so a speed-up checked by hand is not
     measured against a time rounded up to the baseline's next coarse evaluation."""
-    named = isinstance(request.recipe, str) and task.is_baseline(request.recipe)
+    named = isinstance(request.recipe, str) and is_baseline(task, request.recipe)
     return named and request.stop_at_target and request.eval_interval is None
 
 
@@ -184,7 +185,7 @@ def _build_trainer(request: RunRequest) -> Trainer:
     if problem:
         raise ValueError(problem)
     measuring = {"bench", "tune"} & set(request.extra_config or {})  # a run of the measurement the hint names
-    if recipe.unmeasured_rebuild and not measuring and not spec.is_baseline(recipe.name):
+    if recipe.unmeasured_rebuild and not measuring and not is_baseline(spec, recipe.name):
         hint = measure_hint(_task_spelling(request, spec), recipe.name, request.data, request.task_options,
                             spec.baselines[-1])
         warnings.warn(f"recipe {recipe.name!r} on task {spec.name!r} is {recipe.adopted_from} rebuilt on this task's "

@@ -128,10 +128,6 @@ class Task:
         recipe.task, recipe.domain = self.name, self.domain
         return recipe
 
-    def is_baseline(self, recipe: str) -> bool:
-        """True for the recipes that speed-ups are measured against (``baselines``)."""
-        return recipe in self.baselines
-
     # -- what menus show and what make_trainer checks ------------------------------------------
     @property
     def model_names(self) -> list[str]:
@@ -259,10 +255,13 @@ def get_task(name: str) -> Task:
     return TASKS[name]
 
 
-def is_baseline(task: str, recipe: str) -> bool:
-    """True for the recipes that speed-ups on ``task`` are measured against (its ``baselines``); for a task
-    not known here, the recipe called ``"baseline"``."""
-    return TASKS[task].is_baseline(recipe) if task in TASKS else recipe == "baseline"
+def is_baseline(task: "Task | str | None", recipe: str) -> bool:
+    """True for the recipes that speed-ups on ``task`` (a Task or a task's name) are measured against (its
+    ``baselines``); for a task not known here, the recipe called ``"baseline"``. The one baseline test: the
+    benchmark, the search, the run board and ``make_trainer`` all ask it."""
+    if isinstance(task, str) and task in TASKS:
+        task = TASKS[task]
+    return recipe in task.baselines if isinstance(task, Task) else recipe == "baseline"
 
 
 # -- the one recipe resolver --------------------------------------------------------------------

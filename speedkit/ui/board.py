@@ -13,7 +13,7 @@ from typing import Callable
 
 import plotly.graph_objects as go
 
-from speedkit.experiments.compare import compare_table, final_metric, is_baseline, leave_one_out, pareto_front
+from speedkit.experiments.compare import baseline_runs, compare_table, final_metric, leave_one_out, pareto_front
 from speedkit.record.runs import RunRecord, load_records, lower_is_better
 
 
@@ -83,6 +83,7 @@ class RunBoard:
     def scatter_figure(self) -> go.Figure:
         """Time to target (or total time, marked x, where never reached) against the final metric."""
         runs = self.finished()
+        baselines = {id(r) for r in baseline_runs(runs)}
         points = [(r.time_to_target, final_metric(r, self.metric)) for r in runs]
         xs = [t if t is not None else r.timings.get("train_s") for (t, _), r in zip(points, runs)]
         fig = go.Figure(go.Scatter(
@@ -90,7 +91,7 @@ class RunBoard:
             text=[f"{r.name}<br>{', '.join(r.method_names) or 'no methods'}" for r in runs],
             hovertemplate="%{text}<br>%{x:.1f}s, %{y:.4f}<extra></extra>",
             marker=dict(size=11, symbol=["circle" if t is not None else "x" for t, _ in points],
-                        color=["#7f7f7f" if is_baseline(r) else "#1f77b4" for r in runs])))
+                        color=["#7f7f7f" if id(r) in baselines else "#1f77b4" for r in runs])))
         front = pareto_front(points, lower_metric_better=lower_is_better(self.metric))
         if front:
             fig.add_trace(go.Scatter(x=[points[i][0] for i in front], y=[points[i][1] for i in front],

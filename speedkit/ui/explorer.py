@@ -364,7 +364,7 @@ class MethodExplorer:
 
     def refresh_measured(self) -> None:
         """Each method row's "measured here": what this task's records on the board say about it."""
-        from speedkit.experiments.tune.evidence import measured_here
+        from speedkit.ui.evidence import measured_here
 
         records = self.board.finished()
         for name, row in self.rows.items():

@@ -110,10 +110,10 @@ class TunePanel:
             self.status.value = "stopping at the next batch …"
 
     def _search(self, arguments: dict) -> None:
-        from speedkit.experiments.tune import tune
+        from speedkit.experiments.tune import TuneSettings, tune
 
         try:
-            self.result = tune(**arguments, on_trial=self._on_trial, should_stop=self._stop.is_set,
+            self.result = tune(TuneSettings(**arguments), on_trial=self._on_trial, should_stop=self._stop.is_set,
                                log=lambda *_: None)
         except Exception as e:  # shown in the panel: a worker thread's exception would vanish
             self.error = f"{type(e).__name__}: {e}"

@@ -26,7 +26,7 @@ def test_the_demo_streams_cells_and_progress_and_reports_interleaved_pairs(tmp_p
 
     starts = [line for line in lines if line.startswith("[cell ")]
     assert starts[0].startswith("[cell 1/") and len(starts) >= 6
-    run_cell = next(i for i, line in enumerate(lines) if "from speedkit.cli.demo import" in line)
+    run_cell = next(i for i, line in enumerate(lines) if line.startswith("[cell ") and "from speedkit.ui import" in line)
     finished = [i for i, line in enumerate(lines) if ": target_reached, " in line and "s training" in line]
     assert len(finished) == 4 and all(i > run_cell for i in finished)  # each run, as it ended, before the next cell
     assert lines.index(next(line for line in starts if "print(comparison_table" in line)) > finished[-1]
@@ -46,7 +46,7 @@ def test_the_demo_streams_cells_and_progress_and_reports_interleaved_pairs(tmp_p
 
 
 def test_the_number_of_pairs_follows_the_time_budget():
-    from speedkit.cli.demo import another_pair_fits, pairs_note
+    from speedkit.ui.notebook_helpers import another_pair_fits, pairs_note
 
     assert another_pair_fits([], 1.0) and another_pair_fits([500.0], None)  # the first pair always runs
     assert another_pair_fits([60.0], 180) and another_pair_fits([60.0, 60.0], 180)

@@ -25,9 +25,9 @@ from helpers import needs_fmnist  # noqa: E402
 from notebook_checks import NOTEBOOKS, ROOT, SMOKE, assert_runs_with_smoke_parameters, smoke_in  # noqa: E402
 
 from speedkit.cli.main import main  # noqa: E402
-from speedkit.cli.notebooks import (check_cell_differences, check_committed, declared_parameters,  # noqa: E402
-                                    format_summary, is_check_cell, load_expected_outputs, load_params, param_sets,
-                                    parameterized_copy, run_notebooks)
+from speedkit.cli.notebook_checks import (check_cell_differences, check_committed,  # noqa: E402
+                                          is_check_cell, load_expected_outputs, parameterized_copy)
+from speedkit.cli.notebooks import declared_parameters, format_summary, load_params, param_sets, run_notebooks  # noqa: E402
 
 SMOKE_NOTEBOOKS = smoke_in("notebooks")
 TUTORIALS = [p for p in NOTEBOOKS if p.parent.name == "tutorials"]

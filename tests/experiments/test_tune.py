@@ -19,13 +19,14 @@ from prerequisites import import_or_missing  # noqa: E402
 
 optuna = import_or_missing("optuna")
 
-from speedkit.experiments.tune import TuneInputError, parse_budget, penalized, tune  # noqa: E402
+from speedkit.experiments.tune import TuneInputError, TuneSettings, parse_budget, penalized, tune  # noqa: E402
 from speedkit.experiments.tune.space import SearchSpace, recipe_params, suggest_recipe  # noqa: E402
 from speedkit.tasks import TASKS, Recipe, get_recipe  # noqa: E402
 
 TESTS = Path(__file__).resolve().parents[1] / "support"
 FAKE = "tune_fakes:fake_run"
-SMALL = dict(data_fraction=0.02, eval_fraction=0.05, log=lambda *_: None)
+SMALL = dict(data_fraction=0.02, eval_fraction=0.05)
+QUIET = dict(log=lambda *_: None)
 
 
 @pytest.fixture
@@ -142,35 +143,35 @@ def _filled(methods: dict) -> dict:
 # -- bad input -------------------------------------------------------------------------------------------
 def test_unknown_method_is_named_with_the_known_ones(tmp_path):
     with pytest.raises(TuneInputError) as e:
-        tune("fashion-mnist", methods=["label_smoothing", "mixupp"], out_dir=tmp_path, **SMALL)
+        tune(TuneSettings("fashion-mnist", methods=["label_smoothing", "mixupp"], out_dir=tmp_path, **SMALL), **QUIET)
     assert "'mixupp'" in str(e.value) and "did you mean 'mixup'" in str(e.value) and "cutmix" in str(e.value)
 
 
 def test_empty_search_space_says_why(tmp_path):
     with pytest.raises(TuneInputError) as e:
-        tune("fashion-mnist", methods=["alibi", "qk_norm"], out_dir=tmp_path, **SMALL)
+        tune(TuneSettings("fashion-mnist", methods=["alibi", "qk_norm"], out_dir=tmp_path, **SMALL), **QUIET)
     assert "no method left to search" in str(e.value) and "alibi: a language method" in str(e.value)
 
 
 def test_target_metric_no_evaluator_logs(tmp_path):
     with pytest.raises(TuneInputError) as e:
-        tune("fashion-mnist", target="eval/f1=0.5", methods=["ema"], out_dir=tmp_path, **SMALL)
+        tune(TuneSettings("fashion-mnist", target="eval/f1=0.5", methods=["ema"], out_dir=tmp_path, **SMALL), **QUIET)
     assert "'eval/f1'" in str(e.value) and "eval/accuracy" in str(e.value)
 
 
 def test_methods_that_find_nothing_in_the_model_are_left_out_with_the_reason(tmp_path, fake_env):
-    result = tune("fashion-mnist", methods=["label_smoothing", "low_precision_layernorm"], out_dir=tmp_path,
-                  runner=FAKE, budget=30, max_trials=2, max_baseline_trials=1, seeds_to_confirm=1, **SMALL)
+    result = tune(TuneSettings("fashion-mnist", methods=["label_smoothing", "low_precision_layernorm"], out_dir=tmp_path,
+                  runner=FAKE, budget=30, max_trials=2, max_baseline_trials=1, seeds_to_confirm=1, **SMALL), **QUIET)
     assert "found no" in result.summary["left_out"]["low_precision_layernorm"]
     assert result.summary["methods_searched"] == ["label_smoothing"]
 
 
 def test_a_method_that_finds_nothing_once_training_starts_is_dropped_from_the_search(tmp_path, fake_env):
-    result = tune("fashion-mnist", methods=["label_smoothing", "gyro_dropout"], out_dir=tmp_path, runner=FAKE,
-                  budget=60, trial_limit=12, max_trials=14, max_baseline_trials=1, seeds_to_confirm=1, **SMALL)
-    searched = [t for t in result.summary["trials"] if t["phase"] in ("screen", "search")]
+    result = tune(TuneSettings("fashion-mnist", methods=["label_smoothing", "gyro_dropout"], out_dir=tmp_path, runner=FAKE,
+                  budget=60, trial_limit=12, max_trials=14, max_baseline_trials=1, seeds_to_confirm=1, **SMALL), **QUIET)
+    searched = [t for t in result.summary["trials"] if t["phase"] == "search"]
     tried = [t for t in searched if t["params"].get("use:gyro_dropout")]
-    # refused once, in the screen or the search: never again in either
+    # refused once: never again
     assert len(tried) == 1, [(t["phase"], t["number"], t["move"], t["infeasible"]) for t in tried]
     assert "NothingToChangeError" in tried[0]["infeasible"]
     same_phase = [t for t in searched if t["phase"] == tried[0]["phase"]]
@@ -180,9 +181,9 @@ def test_a_method_that_finds_nothing_once_training_starts_is_dropped_from_the_se
 
 # -- the search ------------------------------------------------------------------------------------------
 def test_finds_the_planted_best_and_writes_a_loadable_recipe(tmp_path, fake_env):
-    result = tune("fashion-mnist", methods=["ema", "label_smoothing", "mixup", "cutmix"], out_dir=tmp_path,
+    result = tune(TuneSettings("fashion-mnist", methods=["ema", "label_smoothing", "mixup", "cutmix"], out_dir=tmp_path,
                   runner=FAKE, budget=60, trial_limit=12, max_trials=24, max_baseline_trials=6,
-                  seeds_to_confirm=2, tune_hparams=False, leave_one_out=True, **SMALL)
+                  seeds_to_confirm=2, tune_hparams=False, leave_one_out=True, **SMALL), **QUIET)
     assert result.recipe is not None
     assert "label_smoothing" in result.recipe.methods and "ema" not in result.recipe.methods
     assert result.speedup is not None and result.speedup > 1.5  # planted: 2x from label smoothing
@@ -227,8 +228,8 @@ def test_finds_the_planted_best_and_writes_a_loadable_recipe(tmp_path, fake_env)
 def test_respects_the_wall_clock_budget(tmp_path, fake_env, monkeypatch):
     monkeypatch.setenv("TUNE_FAKE_PACE", "0.05")  # each fake run takes 0.1-0.6 s of real time
     started = time.monotonic()
-    result = tune("fashion-mnist", methods=["ema", "label_smoothing"], out_dir=tmp_path, runner=FAKE,
-                  budget=8, trial_limit=12, seeds_to_confirm=1, **SMALL)
+    result = tune(TuneSettings("fashion-mnist", methods=["ema", "label_smoothing"], out_dir=tmp_path, runner=FAKE,
+                  budget=8, trial_limit=12, seeds_to_confirm=1, **SMALL), **QUIET)
     elapsed = time.monotonic() - started
     assert len(result.summary["trials"]) >= 6  # it used the budget ...
     assert result.summary["spent_s"] <= 8 + 1.5, result.summary["spent_s"]  # ... and kept to it (one run's slack)
@@ -237,9 +238,9 @@ def test_respects_the_wall_clock_budget(tmp_path, fake_env, monkeypatch):
 
 def test_resumes_after_a_kill_without_rerunning_finished_trials(tmp_path, fake_env):
     out, storage = tmp_path / "out", str(tmp_path / "out" / "study.journal")
-    script = (f"from speedkit.experiments.tune import tune; tune('fashion-mnist', methods=['ema', 'label_smoothing'], "
+    script = (f"from speedkit.experiments.tune import TuneSettings, tune; tune(TuneSettings('fashion-mnist', methods=['ema', 'label_smoothing'], "
               f"out_dir={str(out)!r}, runner={FAKE!r}, budget=300, trial_limit=12, max_trials=12, "
-              f"max_baseline_trials=2, seeds_to_confirm=1, data_fraction=0.02, eval_fraction=0.05)")
+              f"max_baseline_trials=2, seeds_to_confirm=1, data_fraction=0.02, eval_fraction=0.05))")
     env = {**os.environ, "TUNE_FAKE_PACE": "0.05"}  # 0.1-0.6 s per fake run: time to kill one mid-run
     child = subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL)
@@ -258,8 +259,8 @@ def test_resumes_after_a_kill_without_rerunning_finished_trials(tmp_path, fake_e
             child.kill()
     finished_before = {t.number: t.params for t in _search_trials(storage) if t.state.is_finished()}
     assert len(finished_before) >= 2
-    tune("fashion-mnist", methods=["ema", "label_smoothing"], out_dir=out, runner=FAKE, budget=300,
-         trial_limit=12, max_trials=12, max_baseline_trials=2, seeds_to_confirm=1, **SMALL)
+    tune(TuneSettings("fashion-mnist", methods=["ema", "label_smoothing"], out_dir=out, runner=FAKE, budget=300,
+         trial_limit=12, max_trials=12, max_baseline_trials=2, seeds_to_confirm=1, **SMALL), **QUIET)
     trials = _search_trials(storage)
     for number, params in finished_before.items():  # kept as they were
         assert trials[number].params == params and trials[number].state.is_finished()
@@ -303,8 +304,8 @@ def test_two_worker_processes_share_one_study(tmp_path, fake_env, monkeypatch):
     (tmp_path / "arrived").mkdir()
     monkeypatch.setenv("TUNE_FAKE_RENDEZVOUS", f"{tmp_path / 'arrived'}:2")  # both processes in before any run ends
     monkeypatch.setenv("TUNE_FAKE_PACE", "0.1")
-    result = tune("fashion-mnist", methods=["ema", "label_smoothing"], out_dir=tmp_path, runner=FAKE, budget=60,
-                  trial_limit=12, max_trials=6, max_baseline_trials=2, seeds_to_confirm=1, n_workers=2, **SMALL)
+    result = tune(TuneSettings("fashion-mnist", methods=["ema", "label_smoothing"], out_dir=tmp_path, runner=FAKE, budget=60,
+                  trial_limit=12, max_trials=6, max_baseline_trials=2, seeds_to_confirm=1, n_workers=2, **SMALL), **QUIET)
     trials = _search_trials(result.storage, "tune-baseline") + _search_trials(result.storage)
     workers = {t.user_attrs.get("worker") for t in trials}
     assert len(workers) == 2, workers
@@ -325,76 +326,43 @@ def test_two_worker_processes_share_one_study(tmp_path, fake_env, monkeypatch):
     assert time_line(time_spent).startswith(f"{time_spent['spent_s']:.0f}s on 2 workers")
 
 
-# -- the screen -----------------------------------------------------------------------------------------
-def test_the_screen_runs_cheaply_on_a_fraction_to_its_own_target_and_the_search_starts_from_its_best(tmp_path,
-                                                                                                   fake_env):
-    """Planted: on a third of the data a run takes a third of the time and ends at 0.9 of what it reaches on all
-    of it. The screen's target is the base's best there, moved as far as the search's target is from the base's
-    best on all the data; the search trains the screen's best first, and never a recipe the screen dropped."""
-    from tune_fakes import SCREEN_CEILING, SCREEN_FRACTION
-
-    from speedkit.record.runs import RunRecord
-
-    result = tune("fashion-mnist", methods=["ema", "label_smoothing"], out_dir=tmp_path, runner=FAKE, budget=60,
-                  trial_limit=12, max_trials=6, max_baseline_trials=1, seeds_to_confirm=1, tune_hparams=False,
-                  screen_fraction=SCREEN_FRACTION, **SMALL)
-    summary, target = result.summary, 0.92
-    screen = summary["screen"]
-    assert screen["fraction"] == pytest.approx(1 / 3)
-    assert screen["target_from"]["full_best"] == pytest.approx(target)  # the base reached the target on all the data
-    assert screen["target_from"]["screen_best"] == pytest.approx(SCREEN_CEILING * target)
-    assert screen["target"] == pytest.approx(SCREEN_CEILING * target)  # so the screen aims at the base's best there
-    screened = [t for t in summary["trials"] if t["phase"] == "screen"]
-    assert screened[0]["start_from"] == "baseline" and len(screened) == 6
-    for trial in screened:
-        record = RunRecord.load(trial["record"])
-        assert record.config["data_fraction"] == pytest.approx(SMALL["data_fraction"] / 3)
-        assert record.time_to("eval/accuracy", screen["target"]) == trial["time_to_target_s"]
-    reached = sorted((t for t in screened[1:] if t["time_to_target_s"] is not None), key=lambda t: t["value"])
-    point = lambda trial: json.dumps(trial["params"], sort_keys=True)  # noqa: E731 (one point of the space: one recipe)
-    promoted = {point(t) for t in reached[:3]}
-    search = [t for t in summary["trials"] if t["phase"] == "search"]
-    starts = [t for t in search if t["start_from"]]
-    assert starts
-    assert [t["start_from"] for t in starts] == [f"screen #{t['number']}" for t in reached[:len(starts)]]
-    assert [p["screen_trial"] for p in screen["promoted"]] == [t["number"] for t in reached[:len(starts)]]
-    dropped = {point(t) for t in screened} - promoted
-    assert not dropped & {point(t) for t in search if t["move"]}
-    assert "label_smoothing" in result.recipe.methods  # the planted best survives the screen
-    assert summary["time"]["runs"]["screen (0.33 of the data)"] == len(screened)
-    assert "## The screen (0.33 of the training data)" in result.report_path.read_text()
-
-
-def test_by_default_there_is_no_screen_and_every_trial_trains_on_all_the_data(tmp_path, fake_env):
-    result = tune("fashion-mnist", methods=["ema", "label_smoothing"], out_dir=tmp_path, runner=FAKE, budget=30,
-                  trial_limit=12, max_trials=3, max_baseline_trials=1, seeds_to_confirm=1, **SMALL)
+def test_every_trial_trains_on_all_the_data(tmp_path, fake_env):
+    result = tune(TuneSettings("fashion-mnist", methods=["ema", "label_smoothing"], out_dir=tmp_path, runner=FAKE, budget=30,
+                  trial_limit=12, max_trials=3, max_baseline_trials=1, seeds_to_confirm=1, **SMALL), **QUIET)
     assert {t["phase"] for t in result.summary["trials"]} == {"baseline", "search"}
-    assert result.summary["screen"] == {"fraction": None}
-    with pytest.raises(TuneInputError, match="screen_fraction is the share of the training data"):
-        tune("fashion-mnist", out_dir=tmp_path / "bad", runner=FAKE, screen_fraction=1.5, **SMALL)
+    assert "screen" not in result.summary
+
+
+def test_tune_takes_its_settings_as_one_object_and_names_it_when_given_keywords(tmp_path):
+    with pytest.raises(TypeError, match=r"tune\(\) takes one TuneSettings .*got \['budget=', 'out_dir='\]"):
+        tune(budget="1m", out_dir=tmp_path)
+    with pytest.raises(TypeError, match="takes one TuneSettings .*got str"):
+        tune("fashion-mnist")
+    with pytest.raises(TypeError, match="screen_fraction"):  # the screen ranked budgets wrongly; it is gone
+        TuneSettings("fashion-mnist", screen_fraction=0.5)
+    request = TuneSettings("fashion-mnist", device="cpu", data_fraction=0.5, eval_interval="0.5ep").run_request()
+    assert (request.task, request.device, request.data_fraction, request.eval_interval) == (
+        "fashion-mnist", "cpu", 0.5, "0.5ep")
+    with pytest.raises(ValueError, match="data_fraction must be in"):  # checked by the one run description
+        tune(TuneSettings("fashion-mnist", data_fraction=1.5, out_dir=tmp_path), **QUIET)
 
 
 # -- the real trainer ------------------------------------------------------------------------------------
 def test_real_trainer_search_on_a_sliver_of_fashion_mnist(tmp_path):
     """Real runs through make_trainer (from the mild preset, so a few seconds reach the target)."""
-    result = tune("fashion-mnist", target=0.4, base="mild", methods=["label_smoothing", "ema"], out_dir=tmp_path,
+    result = tune(TuneSettings("fashion-mnist", target=0.4, base="mild", methods=["label_smoothing", "ema"], out_dir=tmp_path,
                   budget=90, trial_limit=4, max_trials=2, max_baseline_trials=1, seeds_to_confirm=1,
-                  eval_interval="0.5ep", data_fraction=0.05, eval_fraction=0.05, screen_fraction=1 / 3,
-                  log=lambda *_: None)
+                  eval_interval="0.5ep", data_fraction=0.05, eval_fraction=0.05), log=lambda *_: None)
     summary = result.summary
     finished = [t for t in summary["trials"] if t["record"]]
     assert finished, summary["trials"]
     from speedkit.record.runs import RunRecord
 
-    screen = summary["screen"]
-    assert screen["target"] is not None and screen["trials"] >= 1
     for trial in finished:  # each trial is a real run, its record re-scorable from disk
         record = RunRecord.load(trial["record"])
         assert record.evals and record.config["tune"]["phase"] == trial["phase"]
-        # the screen trains on a third of the search's data, timed to its own target
-        on_screen = trial["phase"] == "screen"
-        assert record.time_to("eval/accuracy", screen["target"] if on_screen else 0.4) == trial["time_to_target_s"]
-        assert record.config["data_fraction"] == pytest.approx(0.05 / 3 if on_screen else 0.05)
+        assert record.time_to("eval/accuracy", 0.4) == trial["time_to_target_s"]
+        assert record.config["data_fraction"] == pytest.approx(0.05)
         assert record.status in ("target_reached", "stopped", "completed")
     # each run says how much of its budget it trained (the confirmation's reserve scales a baseline by it)
     baseline_study = optuna.load_study(study_name="tune-baseline", storage=_storage(result.storage))
@@ -435,16 +403,12 @@ def test_cli_tune_writes_recipe_and_report(tmp_path, capsys, fake_env):
     assert Recipe.from_file(tmp_path / "recipe.yaml").reached["seeds_reached"] == "1/1"
     assert (tmp_path / "report.md").exists() and f"report: {tmp_path / 'report.md'}" in out
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["screen"] == {"fraction": None} and summary["target"]["value"] == 0.92  # the default: no screen
+    assert summary["target"]["value"] == 0.92
     assert summary["base"]["name"] == "plain-bf16"  # the task's strongest baseline, unless --base names another
     prior = json.loads((tmp_path / "tune_config.json").read_text())["move_prior"]  # the benchmark's leave-one-out
     assert prior["muon"] is None and prior["label_smoothing"] > 1
-    assert main(["tune", "--task", "fashion-mnist", "--methods", "ema,label_smoothing", "--budget", "60s",
-                 "--trial-limit", "12", "--max-trials", "4", "--max-baseline-trials", "1", "--seeds", "1",
-                 "--screen-fraction", "0.25", "--data-fraction", "0.02", "--eval-fraction", "0.05",
-                 "--out", str(tmp_path / "screened"), "--runner", FAKE]) == 0
-    screened = json.loads((tmp_path / "screened" / "summary.json").read_text())
-    assert screened["screen"]["fraction"] == 0.25 and screened["time"]["runs"]["screen (0.25 of the data)"] == 4
+    with pytest.raises(SystemExit):  # the screen is gone, and its flag with it
+        main(["tune", "--screen-fraction", "0.25", "--out", str(tmp_path / "screened")])
 
 
 def test_cli_tune_searches_a_folder_of_your_own_images(tmp_path, capsys, fake_env):
@@ -490,9 +454,9 @@ def test_the_winner_file_says_auto_where_the_search_chose_what_auto_picks_here(m
 def test_continuing_a_study_with_other_settings_is_refused(tmp_path, fake_env):
     args = dict(methods=["ema", "label_smoothing"], out_dir=tmp_path, runner=FAKE, budget=30, trial_limit=12,
                 max_trials=2, max_baseline_trials=1, seeds_to_confirm=1, **SMALL)
-    tune("fashion-mnist", **args)
+    tune(TuneSettings("fashion-mnist", **args), **QUIET)
     with pytest.raises(TuneInputError) as e:
-        tune("fashion-mnist", target=0.8, **args)
+        tune(TuneSettings("fashion-mnist", target=0.8, **args), **QUIET)
     assert "target: was 0.92, now 0.8" in str(e.value) and "another study_name" in str(e.value)
 
 
@@ -590,15 +554,15 @@ def test_ctrl_c_stops_the_cli_cleanly_and_the_same_command_continues(tmp_path, f
 ])
 def test_other_arguments_are_refused_by_name(tmp_path, arguments, message):
     with pytest.raises(TuneInputError, match=message):
-        tune("fashion-mnist", methods=["ema"], out_dir=tmp_path, **{**SMALL, **arguments})
+        tune(TuneSettings("fashion-mnist", methods=["ema"], out_dir=tmp_path, **{**SMALL, **arguments}), **QUIET)
 
 
 def test_a_sqlite_storage_holds_the_search_and_a_rerun_continues_it(tmp_path, fake_env):
     args = dict(methods=["ema", "label_smoothing"], out_dir=tmp_path / "out", storage=tmp_path / "search.db",
                 runner=FAKE, budget=60, trial_limit=12, max_baseline_trials=1, seeds_to_confirm=1, **SMALL)
-    first = tune("fashion-mnist", max_trials=3, **args)
+    first = tune(TuneSettings("fashion-mnist", max_trials=3, **args), **QUIET)
     assert first.storage.startswith("sqlite:///") and (tmp_path / "search.db").exists()
-    tune("fashion-mnist", max_trials=5, **args)
+    tune(TuneSettings("fashion-mnist", max_trials=5, **args), **QUIET)
     trials = optuna.load_study(study_name="tune", storage=first.storage).get_trials(deepcopy=False)
     assert len([t for t in trials if t.state.is_finished()]) == 5  # 3 kept, 2 more
     starts = [line.split()[1] for line in fake_env.read_text().splitlines() if line.startswith("start")]
@@ -623,9 +587,9 @@ def test_a_winner_that_misses_a_fresh_seed_gets_a_longer_budget_until_it_reaches
     """Two trials (the hot and medium presets): only medium reaches the target on seed 0, and on seed 2 every
     recipe needs 30% longer (planted), so the confirmed winner is medium with a longer budget, and the shipped
     file says so."""
-    result = tune("fashion-mnist", methods=["label_smoothing", "ema"], out_dir=tmp_path,
+    result = tune(TuneSettings("fashion-mnist", methods=["label_smoothing", "ema"], out_dir=tmp_path,
                   runner="tune_fakes:budgeted_run", budget=120, trial_limit=12, max_trials=2, max_baseline_trials=2,
-                  seeds_to_confirm=2, tune_hparams=False, **SMALL)
+                  seeds_to_confirm=2, tune_hparams=False, **SMALL), **QUIET)
     confirmation = result.summary["confirmation"]
     rows = {row["key"]: row for row in confirmation["candidates"]}
     picked = next(row for row in rows.values() if row["role"] == "winner")
@@ -653,9 +617,9 @@ def test_a_lead_on_the_search_seed_runs_again_on_another_before_it_leads_the_sea
     from it, ranks each recipe by its worst seed, and so confirms label smoothing, not mixup."""
     from speedkit.experiments.tune.search import REPEAT_SEED
 
-    result = tune("fashion-mnist", methods=["mixup", "label_smoothing"], out_dir=tmp_path,
+    result = tune(TuneSettings("fashion-mnist", methods=["mixup", "label_smoothing"], out_dir=tmp_path,
                   runner="tune_fakes:lucky_seed_run", budget=120, trial_limit=12, max_trials=8, max_baseline_trials=1,
-                  seeds_to_confirm=1, tune_hparams=False, pruner="none", **SMALL)
+                  seeds_to_confirm=1, tune_hparams=False, pruner="none", **SMALL), **QUIET)
     search = [t for t in result.summary["trials"] if t["phase"] == "search"]
     repeats = [t for t in search if t["repeat_of"] is not None]
     by_number = {t["number"]: t for t in search}
@@ -679,9 +643,9 @@ def test_the_speedup_is_measured_against_the_base_as_given_where_it_beats_the_tu
     The confirmation runs the base as given beside it, and measures against whichever is faster on its seeds."""
     import yaml
 
-    result = tune("fashion-mnist", methods=["label_smoothing"], out_dir=tmp_path, runner="tune_fakes:lucky_lr_run",
+    result = tune(TuneSettings("fashion-mnist", methods=["label_smoothing"], out_dir=tmp_path, runner="tune_fakes:lucky_lr_run",
                   budget=120, trial_limit=12, max_trials=4, max_baseline_trials=2, seeds_to_confirm=2,
-                  tune_hparams=False, pruner="none", **SMALL)
+                  tune_hparams=False, pruner="none", **SMALL), **QUIET)
     confirmation = result.summary["confirmation"]
     rows = {c["role"]: c for c in confirmation["candidates"]}
     tuned, given = rows["baseline"], rows["baseline as given"]
@@ -726,7 +690,7 @@ def test_the_confirmation_keeps_back_a_baselines_whole_budget():
     baseline that reached the target with most of its budget to spare."""
     from types import SimpleNamespace
 
-    from speedkit.experiments.tune.screen import BASE_START
+    from speedkit.experiments.tune.search import BASE_START
     from speedkit.experiments.tune.search import confirm_reserve_s
 
     def studies(baseline_done):
@@ -778,8 +742,8 @@ def test_a_task_object_made_here_is_refused_for_worker_processes_with_the_fix(tm
     from speedkit.tasks import resolve_task
 
     with pytest.raises(TuneInputError, match=r"package.module:attr"):
-        tune(dataclasses_replace_name(resolve_task("fashion-mnist"), "my-task"), n_workers=2, out_dir=tmp_path,
-             budget=10, **SMALL)
+        tune(TuneSettings(dataclasses_replace_name(resolve_task("fashion-mnist"), "my-task"), n_workers=2, out_dir=tmp_path,
+             budget=10, **SMALL), **QUIET)
 
 
 def dataclasses_replace_name(task, name: str):
@@ -792,8 +756,8 @@ def test_the_confirmation_is_planned_to_end_within_the_budget(tmp_path, fake_env
     """Runs of 1-2 s real time and a 12 s budget: three seeds of the baseline and the winner do not fit beside
     a search, so it confirms on fewer, says so, and the whole search keeps to its budget."""
     monkeypatch.setenv("TUNE_FAKE_PACE", "0.5")
-    result = tune("fashion-mnist", methods=["label_smoothing", "ema"], out_dir=tmp_path, runner=FAKE, budget=12,
-                  trial_limit=12, seeds_to_confirm=3, tune_hparams=False, **SMALL)
+    result = tune(TuneSettings("fashion-mnist", methods=["label_smoothing", "ema"], out_dir=tmp_path, runner=FAKE, budget=12,
+                  trial_limit=12, seeds_to_confirm=3, tune_hparams=False, **SMALL), **QUIET)
     confirmation = result.summary["confirmation"]
     assert 1 <= len(confirmation["seeds"]) < 3
     assert [c["role"] for c in confirmation["candidates"]] == ["baseline", "winner"]  # no room for the runner-up

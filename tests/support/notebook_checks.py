@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from speedkit.cli.notebooks import check_cell_differences, discover_notebooks, load_params, run_notebooks
+from speedkit.cli.notebook_checks import check_cell_differences
+from speedkit.cli.notebooks import discover_notebooks, load_params, run_notebooks
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = discover_notebooks(ROOT)

@@ -2,8 +2,6 @@
 
 ``fake_run`` stands in for training (``speedkit.experiments.tune``'s ``runner=``): label_smoothing halves the time
 to target, ema doubles it, a learning rate far from the base's slows it; everything else is neutral.
-A run of the screen (a third of the data) takes a third of the time, and ends at SCREEN_CEILING of what a run on
-all the data reaches.
 It reports evaluations through the same TrialContext hooks as the real trainer, writes a RunRecord,
 and logs every start and end to ``$TUNE_FAKE_LOG`` so tests can see which trials ran.
 """
@@ -65,8 +63,6 @@ def fake_run(context) -> RunRecord:
     return _train(context, planted_time(context.recipe), 3 * BASE_TIME)
 
 
-SCREEN_FRACTION = 1 / 3  # what the tests screen on: there a run takes a third of the time ...
-SCREEN_CEILING = 0.9  # ... and ends at 0.9 of what it reaches on all the data
 FAKE_SECONDS_PER_EPOCH = 0.75
 SLOW_SEED = 2  # a confirmation seed on which every recipe needs 30% longer
 
@@ -110,11 +106,7 @@ def lucky_lr_run(context) -> RunRecord:
 
 
 def _train(context, reach_at: float, available: float) -> RunRecord:
-    top = context.target  # a run on all the data reaches the target exactly at reach_at
-    search = context.extra_config.get("tune", {})
-    if search.get("phase") == "screen":  # on a third of the data: a third of the time, and it ends lower
-        reach_at, available = reach_at * SCREEN_FRACTION, available * SCREEN_FRACTION
-        top = SCREEN_CEILING * search["target"]
+    top = context.target  # a run reaches the target exactly at reach_at
     record = RunRecord(name=context.run_name, config={"task": context.task, "recipe": context.recipe.name,
                                                       "recipe_spec": context.recipe.to_dict(), **context.settings,
                                                       **context.extra_config},
@@ -124,7 +116,7 @@ def _train(context, reach_at: float, available: float) -> RunRecord:
     while wall < available - 1e-9:
         wall = round(wall + 0.25, 6)  # an evaluation every 0.25 fake seconds
         value = top * min(1.0, wall / reach_at)
-        value = context.target if math.isclose(value, context.target) else value  # the screen's target is a product
+        value = context.target if math.isclose(value, context.target) else value
         time.sleep(0.25 * REAL_SECONDS_PER_FAKE)
         record.add_eval({"batch": int(round(wall * 4)), "wall_s": wall}, {context.metric: value})
         context.budget_done = wall / available  # as the real trainer's reporter sets it at each evaluation

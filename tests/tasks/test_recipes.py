@@ -10,7 +10,7 @@ import pytest
 from prerequisites import require
 
 from speedkit.methods import build_methods
-from speedkit.tasks import TASKS, get_recipe, make_trainer
+from speedkit.tasks import TASKS, get_recipe, is_baseline, make_trainer
 from speedkit.tasks.recipes import PRESETS, Recipe, read_recipe_file, timing_eval_interval
 from speedkit.tasks.task import BUILT_IN
 
@@ -31,7 +31,7 @@ def test_speed_up_presets_state_the_target_they_were_tuned_for_and_runs_measure_
 
     for task in BUILT_IN:
         for name, recipe in TASKS[task].recipes.items():
-            if not TASKS[task].is_baseline(name):
+            if not is_baseline(task, name):
                 assert recipe.target["metric"] == TASKS[task].target_metric, (task, name)
     assert recipe_target(TASKS["pydocs"], get_recipe("pydocs", "hot").with_changes(
         target={"metric": "eval/bpb", "value": 3.5})) == 3.5  # the recipe's own, not the task's

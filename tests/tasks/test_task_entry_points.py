@@ -72,17 +72,17 @@ def test_train_refuses_a_task_it_cannot_build_before_training(tmp_path, capsys, 
 # -- speedkit tune ---------------------------------------------------------------------------
 def test_tune_searches_a_user_task(tmp_path, monkeypatch):
     import_or_missing("optuna")
-    from speedkit.experiments.tune import TuneInputError, tune
+    from speedkit.experiments.tune import TuneInputError, TuneSettings, tune
 
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "support"))
-    result = tune(user_task("tuned-fashion"), methods=["label_smoothing", "low_precision_layernorm"],
+    result = tune(TuneSettings(user_task("tuned-fashion"), methods=["label_smoothing", "low_precision_layernorm"],
                   out_dir=tmp_path, runner="tune_fakes:fake_run", budget=30, max_trials=2, max_baseline_trials=1,
-                  seeds_to_confirm=1, data_fraction=0.25, log=lambda *_: None)
+                  seeds_to_confirm=1, data_fraction=0.25), log=lambda *_: None)
     assert result.summary["task"] == "tuned-fashion"
     assert result.summary["methods_searched"] == ["label_smoothing"]
     assert "found no nn.LayerNorm" in result.summary["left_out"]["low_precision_layernorm"]  # the user's CNN has none
     with pytest.raises(TuneInputError, match=r"cannot build task 'tuned-fashion'.*'package.module:attr'"):
-        tune(user_task("tuned-fashion"), n_workers=2, out_dir=tmp_path / "two", budget=30, log=lambda *_: None)
+        tune(TuneSettings(user_task("tuned-fashion"), n_workers=2, out_dir=tmp_path / "two", budget=30), log=lambda *_: None)
 
 
 def test_two_worker_processes_tune_a_user_task_named_by_its_module(tmp_path, monkeypatch):
@@ -92,7 +92,7 @@ def test_two_worker_processes_tune_a_user_task_named_by_its_module(tmp_path, mon
     import_or_missing("optuna")
     import tune_fakes
 
-    from speedkit.experiments.tune import tune
+    from speedkit.experiments.tune import TuneSettings, tune
     from speedkit.experiments.tune.storage import open_storage
 
     (tmp_path / "two_worker_tasks.py").write_text("from test_tasks import user_task\nfashion = user_task('two-workers')\n")
@@ -104,9 +104,9 @@ def test_two_worker_processes_tune_a_user_task_named_by_its_module(tmp_path, mon
     monkeypatch.setattr(tune_fakes, "_met", False)
     monkeypatch.setenv("TUNE_FAKE_PACE", "0.1")
     monkeypatch.syspath_prepend(str(tmp_path))
-    result = tune("two_worker_tasks:fashion", methods=["label_smoothing"], out_dir=tmp_path / "out",
+    result = tune(TuneSettings("two_worker_tasks:fashion", methods=["label_smoothing"], out_dir=tmp_path / "out",
                   runner="tune_fakes:fake_run", budget=60, trial_limit=12, max_trials=4, max_baseline_trials=1,
-                  seeds_to_confirm=1, data_fraction=0.25, n_workers=2, log=lambda *_: None)
+                  seeds_to_confirm=1, data_fraction=0.25, n_workers=2), log=lambda *_: None)
     assert result.summary["task"] == "two-workers"
     import optuna
 

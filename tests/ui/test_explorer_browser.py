@@ -35,7 +35,7 @@ def jupyter_lab(tmp_path):
 
 def _explorer_notebook(folder: Path, out_dir: Path) -> Path:
     """The explorer notebook with small parameters injected after its parameters cell, as papermill would."""
-    from speedkit.cli.notebooks import parameterized_copy
+    from speedkit.cli.notebook_checks import parameterized_copy
 
     return parameterized_copy(REPO / "notebooks" / "01_method_explorer.ipynb",
                               {"live": True, "device": "cpu", "duration": "40ba", "data_fraction": 0.1,

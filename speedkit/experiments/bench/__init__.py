@@ -4,11 +4,11 @@
 ``bench/results/summary.json`` and writes ``summary.md`` and figures beside it. The protocol is
 in bench/README.md; ``speedkit bench --task fashion-mnist`` is the same from the command line.
 """
+from speedkit.callbacks.phase_timer import PhaseTimer, profile_steps  # where a run's time goes, by phase
 from speedkit.experiments.bench.harness import (BenchResult, pick_best, resolve_profile,
                                                 run_benchmark, run_interleaved, run_leave_one_out, run_one,
                                                 scheduled_recipe, summarize)
 from speedkit.experiments.bench.profiles import PROFILES, TASK_KEYS, BenchProfile, get_profile, task_key
-from speedkit.experiments.bench.profiling import PhaseTimer, profile_steps
 from speedkit.experiments.bench.report import (merge_summary, metric_curves_figure, readme_table, speedup_figure,
                                                summary_markdown, write_reports)
 

@@ -17,11 +17,12 @@ from typing import Callable, Sequence
 
 from speedkit.core.devices import resolve_device, resolve_precision
 from speedkit.core.time import Time
-from speedkit.experiments.ablation import ablated_recipes, ablation_marker
+from speedkit.experiments.ablation import leave_one_out_runs
 from speedkit.experiments.bench.profiles import TASK_KEYS, BenchProfile, get_profile, task_key
 from speedkit.experiments.compare import final_metric
 from speedkit.experiments.compare import leave_one_out as leave_one_out_table
 from speedkit.experiments.compare import median_or_none, paired_speedups
+from speedkit.experiments.measure import measure, shortest_budget
 from speedkit.record.runs import RunRecord, environment, load_records, lower_is_better
 from speedkit.tasks import TASKS, Recipe, RunRequest, get_recipe, make_trainer, resolve_task
 
@@ -88,19 +89,20 @@ def _bench_info(profile: BenchProfile, session: str, seed: int) -> dict:
 def run_interleaved(profile: BenchProfile, seeds: Sequence[int], run_dir: str | Path, session: str,
                     log: Callable[[str], None] = print, on_record: Callable[[RunRecord], None] | None = None,
                     **trainer_kwargs) -> list[RunRecord]:
-    """Every recipe once per seed, seed by seed (A B A B ...), so slow drifts of a shared machine
-    hit baseline and recipes alike and each seed's pair ran side by side."""
-    records, total = [], len(seeds) * len(profile.recipes)
-    for seed in seeds:
-        for name in profile.recipes:
-            run_name = f"{profile.task}-{name}-s{seed}"
-            record = run_one(profile, scheduled_recipe(profile, name), seed, run_name, run_dir,
-                             _bench_info(profile, session, seed), **trainer_kwargs)
-            records.append(record)
-            log(f"[{len(records)}/{total}] {_describe_run(record)}")
-            if on_record is not None:
-                on_record(record)  # e.g. a notebook's run board, filling as runs finish
-    return records
+    """Every recipe once per seed, seed by seed (``speedkit.experiments.measure.measure``)."""
+    total, done = len(seeds) * len(profile.recipes), []
+
+    def run(name: str, seed: int) -> RunRecord:
+        record = run_one(profile, scheduled_recipe(profile, name), seed, f"{profile.task}-{name}-s{seed}", run_dir,
+                         _bench_info(profile, session, seed), **trainer_kwargs)
+        done.append(record)
+        log(f"[{len(done)}/{total}] {_describe_run(record)}")
+        return record
+
+    # the profile's order (baselines weakest first, then the speed-ups) is the order they run in
+    measure(profile.recipes, [n for n in profile.recipes if n in profile.baselines], seeds, run,
+            on_run=on_record)  # e.g. a notebook's run board, filling as runs finish
+    return done
 
 
 # -- each baseline's budget ---------------------------------------------------------------------
@@ -146,15 +148,10 @@ def find_budget(profile: BenchProfile, name: str, seeds: Sequence[int], run_dir:
         tried[budget(steps)] = reached
         return reached == len(seeds)
 
-    if all_reach(first):
-        best = first
-        while best > 1 and all_reach(best - 1):
-            best -= 1
-    else:
-        best = next((n for n in range(first + 1, 2 * first + 1) if all_reach(n)), None)
-        if best is None:
-            raise ValueError(f"baseline {name} did not reach the target in every seed within {budget(2 * first)}; "
-                             f"lower the target or give the baseline a longer budget")
+    best = shortest_budget(all_reach, first, 2 * first)
+    if best is None:
+        raise ValueError(f"baseline {name} did not reach the target in every seed within {budget(2 * first)}; "
+                         f"lower the target or give the baseline a longer budget")
     return {"budget": budget(best), "tried": tried}
 
 
@@ -266,8 +263,9 @@ def run_leave_one_out(profile: BenchProfile, records: Sequence[RunRecord], recip
     device = resolve_device(profile.device)
     recipe, reference = (r.with_changes(precision=resolve_precision(r.precision, device))
                          for r in (recipe, scheduled_recipe(profile, baseline)))
-    for part, ablated in ablated_recipes(recipe, reference).items():
-        run_name, marker = f"{full.name}-without-{part}", ablation_marker(full.name, part, against=baseline)
+
+    def run(part: str, ablated: Recipe, marker: dict) -> None:
+        run_name = f"{full.name}-without-{part}"
         try:
             record = run_one(profile, ablated, seed, run_name, run_dir, _bench_info(profile, session, seed),
                              extra_config={"ablation": marker}, **trainer_kwargs)
@@ -277,6 +275,8 @@ def run_leave_one_out(profile: BenchProfile, records: Sequence[RunRecord], recip
                                config={"recipe": recipe_name, "ablation": marker})
         ablations.append(record)
         log(f"[leave-one-out] {_describe_run(record)}")
+
+    leave_one_out_runs(recipe, run, of=full.name, reference=reference, against=baseline)
     return ablations
 
 
@@ -474,8 +474,8 @@ def machine(device: str, records: Sequence[RunRecord] = ()) -> dict:
 
 def profile_recipe(profile: BenchProfile, name: str, seed: int, steps: int, run_dir: str | Path, session: str,
                    **trainer_kwargs) -> dict:
-    """Where ``steps`` batches of one recipe spend their time, by Trainer phase (see bench.profiling)."""
-    from speedkit.experiments.bench.profiling import profile_steps
+    """Where ``steps`` batches of one recipe spend their time, by Trainer phase (``speedkit.callbacks.phase_timer``)."""
+    from speedkit.callbacks.phase_timer import profile_steps
 
     info = {**_bench_info(profile, session, seed), "profiling": True}
     factory = trainer_factory(profile, scheduled_recipe(profile, name), seed, f"{profile.task}-{name}-profile",

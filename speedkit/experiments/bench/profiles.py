@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Mapping, Sequence
 
-from speedkit.tasks import TASKS, Recipe, RunRequest, get_recipe
+from speedkit.tasks import TASKS, Recipe, RunRequest, get_recipe, is_baseline
 from speedkit.tasks.recipes import timing_eval_interval
 from speedkit.train.checks import check_duration
 
@@ -25,7 +25,7 @@ TASK_KEYS = {"vision": "fashion-mnist", "language": "pydocs"}
 def default_recipes(task: str) -> tuple[str, ...]:
     """Every baseline of ``task``, weakest first, then every other recipe it has."""
     spec = TASKS[task]
-    return (*spec.baselines, *[r for r in spec.recipes if not spec.is_baseline(r)])
+    return (*spec.baselines, *[r for r in spec.recipes if not is_baseline(spec, r)])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,7 +58,7 @@ class BenchProfile:
         if not self.recipes:
             object.__setattr__(self, "recipes", default_recipes(self.task))
         spec = TASKS[self.task]
-        if not any(spec.is_baseline(r) for r in self.recipes):
+        if not any(is_baseline(spec, r) for r in self.recipes):
             raise ValueError(f"profile {self.name!r}: recipes {list(self.recipes)} include no baseline; "
                              f"add one of {list(spec.baselines)}")
         unknown = [r for r in self.recipes if r not in spec.recipes]
@@ -101,7 +101,7 @@ class BenchProfile:
         ``methods`` in a change are *added* to the recipe's methods (e.g. torch_compile on a GPU).
         """
         recipe = get_recipe(self.task, name)
-        baseline = TASKS[self.task].is_baseline(name)
+        baseline = is_baseline(self.task, name)
         if self.eval_interval or not baseline:
             cadence = {"eval_interval": self.eval_interval}
         else:

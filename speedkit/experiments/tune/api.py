@@ -1,8 +1,7 @@
 """``speedkit.experiments.tune.tune``: a measured search (Optuna) for the recipe that reaches a task's target soonest.
 
 The baseline's learning rate and budget are tuned first, then methods and recipe fields are searched
-against time to target (the task's presets first, then moves from the best recipe so far; optionally
-screened on a fraction of the data first, the screen's best being what the search starts from), then the
+against time to target (the task's presets first, then moves from the best recipe so far), then the
 tuned baseline (and the base as given, where tuning changed it) and the winner (and the runner-up, where
 the budget holds it) are confirmed on fresh seeds, with a longer budget for a winner that missed a seed; the
 speed-up is over the faster baseline there. Everything lives in one Optuna storage (a journal file in the
@@ -23,7 +22,6 @@ from speedkit.experiments.tune.confirm import (confirm_candidates, confirm_seeds
                                                run_budget_search, run_confirmation, run_leave_one_out,
                                                summarize_confirmation)
 from speedkit.experiments.tune.objective import resolve_runner, runner_path
-from speedkit.experiments.tune.screen import screen_summary
 from speedkit.experiments.tune.search import (PHASES, PRUNERS, SEARCH_SEED, TuneConfig, check_same_search,
                                               load_study, logged_metrics, parse_budget, resolve_target, run_phases,
                                               seed_baseline_study, standings, start_workers)
@@ -51,53 +49,94 @@ class TuneResult:
         return self.summary["confirmation"].get("speedup_median")
 
 
-def tune(task: str = "fashion-mnist", target=None, *, data=None, task_options: dict | None = None,
-         budget: str | float = "30m", methods: Sequence[str] | str | None = None,
-         storage: str | os.PathLike | None = None, study_name: str = "tune", seeds_to_confirm: int = 3,
-         out_dir: str | os.PathLike = "runs/tune", run_dir: str | os.PathLike | None = None,
-         data_fraction: float = 1.0, eval_fraction: float | None = None, eval_interval: str | None = None,
-         device: str = "auto", n_workers: int = 1, base=None, tune_hparams: bool = True,
-         trial_limit: str | float | None = None, baseline_share: float = 0.15, max_trials: int | None = None,
-         max_baseline_trials: int | None = None, screen_fraction: float | None = None,
-         pruner: str = "halving", sampler_seed: int = 0,
-         duration_scale: tuple[float, float] = (0.1, 1.0), lr_factor: float = 10.0, leave_one_out: bool = False,
-         runner=None, log=print, on_trial=None, should_stop=None) -> TuneResult:
-    """Search for the recipe that reaches ``target`` on ``task`` soonest, within ``budget`` of wall clock.
+@dataclasses.dataclass(frozen=True)
+class TuneSettings:
+    """What a search is asked to do: ``tune(TuneSettings(task=..., budget="30m", ...))``; the CLI, the explorer's
+    Tune panel and the notebooks build one. Its runs' shared settings (``task``, ``data``, ``task_options``,
+    ``device``, ``data_fraction``, ``eval_fraction``, ``eval_interval``) are a ``RunRequest``'s fields
+    (``run_request``), checked there once; ``base`` is the request's recipe.
 
     ``task``: anything ``speedkit.tasks.resolve_task`` takes (a name, a ``speedkit.Task``, ``"pkg.mod:attr"``);
-    ``data`` and ``task_options`` are a folder task's folder and options (``tune("image-folder", data=DIR)``).
-    Worker processes (``n_workers``) build the task again from its name, ``"pkg.mod:attr"`` or folder; a
-    Task object made in this process only they cannot.
-
+    ``data`` and ``task_options`` are a folder task's folder and options (``TuneSettings("image-folder",
+    data=DIR)``). Worker processes (``n_workers``) build the task again from its name, ``"pkg.mod:attr"`` or
+    folder; a Task object made in this process only they cannot.
     ``target``: None (the task's), a value of the task's metric, ``"metric=value"`` or (metric, value).
+    ``budget``: wall clock for the whole search (``"30m"``, ``"1h"`` or seconds).
     ``base``: the recipe the baseline study tunes and the search starts from (a name or a Recipe); None: the
     task's strongest baseline (the last of its ``baselines``: ``plain-bf16`` for a folder task).
     ``methods``: the methods the search may turn on (default: all that fit the task's domain and model).
     ``storage``: a journal file (default ``out_dir/study.journal``), ``*.db`` SQLite file or database URL;
-    a rerun with the same storage and ``study_name`` continues the search. ``screen_fraction``: screen the
-    candidates on this share of the training data first (``speedkit.experiments.tune.screen``: it ranks
-    budgets in epochs wrongly, so it is off by default).
-    ``trial_limit``: most training
-    time of one trial (default a fifth of the budget). ``leave_one_out``: afterwards, run the winner
-    without each of its methods (on the first confirmation seed) so the report says what each one adds. ``runner``: a function ``(TrialContext) -> RunRecord``
-    or ``"module:function"`` replacing the real training (tests plant known answers this way).
+    a rerun with the same storage and ``study_name`` continues the search.
+    ``trial_limit``: most training time of one trial (default a fifth of the budget). ``leave_one_out``:
+    afterwards, run the winner without each of its methods (on the first confirmation seed) so the report
+    says what each one adds. ``runner``: a function ``(TrialContext) -> RunRecord`` or ``"module:function"``
+    replacing the real training (tests plant known answers this way). ``run_dir``: where every run's
+    RunRecord goes (default ``out_dir/runs``).
+    """
+
+    task: Any = "fashion-mnist"
+    target: Any = None
+    budget: str | float = "30m"
+    data: str | os.PathLike | None = None
+    task_options: dict | None = None
+    methods: Sequence[str] | str | None = None
+    base: Any = None
+    storage: str | os.PathLike | None = None
+    study_name: str = "tune"
+    seeds_to_confirm: int = 3
+    out_dir: str | os.PathLike = "runs/tune"
+    run_dir: str | os.PathLike | None = None
+    data_fraction: float = 1.0
+    eval_fraction: float | None = None
+    eval_interval: str | None = None
+    device: str = "auto"
+    n_workers: int = 1
+    tune_hparams: bool = True
+    trial_limit: str | float | None = None
+    baseline_share: float = 0.15
+    max_trials: int | None = None
+    max_baseline_trials: int | None = None
+    pruner: str = "halving"
+    sampler_seed: int = 0
+    duration_scale: tuple[float, float] = (0.1, 1.0)
+    lr_factor: float = 10.0
+    leave_one_out: bool = False
+    runner: Any = None
+
+    def run_request(self):
+        """The settings every run of the search shares, as the one run description (checked there, naming the
+        field); the base recipe is filled in per run."""
+        from speedkit.tasks import RunRequest
+
+        return RunRequest(task=self.task, data=self.data, task_options=self.task_options, device=self.device,
+                          data_fraction=self.data_fraction, eval_fraction=self.eval_fraction,
+                          eval_interval=self.eval_interval or None)
+
+    def replace(self, **changes) -> "TuneSettings":
+        return dataclasses.replace(self, **changes)
+
+
+def tune(settings: TuneSettings | None = None, *, log=print, on_trial=None, should_stop=None,
+         **keywords) -> TuneResult:
+    """Search for the recipe that reaches the target on the task soonest, within the budget of wall clock
+    (``TuneSettings`` says what; default: ``TuneSettings()``).
+
     ``on_trial(study, trial)`` is called after each trial of this process; ``should_stop()`` ends the search early.
     Writes ``recipe.yaml`` (the confirmed winner, with ``reached``), ``report.md``, ``report.html`` and
-    ``summary.json`` into ``out_dir``, and a RunRecord per run into ``run_dir`` (default ``out_dir/runs``).
+    ``summary.json`` into ``out_dir``, and a RunRecord per run into ``run_dir``.
     """
     from speedkit.experiments.tune.report import baseline_shortfall, write_outputs
 
+    if keywords or not isinstance(settings, (TuneSettings, type(None))):
+        got = [f"{k}=" for k in keywords] or type(settings).__name__
+        raise TypeError(f"tune() takes one TuneSettings (from speedkit.experiments.tune), got {got}: write "
+                        f"tune(TuneSettings(task=..., budget=..., ...))")
+    settings = settings or TuneSettings()
     optuna_module()
-    out = Path(out_dir)
+    out = Path(settings.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    config = build_config(
-        task=task, data=data, task_options=task_options, target=target, budget=budget, methods=methods,
-        storage=storage, study_name=study_name, seeds_to_confirm=seeds_to_confirm, out=out, run_dir=run_dir, data_fraction=data_fraction,
-        eval_fraction=eval_fraction, eval_interval=eval_interval, device=device, n_workers=n_workers, base=base,
-        tune_hparams=tune_hparams, trial_limit=trial_limit, baseline_share=baseline_share, max_trials=max_trials,
-        max_baseline_trials=max_baseline_trials, screen_fraction=screen_fraction, pruner=pruner, sampler_seed=sampler_seed,
-        duration_scale=duration_scale, lr_factor=lr_factor, leave_one_out=leave_one_out, runner=runner, log=log)
-    in_process = resolve_runner(runner)  # a lambda in a notebook works here; worker processes import config.runner
+    config = build_config(settings, out, log)
+    in_process = resolve_runner(settings.runner)  # a lambda in a notebook works here; worker processes import config.runner
     config_path = out / "tune_config.json"
     config.save(config_path)
     storage_obj = open_storage(config.storage)
@@ -110,7 +149,7 @@ def tune(task: str = "fashion-mnist", target=None, *, data=None, task_options: d
     seed_baseline_study(config, studies["baseline"])
     log(f"speedkit tune: {config.task}, target {config.metric} {config.target}, budget {config.budget_s:.0f}s "
         f"({config.spent_before_s:.0f}s used before), storage {config.storage}")
-    workers = start_workers(config_path, n_workers - 1) if n_workers > 1 else []
+    workers = start_workers(config_path, settings.n_workers - 1) if settings.n_workers > 1 else []
     try:
         run_phases(config, 0, runner=in_process, on_trial=_logger(log, on_trial), should_stop=should_stop)
     finally:
@@ -121,7 +160,7 @@ def tune(task: str = "fashion-mnist", target=None, *, data=None, task_options: d
         f"seeds {confirm_seeds(config, studies)}")
     run_confirmation(config, studies, runner=in_process, should_stop=should_stop)
     run_budget_search(config, studies, runner=in_process, should_stop=should_stop, log=log)
-    if leave_one_out:
+    if settings.leave_one_out:
         log("speedkit tune: the winner's leave-one-out (each of its methods left out, on the first seed)")
         run_leave_one_out(config, studies, runner=in_process, should_stop=should_stop)
     summary = build_summary(config, studies)
@@ -151,20 +190,22 @@ def _logger(log, on_trial):
     return callback
 
 
-def build_config(*, task, data, task_options, target, budget, methods, storage, study_name, seeds_to_confirm,
-                 out: Path, run_dir, data_fraction, eval_fraction, eval_interval, device, n_workers, base, tune_hparams, trial_limit,
-                 baseline_share, max_trials, max_baseline_trials, screen_fraction, pruner, sampler_seed, duration_scale,
-                 lr_factor, leave_one_out, runner, log) -> TuneConfig:
+def build_config(settings: TuneSettings, out: Path, log=print) -> TuneConfig:
     """Check every argument and read the search space from the cards; refusals name the argument."""
     from speedkit.core.devices import resolve_device, resolve_precision
-    from speedkit.tasks import RunRequest, get_recipe, resolve_task
+    from speedkit.tasks import get_recipe, resolve_task
     from speedkit.tasks.ladder import reference_leave_one_out
     from speedkit.tasks.recipes import timing_eval_interval, without_flips
     from speedkit.tasks.task import BUILT_IN
 
-    # the settings every run shares are a run request's fields: checked by it, once, naming the field
-    RunRequest(task=task, device=device, data_fraction=data_fraction, eval_fraction=eval_fraction,
-               eval_interval=eval_interval or None)
+    names = ("task data task_options target budget methods storage study_name seeds_to_confirm run_dir data_fraction "
+             "eval_fraction eval_interval device n_workers base tune_hparams trial_limit baseline_share max_trials "
+             "max_baseline_trials pruner sampler_seed duration_scale lr_factor leave_one_out runner").split()
+    (task, data, task_options, target, budget, methods, storage, study_name, seeds_to_confirm, run_dir, data_fraction,
+     eval_fraction, eval_interval, device, n_workers, base, tune_hparams, trial_limit, baseline_share, max_trials,
+     max_baseline_trials, pruner, sampler_seed, duration_scale, lr_factor, leave_one_out, runner) = (
+        getattr(settings, name) for name in names)
+    settings.run_request()  # the settings every run shares are a run request's fields: checked by it, once
     # a name, a Task, "pkg.mod:attr" or a folder: registered, so that the trials find it by name
     spec = resolve_task(task, data, **(task_options or {}))
     task_source = _task_source(task, data, task_options)
@@ -182,9 +223,6 @@ def build_config(*, task, data, task_options, target, budget, methods, storage, 
     for name, count in (("max_trials", max_trials), ("max_baseline_trials", max_baseline_trials)):
         if count is not None and count < 1:
             raise TuneInputError(f"{name} must be at least 1 (or None: until the budget is used), got {count}")
-    if screen_fraction is not None and not 0 < screen_fraction < 1:
-        raise TuneInputError(f"screen_fraction is the share of the training data the screen's runs see, in (0, 1), "
-                             f"or None for no screen; got {screen_fraction}")
     if not 0 < baseline_share < 1:
         raise TuneInputError(f"baseline_share is the part of the budget that tunes the baseline, in (0, 1); "
                              f"got {baseline_share}")
@@ -228,7 +266,7 @@ def build_config(*, task, data, task_options, target, budget, methods, storage, 
     out_dir = out.resolve()
     storage_text = storage_url(storage, out_dir)
     studies_spent = spent_before_s(storage_text, study_name)
-    limit_s = parse_budget(trial_limit) if trial_limit is not None else budget_s / 5
+    limit_s = parse_budget(trial_limit, "trial_limit") if trial_limit is not None else budget_s / 5
     settings = {"device": device, "data_fraction": data_fraction, "eval_fraction": eval_fraction,
                 "eval_interval": base_recipe.eval_interval}
     return TuneConfig(
@@ -237,10 +275,10 @@ def build_config(*, task, data, task_options, target, budget, methods, storage, 
         storage=storage_text, study_name=study_name, out_dir=str(out_dir),
         run_dir=str(Path(run_dir).resolve()) if run_dir else str(out_dir / "runs"), settings=settings,
         budget_s=budget_s, limit_s=limit_s, baseline_share=baseline_share, seeds_to_confirm=seeds_to_confirm,
-        max_trials={"baseline": max_baseline_trials, "screen": max_trials, "search": max_trials}, pruner=pruner,
+        max_trials={"baseline": max_baseline_trials, "search": max_trials}, pruner=pruner,
         sampler_seed=sampler_seed, runner=runner_path(runner) if runner is not None else None,
         started_at=time.time(), spent_before_s=studies_spent, n_workers=n_workers, leave_one_out=leave_one_out,
-        left_out=left_out, task_source=task_source, screen_fraction=screen_fraction,
+        left_out=left_out, task_source=task_source,
         move_prior=reference_leave_one_out(spec.domain))
 
 
@@ -274,7 +312,7 @@ def build_summary(config: TuneConfig, studies: dict) -> dict:
             "settings": config.settings, "storage": config.storage, "study": config.study_name,
             "methods_searched": list(space.methods), "hparam_limits": dict(space.hparam_limits),
             "left_out": {**config.left_out, **_found_inapplicable(studies)},
-            "trials": trials, "screen": screen_summary(config, studies),
+            "trials": trials,
             "confirmation": summarize_confirmation(config, studies),
             "time": where_the_time_went(config, studies, trials)}
 
@@ -289,7 +327,7 @@ def _worst_seed(standing) -> dict | None:
 
 
 def where_the_time_went(config: TuneConfig, studies: dict, trials: list[dict]) -> dict:
-    """Seconds of the search by what they bought: tuning the baseline, the screen on a fraction of the data,
+    """Seconds of the search by what they bought: tuning the baseline,
     search trials that reached the target, missed it or were pruned, proposals refused untrained, the
     confirmation (with the final budget search and the leave-one-out), and the rest (building data and models,
     the probes, the storage, a worker waiting). With several workers they add up to the workers' seconds
@@ -303,14 +341,10 @@ def where_the_time_went(config: TuneConfig, studies: dict, trials: list[dict]) -
              "pruned": [t for t in search if t["state"] == "pruned" and not t["infeasible"]],
              "refused": [t for t in search if t["infeasible"]]}
     confirm = [{"wall_s": t.user_attrs.get("wall_s")} for t in finished_trials(studies["confirm"], ("COMPLETE",))]
-    screen = {f"screen ({config.screen_fraction:.2g} of the data)": [t for t in trials if t["phase"] == "screen"]
-              } if config.screen_fraction else {}
     rows = {"baseline study": wall(t for t in trials if t["phase"] == "baseline"),
-            **{what: wall(rows) for what, rows in screen.items()},
             **{f"search: {kind}": wall(rows) for kind, rows in kinds.items()},
             "confirmation": wall(confirm)}
     counts = {"baseline study": sum(t["phase"] == "baseline" for t in trials),
-              **{what: len(rows) for what, rows in screen.items()},
               **{f"search: {kind}": len(rows) for kind, rows in kinds.items()}, "confirmation": len(confirm)}
     # n workers spend n seconds of runs in each second of wall clock: the shares are of that
     spent, workers = config.spent_s(), config.n_workers

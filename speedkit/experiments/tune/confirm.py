@@ -11,6 +11,8 @@ import math
 import statistics
 import time
 
+from speedkit.experiments.ablation import leave_one_out_runs
+from speedkit.experiments.measure import measure, shortest_budget
 from speedkit.experiments.tune.objective import USER_STOP, resolve_runner, score_record
 from speedkit.experiments.tune.search import (TuneConfig, confirmed_baselines, recipe_from_trial, seeds_that_fit,
                                               standings, store_outcome, trial_context, whole_budget_wall_s)
@@ -20,6 +22,7 @@ from speedkit.experiments.tune.storage import finished_trials, optuna_module, wo
 CONFIRM_SEED_START = 1  # the search runs seed 0; confirmation uses fresh seeds, so the winner's luck does not count twice
 # (role, recipe name) of the baseline study's best trial and of the base as given (search.confirmed_baselines)
 BASELINE_ROLES = (("baseline", "baseline"), ("baseline as given", "baseline-as-given"))
+BASELINE_ROLE_NAMES = tuple(role for role, _ in BASELINE_ROLES)  # a confirmation row is a baseline's by its role
 CONFIRM_SLACK = 0.1  # how far past the budget a planned confirmation seed may run
 BUDGET_STEPS = (1.2, 1.44)  # the final budget search: a winner that missed a seed is rerun this much longer
 
@@ -93,17 +96,21 @@ def _trial_wall(config: TuneConfig, studies: dict, key: str) -> float:
 
 
 def run_confirmation(config: TuneConfig, studies: dict, runner=None, on_run=None, should_stop=None) -> list:
-    """Each candidate on the confirmation's fresh seeds, interleaved (A B C A B C ...); resumable."""
+    """Each candidate on the confirmation's fresh seeds, interleaved (``speedkit.experiments.measure.measure``:
+    the baselines, then the others, seed by seed); resumable: a run done before is not run again."""
     confirm = studies["confirm"]
     done = _done(confirm)
     runner = runner or resolve_runner(config.runner)
-    for seed in confirm_seeds(config, studies):
-        for role, key, recipe in confirm_candidates(config, studies):
-            if (key, seed) in done or (should_stop and should_stop()):
-                continue
-            record = _confirm_run(config, confirm, runner, role, key, seed, recipe, should_stop)
-            if record is not None and on_run is not None:
-                on_run(record)
+    candidates = {key: (role, recipe) for role, key, recipe in confirm_candidates(config, studies)}
+
+    def run(key: str, seed: int):
+        if (key, seed) in done or (should_stop and should_stop()):
+            return None
+        role, recipe = candidates[key]
+        return _confirm_run(config, confirm, runner, role, key, seed, recipe, should_stop)
+
+    measure(list(candidates), [key for key, (role, _) in candidates.items() if role in BASELINE_ROLE_NAMES],
+            confirm_seeds(config, studies), run, on_run=on_run)
     return finished_trials(confirm, ("COMPLETE",))
 
 
@@ -160,7 +167,12 @@ def run_budget_search(config: TuneConfig, studies: dict, runner=None, should_sto
         return
     start = min(missed, key=lambda r: statistics.median([t for t in r["times_s"] if t is not None]))
     stretched = list(confirm.user_attrs.get("stretched", []))
-    for factor in BUDGET_STEPS:
+
+    def all_reach(steps: int) -> bool:
+        """Whether the winner, run ``BUDGET_STEPS[steps - 1]`` times longer, is confirmed (0: as it ran)."""
+        if steps == 0:
+            return False  # as it ran it missed a seed: that is why this search runs
+        factor = BUDGET_STEPS[steps - 1]
         key = f"{start['key']}@x{factor:g}"
         if all(s["key"] != key for s in stretched):
             recipe = Recipe(**start["recipe"])
@@ -171,15 +183,15 @@ def run_budget_search(config: TuneConfig, studies: dict, runner=None, should_sto
             stretched.append({"key": key, "recipe": recipe.to_dict()})
             confirm.set_user_attr("stretched", stretched)
         run_confirmation(config, studies, runner=runner, should_stop=should_stop)
-        if summarize_confirmation(config, studies)["winner"] is not None or (should_stop and should_stop()):
-            return
+        return summarize_confirmation(config, studies)["winner"] is not None or bool(should_stop and should_stop())
+
+    shortest_budget(all_reach, 0, len(BUDGET_STEPS), down=False)
 
 
 # -- the winner's leave-one-out ---------------------------------------------------------------------
 def run_leave_one_out(config: TuneConfig, studies: dict, runner=None, should_stop=None) -> None:
     """The confirmed winner without each of its methods, on the first confirmation seed (beside its own run
     there), so the report can say what each method adds; resumable like the confirmation."""
-    from speedkit.experiments.ablation import ablated_recipes, ablation_marker
     from speedkit.tasks.recipes import Recipe
 
     summary = summarize_confirmation(config, studies)
@@ -188,14 +200,14 @@ def run_leave_one_out(config: TuneConfig, studies: dict, runner=None, should_sto
         return
     confirm, seed = studies["confirm"], CONFIRM_SEED_START
     done, runner = _done(confirm), runner or resolve_runner(config.runner)
-    of = run_name_for(config, winner["key"], seed)
-    for method, ablated in ablated_recipes(Recipe(**winner["recipe"])).items():  # its methods, each dropped
+
+    def run(method: str, ablated, marker: dict) -> None:  # its methods, each dropped
         key = f"loo:{winner['key']}:{method}"
-        if (key, seed) in done or (should_stop and should_stop()):
-            continue
-        _confirm_run(config, confirm, runner, "leave-one-out", key, seed,
-                     ablated.with_changes(name=f"tuned-without-{method}"), should_stop,
-                     ablation=ablation_marker(of, method))
+        if (key, seed) not in done and not (should_stop and should_stop()):
+            _confirm_run(config, confirm, runner, "leave-one-out", key, seed,
+                         ablated.with_changes(name=f"tuned-without-{method}"), should_stop, ablation=marker)
+
+    leave_one_out_runs(Recipe(**winner["recipe"]), run, of=run_name_for(config, winner["key"], seed))
 
 
 def summarize_leave_one_out(config: TuneConfig, studies: dict, winner: dict | None) -> dict:
@@ -235,17 +247,13 @@ def summarize_confirmation(config: TuneConfig, studies: dict) -> dict:
             "leave_one_out": summarize_leave_one_out(config, studies, winner)}
 
 
-def is_baseline_row(row: dict) -> bool:
-    return row["role"] in dict(BASELINE_ROLES)
-
-
 def strongest_baseline(rows: list[dict]) -> dict:
     """Of the confirmed baselines, the one a speed-up is measured against: the one that reached the target on
     more seeds, then the one with the lower median time (a missed seed counts as the slowest)."""
     def slowness(row):
         times = [t if t is not None else math.inf for t in row["times_s"]]
         return -row["seeds_reached"], statistics.median(times) if times else math.inf
-    return min((r for r in rows if is_baseline_row(r)), key=slowness)
+    return min((r for r in rows if r["role"] in BASELINE_ROLE_NAMES), key=slowness)
 
 
 def _judge(rows: list[dict]) -> dict:
@@ -254,7 +262,7 @@ def _judge(rows: list[dict]) -> dict:
     from speedkit.experiments.compare import paired_speedups
 
     baseline = strongest_baseline(rows)
-    contenders = [r for r in rows if not is_baseline_row(r) and r["median_s"] is not None]
+    contenders = [r for r in rows if r["role"] not in BASELINE_ROLE_NAMES and r["median_s"] is not None]
     if not contenders:
         return {"winner": None, "baseline": baseline["key"], "speedups": None, "speedup_median": None}
     winner = min(contenders, key=lambda r: r["median_s"])

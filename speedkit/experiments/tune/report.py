@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from speedkit.experiments.tune.confirm import is_baseline_row, strongest_baseline
+from speedkit.experiments.tune.confirm import BASELINE_ROLE_NAMES, strongest_baseline
 from speedkit.experiments.tune.space import describe_limit
 from speedkit.record.runs import lower_is_better
 from speedkit.tasks.ladder import task_flags
@@ -136,7 +136,6 @@ def markdown(config, summary: dict, recipe_path) -> str:
               "Each recipe ranks by its worst seed: the search runs its best so far again on a second seed.", "",
               *TRIAL_HEADER]
     lines += _trial_rows(_by_recipe(trials, ("baseline", "search"))[:12])
-    lines += _screen_lines(summary.get("screen") or {}, trials, config.metric)
     lines += ["", "## Methods", "", f"Searched: {', '.join(summary['methods_searched']) or 'none'}.", ""]
     lines += [f"- left out `{m}`: {why}" for m, why in summary["left_out"].items()]
     lines += [f"- searched `{key}` only {describe_limit(limit)}: elsewhere in its card's range it finds nothing to "
@@ -159,7 +158,7 @@ def baseline_shortfall(summary: dict) -> str | None:
     target, set before anyone saw its data, can be out of the baseline's reach there)."""
     runs = [t for t in summary["trials"] if t["phase"] == "baseline" and t["state"] == "complete"
             and t["final"] is not None]
-    confirmed = [r for r in summary["confirmation"]["candidates"] if is_baseline_row(r)]
+    confirmed = [r for r in summary["confirmation"]["candidates"] if r["role"] in BASELINE_ROLE_NAMES]
     if not runs or any(t["time_to_target_s"] is not None for t in runs) or any(r["seeds_reached"] for r in confirmed):
         return None
     metric, target = summary["target"]["metric"], summary["target"]["value"]
@@ -197,27 +196,6 @@ def _trial_rows(rows: list[tuple[float | None, dict, list[dict]]]) -> list[str]:
     return [f"| {t['phase']} | {t['number']} | {_fmt(worst, '.2f')} | "
             f"{' / '.join(_fmt(r['time_to_target_s']) for r in runs)} "
             f"| {_fmt(t['final'], '.4f')} | {t['change'] or ''} | {proposal(t)} |" for worst, t, runs in rows]
-
-
-def _screen_lines(screen: dict, trials: list[dict], metric: str) -> list[str]:
-    """The screen: its target and where it came from, its best trials, and how the promoted ones did on all
-    the data beside their screen times (whether the screen ranked as the full runs did)."""
-    if not screen.get("fraction"):
-        return []
-    lines = ["", f"## The screen ({screen['fraction']:.2g} of the training data)", ""]
-    source = screen.get("target_from")
-    if screen.get("target") is None or not source:
-        return lines + ["The screen set no target (its base run ended without one), so the search started from the "
-                        "presets on all the data."]
-    lines += [f"{screen['trials']} trials in {screen['seconds']:.0f}s, each timed to {metric} "
-              f"{screen['target']:.4g}: the base recipe's best there ({source['screen_best']:.4g}) moved as far as "
-              f"the search's target is from its best on all the data ({source['full_best']:.4g}).", "", *TRIAL_HEADER]
-    lines += _trial_rows(_by_recipe(trials, ("screen",))[:8])
-    if screen["promoted"]:
-        lines += ["", "Promoted to all the data (screen time, then time on all the data):", ""]
-        lines += [f"- screen #{p['screen_trial']} -> search #{p['search_trial']}: {_fmt(p['screen_s'])} s, then "
-                  f"{_fmt(p['full_s'])} s ({p['change']})" for p in screen["promoted"]]
-    return lines
 
 
 def _time_lines(time: dict | None) -> list[str]:

@@ -1,21 +1,18 @@
 """The search itself: its configuration (shared by every worker process), the Optuna studies and the
-objective, and the phases (tune the baseline, screen on a fraction of the data where asked, then search)
-that each worker runs until they close. The search runs its starting points (the task's presets, or the
-screen's best), then moves from the best recipe so far (``speedkit.experiments.tune.moves``), which has run on
-a second seed first (``standings``: each recipe ranks by its worst seed); the Optuna sampler draws only when
-no move is left. The screen (``speedkit.experiments.tune.screen``) does the same
-on a fraction of the data, cheaply, to its own target.
+objective, and the phases (tune the baseline, then search) that each worker runs until they close. The search
+runs its starting points (the task's presets), then moves from the best recipe so far
+(``speedkit.experiments.tune.moves``), which has run on a second seed first (``standings``: each recipe ranks by
+its worst seed); the Optuna sampler draws only when no move is left.
 
-Four studies share one Optuna storage: ``<name>-baseline`` tunes the baseline recipe's learning rate
-and budget, ``<name>-screen`` screens, ``<name>`` searches methods and recipe fields, ``<name>-confirm``
-holds the confirmation runs (``speedkit.experiments.tune.confirm``).
+Three studies share one Optuna storage: ``<name>-baseline`` tunes the baseline recipe's learning rate
+and budget, ``<name>`` searches methods and recipe fields, ``<name>-confirm`` holds the confirmation runs
+(``speedkit.experiments.tune.confirm``).
 ``speedkit.experiments.tune.api.tune`` is the entry point.
 """
 from __future__ import annotations
 
 import dataclasses
 import json
-import re
 import statistics
 import subprocess
 import sys
@@ -25,28 +22,37 @@ from pathlib import Path
 
 from speedkit.core.seeding import process_seed
 from speedkit.experiments.tune.objective import USER_STOP, TrialContext, resolve_runner, score_record
-from speedkit.experiments.tune.screen import (BASE_START, screen_seconds, screen_state, screen_target,
-                                              set_screen_target, wait_for_screen)
 from speedkit.experiments.tune.space import SearchSpace, TuneInputError, describe_change, recipe_params, suggest_recipe
 from speedkit.experiments.tune.storage import finished_trials, open_storage, optuna_module, retry_attrs, worker_id
 
-PHASES = ("baseline", "screen", "search")
+PHASES = ("baseline", "search")
+BASE_START = "baseline"  # start_from of the base recipe's own trial in the baseline study
 SEARCH_SEED = 0  # every trial's seed; the confirmation's are fresh (1, 2, 3)
 REPEAT_SEED = 100  # the seed a would-be best recipe runs again on before moves start from it
 PRUNERS = ("halving", "hyperband", "median", "none")
 
 
-def parse_budget(budget: str | float | int) -> float:
-    """Seconds from ``"30m"``, ``"90s"``, ``"1.5h"`` or a number of seconds."""
+def parse_budget(budget: str | float | int, name: str = "budget") -> float:
+    """Seconds from a wall-clock time (``"30m"``, ``"90s"``, ``"1.5h"``, read by ``speedkit.core.Time``) or a
+    number of seconds."""
+    from speedkit.core.time import Time, TimeUnit
+
+    seconds = None
     if isinstance(budget, (int, float)) and not isinstance(budget, bool):
         seconds = float(budget)
-    else:
-        match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*(s|sec|m|min|h)?\s*", str(budget))
-        if not match:
-            raise TuneInputError(f"budget must be a wall-clock time such as '30m', '90s' or '1h', got {budget!r}")
-        seconds = float(match.group(1)) * {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, None: 1}[match.group(2)]
+    elif isinstance(budget, str):
+        try:
+            seconds = float(budget)
+        except ValueError:
+            try:
+                time_ = Time.from_string(budget)
+                seconds = time_.value if time_.unit is TimeUnit.SECOND else None
+            except ValueError:
+                pass
+    if seconds is None:
+        raise TuneInputError(f"{name} must be a wall-clock time such as '30m', '90s' or '1h', got {budget!r}")
     if not seconds > 0:
-        raise TuneInputError(f"budget must be longer than zero, got {budget!r}")
+        raise TuneInputError(f"{name} must be longer than zero, got {budget!r}")
     return seconds
 
 
@@ -115,20 +121,7 @@ class TuneConfig:
     left_out: dict = dataclasses.field(default_factory=dict)  # method -> why the search does not try it
     # How a worker process builds the task again: {"task": name or "pkg.mod:attr", "data": folder, "options": {}}
     task_source: dict | None = None
-    screen_fraction: float | None = None  # the screen's share of the search's training data (None: no screen)
-    screen_share: float = 0.25  # the most of the budget the screen's trials may take
-    promote: int = 3  # how many of the screen's best recipes the search trains on all the data
     move_prior: dict = dataclasses.field(default_factory=dict)  # method -> reference leave-one-out slowdown
-
-    def run_settings(self, phase: str) -> dict:
-        """The RunRequest fields of a run of ``phase``: the screen's train on its fraction of the data."""
-        if phase != "screen" or not self.screen_fraction:
-            return dict(self.settings)
-        return {**self.settings, "data_fraction": self.settings["data_fraction"] * self.screen_fraction}
-
-    def limit_of(self, phase: str) -> float:
-        """The most training time of one trial of ``phase`` (a screen trial trains on less data)."""
-        return self.limit_s * (self.screen_fraction if phase == "screen" and self.screen_fraction else 1.0)
 
     def rebuild_task(self) -> None:
         """Make the search's task known in this process (a worker's), as the first process built it."""
@@ -189,7 +182,7 @@ def make_pruner(config: TuneConfig, phase: str = "search"):
     """Successive halving (default) or Hyperband over training milliseconds, the trials' resource; any of
     them only once the study has a few finished trials and one that reached the target."""
     optuna = optuna_module()
-    limit_ms = max(3, int(config.limit_of(phase) * 1000))
+    limit_ms = max(3, int(config.limit_s * 1000))
     if config.pruner == "none":
         return optuna.pruners.NopPruner()
     if config.pruner == "halving":
@@ -235,7 +228,7 @@ class SearchStopped(Exception):
 def make_objective(config: TuneConfig, phase: str, runner, should_stop=None, studies: dict | None = None):
     """The Optuna objective of one phase: propose a recipe, train it (or refuse it untrained), score it."""
     optuna = optuna_module()
-    base, space = config.base_recipe(), config.space("search" if phase == "screen" else phase)
+    base, space = config.base_recipe(), config.space(phase)
     refusals = studies["search"] if studies is not None and phase != "baseline" else None  # one list for both
 
     def objective(trial):
@@ -254,18 +247,10 @@ def make_objective(config: TuneConfig, phase: str, runner, should_stop=None, stu
         # the first trial runs whole (there is nothing to confirm without one); later ones leave the reserve be
         later = studies is not None and phase != "baseline" and finished_trials(studies[phase])
         kept_back = confirm_reserve_s(config, studies) if later else 0.0
-        # the screen's base trial runs to its end and sets the screen's target; the others aim at that target
-        sets_target = phase == "screen" and trial.user_attrs.get("start_from") == BASE_START
-        target = config.target
-        if phase == "screen" and not sets_target:
-            wait_for_screen(config, studies, should_stop)  # another worker may still be measuring the base
-            target = screen_target(trial.study)
-            if target is None:
-                _infeasible(trial, "the screen has no target: its base run ended without one")
         context = trial_context(config, phase, recipe, seed=trial.user_attrs.get("seed", SEARCH_SEED), run_name=name,
-                                trial=trial, kept_back_s=kept_back, target=target)
+                                trial=trial, kept_back_s=kept_back)
         context.should_stop = should_stop
-        return _run_and_score(config, trial, context, runner, refused_in, studies if sets_target else None)
+        return _run_and_score(config, trial, context, runner, refused_in)
 
     def _infeasible(trial, reason: str):
         trial.set_user_attr("infeasible", reason)
@@ -276,28 +261,25 @@ def make_objective(config: TuneConfig, phase: str, runner, should_stop=None, stu
 
 
 def trial_context(config: TuneConfig, phase: str, recipe, seed: int, run_name: str, trial=None,
-                  kept_back_s: float = 0.0, target: float | None = None) -> TrialContext:
+                  kept_back_s: float = 0.0) -> TrialContext:
     """One run's context; a search trial stops where it would eat into the time ``kept_back_s`` for the
-    confirmation (or, for one that reached nothing, at the search's end). ``target``: the search's unless
-    given (the screen's trials aim at the screen's)."""
+    confirmation (or, for one that reached nothing, at the search's end)."""
     remaining = max(1.0, config.budget_s - config.spent_s() - kept_back_s)
-    stop_after = min(config.limit_of(phase), remaining)
+    stop_after = min(config.limit_s, remaining)
     best = best_reached_s(trial.study) if trial is not None else None
     if best is not None:
         stop_after = min(stop_after, 1.5 * best)  # past 1.5x the best time a run can be neither winner nor runner-up
     return TrialContext(task=config.task, recipe=recipe, seed=seed, run_dir=config.run_dir, run_name=run_name,
-                        metric=config.metric, target=config.target if target is None else target,
-                        limit_s=config.limit_of(phase), stop_after_s=stop_after,
-                        settings=config.run_settings(phase), trial=trial,
+                        metric=config.metric, target=config.target,
+                        limit_s=config.limit_s, stop_after_s=stop_after,
+                        settings=dict(config.settings), trial=trial,
                         extra_config={"seed": seed, "tune": {"study": config.study_name, "phase": phase,
                                                              "trial": trial.number if trial else None,
                                                              "target": config.target}})
 
 
-def _run_and_score(config: TuneConfig, trial, context: TrialContext, runner, refusals=None,
-                   sets_screen_target: dict | None = None) -> float:
-    """Train the trial's run and score it. ``refusals``: the study that keeps the methods found inapplicable;
-    ``sets_screen_target``: the studies, where this run is the screen's base, which fixes the screen's target."""
+def _run_and_score(config: TuneConfig, trial, context: TrialContext, runner, refusals=None) -> float:
+    """Train the trial's run and score it. ``refusals``: the study that keeps the methods found inapplicable."""
     optuna = optuna_module()
     from speedkit.core.method import NothingToChangeError
 
@@ -318,19 +300,16 @@ def _run_and_score(config: TuneConfig, trial, context: TrialContext, runner, ref
     if context.stop_reason == USER_STOP:
         trial.study.enqueue_trial(trial.params, user_attrs=retry_attrs(trial))
         raise SearchStopped(f"trial {trial.number} stopped before it finished; it will run again on resume")
-    if sets_screen_target is not None:
-        context.target = set_screen_target(config, sets_screen_target, record.best(config.metric)) or context.target
     value = score_record(record, config.metric, context.target, context.limit_s)
-    store_outcome(trial, record, config, time.perf_counter() - started, context, context.target)
+    store_outcome(trial, record, config, time.perf_counter() - started, context)
     if context.stop_reason == "pruned":
         raise optuna.TrialPruned(f"pruned at {record.timings.get('train_s', 0):.1f}s of training")
     return value
 
 
-def store_outcome(trial, record, config: TuneConfig, wall_s: float, context: TrialContext,
-                  target: float | None = None) -> None:
+def store_outcome(trial, record, config: TuneConfig, wall_s: float, context: TrialContext) -> None:
     trial.set_user_attr("record", str(record.path))
-    trial.set_user_attr("time_to_target_s", record.time_to(config.metric, config.target if target is None else target))
+    trial.set_user_attr("time_to_target_s", record.time_to(config.metric, config.target))
     trial.set_user_attr("final", record.best(config.metric))
     trial.set_user_attr("train_s", record.timings.get("train_s"))
     trial.set_user_attr("wall_s", round(wall_s, 3))
@@ -379,7 +358,7 @@ def confirm_reserve_s(config: TuneConfig, studies: dict) -> float:
     """Time kept back for confirmation: the baselines' trial times over their whole budget and the likely
     winner's measured trial time, times the seeds (as many of those asked for as fit in half the budget, at
     least one: where a baseline run is long, a search of one trial confirmed on three seeds would find nothing)."""
-    typical = [t.user_attrs.get("wall_s") for phase, s in studies.items() if phase != "screen"
+    typical = [t.user_attrs.get("wall_s") for s in studies.values()
                for t in finished_trials(s, ("COMPLETE",))]
     typical = [t for t in typical if t]
     fallback = statistics.median(typical) if typical else config.limit_s
@@ -402,8 +381,6 @@ def seeds_that_fit(config: TuneConfig, per_seed_s: float, within_s: float) -> in
 
 def phase_open(config: TuneConfig, phase: str, studies: dict) -> bool:
     """Whether a worker may start another trial in ``phase`` now."""
-    if phase == "screen" and screen_state(config, studies) in ("off", "failed"):
-        return False
     finished = len(finished_trials(studies[phase]))
     if config.max_trials.get(phase) is not None and finished >= config.max_trials[phase]:
         return False
@@ -412,8 +389,6 @@ def phase_open(config: TuneConfig, phase: str, studies: dict) -> bool:
     spent = config.spent_s()
     if phase == "baseline":
         return spent < config.baseline_share * config.budget_s
-    if phase == "screen" and screen_seconds(studies) >= config.screen_share * config.budget_s:
-        return False
     return spent + confirm_reserve_s(config, studies) < config.budget_s
 
 
@@ -426,10 +401,6 @@ def run_phases(config: TuneConfig, worker_index: int = 0, runner=None, on_trial=
         objective = make_objective(config, phase, runner, should_stop, studies)
         callbacks = [on_trial] if on_trial is not None else []
         while phase_open(config, phase, studies) and not (should_stop and should_stop()):
-            if phase == "screen":
-                seed_screen_study(config, studies)  # once, by whichever worker gets here first
-                if wait_for_screen(config, studies, should_stop) != "ready" or not phase_open(config, phase, studies):
-                    break
             if phase == "search":
                 seed_search_study(config, studies)
             if phase != "baseline":
@@ -442,8 +413,7 @@ def run_phases(config: TuneConfig, worker_index: int = 0, runner=None, on_trial=
 
 def queue_next_move(config: TuneConfig, studies: dict, worker_index: int = 0, phase: str = "search") -> None:
     """Queue a move from the best recipe of ``phase`` so far (``speedkit.experiments.tune.moves``), unless a
-    point is queued already; with no move left, the next trial is the sampler's. The search (on all the data)
-    never proposes what the screen tried and did not promote."""
+    point is queued already; with no move left, the next trial is the sampler's."""
     import random
 
     from speedkit.experiments.tune.moves import propose_move, recipe_key
@@ -462,7 +432,7 @@ def queue_next_move(config: TuneConfig, studies: dict, worker_index: int = 0, ph
     best = best or ranked(studies["baseline"])[:1]
     incumbent = recipe_from_trial(best[0], "incumbent") if best else base
     reached = bool(best) and best[0].user_attrs.get("time_to_target_s") is not None
-    judged = trials + (studies["screen"].get_trials(deepcopy=False) if phase == "search" else [])
+    judged = trials
     tried = {recipe_key(recipe_from_trial(t, "tried")) for t in judged if t.user_attrs.get("recipe")}
     tried |= {t.user_attrs["proposed"] for t in judged if t.user_attrs.get("proposed")}
     rng = random.Random(f"{config.sampler_seed}:{len(trials)}:{worker_index}")  # a rerun proposes the same
@@ -476,54 +446,24 @@ def queue_next_move(config: TuneConfig, studies: dict, worker_index: int = 0, ph
                         user_attrs={"move": f"{move.what} (from {origin})", "proposed": recipe_key(move.recipe)})
 
 
-def seed_screen_study(config: TuneConfig, studies: dict) -> None:
-    """Start the screen (once): the base recipe on the fraction (which sets the screen's target), then the
-    starting points."""
-    screen = studies["screen"]
-    if screen.user_attrs.get("seeded"):
-        return
-    screen.set_user_attr("seeded", True)
-    base, space = config.base_recipe(), config.space("search")
-    if not _enqueue(screen, [(BASE_START, base)], base, space):
-        screen.set_user_attr("no_base", "the base recipe is no point of the search space")
-        return
-    _enqueue(screen, [(r.name, r) for r in starting_recipes(config, studies["baseline"])], base, space)
-
-
-def promoted(config, studies) -> list:
-    """The screen's best distinct recipes that reached its target, best first: what the search trains on all
-    the data first. Empty where the screen is off or nothing reached its target."""
-    if config.screen_fraction is None or screen_target(studies["screen"]) is None:
-        return []
-    best = [s.first for s in standings(studies["screen"])
-            if s.reached and s.first.user_attrs.get("start_from") != BASE_START][:config.promote]
-    return [(trial.number, recipe_from_trial(trial, f"screen-{trial.number}")) for trial in best]
-
-
 def seed_search_study(config: TuneConfig, studies: dict) -> None:
-    """Start the search (once): the screen's best on all the data, or where there was no screen (or nothing in
-    it reached its target) the starting points."""
+    """Start the search (once): its starting points."""
     search = studies["search"]
     if search.user_attrs.get("seeded"):
         return
     search.set_user_attr("seeded", True)
     base, space = config.base_recipe(), config.space("search")
-    survivors = [(f"screen #{number}", recipe) for number, recipe in promoted(config, studies)]
-    _enqueue(search, survivors or [(r.name, r) for r in starting_recipes(config, studies["baseline"])], base, space)
+    _enqueue(search, [(r.name, r) for r in starting_recipes(config, studies["baseline"])], base, space)
 
 
-def _enqueue(study, starts: list, base, space: SearchSpace) -> int:
-    """Queue ``[(where it comes from, recipe)]`` in order, each restricted to the methods the search may try;
-    how many were points of the space."""
-    queued = 0
+def _enqueue(study, starts: list, base, space: SearchSpace) -> None:
+    """Queue ``[(where it comes from, recipe)]`` in order, each restricted to the methods the search may try."""
     for origin, recipe in starts:
         if space.methods:  # a preset restricted to the methods the search may try is still a good start
             recipe = recipe.with_changes(methods={m: p for m, p in recipe.methods.items() if m in space.methods})
         params = recipe_params(recipe, base, space)
         if params is not None:
             study.enqueue_trial(params, user_attrs={"start_from": origin}, skip_if_exists=True)
-            queued += 1
-    return queued
 
 
 def seed_baseline_study(config: TuneConfig, study) -> None:
@@ -538,13 +478,13 @@ def seed_baseline_study(config: TuneConfig, study) -> None:
 
 def starting_recipes(config: TuneConfig, baseline_study) -> list:
     from speedkit.core.devices import resolve_device, resolve_precision
-    from speedkit.tasks import TASKS
+    from speedkit.tasks import TASKS, is_baseline
 
     recipes = []
     device = resolve_device(config.settings.get("device", "auto"))
     task = TASKS.get(config.task)
     # the speed-up presets: a baseline (plain-bf16 for a folder task) is measured in the baseline study
-    presets = [p for name, p in (task.recipes if task else {}).items() if not task.is_baseline(name)]
+    presets = [p for name, p in (task.recipes if task else {}).items() if not is_baseline(task, name)]
     for preset in sorted(presets, key=lambda p: (_measured_time(p), _budget_fraction(p, config.base_recipe()))):
         recipes.append(preset.with_changes(precision=resolve_precision(preset.precision, device)))
     if not recipes:  # no preset: the tuned baseline (or the base as it is) is where the moves start from
@@ -649,8 +589,7 @@ def start_workers(config_path: Path, n_extra: int) -> list[subprocess.Popen]:
 def search_identity(config: TuneConfig) -> dict:
     """What must not change when a search continues: its trials are only comparable under the same settings."""
     return {"task": config.task, "metric": config.metric, "target": config.target, "base": config.base,
-            "spaces": config.spaces, "settings": config.settings, "limit_s": config.limit_s,
-            "screen_fraction": config.screen_fraction}
+            "spaces": config.spaces, "settings": config.settings, "limit_s": config.limit_s}
 
 
 def check_same_search(config: TuneConfig, study) -> None:

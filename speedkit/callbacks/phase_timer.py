@@ -16,8 +16,9 @@ from typing import Callable
 
 import torch
 
-from speedkit.core import Callback, Event
 from speedkit.core.devices import synchronize
+from speedkit.core.engine import Callback
+from speedkit.core.event import Event
 
 PHASES = ("data", "forward", "loss", "backward", "optimizer", "evaluation", "other")
 

@@ -1,0 +1,86 @@
+"""The one measuring core: recipes against baselines on seeds, to a target, as paired ratios.
+
+``measure`` runs every baseline and recipe once per seed, seed by seed (A B A B ...), so slow drifts of a shared
+machine hit both sides alike and each seed's pair ran side by side, and returns a ``Measurement`` whose
+``ratios`` are baseline time / recipe time seed by seed (``compare.paired_speedups``). The benchmark's main runs,
+the search's confirmation, the demo and the notebooks all measure through it; what differs is only ``run``
+(how one recipe is trained on one seed). ``shortest_budget`` is the one budget search (the benchmark's
+``--find-budgets`` and the search's longer budgets for a winner that missed a seed).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Sequence
+
+from speedkit.experiments.compare import median_or_none, paired_speedups
+
+
+def time_to_target(record) -> float | None:
+    """A RunRecord's time to its target (None: never reached, or no run)."""
+    return None if record is None else record.time_to_target
+
+
+@dataclasses.dataclass
+class Measurement:
+    """What ``measure`` ran: ``runs[name]`` holds each seed's result of ``run`` in seed order (None where it
+    returned none), ``times[name]`` its time to the target."""
+
+    seeds: list
+    baselines: tuple[str, ...]
+    recipes: tuple[str, ...]
+    runs: dict[str, list[Any]]
+    times: dict[str, list[float | None]]
+
+    def ratios(self, recipe: str, baseline: str | None = None) -> list[float | None]:
+        """Baseline time / recipe time, seed by seed (None where either side never reached the target);
+        against the first baseline by default."""
+        return paired_speedups(self.times[baseline or self.baselines[0]], self.times[recipe])
+
+    def median_ratio(self, recipe: str, baseline: str | None = None) -> float | None:
+        return median_or_none(self.ratios(recipe, baseline))
+
+    def pairs(self, recipe: str, baseline: str | None = None) -> list[tuple[Any, Any]]:
+        """(baseline run, recipe run) for each seed both ran."""
+        return [(b, r) for b, r in zip(self.runs[baseline or self.baselines[0]], self.runs[recipe])
+                if b is not None and r is not None]
+
+
+def measure(recipes: Sequence[str], baselines: Sequence[str], seeds: Sequence, run: Callable[[str, Any], Any], *,
+            time: Callable[[Any], float | None] = time_to_target,
+            keep_going: Callable[[Measurement], bool] | None = None,
+            on_run: Callable[[Any], None] | None = None) -> Measurement:
+    """Run each baseline, then each recipe, once per seed, seed by seed, and pair them by seed.
+
+    ``run(name, seed)`` trains one (a RunRecord, or None for a run it skips, such as one done before);
+    ``time(result)`` reads its time to the target; ``keep_going(measurement so far)`` is asked before every
+    seed after the first (e.g. whether another pair fits a time budget); ``on_run`` sees each result.
+    """
+    baselines, recipes = tuple(baselines), tuple(r for r in recipes if r not in baselines)
+    result = Measurement(seeds=[], baselines=baselines, recipes=recipes,
+                         runs={name: [] for name in (*baselines, *recipes)},
+                         times={name: [] for name in (*baselines, *recipes)})
+    for seed in seeds:
+        if result.seeds and keep_going is not None and not keep_going(result):
+            break
+        result.seeds.append(seed)
+        for name in (*baselines, *recipes):
+            outcome = run(name, seed)
+            result.runs[name].append(outcome)
+            result.times[name].append(None if outcome is None else time(outcome))
+            if outcome is not None and on_run is not None:
+                on_run(outcome)
+    return result
+
+
+def shortest_budget(all_reach: Callable[[int], bool], start: int, most: int, down: bool = True) -> int | None:
+    """The fewest steps of budget with which ``all_reach(steps)`` holds (every seed reached the target).
+
+    From ``start``: where it holds, down a step at a time while it still does (with ``down``); where it does
+    not, up a step at a time to at most ``most``. None where no budget up to ``most`` holds.
+    """
+    if all_reach(start):
+        best = start
+        while down and best > 1 and all_reach(best - 1):
+            best -= 1
+        return best
+    return next((steps for steps in range(start + 1, most + 1) if all_reach(steps)), None)
