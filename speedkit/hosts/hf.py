@@ -35,6 +35,7 @@ import torch
 import transformers
 
 from speedkit.core import Event, Method
+from speedkit.hosts._checks import refuse_double_clipping
 from speedkit.hosts._optimizers import as_one_optimizer
 from speedkit.hosts.session import Host, HostCannotServeError, MethodSession
 
@@ -97,6 +98,8 @@ class SpeedkitCallback(transformers.TrainerCallback):
             if args.gradient_accumulation_steps != 1:
                 raise ValueError("SpeedkitCallback counts one batch per optimizer step; pass "
                                  "gradient_accumulation_steps=1 (or raise the batch size instead)")
+            _refuse_two_schedules(args, self.schedules)
+            _refuse_double_clipping(args, self.methods)
             self.session = MethodSession(HF_CALLBACK, self.methods, max_duration=_run_length(args),
                                          schedules=self.schedules)
             self.session.ends_epochs = False
@@ -130,8 +133,9 @@ class SpeedkitCallback(transformers.TrainerCallback):
 class SpeedkitTrainer(transformers.Trainer):
     """``transformers.Trainer`` running speedkit ``methods`` (see this module's docstring for where each runs).
 
-    ``schedules``: speedkit schedules applied each step as fractions of max_steps (they multiply each group's lr;
-    leave TrainingArguments' ``lr_scheduler_type="constant"`` to have them alone). ``loss_fn``: a criterion
+    ``schedules``: speedkit schedules applied each step as fractions of max_steps, in place of the Trainer's own
+    scheduler: they need ``TrainingArguments(lr_scheduler_type="constant")`` (any other is refused here, since
+    both would set the lr each step). ``loss_fn``: a criterion
     ``fn(logits, labels)`` in place of the model's own loss or cross-entropy against ``labels``.
     """
 
@@ -141,6 +145,9 @@ class SpeedkitTrainer(transformers.Trainer):
         if self.args.gradient_accumulation_steps != 1:
             raise ValueError("SpeedkitTrainer counts one batch per optimizer step; pass "
                              "gradient_accumulation_steps=1 (or raise the batch size instead)")
+        methods = list(methods)
+        _refuse_two_schedules(self.args, schedules)
+        _refuse_double_clipping(self.args, methods)
         self.speedkit = MethodSession(HF_TRAINER, methods, max_duration=_run_length(self.args),
                                       schedules=schedules, loss_fn=loss_fn)
         self.speedkit.ends_epochs = False
@@ -190,7 +197,23 @@ class SpeedkitTrainer(transformers.Trainer):
                                            f"SpeedkitTrainer, so the methods' state (EMA weights, counters) cannot "
                                            f"resume; start afresh or resume without methods")
             return
-        self.speedkit.load_state_dict(torch.load(path, map_location="cpu", weights_only=False))
+        # weights_only: loading a checkpoint never runs code from it (the methods' state is tensors and numbers).
+        self.speedkit.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+
+
+def _refuse_double_clipping(args, methods) -> None:
+    refuse_double_clipping(methods, bool(args.max_grad_norm), "the Hugging Face Trainer",
+                           "pass TrainingArguments(max_grad_norm=0) (its default is 1.0), or remove the "
+                           "gradient_clipping method")
+
+
+def _refuse_two_schedules(args, schedules) -> None:
+    """speedkit ``schedules=`` and the Trainer's own scheduler would both set the lr each step: refuse it now."""
+    kind = getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type)
+    if schedules and kind != "constant":
+        raise HostCannotServeError(f"speedkit schedules={schedules!r} and the Trainer's lr_scheduler_type={kind!r} "
+                                   f"would both set the learning rate; keep one: pass TrainingArguments("
+                                   f"lr_scheduler_type='constant') to have speedkit's alone, or drop schedules=")
 
 
 def _length(loader) -> int | None:
