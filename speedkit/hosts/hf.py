@@ -46,8 +46,13 @@ _NO_EVAL_BATCHES = ("the Hugging Face Trainer's prediction_step gives speedkit n
                     "method, or train with speedkit.Trainer")
 _STAGE_FIXES = {"data": "remove it (the Trainer builds its own DataLoader), or train with speedkit.Trainer",
                 "precision": "remove it and pass TrainingArguments(bf16=True) (or fp16=True on a GPU)"}
+_DICT_LABELS = ("the Hugging Face Trainer's batches are dicts whose labels go into the model's own loss as class "
+                "indices, so it would be refused at the first batch; remove it, or train with speedkit.Trainer, "
+                "Lightning or a plain loop on (inputs, targets) batches")
 _METHOD_FIXES = {"sam": "SAM re-runs forward and backward inside its step, which the Hugging Face Trainer's "
-                        "optimizer.step() does not pass; remove it, or train with speedkit.Trainer"}
+                        "optimizer.step() does not pass; remove it, or train with speedkit.Trainer",
+                 **{name: f"it changes the labels, and {_DICT_LABELS}" for name in ("mixup", "cutmix", "label_smoothing")},
+                 "selective_backprop": f"it scores each sample by cross-entropy against its label, and {_DICT_LABELS}"}
 
 _CALLBACK_EVENTS = {
     Event.INIT: "SpeedkitCallback.on_init_end", Event.FIT_START: "on_train_begin (the optimizer as the Trainer built it)",
