@@ -24,9 +24,18 @@ Trainer's ``max_steps`` (from ``num_train_epochs`` when ``max_steps`` is not set
 (surgery at ``on_init_end``, per-step and per-epoch methods, gradient methods) and refuses, before training,
 methods that need a batch, the loss, the optimizer or evaluation's start, naming the fix: SpeedkitTrainer.
 Logging, progress bars and checkpoints stay the Trainer's; methods' notes go to the ``speedkit`` logger.
+
+**Saving and reloading a surgered model.** ``from_pretrained`` builds the architecture from ``config.json``,
+which knows nothing of speedkit's surgeries: QK-norm's gains would be dropped as unexpected keys and rotary
+positions lost, silently. So SpeedkitTrainer's model writes ``speedkit_surgery.json`` (the surgeries and their
+parameters) beside its weights whenever it is saved (``trainer.save_model()``, ``model.save_pretrained()``,
+each ``checkpoint-N``), and :func:`load_pretrained` is the way back: it builds the model, runs the same
+surgeries, and loads every saved tensor, refusing a folder whose tensors do not all fit.
 """
 from __future__ import annotations
 
+import json
+import logging
 import os
 from pathlib import Path
 from typing import Callable, Iterable
@@ -40,6 +49,8 @@ from speedkit.hosts._optimizers import as_one_optimizer
 from speedkit.hosts.session import Host, HostCannotServeError, MethodSession
 
 METHOD_STATE_FILE = "speedkit_methods.pt"  # in each checkpoint-N folder, beside optimizer.pt
+SURGERY_FILE = "speedkit_surgery.json"  # beside a saved model's weights: the surgeries load_pretrained re-runs
+LOG = logging.getLogger("speedkit")
 
 _USE_SUBCLASS = "use speedkit.hosts.hf.SpeedkitTrainer in place of transformers.Trainer"
 _NO_EVAL_BATCHES = ("the Hugging Face Trainer's prediction_step gives speedkit no evaluation batch; remove the "
@@ -109,6 +120,7 @@ class SpeedkitCallback(transformers.TrainerCallback):
                                          schedules=self.schedules)
             self.session.ends_epochs = False
             self.session.init(model)
+            record_surgeries_on_save(model, self.session.methods)
 
     def on_train_begin(self, args, state, control, model=None, optimizer=None, train_dataloader=None, **kwargs):
         session = self.session
@@ -157,6 +169,7 @@ class SpeedkitTrainer(transformers.Trainer):
                                       schedules=schedules, loss_fn=loss_fn)
         self.speedkit.ends_epochs = False
         self.speedkit.init(self.model)  # before create_optimizer: new parameters are in the optimizer
+        record_surgeries_on_save(self.model, self.speedkit.methods)
         self.add_callback(SpeedkitCallback(session=self.speedkit))
 
     def create_optimizer(self, model=None):
@@ -204,6 +217,84 @@ class SpeedkitTrainer(transformers.Trainer):
             return
         # weights_only: loading a checkpoint never runs code from it (the methods' state is tensors and numbers).
         self.speedkit.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+
+
+def surgeries_of(methods) -> list[dict]:
+    """The model surgeries (methods that act at INIT) among ``methods``, as data: name and parameters."""
+    return [{"name": m.name, "params": dict(m.params)} for m in methods if Event.INIT in m.CARD.events]
+
+
+def record_surgeries_on_save(model, methods) -> None:
+    """Make ``model.save_pretrained`` (which ``Trainer.save_model`` and each checkpoint call) also write
+    ``speedkit_surgery.json``, so :func:`load_pretrained` can rebuild the surgered model."""
+    surgeries = surgeries_of(methods)
+    original = getattr(model, "save_pretrained", None)
+    if not surgeries or original is None or getattr(original, "_speedkit_surgeries", None) is not None:
+        return
+
+    def save_pretrained(save_directory, *args, **kwargs):
+        result = original(save_directory, *args, **kwargs)
+        Path(save_directory, SURGERY_FILE).write_text(json.dumps({"surgeries": surgeries}, indent=1) + "\n")
+        LOG.info("saved %s with speedkit's surgeries (%s): reload it with speedkit.hosts.hf.load_pretrained(path); "
+                 "from_pretrained alone would lose them", save_directory, ", ".join(s["name"] for s in surgeries))
+        return result
+
+    save_pretrained._speedkit_surgeries = surgeries
+    object.__setattr__(model, "save_pretrained", save_pretrained)
+
+
+def load_pretrained(path, model_class=None, **from_pretrained_kwargs):
+    """A model saved from a SpeedkitTrainer, with its surgeries: ``model_class.from_pretrained(path)`` (default
+    ``AutoModelForCausalLM``), the surgeries in ``speedkit_surgery.json`` run again, then every saved tensor
+    loaded into the surgered model. A folder without the file is a plain ``from_pretrained``. Refuses tensors
+    that fit nowhere, or parameters the folder does not hold, naming them."""
+    from speedkit.methods import get_method
+
+    path = Path(path)
+    model_class = model_class or transformers.AutoModelForCausalLM
+    spec = path / SURGERY_FILE
+    if not spec.is_file():
+        return model_class.from_pretrained(path, **from_pretrained_kwargs)
+    surgeries = json.loads(spec.read_text())["surgeries"]
+    quiet = logging.getLogger("transformers.modeling_utils")  # its "unexpected keys" are the ones loaded below
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        model = model_class.from_pretrained(path, **from_pretrained_kwargs)
+    finally:
+        quiet.setLevel(level)
+    methods = [get_method(s["name"], **s["params"]) for s in surgeries]
+    everything = Host(name="speedkit.hosts.hf.load_pretrained", serves={event: "load_pretrained" for event in Event})
+    MethodSession(everything, methods, max_duration="1ba").init(model)
+    saved = _saved_tensors(path)
+    missing, unexpected = model.load_state_dict(saved, strict=False)
+    tensors = model.state_dict()
+    loaded = {tensors[k].data_ptr() for k in saved if k in tensors}
+    missing = [k for k in missing if tensors[k].data_ptr() not in loaded]  # a tied weight came with its twin
+    if unexpected or missing:
+        raise ValueError(f"{path} does not fit {type(model).__name__} after the surgeries "
+                         f"{[s['name'] for s in surgeries]}: saved tensors that fit nowhere {sorted(unexpected)[:5]}, "
+                         f"parameters it does not hold {sorted(missing)[:5]}; save it again from the SpeedkitTrainer "
+                         f"that trained it")
+    record_surgeries_on_save(model, methods)
+    return model
+
+
+def _saved_tensors(path: Path) -> dict:
+    """Every tensor of a saved model folder: safetensors (one file or shards) or pytorch_model.bin."""
+    from safetensors.torch import load_file
+
+    for index_name, load in (("model.safetensors.index.json", load_file), ("pytorch_model.bin.index.json", None)):
+        index = path / index_name
+        if index.is_file():
+            tensors = {}
+            for shard in sorted(set(json.loads(index.read_text())["weight_map"].values())):
+                tensors.update(load(path / shard) if load else torch.load(path / shard, map_location="cpu",
+                                                                           weights_only=True))
+            return tensors
+    if (path / "model.safetensors").is_file():
+        return load_file(path / "model.safetensors")
+    return torch.load(path / "pytorch_model.bin", map_location="cpu", weights_only=True)
 
 
 def _refuse_double_clipping(args, methods) -> None:
