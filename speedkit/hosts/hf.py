@@ -62,8 +62,10 @@ _DICT_LABELS = ("the Hugging Face Trainer's batches are dicts whose labels go in
                 "Lightning or a plain loop on (inputs, targets) batches")
 _METHOD_FIXES = {"sam": "SAM re-runs forward and backward inside its step, which the Hugging Face Trainer's "
                         "optimizer.step() does not pass; remove it, or train with speedkit.Trainer",
-                 **{name: f"it changes the labels, and {_DICT_LABELS}" for name in ("mixup", "cutmix", "label_smoothing")},
-                 "selective_backprop": f"it scores each sample by cross-entropy against its label, and {_DICT_LABELS}"}
+                 **{name: f"it changes the labels, and {_DICT_LABELS}"
+                    for name in ("mixup", "cutmix", "label_smoothing")},
+                 "selective_backprop": f"it scores each sample by cross-entropy against its label, and "
+                                       f"{_DICT_LABELS}"}
 
 _CALLBACK_EVENTS = {
     Event.INIT: "SpeedkitCallback.on_init_end", Event.FIT_START: "on_train_begin (the optimizer as the Trainer built it)",
