@@ -21,7 +21,8 @@ from speedkit.optim.factory import make_optimizer_factory
 from speedkit.record.metrics import Evaluator
 from speedkit.tasks.ladder import measure_hint, with_enough_steps
 from speedkit.tasks.recipes import Recipe, timing_eval_interval, without_flips
-from speedkit.tasks.task import FOLDER_TASKS, TASKS, DataRequest, Task, get_recipe, import_attribute, register_task
+from speedkit.tasks.task import (FOLDER_TASKS, TASKS, DataRequest, Task, did_you_mean, get_recipe, import_attribute,
+                                 register_task)
 from speedkit.tasks.request import RECIPE_OVERRIDES, RunRequest
 from speedkit.train.checks import check_first_outputs, describe
 from speedkit.train.trainer import Trainer
@@ -62,7 +63,8 @@ def find_task(task, data=None, **options) -> Task:
             raise TypeError(f"task function {getattr(task, '__qualname__', task)!r} returned {type(made).__name__}, "
                             f"not a speedkit.Task")
         return made
-    raise ValueError(f"unknown task {task!r}; give one of {sorted({*TASKS, *FOLDER_TASKS})}, a speedkit.Task, "
+    known = sorted({*TASKS, *FOLDER_TASKS})
+    raise ValueError(f"unknown task {task!r}{did_you_mean(task, known)}; give one of {known}, a speedkit.Task, "
                      f"'package.module:attr' naming one, or a function returning one")
 
 
