@@ -17,7 +17,9 @@ AFTER_FORWARD, BEFORE_LOSS, the loss, AFTER_LOSS, BEFORE_BACKWARD); EVAL_START/E
 weights are the ones evaluated). Its :class:`SpeedkitCallback` serves the rest: AFTER_BACKWARD at
 ``on_pre_optimizer_step``, AFTER_TRAIN_BATCH and BATCH_END at ``on_step_end``, epochs, FIT_END at
 ``on_train_end``. The methods' state is saved beside the optimizer in each ``checkpoint-N`` folder
-(``speedkit_methods.pt``) and loaded with it on ``resume_from_checkpoint``. Schedules are fractions of the
+(``speedkit_methods.pt``) and loaded with it on ``resume_from_checkpoint``. With EMA, a checkpoint's model
+weights are the ones evaluation measured (the average), and the training weights ride in ``speedkit_methods.pt``,
+the same rule as in Lightning. Schedules are fractions of the
 Trainer's ``max_steps`` (from ``num_train_epochs`` when ``max_steps`` is not set).
 
 ``SpeedkitCallback`` alone, in a plain ``transformers.Trainer(callbacks=[...])``, serves what callbacks see
@@ -47,8 +49,10 @@ from speedkit.core import Event, Method
 from speedkit.hosts._checks import refuse_double_clipping
 from speedkit.hosts._optimizers import as_one_optimizer
 from speedkit.hosts.session import Host, HostCannotServeError, MethodSession
+from speedkit.methods.ema import load_weights, model_tensors
 
 METHOD_STATE_FILE = "speedkit_methods.pt"  # in each checkpoint-N folder, beside optimizer.pt
+TRAINING_WEIGHTS = "training_weights"  # in speedkit_methods.pt, when the checkpoint's model weights are EMA's
 SURGERY_FILE = "speedkit_surgery.json"  # beside a saved model's weights: the surgeries load_pretrained re-runs
 LOG = logging.getLogger("speedkit")
 
@@ -201,10 +205,30 @@ class SpeedkitTrainer(transformers.Trainer):
         with self.speedkit.evaluating():  # EMA's (or SWA's) weights are the ones evaluated
             return super().evaluate(*args, **kwargs)
 
+    def _save_checkpoint(self, model, trial) -> None:
+        """A checkpoint's model weights are the ones evaluation measures (EMA's average), as in Lightning, so
+        ``load_best_model_at_end`` and a reload score what the logged metric says; the training weights ride
+        in ``speedkit_methods.pt`` and a resume trains on from them."""
+        ema = next((m for m in self.speedkit.methods if m.name == "ema"), None)
+        if ema is None or ema.ema is None or ema._swapped_in:
+            return super()._save_checkpoint(model, trial)
+        self._training_weights = {k: v.detach().clone() for k, v in model_tensors(self.model).items()}
+        load_weights(self.model, ema.ema)
+        try:
+            super()._save_checkpoint(model, trial)
+        finally:
+            load_weights(self.model, self._training_weights)
+            self._training_weights = None
+
+    _training_weights = None
+
     def _save_optimizer_and_scheduler(self, output_dir: str) -> None:
         super()._save_optimizer_and_scheduler(output_dir)
         if self.args.should_save:
-            torch.save(self.speedkit.state_dict(), os.path.join(output_dir, METHOD_STATE_FILE))
+            saved = self.speedkit.state_dict()
+            if self._training_weights is not None:
+                saved[TRAINING_WEIGHTS] = self._training_weights
+            torch.save(saved, os.path.join(output_dir, METHOD_STATE_FILE))
 
     def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
         super()._load_optimizer_and_scheduler(checkpoint)
@@ -218,7 +242,10 @@ class SpeedkitTrainer(transformers.Trainer):
                                            f"resume; start afresh or resume without methods")
             return
         # weights_only: loading a checkpoint never runs code from it (the methods' state is tensors and numbers).
-        self.speedkit.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+        saved = torch.load(path, map_location="cpu", weights_only=True)
+        self.speedkit.load_state_dict(saved)
+        if saved.get(TRAINING_WEIGHTS) is not None:  # the folder's model weights are EMA's: train on from these
+            load_weights(self.model, saved[TRAINING_WEIGHTS])
 
 
 def surgeries_of(methods) -> list[dict]:

@@ -324,6 +324,11 @@ def hf_cell(name, make, refusal, tmp_path):
     # The final weights are the ones the last evaluation measured.
     measured = next(h["eval_loss"] for h in reversed(whole.state.log_history) if "eval_loss" in h)
     assert measured == pytest.approx(plain_loss(whole.model), abs=1e-6)
+    # The last checkpoint's model weights are the final ones (and so the measured ones).
+    from safetensors.torch import load_file
+    final = load_file(tmp_path / "whole" / f"checkpoint-{STEPS}" / "model.safetensors")
+    for key, value in whole.model.state_dict().items():
+        assert torch.equal(final[key], value), key
 
     killed, _ = trainer("killed", Net(), extra=[Kill()])
     with pytest.raises(RuntimeError, match="killed"):
