@@ -15,7 +15,8 @@ def method_card_text(name: str) -> str:
 
     cls = type(get_method(name))  # refuses an unknown name, listing the known ones
     card = cls.CARD
-    module = "speedkit.methods" if getattr(sys.modules["speedkit.methods"], cls.__name__, None) is cls else cls.__module__
+    exported = getattr(sys.modules["speedkit.methods"], cls.__name__, None) is cls
+    module = "speedkit.methods" if exported else cls.__module__
     lines = [f"{card.name}: {card.summary}", f"  class:        {module}.{cls.__name__}({_call(card)})",
              f"  domain:       {card.domain}", f"  acts at:      {', '.join(e.value for e in card.events)}"]
     if card.hparams:

@@ -56,20 +56,23 @@ CELLS = {
                              {LOOP: TRAINS, LIGHTNING: TRAINS, HF: TRAINS}),
     "test_time_augmentation": (lambda: TestTimeAugmentation(), {
         LOOP: TRAINS, LIGHTNING: TRAINS,
-        HF: (r"test_time_augmentation needs eval_.*prediction_step gives speedkit no evaluation batch", {})}),
+        HF: (r"test_time_augmentation needs eval_.*prediction_step gives speedkit no evaluation batch; remove the "
+             r"method", {})}),
     "gradient_clipping": (lambda: GradientClipping(clipping_type="norm", clipping_threshold=0.5), {
         LOOP: TRAINS,
         LIGHTNING: (r"gradient_clipping and Lightning's own gradient clipping.*remove L.Trainer\(gradient_clip_val",
                     {"gradient_clip_val": 1.0}),
-        HF: (r"gradient_clipping and the Hugging Face Trainer's own.*max_grad_norm=0", {"max_grad_norm": 1.0})}),
+        HF: (r"gradient_clipping and the Hugging Face Trainer's own.*pass TrainingArguments\(max_grad_norm=0\)",
+             {"max_grad_norm": 1.0})}),
     "seq_length_warmup": (lambda: SeqLengthWarmup(), {
         host: (r"seq_length_warmup needs language batches.*would do nothing; remove it", {})
         for host in (LOOP, LIGHTNING, HF)}),
     "sam": (lambda: SAM(), {host: (r"sam cannot run in .*remove it, or train with speedkit.Trainer", {})
                             for host in (LOOP, LIGHTNING, HF)}),
-    "autocast": (lambda: Autocast(), {LOOP: (r"autocast cannot run in .*torch.autocast", {}),
-                                      LIGHTNING: (r"autocast cannot run in Lightning.*precision='bf16-mixed'", {}),
-                                      HF: (r"autocast cannot run in .*TrainingArguments\(bf16=True\)", {})}),
+    "autocast": (lambda: Autocast(), {
+        LOOP: (r"autocast cannot run in .*remove it and wrap your forward in torch.autocast", {}),
+        LIGHTNING: (r"autocast cannot run in Lightning.*remove it and pass .*bf16-mixed", {}),
+        HF: (r"autocast cannot run in .*remove it and pass TrainingArguments\(bf16=True\)", {})}),
 }
 TABLE = [(name, host) for name, (_, hosts) in CELLS.items() for host in hosts]
 
@@ -77,7 +80,8 @@ TABLE = [(name, host) for name, (_, hosts) in CELLS.items() for host in hosts]
 # -- the user's model and data ------------------------------------------------------------------------------
 def data():
     g = torch.Generator().manual_seed(0)
-    return torch.randn(STEPS // 2 * BATCH, 1, 16, 16, generator=g), torch.randint(0, 4, (STEPS // 2 * BATCH,), generator=g)
+    n = STEPS // 2 * BATCH
+    return torch.randn(n, 1, 16, 16, generator=g), torch.randint(0, 4, (n,), generator=g)
 
 
 class Net(nn.Module):
@@ -216,8 +220,8 @@ def lightning_cell(name, make, refusal, tmp_path):
 
         def configure_optimizers(self):
             adamw = torch.optim.AdamW(self.parameters(), lr=LR)
-            return {"optimizer": adamw, "lr_scheduler": {"scheduler": torch.optim.lr_scheduler.LambdaLR(adamw, schedule),
-                                                          "interval": "step"}}
+            decay = torch.optim.lr_scheduler.LambdaLR(adamw, schedule)
+            return {"optimizer": adamw, "lr_scheduler": {"scheduler": decay, "interval": "step"}}
 
     class Recorder(L.Callback):
         def __init__(self):

@@ -81,8 +81,9 @@ def test_lightning_muon_follows_the_users_one_cycle_and_schedules_on_top_are_ref
         assert m / 0.02 == pytest.approx(a / 3e-3)  # Muon's lr is its peak, as max_lr is AdamW's
 
     module = Module()
-    with pytest.raises(HostCannotServeError, match=r"schedules='cosine' and your own LR scheduler would both set "
-                                                   r"the learning rate in Lightning; keep one: remove SpeedkitCallback"):
+    with pytest.raises(HostCannotServeError, match=r"schedules='cosine' and your own LR scheduler would both "
+                                                   r"set the learning rate in Lightning; keep one: remove "
+                                                   r"SpeedkitCallback"):
         L.Trainer(callbacks=[SpeedkitCallback([Muon()], schedules="cosine")], **quiet).fit(module, images())
 
 
