@@ -20,13 +20,34 @@ ENV_SETTINGS = ("OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "SPEEDKIT_DATA", "SPE
 BF16_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
 
 
+# Installed is not importable: a torchvision built for another torch is listed by pip and fails on import
+# (its compiled operators), and speedkit's image data needs it. These are imported to say so.
+IMPORT_CHECKED = {"torchvision": "torchvision"}
+
+
 def _version(distributions: str) -> str:
     for name in distributions.split("|"):
         try:
-            return metadata.version(name) + ("" if name == distributions.split("|")[0] else f" ({name})")
+            version = metadata.version(name) + ("" if name == distributions.split("|")[0] else f" ({name})")
         except metadata.PackageNotFoundError:
             continue
+        return version + _import_problem(name)
     return "not installed"
+
+
+def _import_problem(name: str) -> str:
+    """`` (installed, but does not import: ...)`` for a checked package that fails to import, else ``""``."""
+    module = IMPORT_CHECKED.get(name)
+    if module is None:
+        return ""
+    import importlib
+
+    try:
+        importlib.import_module(module)
+    except Exception as e:  # any failure on import is what the report must show
+        first = (str(e).splitlines() or [""])[0][:160]
+        return f" (installed, but does not import: {type(e).__name__}: {first}; reinstall the build that matches torch)"
+    return ""
 
 
 def cpu_flags() -> set[str]:

@@ -121,6 +121,7 @@ def _add_catalogue_parsers(commands) -> None:
     methods = commands.add_parser("methods", help="the speed-up methods, from their cards", allow_abbrev=False)
     methods.add_argument("--markdown", action="store_true", help="print the methods table as markdown")
     methods.add_argument("name", nargs="?", help="show one method's whole card")
+    methods.add_argument("--json", action="store_true", help="with a name: the card as JSON")
     commands.add_parser("tasks", help="the tasks, their targets and models", allow_abbrev=False)
     recipes = commands.add_parser("recipes", help="each task's presets: baselines and speed-up recipes",
                                   allow_abbrev=False)
@@ -355,8 +356,12 @@ def _methods(args) -> int:
 
     from speedkit.methods import REGISTRY, get_method, methods_table
 
-    if args.name:
+    if args.name and args.json:
         print(json.dumps(get_method(args.name).CARD.to_dict(), indent=2, default=str))
+    elif args.name:
+        from speedkit.cli.show import method_card_text
+
+        print(method_card_text(args.name))
     elif args.markdown:
         print(methods_table())
     else:
@@ -586,8 +591,11 @@ def _notebooks(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = _parser().parse_args(argv)
+    from speedkit.cli.show import warning_lines
+
     try:
-        return _dispatch(args, argv)
+        with warning_lines():  # one `speedkit: warning: ...` line each, not a site-packages source line
+            return _dispatch(args, argv)
     except BrokenPipeError:  # `speedkit methods | head` closed the pipe: not an error of ours, nothing to say
         _silence_stdout()
         return 0

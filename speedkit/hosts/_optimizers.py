@@ -12,6 +12,8 @@ from typing import Sequence
 
 import torch
 
+from speedkit.hosts.session import HostCannotServeError
+
 
 class _MergedState(MutableMapping):
     """The members' ``state`` dicts seen as one, writing each entry back to the member that holds it."""
@@ -116,3 +118,62 @@ def as_one_optimizer(optimizers: Sequence[torch.optim.Optimizer]) -> torch.optim
     """The single optimizer a host steps: the only one, or an :class:`OptimizerGroup` of several."""
     optimizers = list(optimizers)
     return optimizers[0] if len(optimizers) == 1 else OptimizerGroup(optimizers)
+
+
+def user_scheduled_groups(optimizers: Sequence[torch.optim.Optimizer]) -> list[dict]:
+    """The param groups a user's torch LR scheduler drives: torch's schedulers write ``initial_lr`` into each
+    group they are built on, and speedkit's own schedules write it only from the first step on, so before
+    FIT_START the key says a user's scheduler was built on the group."""
+    return [group for optimizer in optimizers for group in optimizer.param_groups if "initial_lr" in group]
+
+
+def refuse_two_schedules(optimizers: Sequence[torch.optim.Optimizer], schedules, host: str, fix: str) -> None:
+    """Refuse, before the first step, speedkit ``schedules=`` on optimizers a user's LR scheduler also drives:
+    both would set the same groups' lr each step (the issue measured a peak lr of 1e-4 where 3e-3 was asked)."""
+    if schedules and user_scheduled_groups(optimizers):
+        raise HostCannotServeError(f"speedkit schedules={schedules!r} and your own LR scheduler would both set the "
+                                   f"learning rate in {host}; keep one: {fix}")
+
+
+class FollowSchedule:
+    """The groups of optimizers a method added (Muon's) follow the user's LR scheduler, which was built on the
+    user's optimizer before the split and so cannot reach them.
+
+    Each follower group's lr is its own lr times the scheduler's multiplier, read from the first group the
+    scheduler drives: that group's lr over its base, ``max_lr`` for a one-cycle schedule (whose base is its peak)
+    and ``initial_lr`` otherwise. So Muon's ``lr`` is to Muon what the scheduler's base lr is to the user's
+    optimizer, and warmup, decay and cycles reach Muon's groups at the same moments.
+    """
+
+    def __init__(self, reference: tuple[torch.optim.Optimizer, int], followers: Sequence[torch.optim.Optimizer]):
+        # Optimizers and indices, not group dicts: loading a state dict (a resume) replaces the group dicts.
+        self.reference, self.followers = reference, list(followers)
+        for optimizer in self.followers:
+            for group in optimizer.param_groups:
+                group.setdefault("speedkit_base_lr", float(group["lr"]))
+
+    @property
+    def multiplier(self) -> float:
+        optimizer, index = self.reference
+        group = optimizer.param_groups[index]
+        base = float(group.get("max_lr", group.get("initial_lr", group["lr"])))
+        return float(group["lr"]) / base if base else 0.0
+
+    def __call__(self) -> None:
+        multiplier = self.multiplier
+        for optimizer in self.followers:
+            for group in optimizer.param_groups:
+                group["lr"] = group["speedkit_base_lr"] * multiplier
+
+
+def follow_user_schedule(given: Sequence[torch.optim.Optimizer],
+                         optimizers: Sequence[torch.optim.Optimizer]) -> FollowSchedule | None:
+    """A :class:`FollowSchedule` for the optimizers in ``optimizers`` that are not in ``given`` (added by a
+    method at FIT_START), when a user's scheduler drives ``given``; None when there is nothing to follow."""
+    reference = next(((o, i) for o in given for i, g in enumerate(o.param_groups) if "initial_lr" in g), None)
+    added = [o for o in optimizers if all(o is not g for g in given)]
+    if reference is None or not added:
+        return None
+    follow = FollowSchedule(reference, added)
+    follow()
+    return follow

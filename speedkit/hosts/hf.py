@@ -17,16 +17,27 @@ AFTER_FORWARD, BEFORE_LOSS, the loss, AFTER_LOSS, BEFORE_BACKWARD); EVAL_START/E
 weights are the ones evaluated). Its :class:`SpeedkitCallback` serves the rest: AFTER_BACKWARD at
 ``on_pre_optimizer_step``, AFTER_TRAIN_BATCH and BATCH_END at ``on_step_end``, epochs, FIT_END at
 ``on_train_end``. The methods' state is saved beside the optimizer in each ``checkpoint-N`` folder
-(``speedkit_methods.pt``) and loaded with it on ``resume_from_checkpoint``. Schedules are fractions of the
+(``speedkit_methods.pt``) and loaded with it on ``resume_from_checkpoint``. With EMA, a checkpoint's model
+weights are the ones evaluation measured (the average), and the training weights ride in ``speedkit_methods.pt``,
+the same rule as in Lightning. Schedules are fractions of the
 Trainer's ``max_steps`` (from ``num_train_epochs`` when ``max_steps`` is not set).
 
 ``SpeedkitCallback`` alone, in a plain ``transformers.Trainer(callbacks=[...])``, serves what callbacks see
 (surgery at ``on_init_end``, per-step and per-epoch methods, gradient methods) and refuses, before training,
 methods that need a batch, the loss, the optimizer or evaluation's start, naming the fix: SpeedkitTrainer.
 Logging, progress bars and checkpoints stay the Trainer's; methods' notes go to the ``speedkit`` logger.
+
+**Saving and reloading a surgered model.** ``from_pretrained`` builds the architecture from ``config.json``,
+which knows nothing of speedkit's surgeries: QK-norm's gains would be dropped as unexpected keys and rotary
+positions lost, silently. So SpeedkitTrainer's model writes ``speedkit_surgery.json`` (the surgeries and their
+parameters) beside its weights whenever it is saved (``trainer.save_model()``, ``model.save_pretrained()``,
+each ``checkpoint-N``), and :func:`load_pretrained` is the way back: it builds the model, runs the same
+surgeries, and loads every saved tensor, refusing a folder whose tensors do not all fit.
 """
 from __future__ import annotations
 
+import json
+import logging
 import os
 from pathlib import Path
 from typing import Callable, Iterable
@@ -35,18 +46,30 @@ import torch
 import transformers
 
 from speedkit.core import Event, Method
+from speedkit.hosts._checks import refuse_double_clipping
 from speedkit.hosts._optimizers import as_one_optimizer
 from speedkit.hosts.session import Host, HostCannotServeError, MethodSession
+from speedkit.methods.ema import load_weights, model_tensors
 
 METHOD_STATE_FILE = "speedkit_methods.pt"  # in each checkpoint-N folder, beside optimizer.pt
+TRAINING_WEIGHTS = "training_weights"  # in speedkit_methods.pt, when the checkpoint's model weights are EMA's
+SURGERY_FILE = "speedkit_surgery.json"  # beside a saved model's weights: the surgeries load_pretrained re-runs
+LOG = logging.getLogger("speedkit")
 
 _USE_SUBCLASS = "use speedkit.hosts.hf.SpeedkitTrainer in place of transformers.Trainer"
 _NO_EVAL_BATCHES = ("the Hugging Face Trainer's prediction_step gives speedkit no evaluation batch; remove the "
                     "method, or train with speedkit.Trainer")
 _STAGE_FIXES = {"data": "remove it (the Trainer builds its own DataLoader), or train with speedkit.Trainer",
                 "precision": "remove it and pass TrainingArguments(bf16=True) (or fp16=True on a GPU)"}
+_DICT_LABELS = ("the Hugging Face Trainer's batches are dicts whose labels go into the model's own loss as class "
+                "indices, so it would be refused at the first batch; remove it, or train with speedkit.Trainer, "
+                "Lightning or a plain loop on (inputs, targets) batches")
 _METHOD_FIXES = {"sam": "SAM re-runs forward and backward inside its step, which the Hugging Face Trainer's "
-                        "optimizer.step() does not pass; remove it, or train with speedkit.Trainer"}
+                        "optimizer.step() does not pass; remove it, or train with speedkit.Trainer",
+                 **{name: f"it changes the labels, and {_DICT_LABELS}"
+                    for name in ("mixup", "cutmix", "label_smoothing")},
+                 "selective_backprop": f"it scores each sample by cross-entropy against its label, and "
+                                       f"{_DICT_LABELS}"}
 
 _CALLBACK_EVENTS = {
     Event.INIT: "SpeedkitCallback.on_init_end", Event.FIT_START: "on_train_begin (the optimizer as the Trainer built it)",
@@ -97,10 +120,13 @@ class SpeedkitCallback(transformers.TrainerCallback):
             if args.gradient_accumulation_steps != 1:
                 raise ValueError("SpeedkitCallback counts one batch per optimizer step; pass "
                                  "gradient_accumulation_steps=1 (or raise the batch size instead)")
+            _refuse_two_schedules(args, self.schedules)
+            _refuse_double_clipping(args, self.methods)
             self.session = MethodSession(HF_CALLBACK, self.methods, max_duration=_run_length(args),
                                          schedules=self.schedules)
             self.session.ends_epochs = False
             self.session.init(model)
+            record_surgeries_on_save(model, self.session.methods)
 
     def on_train_begin(self, args, state, control, model=None, optimizer=None, train_dataloader=None, **kwargs):
         session = self.session
@@ -130,8 +156,9 @@ class SpeedkitCallback(transformers.TrainerCallback):
 class SpeedkitTrainer(transformers.Trainer):
     """``transformers.Trainer`` running speedkit ``methods`` (see this module's docstring for where each runs).
 
-    ``schedules``: speedkit schedules applied each step as fractions of max_steps (they multiply each group's lr;
-    leave TrainingArguments' ``lr_scheduler_type="constant"`` to have them alone). ``loss_fn``: a criterion
+    ``schedules``: speedkit schedules applied each step as fractions of max_steps, in place of the Trainer's own
+    scheduler: they need ``TrainingArguments(lr_scheduler_type="constant")`` (any other is refused here, since
+    both would set the lr each step). ``loss_fn``: a criterion
     ``fn(logits, labels)`` in place of the model's own loss or cross-entropy against ``labels``.
     """
 
@@ -141,10 +168,14 @@ class SpeedkitTrainer(transformers.Trainer):
         if self.args.gradient_accumulation_steps != 1:
             raise ValueError("SpeedkitTrainer counts one batch per optimizer step; pass "
                              "gradient_accumulation_steps=1 (or raise the batch size instead)")
+        methods = list(methods)
+        _refuse_two_schedules(self.args, schedules)
+        _refuse_double_clipping(self.args, methods)
         self.speedkit = MethodSession(HF_TRAINER, methods, max_duration=_run_length(self.args),
                                       schedules=schedules, loss_fn=loss_fn)
         self.speedkit.ends_epochs = False
         self.speedkit.init(self.model)  # before create_optimizer: new parameters are in the optimizer
+        record_surgeries_on_save(self.model, self.speedkit.methods)
         self.add_callback(SpeedkitCallback(session=self.speedkit))
 
     def create_optimizer(self, model=None):
@@ -174,10 +205,30 @@ class SpeedkitTrainer(transformers.Trainer):
         with self.speedkit.evaluating():  # EMA's (or SWA's) weights are the ones evaluated
             return super().evaluate(*args, **kwargs)
 
+    def _save_checkpoint(self, model, trial) -> None:
+        """A checkpoint's model weights are the ones evaluation measures (EMA's average), as in Lightning, so
+        ``load_best_model_at_end`` and a reload score what the logged metric says; the training weights ride
+        in ``speedkit_methods.pt`` and a resume trains on from them."""
+        ema = next((m for m in self.speedkit.methods if m.name == "ema"), None)
+        if ema is None or ema.ema is None or ema._swapped_in:
+            return super()._save_checkpoint(model, trial)
+        self._training_weights = {k: v.detach().clone() for k, v in model_tensors(self.model).items()}
+        load_weights(self.model, ema.ema)
+        try:
+            super()._save_checkpoint(model, trial)
+        finally:
+            load_weights(self.model, self._training_weights)
+            self._training_weights = None
+
+    _training_weights = None
+
     def _save_optimizer_and_scheduler(self, output_dir: str) -> None:
         super()._save_optimizer_and_scheduler(output_dir)
         if self.args.should_save:
-            torch.save(self.speedkit.state_dict(), os.path.join(output_dir, METHOD_STATE_FILE))
+            saved = self.speedkit.state_dict()
+            if self._training_weights is not None:
+                saved[TRAINING_WEIGHTS] = self._training_weights
+            torch.save(saved, os.path.join(output_dir, METHOD_STATE_FILE))
 
     def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
         super()._load_optimizer_and_scheduler(checkpoint)
@@ -190,7 +241,104 @@ class SpeedkitTrainer(transformers.Trainer):
                                            f"SpeedkitTrainer, so the methods' state (EMA weights, counters) cannot "
                                            f"resume; start afresh or resume without methods")
             return
-        self.speedkit.load_state_dict(torch.load(path, map_location="cpu", weights_only=False))
+        # weights_only: loading a checkpoint never runs code from it (the methods' state is tensors and numbers).
+        saved = torch.load(path, map_location="cpu", weights_only=True)
+        self.speedkit.load_state_dict(saved)
+        if saved.get(TRAINING_WEIGHTS) is not None:  # the folder's model weights are EMA's: train on from these
+            load_weights(self.model, saved[TRAINING_WEIGHTS])
+
+
+def surgeries_of(methods) -> list[dict]:
+    """The model surgeries (methods that act at INIT) among ``methods``, as data: name and parameters."""
+    return [{"name": m.name, "params": dict(m.params)} for m in methods if Event.INIT in m.CARD.events]
+
+
+def record_surgeries_on_save(model, methods) -> None:
+    """Make ``model.save_pretrained`` (which ``Trainer.save_model`` and each checkpoint call) also write
+    ``speedkit_surgery.json``, so :func:`load_pretrained` can rebuild the surgered model."""
+    surgeries = surgeries_of(methods)
+    original = getattr(model, "save_pretrained", None)
+    if not surgeries or original is None or getattr(original, "_speedkit_surgeries", None) is not None:
+        return
+
+    def save_pretrained(save_directory, *args, **kwargs):
+        result = original(save_directory, *args, **kwargs)
+        Path(save_directory, SURGERY_FILE).write_text(json.dumps({"surgeries": surgeries}, indent=1) + "\n")
+        LOG.info("saved %s with speedkit's surgeries (%s): reload it with speedkit.hosts.hf.load_pretrained(path); "
+                 "from_pretrained alone would lose them", save_directory, ", ".join(s["name"] for s in surgeries))
+        return result
+
+    save_pretrained._speedkit_surgeries = surgeries
+    object.__setattr__(model, "save_pretrained", save_pretrained)
+
+
+def load_pretrained(path, model_class=None, **from_pretrained_kwargs):
+    """A model saved from a SpeedkitTrainer, with its surgeries: ``model_class.from_pretrained(path)`` (default
+    ``AutoModelForCausalLM``), the surgeries in ``speedkit_surgery.json`` run again, then every saved tensor
+    loaded into the surgered model. A folder without the file is a plain ``from_pretrained``. Refuses tensors
+    that fit nowhere, or parameters the folder does not hold, naming them."""
+    from speedkit.methods import get_method
+
+    path = Path(path)
+    model_class = model_class or transformers.AutoModelForCausalLM
+    spec = path / SURGERY_FILE
+    if not spec.is_file():
+        return model_class.from_pretrained(path, **from_pretrained_kwargs)
+    surgeries = json.loads(spec.read_text())["surgeries"]
+    quiet = logging.getLogger("transformers.modeling_utils")  # its "unexpected keys" are the ones loaded below
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        model = model_class.from_pretrained(path, **from_pretrained_kwargs)
+    finally:
+        quiet.setLevel(level)
+    methods = [get_method(s["name"], **s["params"]) for s in surgeries]
+    everything = Host(name="speedkit.hosts.hf.load_pretrained", serves={event: "load_pretrained" for event in Event})
+    MethodSession(everything, methods, max_duration="1ba").init(model)
+    saved = _saved_tensors(path)
+    missing, unexpected = model.load_state_dict(saved, strict=False)
+    tensors = model.state_dict()
+    loaded = {tensors[k].data_ptr() for k in saved if k in tensors}
+    missing = [k for k in missing if tensors[k].data_ptr() not in loaded]  # a tied weight came with its twin
+    if unexpected or missing:
+        raise ValueError(f"{path} does not fit {type(model).__name__} after the surgeries "
+                         f"{[s['name'] for s in surgeries]}: saved tensors that fit nowhere {sorted(unexpected)[:5]}, "
+                         f"parameters it does not hold {sorted(missing)[:5]}; save it again from the SpeedkitTrainer "
+                         f"that trained it")
+    record_surgeries_on_save(model, methods)
+    return model
+
+
+def _saved_tensors(path: Path) -> dict:
+    """Every tensor of a saved model folder: safetensors (one file or shards) or pytorch_model.bin."""
+    from safetensors.torch import load_file
+
+    for index_name, load in (("model.safetensors.index.json", load_file), ("pytorch_model.bin.index.json", None)):
+        index = path / index_name
+        if index.is_file():
+            tensors = {}
+            for shard in sorted(set(json.loads(index.read_text())["weight_map"].values())):
+                tensors.update(load(path / shard) if load else torch.load(path / shard, map_location="cpu",
+                                                                           weights_only=True))
+            return tensors
+    if (path / "model.safetensors").is_file():
+        return load_file(path / "model.safetensors")
+    return torch.load(path / "pytorch_model.bin", map_location="cpu", weights_only=True)
+
+
+def _refuse_double_clipping(args, methods) -> None:
+    refuse_double_clipping(methods, bool(args.max_grad_norm), "the Hugging Face Trainer",
+                           "pass TrainingArguments(max_grad_norm=0) (its default is 1.0), or remove the "
+                           "gradient_clipping method")
+
+
+def _refuse_two_schedules(args, schedules) -> None:
+    """speedkit ``schedules=`` and the Trainer's own scheduler would both set the lr each step: refuse it now."""
+    kind = getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type)
+    if schedules and kind != "constant":
+        raise HostCannotServeError(f"speedkit schedules={schedules!r} and the Trainer's lr_scheduler_type={kind!r} "
+                                   f"would both set the learning rate; keep one: pass TrainingArguments("
+                                   f"lr_scheduler_type='constant') to have speedkit's alone, or drop schedules=")
 
 
 def _length(loader) -> int | None:

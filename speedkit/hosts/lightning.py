@@ -27,8 +27,18 @@ AFTER_LOSS in ``self.speedkit.loss``; BEFORE_BACKWARD at ``on_before_backward``;
 EVAL_START/END around validation; evaluation batch events in ``validation_step`` through
 ``self.speedkit.eval_batch(batch)`` and ``self.speedkit.eval_outputs(outputs)``; FIT_END at ``on_train_end``
 (not when training dies). The run's length is ``max_steps`` (or ``max_epochs``), so every schedule is a
-fraction of it. Method state rides in Lightning's checkpoints (the callback's ``state_dict``) and resumes
-exactly with ``trainer.fit(..., ckpt_path=...)``.
+fraction of it. Method state rides in Lightning's checkpoints (the callback's ``state_dict``, with the RNGs that
+random methods draw from) and resumes exactly with ``trainer.fit(..., ckpt_path=...)``.
+
+One rule for averaged weights (EMA): **a checkpoint's ``state_dict`` holds the weights validation measured**,
+so the file ``ModelCheckpoint(monitor=...)`` keeps as the best, and what ``load_from_checkpoint`` gives, score
+what the logged metric says. The raw training weights ride in the callback's state, and a resume with the
+callback trains on from them. After ``fit`` the model holds EMA's final weights (``final_weights="ema"``).
+
+A scheduler returned by ``configure_optimizers`` is built before Muon's split, so it cannot reach Muon's group:
+that group follows it (Muon's ``lr`` times the scheduler's current multiplier, see
+``FollowSchedule`` in ``speedkit/hosts/_optimizers.py``). ``SpeedkitCallback(schedules=...)`` together with such a
+scheduler would set the lr twice, and is refused before the first step.
 
 A method that needs a step call ``training_step`` does not make is refused at ``setup``, before training,
 with the line to add; the calls are read from ``training_step``'s code (or given as ``step_calls=``).
@@ -43,7 +53,8 @@ from typing import Callable, Iterable, Iterator
 import lightning.pytorch as L
 
 from speedkit.core import Event, Method
-from speedkit.hosts._optimizers import as_one_optimizer
+from speedkit.hosts._checks import check_evaluation_served, refuse_double_clipping
+from speedkit.hosts._optimizers import as_one_optimizer, follow_user_schedule, refuse_two_schedules
 from speedkit.hosts.session import Host, HostCannotServeError, MethodSession
 
 STEP_CALLS = ("batch", "loss")  # self.speedkit.batch(...) and self.speedkit.loss(...) in training_step
@@ -153,6 +164,7 @@ def _duration(trainer: "L.Trainer") -> str:
                      "L.Trainer(max_steps=...) or L.Trainer(max_epochs=...)")
 
 
+TRAINING_WEIGHTS = "training_weights"  # in the callback's checkpoint state, when state_dict holds EMA's
 _PRECISIONS = {"bf16": "bf16", "16": "fp16", "fp16": "fp16"}
 
 
@@ -173,6 +185,8 @@ class SpeedkitCallback(L.Callback):
         self.eval_calls = None if eval_calls is None else set(eval_calls)
         self.session: MethodSession | None = None
         self._step_checked = False
+        self._follow = None  # Muon's groups following the scheduler from configure_optimizers
+        self._eval_checked = False
 
     @property
     def state_key(self) -> str:
@@ -184,6 +198,8 @@ class SpeedkitCallback(L.Callback):
         if trainer.accumulate_grad_batches != 1:
             raise ValueError("SpeedkitCallback counts one batch per optimizer step; pass accumulate_grad_batches=1 "
                              "(or raise the batch size instead)")
+        refuse_double_clipping(self.methods, bool(trainer.gradient_clip_val), "Lightning",
+                               "remove L.Trainer(gradient_clip_val=...), or remove the gradient_clipping method")
         step_calls = self.step_calls if self.step_calls is not None else calls_in(type(pl_module).training_step,
                                                                                STEP_CALLS)
         eval_calls = self.eval_calls if self.eval_calls is not None else calls_in(
@@ -206,9 +222,14 @@ class SpeedkitCallback(L.Callback):
                             if getattr(loader, "batch_size", None) else None)
         session.world = trainer.world_size
         given = list(trainer.optimizers)
+        refuse_two_schedules(given, self.schedules, "Lightning",
+                             "remove SpeedkitCallback(schedules=...) (speedkit's Muon group follows your scheduler), "
+                             "or return only the optimizer from configure_optimizers")
         optimizers = session.fit_start(given, loader)
         if [id(o) for o in optimizers] != [id(o) for o in given]:
             trainer.strategy.optimizers = [as_one_optimizer(optimizers)]  # Muon's split steps as one optimizer
+        # The scheduler from configure_optimizers was built before the split and cannot reach Muon's group.
+        self._follow = follow_user_schedule(given, optimizers)
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:
         self.session.epoch_start()
@@ -216,6 +237,8 @@ class SpeedkitCallback(L.Callback):
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         self.session._counted_batch = batch
         self.session.batch_start()
+        if self._follow is not None:
+            self._follow()
 
     def on_before_backward(self, trainer, pl_module, loss) -> None:
         self.session.before_backward()
@@ -244,6 +267,12 @@ class SpeedkitCallback(L.Callback):
     def on_validation_end(self, trainer, pl_module) -> None:
         if self.session is not None and self.session.fit_started:
             self.session.eval_end()
+            if not self._eval_checked and sum(trainer.num_val_batches or [0]) > 0:
+                self._eval_checked = True  # the calls read from validation_step's code were really made
+                check_evaluation_served(self.session, "validation_step's first validation",
+                                        lambda events: _EVAL_BATCH_LINE if {Event.EVAL_BATCH_START,
+                                                                            Event.EVAL_BEFORE_FORWARD} & set(events)
+                                        else _EVAL_OUTPUTS_LINE)
 
     def on_train_end(self, trainer, pl_module) -> None:
         self.session.fit_end()
@@ -254,3 +283,22 @@ class SpeedkitCallback(L.Callback):
     def load_state_dict(self, state_dict: dict) -> None:
         if state_dict:
             self.session.load_state_dict(state_dict)
+            training = state_dict.get(TRAINING_WEIGHTS)
+            if training is not None:  # the checkpoint's state_dict held the measured (EMA) weights
+                self.session.state.model.load_state_dict(training)
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
+        """The checkpoint's ``state_dict`` becomes the weights validation measures (EMA's average); the
+        training weights move into this callback's state, for a resume."""
+        ema = next((m for m in self.session.methods if m.name == "ema"), None) if self.session else None
+        if ema is None or ema.ema is None:
+            return
+        model_now = checkpoint["state_dict"]
+        if ema._swapped_in:  # saved during validation: the model holds the average already
+            measured, training = model_now, {k: ema.ema.get(k, v) for k, v in model_now.items()}
+        else:
+            measured, training = {k: ema.ema.get(k, v) for k, v in model_now.items()}, model_now
+        checkpoint["state_dict"] = {k: v.detach().clone() for k, v in measured.items()}
+        own = checkpoint.get("callbacks", {}).get(self.state_key)
+        if own is not None:  # a weights-only checkpoint has no callback state, and cannot resume training
+            own[TRAINING_WEIGHTS] = {k: v.detach().clone() for k, v in training.items()}

@@ -30,12 +30,14 @@ reach (a missing ``sk.loss`` call, say) is refused after the first step, with th
 """
 from __future__ import annotations
 
+import contextlib
 from typing import Callable, Iterable, Sequence
 
 import torch
 
 from speedkit.core import Event, Method, Time
-from speedkit.hosts._optimizers import as_one_optimizer
+from speedkit.hosts._checks import check_evaluation_served
+from speedkit.hosts._optimizers import as_one_optimizer, follow_user_schedule, refuse_two_schedules
 from speedkit.hosts.session import STEP_EVENTS, Host, HostCannotServeError, MethodSession
 from speedkit.record.loggers import LoggerDestination
 
@@ -90,6 +92,9 @@ class Speedkit:
         self.session.world = self.world  # the clock counts the samples of every process
         self.train_dataloader = train_dataloader
         self._steps_checked = False
+        self._schedules = schedules
+        self._eval_checked = False
+        self._follow = None  # Muon's groups following a scheduler built before prepare_optimizer
 
     @property
     def state(self):
@@ -116,13 +121,22 @@ class Speedkit:
 
         Returns the optimizer to step from now on: ``optimizer`` itself, or an OptimizerGroup when a method
         added one (step and zero_grad it as usual; its state_dict holds every member's)."""
+        given = list(optimizer) if isinstance(optimizer, (list, tuple)) else [optimizer]
+        refuse_two_schedules(given, self._schedules, "this loop",
+                             "remove Speedkit(schedules=...) and keep your scheduler (speedkit's Muon group follows "
+                             "it), or drop your scheduler")
         optimizers = self.session.fit_start(optimizer, self.train_dataloader)
+        # A scheduler built on `optimizer` before this call cannot reach the groups a method added (Muon's).
+        self._follow = follow_user_schedule(given, optimizers)
         return as_one_optimizer(optimizers)
 
     # -- each step -------------------------------------------------------------------------------------
     def batch(self, batch):
         """The batch the forward takes, after the batch methods (resizing, sequence-length warmup, mixup)."""
-        return self.session.transform_batch(batch)
+        batch = self.session.transform_batch(batch)
+        if self._follow is not None:
+            self._follow()
+        return batch
 
     def loss(self, outputs, batch=None, loss_fn: Callable | None = None) -> torch.Tensor:
         """The loss of ``outputs`` on ``batch`` (the one :meth:`batch` returned), with the label methods applied
@@ -141,6 +155,8 @@ class Speedkit:
     def step_end(self) -> None:
         """After ``optimizer.step()``: the methods' per-step work (EMA's update, Lookahead) and the clock."""
         self.session.batch_end()
+        if self._follow is not None:  # for a step without sk.batch; sk.batch follows again after scheduler.step()
+            self._follow()
         if not self._steps_checked:
             self._check_step_calls()
             self._steps_checked = True
@@ -154,9 +170,17 @@ class Speedkit:
                                        f"first step did not reach: add `{calls}` to the step (see speedkit.hosts.loop)")
 
     # -- evaluation and the end ------------------------------------------------------------------------
+    @contextlib.contextmanager
     def evaluating(self):
-        """``with sk.evaluating(): ...``: EVAL_START before (EMA/SWA weights in), EVAL_END after (back out)."""
-        return self.session.evaluating()
+        """``with sk.evaluating(): ...``: EVAL_START before (EMA/SWA weights in), EVAL_END after (back out).
+
+        The first evaluation must reach the evaluation calls its methods need (test-time augmentation:
+        ``sk.eval_outputs``); one that did not is refused when it ends, with the call to add."""
+        with self.session.evaluating() as model:
+            yield model
+        if not self._eval_checked:
+            self._eval_checked = True
+            check_evaluation_served(self.session, "this loop's first evaluation", _eval_fix)
 
     def eval_batch(self, batch):
         """EVAL_BATCH_START and EVAL_BEFORE_FORWARD: the evaluation batch as the model should see it."""
@@ -176,8 +200,14 @@ class Speedkit:
         return outputs
 
     def finish(self) -> None:
-        """FIT_END: averaging methods leave their weights in the model (EMA's ``final_weights="ema"``)."""
+        """FIT_END: averaging methods leave their weights in the model (EMA's ``final_weights="ema"``).
+
+        A method that acts only in evaluation (test-time augmentation) when no ``with sk.evaluating():`` ran
+        is refused here: it did nothing."""
         self.session.fit_end()
+        if not self._eval_checked and Event.EVAL_START not in self.session.served:
+            self._eval_checked = True
+            check_evaluation_served(self.session, "this run (no `with sk.evaluating():` evaluation ran)", _eval_fix)
 
     # -- checkpoints -----------------------------------------------------------------------------------
     def state_dict(self) -> dict:
@@ -187,6 +217,13 @@ class Speedkit:
     def load_state_dict(self, saved: dict) -> None:
         """Restore :meth:`state_dict`'s output, after prepare_model and prepare_optimizer."""
         self.session.load_state_dict(saved)
+
+
+def _eval_fix(events) -> str:
+    calls = dict.fromkeys("batch = sk.eval_batch(batch)" if e in (Event.EVAL_BATCH_START, Event.EVAL_BEFORE_FORWARD)
+                          else "outputs = sk.eval_outputs(outputs)" for e in events)
+    return (f"evaluate inside `with sk.evaluating():` and add `{'` and `'.join(calls)}` to the evaluation loop "
+            f"(see speedkit.hosts.loop), or remove the method")
 
 
 def _length(loader) -> int | None:

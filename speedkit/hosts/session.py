@@ -24,6 +24,7 @@ from speedkit.core import Engine, Event, Method, State, Time, TimeUnit
 from speedkit.core.method import IncompatibleMethodsError
 from speedkit.record.loggers import Logger, LoggerDestination, RecordDestination
 from speedkit.record.runs import RunRecord
+from speedkit.train.checkpoint.format import rng_state, set_rng_state
 from speedkit.train.parts import make_loss, make_schedules
 from speedkit.train.step import Step
 
@@ -317,9 +318,10 @@ class MethodSession:
 
     # -- checkpoints -----------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """The clock and every method's state (EMA weights, averages, counters), for the host's checkpoint."""
+        """The clock, every method's state (EMA weights, averages, counters) and the RNGs random methods draw
+        from (mixup, cutmix, ...), for the host's checkpoint: a resume then draws what the whole run drew."""
         return {"clock": self.state.timestamp.to_dict(),
-                "methods": {m.name: m.state_dict() for m in self.state.methods}}
+                "methods": {m.name: m.state_dict() for m in self.state.methods}, "rng": rng_state()}
 
     def load_state_dict(self, saved: Mapping[str, Any]) -> None:
         from speedkit.core import Timestamp
@@ -335,6 +337,8 @@ class MethodSession:
             if method.name in saved_methods:
                 method.load_state_dict(saved_methods[method.name])
         state.timestamp = Timestamp.from_dict(saved["clock"])
+        if saved.get("rng") is not None:  # written before the RNGs rode along: those resume inexactly
+            set_rng_state(saved["rng"])
 
     def _require_fit_start(self) -> None:
         if not self.fit_started:

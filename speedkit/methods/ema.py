@@ -10,10 +10,15 @@ weights sit in a flatter, lower-loss region than the noisy last iterate, so the 
 sooner (Composer EMA; hlb-CIFAR10 uses it).
 
 ``half_life`` says how fast the average forgets: after ``half_life`` of training an old weight's
-share has halved. ``smoothing = 0.5 ** (update_interval / half_life_in_batches)``.
+share has halved. ``smoothing = 0.5 ** (update_interval / half_life_in_batches)``. The default is a tenth of
+the run (``"0.1dur"``), so a short run's average is not mostly its starting weights: a fixed 50 batches took a
+64-step run from 100% to chance. Where the run's length in batches is unknown (a wall-clock budget, epochs of
+unknown length) the default falls back to 50 batches with a warning; a half-life longer than a quarter of the
+run is warned about at the start, with the fix.
 """
 from __future__ import annotations
 
+import warnings
 from typing import Mapping
 
 import torch
@@ -113,6 +118,19 @@ def half_life_in_batches(half_life: str, state) -> float:
     return state.convert(time, TimeUnit.BATCH)
 
 
+DEFAULT_HALF_LIFE = "0.1dur"
+FALLBACK_HALF_LIFE_BATCHES = 50  # the default where the run's length in batches is unknown
+LONG_HALF_LIFE = 0.25  # a half-life above this fraction of the run leaves much of the start in the average
+
+
+def run_batches(state) -> float | None:
+    """The run's length in batches, or None where it cannot be known (a wall-clock budget, unknown epochs)."""
+    try:
+        return state.convert(state.max_duration, TimeUnit.BATCH)
+    except ValueError:
+        return None
+
+
 class EMA(Method):
     CARD = MethodCard(
         name="ema",
@@ -122,8 +140,8 @@ class EMA(Method):
         reads=("model",),
         writes=("eval",),
         hparams=(
-            HParam("half_life", str, "50ba",
-                   help="time for an old weight's share to halve: '50ba', '0.5ep', '0.05dur'"),
+            HParam("half_life", str, DEFAULT_HALF_LIFE,
+                   help="time for an old weight's share to halve: '0.1dur' (a tenth of the run), '50ba', '0.5ep'"),
             HParam("smoothing", float, 0.0, low=0.0, high=0.9999, step=0.0001,
                    help="per-update smoothing; 0 means: derive it from half_life"),
             HParam("update_interval", int, 1, low=1, high=100, step=1, help="update the average every N batches"),
@@ -137,7 +155,7 @@ class EMA(Method):
         source="Composer EMA docs; Polyak & Juditsky 1992; hlb-CIFAR10",
     )
 
-    def __init__(self, half_life: str = "50ba", smoothing: float = 0.0, update_interval: int = 1,
+    def __init__(self, half_life: str = DEFAULT_HALF_LIFE, smoothing: float = 0.0, update_interval: int = 1,
                  final_weights: str = "ema"):
         super().__init__(half_life=half_life, smoothing=smoothing, update_interval=update_interval,
                          final_weights=final_weights)
@@ -181,7 +199,7 @@ class EMA(Method):
         if self.params["smoothing"] > 0:
             self.smoothing = self.params["smoothing"]
         else:
-            batches = half_life_in_batches(self.params["half_life"], state)
+            batches = self._half_life_batches(state)
             self.smoothing = compute_ema_smoothing(batches, self.params["update_interval"])
         if self.ema is None:  # not restored from a checkpoint
             self.ema = init_ema(state.model)
@@ -189,6 +207,24 @@ class EMA(Method):
             self.ema = {k: v.to(state.device) for k, v in self.ema.items()}
         logger.log_note("ema", {"smoothing": self.smoothing})
         logger.log_text(f"ema: smoothing {self.smoothing:.6f} every {self.params['update_interval']} batch(es)")
+
+    def _half_life_batches(self, state) -> float:
+        half_life, total = self.params["half_life"], run_batches(state)
+        if total is None and Time.from_input(half_life).unit is TimeUnit.DURATION:
+            if half_life != DEFAULT_HALF_LIFE:
+                raise ValueError(f"ema.half_life={half_life!r} is a fraction of the run, whose length in batches is "
+                                 f"unknown here; give the half-life in batches, e.g. EMA(half_life='50ba')")
+            warnings.warn(f"ema: the run's length in batches is unknown, so the default half-life (a tenth of the "
+                          f"run) falls back to {FALLBACK_HALF_LIFE_BATCHES} batches; pass EMA(half_life='...ba') to "
+                          f"choose it", stacklevel=2)
+            return float(FALLBACK_HALF_LIFE_BATCHES)
+        batches = half_life_in_batches(half_life, state)
+        if total and batches > LONG_HALF_LIFE * total:
+            warnings.warn(f"ema: a half-life of {batches:g} batches is {batches / total:.0%} of this {total:g}-batch "
+                          f"run, so the averaged weights that evaluation and the final model see are still mostly "
+                          f"the early ones; pass EMA(half_life='0.1dur') (a tenth of the run) or a shorter one",
+                          stacklevel=2)
+        return batches
 
     def state_dict(self) -> dict:
         if self.ema is None:

@@ -3,10 +3,15 @@
 Muon orthogonalizes each matrix update (see ``speedkit/optim/muon.py``); it is meant for the hidden
 weight matrices and conv filters only. At FIT_START this method partitions the parameters:
 
-* to Muon: every trainable parameter with 2 or more dimensions (Linear weights, conv filters),
-* left with the user's optimizer (AdamW / SGD): 1-D parameters (biases, norm scales), embeddings
-  (any ``nn.Embedding``/``nn.EmbeddingBag``), and the output head, i.e. the last ``nn.Linear`` in
-  module order (a GPT's ``lm_head``, a ResNet's ``fc``), plus anything tied to those,
+* to Muon: every trainable weight matrix with 2 or more dimensions (Linear weights, conv filters),
+* left with the user's optimizer (AdamW / SGD): 1-D parameters (biases, norm scales), gains and scales of any
+  shape (what a norm module owns, such as QK-norm's per-head ``[H, D]`` gains, and any parameter marked with
+  :func:`speedkit.optim.muon.mark_not_a_matrix`), embeddings (any ``nn.Embedding``/``nn.EmbeddingBag``), and
+  the output head, i.e. the last ``nn.Linear`` in module order (a GPT's ``lm_head``, a ResNet's ``fc``), plus
+  anything tied to those,
+
+What a parameter is decides, not its number of dimensions: a gain is multiplied in elementwise, so
+orthogonalising its update would be meaningless (all of a ``[H, D]`` gain's rows would move by the same amount).
 
 removes the Muon parameters (and their optimizer state) from the existing optimizers' groups and
 appends the Muon optimizer to ``state.optimizers``, so schedules apply to it too (from its own lr).
@@ -19,23 +24,33 @@ from speedkit.core.event import Event
 from speedkit.core.method import HParam, Method, MethodCard, SurgeryReport
 from speedkit.methods._surgery import record_surgery
 from speedkit.optim.muon import Muon as MuonOptimizer
+from speedkit.optim.muon import is_marked_not_a_matrix
 
 _EMBEDDINGS = (torch.nn.Embedding, torch.nn.EmbeddingBag)
+_NORMS = (torch.nn.LayerNorm, torch.nn.GroupNorm, torch.nn.LocalResponseNorm, torch.nn.modules.batchnorm._NormBase,
+          *((torch.nn.RMSNorm,) if hasattr(torch.nn, "RMSNorm") else ()))
+
+
+def is_norm_module(module: torch.nn.Module) -> bool:
+    """Whether ``module`` is a normalisation layer, whose parameters are scales and shifts, never matrices:
+    torch's norms, and by name any class called ``...Norm`` (QK-norm, Hugging Face's ``LlamaRMSNorm``)."""
+    return isinstance(module, _NORMS) or type(module).__name__.endswith("Norm")
 
 
 def muon_parameter_names(model: torch.nn.Module) -> list[str]:
-    """Names of the parameters Muon should own: trainable, >= 2-D, not embeddings, not the output head."""
+    """Names of the parameters Muon should own: trainable, >= 2-D weight matrices; not embeddings, not the
+    output head, not what a norm module owns, not a parameter marked as a gain or scale."""
     excluded: set[int] = set()
     linears = []
     for module in model.modules():
-        if isinstance(module, _EMBEDDINGS):
+        if isinstance(module, _EMBEDDINGS) or is_norm_module(module):
             excluded.update(id(p) for p in module.parameters(recurse=False))
         if isinstance(module, torch.nn.Linear):
             linears.append(module)
     if linears:  # the output head / final classifier
         excluded.update(id(p) for p in linears[-1].parameters(recurse=False))
     return [name for name, p in model.named_parameters()
-            if p.requires_grad and p.dim() >= 2 and id(p) not in excluded]
+            if p.requires_grad and p.dim() >= 2 and id(p) not in excluded and not is_marked_not_a_matrix(p)]
 
 
 def split_for_muon(model: torch.nn.Module, optimizers, lr: float = 0.02, momentum: float = 0.95,

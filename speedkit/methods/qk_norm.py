@@ -16,6 +16,7 @@ from speedkit.core.event import Event
 from speedkit.core.method import HParam, Method, MethodCard, SurgeryReport
 from speedkit.methods import _attention as attention
 from speedkit.methods._surgery import record_surgery
+from speedkit.optim.muon import mark_not_a_matrix
 
 QK_NORM_ORDER = 0  # normalise first: rotations and biases act on the normalised q, k
 GAIN_ATTR = "qk_norm"
@@ -34,8 +35,9 @@ class QKNorm(nn.Module):
     def __init__(self, num_heads: int, head_dim: int, eps: float = 1e-6, device=None):
         super().__init__()
         self.num_heads, self.head_dim, self.eps = num_heads, head_dim, eps
-        self.q_gain = nn.Parameter(torch.ones(num_heads, head_dim, device=device))
-        self.k_gain = nn.Parameter(torch.ones(num_heads, head_dim, device=device))
+        # Gains, not matrices, though [H, D]: Muon must leave them with the user's optimizer.
+        self.q_gain = mark_not_a_matrix(nn.Parameter(torch.ones(num_heads, head_dim, device=device)))
+        self.k_gain = mark_not_a_matrix(nn.Parameter(torch.ones(num_heads, head_dim, device=device)))
 
     def forward(self, q, k, v, attn_mask, is_causal, scale):
         if q.shape[1] != self.num_heads or q.shape[-1] != self.head_dim or k.shape[1] != self.num_heads:

@@ -95,8 +95,13 @@ class SeqLengthWarmup(Method):
 
     def apply(self, event, state, logger):
         inputs = state.batch_inputs()
-        if not isinstance(inputs, torch.Tensor) or inputs.dim() < 2 or inputs.is_floating_point():
-            return  # not a token batch
+        if not isinstance(inputs, torch.Tensor) or inputs.dim() != 2 or inputs.is_floating_point():
+            # Acting on nothing would be a silent no-op (an image model): refuse at the first batch, before its step.
+            shown = (f"a {inputs.dtype} tensor of shape {tuple(inputs.shape)}" if isinstance(inputs, torch.Tensor)
+                     else type(inputs).__name__)
+            raise ValueError(f"seq_length_warmup needs language batches whose inputs are token ids [B, T] "
+                             f"(integers), but the training batch's inputs are {shown}, so it would do nothing; "
+                             f"remove it (it is for language models)")
         p = self.params
         length = seq_length_at(state.fraction_done(), inputs.shape[1], p["min_seq_length"], p["duration"],
                                p["step_size"])

@@ -7,13 +7,30 @@ direction of the update then moves by about the same amount, instead of a few do
 taking most of the step. modded-nanogpt measured about 1.5x the sample efficiency of AdamW on GPT-2.
 
 Use it for hidden weight matrices only (conv filters flattened to ``[out, in * kh * kw]``); embeddings,
-the output head and 1-D parameters (biases, norm scales) belong with AdamW or SGD.
+the output head, biases and gains or norm scales of any shape (QK-norm's per-head ``[H, D]`` gains) belong with
+AdamW or SGD. A module that owns a matrix-shaped gain marks it with :func:`mark_not_a_matrix`, so that
+``speedkit.methods.muon`` leaves it with the user's optimizer.
 """
 from __future__ import annotations
 
 import torch
 
 from speedkit.core.devices import cpu_has_fast_bf16
+
+_NOT_A_MATRIX = "_speedkit_not_a_matrix"
+
+
+def mark_not_a_matrix(parameter: torch.nn.Parameter) -> torch.nn.Parameter:
+    """Mark a parameter with 2 or more dimensions that is not a weight matrix (a gain, a scale, a table) so
+    that Muon's partition leaves it with the user's optimizer; returns the parameter."""
+    setattr(parameter, _NOT_A_MATRIX, True)
+    return parameter
+
+
+def is_marked_not_a_matrix(parameter: torch.Tensor) -> bool:
+    """Whether :func:`mark_not_a_matrix` marked ``parameter``."""
+    return bool(getattr(parameter, _NOT_A_MATRIX, False))
+
 
 # Quintic coefficients chosen (by Keller Jordan) to push all singular values in (0, 1] quickly towards 1;
 # they land in roughly [0.7, 1.2] rather than exactly 1, which works as well in practice.

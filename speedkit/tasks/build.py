@@ -19,10 +19,10 @@ from speedkit.core.method import NothingToChangeError
 from speedkit.methods import build_methods
 from speedkit.optim.factory import make_optimizer_factory
 from speedkit.record.metrics import Evaluator
-from speedkit.tasks.ladder import measure_hint
+from speedkit.tasks.ladder import measure_hint, with_enough_steps
 from speedkit.tasks.recipes import Recipe, timing_eval_interval, without_flips
-from speedkit.tasks.task import (FOLDER_TASKS, TASKS, DataRequest, Task, get_recipe, import_attribute, is_baseline,
-                                 register_task)
+from speedkit.tasks.task import (FOLDER_TASKS, TASKS, DataRequest, Task, did_you_mean, get_recipe, import_attribute,
+                                  is_baseline, register_task)
 from speedkit.tasks.request import RECIPE_OVERRIDES, RunRequest
 from speedkit.train.checks import check_first_outputs, describe
 from speedkit.train.trainer import Trainer
@@ -63,7 +63,8 @@ def find_task(task, data=None, **options) -> Task:
             raise TypeError(f"task function {getattr(task, '__qualname__', task)!r} returned {type(made).__name__}, "
                             f"not a speedkit.Task")
         return made
-    raise ValueError(f"unknown task {task!r}; give one of {sorted({*TASKS, *FOLDER_TASKS})}, a speedkit.Task, "
+    known = sorted({*TASKS, *FOLDER_TASKS})
+    raise ValueError(f"unknown task {task!r}{did_you_mean(task, known)}; give one of {known}, a speedkit.Task, "
                      f"'package.module:attr' naming one, or a function returning one")
 
 
@@ -214,6 +215,9 @@ def _trainer_of(request: RunRequest, spec: Task, recipe: Recipe) -> Trainer:
                                data_fraction=request.data_fraction, eval_fraction=request.eval_fraction,
                                recipe=recipe, model=net, download=request.download, num_workers=request.num_workers)
     train = spec.train_data(data_request)
+    planned = request.duration is None and isinstance(request.recipe, str)  # a length asked for is the user's
+    if planned and recipe.adopted_from is not None and not is_baseline(spec, recipe.name) and "baseline" in spec.recipes:
+        recipe = with_enough_steps(recipe, spec.recipes["baseline"], _length(train))  # never a handful of steps
     evaluators = [Evaluator(spec.eval_data(data_request), dict(spec.metrics()))]
     check_model_fits_data(spec, net, evaluators[0].dataloader)
     target_value = request.target if request.target is not None else recipe_target(spec, recipe)
@@ -267,3 +271,10 @@ def recipe_target(spec: Task, recipe: Recipe) -> float:
                          f"measures {spec.target_metric}; set the recipe's target metric to {spec.target_metric!r}")
     return recipe.target["value"]
 
+
+
+def _length(loader) -> int | None:
+    try:
+        return len(loader)
+    except TypeError:
+        return None

@@ -3,10 +3,18 @@
 The ladders were found by hand on one task per domain (vision on Fashion-MNIST, language on the Python docs).
 Copied as they stand, their budgets are that task's epochs or batches: on a harder data set three epochs
 are not three epochs' worth of the work its own baseline needs. So each rung is rebuilt on the new task's
-baseline: the rung's methods, optimizer, schedule and batch size, the new baseline's model, and a budget
-that is the same fraction of the new baseline's budget as the rung's is of its reference baseline's
-(counted in samples, so a larger batch does not buy more data). What a rung reached on its reference task
-says nothing about the new one, so nothing of it is carried; ``measure_hint`` says how to find out.
+baseline: the rung's methods and schedule; the new baseline's model and optimizer (see :func:`rung_optimizer`
+for its lr and the batch size); and a budget that is the same fraction of the new baseline's budget as the
+rung's is of its reference baseline's (counted in samples, so a larger batch does not buy more data). What a
+rung reached on its reference task says nothing about the new one, so nothing of it is carried;
+``measure_hint`` says how to find out.
+
+The user's optimizer is kept because it is what their baseline was tuned with: the reference rungs' SGD 0.2 at
+batch 256 made a task whose baseline trains AdamW 2e-3 at batch 64 end at chance. Where the user's optimizer is
+the reference's kind, the rung's batch size and its change of lr per sample carry over, scaled from the user's
+lr; where it is not, the user's batch size stays too. Each rung's summary says what it kept and what it
+changed. A rung is never planned shorter than ``MIN_RUNG_STEPS`` optimizer steps (or its baseline's, if
+shorter): :func:`with_enough_steps` lengthens it, with a warning, where the data set turns out small.
 
 Beside the rungs, such a task gets the baseline a skeptic measures speed-ups against: ``plain-bf16``, its own
 baseline with bf16 autocast where it is fast here (``precision: auto``) and the reference's plain-bf16 methods
@@ -18,12 +26,14 @@ import copy
 import dataclasses
 import functools
 import math
+import warnings
 
 from speedkit.core.time import Time, TimeUnit
 from speedkit.tasks.recipes import Recipe, load_presets
 
 RUNGS = ("mild", "medium", "hot")  # the speed presets of a ladder, slowest first
 STRONG_BASELINE = "plain-bf16"  # the rebuilt baseline: the task's own with the lines a competent user adds
+MIN_RUNG_STEPS = 100  # a rung shorter than this many steps measures its warmup, not its methods
 # Per domain: the task whose presets are the ladder, and the recipe its budgets are fractions of.
 REFERENCES = {"vision": ("fashion-mnist", "baseline"), "language": ("pydocs", "baseline")}
 
@@ -65,12 +75,69 @@ def domain_ladder(domain: str, baseline: Recipe) -> dict[str, Recipe]:
     for name in RUNGS:
         rung = copy.deepcopy(presets[name])  # the cached preset stays as read, whatever a caller does to its rung
         fraction = budget_fraction(rung, reference)
-        duration = scaled_budget(baseline, fraction, rung.batch_size)
+        optimizer, batch_size, how = rung_optimizer(rung, reference, baseline)
+        duration = scaled_budget(baseline, fraction, batch_size)
         ladder[name] = dataclasses.replace(
-            rung, model=baseline.model, duration=duration, eval_interval=_as_many_evaluations(rung, duration),
+            rung, model=baseline.model, duration=duration, batch_size=batch_size, optimizer=optimizer,
+            eval_interval=_as_many_evaluations(rung, duration),
             task=None, domain=None, target=None, reached=None, adopted_from=f"{task}:{name}",
-            summary=f"{task}'s {name} ({rung.summary}) in {fraction:.2f} of this task's baseline budget")
+            summary=f"{task}'s {name} ({rung.summary}) in {fraction:.2f} of this task's baseline budget, with {how}")
     return ladder
+
+
+def rung_optimizer(rung: Recipe, reference: Recipe, baseline: Recipe) -> tuple[dict, int, str]:
+    """The optimizer and batch size of a rung rebuilt on ``baseline``, and a line saying what was kept and why.
+
+    Where the baseline's optimizer is of the reference's kind, the rung's batch size is taken and the baseline's
+    lr is scaled with the batch (the linear scaling rule) and by the rung's own change of lr per sample against
+    its reference baseline; the rest of the optimizer is the baseline's. Otherwise the reference rung's lr and
+    batch were tuned for another optimizer and say nothing here: the baseline's optimizer and batch are kept.
+    """
+    optimizer = copy.deepcopy(baseline.optimizer)
+    kind = str(optimizer.get("name", "")).lower()
+    same_kind = kind == str(reference.optimizer.get("name", "")).lower() == str(rung.optimizer.get("name", "")).lower()
+    lrs = (optimizer.get("lr"), reference.optimizer.get("lr"), rung.optimizer.get("lr"))
+    if not (same_kind and all(isinstance(lr, (int, float)) and lr > 0 for lr in lrs)):
+        lr = optimizer.get("lr")
+        return optimizer, baseline.batch_size, (
+            f"this task's {kind or 'optimizer'}" + (f" at lr {lr:g}" if lr else "") + f" and batch size "
+            f"{baseline.batch_size}, kept: the reference rung's {rung.optimizer.get('name')} at lr "
+            f"{rung.optimizer.get('lr')} and batch {rung.batch_size} was tuned for another optimizer")
+    per_sample = (rung.optimizer["lr"] / rung.batch_size) / (reference.optimizer["lr"] / reference.batch_size)
+    optimizer["lr"] = float(f"{optimizer['lr'] * rung.batch_size / baseline.batch_size * per_sample:.6g}")
+    return optimizer, rung.batch_size, (
+        f"this task's {kind} at lr {optimizer['lr']:g} and batch size {rung.batch_size} (its baseline: lr "
+        f"{baseline.optimizer['lr']:g} at batch {baseline.batch_size}; the lr scales with the batch, as the "
+        f"reference rung's did)")
+
+
+def with_enough_steps(recipe: Recipe, baseline: Recipe, batches_per_epoch: int | None) -> Recipe:
+    """``recipe`` (a rebuilt rung) lengthened to at least ``MIN_RUNG_STEPS`` optimizer steps, or its baseline's
+    length where that is shorter, with a warning saying so; as it is where it is long enough or the length of
+    an epoch is unknown."""
+    steps = _steps(recipe.duration, recipe.batch_size, batches_per_epoch)
+    floor = _steps(baseline.duration, baseline.batch_size, batches_per_epoch)
+    if steps is None or floor is None:
+        return recipe
+    floor = min(MIN_RUNG_STEPS, floor)
+    if steps >= floor:
+        return recipe
+    why = (f"this task's baseline itself trains only {floor} steps, so no rung can be shorter and still say "
+           f"something" if floor < MIN_RUNG_STEPS else f"a shorter run measures its warmup, not its methods")
+    warnings.warn(f"recipe {recipe.name!r} ({recipe.adopted_from} rebuilt on this task) would train {steps} "
+                  f"step(s) on this data; it trains {floor} instead: {why}", stacklevel=3)
+    return dataclasses.replace(recipe, duration=f"{floor}ba", eval_interval=_as_many_evaluations(recipe, f"{floor}ba"))
+
+
+def _steps(duration: str, batch_size: int, batches_per_epoch: int | None) -> int | None:
+    time = Time.from_input(duration)
+    if time.unit == TimeUnit.BATCH:
+        return int(time.value)
+    if time.unit == TimeUnit.EPOCH and batches_per_epoch:
+        return int(math.ceil(time.value * batches_per_epoch))
+    if time.unit == TimeUnit.SAMPLE:
+        return int(math.ceil(time.value / batch_size))
+    return None
 
 
 def strong_baseline(domain: str, baseline: Recipe) -> Recipe | None:
@@ -145,5 +212,6 @@ def measure_hint(task: str, recipe: str, data=None, task_options: dict | None = 
     return f"speedkit bench {task_flags(task, data, task_options)} --recipes {recipe} --baselines {baseline} --seeds 1"
 
 
-__all__ = ["REFERENCES", "RUNGS", "STRONG_BASELINE", "budget_fraction", "domain_ladder", "measure_hint",
-           "reference_leave_one_out", "scaled_budget", "strong_baseline", "task_flags", "with_ladder"]
+__all__ = ["MIN_RUNG_STEPS", "REFERENCES", "RUNGS", "STRONG_BASELINE", "budget_fraction", "domain_ladder",
+           "measure_hint", "reference_leave_one_out", "rung_optimizer", "scaled_budget", "strong_baseline",
+           "task_flags", "with_enough_steps", "with_ladder"]

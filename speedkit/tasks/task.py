@@ -248,10 +248,18 @@ def register_task(task: Task, *, replace: bool = False) -> Task:
     return task
 
 
+def did_you_mean(name, known) -> str:
+    """`` (did you mean 'fashion-mnist'?)`` for a near miss among ``known``, else ``""``."""
+    import difflib
+
+    close = difflib.get_close_matches(str(name), [str(k) for k in known], n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
 def get_task(name: str) -> Task:
     """A registered task by name (``speedkit.tasks.resolve_task`` also takes objects, modules and folders)."""
     if name not in TASKS:
-        raise ValueError(f"unknown task {name!r}; known tasks: {sorted(TASKS)}")
+        raise ValueError(f"unknown task {name!r}{did_you_mean(name, TASKS)}; known tasks: {sorted(TASKS)}")
     return TASKS[name]
 
 

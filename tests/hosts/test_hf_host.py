@@ -115,7 +115,8 @@ def test_a_kill_and_resume_through_the_trainers_checkpoints_ends_as_an_uninterru
 
 
 @pytest.mark.parametrize("method, message", [
-    (MixUp(), "mixup needs .*before_forward.*SpeedkitTrainer in place of transformers.Trainer"),
+    (MixUp(), "mixup cannot run in a transformers.Trainer callback: it changes the labels.*batches are dicts"),
+    (SeqLengthWarmup(), "seq_length_warmup needs after_dataloader.*SpeedkitTrainer in place of transformers.Trainer"),
     (Muon(), "muon cannot run in a transformers.Trainer callback: it changes or replaces the optimizer.*SpeedkitTrainer"),
     (EMA(), "ema needs eval_start, eval_end.*SpeedkitTrainer"),
 ])

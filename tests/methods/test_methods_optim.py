@@ -550,3 +550,36 @@ def test_budget_schedule_shape():
 def test_parameters_outside_the_card_are_refused(cls, params):
     with pytest.raises(ValueError, match=f"{cls.CARD.name}\\."):
         cls(**params)
+
+
+def test_muon_leaves_qk_norm_gains_and_marked_or_norm_owned_scales_with_the_users_optimizer():
+    """Issue 41.5: QK-norm's per-head gains are [H, D] but gains, not matrices; what decides is what a
+    parameter is (owned by a norm module, or marked), not its number of dimensions."""
+    from speedkit.methods.qk_norm import apply_qk_norm
+    from speedkit.optim.muon import mark_not_a_matrix
+
+    gpt = get_model("gpt-nano")
+    before = muon_parameter_names(gpt)
+    apply_qk_norm(gpt)
+    names = muon_parameter_names(gpt)
+    assert names == before and len(names) == 20  # the shipped hot preset's model: 20 matrices, not 30
+    assert not any("qk_norm" in n for n in names)
+
+    class ScaleNorm(nn.Module):  # a user's norm with a matrix-shaped scale: owned by a norm, so not a matrix
+        def __init__(self):
+            super().__init__()
+            self.weight = nn.Parameter(torch.ones(2, 4))
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.hidden, self.norm, self.head = nn.Linear(8, 8), ScaleNorm(), nn.Linear(8, 2)
+            self.gain = mark_not_a_matrix(nn.Parameter(torch.ones(2, 4)))
+
+    net = Net()
+    assert muon_parameter_names(net) == ["hidden.weight"]
+    adamw = torch.optim.AdamW(net.parameters(), lr=1e-3)
+    muon, _ = split_for_muon(net, [adamw])
+    assert [p is net.hidden.weight for p in muon.param_groups[0]["params"]] == [True]
+    kept = {id(p) for p in adamw.param_groups[0]["params"]}
+    assert {id(net.gain), id(net.norm.weight)} <= kept

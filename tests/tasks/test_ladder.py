@@ -112,3 +112,37 @@ def test_the_measure_command_carries_the_folder_options():
     hint = measure_hint("image-folder", "hot", "data/glyphs", {"image_size": 28, "flips_keep_labels": False})
     assert hint == ("speedkit bench --task image-folder --data data/glyphs --image-size 28 --no-flips "
                     "--recipes hot --baselines baseline --seeds 1")
+
+
+def test_a_rebuilt_rung_keeps_the_tasks_optimizer_and_says_what_it_changed():
+    """Issue 41.3: AdamW 2e-3 at batch 64 became SGD 0.2 at batch 256 and ended at chance."""
+    baseline = Recipe(name="baseline", model="theirs", duration="3ep", batch_size=64,
+                      optimizer={"name": "adamw", "lr": 2e-3, "weight_decay": 0.01})
+    for name, rung in domain_ladder("vision", baseline).items():  # another kind than the reference's SGD: all kept
+        assert rung.batch_size == 64 and rung.optimizer == baseline.optimizer, name
+        assert "adamw at lr 0.002 and batch size 64, kept" in rung.summary
+        assert "sgd at lr 0.2 and batch 256 was tuned for another optimizer" in rung.summary
+    # The reference's kind: the rung's batch, and the lr scaled from the task's own with it (not the rung's 0.2).
+    sgd = baseline.with_changes(optimizer={"name": "sgd", "lr": 0.01, "momentum": 0.9, "weight_decay": 0.0})
+    for rung in domain_ladder("vision", sgd).values():
+        assert rung.batch_size == 256 and rung.optimizer == {**sgd.optimizer, "lr": 0.04}
+        assert "lr 0.04 and batch size 256 (its baseline: lr 0.01 at batch 64" in rung.summary
+    # The image-folder task's own rungs are what they were (its SGD at 0.05/64 scales to the reference's 0.2/256).
+    folder = load_presets("image-folder")["baseline"]
+    assert {(r.batch_size, r.optimizer["lr"]) for r in domain_ladder("vision", folder).values()} == {(256, 0.2)}
+
+
+def test_a_rung_is_never_planned_as_a_handful_of_steps_on_a_small_data_set(tmp_path):
+    task = user_task("ladder-small")  # 2048 images at batch 64: 32 steps an epoch; the baseline trains 64
+    rung = task.recipes["hot"]
+    assert rung.duration == "1ep" and rung.batch_size == 64 and rung.optimizer == {"name": "adamw", "lr": 3e-3}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer = make_trainer(task, "hot", run_dir=tmp_path, save_checkpoints=False)
+    assert str(trainer.state.max_duration) == "64ba"  # the baseline's own length: no rung can say less
+    assert any("would train 32 step(s)" in str(w.message) and "trains 64 instead" in str(w.message)
+               for w in caught), [str(w.message) for w in caught]
+    assert type(trainer.state.optimizers[0]).__name__ == "AdamW"
+    assert trainer.state.train_dataloader.batch_size == 64
+    explicit = make_trainer(task, "hot", duration="2ba", run_dir=tmp_path, run_name="asked", save_checkpoints=False)
+    assert str(explicit.state.max_duration) == "2ba"  # a length the user asks for is theirs

@@ -1,0 +1,361 @@
+"""Host conformance (issue 41): one table of methods x hosts. Each cell either trains and checks what a host
+promises, or is refused before training with the fix. No cell is "accepted and does nothing".
+
+A trained cell, in a plain loop, a real ``lightning.Trainer.fit`` and a real ``transformers.Trainer.train``, with
+the user's own LR scheduler (a linear decay built on the user's optimizer before speedkit sees it):
+
+* the method acted (the engine's trace shows it);
+* the lr of every group, Muon's included, follows the user's schedule at every step;
+* a run stopped at the end of its first epoch and resumed from the host's own checkpoint ends with the same
+  weights, bit for bit, as the uninterrupted run (random methods included: the RNGs ride in the method state);
+* the weights the last evaluation measured are the final weights, and (Lightning) the checkpointed ones.
+
+A refused cell raises before the first optimizer step, naming the method and the fix.
+"""
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from prerequisites import import_or_missing
+
+from speedkit.hosts import HostCannotServeError, Speedkit
+from speedkit.methods import (EMA, SAM, Autocast, CutMix, GradientClipping, LabelSmoothing, MixUp, Muon,
+                              ProgressiveResizing, SeqLengthWarmup, TestTimeAugmentation)
+
+STEPS, PER_EPOCH, BATCH = 8, 4, 16  # two epochs of four batches
+LR, MUON_LR = 1e-2, 0.02
+
+
+def schedule(step: int) -> float:
+    """The user's schedule: linear decay to zero over the run (what HF's lr_scheduler_type='linear' is)."""
+    return 1.0 - step / STEPS
+
+
+# -- the table -----------------------------------------------------------------------------------------------
+# method name -> (make the method, {host: None (trains) or (refusal regex, host options)})
+LOOP, LIGHTNING, HF = "loop", "lightning", "hf"
+TRAINS = None
+
+
+def HF_LABELS(name):
+    return (rf"{name} cannot run in the Hugging Face Trainer.*batches are dicts.*remove it", {})
+
+
+CELLS = {
+    "ema": (lambda: EMA(half_life="0.25dur"), {LOOP: TRAINS, LIGHTNING: TRAINS, HF: TRAINS}),
+    "muon": (lambda: Muon(lr=MUON_LR), {LOOP: TRAINS, LIGHTNING: TRAINS, HF: TRAINS}),
+    "mixup": (lambda: MixUp(alpha=0.4), {LOOP: TRAINS, LIGHTNING: TRAINS, HF: HF_LABELS("mixup")}),
+    "cutmix": (lambda: CutMix(alpha=1.0), {LOOP: TRAINS, LIGHTNING: TRAINS, HF: HF_LABELS("cutmix")}),
+    "label_smoothing": (lambda: LabelSmoothing(0.1), {LOOP: TRAINS, LIGHTNING: TRAINS,
+                                                      HF: HF_LABELS("label_smoothing")}),
+    "progressive_resizing": (lambda: ProgressiveResizing(initial_scale=0.5, finetune_fraction=0.25),
+                             {LOOP: TRAINS, LIGHTNING: TRAINS, HF: TRAINS}),
+    "test_time_augmentation": (lambda: TestTimeAugmentation(), {
+        LOOP: TRAINS, LIGHTNING: TRAINS,
+        HF: (r"test_time_augmentation needs eval_.*prediction_step gives speedkit no evaluation batch; remove the "
+             r"method", {})}),
+    "gradient_clipping": (lambda: GradientClipping(clipping_type="norm", clipping_threshold=0.5), {
+        LOOP: TRAINS,
+        LIGHTNING: (r"gradient_clipping and Lightning's own gradient clipping.*remove L.Trainer\(gradient_clip_val",
+                    {"gradient_clip_val": 1.0}),
+        HF: (r"gradient_clipping and the Hugging Face Trainer's own.*pass TrainingArguments\(max_grad_norm=0\)",
+             {"max_grad_norm": 1.0})}),
+    "seq_length_warmup": (lambda: SeqLengthWarmup(), {
+        host: (r"seq_length_warmup needs language batches.*would do nothing; remove it", {})
+        for host in (LOOP, LIGHTNING, HF)}),
+    "sam": (lambda: SAM(), {host: (r"sam cannot run in .*remove it, or train with speedkit.Trainer", {})
+                            for host in (LOOP, LIGHTNING, HF)}),
+    "autocast": (lambda: Autocast(), {
+        LOOP: (r"autocast cannot run in .*remove it and wrap your forward in torch.autocast", {}),
+        LIGHTNING: (r"autocast cannot run in Lightning.*remove it and pass .*bf16-mixed", {}),
+        HF: (r"autocast cannot run in .*remove it and pass TrainingArguments\(bf16=True\)", {})}),
+}
+TABLE = [(name, host) for name, (_, hosts) in CELLS.items() for host in hosts]
+
+
+# -- the user's model and data ------------------------------------------------------------------------------
+def data():
+    g = torch.Generator().manual_seed(0)
+    n = STEPS // 2 * BATCH
+    return torch.randn(n, 1, 16, 16, generator=g), torch.randint(0, 4, (n,), generator=g)
+
+
+class Net(nn.Module):
+    """A small conv net (two hidden conv filters for Muon, a head that stays with AdamW); takes HF-style
+    keyword inputs too."""
+
+    def __init__(self, seed: int = 0):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.body = nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 3, stride=2, padding=1),
+                                  nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten())
+        self.head = nn.Linear(8, 4)
+        self.trained_forwards = 0
+
+    def forward(self, pixel_values, labels=None):
+        self.trained_forwards += int(self.training)
+        return self.head(self.body(pixel_values))
+
+
+def loader():
+    x, y = data()
+    return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=BATCH)
+
+
+@torch.no_grad()
+def plain_loss(model) -> float:
+    """The evaluation metric, measured on whatever weights the model holds."""
+    x, y = data()
+    was = model.training
+    model.eval()
+    loss = F.cross_entropy(model(x), y).item()
+    model.train(was)
+    return loss
+
+
+def group_base(group) -> float:
+    return group.get("speedkit_base_lr", group.get("initial_lr"))
+
+
+def check_lrs(lrs: list[list[tuple[float, float]]], muon: bool) -> None:
+    """Every group's lr, at every step, is its base lr times the user's schedule."""
+    assert len(lrs) == STEPS
+    for step, groups in enumerate(lrs):
+        assert len(groups) >= (2 if muon else 1)
+        for lr, base in groups:
+            assert lr == pytest.approx(base * schedule(step), rel=1e-6, abs=1e-12), (step, groups)
+    if muon:
+        assert any(base == MUON_LR for _, base in lrs[0])
+
+
+def check_acted(session, name: str) -> None:
+    acted = session.engine.events_of(name)
+    assert acted and sum(acted.values()) > 0, f"{name} was accepted and did nothing"
+
+
+# -- the plain loop ------------------------------------------------------------------------------------------
+def run_loop(make, *, seed=0, stop_at=None, resume=None, model=None):
+    model = Net(seed) if model is None else model
+    sk = Speedkit([make()], max_duration=f"{STEPS}ba", train_dataloader=loader())
+    model = sk.prepare_model(model)
+    adamw = torch.optim.AdamW(model.parameters(), lr=LR)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(adamw, schedule)  # the user's, built before speedkit's split
+    optimizer = sk.prepare_optimizer(adamw)
+    if resume is not None:
+        model.load_state_dict(resume["model"])
+        optimizer.load_state_dict(resume["optimizer"])
+        scheduler.load_state_dict(resume["scheduler"])
+        sk.load_state_dict(resume["speedkit"])
+    lrs, measured = [], None
+    while not sk.done:
+        for batch in loader():
+            batch = sk.batch(batch)
+            sk.backward(sk.loss(model(batch[0]), batch))
+            lrs.append([(g["lr"], group_base(g)) for g in optimizer.param_groups])
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            sk.step_end()
+            if stop_at is not None and sk.state.timestamp.batch == stop_at:
+                return {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                        "scheduler": scheduler.state_dict(), "speedkit": sk.state_dict()}
+            if sk.done:
+                break
+        with sk.evaluating():
+            x, y = data()
+            outputs = sk.eval_outputs(model(sk.eval_batch((x, y))[0]))
+            measured = F.cross_entropy(outputs, y).item(), plain_loss(model)
+    sk.finish()
+    return {"model": model, "session": sk.session, "lrs": lrs, "measured": measured}
+
+
+def loop_cell(name, make, refusal, tmp_path):
+    if refusal is not None:
+        model = Net()
+        with pytest.raises((HostCannotServeError, ValueError), match=refusal[0]):
+            run_loop(make, model=model)
+        assert model.trained_forwards == 0  # refused before the first step
+        return
+    whole = run_loop(make)
+    check_acted(whole["session"], name)
+    check_lrs(whole["lrs"], muon=name == "muon")
+    checkpoint = run_loop(make, stop_at=PER_EPOCH)
+    torch.save(checkpoint, tmp_path / "loop.pt")
+    resumed = run_loop(make, seed=1, resume=torch.load(tmp_path / "loop.pt", weights_only=True))
+    assert len(resumed["lrs"]) == STEPS - PER_EPOCH and resumed["lrs"] == whole["lrs"][PER_EPOCH:]
+    for key, value in whole["model"].state_dict().items():
+        assert torch.equal(resumed["model"].state_dict()[key], value), key
+    # The last evaluation measured the final weights (EMA's average is both; TTA's outputs are not plain).
+    metric, plain = whole["measured"]
+    assert plain_loss(whole["model"]) == pytest.approx(plain, abs=1e-7)
+    if name != "test_time_augmentation":
+        assert metric == pytest.approx(plain, abs=1e-7)
+
+
+# -- Lightning ------------------------------------------------------------------------------------------------
+def lightning_cell(name, make, refusal, tmp_path):
+    L = import_or_missing("lightning.pytorch", "pip install 'torch-speedkit[lightning]'")
+    from speedkit.hosts.lightning import SpeedkitCallback
+
+    class Module(L.LightningModule):
+        def __init__(self, seed=0):
+            super().__init__()
+            self.net = Net(seed)
+
+        def forward(self, x):
+            return self.net(x)
+
+        def training_step(self, batch, batch_idx):
+            batch = self.speedkit.batch(batch)
+            return self.speedkit.loss(self(batch[0]), batch)
+
+        def validation_step(self, batch, batch_idx):
+            batch = self.speedkit.eval_batch(batch)
+            logits = self.speedkit.eval_outputs(self(batch[0]))
+            self.log("val_loss", F.cross_entropy(logits, batch[1]))
+
+        def configure_optimizers(self):
+            adamw = torch.optim.AdamW(self.parameters(), lr=LR)
+            decay = torch.optim.lr_scheduler.LambdaLR(adamw, schedule)
+            return {"optimizer": adamw, "lr_scheduler": {"scheduler": decay, "interval": "step"}}
+
+    class Recorder(L.Callback):
+        def __init__(self):
+            self.lrs = []
+
+        def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+            self.lrs.append([(g["lr"], group_base(g)) for g in optimizer.param_groups])
+
+    class Kill(L.Callback):
+        def on_train_epoch_start(self, trainer, pl_module):
+            if trainer.current_epoch == 1:
+                raise RuntimeError("killed")
+
+    val = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(*data()), batch_size=STEPS // 2 * BATCH)
+    quiet = dict(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False, enable_model_summary=False,
+                 num_sanity_val_steps=0, max_epochs=2, deterministic=True)
+
+    def fit(folder, module, extra=(), ckpt_path=None, **options):
+        callback, recorder = SpeedkitCallback([make()]), Recorder()
+        saver = L.callbacks.ModelCheckpoint(dirpath=tmp_path / folder, save_top_k=-1, every_n_epochs=1)
+        trainer = L.Trainer(callbacks=[callback, recorder, saver, *extra], default_root_dir=tmp_path / folder,
+                            **{**quiet, **options})
+        trainer.fit(module, loader(), val, ckpt_path=ckpt_path)
+        return trainer, callback, recorder
+
+    if refusal is not None:
+        module = Module()
+        with pytest.raises((HostCannotServeError, ValueError), match=refusal[0]):
+            fit("refused", module, **refusal[1])
+        assert module.net.trained_forwards == 0  # refused before the first step
+        return
+    whole_module = Module()
+    trainer, callback, recorder = fit("whole", whole_module)
+    check_acted(callback.session, name)
+    check_lrs(recorder.lrs, muon=name == "muon")
+    # The checkpoint holds the weights validation measured, and they are the final weights.
+    final = torch.load(tmp_path / "whole" / f"epoch=1-step={STEPS}.ckpt", weights_only=True)["state_dict"]
+    for key, value in whole_module.state_dict().items():
+        assert torch.equal(final[key], value), key
+    fresh = Module(seed=2)
+    fresh.load_state_dict(final)
+    if name != "test_time_augmentation":
+        assert trainer.callback_metrics["val_loss"].item() == pytest.approx(plain_loss(fresh), abs=1e-6)
+
+    with pytest.raises(RuntimeError, match="killed"):
+        fit("killed", Module(), extra=[Kill()])
+    resumed_module = Module(seed=1)
+    _, _, resumed = fit("killed", resumed_module, ckpt_path=tmp_path / "killed" / f"epoch=0-step={PER_EPOCH}.ckpt")
+    assert resumed.lrs == recorder.lrs[PER_EPOCH:]
+    for key, value in whole_module.state_dict().items():
+        assert torch.equal(resumed_module.state_dict()[key], value), key
+
+
+# -- Hugging Face ---------------------------------------------------------------------------------------------
+def hf_cell(name, make, refusal, tmp_path):
+    transformers = import_or_missing("transformers", "pip install 'torch-speedkit[hf]'")
+    from speedkit.hosts.hf import SpeedkitTrainer
+
+    class Pixels(torch.utils.data.Dataset):
+        def __init__(self):
+            self.x, self.y = data()
+
+        def __len__(self):
+            return len(self.y)
+
+        def __getitem__(self, i):
+            return {"pixel_values": self.x[i], "labels": self.y[i]}
+
+    class Recorder(transformers.TrainerCallback):
+        def __init__(self):
+            self.lrs = []
+
+        def on_pre_optimizer_step(self, args, state, control, optimizer=None, **kwargs):
+            self.lrs.append([(g["lr"], group_base(g)) for g in optimizer.param_groups])
+
+    class Kill(transformers.TrainerCallback):
+        def on_step_begin(self, args, state, control, **kwargs):
+            if state.global_step == PER_EPOCH:
+                raise RuntimeError("killed")
+
+    def arguments(folder, **overrides):
+        settings = dict(output_dir=str(tmp_path / folder), max_steps=STEPS, per_device_train_batch_size=BATCH,
+                        learning_rate=LR, lr_scheduler_type="linear", weight_decay=0.0, max_grad_norm=0.0,
+                        logging_steps=100, save_strategy="steps", save_steps=PER_EPOCH, report_to=[], use_cpu=True,
+                        disable_tqdm=True, seed=0, data_seed=0, dataloader_num_workers=0, eval_strategy="steps",
+                        eval_steps=PER_EPOCH, per_device_eval_batch_size=STEPS // 2 * BATCH)
+        return transformers.TrainingArguments(**{**settings, **overrides})
+
+    def trainer(folder, model, extra=(), **overrides):
+        recorder = Recorder()
+        return SpeedkitTrainer(model=model, args=arguments(folder, **overrides), train_dataset=Pixels(),
+                               eval_dataset=Pixels(), methods=[make()], callbacks=[recorder, *extra]), recorder
+
+    if refusal is not None:
+        model = Net()
+        with pytest.raises((HostCannotServeError, ValueError), match=refusal[0]):
+            trainer("refused", model, **refusal[1])[0].train()
+        assert model.trained_forwards == 0
+        return
+    whole, recorder = trainer("whole", Net())
+    whole.train()
+    check_acted(whole.speedkit, name)
+    check_lrs(recorder.lrs, muon=name == "muon")
+    # The final weights are the ones the last evaluation measured.
+    measured = next(h["eval_loss"] for h in reversed(whole.state.log_history) if "eval_loss" in h)
+    assert measured == pytest.approx(plain_loss(whole.model), abs=1e-6)
+    # The last checkpoint's model weights are the final ones (and so the measured ones).
+    from safetensors.torch import load_file
+    final = load_file(tmp_path / "whole" / f"checkpoint-{STEPS}" / "model.safetensors")
+    for key, value in whole.model.state_dict().items():
+        assert torch.equal(final[key], value), key
+
+    killed, _ = trainer("killed", Net(), extra=[Kill()])
+    with pytest.raises(RuntimeError, match="killed"):
+        killed.train()
+    resumed, resumed_recorder = trainer("killed", Net(seed=1))
+    resumed.train(resume_from_checkpoint=str(tmp_path / "killed" / f"checkpoint-{PER_EPOCH}"))
+    assert resumed_recorder.lrs == recorder.lrs[PER_EPOCH:]
+    for key, value in whole.model.state_dict().items():
+        assert torch.equal(resumed.model.state_dict()[key], value), key
+
+
+RUN = {LOOP: loop_cell, LIGHTNING: lightning_cell, HF: hf_cell}
+
+
+@pytest.mark.parametrize("name, host", TABLE, ids=[f"{host}-{name}" for name, host in TABLE])
+def test_each_cell_trains_and_keeps_its_promises_or_is_refused_before_training(name, host, tmp_path):
+    make, hosts = CELLS[name]
+    RUN[host](name, make, hosts[host], tmp_path)
+
+
+def test_the_table_covers_every_host_for_every_method_and_refusals_name_a_fix():
+    for name, (make, hosts) in CELLS.items():
+        assert set(hosts) == {LOOP, LIGHTNING, HF}, name
+        assert make().name == name
+        for refusal in hosts.values():
+            assert refusal is None or re.search(r"remove|pass|add|use", refusal[0]), (name, refusal)
