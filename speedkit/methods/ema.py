@@ -11,8 +11,8 @@ sooner (Composer EMA; hlb-CIFAR10 uses it).
 
 ``half_life`` says how fast the average forgets: after ``half_life`` of training an old weight's
 share has halved. ``smoothing = 0.5 ** (update_interval / half_life_in_batches)``. The default is a tenth of
-the run (``"0.1dur"``), so a short run's average is not mostly its starting weights: a fixed 50 batches took a
-64-step run from 100% to chance. Where the run's length in batches is unknown (a wall-clock budget, epochs of
+the run (``"0.1dur"``), so a short run's average is not mostly its starting weights, as a fixed number of
+batches would make it. Where the run's length in batches is unknown (a wall-clock budget, epochs of
 unknown length) the default falls back to 50 batches with a warning; a half-life longer than a quarter of the
 run is warned about at the start, with the fix.
 """
