@@ -6,7 +6,7 @@ and checkpoints see nothing new); inputs, weights and output gradients are scale
 the three matmuls of each layer, with dynamic per-tensor scales. It pays where matmuls dominate and are
 large: on an H100 torchao reports 1.2-1.5x end-to-end for LLaMA-class models, little for small ones, whose
 time goes to the casts. It needs fp8 tensor cores (CUDA compute capability 8.9 or newer: Ada, Hopper,
-Blackwell) and the ``torchao`` package (``pip install 'speedkit[fp8]'``); elsewhere it is refused before
+Blackwell) and the ``torchao`` package (``pip install 'torch-speedkit[fp8]'``); elsewhere it is refused before
 training with the reason. Eligible layers have both dimensions divisible by 16 (what the fp8 matmul
 needs); the output layer (the classifier or language-model head) stays in bf16, as torchao advises.
 """
@@ -27,7 +27,7 @@ RECIPES = ("tensorwise", "rowwise")  # torchao's scaling recipes: one scale per 
 def fp8_refusal(device: torch.device) -> str | None:
     """Why fp8 training cannot run on ``device`` here, or None when it can."""
     if importlib.util.find_spec("torchao") is None:
-        return "fp8 needs the torchao package: pip install 'speedkit[fp8]' (or pip install torchao)"
+        return "fp8 needs the torchao package: pip install 'torch-speedkit[fp8]' (or pip install torchao)"
     if device.type != "cuda":
         return (f"fp8 needs a CUDA GPU with fp8 tensor cores (compute capability >= 8.9: L4, L40S, RTX 40xx, H100, "
                 f"H200, B200); this run's device is {device.type}. Remove fp8, or train on such a GPU")

@@ -3,7 +3,7 @@
 streamed by loaders on litdata (``speedkit.data.streaming.loaders``) that yield the in-memory loaders' batches,
 resume mid-epoch exactly and split the data over ranks and worker processes.
 
-litdata and tokenizers are the ``stream`` extra: ``pip install 'speedkit[stream]'``. Nothing here imports them
+litdata and tokenizers are the ``stream`` extra: ``pip install 'torch-speedkit[stream]'``. Nothing here imports them
 until used.
 """
 from speedkit.data.streaming.loaders import StreamingImageLoader, StreamingTokenLoader

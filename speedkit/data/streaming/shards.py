@@ -54,7 +54,7 @@ def require(package: str) -> None:
     import importlib.util
 
     if importlib.util.find_spec(package) is None:
-        raise ImportError(f"streaming data needs {package}: pip install 'speedkit[stream]' (litdata and tokenizers)")
+        raise ImportError(f"streaming data needs {package}: pip install 'torch-speedkit[stream]' (litdata and tokenizers)")
 
 
 def write_json(path: Path, value) -> None:
