@@ -119,6 +119,19 @@ class StopAtTarget(Callback):
             if self.stop:
                 state.request_stop("target_reached")
 
+    # A checkpoint written at the batch that reached the target (a periodic save there, or the final one) holds
+    # that it was reached: a run resumed from it ends there too, instead of training on past its target.
+    def state_dict(self) -> dict:
+        return {"reached_at": self.reached_at}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.reached_at = state.get("reached_at")
+
+    @property
+    def stop_after_resume(self) -> str | None:
+        """The stop a run resumed from this state must make at once (read by the Checkpointer)."""
+        return "target_reached" if self.stop and self.reached_at is not None else None
+
 
 class NonFiniteLossError(FloatingPointError):
     """The loss became NaN or infinite and the NaN guard's policy is to stop."""

@@ -6,6 +6,7 @@ check first and say what was expected where and how to get it, and never downloa
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 from typing import Callable, Optional, Union
@@ -104,9 +105,32 @@ def image_folder(root: PathLike, transform: Optional[Callable] = None, target_tr
             f"{root}: class folder(s) {', '.join(empty)} hold no images "
             f"({', '.join(IMAGE_EXTENSIONS)}); expected the layout {layout}."
         )
-    return ImageFolder(str(root), transform=transform, target_transform=target_transform)
+    return _visible_image_folder(ImageFolder)(str(root), transform=transform, target_transform=target_transform,
+                                              is_valid_file=functools.partial(_visible_image, root))
+
+
+def _visible_image(root: Path, path: str) -> bool:
+    """An image file with no hidden part in its path below ``root`` (Jupyter's ``.ipynb_checkpoints``, ``.git``,
+    macOS's ``._`` files): those are copies and tool state, never the user's images."""
+    relative = Path(path).relative_to(root)
+    return Path(path).suffix.lower() in IMAGE_EXTENSIONS and not any(part.startswith(".") for part in relative.parts)
+
+
+def _visible_image_folder(image_folder_class):
+    """torchvision's ImageFolder whose classes are the visible class folders only: a hidden folder such as
+    ``.ipynb_checkpoints`` (Jupyter makes one) would otherwise be trained as one more class, without a word."""
+
+    class VisibleImageFolder(image_folder_class):
+        def find_classes(self, directory):
+            classes = sorted(entry.name for entry in os.scandir(directory)
+                             if entry.is_dir() and not entry.name.startswith("."))
+            if not classes:
+                raise FileNotFoundError(f"{directory} has no class subfolders")
+            return classes, {name: index for index, name in enumerate(classes)}
+
+    return VisibleImageFolder
 
 
 def _has_image(folder: Path) -> bool:
     # ImageFolder searches class folders recursively, so we do too.
-    return any(p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS for p in folder.rglob("*"))
+    return any(p.is_file() and _visible_image(folder, str(p)) for p in folder.rglob("*"))

@@ -16,6 +16,7 @@ they live here, beside the RunRecord they protect.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -87,20 +88,60 @@ def earlier_run(folder: Path, checkpoint_folder: Path | None) -> str | None:
             f"{', with checkpoints' if checkpoints else ', no checkpoint'})")
 
 
-def clear_run_folder(folder: Path, checkpoint_folder: Path | None) -> None:
-    """Delete an earlier run from ``folder`` (everything but the lock file) and its checkpoints."""
+# What a run writes into its folder, and so all that ``overwrite`` deletes: its record and log, the folders its
+# named loggers write (speedkit.record.loggers.NAMED_LOGGERS), and its checkpoints. Anything else in the folder
+# (the user's notebooks, plots, exported weights) is not the run's and stays.
+LOGGER_FOLDERS = ("tensorboard", "csv", "mlflow", "wandb")
+
+
+def run_markers(folder: Path) -> list[str]:
+    """The names in ``folder`` that mark it as a run folder (its record, log or lock)."""
+    return [name for name in (*RUN_FILES, LOCK_FILE) if (folder / name).exists()]
+
+
+def other_runs(folder: Path, run_dir: Path | None = None) -> list[str]:
+    """Run folders nested in ``folder`` or holding it (up to ``run_dir``), in words: a run folder holds one run.
+    ``--overwrite`` of the outer one would delete the inner, and a resume would read the wrong record."""
+    found = []
+    folder = Path(folder)
+    stop = Path(os.path.abspath(run_dir)) if run_dir is not None else None
+    here = Path(os.path.abspath(folder))
+    for parent in here.parents:
+        if stop is None or not (parent == stop or parent.is_relative_to(stop)):
+            break
+        if run_markers(parent):
+            found.append(f"{parent} (holding this one) is a run folder")
     if folder.is_dir():
-        for entry in folder.iterdir():
-            if entry.name == LOCK_FILE:
-                continue
-            if entry.is_dir() and not entry.is_symlink():
-                shutil.rmtree(entry)
-            else:
-                entry.unlink()
-    if checkpoint_folder is not None:
+        for root, dirs, files in os.walk(folder):
+            dirs[:] = [d for d in dirs if not d.startswith(".") and d != "checkpoints" and d not in LOGGER_FOLDERS]
+            if Path(root) != folder and any(name in files for name in (*RUN_FILES, LOCK_FILE)):
+                found.append(f"{root} (inside this one) is a run folder")
+                dirs[:] = []
+    return found
+
+
+def clear_run_folder(folder: Path, checkpoint_folder: Path | None) -> None:
+    """Delete an earlier run from ``folder``: its record, log, logger folders and checkpoints; nothing else."""
+    for name in RUN_FILES:
+        (folder / name).unlink(missing_ok=True)
+    for name in LOGGER_FOLDERS:
+        if (folder / name).is_dir() and not (folder / name).is_symlink():
+            shutil.rmtree(folder / name)
+    if checkpoint_folder is not None and checkpoint_folder.is_dir():
         for file in checkpoint_files(checkpoint_folder):
             file.unlink(missing_ok=True)
             shutil.rmtree(file.with_suffix(".dcp"), ignore_errors=True)  # an FSDP checkpoint's shards
+        for pattern in ("ba*.ckpt.unusable*", "ba*.dcp.unusable*", ".ba*.ckpt.*.tmp", ".latest.ckpt.link",
+                        ".*.dcp.partial", "latest.ckpt.unusable*"):
+            for leftover in checkpoint_folder.glob(pattern):
+                if leftover.is_dir():
+                    shutil.rmtree(leftover, ignore_errors=True)
+                else:
+                    leftover.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            checkpoint_folder.rmdir()  # only when empty: the user's own files there stay
+    for leftover in folder.glob(".record.json.*.tmp"):
+        leftover.unlink(missing_ok=True)
 
 
 def remove_earlier_runs(folder: str | os.PathLike) -> list[Path]:
@@ -263,6 +304,41 @@ EXPERIMENT = (
 )
 
 
+# The rest of the run description (the config a Trainer records, data identity included) is compared key by key;
+# these keys say where or how fast it runs, or are measurements and labels, not what is trained.
+NOT_COMPARED = frozenset({
+    "device", "precision_resolved", "bf16_speedup_measured", "train_loader", "world_size", "parallel", "loggers",
+    "recipe_spec.reached", "recipe_spec.summary", "recipe_spec.loggers", "recipe_spec.adopted_from",
+    "recipe_spec.methods",  # the same methods as ``methods``, compared there
+})
+COVERED = frozenset({"task", "recipe", "recipe_spec.model", "model", "parameters", "max_duration",
+                     "recipe_spec.duration", "batch_size", "recipe_spec.batch_size", "seed", "data_fraction"})
+FLAGS = {"precision": "--precision", "recipe_spec.precision": "--precision", "eval_interval": "--eval-interval",
+         "recipe_spec.eval_interval": "--eval-interval", "target": "--target", "stop_at_target": "--stop-at-target",
+         "eval_fraction": "--eval-fraction", "data": "--data / --image-size and the folder's files",
+         "task_options": "--image-size / --skip-unreadable / --no-flips"}
+
+
+def _flatten(config: dict, prefix: str = "") -> dict:
+    flat = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and name in ("recipe_spec", "recipe_spec.optimizer", "recipe_spec.schedule",
+                                                 "recipe_spec.augment", "optimizer"):
+            flat.update(_flatten(value, name + "."))
+        else:
+            flat[name] = value
+    return flat
+
+
+def _flag(key: str) -> str:
+    if key in FLAGS:
+        return FLAGS[key]
+    if key.startswith("recipe_spec.") or key in ("optimizer", "schedules") or key.startswith("optimizer."):
+        return "--recipe: the recipe file's own settings"
+    return "the run's settings"
+
+
 def _shown(what: str, value) -> str:
     if what == "model":
         return str(value[0] or value[1])
@@ -272,10 +348,14 @@ def _shown(what: str, value) -> str:
 
 
 def experiment_changes(previous: dict, config: dict, methods: list) -> dict[str, str]:
-    """What continuing the run recorded in ``previous`` (a RunRecord as a dict) with ``config`` and
-    ``methods`` would change: ``{what: "the run has X, this one asks for Y (--flag)"}``, empty when none."""
+    """What continuing the run recorded in ``previous`` (a RunRecord as a dict: its ``record.json``, or the copy
+    its checkpoint holds) with ``config`` and ``methods`` would change: ``{what: "the run has X, this one asks
+    for Y (--flag)"}``, empty when none. The whole description is compared (task, recipe and its
+    hyperparameters, model, duration, batch size, methods, seed, data and its identity, precision, target,
+    ...), except where the run runs (NOT_COMPARED); a key an older record lacks is not compared."""
     before_config, before_methods = previous.get("config") or {}, previous.get("methods") or []
     config, methods = json.loads(json.dumps(config, default=str)), json.loads(json.dumps(methods, default=str))
+    before_config = json.loads(json.dumps(before_config, default=str))
     changes = {}
     for what, flag, read in EXPERIMENT:
         before, now = read(before_config, before_methods), read(config, methods)
@@ -283,6 +363,13 @@ def experiment_changes(previous: dict, config: dict, methods: list) -> dict[str,
             before, now = before[1:], now[1:]
         if before != now:
             changes[what] = f"{what}: the run has {_shown(what, before)}, this one asks for {_shown(what, now)} ({flag})"
+    flat_before, flat_now = _flatten(before_config), _flatten(config)
+    for key, before in flat_before.items():
+        if key in NOT_COMPARED or key in COVERED or any(key.startswith(k + ".") for k in NOT_COMPARED):
+            continue
+        now = flat_now.get(key)
+        if before != now:
+            changes[key] = f"{key}: the run has {before!r}, this one asks for {now!r} ({_flag(key)})"
     return changes
 
 
@@ -311,8 +398,8 @@ class RunFolderClaim:
     """
 
     def __init__(self, folder: Path, checkpoint_folder: Path | None, *, autoresume: bool, overwrite: bool,
-                 extend_duration: bool):
-        self.folder, self.checkpoint_folder = Path(folder), checkpoint_folder
+                 extend_duration: bool, run_dir: Path | None = None):
+        self.folder, self.checkpoint_folder, self.run_dir = Path(folder), checkpoint_folder, run_dir
         self.autoresume, self.overwrite, self.extend_duration = autoresume, overwrite, extend_duration
         self.lock = RunLock(folder)
         self.continuing = False
@@ -325,6 +412,12 @@ class RunFolderClaim:
         holder = self.lock.holder()
         if holder is not None:
             raise self.lock.refusal(holder)
+        nested = other_runs(self.folder, self.run_dir)
+        if nested:
+            raise RunFolderError(f"run folder {self.folder} cannot be used: {'; '.join(nested)}, and a run folder "
+                                 f"holds one run (--overwrite of the outer one would delete the inner); nothing was "
+                                 f"changed. Give this run a --run-name (run_name=...) beside the other run, not "
+                                 f"inside or around it, e.g. 'sweep/c' beside 'sweep/a' and 'sweep/b'")
         earlier = earlier_run(self.folder, self.checkpoint_folder)
         self.continuing = False
         if earlier is None or self.overwrite:
@@ -348,7 +441,8 @@ class RunFolderClaim:
         except (OSError, ValueError):
             return None  # checkpoints without a record: the checkpoint's own checks decide
 
-    def _check_same_experiment(self, previous: dict, config: dict, methods: list, max_duration: str) -> None:
+    def _check_same_experiment(self, previous: dict, config: dict, methods: list, max_duration: str,
+                               source: str = "record.json") -> None:
         changes = experiment_changes(previous, config, methods)
         if self.extend_duration:
             old = check_extension(previous, max_duration)
@@ -358,8 +452,15 @@ class RunFolderClaim:
             hint = (" To train it longer, pass --extend-duration (extend_duration=True) with the longer --duration."
                     if "duration" in changes else "")
             raise RunFolderError(f"autoresume (--autoresume): the run in {self.folder} is a different experiment: "
-                                 + "; ".join(changes.values()) + ". Continue it with its own settings, or start "
-                                 "this one under another --run-name." + hint)
+                                 + "; ".join(changes.values()) + f" (as its {source} describes it). Continue it "
+                                 "with its own settings, or start this one under another --run-name; nothing was "
+                                 "changed." + hint)
+
+    def check_against_checkpoint(self, previous: dict, checkpoint: str, config: dict, methods: list,
+                                 max_duration: str) -> None:
+        """The same check against the run description the checkpoint to resume from holds (its own copy of the
+        record), which is what the resumed weights were trained under, whatever record.json says."""
+        self._check_same_experiment(previous, config, methods, max_duration, source=f"checkpoint {checkpoint}")
 
     def begin(self, config: dict, methods: list, max_duration: str) -> list[str]:
         """Take the lock, check again under it, delete an earlier run when overwriting; returns what to log."""

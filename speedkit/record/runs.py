@@ -126,6 +126,7 @@ class RunRecord:
         timings and notes. The record is output: nothing is read back from it to resume."""
         self.run_id, self.created = earlier.run_id, earlier.created
         self.steps, self.evals, self.timings, self.notes = earlier.steps, earlier.evals, earlier.timings, earlier.notes
+        self.final_metrics = dict(earlier.final_metrics)  # until an evaluation of the resumed run replaces them
 
     # -- reading --------------------------------------------------------------------------
     @property

@@ -16,6 +16,7 @@ import torch
 from speedkit.core.batch import call_model, to_device
 from speedkit.core.devices import resolve_device
 from speedkit.core.method import NothingToChangeError
+from speedkit.data.identity import data_identity
 from speedkit.methods import build_methods
 from speedkit.optim.factory import make_optimizer_factory
 from speedkit.record.metrics import Evaluator
@@ -222,7 +223,8 @@ def _trainer_of(request: RunRequest, spec: Task, recipe: Recipe) -> Trainer:
     check_model_fits_data(spec, net, evaluators[0].dataloader)
     target_value = request.target if request.target is not None else recipe_target(spec, recipe)
     config = {"task": spec.name, "data_fraction": request.data_fraction,
-              "target": {"metric": spec.target_metric, "value": target_value}, **(request.extra_config or {})}
+              "target": {"metric": spec.target_metric, "value": target_value}, **_data_description(request),
+              **(request.extra_config or {})}
     where = {k: v for k, v in (("run_name", request.run_name), ("run_dir", request.run_dir)) if v is not None}
     trainer = Trainer(
         net, train, evaluators=evaluators, device=device, seed=request.seed,
@@ -233,6 +235,16 @@ def _trainer_of(request: RunRequest, spec: Task, recipe: Recipe) -> Trainer:
     trainer.record.target = {"metric": spec.target_metric, "value": target_value}
     register_task(spec, replace=True)  # built: its name and recipes now work everywhere (not before: a refused
     return trainer                     # task stays out of the explorer's list)
+
+
+def _data_description(request: RunRequest) -> dict:
+    """The data part of the run description a resume is checked against (speedkit.record.run_folder)."""
+    described = {"eval_fraction": request.eval_fraction, "stop_at_target": bool(request.stop_at_target)}
+    if request.data is not None:
+        described["data"] = data_identity(request.data)
+    if request.task_options:
+        described["task_options"] = dict(request.task_options)
+    return described
 
 
 def check_model_fits_data(task: Task, model: torch.nn.Module, eval_data) -> None:

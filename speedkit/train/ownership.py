@@ -1,12 +1,22 @@
 """The Trainer's side of "a run folder has one owner" (the rules are ``speedkit.record.run_folder``'s): rank 0
 checks and locks the folder, every rank hears a refusal, and a run continuing an earlier one writes nothing
-over that run until its checkpoint is loaded."""
+over that run until its checkpoint is loaded.
+
+A resume is checked against the run description that the checkpoint it would load holds (its own copy of the
+record: what its weights were trained under), not only against ``record.json``, which may be unreadable or
+belong to another run. A run whose newest checkpoint says it ended (completed, target reached) is finished:
+``autoresume`` trains nothing and leaves its record as it was (or writes it again from that checkpoint, when a
+kill landed between the final checkpoint and the record)."""
 from __future__ import annotations
 
 import warnings
+from pathlib import Path, PurePath
 
 from speedkit.core import distributed
 from speedkit.record.run_folder import RunFolderClaim, RunFolderError
+from speedkit.record.runs import RunRecord
+
+FINISHED = ("completed", "target_reached")  # a run in one of these states has nothing left to train
 
 
 def on_main(fn, *args):
@@ -31,10 +41,28 @@ class FolderOwner:
 
     def __init__(self, run_folder, checkpointer, record, max_duration, *, autoresume: bool, overwrite: bool,
                  extend_duration: bool):
+        run_dir = Path(run_folder).parents[len(PurePath(checkpointer.run_name).parts) - 1]
         self.claim = RunFolderClaim(run_folder, None if checkpointer.remote else checkpointer.folder,
-                                    autoresume=autoresume, overwrite=overwrite, extend_duration=extend_duration)
+                                    autoresume=autoresume, overwrite=overwrite, extend_duration=extend_duration,
+                                    run_dir=run_dir)
         self.run_folder, self.record, self.max_duration = run_folder, record, str(max_duration)
-        on_main(self.claim.check, record.config, record.methods, self.max_duration)
+        self.checkpointer, self.extend_duration = checkpointer, extend_duration
+        self._finished: tuple | None = None  # (checkpoint, its record) of a run that already ended
+        on_main(self._check)
+        self.finished = bool(distributed.all_gather_object(self._finished is not None)[0])
+
+    def _check(self) -> None:
+        self.claim.check(self.record.config, self.record.methods, self.max_duration)
+        if not self.claim.continuing or self.claim.checkpoint_folder is None:
+            return
+        found = self.checkpointer.newest_description()
+        if found is None:
+            return  # none verifies: the resume says so, naming each file
+        path, previous = found
+        self.claim.check_against_checkpoint(previous, str(path), self.record.config, self.record.methods,
+                                            self.max_duration)
+        if previous.get("status") in FINISHED and not self.extend_duration:
+            self._finished = (path, previous)
 
     @property
     def keeps_earlier_run(self) -> bool:
@@ -48,6 +76,33 @@ class FolderOwner:
 
     def close(self) -> None:
         self.claim.end()
+
+    def already_finished(self, record: RunRecord) -> RunRecord:
+        """For a run that had ended (``finished``): its record as it was, nothing trained; the lock given back.
+        record.json is kept byte for byte when it is that run's finished record, else written again from the
+        final checkpoint's copy (a kill after the final checkpoint, before the record)."""
+        try:
+            if not distributed.is_main():
+                return record
+            path, previous = self._finished
+            on_disk = None
+            try:
+                on_disk = RunRecord.load(self.run_folder / "record.json")
+            except (OSError, ValueError, TypeError, KeyError):
+                pass
+            if on_disk is not None and on_disk.run_id == previous.get("run_id") and on_disk.status == previous.get("status"):
+                finished = on_disk
+            else:
+                finished = RunRecord.from_dict(previous)
+                finished.path = record.path
+                finished.notes["last_checkpoint"] = self.checkpointer.recorded(path)
+                finished.save()
+            batch = finished.steps[-1]["batch"] if finished.steps else 0
+            warnings.warn(f"autoresume: the run in {self.run_folder} had already ended ({finished.status} after "
+                          f"{batch} batches); nothing was trained and its record stays as it was", stacklevel=3)
+            return finished
+        finally:
+            self.close()
 
     def after_resume(self, timestamp, logger, resumed_from) -> None:
         """Continuing an earlier run: its checkpoint is loaded now (none loaded is refused, the earlier record

@@ -177,6 +177,9 @@ class Trainer:
         if self.state.train_dataloader is None:
             raise ValueError("Trainer.fit needs train_dataloader")
         self.owner.begin()  # the folder's lock, held until the run ends (speedkit.train.ownership)
+        if self.owner.finished:  # autoresume of a run that had ended: nothing to train, its record as it was
+            self.state.record = self.owner.already_finished(self.state.record)
+            return self.state.record
         with installed(self.sigterm, self.interrupts), contextlib.closing(self.owner):  # handlers for this fit only
             try:
                 self._fit_start()

@@ -158,6 +158,16 @@ class Checkpointer:
             self.logger.log_text(note)
         return self.plan.resume_rng(contents.rng, contents.rng_by_rank)
 
+    def newest_description(self) -> tuple[Path, dict] | None:
+        """The newest checkpoint of the run that verifies and its own copy of the run's record (what its weights
+        were trained under), or None when none verifies. Reads and checks the files, loads nothing."""
+        for path in self._autoresume_candidates():
+            try:
+                return path, checkpoint_format.read_record(path)
+            except CheckpointError:
+                continue
+        return None
+
     def _fetch_remote(self, load_path, autoresume: bool) -> Path | None:
         """Remote checkpoints copied into the local folder before a resume (rank 0 copies, the others wait);
         ``load_path`` as a local path."""
@@ -230,8 +240,9 @@ class Checkpointer:
         try:
             self._load_weights(contents)
         except (RuntimeError, ValueError, KeyError, TypeError) as e:
-            raise CheckpointError(f"{path} does not fit this model/optimizer ({e}); it was written by a "
-                                  f"different configuration") from e
+            raise CheckpointError(f"{path} does not fit this model/optimizer ({_gist(e)}); it was written by a "
+                                  f"different configuration: resume it with the settings it was trained with, or "
+                                  f"start this run under another --run-name") from e
         for method in state.methods:
             method.load_state_dict(contents.methods.get(method.name, {}))
         for callback in state.callbacks:
@@ -240,6 +251,10 @@ class Checkpointer:
         self.microbatching.load_state_dict(contents.microbatching)
         if contents.dataloader and _keeps_state(state.train_dataloader):  # refuses other data with the fix
             state.train_dataloader.load_state_dict(contents.dataloader)
+        for callback in state.callbacks:  # a target reached at the checkpoint's batch: the run ends there again
+            reason = getattr(callback, "stop_after_resume", None)
+            if reason:
+                state.request_stop(reason)
         state.timestamp = Timestamp.from_dict(contents.timestamp)
         state.record.continue_from(RunRecord.from_dict(contents.record_dict))
         self.logger.log_note("resumed_from", self.recorded(path))
@@ -273,6 +288,12 @@ def _keeps_state(loader) -> bool:
 
 def _loader_state(loader) -> dict | None:
     return loader.state_dict() if _keeps_state(loader) else None
+
+
+def _gist(error: Exception, limit: int = 300) -> str:
+    """An error's message short enough to read: load_state_dict lists every key that does not fit."""
+    text = " ".join(str(error).split())
+    return text if len(text) <= limit else text[:limit] + " ..."
 
 
 def _same_file(a: Path, b: Path) -> bool:

@@ -65,7 +65,7 @@ def load_checkpoint(path: str | os.PathLike, map_location="cpu") -> dict:
     try:
         payload = torch.load(io.BytesIO(data), map_location=map_location, weights_only=True)
     except Exception as e:  # weights_only refuses anything that is not plain data
-        raise CheckpointError(f"{path} holds objects that speedkit will not unpickle ({e}); only tensors and "
+        raise CheckpointError(f"{path} holds objects that speedkit will not unpickle ({_refused_object(e)}); only tensors and "
                               f"plain containers are loaded, and a speedkit checkpoint never holds code, so this "
                               f"file was not written by speedkit or was tampered with: do not use it") from e
     if not isinstance(payload, dict):
@@ -76,6 +76,16 @@ def load_checkpoint(path: str | os.PathLike, map_location="cpu") -> dict:
         raise CheckpointError(f"{path} has checkpoint format {version}, this speedkit reads {FORMAT_VERSION}; "
                               f"load it with the speedkit version that wrote it")
     return _upgraded(payload)
+
+
+def _refused_object(error: Exception) -> str:
+    """What torch's weights-only unpickler refused, without its advice to load with weights_only=False: a speedkit
+    checkpoint never needs that, and following it would run whatever code the file holds."""
+    for line in str(error).splitlines():
+        if "Unsupported global" in line or "WeightsUnpickler error" in line:
+            text = line.split("WeightsUnpickler error:", 1)[-1].strip()
+            return text.split(". ")[0].rstrip(".")
+    return type(error).__name__
 
 
 def _upgraded(payload: dict) -> dict:
@@ -412,3 +422,14 @@ def read(path: str | os.PathLike, map_location="cpu", mesh=None) -> CheckpointCo
     if payload.get("sharded") is not None:
         payload = load_sharded_checkpoint(path, payload, mesh=mesh, map_location=map_location)
     return _contents(payload)
+
+
+def read_record(path: str | os.PathLike) -> dict:
+    """The run's record as the checkpoint at ``path`` holds it (verified; a sharded checkpoint's shards are not
+    read): the run description its weights were trained under. CheckpointError when it cannot be used."""
+    try:
+        return json.loads(load_checkpoint(path)["record"])
+    except (KeyError, TypeError, ValueError) as e:
+        if isinstance(e, CheckpointError):
+            raise
+        raise CheckpointError(f"{path} holds no readable record of its run ({type(e).__name__}: {e})") from e
