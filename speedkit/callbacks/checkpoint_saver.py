@@ -20,6 +20,14 @@ class CheckpointSaver(Callback):
     def fit_start(self, state, logger):
         self.interval.start(state)
 
+    # The interval's last mark rides in the checkpoint: fit_start runs before a resume loads one, so without it
+    # a resumed run would save again one batch later, pushing an older good checkpoint out of the few kept.
+    def state_dict(self) -> dict:
+        return {"last_mark": self.interval._last_mark}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.interval._last_mark = int(state.get("last_mark", self.interval._last_mark))
+
     def batch_checkpoint(self, state, logger):
         if self.interval.due(state, at_epoch_end=False):
             self.save()

@@ -92,6 +92,8 @@ def export_weights(run: str | os.PathLike, out: str | os.PathLike | None = None,
     if weights not in WEIGHTS:
         raise ValueError(f"weights must be one of {WEIGHTS}, got {weights!r}")
     checkpoint = find_checkpoint(run)
+    if out is not None:
+        _check_out(Path(out), checkpoint)
     contents = read(checkpoint)  # FSDP shards come back as whole tensors in this process
     record = RunRecord.from_dict(contents.record_dict)
     source = _choose_weights(contents, record, weights, checkpoint)
@@ -147,6 +149,22 @@ def _model_methods(record: RunRecord) -> list:
 
     return [m for m in record.methods if m.get("name") in REGISTRY and "model" in REGISTRY[m["name"]].CARD.writes
             and m["name"] not in LOADS_AS_IS]
+
+
+def _check_out(out: Path, checkpoint: Path) -> None:
+    """Refuse an ``out`` that is a folder, or that would replace a run's own files (its checkpoints, record, log):
+    an export writes a new file, it never replaces what a resume or a report reads."""
+    if out.is_dir():
+        raise IsADirectoryError(f"export --out {out} is a folder; name the file to write, such as "
+                                f"{out / 'model.safetensors'}")
+    ours = out.suffix in (".ckpt", ".unusable") or out.name in ("record.json", "log.jsonl", "run.lock")
+    try:
+        ours = ours or os.path.samefile(out, checkpoint)
+    except OSError:
+        pass
+    if ours or out.parent.name == "checkpoints" and (out.parent / LATEST).exists():
+        raise ValueError(f"export --out {out} would replace a run's own file (its checkpoints, record or log, which "
+                         f"a resume reads); write the weights elsewhere, e.g. {checkpoint.parent.parent / 'model.safetensors'}")
 
 
 def _default_out(run, checkpoint: Path, format: str) -> Path:

@@ -14,6 +14,14 @@ COMMANDS_EPILOG = """getting started:
   speedkit demo                                     the headline: time to a target, preset against baseline
   speedkit train --task fashion-mnist --recipe hot  train a preset; see speedkit tasks, recipes, methods
   speedkit COMMAND --help                           each command's own flags
+
+exit status:
+  0        done (a run that had already ended, resumed, is done too)
+  2        refused: a flag, a file or folder, the data, a full or read-only disk, a diverged loss; one line
+           names the path or flag and the fix, and nothing of yours was changed beyond the run's own folder
+  129/130/143  interrupted by SIGHUP / Ctrl-C / SIGTERM with a checkpoint: the same command with --autoresume
+           continues it (a tune search: the same command)
+  1        an error in your own code (your task, model or plugin): its traceback is printed
 """
 
 
@@ -282,7 +290,8 @@ def _launch(args) -> int:
 
 
 def _train(args, argv: list[str]) -> int:
-    from speedkit.cli.outcomes import INTERRUPTED_EXIT_CODE, interrupted_line
+    from speedkit.cli.outcomes import (INPUT_ERROR_EXIT_CODE, INTERRUPTED_EXIT_CODE, interrupted_line,
+                                       is_file_system_error, raised_in_user_code, stopped_line)
     from speedkit.core import distributed
     from speedkit.tasks import make_trainer
 
@@ -293,7 +302,16 @@ def _train(args, argv: list[str]) -> int:
         if distributed.is_main():
             print(interrupted_line(trainer, argv), file=sys.stderr)
         return INTERRUPTED_EXIT_CODE
+    except OSError as e:  # a full or read-only disk mid-run: where it stopped and how to continue
+        if not is_file_system_error(e) or raised_in_user_code(e):
+            raise
+        if distributed.is_main():
+            print(stopped_line(trainer, argv, e), file=sys.stderr)
+        return INPUT_ERROR_EXIT_CODE
     if distributed.is_main():
+        if trainer.owner.finished:
+            print(f"speedkit: run {trainer.run_folder} had already ended; nothing was trained and its record is as "
+                  f"it was", file=sys.stderr)
         print(_summary(record))
     return 0
 
@@ -581,15 +599,41 @@ def _notebooks(args) -> int:
 
     from speedkit.cli.notebooks import format_summary, run_notebooks
 
-    overrides = {name: yaml.safe_load(value) for name, value in args.parameter}
+    overrides = {}
+    for name, value in args.parameter:
+        try:
+            overrides[name] = yaml.safe_load(value)
+        except yaml.YAMLError as e:
+            raise ValueError(f"notebooks run -p {name} {value!r}: the value is read as plain YAML and this is not "
+                             f"({' '.join(str(e).split())}); quote it as a string (-p {name} \"'{value}'\") or give "
+                             f"a number, true/false, a list or a mapping") from None
     results = run_notebooks(args.params, out=args.out, root=args.root, only=args.only, overrides=overrides,
                             timeout=args.timeout, progress=print)
     print(format_summary(results))
     return 1 if any(r.failed for r in results) else 0
 
 
+# Flags whose value may start with '-' (a negative number or duration): argparse would take "-5ba" for a flag
+# and answer "expected one argument"; given as --flag=-5ba, the value reaches the check that names it.
+NEGATIVE_OK = ("--duration", "--save-interval", "--eval-interval", "--target", "--trial-limit", "--budget",
+               "--data-fraction", "--eval-fraction", "--seed", "--batch-size", "--image-size", "--duration-scale")
+
+
+def _join_negative_values(argv: list[str]) -> list[str]:
+    joined, i = [], 0
+    while i < len(argv):
+        if argv[i] in NEGATIVE_OK and i + 1 < len(argv) and argv[i + 1][:2] not in ("--",) \
+                and argv[i + 1].startswith("-") and argv[i + 1][1:2] not in ("", "h"):
+            joined.append(f"{argv[i]}={argv[i + 1]}")
+            i += 2
+            continue
+        joined.append(argv[i])
+        i += 1
+    return joined
+
+
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
+    argv = _join_negative_values(sys.argv[1:] if argv is None else list(argv))
     args = _parser().parse_args(argv)
     from speedkit.cli.show import warning_lines
 
@@ -602,7 +646,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _dispatch(args, argv: list[str]) -> int:
-    from speedkit.cli.outcomes import INTERRUPTED_EXIT_CODE, interrupted_line, report_error
+    from speedkit.cli.outcomes import INTERRUPTED_EXIT_CODE, interrupted_line, report_error, report_refusal
 
     simple = {"launch": _launch, "methods": _methods, "tasks": _tasks, "recipes": _recipes, "export": _export,
               "bench": _bench, "notebooks": _notebooks, "tune": _tune, "demo": _demo, "env": _env, "data": _data}
@@ -616,6 +660,8 @@ def _dispatch(args, argv: list[str]) -> int:
         return INTERRUPTED_EXIT_CODE
     except (ValueError, TypeError, FileNotFoundError, ImportError) as e:
         return report_error(e)  # one line for a mistake in the input; the traceback for one in the user's code
+    except (OSError, MemoryError, FloatingPointError) as e:  # a file system, memory or loss that refuses the run
+        return report_refusal(e)
 
 
 def _silence_stdout() -> None:

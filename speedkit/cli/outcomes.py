@@ -6,10 +6,14 @@
 * An error raised in the user's own code (their model, Task, method or data function, imported through
   ``--task module:attr`` or a plugin) keeps its traceback, which is what they need to fix it; exit status 1.
 * Ctrl-C prints one line: where training stopped, the checkpoint it wrote, and the command that continues
-  it; exit status 130 (128 + SIGINT, what shells expect).
+  it; exit status 130 (128 + SIGINT, what shells expect). SIGTERM saves and exits 143, SIGHUP (a closed
+  terminal, an SSH drop) saves and exits 129: the same command with ``--autoresume`` continues either.
+* A file system that refuses a write (full, read-only, a folder where a file is meant, a name too long) is
+  one line naming the path and the fix, exit status 2; a run stopped by it says where, and how to continue.
 """
 from __future__ import annotations
 
+import errno
 import shlex
 import sys
 import sysconfig
@@ -60,6 +64,17 @@ def report_error(error: BaseException) -> int:
     return INPUT_ERROR_EXIT_CODE
 
 
+def report_refusal(error: BaseException) -> int:
+    """A file system, the memory or a diverged loss refusing what was asked: one line, exit status 2; the
+    traceback where the error came from the user's own code (exit status 1)."""
+    if raised_in_user_code(error) or (isinstance(error, OSError) and not is_file_system_error(error)) \
+            or (isinstance(error, MemoryError) and not str(error)):
+        raise error
+    message = describe_os_error(error) if isinstance(error, OSError) else str(error)
+    print(f"speedkit: error: {message}", file=sys.stderr)
+    return INPUT_ERROR_EXIT_CODE
+
+
 def resume_command(argv: list[str], run_name: str) -> str:
     """The ``speedkit`` command line that continues the run ``argv`` started: the same arguments, with
     ``--autoresume`` (never ``--overwrite``) and the run's name, which an unnamed run was given."""
@@ -81,3 +96,44 @@ def interrupted_line(trainer, argv: list[str]) -> str:
     if checkpoint is None or not Path(checkpoint).exists():
         return f"speedkit: {where}; no checkpoint was written, so a new run starts from the beginning"
     return f"speedkit: {where}; checkpoint {checkpoint}; resume with: {resume_command(argv, trainer.run_name)}"
+
+
+_OS_FIXES = {
+    errno.ENOSPC: "the disk is full: free space there, or give a --run-dir / --out on another disk",
+    errno.EDQUOT: "the disk quota is used up: free space there, or give a --run-dir / --out on another disk",
+    errno.EROFS: "the file system is read-only: give a --run-dir / --out you can write to",
+    errno.EACCES: "permission denied: give a --run-dir / --out you can write to, or fix its permissions",
+    errno.EPERM: "permission denied: give a --run-dir / --out you can write to, or fix its permissions",
+    errno.EISDIR: "it is a folder, not a file: name a file",
+    errno.ENOTDIR: "a part of the path is a file, not a folder: give a folder path (--run-dir names a folder)",
+    errno.EEXIST: "a file of that name is in the way of a folder: give another path",
+    errno.ENAMETOOLONG: "the name is too long for the file system: give a shorter --run-name / path",
+}
+
+
+def describe_os_error(error: OSError) -> str:
+    """One line for a file system refusal: the path, what the system said, and the fix."""
+    where = error.filename if error.filename is not None else "a file"
+    fix = _OS_FIXES.get(error.errno)
+    said = error.strerror or str(error)
+    if isinstance(error, (IsADirectoryError, NotADirectoryError)) and error.strerror is None:
+        return str(error)  # speedkit's own message, naming the flag
+    return f"cannot write {where}: {said}" + (f"; {fix}" if fix else "")
+
+
+def is_file_system_error(error: BaseException) -> bool:
+    """An OSError from the file system (a path, or an errno that the fixes above know), not a network or other one."""
+    return isinstance(error, OSError) and (error.errno in _OS_FIXES or error.filename is not None
+                                           or isinstance(error, (IsADirectoryError, NotADirectoryError)))
+
+
+def stopped_line(trainer, argv: list[str], error: OSError) -> str:
+    """One line for a run stopped by the file system: what failed, where training stopped, how to continue."""
+    stamp = trainer.state.timestamp
+    checkpoint = trainer.checkpointer.last_checkpoint
+    where = f"training stopped after batch {stamp.batch} (epoch {stamp.epoch})"
+    if checkpoint is not None and Path(checkpoint).exists():
+        return (f"speedkit: error: {describe_os_error(error)}; {where}; its last checkpoint {checkpoint} is intact: "
+                f"once fixed, continue with: {resume_command(argv, trainer.run_name)}")
+    return (f"speedkit: error: {describe_os_error(error)}; {where} before any checkpoint was written: once fixed, "
+            f"run the command again (with --overwrite if {trainer.run_folder} holds what this run began)")

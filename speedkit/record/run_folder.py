@@ -48,7 +48,15 @@ def run_folder_path(run_dir: str | os.PathLike, run_name: str) -> Path:
         raise ValueError(f"run_name {run_name!r} (--run-name) would write outside run_dir {str(run_dir)!r}; give "
                          f"a name inside it, such as 'baseline-s0' (subfolders like 'sweep/a' are fine), or move "
                          f"run_dir (--run-dir) itself")
+    too_long = [part for part in name.parts if len(part.encode()) > MAX_NAME_BYTES]
+    if too_long:
+        raise ValueError(f"run_name (--run-name) has a folder name of {len(too_long[0].encode())} bytes "
+                         f"({too_long[0][:40]}...), longer than file systems allow ({MAX_NAME_BYTES}); give a "
+                         f"shorter name, or split it into subfolders with '/'")
     return Path(run_dir) / name
+
+
+MAX_NAME_BYTES = 200  # below the common 255-byte limit: checkpoints' and temp files' names are added to it
 
 
 def free_run_name(run_dir: str | os.PathLike, name: str) -> str:

@@ -26,47 +26,71 @@ import signal
 import threading
 
 SIGTERM_REASON = "SIGTERM"
+SIGNAL_REASONS = ("SIGTERM", "SIGHUP")  # stops that suspend a run (no final evaluation, no FIT_END)
 SIGTERM_EXIT_CODE = 128 + int(signal.SIGTERM)  # 143: what shells, Slurm and Kubernetes report for it
 NOT_INSTALLED = object()
 
 
 class SigtermFlag:
-    """Sets ``received`` when SIGTERM arrives while installed; the loop reads it at batch boundaries."""
+    """Sets ``received`` when SIGTERM (or SIGHUP) arrives while installed; the loop reads it at batch boundaries.
+
+    SIGHUP is what a closed terminal or a dropped SSH connection sends: handled as SIGTERM is (a checkpoint at
+    the next batch boundary, the record, then exit code 129), it loses nothing instead of up to a save interval.
+    ``reason`` names the signal that came ("SIGTERM" or "SIGHUP").
+    """
+
+    SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name))
 
     def __init__(self):
         self.received = False
-        self.previous = NOT_INSTALLED
+        self.reason = SIGTERM_REASON
+        self.previous = NOT_INSTALLED  # SIGTERM's previous handler
+        self._previous: dict = {}
 
     def install(self) -> None:
-        """Route SIGTERM to this flag (main thread only); remembers the previous handler."""
-        self.received, self.previous = False, NOT_INSTALLED
+        """Route SIGTERM and SIGHUP to this flag (main thread only); remembers the previous handlers."""
+        self.received, self.previous, self._previous, self.reason = False, NOT_INSTALLED, {}, SIGTERM_REASON
         if threading.current_thread() is not threading.main_thread():
             return
-        previous = signal.getsignal(signal.SIGTERM)
-        if previous is None or previous is signal.SIG_IGN:
-            return
-        signal.signal(signal.SIGTERM, self.on_sigterm)
-        self.previous = previous
+        for signum in self.SIGNALS:
+            previous = signal.getsignal(signum)
+            if previous is None or previous is signal.SIG_IGN:  # ignored (nohup) or handled outside Python
+                continue
+            signal.signal(signum, self.on_sigterm)
+            self._previous[signum] = previous
+        self.previous = self._previous.get(signal.SIGTERM, NOT_INSTALLED)
 
     def on_sigterm(self, signum, frame) -> None:
         # Only a flag: the handler interrupts the main thread anywhere (inside a lock, a log write), so the
         # stop itself is requested at the next batch boundary.
+        if not self.received:
+            self.reason = signal.Signals(signum).name
+            self._signum = signum
         self.received = True
 
+    @property
+    def exit_code(self) -> int:
+        """128 + the signal's number: 143 for SIGTERM, 129 for SIGHUP, what shells and job controllers expect."""
+        return 128 + int(getattr(self, "_signum", signal.SIGTERM))
+
     def restore(self) -> None:
-        if self.previous is not NOT_INSTALLED:
-            signal.signal(signal.SIGTERM, self.previous)
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
+        self._previous = {}
 
     def exit_after_saving(self) -> None:
-        """After a SIGTERM was handled by saving: hand it to the previous handler, or exit with code 143.
+        """After a SIGTERM (SIGHUP) was handled by saving: hand it to the previous handler, or exit with code
+        143 (129).
 
         The script's code after fit() must not run as if training had finished, and a job controller must
         see a terminated (restartable) job.
         """
-        if callable(self.previous):  # someone else's handler (a job launcher's requeue, say) decides
-            self.previous(signal.SIGTERM, None)
+        signum = getattr(self, "_signum", signal.SIGTERM)
+        previous = self.previous if signum == signal.SIGTERM else NOT_INSTALLED
+        if callable(previous) and previous is not NOT_INSTALLED:  # someone else's handler (a requeue) decides
+            previous(signum, None)
             return
-        raise SystemExit(SIGTERM_EXIT_CODE)
+        raise SystemExit(self.exit_code)
 
 
 @contextlib.contextmanager
@@ -113,6 +137,7 @@ class StepInterrupts:
     @contextlib.contextmanager
     def step(self, state):
         self._state, self._batch_at_start, self.pending = state, state.timestamp.batch, False
+        self._in_held = self._in_held_left = False
         self._depth += 1
         try:
             yield
@@ -126,7 +151,12 @@ class StepInterrupts:
     def held(self, state, fn, *args):
         """``fn(*args)`` as one step: a Ctrl-C during it is raised when it returns."""
         with self.step(state):
-            return fn(*args)
+            self._in_held = True  # an evaluation or a checkpoint write, after the batch was counted
+            try:
+                return fn(*args)
+            finally:
+                self._in_held_left = self._in_held
+                self._in_held = False
 
     def _on_sigint(self, signum, frame) -> None:
         if self._depth == 0 or self.pending:  # between steps, or the second Ctrl-C: now
@@ -141,9 +171,15 @@ class StepInterrupts:
         """Whether the state may be checkpointed after a KeyboardInterrupt; if not, the record and log say why."""
         if not self.mid_step():
             return True
-        note = (f"interrupted inside the step of batch {self._batch_at_start + 1}, before it was counted (a "
-                f"second Ctrl-C, or a KeyboardInterrupt raised by code): its weights may hold part of an update, "
-                f"so no checkpoint was written from them; the last checkpoint is the one to resume from")
+        if getattr(self, "_in_held_left", False):
+            note = (f"interrupted during an evaluation or a checkpoint write after batch {self._batch_at_start} (a "
+                    f"second Ctrl-C, or a KeyboardInterrupt raised by code): averaging methods (EMA, SWA) may have "
+                    f"their average swapped into the model then, so no checkpoint was written from it; the last "
+                    f"checkpoint is the one to resume from")
+        else:
+            note = (f"interrupted inside the step of batch {self._batch_at_start + 1}, before it was counted (a "
+                    f"second Ctrl-C, or a KeyboardInterrupt raised by code): its weights may hold part of an "
+                    f"update, so no checkpoint was written from them; the last checkpoint is the one to resume from")
         logger.log_note("interrupted_mid_step", note)
         logger.log_text(note)
         return False

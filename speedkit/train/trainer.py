@@ -33,7 +33,7 @@ from speedkit.train.batches import iterate_from, set_loader_epoch
 from speedkit.train.checkpoint import Checkpointer, set_rng_state
 from speedkit.train.checks import (check_first_batch, check_first_loss, check_first_outputs, check_trainer_arguments,
                                    explain_first_batch_error)
-from speedkit.train.interrupts import SIGTERM_EXIT_CODE, SIGTERM_REASON, SigtermFlag, StepInterrupts, installed
+from speedkit.train.interrupts import SIGNAL_REASONS, SigtermFlag, StepInterrupts, installed
 from speedkit.train.microbatching import Microbatching
 from speedkit.train.ownership import FolderOwner
 from speedkit.train.parallel import make_plan
@@ -239,19 +239,19 @@ class Trainer:
     def _should_end(self) -> bool:
         state = self.state
         if self.sigterm.received and not state.stop_requested:
-            state.request_stop(SIGTERM_REASON)
+            state.request_stop(self.sigterm.reason)  # SIGTERM, or SIGHUP handled as it
         if state.max_duration.unit is TimeUnit.SECOND:
             self.stopwatch.stamp()
         return self.plan.agree_to_end(state, state.stop_requested or state.is_done())
 
     def _end_normally(self) -> None:
         state, record = self.state, self.state.record
-        if state.stop_reason == SIGTERM_REASON:
+        if state.stop_reason in SIGNAL_REASONS:
             # Suspended, not ended: no final evaluation (the grace period before SIGKILL is short) and no
             # FIT_END (averaging methods would swap their weights in), so the checkpoint resumes exactly.
             record.status = "terminated"
-            self.logger.log_text(f"SIGTERM: stopped after batch {state.timestamp.batch}; saving a "
-                                 f"checkpoint and the record, then exiting with code {SIGTERM_EXIT_CODE}")
+            self.logger.log_text(f"{state.stop_reason}: stopped after batch {state.timestamp.batch}; saving a "
+                                 f"checkpoint and the record, then exiting with code {self.sigterm.exit_code}")
         else:
             self._final_eval()
             record.status = {"target_reached": "target_reached", None: "completed"}.get(state.stop_reason, "stopped")
