@@ -3,13 +3,19 @@
 * ``run_name`` names a folder under ``run_dir`` and cannot leave it (``../x`` and absolute paths are refused).
 * A folder that already holds a run (its ``record.json``, ``log.jsonl`` or checkpoints) is not started on
   again by accident: a run continues it (``autoresume``), replaces it (``overwrite``), or takes another name.
+  ``overwrite`` deletes only what the run wrote (its record, log, logger folders and checkpoints); the user's
+  own files in the folder stay. An attempt killed before its first checkpoint has nothing to continue, so
+  ``autoresume`` starts it again (a job controller restarts the same command whenever it likes).
+* A run folder holds one run: a folder nested in another run's folder, or holding one, is refused.
 * While a run trains, ``run.lock`` in its folder names the process (PID, host, start time) and is held with
   an OS lock (``flock``), which the kernel drops when the process dies however it dies (SIGKILL, OOM
   kill). So a second process is refused naming the first, and a lock file left by a dead process is
   recognised as such and taken over, with a note, instead of blocking the folder forever.
-* A resumed run is the same experiment: ``experiment_changes`` names what a resume would change (task,
-  recipe, model, duration, batch size, methods, seed, data fraction); lengthening the budget is allowed
-  only when asked for (``extend_duration``).
+* A resumed run is the same experiment: ``experiment_changes`` compares the whole run description (task,
+  recipe and its hyperparameters, model, duration, batch size, methods, seed, precision, data and its
+  identity, ...) with the one the run recorded, and the Trainer also with the copy inside the checkpoint it
+  would resume from (``speedkit.train.ownership``); lengthening the budget is allowed only when asked for
+  (``extend_duration``).
 
 The Trainer applies these rules (so the CLI, the explorer, the benchmark and the tune search all get them);
 they live here, beside the RunRecord they protect.
@@ -411,6 +417,7 @@ class RunFolderClaim:
         self.autoresume, self.overwrite, self.extend_duration = autoresume, overwrite, extend_duration
         self.lock = RunLock(folder)
         self.continuing = False
+        self.restarting = False  # autoresume of an attempt killed before its first checkpoint: started afresh
         self.for_record: dict = {}  # for the record, once the run owns it: an extended budget, a lock taken over
         self._began = False  # a second fit of the same run owns its folder already
 
@@ -427,12 +434,15 @@ class RunFolderClaim:
                                  f"changed. Give this run a --run-name (run_name=...) beside the other run, not "
                                  f"inside or around it, e.g. 'sweep/c' beside 'sweep/a' and 'sweep/b'")
         earlier = earlier_run(self.folder, self.checkpoint_folder)
-        self.continuing = False
+        self.continuing = self.restarting = False
         if earlier is None or self.overwrite:
             return
         if not self.autoresume:
             raise RunFolderError(f"run folder {self.folder} already holds {earlier}; {CHOICES}")
         if self.checkpoint_folder is not None and not checkpoint_files(self.checkpoint_folder):
+            if self._killed_before_first_checkpoint():
+                self.restarting = True  # nothing to continue and nothing finished to lose: start it again
+                return
             raise RunFolderError(
                 f"autoresume (--autoresume): run folder {self.folder} holds {earlier}, but there is no checkpoint "
                 f"in {self.checkpoint_folder} to continue from, so nothing was changed; start it again from the "
@@ -442,6 +452,14 @@ class RunFolderClaim:
         previous = self._previous_record()
         if previous is not None:
             self._check_same_experiment(previous, config, methods, max_duration)
+
+    def _killed_before_first_checkpoint(self) -> bool:
+        """The folder holds only an attempt of a run killed before its first checkpoint (no record, or one that
+        says it was running): a job controller restarting the same command with autoresume starts it afresh."""
+        if not (self.folder / "record.json").exists():
+            return True
+        previous = self._previous_record()
+        return previous is not None and previous.get("status") in ("running", "created")
 
     def _previous_record(self) -> dict | None:
         try:
@@ -481,9 +499,11 @@ class RunFolderClaim:
         except BaseException:
             self.lock.release()
             raise
-        earlier = earlier_run(self.folder, self.checkpoint_folder) if self.overwrite else None
+        earlier = earlier_run(self.folder, self.checkpoint_folder) if self.overwrite or self.restarting else None
         if earlier is not None:  # asked for: noted in the new record, not warned about
-            self.for_record["overwrote"] = f"deleted {earlier}"
+            key = "overwrote" if self.overwrite else "restarted"
+            self.for_record[key] = f"deleted {earlier}" + ("" if self.overwrite else ": autoresume found no "
+                                                           "checkpoint to continue from, so the run started again")
             clear_run_folder(self.folder, self.checkpoint_folder)
         if left:
             self.for_record["lock_taken_over"] = said[0]

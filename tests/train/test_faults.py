@@ -275,12 +275,15 @@ def test_sigterm_exits_143_when_nothing_else_handles_it(tmp_path, monkeypatch):
     # Pretend the disposition is the default (as in a plain script) without risking pytest itself.
     installed = []
     monkeypatch.setattr(signal, "getsignal", lambda signum: signal.SIG_DFL)
-    monkeypatch.setattr(signal, "signal", lambda signum, handler: installed.append(handler))
-    trainer = make_trainer(tmp_path, [At(2, lambda t: installed[0](signal.SIGTERM, None))])
+    monkeypatch.setattr(signal, "signal", lambda signum, handler: installed.append((signum, handler)))
+    trainer = make_trainer(tmp_path, [At(2, lambda t: installed[0][1](signal.SIGTERM, None))])
     with pytest.raises(SystemExit) as exit_info:
         trainer.fit()
     assert exit_info.value.code == 143
-    assert installed == [trainer.sigterm.on_sigterm, signal.SIG_DFL]  # installed, then the default put back
+    sigterm = [handler for signum, handler in installed if signum == signal.SIGTERM]
+    assert sigterm == [trainer.sigterm.on_sigterm, signal.SIG_DFL]  # installed, then the default put back
+    sighup = [handler for signum, handler in installed if signum == signal.SIGHUP]
+    assert sighup == [trainer.sigterm.on_sigterm, signal.SIG_DFL]  # SIGHUP (an SSH drop) is handled as SIGTERM
     assert RunRecord.load(tmp_path / "t").status == "terminated"
     assert checkpoint_batch(tmp_path / "t" / "checkpoints" / "latest.ckpt") == 2
 

@@ -27,8 +27,9 @@ from speedkit.experiments.tune.search import (PHASES, PRUNERS, SEARCH_SEED, Tune
                                               seed_baseline_study, standings, start_workers)
 from speedkit.experiments.tune.space import (TuneInputError, baseline_space, candidate_methods, describe_limit,
                                              fit_hparams_to_model, full_space, probe_surgery, resolve_methods)
-from speedkit.experiments.tune.storage import (fail_dead_trials, finished_trials, open_storage, optuna_module,
-                                               spent_before_s, storage_url)
+from speedkit.experiments.tune.storage import (ANSWER_LOCK, FolderLock, fail_dead_trials, finished_trials,
+                                               open_storage, optuna_module, spent_before_s, storage_url,
+                                               wait_for_running_trials)
 
 
 @dataclasses.dataclass
@@ -155,6 +156,16 @@ def tune(settings: TuneSettings | None = None, *, log=print, on_trial=None, shou
     finally:
         for process in workers:
             process.wait()
+    with FolderLock(out, ANSWER_LOCK):  # one process decides, confirms and writes; the next reads the same
+        return _confirm_and_report(config, studies, storage_obj, out, in_process, leave_one_out, log, should_stop)
+
+
+def _confirm_and_report(config, studies, storage_obj, out, in_process, leave_one_out, log, should_stop) -> TuneResult:
+    from speedkit.experiments.tune.report import baseline_shortfall, write_outputs
+
+    if not (should_stop and should_stop()):  # the search ended (not stopped): no process starts a trial of it now
+        studies["confirm"].set_user_attr("closed_at_budget_s", config.budget_s)
+    wait_for_running_trials([studies[phase] for phase in PHASES], storage_obj, should_stop)
     plan_confirmation(config, studies, log=log)
     log(f"speedkit tune: confirming {', '.join(role for role, _, _ in confirm_candidates(config, studies))} on "
         f"seeds {confirm_seeds(config, studies)}")

@@ -23,7 +23,8 @@ from pathlib import Path
 from speedkit.core.seeding import process_seed
 from speedkit.experiments.tune.objective import USER_STOP, TrialContext, resolve_runner, score_record
 from speedkit.experiments.tune.space import SearchSpace, TuneInputError, describe_change, recipe_params, suggest_recipe
-from speedkit.experiments.tune.storage import finished_trials, open_storage, optuna_module, retry_attrs, worker_id
+from speedkit.experiments.tune.storage import (START_LOCK, FolderLock, finished_trials, open_storage, optuna_module,
+                                               retry_attrs, started_trials, worker_id)
 
 PHASES = ("baseline", "search")
 BASE_START = "baseline"  # start_from of the base recipe's own trial in the baseline study
@@ -382,8 +383,8 @@ def seeds_that_fit(config: TuneConfig, per_seed_s: float, within_s: float) -> in
 def phase_open(config: TuneConfig, phase: str, studies: dict) -> bool:
     """Whether a worker may start another trial in ``phase`` now."""
     finished = len(finished_trials(studies[phase]))
-    if config.max_trials.get(phase) is not None and finished >= config.max_trials[phase]:
-        return False
+    if config.max_trials.get(phase) is not None and started_trials(studies[phase]) >= config.max_trials[phase]:
+        return False  # running trials count: another process's will finish
     if finished == 0:
         return True  # at least one measured trial per phase, or there is nothing to confirm
     spent = config.spent_s()
@@ -401,14 +402,29 @@ def run_phases(config: TuneConfig, worker_index: int = 0, runner=None, on_trial=
         objective = make_objective(config, phase, runner, should_stop, studies)
         callbacks = [on_trial] if on_trial is not None else []
         while phase_open(config, phase, studies) and not (should_stop and should_stop()):
-            if phase == "search":
-                seed_search_study(config, studies)
-            if phase != "baseline":
-                queue_next_move(config, studies, worker_index, phase)
+            gate = FolderLock(config.out_dir, START_LOCK)  # one process at a time starts a trial (storage.py)
+            gate.acquire()
             try:
-                studies[phase].optimize(objective, n_trials=1, callbacks=callbacks, gc_after_trial=False)
+                if not phase_open(config, phase, studies) or answer_decided(config, storage):
+                    break
+                if phase == "search":
+                    seed_search_study(config, studies)
+                if phase != "baseline":
+                    queue_next_move(config, studies, worker_index, phase)
+                studies[phase].optimize(gate.releasing(objective), n_trials=1, callbacks=callbacks,
+                                        gc_after_trial=False)
             except SearchStopped:
                 return
+            finally:
+                gate.release()
+
+
+def answer_decided(config: TuneConfig, storage) -> bool:
+    """Whether a process has closed the search at this budget to confirm its winner: then no process starts
+    another search trial, so every process confirms and reports the same one (a rerun with a longer
+    ``budget`` searches on)."""
+    confirm = load_study(config, "confirm", 0, storage)
+    return confirm.user_attrs.get("closed_at_budget_s", -1.0) >= config.budget_s
 
 
 def queue_next_move(config: TuneConfig, studies: dict, worker_index: int = 0, phase: str = "search") -> None:

@@ -128,3 +128,71 @@ def _has_studies(storage_text: str) -> bool:
     if "://" in storage_text and storage_text.startswith("sqlite:///"):
         return Path(storage_text[len("sqlite:///"):]).exists()
     return "://" in storage_text or Path(storage_text).exists()
+
+
+# -- several processes on one output folder ------------------------------------------------------------
+# Two `speedkit tune` commands on one --out (or workers it started) share the study, and must give one answer:
+# a trial is started (counted against --max-trials/--max-baseline-trials) by one process at a time, and the
+# winner is decided, confirmed and written by one process at a time, after every search trial has ended; the
+# next process then reads the same plan and the same finished trials and writes the same recipe.yaml.
+class FolderLock:
+    """An ``flock`` on ``out_dir/name``, blocking; the kernel drops it when the process dies however it dies."""
+
+    def __init__(self, out_dir: str | os.PathLike, name: str):
+        self.path = Path(out_dir) / name
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        if self._fd is not None:
+            return
+        try:
+            import fcntl
+        except ImportError:  # pragma: no cover - Windows: one process per output folder
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            os.close(fd)  # closing drops the flock
+
+    def releasing(self, objective):
+        """``objective`` that first releases the lock: held while Optuna creates the trial, not while it runs."""
+        def run(trial):
+            self.release()
+            return objective(trial)
+        return run
+
+    def __enter__(self):
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+
+
+START_LOCK, ANSWER_LOCK = ".tune-start.lock", ".tune-answer.lock"
+
+
+def started_trials(study) -> int:
+    """Trials finished or running now: what a trial count limit counts (a running one will finish)."""
+    return len(finished_trials(study, states=("COMPLETE", "PRUNED", "RUNNING")))
+
+
+def wait_for_running_trials(studies, storage, should_stop=None, poll_s: float = 1.0) -> None:
+    """Until no trial of ``studies`` is running (another process's: this one's have ended); a dead
+    process's trial is failed and re-queued (``fail_dead_trials``) instead of waited for."""
+    import time
+
+    optuna = optuna_module()
+    while not (should_stop and should_stop()):
+        running = 0
+        for study in studies:
+            fail_dead_trials(study, storage)
+            running += len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)))
+        if not running:
+            return
+        time.sleep(poll_s)
