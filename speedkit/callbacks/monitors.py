@@ -236,8 +236,8 @@ class NaNGuard(Callback):
                 raise NonFiniteLossError(
                     f"{what} at {where}; stopped before it reached the weights. "
                     f"Lower the learning rate, use precision='bf16' instead of 'fp16', add gradient clipping, or "
-                    f"use NaNGuard(policy='skip'). No checkpoint is written from here on, so the run's checkpoints "
-                    f"(if it saved any) hold only finite weights.")
+                    f"use NaNGuard(policy='skip'). No checkpoint is written after it, so the run's last checkpoint "
+                    f"(if it wrote one) holds the weights from before.")
             self.skips += 1
             self._lower_learning_rates(state)
         logger.log_text(f"NaN guard: {what} at {where}; {int(bad_steps) or 1} step(s) skipped, learning rates "

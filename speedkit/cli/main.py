@@ -302,8 +302,8 @@ def _train(args, argv: list[str]) -> int:
         if distributed.is_main():
             print(interrupted_line(trainer, argv), file=sys.stderr)
         return INTERRUPTED_EXIT_CODE
-    except OSError as e:  # a full or read-only disk mid-run: where it stopped and how to continue
-        if not is_file_system_error(e) or raised_in_user_code(e):
+    except (OSError, FloatingPointError) as e:  # a full or read-only disk, a diverged loss: where it stopped, what next
+        if (isinstance(e, OSError) and not is_file_system_error(e)) or raised_in_user_code(e):
             raise
         if distributed.is_main():
             print(stopped_line(trainer, argv, e), file=sys.stderr)

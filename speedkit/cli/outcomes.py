@@ -127,13 +127,27 @@ def is_file_system_error(error: BaseException) -> bool:
                                            or isinstance(error, (IsADirectoryError, NotADirectoryError)))
 
 
-def stopped_line(trainer, argv: list[str], error: OSError) -> str:
-    """One line for a run stopped by the file system: what failed, where training stopped, how to continue."""
+def stopped_line(trainer, argv: list[str], error: Exception) -> str:
+    """One line for a run stopped by the file system (or a diverged loss): what failed, where training stopped,
+    which checkpoint is intact, and how to go on."""
     stamp = trainer.state.timestamp
     checkpoint = trainer.checkpointer.last_checkpoint
+    what = describe_os_error(error) if isinstance(error, OSError) else str(error)
     where = f"training stopped after batch {stamp.batch} (epoch {stamp.epoch})"
+    if isinstance(error, OSError):
+        then = f"once fixed, continue with: {resume_command(argv, trainer.run_name)}"
+    else:  # the same settings would diverge again: change them and start afresh
+        then = "change the settings named above and start again under another --run-name (or with --overwrite)"
     if checkpoint is not None and Path(checkpoint).exists():
-        return (f"speedkit: error: {describe_os_error(error)}; {where}; its last checkpoint {checkpoint} is intact: "
-                f"once fixed, continue with: {resume_command(argv, trainer.run_name)}")
-    return (f"speedkit: error: {describe_os_error(error)}; {where} before any checkpoint was written: once fixed, "
-            f"run the command again (with --overwrite if {trainer.run_folder} holds what this run began)")
+        return f"speedkit: error: {what}; {where}; its last checkpoint {checkpoint} is intact: {then}"
+    return (f"speedkit: error: {what}; {where} before any checkpoint was written: "
+            + (f"once fixed, start it again with: {restart_command(argv, trainer.run_name)}"
+               if isinstance(error, OSError) else then))
+
+
+def restart_command(argv: list[str], run_name: str) -> str:
+    """The ``speedkit`` command line that starts the run again from the beginning, in the same folder."""
+    args = [a for a in argv if a not in ("--autoresume", "--overwrite")]
+    if not any(a == "--run-name" or a.startswith("--run-name=") for a in args):
+        args += ["--run-name", run_name]
+    return shlex.join(["speedkit", *args, "--overwrite"])

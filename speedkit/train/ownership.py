@@ -85,6 +85,7 @@ class FolderOwner:
             if not distributed.is_main():
                 return record
             path, previous = self._finished
+            self.checkpointer.point_latest_at(path)  # a kill after the final write left latest.ckpt behind
             on_disk = None
             try:
                 on_disk = RunRecord.load(self.run_folder / "record.json")

@@ -336,7 +336,7 @@ def test_a_non_finite_loss_stops_with_a_clear_message_and_leaves_the_checkpoint_
         trainer.fit()
     message = str(failure.value)
     assert f"the loss is {shown} at batch 10 (epoch 1)" in message
-    for fix in ("Lower the learning rate", "NaNGuard(policy='skip')", "last checkpoint is intact"):
+    for fix in ("Lower the learning rate", "NaNGuard(policy='skip')", "No checkpoint is written after it"):
         assert fix in message
     assert watcher.last and snapshot(folder) == watcher.last  # not one byte of any checkpoint changed
     assert checkpoint_batch(folder / "latest.ckpt") == 8

@@ -101,6 +101,11 @@ class Checkpointer:
             self.logger.log_timing("checkpoint_s", time.perf_counter() - start, add=True)
         return path
 
+    def point_latest_at(self, path: Path) -> None:
+        """``latest.ckpt`` names ``path`` (a finished run's final checkpoint), unless it does already."""
+        if distributed.is_main() and not _same_file(path, self.latest):
+            self._point_latest_at(path)
+
     def _point_latest_at(self, path: Path) -> None:
         """Make ``latest.ckpt`` name ``path`` atomically, then drop all but the newest few checkpoints."""
         tmp = self.folder / f".{LATEST}.link"
