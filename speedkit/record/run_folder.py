@@ -54,6 +54,11 @@ def run_folder_path(run_dir: str | os.PathLike, run_name: str) -> Path:
         raise ValueError(f"run_name {run_name!r} (--run-name) would write outside run_dir {str(run_dir)!r}; give "
                          f"a name inside it, such as 'baseline-s0' (subfolders like 'sweep/a' are fine), or move "
                          f"run_dir (--run-dir) itself")
+    for folder in (Path(run_dir), *(Path(run_dir) / Path(*name.parts[:i]) for i in range(1, len(name.parts) + 1))):
+        if folder.exists() and not folder.is_dir():
+            raise ValueError(f"run_dir (--run-dir) {str(run_dir)!r} with run_name {run_name!r} needs {folder} to be a "
+                             f"folder, and it is a file; give a --run-dir (run_dir=...) that is a folder or does not "
+                             f"exist yet, or another --run-name")
     too_long = [part for part in name.parts if len(part.encode()) > MAX_NAME_BYTES]
     if too_long:
         raise ValueError(f"run_name (--run-name) has a folder name of {len(too_long[0].encode())} bytes "

@@ -628,6 +628,45 @@ def test_ctrl_c_during_an_evaluation_with_ema_swapped_in_saves_the_trained_weigh
         assert torch.equal(resumed.state.model.state_dict()[name], value), name
 
 
+def test_a_double_ctrl_c_during_an_evaluation_is_reported_as_one_not_as_a_step(tmp_path):
+    trainer = ema_run(tmp_path)
+    hook = on_fifth(lambda: (sigint(), sigint()))  # the second one cannot wait for the evaluation's end
+    trainer.state.model[0].register_forward_hook(lambda module, args, out: None if module.training else hook())
+    with pytest.raises(KeyboardInterrupt):
+        trainer.fit()
+    note = RunRecord.load(tmp_path / "t").notes["interrupted_mid_step"]
+    assert note.startswith("interrupted during an evaluation or a checkpoint write after batch 4")
+    assert "inside the step" not in note
+
+
+def test_a_resumed_run_saves_at_the_uninterrupted_runs_moments_not_one_batch_after_the_resume(tmp_path):
+    """The save interval's last mark rides in the checkpoint: resumed at a save, the next save is an interval
+    later (not the next batch), so no extra checkpoint pushes an older good one out of the few kept."""
+    stopped = make_trainer(tmp_path, [At(4, lambda t: t.stop())], max_duration="8ba", save_interval="2ba",
+                           keep_checkpoints=2)
+    assert stopped.fit().status == "stopped"
+    folder, seen = tmp_path / "t" / "checkpoints", []
+    listing = lambda t: seen.extend(sorted(p.name for p in folder.glob("ba*.ckpt")))
+    resumed = make_trainer(tmp_path, [At(6, listing)], max_duration="8ba", save_interval="2ba", keep_checkpoints=2,
+                           autoresume=True)
+    assert resumed.fit().status == "completed"
+    assert seen == ["ba000000002.ckpt", "ba000000004.ckpt"]  # at batch 6: no save at 5 pushed batch 2 out
+    assert sorted(p.name for p in folder.glob("ba*.ckpt")) == ["ba000000006.ckpt", "ba000000008.ckpt"]
+
+
+def test_sighup_saves_and_exits_129_as_sigterm_saves_and_exits_143(tmp_path, monkeypatch):
+    installed = {}
+    monkeypatch.setattr(signal, "getsignal", lambda signum: signal.SIG_DFL)
+    monkeypatch.setattr(signal, "signal", lambda signum, handler: installed.setdefault(signum, handler))
+    trainer = make_trainer(tmp_path, [At(2, lambda t: installed[signal.SIGHUP](signal.SIGHUP, None))])
+    with pytest.raises(SystemExit) as exit_info:
+        trainer.fit()
+    assert exit_info.value.code == 129
+    record = RunRecord.load(tmp_path / "t")
+    assert record.status == "terminated" and record.stop_reason == "SIGHUP"
+    assert checkpoint_batch(tmp_path / "t" / "checkpoints" / "latest.ckpt") == 2
+
+
 def test_ctrl_c_between_runs_is_python_s_own_again(tmp_path):
     """The handler is routed to the Trainer only while a step runs: after fit, Ctrl-C raises at once."""
     make_trainer(tmp_path, max_duration="2ba").fit()

@@ -88,17 +88,27 @@ def _for_model(loader, request: DataRequest):
     return DictBatches(loader) if getattr(request.model, "takes_dict_batches", False) else loader
 
 
+def _enough_text(root, part: str, tokens: int, seq_len: int) -> None:
+    """Refuse a folder whose text is shorter than one training sequence, naming it and the fix."""
+    if tokens < seq_len + 1:
+        raise ValueError(f"text-folder {root}: its {part} files hold {tokens} bytes of text, fewer than one "
+                         f"sequence of the model's context ({seq_len} + 1 bytes); add text (the files may be "
+                         f"empty), or give a model with a shorter context (--model)")
+
+
 def text_data(root: str | None, skip_unreadable: bool = False):
     """(train_data, eval_data) over the text files under ``root`` (None: the Python docs), split by file."""
     def train(request: DataRequest):
         corpus, seq_len = text_corpus(root, request.seed, skip_unreadable), _context_length(request)
         tokens = corpus.train[: max(seq_len + 1, int(len(corpus.train) * request.data_fraction))]
+        _enough_text(root, "training", len(tokens), seq_len)
         loader = TokenBatchLoader(tokens, seq_len, request.batch_size, seed=request.seed, device=request.device)
         return _for_model(loader, request)
 
     def evaluate(request: DataRequest):
         corpus, seq_len = text_corpus(root, request.seed, skip_unreadable), _context_length(request)
         batches = max(1, int(64 * (request.eval_fraction or 1.0)))
+        _enough_text(root, "validation", len(corpus.val), seq_len)
         loader = TokenBatchLoader(corpus.val, seq_len, 32, steps_per_epoch=batches, shuffle=False,
                                   device=request.device)
         return _for_model(loader, request)
