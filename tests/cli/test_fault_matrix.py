@@ -502,3 +502,78 @@ def test_tune_into_a_read_only_out_is_refused_in_one_line(tmp_path):
     with mounted("readonly", out):
         result = speedkit(*TUNE, "--out", str(out / "search"), cwd=tmp_path)
         one_line_refusal(result, "Read-only file system", str(out / "search"))
+
+
+# -- clear errors instead of tracebacks (exit 2, the path or flag, the fix) ----------------------------------
+def refused(capsys, argv: list[str], *phrases: str) -> str:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.startswith("speedkit: error"), err
+    for phrase in phrases:
+        assert phrase in err, (phrase, err)
+    return err
+
+
+def test_bad_flags_and_paths_are_one_line_refusals(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    err = refused(capsys, ["train", "--duration", "-5ba", *SMALL], "duration", "-5ba")
+    assert "expected one argument" not in err
+    (tmp_path / "afile").write_text("")
+    refused(capsys, ["train", "--duration", "2ba", "--run-dir", "afile", *SMALL], "--run-dir", "is a file")
+    refused(capsys, ["train", "--duration", "2ba", "--run-name", "x" * 300, *SMALL], "--run-name", "shorter")
+    refused(capsys, ["notebooks", "run", "-p", "x", "!!python/object/apply:os.system ['true']", "--only", "none"],
+            "-p x", "quote it")
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
+def test_an_image_size_the_memory_cannot_hold_is_refused_naming_the_flag(tmp_path, capsys, monkeypatch):
+    data = image_folder(tmp_path / "photos", count=4)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("speedkit.data.images.available_memory", lambda: 64 * 1024)
+    refused(capsys, ["train", "--task", "image-folder", "--data", str(data), "--image-size", "512",
+                     "--duration", "2ba", "--no-progress"], "--image-size", "lower")
+
+
+def test_a_diverged_loss_says_which_checkpoint_is_intact(tmp_path, capsys, monkeypatch):
+    import yaml
+
+    path = Path(lr_recipe(tmp_path))
+    recipe = yaml.safe_load(path.read_text())
+    recipe["optimizer"]["lr"] = 1e12  # diverges within a few batches
+    path.write_text(yaml.safe_dump(recipe))
+    monkeypatch.chdir(tmp_path)
+    err = refused(capsys, ["train", "--recipe", str(path), "--duration", "12ba", "--save-interval", "none", *SMALL],
+                  "the loss is", "Lower the learning rate")
+    assert "before any checkpoint was written" in err and "is intact" not in err
+
+
+def test_a_text_folder_of_empty_files_names_the_folder_and_the_fix(tmp_path, capsys, monkeypatch):
+    data = tmp_path / "texts"
+    data.mkdir()
+    for i in range(4):
+        (data / f"{i}.txt").write_text("" if i else "ab")
+    monkeypatch.chdir(tmp_path)
+    refused(capsys, ["train", "--task", "text-folder", "--data", str(data), "--duration", "2ba", "--no-progress"],
+            "text-folder", str(data.name), "add text")
+
+
+def test_a_pickled_checkpoint_is_refused_without_torchs_advice_to_unpickle_it(tmp_path):
+    import io
+
+    from speedkit.train.checkpoint import MAGIC, CheckpointError
+
+    buffer = io.BytesIO()
+    torch.save({"format_version": 1, "model": Path("x")}, buffer)  # an object: weights_only refuses it
+    data = buffer.getvalue()
+    path = tmp_path / "evil.ckpt"
+    path.write_bytes(MAGIC + hashlib.sha256(data).hexdigest().encode() + b"\n" + data)
+    with pytest.raises(CheckpointError) as refusal:
+        load_checkpoint(path)
+    assert "weights_only=False" not in str(refusal.value) and "do not use it" in str(refusal.value)
+
+
+def test_files_are_created_with_the_umask_not_0600(reference):
+    mask = os.umask(0o022)
+    os.umask(mask)
+    for name in ("record.json", "checkpoints/latest.ckpt"):
+        assert (reference / name).stat().st_mode & 0o777 == 0o666 & ~mask, name
