@@ -194,12 +194,18 @@ class Checkpointer:
 
     def _autoresume_candidates(self) -> list[Path]:
         """The run's checkpoints newest first: ``ba{batch}.ckpt`` by batch, ``latest.ckpt`` before the file it
-        names (it is a second name for it), or first when it names none of them (copied, not linked)."""
+        names (it is a second name for it), or, when it names none of them (copied, not linked, or its file
+        rewritten since), before the first file written before it."""
         files = sorted(self.folder.glob("ba*.ckpt"), reverse=True)
         if not self.latest.exists():
             return files
         same = [i for i, f in enumerate(files) if _same_file(f, self.latest)]
-        at = same[0] if same else 0
+        if same:
+            at = same[0]
+        else:  # a copy, or a checkpoint rewritten at its batch since (a final save after a periodic one there,
+            # cut off before latest.ckpt was pointed at it): by time written, newest first
+            written = _mtime(self.latest)
+            at = next((i for i, f in enumerate(files) if _mtime(f) < written), len(files))
         return files[:at] + [self.latest] + files[at:]
 
     def _newest_verified(self, candidates: list[Path]) -> tuple[Path, CheckpointContents, list[tuple[Path, str]]]:
@@ -299,6 +305,13 @@ def _gist(error: Exception, limit: int = 300) -> str:
     """An error's message short enough to read: load_state_dict lists every key that does not fit."""
     text = " ".join(str(error).split())
     return text if len(text) <= limit else text[:limit] + " ..."
+
+
+def _mtime(path: Path) -> int:
+    try:
+        return path.stat().st_mtime_ns
+    except OSError:
+        return 0
 
 
 def _same_file(a: Path, b: Path) -> bool:
