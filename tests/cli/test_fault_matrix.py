@@ -173,7 +173,7 @@ def target_run(tmp_path_factory, reference) -> tuple[list[str], Path]:
     result = speedkit("train", *args, "--run-name", "t", cwd=cwd)
     assert result.returncode == 0, result.stderr
     folder = cwd / "runs" / "t"
-    assert record(folder)["status"] == "target_reached" and record(folder)["steps"][-1]["batch"] == 8
+    assert record(folder)["status"] == "target_reached" and record(folder)["evals"][-1]["batch"] == 8
     return args, folder
 
 
@@ -272,7 +272,8 @@ def test_a_kill_at_the_target_then_autoresume_ends_at_the_target_and_keeps_its_c
     resumed = speedkit("train", *args, "--run-name", "t", "--autoresume", cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr
     assert_same_run(run, uninterrupted, status="target_reached")
-    assert record(run)["steps"][-1]["batch"] == 8  # not one batch past the target
+    assert record(run)["evals"][-1]["batch"] == 8  # not one batch past the target
+    assert load_checkpoint(run / "checkpoints" / "latest.ckpt")["timestamp"]["batch"] == 8
     assert (run / "checkpoints" / "ba000000008.ckpt").exists()
     if when == "final":
         assert "had already ended" in resumed.stderr
@@ -392,10 +393,10 @@ def test_a_changed_flag_on_resume_is_refused_naming_it_and_nothing_is_touched(
     flags = flags or ["--recipe", lr_recipe(tmp_path)]
     before = snapshot(run)
     monkeypatch.chdir(tmp_path)
-    assert main(["train", *RUN, "--run-name", "ref", "--autoresume", *flags]) == 2
+    assert main(["train", *RUN, "--run-name", "ref", "--autoresume", "--logger", "tensorboard", *flags]) == 2
     err = capsys.readouterr().err
     assert "different experiment" in err and named in err, err
-    assert snapshot(run) == before
+    assert snapshot(run) == before  # not a byte, and no TensorBoard event file in the other run's folder
     assert not (run / "tensorboard").exists()
 
 
