@@ -24,7 +24,7 @@ from speedkit.experiments.tune.confirm import (confirm_candidates, confirm_seeds
 from speedkit.experiments.tune.objective import resolve_runner, runner_path
 from speedkit.experiments.tune.search import (PHASES, PRUNERS, SEARCH_SEED, TuneConfig, check_same_search,
                                               load_study, logged_metrics, parse_budget, resolve_target, run_phases,
-                                              seed_baseline_study, standings, start_workers)
+                                              search_limits, seed_baseline_study, standings, start_workers)
 from speedkit.experiments.tune.space import (TuneInputError, baseline_space, candidate_methods, describe_limit,
                                              fit_hparams_to_model, full_space, probe_surgery, resolve_methods)
 from speedkit.experiments.tune.storage import (ANSWER_LOCK, FolderLock, fail_dead_trials, finished_trials,
@@ -164,7 +164,7 @@ def _confirm_and_report(config, studies, storage_obj, out, in_process, leave_one
     from speedkit.experiments.tune.report import baseline_shortfall, write_outputs
 
     if not (should_stop and should_stop()):  # the search ended (not stopped): no process starts a trial of it now
-        studies["confirm"].set_user_attr("closed_at_budget_s", config.budget_s)
+        studies["confirm"].set_user_attr("closed_for", search_limits(config))
     wait_for_running_trials([studies[phase] for phase in PHASES], storage_obj, should_stop)
     plan_confirmation(config, studies, log=log)
     log(f"speedkit tune: confirming {', '.join(role for role, _, _ in confirm_candidates(config, studies))} on "

@@ -419,12 +419,17 @@ def run_phases(config: TuneConfig, worker_index: int = 0, runner=None, on_trial=
                 gate.release()
 
 
+def search_limits(config: TuneConfig) -> str:
+    """The limits a search ran to (its budget, its trial counts): a rerun with other limits searches on."""
+    return json.dumps({"budget_s": config.budget_s, "max_trials": config.max_trials}, sort_keys=True)
+
+
 def answer_decided(config: TuneConfig, storage) -> bool:
-    """Whether a process has closed the search at this budget to confirm its winner: then no process starts
+    """Whether a process has closed the search at these limits to confirm its winner: then no process starts
     another search trial, so every process confirms and reports the same one (a rerun with a longer
-    ``budget`` searches on)."""
+    ``budget`` or more trials searches on)."""
     confirm = load_study(config, "confirm", 0, storage)
-    return confirm.user_attrs.get("closed_at_budget_s", -1.0) >= config.budget_s
+    return confirm.user_attrs.get("closed_for") == search_limits(config)
 
 
 def queue_next_move(config: TuneConfig, studies: dict, worker_index: int = 0, phase: str = "search") -> None:
