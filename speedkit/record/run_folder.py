@@ -30,6 +30,8 @@ import socket
 import time
 from pathlib import Path, PurePath
 
+from speedkit.record.runs import RunRecord
+
 try:
     import fcntl
 except ImportError:  # pragma: no cover - Windows: the lock falls back to a PID check (see RunLock)
@@ -517,3 +519,13 @@ class RunFolderClaim:
 
     def end(self) -> None:
         self.lock.release()
+
+
+def record_again(previous: dict, path: str, checkpoint: str):
+    """The record of a run that ended, written again at ``path`` from the copy its final ``checkpoint`` holds (a
+    kill landed between that checkpoint and the record), naming that checkpoint as its last."""
+    finished = RunRecord.from_dict(previous)
+    finished.path = path
+    finished.notes["last_checkpoint"] = checkpoint
+    finished.save()
+    return finished

@@ -13,7 +13,7 @@ import warnings
 from pathlib import Path, PurePath
 
 from speedkit.core import distributed
-from speedkit.record.run_folder import RunFolderClaim, RunFolderError
+from speedkit.record.run_folder import RunFolderClaim, RunFolderError, record_again
 from speedkit.record.runs import RunRecord
 
 FINISHED = ("completed", "target_reached")  # a run in one of these states has nothing left to train
@@ -94,10 +94,7 @@ class FolderOwner:
             if on_disk is not None and on_disk.run_id == previous.get("run_id") and on_disk.status == previous.get("status"):
                 finished = on_disk
             else:
-                finished = RunRecord.from_dict(previous)
-                finished.path = record.path
-                finished.notes["last_checkpoint"] = self.checkpointer.recorded(path)
-                finished.save()
+                finished = record_again(previous, record.path, self.checkpointer.recorded(path))
             batch = finished.steps[-1]["batch"] if finished.steps else 0
             warnings.warn(f"autoresume: the run in {self.run_folder} had already ended ({finished.status} after "
                           f"{batch} batches); nothing was trained and its record stays as it was", stacklevel=3)
