@@ -126,8 +126,6 @@ def tune(settings: TuneSettings | None = None, *, log=print, on_trial=None, shou
     Writes ``recipe.yaml`` (the confirmed winner, with ``reached``), ``report.md``, ``report.html`` and
     ``summary.json`` into ``out_dir``, and a RunRecord per run into ``run_dir``.
     """
-    from speedkit.experiments.tune.report import baseline_shortfall, write_outputs
-
     if keywords or not isinstance(settings, (TuneSettings, type(None))):
         got = [f"{k}=" for k in keywords] or type(settings).__name__
         raise TypeError(f"tune() takes one TuneSettings (from speedkit.experiments.tune), got {got}: write "
@@ -157,7 +155,8 @@ def tune(settings: TuneSettings | None = None, *, log=print, on_trial=None, shou
         for process in workers:
             process.wait()
     with FolderLock(out, ANSWER_LOCK):  # one process decides, confirms and writes; the next reads the same
-        return _confirm_and_report(config, studies, storage_obj, out, in_process, leave_one_out, log, should_stop)
+        return _confirm_and_report(config, studies, storage_obj, out, in_process, settings.leave_one_out, log,
+                                   should_stop)
 
 
 def _confirm_and_report(config, studies, storage_obj, out, in_process, leave_one_out, log, should_stop) -> TuneResult:
@@ -171,7 +170,7 @@ def _confirm_and_report(config, studies, storage_obj, out, in_process, leave_one
         f"seeds {confirm_seeds(config, studies)}")
     run_confirmation(config, studies, runner=in_process, should_stop=should_stop)
     run_budget_search(config, studies, runner=in_process, should_stop=should_stop, log=log)
-    if settings.leave_one_out:
+    if leave_one_out:
         log("speedkit tune: the winner's leave-one-out (each of its methods left out, on the first seed)")
         run_leave_one_out(config, studies, runner=in_process, should_stop=should_stop)
     summary = build_summary(config, studies)
