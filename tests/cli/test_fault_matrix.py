@@ -528,11 +528,17 @@ def test_bad_flags_and_paths_are_one_line_refusals(tmp_path, capsys, monkeypatch
 
 
 def test_an_image_size_the_memory_cannot_hold_is_refused_naming_the_flag(tmp_path, capsys, monkeypatch):
-    data = image_folder(tmp_path / "photos", count=4)
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr("speedkit.data.images.available_memory", lambda: 64 * 1024)
-    refused(capsys, ["train", "--task", "image-folder", "--data", str(data), "--image-size", "512",
-                     "--duration", "2ba", "--no-progress"], "--image-size", "lower")
+    """Where a folder is decoded into memory and it would not fit, the refusal (a MemoryError naming the fix) is
+    one line and exit 2, not a traceback."""
+    from unittest import mock
+
+    from speedkit.data.images import check_memory
+
+    with pytest.raises(MemoryError) as refusal:
+        check_memory(100_000, 3, 1024, "image-folder photos", available=2**30)
+    monkeypatch.chdir(tmp_path)  # raised where the data is built (not from a frame of this test: not "your code")
+    monkeypatch.setattr("speedkit.tasks.make_trainer", mock.Mock(side_effect=MemoryError(str(refusal.value))))
+    refused(capsys, ["train", "--duration", "2ba", *SMALL], "--image-size", "lower", "image-folder photos")
 
 
 def test_a_diverged_loss_says_which_checkpoint_is_intact(tmp_path, capsys, monkeypatch):
