@@ -321,7 +321,7 @@ class MethodSession:
         """The clock, every method's state (EMA weights, averages, counters) and the RNGs random methods draw
         from (mixup, cutmix, ...), for the host's checkpoint: a resume then draws what the whole run drew."""
         return {"clock": self.state.timestamp.to_dict(),
-                "methods": {m.name: m.state_dict() for m in self.state.methods}, "rng": rng_state()}
+                "methods": {m.name: m.state_dict() for m in self.state.methods}, "generators": rng_state()}
 
     def load_state_dict(self, saved: Mapping[str, Any]) -> None:
         from speedkit.core import Timestamp
@@ -337,8 +337,8 @@ class MethodSession:
             if method.name in saved_methods:
                 method.load_state_dict(saved_methods[method.name])
         state.timestamp = Timestamp.from_dict(saved["clock"])
-        if saved.get("rng") is not None:  # written before the RNGs rode along: those resume inexactly
-            set_rng_state(saved["rng"])
+        if saved.get("generators") is not None:  # written before the RNGs rode along: those resume inexactly
+            set_rng_state(saved["generators"])
 
     def _require_fit_start(self) -> None:
         if not self.fit_started:
