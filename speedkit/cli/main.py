@@ -592,13 +592,31 @@ def _add_notebooks_parser(commands) -> None:
     run.add_argument("-p", "--parameter", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
                      help="override a parameter of every notebook run (VALUE is read as YAML)")
     run.add_argument("--timeout", type=float, help="seconds any one cell may take")
+    where = actions.add_parser("where", allow_abbrev=False, help="print the folder holding the notebooks, tutorials and params")
+    where.add_argument("--root", help="a checkout to check instead of the installed copy")
+    copy = actions.add_parser("copy", allow_abbrev=False, help="copy the notebooks, tutorials and params into a folder "
+                              "of yours, to open and edit them (nothing there is replaced)")
+    copy.add_argument("destination", nargs="?", default="speedkit-notebooks", help="the folder (default: "
+                      "./speedkit-notebooks)")
+    copy.add_argument("--root", help="copy from this checkout instead of the installed copy")
 
 
 def _notebooks(args) -> int:
     import yaml
 
     from speedkit.cli.notebooks import format_summary, run_notebooks
+    from pathlib import Path
 
+    from speedkit.cli.shipped import copy_notebooks, notebook_root
+
+    if args.action == "where":
+        print(notebook_root(args.root))
+        return 0
+    if args.action == "copy":
+        written = copy_notebooks(args.destination, root=args.root)
+        print(f"copied {len(written)} files into {Path(args.destination).expanduser()}; open them with: "
+              f"jupyter lab {args.destination}")
+        return 0
     overrides = {}
     for name, value in args.parameter:
         try:

@@ -54,4 +54,27 @@ def is_shipped(root: str | Path) -> bool:
     return shipped is not None and Path(root).resolve() == shipped.resolve()
 
 
-__all__ = ["checkout_root", "is_shipped", "notebook_root", "shipped_root"]
+def copy_notebooks(destination: str | Path, root: str | Path | None = None) -> list[Path]:
+    """Copy ``notebooks/``, ``tutorials/`` and ``params/`` out of ``root`` (default: the installed copy) into
+    ``destination``, so a pip user can open and edit them. Refuses, before copying anything, when a file it would
+    write is already there: nothing of the user's is replaced. Returns the files written."""
+    source = notebook_root(root)
+    destination = Path(destination).expanduser()
+    files = [path for name in (*NOTEBOOK_FOLDERS, "params") if (source / name).is_dir()
+             for path in sorted((source / name).rglob("*"))
+             if path.is_file() and "__pycache__" not in path.parts and ".ipynb_checkpoints" not in path.parts]
+    taken = [destination / path.relative_to(source) for path in files
+             if (destination / path.relative_to(source)).exists()]
+    if taken:
+        raise ValueError(f"{destination} already holds {len(taken)} of the files to copy (e.g. {taken[0]}); "
+                              f"copy into another folder (speedkit notebooks copy OTHER_DIR), or move them away first")
+    written = []
+    for path in files:
+        target = destination / path.relative_to(source)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(path.read_bytes())
+        written.append(target)
+    return written
+
+
+__all__ = ["checkout_root", "copy_notebooks", "is_shipped", "notebook_root", "shipped_root"]

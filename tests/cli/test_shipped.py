@@ -26,3 +26,20 @@ def test_a_root_without_notebooks_and_params_is_refused_naming_the_argument(tmp_
     (tmp_path / "notebooks").rmdir()
     (tmp_path / "tutorials").mkdir()  # tutorials alone with params/ is a root too
     assert notebook_root(tmp_path) == tmp_path
+
+
+def test_notebooks_copy_gives_a_pip_user_editable_notebooks_and_never_replaces_a_file(tmp_path, capsys):
+    from speedkit.cli.main import main
+
+    destination = tmp_path / "mine"
+    assert main(["notebooks", "copy", str(destination)]) == 0
+    copied = {p.relative_to(destination).as_posix() for p in destination.rglob("*.ipynb")}
+    assert "notebooks/00_quickstart.ipynb" in copied and any(name.startswith("tutorials/t1_") for name in copied)
+    assert (destination / "params" / "cpu-smoke").is_dir()
+    edited = destination / "notebooks" / "00_quickstart.ipynb"
+    edited.write_text("my edits")
+    capsys.readouterr()
+    assert main(["notebooks", "copy", str(destination)]) == 2
+    assert "already holds" in capsys.readouterr().err and edited.read_text() == "my edits"
+    assert main(["notebooks", "where"]) == 0
+    assert (Path(capsys.readouterr().out.strip()) / "params").is_dir()
