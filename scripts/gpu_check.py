@@ -111,10 +111,11 @@ def make_seed_data(root: Path, images_per_class: int, classes: int = 4, docs: in
 
 
 def seed_check(device: str, out: Path, profile: str = "gpu", recipes: dict | None = None,
-               sizes: dict | None = None, data: dict | None = None) -> dict:
+               sizes: dict | None = None, data: dict | None = None, precision: str | None = None) -> dict:
     """Step 4: each preset of the seed's tasks (``recipes``: task -> names; default all) for a fixed number of
     steps at the ``profile``'s sizes; images/s or tokens/s, the fraction of the dense bf16 peak (the measured
-    matmul's where the GPU has no spec figure, and on a CPU), host waits between logging steps."""
+    matmul's where the GPU has no spec figure, and on a CPU), host waits between logging steps. ``precision``
+    overrides the presets' (a CPU test runs fp32: bf16 is emulated on most CPUs)."""
     import torch
 
     from speedkit.callbacks import SyncCounter
@@ -137,6 +138,7 @@ def seed_check(device: str, out: Path, profile: str = "gpu", recipes: dict | Non
                                    duration=f"{steps}ba", batch_size=size["batch_size"][task],
                                    eval_interval=f"{steps}ba", log_interval=size["log_interval"],
                                    num_workers=size["workers"], run_dir=out / "seed", run_name=f"{task}-{name}",
+                                   **({"precision": precision} if precision else {}),
                                    save_checkpoints=False, callbacks=[counter])
             record = trainer.fit()
             rows = [row for row in record.steps if "throughput/samples_per_s" in row]

@@ -54,7 +54,8 @@ def rehearsal(recipes: Mapping[str, Recipe], *, model: str, batch_size: int, dur
               scale_lr: bool, eval_interval: str | None = None) -> dict[str, Recipe]:
     """The published recipes at a rehearsal's size: the same methods and their arguments, ``model``, a batch of
     ``batch_size`` (with ``scale_lr``, the learning rate scaled linearly with it: SGD's rule, Goyal et al. 2017),
-    budgets times ``duration_scale``."""
+    budgets times ``duration_scale``, and bf16 only where it is fast (``precision: auto``): on most CPUs bf16
+    autocast is emulated, so a rehearsal there runs in fp32."""
     out = {}
     for name, recipe in recipes.items():
         factor = batch_size / recipe.batch_size
@@ -62,6 +63,7 @@ def rehearsal(recipes: Mapping[str, Recipe], *, model: str, batch_size: int, dur
         # Muon's rate stays: its update is orthogonalized, its size set by that rate, not by the batch
         out[name] = recipe.with_changes(model=model, batch_size=batch_size, optimizer=optimizer,
                                         duration=_scaled_duration(recipe.duration, duration_scale),
+                                        precision="auto" if recipe.precision == "bf16" else recipe.precision,
                                         eval_interval=eval_interval or recipe.eval_interval,
                                         summary=f"{recipe.summary} [cpu rehearsal: {model}, batch {batch_size}]")
     return out
