@@ -12,6 +12,10 @@ Steps, each writing into one results folder, with ``summary.json`` and ``summary
 2. ``notebooks``: the ``gpu`` parameter sets of notebooks 00 and 02 (shortened) and tutorials t7 and t10.
 3. ``bench``: ``hot`` against ``plain-bf16`` (vision) and ``hot`` against ``tuned`` (language) under the
    ``gpu`` benchmark profile, one seed each.
+4. ``seed``: the seed's workloads at their real sizes (the ``gpu`` profiles of tasks ``imagenet`` and ``gpt2``):
+   torchvision ResNet-50 at 224 px and GPT-2 124M at 1,024 tokens, each preset for a fixed number of steps on a
+   generated ImageNet-layout folder and a generated text corpus, streamed from shards; reports images/s,
+   tokens/s, the fraction of the device's dense bf16 peak FLOP/s, and the host waits between logging steps.
 
 Without a GPU (and without ``--device cpu``) it says so and exits with status 2. The figures it prints
 have not been measured yet: no GPU has been lent to this project when it was written.
@@ -30,6 +34,13 @@ from pathlib import Path
 NOTEBOOKS = ("00_quickstart", "02_vision_benchmark", "t7_gpu_precision_and_compile", "t10_language_model")
 SHORT_NOTEBOOKS = {"02_vision_benchmark": {"duration": "1ep"}}  # "(short)": one epoch, not the set's full budget
 BENCH = (("vision", "hot", "plain-bf16"), ("language", "hot", "tuned"))
+# The seed's workloads (step 4): task, the options that set its real sizes, and the throughput it reports.
+SEED_TASKS = (("imagenet", {"image_size": 224, "eval_image_size": 224}, "images_per_s"),
+              ("gpt2", {}, "tokens_per_s"))
+# Step 4's size: steps per preset, batch per task, logging interval (a multiple of it ends the run: the
+# steps between are the quiet ones the sync counter checks).
+SEED_SIZES = {"gpu": {"steps": 30, "log_interval": 10, "batch_size": {"imagenet": 256, "gpt2": 16}, "workers": 8},
+              "cpu": {"steps": 3, "log_interval": 3, "batch_size": {"imagenet": 2, "gpt2": 1}, "workers": 0}}
 
 
 def sync_check(device: str, out: Path, tiny: bool) -> dict:
@@ -69,6 +80,84 @@ def sync_check(device: str, out: Path, tiny: bool) -> dict:
             "peak_flops": record.environment.get("peak_flops"),
             "ok": record.status == "completed" and report["waits_in_quiet_steps"] == 0
             and all(n <= 1 for n in report["per_evaluation"])}
+    return results
+
+
+def make_seed_data(root: Path, images_per_class: int, classes: int = 4, docs: int = 12,
+                   words_per_doc: int = 4000) -> dict[str, Path]:
+    """A generated ImageNet-layout folder (train/<class>/ and val/<class>/ JPEGs of varied sizes, 96 to 512 px)
+    and a generated text corpus, under ``root``; made once (a folder already there is used as it is)."""
+    import random
+
+    from PIL import Image
+
+    images, text = root / "imagenet", root / "corpus"
+    rng = random.Random(0)
+    if not images.is_dir():
+        for split, count in (("train", images_per_class), ("val", max(1, images_per_class // 4))):
+            for c in range(classes):
+                folder = images / split / f"n{c:08d}"
+                folder.mkdir(parents=True, exist_ok=True)
+                for i in range(count):
+                    size = (rng.randint(96, 512), rng.randint(96, 512))
+                    Image.new("RGB", size, (60 * c % 256, rng.randint(0, 255), 90)).save(folder / f"{i}.JPEG")
+    if not text.is_dir():
+        text.mkdir(parents=True)
+        words = ("model data step batch token image shard stream epoch train speed method seed layer head width "
+                 "the a of and to in is it that for on with as by at from").split()
+        for d in range(docs):
+            (text / f"doc{d}.txt").write_text(" ".join(rng.choice(words) for _ in range(words_per_doc)) + "\n")
+    return {"imagenet": images, "gpt2": text}
+
+
+def seed_check(device: str, out: Path, profile: str = "gpu", recipes: dict | None = None,
+               sizes: dict | None = None, data: dict | None = None, precision: str | None = None) -> dict:
+    """Step 4: each preset of the seed's tasks (``recipes``: task -> names; default all) for a fixed number of
+    steps at the ``profile``'s sizes; images/s or tokens/s, the fraction of the dense bf16 peak (the measured
+    matmul's where the GPU has no spec figure, and on a CPU), host waits between logging steps. ``precision``
+    overrides the presets' (a CPU test runs fp32: bf16 is emulated on most CPUs)."""
+    import torch
+
+    from speedkit.callbacks import SyncCounter
+    from speedkit.callbacks.speed_monitor import spec_peak_flops
+    from speedkit.tasks import find_task, make_trainer
+
+    size = sizes or SEED_SIZES["gpu" if device.startswith("cuda") else "cpu"]
+    data = data or (make_seed_data(out / "seed-data", images_per_class=512, docs=48) if device.startswith("cuda")
+                    else make_seed_data(out / "seed-data", images_per_class=4))
+    cuda = device.startswith("cuda")
+    bf16_peak = spec_peak_flops(torch.cuda.get_device_name(), "bf16") if cuda else None
+    results = {}
+    for task, options, throughput in SEED_TASKS:
+        task_options = {"profile": profile, **(options if profile == "gpu" else {})}
+        names = (recipes or {}).get(task) or list(find_task(task, data[task], **task_options).recipes)
+        for name in names:
+            counter = SyncCounter()
+            steps = size["steps"]
+            trainer = make_trainer(task, name, data=data[task], task_options=task_options, device=device,
+                                   duration=f"{steps}ba", batch_size=size["batch_size"][task],
+                                   eval_interval=f"{steps}ba", log_interval=size["log_interval"],
+                                   num_workers=size["workers"], run_dir=out / "seed", run_name=f"{task}-{name}",
+                                   **({"precision": precision} if precision else {}),
+                                   save_checkpoints=False, callbacks=[counter])
+            record = trainer.fit()
+            rows = [row for row in record.steps if "throughput/samples_per_s" in row]
+            last = rows[-1] if rows else {}
+            flops = last.get("throughput/flops_per_s")
+            # on a GPU with a spec figure, its dense bf16 peak; elsewhere the speed monitor's (a matmul measured
+            # at the run's precision)
+            fraction = flops / bf16_peak[0] if flops and bf16_peak else last.get("throughput/fraction_of_peak")
+            report = counter.report()
+            results[f"{task}:{name}"] = {
+                "status": record.status, "steps": steps, "batch_size": size["batch_size"][task],
+                "images_per_s" if throughput == "images_per_s" else "tokens_per_s":
+                    last.get("throughput/samples_per_s") if throughput == "images_per_s"
+                    else last.get("throughput/tokens_per_s"),
+                "flops_per_s": flops,
+                "fraction_of_bf16_peak" if bf16_peak else "fraction_of_measured_peak": fraction,
+                "peak": bf16_peak[1] if bf16_peak else (record.environment.get("peak_flops") or {}).get("source"),
+                "waits_in_quiet_steps": report["waits_in_quiet_steps"],
+                "ok": record.status == "completed" and report["waits_in_quiet_steps"] == 0 and flops is not None}
     return results
 
 
@@ -124,6 +213,15 @@ def write_summary(out: Path, summary: dict) -> None:
     for task, r in summary.get("syncs", {}).items():
         lines.append(f"| {task} | {r['waits_in_quiet_steps']} | {r['per_evaluation']} | {r['cuda_sync_warnings']} | "
                      f"{r['peak_memory_gib']} | {r['fraction_of_peak']} |")
+    if summary.get("seed"):
+        lines += ["", "## the seed's workloads (gpu: ResNet-50 at 224 px, GPT-2 124M at 1,024 tokens)", "",
+                  "| task:preset | images/s | tokens/s | fraction of bf16 peak (measured peak off GPU) | "
+                  "waits in quiet steps |",
+                  "| --- | --- | --- | --- | --- |"]
+        for name, r in summary["seed"].items():
+            fraction = r.get("fraction_of_bf16_peak", r.get("fraction_of_measured_peak"))
+            lines.append(f"| {name} | {r.get('images_per_s')} | {r.get('tokens_per_s')} | {fraction} | "
+                         f"{r['waits_in_quiet_steps']} |")
     for step in ("notebooks", "bench"):
         lines += ["", f"## {step}", ""]
         lines += [f"- exit {r['exit']} in {r['seconds']} s: `{r['command']}`" for r in summary.get(step, [])]
@@ -135,7 +233,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default="runs/gpu-check", help="the results folder")
     parser.add_argument("--device", default="cuda", help="cuda (the check), or cpu to exercise its steps")
     parser.add_argument("--tiny", action="store_true", help="tiny scale (a CPU test of the steps)")
-    parser.add_argument("--steps", default="syncs,notebooks,bench", help="comma-separated steps to run")
+    parser.add_argument("--steps", default="syncs,seed,notebooks,bench", help="comma-separated steps to run")
     args = parser.parse_args(argv)
     import torch
 
@@ -151,13 +249,16 @@ def main(argv=None) -> int:
                "torch": torch.__version__, "device": args.device, "tiny": args.tiny}
     if "syncs" in steps:
         summary["syncs"] = sync_check(args.device, out, args.tiny)
+    if "seed" in steps:  # tiny: the cpu profiles' narrow models, a few steps
+        summary["seed"] = seed_check(args.device, out, "cpu" if args.tiny else "gpu",
+                                     sizes=SEED_SIZES["cpu"] if args.tiny else None)
     log = out / "commands.log"
     if "notebooks" in steps:
         summary["notebooks"] = run_commands(notebook_commands(out, args.tiny), log)
     if "bench" in steps:
         summary["bench"] = run_commands(bench_commands(args.device, out, args.tiny), log)
     summary["seconds"] = round(time.perf_counter() - start, 1)
-    summary["ok"] = (all(r["ok"] for r in summary.get("syncs", {}).values())
+    summary["ok"] = (all(r["ok"] for step in ("syncs", "seed") for r in summary.get(step, {}).values())
                      and all(r["exit"] == 0 for step in ("notebooks", "bench") for r in summary.get(step, [])))
     write_summary(out, summary)
     print((out / "summary.md").read_text())

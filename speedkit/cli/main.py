@@ -64,6 +64,12 @@ def _add_folder_task_arguments(parser) -> None:
                         help="image-folder / text-folder: stream from shards (prepared once, into a cache folder, "
                              "unless --data is a shard folder from `speedkit data prepare`); chosen by itself when "
                              "the images would not fit in memory")
+    parser.add_argument("--task-profile", choices=["cpu", "gpu"],
+                        help="imagenet / gpt2: cpu (a rehearsal: a narrow model, small inputs) or gpu (the seed's "
+                             "real sizes); default: bench's --profile, else gpu where CUDA is available")
+    parser.add_argument("--eval-image-size", type=int,
+                        help="imagenet: evaluate at this size, larger than training's (FFCV's test; default: the "
+                             "profile's)")
     parser.add_argument("--no-flips", action="store_true",
                         help="image-folder: a horizontal flip changes these images' labels (digits, letters, "
                              "text), so train without flip augmentation, alternating flips or mirrored test views")
@@ -342,7 +348,23 @@ def _folder_options(args) -> dict | None:
         options["flips_keep_labels"] = False
     if getattr(args, "stream", False):
         options["stream"] = True
+    options.update(_seed_task_options(args))
     return options or None
+
+
+def _seed_task_options(args) -> dict:
+    """The seed's tasks' (imagenet, gpt2) options: their profile (``--task-profile``, else bench's
+    ``--profile``) and imagenet's evaluation size. Refused by the other tasks, naming the flag."""
+    options = {}
+    profile = getattr(args, "task_profile", None)
+    if profile is None and getattr(args, "task", None) in ("imagenet", "gpt2") and getattr(args, "profile", None) \
+            in ("cpu", "gpu"):
+        profile = args.profile
+    if profile is not None:
+        options["profile"] = profile
+    if getattr(args, "eval_image_size", None) is not None:
+        options["eval_image_size"] = args.eval_image_size
+    return options
 
 
 def _save_interval(value: str) -> str | None:

@@ -24,6 +24,16 @@ def sample_beta(alpha: float, generator: torch.Generator | None = None) -> float
     return float(np.random.default_rng(seed).beta(alpha, alpha))
 
 
+def beta_tensor(alpha: float) -> torch.Tensor:
+    """One draw of Beta(alpha, alpha) from torch's global RNG as a 0-d CPU tensor, never read on the host: a
+    training step that mixes stays free of host reads (``SyncCounter``), and ops on any device take a 0-d CPU
+    tensor as a scalar."""
+    if alpha <= 0:
+        raise ValueError(f"alpha must be positive, got {alpha}")
+    gammas = torch._standard_gamma(torch.full((2,), float(alpha)))  # Beta(a, a) = G1 / (G1 + G2)
+    return gammas[0] / gammas.sum()
+
+
 def random_permutation(n: int, device, generator: torch.Generator | None = None) -> torch.Tensor:
     """A permutation of ``range(n)`` drawn on the CPU (so it matches on every device), moved to ``device``."""
     return torch.randperm(n, generator=generator).to(device)

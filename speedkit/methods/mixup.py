@@ -11,7 +11,8 @@ import torch
 
 from speedkit.core.event import Event
 from speedkit.core.method import HParam, MethodCard
-from speedkit.methods._mixing import BatchMixing, dense_labels, mix_labels, random_permutation, sample_beta
+from speedkit.methods._mixing import (BatchMixing, beta_tensor, dense_labels, mix_labels, random_permutation,
+                                      sample_beta)
 
 __all__ = ["MixUp", "dense_labels", "mix_labels", "mixup_batch", "random_permutation", "sample_beta"]
 
@@ -65,7 +66,8 @@ class MixUp(BatchMixing):
                              f"remove mixup for this task")
 
     def draw(self, x):
-        return sample_beta(self.params["alpha"]), random_permutation(x.shape[0], x.device)
+        # the weight stays a tensor: reading it on the host would be a wait in every step
+        return beta_tensor(self.params["alpha"]), random_permutation(x.shape[0], x.device)
 
     def mix(self, x, drawn):
         lam, perm = drawn

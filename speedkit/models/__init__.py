@@ -75,6 +75,7 @@ MODELS = {
     "resnet56": _vision(resnet56, 3),
     "resnet18": _torchvision("resnet18"),
     "resnet50": _torchvision("resnet50"),
+    "resnet101": _torchvision("resnet101"),
     **{name: _gpt(name) for name in GPT_CONFIGS},
     "unet": _vision(UNet, 1),
 }
@@ -137,7 +138,7 @@ def get_model(name, num_classes=10, in_channels=None, **kwargs):
         base=/depth= for unet, any GPTConfig field for the GPT presets.
     """
     if name.startswith(HF_PREFIX):
-        return hf_causal_lm(name)
+        return hf_causal_lm(name, **kwargs)
     if name.partition(":")[0] in LIBRARIES:
         return library_model(name, num_classes, 3 if in_channels is None else in_channels)
     if name not in MODELS:

@@ -17,6 +17,7 @@ from .gpt import GPT_CONFIGS
 
 HF = "hf:"  # every Hugging Face model's name starts so
 PREFIX = "hf:gpt2-"  # hf:gpt2-nano -> the gpt-nano preset's sizes
+GPT2 = "hf:gpt2"  # GPT-2 124M's sizes (speedkit's gpt2-124m preset), built from a config
 
 
 class NextTokenLM(nn.Module):
@@ -46,16 +47,20 @@ def _transformers(name: str):
     return transformers
 
 
-def hf_causal_lm(name: str) -> NextTokenLM:
+def hf_causal_lm(name: str, vocab_size: int | None = None) -> NextTokenLM:
     """``hf:gpt2-<preset>``: a transformers GPT-2 with the sizes of speedkit's ``gpt-<preset>``;
-    ``hf:<folder>``: the causal LM a ``save_pretrained`` wrote into that local folder."""
+    ``hf:gpt2``: GPT-2 124M's sizes (12 layers, 12 heads, 768 wide, 1024 positions), from a config, nothing
+    downloaded; ``vocab_size`` overrides the preset's (a task's BPE shards); ``hf:<folder>``: the causal LM a
+    ``save_pretrained`` wrote into that local folder."""
+    if name == GPT2:
+        return _gpt2_preset(name, "gpt2-124m", vocab_size)
     preset = "gpt-" + name.removeprefix(PREFIX)
     if name.startswith(PREFIX) and preset in GPT_CONFIGS:
-        return _gpt2_preset(name, preset)
+        return _gpt2_preset(name, preset, vocab_size)
     folder = Path(name.removeprefix(HF)).expanduser()
     if name.startswith(HF) and folder.is_dir():
         return _from_folder(name, folder)
-    known = [PREFIX + n.removeprefix("gpt-") for n in GPT_CONFIGS if n.startswith("gpt-")]
+    known = [GPT2, *(PREFIX + n.removeprefix("gpt-") for n in GPT_CONFIGS if n.startswith("gpt-"))]
     raise ValueError(f"unknown Hugging Face model {name!r}: neither a preset ({', '.join(known)}) nor a local folder "
                      f"written by save_pretrained (nothing is downloaded; save the model there first)")
 
@@ -69,11 +74,11 @@ def _from_folder(name: str, folder: Path) -> NextTokenLM:
     return NextTokenLM(model)
 
 
-def _gpt2_preset(name: str, preset: str) -> NextTokenLM:
+def _gpt2_preset(name: str, preset: str, vocab_size: int | None = None) -> NextTokenLM:
     transformers = _transformers(name)
     GPT2Config, GPT2LMHeadModel = transformers.GPT2Config, transformers.GPT2LMHeadModel
     sizes = GPT_CONFIGS[preset]
-    config = GPT2Config(vocab_size=sizes.vocab_size, n_positions=sizes.block_size, n_embd=sizes.n_embd,
+    config = GPT2Config(vocab_size=vocab_size or sizes.vocab_size, n_positions=sizes.block_size, n_embd=sizes.n_embd,
                         n_layer=sizes.n_layer, n_head=sizes.n_head, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
                         bos_token_id=None, eos_token_id=None)  # bytes have no special tokens
     return NextTokenLM(GPT2LMHeadModel(config))

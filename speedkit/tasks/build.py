@@ -51,7 +51,9 @@ def find_task(task, data=None, **options) -> Task:
         if data is None and not options and task in TASKS:
             return TASKS[task]  # the folder resolved (and registered) earlier in this process: a search's trials
         if data is None:
-            raise ValueError(f"task {task!r} trains on your files: give the folder (--data DIR, or data=DIR)")
+            hint = getattr(FOLDER_TASKS[task], "data_hint", "")
+            raise ValueError(f"task {task!r} trains on your files: give the folder (--data DIR, or data=DIR)"
+                             + (f"; {hint}" if hint else ""))
         return FOLDER_TASKS[task](data, **options)
     if isinstance(task, str) and task in TASKS:
         _refuse_data(data, options, f"task {task!r}")

@@ -56,3 +56,30 @@ def test_the_notebook_step_runs_the_gpu_sets_of_00_02_t7_and_t10(gpu_check, tmp_
     bench = gpu_check.bench_commands("cuda", tmp_path, tiny=False)
     assert [c[c.index("--recipes") + 1] + ":" + c[c.index("--baselines") + 1] for c in bench] == \
         ["hot:plain-bf16", "hot:tuned"] and all("gpu" in c for c in bench)
+
+
+def test_the_seed_step_runs_resnet50_at_224_and_gpt2_124m_at_1024_on_a_gpu(gpu_check):
+    """What step 4 runs on a GPU (the CPU proof at those sizes: tests/tasks/test_seed_scale_step.py)."""
+    options = dict((task, opts) for task, opts, _ in gpu_check.SEED_TASKS)
+    assert options["imagenet"] == {"image_size": 224, "eval_image_size": 224} and options["gpt2"] == {}
+    assert {task: kind for task, _, kind in gpu_check.SEED_TASKS} == {"imagenet": "images_per_s",
+                                                                      "gpt2": "tokens_per_s"}
+    gpu = gpu_check.SEED_SIZES["gpu"]
+    assert gpu["steps"] % gpu["log_interval"] == 0 and gpu["steps"] > gpu["log_interval"]
+
+
+@pytest.mark.slow
+def test_the_seed_step_runs_every_seed_preset_at_tiny_scale_and_reports_throughput(gpu_check, tmp_path, monkeypatch):
+    pytest.importorskip("litdata")
+    pytest.importorskip("tokenizers")
+    monkeypatch.setenv("SPEEDKIT_SHARDS", str(tmp_path / "cache"))
+    out = tmp_path / "check"
+    assert gpu_check.main(["--device", "cpu", "--tiny", "--steps", "seed", "--out", str(out)]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    seed = summary["seed"]
+    assert {name.split(":")[0] for name in seed} == {"imagenet", "gpt2"} and len(seed) >= 8
+    for name, result in seed.items():
+        assert result["ok"] and result["waits_in_quiet_steps"] == 0, (name, result)
+        assert result["images_per_s" if name.startswith("imagenet") else "tokens_per_s"] > 0
+        assert result["fraction_of_measured_peak"] > 0
+    assert "the seed's workloads" in (out / "summary.md").read_text()

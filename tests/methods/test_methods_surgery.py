@@ -496,3 +496,58 @@ def test_weight_standardization_leaves_frozen_whitening_filters_alone():
     assert not torch.nn.utils.parametrize.is_parametrized(whiten)
     assert torch.nn.utils.parametrize.is_parametrized(model.stem[0].project)
     assert torch.equal(whiten.weight, before)
+
+
+# -- the seed's ResNets: torchvision's and timm's ResNet-50 (issue 43) ----------------------------------------
+def _torchvision_resnet50():
+    import torchvision
+
+    return torchvision.models.resnet50(weights=None)
+
+
+def _timm_resnet50():
+    timm = pytest.importorskip("timm")
+    return timm.create_model("resnet50", pretrained=False)
+
+
+# What each surgery must find in a ResNet-50 (3, 4, 6, 3 bottlenecks), from the architecture: blurpool the three
+# stride-2 3x3 convs and three stride-2 1x1 shortcuts (the 3-channel stem is under min_channels) and the stem's
+# max pool; squeeze-excite every conv with >= 128 output channels (4 + 13 + 19 + 10); stochastic depth the 16
+# bottlenecks; ghost batchnorm the 53 batch norms; weight standardization the 53 convs.
+RESNET50_FINDS = {
+    "blurpool": (apply_blurpool, {}, 7),
+    "squeeze_excite": (apply_squeeze_excite, {}, 46),
+    "stochastic_depth": (apply_stochastic_depth, {}, 16),
+    "ghost_batchnorm": (apply_ghost_batchnorm, {}, 53),
+    "weight_standardization": (apply_weight_standardization, {}, 53),
+    "factorize": (apply_factorization, {}, None),  # the convs and linears wide enough to factorize: some
+}
+
+
+@pytest.mark.parametrize("library", ["torchvision", "timm"])
+@pytest.mark.parametrize("method", list(RESNET50_FINDS))
+def test_surgeries_find_their_layers_in_torchvision_and_timm_resnet50(method, library):
+    model = _torchvision_resnet50() if library == "torchvision" else _timm_resnet50()
+    fn, kwargs, expected = RESNET50_FINDS[method]
+    report = fn(model, **kwargs)
+    assert report.total > 0, f"{method} found nothing in {library}'s ResNet-50"
+    if expected is not None:
+        assert report.total == expected, (method, library, report.changed)
+    if method == "blurpool":
+        assert report.changed == {"strided convs": 6, "max pools": 1}
+    model.train()
+    out = model(torch.randn(2, 3, 64, 64))
+    assert out.shape == (2, 1000)
+    out.sum().backward()  # the changed model still trains
+
+
+def test_the_whole_hot_recipe_s_surgeries_stack_on_torchvision_resnet50():
+    from speedkit.methods.channels_last import apply_channels_last
+
+    model = _torchvision_resnet50()
+    reports = [apply_blurpool(model), apply_stochastic_depth(model, drop_rate=0.1, mode="sample"),
+               apply_squeeze_excite(model), apply_channels_last(model)]
+    assert all(r.total > 0 for r in reports)
+    assert len(stochastic_depth_layers(model)) == 16
+    model.train()
+    model(torch.randn(2, 3, 64, 64)).sum().backward()

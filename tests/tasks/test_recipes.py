@@ -82,7 +82,8 @@ def test_the_shipped_figures_are_the_ones_written_from_the_committed_results():
 
 def test_every_preset_file_is_a_recipe_file_holding_its_tasks_presets():
     """One file per task, in the format `--recipe FILE:NAME` reads; the task and domain are the task's."""
-    assert sorted(p.stem for p in PRESETS.glob("*.yaml")) == ["fashion-mnist", "image-folder", "pydocs"]
+    assert sorted(p.stem for p in PRESETS.glob("*.yaml")) == ["fashion-mnist", "gpt2", "image-folder", "imagenet",
+                                                              "pydocs"]
     for path in PRESETS.glob("*.yaml"):
         recipes = read_recipe_file(path)
         assert all(r.task is None and r.domain is None and r.reached is None for r in recipes.values()), path

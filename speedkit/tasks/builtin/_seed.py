@@ -1,0 +1,75 @@
+"""What the seed's workloads (``imagenet``, ``gpt2``) share: their two profiles and the rule that turns a
+published recipe (the ``gpu`` profile's, the seed's real sizes) into its CPU rehearsal.
+
+A profile says how big a run of the task is, not which methods it uses: the ``cpu`` rehearsal keeps every
+preset's methods and their arguments, and scales the model, the inputs, the batch (the learning rate with it,
+by the linear scaling rule) and the budget so that a rehearsal could train on a CPU. ``profile=None`` picks
+``gpu`` where CUDA is available, else ``cpu``, and the task's summary says which.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Mapping
+
+from speedkit.core.time import Time, TimeUnit
+from speedkit.tasks.recipes import Recipe
+
+PROFILES = ("cpu", "gpu")
+
+
+def pick_profile(task: str, profile: str | None) -> str:
+    """``profile`` checked, or the one this machine suits (see the module's docstring)."""
+    if profile is None:
+        import torch
+
+        return "gpu" if torch.cuda.is_available() else "cpu"
+    if profile not in PROFILES:
+        raise ValueError(f"task {task}: profile must be one of {PROFILES} (cpu: a rehearsal with a narrow model and "
+                         f"small inputs; gpu: the seed's real sizes), got {profile!r}")
+    return profile
+
+
+def need_data(task: str, data, how: str) -> Path:
+    """``data`` as a folder that exists, or an error that names ``--data`` and how to prepare one."""
+    if data is None:
+        raise ValueError(f"task {task!r} trains on your files: give the folder with --data DIR (data=DIR in "
+                         f"Python); {how}")
+    folder = Path(data).expanduser()
+    if not folder.is_dir():
+        raise FileNotFoundError(f"task {task!r}: --data {data} is not a folder; {how}")
+    return folder
+
+
+def _scaled_duration(duration: str, scale: float) -> str:
+    """``duration`` times ``scale``, whole in its unit, at least one."""
+    time = Time.from_input(duration)
+    value = max(1, round(time.value * scale))
+    unit = {TimeUnit.EPOCH: "ep", TimeUnit.BATCH: "ba"}.get(time.unit)
+    if unit is None:
+        return duration
+    return f"{value}{unit}"
+
+
+def rehearsal(recipes: Mapping[str, Recipe], *, model: str, batch_size: int, duration_scale: float,
+              scale_lr: bool, eval_interval: str | None = None) -> dict[str, Recipe]:
+    """The published recipes at a rehearsal's size: the same methods and their arguments, ``model``, a batch of
+    ``batch_size`` (with ``scale_lr``, the learning rate scaled linearly with it: SGD's rule, Goyal et al. 2017),
+    budgets times ``duration_scale``, and bf16 only where it is fast (``precision: auto``): on most CPUs bf16
+    autocast is emulated, so a rehearsal there runs in fp32."""
+    out = {}
+    for name, recipe in recipes.items():
+        factor = batch_size / recipe.batch_size
+        optimizer = {"lr": float(f"{recipe.optimizer['lr'] * factor:.4g}")} if scale_lr and factor != 1 else {}
+        # Muon's rate stays: its update is orthogonalized, its size set by that rate, not by the batch
+        out[name] = recipe.with_changes(model=model, batch_size=batch_size, optimizer=optimizer,
+                                        duration=_scaled_duration(recipe.duration, duration_scale),
+                                        precision="auto" if recipe.precision == "bf16" else recipe.precision,
+                                        eval_interval=eval_interval or recipe.eval_interval,
+                                        summary=f"{recipe.summary} [cpu rehearsal: {model}, batch {batch_size}]")
+    return out
+
+
+def floor_to_divisor(block: int, length: int) -> int:
+    """The longest window at most ``length`` that divides the shards' ``block`` (windows never cross blocks)."""
+    length = max(1, min(length, block))
+    return max(d for d in range(1, length + 1) if block % d == 0)

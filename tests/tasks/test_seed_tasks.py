@@ -1,0 +1,150 @@
+"""The seed's workloads as tasks (issue 43 item 3): ``imagenet`` (ResNets on an ImageNet-layout folder or its
+shards) and ``gpt2`` (GPT-2 124M on BPE token shards), each with a ``cpu`` rehearsal and a ``gpu`` profile, their
+published presets, and the errors a user meets without ``--data``."""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+pytest.importorskip("litdata")
+pytest.importorskip("tokenizers")
+
+from cli_child import speedkit_train  # noqa: E402
+from streaming_data import make_image_folder  # noqa: E402
+
+from speedkit.data.streaming import StreamingImageLoader, StreamingTokenLoader  # noqa: E402
+from speedkit.tasks import TASKS, DataRequest, find_task, resolve_task  # noqa: E402
+from speedkit.tasks.builtin.gpt2 import gpt2_recipes, gpt2_task  # noqa: E402
+from speedkit.tasks.builtin.imagenet import imagenet_recipes, imagenet_task  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def cache_here(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPEEDKIT_SHARDS", str(tmp_path / "cache"))
+
+
+@pytest.fixture
+def imagenet_folder(tmp_path):
+    """ImageNet's layout: train/<class>/ and val/<class>/ of JPEG and PNG images of varied sizes."""
+    make_image_folder(tmp_path / "imagenet" / "train", per_class=5, seed=0)
+    make_image_folder(tmp_path / "imagenet" / "val", per_class=2, seed=1)
+    return tmp_path / "imagenet"
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    rng = random.Random(0)
+    words = ["the", "seed", "trains", "a", "model", "on", "tokens", "from", "shards", "of", "text", "and", "images"]
+    root = tmp_path / "corpus"
+    root.mkdir()
+    for i in range(8):
+        (root / f"doc{i}.txt").write_text(" ".join(rng.choice(words) for _ in range(1500)) + "\n")
+    return root
+
+
+def _request(model=None, batch_size=4):
+    return DataRequest(batch_size=batch_size, device=torch.device("cpu"), model=model)
+
+
+def test_imagenet_cpu_profile_streams_the_folder_and_evaluates_larger_than_it_trains(imagenet_folder):
+    with pytest.warns(UserWarning, match="streaming it from shards"):
+        task = imagenet_task(imagenet_folder, profile="cpu")
+    assert task.name == "imagenet" and "cpu profile" in task.summary and "3 classes" in task.summary
+    assert task.baselines == ("baseline", "plain-bf16")
+    assert {"baseline", "plain-bf16", "mild", "medium", "hot"} <= set(task.recipes)
+    model = task.model(task.models[0])
+    assert task.models[0] == "resnet18" and task.recipe("hot").model == "resnet18"
+    train, evaluate = task.train_data(_request(model)), task.eval_data(_request(model))
+    assert isinstance(train, StreamingImageLoader)
+    images, labels = next(iter(train))
+    assert images.shape == (4, 3, 64, 64) and labels.dtype == torch.int64
+    assert next(iter(evaluate))[0].shape[-1] == 80  # FFCV's test: evaluation at a higher resolution
+    assert model(images).shape == (4, 3)
+    for name in ("resnet50", "resnet101", "torchvision:resnet34", "timm:resnet50"):
+        assert task.model_fit_problem(name) is None
+    # asked again, the shards prepared once are found (a shard folder as --data works the same)
+    again = imagenet_task(imagenet_folder, profile="cpu", image_size=48, eval_image_size=72)
+    assert next(iter(again.train_data(_request())))[0].shape[-1] == 48
+    assert next(iter(again.eval_data(_request())))[0].shape[-1] == 72
+
+
+def test_imagenet_gpu_presets_are_composers_published_resnet50_recipes():
+    recipes = imagenet_recipes("gpu")
+    base = recipes["baseline"]
+    assert (base.model, base.batch_size, base.duration, base.optimizer["lr"], base.optimizer["momentum"]) == \
+        ("resnet50", 2048, "90ep", 2.048, 0.875)
+    assert [recipes[r].duration for r in ("mild", "medium", "hot")] == ["36ep", "135ep", "270ep"]
+    assert set(recipes["mild"].methods) == {"blurpool", "channels_last", "ema", "progressive_resizing",
+                                            "label_smoothing"}
+    assert recipes["mild"].methods["label_smoothing"] == {"smoothing": 0.08}
+    assert set(recipes["medium"].methods) == set(recipes["mild"].methods) | {"mixup", "sam"}
+    hot = recipes["hot"].methods
+    assert set(hot) == set(recipes["medium"].methods) | {"colout", "randaugment", "stochastic_depth"}
+    assert hot["stochastic_depth"] == {"drop_rate": 0.1, "mode": "sample", "drop_distribution": "linear"}
+    assert hot["progressive_resizing"]["initial_scale"] == 0.6 and hot["sam"] == {"rho": 0.5, "interval": 5}
+    cpu = imagenet_recipes("cpu")
+    for name, recipe in cpu.items():  # the rehearsal keeps every method and scales the rest
+        assert recipe.methods == recipes[name].methods and recipe.model == "resnet18" and recipe.batch_size == 64
+        assert recipe.optimizer["lr"] == pytest.approx(recipes[name].optimizer["lr"] * 64 / 2048, rel=1e-3)
+
+
+def test_gpt2_cpu_profile_trains_windows_of_the_shards_vocabulary(corpus):
+    with pytest.warns(UserWarning, match="streaming it from shards"):
+        task = gpt2_task(corpus, profile="cpu")
+    assert task.name == "gpt2" and task.domain == "language" and task.target_metric == "eval/loss"
+    assert {"baseline", "composer", "hot"} <= set(task.recipes)
+    vocab = task.model("gpt-nano").config.vocab_size
+    assert vocab < 50257  # the BPE trained on this corpus, not GPT-2's
+    model = task.model(task.models[0])
+    loader = task.train_data(_request(model, batch_size=8))
+    assert isinstance(loader, StreamingTokenLoader)
+    x, y = next(iter(loader))
+    assert x.shape == (8, 256) and int(x.max()) < vocab
+    assert model(x).shape[-1] == vocab
+    hf = pytest.importorskip("transformers") and task.model("hf:gpt2")
+    assert (hf.config.n_layer, hf.config.n_head, hf.config.n_embd, hf.config.n_positions, hf.config.vocab_size) == \
+        (12, 12, 768, 1024, vocab)
+
+
+def test_gpt2_gpu_presets_are_the_published_ones_at_gpt2_124m():
+    recipes = gpt2_recipes("gpu")
+    assert {r.model for r in recipes.values()} == {"gpt2-124m"}
+    composer = recipes["composer"]
+    assert composer.optimizer["lr"] == 6e-4 and composer.batch_size == 512 and composer.duration == "14000ba"
+    assert composer.methods["seq_length_warmup"] == {"duration": 0.3, "min_seq_length": 8, "step_size": 8,
+                                                     "truncate": True}
+    assert "alibi" in composer.methods
+    assert {"muon", "rotary_embeddings", "qk_norm", "relu_squared"} <= set(recipes["hot"].methods)
+    from speedkit.models import get_model
+
+    config = get_model("gpt2-124m", vocab_size=1000).config  # GPT-2 124M's sizes
+    assert (config.n_layer, config.n_head, config.n_embd, config.block_size) == (12, 12, 768, 1024)
+
+
+@pytest.mark.parametrize("name", ["imagenet", "gpt2"])
+def test_without_data_the_error_names_the_argument_and_how_to_prepare_it(name, tmp_path):
+    with pytest.raises(ValueError, match=r"--data DIR.*speedkit data prepare"):
+        find_task(name)
+    with pytest.raises(FileNotFoundError, match=r"--data .* is not a folder.*speedkit data prepare"):
+        find_task(name, tmp_path / "missing")
+    with pytest.raises(ValueError, match="profile must be one of"):
+        find_task(name, tmp_path, profile="tpu")
+    done = speedkit_train("--task", name, cwd=tmp_path)
+    assert done.returncode == 2 and "--data" in done.stderr and "speedkit data prepare" in done.stderr
+
+
+@pytest.mark.slow
+def test_the_cli_trains_both_seed_tasks_cpu_profiles(imagenet_folder, corpus, tmp_path):
+    for args in (["--task", "imagenet", "--data", str(imagenet_folder), "--recipe", "hot", "--batch-size", "4"],
+                 ["--task", "gpt2", "--data", str(corpus), "--recipe", "composer"]):
+        done = speedkit_train(*args, "--task-profile", "cpu", "--duration", "2ba", "--no-progress",
+                              "--run-dir", str(tmp_path / "runs"), cwd=tmp_path)  # SPEEDKIT_SHARDS: cache_here
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert "completed" in done.stdout + done.stderr
+
+
+def test_both_resolve_by_name_so_bench_and_tune_find_them_again(imagenet_folder):
+    task = resolve_task("imagenet", imagenet_folder, profile="cpu")
+    assert TASKS["imagenet"] is task and find_task("imagenet") is task
