@@ -376,8 +376,10 @@ def test_resuming_a_run_on_shards_prepared_again_is_refused(image_shards, tmp_pa
     _fit(out, tmp_path / "run", stop_at=3)
     other = tmp_path / "other"
     prepare_images(source, other, short_side=20, part_size=10, progress=False)
-    trainer = Trainer(tiny_convnet(), StreamingImageLoader(other, 6, image_size=16), max_duration="3ep",
-                      device="cpu", run_dir=tmp_path / "run", run_name="r", autoresume=True)
+    # every setting as the first run had it, so the data is the one thing that differs
+    trainer = Trainer(tiny_convnet(), StreamingImageLoader(other, 6, image_size=16, seed=5), max_duration="3ep",
+                      deterministic=True, log_interval=1, device="cpu", run_dir=tmp_path / "run", run_name="r",
+                      autoresume=True)
     with pytest.raises(ValueError, match="trained on other data"):
         trainer.fit()
 
