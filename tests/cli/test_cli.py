@@ -45,7 +45,7 @@ def test_speedkit_train_logs_to_tensorboard_and_csv(tmp_path):
 @pytest.mark.parametrize("args, message", [
     (["--methods", "label_smothing"], "Did you mean 'label_smoothing'"),
     (["--duration", "3 fortnights"], "fortnights"),
-    (["--task", "imagenet"], "unknown task"),
+    (["--task", "cifar-1000"], "unknown task"),
     (["--model", "resnet1000"], "resnet1000"),
     (["--logger", "tensorboard,neptune"], "unknown logger name 'neptune'; known names: tensorboard, csv, mlflow, wandb"),
 ])
