@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Mapping
 
 from speedkit.core.time import Time, TimeUnit
-from speedkit.tasks.recipes import Recipe
+from speedkit.tasks.recipes import Recipe, load_presets
 
 PROFILES = ("cpu", "gpu")
 
@@ -67,6 +67,16 @@ def rehearsal(recipes: Mapping[str, Recipe], *, model: str, batch_size: int, dur
                                         eval_interval=eval_interval or recipe.eval_interval,
                                         summary=f"{recipe.summary} [cpu rehearsal: {model}, batch {batch_size}]")
     return out
+
+
+def profile_recipes(task: str, sizes, *, scale_lr: bool) -> dict[str, Recipe]:
+    """``presets/TASK.yaml`` as a profile runs it: as published where the profile keeps the published batch
+    (``sizes.batch_size`` None), else as a ``rehearsal`` at the profile's model, batch and budget share."""
+    recipes = load_presets(task)
+    if sizes.batch_size is None:
+        return recipes
+    return rehearsal(recipes, model=sizes.model, batch_size=sizes.batch_size, duration_scale=sizes.duration_scale,
+                     scale_lr=scale_lr)
 
 
 def floor_to_divisor(block: int, length: int) -> int:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 
 from speedkit.tasks.builtin import _seed
-from speedkit.tasks.recipes import load_presets
 from speedkit.tasks.task import DataRequest, Task
 
 HOW = ("--data is a folder of BPE token shards or a text folder (.txt, .md, .rst): `speedkit data prepare DIR "
@@ -46,12 +45,7 @@ MODELS = ("gpt2-124m", "hf:gpt2", "gpt-nano", "gpt-micro", "gpt-mini", "gpt-smal
 
 def gpt2_recipes(profile: str) -> dict:
     """The presets (``presets/gpt2.yaml``) as the profile runs them."""
-    recipes = load_presets("gpt2")
-    sizes = PROFILES[profile]
-    if sizes.batch_size is None:
-        return recipes
-    return _seed.rehearsal(recipes, model=sizes.model, batch_size=sizes.batch_size,
-                           duration_scale=sizes.duration_scale, scale_lr=False)
+    return _seed.profile_recipes("gpt2", PROFILES[profile], scale_lr=False)
 
 
 def gpt2_task(data=None, profile: str | None = None, target: float | None = None, skip_unreadable: bool = False,

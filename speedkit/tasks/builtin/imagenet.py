@@ -19,7 +19,6 @@ import dataclasses
 from speedkit.data.images import check_image_size
 from speedkit.tasks.builtin import _seed
 from speedkit.tasks.builtin._shared import LIBRARY_MODELS, classification_metrics, recipe_augment, vision_model_factory
-from speedkit.tasks.recipes import load_presets
 from speedkit.tasks.task import DataRequest, Task
 
 HOW = ("--data is an ImageNet-layout folder (train/<class>/*.JPEG and val/<class>/*.JPEG, or <class>/ folders "
@@ -50,12 +49,7 @@ PROFILES = {
 
 def imagenet_recipes(profile: str) -> dict:
     """The presets (``presets/imagenet.yaml``) as the profile runs them."""
-    recipes = load_presets("imagenet")
-    sizes = PROFILES[profile]
-    if sizes.batch_size is None:
-        return recipes
-    return _seed.rehearsal(recipes, model=sizes.model, batch_size=sizes.batch_size,
-                           duration_scale=sizes.duration_scale, scale_lr=True)
+    return _seed.profile_recipes("imagenet", PROFILES[profile], scale_lr=True)
 
 
 def imagenet_task(data=None, profile: str | None = None, image_size: int | None = None,
