@@ -27,12 +27,14 @@ VISION_INPUTS = {  # name -> (input shape, output shape), with get_model's defau
     "resnet56": ((2, 3, 32, 32), (2, 10)),
     "resnet18": ((2, 3, 32, 32), (2, 10)),
     "resnet50": ((2, 3, 32, 32), (2, 10)),
+    "resnet101": ((2, 3, 32, 32), (2, 10)),
     "unet": ((2, 1, 16, 16), (2, 10, 16, 16)),
 }
 
 
 def test_registry_covers_the_promised_names():
-    expected = {"resnet8", "resnet9", "resnet20", "resnet56", "resnet18", "resnet50", "unet", *GPT_CONFIGS}
+    expected = {"resnet8", "resnet9", "resnet20", "resnet56", "resnet18", "resnet50", "resnet101", "unet",
+                *GPT_CONFIGS}
     assert set(list_models()) == expected == set(MODELS)
     assert {"gpt-nano", "gpt-micro", "gpt-mini", "gpt-small", "gpt2-124m"} <= set(GPT_CONFIGS)
 
