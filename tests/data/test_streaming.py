@@ -16,6 +16,7 @@ pytest.importorskip("tokenizers")
 from speedkit.data.streaming import (ShardError, StreamingImageLoader, StreamingTokenLoader,  # noqa: E402
                                      prepare_images, prepare_text, read_shards)
 import speedkit.data.streaming.prepare as prepare_module  # noqa: E402
+from speedkit.core.engine import Callback  # noqa: E402
 from speedkit.data.streaming.prepare import PrepareStopped  # noqa: E402
 
 from streaming_data import CLASSES, PER_CLASS, make_image_folder, make_text_folder  # noqa: E402
@@ -312,7 +313,7 @@ def tiny_convnet(seed: int = 0) -> torch.nn.Module:
                                torch.nn.Flatten(), torch.nn.Linear(4, CLASSES))
 
 
-class StopAt:
+class StopAt(Callback):
     """Stops the run at a batch (a checkpoint and a record are written, as after a kill's last save)."""
 
     def __init__(self, batch):
@@ -321,15 +322,6 @@ class StopAt:
     def run_event(self, event, state, logger):
         if event.value == "batch_end" and state.timestamp.batch == self.batch:
             self.trainer.stop()
-
-    def state_dict(self):
-        return {}
-
-    def load_state_dict(self, state):
-        pass
-
-    def durations(self):
-        return {}
 
 
 def _fit(shards, folder, stop_at=None, resume=False, workers=0):
@@ -384,7 +376,7 @@ def test_resuming_a_run_on_shards_prepared_again_is_refused(image_shards, tmp_pa
         trainer.fit()
 
 
-class SizeSpy:
+class SizeSpy(Callback):
     """Records the image size of every training batch the model sees, and the loader's decode size."""
 
     def __init__(self):
@@ -394,15 +386,6 @@ class SizeSpy:
         if event.value == "before_forward" and state.model.training:
             self.seen.append(state.batch[0].shape[-1])
             self.decoded.append(state.train_dataloader.image_size)
-
-    def state_dict(self):
-        return {}
-
-    def load_state_dict(self, state):
-        pass
-
-    def durations(self):
-        return {}
 
 
 def test_progressive_resizing_makes_early_epochs_decode_small_and_resumes_exactly(image_shards, tmp_path):
