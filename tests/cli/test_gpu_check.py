@@ -1,7 +1,6 @@
 """The prepared GPU check (scripts/gpu_check.py) runs its steps on a CPU at tiny scale, so it cannot rot."""
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -14,10 +13,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def gpu_check():
-    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "scripts" / "gpu_check.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    from helpers import load_script
+
+    return load_script("gpu_check")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without a GPU")

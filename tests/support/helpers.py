@@ -65,3 +65,15 @@ def method_class(name: str, writes=(), events=(Event.BATCH_START, Event.AFTER_FO
 # fail instead (tests/support/prerequisites.py), so a green CI means they ran.
 needs_fmnist = pytest.mark.prerequisite("fashion-mnist")
 needs_python_docs = pytest.mark.prerequisite("python-docs")
+
+
+def load_script(name: str):
+    """A script under ``scripts/`` imported as a module (scripts are not a package), e.g. ``gpu_check``."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "scripts" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"script_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -4,23 +4,18 @@ with no host wait between logging steps and FLOP/s against the measured peak rep
 own step (``scripts/gpu_check.py``'s ``seed_check``), so the check a GPU runs is the one proven here."""
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 
 import pytest
 
 pytest.importorskip("litdata")
 pytest.importorskip("tokenizers")
 
-ROOT = Path(__file__).resolve().parents[2]
-
 
 @pytest.fixture(scope="module")
 def gpu_check():
-    spec = importlib.util.spec_from_file_location("gpu_check_seed", ROOT / "scripts" / "gpu_check.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    from helpers import load_script
+
+    return load_script("gpu_check")
 
 
 @pytest.fixture(autouse=True)
