@@ -34,8 +34,15 @@ from pathlib import Path
 CHILD = "--child"
 
 
+POOL = 2_000  # distinct images; the rest of a folder hard-links them (see write_images)
+
+
 def write_images(root: Path, count: int, min_side: int, max_side: int, seed: int = 0) -> None:
-    """``count`` JPEGs in root/class<k>/ (10 classes), each a smooth random gradient with noise, of varied sizes."""
+    """``count`` JPEGs in root/class<k>/ (10 classes), each a smooth random gradient with noise, of varied sizes.
+
+    Only ``POOL`` of them are drawn; the others are hard links to those. What is measured is the loader's memory
+    against the number of samples it indexes and streams, and the shards store each file's bytes on their own,
+    so pixels that repeat change nothing there, while drawing 200,000 distinct images would take hours."""
     import numpy as np
     from PIL import Image
 
@@ -46,12 +53,17 @@ def write_images(root: Path, count: int, min_side: int, max_side: int, seed: int
     for k in range(10):
         (root / f"class{k}").mkdir(parents=True, exist_ok=True)
     for i in range(count):
+        path = root / f"class{i % 10}" / f"{i:07d}.jpg"
+        if i >= POOL:
+            if not path.exists():
+                os.link(root / f"class{i % 10}" / f"{i % POOL:07d}.jpg", path)
+            continue
         width, height = sizes.randint(min_side, max_side), sizes.randint(min_side, max_side)
         base = rng.integers(0, 255, size=(2, 2, 3)).astype(np.uint8)
         image = Image.fromarray(base).resize((width, height), Image.BILINEAR)
         noise = rng.integers(-12, 12, size=(height, width, 3))
         pixels = np.clip(np.asarray(image, dtype=np.int16) + noise, 0, 255).astype(np.uint8)
-        Image.fromarray(pixels).save(root / f"class{i % 10}" / f"{i:07d}.jpg", quality=85)
+        Image.fromarray(pixels).save(path, quality=85)
     (root / ".complete").write_text(str(count))
 
 
