@@ -160,8 +160,9 @@ def heldout_results() -> str:
         rows.append(f"| {HELDOUT_SETS.get(key, key)} | {target} | {against} | " + " | ".join(cells) + " |")
         machines.add(f"{entry['machine']['cpu']}, {entry['machine']['torch_threads']} threads, "
                      f"{entry['date'][:10]}, {n} seeds")
-    rows += ["", f"Median speed-up paired by seed (range). {'; '.join(sorted(machines))}. "
-                 f"From [{HELDOUT.relative_to(ROOT)}]({HELDOUT.relative_to(ROOT)})."]
+    rows += ["", f"Median speed-up over the folder task's strongest baseline, paired by seed (range). "
+                 f"{'; '.join(sorted(machines))}. Sets built by `scripts/build_heldout_sets.py`; "
+                 f"from [{HELDOUT.relative_to(ROOT)}]({HELDOUT.relative_to(ROOT)})."]
     return "\n".join(rows)
 
 
@@ -181,8 +182,9 @@ def hosts_results() -> str:
 
 
 def search_results() -> str:
-    rows = ["| data | recipe | against (per seed, the faster) | fresh seeds | speed-up | files |",
-            "|---|---|---|---|---|---|"]
+    """One row per search: each pick's median speed-up on fresh seeds, paired by seed with the faster of
+    ``against`` on that seed."""
+    rows = ["| data | against (per seed, the faster) | fresh seeds | speed-up on them | files |", "|---" * 5 + "|"]
     budgets, machines = set(), set()
     for search in SEARCHES:
         where = f"bench/results/tune/{search['folder']}"
@@ -192,18 +194,21 @@ def search_results() -> str:
         machines.update(f["machine"].rsplit(",", 1)[0] for f in files)  # without the date
         links = ", ".join(f"[{f.removesuffix('.json').removesuffix('.md').replace('_', ' ')}]({where}/{f})"
                           for f in ["report.md", *search["files"]])
+        cells = []
         for arm, label in search["arms"].items():
             ratios = []
             for seed in seeds:
                 base = [seed[b]["time_to_target_s"] for b in search["against"] if seed[b]["time_to_target_s"]]
                 if base and seed[arm]["time_to_target_s"]:
                     ratios.append(min(base) / seed[arm]["time_to_target_s"])
-            numbers = [s["seed"] for s in seeds]
-            rows.append(f"| {search['data']} | {label} | {' or '.join(search['against'].values())} | "
-                        f"{min(numbers)}-{max(numbers)} | {_ratio_cell(ratios)} | {links} |")
+            cells.append(f"{label}: {_ratio_cell(ratios)}")
+        numbers = [s["seed"] for s in seeds]
+        rows.append(f"| {search['data']} | {' or '.join(search['against'].values())} | "
+                    f"{min(numbers)}-{max(numbers)} | {'; '.join(cells)} | {links} |")
     minutes = " or ".join(f"{b / 60:g}" for b in sorted(budgets))
-    return "\n".join(rows) + (f"\n\nSearches of {minutes} minutes; picks run with `speedkit train` as shipped, "
-                              f"median speed-up paired by seed (range). {'; '.join(sorted(machines))}.")
+    return "\n".join(rows) + (f"\n\n`speedkit tune` (`[tune]`) searched {minutes} minutes for the fastest recipe; "
+                              "each pick then ran with `speedkit train` as shipped, on seeds the search never saw. "
+                              f"Median speed-up paired by seed (range). {'; '.join(sorted(machines))}.")
 
 
 def reached_json() -> str:

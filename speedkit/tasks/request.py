@@ -1,6 +1,6 @@
 """RunRequest: one run asked for, as data: a task, a recipe, and what the user changes about them.
 
-Every front end builds one: ``speedkit train`` from its flags, the explorer from its ``RunConfig``, the
+Every front end builds one: ``speedkit train`` from its flags, the explorer from its controls, the
 benchmark from a profile, the search from its settings; ``make_trainer`` takes it. Its fields are checked
 once, here, when it is made, and a refusal names the field and what it takes. What a request does not
 name (callbacks, checkpointing, progress bar, ...) goes to the Trainer as ``trainer_options``, whose names

@@ -3,9 +3,7 @@
 ``speedkit.ui.plots`` and ``speedkit.ui.board`` need only plotly; the explorer needs ipywidgets
 (``pip install 'torch-speedkit[notebook]'``). Nothing outside this package imports it.
 """
-from speedkit.ui.config import RunConfig
-
-__all__ = ["MethodExplorer", "RunBoard", "RunConfig", "BackgroundRun", "curves_figure"]
+__all__ = ["MethodExplorer", "RunBoard", "BackgroundRun", "curves_figure"]
 
 
 def __getattr__(name):

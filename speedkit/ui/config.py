@@ -1,15 +1,18 @@
-"""RunConfig: what the explorer's controls describe, as plain data.
+"""The explorer's run description is a ``speedkit.tasks.RunRequest``: the one the CLI, the benchmark and the
+search build too, checked in one place.
 
-A configuration starts from a recipe preset (optimizer, schedule, input pipeline) and may change
-its methods, their parameters and the run's settings. It turns into a ``speedkit.tasks.RunRequest``
-(what the CLI, the benchmark and the search build too, checked in one place) and through
-``make_trainer`` into a Trainer, into code a user can paste, and into a recipe file.
+Its controls set the request's fields directly (``task``, ``recipe``: the preset the grid starts from,
+``methods``, ``model``, ``duration``, ``precision``, ``device``, ``seed``, ``target``), and the explorer holds
+``data_fraction``, ``eval_fraction`` and ``eval_interval``. A headless configuration is a dict of those fields.
+This module checks such a request (``request_problems``), resolves the recipe it runs (``run_recipe``: named
+``<preset>-custom`` once its methods differ from the preset's), and writes it as code and a recipe file.
 """
 from __future__ import annotations
 
 import copy
 import dataclasses
 import functools
+from collections.abc import Mapping
 
 import torch
 
@@ -19,120 +22,117 @@ from speedkit.core.method import check_compatibility
 from speedkit.methods import REGISTRY, build_methods
 from speedkit.tasks import get_task, model_fit_problem
 from speedkit.tasks import Recipe, get_recipe
-from speedkit.tasks.request import RunRequest
+from speedkit.tasks.request import RECIPE_OVERRIDES, RunRequest
 from speedkit.tasks.task import DataRequest, Task
 
+# The RunRequest fields the explorer sets: its controls' and the three it holds. The rest (where runs go,
+# loggers, stopping at the target) come from the explorer itself.
+EXPLORER_FIELDS = ("task", "recipe", "methods", "model", "duration", "precision", "device", "seed", "target",
+                   "data_fraction", "eval_fraction", "eval_interval")
 
-@dataclasses.dataclass
-class RunConfig:
-    task: str = "fashion-mnist"
-    recipe: str = "mild"  # the preset this configuration starts from
-    methods: dict | None = None  # method -> params; None keeps the preset's methods
-    model: str | None = None
-    duration: str | None = None
-    device: str = "auto"
-    precision: str | None = None
-    seed: int = 0
-    target: float | None = None
-    data_fraction: float = 1.0
-    eval_fraction: float | None = None
-    eval_interval: str | None = None
-    name: str | None = None
 
-    @classmethod
-    def from_dict(cls, data: dict) -> "RunConfig":
-        """From a notebook parameter such as ``{"recipe": "hot", "duration": "1ep"}``; unknown keys are errors."""
-        if not isinstance(data, dict):
-            raise TypeError(f"a run configuration is a dict of RunConfig fields, got {data!r}")
-        fields = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - fields)
-        if unknown:
-            raise ValueError(f"unknown configuration key(s) {unknown}; a configuration takes {sorted(fields)}")
-        return cls(**data)
+def explorer_request(settings: Mapping | RunRequest) -> RunRequest:
+    """The RunRequest of a configuration: a dict of ``EXPLORER_FIELDS`` (``{"recipe": "hot", "duration": "1ep"}``),
+    or a RunRequest that sets no other field. Another key is refused, naming those taken; a bad value with the
+    request's own message."""
+    if isinstance(settings, RunRequest):
+        unheld = sorted(f.name for f in dataclasses.fields(RunRequest)
+                        if f.name not in EXPLORER_FIELDS and getattr(settings, f.name) != _default(f))
+        if unheld:
+            raise ValueError(f"the explorer does not set {unheld}; a configuration takes {list(EXPLORER_FIELDS)}")
+        return settings
+    if not isinstance(settings, Mapping):
+        raise TypeError(f"a run configuration is a dict of RunRequest fields {list(EXPLORER_FIELDS)}, "
+                        f"got {settings!r}")
+    unknown = sorted(set(settings) - set(EXPLORER_FIELDS))
+    if unknown:
+        raise ValueError(f"unknown configuration key(s) {unknown}; a configuration takes {list(EXPLORER_FIELDS)}")
+    if "recipe" not in settings:  # where the explorer opens the task, not RunRequest's default
+        settings = {**settings, "recipe": default_preset(settings.get("task", "fashion-mnist"))}
+    return RunRequest(**settings)
 
-    # -- what it resolves to -----------------------------------------------------------------
-    def base_recipe(self) -> Recipe:
-        return get_recipe(self.task, self.recipe)
 
-    def resolved_methods(self) -> dict:
-        return dict(self.base_recipe().methods if self.methods is None else self.methods)
+def default_preset(task: str) -> str:
+    """The preset the explorer opens a task on: its ``mild``, else its first."""
+    recipes = get_task(task).recipes
+    return "mild" if "mild" in recipes else next(iter(recipes))
 
-    @property
-    def is_custom(self) -> bool:
-        """True once the methods or their parameters differ from the preset's."""
-        return self.methods is not None and _normalise(self.methods) != _normalise(self.base_recipe().methods)
 
-    def to_recipe(self) -> Recipe:
-        name = f"{self.recipe}-custom" if self.is_custom else self.recipe
-        base = self.base_recipe()
-        recipe = base.with_changes(name=name, methods=self.resolved_methods(), model=self.model,
-                                   duration=self.duration, precision=self.precision,
-                                   eval_interval=self.eval_interval)
-        if recipe.to_dict() != base.to_dict():  # what the preset reached says nothing about a changed one
-            recipe = dataclasses.replace(recipe, reached=None)
-        return recipe
+def _default(field: dataclasses.Field):
+    return field.default_factory() if field.default_factory is not dataclasses.MISSING else field.default
 
-    def problems(self) -> list[str]:
-        """What stops this configuration from running, in words; empty when it can run.
 
-        Conflicts come from the engine's own check (``check_compatibility``), not a copy of it.
-        """
-        found = []
-        try:
-            spec = get_task(self.task)
-            recipe = self.to_request().recipe  # the request's own checks of every setting, not a copy of them
-        except (ValueError, TypeError, FileNotFoundError) as e:
-            return [str(e)]
-        problem = model_fit_problem(spec, recipe.model)  # the check make_trainer runs, not a copy of it
-        if problem:
-            found.append(problem)
-        misfits = method_misfits(spec, recipe.model) if not problem else {}
-        for name in recipe.methods:
-            reason = unsuitable_reason(name, spec.domain) or misfits.get(name)
-            if reason:
-                found.append(reason)
-        try:
-            check_compatibility(build_methods(recipe.methods))
-        except (ValueError, TypeError) as e:
-            found.append(str(e))
-        return found
+# -- what it resolves to ---------------------------------------------------------------------
+def base_recipe(request: RunRequest) -> Recipe:
+    """The preset (or recipe file) the request starts from."""
+    return get_recipe(request.task, request.recipe)
 
-    def to_request(self, **changes) -> RunRequest:
-        """The RunRequest this configuration asks for; ``changes`` are more request fields or Trainer keyword
-        arguments (the explorer's ``run_dir`` and ``loggers``)."""
-        return RunRequest.build(self.task, self.to_recipe(), **self._run_settings(), **changes)
 
-    def make_trainer(self, **changes):
-        """The Trainer for this configuration (``changes`` as for ``to_request``)."""
-        from speedkit.tasks import make_trainer
+def is_custom(request: RunRequest) -> bool:
+    """True once the methods or their parameters differ from the preset's."""
+    return methods_differ(request.methods, base_recipe(request).methods)
 
-        problems = self.problems()
-        if problems:
-            raise ValueError("this configuration cannot run: " + "; ".join(problems))
-        return make_trainer(self.to_request(**changes))
 
-    def _run_settings(self) -> dict:
-        args = {"device": self.device, "seed": self.seed, "data_fraction": self.data_fraction,
-                "eval_fraction": self.eval_fraction, "target": self.target, "run_name": self.name}
-        return {k: v for k, v in args.items() if v is not None}
+def methods_differ(methods: dict | None, preset: dict) -> bool:
+    """Whether ``methods`` (None: the preset's own) differ from ``preset``'s, a card default counting as given."""
+    return methods is not None and _normalise(methods) != _normalise(preset)
 
-    # -- as text -----------------------------------------------------------------------------
-    def to_code(self) -> str:
-        """A Python snippet that builds and runs this configuration with the Trainer."""
-        recipe = self.to_recipe()
-        args = [repr(self.task), repr(self.recipe)]
-        changes = {"methods": recipe.methods, "model": self.model, "duration": self.duration,
-                   "precision": self.precision, "eval_interval": self.eval_interval}
-        args += [f"{k}={v!r}" for k, v in changes.items() if v is not None]
-        args += [f"{k}={v!r}" for k, v in self._run_settings().items()]
-        call = ",\n    ".join(args)
-        return ("from speedkit.tasks import make_trainer\n\n"
-                f"trainer = make_trainer(\n    {call},\n)\n"
-                "record = trainer.fit()\n"
-                "print(record.status, record.final_metrics, record.time_to_target)\n")
 
-    def to_recipe_yaml(self) -> str:
-        return self.to_recipe().to_yaml()
+def run_recipe(request: RunRequest) -> Recipe:
+    """The recipe the request runs: its preset with the overrides folded in, named ``<preset>-custom`` once its
+    methods differ, and claiming nothing the preset reached once anything differs."""
+    base = base_recipe(request)
+    name = f"{base.name}-custom" if is_custom(request) else base.name
+    recipe = base.with_changes(name=name, **{field: getattr(request, field) for field in RECIPE_OVERRIDES})
+    if recipe.to_dict() != base.to_dict():  # what the preset reached says nothing about a changed one
+        recipe = dataclasses.replace(recipe, reached=None)
+    return recipe
+
+
+def trainer_request(request: RunRequest, **changes) -> RunRequest:
+    """The request ``make_trainer`` gets: the resolved recipe in place of the preset and its overrides;
+    ``changes`` are more request fields or Trainer keyword arguments (the explorer's ``run_dir``, ``loggers``)."""
+    return request.replace(recipe=run_recipe(request), **{field: None for field in RECIPE_OVERRIDES}, **changes)
+
+
+def request_problems(settings: Mapping | RunRequest) -> list[str]:
+    """What stops this configuration (a RunRequest, or a dict of its fields as the controls hold them) from
+    running, in words; empty when it can run. The request's own checks and the engine's conflict check
+    (``check_compatibility``) say it, not a copy of them."""
+    found = []
+    try:
+        request = explorer_request(settings)
+        spec = get_task(request.task)
+        recipe = run_recipe(request)
+    except (ValueError, TypeError, FileNotFoundError) as e:
+        return [str(e)]
+    problem = model_fit_problem(spec, recipe.model)  # the check make_trainer runs, not a copy of it
+    if problem:
+        found.append(problem)
+    misfits = method_misfits(spec, recipe.model) if not problem else {}
+    for name in recipe.methods:
+        reason = unsuitable_reason(name, spec.domain) or misfits.get(name)
+        if reason:
+            found.append(reason)
+    try:
+        check_compatibility(build_methods(recipe.methods))
+    except (ValueError, TypeError) as e:
+        found.append(str(e))
+    return found
+
+
+# -- as text -------------------------------------------------------------------------------
+def request_code(request: RunRequest) -> str:
+    """A Python snippet that builds and runs this request with the Trainer."""
+    args = [repr(request.task), repr(request.recipe), f"methods={run_recipe(request).methods!r}"]
+    defaults = {f.name: _default(f) for f in dataclasses.fields(RunRequest)}
+    args += [f"{field}={getattr(request, field)!r}" for field in EXPLORER_FIELDS[3:]
+             if getattr(request, field) is not None and getattr(request, field) != defaults[field]]
+    call = ",\n    ".join(args)
+    return ("from speedkit.tasks import make_trainer\n\n"
+            f"trainer = make_trainer(\n    {call},\n)\n"
+            "record = trainer.fit()\n"
+            "print(record.status, record.final_metrics, record.time_to_target)\n")
 
 
 def unsuitable_reason(method: str, domain: str) -> str | None:

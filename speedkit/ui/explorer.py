@@ -32,7 +32,9 @@ from speedkit.tasks import TASKS, get_recipe, get_task, resolve_task
 from speedkit.tasks.task import Task
 from speedkit.ui import plots
 from speedkit.ui.board import RunBoard
-from speedkit.ui.config import RunConfig, method_misfits, unsuitable_reason
+from speedkit.tasks import RunRequest, make_trainer
+from speedkit.ui.config import (default_preset, explorer_request, method_misfits, methods_differ, request_code,
+                                request_problems, run_recipe, trainer_request, unsuitable_reason)
 from speedkit.ui.live import BackgroundRun
 
 PRINT_EVERY_S = 5.0  # how often a headless run prints a progress line
@@ -278,17 +280,25 @@ class MethodExplorer:
     def _ipython_display_(self):
         self.display()
 
-    # -- configuration ----------------------------------------------------------------------
+    # -- the run description ----------------------------------------------------------------
+    def settings(self) -> dict:
+        """What the controls hold right now, as RunRequest fields (``speedkit.ui.config.EXPLORER_FIELDS``),
+        unchecked: ``request`` checks them."""
+        return {"task": self.task.value, "recipe": self._base_recipe_name(),
+                "methods": {name: row.params() for name, row in self.rows.items() if row.enabled},
+                "model": self.model.value, "duration": self.duration.value.strip() or None,
+                "precision": self.precision.value, "device": self.device.value, "seed": self.seed.value,
+                "target": self.target.value, "data_fraction": self.data_fraction,
+                "eval_fraction": self.eval_fraction, "eval_interval": self.eval_interval}
+
     @property
-    def config(self) -> RunConfig:
-        """The configuration the controls describe right now."""
-        preset = self._base_recipe_name()
-        return RunConfig(
-            task=self.task.value, recipe=preset,
-            methods={name: row.params() for name, row in self.rows.items() if row.enabled},
-            model=self.model.value, duration=self.duration.value.strip() or None, device=self.device.value,
-            precision=self.precision.value, seed=self.seed.value, target=self.target.value,
-            data_fraction=self.data_fraction, eval_fraction=self.eval_fraction, eval_interval=self.eval_interval)
+    def request(self) -> RunRequest:
+        """The run the controls describe right now (a setting the request refuses raises, naming it)."""
+        return explorer_request(self.settings())
+
+    def recipe(self):
+        """The recipe a run would train now: the preset with the grid's methods and the settings folded in."""
+        return run_recipe(self.request)
 
     def _base_recipe_name(self) -> str:
         return self.preset.value if self.preset.value != "custom" else self._custom_base
@@ -308,7 +318,7 @@ class MethodExplorer:
             with self._draw_lock:
                 plots.retitle(self.figure, spec.target_metric)
             self._plotted_metric = spec.target_metric
-        self.set_recipe(recipe or ("mild" if "mild" in TASKS[task].recipes else next(iter(TASKS[task].recipes))))
+        self.set_recipe(recipe or default_preset(task))
 
     def set_recipe(self, name: str) -> None:
         """Set every control from a preset (or a recipe file that ``use_recipe`` offered)."""
@@ -385,9 +395,9 @@ class MethodExplorer:
         self.rows[method].card.hparam(name).validate(value, method)
         control.value = value
 
-    def load_config(self, config: RunConfig | dict) -> None:
-        """Set the controls from a configuration (a RunConfig or a dict of its fields)."""
-        config = config if isinstance(config, RunConfig) else RunConfig.from_dict(config)
+    def load_config(self, config: RunRequest | dict) -> None:
+        """Set the controls from a configuration (a RunRequest, or a dict of its fields the explorer sets)."""
+        config = explorer_request(config)
         self.set_task(config.task, config.recipe)
         with self._applying_preset():
             for field in ("model", "duration", "precision", "device"):
@@ -424,10 +434,10 @@ class MethodExplorer:
         if self._applying:
             return
         self._grey_unfit_methods()
-        config = self.config
+        settings = self.settings()
         with self._applying_preset():
-            self.preset.value = "custom" if config.is_custom or self._settings_differ(config) else config.recipe
-        problems = config.problems()
+            self.preset.value = "custom" if self._differs_from_preset(settings) else settings["recipe"]
+        problems = request_problems(settings)
         self.conflicts.value = "".join(f"<div style='color:#d62728'>⚠ {html.escape(p)}</div>" for p in problems)
         self.run_button.disabled = bool(problems) or self.running
 
@@ -438,9 +448,11 @@ class MethodExplorer:
         for name, row in self.rows.items():
             row.set_available(unsuitable_reason(name, spec.domain) or misfits.get(name))
 
-    def _settings_differ(self, config: RunConfig) -> bool:
-        base = config.base_recipe()
-        return (config.model, config.duration, config.precision) != (base.model, base.duration, base.precision)
+    @staticmethod
+    def _differs_from_preset(settings: dict) -> bool:
+        base = get_recipe(settings["task"], settings["recipe"])
+        return (methods_differ(settings["methods"], base.methods) or (settings["model"], settings["duration"],
+                settings["precision"]) != (base.model, base.duration, base.precision))
 
     def _filter_rows(self) -> None:
         shown = self.domain_filter.value
@@ -459,14 +471,15 @@ class MethodExplorer:
             if self.running:
                 self.status.value = "a run is already training; stop it first"
                 return None
-            config = self.config
-            problems = config.problems()
+            problems = request_problems(self.settings())
             if problems:
                 self.status.value = "<span style='color:#d62728'>cannot run: " + html.escape("; ".join(problems)) + "</span>"
                 return None
-            config.name = self._run_name(config)
-            trainer = config.make_trainer(run_dir=self.run_dir, loggers=self.loggers, stop_at_target=stop_at_target,
-                                           progress_bar=False)  # the explorer draws its own progress
+            request = self.request
+            name = self._run_name(request)
+            trainer = make_trainer(trainer_request(request, run_name=name, run_dir=self.run_dir, loggers=self.loggers,
+                                                   stop_at_target=stop_at_target,
+                                                   progress_bar=False))  # the explorer draws its own progress
             with self._draw_lock:
                 self._show_baseline(trainer.record)
                 plots.add_run(self.figure, trainer.record, self._metric,
@@ -476,7 +489,7 @@ class MethodExplorer:
             self.current = BackgroundRun(trainer, on_progress=self._on_progress, on_finish=self._on_finish,
                                          interval=self.update_interval)
             self.run_button.disabled, self.stop_button.disabled = True, False
-            self.status.value = f"starting {config.name} …"
+            self.status.value = f"starting {name} …"
             self.current.start()
         if wait:
             self.current.wait()
@@ -495,7 +508,8 @@ class MethodExplorer:
         """Headless: run each configuration in turn, waiting for each (``stop_at_target=True``: each ends
         once it reaches the target, so its time to target costs no more training than it takes).
 
-        A configuration is a RunConfig or a dict of its fields. What a dict leaves out comes from
+        A configuration is a RunRequest or a dict of its fields the explorer sets
+        (``speedkit.ui.config.EXPLORER_FIELDS``). What a dict leaves out comes from
         ``defaults`` (for example the notebook's ``device``), then from the explorer's own settings; a
         ``None`` default (say ``duration=None``) keeps the recipe's own value.
         """
@@ -505,10 +519,10 @@ class MethodExplorer:
         current.update({k: v for k, v in defaults.items() if v is not None})
         records = []
         for config in configs:
-            if not isinstance(config, RunConfig):
-                config = RunConfig.from_dict({**current, **config})
+            if not isinstance(config, RunRequest):
+                config = explorer_request({**current, **config})
             self.load_config(config)
-            problems = self.config.problems()
+            problems = request_problems(self.settings())
             if problems:
                 raise ValueError(f"configuration {config} cannot run: " + "; ".join(problems))
             records.append(self.run(wait=True, stop_at_target=stop_at_target).record)
@@ -518,8 +532,8 @@ class MethodExplorer:
     def _metric(self) -> str:
         return get_task(self.task.value).target_metric
 
-    def _run_name(self, config: RunConfig) -> str:
-        label = config.to_recipe().name
+    def _run_name(self, request: RunRequest) -> str:
+        label = run_recipe(request).name
         stamp = _dt.datetime.now().strftime("%H%M%S")
         name, n = f"{label}-{stamp}", 1
         while (self.run_dir / name).exists() or any(r.name == name for r in self.history):
@@ -583,9 +597,9 @@ class MethodExplorer:
 
     # -- code and static output -------------------------------------------------------------
     def show_code(self) -> str:
-        config = self.config
-        self.code.value = config.to_code()
-        self.recipe_file.value = config.to_recipe_yaml()
+        request = self.request
+        self.code.value = request_code(request)
+        self.recipe_file.value = run_recipe(request).to_yaml()
         self.code_tabs.layout.display = "flex"
         return self.code.value
 

@@ -475,7 +475,7 @@ def test_explorer_tunes_headless_shows_trials_and_loads_the_winner(tmp_path, fak
     # "Use this recipe": the winner is the explorer's recipe now, its methods ticked in the grid
     assert explorer.preset.value == str(result.recipe_path)
     assert {n for n, row in explorer.rows.items() if row.enabled} == set(result.recipe.methods)
-    assert explorer.config.to_recipe().optimizer == result.recipe.optimizer
+    assert explorer.recipe().optimizer == result.recipe.optimizer
     # each row says what the records measured about its method, beside the card's claim
     import re
 

@@ -4,6 +4,7 @@ Runs use a small slice of Fashion-MNIST so each takes a few seconds on one threa
 """
 from __future__ import annotations
 
+import ast
 import json
 import time
 
@@ -22,7 +23,9 @@ from speedkit.record.runs import RunRecord  # noqa: E402
 from speedkit.tasks import TASKS, Recipe  # noqa: E402
 from speedkit.ui import plots  # noqa: E402
 from speedkit.ui.board import RunBoard  # noqa: E402
-from speedkit.ui.config import RunConfig  # noqa: E402
+from speedkit.tasks import RunRequest  # noqa: E402
+from speedkit.ui.config import (explorer_request, is_custom, request_code, request_problems,  # noqa: E402
+                                run_recipe)
 from speedkit.ui.explorer import MethodExplorer  # noqa: E402
 from speedkit.ui.live import BackgroundRun  # noqa: E402
 
@@ -42,17 +45,17 @@ def _points(figure, run_id) -> int:
 def test_presets_set_the_grid_and_any_change_marks_it_custom(explorer):
     explorer.preset.value = "hot"
     hot = TASKS["fashion-mnist"].recipes["hot"]
-    assert set(explorer.config.methods) == set(hot.methods)
+    assert set(explorer.request.methods) == set(hot.methods)
     assert explorer.rows["muon"].checkbox.value and not explorer.rows["mixup"].checkbox.value
     assert explorer.duration.value == hot.duration and explorer.preset.value == "hot"
-    assert explorer.config.methods["muon"] == {"lr": 0.04}  # only values off the card default
-    assert explorer.config.methods["label_smoothing"] == {}  # hot's 0.1 is the card's default
+    assert explorer.request.methods["muon"] == {"lr": 0.04}  # only values off the card default
+    assert explorer.request.methods["label_smoothing"] == {}  # hot's 0.1 is the card's default
 
     explorer.set_param("label_smoothing", "smoothing", 0.3)
     assert explorer.preset.value == "custom"
-    assert explorer.config.methods["label_smoothing"] == {"smoothing": 0.3}
+    assert explorer.request.methods["label_smoothing"] == {"smoothing": 0.3} and is_custom(explorer.request)
     explorer.preset.value = "baseline"
-    assert explorer.config.methods == {} and not explorer.config.is_custom
+    assert explorer.request.methods == {} and not is_custom(explorer.request)
 
 
 def test_controls_come_from_the_cards(explorer):
@@ -84,7 +87,7 @@ def test_methods_for_another_domain_are_disabled_with_the_reason(explorer):
     assert not explorer.rows["rotary_embeddings"].checkbox.disabled
     assert explorer.model.options == ("gpt-nano", "gpt-micro", "gpt-mini", "gpt-small",
                                       "hf:gpt2-nano", "hf:gpt2-micro", "hf:gpt2-mini", "hf:gpt2-small")
-    assert explorer.config.target == TASKS["pydocs"].target_value == 3.30
+    assert explorer.request.target == TASKS["pydocs"].target_value == 3.30
     with pytest.raises(ValueError, match="cannot be used here"):
         explorer.toggle("blurpool")
 
@@ -273,12 +276,18 @@ def test_leave_one_out_shares_and_pairing():
     assert compare_table([full], baseline=baseline)[0]["speedup"] == pytest.approx(4.0)
 
 
-def test_run_config_problems_and_code():
-    config = RunConfig(task="fashion-mnist", recipe="mild", methods={"qk_norm": {}}, model="gpt-nano")
-    problems = " ".join(config.problems())
+def test_a_configurations_problems_and_code():
+    problems = " ".join(request_problems({"recipe": "mild", "methods": {"qk_norm": {}}, "model": "gpt-nano"}))
     assert "does not fit task" in problems and "for language models" in problems
-    assert RunConfig(recipe="mild").problems() == []
-    assert "make_trainer(" in RunConfig(recipe="hot", duration="1ep").to_code()
+    assert request_problems({"recipe": "mild"}) == [] and request_problems(RunRequest(recipe="mild")) == []
+    assert "duration" in request_problems({"duration": "3 parsecs"})[0]  # the request's own check
+    assert "does not set ['batch_size']" in request_problems(RunRequest(recipe="mild", batch_size=8))[0]
+    code = request_code(RunRequest(recipe="hot", duration="1ep", seed=2))
+    assert "make_trainer(" in code and "duration='1ep'" in code and "seed=2" in code
+    call = ast.parse(code).body[1].value  # trainer = make_trainer(...)
+    assert [ast.literal_eval(a) for a in call.args] == ["fashion-mnist", "hot"]
+    assert {k.arg: ast.literal_eval(k.value) for k in call.keywords}["duration"] == "1ep"
+    assert explorer_request({"seed": 1}).recipe == "mild"  # a configuration without a preset opens as the explorer does
 
 
 def test_loading_a_configuration_of_the_same_task_keeps_the_curves(explorer):
@@ -298,5 +307,5 @@ def test_rows_show_badges_from_the_card(explorer):
 
 
 def test_a_changed_recipe_does_not_claim_the_presets_measurements():
-    assert RunConfig(recipe="mild").to_recipe().reached == TASKS["fashion-mnist"].recipes["mild"].reached
-    assert RunConfig(recipe="mild", duration="1ep").to_recipe().reached is None
+    assert run_recipe(RunRequest(recipe="mild")).reached == TASKS["fashion-mnist"].recipes["mild"].reached
+    assert run_recipe(RunRequest(recipe="mild", duration="1ep")).reached is None
