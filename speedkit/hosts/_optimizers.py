@@ -120,6 +120,30 @@ def as_one_optimizer(optimizers: Sequence[torch.optim.Optimizer]) -> torch.optim
     return optimizers[0] if len(optimizers) == 1 else OptimizerGroup(optimizers)
 
 
+def as_configured_state_dict(optimizer: torch.optim.Optimizer,
+                              configured: Sequence[Sequence[torch.Tensor]]) -> dict | None:
+    """``optimizer``'s state dict in torch's own form, for the parameter groups as the user configured them
+    (``configured``: each group's parameters before a method moved some out): the moved parameters (Muon's
+    matrices) are back at their places in their groups, without state. So the user's optimizer, built again
+    without speedkit, loads it: those parameters then start afresh in it, the others keep their state.
+    None when the groups no longer line up with ``configured``."""
+    if len(configured) != len(optimizer.param_groups):
+        return None
+    saved = optimizer.state_dict()
+    old = {id(p): index for group, packed in zip(optimizer.param_groups, saved["param_groups"])
+           for p, index in zip(group["params"], packed["params"])}
+    new: dict[int, int] = {}
+    for params in configured:
+        for p in params:
+            new.setdefault(id(p), len(new))
+    if not set(old) <= set(new):  # a parameter the user never gave this optimizer
+        return None
+    groups = [{**packed, "params": [new[id(p)] for p in params]}
+              for packed, params in zip(saved["param_groups"], configured)]
+    state = {new[key]: saved["state"][index] for key, index in old.items() if index in saved["state"]}
+    return {"state": state, "param_groups": groups}
+
+
 def user_scheduled_groups(optimizers: Sequence[torch.optim.Optimizer]) -> list[dict]:
     """The param groups a user's torch LR scheduler drives: torch's schedulers write ``initial_lr`` into each
     group they are built on, and speedkit's own schedules write it only from the first step on, so before

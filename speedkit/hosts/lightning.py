@@ -30,6 +30,15 @@ EVAL_START/END around validation; evaluation batch events in ``validation_step``
 fraction of it. Method state rides in Lightning's checkpoints (the callback's ``state_dict``, with the RNGs that
 random methods draw from) and resumes exactly with ``trainer.fit(..., ckpt_path=...)``.
 
+Resuming needs the same callback, as with any Lightning callback that keeps state. Without it, Lightning warns
+("Please add the following callbacks: ['SpeedkitCallback']") and goes on as a plain run: a Muon checkpoint's
+optimizer state also holds your optimizer's own torch form, Muon's matrices back in their groups, so your
+optimizer loads it and keeps its state for the other parameters, while the matrices start afresh in it (their
+Muon momentum is dropped). The other way round, a checkpoint written without the callback is refused by a
+``SpeedkitCallback`` with methods before training resumes, since it holds none of their state: resume it
+without the callback, or start a new run from its weights (``module.load_state_dict(torch.load(path,
+weights_only=True)["state_dict"])``, then ``fit`` without ``ckpt_path``).
+
 One rule for averaged weights (EMA): **a checkpoint's ``state_dict`` holds the weights validation measured**,
 so the file ``ModelCheckpoint(monitor=...)`` keeps as the best, and what ``load_from_checkpoint`` gives, score
 what the logged metric says. The raw training weights ride in the callback's state, and a resume with the
@@ -54,7 +63,8 @@ import lightning.pytorch as L
 
 from speedkit.core import Event, Method
 from speedkit.hosts._checks import check_evaluation_served, refuse_double_clipping
-from speedkit.hosts._optimizers import as_one_optimizer, follow_user_schedule, refuse_two_schedules
+from speedkit.hosts._optimizers import (OptimizerGroup, as_configured_state_dict, as_one_optimizer,
+                                        follow_user_schedule, refuse_two_schedules)
 from speedkit.hosts.session import Host, HostCannotServeError, MethodSession
 
 STEP_CALLS = ("batch", "loss")  # self.speedkit.batch(...) and self.speedkit.loss(...) in training_step
@@ -186,6 +196,7 @@ class SpeedkitCallback(L.Callback):
         self.session: MethodSession | None = None
         self._step_checked = False
         self._follow = None  # Muon's groups following the scheduler from configure_optimizers
+        self._configured = None  # (the user's optimizer, its groups' parameters) before Muon's split
         self._eval_checked = False
 
     @property
@@ -225,6 +236,8 @@ class SpeedkitCallback(L.Callback):
         refuse_two_schedules(given, self.schedules, "Lightning",
                              "remove SpeedkitCallback(schedules=...) (speedkit's Muon group follows your scheduler), "
                              "or return only the optimizer from configure_optimizers")
+        if len(given) == 1:
+            self._configured = (given[0], [list(group["params"]) for group in given[0].param_groups])
         optimizers = session.fit_start(given, loader)
         if [id(o) for o in optimizers] != [id(o) for o in given]:
             trainer.strategy.optimizers = [as_one_optimizer(optimizers)]  # Muon's split steps as one optimizer
@@ -287,9 +300,27 @@ class SpeedkitCallback(L.Callback):
             if training is not None:  # the checkpoint's state_dict held the measured (EMA) weights
                 self.session.state.model.load_state_dict(training)
 
+    def on_load_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
+        """Refuse, before training resumes, a training checkpoint written without this callback: it holds no
+        state of speedkit's methods (their clock, Muon's optimizer)."""
+        if not self.methods or "optimizer_states" not in checkpoint:
+            return  # nothing to resume here, or a weights-only file, which Lightning refuses itself
+        if self.state_key not in (checkpoint.get("callbacks") or {}):
+            names = ", ".join(m.name for m in self.methods)
+            raise ValueError(
+                f"this checkpoint (step {checkpoint.get('global_step', '?')}) was written without SpeedkitCallback, "
+                f"so it holds no state of speedkit's methods ({names}): their schedules would restart from step 0 "
+                f"and its optimizer state is your plain optimizer's. Resume it as it was written (without "
+                f"SpeedkitCallback), or start a new run from its weights with the callback: "
+                f"`module.load_state_dict(torch.load(path, weights_only=True)['state_dict'])`, then "
+                f"`trainer.fit(module, ...)` without ckpt_path")
+
     def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
         """The checkpoint's ``state_dict`` becomes the weights validation measures (EMA's average); the
-        training weights move into this callback's state, for a resume."""
+        training weights move into this callback's state, for a resume. With Muon's split, the optimizer
+        state also holds your optimizer's own torch form (see the module docstring: resuming without the
+        callback)."""
+        self._save_as_configured(trainer, checkpoint)
         ema = next((m for m in self.session.methods if m.name == "ema"), None) if self.session else None
         if ema is None or ema.ema is None:
             return
@@ -302,3 +333,15 @@ class SpeedkitCallback(L.Callback):
         own = checkpoint.get("callbacks", {}).get(self.state_key)
         if own is not None:  # a weights-only checkpoint has no callback state, and cannot resume training
             own[TRAINING_WEIGHTS] = {k: v.detach().clone() for k, v in training.items()}
+
+    def _save_as_configured(self, trainer, checkpoint: dict) -> None:
+        """Next to the OptimizerGroup's members (what a resume with the callback loads), its first member in
+        torch's form as configure_optimizers built it, Muon's matrices back in their groups: what your own
+        optimizer loads in a resume without the callback, instead of failing on a missing ``param_groups``."""
+        states = checkpoint.get("optimizer_states")
+        if not states or self._configured is None or not isinstance(trainer.strategy.optimizers[0], OptimizerGroup):
+            return
+        optimizer, configured = self._configured
+        plain = as_configured_state_dict(optimizer, configured)
+        if plain is not None and "param_groups" not in states[0]:
+            states[0].update(plain)

@@ -101,7 +101,8 @@ class Muon(Method):
             HParam("allow_empty", bool, False, help="do not fail when the model has no hidden matrices"),
         ),
         requirements=("a model with hidden Linear/conv weights held by the Trainer's optimizer(s)",
-                      "a checkpoint of a Muon run resumes only with muon on (the optimizer list has one more entry)"),
+                      "a checkpoint of a Muon run resumes Muon's state only with muon on (a Lightning resume without "
+                      "SpeedkitCallback goes on as a plain run, the matrices afresh in your optimizer)"),
         effect="about 1.5x sample efficiency over AdamW for GPT-2 (modded-nanogpt); "
                "used on conv filters in airbench's CIFAR-10 record",
         source="Keller Jordan 2024 'Muon: An optimizer for hidden layers'; modded-nanogpt; airbench",
