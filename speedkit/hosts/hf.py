@@ -3,10 +3,10 @@
 ::
 
     from speedkit.hosts.hf import SpeedkitTrainer
-    from speedkit.methods import EMA, Muon, QKNormalization, ReLUSquaredActivation, SeqLengthWarmup
+    from speedkit.methods import EMA, Muon, QKNorm, ReLUSquared, SeqLengthWarmup
 
     trainer = SpeedkitTrainer(model=model, args=TrainingArguments(..., max_steps=2000), train_dataset=train,
-                              methods=[QKNormalization(), ReLUSquaredActivation(), Muon(), SeqLengthWarmup(), EMA()])
+                              methods=[QKNorm(), ReLUSquared(), Muon(), SeqLengthWarmup(), EMA()])
     trainer.train()                                  # or trainer.train(resume_from_checkpoint=True)
 
 ``SpeedkitTrainer`` is ``transformers.Trainer`` with speedkit's events where a callback cannot reach: the

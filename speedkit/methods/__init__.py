@@ -6,6 +6,7 @@ is imported here by name (editors and type checkers see every export) and listed
 from __future__ import annotations
 
 import difflib
+import warnings
 from collections.abc import Mapping
 
 from speedkit.core.method import Method, MethodCard, check_free_name, show
@@ -32,15 +33,15 @@ from speedkit.methods.identity_init import IdentityInit
 from speedkit.methods.label_smoothing import LabelSmoothing
 from speedkit.methods.layer_freezing import LayerFreezing
 from speedkit.methods.lookahead import Lookahead
-from speedkit.methods.low_precision_groupnorm import LowPrecisionGroupNormMethod
-from speedkit.methods.low_precision_layernorm import LowPrecisionLayerNormMethod
+from speedkit.methods.low_precision_groupnorm import LowPrecisionGroupNorm
+from speedkit.methods.low_precision_layernorm import LowPrecisionLayerNorm
 from speedkit.methods.mixup import MixUp
 from speedkit.methods.muon import Muon
 from speedkit.methods.patch_whitening import PatchWhitening
 from speedkit.methods.progressive_resizing import ProgressiveResizing
-from speedkit.methods.qk_norm import QKNormalization
+from speedkit.methods.qk_norm import QKNorm
 from speedkit.methods.randaugment import RandAugment
-from speedkit.methods.relu_squared import ReLUSquaredActivation
+from speedkit.methods.relu_squared import ReLUSquared
 from speedkit.methods.rotary_embeddings import RotaryEmbeddings
 from speedkit.methods.sam import SAM
 from speedkit.methods.selective_backprop import SelectiveBackprop
@@ -57,11 +58,27 @@ from speedkit.methods.weight_standardization import WeightStandardization
 METHODS: tuple[type[Method], ...] = (
     ALiBi, AlternatingFlip, AugMix, Autocast, BatchSizeWarmup, BlurPool, BudgetSchedule, ChannelsLast, ColOut,
     CutMix, CutOut, DataEchoing, EMA, Factorize, FP8, GatedLinearUnits, GhostBatchNorm, GradientClipping,
-    GyroDropout, IdentityInit, LabelSmoothing, LayerFreezing, Lookahead, LowPrecisionGroupNormMethod,
-    LowPrecisionLayerNormMethod, MixUp, Muon, PatchWhitening, ProgressiveResizing, QKNormalization, RandAugment,
-    ReLUSquaredActivation, RotaryEmbeddings, SAM, SelectiveBackprop, SeqLengthWarmup, SqueezeExcite,
+    GyroDropout, IdentityInit, LabelSmoothing, LayerFreezing, Lookahead, LowPrecisionGroupNorm,
+    LowPrecisionLayerNorm, MixUp, Muon, PatchWhitening, ProgressiveResizing, QKNorm, RandAugment,
+    ReLUSquared, RotaryEmbeddings, SAM, SelectiveBackprop, SeqLengthWarmup, SqueezeExcite,
     StochasticDepth, SWA, TestTimeAugmentation, TorchCompile, WeightStandardization,
 )
+
+
+# Old class names, kept for one release: each method's class name now spells its registry name (the same letters,
+# ignoring case and underscores: ``low_precision_layernorm`` is LowPrecisionLayerNorm).
+_RENAMED = {"LowPrecisionGroupNormMethod": "LowPrecisionGroupNorm",
+            "LowPrecisionLayerNormMethod": "LowPrecisionLayerNorm",
+            "QKNormalization": "QKNorm", "ReLUSquaredActivation": "ReLUSquared"}
+
+
+def __getattr__(name: str):
+    if name in _RENAMED:
+        new = _RENAMED[name]
+        warnings.warn(f"speedkit.methods.{name} is renamed {new} (the method {globals()[new].CARD.name!r}); the old "
+                      f"name goes in the next release: import {new} instead", DeprecationWarning, stacklevel=2)
+        return globals()[new]
+    raise AttributeError(f"module 'speedkit.methods' has no attribute {name!r}")
 
 
 def _registry(methods) -> dict[str, type[Method]]:
@@ -153,8 +170,8 @@ __all__ = ["BUILT_IN_METHODS", "METHODS", "REGISTRY", "build_methods", "get_meth
            "ALiBi", "AlternatingFlip", "AugMix", "Autocast", "BatchSizeWarmup", "BlurPool", "BudgetSchedule",
            "ChannelsLast", "ColOut", "CutMix", "CutOut", "DataEchoing", "EMA", "Factorize", "FP8", "GatedLinearUnits",
            "GhostBatchNorm", "GradientClipping", "GyroDropout", "IdentityInit", "LabelSmoothing",
-           "LayerFreezing", "Lookahead", "LowPrecisionGroupNormMethod", "LowPrecisionLayerNormMethod", "MixUp",
-           "Muon", "PatchWhitening", "ProgressiveResizing", "QKNormalization", "RandAugment",
-           "ReLUSquaredActivation", "RotaryEmbeddings", "SAM", "SelectiveBackprop", "SeqLengthWarmup",
+           "LayerFreezing", "Lookahead", "LowPrecisionGroupNorm", "LowPrecisionLayerNorm", "MixUp",
+           "Muon", "PatchWhitening", "ProgressiveResizing", "QKNorm", "RandAugment",
+           "ReLUSquared", "RotaryEmbeddings", "SAM", "SelectiveBackprop", "SeqLengthWarmup",
            "SqueezeExcite", "StochasticDepth", "SWA", "TestTimeAugmentation", "TorchCompile",
            "WeightStandardization"]

@@ -28,7 +28,7 @@ def rms_normalize_heads(x: torch.Tensor, gain: torch.Tensor | None = None, eps: 
     return x if gain is None else x * gain.to(x.dtype)[None, :, None, :]
 
 
-class QKNorm(nn.Module):
+class QKNormModule(nn.Module):
     """Per-head gains for q and k ([H, D] each, initialised to 1) and the attention transform that
     normalises q and k with them. Lives as a submodule of the attention module it serves."""
 
@@ -52,7 +52,7 @@ class QKNorm(nn.Module):
 
 
 def apply_qk_norm(model: nn.Module, eps: float = 1e-6, allow_empty: bool = False) -> SurgeryReport:
-    """Add a :class:`QKNorm` (as ``<attention>.qk_norm``) to every attention module of ``model``.
+    """Add a :class:`QKNormModule` (as ``<attention>.qk_norm``) to every attention module of ``model``.
 
     The number of heads and head size are read from the module (``num_heads``/``n_head``/...,
     ``head_dim`` or ``embed_dim``/``n_embd`` divided by heads); modules where they cannot be found are
@@ -60,7 +60,7 @@ def apply_qk_norm(model: nn.Module, eps: float = 1e-6, allow_empty: bool = False
     """
     report = SurgeryReport("qk_norm")
     for name, module in attention.find_attention_modules(model):
-        if isinstance(getattr(module, GAIN_ATTR, None), QKNorm):
+        if isinstance(getattr(module, GAIN_ATTR, None), QKNormModule):
             report.details.append(f"note: {name} already has qk_norm")
             continue
         heads, head_dim = attention.attention_geometry(module)
@@ -72,7 +72,7 @@ def apply_qk_norm(model: nn.Module, eps: float = 1e-6, allow_empty: bool = False
             report.details.append(f"note: {name} already has an attribute {GAIN_ATTR!r}; left alone")
             continue
         reference = next(module.parameters(), None)
-        norm = QKNorm(heads, head_dim, eps, device=reference.device if reference is not None else None)
+        norm = QKNormModule(heads, head_dim, eps, device=reference.device if reference is not None else None)
         module.add_module(GAIN_ATTR, norm)
         switched = attention.intercept_attention(module, norm, name="qk_norm", order=QK_NORM_ORDER)
         if switched:
@@ -82,7 +82,7 @@ def apply_qk_norm(model: nn.Module, eps: float = 1e-6, allow_empty: bool = False
     return report.require_changes(allow_empty, "attention modules that call scaled_dot_product_attention")
 
 
-class QKNormalization(Method):
+class QKNorm(Method):
     CARD = MethodCard(
         name="qk_norm",
         summary="RMS-normalise queries and keys per head (learnable gains) before attention.",

@@ -28,7 +28,7 @@ def relu_squared(x: torch.Tensor) -> torch.Tensor:
     return F.relu(x).square()
 
 
-class ReLUSquared(nn.Module):
+class ReLUSquaredModule(nn.Module):
     """relu(x)**2 as a module."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -37,8 +37,8 @@ class ReLUSquared(nn.Module):
 
 def is_activation_module(module: nn.Module) -> bool:
     """An elementwise activation module: torch's (GELU, ReLU, SiLU, ...), Hugging Face's (``ACT2FN``'s
-    NewGELUActivation, ...) or speedkit's ReLUSquared."""
-    if isinstance(module, ReLUSquared):
+    NewGELUActivation, ...) or speedkit's ReLUSquaredModule."""
+    if isinstance(module, ReLUSquaredModule):
         return True
     if type(module).__module__ == "transformers.activations":
         return True
@@ -167,7 +167,7 @@ def set_activation(block: MLPBlock, new: nn.Module, name: str) -> str:
 
 def _already_relu_squared(block: MLPBlock) -> bool:
     act = block.activation
-    return isinstance(act, ReLUSquared) or act is relu_squared or act == "relu2"
+    return isinstance(act, ReLUSquaredModule) or act is relu_squared or act == "relu2"
 
 
 def apply_relu_squared(model: nn.Module, allow_empty: bool = False) -> SurgeryReport:
@@ -179,7 +179,7 @@ def apply_relu_squared(model: nn.Module, allow_empty: bool = False) -> SurgeryRe
             report.details.append(f"note: {where} already uses relu squared")
             continue
         try:
-            change = set_activation(block, ReLUSquared(), "relu2")
+            change = set_activation(block, ReLUSquaredModule(), "relu2")
         except ValueError as e:
             report.details.append(f"note: {where} left alone: {e}")
             continue
@@ -187,7 +187,7 @@ def apply_relu_squared(model: nn.Module, allow_empty: bool = False) -> SurgeryRe
     return report.require_changes(allow_empty, "MLP blocks (Linear d->h, activation, Linear h->d) to change")
 
 
-class ReLUSquaredActivation(Method):
+class ReLUSquared(Method):
     CARD = MethodCard(
         name="relu_squared",
         summary="Use relu(x)**2 as the activation of every transformer MLP block.",

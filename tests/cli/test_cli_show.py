@@ -15,9 +15,19 @@ def test_a_methods_card_reads_as_text_with_the_class_to_import(capsys):
     assert "class:        speedkit.methods.Muon(lr=0.02" in out and "null" not in out and "{" not in out
     assert "lr (float, default 0.02 in [0.001, 0.2]): Muon's learning rate" in out
     assert main(["methods", "low_precision_layernorm"]) == 0
-    assert "speedkit.methods.LowPrecisionLayerNormMethod(" in capsys.readouterr().out  # the name to import
+    assert "speedkit.methods.LowPrecisionLayerNorm(" in capsys.readouterr().out  # the name to import
     assert main(["methods", "muon", "--json"]) == 0
     assert '"name": "muon"' in capsys.readouterr().out
+
+
+def test_each_methods_card_names_the_class_that_spells_the_method():
+    from speedkit.cli.show import method_card_text
+    from speedkit.methods import METHODS
+
+    for cls in METHODS:
+        assert f"  class:        speedkit.methods.{cls.__name__}(" in method_card_text(cls.CARD.name), cls.CARD.name
+    assert "speedkit.methods.ReLUSquared(" in method_card_text("relu_squared")
+    assert "speedkit.methods.QKNorm(" in method_card_text("qk_norm")
 
 
 def test_warnings_print_as_one_speedkit_line():

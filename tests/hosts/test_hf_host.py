@@ -15,7 +15,7 @@ from speedkit.core import Event  # noqa: E402
 from speedkit.data.text import DEFAULT_TEXT_ROOT  # noqa: E402
 from speedkit.hosts import HostCannotServeError, OptimizerGroup  # noqa: E402
 from speedkit.hosts.hf import SpeedkitCallback, SpeedkitTrainer  # noqa: E402
-from speedkit.methods import (EMA, MixUp, Muon, QKNormalization, ReLUSquaredActivation,  # noqa: E402
+from speedkit.methods import (EMA, MixUp, Muon, QKNorm, ReLUSquared,  # noqa: E402
                               RotaryEmbeddings, SeqLengthWarmup)
 from speedkit.models import get_model  # noqa: E402
 
@@ -53,7 +53,7 @@ def arguments(tmp_path, **overrides):
 
 
 def language_methods():
-    return [RotaryEmbeddings(remove_position_embeddings=True), QKNormalization(), ReLUSquaredActivation(),
+    return [RotaryEmbeddings(remove_position_embeddings=True), QKNorm(), ReLUSquared(),
             Muon(lr=0.02), SeqLengthWarmup(duration=0.5, min_seq_length=16, truncate=True), EMA(half_life="2ba")]
 
 

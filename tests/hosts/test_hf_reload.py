@@ -10,7 +10,7 @@ from prerequisites import import_or_missing
 transformers = import_or_missing("transformers", "pip install 'torch-speedkit[hf]'")
 
 from speedkit.hosts.hf import SURGERY_FILE, SpeedkitTrainer, load_pretrained  # noqa: E402
-from speedkit.methods import QKNormalization, ReLUSquaredActivation, RotaryEmbeddings  # noqa: E402
+from speedkit.methods import QKNorm, ReLUSquared, RotaryEmbeddings  # noqa: E402
 from speedkit.models import get_model  # noqa: E402
 
 
@@ -32,8 +32,8 @@ def test_a_surgered_model_saved_by_the_trainer_reloads_as_trained(tmp_path):
                                           learning_rate=3e-3, lr_scheduler_type="constant", report_to=[],
                                           use_cpu=True, disable_tqdm=True, save_strategy="no")
     trainer = SpeedkitTrainer(model=model, args=args, train_dataset=Tokens(),
-                              methods=[QKNormalization(), RotaryEmbeddings(remove_position_embeddings=True),
-                                       ReLUSquaredActivation()])
+                              methods=[QKNorm(), RotaryEmbeddings(remove_position_embeddings=True),
+                                       ReLUSquared()])
     trainer.train()
     trainer.save_model(str(tmp_path / "saved"))
     assert (tmp_path / "saved" / SURGERY_FILE).is_file()

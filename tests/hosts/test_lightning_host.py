@@ -14,7 +14,7 @@ L = import_or_missing("lightning.pytorch", "pip install 'torch-speedkit[lightnin
 from speedkit.hosts import HostCannotServeError, OptimizerGroup  # noqa: E402
 from speedkit.hosts.lightning import SpeedkitCallback  # noqa: E402
 from speedkit.methods import (EMA, AlternatingFlip, Autocast, BlurPool, CutMix, LabelSmoothing, MixUp,  # noqa: E402
-                              Muon, ProgressiveResizing, QKNormalization, ReLUSquaredActivation,
+                              Muon, ProgressiveResizing, QKNorm, ReLUSquared,
                               RotaryEmbeddings, SeqLengthWarmup)
 from speedkit.models import get_model  # noqa: E402
 from speedkit.optim.muon import Muon as MuonOptimizer  # noqa: E402
@@ -129,7 +129,7 @@ def test_language_surgeries_and_sequence_length_warmup_in_lightning():
     tokens = torch.randint(0, 256, (32, 33), generator=torch.Generator().manual_seed(0))
     data = torch.utils.data.TensorDataset(tokens[:, :-1], tokens[:, 1:])
     module = TinyLM()
-    callback = SpeedkitCallback([RotaryEmbeddings(), QKNormalization(), ReLUSquaredActivation(), Muon(),
+    callback = SpeedkitCallback([RotaryEmbeddings(), QKNorm(), ReLUSquared(), Muon(),
                                  SeqLengthWarmup(duration=0.5, min_seq_length=8, truncate=True)])
     trainer = L.Trainer(max_steps=6, callbacks=[callback], **QUIET)
     trainer.fit(module, torch.utils.data.DataLoader(data, batch_size=8))

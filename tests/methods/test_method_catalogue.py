@@ -168,6 +168,45 @@ def test_every_method_module_is_exported_by_name():
     assert all(getattr(package, cls.__name__) is cls and cls.__name__ in package.__all__ for cls in METHODS)
 
 
+def spells(class_name: str, method_name: str) -> bool:
+    """The class name is the method name in CamelCase: the same letters in order once the underscores go, each
+    word starting with a capital; inner capitals and acronyms stay as written (BlurPool, MixUp, ALiBi, FP8, QKNorm)."""
+    letters = method_name.replace("_", "")
+    starts, at = [], 0
+    for word in method_name.split("_"):
+        starts.append(at)
+        at += len(word)
+    return class_name.lower() == letters and all(class_name[i].isupper() for i in starts if letters[i].isalpha())
+
+
+def test_every_method_class_spells_its_method_name():
+    """``low_precision_layernorm`` is LowPrecisionLayerNorm, ``relu_squared`` ReLUSquared: what a person reads in a
+    recipe is what they import. A method's own nn.Module takes another name (ReLUSquaredModule)."""
+    from speedkit.methods import METHODS
+
+    wrong = [f"{cls.CARD.name}: {cls.__name__}" for cls in METHODS if not spells(cls.__name__, cls.CARD.name)]
+    assert not wrong, f"method classes not named after their method: {wrong}"
+    assert spells("QKNorm", "qk_norm") and spells("ALiBi", "alibi") and spells("FP8", "fp8")
+    assert not spells("QKNormalization", "qk_norm") and not spells("LowPrecisionLayerNormMethod",
+                                                                     "low_precision_layernorm")
+    assert not spells("Seqlengthwarmup", "seq_length_warmup")
+
+
+@pytest.mark.parametrize("old, new", [("LowPrecisionGroupNormMethod", "LowPrecisionGroupNorm"),
+                                      ("LowPrecisionLayerNormMethod", "LowPrecisionLayerNorm"),
+                                      ("QKNormalization", "QKNorm"), ("ReLUSquaredActivation", "ReLUSquared")])
+def test_the_old_class_names_still_import_for_a_release_with_a_deprecation_warning(old, new):
+    import speedkit.methods as package
+
+    with pytest.warns(DeprecationWarning, match=f"speedkit.methods.{old} is renamed {new} "):
+        assert getattr(package, old) is getattr(package, new)
+    with pytest.warns(DeprecationWarning, match=new):
+        exec(f"from speedkit.methods import {old}", {})
+    assert old not in package.__all__  # `import *` neither warns nor brings the old names
+    with pytest.raises(AttributeError, match="no attribute 'QKNormalisation'"):
+        package.QKNormalisation
+
+
 def test_what_a_method_varies_over_a_run_comes_from_its_card():
     """DDP's find_unused_parameters and FSDP's refusal read ``Method.varies_parameters`` (from the card)."""
     from speedkit.methods import EMA, LayerFreezing, StochasticDepth

@@ -20,8 +20,8 @@ from speedkit.core.method import NothingToChangeError
 from speedkit.methods import _attention as attention
 from speedkit.methods.alibi import ALiBi, alibi_slopes, apply_alibi
 from speedkit.methods.gated_linear_units import GatedLinearUnit, GatedLinearUnits, apply_gated_linear_units
-from speedkit.methods.qk_norm import QKNorm, QKNormalization, apply_qk_norm
-from speedkit.methods.relu_squared import ReLUSquared, ReLUSquaredActivation, apply_relu_squared, find_mlp_blocks
+from speedkit.methods.qk_norm import QKNorm, QKNormModule, apply_qk_norm
+from speedkit.methods.relu_squared import ReLUSquared, ReLUSquaredModule, apply_relu_squared, find_mlp_blocks
 from speedkit.methods.rotary_embeddings import RotaryEmbeddings, apply_rotary, apply_rotary_embeddings
 from speedkit.methods.seq_length_warmup import SeqLengthWarmup, seq_length_at, split_sequences, truncate_sequences
 
@@ -324,10 +324,10 @@ def test_qk_norm_gives_unit_rms_q_and_k_per_head(make):
 
 
 def test_qk_norm_gains_learn_and_are_in_the_optimizer(tmp_path):
-    trainer, events = events_in_run(QKNormalization(), tmp_path=tmp_path)
+    trainer, events = events_in_run(QKNorm(), tmp_path=tmp_path)
     assert events == {Event.INIT: 1}
     model = trainer.state.model
-    gains = [m.q_gain for m in model.modules() if isinstance(m, QKNorm)]
+    gains = [m.q_gain for m in model.modules() if isinstance(m, QKNormModule)]
     assert len(gains) == 2
     in_optimizer = {id(p) for group in trainer.state.optimizers[0].param_groups for p in group["params"]}
     assert all(id(g) in in_optimizer for g in gains)
@@ -349,13 +349,13 @@ def test_relu_squared_on_gpt_uses_the_activation_name_protocol():
 def test_relu_squared_on_torch_models_swaps_modules_and_functions():
     model = hand_lm()
     apply_relu_squared(model)
-    assert isinstance(model.ff[1], ReLUSquared)
+    assert isinstance(model.ff[1], ReLUSquaredModule)
     x = torch.randn(3, 24)
     torch.testing.assert_close(model.ff(x), model.ff[3](F.relu(model.ff[0](x)) ** 2))
     model = torch_lm()
     report = apply_relu_squared(model)
     layer = model.encoder.layers[0]
-    assert report.total == 2 and isinstance(layer.activation, ReLUSquared) and layer.activation_relu_or_gelu == 0
+    assert report.total == 2 and isinstance(layer.activation, ReLUSquaredModule) and layer.activation_relu_or_gelu == 0
     h = torch.randn(3, 32)
     torch.testing.assert_close(layer._ff_block(h), layer.linear2(F.relu(layer.linear1(h)) ** 2))
     assert_causal(model)
@@ -371,7 +371,7 @@ def test_mlp_blocks_are_found_by_structure_only():
 
 
 def test_relu_squared_events(tmp_path):
-    trainer, events = events_in_run(ReLUSquaredActivation(), tmp_path=tmp_path)
+    trainer, events = events_in_run(ReLUSquared(), tmp_path=tmp_path)
     assert events == {Event.INIT: 1}
     assert trainer.state.model.transformer.h[1].mlp.activation == "relu2"
 
@@ -420,7 +420,7 @@ def test_glu_events_and_conflict_with_relu_squared(tmp_path):
     assert isinstance(trainer.state.model.transformer.h[0].mlp.fc, GatedLinearUnit)
     model, train, _ = tiny_language()
     with pytest.raises(IncompatibleMethodsError, match="mlp_activation"):
-        Trainer(model, train, methods=[GatedLinearUnits(), ReLUSquaredActivation()], device="cpu",
+        Trainer(model, train, methods=[GatedLinearUnits(), ReLUSquared()], device="cpu",
                 run_dir=tmp_path)
 
 
@@ -468,7 +468,7 @@ def test_seq_length_warmup_in_training(truncate, tmp_path):
 
 @pytest.mark.parametrize("cls, params", [
     (RotaryEmbeddings, {"base": 10.0}), (ALiBi, {"train_sequence_length_scaling": 0.0}),
-    (QKNormalization, {"eps": 1.0}), (GatedLinearUnits, {"hidden_fraction": 2.0}),
+    (QKNorm, {"eps": 1.0}), (GatedLinearUnits, {"hidden_fraction": 2.0}),
     (GatedLinearUnits, {"activation": "tanh"}), (SeqLengthWarmup, {"duration": 1.5}),
     (SeqLengthWarmup, {"min_seq_length": 0}),
 ])
