@@ -176,6 +176,51 @@ def test_a_kill_and_resume_through_lightning_checkpoints_ends_as_an_uninterrupte
     assert resumed.sizes == whole.sizes[4:]  # resizing resumed where it was in the schedule
 
 
+def one_epoch_checkpoint(folder, module, callbacks):
+    saver = L.callbacks.ModelCheckpoint(dirpath=folder, save_top_k=-1, every_n_epochs=1)
+    L.Trainer(max_epochs=1, callbacks=[*callbacks, saver], **{**QUIET, "enable_checkpointing": True,
+                                                               "default_root_dir": folder}).fit(module, image_loader())
+    (checkpoint,) = folder.glob("*.ckpt")
+    return checkpoint
+
+
+class OptimizerAtStart(L.Callback):
+    """The optimizer state as restored, when training resumes."""
+
+    def on_train_start(self, trainer, pl_module):
+        (optimizer,) = trainer.optimizers
+        self.state = {name: {k: v.clone() for k, v in optimizer.state.get(p, {}).items()}
+                      for name, p in pl_module.named_parameters()}
+
+
+def test_a_muon_checkpoint_resumed_without_the_callback_goes_on_as_a_plain_run(tmp_path):
+    checkpoint = one_epoch_checkpoint(tmp_path / "muon", Classifier(), [SpeedkitCallback([Muon(lr=0.02)])])
+    saved = torch.load(checkpoint, weights_only=True)
+    adamw_saved, muon_saved = saved["optimizer_states"][0]["optimizers"]
+    assert muon_saved["state"]  # Muon stepped: its momentum is in the file
+
+    resumed, at_start = PlainClassifier(seed=1), OptimizerAtStart()
+    trainer = L.Trainer(max_epochs=2, callbacks=[at_start], **QUIET)
+    with pytest.warns(UserWarning, match="SpeedkitCallback"):  # Lightning's own: the callback is missing
+        trainer.fit(resumed, image_loader(), ckpt_path=checkpoint)  # was a bare KeyError: 'param_groups'
+    assert trainer.global_step == 8  # resumed at step 4, trained the second epoch
+    # The head stayed with AdamW under Muon: its moments resume; the conv filters were Muon's and start afresh.
+    head_index = adamw_saved["param_groups"][0]["params"][-2]
+    assert torch.equal(at_start.state["net.6.weight"]["exp_avg"], adamw_saved["state"][head_index]["exp_avg"])
+    assert at_start.state["net.6.weight"]["step"] == 4
+    assert at_start.state["net.0.weight"] == {} and at_start.state["net.2.weight"] == {}
+    assert set(at_start.state["net.0.bias"]) == {"step", "exp_avg", "exp_avg_sq"}
+
+
+def test_a_plain_checkpoint_resumed_with_the_callback_is_refused_before_training(tmp_path):
+    checkpoint = one_epoch_checkpoint(tmp_path / "plain", PlainClassifier(), [])
+    module = Classifier(seed=1)
+    with pytest.raises(ValueError, match=r"written without SpeedkitCallback.*\(muon\).*Resume it as it was written"):
+        L.Trainer(max_epochs=2, callbacks=[SpeedkitCallback([Muon()])], **QUIET).fit(
+            module, image_loader(), ckpt_path=checkpoint)
+    assert module.sizes == []  # no forward ran
+
+
 def test_a_batch_method_without_the_step_call_is_refused_before_training():
     module = PlainClassifier()
     trainer = L.Trainer(max_steps=2, callbacks=[SpeedkitCallback([MixUp()])], **QUIET)
