@@ -37,16 +37,10 @@ class BenchResult:
 
 
 # -- building the runs -------------------------------------------------------------------------
-def apply_overrides(profile: BenchProfile, **overrides) -> BenchProfile:
-    """The profile with every override that is not None."""
-    given = {k: v for k, v in overrides.items() if v is not None}
-    return dataclasses.replace(profile, **given) if given else profile
-
-
 def scheduled_recipe(profile: BenchProfile, name: str) -> Recipe:
     """The recipe as the profile runs it, with the profile's budget applied."""
     recipe = profile.recipe(name)
-    duration = profile.duration or recipe.duration
+    duration = profile.run.duration or recipe.duration
     if profile.duration_scale != 1.0:
         duration = str(Time.from_string(duration) * profile.duration_scale)
     return recipe.with_changes(duration=duration)
@@ -54,11 +48,11 @@ def scheduled_recipe(profile: BenchProfile, name: str) -> Recipe:
 
 def run_request(profile: BenchProfile, recipe: Recipe, seed: int, run_name: str, run_dir: str | Path,
                 bench_info: dict, extra_config: dict | None = None, **trainer_kwargs) -> RunRequest:
-    """The RunRequest of one benchmark run: ``recipe`` as the profile runs it (``scheduled_recipe``), on the
-    profile's device and data; ``trainer_kwargs`` are more request fields or Trainer keyword arguments."""
-    return RunRequest.build(
-        profile.task, recipe, seed=seed, device=profile.device, run_dir=str(run_dir), run_name=run_name,
-        data_fraction=profile.data_fraction, eval_fraction=profile.eval_fraction, target=profile.target,
+    """The RunRequest of one benchmark run: the profile's ``run`` with ``recipe`` as the profile runs it
+    (``scheduled_recipe``, which holds its budget and cadence); ``trainer_kwargs`` are more request fields or
+    Trainer keyword arguments."""
+    return profile.run.replace(
+        recipe=recipe, duration=None, eval_interval=None, seed=seed, run_dir=str(run_dir), run_name=run_name,
         extra_config={"bench": bench_info, "seed": seed, **(extra_config or {})},
         # Benchmark runs are measurements, not resumed: running the benchmark again measures them again.
         # The benchmark reports each run as it ends; a bar per run would only interleave with that.
@@ -260,7 +254,7 @@ def run_leave_one_out(profile: BenchProfile, records: Sequence[RunRecord], recip
         ablations.append(full)
         log(f"[leave-one-out] reference {_describe_run(full)}")
     # "auto" precision compared as what it runs as here: "auto" against a bf16 baseline is no difference
-    device = resolve_device(profile.device)
+    device = resolve_device(profile.run.device)
     recipe, reference = (r.with_changes(precision=resolve_precision(r.precision, device))
                          for r in (recipe, scheduled_recipe(profile, baseline)))
 
@@ -406,7 +400,7 @@ def summarize(records: Sequence[RunRecord], profile: BenchProfile, ablations: Se
     best_entry = entries.get(best, {})
     strongest_times = baselines[strongest]["time_to"]
     summary = {
-        "task": profile.task, "profile": profile.name, "device": profile.device, "seeds": seeds,
+        "task": profile.task, "profile": profile.name, "device": profile.run.device, "seeds": seeds,
         "target": target, "report_targets": list(profile.targets),
         "baseline": baselines.get("baseline", baselines[strongest]), "baselines": baselines,
         "strongest_baseline": strongest, "recipes": entries, "best_recipe": best,
@@ -416,7 +410,7 @@ def summarize(records: Sequence[RunRecord], profile: BenchProfile, ablations: Se
                               for key, times in best_entry.get("time_to", {}).items()},
         "flops_fraction_of_peak": median_or_none(best_entry.get("flops_fraction_of_peak", [])),
         "leave_one_out": summarize_leave_one_out(records, ablations) if ablations else None,
-        "machine": machine(profile.device, records),
+        "machine": machine(profile.run.device, records),
         # the sittings the main runs come from (one when all ran interleaved; more when a baseline or
         # a recipe was run later, e.g. after a sweep, and paired by seed with the earlier runs)
         "sessions": _sessions(records),
@@ -535,8 +529,9 @@ def resolve_profile(task: str, profile: str | BenchProfile = "cpu", seeds: int |
     seed_list = list(range(seeds)) if isinstance(seeds, int) else list(seeds) if seeds is not None else None
     if seed_list is not None and not seed_list:
         raise ValueError("seeds must be a positive count or a non-empty list of seeds")
-    profile = apply_overrides(profile, recipes=tuple(recipes) if recipes else None,
-                              seeds=len(seed_list) if seed_list else None, **overrides)
+    given = {k: v for k, v in overrides.items() if v is not None}
+    profile = profile.replace(**given, **({"recipes": tuple(recipes)} if recipes else {}),
+                              **({"seeds": len(seed_list)} if seed_list else {}))
     return profile, seed_list or list(range(profile.seeds))
 
 
@@ -608,11 +603,11 @@ def run_benchmark(task, profile: str | BenchProfile = "cpu", seeds: int | Sequen
     profile, seed_list = resolve_profile(
         key, profile, seeds, recipes, baselines, device=device, data_fraction=data_fraction, eval_fraction=eval_fraction,
         eval_interval=eval_interval, duration=duration, duration_scale=duration_scale, target=target)
-    resolve_device(profile.device)  # a clear error now, not after the first runs
+    resolve_device(profile.run.device)  # a clear error now, not after the first runs
     trainer_kwargs = dict(trainer_kwargs or {})
     session = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     log(f"benchmark {key} ({profile.task}), profile {profile.name}: recipes {', '.join(profile.recipes)}; "
-        f"seeds {seed_list}; device {profile.device}")
+        f"seeds {seed_list}; device {profile.run.device}")
     if sweep and not reuse:
         sweeps = {name: sweep_baseline(profile, name, seed_list[0], run_dir, session, log, **trainer_kwargs)
                   for name in profile.baselines if name in profile.sweeps}
@@ -658,7 +653,7 @@ def run_benchmark(task, profile: str | BenchProfile = "cpu", seeds: int | Sequen
     return BenchResult(key=key, entry=entry, summary=summary, records=records, ablations=ablations, paths=paths)
 
 
-__all__ = ["BenchResult", "TASK_KEYS", "WORK_UNITS", "apply_overrides",
+__all__ = ["BenchResult", "TASK_KEYS", "WORK_UNITS",
            "budget_hint", "find_budget", "holds_target", "machine", "pick_best", "pick_swept",
            "profile_recipe", "recipe_entry", "resolve_profile", "reusable_ablations", "reusable_runs", "run_benchmark",
            "run_interleaved", "run_leave_one_out", "run_one", "scheduled_recipe", "strongest_baseline",
