@@ -1,10 +1,6 @@
-"""What a tune trial measures: time to target, a penalty for runs that miss it, and pruning at each evaluation.
-
-The objective is the training wall clock until the target metric was first reached (evaluation
-excluded), as ``RunRecord.time_to_target`` reads it. A run that never reaches the target scores
-``limit_s * (1 + shortfall)``: worse than any run that reached it within the per-trial limit, and
-ranked among the misses by how far from the target it ended. The same score, computed at each
-evaluation, is what the pruner compares between trials; the pruner's resource is training time.
+"""What a tune trial measures: training seconds to the target (evaluation excluded, ``RunRecord.time_to_target``),
+and for a run that misses it ``limit_s * (1 + shortfall)``, behind every run that reached it; the same score at
+each evaluation is what the pruner compares, with training time as its resource.
 """
 from __future__ import annotations
 

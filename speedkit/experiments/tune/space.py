@@ -193,10 +193,6 @@ class SearchSpace:
     flips: tuple[str, ...] = ()  # "random", "alternating", "none"
     hparam_limits: dict = dataclasses.field(default_factory=dict)  # "method.hparam": fit_hparams_to_model's ranges
 
-    def is_empty(self) -> bool:
-        return not any((self.methods, self.lr_factor, self.duration_scale, self.batch_sizes, self.schedules,
-                        self.precisions, self.loaders, self.crop_pads, self.flips))
-
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
