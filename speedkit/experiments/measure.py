@@ -10,9 +10,23 @@ the search's confirmation, the demo and the notebooks all measure through it; wh
 from __future__ import annotations
 
 import dataclasses
+import time as _time
 from typing import Any, Callable, Sequence
 
 from speedkit.experiments.compare import median_or_none, paired_speedups
+
+
+def fit(request, on_built: Callable[[Any], None] | None = None):
+    """Build and fit the run ``request`` asks for (a RunRequest); the time to build it (data into memory, model,
+    INIT surgery) is its ``setup_s``. ``on_built(trainer)`` sees the Trainer before it fits."""
+    from speedkit.tasks import make_trainer
+
+    started = _time.perf_counter()
+    trainer = make_trainer(request)
+    trainer.logger.log_timing("setup_s", _time.perf_counter() - started)
+    if on_built is not None:
+        on_built(trainer)
+    return trainer.fit()
 
 
 def time_to_target(record) -> float | None:

@@ -11,7 +11,6 @@ import datetime as _dt
 import json
 import math
 import statistics
-import time
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -22,7 +21,7 @@ from speedkit.experiments.bench.profiles import TASK_KEYS, BenchProfile, get_pro
 from speedkit.experiments.compare import final_metric
 from speedkit.experiments.compare import leave_one_out as leave_one_out_table
 from speedkit.experiments.compare import median_or_none, paired_speedups
-from speedkit.experiments.measure import measure, shortest_budget
+from speedkit.experiments.measure import fit, measure, shortest_budget
 from speedkit.record.runs import RunRecord, environment, load_records, lower_is_better
 from speedkit.tasks import TASKS, Recipe, RunRequest, get_recipe, make_trainer, resolve_task
 
@@ -59,21 +58,10 @@ def run_request(profile: BenchProfile, recipe: Recipe, seed: int, run_name: str,
         **{"save_checkpoints": False, "overwrite": True, "progress_bar": False, **trainer_kwargs})
 
 
-def trainer_factory(profile: BenchProfile, recipe: Recipe, seed: int, run_name: str, run_dir: str | Path,
-                    bench_info: dict, extra_config: dict | None = None, **trainer_kwargs) -> Callable[..., object]:
-    """``make_trainer`` of the run's request; call it (with any last changes, such as a profile run's
-    duration and callbacks) to build the Trainer."""
-    request = run_request(profile, recipe, seed, run_name, run_dir, bench_info, extra_config, **trainer_kwargs)
-    return lambda **changes: make_trainer(request.replace(**changes))
-
-
 def run_one(profile: BenchProfile, recipe: Recipe, seed: int, run_name: str, run_dir: str | Path,
             bench_info: dict, extra_config: dict | None = None, **trainer_kwargs) -> RunRecord:
-    """Build and fit one run; the time to build it (data into memory, model, INIT surgery) is ``setup_s``."""
-    started = time.perf_counter()
-    trainer = trainer_factory(profile, recipe, seed, run_name, run_dir, bench_info, extra_config, **trainer_kwargs)()
-    trainer.logger.log_timing("setup_s", time.perf_counter() - started)
-    return trainer.fit()
+    """Build and fit one run (``speedkit.experiments.measure.fit``)."""
+    return fit(run_request(profile, recipe, seed, run_name, run_dir, bench_info, extra_config, **trainer_kwargs))
 
 
 def _bench_info(profile: BenchProfile, session: str, seed: int) -> dict:
@@ -112,15 +100,12 @@ def _budget_in_steps(duration: str, step: Time, what: str) -> int:
 
 def find_budget(profile: BenchProfile, name: str, seeds: Sequence[int], run_dir: str | Path, session: str,
                 log: Callable[[str], None] = print, start: str | None = None, **trainer_kwargs) -> dict:
-    """The shortest budget, in whole ``profile.budget_step``s (one epoch unless the profile says otherwise),
-    with which baseline ``name`` reaches the target in every seed.
+    """The shortest budget, in whole ``profile.budget_step``s, with which baseline ``name`` reaches the target
+    in every seed (``measure.shortest_budget`` from ``start``, default the recipe's own, up to twice that).
 
-    Starts at ``start`` (default: the recipe's budget); goes down a step at a time while every seed
-    reaches the target, or up while some seed does not (to at most twice the start). Only whether a run
-    reaches the target matters here, not how fast, so the search need not run on a quiet machine, and
-    each run stops at the target (the main runs, afterwards, check that the end of the budget still
-    holds it). Returns ``{"budget", "tried": {budget: seeds that reached the target}}``; the runs are
-    marked ``config["bench"]["budget_search"]`` and are not the benchmark's main runs.
+    Only reaching matters here, so each run stops at the target (the main runs check that the end of the
+    budget still holds it). Returns ``{"budget", "tried": {budget: seeds that reached the target}}``; the runs
+    are marked ``config["bench"]["budget_search"]``.
     """
     step = Time.from_string(profile.budget_step)
     first = _budget_in_steps(start or scheduled_recipe(profile, name).duration, step,
@@ -210,12 +195,8 @@ def pick_swept(profile: BenchProfile, tried: Sequence[dict]) -> dict:
 
 def sweep_baseline(profile: BenchProfile, name: str, seed: int, run_dir: str | Path, session: str,
                    log: Callable[[str], None] = print, **trainer_kwargs) -> dict:
-    """Run baseline ``name`` once (on ``seed``) for every learning rate and schedule of its sweep in the
-    profile (``sweep_grid``), and pick the fastest to the target (``pick_swept``).
-
-    Returns ``{"tried": [{"lr", "schedule", "time_to_target_s", "batches_to_target", "final_metric", "run"}],
-    "pick": {"lr", "schedule"}}``. The runs are not main runs.
-    """
+    """Run baseline ``name`` once (on ``seed``) at every point of its sweep (``sweep_grid``), and pick the
+    fastest to the target (``pick_swept``): ``{"tried": [swept_point, ...], "pick": {"lr", "schedule"}}``."""
     tried = [sweep_point(profile, name, point, seed, run_dir, session, log, **trainer_kwargs)
              for point in sweep_grid(profile, name)]
     return pick_swept(profile, tried)
@@ -472,9 +453,9 @@ def profile_recipe(profile: BenchProfile, name: str, seed: int, steps: int, run_
     from speedkit.callbacks.phase_timer import profile_steps
 
     info = {**_bench_info(profile, session, seed), "profiling": True}
-    factory = trainer_factory(profile, scheduled_recipe(profile, name), seed, f"{profile.task}-{name}-profile",
-                              run_dir, info, **trainer_kwargs)
-    return {"recipe": name, **profile_steps(factory, steps)}
+    request = run_request(profile, scheduled_recipe(profile, name), seed, f"{profile.task}-{name}-profile", run_dir,
+                          info, **trainer_kwargs)
+    return {"recipe": name, **profile_steps(lambda **changes: make_trainer(request.replace(**changes)), steps)}
 
 
 # -- the whole benchmark -----------------------------------------------------------------------
@@ -576,25 +557,14 @@ def run_benchmark(task, profile: str | BenchProfile = "cpu", seeds: int | Sequen
                   find_budgets: bool = False, budgets: dict | None = None, sweep: bool = False,
                   sweeps: dict | None = None, on_record: Callable[[RunRecord], None] | None = None,
                   data: str | None = None, task_options: dict | None = None) -> BenchResult:
-    """Benchmark ``task`` and merge its entry into ``out_dir/summary.json``.
+    """Benchmark ``task`` and merge its entry into ``out_dir/summary.json``; the options are the flags of
+    ``speedkit bench``, described in bench/README.md.
 
     ``task`` is ``"vision"``/``"language"`` (the built-in tasks), or any task ``speedkit.tasks.resolve_task``
-    accepts (a Task, a registered name, ``"package.module:attr"``, a folder task with ``data`` and
-    ``task_options``): its own
-    recipes are run against its baselines under the ``default_profiles``, and its entry is keyed by its name.
-
-    ``seeds`` is a count or a list; ``recipes`` names the speed-up recipes and ``baselines`` the
-    baselines (default: all of the task's). ``find_budgets`` first searches each baseline's budget
-    (``find_budget``) and runs the baselines with it, and ``budgets`` gives the result of an earlier
-    search (``{baseline: find_budget's result}``) instead; ``sweep`` first sweeps the learning rate and
-    schedule of each baseline that has a sweep in the profile (``sweep_baseline``, saved as
-    ``<out>/<task>_sweeps.json``) and runs it with the pick, and ``sweeps`` gives an earlier sweep's
-    result instead; a budget search after a sweep starts from the pick's batches to the target.
-    Keyword overrides replace the profile's fields; ``trainer_kwargs`` go to every make_trainer call;
-    ``on_record`` is called with each main run's record as it finishes. ``reuse`` takes the main runs
-    from ``run_dir`` instead of running them (to add a leave-one-out or a profile later); the
-    leave-one-out then reruns the full recipe beside its ablations; without ``leave_one_out`` the newest
-    leave-one-out of the best recipe already in ``run_dir`` is summarised.
+    accepts (with ``data`` and ``task_options`` for a folder task), run under ``default_profiles`` and keyed by
+    its name. ``budgets`` and ``sweeps`` are an earlier ``find_budgets`` or ``sweep``'s results; keyword
+    overrides replace the profile's fields; ``trainer_kwargs`` go to every run's request; ``on_record`` sees
+    each main run's record as it finishes.
     """
     from speedkit.experiments.bench.report import write_reports
 
@@ -658,4 +628,4 @@ __all__ = ["BenchResult", "TASK_KEYS", "WORK_UNITS",
            "profile_recipe", "recipe_entry", "resolve_profile", "reusable_ablations", "reusable_runs", "run_benchmark",
            "run_interleaved", "run_leave_one_out", "run_one", "scheduled_recipe", "strongest_baseline",
            "summarize", "summarize_leave_one_out", "sweep_baseline", "sweep_grid", "sweep_point", "swept_point",
-           "target_key", "trainer_factory"]
+           "target_key"]

@@ -90,7 +90,10 @@ class TrialReporter(Callback):
 
     def __init__(self, context: TrialContext):
         self.context = context
-        self.trainer = None  # set once the Trainer exists; stop() goes through its public API
+        self.trainer = None  # set once the Trainer exists (attach); stop() goes through its public API
+
+    def attach(self, trainer) -> None:
+        self.trainer = trainer
 
     def eval_end(self, state, logger):
         self.context.budget_done = state.fraction_done()
@@ -121,17 +124,11 @@ def trial_request(context: TrialContext):
 
 
 def train_trial(context: TrialContext) -> RunRecord:
-    """The default runner: the trial's request built by ``make_trainer``, with the reporter."""
-    import time
-
-    from speedkit.tasks import make_trainer
+    """The default runner: the trial's request, fitted (``speedkit.experiments.measure.fit``) with the reporter."""
+    from speedkit.experiments.measure import fit
 
     reporter = TrialReporter(context)
-    started = time.perf_counter()
-    trainer = make_trainer(trial_request(context).replace(callbacks=[reporter]))
-    reporter.trainer = trainer
-    trainer.logger.log_timing("setup_s", time.perf_counter() - started)
-    return trainer.fit()
+    return fit(trial_request(context).replace(callbacks=[reporter]), on_built=reporter.attach)
 
 
 Runner = Callable[[TrialContext], RunRecord]
