@@ -16,8 +16,9 @@ from speedkit.experiments.tune.confirm import (confirm_candidates, confirm_seeds
                                                summarize_confirmation)
 from speedkit.experiments.tune.objective import resolve_runner, runner_path
 from speedkit.experiments.tune.search import (PHASES, PRUNERS, SEARCH_SEED, TuneConfig, check_same_search,
-                                              load_study, logged_metrics, parse_budget, resolve_target, run_phases,
-                                              search_limits, seed_baseline_study, standings, start_workers)
+                                              load_study, logged_metrics, parse_budget, refused_methods,
+                                              resolve_target, run_phases, search_limits, seed_baseline_study,
+                                              standings, start_workers)
 from speedkit.experiments.tune.space import (TuneInputError, baseline_space, candidate_methods, describe_limit,
                                              fit_hparams_to_model, full_space, probe_surgery, resolve_methods)
 from speedkit.experiments.tune.storage import (ANSWER_LOCK, FolderLock, fail_dead_trials, finished_trials,
@@ -352,5 +353,5 @@ def where_the_time_went(config: TuneConfig, studies: dict, trials: list[dict]) -
 
 def _found_inapplicable(studies: dict) -> dict:
     """Methods the search stopped trying because they found nothing to act on when training started."""
-    return {key.split(":", 1)[1]: f"found nothing to act on in a trial, so no longer tried: {reason}"
-            for key, reason in studies["search"].user_attrs.items() if key.startswith("inapplicable:")}
+    return {name: f"found nothing to act on in a trial, so no longer tried: {why}"
+            for name, why in refused_methods(studies["search"]).items()}

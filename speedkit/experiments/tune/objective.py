@@ -65,8 +65,7 @@ class TrialContext:
     def on_eval(self, wall_s: float, value: float | None) -> bool:
         """Report one evaluation; True when the run should stop now."""
         if self.trial is not None:
-            reached = value is not None and (value <= self.target if lower_is_better(self.metric)
-                                             else value >= self.target)
+            reached = shortfall(self.metric, value, self.target) == 0.0
             current = penalized(self.metric, self.target, self.limit_s, wall_s if reached else None, value)
             self.trial.report(current, step=max(1, int(round(wall_s * 1000))))  # resource: training ms
             if not reached and self.trial.should_prune():

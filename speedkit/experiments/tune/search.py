@@ -226,13 +226,14 @@ def make_objective(config: TuneConfig, phase: str, runner, should_stop=None, stu
         trial.set_user_attr("worker", worker_id())
         name = f"{config.study_name}-{phase}-t{trial.number:04d}"
         refused_in = refusals or trial.study
+        refused = refused_methods(refused_in)
         try:
-            recipe = suggest_recipe(trial, base, space, name=name, refused=refused_methods(refused_in))
+            recipe = suggest_recipe(trial, base, space, name=name, refused=refused)
         except (ValueError, TypeError) as e:
             _infeasible(trial, f"recipe refused: {e}")
-        blocked = _known_inapplicable(refused_in, recipe.methods)  # a queued point made before the refusal
+        blocked = next((m for m in recipe.methods if m in refused), None)  # a queued point made before the refusal
         if blocked:
-            _infeasible(trial, blocked)
+            _infeasible(trial, f"{blocked} found nothing to act on in an earlier trial: {refused[blocked]}")
         trial.set_user_attr("recipe", recipe.to_dict())
         trial.set_user_attr("change", describe_change(recipe, base))
         # the first trial runs whole (there is nothing to confirm without one); later ones leave the reserve be
@@ -332,17 +333,9 @@ def _mark_inapplicable(study, methods: dict, message: str) -> None:
         study.set_user_attr(f"inapplicable:{culprit}", message)
 
 
-def refused_methods(study) -> set[str]:
-    """The methods that found nothing to act on in an earlier trial of ``study``."""
-    return {key.split(":", 1)[1] for key in study.user_attrs if key.startswith("inapplicable:")}
-
-
-def _known_inapplicable(study, methods: dict) -> str | None:
-    for name in methods:
-        reason = study.user_attrs.get(f"inapplicable:{name}")
-        if reason:
-            return f"{name} found nothing to act on in an earlier trial: {reason}"
-    return None
+def refused_methods(study) -> dict[str, str]:
+    """{method: why} for the methods that found nothing to act on in an earlier trial of ``study``."""
+    return {key.split(":", 1)[1]: why for key, why in study.user_attrs.items() if key.startswith("inapplicable:")}
 
 
 def confirm_reserve_s(config: TuneConfig, studies: dict) -> float:
