@@ -60,14 +60,13 @@ class Measurement:
 
 
 def measure(recipes: Sequence[str], baselines: Sequence[str], seeds: Sequence, run: Callable[[str, Any], Any], *,
-            time: Callable[[Any], float | None] = time_to_target,
             keep_going: Callable[[Measurement], bool] | None = None,
             on_run: Callable[[Any], None] | None = None) -> Measurement:
     """Run each baseline, then each recipe, once per seed, seed by seed, and pair them by seed.
 
     ``run(name, seed)`` trains one (a RunRecord, or None for a run it skips, such as one done before);
-    ``time(result)`` reads its time to the target; ``keep_going(measurement so far)`` is asked before every
-    seed after the first (e.g. whether another pair fits a time budget); ``on_run`` sees each result.
+    ``keep_going(measurement so far)`` is asked before every seed after the first (e.g. whether another pair
+    fits a time budget); ``on_run`` sees each result.
     """
     baselines, recipes = tuple(baselines), tuple(r for r in recipes if r not in baselines)
     result = Measurement(seeds=[], baselines=baselines, recipes=recipes,
@@ -80,7 +79,7 @@ def measure(recipes: Sequence[str], baselines: Sequence[str], seeds: Sequence, r
         for name in (*baselines, *recipes):
             outcome = run(name, seed)
             result.runs[name].append(outcome)
-            result.times[name].append(None if outcome is None else time(outcome))
+            result.times[name].append(time_to_target(outcome))
             if outcome is not None and on_run is not None:
                 on_run(outcome)
     return result

@@ -93,7 +93,7 @@ def _trial_wall(config: TuneConfig, studies: dict, key: str) -> float:
     return config.limit_s
 
 
-def run_confirmation(config: TuneConfig, studies: dict, runner=None, on_run=None, should_stop=None) -> list:
+def run_confirmation(config: TuneConfig, studies: dict, runner=None, should_stop=None) -> list:
     """Each candidate on the confirmation's fresh seeds, interleaved (``speedkit.experiments.measure.measure``:
     the baselines, then the others, seed by seed); resumable: a run done before is not run again."""
     confirm = studies["confirm"]
@@ -108,7 +108,7 @@ def run_confirmation(config: TuneConfig, studies: dict, runner=None, on_run=None
         return _confirm_run(config, confirm, runner, role, key, seed, recipe, should_stop)
 
     measure(list(candidates), [key for key, (role, _) in candidates.items() if role in BASELINE_ROLE_NAMES],
-            confirm_seeds(config, studies), run, on_run=on_run)
+            confirm_seeds(config, studies), run)
     return finished_trials(confirm, ("COMPLETE",))
 
 
