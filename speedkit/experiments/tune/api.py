@@ -339,11 +339,10 @@ def where_the_time_went(config: TuneConfig, studies: dict, trials: list[dict]) -
              "pruned": [t for t in search if t["state"] == "pruned" and not t["infeasible"]],
              "refused": [t for t in search if t["infeasible"]]}
     confirm = [{"wall_s": t.user_attrs.get("wall_s")} for t in finished_trials(studies["confirm"], ("COMPLETE",))]
-    rows = {"baseline study": wall(t for t in trials if t["phase"] == "baseline"),
-            **{f"search: {kind}": wall(rows) for kind, rows in kinds.items()},
-            "confirmation": wall(confirm)}
-    counts = {"baseline study": sum(t["phase"] == "baseline" for t in trials),
-              **{f"search: {kind}": len(rows) for kind, rows in kinds.items()}, "confirmation": len(confirm)}
+    groups = {"baseline study": [t for t in trials if t["phase"] == "baseline"],
+              **{f"search: {kind}": rows for kind, rows in kinds.items()}, "confirmation": confirm}
+    rows = {what: wall(group) for what, group in groups.items()}
+    counts = {what: len(group) for what, group in groups.items()}
     # n workers spend n seconds of runs in each second of wall clock: the shares are of that
     spent, workers = config.spent_s(), config.n_workers
     rows["set-up and the rest"] = round(max(0.0, spent * workers - sum(rows.values())), 1)
