@@ -74,6 +74,19 @@ def test_profiles_are_data_and_bad_names_get_clear_errors():
         BenchProfile(name="x", run=RunRequest(task="fashion-mnist"), recipes=("baseline", "spicy"))
 
 
+def test_a_profile_describes_its_runs_as_one_run_request_and_owns_none_of_its_fields():
+    from speedkit.experiments.bench import harness
+
+    assert not {f.name for f in dataclasses.fields(BenchProfile)} & {f.name for f in dataclasses.fields(RunRequest)}
+    profile = get_profile("language", "cpu").replace(device="cuda", data_fraction=0.5, seeds=2, duration="100ba")
+    assert (profile.run.device, profile.run.data_fraction, profile.seeds) == ("cuda", 0.5, 2)
+    assert profile.run.eval_interval == "25ba" and profile.run.target == 3.30  # the profile's own, kept
+    request = harness.run_request(profile, harness.scheduled_recipe(profile, "tuned"), 1, "run", "runs", {})
+    # the run's budget and cadence live in its recipe, so a budget search's recipe is not overridden again
+    assert (request.device, request.seed, request.target, request.duration) == ("cuda", 1, 3.30, None)
+    assert (request.recipe.duration, request.recipe.eval_interval) == ("100ba", "25ba")
+
+
 # -- pairing and medians, from records made by hand ---------------------------------------------
 def hand_made_vision_records() -> list[RunRecord]:
     baseline = [fake_record("baseline", 0, [(5, 0.8), (10, 0.91)]), fake_record("baseline", 1, [(6, 0.8), (12, 0.9)]),
