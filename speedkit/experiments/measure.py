@@ -10,9 +10,23 @@ the search's confirmation, the demo and the notebooks all measure through it; wh
 from __future__ import annotations
 
 import dataclasses
+import time as _time
 from typing import Any, Callable, Sequence
 
 from speedkit.experiments.compare import median_or_none, paired_speedups
+
+
+def fit(request, on_built: Callable[[Any], None] | None = None):
+    """Build and fit the run ``request`` asks for (a RunRequest); the time to build it (data into memory, model,
+    INIT surgery) is its ``setup_s``. ``on_built(trainer)`` sees the Trainer before it fits."""
+    from speedkit.tasks import make_trainer
+
+    started = _time.perf_counter()
+    trainer = make_trainer(request)
+    trainer.logger.log_timing("setup_s", _time.perf_counter() - started)
+    if on_built is not None:
+        on_built(trainer)
+    return trainer.fit()
 
 
 def time_to_target(record) -> float | None:
@@ -46,14 +60,13 @@ class Measurement:
 
 
 def measure(recipes: Sequence[str], baselines: Sequence[str], seeds: Sequence, run: Callable[[str, Any], Any], *,
-            time: Callable[[Any], float | None] = time_to_target,
             keep_going: Callable[[Measurement], bool] | None = None,
             on_run: Callable[[Any], None] | None = None) -> Measurement:
     """Run each baseline, then each recipe, once per seed, seed by seed, and pair them by seed.
 
     ``run(name, seed)`` trains one (a RunRecord, or None for a run it skips, such as one done before);
-    ``time(result)`` reads its time to the target; ``keep_going(measurement so far)`` is asked before every
-    seed after the first (e.g. whether another pair fits a time budget); ``on_run`` sees each result.
+    ``keep_going(measurement so far)`` is asked before every seed after the first (e.g. whether another pair
+    fits a time budget); ``on_run`` sees each result.
     """
     baselines, recipes = tuple(baselines), tuple(r for r in recipes if r not in baselines)
     result = Measurement(seeds=[], baselines=baselines, recipes=recipes,
@@ -66,7 +79,7 @@ def measure(recipes: Sequence[str], baselines: Sequence[str], seeds: Sequence, r
         for name in (*baselines, *recipes):
             outcome = run(name, seed)
             result.runs[name].append(outcome)
-            result.times[name].append(None if outcome is None else time(outcome))
+            result.times[name].append(time_to_target(outcome))
             if outcome is not None and on_run is not None:
                 on_run(outcome)
     return result

@@ -26,7 +26,7 @@ def _bench_ablations(monkeypatch, recipe, reference) -> dict[str, tuple]:
     monkeypatch.setattr(harness, "run_one", fake_run_one)
     monkeypatch.setattr(harness, "scheduled_recipe", lambda profile, name: recipe if name == recipe.name else reference)
     full = RunRecord(name="full", config={"recipe": recipe.name, "seed": 0})
-    profile = dataclasses.replace(harness.get_profile("vision"), device="cpu")
+    profile = harness.get_profile("vision").replace(device="cpu")
     harness.run_leave_one_out(profile, [full], recipe.name, "unused", "session", log=lambda line: None,
                               baseline=reference.name)
     return ran

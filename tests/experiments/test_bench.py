@@ -14,6 +14,7 @@ from speedkit.core import Callback
 from speedkit.experiments.bench import (BenchProfile, get_profile, merge_summary, pick_best, profile_steps,
                                         readme_table, run_benchmark, summarize, summary_markdown)
 from speedkit.record.runs import RunRecord
+from speedkit.tasks import RunRequest
 from speedkit.train.trainer import Trainer
 
 TINY_VISION = dict(device="cpu", data_fraction=0.02, eval_fraction=0.05, eval_interval="3ba", duration="6ba",
@@ -70,7 +71,20 @@ def test_profiles_are_data_and_bad_names_get_clear_errors():
     cpu = get_profile("vision", "cpu")
     assert cpu.recipe("plain-bf16").eval_interval == "0.25ep" and cpu.recipe("hot").eval_interval == "0.5ep"
     with pytest.raises(ValueError, match="unknown recipes \\['spicy'\\].*known"):
-        BenchProfile(name="x", task="fashion-mnist", recipes=("baseline", "spicy"))
+        BenchProfile(name="x", run=RunRequest(task="fashion-mnist"), recipes=("baseline", "spicy"))
+
+
+def test_a_profile_describes_its_runs_as_one_run_request_and_owns_none_of_its_fields():
+    from speedkit.experiments.bench import harness
+
+    assert not {f.name for f in dataclasses.fields(BenchProfile)} & {f.name for f in dataclasses.fields(RunRequest)}
+    profile = get_profile("language", "cpu").replace(device="cuda", data_fraction=0.5, seeds=2, duration="100ba")
+    assert (profile.run.device, profile.run.data_fraction, profile.seeds) == ("cuda", 0.5, 2)
+    assert profile.run.eval_interval == "25ba" and profile.run.target == 3.30  # the profile's own, kept
+    request = harness.run_request(profile, harness.scheduled_recipe(profile, "tuned"), 1, "run", "runs", {})
+    # the run's budget and cadence live in its recipe, so a budget search's recipe is not overridden again
+    assert (request.device, request.seed, request.target, request.duration) == ("cuda", 1, 3.30, None)
+    assert (request.recipe.duration, request.recipe.eval_interval) == ("100ba", "25ba")
 
 
 # -- pairing and medians, from records made by hand ---------------------------------------------
@@ -85,7 +99,8 @@ def hand_made_vision_records() -> list[RunRecord]:
 
 
 def test_speedups_are_paired_by_seed_and_a_missed_target_drops_its_pair():
-    profile = BenchProfile(name="cpu", task="fashion-mnist", device="cpu", target=0.9, report_targets=(0.8,))
+    profile = BenchProfile(name="cpu", run=RunRequest(task="fashion-mnist", device="cpu", target=0.9),
+                           report_targets=(0.8,))
     entry = summarize(hand_made_vision_records(), profile)
     check_entry_schema(entry, 3)
     hot = entry["recipes"]["hot"]
@@ -120,7 +135,8 @@ def test_every_recipe_is_measured_against_every_baseline_and_the_headline_agains
         budget = {"baseline": "10ep", "plain": "8ep", "plain-bf16": "7ep", "mild": "3ep"}[record.config["recipe"]]
         record.config.update(task="fashion-mnist", recipe_spec={"duration": budget})
         record.target["value"] = 0.92
-    entry = summarize(records, BenchProfile(name="cpu", task="fashion-mnist", device="cpu", target=0.92))
+    entry = summarize(records, BenchProfile(name="cpu", run=RunRequest(task="fashion-mnist", device="cpu",
+                                                                       target=0.92)))
     check_entry_schema(entry, 2)
     assert set(entry["baselines"]) == {"baseline", "plain", "plain-bf16"}
     assert entry["strongest_baseline"] == "plain-bf16"  # plain is faster in seed 0 but never got there in seed 1
@@ -145,7 +161,7 @@ def test_a_summary_says_which_runs_came_later_and_what_the_sweep_tried():
     pick = {"lr": 4e-3, "schedule": {"name": "linear_to_zero"}}
     sweeps = {"tuned": {"pick": pick, "tried": [{"lr": 1e-3, "schedule": {"name": "cosine"}, "batches_to_target": 475},
                                                 {**pick, "batches_to_target": 300}]}}
-    profile = BenchProfile(name="cpu", task="pydocs", device="cpu", target=3.3)
+    profile = BenchProfile(name="cpu", run=RunRequest(task="pydocs", device="cpu", target=3.3))
     entry = summarize(records, profile, sweeps=sweeps)
     assert entry["sessions"] == {"20261130-130000": ["baseline", "hot"], "20261130-140000": ["tuned"]}
     assert entry["strongest_baseline"] == "tuned" and entry["speedup_median"] == 2.5
@@ -159,21 +175,22 @@ def test_a_summary_says_which_runs_came_later_and_what_the_sweep_tried():
 
 def test_a_summary_needs_a_baseline_and_a_recipe_that_ends_below_its_target_is_not_best():
     with pytest.raises(ValueError, match="needs runs of a baseline \\(baseline, plain, plain-bf16\\)"):
-        summarize([fake_record("mild", 0, [(4, 0.93)])], BenchProfile(name="cpu", task="fashion-mnist"))
+        summarize([fake_record("mild", 0, [(4, 0.93)])],
+                  BenchProfile(name="cpu", run=RunRequest(task="fashion-mnist")))
     touched = [fake_record("baseline", 0, [(9, 0.93)], target=0.92),
                fake_record("mild", 0, [(3, 0.921), (4, 0.915)], target=0.92)]
-    entry = summarize(touched, BenchProfile(name="cpu", task="fashion-mnist", target=0.92))
+    entry = summarize(touched, BenchProfile(name="cpu", run=RunRequest(task="fashion-mnist", target=0.92)))
     assert entry["recipes"]["mild"]["time_to_target_s"] == [3]  # it touched the target once ...
     assert entry["best_recipe"] is None and entry["speedup_median"] is None  # ... and ended below it
     assert "no speed-up recipe reached" in summary_markdown({"vision": entry})
 
 
 def test_vision_then_language_merge_into_one_summary(tmp_path):
-    vision = summarize(hand_made_vision_records(), BenchProfile(name="cpu", task="fashion-mnist", device="cpu",
-                                                                target=0.9))
+    vision = summarize(hand_made_vision_records(),
+                       BenchProfile(name="cpu", run=RunRequest(task="fashion-mnist", device="cpu", target=0.9)))
     language_records = [fake_record(recipe, 0, [(20, 2.5), (40, 1.9)] if recipe == "baseline" else [(10, 1.95)],
                                     target=2.0, metric="eval/bpb") for recipe in ("baseline", "hot")]
-    language = summarize(language_records, BenchProfile(name="cpu", task="pydocs", device="cpu"))
+    language = summarize(language_records, BenchProfile(name="cpu", run=RunRequest(task="pydocs", device="cpu")))
     path = tmp_path / "summary.json"
     merge_summary(path, "vision", vision)
     merged = merge_summary(path, "language", language)
@@ -275,7 +292,7 @@ def test_tiny_vision_benchmark(tmp_path):
 def test_cli_bench_runs_tiny_and_keeps_the_other_task(tmp_path, capsys):
     out = tmp_path / "out"
     language = summarize([fake_record(r, 0, [(10, 1.9)], target=2.0, metric="eval/bpb") for r in ("baseline", "hot")],
-                         BenchProfile(name="cpu", task="pydocs", device="cpu"))
+                         BenchProfile(name="cpu", run=RunRequest(task="pydocs", device="cpu")))
     merge_summary(out / "summary.json", "language", language)
     code = main(["bench", "--task", "vision", "--seeds", "1", "--recipes", "hot", "--baselines", "plain,plain-bf16",
                  "--duration", "4ba", "--eval-interval", "2ba",

@@ -11,7 +11,6 @@ import datetime as _dt
 import json
 import math
 import statistics
-import time
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -22,7 +21,7 @@ from speedkit.experiments.bench.profiles import TASK_KEYS, BenchProfile, get_pro
 from speedkit.experiments.compare import final_metric
 from speedkit.experiments.compare import leave_one_out as leave_one_out_table
 from speedkit.experiments.compare import median_or_none, paired_speedups
-from speedkit.experiments.measure import measure, shortest_budget
+from speedkit.experiments.measure import fit, measure, shortest_budget
 from speedkit.record.runs import RunRecord, environment, load_records, lower_is_better
 from speedkit.tasks import TASKS, Recipe, RunRequest, get_recipe, make_trainer, resolve_task
 
@@ -37,16 +36,10 @@ class BenchResult:
 
 
 # -- building the runs -------------------------------------------------------------------------
-def apply_overrides(profile: BenchProfile, **overrides) -> BenchProfile:
-    """The profile with every override that is not None."""
-    given = {k: v for k, v in overrides.items() if v is not None}
-    return dataclasses.replace(profile, **given) if given else profile
-
-
 def scheduled_recipe(profile: BenchProfile, name: str) -> Recipe:
     """The recipe as the profile runs it, with the profile's budget applied."""
     recipe = profile.recipe(name)
-    duration = profile.duration or recipe.duration
+    duration = profile.run.duration or recipe.duration
     if profile.duration_scale != 1.0:
         duration = str(Time.from_string(duration) * profile.duration_scale)
     return recipe.with_changes(duration=duration)
@@ -54,32 +47,21 @@ def scheduled_recipe(profile: BenchProfile, name: str) -> Recipe:
 
 def run_request(profile: BenchProfile, recipe: Recipe, seed: int, run_name: str, run_dir: str | Path,
                 bench_info: dict, extra_config: dict | None = None, **trainer_kwargs) -> RunRequest:
-    """The RunRequest of one benchmark run: ``recipe`` as the profile runs it (``scheduled_recipe``), on the
-    profile's device and data; ``trainer_kwargs`` are more request fields or Trainer keyword arguments."""
-    return RunRequest.build(
-        profile.task, recipe, seed=seed, device=profile.device, run_dir=str(run_dir), run_name=run_name,
-        data_fraction=profile.data_fraction, eval_fraction=profile.eval_fraction, target=profile.target,
+    """The RunRequest of one benchmark run: the profile's ``run`` with ``recipe`` as the profile runs it
+    (``scheduled_recipe``, which holds its budget and cadence); ``trainer_kwargs`` are more request fields or
+    Trainer keyword arguments."""
+    return profile.run.replace(
+        recipe=recipe, duration=None, eval_interval=None, seed=seed, run_dir=str(run_dir), run_name=run_name,
         extra_config={"bench": bench_info, "seed": seed, **(extra_config or {})},
         # Benchmark runs are measurements, not resumed: running the benchmark again measures them again.
         # The benchmark reports each run as it ends; a bar per run would only interleave with that.
         **{"save_checkpoints": False, "overwrite": True, "progress_bar": False, **trainer_kwargs})
 
 
-def trainer_factory(profile: BenchProfile, recipe: Recipe, seed: int, run_name: str, run_dir: str | Path,
-                    bench_info: dict, extra_config: dict | None = None, **trainer_kwargs) -> Callable[..., object]:
-    """``make_trainer`` of the run's request; call it (with any last changes, such as a profile run's
-    duration and callbacks) to build the Trainer."""
-    request = run_request(profile, recipe, seed, run_name, run_dir, bench_info, extra_config, **trainer_kwargs)
-    return lambda **changes: make_trainer(request.replace(**changes))
-
-
 def run_one(profile: BenchProfile, recipe: Recipe, seed: int, run_name: str, run_dir: str | Path,
             bench_info: dict, extra_config: dict | None = None, **trainer_kwargs) -> RunRecord:
-    """Build and fit one run; the time to build it (data into memory, model, INIT surgery) is ``setup_s``."""
-    started = time.perf_counter()
-    trainer = trainer_factory(profile, recipe, seed, run_name, run_dir, bench_info, extra_config, **trainer_kwargs)()
-    trainer.logger.log_timing("setup_s", time.perf_counter() - started)
-    return trainer.fit()
+    """Build and fit one run (``speedkit.experiments.measure.fit``)."""
+    return fit(run_request(profile, recipe, seed, run_name, run_dir, bench_info, extra_config, **trainer_kwargs))
 
 
 def _bench_info(profile: BenchProfile, session: str, seed: int) -> dict:
@@ -118,15 +100,12 @@ def _budget_in_steps(duration: str, step: Time, what: str) -> int:
 
 def find_budget(profile: BenchProfile, name: str, seeds: Sequence[int], run_dir: str | Path, session: str,
                 log: Callable[[str], None] = print, start: str | None = None, **trainer_kwargs) -> dict:
-    """The shortest budget, in whole ``profile.budget_step``s (one epoch unless the profile says otherwise),
-    with which baseline ``name`` reaches the target in every seed.
+    """The shortest budget, in whole ``profile.budget_step``s, with which baseline ``name`` reaches the target
+    in every seed (``measure.shortest_budget`` from ``start``, default the recipe's own, up to twice that).
 
-    Starts at ``start`` (default: the recipe's budget); goes down a step at a time while every seed
-    reaches the target, or up while some seed does not (to at most twice the start). Only whether a run
-    reaches the target matters here, not how fast, so the search need not run on a quiet machine, and
-    each run stops at the target (the main runs, afterwards, check that the end of the budget still
-    holds it). Returns ``{"budget", "tried": {budget: seeds that reached the target}}``; the runs are
-    marked ``config["bench"]["budget_search"]`` and are not the benchmark's main runs.
+    Only reaching matters here, so each run stops at the target (the main runs check that the end of the
+    budget still holds it). Returns ``{"budget", "tried": {budget: seeds that reached the target}}``; the runs
+    are marked ``config["bench"]["budget_search"]``.
     """
     step = Time.from_string(profile.budget_step)
     first = _budget_in_steps(start or scheduled_recipe(profile, name).duration, step,
@@ -216,12 +195,8 @@ def pick_swept(profile: BenchProfile, tried: Sequence[dict]) -> dict:
 
 def sweep_baseline(profile: BenchProfile, name: str, seed: int, run_dir: str | Path, session: str,
                    log: Callable[[str], None] = print, **trainer_kwargs) -> dict:
-    """Run baseline ``name`` once (on ``seed``) for every learning rate and schedule of its sweep in the
-    profile (``sweep_grid``), and pick the fastest to the target (``pick_swept``).
-
-    Returns ``{"tried": [{"lr", "schedule", "time_to_target_s", "batches_to_target", "final_metric", "run"}],
-    "pick": {"lr", "schedule"}}``. The runs are not main runs.
-    """
+    """Run baseline ``name`` once (on ``seed``) at every point of its sweep (``sweep_grid``), and pick the
+    fastest to the target (``pick_swept``): ``{"tried": [swept_point, ...], "pick": {"lr", "schedule"}}``."""
     tried = [sweep_point(profile, name, point, seed, run_dir, session, log, **trainer_kwargs)
              for point in sweep_grid(profile, name)]
     return pick_swept(profile, tried)
@@ -260,7 +235,7 @@ def run_leave_one_out(profile: BenchProfile, records: Sequence[RunRecord], recip
         ablations.append(full)
         log(f"[leave-one-out] reference {_describe_run(full)}")
     # "auto" precision compared as what it runs as here: "auto" against a bf16 baseline is no difference
-    device = resolve_device(profile.device)
+    device = resolve_device(profile.run.device)
     recipe, reference = (r.with_changes(precision=resolve_precision(r.precision, device))
                          for r in (recipe, scheduled_recipe(profile, baseline)))
 
@@ -406,7 +381,7 @@ def summarize(records: Sequence[RunRecord], profile: BenchProfile, ablations: Se
     best_entry = entries.get(best, {})
     strongest_times = baselines[strongest]["time_to"]
     summary = {
-        "task": profile.task, "profile": profile.name, "device": profile.device, "seeds": seeds,
+        "task": profile.task, "profile": profile.name, "device": profile.run.device, "seeds": seeds,
         "target": target, "report_targets": list(profile.targets),
         "baseline": baselines.get("baseline", baselines[strongest]), "baselines": baselines,
         "strongest_baseline": strongest, "recipes": entries, "best_recipe": best,
@@ -416,7 +391,7 @@ def summarize(records: Sequence[RunRecord], profile: BenchProfile, ablations: Se
                               for key, times in best_entry.get("time_to", {}).items()},
         "flops_fraction_of_peak": median_or_none(best_entry.get("flops_fraction_of_peak", [])),
         "leave_one_out": summarize_leave_one_out(records, ablations) if ablations else None,
-        "machine": machine(profile.device, records),
+        "machine": machine(profile.run.device, records),
         # the sittings the main runs come from (one when all ran interleaved; more when a baseline or
         # a recipe was run later, e.g. after a sweep, and paired by seed with the earlier runs)
         "sessions": _sessions(records),
@@ -478,9 +453,9 @@ def profile_recipe(profile: BenchProfile, name: str, seed: int, steps: int, run_
     from speedkit.callbacks.phase_timer import profile_steps
 
     info = {**_bench_info(profile, session, seed), "profiling": True}
-    factory = trainer_factory(profile, scheduled_recipe(profile, name), seed, f"{profile.task}-{name}-profile",
-                              run_dir, info, **trainer_kwargs)
-    return {"recipe": name, **profile_steps(factory, steps)}
+    request = run_request(profile, scheduled_recipe(profile, name), seed, f"{profile.task}-{name}-profile", run_dir,
+                          info, **trainer_kwargs)
+    return {"recipe": name, **profile_steps(lambda **changes: make_trainer(request.replace(**changes)), steps)}
 
 
 # -- the whole benchmark -----------------------------------------------------------------------
@@ -535,8 +510,9 @@ def resolve_profile(task: str, profile: str | BenchProfile = "cpu", seeds: int |
     seed_list = list(range(seeds)) if isinstance(seeds, int) else list(seeds) if seeds is not None else None
     if seed_list is not None and not seed_list:
         raise ValueError("seeds must be a positive count or a non-empty list of seeds")
-    profile = apply_overrides(profile, recipes=tuple(recipes) if recipes else None,
-                              seeds=len(seed_list) if seed_list else None, **overrides)
+    given = {k: v for k, v in overrides.items() if v is not None}
+    profile = profile.replace(**given, **({"recipes": tuple(recipes)} if recipes else {}),
+                              **({"seeds": len(seed_list)} if seed_list else {}))
     return profile, seed_list or list(range(profile.seeds))
 
 
@@ -581,25 +557,14 @@ def run_benchmark(task, profile: str | BenchProfile = "cpu", seeds: int | Sequen
                   find_budgets: bool = False, budgets: dict | None = None, sweep: bool = False,
                   sweeps: dict | None = None, on_record: Callable[[RunRecord], None] | None = None,
                   data: str | None = None, task_options: dict | None = None) -> BenchResult:
-    """Benchmark ``task`` and merge its entry into ``out_dir/summary.json``.
+    """Benchmark ``task`` and merge its entry into ``out_dir/summary.json``; the options are the flags of
+    ``speedkit bench``, described in bench/README.md.
 
     ``task`` is ``"vision"``/``"language"`` (the built-in tasks), or any task ``speedkit.tasks.resolve_task``
-    accepts (a Task, a registered name, ``"package.module:attr"``, a folder task with ``data`` and
-    ``task_options``): its own
-    recipes are run against its baselines under the ``default_profiles``, and its entry is keyed by its name.
-
-    ``seeds`` is a count or a list; ``recipes`` names the speed-up recipes and ``baselines`` the
-    baselines (default: all of the task's). ``find_budgets`` first searches each baseline's budget
-    (``find_budget``) and runs the baselines with it, and ``budgets`` gives the result of an earlier
-    search (``{baseline: find_budget's result}``) instead; ``sweep`` first sweeps the learning rate and
-    schedule of each baseline that has a sweep in the profile (``sweep_baseline``, saved as
-    ``<out>/<task>_sweeps.json``) and runs it with the pick, and ``sweeps`` gives an earlier sweep's
-    result instead; a budget search after a sweep starts from the pick's batches to the target.
-    Keyword overrides replace the profile's fields; ``trainer_kwargs`` go to every make_trainer call;
-    ``on_record`` is called with each main run's record as it finishes. ``reuse`` takes the main runs
-    from ``run_dir`` instead of running them (to add a leave-one-out or a profile later); the
-    leave-one-out then reruns the full recipe beside its ablations; without ``leave_one_out`` the newest
-    leave-one-out of the best recipe already in ``run_dir`` is summarised.
+    accepts (with ``data`` and ``task_options`` for a folder task), run under ``default_profiles`` and keyed by
+    its name. ``budgets`` and ``sweeps`` are an earlier ``find_budgets`` or ``sweep``'s results; keyword
+    overrides replace the profile's fields; ``trainer_kwargs`` go to every run's request; ``on_record`` sees
+    each main run's record as it finishes.
     """
     from speedkit.experiments.bench.report import write_reports
 
@@ -608,11 +573,11 @@ def run_benchmark(task, profile: str | BenchProfile = "cpu", seeds: int | Sequen
     profile, seed_list = resolve_profile(
         key, profile, seeds, recipes, baselines, device=device, data_fraction=data_fraction, eval_fraction=eval_fraction,
         eval_interval=eval_interval, duration=duration, duration_scale=duration_scale, target=target)
-    resolve_device(profile.device)  # a clear error now, not after the first runs
+    resolve_device(profile.run.device)  # a clear error now, not after the first runs
     trainer_kwargs = dict(trainer_kwargs or {})
     session = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     log(f"benchmark {key} ({profile.task}), profile {profile.name}: recipes {', '.join(profile.recipes)}; "
-        f"seeds {seed_list}; device {profile.device}")
+        f"seeds {seed_list}; device {profile.run.device}")
     if sweep and not reuse:
         sweeps = {name: sweep_baseline(profile, name, seed_list[0], run_dir, session, log, **trainer_kwargs)
                   for name in profile.baselines if name in profile.sweeps}
@@ -658,9 +623,9 @@ def run_benchmark(task, profile: str | BenchProfile = "cpu", seeds: int | Sequen
     return BenchResult(key=key, entry=entry, summary=summary, records=records, ablations=ablations, paths=paths)
 
 
-__all__ = ["BenchResult", "TASK_KEYS", "WORK_UNITS", "apply_overrides",
+__all__ = ["BenchResult", "TASK_KEYS", "WORK_UNITS",
            "budget_hint", "find_budget", "holds_target", "machine", "pick_best", "pick_swept",
            "profile_recipe", "recipe_entry", "resolve_profile", "reusable_ablations", "reusable_runs", "run_benchmark",
            "run_interleaved", "run_leave_one_out", "run_one", "scheduled_recipe", "strongest_baseline",
            "summarize", "summarize_leave_one_out", "sweep_baseline", "sweep_grid", "sweep_point", "swept_point",
-           "target_key", "trainer_factory"]
+           "target_key"]

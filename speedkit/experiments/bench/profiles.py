@@ -20,6 +20,7 @@ from speedkit.train.checks import check_duration
 # The benchmark's names for the built-in tasks (the README and summary.json use these keys); any other
 # registered task (a user's) is benchmarked under its own name.
 TASK_KEYS = {"vision": "fashion-mnist", "language": "pydocs"}
+_RUN_FIELDS = frozenset(f.name for f in dataclasses.fields(RunRequest))
 
 
 def default_recipes(task: str) -> tuple[str, ...]:
@@ -30,20 +31,17 @@ def default_recipes(task: str) -> tuple[str, ...]:
 
 @dataclasses.dataclass(frozen=True)
 class BenchProfile:
-    """How one task is benchmarked. Fields left ``None`` keep each recipe's own value."""
+    """How one task is benchmarked. ``run`` is the RunRequest every run of the profile starts from: its task
+    and the overrides each run adds (device, data and evaluation fractions, target; an ``eval_interval`` or a
+    ``duration`` there is one cadence or one budget for every recipe, for smoke tests). The other fields are
+    the benchmark's own; those left ``None`` keep each recipe's value."""
 
     name: str
-    task: str  # a speedkit task name, e.g. "fashion-mnist"
+    run: RunRequest
     recipes: tuple[str, ...] = ()  # baselines and speed-up recipes to run; () means default_recipes(task)
     seeds: int = 3
-    device: str = "cpu"
-    data_fraction: float = 1.0
-    eval_fraction: float | None = None
-    eval_interval: str | None = None  # one cadence for every run (smoke tests); None: see the next field
     baseline_eval_interval: str | None = None  # the baselines' (None: timing_eval_interval); recipes keep their own
-    duration: str | None = None  # one budget for every recipe (smoke tests); None: each recipe's own
     duration_scale: float = 1.0  # multiplies each recipe's budget
-    target: float | None = None  # None: the task's target
     report_targets: tuple[float, ...] = ()  # targets whose times are reported too (the task's is always)
     speedup_changes: Mapping[str, object] = dataclasses.field(default_factory=dict)  # every recipe but baseline
     recipe_changes: Mapping[str, Mapping[str, object]] = dataclasses.field(default_factory=dict)  # per recipe
@@ -65,21 +63,20 @@ class BenchProfile:
         if unknown:
             raise ValueError(f"profile {self.name!r}: unknown recipes {unknown} for {self.task}; "
                              f"known: {sorted(spec.recipes)}")
-        self.check_run_settings()
         if self.seeds < 1:
             raise ValueError(f"profile {self.name!r}: seeds must be >= 1, got {self.seeds}")
         if not self.duration_scale > 0:
             raise ValueError(f"profile {self.name!r}: duration_scale must be positive, got {self.duration_scale}")
         check_duration("budget_step", self.budget_step, optional=False, fraction_ok=False)
 
-    def check_run_settings(self) -> None:
-        """The fields every run of the profile takes as its RunRequest's are checked by the request, once."""
-        try:
-            RunRequest(task=self.task, device=self.device, data_fraction=self.data_fraction,
-                       eval_fraction=self.eval_fraction, eval_interval=self.eval_interval, duration=self.duration,
-                       target=self.target)
-        except (ValueError, TypeError) as e:
-            raise type(e)(f"profile {self.name!r}: {e}") from None
+    def replace(self, **changes) -> "BenchProfile":
+        """A copy with some fields changed: a RunRequest field goes to ``run`` (checked there, naming it)."""
+        run = {k: changes.pop(k) for k in list(changes) if k in _RUN_FIELDS}
+        return dataclasses.replace(self, run=self.run.replace(**run) if run else self.run, **changes)
+
+    @property
+    def task(self) -> str:
+        return self.run.task
 
     @property
     def baselines(self) -> tuple[str, ...]:
@@ -88,7 +85,7 @@ class BenchProfile:
 
     @property
     def target_value(self) -> float:
-        return TASKS[self.task].target_value if self.target is None else self.target
+        return TASKS[self.task].target_value if self.run.target is None else self.run.target
 
     @property
     def targets(self) -> tuple[float, ...]:
@@ -102,8 +99,8 @@ class BenchProfile:
         """
         recipe = get_recipe(self.task, name)
         baseline = is_baseline(self.task, name)
-        if self.eval_interval or not baseline:
-            cadence = {"eval_interval": self.eval_interval}
+        if self.run.eval_interval or not baseline:
+            cadence = {"eval_interval": self.run.eval_interval}
         else:
             cadence = {"eval_interval": self.baseline_eval_interval or timing_eval_interval(recipe)}
         changes = [cadence] if baseline else [self.speedup_changes, cadence]
@@ -127,8 +124,8 @@ _LANGUAGE_SWEEP = {"lr": (1e-3, 2e-3, 4e-3),
 
 PROFILES: dict[str, dict[str, BenchProfile]] = {
     "vision": {
-        "cpu": BenchProfile(name="cpu", task="fashion-mnist", device="cpu", report_targets=(0.90, 0.93)),
-        "gpu": BenchProfile(name="gpu", task="fashion-mnist", device="cuda", report_targets=(0.90, 0.93),
+        "cpu": BenchProfile(name="cpu", run=RunRequest(task="fashion-mnist", device="cpu"), report_targets=(0.90, 0.93)),
+        "gpu": BenchProfile(name="gpu", run=RunRequest(task="fashion-mnist", device="cuda"), report_targets=(0.90, 0.93),
                             # twice the batch, twice the learning rate (linear scaling from the CPU recipes)
                             speedup_changes={"batch_size": 512, "precision": "bf16", "optimizer": {"lr": 0.4}},
                             recipe_changes={"mild": {"methods": _COMPILE}, "medium": {"methods": _COMPILE}}),
@@ -136,10 +133,11 @@ PROFILES: dict[str, dict[str, BenchProfile]] = {
     "language": {
         # The target is what the baseline reaches at about batch 470 of its 600, measured before the
         # benchmark was run, so the baseline reaches it with room to spare (bench/results/design_notes.json).
-        "cpu": BenchProfile(name="cpu", task="pydocs", device="cpu", eval_interval="25ba", eval_fraction=0.25,
-                            target=3.30, report_targets=(3.5,), sweeps={"tuned": _LANGUAGE_SWEEP},
+        "cpu": BenchProfile(name="cpu", run=RunRequest(task="pydocs", device="cpu", eval_interval="25ba",
+                                                       eval_fraction=0.25, target=3.30),
+                            report_targets=(3.5,), sweeps={"tuned": _LANGUAGE_SWEEP},
                             budget_step="50ba", budget_searched=("tuned",)),  # the baseline stays as it is
-        "gpu": BenchProfile(name="gpu", task="pydocs", device="cuda", eval_interval="25ba",
+        "gpu": BenchProfile(name="gpu", run=RunRequest(task="pydocs", device="cuda", eval_interval="25ba"),
                             speedup_changes={"batch_size": 128, "precision": "bf16"},
                             recipe_changes={"mild": {"methods": _COMPILE}, "hot": {"methods": _COMPILE}}),
     },
@@ -163,8 +161,8 @@ def task_key(task: str) -> str:
 def default_profiles(task: str) -> dict[str, BenchProfile]:
     """The profiles of a task that has none of its own (a user's): every recipe it has against its
     baselines, at each recipe's own budget and cadence, to the task's own target."""
-    return {"cpu": BenchProfile(name="cpu", task=task, device="cpu"),
-            "gpu": BenchProfile(name="gpu", task=task, device="cuda")}
+    return {name: BenchProfile(name=name, run=RunRequest(task=task, device=device))
+            for name, device in (("cpu", "cpu"), ("gpu", "cuda"))}
 
 
 def get_profile(task: str, profile: str | BenchProfile = "cpu") -> BenchProfile:

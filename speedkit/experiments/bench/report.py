@@ -105,20 +105,15 @@ def _row(cells: Sequence[str]) -> str:
     return "| " + " | ".join(cells) + " |"
 
 
-def _baselines(entry: dict) -> dict[str, dict]:
-    """The baselines that ran (summaries written before there were several hold only ``baseline``)."""
-    return entry.get("baselines") or {"baseline": entry["baseline"]}
-
-
 def _all_recipes(entry: dict) -> list[tuple[str, dict]]:
-    return [*_baselines(entry).items(), *entry["recipes"].items()]
+    return [*entry["baselines"].items(), *entry["recipes"].items()]
 
 
 def _speedup_cells(entry: dict, r: dict) -> list[str]:
     """The median paired speed-up (min–max) against each baseline."""
     cells = []
-    for name in _baselines(entry):
-        values = r.get("speedup_vs", {}).get(name, r.get("speedup", []) if name == "baseline" else [])
+    for name in entry["baselines"]:
+        values = r["speedup_vs"][name]
         median = median_or_none(values)
         cells.append(_num(median, 2) + "x" * (median is not None) + _spread(values, 2))
     return cells
@@ -134,10 +129,6 @@ def headline(key: str, entry: dict) -> str:
     """One sentence: the best recipe's median speed-up against the strongest baseline, or why there is none."""
     target = entry["target"]
     best, strongest = entry.get("best_recipe"), entry.get("strongest_baseline")
-    if strongest is None:  # a summary from before there were several baselines
-        return (f"{key}: **{best}** reaches {target['metric']} {target['value']:g} "
-                f"{_num(entry.get('speedup_median'), 2)}x faster (median of paired seeds) than `baseline`, "
-                f"the only baseline that run measured.")
     if best is None:
         return (f"{key}: no speed-up recipe reached {target['metric']} {target['value']:g} in every seed and "
                 f"ended at or above it, so there is no headline speed-up.")
@@ -161,7 +152,7 @@ def task_markdown(key: str, entry: dict) -> str:
     target = entry["target"]
     extra = [k for k in entry["baseline"]["time_to"] if float(k) != target["value"]]
     n = len(entry["seeds"])
-    baselines = list(_baselines(entry))
+    baselines = list(entry["baselines"])
     lines = [
         f"## {key}: {entry['task']} to {target['metric']} {target['value']:g}",
         "",
@@ -186,12 +177,12 @@ def task_markdown(key: str, entry: dict) -> str:
                  _median_sum(r["setup_s"]), _median_sum(r["compile_s"]),
                  *[_median_sum(r["time_to"][k]) for k in extra]]
         lines.append(_row(cells))
-    searched = {name: b["budget_search"] for name, b in _baselines(entry).items() if b.get("budget_search")}
+    searched = {name: b["budget_search"] for name, b in entry["baselines"].items() if b.get("budget_search")}
     if searched:
         lines += ["", "Baseline budgets, searched (budget: seeds that reached the target): " + "; ".join(
             f"{name} {', '.join(f'{k}: {v}/{n}' for k, v in s['tried'].items())} -> {s['budget']}"
             for name, s in searched.items())]
-    swept = {name: b["sweep"] for name, b in _baselines(entry).items() if b.get("sweep")}
+    swept = {name: b["sweep"] for name, b in entry["baselines"].items() if b.get("sweep")}
     for name, sweep in swept.items():
         lines += ["", f"{name}'s learning rate and schedule, swept on one seed (each run stopped at the target; "
                       f"ranked by batches to it): " + "; ".join(
@@ -266,7 +257,7 @@ def readme_table(summary: dict, leave_one_out: bool = True) -> str:
     parts = []
     for key, entry in summary.items():
         target, n = entry["target"], len(entry["seeds"])
-        baselines = list(_baselines(entry))
+        baselines = list(entry["baselines"])
         lines = [headline(key, entry), "",
                  _row(["recipe", "budget", "seeds that reached it", "time to target (s, median)",
                        *[f"speed-up vs {b}" for b in baselines], "final (median)"]),

@@ -1,14 +1,7 @@
-"""``speedkit.experiments.tune.tune``: a measured search (Optuna) for the recipe that reaches a task's target soonest.
+"""``tune(TuneSettings(...))``: a measured search (Optuna) for the recipe that reaches a task's target soonest.
 
-The baseline's learning rate and budget are tuned first, then methods and recipe fields are searched
-against time to target (the task's presets first, then moves from the best recipe so far), then the
-tuned baseline (and the base as given, where tuning changed it) and the winner (and the runner-up, where
-the budget holds it) are confirmed on fresh seeds, with a longer budget for a winner that missed a seed; the
-speed-up is over the faster baseline there. Everything lives in one Optuna storage (a journal file in the
-output folder by default, or any SQLite/database URL): a killed search loses no finished trial, and a rerun
-with the same storage and study name continues it, re-running only the trial that was cut short. Several
-processes may work on one study (``n_workers``, or more ``tune`` calls on the same storage elsewhere).
-Every run also writes a RunRecord into ``run_dir``.
+How it tunes the baseline, searches, confirms on fresh seeds, resumes and shares a study between processes is
+in docs/guide.md ("Tune: search for the fastest recipe"). Every run also writes a RunRecord into ``run_dir``.
 """
 from __future__ import annotations
 
@@ -23,8 +16,9 @@ from speedkit.experiments.tune.confirm import (confirm_candidates, confirm_seeds
                                                summarize_confirmation)
 from speedkit.experiments.tune.objective import resolve_runner, runner_path
 from speedkit.experiments.tune.search import (PHASES, PRUNERS, SEARCH_SEED, TuneConfig, check_same_search,
-                                              load_study, logged_metrics, parse_budget, resolve_target, run_phases,
-                                              search_limits, seed_baseline_study, standings, start_workers)
+                                              load_study, logged_metrics, parse_budget, refused_methods,
+                                              resolve_target, run_phases, search_limits, seed_baseline_study,
+                                              standings, start_workers)
 from speedkit.experiments.tune.space import (TuneInputError, baseline_space, candidate_methods, describe_limit,
                                              fit_hparams_to_model, full_space, probe_surgery, resolve_methods)
 from speedkit.experiments.tune.storage import (ANSWER_LOCK, FolderLock, fail_dead_trials, finished_trials,
@@ -57,22 +51,16 @@ class TuneSettings:
     ``device``, ``data_fraction``, ``eval_fraction``, ``eval_interval``) are a ``RunRequest``'s fields
     (``run_request``), checked there once; ``base`` is the request's recipe.
 
-    ``task``: anything ``speedkit.tasks.resolve_task`` takes (a name, a ``speedkit.Task``, ``"pkg.mod:attr"``);
-    ``data`` and ``task_options`` are a folder task's folder and options (``TuneSettings("image-folder",
-    data=DIR)``). Worker processes (``n_workers``) build the task again from its name, ``"pkg.mod:attr"`` or
-    folder; a Task object made in this process only they cannot.
+    ``task``: anything ``speedkit.tasks.resolve_task`` takes; worker processes (``n_workers``) build it again
+    from its name, ``"pkg.mod:attr"`` or folder, so a Task object made in this process only they cannot.
     ``target``: None (the task's), a value of the task's metric, ``"metric=value"`` or (metric, value).
-    ``budget``: wall clock for the whole search (``"30m"``, ``"1h"`` or seconds).
-    ``base``: the recipe the baseline study tunes and the search starts from (a name or a Recipe); None: the
-    task's strongest baseline (the last of its ``baselines``: ``plain-bf16`` for a folder task).
-    ``methods``: the methods the search may turn on (default: all that fit the task's domain and model).
-    ``storage``: a journal file (default ``out_dir/study.journal``), ``*.db`` SQLite file or database URL;
-    a rerun with the same storage and ``study_name`` continues the search.
-    ``trial_limit``: most training time of one trial (default a fifth of the budget). ``leave_one_out``:
-    afterwards, run the winner without each of its methods (on the first confirmation seed) so the report
-    says what each one adds. ``runner``: a function ``(TrialContext) -> RunRecord`` or ``"module:function"``
-    replacing the real training (tests plant known answers this way). ``run_dir``: where every run's
-    RunRecord goes (default ``out_dir/runs``).
+    ``budget``: wall clock for the whole search (``"30m"``, ``"1h"`` or seconds); ``trial_limit``: of one
+    trial's training (default a fifth of the budget). ``base``: the recipe the search tunes and starts from
+    (default the task's strongest baseline, the last of its ``baselines``). ``methods``: those the search
+    may turn on (default: all that fit). ``storage``: a journal file (default ``out_dir/study.journal``), a
+    ``*.db`` file or a database URL; a rerun with the same ``storage`` and ``study_name`` continues the search.
+    ``runner``: ``(TrialContext) -> RunRecord`` or ``"module:function"`` replacing the real training (tests
+    plant known answers this way). ``run_dir``: the runs' RunRecords (default ``out_dir/runs``).
     """
 
     task: Any = "fashion-mnist"
@@ -351,11 +339,10 @@ def where_the_time_went(config: TuneConfig, studies: dict, trials: list[dict]) -
              "pruned": [t for t in search if t["state"] == "pruned" and not t["infeasible"]],
              "refused": [t for t in search if t["infeasible"]]}
     confirm = [{"wall_s": t.user_attrs.get("wall_s")} for t in finished_trials(studies["confirm"], ("COMPLETE",))]
-    rows = {"baseline study": wall(t for t in trials if t["phase"] == "baseline"),
-            **{f"search: {kind}": wall(rows) for kind, rows in kinds.items()},
-            "confirmation": wall(confirm)}
-    counts = {"baseline study": sum(t["phase"] == "baseline" for t in trials),
-              **{f"search: {kind}": len(rows) for kind, rows in kinds.items()}, "confirmation": len(confirm)}
+    groups = {"baseline study": [t for t in trials if t["phase"] == "baseline"],
+              **{f"search: {kind}": rows for kind, rows in kinds.items()}, "confirmation": confirm}
+    rows = {what: wall(group) for what, group in groups.items()}
+    counts = {what: len(group) for what, group in groups.items()}
     # n workers spend n seconds of runs in each second of wall clock: the shares are of that
     spent, workers = config.spent_s(), config.n_workers
     rows["set-up and the rest"] = round(max(0.0, spent * workers - sum(rows.values())), 1)
@@ -365,5 +352,5 @@ def where_the_time_went(config: TuneConfig, studies: dict, trials: list[dict]) -
 
 def _found_inapplicable(studies: dict) -> dict:
     """Methods the search stopped trying because they found nothing to act on when training started."""
-    return {key.split(":", 1)[1]: f"found nothing to act on in a trial, so no longer tried: {reason}"
-            for key, reason in studies["search"].user_attrs.items() if key.startswith("inapplicable:")}
+    return {name: f"found nothing to act on in a trial, so no longer tried: {why}"
+            for name, why in refused_methods(studies["search"]).items()}

@@ -1,9 +1,6 @@
-"""Confirmation: the baselines, the search's winner and runner-up on fresh seeds, side by side.
-
-A candidate is called the winner only after it reached the target on every confirmation seed; the
-speed-up is the faster baseline's time over the winner's, seed by seed (the tuned baseline and the base as
-given both run where tuning changed it: the baseline study picked on one seed). Confirmation runs are trials
-of the ``<name>-confirm`` study, so a killed search does not repeat the ones that finished.
+"""Confirmation: the baselines, the search's winner and runner-up on fresh seeds, side by side, as trials of
+the ``<name>-confirm`` study (a killed search does not repeat those that finished); what is confirmed and
+judged how is in docs/guide.md ("Confirmed, within the budget").
 """
 from __future__ import annotations
 
@@ -12,6 +9,7 @@ import statistics
 import time
 
 from speedkit.experiments.ablation import leave_one_out_runs
+from speedkit.experiments.compare import median_or_none, paired_speedups
 from speedkit.experiments.measure import measure, shortest_budget
 from speedkit.experiments.tune.objective import USER_STOP, resolve_runner, score_record
 from speedkit.experiments.tune.search import (TuneConfig, confirmed_baselines, recipe_from_trial, seeds_that_fit,
@@ -95,7 +93,7 @@ def _trial_wall(config: TuneConfig, studies: dict, key: str) -> float:
     return config.limit_s
 
 
-def run_confirmation(config: TuneConfig, studies: dict, runner=None, on_run=None, should_stop=None) -> list:
+def run_confirmation(config: TuneConfig, studies: dict, runner=None, should_stop=None) -> list:
     """Each candidate on the confirmation's fresh seeds, interleaved (``speedkit.experiments.measure.measure``:
     the baselines, then the others, seed by seed); resumable: a run done before is not run again."""
     confirm = studies["confirm"]
@@ -110,7 +108,7 @@ def run_confirmation(config: TuneConfig, studies: dict, runner=None, on_run=None
         return _confirm_run(config, confirm, runner, role, key, seed, recipe, should_stop)
 
     measure(list(candidates), [key for key, (role, _) in candidates.items() if role in BASELINE_ROLE_NAMES],
-            confirm_seeds(config, studies), run, on_run=on_run)
+            confirm_seeds(config, studies), run)
     return finished_trials(confirm, ("COMPLETE",))
 
 
@@ -238,8 +236,7 @@ def summarize_confirmation(config: TuneConfig, studies: dict) -> dict:
         rows.append({"role": role, "key": key, "recipe": recipe.to_dict(), "seeds": seeds, "times_s": times,
                      "finals": finals, "seeds_reached": reached,
                      "median_s": statistics.median(times) if reached == len(seeds) else None,
-                     "median_final": statistics.median([f for f in finals if f is not None]) if any(
-                         f is not None for f in finals) else None,
+                     "median_final": median_or_none(finals),
                      "change": describe_change(recipe, config.base_recipe())})
     judged = _judge(rows)
     winner = next((r for r in rows if r["key"] == judged["winner"]), None)
@@ -259,14 +256,11 @@ def strongest_baseline(rows: list[dict]) -> dict:
 def _judge(rows: list[dict]) -> dict:
     """The winner: the search candidate that reached the target on every seed with the lowest median time,
     and its speed-up over the stronger baseline, seed by seed."""
-    from speedkit.experiments.compare import paired_speedups
-
     baseline = strongest_baseline(rows)
     contenders = [r for r in rows if r["role"] not in BASELINE_ROLE_NAMES and r["median_s"] is not None]
     if not contenders:
         return {"winner": None, "baseline": baseline["key"], "speedups": None, "speedup_median": None}
     winner = min(contenders, key=lambda r: r["median_s"])
     pairs = paired_speedups(baseline["times_s"], winner["times_s"])
-    present = [p for p in pairs if p is not None]
     return {"winner": winner["key"], "baseline": baseline["key"], "speedups": pairs,
-            "speedup_median": statistics.median(present) if present else None}
+            "speedup_median": median_or_none(pairs)}

@@ -1,19 +1,9 @@
-"""The search's proposals after its starting points: small moves from the best recipe so far.
-
-A person tuning by hand does not draw ten methods at once. They take the best recipe they have and change
-one or two things: add a method, drop one, retune one setting, shorten the budget of a recipe that reached
-the target (or lengthen one that missed it), nudge the learning rate, or try a neighbouring batch size or
-schedule. Independent draws over 30 switches mostly land on combinations that miss the target, so most of a
-short search's trials teach nothing; a move from the incumbent keeps what already works.
-
-Which method to drop first is read from the domain's committed leave-one-out where there is one (``prior``):
-a method the reference preset reached its target sooner without is dropped first, one it could not do without
-last; that is the benchmark's knowledge, the starting point, and the search's own trials still decide.
-
-Every move is checked before it is proposed: a method that found nothing in this model, one that conflicts
-with those on, settings that break a card constraint, a point outside the search space, or a recipe that
-was tried already is never proposed. ``propose_move`` returns None when no move is left; the search then
-falls back to its sampler.
+"""The search's proposals after its starting points: small moves from the best recipe so far, as a person tuning
+by hand makes them (add, drop or retune one method, a shorter or longer budget, the learning rate, a neighbouring
+batch size or schedule; see docs/guide.md). Independent draws over 30 switches mostly land on combinations
+that miss the target; a move from the incumbent keeps what already works. Which method to drop first is read
+from the domain's committed leave-one-out (``prior``). Every move is checked before it is proposed (valid,
+inside the space, not tried); ``propose_move`` returns None when none is left and the sampler draws instead.
 """
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""What a tune trial measures: time to target, a penalty for runs that miss it, and pruning at each evaluation.
-
-The objective is the training wall clock until the target metric was first reached (evaluation
-excluded), as ``RunRecord.time_to_target`` reads it. A run that never reaches the target scores
-``limit_s * (1 + shortfall)``: worse than any run that reached it within the per-trial limit, and
-ranked among the misses by how far from the target it ended. The same score, computed at each
-evaluation, is what the pruner compares between trials; the pruner's resource is training time.
+"""What a tune trial measures: training seconds to the target (evaluation excluded, ``RunRecord.time_to_target``),
+and for a run that misses it ``limit_s * (1 + shortfall)``, behind every run that reached it; the same score at
+each evaluation is what the pruner compares, with training time as its resource.
 """
 from __future__ import annotations
 
@@ -69,8 +65,7 @@ class TrialContext:
     def on_eval(self, wall_s: float, value: float | None) -> bool:
         """Report one evaluation; True when the run should stop now."""
         if self.trial is not None:
-            reached = value is not None and (value <= self.target if lower_is_better(self.metric)
-                                             else value >= self.target)
+            reached = shortfall(self.metric, value, self.target) == 0.0
             current = penalized(self.metric, self.target, self.limit_s, wall_s if reached else None, value)
             self.trial.report(current, step=max(1, int(round(wall_s * 1000))))  # resource: training ms
             if not reached and self.trial.should_prune():
@@ -94,7 +89,10 @@ class TrialReporter(Callback):
 
     def __init__(self, context: TrialContext):
         self.context = context
-        self.trainer = None  # set once the Trainer exists; stop() goes through its public API
+        self.trainer = None  # set once the Trainer exists (attach); stop() goes through its public API
+
+    def attach(self, trainer) -> None:
+        self.trainer = trainer
 
     def eval_end(self, state, logger):
         self.context.budget_done = state.fraction_done()
@@ -125,17 +123,11 @@ def trial_request(context: TrialContext):
 
 
 def train_trial(context: TrialContext) -> RunRecord:
-    """The default runner: the trial's request built by ``make_trainer``, with the reporter."""
-    import time
-
-    from speedkit.tasks import make_trainer
+    """The default runner: the trial's request, fitted (``speedkit.experiments.measure.fit``) with the reporter."""
+    from speedkit.experiments.measure import fit
 
     reporter = TrialReporter(context)
-    started = time.perf_counter()
-    trainer = make_trainer(trial_request(context).replace(callbacks=[reporter]))
-    reporter.trainer = trainer
-    trainer.logger.log_timing("setup_s", time.perf_counter() - started)
-    return trainer.fit()
+    return fit(trial_request(context).replace(callbacks=[reporter]), on_built=reporter.attach)
 
 
 Runner = Callable[[TrialContext], RunRecord]

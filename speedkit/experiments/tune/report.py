@@ -75,13 +75,9 @@ def confirmed_recipe(config, row: dict, name: str, summary: str):
 
 
 def portable_precision(precision: str, device) -> str:
-    """The winner's precision as the recipe file says it: ``"auto"`` where that is what auto picks here.
-
-    The search tries concrete precisions, so the winner holds one; but a file that says ``bf16`` keeps
-    bf16 on a machine where it is emulated and several times slower. Where the winner's precision is the
-    one ``"auto"`` measures as fast on this device, the file says ``"auto"``, which picks the fast one
-    wherever it runs (``reached`` names the machine it was measured on). A choice against auto stays.
-    """
+    """The winner's precision as the recipe file says it: ``"auto"`` where that is what auto picks here, so the
+    file picks the fast precision wherever it runs rather than keep bf16 on a machine that emulates it (a
+    choice against auto stays)."""
     from speedkit.core.devices import resolve_device, resolve_precision
 
     return "auto" if precision == resolve_precision("auto", resolve_device(device)) else precision

@@ -1,13 +1,7 @@
-"""The search itself: its configuration (shared by every worker process), the Optuna studies and the
-objective, and the phases (tune the baseline, then search) that each worker runs until they close. The search
-runs its starting points (the task's presets), then moves from the best recipe so far
-(``speedkit.experiments.tune.moves``), which has run on a second seed first (``standings``: each recipe ranks by
-its worst seed); the Optuna sampler draws only when no move is left.
-
-Three studies share one Optuna storage: ``<name>-baseline`` tunes the baseline recipe's learning rate
-and budget, ``<name>`` searches methods and recipe fields, ``<name>-confirm`` holds the confirmation runs
-(``speedkit.experiments.tune.confirm``).
-``speedkit.experiments.tune.api.tune`` is the entry point.
+"""The search: its configuration (``TuneConfig``, shared by every worker process), the Optuna studies, the
+objective, and the phases (tune the baseline, then search) each worker runs until they close. Three studies
+share one storage: ``<name>-baseline``, ``<name>`` (the search) and ``<name>-confirm`` (``confirm.py``). What
+it proposes in what order, and why, is in docs/guide.md ("Tune: search for the fastest recipe").
 """
 from __future__ import annotations
 
@@ -38,18 +32,14 @@ def parse_budget(budget: str | float | int, name: str = "budget") -> float:
     number of seconds."""
     from speedkit.core.time import Time, TimeUnit
 
-    seconds = None
-    if isinstance(budget, (int, float)) and not isinstance(budget, bool):
-        seconds = float(budget)
-    elif isinstance(budget, str):
+    try:
+        seconds = None if isinstance(budget, bool) else float(budget)
+    except (TypeError, ValueError):  # not a number of seconds: a time such as "30m"
         try:
-            seconds = float(budget)
-        except ValueError:
-            try:
-                time_ = Time.from_string(budget)
-                seconds = time_.value if time_.unit is TimeUnit.SECOND else None
-            except ValueError:
-                pass
+            time_ = Time.from_string(budget)
+            seconds = time_.value if time_.unit is TimeUnit.SECOND else None
+        except (TypeError, ValueError):
+            seconds = None
     if seconds is None:
         raise TuneInputError(f"{name} must be a wall-clock time such as '30m', '90s' or '1h', got {budget!r}")
     if not seconds > 0:
@@ -236,13 +226,14 @@ def make_objective(config: TuneConfig, phase: str, runner, should_stop=None, stu
         trial.set_user_attr("worker", worker_id())
         name = f"{config.study_name}-{phase}-t{trial.number:04d}"
         refused_in = refusals or trial.study
+        refused = refused_methods(refused_in)
         try:
-            recipe = suggest_recipe(trial, base, space, name=name, refused=refused_methods(refused_in))
+            recipe = suggest_recipe(trial, base, space, name=name, refused=refused)
         except (ValueError, TypeError) as e:
             _infeasible(trial, f"recipe refused: {e}")
-        blocked = _known_inapplicable(refused_in, recipe.methods)  # a queued point made before the refusal
+        blocked = next((m for m in recipe.methods if m in refused), None)  # a queued point made before the refusal
         if blocked:
-            _infeasible(trial, blocked)
+            _infeasible(trial, f"{blocked} found nothing to act on in an earlier trial: {refused[blocked]}")
         trial.set_user_attr("recipe", recipe.to_dict())
         trial.set_user_attr("change", describe_change(recipe, base))
         # the first trial runs whole (there is nothing to confirm without one); later ones leave the reserve be
@@ -342,17 +333,9 @@ def _mark_inapplicable(study, methods: dict, message: str) -> None:
         study.set_user_attr(f"inapplicable:{culprit}", message)
 
 
-def refused_methods(study) -> set[str]:
-    """The methods that found nothing to act on in an earlier trial of ``study``."""
-    return {key.split(":", 1)[1] for key in study.user_attrs if key.startswith("inapplicable:")}
-
-
-def _known_inapplicable(study, methods: dict) -> str | None:
-    for name in methods:
-        reason = study.user_attrs.get(f"inapplicable:{name}")
-        if reason:
-            return f"{name} found nothing to act on in an earlier trial: {reason}"
-    return None
+def refused_methods(study) -> dict[str, str]:
+    """{method: why} for the methods that found nothing to act on in an earlier trial of ``study``."""
+    return {key.split(":", 1)[1]: why for key, why in study.user_attrs.items() if key.startswith("inapplicable:")}
 
 
 def confirm_reserve_s(config: TuneConfig, studies: dict) -> float:
@@ -453,11 +436,10 @@ def queue_next_move(config: TuneConfig, studies: dict, worker_index: int = 0, ph
     best = best or ranked(studies["baseline"])[:1]
     incumbent = recipe_from_trial(best[0], "incumbent") if best else base
     reached = bool(best) and best[0].user_attrs.get("time_to_target_s") is not None
-    judged = trials
-    tried = {recipe_key(recipe_from_trial(t, "tried")) for t in judged if t.user_attrs.get("recipe")}
-    tried |= {t.user_attrs["proposed"] for t in judged if t.user_attrs.get("proposed")}
+    tried = {recipe_key(recipe_from_trial(t, "tried")) for t in trials if t.user_attrs.get("recipe")}
+    tried |= {t.user_attrs["proposed"] for t in trials if t.user_attrs.get("proposed")}
     rng = random.Random(f"{config.sampler_seed}:{len(trials)}:{worker_index}")  # a rerun proposes the same
-    added = {m for t in judged for m in (t.user_attrs.get("recipe") or {}).get("methods", {})}
+    added = {m for t in trials for m in (t.user_attrs.get("recipe") or {}).get("methods", {})}
     move = propose_move(incumbent, reached, base, space, refused_methods(studies["search"]), tried, rng, added,
                         config.move_prior)
     if move is None:
@@ -492,9 +474,7 @@ def seed_baseline_study(config: TuneConfig, study) -> None:
     if study.user_attrs.get("seeded"):
         return
     study.set_user_attr("seeded", True)
-    params = recipe_params(config.base_recipe(), config.base_recipe(), config.space("baseline"))
-    if params is not None:
-        study.enqueue_trial(params, user_attrs={"start_from": BASE_START}, skip_if_exists=True)
+    _enqueue(study, [(BASE_START, config.base_recipe())], config.base_recipe(), config.space("baseline"))
 
 
 def starting_recipes(config: TuneConfig, baseline_study) -> list:

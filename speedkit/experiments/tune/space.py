@@ -1,10 +1,6 @@
-"""The search space of ``speedkit tune``, read from the method cards and the task's baseline recipe.
-
-Which methods may be tried (and why the others are left out), and how one Optuna trial becomes a
-Recipe: methods on or off with their card's hyperparameters, plus the recipe fields (batch size,
-learning rate, schedule, budget, precision, input pipeline). Conflicting methods are never proposed
-together: methods are drawn in a fixed order and one that the engine's own check refuses beside
-those already on is not offered at all.
+"""The search space of ``speedkit tune``, read from the method cards and the base recipe: which methods may be
+tried (and why the others are left out), and how one Optuna trial becomes a Recipe. Methods are drawn in a
+fixed order, and one the engine's own check refuses beside those already on is not offered at all.
 """
 from __future__ import annotations
 
@@ -105,15 +101,10 @@ def probe_surgery(task: str, recipe, methods: list[str], device: str, data_fract
 
 
 def fit_hparams_to_model(task: str, recipe, methods: list[str], device: str) -> dict:
-    """{"method.hparam": {"low", "high"} or {"choices"}}: the card ranges narrowed to what acts on this model.
-
-    A card's range is written for every model: squeeze-excite's ``min_channels`` goes up to 4096 and
-    weight standardization may leave out the last 100 convolutions. On a small model most of such a range
-    finds nothing to change, and each trial drawn there is wasted (the method is then dropped after two).
-    So each hyperparameter of a surgery method is tried alone at its range's ends (the others at their
-    defaults); an end that finds nothing is moved in by bisection to the last value that still does, and a
-    choice that finds nothing is not offered. Interactions between two hyperparameters are not probed; a
-    trial that meets one is refused as before.
+    """{"method.hparam": {"low", "high"} or {"choices"}}: the card ranges narrowed to what acts on this model
+    (docs/guide.md, "Search space from the cards"). Each hyperparameter of a surgery method is tried alone at
+    its range's ends, an end that finds nothing is moved in by bisection, and a choice that finds nothing is not
+    offered; interactions between two hyperparameters are not probed (a trial that meets one is refused).
     """
     import torch
 
@@ -192,10 +183,6 @@ class SearchSpace:
     crop_pads: tuple[int, ...] = ()
     flips: tuple[str, ...] = ()  # "random", "alternating", "none"
     hparam_limits: dict = dataclasses.field(default_factory=dict)  # "method.hparam": fit_hparams_to_model's ranges
-
-    def is_empty(self) -> bool:
-        return not any((self.methods, self.lr_factor, self.duration_scale, self.batch_sizes, self.schedules,
-                        self.precisions, self.loaders, self.crop_pads, self.flips))
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
