@@ -176,7 +176,8 @@ def build_class(job) -> tuple[str, int, int]:
     from PIL import Image
 
     photo = load_photo(Path(file))
-    regions = dict(zip(("train", "val"), split_regions(*photo.size, random.Random(zlib.crc32(f"{seed}/{name}".encode())))))
+    strip_rng = random.Random(zlib.crc32(f"{seed}/{name}".encode()))
+    regions = dict(zip(("train", "val"), split_regions(*photo.size, strip_rng)))
     for split, count in counts.items():
         folder = Path(out) / split / name
         folder.mkdir(parents=True, exist_ok=True)

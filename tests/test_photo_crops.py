@@ -30,7 +30,8 @@ def test_the_validation_strip_never_overlaps_training_and_crops_stay_in_their_re
         rng = random.Random(seed)
         train, val = builder.split_regions(*size, rng)
         assert not overlap(train, val)
-        assert (train[2] - train[0]) * (train[3] - train[1]) + (val[2] - val[0]) * (val[3] - val[1]) == size[0] * size[1]
+        area = (train[2] - train[0]) * (train[3] - train[1]) + (val[2] - val[0]) * (val[3] - val[1])
+        assert area == size[0] * size[1]  # together they cover the photograph
         long_axis = 0 if size[0] >= size[1] else 1
         assert val[2 + long_axis] - val[long_axis] == max(1, round(size[long_axis] * builder.VAL_SHARE))
         for box in (train, val):
