@@ -108,6 +108,18 @@ def test_gpt2_cpu_profile_trains_windows_of_the_shards_vocabulary(corpus):
         (12, 12, 768, 1024, vocab)
 
 
+def test_gpt2_cpu_rehearsal_evaluates_within_each_scaled_budget():
+    # the presets' cadences (500, 250 batches) outlast the rehearsal's budgets: hot would be evaluated once, at
+    # its end, so its time to the target could only be its whole budget
+    from speedkit.core.time import Time
+
+    for name, recipe in gpt2_recipes("cpu").items():
+        budget, cadence = Time.from_input(recipe.duration), Time.from_input(recipe.eval_interval)
+        assert cadence.unit is budget.unit and budget.value >= 6 * cadence.value, (name, recipe.duration,
+                                                                                   recipe.eval_interval)
+    assert gpt2_recipes("gpu")["hot"].eval_interval == "250ba"  # the published cadence where the budget is
+
+
 def test_gpt2_gpu_presets_are_the_published_ones_at_gpt2_124m():
     recipes = gpt2_recipes("gpu")
     assert {r.model for r in recipes.values()} == {"gpt2-124m"}

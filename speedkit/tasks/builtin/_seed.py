@@ -76,7 +76,7 @@ def profile_recipes(task: str, sizes, *, scale_lr: bool) -> dict[str, Recipe]:
     if sizes.batch_size is None:
         return recipes
     return rehearsal(recipes, model=sizes.model, batch_size=sizes.batch_size, duration_scale=sizes.duration_scale,
-                     scale_lr=scale_lr)
+                     scale_lr=scale_lr, eval_interval=getattr(sizes, "eval_interval", None))
 
 
 def floor_to_divisor(block: int, length: int) -> int:
