@@ -33,7 +33,8 @@ _NORMS = (torch.nn.LayerNorm, torch.nn.GroupNorm, torch.nn.LocalResponseNorm, to
 
 def is_norm_module(module: torch.nn.Module) -> bool:
     """Whether ``module`` is a normalisation layer, whose parameters are scales and shifts, never matrices:
-    torch's norms, and by name any class called ``...Norm`` (QK-norm, Hugging Face's ``LlamaRMSNorm``)."""
+    torch's norms and their subclasses, and by name any class called ``...Norm`` (Hugging Face's ``LlamaRMSNorm``).
+    speedkit's own QK-norm marks its gains with ``mark_not_a_matrix`` instead, so it does not rest on a name."""
     return isinstance(module, _NORMS) or type(module).__name__.endswith("Norm")
 
 
