@@ -3,7 +3,7 @@
 ``speedkit data prepare SOURCE --out DIR`` writes litdata shards of an image folder (class folders, or train/ and
 val/) or a text folder (see :mod:`speedkit.data.streaming.prepare`); ``speedkit data info DIR`` says what a shard
 folder holds and checks it against its index. Train on the shards with ``--task image-folder --data DIR`` or
-``--task text-folder --data DIR``.
+``--task text-folder --data DIR``, or with the seed's workloads, ``--task imagenet`` or ``--task gpt2``.
 """
 from __future__ import annotations
 
@@ -43,7 +43,8 @@ def add_data_parser(commands) -> None:
     prepare.add_argument("--block", type=int, default=1024,
                          help="text: tokens per stored block; training windows (seq_len) must divide it (default 1024)")
     prepare.add_argument("--val-fraction", type=float, default=0.1,
-                         help="the share held out for validation when SOURCE has no val/ split (default 0.1)")
+                         help="the share held out for validation (whole files for text) when SOURCE has no train/ and val/ "
+                              "split of its own (default 0.1)")
     prepare.add_argument("--seed", type=int, default=0, help="the seed of the split and the write order (default 0)")
     prepare.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 1),
                          help="processes that decode and write (default: up to 8); 0 writes in this process")
@@ -81,8 +82,9 @@ def run_data(args) -> int:
             print(f"  left out: {path} ({why})")
         if len(result.skipped) > 10:
             print(f"  ... and {len(result.skipped) - 10} more (listed in {result.out}/speedkit-shards.json)")
-    print(f"train on it: speedkit train --task {'image-folder' if result.kind == 'images' else 'text-folder'} "
-          f"--data {result.out}")
+    task, seed_task = ("image-folder", "imagenet") if result.kind == "images" else ("text-folder", "gpt2")
+    print(f"train on it: speedkit train --task {task} --data {result.out} (or --task {seed_task}, with the seed's "
+          f"models and presets)")
     return 0
 
 

@@ -126,8 +126,17 @@ def _list_text_files(root: Path, extensions: Sequence[str]) -> list:
 
 
 def split_files(files: Sequence[Path], val_fraction: float, seed: int) -> tuple[list, list]:
-    """(train, val) lists of files, both sorted; at least one file each when val_fraction > 0."""
+    """(train, val) lists of files (relative to the folder), both sorted: the folder's own ``train/`` and ``val/``
+    where it has both, as an ImageNet-layout image folder may; else ``val_fraction`` of the files, drawn whole
+    with ``seed``, at least one file each when val_fraction > 0."""
     files = sorted(files)
+    given = {split: [f for f in files if Path(f).parts[0] == split] for split in ("train", "val")}
+    if given["train"] and given["val"]:
+        others = [f for f in files if Path(f).parts[0] not in given]
+        if others:
+            raise ValueError(f"the folder has train/ and val/ splits, and {len(others)} text file(s) outside both "
+                             f"(such as {others[0]}); move them into train/ or val/")
+        return given["train"], given["val"]
     if val_fraction == 0:
         return list(files), []
     if len(files) < 2:

@@ -486,6 +486,20 @@ def test_corpus_split_is_by_file_disjoint_and_deterministic(tmp_path):
     assert any(o != corpus.val_files for o in others)
 
 
+def test_a_text_folder_with_its_own_train_and_val_keeps_that_split(tmp_path):
+    """A corpus laid out train/ and val/ (as a user who split it by source would) is not split again."""
+    for split, names in (("train", ("a", "b", "c")), ("val", ("d",))):
+        (tmp_path / split).mkdir()
+        for name in names:
+            (tmp_path / split / f"{name}.txt").write_text(f"text {name} " * 20)
+    corpus = load_text_corpus(tmp_path, val_fraction=0.5, seed=3)
+    assert [f.as_posix() for f in corpus.val_files] == ["val/d.txt"]
+    assert [f.as_posix() for f in corpus.train_files] == ["train/a.txt", "train/b.txt", "train/c.txt"]
+    (tmp_path / "stray.txt").write_text("outside both")
+    with pytest.raises(ValueError, match="outside both .*stray.txt.*move them into train/ or val/"):
+        load_text_corpus(tmp_path)
+
+
 def test_corpus_errors_say_what_to_do(tmp_path, monkeypatch):
     monkeypatch.setattr(text_module, "DEFAULT_TEXT_ROOT", tmp_path / "absent")
     with pytest.raises(FileNotFoundError, match="python3.11-doc"):

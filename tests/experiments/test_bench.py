@@ -432,9 +432,39 @@ def test_an_earlier_sweep_sets_the_swept_baseline_and_nothing_else(monkeypatch, 
     assert ran["tuned"].optimizer["lr"] == 4e-3 and ran["tuned"].schedule == pick["schedule"]
     assert ran["baseline"].optimizer == get_profile("language").recipe("baseline").optimizer
     assert result.entry["baselines"]["tuned"]["sweep"] == sweeps["tuned"]
-    with pytest.raises(ValueError, match=r"sweeps for \['plain'\], which this profile does not sweep"):
+    with pytest.raises(ValueError, match=r"sweeps for \['mild'\], which this profile does not sweep"):
         harness.run_benchmark("vision", seeds=1, recipes="", out_dir=tmp_path, run_dir=tmp_path, figures=False,
-                              log=lambda line: None, sweeps={"plain": {"pick": pick, "tried": []}})
+                              log=lambda line: None, sweeps={"mild": {"pick": pick, "tried": []}})
+
+
+def test_a_profile_that_names_no_sweep_sweeps_each_baselines_own_rate_halved_and_doubled(monkeypatch, tmp_path):
+    """`--sweep` on a task whose profile names no sweep (a user's, the seed tasks') tunes its baselines, not
+    nothing: each baseline's learning rate x0.5, x1, x2 with both decays, then the main run takes the pick."""
+    from speedkit.experiments.bench import harness
+
+    swept, main = [], {}
+    given = get_profile("vision").recipe("plain-bf16")
+
+    def fake_run_one(profile, recipe, seed, run_name, run_dir, bench_info, **kwargs):
+        if bench_info.get("sweep"):
+            assert recipe.duration == given.duration  # the baseline's own budget
+            swept.append((recipe.optimizer["lr"], recipe.schedule["name"]))
+            winner = (recipe.optimizer["lr"], recipe.schedule["name"]) == (given.optimizer["lr"] * 2, "linear_to_zero")
+            evals = [(20.0, 0.95)] if winner else [(20.0, 0.5), (40.0, 0.95)]  # the winner reaches it a batch sooner
+        else:
+            main[recipe.name] = recipe
+            evals = [(30.0, 0.95)]
+        record = fake_record(recipe.name, seed, evals)
+        record.config["recipe_spec"] = dataclasses.asdict(recipe)
+        return record
+
+    monkeypatch.setattr(harness, "run_one", fake_run_one)
+    result = harness.run_benchmark("vision", seeds=1, recipes="", baselines="plain-bf16", out_dir=tmp_path,
+                                   run_dir=tmp_path, figures=False, log=lambda line: None, sweep=True)
+    lr = given.optimizer["lr"]
+    assert sorted(swept) == sorted((lr * f, shape) for f in (0.5, 1.0, 2.0) for shape in ("cosine", "linear_to_zero"))
+    assert main["plain-bf16"].optimizer["lr"] == lr * 2 and main["plain-bf16"].schedule["name"] == "linear_to_zero"
+    assert result.entry["baselines"]["plain-bf16"]["sweep"]["pick"]["lr"] == lr * 2
 
 
 def test_leave_one_out_covers_the_whole_difference_from_the_baseline():

@@ -17,7 +17,7 @@ from typing import Callable, Sequence
 from speedkit.core.devices import resolve_device, resolve_precision
 from speedkit.core.time import Time
 from speedkit.experiments.ablation import leave_one_out_runs
-from speedkit.experiments.bench.profiles import TASK_KEYS, BenchProfile, get_profile, task_key
+from speedkit.experiments.bench.profiles import TASK_KEYS, BenchProfile, get_profile, task_key, with_default_sweeps
 from speedkit.experiments.compare import final_metric
 from speedkit.experiments.compare import leave_one_out as leave_one_out_table
 from speedkit.experiments.compare import median_or_none, paired_speedups
@@ -574,6 +574,8 @@ def run_benchmark(task, profile: str | BenchProfile = "cpu", seeds: int | Sequen
         key, profile, seeds, recipes, baselines, device=device, data_fraction=data_fraction, eval_fraction=eval_fraction,
         eval_interval=eval_interval, duration=duration, duration_scale=duration_scale, target=target)
     resolve_device(profile.run.device)  # a clear error now, not after the first runs
+    if sweep or sweeps:
+        profile = with_default_sweeps(profile)
     trainer_kwargs = dict(trainer_kwargs or {})
     session = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     log(f"benchmark {key} ({profile.task}), profile {profile.name}: recipes {', '.join(profile.recipes)}; "

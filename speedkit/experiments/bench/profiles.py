@@ -118,9 +118,13 @@ _COMPILE = {"torch_compile": {}}
 
 # The language baseline's sweep: AdamW's learning rate around nanoGPT's 1e-3, with two schedules, at the
 # baseline's budget (the tuned recipe carries the shorter budget `--find-budgets` found afterwards).
-_LANGUAGE_SWEEP = {"lr": (1e-3, 2e-3, 4e-3),
-                   "schedule": ({"name": "cosine", "warmup": "0.05dur"}, {"name": "linear_to_zero", "warmup": "0.05dur"}),
-                   "budget": "600ba"}
+_DECAYS = ({"name": "cosine", "warmup": "0.05dur"}, {"name": "linear_to_zero", "warmup": "0.05dur"})
+_LANGUAGE_SWEEP = {"lr": (1e-3, 2e-3, 4e-3), "schedule": _DECAYS, "budget": "600ba"}
+
+# Where a profile names no sweep (a user's task, the seed tasks), `--sweep` tries each baseline's own learning
+# rate halved, as given and doubled, each with both decays, at the baseline's own budget: a rate off by 2x
+# either way is the first thing a skeptic suspects of a baseline.
+DEFAULT_SWEEP_FACTORS = (0.5, 1.0, 2.0)
 
 PROFILES: dict[str, dict[str, BenchProfile]] = {
     "vision": {
@@ -142,6 +146,17 @@ PROFILES: dict[str, dict[str, BenchProfile]] = {
                             recipe_changes={"mild": {"methods": _COMPILE}, "hot": {"methods": _COMPILE}}),
     },
 }
+
+
+def with_default_sweeps(profile: BenchProfile) -> BenchProfile:
+    """``profile`` itself where it sweeps a baseline; else with the default sweep of each of its baselines."""
+    if profile.sweeps:
+        return profile
+    sweeps = {}
+    for name in profile.baselines:
+        lr = get_recipe(profile.task, name).optimizer["lr"]
+        sweeps[name] = {"lr": tuple(lr * factor for factor in DEFAULT_SWEEP_FACTORS), "schedule": _DECAYS}
+    return dataclasses.replace(profile, sweeps=sweeps)
 
 
 def task_key(task: str) -> str:
