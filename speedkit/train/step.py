@@ -135,7 +135,7 @@ class Stopwatch:
     and counts in; a plain evaluation does not. Its reading is ``state.timestamp.wall_s``, so every logged
     row's ``wall_s`` (an evaluation row's: the training time its metrics took to reach). The record's timings
     come from here, through the logger: ``fit_start_s``, ``eval_s``, ``eval_methods_s``, ``paused_s``,
-    ``train_s``.
+    ``train_s``, and ``data_s``, the part of ``train_s`` the loop spent taking its next batch from the loader.
 
     ``method_seconds(events)``: the seconds methods have spent at ``events`` so far (``Engine.seconds_at``).
     """
@@ -143,6 +143,7 @@ class Stopwatch:
     def __init__(self, state: State, logger, method_seconds: Callable[[tuple], float]):
         self.state, self.logger, self._method_seconds = state, logger, method_seconds
         self.offset, self._started = 0.0, None
+        self._data_s = 0.0  # taking batches since the record last heard of it
 
     # -- the clock --------------------------------------------------------------------------------
     def start(self) -> None:
@@ -203,12 +204,32 @@ class Stopwatch:
             self.logger.log_timing("eval_methods_s", method_s, add=True)
         return eval_s
 
+    @contextlib.contextmanager
+    def taking_data(self):
+        """The loop takes its next batch (waiting for the loader's workers, or an in-process loader's own work):
+        still training time, and also counted in ``data_s``, so a record says what share of training went to
+        data rather than to the step; near zero where the loader keeps up."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._data_s += time.perf_counter() - start
+
     # -- the record ---------------------------------------------------------------------------------
     def checkpointed(self) -> None:
         """A checkpoint is written: its record carries the training time of the batches it holds."""
         self.logger.log_timing("train_s", self.state.timestamp.wall_s)
+        self._hand_over_data_s()
 
     def stop(self) -> None:
         """The run ends: the clock stops and ``train_s`` is its reading (a final save sets the checkpoint's own)."""
         self.pause()
         self.logger.log_timing("train_s", self.elapsed())
+        self._hand_over_data_s()
+
+    def _hand_over_data_s(self) -> None:
+        # Summed here and handed over at a save or the end, not logged per batch: the record (a resumed run's
+        # included) adds each part once.
+        if self._data_s:
+            self.logger.log_timing("data_s", self._data_s, add=True)
+            self._data_s = 0.0

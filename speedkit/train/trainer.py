@@ -287,7 +287,8 @@ class Trainer:
                 return  # stopped or out of budget mid-epoch: no epoch end
             step.before_dataloader()
             try:
-                batch = next(iterator)
+                with self.stopwatch.taking_data():
+                    batch = next(iterator)
             except StopIteration:
                 break
             step.after_dataloader(to_device(batch, state.device))

@@ -97,3 +97,29 @@ def test_resume_does_not_count_fit_start_twice(tmp_path):
     assert second.notes["resumed_from"].endswith("latest.ckpt")
     assert second.timings["fit_start_s"] == first.timings["fit_start_s"]
     assert second.timings["train_s"] - first.timings["train_s"] < FIT_START_S
+
+
+class SlowLoader:
+    """A loader that takes ``delay_s`` to hand over each batch (a loader falling behind the step)."""
+
+    def __init__(self, loader, delay_s: float):
+        self.loader, self.delay_s = loader, delay_s
+
+    def __len__(self):
+        return len(self.loader)
+
+    def __iter__(self):
+        for batch in self.loader:
+            time.sleep(self.delay_s)
+            yield batch
+
+
+def test_the_time_spent_taking_batches_is_training_time_and_reported_as_data_s(tmp_path):
+    train, test = toy_loaders()
+    delay = 0.05
+    record = Trainer(toy_model(), SlowLoader(train, delay), max_duration="4ba", device="cpu", run_dir=tmp_path,
+                     run_name="slow", save_checkpoints=False).fit()
+    assert 4 * delay <= record.timings["data_s"] <= record.timings["train_s"]
+    quick = Trainer(toy_model(), train, max_duration="4ba", device="cpu", run_dir=tmp_path, run_name="quick",
+                    save_checkpoints=False).fit()
+    assert quick.timings["data_s"] < record.timings["data_s"]

@@ -288,6 +288,7 @@ def recipe_entry(records: Sequence[RunRecord], seeds: Sequence[int], targets: Se
         "train_s": _by_seed(records, seeds, lambda r: r.timings.get("train_s")),
         "eval_s": _by_seed(records, seeds, lambda r: r.timings.get("eval_s")),
         "setup_s": _by_seed(records, seeds, lambda r: r.timings.get("setup_s")),
+        "data_s": _by_seed(records, seeds, lambda r: r.timings.get("data_s")),  # the part of train_s taking batches
         "compile_s": _by_seed(records, seeds, lambda r: r.timings.get("compile_s")),
         "flops_fraction_of_peak": _by_seed(records, seeds, _median_fraction_of_peak),
         "time_to": {target_key(t): _by_seed(records, seeds, lambda r, t=t: r.time_to(metric, t)) for t in targets},
