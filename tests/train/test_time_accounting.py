@@ -122,4 +122,4 @@ def test_the_time_spent_taking_batches_is_training_time_and_reported_as_data_s(t
     assert 4 * delay <= record.timings["data_s"] <= record.timings["train_s"]
     quick = Trainer(toy_model(), train, max_duration="4ba", device="cpu", run_dir=tmp_path, run_name="quick",
                     save_checkpoints=False).fit()
-    assert quick.timings["data_s"] < record.timings["data_s"]
+    assert quick.timings.get("data_s", 0.0) < record.timings["data_s"]
