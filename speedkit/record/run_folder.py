@@ -188,9 +188,12 @@ def _describe_holder(info: dict) -> str:
     return f"PID {info.get('pid', '?')} on host {info.get('host', '?')} (since {info.get('started', '?')})"
 
 
-def _pid_alive(pid) -> bool:
+def pid_alive(pid) -> bool:
+    """Whether process ``pid`` runs on this machine (one of another user's, which may not be signalled, does)."""
     try:
         os.kill(int(pid), 0)
+    except PermissionError:
+        return True
     except (OSError, ValueError, TypeError):
         return False
     return True
@@ -227,7 +230,7 @@ class RunLock:
         if info.get("host", socket.gethostname()) != socket.gethostname():
             return info  # another machine's process: it cannot be checked from here, so it is obeyed
         if fcntl is None:
-            return info if _pid_alive(info.get("pid")) else None
+            return info if pid_alive(info.get("pid")) else None
         try:
             fd = os.open(self.path, os.O_RDONLY)
         except FileNotFoundError:

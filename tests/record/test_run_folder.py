@@ -85,3 +85,17 @@ def test_a_notebook_rerun_replaces_its_earlier_runs_and_nothing_else(tmp_path):
     assert remove_earlier_runs(tmp_path) == [tmp_path / "r"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes", "summary.json"]
     assert toy_trainer(tmp_path).fit().status == "completed"  # the same name starts again
+
+
+def test_a_process_of_another_user_counts_as_alive(monkeypatch):
+    """os.kill(pid, 0) on another user's live process raises PermissionError: its lock is not stale."""
+    import os
+
+    from speedkit.record.run_folder import pid_alive
+
+    def kill(pid, signal):
+        raise PermissionError(1, "Operation not permitted")
+
+    assert pid_alive(os.getpid()) and not pid_alive("not a pid")
+    monkeypatch.setattr(os, "kill", kill)
+    assert pid_alive(1)

@@ -9,6 +9,8 @@ import os
 import socket
 from pathlib import Path
 
+from speedkit.record.run_folder import pid_alive
+
 STALE_LOCK_S = 5
 
 
@@ -50,16 +52,6 @@ def worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def fail_dead_trials(study, storage) -> list[int]:
     """Mark RUNNING trials whose worker process on this machine is gone as FAIL; re-queue their settings.
 
@@ -72,7 +64,7 @@ def fail_dead_trials(study, storage) -> list[int]:
     for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
         owner = str(trial.user_attrs.get("worker", ""))
         owner_host, _, pid = owner.rpartition(":")
-        if owner_host != host or not pid.isdigit() or _alive(int(pid)):
+        if owner_host != host or not pid.isdigit() or pid_alive(pid):
             continue
         trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, trial.number)
         storage.set_trial_system_attr(trial_id, "failed_because", "its worker process died")
