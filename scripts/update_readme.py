@@ -153,18 +153,26 @@ MEASURED_AGAIN = {"muon-fix-pydocs/summary.json": "after Muon stopped taking QK-
 
 
 def _measured_again() -> str:
+    """A sentence per preset measured again: its paired speed-up, and the machine's matmul peak beside the
+    table's, since a CPU without fast bf16 (``precision: auto`` trains fp32 there) moves every figure."""
+    table = json.loads(SUMMARY.read_text()) if SUMMARY.exists() else {}
     lines = []
     for file, why in MEASURED_AGAIN.items():
         path = RESULTS / file
         if not path.exists():
             continue
-        for entry in json.loads(path.read_text()).values():
+        for key, entry in json.loads(path.read_text()).items():
             baseline, n = entry["strongest_baseline"], len(entry["seeds"])
+            peak = entry["machine"].get("matmul_peak_flops")
+            table_peak = table.get(key, {}).get("machine", {}).get("matmul_peak_flops")
+            peaks = (f"; matmul peak {peak / 1e9:.0f} GFLOP/s, the table's {table_peak / 1e9:.0f}"
+                     if peak and table_peak else "")
             for name, r in entry["recipes"].items():
                 ratios = [x for x in r["speedup_vs"][baseline] if x is not None]
-                lines.append(f"{entry['task']} `{name}` measured again {why} ({entry['date'][:10]}, seeds "
-                             f"{min(entry['seeds'])}-{max(entry['seeds'])}, beside `{baseline}`): "
-                             f"{_ratio_cell(ratios)} sooner, reached {r['reached']}/{n}, median final "
+                seeds = ", ".join(str(s) for s in entry["seeds"])
+                lines.append(f"{entry['task']} `{name}` measured again {why}, beside `{baseline}` on seeds {seeds} "
+                             f"({entry['machine']['cpu']}, {entry['date'][:10]}{peaks}): {_ratio_cell(ratios)} "
+                             f"sooner, reached {r['reached']}/{n}, median final "
                              f"{statistics.median(r['final_metric']):.4f} "
                              f"([{path.relative_to(ROOT)}]({path.relative_to(ROOT)})).")
     return "".join(f"\n\n{line}" for line in lines)
