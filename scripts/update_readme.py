@@ -194,11 +194,13 @@ def heldout_results() -> str:
         for rung in rungs:
             r = entry["recipes"][rung]
             cell = _ratio_cell([x for x in r["speedup_vs"][baseline] if x is not None])
-            cells.append(cell + (f", reached {r['reached']}/{n}" if r["reached"] < n else ""))
+            cells.append(f"not reached (0/{n})" if r["reached"] == 0 else
+                         cell + (f", reached {r['reached']}/{n}" if r["reached"] < n else ""))
         against = f"`{baseline}`" + (f" (reached {base['reached']}/{n})" if base["reached"] < n else "")
         target = _target_text(entry["target"]["metric"], entry["target"]["value"])
         rows.append(f"| {label} | {target} | {against} | " + " | ".join(cells) + " |")
-        machines.add(f"{entry['machine']['cpu']}, {entry['machine']['torch_threads']} threads, "
+        threads = entry["machine"]["torch_threads"]
+        machines.add(f"{entry['machine']['cpu']}, {threads} thread{'s' if threads > 1 else ''}, "
                      f"{entry['date'][:10]}, {n} seeds")
         link = f"[{path.relative_to(ROOT)}]({path.relative_to(ROOT)})"
         sources += [link] if link not in sources else []
