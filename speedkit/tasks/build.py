@@ -179,7 +179,13 @@ def resolved_request(request: RunRequest, task: Task | None = None) -> RunReques
     """The same run with its recipe resolved and the overrides folded into it: two requests for the same
     run resolve equal, whichever front end built them."""
     recipe = request_recipe(request, task if task is not None else request_task(request))
-    return request.replace(recipe=recipe, **{name: None for name in RECIPE_OVERRIDES})
+    return request.replace(recipe=recipe, step_floor=_planned(request), **{name: None for name in RECIPE_OVERRIDES})
+
+
+def _planned(request: RunRequest) -> bool:
+    """Whether a rebuilt rung in ``request`` is planned on the data (lengthened to the ladder's step floor): a
+    length the user asks for is theirs; a rung named, or given with ``step_floor``, is planned."""
+    return request.duration is None and (isinstance(request.recipe, str) or request.step_floor)
 
 
 def _build_trainer(request: RunRequest) -> Trainer:
@@ -218,8 +224,7 @@ def _trainer_of(request: RunRequest, spec: Task, recipe: Recipe) -> Trainer:
                                data_fraction=request.data_fraction, eval_fraction=request.eval_fraction,
                                recipe=recipe, model=net, download=request.download, num_workers=request.num_workers)
     train = spec.train_data(data_request)
-    planned = request.duration is None and isinstance(request.recipe, str)  # a length asked for is the user's
-    if planned and recipe.adopted_from is not None and not is_baseline(spec, recipe.name) and "baseline" in spec.recipes:
+    if _planned(request) and recipe.adopted_from is not None and not is_baseline(spec, recipe.name) and "baseline" in spec.recipes:
         recipe = with_enough_steps(recipe, spec.recipes["baseline"], _length(train))  # never a handful of steps
     evaluators = [Evaluator(spec.eval_data(data_request), dict(spec.metrics()))]
     check_model_fits_data(spec, net, evaluators[0].dataloader)

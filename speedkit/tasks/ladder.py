@@ -11,9 +11,9 @@ rung reached on its reference task says nothing about the new one, so nothing of
 
 The user's optimizer is kept because it is what their baseline was tuned with: the reference rungs' SGD 0.2 at
 batch 256 made a task whose baseline trains AdamW 2e-3 at batch 64 end at chance. Where the user's optimizer is
-the reference's kind, the rung's batch size and its change of lr per sample carry over, scaled from the user's
-lr; where it is not, the user's batch size stays too. Each rung's summary says what it kept and what it
-changed. A rung is never planned shorter than ``MIN_RUNG_STEPS`` optimizer steps (or its baseline's, if
+the reference's kind, the rung's change of batch size and of lr per sample carry over, scaled from the user's
+batch and lr; where it is not, the user's batch size stays too. The rung keeps the baseline's random crop.
+Each rung's summary says what it kept and what it changed. A rung is never planned shorter than ``MIN_RUNG_STEPS`` optimizer steps (or its baseline's, if
 shorter): :func:`with_enough_steps` lengthens it, with a warning, where the data set turns out small.
 
 Beside the rungs, such a task gets the baseline a skeptic measures speed-ups against: ``plain-bf16``, its own
@@ -78,8 +78,8 @@ def domain_ladder(domain: str, baseline: Recipe) -> dict[str, Recipe]:
         optimizer, batch_size, how = rung_optimizer(rung, reference, baseline)
         duration = scaled_budget(baseline, fraction, batch_size)
         ladder[name] = dataclasses.replace(
-            rung, model=baseline.model, duration=duration, batch_size=batch_size, optimizer=optimizer,
-            eval_interval=_as_many_evaluations(rung, duration),
+            rung.with_budget(duration), model=baseline.model, batch_size=batch_size, optimizer=optimizer,
+            augment=_with_baselines_crop(rung.augment, baseline.augment),
             task=None, domain=None, target=None, reached=None, adopted_from=f"{task}:{name}",
             summary=f"{task}'s {name} ({rung.summary}) in {fraction:.2f} of this task's baseline budget, with {how}")
     return ladder
@@ -88,9 +88,12 @@ def domain_ladder(domain: str, baseline: Recipe) -> dict[str, Recipe]:
 def rung_optimizer(rung: Recipe, reference: Recipe, baseline: Recipe) -> tuple[dict, int, str]:
     """The optimizer and batch size of a rung rebuilt on ``baseline``, and a line saying what was kept and why.
 
-    Where the baseline's optimizer is of the reference's kind, the rung's batch size is taken and the baseline's
-    lr is scaled with the batch (the linear scaling rule) and by the rung's own change of lr per sample against
-    its reference baseline; the rest of the optimizer is the baseline's. Otherwise the reference rung's lr and
+    Where the baseline's optimizer is of the reference's kind, the rung's batch is the same multiple of the
+    baseline's batch as the reference rung's is of its own baseline's (a user's batch of 64 was chosen for their
+    data and memory: the rung doubles it as the reference rung doubled 128, rather than jumping to 256 and
+    training a quarter of the steps), and the baseline's lr is scaled with the batch (the linear scaling rule)
+    and by the rung's own change of lr per sample against its reference baseline; the rest of the optimizer is
+    the baseline's. Otherwise the reference rung's lr and
     batch were tuned for another optimizer and say nothing here: the baseline's optimizer and batch are kept.
     """
     optimizer = copy.deepcopy(baseline.optimizer)
@@ -104,11 +107,12 @@ def rung_optimizer(rung: Recipe, reference: Recipe, baseline: Recipe) -> tuple[d
             f"{baseline.batch_size}, kept: the reference rung's {rung.optimizer.get('name')} at lr "
             f"{rung.optimizer.get('lr')} and batch {rung.batch_size} was tuned for another optimizer")
     per_sample = (rung.optimizer["lr"] / rung.batch_size) / (reference.optimizer["lr"] / reference.batch_size)
-    optimizer["lr"] = float(f"{optimizer['lr'] * rung.batch_size / baseline.batch_size * per_sample:.6g}")
-    return optimizer, rung.batch_size, (
-        f"this task's {kind} at lr {optimizer['lr']:g} and batch size {rung.batch_size} (its baseline: lr "
-        f"{baseline.optimizer['lr']:g} at batch {baseline.batch_size}; the lr scales with the batch, as the "
-        f"reference rung's did)")
+    batch_size = max(1, round(baseline.batch_size * rung.batch_size / reference.batch_size))
+    optimizer["lr"] = float(f"{optimizer['lr'] * batch_size / baseline.batch_size * per_sample:.6g}")
+    return optimizer, batch_size, (
+        f"this task's {kind} at lr {optimizer['lr']:g} and batch size {batch_size} (its baseline: lr "
+        f"{baseline.optimizer['lr']:g} at batch {baseline.batch_size}; batch and lr scale as the reference "
+        f"rung's did from its baseline's)")
 
 
 def with_enough_steps(recipe: Recipe, baseline: Recipe, batches_per_epoch: int | None) -> Recipe:
@@ -126,7 +130,7 @@ def with_enough_steps(recipe: Recipe, baseline: Recipe, batches_per_epoch: int |
            f"something" if floor < MIN_RUNG_STEPS else f"a shorter run measures its warmup, not its methods")
     warnings.warn(f"recipe {recipe.name!r} ({recipe.adopted_from} rebuilt on this task) would train {steps} "
                   f"step(s) on this data; it trains {floor} instead: {why}", stacklevel=3)
-    return dataclasses.replace(recipe, duration=f"{floor}ba", eval_interval=_as_many_evaluations(recipe, f"{floor}ba"))
+    return recipe.with_budget(f"{floor}ba")
 
 
 def _steps(duration: str, batch_size: int, batches_per_epoch: int | None) -> int | None:
@@ -172,13 +176,13 @@ def reference_leave_one_out(domain: str) -> dict[str, float | None]:
     return {}
 
 
-def _as_many_evaluations(rung: Recipe, duration: str) -> str:
-    """The rung's evaluation interval stretched with its budget, so that it evaluates as often per run."""
-    interval, old, new = (Time.from_input(v) for v in (rung.eval_interval, rung.duration, duration))
-    if interval is None or not (interval.unit == old.unit == new.unit):
-        return rung.eval_interval  # a fraction of the run ("0.1dur"), or units that do not scale together
-    value = interval.value * new.value / old.value
-    return f"{value:.3g}ep" if interval.unit == TimeUnit.EPOCH else f"{max(1, round(value))}{interval.unit.value}"
+def _with_baselines_crop(rung_augment: dict | None, baseline_augment: dict | None) -> dict | None:
+    """The rung's augmentation with the baseline's random crop: the reference rungs drop the crop because
+    Fashion-MNIST's objects sit centred in the frame, a fact about that data set, while the crop a user's
+    baseline takes is what they know of theirs (on crops of photographs it is part of what generalises)."""
+    if rung_augment is None or not baseline_augment or "crop_pad" not in baseline_augment:
+        return copy.deepcopy(rung_augment)
+    return {**rung_augment, "crop_pad": baseline_augment["crop_pad"]}
 
 
 def with_ladder(domain: str, recipes: dict[str, Recipe]) -> dict[str, Recipe]:

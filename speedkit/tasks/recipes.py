@@ -147,6 +147,18 @@ class Recipe:
         data.update({k: v for k, v in changes.items() if v is not None})
         return Recipe(**data)
 
+    def with_budget(self, duration: str) -> "Recipe":
+        """A copy that trains for ``duration`` and evaluates as many times in it as this one does in its own
+        budget: a budget cut in half with the cadence kept would leave a recipe half its evaluations, and a time
+        to target is read only at an evaluation. The cadence is kept where it is a share of the run ("0.1dur")
+        or the units differ."""
+        interval, old, new = (Time.from_input(v) for v in (self.eval_interval, self.duration, duration))
+        cadence = self.eval_interval
+        if interval is not None and interval.unit == old.unit == new.unit:
+            value = interval.value * new.value / old.value
+            cadence = f"{value:.3g}ep" if interval.unit == TimeUnit.EPOCH else f"{max(1, round(value))}{interval.unit.value}"
+        return dataclasses.replace(self, duration=duration, eval_interval=cadence)
+
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 

@@ -48,6 +48,8 @@ class RunRequest:
     user overrides (``model``, ``methods``, ``duration``, ``precision``, ``batch_size``, ``eval_interval``;
     None keeps the recipe's), and the run's own settings. ``methods`` is a dict of method -> parameters, a
     list of names or ``"a,b"``, and replaces the recipe's. ``run_dir`` None is the Trainer's default.
+    A ladder rung named by the task is never planned shorter than the ladder's step floor (``tasks.ladder``);
+    ``step_floor`` applies that to a rung given as a Recipe (the benchmark's, with its budget scaled).
     ``extra_config`` is stored in the RunRecord's config beside the task and recipe. ``trainer_options``
     holds any other Trainer keyword argument (``callbacks``, ``save_checkpoints``, ``autoresume``, ...).
     ``RunRequest.build(task, recipe, **overrides)`` sorts keyword arguments into fields and options;
@@ -69,6 +71,7 @@ class RunRequest:
     eval_fraction: float | None = None
     target: float | None = None
     stop_at_target: bool = False
+    step_floor: bool = False  # a rebuilt rung given as a Recipe is lengthened to the ladder's step floor too
     download: bool = False
     num_workers: int = 0
     run_name: str | None = None
@@ -94,7 +97,7 @@ class RunRequest:
         if self.target is not None and (not _is_number(self.target) or not math.isfinite(self.target)):
             raise TypeError(f"target must be a finite number (a value of the task's metric) or None, "
                             f"got {_kind(self.target)}")
-        for name in ("stop_at_target", "download"):
+        for name in ("stop_at_target", "step_floor", "download"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be True or False, got {_kind(getattr(self, name))}")
         check_whole("num_workers", self.num_workers, low=0)

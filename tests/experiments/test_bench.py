@@ -10,7 +10,7 @@ import pytest
 from helpers import needs_fmnist, needs_python_docs, toy_loaders, toy_model
 
 from speedkit.cli.main import main
-from speedkit.core import Callback
+from speedkit.core import Callback, Time
 from speedkit.experiments.bench import (BenchProfile, get_profile, merge_summary, pick_best, profile_steps,
                                         readme_table, run_benchmark, summarize, summary_markdown)
 from speedkit.record.runs import RunRecord
@@ -85,6 +85,21 @@ def test_a_profile_describes_its_runs_as_one_run_request_and_owns_none_of_its_fi
     # the run's budget and cadence live in its recipe, so a budget search's recipe is not overridden again
     assert (request.device, request.seed, request.target, request.duration) == ("cuda", 1, 3.30, None)
     assert (request.recipe.duration, request.recipe.eval_interval) == ("100ba", "25ba")
+
+
+def test_a_scaled_budget_keeps_a_rungs_evaluations_and_its_step_floor():
+    """Halving the budgets with the rungs' cadences kept left each rung three evaluations to reach its target at."""
+    from speedkit.experiments.bench import harness
+
+    profile = get_profile("vision", "cpu").replace(duration_scale=0.5)
+    hot, baseline = (profile.recipe(n) for n in ("hot", "baseline"))
+    scaled_hot, scaled_baseline = (harness.scheduled_recipe(profile, n) for n in ("hot", "baseline"))
+    evaluations = [Time.from_input(r.duration).value / Time.from_input(r.eval_interval).value for r in (hot, scaled_hot)]
+    assert scaled_hot.duration != hot.duration and evaluations[0] == pytest.approx(evaluations[1])
+    assert scaled_baseline.eval_interval == baseline.eval_interval  # a baseline's timing cadence is not clocked
+    # a rebuilt rung is planned on the data as `speedkit train --recipe hot` plans it, unless one budget is given
+    assert harness.run_request(profile, scaled_hot, 0, "run", "runs", {}).step_floor
+    assert not harness.run_request(profile.replace(duration="9ba"), scaled_hot, 0, "run", "runs", {}).step_floor
 
 
 # -- pairing and medians, from records made by hand ---------------------------------------------

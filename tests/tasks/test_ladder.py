@@ -122,14 +122,35 @@ def test_a_rebuilt_rung_keeps_the_tasks_optimizer_and_says_what_it_changed():
         assert rung.batch_size == 64 and rung.optimizer == baseline.optimizer, name
         assert "adamw at lr 0.002 and batch size 64, kept" in rung.summary
         assert "sgd at lr 0.2 and batch 256 was tuned for another optimizer" in rung.summary
-    # The reference's kind: the rung's batch, and the lr scaled from the task's own with it (not the rung's 0.2).
+    # The reference's kind: the batch grows as the reference rung's did from its baseline's (128 -> 256: twice),
+    # not to the rung's own 256, and the lr scales with it from the task's own (not the rung's 0.2).
     sgd = baseline.with_changes(optimizer={"name": "sgd", "lr": 0.01, "momentum": 0.9, "weight_decay": 0.0})
     for rung in domain_ladder("vision", sgd).values():
-        assert rung.batch_size == 256 and rung.optimizer == {**sgd.optimizer, "lr": 0.04}
-        assert "lr 0.04 and batch size 256 (its baseline: lr 0.01 at batch 64" in rung.summary
-    # The image-folder task's own rungs are what they were (its SGD at 0.05/64 scales to the reference's 0.2/256).
+        assert rung.batch_size == 128 and rung.optimizer == {**sgd.optimizer, "lr": 0.02}
+        assert "lr 0.02 and batch size 128 (its baseline: lr 0.01 at batch 64" in rung.summary
+    # The image-folder task's SGD at 0.05/64 becomes 0.1/128, as the reference's 0.1/128 became 0.2/256.
     folder = load_presets("image-folder")["baseline"]
-    assert {(r.batch_size, r.optimizer["lr"]) for r in domain_ladder("vision", folder).values()} == {(256, 0.2)}
+    assert {(r.batch_size, r.optimizer["lr"]) for r in domain_ladder("vision", folder).values()} == {(128, 0.1)}
+
+
+def test_a_rebuilt_rung_keeps_the_baselines_random_crop():
+    """The reference rungs drop the crop (Fashion-MNIST's objects are centred); a user's baseline's crop stays."""
+    reference = load_presets("fashion-mnist")["hot"]
+    assert reference.augment["crop_pad"] == 0 and reference.augment["flip"] == "alternating"
+    folder = load_presets("image-folder")["baseline"]
+    for rung in domain_ladder("vision", folder.with_changes(augment={"crop_pad": 3, "flip": "random"})).values():
+        assert rung.augment == {"crop_pad": 3, "flip": "alternating"}  # the crop is the baseline's, the flip the rung's
+    for rung in domain_ladder("vision", folder.with_changes(augment={"flip": "random"})).values():
+        assert rung.augment["crop_pad"] == 0  # a baseline that takes no crop adds none
+
+
+def test_a_budget_scaled_keeps_the_number_of_evaluations():
+    rung = Recipe(name="hot", model="m", duration="4ep", batch_size=128, optimizer={"name": "sgd", "lr": 0.1}, eval_interval="0.8ep")
+    assert rung.with_budget("2ep").eval_interval == "0.4ep" and rung.with_budget("2ep").duration == "2ep"
+    assert rung.with_changes(eval_interval="50ba").with_budget("2ep").eval_interval == "50ba"  # units differ
+    assert rung.with_changes(eval_interval="0.1dur").with_budget("1ep").eval_interval == "0.1dur"
+    batches = Recipe(name="b", model="m", duration="300ba", batch_size=8, optimizer={"name": "sgd", "lr": 0.1}, eval_interval="100ba")
+    assert batches.with_budget("150ba").eval_interval == "50ba"
 
 
 def test_a_rung_is_never_planned_as_a_handful_of_steps_on_a_small_data_set(tmp_path):
@@ -146,3 +167,12 @@ def test_a_rung_is_never_planned_as_a_handful_of_steps_on_a_small_data_set(tmp_p
     assert trainer.state.train_dataloader.batch_size == 64
     explicit = make_trainer(task, "hot", duration="2ba", run_dir=tmp_path, run_name="asked", save_checkpoints=False)
     assert str(explicit.state.max_duration) == "2ba"  # a length the user asks for is theirs
+    # A rung given as a Recipe (the benchmark's, its budget scaled) is planned the same way when asked to be.
+    given = dataclasses.replace(rung, duration="0.5ep")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        floored = make_trainer(task, given, step_floor=True, run_dir=tmp_path, run_name="floored",
+                               save_checkpoints=False)
+    assert str(floored.state.max_duration) == "64ba"
+    as_given = make_trainer(task, given, run_dir=tmp_path, run_name="as-given", save_checkpoints=False)
+    assert str(as_given.state.max_duration) == "0.5ep"

@@ -23,7 +23,7 @@ from speedkit.experiments.compare import leave_one_out as leave_one_out_table
 from speedkit.experiments.compare import median_or_none, paired_speedups
 from speedkit.experiments.measure import fit, measure, shortest_budget
 from speedkit.record.runs import RunRecord, environment, load_records, lower_is_better
-from speedkit.tasks import TASKS, Recipe, RunRequest, get_recipe, make_trainer, resolve_task
+from speedkit.tasks import TASKS, Recipe, RunRequest, get_recipe, is_baseline, make_trainer, resolve_task
 
 @dataclasses.dataclass
 class BenchResult:
@@ -37,12 +37,15 @@ class BenchResult:
 
 # -- building the runs -------------------------------------------------------------------------
 def scheduled_recipe(profile: BenchProfile, name: str) -> Recipe:
-    """The recipe as the profile runs it, with the profile's budget applied."""
+    """The recipe as the profile runs it, with the profile's budget applied. A speed-up recipe evaluates as many
+    times in a scaled budget as in its own (a baseline keeps its fine timing cadence, which is not clocked)."""
     recipe = profile.recipe(name)
     duration = profile.run.duration or recipe.duration
     if profile.duration_scale != 1.0:
         duration = str(Time.from_string(duration) * profile.duration_scale)
-    return recipe.with_changes(duration=duration)
+    if profile.run.eval_interval or is_baseline(profile.task, name):
+        return recipe.with_changes(duration=duration)
+    return recipe.with_budget(duration)
 
 
 def run_request(profile: BenchProfile, recipe: Recipe, seed: int, run_name: str, run_dir: str | Path,
@@ -53,6 +56,9 @@ def run_request(profile: BenchProfile, recipe: Recipe, seed: int, run_name: str,
     return profile.run.replace(
         recipe=recipe, duration=None, eval_interval=None, seed=seed, run_dir=str(run_dir), run_name=run_name,
         extra_config={"bench": bench_info, "seed": seed, **(extra_config or {})},
+        # A rebuilt rung is planned on the data as `speedkit train --recipe hot` plans it (never a handful of
+        # steps), unless the profile gives every recipe one budget.
+        step_floor=profile.run.duration is None,
         # Benchmark runs are measurements, not resumed: running the benchmark again measures them again.
         # The benchmark reports each run as it ends; a bar per run would only interleave with that.
         **{"save_checkpoints": False, "overwrite": True, "progress_bar": False, **trainer_kwargs})
