@@ -258,6 +258,14 @@ def scaled_duration(duration: str, scale: float) -> str:
     return str(time)
 
 
+def budget_scale(recipe, base) -> float | None:
+    """The recipe's budget over the base's (None where their units differ)."""
+    try:
+        return Time.from_string(recipe.duration) / Time.from_string(base.duration)
+    except (ValueError, TypeError):
+        return None
+
+
 def suggest_methods(trial, space: SearchSpace, refused=frozenset()) -> dict:
     """Methods on/off in a fixed order; one that conflicts with those already on, or that found nothing in
     this model in an earlier trial (``refused``), is not offered."""
@@ -363,11 +371,8 @@ def recipe_params(recipe, base, space: SearchSpace) -> dict | None:
     elif recipe.optimizer != base.optimizer:
         return None
     if space.duration_scale:
-        try:
-            scale = Time.from_string(recipe.duration) / Time.from_string(base.duration)
-        except ValueError:
-            return None
-        if not space.duration_scale[0] <= scale <= space.duration_scale[1]:
+        scale = budget_scale(recipe, base)
+        if scale is None or not space.duration_scale[0] <= scale <= space.duration_scale[1]:
             return None
         params["duration_scale"] = scale
     elif recipe.duration != base.duration:
