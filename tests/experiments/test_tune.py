@@ -462,6 +462,11 @@ def test_continuing_a_study_with_other_settings_is_refused(tmp_path, fake_env):
     args = dict(methods=["ema", "label_smoothing"], out_dir=tmp_path, runner=FAKE, budget=30, trial_limit=12,
                 max_trials=2, max_baseline_trials=1, seeds_to_confirm=1, **SMALL)
     tune(TuneSettings("fashion-mnist", **args), **QUIET)
+    study = optuna.load_study(study_name="tune", storage=_storage(str((tmp_path / "study.journal").resolve())))
+    # what a study started by an earlier speedkit holds: the same command after an upgrade continues it
+    assert sorted(study.user_attrs["identity"]) == ["base", "limit_s", "metric", "settings", "spaces", "target", "task"]
+    assert sorted(study.user_attrs["identity"]["settings"]) == ["data_fraction", "device", "eval_fraction",
+                                                                "eval_interval"]
     with pytest.raises(TuneInputError) as e:
         tune(TuneSettings("fashion-mnist", target=0.8, **args), **QUIET)
     assert "target: was 0.92, now 0.8" in str(e.value) and "another study_name" in str(e.value)

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import statistics
 import subprocess
 import sys
 import time
-import os
 import warnings
 from pathlib import Path
 from typing import Any, Sequence
@@ -643,15 +643,11 @@ def start_workers(config_path: Path, n_extra: int) -> list[subprocess.Popen]:
     return workers
 
 
-def search_identity(config: TuneConfig) -> dict:
-    """What must not change when a search continues: its trials are only comparable under the same settings."""
-    return {"task": config.settings.task, "metric": config.metric, "target": config.target, "base": config.base,
-            "spaces": config.spaces, "settings": config.run_settings(), "limit_s": config.limit_s}
-
-
 def check_same_search(config: TuneConfig, study) -> None:
     """Refuse to continue a study that was started with other settings (its times would not compare)."""
-    identity = json.loads(json.dumps(search_identity(config)))  # as stored: tuples become lists
+    identity = {"task": config.settings.task, "metric": config.metric, "target": config.target, "base": config.base,
+                "spaces": config.spaces, "settings": config.run_settings(), "limit_s": config.limit_s}
+    identity = json.loads(json.dumps(identity))  # as stored: tuples become lists
     stored = study.user_attrs.get("identity")
     if stored is None:
         study.set_user_attr("identity", identity)

@@ -296,15 +296,10 @@ def suggest_hparams(trial, method: str, limits: dict | None = None) -> dict:
 
     params = {}
     for hp in REGISTRY[method].CARD.hparams:
-        key = f"{method}.{hp.name}"
         hp = limited_hparam(method, hp, limits, params)
-        value = _suggest_hparam(trial, key, hp)
-        if value is not _NOT_SEARCHABLE:
-            params[hp.name] = value
+        if is_searched(hp):  # else its default stays (e.g. ema's half_life string)
+            params[hp.name] = _suggest_hparam(trial, f"{method}.{hp.name}", hp)
     return params
-
-
-_NOT_SEARCHABLE = object()
 
 
 def limited_hparam(method: str, hp: HParam, limits: dict | None, chosen: dict) -> HParam:
@@ -339,9 +334,7 @@ def is_searched(hp: HParam) -> bool:
 
 
 def _suggest_hparam(trial, key: str, hp: HParam):
-    """One hyperparameter from the card: one of its choices, or a number in [low, high]."""
-    if not is_searched(hp):
-        return _NOT_SEARCHABLE  # e.g. ema's half_life string: its default is kept
+    """One searched hyperparameter (``is_searched``): one of its choices, or a number in [low, high]."""
     if search_choices(hp) is not None:
         return trial.suggest_categorical(key, search_choices(hp))
     log = hp.log and hp.low > 0
