@@ -1,7 +1,7 @@
-"""The search: its configuration (``TuneConfig``, shared by every worker process), the Optuna studies, the
-objective, and the phases (tune the baseline, then search) each worker runs until they close. Three studies
-share one storage: ``<name>-baseline``, ``<name>`` (the search) and ``<name>-confirm`` (``confirm.py``). What
-it proposes in what order, and why, is in docs/guide.md ("Tune: search for the fastest recipe").
+"""The search: what it is asked (``TuneSettings``) and its configuration (``TuneConfig``, shared by every worker
+process), the Optuna studies, the objective, and the phases (tune the baseline, then search) each worker runs until
+they close. Three studies share one storage: ``<name>-baseline``, ``<name>`` (the search) and ``<name>-confirm``
+(``confirm.py``). What it proposes in what order, and why, is in docs/guide.md ("Tune: search for the fastest recipe").
 """
 from __future__ import annotations
 
@@ -418,13 +418,12 @@ def confirm_reserve_s(config: TuneConfig, studies: dict) -> float:
     fallback = statistics.median(typical) if typical else config.limit_s
     # the runner-up is confirmed only where time is left
     walls = [whole_budget_wall_s(t, fallback) for t in confirmed_baselines(studies["baseline"])] or [fallback]
-    if "search" in studies:
-        walls += [t.user_attrs.get("wall_s") or fallback for t in ranked(studies["search"])[:1]] or [fallback]
+    best = ranked(studies["search"])[:1] if "search" in studies else []  # the likely winner
+    best_wall = (best[0].user_attrs.get("wall_s") or fallback) if best else fallback
+    walls += [best_wall] if "search" in studies else []
     reserve = seeds_that_fit(config, sum(walls), config.budget_s / 2) * sum(walls)
-    if config.settings.leave_one_out and "search" in studies:  # one run per method of the likely winner
-        best = ranked(studies["search"])[:1]
-        methods = len(best[0].user_attrs.get("recipe", {}).get("methods", {})) if best else 0
-        reserve += methods * (best[0].user_attrs.get("wall_s") or fallback if best else fallback)
+    if config.settings.leave_one_out and best:  # one run per method of the likely winner
+        reserve += len(best[0].user_attrs.get("recipe", {}).get("methods", {})) * best_wall
     return reserve
 
 
