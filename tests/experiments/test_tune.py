@@ -19,7 +19,8 @@ from prerequisites import import_or_missing  # noqa: E402
 
 optuna = import_or_missing("optuna")
 
-from speedkit.experiments.tune import TuneInputError, TuneSettings, parse_budget, penalized, tune  # noqa: E402
+from speedkit.experiments.tune import (TuneConfig, TuneInputError, TuneSettings, parse_budget, penalized,  # noqa: E402
+                                       tune)
 from speedkit.experiments.tune.space import SearchSpace, recipe_params, suggest_recipe  # noqa: E402
 from speedkit.tasks import TASKS, Recipe, get_recipe  # noqa: E402
 
@@ -407,6 +408,12 @@ def test_cli_tune_writes_recipe_and_report(tmp_path, capsys, fake_env):
     assert summary["base"]["name"] == "plain-bf16"  # the task's strongest baseline, unless --base names another
     prior = json.loads((tmp_path / "tune_config.json").read_text())["move_prior"]  # the benchmark's leave-one-out
     assert prior["muon"] is None and prior["label_smoothing"] > 1
+    config = TuneConfig.load(tmp_path / "tune_config.json")  # what a worker process reads: the settings, concrete
+    assert config.settings.methods == ["ema", "label_smoothing"] and config.run_settings() == summary["settings"]
+    assert config.settings.storage == str((tmp_path / "study.journal").resolve()) and config.budget_s == 60
+    (tmp_path / "old.json").write_text(json.dumps({"task": "fashion-mnist", "settings": {"device": "auto"}}))
+    with pytest.raises(TuneInputError, match="run the same `speedkit tune` command again"):
+        TuneConfig.load(tmp_path / "old.json")  # a config an older speedkit wrote names the fix
     with pytest.raises(SystemExit):  # the screen is gone, and its flag with it
         main(["tune", "--screen-fraction", "0.25", "--out", str(tmp_path / "screened")])
 
@@ -455,6 +462,11 @@ def test_continuing_a_study_with_other_settings_is_refused(tmp_path, fake_env):
     args = dict(methods=["ema", "label_smoothing"], out_dir=tmp_path, runner=FAKE, budget=30, trial_limit=12,
                 max_trials=2, max_baseline_trials=1, seeds_to_confirm=1, **SMALL)
     tune(TuneSettings("fashion-mnist", **args), **QUIET)
+    study = optuna.load_study(study_name="tune", storage=_storage(str((tmp_path / "study.journal").resolve())))
+    # what a study started by an earlier speedkit holds: the same command after an upgrade continues it
+    assert sorted(study.user_attrs["identity"]) == ["base", "limit_s", "metric", "settings", "spaces", "target", "task"]
+    assert sorted(study.user_attrs["identity"]["settings"]) == ["data_fraction", "device", "eval_fraction",
+                                                                "eval_interval"]
     with pytest.raises(TuneInputError) as e:
         tune(TuneSettings("fashion-mnist", target=0.8, **args), **QUIET)
     assert "target: was 0.92, now 0.8" in str(e.value) and "another study_name" in str(e.value)
@@ -701,7 +713,7 @@ def test_the_confirmation_keeps_back_a_baselines_whole_budget():
             "wall_s": 20.0, "budget_done": 0.8, "time_to_target_s": 10.0}))
         return {"baseline": baseline, "search": search}
 
-    config = SimpleNamespace(budget_s=1000.0, seeds_to_confirm=3, limit_s=200.0, leave_one_out=False)
+    config = SimpleNamespace(budget_s=1000.0, limit_s=200.0, settings=SimpleNamespace(seeds_to_confirm=3, leave_one_out=False))
     assert confirm_reserve_s(config, studies(0.8)) == pytest.approx(3 * (100 / 0.8 + 20))
     assert confirm_reserve_s(config, studies(1 / 3)) == pytest.approx(3 * (100 + 20))
 

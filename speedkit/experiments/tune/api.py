@@ -6,16 +6,15 @@ in docs/guide.md ("Tune: search for the fastest recipe"). Every run also writes 
 from __future__ import annotations
 
 import dataclasses
-import os
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from speedkit.experiments.tune.confirm import (confirm_candidates, confirm_seeds, plan_confirmation,
                                                run_budget_search, run_confirmation, run_leave_one_out,
                                                summarize_confirmation)
 from speedkit.experiments.tune.objective import resolve_runner, runner_path
-from speedkit.experiments.tune.search import (PHASES, PRUNERS, SEARCH_SEED, TuneConfig, check_same_search,
+from speedkit.experiments.tune.search import (PHASES, PRUNERS, SEARCH_SEED, TuneConfig, TuneSettings, check_same_search,
                                               load_study, logged_metrics, parse_budget, refused_methods,
                                               resolve_target, run_phases, search_limits, seed_baseline_study,
                                               standings, start_workers)
@@ -44,67 +43,6 @@ class TuneResult:
         return self.summary["confirmation"].get("speedup_median")
 
 
-@dataclasses.dataclass(frozen=True)
-class TuneSettings:
-    """What a search is asked to do: ``tune(TuneSettings(task=..., budget="30m", ...))``; the CLI, the explorer's
-    Tune panel and the notebooks build one. Its runs' shared settings (``task``, ``data``, ``task_options``,
-    ``device``, ``data_fraction``, ``eval_fraction``, ``eval_interval``) are a ``RunRequest``'s fields
-    (``run_request``), checked there once; ``base`` is the request's recipe.
-
-    ``task``: anything ``speedkit.tasks.resolve_task`` takes; worker processes (``n_workers``) build it again
-    from its name, ``"pkg.mod:attr"`` or folder, so a Task object made in this process only they cannot.
-    ``target``: None (the task's), a value of the task's metric, ``"metric=value"`` or (metric, value).
-    ``budget``: wall clock for the whole search (``"30m"``, ``"1h"`` or seconds); ``trial_limit``: of one
-    trial's training (default a fifth of the budget). ``base``: the recipe the search tunes and starts from
-    (default the task's strongest baseline, the last of its ``baselines``). ``methods``: those the search
-    may turn on (default: all that fit). ``storage``: a journal file (default ``out_dir/study.journal``), a
-    ``*.db`` file or a database URL; a rerun with the same ``storage`` and ``study_name`` continues the search.
-    ``runner``: ``(TrialContext) -> RunRecord`` or ``"module:function"`` replacing the real training (tests
-    plant known answers this way). ``run_dir``: the runs' RunRecords (default ``out_dir/runs``).
-    """
-
-    task: Any = "fashion-mnist"
-    target: Any = None
-    budget: str | float = "30m"
-    data: str | os.PathLike | None = None
-    task_options: dict | None = None
-    methods: Sequence[str] | str | None = None
-    base: Any = None
-    storage: str | os.PathLike | None = None
-    study_name: str = "tune"
-    seeds_to_confirm: int = 3
-    out_dir: str | os.PathLike = "runs/tune"
-    run_dir: str | os.PathLike | None = None
-    data_fraction: float = 1.0
-    eval_fraction: float | None = None
-    eval_interval: str | None = None
-    device: str = "auto"
-    n_workers: int = 1
-    tune_hparams: bool = True
-    trial_limit: str | float | None = None
-    baseline_share: float = 0.15
-    max_trials: int | None = None
-    max_baseline_trials: int | None = None
-    pruner: str = "halving"
-    sampler_seed: int = 0
-    duration_scale: tuple[float, float] = (0.1, 1.0)
-    lr_factor: float = 10.0
-    leave_one_out: bool = False
-    runner: Any = None
-
-    def run_request(self):
-        """The settings every run of the search shares, as the one run description (checked there, naming the
-        field); the base recipe is filled in per run."""
-        from speedkit.tasks import RunRequest
-
-        return RunRequest(task=self.task, data=self.data, task_options=self.task_options, device=self.device,
-                          data_fraction=self.data_fraction, eval_fraction=self.eval_fraction,
-                          eval_interval=self.eval_interval or None)
-
-    def replace(self, **changes) -> "TuneSettings":
-        return dataclasses.replace(self, **changes)
-
-
 def tune(settings: TuneSettings | None = None, *, log=print, on_trial=None, should_stop=None,
          **keywords) -> TuneResult:
     """Search for the recipe that reaches the target on the task soonest, within the budget of wall clock
@@ -123,10 +61,10 @@ def tune(settings: TuneSettings | None = None, *, log=print, on_trial=None, shou
     out = Path(settings.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     config = build_config(settings, out, log)
-    in_process = resolve_runner(settings.runner)  # a lambda in a notebook works here; worker processes import config.runner
+    in_process = resolve_runner(settings.runner)  # a lambda in a notebook works here; workers import it by name
     config_path = out / "tune_config.json"
     config.save(config_path)
-    storage_obj = open_storage(config.storage)
+    storage_obj = open_storage(config.settings.storage)
     studies = {phase: load_study(config, phase, 0, storage_obj) for phase in (*PHASES, "confirm")}
     check_same_search(config, studies["search"])
     for phase, study in studies.items():
@@ -134,8 +72,8 @@ def tune(settings: TuneSettings | None = None, *, log=print, on_trial=None, shou
         if retried:
             log(f"{study.study_name}: trials {retried} were cut short by a dead worker; marked failed, settings re-queued")
     seed_baseline_study(config, studies["baseline"])
-    log(f"speedkit tune: {config.task}, target {config.metric} {config.target}, budget {config.budget_s:.0f}s "
-        f"({config.spent_before_s:.0f}s used before), storage {config.storage}")
+    log(f"speedkit tune: {config.settings.task}, target {config.metric} {config.target}, budget {config.budget_s:.0f}s "
+        f"({config.spent_before_s:.0f}s used before), storage {config.settings.storage}")
     workers = start_workers(config_path, settings.n_workers - 1) if settings.n_workers > 1 else []
     try:
         run_phases(config, 0, runner=in_process, on_trial=_logger(log, on_trial), should_stop=should_stop)
@@ -143,11 +81,10 @@ def tune(settings: TuneSettings | None = None, *, log=print, on_trial=None, shou
         for process in workers:
             process.wait()
     with FolderLock(out, ANSWER_LOCK):  # one process decides, confirms and writes; the next reads the same
-        return _confirm_and_report(config, studies, storage_obj, out, in_process, settings.leave_one_out, log,
-                                   should_stop)
+        return _confirm_and_report(config, studies, storage_obj, out, in_process, log, should_stop)
 
 
-def _confirm_and_report(config, studies, storage_obj, out, in_process, leave_one_out, log, should_stop) -> TuneResult:
+def _confirm_and_report(config, studies, storage_obj, out, in_process, log, should_stop) -> TuneResult:
     from speedkit.experiments.tune.report import baseline_shortfall, write_outputs
 
     if not (should_stop and should_stop()):  # the search ended (not stopped): no process starts a trial of it now
@@ -158,7 +95,7 @@ def _confirm_and_report(config, studies, storage_obj, out, in_process, leave_one
         f"seeds {confirm_seeds(config, studies)}")
     run_confirmation(config, studies, runner=in_process, should_stop=should_stop)
     run_budget_search(config, studies, runner=in_process, should_stop=should_stop, log=log)
-    if leave_one_out:
+    if config.settings.leave_one_out:
         log("speedkit tune: the winner's leave-one-out (each of its methods left out, on the first seed)")
         run_leave_one_out(config, studies, runner=in_process, should_stop=should_stop)
     summary = build_summary(config, studies)
@@ -168,8 +105,8 @@ def _confirm_and_report(config, studies, storage_obj, out, in_process, leave_one
         log(f"speedkit tune: {shortfall}")
     log(f"speedkit tune: done; report {paths['report']}")
     return TuneResult(recipe=paths.get("recipe_obj"), recipe_path=paths.get("recipe"), report_path=paths["report"],
-                      html_path=paths.get("html"), summary=summary, out_dir=out, storage=config.storage,
-                      study_name=config.study_name)
+                      html_path=paths.get("html"), summary=summary, out_dir=out, storage=config.settings.storage,
+                      study_name=config.settings.study_name)
 
 
 def _logger(log, on_trial):
@@ -196,61 +133,56 @@ def build_config(settings: TuneSettings, out: Path, log=print) -> TuneConfig:
     from speedkit.tasks.recipes import timing_eval_interval, without_flips
     from speedkit.tasks.task import BUILT_IN
 
-    names = ("task data task_options target budget methods storage study_name seeds_to_confirm run_dir data_fraction "
-             "eval_fraction eval_interval device n_workers base tune_hparams trial_limit baseline_share max_trials "
-             "max_baseline_trials pruner sampler_seed duration_scale lr_factor leave_one_out runner").split()
-    (task, data, task_options, target, budget, methods, storage, study_name, seeds_to_confirm, run_dir, data_fraction,
-     eval_fraction, eval_interval, device, n_workers, base, tune_hparams, trial_limit, baseline_share, max_trials,
-     max_baseline_trials, pruner, sampler_seed, duration_scale, lr_factor, leave_one_out, runner) = (
-        getattr(settings, name) for name in names)
-    settings.run_request()  # the settings every run shares are a run request's fields: checked by it, once
+    s = settings
+    s.run_request()  # the settings every run shares are a run request's fields: checked by it, once
     # a name, a Task, "pkg.mod:attr" or a folder: registered, so that the trials find it by name
-    spec = resolve_task(task, data, **(task_options or {}))
-    task_source = _task_source(task, data, task_options)
-    if n_workers > 1 and task_source is None and spec.name not in BUILT_IN:
-        raise TuneInputError(f"n_workers={n_workers}: worker processes cannot build task {spec.name!r}, a Task "
+    spec = resolve_task(s.task, s.data, **(s.task_options or {}))
+    task_source = _task_source(s.task, s.data, s.task_options)
+    if s.n_workers > 1 and task_source is None and spec.name not in BUILT_IN:
+        raise TuneInputError(f"n_workers={s.n_workers}: worker processes cannot build task {spec.name!r}, a Task "
                              f"object made in this process; give it as 'package.module:attr' (--task mod:attr) "
                              f"or as a folder task with data=, or tune it with n_workers=1")
     task = spec.name
-    budget_s = parse_budget(budget)
-    metric, value = resolve_target(spec, target)
-    if n_workers < 1:
-        raise TuneInputError(f"n_workers must be at least 1, got {n_workers}")
-    if seeds_to_confirm < 1:
-        raise TuneInputError(f"seeds_to_confirm must be at least 1, got {seeds_to_confirm}")
-    for name, count in (("max_trials", max_trials), ("max_baseline_trials", max_baseline_trials)):
+    budget_s = parse_budget(s.budget)
+    metric, value = resolve_target(spec, s.target)
+    if s.n_workers < 1:
+        raise TuneInputError(f"n_workers must be at least 1, got {s.n_workers}")
+    if s.seeds_to_confirm < 1:
+        raise TuneInputError(f"seeds_to_confirm must be at least 1, got {s.seeds_to_confirm}")
+    for name, count in (("max_trials", s.max_trials), ("max_baseline_trials", s.max_baseline_trials)):
         if count is not None and count < 1:
             raise TuneInputError(f"{name} must be at least 1 (or None: until the budget is used), got {count}")
-    if not 0 < baseline_share < 1:
+    if not 0 < s.baseline_share < 1:
         raise TuneInputError(f"baseline_share is the part of the budget that tunes the baseline, in (0, 1); "
-                             f"got {baseline_share}")
-    if pruner not in PRUNERS:
-        raise TuneInputError(f"pruner must be one of {', '.join(PRUNERS)}, got {pruner!r}")
-    if n_workers > 1 and runner is not None and runner_path(runner) is None:
+                             f"got {s.baseline_share}")
+    if s.pruner not in PRUNERS:
+        raise TuneInputError(f"pruner must be one of {', '.join(PRUNERS)}, got {s.pruner!r}")
+    runner = runner_path(s.runner)
+    if s.n_workers > 1 and s.runner is not None and runner is None:
         raise TuneInputError("runner must be importable ('module:function', or a module-level function) when "
                              "n_workers > 1: worker processes import it")
-    allowed = resolve_methods(methods)
+    allowed = resolve_methods(s.methods)
     # the search's recipes are its own: a method of theirs that finds nothing is refused, not quietly dropped
-    base_recipe = dataclasses.replace(get_recipe(task, spec.baselines[-1] if base is None else base), adopted_from=None)
+    base = dataclasses.replace(get_recipe(task, spec.baselines[-1] if s.base is None else s.base), adopted_from=None)
     if not spec.flips_keep_labels:  # the base as its runs train it, so the search never samples a flip back
-        base_recipe, removed = without_flips(base_recipe)
+        base, removed = without_flips(base)
         for what in removed:
             log(f"left out the base's {what}: a horizontal flip changes this task's labels")
-    device_type = resolve_device(device).type
+    device = resolve_device(s.device)
     # "auto" precision made concrete, so the base is a point of the space (whose choices are fp32/bf16/fp16)
-    base_recipe = base_recipe.with_changes(precision=resolve_precision(base_recipe.precision, resolve_device(device)))
+    base = base.with_changes(precision=resolve_precision(base.precision, device))
     # every run of the search (and the recipe it ships) evaluates at one cadence, fine enough to rank by
-    base_recipe = base_recipe.with_changes(eval_interval=eval_interval or timing_eval_interval(base_recipe))
-    probe_recipe = base_recipe.with_changes(loader="memory")  # the probes need the model and evaluators, not a DataLoader
-    known = logged_metrics(task, probe_recipe, device, data_fraction, eval_fraction)
+    base = base.with_changes(eval_interval=s.eval_interval or timing_eval_interval(base))
+    probe = base.with_changes(loader="memory")  # the probes need the model and evaluators, not a DataLoader
+    known = logged_metrics(task, probe, s.device, s.data_fraction, s.eval_fraction)
     if metric not in known:
         raise TuneInputError(f"target metric {metric!r} is not logged by any evaluator of task {task!r}; "
                              f"it logs {', '.join(known)}")
-    candidates, left_out = candidate_methods(spec.domain, allowed, device_type, spec.flips_keep_labels)
-    left_out.update(probe_surgery(task, probe_recipe, candidates, device, data_fraction))
+    candidates, left_out = candidate_methods(spec.domain, allowed, device.type, spec.flips_keep_labels)
+    left_out.update(probe_surgery(task, probe, candidates, s.device, s.data_fraction))
     candidates = [m for m in candidates if m not in left_out]
-    limits = fit_hparams_to_model(task, probe_recipe, candidates, device) if tune_hparams else {}
-    search = full_space(base_recipe, candidates, device_type, tune_hparams, duration_scale, lr_factor, limits,
+    limits = fit_hparams_to_model(task, probe, candidates, s.device) if s.tune_hparams else {}
+    search = full_space(base, candidates, device.type, s.tune_hparams, s.duration_scale, s.lr_factor, limits,
                         spec.flips_keep_labels)
     if allowed is not None and not candidates:
         reasons = "; ".join(f"{m}: {why}" for m, why in left_out.items())
@@ -262,22 +194,20 @@ def build_config(settings: TuneSettings, out: Path, log=print) -> TuneConfig:
         log(f"searched {key} only {describe_limit(limit)}: elsewhere in its card's range it finds nothing in "
             f"this model")
     out_dir = out.resolve()
-    storage_text = storage_url(storage, out_dir)
-    studies_spent = spent_before_s(storage_text, study_name)
-    limit_s = parse_budget(trial_limit, "trial_limit") if trial_limit is not None else budget_s / 5
-    settings = {"device": device, "data_fraction": data_fraction, "eval_fraction": eval_fraction,
-                "eval_interval": base_recipe.eval_interval}
+    storage = storage_url(s.storage, out_dir)
+    # the settings as every worker reads them (JSON): objects by their names, folders and storage resolved
+    concrete = s.replace(
+        task=task, data=None if s.data is None else str(Path(s.data).resolve()), methods=allowed,
+        base=s.base if s.base is None or isinstance(s.base, str) else base.name, storage=storage,
+        out_dir=str(out_dir), run_dir=str(Path(s.run_dir).resolve()) if s.run_dir else str(out_dir / "runs"),
+        eval_interval=base.eval_interval, runner=runner, duration_scale=tuple(s.duration_scale))
     return TuneConfig(
-        task=task, metric=metric, target=value, base=base_recipe.to_dict(),
-        spaces={"baseline": baseline_space(duration_scale, lr_factor).to_dict(), "search": search.to_dict()},
-        storage=storage_text, study_name=study_name, out_dir=str(out_dir),
-        run_dir=str(Path(run_dir).resolve()) if run_dir else str(out_dir / "runs"), settings=settings,
-        budget_s=budget_s, limit_s=limit_s, baseline_share=baseline_share, seeds_to_confirm=seeds_to_confirm,
-        max_trials={"baseline": max_baseline_trials, "search": max_trials}, pruner=pruner,
-        sampler_seed=sampler_seed, runner=runner_path(runner) if runner is not None else None,
-        started_at=time.time(), spent_before_s=studies_spent, n_workers=n_workers, leave_one_out=leave_one_out,
-        left_out=left_out, task_source=task_source,
-        move_prior=reference_leave_one_out(spec.domain))
+        settings=concrete, metric=metric, target=value, base=base.to_dict(),
+        spaces={"baseline": baseline_space(s.duration_scale, s.lr_factor).to_dict(), "search": search.to_dict()},
+        budget_s=budget_s,
+        limit_s=parse_budget(s.trial_limit, "trial_limit") if s.trial_limit is not None else budget_s / 5,
+        started_at=time.time(), spent_before_s=spent_before_s(storage, s.study_name), left_out=left_out,
+        task_source=task_source, move_prior=reference_leave_one_out(spec.domain))
 
 
 def _task_source(task, data, task_options) -> dict | None:
@@ -304,12 +234,13 @@ def build_summary(config: TuneConfig, studies: dict) -> dict:
                            "worst_seed": _worst_seed(ranking.get(t.number)),
                            "started": t.datetime_start.isoformat() if t.datetime_start else None})
     space = config.space("search")
-    return {"task": config.task, "target": {"metric": config.metric, "value": config.target},
+    return {"task": config.settings.task, "target": {"metric": config.metric, "value": config.target},
             "base": config.base, "budget_s": config.budget_s, "spent_s": round(config.spent_s(), 1),
             "limit_s": config.limit_s,
-            "settings": config.settings, "storage": config.storage, "study": config.study_name,
+            "settings": config.run_settings(), "storage": config.settings.storage, "study": config.settings.study_name,
             "methods_searched": list(space.methods), "hparam_limits": dict(space.hparam_limits),
-            "left_out": {**config.left_out, **_found_inapplicable(studies)},
+            "left_out": {**config.left_out, **{m: f"found nothing to act on in a trial, so no longer tried: {why}"
+                                               for m, why in refused_methods(studies["search"]).items()}},
             "trials": trials,
             "confirmation": summarize_confirmation(config, studies),
             "time": where_the_time_went(config, studies, trials)}
@@ -344,13 +275,7 @@ def where_the_time_went(config: TuneConfig, studies: dict, trials: list[dict]) -
     rows = {what: wall(group) for what, group in groups.items()}
     counts = {what: len(group) for what, group in groups.items()}
     # n workers spend n seconds of runs in each second of wall clock: the shares are of that
-    spent, workers = config.spent_s(), config.n_workers
+    spent, workers = config.spent_s(), config.settings.n_workers
     rows["set-up and the rest"] = round(max(0.0, spent * workers - sum(rows.values())), 1)
     return {"spent_s": round(spent, 1), "workers": workers, "worker_s": round(spent * workers, 1), "seconds": rows,
             "runs": counts}
-
-
-def _found_inapplicable(studies: dict) -> dict:
-    """Methods the search stopped trying because they found nothing to act on when training started."""
-    return {name: f"found nothing to act on in a trial, so no longer tried: {why}"
-            for name, why in refused_methods(studies["search"]).items()}

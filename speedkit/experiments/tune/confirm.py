@@ -58,7 +58,7 @@ def plan_confirmation(config: TuneConfig, studies: dict, log=print) -> None:
     walls = [_trial_wall(config, studies, key) for _, key, _ in candidates]
     left = max(0.0, config.budget_s - config.spent_s())
     has_runner_up = any(role == "runner-up" for role, _, _ in candidates)
-    with_runner_up = (not has_runner_up or config.seeds_to_confirm * sum(walls) <= left
+    with_runner_up = (not has_runner_up or config.settings.seeds_to_confirm * sum(walls) <= left
                       or bool(confirm.user_attrs.get("with_runner_up")))
     per_seed = sum(wall for (role, _, _), wall in zip(candidates, walls) if with_runner_up or role != "runner-up")
     # The search kept back whole seeds' time, but evaluation and set-up of its last trial eat a little of it:
@@ -68,16 +68,16 @@ def plan_confirmation(config: TuneConfig, studies: dict, log=print) -> None:
     confirm.set_user_attr("seeds", seeds)
     if not with_runner_up:
         log(f"speedkit tune: confirming the baselines and the winner only: with the runner-up the "
-            f"confirmation would take about {config.seeds_to_confirm * sum(walls):.0f}s, and {left:.0f}s of the "
+            f"confirmation would take about {config.settings.seeds_to_confirm * sum(walls):.0f}s, and {left:.0f}s of the "
             f"budget is left")
-    if seeds < config.seeds_to_confirm:
-        log(f"speedkit tune: confirming on {seeds} of the {config.seeds_to_confirm} seeds asked for: each seed "
+    if seeds < config.settings.seeds_to_confirm:
+        log(f"speedkit tune: confirming on {seeds} of the {config.settings.seeds_to_confirm} seeds asked for: each seed "
             f"takes about {per_seed:.0f}s and {left:.0f}s of the budget is left; a longer --budget confirms on more")
 
 
 def confirm_seeds(config: TuneConfig, studies: dict) -> list[int]:
     """The fresh seeds of the confirmation: as many as ``plan_confirmation`` found room for."""
-    count = int(studies["confirm"].user_attrs.get("seeds", config.seeds_to_confirm))
+    count = int(studies["confirm"].user_attrs.get("seeds", config.settings.seeds_to_confirm))
     return list(range(CONFIRM_SEED_START, CONFIRM_SEED_START + count))
 
 
@@ -98,7 +98,7 @@ def run_confirmation(config: TuneConfig, studies: dict, runner=None, should_stop
     the baselines, then the others, seed by seed); resumable: a run done before is not run again."""
     confirm = studies["confirm"]
     done = _done(confirm)
-    runner = runner or resolve_runner(config.runner)
+    runner = runner or resolve_runner(config.settings.runner)
     candidates = {key: (role, recipe) for role, key, recipe in confirm_candidates(config, studies)}
 
     def run(key: str, seed: int):
@@ -117,7 +117,7 @@ def _done(confirm) -> set:
 
 
 def run_name_for(config: TuneConfig, key: str, seed: int) -> str:
-    return f"{config.study_name}-confirm-{key.replace(':', '-')}-s{seed}"
+    return f"{config.settings.study_name}-confirm-{key.replace(':', '-')}-s{seed}"
 
 
 def _confirm_run(config: TuneConfig, confirm, runner, role: str, key: str, seed: int, recipe, should_stop,
@@ -197,7 +197,7 @@ def run_leave_one_out(config: TuneConfig, studies: dict, runner=None, should_sto
     if winner is None:
         return
     confirm, seed = studies["confirm"], CONFIRM_SEED_START
-    done, runner = _done(confirm), runner or resolve_runner(config.runner)
+    done, runner = _done(confirm), runner or resolve_runner(config.settings.runner)
 
     def run(method: str, ablated, marker: dict) -> None:  # its methods, each dropped
         key = f"loo:{winner['key']}:{method}"

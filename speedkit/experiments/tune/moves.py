@@ -11,8 +11,8 @@ import dataclasses
 import json
 import random
 
-from speedkit.experiments.tune.space import (NOT_SEARCHED, SCHEDULE_CHOICES, SearchSpace, is_searched,
-                                             limited_hparam, recipe_params, scaled_duration, search_choices)
+from speedkit.experiments.tune.space import (SCHEDULE_CHOICES, SearchSpace, is_searched, limited_hparam, recipe_params,
+                                             scaled_duration, search_choices)
 
 TWO_MOVES_SHARE = 0.25  # how often a proposal makes two changes at once (one move alone can sit in a local dip)
 UNTRIED_ADD_WEIGHT = 3.0  # adding a method no trial has had yet: what the search knows least about
@@ -100,7 +100,7 @@ def _method_moves(recipe, space: SearchSpace, refused: set[str], added: set[str]
     moves = []
     for name in space.methods:
         if name in recipe.methods:
-            moves += _move(f"-{name}", {"methods": _without(recipe.methods, name)}, recipe,
+            moves += _move(f"-{name}", {"methods": {k: v for k, v in recipe.methods.items() if k != name}}, recipe,
                            drop_weight(prior[name]) if name in prior else 1.0)
         elif name not in refused:
             moves += _move(f"+{name}", {"methods": {**recipe.methods, name: {}}}, recipe,
@@ -109,21 +109,15 @@ def _method_moves(recipe, space: SearchSpace, refused: set[str], added: set[str]
         return moves
     retunes = []
     for name, params in recipe.methods.items():
-        for hp in REGISTRY[name].CARD.hparams:
-            if hp.name in NOT_SEARCHED or not is_searched(hp):
-                continue
-            current = {h.name: h.default for h in REGISTRY[name].CARD.hparams} | dict(params or {})
-            bounded = limited_hparam(name, hp, space.hparam_limits, current)
-            for value in _retuned(bounded, current[hp.name]):
+        card = REGISTRY[name].CARD
+        current = {h.name: h.default for h in card.hparams} | dict(params or {})
+        for hp in filter(is_searched, card.hparams):
+            for value in _retuned(limited_hparam(name, hp, space.hparam_limits, current), current[hp.name]):
                 changed = {**recipe.methods, name: {**(params or {}), hp.name: value}}
                 shown = f"{value:.3g}" if isinstance(value, float) else f"{value}"
                 retunes += _move(f"{name}.{hp.name}={shown}", {"methods": changed}, recipe)
     share = 2.0 / max(1, len(retunes))  # all retunes together weigh as two adds or drops
     return moves + [dataclasses.replace(m, weight=share) for m in retunes]
-
-
-def _without(methods: dict, name: str) -> dict:
-    return {k: v for k, v in methods.items() if k != name}
 
 
 def _retuned(hp, value) -> list:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from speedkit.experiments.tune.confirm import BASELINE_ROLE_NAMES, strongest_baseline
+from speedkit.experiments.tune.confirm import BASELINE_ROLE_NAMES
 from speedkit.experiments.tune.space import describe_limit
 from speedkit.record.runs import lower_is_better
 from speedkit.tasks.ladder import task_flags
@@ -21,11 +21,11 @@ def reached_entry(config, winner: dict) -> dict:
     from speedkit.record.runs import cpu_name
 
     threads = torch.get_num_threads()
-    fraction = config.settings.get("data_fraction", 1.0)
+    fraction = config.settings.data_fraction
     return {"metric": config.metric, "target": config.target,
             "seeds_reached": f"{winner['seeds_reached']}/{len(winner['seeds'])}",
             "time_to_target_s": winner["median_s"], "final": winner["median_final"],
-            "profile": f"speedkit tune, data_fraction {fraction}, device {config.settings.get('device')}",
+            "profile": f"speedkit tune, data_fraction {fraction}, device {config.settings.device}",
             "machine": f"{cpu_name()}, {threads} thread{'s' * (threads > 1)}, torch {torch.__version__}",
             "date": _dt.date.today().isoformat()}
 
@@ -41,9 +41,9 @@ def winner_recipe(config, summary: dict):
     row = next((r for r in confirmation["candidates"] if r["key"] == confirmation.get("winner")), None)
     if row is None:
         return None
-    fraction = config.settings.get("data_fraction", 1.0)
-    return confirmed_recipe(config, row, WINNER_NAME,
-                            f"found by speedkit tune on {config.task} (data_fraction {fraction}): {row['change']}")
+    settings = config.settings
+    return confirmed_recipe(config, row, WINNER_NAME, f"found by speedkit tune on {settings.task} (data_fraction "
+                                                      f"{settings.data_fraction}): {row['change']}")
 
 
 def baseline_recipe(config, summary: dict):
@@ -51,15 +51,13 @@ def baseline_recipe(config, summary: dict):
     the confirmation's seeds), as the confirmation ran it, so that a user can run the comparison again."""
     row = reference_baseline(summary["confirmation"])
     return confirmed_recipe(config, row, BASELINE_NAME,
-                            f"the baseline speedkit tune measured its speed-up against on {config.task}: "
+                            f"the baseline speedkit tune measured its speed-up against on {config.settings.task}: "
                             f"{row['change'] or 'as it is'}")
 
 
 def reference_baseline(confirmation: dict) -> dict:
     """The confirmation's row of the baseline the speed-up is measured against."""
-    key = confirmation.get("baseline")
-    return next((r for r in confirmation["candidates"] if r["key"] == key), None) or strongest_baseline(
-        confirmation["candidates"])
+    return next(r for r in confirmation["candidates"] if r["key"] == confirmation["baseline"])
 
 
 def confirmed_recipe(config, row: dict, name: str, summary: str):
@@ -68,8 +66,8 @@ def confirmed_recipe(config, row: dict, name: str, summary: str):
     from speedkit.tasks.recipes import Recipe
 
     data = dict(row["recipe"])
-    data.update(name=name, precision=portable_precision(data["precision"], config.settings.get("device", "auto")),
-                eval_interval=config.settings.get("eval_interval") or data["eval_interval"], summary=summary,
+    data.update(name=name, precision=portable_precision(data["precision"], config.settings.device),
+                eval_interval=config.settings.eval_interval or data["eval_interval"], summary=summary,
                 reached=reached_entry(config, row))
     return Recipe(**data)
 
@@ -89,7 +87,7 @@ def recipe_yaml(recipe) -> str:
 
 
 def write_outputs(config, studies, summary: dict) -> dict:
-    out = Path(config.out_dir)
+    out = Path(config.settings.out_dir)
     paths: dict = {"summary": out / "summary.json", "report": out / "report.md"}
     paths["summary"].write_text(json.dumps(summary, indent=1, default=str))
     recipe = winner_recipe(config, summary)
@@ -117,9 +115,9 @@ def markdown(config, summary: dict, recipe_path) -> str:
     states = {}
     for t in trials:
         states[t["state"]] = states.get(t["state"], 0) + 1
-    lines = [f"# speedkit tune: {config.task}", "",
+    lines = [f"# speedkit tune: {config.settings.task}", "",
              f"Target {config.metric} {config.target}; budget {config.budget_s:.0f}s, used {summary['spent_s']:.0f}s; "
-             f"trial limit {config.limit_s:.0f}s of training; data_fraction {config.settings.get('data_fraction')}; "
+             f"trial limit {config.limit_s:.0f}s of training; data_fraction {config.settings.data_fraction}; "
              f"trials: {', '.join(f'{n} {s}' for s, n in sorted(states.items()))}; the baseline: "
              f"`{config.base['name']}` ({config.base.get('summary') or 'as the task has it'}).", "",
              "Times are training wall clock to the target, evaluation excluded. A trial that missed the target "
@@ -136,16 +134,17 @@ def markdown(config, summary: dict, recipe_path) -> str:
     lines += [f"- left out `{m}`: {why}" for m, why in summary["left_out"].items()]
     lines += [f"- searched `{key}` only {describe_limit(limit)}: elsewhere in its card's range it finds nothing to "
               f"change in this model" for key, limit in summary.get("hparam_limits", {}).items()]
-    lines += ["", f"Study `{config.study_name}` in `{config.storage}` (rerun the same command to continue it; "
-              f"`optuna-dashboard {config.storage}` shows it where optuna-dashboard is installed). "
-              f"RunRecords: `{config.run_dir}`."]
+    settings = config.settings
+    lines += ["", f"Study `{settings.study_name}` in `{settings.storage}` (rerun the same command to continue it; "
+              f"`optuna-dashboard {settings.storage}` shows it where optuna-dashboard is installed). "
+              f"RunRecords: `{settings.run_dir}`."]
     return "\n".join(lines) + "\n"
 
 
 def _task_flags(config) -> str:
     """The flags that name the search's task in a command: a folder task's --data and options too."""
     source = config.task_source or {}
-    return task_flags(source.get("task", config.task), source.get("data"), source.get("options"))
+    return task_flags(source.get("task", config.settings.task), source.get("data"), source.get("options"))
 
 
 def baseline_shortfall(summary: dict) -> str | None:
@@ -231,8 +230,9 @@ def _confirmation_lines(confirmation: dict, recipe_path, config) -> list[str]:
         lines.append(f"| {row['role']}{_row_mark(row, confirmation)} | {row['seeds_reached']}/{len(seeds)} | "
                      f"{_fmt(row['median_s'])} | {times} | {_fmt(row['median_final'], '.4f')} | {row['change']} |")
     lines.append("")
-    if len(seeds) < config.seeds_to_confirm:
-        lines += [f"Confirmed on {len(seeds)} of the {config.seeds_to_confirm} seeds asked for: the budget held no "
+    asked = config.settings.seeds_to_confirm
+    if len(seeds) < asked:
+        lines += [f"Confirmed on {len(seeds)} of the {asked} seeds asked for: the budget held no "
                   f"more beside the search; a longer budget confirms on every seed.", ""]
     if confirmation.get("winner") is None:
         lines.append("No search candidate reached the target on every seed: no recipe is called the winner.")
@@ -265,7 +265,7 @@ def write_html(config, summary: dict, path: Path) -> Path | None:
     if summary["confirmation"].get("leave_one_out"):
         figures.append(leave_one_out_figure(summary))
     parts = [fig.to_html(full_html=False, include_plotlyjs=(i == 0)) for i, fig in enumerate(figures)]
-    title = html.escape(f"speedkit tune: {config.task}")
+    title = html.escape(f"speedkit tune: {config.settings.task}")
     path.write_text(f"<!doctype html><html><head><meta charset='utf-8'><title>{title}</title></head><body>"
                     f"<h1>{title}</h1>{''.join(parts)}</body></html>")
     return path

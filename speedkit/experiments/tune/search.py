@@ -1,22 +1,26 @@
-"""The search: its configuration (``TuneConfig``, shared by every worker process), the Optuna studies, the
-objective, and the phases (tune the baseline, then search) each worker runs until they close. Three studies
-share one storage: ``<name>-baseline``, ``<name>`` (the search) and ``<name>-confirm`` (``confirm.py``). What
-it proposes in what order, and why, is in docs/guide.md ("Tune: search for the fastest recipe").
+"""The search: what it is asked (``TuneSettings``) and its configuration (``TuneConfig``, shared by every worker
+process), the Optuna studies, the objective, and the phases (tune the baseline, then search) each worker runs until
+they close. Three studies share one storage: ``<name>-baseline``, ``<name>`` (the search) and ``<name>-confirm``
+(``confirm.py``). What it proposes in what order, and why, is in docs/guide.md ("Tune: search for the fastest recipe").
 """
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import os
 import statistics
 import subprocess
 import sys
 import time
 import warnings
 from pathlib import Path
+from typing import Any, Sequence
 
 from speedkit.core.seeding import process_seed
 from speedkit.experiments.tune.objective import USER_STOP, TrialContext, resolve_runner, score_record
-from speedkit.experiments.tune.space import SearchSpace, TuneInputError, describe_change, recipe_params, suggest_recipe
+from speedkit.experiments.tune.space import (SearchSpace, TuneInputError, budget_scale, describe_change, recipe_params,
+                                             suggest_recipe)
 from speedkit.experiments.tune.storage import (START_LOCK, FolderLock, finished_trials, open_storage, optuna_module,
                                                retry_attrs, started_trials, worker_id)
 
@@ -25,6 +29,7 @@ BASE_START = "baseline"  # start_from of the base recipe's own trial in the base
 SEARCH_SEED = 0  # every trial's seed; the confirmation's are fresh (1, 2, 3)
 REPEAT_SEED = 100  # the seed a would-be best recipe runs again on before moves start from it
 PRUNERS = ("halving", "hyperband", "median", "none")
+RUN_FIELDS = ("device", "data_fraction", "eval_fraction", "eval_interval")  # the RunRequest fields every run shares
 
 
 def parse_budget(budget: str | float | int, name: str = "budget") -> float:
@@ -83,32 +88,82 @@ def logged_metrics(task: str, base, device: str, data_fraction: float, eval_frac
                 for ev in trainer.state.evaluators for name in ev.metrics]
 
 
+@dataclasses.dataclass(frozen=True)
+class TuneSettings:
+    """What a search is asked to do: ``tune(TuneSettings(task=..., budget="30m", ...))``; the CLI, the explorer's
+    Tune panel and the notebooks build one. Its runs' shared settings (``task``, ``data``, ``task_options``,
+    ``device``, ``data_fraction``, ``eval_fraction``, ``eval_interval``) are a ``RunRequest``'s fields
+    (``run_request``), checked there once; ``base`` is the request's recipe.
+
+    ``task``: anything ``speedkit.tasks.resolve_task`` takes; worker processes (``n_workers``) build it again
+    from its name, ``"pkg.mod:attr"`` or folder, so a Task object made in this process only they cannot.
+    ``target``: None (the task's), a value of the task's metric, ``"metric=value"`` or (metric, value).
+    ``budget``: wall clock for the whole search (``"30m"``, ``"1h"`` or seconds); ``trial_limit``: of one
+    trial's training (default a fifth of the budget). ``base``: the recipe the search tunes and starts from
+    (default the task's strongest baseline, the last of its ``baselines``). ``methods``: those the search
+    may turn on (default: all that fit). ``storage``: a journal file (default ``out_dir/study.journal``), a
+    ``*.db`` file or a database URL; a rerun with the same ``storage`` and ``study_name`` continues the search.
+    ``runner``: ``(TrialContext) -> RunRecord`` or ``"module:function"`` replacing the real training (tests
+    plant known answers this way). ``run_dir``: the runs' RunRecords (default ``out_dir/runs``).
+    """
+
+    task: Any = "fashion-mnist"
+    target: Any = None
+    budget: str | float = "30m"
+    data: str | os.PathLike | None = None
+    task_options: dict | None = None
+    methods: Sequence[str] | str | None = None
+    base: Any = None
+    storage: str | os.PathLike | None = None
+    study_name: str = "tune"
+    seeds_to_confirm: int = 3
+    out_dir: str | os.PathLike = "runs/tune"
+    run_dir: str | os.PathLike | None = None
+    data_fraction: float = 1.0
+    eval_fraction: float | None = None
+    eval_interval: str | None = None
+    device: str = "auto"
+    n_workers: int = 1
+    tune_hparams: bool = True
+    trial_limit: str | float | None = None
+    baseline_share: float = 0.15
+    max_trials: int | None = None
+    max_baseline_trials: int | None = None
+    pruner: str = "halving"
+    sampler_seed: int = 0
+    duration_scale: tuple[float, float] = (0.1, 1.0)
+    lr_factor: float = 10.0
+    leave_one_out: bool = False
+    runner: Any = None
+
+    def run_request(self):
+        """The settings every run of the search shares, as the one run description (checked there, naming the
+        field); the base recipe is filled in per run."""
+        from speedkit.tasks import RunRequest
+
+        return RunRequest(task=self.task, data=self.data, task_options=self.task_options, device=self.device,
+                          data_fraction=self.data_fraction, eval_fraction=self.eval_fraction,
+                          eval_interval=self.eval_interval or None)
+
+    def replace(self, **changes) -> "TuneSettings":
+        return dataclasses.replace(self, **changes)
+
+
 @dataclasses.dataclass
 class TuneConfig:
-    """Everything a worker needs to work on the search, as JSON (``tune_config.json`` in the output folder)."""
+    """One search as every worker reads it (``tune_config.json`` in the output folder): the ``TuneSettings`` it
+    was asked for, made concrete by ``build_config`` (the task by its name, folders and storage resolved, the
+    runner as ``"module:function"``, the evaluation cadence fixed), and what the search derived from them."""
 
-    task: str
+    settings: TuneSettings
     metric: str
     target: float
-    base: dict  # the base recipe (Recipe.to_dict)
+    base: dict  # the base recipe as every run of the search trains it (Recipe.to_dict)
     spaces: dict  # phase -> SearchSpace.to_dict
-    storage: str
-    study_name: str
-    out_dir: str
-    run_dir: str
-    settings: dict  # RunRequest fields every run of the search shares: device, data_fraction, eval_fraction, eval_interval
     budget_s: float
     limit_s: float  # per-trial training limit, and the penalty's reference
-    baseline_share: float
-    seeds_to_confirm: int
-    max_trials: dict  # phase -> most finished trials (None: until the time is used)
-    pruner: str
-    sampler_seed: int
-    runner: str | None
     started_at: float  # time.time() when this tune call started
     spent_before_s: float  # search time used by earlier calls on the same studies
-    n_workers: int = 1
-    leave_one_out: bool = False  # the winner without each of its methods, after the confirmation
     left_out: dict = dataclasses.field(default_factory=dict)  # method -> why the search does not try it
     # How a worker process builds the task again: {"task": name or "pkg.mod:attr", "data": folder, "options": {}}
     task_source: dict | None = None
@@ -118,26 +173,41 @@ class TuneConfig:
         """Make the search's task known in this process (a worker's), as the first process built it."""
         from speedkit.tasks import TASKS, resolve_task
 
+        task = self.settings.task
         if self.task_source is None:
-            if self.task not in TASKS:
-                raise TuneInputError(f"task {self.task!r} is not known in this worker process; give it as "
+            if task not in TASKS:
+                raise TuneInputError(f"task {task!r} is not known in this worker process; give it as "
                                      f"'package.module:attr' or as a folder task with data=")
             return
         source = self.task_source
         spec = resolve_task(source["task"], source.get("data"), **(source.get("options") or {}))
-        if spec.name != self.task:
-            raise TuneInputError(f"the worker built task {spec.name!r} from {source}, but the search is on "
-                                 f"{self.task!r}")
+        if spec.name != task:
+            raise TuneInputError(f"the worker built task {spec.name!r} from {source}, but the search is on {task!r}")
 
     def save(self, path: Path) -> None:
-        path.write_text(json.dumps(dataclasses.asdict(self), indent=1))
+        path.write_text(json.dumps(dataclasses.asdict(self), indent=1, default=str))
 
     @classmethod
     def load(cls, path) -> "TuneConfig":
-        return cls(**json.loads(Path(path).read_text()))
+        data = json.loads(Path(path).read_text())
+        try:
+            settings = data.pop("settings")
+            settings = TuneSettings(**{**settings, "duration_scale": tuple(settings["duration_scale"])})
+            return cls(settings=settings, **data)
+        except (KeyError, TypeError) as e:
+            raise TuneInputError(f"{path} is not a search config this speedkit writes ({e}); run the same `speedkit "
+                                 f"tune` command again, which writes it anew and continues the study") from None
 
     def study(self, phase: str) -> str:
-        return self.study_name if phase == "search" else f"{self.study_name}-{phase}"
+        return self.settings.study_name if phase == "search" else f"{self.settings.study_name}-{phase}"
+
+    def run_settings(self) -> dict:
+        """The RunRequest fields every run of the search shares (each trial's ``TrialContext.settings``)."""
+        return {name: getattr(self.settings, name) for name in RUN_FIELDS}
+
+    def max_trials(self) -> dict:
+        """phase -> most trials it starts (None: until the time is used)."""
+        return {"baseline": self.settings.max_baseline_trials, "search": self.settings.max_trials}
 
     def base_recipe(self):
         from speedkit.tasks.recipes import Recipe
@@ -158,10 +228,10 @@ def load_study(config: TuneConfig, phase: str, worker_index: int = 0, storage=No
     with warnings.catch_warnings():  # `group` (conditional spaces: a method's settings only when it is on) is experimental
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         # worker 0 keeps sampler_seed (a one-process search samples as it always did); numpy's RandomState takes 32 bits
-        seed = process_seed(config.sampler_seed, worker_index, bits=32)
+        seed = process_seed(config.settings.sampler_seed, worker_index, bits=32)
         sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=5,
-                                             multivariate=True, group=True, constant_liar=config.n_workers > 1)
-    return optuna.create_study(study_name=config.study(phase), storage=storage or open_storage(config.storage),
+                                             multivariate=True, group=True, constant_liar=config.settings.n_workers > 1)
+    return optuna.create_study(study_name=config.study(phase), storage=storage or open_storage(config.settings.storage),
                                direction="minimize", sampler=sampler, pruner=make_pruner(config, phase),
                                load_if_exists=True)
 
@@ -173,18 +243,18 @@ def make_pruner(config: TuneConfig, phase: str = "search"):
     """Successive halving (default) or Hyperband over training milliseconds, the trials' resource; any of
     them only once the study has a few finished trials and one that reached the target."""
     optuna = optuna_module()
-    limit_ms = max(3, int(config.limit_s * 1000))
-    if config.pruner == "none":
+    limit_ms, pruner = max(3, int(config.limit_s * 1000)), config.settings.pruner
+    if pruner == "none":
         return optuna.pruners.NopPruner()
-    if config.pruner == "halving":
+    if pruner == "halving":
         inner = optuna.pruners.SuccessiveHalvingPruner(min_resource=max(1, limit_ms // 9), reduction_factor=3)
-    elif config.pruner == "hyperband":
+    elif pruner == "hyperband":
         inner = optuna.pruners.HyperbandPruner(min_resource=max(1, limit_ms // 27), max_resource=limit_ms,
                                                reduction_factor=3)
-    elif config.pruner == "median":
+    elif pruner == "median":
         inner = optuna.pruners.MedianPruner(n_startup_trials=0)
     else:
-        raise TuneInputError(f"pruner must be one of {', '.join(PRUNERS)}, got {config.pruner!r}")
+        raise TuneInputError(f"pruner must be one of {', '.join(PRUNERS)}, got {pruner!r}")
     return _after_startup(optuna, inner)
 
 
@@ -224,7 +294,7 @@ def make_objective(config: TuneConfig, phase: str, runner, should_stop=None, stu
 
     def objective(trial):
         trial.set_user_attr("worker", worker_id())
-        name = f"{config.study_name}-{phase}-t{trial.number:04d}"
+        name = f"{config.settings.study_name}-{phase}-t{trial.number:04d}"
         refused_in = refusals or trial.study
         refused = refused_methods(refused_in)
         try:
@@ -261,11 +331,12 @@ def trial_context(config: TuneConfig, phase: str, recipe, seed: int, run_name: s
     best = best_reached_s(trial.study) if trial is not None else None
     if best is not None:
         stop_after = min(stop_after, 1.5 * best)  # past 1.5x the best time a run can be neither winner nor runner-up
-    return TrialContext(task=config.task, recipe=recipe, seed=seed, run_dir=config.run_dir, run_name=run_name,
+    settings = config.settings
+    return TrialContext(task=settings.task, recipe=recipe, seed=seed, run_dir=settings.run_dir, run_name=run_name,
                         metric=config.metric, target=config.target,
                         limit_s=config.limit_s, stop_after_s=stop_after,
-                        settings=dict(config.settings), trial=trial,
-                        extra_config={"seed": seed, "tune": {"study": config.study_name, "phase": phase,
+                        settings=config.run_settings(), trial=trial,
+                        extra_config={"seed": seed, "tune": {"study": settings.study_name, "phase": phase,
                                                              "trial": trial.number if trial else None,
                                                              "target": config.target}})
 
@@ -348,44 +419,44 @@ def confirm_reserve_s(config: TuneConfig, studies: dict) -> float:
     fallback = statistics.median(typical) if typical else config.limit_s
     # the runner-up is confirmed only where time is left
     walls = [whole_budget_wall_s(t, fallback) for t in confirmed_baselines(studies["baseline"])] or [fallback]
-    if "search" in studies:
-        walls += [t.user_attrs.get("wall_s") or fallback for t in ranked(studies["search"])[:1]] or [fallback]
+    best = ranked(studies["search"])[:1] if "search" in studies else []  # the likely winner
+    best_wall = (best[0].user_attrs.get("wall_s") or fallback) if best else fallback
+    walls += [best_wall] if "search" in studies else []
     reserve = seeds_that_fit(config, sum(walls), config.budget_s / 2) * sum(walls)
-    if config.leave_one_out and "search" in studies:  # one run per method of the likely winner
-        best = ranked(studies["search"])[:1]
-        methods = len(best[0].user_attrs.get("recipe", {}).get("methods", {})) if best else 0
-        reserve += methods * (best[0].user_attrs.get("wall_s") or fallback if best else fallback)
+    if config.settings.leave_one_out and best:  # one run per method of the likely winner
+        reserve += len(best[0].user_attrs.get("recipe", {}).get("methods", {})) * best_wall
     return reserve
 
 
 def seeds_that_fit(config: TuneConfig, per_seed_s: float, within_s: float) -> int:
     """How many of the confirmation seeds asked for fit in ``within_s`` at ``per_seed_s`` each (at least one)."""
-    return max(1, min(config.seeds_to_confirm, int(within_s // max(per_seed_s, 1e-9))))
+    return max(1, min(config.settings.seeds_to_confirm, int(within_s // max(per_seed_s, 1e-9))))
 
 
 def phase_open(config: TuneConfig, phase: str, studies: dict) -> bool:
     """Whether a worker may start another trial in ``phase`` now."""
     finished = len(finished_trials(studies[phase]))
-    if config.max_trials.get(phase) is not None and started_trials(studies[phase]) >= config.max_trials[phase]:
+    most = config.max_trials()[phase]
+    if most is not None and started_trials(studies[phase]) >= most:
         return False  # running trials count: another process's will finish
     if finished == 0:
         return True  # at least one measured trial per phase, or there is nothing to confirm
     spent = config.spent_s()
     if phase == "baseline":
-        return spent < config.baseline_share * config.budget_s
+        return spent < config.settings.baseline_share * config.budget_s
     return spent + confirm_reserve_s(config, studies) < config.budget_s
 
 
 def run_phases(config: TuneConfig, worker_index: int = 0, runner=None, on_trial=None, should_stop=None) -> None:
     """Work on the baseline study, then the search study, until each phase closes (all workers run this)."""
-    storage = open_storage(config.storage)
-    runner = runner or resolve_runner(config.runner)
+    storage = open_storage(config.settings.storage)
+    runner = runner or resolve_runner(config.settings.runner)
     studies = {phase: load_study(config, phase, worker_index, storage) for phase in PHASES}
     for phase in PHASES:
         objective = make_objective(config, phase, runner, should_stop, studies)
         callbacks = [on_trial] if on_trial is not None else []
         while phase_open(config, phase, studies) and not (should_stop and should_stop()):
-            gate = FolderLock(config.out_dir, START_LOCK)  # one process at a time starts a trial (storage.py)
+            gate = FolderLock(config.settings.out_dir, START_LOCK)  # one process at a time starts a trial (storage.py)
             gate.acquire()
             try:
                 if not phase_open(config, phase, studies) or answer_decided(config, storage):
@@ -404,7 +475,7 @@ def run_phases(config: TuneConfig, worker_index: int = 0, runner=None, on_trial=
 
 def search_limits(config: TuneConfig) -> str:
     """The limits a search ran to (its budget, its trial counts): a rerun with other limits searches on."""
-    return json.dumps({"budget_s": config.budget_s, "max_trials": config.max_trials}, sort_keys=True)
+    return json.dumps({"budget_s": config.budget_s, "max_trials": config.max_trials()}, sort_keys=True)
 
 
 def answer_decided(config: TuneConfig, storage) -> bool:
@@ -438,7 +509,7 @@ def queue_next_move(config: TuneConfig, studies: dict, worker_index: int = 0, ph
     reached = bool(best) and best[0].user_attrs.get("time_to_target_s") is not None
     tried = {recipe_key(recipe_from_trial(t, "tried")) for t in trials if t.user_attrs.get("recipe")}
     tried |= {t.user_attrs["proposed"] for t in trials if t.user_attrs.get("proposed")}
-    rng = random.Random(f"{config.sampler_seed}:{len(trials)}:{worker_index}")  # a rerun proposes the same
+    rng = random.Random(f"{config.settings.sampler_seed}:{len(trials)}:{worker_index}")  # a rerun proposes the same
     added = {m for t in trials for m in (t.user_attrs.get("recipe") or {}).get("methods", {})}
     move = propose_move(incumbent, reached, base, space, refused_methods(studies["search"]), tried, rng, added,
                         config.move_prior)
@@ -451,63 +522,48 @@ def queue_next_move(config: TuneConfig, studies: dict, worker_index: int = 0, ph
 
 def seed_search_study(config: TuneConfig, studies: dict) -> None:
     """Start the search (once): its starting points."""
-    search = studies["search"]
-    if search.user_attrs.get("seeded"):
-        return
-    search.set_user_attr("seeded", True)
-    base, space = config.base_recipe(), config.space("search")
-    _enqueue(search, [(r.name, r) for r in starting_recipes(config, studies["baseline"])], base, space)
-
-
-def _enqueue(study, starts: list, base, space: SearchSpace) -> None:
-    """Queue ``[(where it comes from, recipe)]`` in order, each restricted to the methods the search may try."""
-    for origin, recipe in starts:
-        if space.methods:  # a preset restricted to the methods the search may try is still a good start
-            recipe = recipe.with_changes(methods={m: p for m, p in recipe.methods.items() if m in space.methods})
-        params = recipe_params(recipe, base, space)
-        if params is not None:
-            study.enqueue_trial(params, user_attrs={"start_from": origin}, skip_if_exists=True)
+    _seed_once(studies["search"], starting_recipes(config, studies["baseline"]), config, "search")
 
 
 def seed_baseline_study(config: TuneConfig, study) -> None:
     """The baseline recipe as it is is the baseline study's first point."""
+    _seed_once(study, [config.base_recipe().with_changes(name=BASE_START)], config, "baseline")
+
+
+def _seed_once(study, starts: list, config: TuneConfig, phase: str) -> None:
+    """Queue the recipes ``starts`` in order, once per study (each named for where it comes from), each restricted
+    to the methods the search may try."""
     if study.user_attrs.get("seeded"):
         return
     study.set_user_attr("seeded", True)
-    _enqueue(study, [(BASE_START, config.base_recipe())], config.base_recipe(), config.space("baseline"))
+    base, space = config.base_recipe(), config.space(phase)
+    for recipe in starts:
+        if space.methods:  # a preset restricted to the methods the search may try is still a good start
+            recipe = recipe.with_changes(methods={m: p for m, p in recipe.methods.items() if m in space.methods})
+        params = recipe_params(recipe, base, space)
+        if params is not None:
+            study.enqueue_trial(params, user_attrs={"start_from": recipe.name}, skip_if_exists=True)
 
 
 def starting_recipes(config: TuneConfig, baseline_study) -> list:
+    """The task's speed-up presets, the fastest measured first (those never measured, or that missed, last),
+    then the shortest budget; without any, the tuned baseline (or the base as it is)."""
     from speedkit.core.devices import resolve_device, resolve_precision
     from speedkit.tasks import TASKS, is_baseline
 
-    recipes = []
-    device = resolve_device(config.settings.get("device", "auto"))
-    task = TASKS.get(config.task)
-    # the speed-up presets: a baseline (plain-bf16 for a folder task) is measured in the baseline study
+    base, device, task = config.base_recipe(), resolve_device(config.settings.device), TASKS.get(config.settings.task)
+
+    def order(preset) -> tuple:
+        measured, scale = (preset.reached or {}).get("time_to_target_s"), budget_scale(preset, base)
+        return math.inf if measured is None else float(measured), math.inf if scale is None else scale
+
+    # a baseline (plain-bf16 for a folder task) is measured in the baseline study
     presets = [p for name, p in (task.recipes if task else {}).items() if not is_baseline(task, name)]
-    for preset in sorted(presets, key=lambda p: (_measured_time(p), _budget_fraction(p, config.base_recipe()))):
-        recipes.append(preset.with_changes(precision=resolve_precision(preset.precision, device)))
+    recipes = [p.with_changes(precision=resolve_precision(p.precision, device)) for p in sorted(presets, key=order)]
     if not recipes:  # no preset: the tuned baseline (or the base as it is) is where the moves start from
         best = ranked(baseline_study)[:1]
-        recipes.append(recipe_from_trial(best[0], "tuned-baseline") if best else config.base_recipe())
+        recipes.append(recipe_from_trial(best[0], "tuned-baseline") if best else base)
     return recipes
-
-
-def _budget_fraction(recipe, base) -> float:
-    """The recipe's budget over the base's (presets that need less come first); unknown: last."""
-    from speedkit.core.time import Time
-
-    try:
-        return Time.from_string(recipe.duration) / Time.from_string(base.duration)
-    except (ValueError, TypeError):
-        return float("inf")
-
-
-def _measured_time(recipe) -> float:
-    """A preset's benchmarked time to its target (those never measured, or that missed, come last)."""
-    time_s = (recipe.reached or {}).get("time_to_target_s")
-    return float("inf") if time_s is None else float(time_s)
 
 
 def ranked(study) -> list:
@@ -587,15 +643,11 @@ def start_workers(config_path: Path, n_extra: int) -> list[subprocess.Popen]:
     return workers
 
 
-def search_identity(config: TuneConfig) -> dict:
-    """What must not change when a search continues: its trials are only comparable under the same settings."""
-    return {"task": config.task, "metric": config.metric, "target": config.target, "base": config.base,
-            "spaces": config.spaces, "settings": config.settings, "limit_s": config.limit_s}
-
-
 def check_same_search(config: TuneConfig, study) -> None:
     """Refuse to continue a study that was started with other settings (its times would not compare)."""
-    identity = json.loads(json.dumps(search_identity(config)))  # as stored: tuples become lists
+    identity = {"task": config.settings.task, "metric": config.metric, "target": config.target, "base": config.base,
+                "spaces": config.spaces, "settings": config.run_settings(), "limit_s": config.limit_s}
+    identity = json.loads(json.dumps(identity))  # as stored: tuples become lists
     stored = study.user_attrs.get("identity")
     if stored is None:
         study.set_user_attr("identity", identity)
@@ -604,6 +656,6 @@ def check_same_search(config: TuneConfig, study) -> None:
     if changed:
         details = "; ".join(f"{k}: was {stored.get(k)!r}, now {identity[k]!r}" for k in changed
                             if k not in ("spaces", "base"))
-        raise TuneInputError(f"study {study.study_name!r} in {config.storage} was started with other settings "
+        raise TuneInputError(f"study {study.study_name!r} in {config.settings.storage} was started with other settings "
                              f"({', '.join(changed)} differ{': ' + details if details else ''}); continue it with "
                              f"the same arguments, or start a new search with another study_name or out_dir")

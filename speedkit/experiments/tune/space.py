@@ -258,6 +258,14 @@ def scaled_duration(duration: str, scale: float) -> str:
     return str(time)
 
 
+def budget_scale(recipe, base) -> float | None:
+    """The recipe's budget over the base's (None where their units differ)."""
+    try:
+        return Time.from_string(recipe.duration) / Time.from_string(base.duration)
+    except (ValueError, TypeError):
+        return None
+
+
 def suggest_methods(trial, space: SearchSpace, refused=frozenset()) -> dict:
     """Methods on/off in a fixed order; one that conflicts with those already on, or that found nothing in
     this model in an earlier trial (``refused``), is not offered."""
@@ -288,15 +296,10 @@ def suggest_hparams(trial, method: str, limits: dict | None = None) -> dict:
 
     params = {}
     for hp in REGISTRY[method].CARD.hparams:
-        key = f"{method}.{hp.name}"
         hp = limited_hparam(method, hp, limits, params)
-        value = _suggest_hparam(trial, key, hp)
-        if value is not _NOT_SEARCHABLE:
-            params[hp.name] = value
+        if is_searched(hp):  # else its default stays (e.g. ema's half_life string)
+            params[hp.name] = _suggest_hparam(trial, f"{method}.{hp.name}", hp)
     return params
-
-
-_NOT_SEARCHABLE = object()
 
 
 def limited_hparam(method: str, hp: HParam, limits: dict | None, chosen: dict) -> HParam:
@@ -331,9 +334,7 @@ def is_searched(hp: HParam) -> bool:
 
 
 def _suggest_hparam(trial, key: str, hp: HParam):
-    """One hyperparameter from the card: one of its choices, or a number in [low, high]."""
-    if not is_searched(hp):
-        return _NOT_SEARCHABLE  # e.g. ema's half_life string: its default is kept
+    """One searched hyperparameter (``is_searched``): one of its choices, or a number in [low, high]."""
     if search_choices(hp) is not None:
         return trial.suggest_categorical(key, search_choices(hp))
     log = hp.log and hp.low > 0
@@ -363,11 +364,8 @@ def recipe_params(recipe, base, space: SearchSpace) -> dict | None:
     elif recipe.optimizer != base.optimizer:
         return None
     if space.duration_scale:
-        try:
-            scale = Time.from_string(recipe.duration) / Time.from_string(base.duration)
-        except ValueError:
-            return None
-        if not space.duration_scale[0] <= scale <= space.duration_scale[1]:
+        scale = budget_scale(recipe, base)
+        if scale is None or not space.duration_scale[0] <= scale <= space.duration_scale[1]:
             return None
         params["duration_scale"] = scale
     elif recipe.duration != base.duration:

@@ -95,7 +95,7 @@ def spent_before_s(storage_text: str, study_name: str) -> float:
     the trials' summed time by the workers undercounted a two-worker search's time)."""
     optuna = optuna_module()
     storage = open_storage(storage_text)
-    names = {s.study_name for s in optuna.get_all_study_summaries(storage)} if _has_studies(storage_text) else set()
+    names = {s.study_name for s in optuna.get_all_study_summaries(storage)}  # opening made the file where none was
     spans = []
     for name in (study_name, f"{study_name}-baseline", f"{study_name}-confirm"):
         if name not in names:
@@ -114,12 +114,6 @@ def covered_seconds(spans: list[tuple[float, float]]) -> float:
             total += end - max(start, reach)
             reach = end
     return total
-
-
-def _has_studies(storage_text: str) -> bool:
-    if "://" in storage_text and storage_text.startswith("sqlite:///"):
-        return Path(storage_text[len("sqlite:///"):]).exists()
-    return "://" in storage_text or Path(storage_text).exists()
 
 
 # -- several processes on one output folder ------------------------------------------------------------
