@@ -10,7 +10,6 @@ import dataclasses
 import datetime as _dt
 import json
 import math
-import statistics
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -20,7 +19,7 @@ from speedkit.experiments.ablation import leave_one_out_runs
 from speedkit.experiments.bench.profiles import TASK_KEYS, BenchProfile, get_profile, task_key, with_default_sweeps
 from speedkit.experiments.compare import final_metric
 from speedkit.experiments.compare import leave_one_out as leave_one_out_table
-from speedkit.experiments.compare import median_or_none, paired_speedups
+from speedkit.experiments.compare import median_or_none, paired_speedups, strongest_baseline, time_rank
 from speedkit.experiments.measure import fit, measure, shortest_budget
 from speedkit.record.runs import RunRecord, environment, load_records, lower_is_better
 from speedkit.tasks import TASKS, Recipe, RunRequest, get_recipe, make_trainer, resolve_task
@@ -188,8 +187,7 @@ def pick_swept(profile: BenchProfile, tried: Sequence[dict]) -> dict:
     batches do not depend on what else the machine is doing (a sweep need not run on a quiet machine,
     and its points may run in several processes at once)."""
     metric = TASKS[profile.task].target_metric
-    best = min(tried, key=lambda t: _rank({"time_to_target_s": [t["batches_to_target"]],
-                                           "final_metric": [t["final_metric"]]}, metric))
+    best = min(tried, key=lambda t: time_rank([t["batches_to_target"]], [t["final_metric"]], metric))
     return {"tried": list(tried), "pick": {"lr": best["lr"], "schedule": best["schedule"]}}
 
 
@@ -310,16 +308,6 @@ def _add_speedups(entry: dict, baselines: dict[str, dict], strongest: str) -> No
     entry["speedup_median"] = entry["speedup_median_vs"][strongest]
 
 
-def _rank(entry: dict, metric: str) -> tuple[float, float]:
-    """Median time to target with a seed that never got there counting as infinitely slow (so one lucky
-    seed cannot win); ties, such as nothing reaching the target, go to the best median final metric."""
-    sign = 1.0 if lower_is_better(metric) else -1.0
-    times = [math.inf if t is None else t for t in entry["time_to_target_s"]]
-    median_final = median_or_none(entry["final_metric"])
-    return (statistics.median(times) if times else math.inf,
-            sign * median_final if median_final is not None else math.inf)
-
-
 def holds_target(entry: dict, metric: str, target: float) -> bool:
     """Reached the target in every seed and still at or above it at the end of the budget."""
     def at_target(value):
@@ -330,16 +318,16 @@ def holds_target(entry: dict, metric: str, target: float) -> bool:
 
 
 def pick_best(recipes: dict[str, dict], metric: str, target: float | None = None) -> str | None:
-    """The fastest recipe to the target (see ``_rank``). With ``target``, only recipes that hold it
+    """The fastest recipe to the target (``compare.time_rank``). With ``target``, only recipes that hold it
     (``holds_target``) can be best, and there may be none."""
     if target is not None:
         recipes = {name: entry for name, entry in recipes.items() if holds_target(entry, metric, target)}
-    return min(recipes, key=lambda name: _rank(recipes[name], metric)) if recipes else None
+    return strongest_baseline(_runs(recipes), metric) if recipes else None
 
 
-def strongest_baseline(baselines: dict[str, dict], metric: str) -> str:
-    """The baseline fastest to the target (the one every headline speed-up is measured against)."""
-    return min(baselines, key=lambda name: _rank(baselines[name], metric))
+def _runs(entries: dict[str, dict]) -> dict[str, tuple[list, list]]:
+    """``{name: (times to target, final metrics)}``, what ``compare.time_rank`` ranks."""
+    return {name: (e["time_to_target_s"], e["final_metric"]) for name, e in entries.items()}
 
 
 def _budget(records: Sequence[RunRecord]) -> str | None:
@@ -375,7 +363,7 @@ def summarize(records: Sequence[RunRecord], profile: BenchProfile, ablations: Se
         baselines[name]["budget_search"] = found
     for name, swept in (sweeps or {}).items():
         baselines[name]["sweep"] = swept
-    strongest = strongest_baseline(baselines, target["metric"])
+    strongest = strongest_baseline(_runs(baselines), target["metric"])
     for entry in [*baselines.values(), *entries.values()]:
         _add_speedups(entry, baselines, strongest)
     best = pick_best(entries, target["metric"], target["value"])

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Sequence
 
-from speedkit.experiments.compare import median_or_none
+from speedkit.experiments.compare import machine_text, median_or_none
 from speedkit.record.runs import RunRecord, atomic_write_bytes
 from speedkit.record.runs import json_safe as _json_safe
 
@@ -58,10 +58,8 @@ def preset_reached(summary: dict, fresh_seeds: dict | None = None) -> dict[str, 
     fresh_seeds = fresh_seeds or {}
     figures: dict[str, dict[str, dict]] = {}
     for entry in summary.values():
-        machine, threads = entry["machine"], entry["machine"]["torch_threads"]
         common = {"metric": entry["target"]["metric"], "target": entry["target"]["value"], "profile": entry["profile"],
-                  "machine": f"{machine['cpu']}, {threads} thread{'s' * (threads > 1)}, torch {machine['torch']}",
-                  "date": entry["date"][:10]}
+                  "machine": machine_text(entry["machine"]), "date": entry["date"][:10]}
         for name, runs in {**entry["baselines"], **entry["recipes"]}.items():
             times = [t for t in runs["time_to_target_s"] if t is not None]
             reached = {**common, "seeds_reached": f"{runs['reached']}/{len(entry['seeds'])}",
@@ -140,11 +138,7 @@ def headline(key: str, entry: dict) -> str:
 
 
 def machine_line(entry: dict) -> str:
-    m = entry.get("machine", {})
-    where = m.get("gpu") or m.get("cpu", "unknown CPU")
-    threads = m.get("torch_threads", "?")
-    return (f"{where}, {threads} thread{'' if threads == 1 else 's'}, torch {m.get('torch', '?')}, "
-            f"{str(entry.get('date', '?'))[:10]}")
+    return machine_text(entry.get("machine", {}), entry.get("date", "?"))
 
 
 def task_markdown(key: str, entry: dict) -> str:
