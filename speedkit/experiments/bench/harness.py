@@ -155,23 +155,8 @@ def sweep_grid(profile: BenchProfile, name: str) -> list[dict]:
             for schedule in grid.get("schedule", (recipe.schedule,))]
 
 
-def sweep_point(profile: BenchProfile, name: str, point: dict, seed: int, run_dir: str | Path, session: str,
-                log: Callable[[str], None] = print, **trainer_kwargs) -> dict:
-    """One run of baseline ``name`` with ``point``'s learning rate and schedule, stopped at the target
-    (past it a candidate's run says nothing more about its rank); marked ``config["bench"]["sweep"]``."""
-    recipe = scheduled_recipe(profile, name)
-    # the grid's budget where it names one: the recipe's own may be the shorter one a budget search found
-    candidate = recipe.with_changes(optimizer={"lr": point["lr"]}, schedule=dict(point["schedule"]),
-                                    duration=profile.sweeps[name].get("budget", recipe.duration))
-    info = {**_bench_info(profile, session, seed), "sweep": True}
-    run_name = f"{profile.task}-{name}-lr{point['lr']:g}-{point['schedule']['name']}-s{seed}"
-    record = run_one(profile, candidate, seed, run_name, run_dir, info, **{"stop_at_target": True, **trainer_kwargs})
-    log(f"[sweep {name}] {_describe_run(record)}")
-    return swept_point(record)
-
-
 def swept_point(record: RunRecord) -> dict:
-    """What a sweep keeps of one of its runs (also to re-read a sweep from its run folder)."""
+    """What a sweep keeps of one of its runs."""
     target = record.target or {}
     return {"lr": record.config["recipe_spec"]["optimizer"]["lr"],
             "schedule": dict(record.config["recipe_spec"]["schedule"]), "time_to_target_s": record.time_to_target,
@@ -193,10 +178,19 @@ def pick_swept(profile: BenchProfile, tried: Sequence[dict]) -> dict:
 
 def sweep_baseline(profile: BenchProfile, name: str, seed: int, run_dir: str | Path, session: str,
                    log: Callable[[str], None] = print, **trainer_kwargs) -> dict:
-    """Run baseline ``name`` once (on ``seed``) at every point of its sweep (``sweep_grid``), and pick the
-    fastest to the target (``pick_swept``): ``{"tried": [swept_point, ...], "pick": {"lr", "schedule"}}``."""
-    tried = [sweep_point(profile, name, point, seed, run_dir, session, log, **trainer_kwargs)
-             for point in sweep_grid(profile, name)]
+    """Run baseline ``name`` once (on ``seed``) at every point of its sweep (``sweep_grid``), each run stopped at
+    the target (past it a candidate's run says nothing more about its rank) and marked
+    ``config["bench"]["sweep"]``, and pick the fastest (``pick_swept``)."""
+    recipe, tried = scheduled_recipe(profile, name), []
+    for point in sweep_grid(profile, name):
+        # the grid's budget where it names one: the recipe's own may be the shorter one a budget search found
+        candidate = recipe.with_changes(optimizer={"lr": point["lr"]}, schedule=dict(point["schedule"]),
+                                        duration=profile.sweeps[name].get("budget", recipe.duration))
+        run_name = f"{profile.task}-{name}-lr{point['lr']:g}-{point['schedule']['name']}-s{seed}"
+        record = run_one(profile, candidate, seed, run_name, run_dir, {**_bench_info(profile, session, seed), "sweep": True},
+                         **{"stop_at_target": True, **trainer_kwargs})
+        log(f"[sweep {name}] {_describe_run(record)}")
+        tried.append(swept_point(record))
     return pick_swept(profile, tried)
 
 
@@ -454,18 +448,13 @@ def _write_json(path: Path, data: dict, log: Callable[[str], None], what: str, f
     log(f"{what} written to {path} (reuse them with {flag} {path})")
 
 
-def _with_sweep_picks(profile: BenchProfile, sweeps: dict) -> BenchProfile:
-    """The profile with each swept baseline's picked learning rate and schedule."""
-    unknown = sorted(set(sweeps) - set(profile.sweeps))
+def _with_baseline_changes(profile: BenchProfile, changes: dict[str, dict], known, what: str, fix: str) -> BenchProfile:
+    """The profile with ``changes`` (baseline -> recipe changes) on top of its own; ``what`` for names not ``known``."""
+    unknown = sorted(set(changes) - set(known))
     if unknown:
-        raise ValueError(f"sweeps for {unknown}, which this profile does not sweep ({sorted(profile.sweeps)}); "
-                         f"pass the <task>_sweeps.json that --sweep wrote for this task")
-    changes = {}
-    for name, swept in sweeps.items():
-        pick = swept["pick"]
-        changes[name] = {**profile.recipe_changes.get(name, {}),
-                         "optimizer": {"lr": pick["lr"]}, "schedule": dict(pick["schedule"])}
-    return dataclasses.replace(profile, recipe_changes={**profile.recipe_changes, **changes})
+        raise ValueError(f"{what} for {unknown}, which {fix}")
+    merged = {name: {**profile.recipe_changes.get(name, {}), **change} for name, change in changes.items()}
+    return dataclasses.replace(profile, recipe_changes={**profile.recipe_changes, **merged})
 
 
 def _names(value: Sequence[str] | str | None) -> list[str] | None:
@@ -574,7 +563,11 @@ def run_benchmark(task, profile: str | BenchProfile = "cpu", seeds: int | Sequen
                   for name in profile.baselines if name in profile.sweeps}
         _write_json(Path(out_dir) / f"{key}_sweeps.json", sweeps, log, "sweeps", "--sweeps")
     if sweeps:
-        profile = _with_sweep_picks(profile, sweeps)
+        profile = _with_baseline_changes(
+            profile, {n: {"optimizer": {"lr": s["pick"]["lr"]}, "schedule": dict(s["pick"]["schedule"])}
+                      for n, s in sweeps.items()}, profile.sweeps, "sweeps",
+            f"this profile does not sweep ({sorted(profile.sweeps)}); pass the <task>_sweeps.json that --sweep "
+            f"wrote for this task")
         log("sweep picks: " + ", ".join(f"{n} {s['pick']}" for n, s in sweeps.items()))
     if find_budgets and not reuse:
         budgets = {}
@@ -584,13 +577,10 @@ def run_benchmark(task, profile: str | BenchProfile = "cpu", seeds: int | Sequen
                                         **trainer_kwargs)
         _write_json(Path(out_dir) / f"{key}_budgets.json", budgets, log, "baseline budgets", "--budgets")
     if budgets:
-        unknown = sorted(set(budgets) - set(profile.baselines))
-        if unknown:
-            raise ValueError(f"budgets for {unknown}, which are not baselines this benchmark runs "
-                             f"({', '.join(profile.baselines)}); drop them or add them with --baselines")
-        changes = {name: {**profile.recipe_changes.get(name, {}), "duration": found["budget"]}
-                   for name, found in budgets.items()}
-        profile = dataclasses.replace(profile, recipe_changes={**profile.recipe_changes, **changes})
+        profile = _with_baseline_changes(
+            profile, {n: {"duration": b["budget"]} for n, b in budgets.items()}, profile.baselines, "budgets",
+            f"are not baselines this benchmark runs ({', '.join(profile.baselines)}); drop them or add them with "
+            f"--baselines")
         log("baseline budgets: " + ", ".join(f"{n} {b['budget']}" for n, b in budgets.items()))
     if reuse:
         records = reusable_runs(run_dir, profile, seed_list)
@@ -613,10 +603,3 @@ def run_benchmark(task, profile: str | BenchProfile = "cpu", seeds: int | Sequen
     summary, paths = write_reports(out_dir, key, entry, records if figures else None)
     return BenchResult(key=key, entry=entry, summary=summary, records=records, ablations=ablations, paths=paths)
 
-
-__all__ = ["BenchResult", "TASK_KEYS", "WORK_UNITS",
-           "budget_hint", "find_budget", "holds_target", "machine", "pick_best", "pick_swept",
-           "profile_recipe", "recipe_entry", "resolve_profile", "reusable_ablations", "reusable_runs", "run_benchmark",
-           "run_interleaved", "run_leave_one_out", "run_one", "scheduled_recipe", "strongest_baseline",
-           "summarize", "summarize_leave_one_out", "sweep_baseline", "sweep_grid", "sweep_point", "swept_point",
-           "target_key"]

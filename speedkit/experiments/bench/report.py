@@ -164,7 +164,7 @@ def task_markdown(key: str, entry: dict) -> str:
         _row(["---"] * (9 + len(baselines) + len(extra))),
     ]
     for name, r in _all_recipes(entry):
-        cells = [_label(entry, name), _budget_cell(r), f"{sum(t is not None for t in r['time_to_target_s'])}/{n}",
+        cells = [_label(entry, name), r.get("budget") or "—", f"{sum(t is not None for t in r['time_to_target_s'])}/{n}",
                  _median_sum(r["time_to_target_s"]) + _spread(r["time_to_target_s"]),
                  *_speedup_cells(entry, r),
                  _num(median_or_none(r["final_metric"]), 4), _median_sum(r["train_s"]), _median_sum(r["eval_s"]),
@@ -199,10 +199,6 @@ def _sittings(entry: dict) -> str:
     (first, names), *later = sessions.items()
     added = "; then ".join(f"{', '.join(recipes)} (started {session})" for session, recipes in later)
     return f"{', '.join(names)} interleaved by seed (started {first}); then {added}, paired by seed"
-
-
-def _budget_cell(r: dict) -> str:
-    return r.get("budget") or "—"
 
 
 def leave_one_out_markdown(table: dict | None) -> list[str]:
@@ -257,7 +253,7 @@ def readme_table(summary: dict, leave_one_out: bool = True) -> str:
                        *[f"speed-up vs {b}" for b in baselines], "final (median)"]),
                  _row(["---"] * (5 + len(baselines)))]
         for name, r in _all_recipes(entry):
-            lines.append(_row([_label(entry, name), _budget_cell(r), f"{r.get('reached', 0)}/{n}",
+            lines.append(_row([_label(entry, name), r.get("budget") or "—", f"{r.get('reached', 0)}/{n}",
                                _num(r.get("median_time_to_target_s"), missing="not reached"),
                                *_speedup_cells(entry, r), _num(median_or_none(r["final_metric"]), 4)]))
         lines += ["", f"{key} ({entry['task']} to {target['metric']} {target['value']:g}): {machine_line(entry)}, "
