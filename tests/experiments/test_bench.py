@@ -12,7 +12,7 @@ from helpers import needs_fmnist, needs_python_docs, toy_loaders, toy_model
 from speedkit.cli.main import main
 from speedkit.core import Callback
 from speedkit.experiments.bench import (BenchProfile, get_profile, merge_summary, pick_best, profile_steps,
-                                        readme_table, run_benchmark, summarize, summary_markdown)
+                                        run_benchmark, summarize, summary_markdown)
 from speedkit.record.runs import RunRecord
 from speedkit.tasks import RunRequest
 from speedkit.train.trainer import Trainer
@@ -222,12 +222,12 @@ def test_vision_then_language_merge_into_one_summary(tmp_path):
     assert set(on_disk) == set(merged) == {"vision", "language"}
     assert on_disk["language"]["recipes"]["hot"]["speedup"] == [4.0]
     assert on_disk["vision"]["best_recipe"] == "mild"
-    table = readme_table(on_disk)
-    assert "| **mild** | — | 3/3 | 8.0 | 1.25x (1.14–1.33) | 0.9000 |" in table  # fake records have no budget
+    table = summary_markdown(on_disk)
+    assert "| **mild** | — | 3/3 | 8.0 (7.0–9.0) | 1.25x (1.14–1.33) | 0.9000 |" in table  # fake records: no budget
     assert "| **hot** | — | 1/1 | 10.0 | 4.00x | 1.9500 |" in table  # the language task's
     assert "vision: **mild** reaches eval/accuracy 0.9 1.25x faster" in table
     assert on_disk["vision"]["machine"]["cpu"] in table and "torch" in table
-    assert "## vision" in summary_markdown(on_disk) and "## language" in summary_markdown(on_disk)
+    assert "## vision" in table and "## language" in table
     path.write_text("{not json")
     with pytest.raises(ValueError, match="not valid JSON"):
         merge_summary(path, "vision", vision)
