@@ -277,11 +277,9 @@ def recipe_entry(records: Sequence[RunRecord], seeds: Sequence[int], targets: Se
         "methods": records[0].method_names,
         "time_to_target_s": _by_seed(records, seeds, lambda r: r.time_to_target),
         "final_metric": _by_seed(records, seeds, final_metric),
-        "train_s": _by_seed(records, seeds, lambda r: r.timings.get("train_s")),
-        "eval_s": _by_seed(records, seeds, lambda r: r.timings.get("eval_s")),
-        "setup_s": _by_seed(records, seeds, lambda r: r.timings.get("setup_s")),
-        "data_s": _by_seed(records, seeds, lambda r: r.timings.get("data_s")),  # the part of train_s taking batches
-        "compile_s": _by_seed(records, seeds, lambda r: r.timings.get("compile_s")),
+        # data_s: the part of train_s taking batches
+        **{key: _by_seed(records, seeds, lambda r, k=key: r.timings.get(k))
+           for key in ("train_s", "eval_s", "setup_s", "data_s", "compile_s")},
         "flops_fraction_of_peak": _by_seed(records, seeds, _median_fraction_of_peak),
         "time_to": {target_key(t): _by_seed(records, seeds, lambda r, t=t: r.time_to(metric, t)) for t in targets},
         # counted work to the target, which a busy machine cannot change (a smoke test's speed check reads it)

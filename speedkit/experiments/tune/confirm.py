@@ -49,10 +49,8 @@ def confirm_candidates(config: TuneConfig, studies: dict,
 
 
 def plan_confirmation(config: TuneConfig, studies: dict, log=print) -> None:
-    """Decide what the confirmation runs, so that it ends within the search's budget (each run taken as long
-    as its search trial): every seed asked for with the runner-up where the time left holds that; else without
-    the runner-up; else on as many seeds as fit (at least one), which the report says. A search continued
-    with more budget may add the runner-up or seeds; what was confirmed already is never taken back."""
+    """Decide what the confirmation runs so that it ends within the search's budget (docs/guide.md, "Confirmed,
+    within the budget"); a search continued with more budget may add the runner-up or seeds, never take back."""
     confirm = studies["confirm"]
     candidates = confirm_candidates(config, studies, with_runner_up=True)
     walls = [_trial_wall(config, studies, key) for _, key, _ in candidates]
