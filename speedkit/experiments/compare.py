@@ -15,7 +15,7 @@ import math
 import statistics
 from typing import Iterable, Sequence
 
-from speedkit.record.runs import RunRecord
+from speedkit.record.runs import RunRecord, lower_is_better
 
 
 def final_metric(record: RunRecord, metric: str | None = None) -> float | None:
@@ -48,6 +48,34 @@ def median_or_none(values: Iterable[float | None]) -> float | None:
     """The median of the values that exist; None if none do."""
     present = [v for v in values if v is not None]
     return statistics.median(present) if present else None
+
+
+def time_rank(times: Sequence[float | None], finals: Sequence[float | None] = (),
+              metric: str | None = None) -> tuple[float, int, float]:
+    """The one ranking of runs to a target (the benchmark's best recipe and strongest baseline, the search's
+    confirmed baseline); lower ranks first. The rule: the lower median time to the target, a seed that never got
+    there counting as infinitely slow (so one lucky seed cannot win); ties (as when nothing reached the target)
+    go to the one that reached it on more seeds, then to the better median final ``metric`` (skipped without
+    one); ``min`` keeps the first given where all of that is equal."""
+    spans = [math.inf if t is None else t for t in times]
+    final = median_or_none(finals)
+    sign = 1.0 if metric is None or lower_is_better(metric) else -1.0
+    return (statistics.median(spans) if spans else math.inf, -sum(t is not None for t in times),
+            sign * final if final is not None and metric is not None else math.inf)
+
+
+def strongest_baseline(baselines: dict[str, tuple[Sequence, Sequence]], metric: str | None = None) -> str:
+    """Of ``{name: (times to target, final metrics)}`` of baselines on the same seeds, the one every headline
+    speed-up is measured against: the first by ``time_rank``."""
+    return min(baselines, key=lambda name: time_rank(*baselines[name], metric))
+
+
+def machine_text(machine: dict, date: str | None = None) -> str:
+    """A run environment (``speedkit.record.runs.environment``) in words: the GPU or else the CPU, torch's
+    threads, the torch version and, where given, the date."""
+    threads = machine.get("torch_threads", "?")
+    return (f"{machine.get('gpu') or machine.get('cpu', 'unknown CPU')}, {threads} thread{'' if threads == 1 else 's'}, "
+            f"torch {machine.get('torch', '?')}" + (f", {str(date)[:10]}" if date is not None else ""))
 
 
 def baseline_runs(records: Sequence[RunRecord]) -> list[RunRecord]:

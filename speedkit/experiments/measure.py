@@ -29,11 +29,6 @@ def fit(request, on_built: Callable[[Any], None] | None = None):
     return trainer.fit()
 
 
-def time_to_target(record) -> float | None:
-    """A RunRecord's time to its target (None: never reached, or no run)."""
-    return None if record is None else record.time_to_target
-
-
 @dataclasses.dataclass
 class Measurement:
     """What ``measure`` ran: ``runs[name]`` holds each seed's result of ``run`` in seed order (None where it
@@ -79,7 +74,7 @@ def measure(recipes: Sequence[str], baselines: Sequence[str], seeds: Sequence, r
         for name in (*baselines, *recipes):
             outcome = run(name, seed)
             result.runs[name].append(outcome)
-            result.times[name].append(time_to_target(outcome))
+            result.times[name].append(None if outcome is None else outcome.time_to_target)
             if outcome is not None and on_run is not None:
                 on_run(outcome)
     return result

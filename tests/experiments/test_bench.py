@@ -12,7 +12,7 @@ from helpers import needs_fmnist, needs_python_docs, toy_loaders, toy_model
 from speedkit.cli.main import main
 from speedkit.core import Callback, Time
 from speedkit.experiments.bench import (BenchProfile, get_profile, merge_summary, pick_best, profile_steps,
-                                        readme_table, run_benchmark, summarize, summary_markdown)
+                                        run_benchmark, summarize, summary_markdown)
 from speedkit.record.runs import RunRecord
 from speedkit.tasks import RunRequest
 from speedkit.train.trainer import Trainer
@@ -141,6 +141,30 @@ def test_best_recipe_ranks_a_never_reached_seed_as_slowest():
     assert pick_best(nowhere, "eval/bpb") == "b"  # lower bits per byte is better
 
 
+def test_bench_and_tune_judge_the_strongest_baseline_by_one_tie_rule():
+    """Equal median times (a missed seed counting as infinitely slow): more seeds reached wins, then the better
+    final metric. The old rules split here: the benchmark went straight to the final metric, the search took
+    more seeds but then the first given."""
+    from speedkit.experiments.compare import strongest_baseline
+    from speedkit.experiments.tune.confirm import strongest_baseline as tune_strongest
+
+    more_seeds = {"baseline": ([10.0, 10.0, None], [0.95] * 3), "plain": ([10.0, 10.0, 10.0], [0.93] * 3)}
+    better_final = {"baseline": ([10.0, 12.0], [0.92] * 2), "plain": ([12.0, 10.0], [0.94] * 2)}
+    profile = BenchProfile(name="cpu", run=RunRequest(task="fashion-mnist", device="cpu", target=0.9),
+                           recipes=("baseline", "plain"))
+    for runs in (more_seeds, better_final):
+        assert strongest_baseline(runs, "eval/accuracy") == "plain"
+        rows = [{"key": name, "role": "baseline", "times_s": times, "finals": finals,
+                 "seeds_reached": sum(t is not None for t in times)} for name, (times, finals) in runs.items()]
+        assert tune_strongest(rows, "eval/accuracy")["key"] == "plain"
+        records = []
+        for name, (times, finals) in runs.items():
+            for seed, (t, final) in enumerate(zip(times, finals)):
+                records.append(fake_record(name, seed, [(t, 0.9)] if t is not None else [(20.0, 0.5)]))
+                records[-1].final_metrics = {"eval/accuracy": final}
+        assert summarize(records, profile)["strongest_baseline"] == "plain"
+
+
 def test_every_recipe_is_measured_against_every_baseline_and_the_headline_against_the_strongest():
     records = [fake_record("baseline", s, [(40, 0.93)]) for s in (0, 1)]
     records += [fake_record("plain", 0, [(20, 0.93)]), fake_record("plain", 1, [(30, 0.91)])]  # never reaches in seed 1
@@ -213,12 +237,12 @@ def test_vision_then_language_merge_into_one_summary(tmp_path):
     assert set(on_disk) == set(merged) == {"vision", "language"}
     assert on_disk["language"]["recipes"]["hot"]["speedup"] == [4.0]
     assert on_disk["vision"]["best_recipe"] == "mild"
-    table = readme_table(on_disk)
-    assert "| **mild** | — | 3/3 | 8.0 | 1.25x (1.14–1.33) | 0.9000 |" in table  # fake records have no budget
+    table = summary_markdown(on_disk)
+    assert "| **mild** | — | 3/3 | 8.0 (7.0–9.0) | 1.25x (1.14–1.33) | 0.9000 |" in table  # fake records: no budget
     assert "| **hot** | — | 1/1 | 10.0 | 4.00x | 1.9500 |" in table  # the language task's
     assert "vision: **mild** reaches eval/accuracy 0.9 1.25x faster" in table
     assert on_disk["vision"]["machine"]["cpu"] in table and "torch" in table
-    assert "## vision" in summary_markdown(on_disk) and "## language" in summary_markdown(on_disk)
+    assert "## vision" in table and "## language" in table
     path.write_text("{not json")
     with pytest.raises(ValueError, match="not valid JSON"):
         merge_summary(path, "vision", vision)

@@ -10,7 +10,6 @@ import dataclasses
 import datetime as _dt
 import json
 import math
-import statistics
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -20,7 +19,7 @@ from speedkit.experiments.ablation import leave_one_out_runs
 from speedkit.experiments.bench.profiles import TASK_KEYS, BenchProfile, get_profile, task_key, with_default_sweeps
 from speedkit.experiments.compare import final_metric
 from speedkit.experiments.compare import leave_one_out as leave_one_out_table
-from speedkit.experiments.compare import median_or_none, paired_speedups
+from speedkit.experiments.compare import median_or_none, paired_speedups, strongest_baseline, time_rank
 from speedkit.experiments.measure import fit, measure, shortest_budget
 from speedkit.record.runs import RunRecord, environment, load_records, lower_is_better
 from speedkit.tasks import TASKS, Recipe, RunRequest, get_recipe, is_baseline, make_trainer, resolve_task
@@ -162,23 +161,8 @@ def sweep_grid(profile: BenchProfile, name: str) -> list[dict]:
             for schedule in grid.get("schedule", (recipe.schedule,))]
 
 
-def sweep_point(profile: BenchProfile, name: str, point: dict, seed: int, run_dir: str | Path, session: str,
-                log: Callable[[str], None] = print, **trainer_kwargs) -> dict:
-    """One run of baseline ``name`` with ``point``'s learning rate and schedule, stopped at the target
-    (past it a candidate's run says nothing more about its rank); marked ``config["bench"]["sweep"]``."""
-    recipe = scheduled_recipe(profile, name)
-    # the grid's budget where it names one: the recipe's own may be the shorter one a budget search found
-    candidate = recipe.with_changes(optimizer={"lr": point["lr"]}, schedule=dict(point["schedule"]),
-                                    duration=profile.sweeps[name].get("budget", recipe.duration))
-    info = {**_bench_info(profile, session, seed), "sweep": True}
-    run_name = f"{profile.task}-{name}-lr{point['lr']:g}-{point['schedule']['name']}-s{seed}"
-    record = run_one(profile, candidate, seed, run_name, run_dir, info, **{"stop_at_target": True, **trainer_kwargs})
-    log(f"[sweep {name}] {_describe_run(record)}")
-    return swept_point(record)
-
-
 def swept_point(record: RunRecord) -> dict:
-    """What a sweep keeps of one of its runs (also to re-read a sweep from its run folder)."""
+    """What a sweep keeps of one of its runs."""
     target = record.target or {}
     return {"lr": record.config["recipe_spec"]["optimizer"]["lr"],
             "schedule": dict(record.config["recipe_spec"]["schedule"]), "time_to_target_s": record.time_to_target,
@@ -194,17 +178,25 @@ def pick_swept(profile: BenchProfile, tried: Sequence[dict]) -> dict:
     batches do not depend on what else the machine is doing (a sweep need not run on a quiet machine,
     and its points may run in several processes at once)."""
     metric = TASKS[profile.task].target_metric
-    best = min(tried, key=lambda t: _rank({"time_to_target_s": [t["batches_to_target"]],
-                                           "final_metric": [t["final_metric"]]}, metric))
+    best = min(tried, key=lambda t: time_rank([t["batches_to_target"]], [t["final_metric"]], metric))
     return {"tried": list(tried), "pick": {"lr": best["lr"], "schedule": best["schedule"]}}
 
 
 def sweep_baseline(profile: BenchProfile, name: str, seed: int, run_dir: str | Path, session: str,
                    log: Callable[[str], None] = print, **trainer_kwargs) -> dict:
-    """Run baseline ``name`` once (on ``seed``) at every point of its sweep (``sweep_grid``), and pick the
-    fastest to the target (``pick_swept``): ``{"tried": [swept_point, ...], "pick": {"lr", "schedule"}}``."""
-    tried = [sweep_point(profile, name, point, seed, run_dir, session, log, **trainer_kwargs)
-             for point in sweep_grid(profile, name)]
+    """Run baseline ``name`` once (on ``seed``) at every point of its sweep (``sweep_grid``), each run stopped at
+    the target (past it a candidate's run says nothing more about its rank) and marked
+    ``config["bench"]["sweep"]``, and pick the fastest (``pick_swept``)."""
+    recipe, tried = scheduled_recipe(profile, name), []
+    for point in sweep_grid(profile, name):
+        # the grid's budget where it names one: the recipe's own may be the shorter one a budget search found
+        candidate = recipe.with_changes(optimizer={"lr": point["lr"]}, schedule=dict(point["schedule"]),
+                                        duration=profile.sweeps[name].get("budget", recipe.duration))
+        run_name = f"{profile.task}-{name}-lr{point['lr']:g}-{point['schedule']['name']}-s{seed}"
+        record = run_one(profile, candidate, seed, run_name, run_dir, {**_bench_info(profile, session, seed), "sweep": True},
+                         **{"stop_at_target": True, **trainer_kwargs})
+        log(f"[sweep {name}] {_describe_run(record)}")
+        tried.append(swept_point(record))
     return pick_swept(profile, tried)
 
 
@@ -291,11 +283,9 @@ def recipe_entry(records: Sequence[RunRecord], seeds: Sequence[int], targets: Se
         "methods": records[0].method_names,
         "time_to_target_s": _by_seed(records, seeds, lambda r: r.time_to_target),
         "final_metric": _by_seed(records, seeds, final_metric),
-        "train_s": _by_seed(records, seeds, lambda r: r.timings.get("train_s")),
-        "eval_s": _by_seed(records, seeds, lambda r: r.timings.get("eval_s")),
-        "setup_s": _by_seed(records, seeds, lambda r: r.timings.get("setup_s")),
-        "data_s": _by_seed(records, seeds, lambda r: r.timings.get("data_s")),  # the part of train_s taking batches
-        "compile_s": _by_seed(records, seeds, lambda r: r.timings.get("compile_s")),
+        # data_s: the part of train_s taking batches
+        **{key: _by_seed(records, seeds, lambda r, k=key: r.timings.get(k))
+           for key in ("train_s", "eval_s", "setup_s", "data_s", "compile_s")},
         "flops_fraction_of_peak": _by_seed(records, seeds, _median_fraction_of_peak),
         "time_to": {target_key(t): _by_seed(records, seeds, lambda r, t=t: r.time_to(metric, t)) for t in targets},
         # counted work to the target, which a busy machine cannot change (a smoke test's speed check reads it)
@@ -316,16 +306,6 @@ def _add_speedups(entry: dict, baselines: dict[str, dict], strongest: str) -> No
     entry["speedup_median"] = entry["speedup_median_vs"][strongest]
 
 
-def _rank(entry: dict, metric: str) -> tuple[float, float]:
-    """Median time to target with a seed that never got there counting as infinitely slow (so one lucky
-    seed cannot win); ties, such as nothing reaching the target, go to the best median final metric."""
-    sign = 1.0 if lower_is_better(metric) else -1.0
-    times = [math.inf if t is None else t for t in entry["time_to_target_s"]]
-    median_final = median_or_none(entry["final_metric"])
-    return (statistics.median(times) if times else math.inf,
-            sign * median_final if median_final is not None else math.inf)
-
-
 def holds_target(entry: dict, metric: str, target: float) -> bool:
     """Reached the target in every seed and still at or above it at the end of the budget."""
     def at_target(value):
@@ -336,16 +316,16 @@ def holds_target(entry: dict, metric: str, target: float) -> bool:
 
 
 def pick_best(recipes: dict[str, dict], metric: str, target: float | None = None) -> str | None:
-    """The fastest recipe to the target (see ``_rank``). With ``target``, only recipes that hold it
+    """The fastest recipe to the target (``compare.time_rank``). With ``target``, only recipes that hold it
     (``holds_target``) can be best, and there may be none."""
     if target is not None:
         recipes = {name: entry for name, entry in recipes.items() if holds_target(entry, metric, target)}
-    return min(recipes, key=lambda name: _rank(recipes[name], metric)) if recipes else None
+    return strongest_baseline(_runs(recipes), metric) if recipes else None
 
 
-def strongest_baseline(baselines: dict[str, dict], metric: str) -> str:
-    """The baseline fastest to the target (the one every headline speed-up is measured against)."""
-    return min(baselines, key=lambda name: _rank(baselines[name], metric))
+def _runs(entries: dict[str, dict]) -> dict[str, tuple[list, list]]:
+    """``{name: (times to target, final metrics)}``, what ``compare.time_rank`` ranks."""
+    return {name: (e["time_to_target_s"], e["final_metric"]) for name, e in entries.items()}
 
 
 def _budget(records: Sequence[RunRecord]) -> str | None:
@@ -381,7 +361,7 @@ def summarize(records: Sequence[RunRecord], profile: BenchProfile, ablations: Se
         baselines[name]["budget_search"] = found
     for name, swept in (sweeps or {}).items():
         baselines[name]["sweep"] = swept
-    strongest = strongest_baseline(baselines, target["metric"])
+    strongest = strongest_baseline(_runs(baselines), target["metric"])
     for entry in [*baselines.values(), *entries.values()]:
         _add_speedups(entry, baselines, strongest)
     best = pick_best(entries, target["metric"], target["value"])
@@ -472,18 +452,13 @@ def _write_json(path: Path, data: dict, log: Callable[[str], None], what: str, f
     log(f"{what} written to {path} (reuse them with {flag} {path})")
 
 
-def _with_sweep_picks(profile: BenchProfile, sweeps: dict) -> BenchProfile:
-    """The profile with each swept baseline's picked learning rate and schedule."""
-    unknown = sorted(set(sweeps) - set(profile.sweeps))
+def _with_baseline_changes(profile: BenchProfile, changes: dict[str, dict], known, what: str, fix: str) -> BenchProfile:
+    """The profile with ``changes`` (baseline -> recipe changes) on top of its own; ``what`` for names not ``known``."""
+    unknown = sorted(set(changes) - set(known))
     if unknown:
-        raise ValueError(f"sweeps for {unknown}, which this profile does not sweep ({sorted(profile.sweeps)}); "
-                         f"pass the <task>_sweeps.json that --sweep wrote for this task")
-    changes = {}
-    for name, swept in sweeps.items():
-        pick = swept["pick"]
-        changes[name] = {**profile.recipe_changes.get(name, {}),
-                         "optimizer": {"lr": pick["lr"]}, "schedule": dict(pick["schedule"])}
-    return dataclasses.replace(profile, recipe_changes={**profile.recipe_changes, **changes})
+        raise ValueError(f"{what} for {unknown}, which {fix}")
+    merged = {name: {**profile.recipe_changes.get(name, {}), **change} for name, change in changes.items()}
+    return dataclasses.replace(profile, recipe_changes={**profile.recipe_changes, **merged})
 
 
 def _names(value: Sequence[str] | str | None) -> list[str] | None:
@@ -592,7 +567,11 @@ def run_benchmark(task, profile: str | BenchProfile = "cpu", seeds: int | Sequen
                   for name in profile.baselines if name in profile.sweeps}
         _write_json(Path(out_dir) / f"{key}_sweeps.json", sweeps, log, "sweeps", "--sweeps")
     if sweeps:
-        profile = _with_sweep_picks(profile, sweeps)
+        profile = _with_baseline_changes(
+            profile, {n: {"optimizer": {"lr": s["pick"]["lr"]}, "schedule": dict(s["pick"]["schedule"])}
+                      for n, s in sweeps.items()}, profile.sweeps, "sweeps",
+            f"this profile does not sweep ({sorted(profile.sweeps)}); pass the <task>_sweeps.json that --sweep "
+            f"wrote for this task")
         log("sweep picks: " + ", ".join(f"{n} {s['pick']}" for n, s in sweeps.items()))
     if find_budgets and not reuse:
         budgets = {}
@@ -602,13 +581,10 @@ def run_benchmark(task, profile: str | BenchProfile = "cpu", seeds: int | Sequen
                                         **trainer_kwargs)
         _write_json(Path(out_dir) / f"{key}_budgets.json", budgets, log, "baseline budgets", "--budgets")
     if budgets:
-        unknown = sorted(set(budgets) - set(profile.baselines))
-        if unknown:
-            raise ValueError(f"budgets for {unknown}, which are not baselines this benchmark runs "
-                             f"({', '.join(profile.baselines)}); drop them or add them with --baselines")
-        changes = {name: {**profile.recipe_changes.get(name, {}), "duration": found["budget"]}
-                   for name, found in budgets.items()}
-        profile = dataclasses.replace(profile, recipe_changes={**profile.recipe_changes, **changes})
+        profile = _with_baseline_changes(
+            profile, {n: {"duration": b["budget"]} for n, b in budgets.items()}, profile.baselines, "budgets",
+            f"are not baselines this benchmark runs ({', '.join(profile.baselines)}); drop them or add them with "
+            f"--baselines")
         log("baseline budgets: " + ", ".join(f"{n} {b['budget']}" for n, b in budgets.items()))
     if reuse:
         records = reusable_runs(run_dir, profile, seed_list)
@@ -631,10 +607,3 @@ def run_benchmark(task, profile: str | BenchProfile = "cpu", seeds: int | Sequen
     summary, paths = write_reports(out_dir, key, entry, records if figures else None)
     return BenchResult(key=key, entry=entry, summary=summary, records=records, ablations=ablations, paths=paths)
 
-
-__all__ = ["BenchResult", "TASK_KEYS", "WORK_UNITS",
-           "budget_hint", "find_budget", "holds_target", "machine", "pick_best", "pick_swept",
-           "profile_recipe", "recipe_entry", "resolve_profile", "reusable_ablations", "reusable_runs", "run_benchmark",
-           "run_interleaved", "run_leave_one_out", "run_one", "scheduled_recipe", "strongest_baseline",
-           "summarize", "summarize_leave_one_out", "sweep_baseline", "sweep_grid", "sweep_point", "swept_point",
-           "target_key"]

@@ -161,13 +161,8 @@ def with_default_sweeps(profile: BenchProfile) -> BenchProfile:
 
 def task_key(task: str) -> str:
     """``"vision"``/``"language"`` for a built-in task's key or name; a user's registered task's own name."""
-    if task in TASK_KEYS:
-        return task
-    for key, name in TASK_KEYS.items():
-        if task == name:
-            return key
-    if task in TASKS:
-        return task
+    if task in TASK_KEYS or task in TASKS:
+        return {name: key for key, name in TASK_KEYS.items()}.get(task, task)
     known = sorted([*TASK_KEYS, *TASK_KEYS.values(), *(set(TASKS) - set(TASK_KEYS.values()))])
     raise ValueError(f"unknown benchmark task {task!r}; known: {known} (a task of your own: register it with "
                      f"speedkit.tasks.register_task, or pass it as a Task or 'package.module:attr')")

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Sequence
 
-from speedkit.experiments.compare import median_or_none
+from speedkit.experiments.compare import machine_text, median_or_none
 from speedkit.record.runs import RunRecord, atomic_write_bytes
 from speedkit.record.runs import json_safe as _json_safe
 
@@ -58,10 +58,8 @@ def preset_reached(summary: dict, fresh_seeds: dict | None = None) -> dict[str, 
     fresh_seeds = fresh_seeds or {}
     figures: dict[str, dict[str, dict]] = {}
     for entry in summary.values():
-        machine, threads = entry["machine"], entry["machine"]["torch_threads"]
         common = {"metric": entry["target"]["metric"], "target": entry["target"]["value"], "profile": entry["profile"],
-                  "machine": f"{machine['cpu']}, {threads} thread{'s' * (threads > 1)}, torch {machine['torch']}",
-                  "date": entry["date"][:10]}
+                  "machine": machine_text(entry["machine"]), "date": entry["date"][:10]}
         for name, runs in {**entry["baselines"], **entry["recipes"]}.items():
             times = [t for t in runs["time_to_target_s"] if t is not None]
             reached = {**common, "seeds_reached": f"{runs['reached']}/{len(entry['seeds'])}",
@@ -105,10 +103,6 @@ def _row(cells: Sequence[str]) -> str:
     return "| " + " | ".join(cells) + " |"
 
 
-def _all_recipes(entry: dict) -> list[tuple[str, dict]]:
-    return [*entry["baselines"].items(), *entry["recipes"].items()]
-
-
 def _speedup_cells(entry: dict, r: dict) -> list[str]:
     """The median paired speed-up (min–max) against each baseline."""
     cells = []
@@ -139,14 +133,6 @@ def headline(key: str, entry: dict) -> str:
             f"baseline, {strongest}" + (f"; {others}" if others else "") + ".")
 
 
-def machine_line(entry: dict) -> str:
-    m = entry.get("machine", {})
-    where = m.get("gpu") or m.get("cpu", "unknown CPU")
-    threads = m.get("torch_threads", "?")
-    return (f"{where}, {threads} thread{'' if threads == 1 else 's'}, torch {m.get('torch', '?')}, "
-            f"{str(entry.get('date', '?'))[:10]}")
-
-
 def task_markdown(key: str, entry: dict) -> str:
     """One task's results: a row per recipe (medians over seeds, min–max in brackets)."""
     target = entry["target"]
@@ -163,14 +149,14 @@ def task_markdown(key: str, entry: dict) -> str:
         f"training wall clock with a plain evaluation excluded (shown apart) and the extra "
         f"cost of evaluation-time methods and of set-up work at fit start included; setup (data into memory, "
         f"model, surgery) and compile time (also inside training time) are shown apart; speed-ups are "
-        f"paired by seed. Machine: {machine_line(entry)}.",
+        f"paired by seed. Machine: {machine_text(entry.get('machine', {}), entry.get('date', '?'))}.",
         "",
         _row(["recipe", "budget", "reached", "time to target (s)", *[f"speed-up vs {b}" for b in baselines],
               "final", "train s", "eval s", "setup s", "compile s", *[f"time to {k} (s)" for k in extra]]),
         _row(["---"] * (9 + len(baselines) + len(extra))),
     ]
-    for name, r in _all_recipes(entry):
-        cells = [_label(entry, name), _budget_cell(r), f"{sum(t is not None for t in r['time_to_target_s'])}/{n}",
+    for name, r in [*entry["baselines"].items(), *entry["recipes"].items()]:
+        cells = [_label(entry, name), r.get("budget") or "—", f"{sum(t is not None for t in r['time_to_target_s'])}/{n}",
                  _median_sum(r["time_to_target_s"]) + _spread(r["time_to_target_s"]),
                  *_speedup_cells(entry, r),
                  _num(median_or_none(r["final_metric"]), 4), _median_sum(r["train_s"]), _median_sum(r["eval_s"]),
@@ -205,10 +191,6 @@ def _sittings(entry: dict) -> str:
     (first, names), *later = sessions.items()
     added = "; then ".join(f"{', '.join(recipes)} (started {session})" for session, recipes in later)
     return f"{', '.join(names)} interleaved by seed (started {first}); then {added}, paired by seed"
-
-
-def _budget_cell(r: dict) -> str:
-    return r.get("budget") or "—"
 
 
 def leave_one_out_markdown(table: dict | None) -> list[str]:
@@ -248,33 +230,6 @@ def summary_markdown(summary: dict) -> str:
     """summary.md: every task in the summary."""
     return "# Time-to-accuracy benchmark\n\n" + "\n\n".join(
         task_markdown(key, entry) for key, entry in summary.items()) + "\n"
-
-
-def readme_table(summary: dict, leave_one_out: bool = True) -> str:
-    """The README's results: per task, the headline, then each baseline and recipe with its median time to
-    the target and its paired speed-up against every baseline; with ``leave_one_out``, the best recipe's
-    leave-one-out table too (summary.md always has it)."""
-    parts = []
-    for key, entry in summary.items():
-        target, n = entry["target"], len(entry["seeds"])
-        baselines = list(entry["baselines"])
-        lines = [headline(key, entry), "",
-                 _row(["recipe", "budget", "seeds that reached it", "time to target (s, median)",
-                       *[f"speed-up vs {b}" for b in baselines], "final (median)"]),
-                 _row(["---"] * (5 + len(baselines)))]
-        for name, r in _all_recipes(entry):
-            lines.append(_row([_label(entry, name), _budget_cell(r), f"{r.get('reached', 0)}/{n}",
-                               _num(r.get("median_time_to_target_s"), missing="not reached"),
-                               *_speedup_cells(entry, r), _num(median_or_none(r["final_metric"]), 4)]))
-        lines += ["", f"{key} ({entry['task']} to {target['metric']} {target['value']:g}): {machine_line(entry)}, "
-                      f"profile `{entry['profile']}`, {n} seeds."]
-        if leave_one_out:
-            lines += leave_one_out_markdown(entry.get("leave_one_out"))
-        parts.append("\n".join(lines))
-    return "\n\n".join(parts) + (
-        "\n\nTraining wall clock with a plain evaluation excluded; the extra cost of evaluation-time methods "
-        "and of set-up work at fit start is included. Speed-ups are baseline time / recipe time, paired by "
-        "seed, over the seeds where both reached the target.\n")
 
 
 # -- figures -----------------------------------------------------------------------------------

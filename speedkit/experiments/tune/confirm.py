@@ -4,11 +4,11 @@ judged how is in docs/guide.md ("Confirmed, within the budget").
 """
 from __future__ import annotations
 
-import math
 import statistics
 import time
 
 from speedkit.experiments.ablation import leave_one_out_runs
+from speedkit.experiments import compare
 from speedkit.experiments.compare import median_or_none, paired_speedups
 from speedkit.experiments.measure import measure, shortest_budget
 from speedkit.experiments.tune.objective import USER_STOP, resolve_runner, score_record
@@ -49,10 +49,8 @@ def confirm_candidates(config: TuneConfig, studies: dict,
 
 
 def plan_confirmation(config: TuneConfig, studies: dict, log=print) -> None:
-    """Decide what the confirmation runs, so that it ends within the search's budget (each run taken as long
-    as its search trial): every seed asked for with the runner-up where the time left holds that; else without
-    the runner-up; else on as many seeds as fit (at least one), which the report says. A search continued
-    with more budget may add the runner-up or seeds; what was confirmed already is never taken back."""
+    """Decide what the confirmation runs so that it ends within the search's budget (docs/guide.md, "Confirmed,
+    within the budget"); a search continued with more budget may add the runner-up or seeds, never take back."""
     confirm = studies["confirm"]
     candidates = confirm_candidates(config, studies, with_runner_up=True)
     walls = [_trial_wall(config, studies, key) for _, key, _ in candidates]
@@ -238,25 +236,22 @@ def summarize_confirmation(config: TuneConfig, studies: dict) -> dict:
                      "median_s": statistics.median(times) if reached == len(seeds) else None,
                      "median_final": median_or_none(finals),
                      "change": describe_change(recipe, config.base_recipe())})
-    judged = _judge(rows)
+    judged = _judge(rows, config.metric)
     winner = next((r for r in rows if r["key"] == judged["winner"]), None)
     return {"seeds": seeds, "candidates": rows, **judged,
             "leave_one_out": summarize_leave_one_out(config, studies, winner)}
 
 
-def strongest_baseline(rows: list[dict]) -> dict:
-    """Of the confirmed baselines, the one a speed-up is measured against: the one that reached the target on
-    more seeds, then the one with the lower median time (a missed seed counts as the slowest)."""
-    def slowness(row):
-        times = [t if t is not None else math.inf for t in row["times_s"]]
-        return -row["seeds_reached"], statistics.median(times) if times else math.inf
-    return min((r for r in rows if r["role"] in BASELINE_ROLE_NAMES), key=slowness)
+def strongest_baseline(rows: list[dict], metric: str | None = None) -> dict:
+    """Of the confirmed baselines, the one a speed-up is measured against (``compare.strongest_baseline``)."""
+    baselines = {r["key"]: r for r in rows if r["role"] in BASELINE_ROLE_NAMES}
+    return baselines[compare.strongest_baseline({k: (r["times_s"], r["finals"]) for k, r in baselines.items()}, metric)]
 
 
-def _judge(rows: list[dict]) -> dict:
+def _judge(rows: list[dict], metric: str | None = None) -> dict:
     """The winner: the search candidate that reached the target on every seed with the lowest median time,
     and its speed-up over the stronger baseline, seed by seed."""
-    baseline = strongest_baseline(rows)
+    baseline = strongest_baseline(rows, metric)
     contenders = [r for r in rows if r["role"] not in BASELINE_ROLE_NAMES and r["median_s"] is not None]
     if not contenders:
         return {"winner": None, "baseline": baseline["key"], "speedups": None, "speedup_median": None}
