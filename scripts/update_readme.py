@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 from speedkit.experiments.bench.report import preset_reached
+from speedkit.experiments.compare import machine_text
 from speedkit.methods import methods_table
 from speedkit.tasks.recipes import PRESETS
 from speedkit.tasks.task import BUILT_IN_TASKS
@@ -135,9 +136,8 @@ def bench_results() -> str:
             rows.append(f"| {task} | {shown} | {r['budget']} | {r['reached']}/{n} | "
                         f"{'not reached' if time is None else f'{time:.1f}'} | {' | '.join(cells)} | {final:.4f} |")
             task = ""
-        m, threads = entry["machine"], entry["machine"]["torch_threads"]
-        setups.append((entry["task"], f"{m['cpu']}, {threads} thread{'s' if threads > 1 else ''}, torch {m['torch']}, "
-                                      f"{entry['date'][:10]}, profile `{entry['profile']}`, {n} seeds"))
+        setups.append((entry["task"], f"{machine_text(entry['machine'], entry['date'])}, profile `{entry['profile']}`, "
+                                      f"{n} seeds"))
     if len({setup for _, setup in setups}) == 1:
         setups = [("Both tasks", setups[0][1])]
     return "\n".join(rows) + _measured_again() + (
@@ -199,9 +199,7 @@ def heldout_results() -> str:
         against = f"`{baseline}`" + (f" (reached {base['reached']}/{n})" if base["reached"] < n else "")
         target = _target_text(entry["target"]["metric"], entry["target"]["value"])
         rows.append(f"| {label} | {target} | {against} | " + " | ".join(cells) + " |")
-        threads = entry["machine"]["torch_threads"]
-        machines.add(f"{entry['machine']['cpu']}, {threads} thread{'s' if threads > 1 else ''}, "
-                     f"{entry['date'][:10]}, {n} seeds")
+        machines.add(f"{machine_text(entry['machine'], entry['date'])}, {n} seeds")
         link = f"[{path.relative_to(ROOT)}]({path.relative_to(ROOT)})"
         sources += [link] if link not in sources else []
         builders += [f"`{builder}`"] if f"`{builder}`" not in builders else []

@@ -179,10 +179,11 @@ def resolved_request(request: RunRequest, task: Task | None = None) -> RunReques
     """The same run with its recipe resolved and the overrides folded into it: two requests for the same
     run resolve equal, whichever front end built them."""
     recipe = request_recipe(request, task if task is not None else request_task(request))
-    return request.replace(recipe=recipe, step_floor=_planned(request), **{name: None for name in RECIPE_OVERRIDES})
+    return request.replace(recipe=recipe, step_floor=planned_on_data(request),
+                           **{name: None for name in RECIPE_OVERRIDES})
 
 
-def _planned(request: RunRequest) -> bool:
+def planned_on_data(request: RunRequest) -> bool:
     """Whether a rebuilt rung in ``request`` is planned on the data (lengthened to the ladder's step floor): a
     length the user asks for is theirs; a rung named, or given with ``step_floor``, is planned."""
     return request.duration is None and (isinstance(request.recipe, str) or request.step_floor)
@@ -224,7 +225,8 @@ def _trainer_of(request: RunRequest, spec: Task, recipe: Recipe) -> Trainer:
                                data_fraction=request.data_fraction, eval_fraction=request.eval_fraction,
                                recipe=recipe, model=net, download=request.download, num_workers=request.num_workers)
     train = spec.train_data(data_request)
-    if _planned(request) and recipe.adopted_from is not None and not is_baseline(spec, recipe.name) and "baseline" in spec.recipes:
+    rung = recipe.adopted_from is not None and not is_baseline(spec, recipe.name) and "baseline" in spec.recipes
+    if rung and planned_on_data(request):
         recipe = with_enough_steps(recipe, spec.recipes["baseline"], _length(train))  # never a handful of steps
     evaluators = [Evaluator(spec.eval_data(data_request), dict(spec.metrics()))]
     check_model_fits_data(spec, net, evaluators[0].dataloader)

@@ -21,6 +21,7 @@ from speedkit.core.batch import BatchShapeError, is_dict_batch
 from speedkit.core.method import check_compatibility
 from speedkit.methods import REGISTRY, build_methods
 from speedkit.tasks import get_task, model_fit_problem
+from speedkit.tasks.build import planned_on_data
 from speedkit.tasks import Recipe, get_recipe
 from speedkit.tasks.request import RECIPE_OVERRIDES, RunRequest
 from speedkit.tasks.task import DataRequest, Task
@@ -91,8 +92,10 @@ def run_recipe(request: RunRequest) -> Recipe:
 
 def trainer_request(request: RunRequest, **changes) -> RunRequest:
     """The request ``make_trainer`` gets: the resolved recipe in place of the preset and its overrides;
-    ``changes`` are more request fields or Trainer keyword arguments (the explorer's ``run_dir``, ``loggers``)."""
-    return request.replace(recipe=run_recipe(request), **{field: None for field in RECIPE_OVERRIDES}, **changes)
+    ``changes`` are more request fields or Trainer keyword arguments (the explorer's ``run_dir``, ``loggers``).
+    A rung picked by name is planned on the data as ``speedkit train --recipe hot`` plans it."""
+    return request.replace(recipe=run_recipe(request), step_floor=planned_on_data(request),
+                           **{field: None for field in RECIPE_OVERRIDES}, **changes)
 
 
 def request_problems(settings: Mapping | RunRequest) -> list[str]:

@@ -138,3 +138,17 @@ def _escaped(text: str) -> str:
     import re
 
     return re.escape(text)
+
+
+def test_a_rung_picked_by_name_is_planned_on_the_data_by_every_front_end_unless_a_length_is_given():
+    """The ladder's step floor: `speedkit train --recipe hot` had it, the explorer's and the bench's hot did not."""
+    s = {**SETTINGS, "recipe": "hot"}
+    cli = run_request(_parser().parse_args(["train", "--task", s["task"], "--recipe", "hot", "--device", "cpu"]))
+    explorer = trainer_request(explorer_request({k: v for k, v in s.items() if k != "duration"}))
+    profile = get_profile("vision", "cpu").replace(device="cpu")
+    bench = harness.run_request(profile, harness.scheduled_recipe(profile, "hot"), 0, "run", "runs", {})
+    assert resolved_request(cli).step_floor and explorer.step_floor and bench.step_floor
+    asked = [run_request(_parser().parse_args(["train", "--task", s["task"], "--recipe", "hot", "--duration", "2ep"])),
+             trainer_request(explorer_request(s)),
+             harness.run_request(profile.replace(duration="2ep"), harness.scheduled_recipe(profile, "hot"), 0, "r", "r", {})]
+    assert not any(resolved_request(r).step_floor for r in asked)  # a length asked for is the user's

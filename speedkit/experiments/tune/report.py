@@ -8,25 +8,21 @@ from pathlib import Path
 
 import yaml
 
+from speedkit.experiments.compare import machine_text
 from speedkit.experiments.tune.confirm import BASELINE_ROLE_NAMES
 from speedkit.experiments.tune.space import describe_limit
-from speedkit.record.runs import lower_is_better
+from speedkit.record.runs import environment, lower_is_better
 from speedkit.tasks.ladder import task_flags
 
 
 def reached_entry(config, winner: dict) -> dict:
     """The recipe's ``reached``: what the confirmation runs measured, in the presets' format."""
-    import torch
-
-    from speedkit.record.runs import cpu_name
-
-    threads = torch.get_num_threads()
     fraction = config.settings.data_fraction
     return {"metric": config.metric, "target": config.target,
             "seeds_reached": f"{winner['seeds_reached']}/{len(winner['seeds'])}",
             "time_to_target_s": winner["median_s"], "final": winner["median_final"],
             "profile": f"speedkit tune, data_fraction {fraction}, device {config.settings.device}",
-            "machine": f"{cpu_name()}, {threads} thread{'s' * (threads > 1)}, torch {torch.__version__}",
+            "machine": machine_text(environment()),
             "date": _dt.date.today().isoformat()}
 
 
