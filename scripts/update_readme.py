@@ -32,12 +32,13 @@ GUIDE = ROOT / "docs" / "guide.md"
 # The held-out sets, by the folder task they were run as (scripts/build_heldout_sets.py builds them).
 # Data no preset was tuned on: (summary file, its task key) -> the set as the README names it, and its builder.
 HELDOUT_SETS = {
-    ("heldout-plain-bf16/summary.json", "image-folder"): ("glyphs: 62 letters and digits, unseen typefaces",
-                                                          "scripts/build_heldout_sets.py"),
+    ("ladder-v2-glyphs/summary.json", "image-folder"): ("glyphs: 62 letters and digits, unseen typefaces",
+                                                        "scripts/build_heldout_sets.py"),
     ("heldout-plain-bf16/summary.json", "text-folder"): ("perldoc: Perl's documentation",
                                                          "scripts/build_heldout_sets.py"),
-    ("photo-crops/summary.json", "image-folder"): ("photo-crops: 56 photographs, crops of unseen regions, "
-                                                   "streamed from shards", "scripts/build_photo_crops.py"),
+    ("ladder-v2-photo-crops/summary.json", "image-folder"): ("photo-crops: 56 photographs, crops of unseen "
+                                                             "regions, streamed from shards",
+                                                             "scripts/build_photo_crops.py"),
 }
 # speedkit inside other trainers (bench/hosts/): file -> (host, what the two arms are).
 HOSTS = {
