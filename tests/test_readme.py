@@ -23,10 +23,12 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import importlib.util
 import io
 import json
 import re
 import shlex
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -342,6 +344,14 @@ def test_the_heldout_and_hosts_figures_are_the_committed_results():
     readme, results = README.read_text(), ROOT / "bench" / "results"
     for path in sorted(results.glob("hosts_*.json")):
         assert f"{json.loads(path.read_text())['median_ratio']:.2f}x" in readme, f"{path.name} is not in the README"
-    for key, entry in json.loads((results / "heldout-plain-bf16" / "summary.json").read_text()).items():
-        hot = entry["recipes"]["hot"]["speedup_median_vs"][entry["strongest_baseline"]]
-        assert f"{hot:.2f}x" in readme, f"the held-out {key} figure is not the committed one"
+    for file, key in _readme_script().HELDOUT_SETS:  # the files the README's held-out table is made from
+        entry = json.loads((results / file).read_text())[key]
+        ratios = [r for r in entry["recipes"]["hot"]["speedup_vs"][entry["strongest_baseline"]] if r is not None]
+        assert f"{statistics.median(ratios):.2f}x" in readme, f"the held-out {file} figure is not the committed one"
+
+
+def _readme_script():
+    spec = importlib.util.spec_from_file_location("update_readme", ROOT / "scripts" / "update_readme.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
