@@ -137,11 +137,15 @@ class _StreamingLoader(GlobalBatch):
         S.disable_litdata_network()
         from litdata import StreamingDataLoader, StreamingDataset
 
-        self.shards = S.read_shards(root, need_complete=not allow_partial)
+        # a ShardSet already read (the token loader reads it first) is not read again: for shards in an object
+        # store, each read lists the store
+        self.shards = root if isinstance(root, S.ShardSet) else S.read_shards(root, need_complete=not allow_partial)
+        if not allow_partial:
+            S.check_complete(self.shards)
         if self.shards.kind != self.kind:
-            raise S.ShardError(f"{self.shards.root} holds {self.shards.kind} shards, not {self.kind}")
+            raise S.ShardError(f"{self.shards.location} holds {self.shards.kind} shards, not {self.kind}")
         if self.shards.samples(split) == 0:
-            raise S.ShardError(f"{self.shards.root} has no {split} samples; prepare a folder that has them")
+            raise S.ShardError(f"{self.shards.location} has no {split} samples; prepare a folder that has them")
         self.rank, self.world_size = resolve_shard(rank, world_size)
         if batch_size < 1:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
@@ -158,8 +162,9 @@ class _StreamingLoader(GlobalBatch):
         drop_last = shuffle and self.world_size > 1
         if not 0.0 < subsample <= 1.0:
             raise ValueError(f"subsample must be in (0, 1], got {subsample}")
-        # subsample < 1: a seeded share of the chunks' samples (litdata's), the same in every epoch.
-        self.dataset = StreamingDataset(str(self.shards.split_dir(split)), shuffle=shuffle, seed=seed,
+        # subsample < 1: a seeded share of the chunks' samples (litdata's), the same in every epoch. Shards in an
+        # object store: litdata downloads each chunk into the cache folder when a worker first needs it.
+        self.dataset = StreamingDataset(self.shards.split_source(split), shuffle=shuffle, seed=seed,
                                         drop_last=drop_last, transform=transform, subsample=float(subsample))
         # speedkit's ranks (torchrun's environment, or as given), also when the loader is built before the
         # process group is (litdata would read the group, and see one process).
@@ -241,7 +246,7 @@ class _StreamingLoader(GlobalBatch):
     # -- the checkpoint's part ----------------------------------------------------------------------------------
     def state_dict(self) -> dict:
         """Where the iteration stands (epoch, batches handed out, litdata's loader state) and which data it is."""
-        return {"kind": self.kind, "fingerprint": self.fingerprint, "root": str(self.shards.root),
+        return {"kind": self.kind, "fingerprint": self.fingerprint, "root": self.shards.location,
                 "split": self.split, "epoch": self._iter_epoch, "batches": self._yielded,
                 "litdata": self.loader.state_dict() if self._yielded else None}
 
@@ -252,7 +257,7 @@ class _StreamingLoader(GlobalBatch):
         if state.get("fingerprint") != self.fingerprint:
             raise ValueError(
                 f"the run's checkpoint was trained on other data: its {state.get('split')} shards "
-                f"({state.get('root')}, fingerprint {state.get('fingerprint')}) are not these ({self.shards.root}, "
+                f"({state.get('root')}, fingerprint {state.get('fingerprint')}) are not these ({self.shards.location}, "
                 f"fingerprint {self.fingerprint}); the shards were prepared again or changed since. Resume with the "
                 f"data the run started on, or start a new run (another run name, or without --autoresume)")
         self._pending = state if state.get("litdata") else None
@@ -260,7 +265,7 @@ class _StreamingLoader(GlobalBatch):
             self.epoch = state["epoch"] + (1 if state["batches"] >= len(self) else 0)
 
     def __repr__(self) -> str:
-        return (f"{type(self).__name__}({self.shards.root}/{self.split}, samples={self.dataset_size}, "
+        return (f"{type(self).__name__}({self.shards.location}/{self.split}, samples={self.dataset_size}, "
                 f"batch_size={self.batch_size}, batches={len(self)}, shuffle={self.shuffle}, epoch={self.epoch}"
                 + (f", rank={self.rank}/{self.world_size})" if self.world_size > 1 else ")"))
 
@@ -344,7 +349,7 @@ class StreamingTokenLoader(_StreamingLoader):
     def __init__(self, root, seq_len: int, batch_size: int, *, split: str = "train", shuffle: Optional[bool] = None,
                  seed: int = 0, device="cpu", num_workers: int = 0, rank: Optional[int] = None,
                  world_size: Optional[int] = None, allow_partial: bool = True, subsample: float = 1.0):
-        shards = S.read_shards(root)
+        shards = root if isinstance(root, S.ShardSet) else S.read_shards(root)
         block = int(shards.manifest["block"])
         if seq_len < 1 or block % seq_len:
             raise ValueError(f"seq_len={seq_len} must divide the shards' block of {block} tokens; use one of "
@@ -358,7 +363,7 @@ class StreamingTokenLoader(_StreamingLoader):
                              f"each stored block of {block} tokens gives {per_block} windows of {seq_len}")
         self.seq_len, self.block = seq_len, block
         self.vocab_size = int(shards.manifest["vocab_size"])
-        super().__init__(root, split, batch_size, local // per_block,
+        super().__init__(shards, split, batch_size, local // per_block,
                          shuffle=split == "train" if shuffle is None else shuffle, seed=seed, device=device,
                          num_workers=num_workers, rank=rank, world_size=world_size, transform=_Epochless(),
                          collate=_Windows(seq_len), allow_partial=allow_partial, subsample=subsample)

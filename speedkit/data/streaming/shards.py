@@ -62,7 +62,12 @@ def write_json(path: Path, value) -> None:
 
 
 def is_shard_folder(path) -> bool:
-    """True for a folder ``speedkit data prepare`` wrote (complete or not)."""
+    """True for a folder ``speedkit data prepare`` wrote (complete or not), and for an object-store URL (it can
+    only be one: reading it checks, see :func:`read_shards`)."""
+    from speedkit.data.streaming.remote import is_url
+
+    if is_url(path):
+        return True
     return path is not None and (Path(path).expanduser() / MANIFEST).is_file()
 
 
@@ -152,6 +157,23 @@ class ShardSet:
     """A shard folder's manifest, read and checked: ``kind`` is ``"images"`` or ``"tokens"``."""
     root: Path
     manifest: dict
+    url: "str | None" = None  # where it is stored when that is an object store; ``root`` is then its cache
+
+    @property
+    def location(self) -> str:
+        """The URL of shards in an object store, else the folder (what messages name)."""
+        return self.url or str(self.root)
+
+    def split_source(self, split: str):
+        """What litdata's StreamingDataset reads the split from: the folder, or the URL with its cache folder."""
+        if self.url is None:
+            return str(self.split_dir(split))
+        from litdata.streaming.resolver import Dir
+
+        from speedkit.data.streaming.remote import allow_http_endpoints
+
+        allow_http_endpoints()
+        return Dir(path=str(self.split_dir(split)), url=f"{self.url}/{split}")
 
     @property
     def kind(self) -> str:
@@ -184,34 +206,73 @@ def read_shards(root, *, need_complete: bool = False) -> ShardSet:
     """The shard folder at ``root``, its manifest and every split's chunks checked against the split's index.
 
     A partial folder (a prepare that stopped) is refused with ``need_complete``; otherwise it is returned and its
-    ``complete`` is False. Chunks that do not match their index are refused, naming the file."""
+    ``complete`` is False. Chunks that do not match their index are refused, naming the file. ``root`` may be an
+    ``s3://bucket/prefix`` URL (:mod:`speedkit.data.streaming.remote`): the same checks, on the store's files."""
+    from speedkit.data.streaming import remote
+
+    if isinstance(root, ShardSet):
+        root = root.url or root.root
+    if remote.is_url(root):
+        return remote.read_remote_shards(root, need_complete=need_complete)
     root = Path(root).expanduser()
     path = root / MANIFEST
     if not path.is_file():
         raise ShardError(f"{root} is not a shard folder ({MANIFEST} is missing); make one with "
                          f"`speedkit data prepare SOURCE --out {root}`")
     try:
-        manifest = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
+        raw = path.read_bytes()
+    except OSError as e:
         raise ShardError(f"{path} cannot be read ({e}); run `speedkit data prepare` again into {root}") from None
-    if manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
-        raise ShardError(f"{path} is not a speedkit shard manifest of version {VERSION}; prepare the data again "
-                         f"with this speedkit")
-    shards = ShardSet(root, manifest)
-    if need_complete and not shards.complete:
-        raise ShardError(f"{root} holds a prepare that did not finish ({manifest.get('stopped', 'stopped')}); run "
-                         f"the same `speedkit data prepare` again to complete it")
-    for split, info in manifest["splits"].items():
+    shards = ShardSet(root, parse_manifest(raw, str(root)))
+    if need_complete:
+        check_complete(shards)
+    for split in shards.manifest["splits"]:
         index_path = shards.split_dir(split) / INDEX
         if not index_path.is_file():
             raise ShardError(f"{root}: the {split} split's {INDEX} is missing; run `speedkit data prepare` again")
-        index = json.loads(index_path.read_text())
-        if int(info.get("chunks", -1)) != len(index["chunks"]):
-            raise ShardError(f"{index_path} lists {len(index['chunks'])} chunks but {MANIFEST} says "
-                             f"{info.get('chunks')}: the index was replaced; run `speedkit data prepare` again")
-        count = sum(int(c["chunk_size"]) for c in index["chunks"])
-        if count != int(info["samples"]):
-            raise ShardError(f"{index_path} holds {count} samples but {MANIFEST} says {info['samples']}: the "
-                             f"shards do not match their manifest; run `speedkit data prepare` again")
+        index = parse_index(index_path.read_bytes(), str(index_path))
+        check_index(shards, split, index, str(index_path))
         check_chunks(shards.split_dir(split), index["chunks"], where=str(root))
     return shards
+
+
+def parse_manifest(raw: bytes, where: str) -> dict:
+    """A manifest's bytes read and checked for its format and version (``where``: the folder or URL)."""
+    try:
+        manifest = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ShardError(f"{where}/{MANIFEST} cannot be read ({e}); run `speedkit data prepare` again") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
+        raise ShardError(f"{where}/{MANIFEST} is not a speedkit shard manifest of version {VERSION}; prepare the "
+                         f"data again with this speedkit")
+    return manifest
+
+
+def parse_index(raw: bytes, where: str) -> dict:
+    try:
+        index = json.loads(raw)
+        if not isinstance(index.get("chunks"), list):
+            raise ValueError("it lists no chunks")
+    except (ValueError, UnicodeDecodeError, AttributeError) as e:
+        raise ShardError(f"{where} cannot be read ({e}): the index was replaced; run `speedkit data prepare` "
+                         f"again") from None
+    return index
+
+
+def check_complete(shards: ShardSet) -> None:
+    if not shards.complete:
+        raise ShardError(f"{shards.location} holds a prepare that did not finish "
+                         f"({shards.manifest.get('stopped', 'stopped')}); run the same `speedkit data prepare` again "
+                         f"to complete it")
+
+
+def check_index(shards: ShardSet, split: str, index: dict, where: str) -> None:
+    """The split's index agrees with the manifest (chunk and sample counts)."""
+    info = shards.manifest["splits"][split]
+    if int(info.get("chunks", -1)) != len(index["chunks"]):
+        raise ShardError(f"{where} lists {len(index['chunks'])} chunks but {MANIFEST} says "
+                         f"{info.get('chunks')}: the index was replaced; run `speedkit data prepare` again")
+    count = sum(int(c["chunk_size"]) for c in index["chunks"])
+    if count != int(info["samples"]):
+        raise ShardError(f"{where} holds {count} samples but {MANIFEST} says {info['samples']}: the "
+                         f"shards do not match their manifest; run `speedkit data prepare` again")
