@@ -98,7 +98,7 @@ def _info(args) -> int:
     m = shards.manifest
     counts = ", ".join(f"{split} {info['samples']} in {info['chunks']} chunk(s)" for split, info in m["splits"].items())
     state = "complete" if shards.complete else f"PARTIAL ({m.get('stopped')})"
-    print(f"{shards.root}: {m['kind']} shards, {state}: {counts}; fingerprint {shards.fingerprint}")
+    print(f"{shards.location}: {m['kind']} shards, {state}: {counts}; fingerprint {shards.fingerprint}")
     if m["kind"] == "images":
         print(f"  {len(m['classes'])} classes, short side {m['options']['short_side']}, from {m['source']}")
     else:

@@ -251,6 +251,7 @@ def prepare_images(source, out, *, short_side: int = 160, quality: int = 90, val
                    seed: int = 0, part_size: int = 1024, chunk_bytes: int = 64 << 20, workers: int = 0,
                    skip_bad: bool = False, overwrite: bool = False, progress: bool = True) -> PrepareResult:
     """Shards of the image folder ``source`` in ``out`` (see the module's docstring)."""
+    _local_only(source, out)
     source, out = Path(source).expanduser().resolve(), Path(out).expanduser().resolve()
     if not source.is_dir():
         raise FileNotFoundError(f"{source} is not a folder; give an image folder (<class>/*.jpg, or train/ and val/)")
@@ -448,6 +449,7 @@ def prepare_text(source, out, *, tokenizer=None, vocab_size: int = 8192, block: 
     from speedkit.data.text import _list_text_files, looks_binary, split_files
 
     S.require("tokenizers")
+    _local_only(source, out)
     source, out = Path(source).expanduser().resolve(), Path(out).expanduser().resolve()
     if not source.is_dir():
         raise FileNotFoundError(f"{source} is not a folder; give a folder of text files ({', '.join(TEXT_EXTENSIONS)})")
@@ -517,6 +519,7 @@ def prepare_text(source, out, *, tokenizer=None, vocab_size: int = 8192, block: 
 
 def prepare(source, out, **options) -> PrepareResult:
     """Images or text, from what ``source`` holds: class folders of images, else text files."""
+    _local_only(source, out)
     source = Path(source).expanduser()
     if not source.is_dir():
         raise FileNotFoundError(f"{source} is not a folder")
@@ -526,6 +529,19 @@ def prepare(source, out, **options) -> PrepareResult:
     if kind == "images":
         return prepare_images(source, out, **{k: v for k, v in options.items() if k not in text_only})
     return prepare_text(source, out, **{k: v for k, v in options.items() if k not in image_only})
+
+
+def _local_only(source, out) -> None:
+    """A prepare reads and writes local folders (it resumes by its files, renames them atomically): an object-store
+    URL as ``out`` or ``source`` is refused with the fix."""
+    from speedkit.data.streaming.remote import is_url
+
+    if is_url(str(out)):
+        raise ValueError(f"--out {out}: speedkit data prepare writes a local folder, not an object store; prepare "
+                         f"locally, then upload the folder as it is (aws s3 sync DIR {out}) and train with --data {out}")
+    if is_url(str(source)):
+        raise ValueError(f"{source}: speedkit data prepare reads a local folder; copy the source to a local disk "
+                         f"first (aws s3 sync {source} DIR)")
 
 
 def detect_kind(source: Path) -> str:

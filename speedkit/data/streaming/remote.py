@@ -19,6 +19,7 @@ the split's cached chunks are deleted before any is used: a cached chunk is neve
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import warnings
@@ -29,6 +30,7 @@ from speedkit.data.streaming import shards as S
 
 SCHEMES = ("s3",)
 _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://(.*)$")
+_ANNOUNCED: set = set()
 UPLOAD_HINT = "prepare the shards locally, then upload the folder as it is: aws s3 sync DIR {url}"
 
 
@@ -161,6 +163,10 @@ def read_remote_shards(url: str, *, need_complete: bool = False) -> "S.ShardSet"
         raise _explain(url, e) from None
     cache = cache_folder(url)
     _store(cache, manifest_bytes, indexes, tokenizer, tokenizer_bytes)
+    if url not in _ANNOUNCED:  # once a process: where the chunks go, and how to move them
+        _ANNOUNCED.add(url)
+        warnings.warn(f"{url}: streaming the shards from the object store at {_endpoint()}; chunks are cached in "
+                      f"{cache} (set SPEEDKIT_SHARDS to cache them elsewhere)", stacklevel=2)
     shards = S.ShardSet(cache, manifest, url=url)
     for split, raw in indexes.items():
         index = S.parse_index(raw, f"{url}/{split}/{S.INDEX}")
@@ -196,8 +202,9 @@ def _store(cache: Path, manifest: bytes, indexes: dict, tokenizer: Optional[str]
         old = split_dir / S.INDEX
         if old.is_file() and old.read_bytes() != raw:
             stale = [p for p in split_dir.iterdir() if p.name != S.INDEX]
-            warnings.warn(f"{cache}: the store's {split} shards changed since they were cached; deleting the "
-                          f"{len(stale)} cached file(s) of the old ones", stacklevel=3)
+            if stale:
+                    warnings.warn(f"{cache}: the store's {split} shards changed since they were cached; deleting the "
+                              f"{len(stale)} cached file(s) of the old ones", stacklevel=3)
             for path in stale:
                 path.unlink(missing_ok=True) if path.is_file() else None
         split_dir.mkdir(parents=True, exist_ok=True)
@@ -206,13 +213,6 @@ def _store(cache: Path, manifest: bytes, indexes: dict, tokenizer: Optional[str]
     if tokenizer_bytes is not None:
         atomic_write_bytes(cache / tokenizer, tokenizer_bytes)
     atomic_write_bytes(cache / S.MANIFEST, manifest)
-
-
-def refuse_output(out) -> None:
-    """``speedkit data prepare --out URL`` writes a local folder only: a ValueError with the fix."""
-    if is_url(str(out)):
-        raise ValueError(f"--out {out}: speedkit data prepare writes a local folder; prepare locally, then upload "
-                         f"the folder as it is (aws s3 sync DIR {out}) and train with --data {out}")
 
 
 def describe(shards: "S.ShardSet") -> str:
@@ -253,3 +253,30 @@ def allow_http_endpoints() -> None:
 
     D.register_downloader("s3://", S3Downloader, overwrite=True)
     _DOWNLOADER = S3Downloader
+
+
+def verify_remote(shards: "S.ShardSet") -> list[str]:
+    """:func:`speedkit.data.streaming.shards.verify_contents` on the store's objects: each chunk's SHA-256 (read
+    from the store, not cached) against the one its part's ``.done`` marker recorded; the objects that differ."""
+    bucket, prefix = split_url(shards.url)
+    client = _client()
+    problems = []
+    try:
+        sizes = _list(client, bucket, prefix)
+        for split in shards.manifest["splits"]:
+            for marker in sorted(n for n in sizes if n.startswith(f"{split}/") and n.endswith(".done")):
+                recorded = json.loads(_get(client, bucket, prefix, marker)).get("sha256", {})
+                for name, expected in recorded.items():
+                    if f"{split}/{name}" not in sizes:
+                        problems.append(f"{shards.url}/{split}/{name} is missing")
+                        continue
+                    digest = hashlib.sha256()
+                    key = f"{prefix}/{split}/{name}" if prefix else f"{split}/{name}"
+                    for block in client.get_object(Bucket=bucket, Key=key)["Body"].iter_chunks(1 << 20):
+                        digest.update(block)
+                    if digest.hexdigest() != expected:
+                        problems.append(f"{shards.url}/{split}/{name} was altered since it was written (its SHA-256 "
+                                        f"differs)")
+    except Exception as e:
+        raise _explain(shards.url, e) from None
+    return problems

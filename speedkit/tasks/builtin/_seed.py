@@ -29,11 +29,17 @@ def pick_profile(task: str, profile: str | None) -> str:
     return profile
 
 
-def need_data(task: str, data, how: str) -> Path:
-    """``data`` as a folder that exists, or an error that names ``--data`` and how to prepare one."""
+def need_data(task: str, data, how: str) -> Path | str:
+    """``data`` as a folder that exists, or an error that names ``--data`` and how to prepare one. An object-store
+    URL (``s3://bucket/prefix``, shards uploaded as prepared) is returned as it is once its scheme is one speedkit
+    reads; reading it checks the rest (:mod:`speedkit.data.streaming.remote`)."""
     if data is None:
         raise ValueError(f"task {task!r} trains on your files: give the folder with --data DIR (data=DIR in "
                          f"Python); {how}")
+    from speedkit.data.streaming.remote import is_url, normalize
+
+    if is_url(data):
+        return normalize(data)
     folder = Path(data).expanduser()
     if not folder.is_dir():
         raise FileNotFoundError(f"task {task!r}: --data {data} is not a folder; {how}")

@@ -12,6 +12,7 @@ import os
 import warnings
 from pathlib import Path
 
+from speedkit.data.streaming.remote import describe
 from speedkit.data.streaming.shards import MANIFEST, is_shard_folder, read_shards
 from speedkit.tasks.task import DataRequest
 
@@ -26,8 +27,13 @@ def shard_cache(source: Path, what: str) -> Path:
     return root / f"{source.name}-{what}-{key}"
 
 
-def shards_for(data, kind: str, reason: str, **options) -> Path:
-    """``data`` itself when it is a shard folder, else its shards, prepared now unless already complete there."""
+def shards_for(data, kind: str, reason: str, **options) -> Path | str:
+    """``data`` itself when it is a shard folder (or an object-store URL of one), else its shards, prepared now
+    unless already complete there."""
+    from speedkit.data.streaming.remote import is_url, normalize
+
+    if is_url(data):
+        return normalize(data)
     source = Path(data).expanduser()
     if is_shard_folder(source):
         return source
@@ -48,7 +54,7 @@ def _fraction(fraction: float | None) -> float:
     return 1.0 if fraction is None else float(fraction)
 
 
-def streamed_image_task(shards: Path, image_size: int | None, target: float, flips_keep_labels: bool):
+def streamed_image_task(shards: Path | str, image_size: int | None, target: float, flips_keep_labels: bool):
     """The image-folder Task over image shards."""
     from speedkit.data.streaming.loaders import StreamingImageLoader
     from speedkit.tasks.builtin._shared import LIBRARY_MODELS, classification_metrics, recipe_augment, vision_model_factory
@@ -72,7 +78,7 @@ def streamed_image_task(shards: Path, image_size: int | None, target: float, fli
 
     partial = "" if info.complete else ", PARTIAL shards"
     return Task(name="image-folder", domain="vision",
-                summary=f"{len(classes)}-class images streamed from shards {shards}, {size}x{size}, "
+                summary=f"{len(classes)}-class images streamed from shards {describe(info)}, {size}x{size}, "
                         f"{info.samples('train')} training images{partial}",
                 model=vision_model_factory(3, len(classes)),
                 train_data=lambda request: loader(request, True), eval_data=lambda request: loader(request, False),
@@ -84,7 +90,7 @@ def streamed_image_task(shards: Path, image_size: int | None, target: float, fli
 STREAMED_GPTS = ("gpt-nano", "gpt-micro", "gpt-mini", "gpt-small", "gpt2-124m")
 
 
-def streamed_text_task(shards: Path, target: float | None, recipes: dict):
+def streamed_text_task(shards: Path | str, target: float | None, recipes: dict):
     """The text-folder Task over BPE token shards: a GPT with the shards' vocabulary, evaluated by loss (nats per
     token: bits per byte would need the bytes each token stands for)."""
     from speedkit.data.streaming.loaders import StreamingTokenLoader
@@ -122,7 +128,7 @@ def streamed_text_task(shards: Path, target: float | None, recipes: dict):
 
     return Task(name="text-folder", domain="language",
                 summary=f"a GPT on {info.manifest.get('tokens', {}).get('train', '?')} BPE tokens (vocabulary "
-                        f"{vocab}) streamed from shards {shards}" + ("" if info.complete else ", PARTIAL shards"),
+                        f"{vocab}) streamed from shards {describe(info)}" + ("" if info.complete else ", PARTIAL shards"),
                 model=model, train_data=train, eval_data=evaluate, metrics=lambda: {"loss": CrossEntropy()},
                 target_metric="eval/loss", target_value=4.0 if target is None else target, models=STREAMED_GPTS,
                 recipes=recipes)
