@@ -22,6 +22,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import warnings
 from pathlib import Path
 from typing import Optional
@@ -156,17 +157,15 @@ def read_remote_shards(url: str, *, need_complete: bool = False) -> "S.ShardSet"
                                    f"`speedkit data prepare` wrote: " + UPLOAD_HINT.format(url=url))
             indexes[split] = _get(client, bucket, prefix, name)
         tokenizer = manifest.get("tokenizer")
-        tokenizer_bytes = _get(client, bucket, prefix, tokenizer) if tokenizer and tokenizer in sizes else None
+        if tokenizer and tokenizer not in sizes:
+            raise S.ShardError(f"{url}: {tokenizer} (the tokenizer the tokens were made with) is missing; upload the "
+                               f"whole folder `speedkit data prepare` wrote: " + UPLOAD_HINT.format(url=url))
+        tokenizer_bytes = _get(client, bucket, prefix, tokenizer) if tokenizer else None
     except S.ShardError:
         raise
     except Exception as e:  # botocore's, made one clear error
         raise _explain(url, e) from None
     cache = cache_folder(url)
-    _store(cache, manifest_bytes, indexes, tokenizer, tokenizer_bytes)
-    if url not in _ANNOUNCED:  # once a process: where the chunks go, and how to move them
-        _ANNOUNCED.add(url)
-        warnings.warn(f"{url}: streaming the shards from the object store at {_endpoint()}; chunks are cached in "
-                      f"{cache} (set SPEEDKIT_SHARDS to cache them elsewhere)", stacklevel=2)
     shards = S.ShardSet(cache, manifest, url=url)
     for split, raw in indexes.items():
         index = S.parse_index(raw, f"{url}/{split}/{S.INDEX}")
@@ -174,6 +173,11 @@ def read_remote_shards(url: str, *, need_complete: bool = False) -> "S.ShardSet"
         _check_sizes(url, split, index["chunks"], sizes)
     if need_complete:
         S.check_complete(shards)
+    _store(cache, manifest_bytes, indexes, tokenizer, tokenizer_bytes)  # checked: the cache mirrors the store
+    if url not in _ANNOUNCED:  # once a process: where the chunks go, and how to move them
+        _ANNOUNCED.add(url)
+        warnings.warn(f"{url}: streaming the shards from the object store at {_endpoint()}; chunks are cached in "
+                      f"{cache} (set SPEEDKIT_SHARDS to cache them elsewhere)", stacklevel=2)
     return shards
 
 
@@ -203,10 +207,10 @@ def _store(cache: Path, manifest: bytes, indexes: dict, tokenizer: Optional[str]
         if old.is_file() and old.read_bytes() != raw:
             stale = [p for p in split_dir.iterdir() if p.name != S.INDEX]
             if stale:
-                    warnings.warn(f"{cache}: the store's {split} shards changed since they were cached; deleting the "
+                warnings.warn(f"{cache}: the store's {split} shards changed since they were cached; deleting the "
                               f"{len(stale)} cached file(s) of the old ones", stacklevel=3)
             for path in stale:
-                path.unlink(missing_ok=True) if path.is_file() else None
+                shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
         split_dir.mkdir(parents=True, exist_ok=True)
         if not old.is_file() or old.read_bytes() != raw:
             atomic_write_bytes(old, raw)
