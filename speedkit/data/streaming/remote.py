@@ -18,6 +18,7 @@ the split's cached chunks are deleted before any is used: a cached chunk is neve
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -27,7 +28,7 @@ import warnings
 from pathlib import Path
 from typing import Optional
 
-from speedkit.data.streaming import shards as S
+from speedkit.data.streaming.errors import INDEX, MANIFEST, ShardError
 
 SCHEMES = ("s3",)
 _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://(.*)$")
@@ -45,17 +46,17 @@ def split_url(url: str) -> tuple[str, str]:
     naming the schemes speedkit reads for any other."""
     match = _URL.match(url)
     if match is None:
-        raise S.ShardError(f"{url} is not a URL; give a local shard folder or s3://bucket/prefix")
+        raise ShardError(f"{url} is not a URL; give a local shard folder or s3://bucket/prefix")
     scheme, rest = match.group(1).lower(), match.group(2)
     if scheme not in SCHEMES:
-        raise S.ShardError(
+        raise ShardError(
             f"--data {url}: speedkit reads shard folders from a local folder or from "
             f"{', '.join(s + '://' for s in SCHEMES)} URLs (AWS S3, or an S3-compatible store such as MinIO, "
             f"Cloudflare R2 or Google Cloud Storage's S3 API, with AWS_ENDPOINT_URL set to its endpoint), not "
             f"{scheme}://; copy the shard folder to a local disk or to such a bucket")
     bucket, _, prefix = rest.partition("/")
     if not bucket:
-        raise S.ShardError(f"--data {url} names no bucket; give s3://BUCKET/PREFIX, the folder `speedkit data "
+        raise ShardError(f"--data {url} names no bucket; give s3://BUCKET/PREFIX, the folder `speedkit data "
                            f"prepare` wrote as uploaded")
     return bucket, prefix.strip("/")
 
@@ -80,40 +81,43 @@ def _endpoint() -> str:
 def _client():
     """A boto3 S3 client from the usual AWS environment that fails fast: a wrong endpoint or missing credentials
     is an error in seconds, not after retries (litdata's own client retries at length for the chunks)."""
-    S.require("boto3")
-    import boto3
+    try:
+        import boto3
+    except ImportError:
+        raise ImportError("shards in an object store need boto3: pip install 'torch-speedkit[stream]' (litdata "
+                          "brings it)") from None
     from botocore.config import Config
 
     return boto3.Session().client("s3", config=Config(connect_timeout=5, read_timeout=30,
                                                       retries={"max_attempts": 2, "mode": "standard"}))
 
 
-def _explain(url: str, error: Exception) -> S.ShardError:
+def _explain(url: str, error: Exception) -> ShardError:
     """One clear error for what reading ``url`` raised: the URL, what is wrong, the fix."""
     from botocore import exceptions as E
 
     if isinstance(error, (E.NoCredentialsError, E.PartialCredentialsError)):
-        return S.ShardError(f"--data {url}: no credentials for the object store ({error}); set AWS_ACCESS_KEY_ID and "
+        return ShardError(f"--data {url}: no credentials for the object store ({error}); set AWS_ACCESS_KEY_ID and "
                             f"AWS_SECRET_ACCESS_KEY (or AWS_PROFILE, ~/.aws/credentials), as the aws command uses")
     if isinstance(error, (E.EndpointConnectionError, E.ConnectTimeoutError, E.ReadTimeoutError,
                           E.ConnectionClosedError)):
-        return S.ShardError(f"--data {url}: cannot reach the object store at {_endpoint()} ({error}); check "
+        return ShardError(f"--data {url}: cannot reach the object store at {_endpoint()} ({error}); check "
                             f"AWS_ENDPOINT_URL (for MinIO, R2 or GCS, their endpoint) and the network")
     if isinstance(error, E.ClientError):
         code = str(error.response.get("Error", {}).get("Code", ""))
         if code in ("NoSuchBucket", "404"):
-            return S.ShardError(f"--data {url}: the bucket {split_url(url)[0]} does not exist at {_endpoint()}; check "
+            return ShardError(f"--data {url}: the bucket {split_url(url)[0]} does not exist at {_endpoint()}; check "
                                 f"the URL (and AWS_ENDPOINT_URL), or upload the shards there: "
                                 + UPLOAD_HINT.format(url=url))
         if code in ("AccessDenied", "403", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken",
                     "InvalidToken", "AllAccessDisabled"):
-            return S.ShardError(f"--data {url}: the object store refused these credentials ({code}); check "
+            return ShardError(f"--data {url}: the object store refused these credentials ({code}); check "
                                 f"AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY (or AWS_PROFILE) and that they may read the "
                                 f"bucket")
-        return S.ShardError(f"--data {url}: the object store at {_endpoint()} answered {code or error}; check the "
+        return ShardError(f"--data {url}: the object store at {_endpoint()} answered {code or error}; check the "
                             f"URL and AWS_ENDPOINT_URL")
     if isinstance(error, E.BotoCoreError):
-        return S.ShardError(f"--data {url}: cannot read the object store at {_endpoint()} ({error}); check "
+        return ShardError(f"--data {url}: cannot read the object store at {_endpoint()} ({error}); check "
                             f"AWS_ENDPOINT_URL, AWS_REGION and the credentials")
     raise error
 
@@ -133,79 +137,82 @@ def _get(client, bucket: str, prefix: str, name: str) -> bytes:
     return client.get_object(Bucket=bucket, Key=key)["Body"].read()
 
 
-def read_remote_shards(url: str, *, need_complete: bool = False) -> "S.ShardSet":
-    """The shard folder at ``url`` (``s3://bucket/prefix``), read into its cache folder and checked as
-    :func:`speedkit.data.streaming.shards.read_shards` checks a local one; its ``url`` is set."""
+@dataclasses.dataclass
+class Fetched:
+    """What was read from the store for a shard folder: the listing's sizes, the manifest (parsed), each split's
+    index and the tokenizer as bytes; ``cache``: the folder they are cached in."""
+    url: str
+    cache: Path
+    sizes: dict
+    manifest: dict
+    manifest_bytes: bytes
+    indexes: dict
+    tokenizer: Optional[str]
+    tokenizer_bytes: Optional[bytes]
+
+
+def fetch(url: str, parse_manifest) -> Fetched:
+    """The manifest (checked with ``parse_manifest(raw, where)``), the indexes and the tokenizer of the shard folder
+    at ``url``, and the sizes of every object under it; one clear ShardError for anything the store refuses."""
     url = normalize(url)
     bucket, prefix = split_url(url)
     client = _client()
     try:
         sizes = _list(client, bucket, prefix)
-        if S.MANIFEST not in sizes:
+        if MANIFEST not in sizes:
             if not sizes:
-                raise S.ShardError(f"--data {url}: nothing is stored under this prefix (at {_endpoint()}); check the "
-                                   f"URL, or upload the shards: " + UPLOAD_HINT.format(url=url))
-            raise S.ShardError(f"--data {url} is not a shard folder ({S.MANIFEST} is missing there); "
-                               + UPLOAD_HINT.format(url=url))
-        manifest_bytes = _get(client, bucket, prefix, S.MANIFEST)
-        manifest = S.parse_manifest(manifest_bytes, url)
+                raise ShardError(f"--data {url}: nothing is stored under this prefix (at {_endpoint()}); check the "
+                                 f"URL, or upload the shards: " + UPLOAD_HINT.format(url=url))
+            raise ShardError(f"--data {url} is not a shard folder ({MANIFEST} is missing there); "
+                             + UPLOAD_HINT.format(url=url))
+        manifest_bytes = _get(client, bucket, prefix, MANIFEST)
+        manifest = parse_manifest(manifest_bytes, url)
         indexes = {}
         for split in manifest["splits"]:
-            name = f"{split}/{S.INDEX}"
+            name = f"{split}/{INDEX}"
             if name not in sizes:
-                raise S.ShardError(f"{url}: the {split} split's {S.INDEX} is missing; upload the whole folder "
-                                   f"`speedkit data prepare` wrote: " + UPLOAD_HINT.format(url=url))
+                raise ShardError(f"{url}: the {split} split's {INDEX} is missing; upload the whole folder "
+                                 f"`speedkit data prepare` wrote: " + UPLOAD_HINT.format(url=url))
             indexes[split] = _get(client, bucket, prefix, name)
         tokenizer = manifest.get("tokenizer")
         if tokenizer and tokenizer not in sizes:
-            raise S.ShardError(f"{url}: {tokenizer} (the tokenizer the tokens were made with) is missing; upload the "
-                               f"whole folder `speedkit data prepare` wrote: " + UPLOAD_HINT.format(url=url))
+            raise ShardError(f"{url}: {tokenizer} (the tokenizer the tokens were made with) is missing; upload the "
+                             f"whole folder `speedkit data prepare` wrote: " + UPLOAD_HINT.format(url=url))
         tokenizer_bytes = _get(client, bucket, prefix, tokenizer) if tokenizer else None
-    except S.ShardError:
+    except ShardError:
         raise
     except Exception as e:  # botocore's, made one clear error
         raise _explain(url, e) from None
-    cache = cache_folder(url)
-    shards = S.ShardSet(cache, manifest, url=url)
-    for split, raw in indexes.items():
-        index = S.parse_index(raw, f"{url}/{split}/{S.INDEX}")
-        S.check_index(shards, split, index, f"{url}/{split}/{S.INDEX}")
-        _check_sizes(url, split, index["chunks"], sizes)
-    if need_complete:
-        S.check_complete(shards)
-    _store(cache, manifest_bytes, indexes, tokenizer, tokenizer_bytes)  # checked: the cache mirrors the store
-    if url not in _ANNOUNCED:  # once a process: where the chunks go, and how to move them
-        _ANNOUNCED.add(url)
-        warnings.warn(f"{url}: streaming the shards from the object store at {_endpoint()}; chunks are cached in "
-                      f"{cache} (set SPEEDKIT_SHARDS to cache them elsewhere)", stacklevel=2)
-    return shards
+    return Fetched(url, cache_folder(url), sizes, manifest, manifest_bytes, indexes, tokenizer, tokenizer_bytes)
 
 
-def _check_sizes(url: str, split: str, chunks: list, sizes: dict) -> None:
+def check_sizes(fetched: Fetched, split: str, chunks: list) -> None:
     """Each chunk the index lists is in the store with the size the index says (the listing's sizes)."""
+    url = fetched.url
     for chunk in chunks:
         name = f"{split}/{chunk['filename']}"
-        size, expected = sizes.get(name), int(chunk["chunk_bytes"])
+        size, expected = fetched.sizes.get(name), int(chunk["chunk_bytes"])
         if size is None:
-            raise S.ShardError(f"{url}: {name} is missing but its index lists it; upload the whole folder again: "
-                               + UPLOAD_HINT.format(url=url))
+            raise ShardError(f"{url}: {name} is missing but its index lists it; upload the whole folder again: "
+                             + UPLOAD_HINT.format(url=url))
         if size != expected:
             what = "the upload was cut short" if size < expected else "it was replaced"
-            raise S.ShardError(f"{url}: {name} holds {size} bytes but its index says {expected}: {what}; upload the "
-                               f"folder `speedkit data prepare` wrote again: " + UPLOAD_HINT.format(url=url))
+            raise ShardError(f"{url}: {name} holds {size} bytes but its index says {expected}: {what}; upload the "
+                             f"folder `speedkit data prepare` wrote again: " + UPLOAD_HINT.format(url=url))
 
 
-def _store(cache: Path, manifest: bytes, indexes: dict, tokenizer: Optional[str], tokenizer_bytes) -> None:
+def store(fetched: Fetched) -> None:
     """The store's manifest, indexes and tokenizer in the cache folder; a split whose index changed loses its
-    cached chunks first (they may be another preparation's)."""
+    cached chunks first (they may be another preparation's). Says once a process where the chunks go."""
     from speedkit.record.runs import atomic_write_bytes
 
+    cache = fetched.cache
     cache.mkdir(parents=True, exist_ok=True)
-    for split, raw in indexes.items():
+    for split, raw in fetched.indexes.items():
         split_dir = cache / split
-        old = split_dir / S.INDEX
+        old = split_dir / INDEX
         if old.is_file() and old.read_bytes() != raw:
-            stale = [p for p in split_dir.iterdir() if p.name != S.INDEX]
+            stale = [p for p in split_dir.iterdir() if p.name != INDEX]
             if stale:
                 warnings.warn(f"{cache}: the store's {split} shards changed since they were cached; deleting the "
                               f"{len(stale)} cached file(s) of the old ones", stacklevel=3)
@@ -214,12 +221,16 @@ def _store(cache: Path, manifest: bytes, indexes: dict, tokenizer: Optional[str]
         split_dir.mkdir(parents=True, exist_ok=True)
         if not old.is_file() or old.read_bytes() != raw:
             atomic_write_bytes(old, raw)
-    if tokenizer_bytes is not None:
-        atomic_write_bytes(cache / tokenizer, tokenizer_bytes)
-    atomic_write_bytes(cache / S.MANIFEST, manifest)
+    if fetched.tokenizer_bytes is not None:
+        atomic_write_bytes(cache / fetched.tokenizer, fetched.tokenizer_bytes)
+    atomic_write_bytes(cache / MANIFEST, fetched.manifest_bytes)
+    if fetched.url not in _ANNOUNCED:  # once a process: where the chunks go, and how to move them
+        _ANNOUNCED.add(fetched.url)
+        warnings.warn(f"{fetched.url}: streaming the shards from the object store at {_endpoint()}; chunks are "
+                      f"cached in {cache} (set SPEEDKIT_SHARDS to cache them elsewhere)", stacklevel=4)
 
 
-def describe(shards: "S.ShardSet") -> str:
+def describe(shards) -> str:
     """Where the loaders read ``shards``: the URL and its cache folder, or the folder."""
     return f"{shards.url} (cached in {shards.root})" if shards.url else str(shards.root)
 
@@ -259,7 +270,7 @@ def allow_http_endpoints() -> None:
     _DOWNLOADER = S3Downloader
 
 
-def verify_remote(shards: "S.ShardSet") -> list[str]:
+def verify_remote(shards) -> list[str]:
     """:func:`speedkit.data.streaming.shards.verify_contents` on the store's objects: each chunk's SHA-256 (read
     from the store, not cached) against the one its part's ``.done`` marker recorded; the objects that differ."""
     bucket, prefix = split_url(shards.url)

@@ -27,18 +27,13 @@ import os
 from pathlib import Path
 from typing import Iterable
 
+from speedkit.data.streaming.errors import INDEX, MANIFEST, ShardError
 from speedkit.record.runs import atomic_write_bytes
 
-MANIFEST = "speedkit-shards.json"
 FORMAT = "speedkit-shards"
 VERSION = 1
-INDEX = "index.json"
 PLAN_DIR = ".prepare"
 SPLITS = ("train", "val")
-
-
-class ShardError(ValueError):
-    """A shard folder that cannot be used as it is: missing, partial where a whole one is needed, or altered."""
 
 
 def disable_litdata_network() -> None:
@@ -217,7 +212,7 @@ def read_shards(root, *, need_complete: bool = False) -> ShardSet:
     if isinstance(root, ShardSet):
         root = root.url or root.root
     if remote.is_url(root):
-        return remote.read_remote_shards(root, need_complete=need_complete)
+        return _read_remote(root, need_complete)
     root = Path(root).expanduser()
     path = root / MANIFEST
     if not path.is_file():
@@ -237,6 +232,24 @@ def read_shards(root, *, need_complete: bool = False) -> ShardSet:
         index = parse_index(index_path.read_bytes(), str(index_path))
         check_index(shards, split, index, str(index_path))
         check_chunks(shards.split_dir(split), index["chunks"], where=str(root))
+    return shards
+
+
+def _read_remote(url: str, need_complete: bool) -> ShardSet:
+    """The shard folder at an object-store URL, checked as a local one is (the chunks by the sizes the store
+    lists), its manifest, indexes and tokenizer then cached (:mod:`speedkit.data.streaming.remote`)."""
+    from speedkit.data.streaming import remote
+
+    fetched = remote.fetch(url, parse_manifest)
+    shards = ShardSet(fetched.cache, fetched.manifest, url=fetched.url)
+    for split, raw in fetched.indexes.items():
+        where = f"{fetched.url}/{split}/{INDEX}"
+        index = parse_index(raw, where)
+        check_index(shards, split, index, where)
+        remote.check_sizes(fetched, split, index["chunks"])
+    if need_complete:
+        check_complete(shards)
+    remote.store(fetched)  # checked: the cache now mirrors the store
     return shards
 
 
