@@ -100,6 +100,20 @@ def test_speedkit_train_runs_on_the_url(store, tmp_path, capsys):
                and f"cached in {cache_folder(url)} (set SPEEDKIT_SHARDS" in str(w.message) for w in said)
 
 
+def test_the_seed_and_folder_tasks_take_the_url(store):
+    from speedkit.tasks import find_task
+    from speedkit.tasks.task import DataRequest
+
+    url, _, _, _ = store
+    task = find_task("gpt2", url, profile="cpu")
+    assert url in task.summary and str(cache_folder(url)) in task.summary
+    model = task.model("gpt-nano")
+    inputs, _ = next(iter(task.train_data(DataRequest(batch_size=8, device=torch.device("cpu"), model=model))))
+    assert inputs.shape == (8, 32) and model(inputs).shape[-1] == 300
+    with pytest.raises(ValueError, match=r"holds tokens shards; --task text-folder trains on them"):
+        find_task("image-folder", url, stream=True)  # read from the store, then told what it holds
+
+
 def test_a_partial_prepare_in_the_store_is_refused_unless_allowed(store):
     url, local, client, _ = store
     manifest = json.loads((local / "speedkit-shards.json").read_text())
