@@ -68,10 +68,12 @@ def _windows(loader) -> list:
     return [inputs for inputs, _ in loader]
 
 
-def test_a_loader_from_the_url_yields_exactly_the_local_folders_samples(store):
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_loader_from_the_url_yields_exactly_the_local_folders_samples(store, workers):
     url, local, _, _ = store
-    expected = _windows(StreamingTokenLoader(local, 16, 4, seed=2))
-    remote = StreamingTokenLoader(url + "/", 16, 4, seed=2)  # a trailing slash names the same folder
+    shutil.rmtree(cache_folder(url), ignore_errors=True)  # each case downloads (in its worker processes)
+    expected = _windows(StreamingTokenLoader(local, 16, 4, seed=2, num_workers=workers))
+    remote = StreamingTokenLoader(url + "/", 16, 4, seed=2, num_workers=workers)  # a trailing slash: the same
     got = _windows(remote)
     assert len(got) == len(expected) > 10
     assert all(torch.equal(a, b) for a, b in zip(got, expected))

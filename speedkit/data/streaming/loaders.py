@@ -46,7 +46,22 @@ def _rng(seed: int, epoch: int, sample_id: int) -> random.Random:
     return random.Random(f"{seed}/{epoch}/{sample_id}")
 
 
-class _DecodeImage:
+class _InWorkers:
+    """A transform that litdata carries into the worker processes with the dataset. ``from_store``: the shards are
+    in an object store, so a worker started by spawn (not fork) installs speedkit's ``s3://`` downloader too
+    (:func:`speedkit.data.streaming.remote.allow_http_endpoints`), as the parent did."""
+
+    from_store = False
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        if self.from_store:
+            from speedkit.data.streaming.remote import allow_http_endpoints
+
+            allow_http_endpoints()
+
+
+class _DecodeImage(_InWorkers):
     """In a worker: JPEG bytes -> uint8 [3, size, size], random-resized crop and flip (train) or a centre crop."""
 
     def __init__(self, size: int, train: bool, seed: int, flip: Optional[str], scale: tuple, ratio: tuple,
@@ -158,6 +173,7 @@ class _StreamingLoader(GlobalBatch):
         self.epoch = 0
         self.fingerprint = self.shards.fingerprint
         self._transform = transform
+        transform.from_store = self.shards.url is not None
         # Training on several ranks: every rank the same number of equal batches (see the module's docstring).
         drop_last = shuffle and self.world_size > 1
         if not 0.0 < subsample <= 1.0:
@@ -379,7 +395,7 @@ class StreamingTokenLoader(_StreamingLoader):
         return Tokenizer.from_file(str(Path(self.shards.root) / self.shards.manifest["tokenizer"]))
 
 
-class _Epochless:
+class _Epochless(_InWorkers):
     """Token blocks need no per-sample randomness; the loader still sets ``epoch`` on its transform."""
 
     epoch = 0

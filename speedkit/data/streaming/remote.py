@@ -266,8 +266,17 @@ def allow_http_endpoints() -> None:
 
             return D._cached_obstore_store(self, plain_http_store)
 
+    # pickled by reference (a spawned worker unpickling it finds it through the module's __getattr__)
+    S3Downloader.__module__, S3Downloader.__qualname__ = __name__, "_S3Downloader"
     D.register_downloader("s3://", S3Downloader, overwrite=True)
     _DOWNLOADER = S3Downloader
+
+
+def __getattr__(name: str):
+    if name == "_S3Downloader":
+        allow_http_endpoints()
+        return _DOWNLOADER
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def verify_remote(shards) -> list[str]:
