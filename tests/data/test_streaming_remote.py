@@ -207,6 +207,10 @@ def test_the_cli_says_what_is_wrong_with_a_url_and_exit_status_2(store, tmp_path
     assert main(["data", "prepare", str(local), "--out", f"s3://{BUCKET}/new"]) == 2
     err = capsys.readouterr().err
     assert "writes a local folder" in err and f"aws s3 sync DIR s3://{BUCKET}/new" in err
+    assert main(["data", "prepare", url, "--out", str(tmp_path / "shards")]) == 2
+    assert "reads a local folder; copy the source to a local disk first" in capsys.readouterr().err
+    assert main(["train", "--task", "gpt2", "--data", "ftp://host/shards", "--run-dir", str(tmp_path)]) == 2
+    assert "from s3:// URLs" in capsys.readouterr().err
     assert main(["data", "info", url, "--verify"]) == 0
     out = capsys.readouterr().out
     assert out.startswith(f"{url}: tokens shards, complete") and "verified: every chunk as written" in out
