@@ -538,7 +538,8 @@ def _local_only(source, out) -> None:
 
     if is_url(str(out)):
         raise ValueError(f"--out {out}: speedkit data prepare writes a local folder, not an object store; prepare "
-                         f"locally, then upload the folder as it is (aws s3 sync DIR {out}) and train with --data {out}")
+                         f"locally, then upload the folder as it is (aws s3 sync DIR {out}) and train with --data "
+                         f"{out}")
     if is_url(str(source)):
         raise ValueError(f"{source}: speedkit data prepare reads a local folder; copy the source to a local disk "
                          f"first (aws s3 sync {source} DIR)")

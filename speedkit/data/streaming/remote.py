@@ -57,7 +57,7 @@ def split_url(url: str) -> tuple[str, str]:
     bucket, _, prefix = rest.partition("/")
     if not bucket:
         raise ShardError(f"--data {url} names no bucket; give s3://BUCKET/PREFIX, the folder `speedkit data "
-                           f"prepare` wrote as uploaded")
+                         f"prepare` wrote as uploaded")
     return bucket, prefix.strip("/")
 
 
@@ -98,27 +98,27 @@ def _explain(url: str, error: Exception) -> ShardError:
 
     if isinstance(error, (E.NoCredentialsError, E.PartialCredentialsError)):
         return ShardError(f"--data {url}: no credentials for the object store ({error}); set AWS_ACCESS_KEY_ID and "
-                            f"AWS_SECRET_ACCESS_KEY (or AWS_PROFILE, ~/.aws/credentials), as the aws command uses")
+                          f"AWS_SECRET_ACCESS_KEY (or AWS_PROFILE, ~/.aws/credentials), as the aws command uses")
     if isinstance(error, (E.EndpointConnectionError, E.ConnectTimeoutError, E.ReadTimeoutError,
                           E.ConnectionClosedError)):
         return ShardError(f"--data {url}: cannot reach the object store at {_endpoint()} ({error}); check "
-                            f"AWS_ENDPOINT_URL (for MinIO, R2 or GCS, their endpoint) and the network")
+                          f"AWS_ENDPOINT_URL (for MinIO, R2 or GCS, their endpoint) and the network")
     if isinstance(error, E.ClientError):
         code = str(error.response.get("Error", {}).get("Code", ""))
         if code in ("NoSuchBucket", "404"):
             return ShardError(f"--data {url}: the bucket {split_url(url)[0]} does not exist at {_endpoint()}; check "
-                                f"the URL (and AWS_ENDPOINT_URL), or upload the shards there: "
-                                + UPLOAD_HINT.format(url=url))
+                              f"the URL (and AWS_ENDPOINT_URL), or upload the shards there: "
+                              + UPLOAD_HINT.format(url=url))
         if code in ("AccessDenied", "403", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken",
                     "InvalidToken", "AllAccessDisabled"):
             return ShardError(f"--data {url}: the object store refused these credentials ({code}); check "
-                                f"AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY (or AWS_PROFILE) and that they may read the "
-                                f"bucket")
+                              f"AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY (or AWS_PROFILE) and that they may read the "
+                              f"bucket")
         return ShardError(f"--data {url}: the object store at {_endpoint()} answered {code or error}; check the "
-                            f"URL and AWS_ENDPOINT_URL")
+                          f"URL and AWS_ENDPOINT_URL")
     if isinstance(error, E.BotoCoreError):
         return ShardError(f"--data {url}: cannot read the object store at {_endpoint()} ({error}); check "
-                            f"AWS_ENDPOINT_URL, AWS_REGION and the credentials")
+                          f"AWS_ENDPOINT_URL, AWS_REGION and the credentials")
     raise error
 
 

@@ -128,7 +128,8 @@ def streamed_text_task(shards: Path | str, target: float | None, recipes: dict):
 
     return Task(name="text-folder", domain="language",
                 summary=f"a GPT on {info.manifest.get('tokens', {}).get('train', '?')} BPE tokens (vocabulary "
-                        f"{vocab}) streamed from shards {describe(info)}" + ("" if info.complete else ", PARTIAL shards"),
+                        f"{vocab}) streamed from shards {describe(info)}"
+                        + ("" if info.complete else ", PARTIAL shards"),
                 model=model, train_data=train, eval_data=evaluate, metrics=lambda: {"loss": CrossEntropy()},
                 target_metric="eval/loss", target_value=4.0 if target is None else target, models=STREAMED_GPTS,
                 recipes=recipes)

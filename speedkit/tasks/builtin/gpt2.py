@@ -108,7 +108,8 @@ def gpt2_task(data=None, profile: str | None = None, target: float | None = None
 
     return Task(name="gpt2", domain="language",
                 summary=f"gpt2 ({profile} profile): {info.manifest.get('tokens', {}).get('train', '?')} BPE tokens "
-                        f"(vocabulary {vocab}) streamed from shards {_streamed.describe(info)}, windows of up to {sizes.context} tokens"
+                        f"(vocabulary {vocab}) streamed from shards {_streamed.describe(info)}, windows of up to "
+                        f"{sizes.context} tokens"
                         + ("" if info.complete else ", PARTIAL shards"),
                 model=model, train_data=train, eval_data=evaluate, metrics=lambda: {"loss": CrossEntropy()},
                 target_metric="eval/loss", target_value=sizes.target if target is None else target,

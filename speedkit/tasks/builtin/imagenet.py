@@ -91,7 +91,8 @@ def imagenet_task(data=None, profile: str | None = None, image_size: int | None 
 
     partial = "" if info.complete else ", PARTIAL shards"
     return Task(name="imagenet", domain="vision",
-                summary=f"imagenet ({profile} profile): {len(classes)} classes streamed from shards {_streamed.describe(info)}, "
+                summary=f"imagenet ({profile} profile): {len(classes)} classes streamed from shards "
+                        f"{_streamed.describe(info)}, "
                         f"{info.samples('train')} training images at {train_size} px, evaluated at {eval_size} px"
                         + partial,
                 model=vision_model_factory(3, len(classes)),
