@@ -22,7 +22,8 @@ import_or_missing("nbval")
 nbformat = import_or_missing("nbformat")
 
 from helpers import needs_fmnist  # noqa: E402
-from notebook_checks import NOTEBOOKS, ROOT, SMOKE, assert_runs_with_smoke_parameters, smoke_in  # noqa: E402
+from notebook_checks import (NBVAL_NOTEBOOK, NOTEBOOKS, ROOT, SMOKE, assert_runs_with_smoke_parameters,  # noqa: E402
+                             smoke_in)
 
 from speedkit.cli.main import main  # noqa: E402
 from speedkit.cli.notebook_checks import (check_cell_differences, check_committed,  # noqa: E402
@@ -47,9 +48,27 @@ def _ids(paths):
 
 
 # -- every notebook, executed (the tutorials in test_tutorials.py: two files, so make test's two workers share them)
+# The quickstart's smoke run is shared with its speed check below (the unslowed side of the comparison), so that
+# the notebook is executed once for both.
+QUICKSTART = "00_quickstart"
+
+
+@pytest.fixture(scope="module")
+def quickstart_smoke_run(tmp_path_factory):
+    """The quickstart run once with its cpu-smoke parameters: its output folder, after the smoke checks passed."""
+    out = tmp_path_factory.mktemp("quickstart")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("OMP_NUM_THREADS", "1")
+        assert_runs_with_smoke_parameters(ROOT / "notebooks" / f"{QUICKSTART}.ipynb", out)
+    return out
+
+
 @needs_fmnist
 @pytest.mark.parametrize("path", SMOKE_NOTEBOOKS, ids=_ids(SMOKE_NOTEBOOKS))
-def test_notebook_runs_with_its_smoke_parameters(path, tmp_path):
+def test_notebook_runs_with_its_smoke_parameters(path, tmp_path, request):
+    if path.stem == QUICKSTART:
+        request.getfixturevalue("quickstart_smoke_run")  # its checks are assert_runs_with_smoke_parameters'
+        return
     assert_runs_with_smoke_parameters(path, tmp_path)
 
 
@@ -72,19 +91,21 @@ def test_a_check_cell_that_prints_something_else_is_reported(tmp_path):
 
 # nbval itself, as a user runs it (pytest --nbval-lax on a parameterized copy), on one notebook: the runner
 # test above already compares every check cell's output, so running each notebook twice would only cost time.
-NBVAL_NOTEBOOK = "t3_write_your_own_method"
+# This run is also that notebook's smoke run (test_tutorials.py leaves it out).
 
 
 @needs_fmnist
 @pytest.mark.parametrize("path", [p for p in CHECKED if p.stem == NBVAL_NOTEBOOK], ids=[NBVAL_NOTEBOOK])
 def test_nbval_lax_passes_on_the_parameterized_notebook(path, tmp_path):
-    """nbval runs a copy with the smoke parameters injected and compares the check cells' outputs."""
+    """nbval runs a copy with the smoke parameters injected, every cell without an error, and compares the check
+    cells' outputs; the notebook writes its RunRecords into out_dir."""
     copy = parameterized_copy(path, {**load_params("cpu-smoke", path, ROOT), "out_dir": str(tmp_path / "out")},
                       tmp_path / path.name)
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "--nbval-lax", "--nbval-current-env",
                            "-p", "no:cacheprovider", "--rootdir", str(tmp_path), str(copy)],
                           cwd=tmp_path, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
+    assert list((tmp_path / "out").rglob("record.json")), f"{path.name} wrote no RunRecord into out_dir"
 
 
 @needs_fmnist
@@ -97,26 +118,35 @@ def test_a_bad_parameter_fails_with_the_librarys_message(tmp_path):
     assert result.html.exists()  # a failed run is exported too, to be read where it failed
 
 
-def _quickstart_ratio(out: Path, monkeypatch, slowdown: str | None) -> float:
-    """The quickstart's measured speed-up, read from the check it fails at an unreachable threshold."""
-    if slowdown:
-        monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT / "tests" / "support" / "slowdown"),
-                                                                         os.environ.get("PYTHONPATH")])))
-        monkeypatch.setenv("SPEEDKIT_TEST_SLOWDOWN", slowdown)
-    [result] = run_notebooks("cpu-smoke", out=out, root=ROOT, only=["00_quickstart"], overrides={"min_speedup": 1e6})
+def _quickstart_ratio(out: Path, monkeypatch, slowdown: str) -> float:
+    """The quickstart's measured speed-up with ``slowdown``, read from the check it fails at an unreachable
+    threshold."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT / "tests" / "support" / "slowdown"),
+                                                                     os.environ.get("PYTHONPATH")])))
+    monkeypatch.setenv("SPEEDKIT_TEST_SLOWDOWN", slowdown)
+    [result] = run_notebooks("cpu-smoke", out=out, root=ROOT, only=[QUICKSTART], overrides={"min_speedup": 1e6})
     found = re.search(r"only ([0-9.]+)x faster than the baseline \(expected >=", result.error or "")
     assert result.failed and found, result.error
     return float(found.group(1))
 
 
+def _printed_ratio(out: Path) -> float:
+    """The speed-up an executed quickstart printed (speedup_summary's line, before its check cell)."""
+    nb = nbformat.read(str(out / QUICKSTART / f"{QUICKSTART}.ipynb"), as_version=4)
+    text = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
+    [found] = re.findall(r"([0-9.]+)x sooner than the baseline", text)
+    return float(found)
+
+
 @needs_fmnist
-def test_the_quickstart_speed_check_sees_a_2x_slower_speed_up_path(tmp_path, monkeypatch):
+def test_the_quickstart_speed_check_sees_a_2x_slower_speed_up_path(quickstart_smoke_run, tmp_path, monkeypatch):
     """The speed-up check has teeth: with every training step of the recipe's run (the one with methods) taking
     twice as long, as a regression in the methods' path would make it, the measured ratio falls well below the
     unslowed one. Compared within the test, since the ratio itself depends on the CPU (0.63-0.83 on an AMD EPYC
     that trains in fp32, 1.04-1.10 on a Xeon whose AMX makes bf16 fast; 0.47 and 0.59-0.62 slowed), which no
-    single threshold in params/cpu-smoke separates on both."""
-    plain = _quickstart_ratio(tmp_path / "plain", monkeypatch, None)
+    single threshold in params/cpu-smoke separates on both. The unslowed ratio is the smoke run's (the same
+    parameters; its own check passed at the smoke threshold)."""
+    plain = _printed_ratio(quickstart_smoke_run)
     slowed = _quickstart_ratio(tmp_path / "slowed", monkeypatch, "2")
     assert slowed < 0.8 * plain, (plain, slowed)  # measured: 0.56-0.75 of it
 
