@@ -78,6 +78,12 @@ def machine_text(machine: dict, date: str | None = None) -> str:
             f"torch {machine.get('torch', '?')}" + (f", {str(date)[:10]}" if date is not None else ""))
 
 
+def markdown_table(header: Sequence[str], rows: Iterable[Sequence]) -> list[str]:
+    """The lines of a markdown table: ``header``, its rule, and one line per row of cells (each shown with str)."""
+    return [f"| {' | '.join(header)} |", "|" + "---|" * len(header),
+            *(f"| {' | '.join(map(str, cells))} |" for cells in rows)]
+
+
 def baseline_runs(records: Sequence[RunRecord]) -> list[RunRecord]:
     """The runs of one of their task's baseline recipes (``speedkit.tasks.is_baseline``), leave-one-out runs
     left out."""
