@@ -64,10 +64,10 @@ def time_rank(times: Sequence[float | None], finals: Sequence[float | None] = ()
             sign * final if final is not None and metric is not None else math.inf)
 
 
-def strongest_baseline(baselines: dict[str, tuple[Sequence, Sequence]], metric: str | None = None) -> str:
-    """Of ``{name: (times to target, final metrics)}`` of baselines on the same seeds, the one every headline
-    speed-up is measured against: the first by ``time_rank``."""
-    return min(baselines, key=lambda name: time_rank(*baselines[name], metric))
+def fastest(runs: dict[str, tuple[Sequence, Sequence]], metric: str | None = None) -> str:
+    """Of ``{name: (times to target, final metrics)}`` on the same seeds, the first by ``time_rank``: the
+    benchmark's best recipe, and the strongest baseline every headline speed-up is measured against."""
+    return min(runs, key=lambda name: time_rank(*runs[name], metric))
 
 
 def machine_text(machine: dict, date: str | None = None) -> str:
@@ -76,6 +76,12 @@ def machine_text(machine: dict, date: str | None = None) -> str:
     threads = machine.get("torch_threads", "?")
     return (f"{machine.get('gpu') or machine.get('cpu', 'unknown CPU')}, {threads} thread{'' if threads == 1 else 's'}, "
             f"torch {machine.get('torch', '?')}" + (f", {str(date)[:10]}" if date is not None else ""))
+
+
+def markdown_table(header: Sequence[str], rows: Iterable[Sequence]) -> list[str]:
+    """The lines of a markdown table: ``header``, its rule, and one line per row of cells (each shown with str)."""
+    return [f"| {' | '.join(header)} |", "|" + "---|" * len(header),
+            *(f"| {' | '.join(map(str, cells))} |" for cells in rows)]
 
 
 def baseline_runs(records: Sequence[RunRecord]) -> list[RunRecord]:

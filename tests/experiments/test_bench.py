@@ -145,7 +145,7 @@ def test_bench_and_tune_judge_the_strongest_baseline_by_one_tie_rule():
     """Equal median times (a missed seed counting as infinitely slow): more seeds reached wins, then the better
     final metric. The old rules split here: the benchmark went straight to the final metric, the search took
     more seeds but then the first given."""
-    from speedkit.experiments.compare import strongest_baseline
+    from speedkit.experiments.compare import fastest
     from speedkit.experiments.tune.confirm import strongest_baseline as tune_strongest
 
     more_seeds = {"baseline": ([10.0, 10.0, None], [0.95] * 3), "plain": ([10.0, 10.0, 10.0], [0.93] * 3)}
@@ -153,7 +153,7 @@ def test_bench_and_tune_judge_the_strongest_baseline_by_one_tie_rule():
     profile = BenchProfile(name="cpu", run=RunRequest(task="fashion-mnist", device="cpu", target=0.9),
                            recipes=("baseline", "plain"))
     for runs in (more_seeds, better_final):
-        assert strongest_baseline(runs, "eval/accuracy") == "plain"
+        assert fastest(runs, "eval/accuracy") == "plain"
         rows = [{"key": name, "role": "baseline", "times_s": times, "finals": finals,
                  "seeds_reached": sum(t is not None for t in times)} for name, (times, finals) in runs.items()]
         assert tune_strongest(rows, "eval/accuracy")["key"] == "plain"
@@ -471,7 +471,7 @@ def test_an_earlier_sweep_sets_the_swept_baseline_and_nothing_else(monkeypatch, 
     assert ran["tuned"].optimizer["lr"] == 4e-3 and ran["tuned"].schedule == pick["schedule"]
     assert ran["baseline"].optimizer == get_profile("language").recipe("baseline").optimizer
     assert result.entry["baselines"]["tuned"]["sweep"] == sweeps["tuned"]
-    with pytest.raises(ValueError, match=r"sweeps for \['mild'\], which this profile does not sweep"):
+    with pytest.raises(ValueError, match=r"sweeps for \['mild'\], which this profile has no sweeps for"):
         harness.run_benchmark("vision", seeds=1, recipes="", out_dir=tmp_path, run_dir=tmp_path, figures=False,
                               log=lambda line: None, sweeps={"mild": {"pick": pick, "tried": []}})
 

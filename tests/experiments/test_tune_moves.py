@@ -96,3 +96,25 @@ def test_the_reference_leave_one_out_sets_which_method_is_dropped_first():
     assert weights["-mixup"] > weights["-ema"] == 1.0 > weights["-label_smoothing"]
     plain = {m.what: m.weight for m in neighbour_moves(incumbent, True, BASE, SPACE, set(), set())}
     assert plain["-mixup"] == plain["-label_smoothing"] == plain["-ema"]
+
+
+def test_each_field_choice_a_trial_draws_reads_back_as_that_choice_and_is_one_move_away():
+    """``space.FIELDS`` is the one description of a searched recipe field: a recipe a trial draws with a choice
+    reads back (``recipe_params``, what enqueues a known recipe) as that choice, and a move from the base reaches
+    it (precision and loader are left to the sampler; the batch size moves to a neighbour only)."""
+    from speedkit.experiments.tune.space import FIELDS, suggest_recipe
+
+    study = optuna.create_study()
+    moves = {m.what for m in neighbour_moves(BASE, True, BASE, SPACE, refused=set(), tried=set())}
+    for field in FIELDS:
+        choices = getattr(SPACE, field.space_attr)
+        assert choices, field.name
+        for choice in choices:
+            study.enqueue_trial({field.name: choice})
+            recipe = suggest_recipe(study.ask(), BASE, SPACE, "t")
+            assert recipe_params(recipe, BASE, SPACE)[field.name] == choice, (field.name, choice)
+            if field.move_weight is not None and field.to_value(choice, BASE) != field.value(BASE) \
+                    and not field.neighbours:
+                assert f"{field.name}={choice}" in moves, (field.name, choice)
+    assert {"batch_size=64", "batch_size=256"} <= moves and "batch_size=512" not in moves
+    assert not any(m.startswith(("precision=", "loader=")) for m in moves)

@@ -19,7 +19,7 @@ from speedkit.experiments.ablation import leave_one_out_runs
 from speedkit.experiments.bench.profiles import TASK_KEYS, BenchProfile, get_profile, task_key, with_default_sweeps
 from speedkit.experiments.compare import final_metric
 from speedkit.experiments.compare import leave_one_out as leave_one_out_table
-from speedkit.experiments.compare import median_or_none, paired_speedups, strongest_baseline, time_rank
+from speedkit.experiments.compare import fastest, median_or_none, paired_speedups, time_rank
 from speedkit.experiments.measure import fit, measure, shortest_budget
 from speedkit.record.runs import RunRecord, environment, load_records, lower_is_better
 from speedkit.tasks import TASKS, Recipe, RunRequest, get_recipe, is_baseline, make_trainer, resolve_task
@@ -320,7 +320,7 @@ def pick_best(recipes: dict[str, dict], metric: str, target: float | None = None
     (``holds_target``) can be best, and there may be none."""
     if target is not None:
         recipes = {name: entry for name, entry in recipes.items() if holds_target(entry, metric, target)}
-    return strongest_baseline(_runs(recipes), metric) if recipes else None
+    return fastest(_runs(recipes), metric) if recipes else None
 
 
 def _runs(entries: dict[str, dict]) -> dict[str, tuple[list, list]]:
@@ -361,7 +361,7 @@ def summarize(records: Sequence[RunRecord], profile: BenchProfile, ablations: Se
         baselines[name]["budget_search"] = found
     for name, swept in (sweeps or {}).items():
         baselines[name]["sweep"] = swept
-    strongest = strongest_baseline(_runs(baselines), target["metric"])
+    strongest = fastest(_runs(baselines), target["metric"])
     for entry in [*baselines.values(), *entries.values()]:
         _add_speedups(entry, baselines, strongest)
     best = pick_best(entries, target["metric"], target["value"])
@@ -452,11 +452,13 @@ def _write_json(path: Path, data: dict, log: Callable[[str], None], what: str, f
     log(f"{what} written to {path} (reuse them with {flag} {path})")
 
 
-def _with_baseline_changes(profile: BenchProfile, changes: dict[str, dict], known, what: str, fix: str) -> BenchProfile:
-    """The profile with ``changes`` (baseline -> recipe changes) on top of its own; ``what`` for names not ``known``."""
+def _with_baseline_changes(profile: BenchProfile, changes: dict[str, dict], known, what: str) -> BenchProfile:
+    """The profile with ``changes`` (baseline -> recipe changes, from the ``what`` file) on top of its own, each
+    for one of the ``known`` baselines."""
     unknown = sorted(set(changes) - set(known))
     if unknown:
-        raise ValueError(f"{what} for {unknown}, which {fix}")
+        raise ValueError(f"{what} for {unknown}, which this profile has no {what} for (it has them for "
+                         f"{', '.join(sorted(known))}); pass the <task>_{what}.json written for this task and profile")
     merged = {name: {**profile.recipe_changes.get(name, {}), **change} for name, change in changes.items()}
     return dataclasses.replace(profile, recipe_changes={**profile.recipe_changes, **merged})
 
@@ -569,9 +571,7 @@ def run_benchmark(task, profile: str | BenchProfile = "cpu", seeds: int | Sequen
     if sweeps:
         profile = _with_baseline_changes(
             profile, {n: {"optimizer": {"lr": s["pick"]["lr"]}, "schedule": dict(s["pick"]["schedule"])}
-                      for n, s in sweeps.items()}, profile.sweeps, "sweeps",
-            f"this profile does not sweep ({sorted(profile.sweeps)}); pass the <task>_sweeps.json that --sweep "
-            f"wrote for this task")
+                      for n, s in sweeps.items()}, profile.sweeps, "sweeps")
         log("sweep picks: " + ", ".join(f"{n} {s['pick']}" for n, s in sweeps.items()))
     if find_budgets and not reuse:
         budgets = {}
@@ -582,9 +582,7 @@ def run_benchmark(task, profile: str | BenchProfile = "cpu", seeds: int | Sequen
         _write_json(Path(out_dir) / f"{key}_budgets.json", budgets, log, "baseline budgets", "--budgets")
     if budgets:
         profile = _with_baseline_changes(
-            profile, {n: {"duration": b["budget"]} for n, b in budgets.items()}, profile.baselines, "budgets",
-            f"are not baselines this benchmark runs ({', '.join(profile.baselines)}); drop them or add them with "
-            f"--baselines")
+            profile, {n: {"duration": b["budget"]} for n, b in budgets.items()}, profile.baselines, "budgets")
         log("baseline budgets: " + ", ".join(f"{n} {b['budget']}" for n, b in budgets.items()))
     if reuse:
         records = reusable_runs(run_dir, profile, seed_list)

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Sequence
 
-from speedkit.experiments.compare import machine_text, median_or_none
+from speedkit.experiments.compare import machine_text, markdown_table, median_or_none
 from speedkit.record.runs import RunRecord, atomic_write_bytes
 from speedkit.record.runs import json_safe as _json_safe
 
@@ -99,10 +99,6 @@ def _median_sum(values) -> str:
     return _num(median_or_none(values))
 
 
-def _row(cells: Sequence[str]) -> str:
-    return "| " + " | ".join(cells) + " |"
-
-
 def _speedup_cells(entry: dict, r: dict) -> list[str]:
     """The median paired speed-up (min–max) against each baseline."""
     cells = []
@@ -151,18 +147,15 @@ def task_markdown(key: str, entry: dict) -> str:
         f"model, surgery) and compile time (also inside training time) are shown apart; speed-ups are "
         f"paired by seed. Machine: {machine_text(entry.get('machine', {}), entry.get('date', '?'))}.",
         "",
-        _row(["recipe", "budget", "reached", "time to target (s)", *[f"speed-up vs {b}" for b in baselines],
-              "final", "train s", "eval s", "setup s", "compile s", *[f"time to {k} (s)" for k in extra]]),
-        _row(["---"] * (9 + len(baselines) + len(extra))),
+        *markdown_table(
+            ["recipe", "budget", "reached", "time to target (s)", *[f"speed-up vs {b}" for b in baselines], "final",
+             "train s", "eval s", "setup s", "compile s", *[f"time to {k} (s)" for k in extra]],
+            ([_label(entry, name), r.get("budget") or "—", f"{sum(t is not None for t in r['time_to_target_s'])}/{n}",
+              _median_sum(r["time_to_target_s"]) + _spread(r["time_to_target_s"]), *_speedup_cells(entry, r),
+              _num(median_or_none(r["final_metric"]), 4), _median_sum(r["train_s"]), _median_sum(r["eval_s"]),
+              _median_sum(r["setup_s"]), _median_sum(r["compile_s"]), *[_median_sum(r["time_to"][k]) for k in extra]]
+             for name, r in [*entry["baselines"].items(), *entry["recipes"].items()])),
     ]
-    for name, r in [*entry["baselines"].items(), *entry["recipes"].items()]:
-        cells = [_label(entry, name), r.get("budget") or "—", f"{sum(t is not None for t in r['time_to_target_s'])}/{n}",
-                 _median_sum(r["time_to_target_s"]) + _spread(r["time_to_target_s"]),
-                 *_speedup_cells(entry, r),
-                 _num(median_or_none(r["final_metric"]), 4), _median_sum(r["train_s"]), _median_sum(r["eval_s"]),
-                 _median_sum(r["setup_s"]), _median_sum(r["compile_s"]),
-                 *[_median_sum(r["time_to"][k]) for k in extra]]
-        lines.append(_row(cells))
     searched = {name: b["budget_search"] for name, b in entry["baselines"].items() if b.get("budget_search")}
     if searched:
         lines += ["", "Baseline budgets, searched (budget: seeds that reached the target): " + "; ".join(
@@ -205,25 +198,21 @@ def leave_one_out_markdown(table: dict | None) -> list[str]:
                       f"not reached within the budget, so no share)")
     lines = ["", f"Leave-one-out from `{table['of']}`{rerun}, time to target {_num(table['time_to_target_s'])} s; "
                  f"each row gives one part the baseline's value{against}{share_sum}:",
-             "", "| left out | time to target (s) | slowdown | share of speed-up | pays off here | final |",
-             "|---|---|---|---|---|---|"]
-    for part, row in table["parts"].items():
-        time_without = _num(row["time_without_s"], missing="not reached")
-        pays_off = {True: "yes", False: "**no**", None: "—"}[row.get("pays_off")]
-        lines.append(f"| {part} | {time_without} | {_num(row['slowdown'], 2)} | {_num(row['share'], 2)} | "
-                     f"{pays_off} | {_num(row['final_metric'], 4)} |")
-    return lines
+             ""]
+    return lines + markdown_table(
+        ["left out", "time to target (s)", "slowdown", "share of speed-up", "pays off here", "final"],
+        ([part, _num(row["time_without_s"], missing="not reached"), _num(row["slowdown"], 2), _num(row["share"], 2),
+          {True: "yes", False: "**no**", None: "—"}[row.get("pays_off")], _num(row["final_metric"], 4)]
+         for part, row in table["parts"].items()))
 
 
 def time_breakdown_markdown(breakdown: dict | None) -> list[str]:
     if not breakdown:
         return []
-    lines = ["", f"Where the time goes ({breakdown['recipe']}, {breakdown['steps']} steps):", "",
-             "| phase | s | share | ms per step |", "|---|---|---|---|"]
-    for phase, row in breakdown["phases"].items():
-        share = "—" if row["share"] is None else f"{100 * row['share']:.1f}%"
-        lines.append(f"| {phase} | {row['s']:.2f} | {share} | {_num(row['per_step_ms'], 2)} |")
-    return lines
+    return ["", f"Where the time goes ({breakdown['recipe']}, {breakdown['steps']} steps):", "", *markdown_table(
+        ["phase", "s", "share", "ms per step"],
+        ([phase, f"{row['s']:.2f}", "—" if row["share"] is None else f"{100 * row['share']:.1f}%",
+          _num(row["per_step_ms"], 2)] for phase, row in breakdown["phases"].items()))]
 
 
 def summary_markdown(summary: dict) -> str:

@@ -5,15 +5,13 @@ judged how is in docs/guide.md ("Confirmed, within the budget").
 from __future__ import annotations
 
 import statistics
-import time
 
 from speedkit.experiments.ablation import leave_one_out_runs
-from speedkit.experiments import compare
-from speedkit.experiments.compare import median_or_none, paired_speedups
+from speedkit.experiments.compare import fastest, median_or_none, paired_speedups
 from speedkit.experiments.measure import measure, shortest_budget
-from speedkit.experiments.tune.objective import USER_STOP, resolve_runner, score_record
+from speedkit.experiments.tune.objective import resolve_runner, score_record, train_and_store
 from speedkit.experiments.tune.search import (TuneConfig, confirmed_baselines, recipe_from_trial, seeds_that_fit,
-                                              standings, store_outcome, trial_context, whole_budget_wall_s)
+                                              standings, trial_context, whole_budget_wall_s)
 from speedkit.experiments.tune.space import describe_change
 from speedkit.experiments.tune.storage import finished_trials, optuna_module, worker_id
 
@@ -131,18 +129,15 @@ def _confirm_run(config: TuneConfig, confirm, runner, role: str, key: str, seed:
     context.should_stop = should_stop
     if ablation is not None:
         context.extra_config["ablation"] = ablation  # what speedkit.experiments.compare.leave_one_out and the run board read
-    started = time.perf_counter()
     try:
-        record = runner(context)
+        record = train_and_store(trial, context, runner)
     except Exception as e:
         trial.set_user_attr("error", f"{type(e).__name__}: {e}")
+        record = None
+    if record is None:  # failed, or stopped by the user: not a measurement, run again when the search continues
         confirm.tell(trial, state=optuna.trial.TrialState.FAIL)
-        return None
-    if context.stop_reason == USER_STOP:  # not a measurement: run again when the search continues
-        confirm.tell(trial, state=optuna.trial.TrialState.FAIL)
-        return None
-    store_outcome(trial, record, config, time.perf_counter() - started, context)
-    confirm.tell(trial, score_record(record, config.metric, config.target, config.limit_s))
+    else:
+        confirm.tell(trial, score_record(record, config.metric, config.target, config.limit_s))
     return record
 
 
@@ -243,9 +238,9 @@ def summarize_confirmation(config: TuneConfig, studies: dict) -> dict:
 
 
 def strongest_baseline(rows: list[dict], metric: str | None = None) -> dict:
-    """Of the confirmed baselines, the one a speed-up is measured against (``compare.strongest_baseline``)."""
+    """Of the confirmed baselines, the one a speed-up is measured against (``compare.fastest``)."""
     baselines = {r["key"]: r for r in rows if r["role"] in BASELINE_ROLE_NAMES}
-    return baselines[compare.strongest_baseline({k: (r["times_s"], r["finals"]) for k, r in baselines.items()}, metric)]
+    return baselines[fastest({k: (r["times_s"], r["finals"]) for k, r in baselines.items()}, metric)]
 
 
 def _judge(rows: list[dict], metric: str | None = None) -> dict:

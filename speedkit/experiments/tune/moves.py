@@ -11,7 +11,7 @@ import dataclasses
 import json
 import random
 
-from speedkit.experiments.tune.space import (SCHEDULE_CHOICES, SearchSpace, is_searched, limited_hparam, recipe_params,
+from speedkit.experiments.tune.space import (FIELDS, SearchSpace, is_searched, limited_hparam, recipe_params,
                                              scaled_duration, search_choices)
 
 TWO_MOVES_SHARE = 0.25  # how often a proposal makes two changes at once (one move alone can sit in a local dip)
@@ -155,24 +155,17 @@ def _lr_moves(recipe) -> list[Move]:
 
 
 def _field_moves(recipe, base, space: SearchSpace) -> list[Move]:
-    """A neighbouring batch size, another schedule, crop padding or flip: half as likely as a method move."""
+    """Another choice of a recipe field (``space.FIELDS``; a neighbouring one on an ordered scale such as the
+    batch size): less likely than a method move."""
     moves = []
-    sizes = sorted(space.batch_sizes)
-    if recipe.batch_size in sizes:
-        at = sizes.index(recipe.batch_size)
-        for i in (at - 1, at + 1):
-            if 0 <= i < len(sizes):
-                moves += _move(f"batch_size={sizes[i]}", {"batch_size": sizes[i]}, recipe, 0.5)
-    for name in space.schedules:
-        schedule = base.schedule if name == "base" else dict(SCHEDULE_CHOICES[name])
-        if schedule != recipe.schedule:
-            moves += _move(f"schedule={name}", {"schedule": schedule}, recipe, 0.5)
-    augment = dict(recipe.augment or {})
-    for pad in space.crop_pads:
-        if pad != augment.get("crop_pad", 0):
-            moves += _move(f"crop_pad={pad}", {"augment": {**augment, "crop_pad": pad}}, recipe, 0.25)
-    for flip in space.flips:
-        if flip != (augment.get("flip") or "none"):
-            moves += _move(f"flip={flip}", {"augment": {**augment, "flip": None if flip == "none" else flip}},
-                           recipe, 0.25)
+    for field in (f for f in FIELDS if f.move_weight is not None):  # precision and loader: the sampler's
+        choices = getattr(space, field.space_attr)
+        if field.neighbours:
+            ordered, current = sorted(choices), field.value(recipe)
+            at = ordered.index(current) if current in ordered else None
+            choices = [] if at is None else [ordered[i] for i in (at - 1, at + 1) if 0 <= i < len(ordered)]
+        for choice in choices:
+            value = field.to_value(choice, base)
+            if value != field.value(recipe):
+                moves += _move(f"{field.name}={choice}", field.changes(value, recipe), recipe, field.move_weight)
     return moves

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -131,6 +132,28 @@ def train_trial(context: TrialContext) -> RunRecord:
 
 
 Runner = Callable[[TrialContext], RunRecord]
+
+
+def train_and_store(trial, context: TrialContext, runner: Runner) -> RunRecord | None:
+    """Train ``context``'s run (a search trial or a confirmation run, both trials of their study) and store what it
+    measured on ``trial``; None where the user stopped it, which is no measurement (it runs again when the search
+    continues). An error of the run is raised, with the trial's wall time stored."""
+    started = time.perf_counter()
+    try:
+        record = runner(context)
+    except Exception:
+        trial.set_user_attr("wall_s", round(time.perf_counter() - started, 3))
+        raise
+    if context.stop_reason == USER_STOP:
+        return None
+    trial.set_user_attr("record", str(record.path))
+    trial.set_user_attr("time_to_target_s", record.time_to(context.metric, context.target))
+    trial.set_user_attr("final", record.best(context.metric))
+    trial.set_user_attr("train_s", record.timings.get("train_s"))
+    trial.set_user_attr("wall_s", round(time.perf_counter() - started, 3))
+    trial.set_user_attr("budget_done", context.budget_done)
+    trial.set_user_attr("stop_reason", context.stop_reason)
+    return record
 
 
 def resolve_runner(runner: Runner | str | None) -> Runner:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from speedkit.experiments.compare import machine_text
+from speedkit.experiments.compare import machine_text, markdown_table
 from speedkit.experiments.tune.confirm import BASELINE_ROLE_NAMES
 from speedkit.experiments.tune.space import describe_limit
 from speedkit.record.runs import environment, lower_is_better
@@ -123,9 +123,8 @@ def markdown(config, summary: dict, recipe_path) -> str:
     lines += _confirmation_lines(confirmation, recipe_path, config)
     lines += _time_lines(summary.get("time"))
     lines += ["", "## Best trials of the search", "",
-              "Each recipe ranks by its worst seed: the search runs its best so far again on a second seed.", "",
-              *TRIAL_HEADER]
-    lines += _trial_rows(_by_recipe(trials, ("baseline", "search"))[:12])
+              "Each recipe ranks by its worst seed: the search runs its best so far again on a second seed.", ""]
+    lines += trials_table(_by_recipe(trials, ("baseline", "search"))[:12])
     lines += ["", "## Methods", "", f"Searched: {', '.join(summary['methods_searched']) or 'none'}.", ""]
     lines += [f"- left out `{m}`: {why}" for m, why in summary["left_out"].items()]
     lines += [f"- searched `{key}` only {describe_limit(limit)}: elsewhere in its card's range it finds nothing to "
@@ -170,10 +169,6 @@ def proposal(trial: dict) -> str:
     return f"move: {trial['move']}" if trial.get("move") else "sampler"
 
 
-TRIAL_HEADER = ["| phase | # | objective (worst seed) | time to target (s), by seed | best metric | change | "
-                "proposed as |", "|---|---|---|---|---|---|---|"]
-
-
 def _by_recipe(trials: list[dict], phases: tuple) -> list[tuple[float | None, dict, list[dict]]]:
     """[(worst objective, trial, its runs)]: each recipe of ``phases`` as the search ranks it (``worst_seed``),
     best first; a recipe that missed on a pruned seed last."""
@@ -183,22 +178,23 @@ def _by_recipe(trials: list[dict], phases: tuple) -> list[tuple[float | None, di
     return sorted(rows, key=lambda row: (row[0] is None, row[0] or 0.0, row[1]["number"]))
 
 
-def _trial_rows(rows: list[tuple[float | None, dict, list[dict]]]) -> list[str]:
-    return [f"| {t['phase']} | {t['number']} | {_fmt(worst, '.2f')} | "
-            f"{' / '.join(_fmt(r['time_to_target_s']) for r in runs)} "
-            f"| {_fmt(t['final'], '.4f')} | {t['change'] or ''} | {proposal(t)} |" for worst, t, runs in rows]
+def trials_table(rows: list[tuple[float | None, dict, list[dict]]]) -> list[str]:
+    """The report's table of trials, from ``_by_recipe``'s rows."""
+    return markdown_table(
+        ["phase", "#", "objective (worst seed)", "time to target (s), by seed", "best metric", "change",
+         "proposed as"],
+        ([t["phase"], t["number"], _fmt(worst, ".2f"), " / ".join(_fmt(r["time_to_target_s"]) for r in runs),
+          _fmt(t["final"], ".4f"), t["change"] or "", proposal(t)] for worst, t, runs in rows))
 
 
 def _time_lines(time: dict | None) -> list[str]:
     if not time:
         return []
-    lines = ["", f"## Where the time went ({spent_line(time)})", "", "| what | runs | seconds | share |",
-             "|---|---|---|---|"]
     total = max(time["worker_s"], 1e-9)
-    for what, seconds in time["seconds"].items():
-        runs = time["runs"].get(what, "")
-        lines.append(f"| {what} | {runs} | {seconds:.0f} | {seconds / total:.0%} |")
-    return lines
+    return ["", f"## Where the time went ({spent_line(time)})", "", *markdown_table(
+        ["what", "runs", "seconds", "share"],
+        ([what, time["runs"].get(what, ""), f"{seconds:.0f}", f"{seconds / total:.0%}"]
+         for what, seconds in time["seconds"].items()))]
 
 
 def spent_line(time: dict) -> str:
@@ -219,13 +215,11 @@ def _row_mark(row: dict, confirmation: dict) -> str:
 
 def _confirmation_lines(confirmation: dict, recipe_path, config) -> list[str]:
     seeds = confirmation["seeds"]
-    lines = [f"## Confirmation on seeds {seeds}", "",
-             "| candidate | reached | median time (s) | times (s) | median final | change |", "|---|---|---|---|---|---|"]
-    for row in confirmation["candidates"]:
-        times = ", ".join(_fmt(t) for t in row["times_s"])
-        lines.append(f"| {row['role']}{_row_mark(row, confirmation)} | {row['seeds_reached']}/{len(seeds)} | "
-                     f"{_fmt(row['median_s'])} | {times} | {_fmt(row['median_final'], '.4f')} | {row['change']} |")
-    lines.append("")
+    lines = [f"## Confirmation on seeds {seeds}", "", *markdown_table(
+        ["candidate", "reached", "median time (s)", "times (s)", "median final", "change"],
+        ([f"{row['role']}{_row_mark(row, confirmation)}", f"{row['seeds_reached']}/{len(seeds)}",
+          _fmt(row["median_s"]), ", ".join(_fmt(t) for t in row["times_s"]), _fmt(row["median_final"], ".4f"),
+          row["change"]] for row in confirmation["candidates"])), ""]
     asked = config.settings.seeds_to_confirm
     if len(seeds) < asked:
         lines += [f"Confirmed on {len(seeds)} of the {asked} seeds asked for: the budget held no "
@@ -242,10 +236,10 @@ def _confirmation_lines(confirmation: dict, recipe_path, config) -> list[str]:
                      f"with `{command} {recipe_path.with_name('baseline.yaml')}`.")
     loo = confirmation.get("leave_one_out") or {}
     if loo:
-        lines += ["", f"### The winner's leave-one-out (seed {seeds[0]})", "",
-                  "| left out | time to target (s) | time without / with |", "|---|---|---|"]
-        lines += [f"| {m} | {_fmt(row['time_without_s'], '.1f', 'never reached')} | "
-                  f"{_fmt(row['slowdown'], '.2f', 'never reached')} |" for m, row in loo.items()]
+        lines += ["", f"### The winner's leave-one-out (seed {seeds[0]})", "", *markdown_table(
+            ["left out", "time to target (s)", "time without / with"],
+            ([m, _fmt(row["time_without_s"], ".1f", "never reached"), _fmt(row["slowdown"], ".2f", "never reached")]
+             for m, row in loo.items()))]
         lines.append("Above 1: the method pays off here; below 1: the winner is faster without it.")
     return lines
 

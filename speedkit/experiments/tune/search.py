@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from speedkit.core.seeding import process_seed
-from speedkit.experiments.tune.objective import USER_STOP, TrialContext, resolve_runner, score_record
+from speedkit.experiments.tune.objective import TrialContext, resolve_runner, score_record, train_and_store
 from speedkit.experiments.tune.space import (SearchSpace, TuneInputError, budget_scale, describe_change, recipe_params,
                                              suggest_recipe)
 from speedkit.experiments.tune.storage import (START_LOCK, FolderLock, finished_trials, open_storage, optuna_module,
@@ -346,9 +346,8 @@ def _run_and_score(config: TuneConfig, trial, context: TrialContext, runner, ref
     optuna = optuna_module()
     from speedkit.core.method import NothingToChangeError
 
-    started = time.perf_counter()
     try:
-        record = runner(context)
+        record = train_and_store(trial, context, runner)
     except KeyboardInterrupt:  # Ctrl-C: this trial runs again when the search continues
         trial.study.enqueue_trial(trial.params, user_attrs=retry_attrs(trial))
         raise
@@ -358,26 +357,13 @@ def _run_and_score(config: TuneConfig, trial, context: TrialContext, runner, ref
         raise optuna.TrialPruned(str(e)) from None
     except Exception as e:  # a combination the code refused, or one that broke: recorded, and the search goes on
         trial.set_user_attr("infeasible", f"{type(e).__name__}: {e}")
-        trial.set_user_attr("wall_s", round(time.perf_counter() - started, 3))
         raise optuna.TrialPruned(f"{type(e).__name__}: {e}") from None
-    if context.stop_reason == USER_STOP:
+    if record is None:
         trial.study.enqueue_trial(trial.params, user_attrs=retry_attrs(trial))
         raise SearchStopped(f"trial {trial.number} stopped before it finished; it will run again on resume")
-    value = score_record(record, config.metric, context.target, context.limit_s)
-    store_outcome(trial, record, config, time.perf_counter() - started, context)
     if context.stop_reason == "pruned":
         raise optuna.TrialPruned(f"pruned at {record.timings.get('train_s', 0):.1f}s of training")
-    return value
-
-
-def store_outcome(trial, record, config: TuneConfig, wall_s: float, context: TrialContext) -> None:
-    trial.set_user_attr("record", str(record.path))
-    trial.set_user_attr("time_to_target_s", record.time_to(config.metric, config.target))
-    trial.set_user_attr("final", record.best(config.metric))
-    trial.set_user_attr("train_s", record.timings.get("train_s"))
-    trial.set_user_attr("wall_s", round(wall_s, 3))
-    trial.set_user_attr("budget_done", context.budget_done)
-    trial.set_user_attr("stop_reason", context.stop_reason)
+    return score_record(record, config.metric, context.target, context.limit_s)
 
 
 # A run that reached its target after this share of its budget reached it near its own final: on another seed it

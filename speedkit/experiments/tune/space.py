@@ -211,6 +211,55 @@ def full_space(base, methods: Sequence[str], device_type: str, tune_hparams: boo
         hparam_limits=dict(hparam_limits or {}))
 
 
+# -- the recipe fields a trial picks from a list -------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Field:
+    """One recipe field the search picks from a list of choices: how a trial draws it (``suggest_recipe``), how a
+    known recipe is read back as a trial's parameters (``recipe_params``) and how a move changes it (``moves``)."""
+
+    name: str  # the trial parameter; stored studies name it so, never rename
+    space_attr: str  # the SearchSpace attribute with its choices (empty: the field is not searched)
+    move_weight: float | None  # how likely a move to another choice is, beside a method move's 1 (None: no moves)
+    in_augment: bool = False  # a key of the recipe's augment dict, not a Recipe field
+    default: Any = None  # an augment key's value where the recipe does not set it
+    kept_from_base: bool = True  # a space that does not search it holds only recipes with the base's value
+    neighbours: bool = False  # an ordered scale: a move goes one choice up or down
+
+    def value(self, recipe):
+        """The recipe's value of this field."""
+        return (recipe.augment or {}).get(self.name, self.default) if self.in_augment else getattr(recipe, self.name)
+
+    def to_value(self, choice, base):
+        """The value a choice stands for (``"base"`` for the base's schedule, ``"none"`` for no flip)."""
+        if self.name == "schedule":
+            return base.schedule if choice == "base" else dict(SCHEDULE_CHOICES[choice])
+        return None if self.name == "flip" and choice == "none" else choice
+
+    def choice_of(self, recipe, base):
+        """The choice that stands for the recipe's value (None where none does)."""
+        value = self.value(recipe)
+        if self.name == "schedule":
+            return "base" if value == base.schedule else next((n for n, s in SCHEDULE_CHOICES.items() if s == value),
+                                                              None)
+        return (value or "none") if self.name == "flip" else value
+
+    def changes(self, value, recipe, changes: dict | None = None) -> dict:
+        """``changes`` (Recipe.with_changes keywords on ``recipe``) with this field set to ``value``."""
+        changes = dict(changes or {})
+        if self.in_augment:
+            changes["augment"] = {**(changes.get("augment", recipe.augment) or {}), self.name: value}
+        else:
+            changes[self.name] = value
+        return changes
+
+
+# In the order a trial draws them (the sampler's draws follow it).
+FIELDS = (Field("batch_size", "batch_sizes", 0.5, neighbours=True), Field("schedule", "schedules", 0.5),
+          Field("precision", "precisions", None), Field("loader", "loaders", None),
+          Field("crop_pad", "crop_pads", 0.25, in_augment=True, default=0, kept_from_base=False),
+          Field("flip", "flips", 0.25, in_augment=True, kept_from_base=False))
+
+
 # -- one trial -> one recipe -------------------------------------------------------------------------
 def suggest_recipe(trial, base, space: SearchSpace, name: str, refused=frozenset()):
     """The Recipe this trial proposes (base recipe fields changed by what the sampler picked); methods in
@@ -224,28 +273,13 @@ def suggest_recipe(trial, base, space: SearchSpace, name: str, refused=frozenset
     if space.duration_scale:
         scale = trial.suggest_float("duration_scale", *space.duration_scale, log=True)
         changes["duration"] = scaled_duration(base.duration, scale)
-    _pick(trial, changes, "batch_size", space.batch_sizes)
-    if space.schedules:
-        schedule = trial.suggest_categorical("schedule", space.schedules)
-        changes["schedule"] = base.schedule if schedule == "base" else dict(SCHEDULE_CHOICES[schedule])
-    _pick(trial, changes, "precision", space.precisions)
-    _pick(trial, changes, "loader", space.loaders)
-    augment = dict(base.augment or {})
-    if space.crop_pads:
-        augment["crop_pad"] = trial.suggest_categorical("crop_pad", space.crop_pads)
-    if space.flips:
-        flip = trial.suggest_categorical("flip", space.flips)
-        augment["flip"] = None if flip == "none" else flip
-    if space.crop_pads or space.flips:
-        changes["augment"] = augment
+    for field in FIELDS:
+        if getattr(space, field.space_attr):
+            choice = trial.suggest_categorical(field.name, getattr(space, field.space_attr))
+            changes = field.changes(field.to_value(choice, base), base, changes)
     if space.methods:  # the trial's methods replace the base's (checked against the cards); no methods: the base's stay
         changes["methods"] = suggest_methods(trial, space, refused)
     return base.with_changes(**changes)
-
-
-def _pick(trial, changes: dict, field: str, choices: tuple) -> None:
-    if choices:
-        changes[field] = trial.suggest_categorical(field, choices)
 
 
 def scaled_duration(duration: str, scale: float) -> str:
@@ -370,25 +404,13 @@ def recipe_params(recipe, base, space: SearchSpace) -> dict | None:
         params["duration_scale"] = scale
     elif recipe.duration != base.duration:
         return None
-    fields = {"batch_size": (recipe.batch_size, space.batch_sizes), "precision": (recipe.precision, space.precisions),
-              "loader": (recipe.loader, space.loaders)}
-    augment = recipe.augment or {}
-    if space.crop_pads:
-        fields["crop_pad"] = (augment.get("crop_pad", 0), space.crop_pads)
-    if space.flips:
-        fields["flip"] = (augment.get("flip") or "none", space.flips)
-    schedule = next((n for n, s in SCHEDULE_CHOICES.items() if s == recipe.schedule), None)
-    if space.schedules:
-        fields["schedule"] = ("base" if recipe.schedule == base.schedule else schedule, space.schedules)
-    elif recipe.schedule != base.schedule:
-        return None
-    base_values = {"batch_size": base.batch_size, "precision": base.precision, "loader": base.loader}
-    for key, (value, choices) in fields.items():
+    for field in FIELDS:
+        choices = getattr(space, field.space_attr)
         if choices:
-            if value not in choices:
+            params[field.name] = field.choice_of(recipe, base)
+            if params[field.name] not in choices:
                 return None
-            params[key] = value
-        elif key in base_values and value != base_values[key]:
+        elif field.kept_from_base and field.value(recipe) != field.value(base):
             return None  # a field the space does not search must stay the base's
     return params | _method_params(recipe.methods, space)
 
