@@ -501,9 +501,34 @@ def test_a_profile_that_names_no_sweep_sweeps_each_baselines_own_rate_halved_and
     result = harness.run_benchmark("vision", seeds=1, recipes="", baselines="plain-bf16", out_dir=tmp_path,
                                    run_dir=tmp_path, figures=False, log=lambda line: None, sweep=True)
     lr = given.optimizer["lr"]
-    assert sorted(swept) == sorted((lr * f, shape) for f in (0.5, 1.0, 2.0) for shape in ("cosine", "linear_to_zero"))
+    grid = [(lr * f, shape) for f in (0.5, 1.0, 2.0) for shape in ("cosine", "linear_to_zero")]
+    # the pick is the grid's top rate, so the sweep tries one step past it (x4, the pick's decay), which loses
+    assert sorted(swept) == sorted([*grid, (lr * 4, "linear_to_zero")])
     assert main["plain-bf16"].optimizer["lr"] == lr * 2 and main["plain-bf16"].schedule["name"] == "linear_to_zero"
     assert result.entry["baselines"]["plain-bf16"]["sweep"]["pick"]["lr"] == lr * 2
+
+
+def test_a_sweep_whose_edge_keeps_winning_goes_past_it_a_bounded_number_of_steps(monkeypatch, tmp_path):
+    """The lowest rate of the grid wins, and each lower one wins again: the sweep tries EDGE_STEPS rates past the
+    edge (each a grid step further, with the pick's decay) and picks the last; it never runs on without end."""
+    from speedkit.experiments.bench import harness
+
+    given = get_profile("vision").recipe("plain-bf16")
+    lr, swept = given.optimizer["lr"], []
+
+    def fake_run_one(profile, recipe, seed, run_name, run_dir, bench_info, **kwargs):
+        swept.append((recipe.optimizer["lr"], recipe.schedule["name"]))
+        seconds = 10 * round(100 * recipe.optimizer["lr"] / lr) + (5 if recipe.schedule["name"] == "cosine" else 0)
+        record = fake_record(recipe.name, seed, [(t, 0.5) for t in range(10, seconds, 10)] + [(seconds, 0.95)])
+        record.config["recipe_spec"] = dataclasses.asdict(recipe)
+        return record
+
+    monkeypatch.setattr(harness, "run_one", fake_run_one)
+    profile = harness.with_default_sweeps(harness.resolve_profile("vision", "cpu", 1, "", "plain-bf16")[0])
+    found = harness.sweep_baseline(profile, "plain-bf16", 0, tmp_path, "s", log=lambda line: None)
+    assert swept[6:] == [(lr * 0.25, "linear_to_zero"), (lr * 0.125, "linear_to_zero")]
+    assert len(found["tried"]) == 6 + harness.EDGE_STEPS
+    assert found["pick"]["lr"] == lr * 0.125 and found["pick"]["schedule"]["name"] == "linear_to_zero"
 
 
 def test_leave_one_out_covers_the_whole_difference_from_the_baseline():

@@ -182,13 +182,22 @@ def pick_swept(profile: BenchProfile, tried: Sequence[dict]) -> dict:
     return {"tried": list(tried), "pick": {"lr": best["lr"], "schedule": best["schedule"]}}
 
 
+# How many rates a sweep tries past the edge of its grid when the edge keeps winning.
+EDGE_STEPS = 2
+
+
 def sweep_baseline(profile: BenchProfile, name: str, seed: int, run_dir: str | Path, session: str,
                    log: Callable[[str], None] = print, **trainer_kwargs) -> dict:
     """Run baseline ``name`` once (on ``seed``) at every point of its sweep (``sweep_grid``), each run stopped at
     the target (past it a candidate's run says nothing more about its rank) and marked
-    ``config["bench"]["sweep"]``, and pick the fastest (``pick_swept``)."""
+    ``config["bench"]["sweep"]``, and pick the fastest (``pick_swept``).
+
+    A pick at the grid's highest or lowest rate says only that the best rate may lie beyond it, and a baseline
+    tuned to its grid's edge is not a tuned baseline: the sweep then goes on past that edge, one grid step at a
+    time with the pick's schedule, until the edge stops winning (at most ``EDGE_STEPS`` more runs)."""
     recipe, tried = scheduled_recipe(profile, name), []
-    for point in sweep_grid(profile, name):
+
+    def run(point: dict) -> None:
         # the grid's budget where it names one: the recipe's own may be the shorter one a budget search found
         candidate = recipe.with_changes(optimizer={"lr": point["lr"]}, schedule=dict(point["schedule"]),
                                         duration=profile.sweeps[name].get("budget", recipe.duration))
@@ -197,6 +206,20 @@ def sweep_baseline(profile: BenchProfile, name: str, seed: int, run_dir: str | P
                          **{"stop_at_target": True, **trainer_kwargs})
         log(f"[sweep {name}] {_describe_run(record)}")
         tried.append(swept_point(record))
+
+    grid = sweep_grid(profile, name)
+    for point in grid:
+        run(point)
+    rates = sorted({point["lr"] for point in grid})
+    for _ in range(EDGE_STEPS if len(rates) > 1 else 0):
+        pick = pick_swept(profile, tried)["pick"]
+        if pick["lr"] not in (rates[0], rates[-1]):
+            break
+        lr = rates[-1] * rates[-1] / rates[-2] if pick["lr"] == rates[-1] else rates[0] * rates[0] / rates[1]
+        lr = float(f"{lr:.12g}")  # 0.4, not 0.4000000000000001, in run names and the sweeps file
+        log(f"[sweep {name}] the pick, lr {pick['lr']:g}, is the edge of the rates tried: trying lr {lr:g}")
+        rates = sorted([*rates, lr])
+        run({"lr": lr, "schedule": pick["schedule"]})
     return pick_swept(profile, tried)
 
 
