@@ -49,3 +49,33 @@ def test_the_matmul_precision_follows_the_run(monkeypatch):
     assert matmul_precision("fp32") == "fp32"
     monkeypatch.setattr(torch, "get_float32_matmul_precision", lambda: "high")
     assert matmul_precision("fp32") == "tf32"
+
+
+class _CountMatmuls(torch.overrides.TorchFunctionMode):
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if getattr(func, "__name__", "") in ("matmul", "__matmul__"):
+            self.calls += 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("seconds_per_matmul, most_matmuls", [(1.0, 2), (0.001, None)])
+def test_a_precision_the_device_emulates_is_timed_once_not_in_best_of_trials(monkeypatch, seconds_per_matmul,
+                                                                              most_matmuls):
+    """bf16 on a CPU without bf16 units takes seconds per 1024x1024 matmul: best of five trials of three made
+    every process that trains in bf16 there wait about a minute at its first fit. A fast matmul keeps the
+    trials (a busy moment must not make the peak look low)."""
+    import speedkit.callbacks.speed_monitor as speed_monitor
+
+    clock = iter(range(1_000_000))  # each reading of the clock is one matmul later
+    monkeypatch.setattr(speed_monitor.time, "perf_counter", lambda: next(clock) * seconds_per_matmul)
+    with _CountMatmuls() as counted:
+        peak = speed_monitor.matmul_peak_flops.__wrapped__("cpu", torch.float32, size=16)
+    if most_matmuls:
+        assert counted.calls <= most_matmuls
+        assert peak == pytest.approx(2 * 16 ** 3 / seconds_per_matmul)
+    else:
+        assert counted.calls >= 3 + 5 * 3  # warm-ups, then best of five trials of at least three
