@@ -180,7 +180,7 @@ def target_run(tmp_path_factory, reference) -> tuple[list[str], Path]:
 # -- train: signals at each moment ---------------------------------------------------------------------
 MOMENTS = {  # moment: (faults slowing the run there, the mark to wait for)
     "mid-epoch": ({"batch_sleep": 0.3}, "batch-5"),
-    "during evaluation": ({"eval_sleep": 4}, "eval-8"),
+    "during evaluation": ({"eval_sleep": 4, "eval_sleep_at": 8}, "eval-8"),
 }
 
 

@@ -7,6 +7,8 @@ no hooks for them); tests/cli/test_fault_matrix.py starts it as a real process a
                                   after batch N starts, so a test knows the moment to send a signal
   SPEEDKIT_TEST_BATCH_SLEEP=s     sleep s seconds after every training batch (a signal lands mid-epoch)
   SPEEDKIT_TEST_EVAL_SLEEP=s      sleep s seconds inside every evaluation (a signal lands during one)
+  SPEEDKIT_TEST_EVAL_SLEEP_AT=N   ... only inside the evaluation after batch N (the one a test signals in; the
+                                  earlier ones would only be waited through)
   SPEEDKIT_TEST_SLOW_SAVE=k       the k-th checkpoint write stalls halfway (tests/support/fault_child.py)
   SPEEDKIT_TEST_KILL_AFTER=WHAT   SIGKILL this process right after writing a checkpoint: WHAT=final (the one
                                   whose record says the run ended) or target (one written after the target
@@ -34,6 +36,7 @@ def install() -> None:
 
     batch_sleep = float(os.environ.get("SPEEDKIT_TEST_BATCH_SLEEP") or 0)
     eval_sleep = float(os.environ.get("SPEEDKIT_TEST_EVAL_SLEEP") or 0)
+    eval_sleep_at = os.environ.get("SPEEDKIT_TEST_EVAL_SLEEP_AT")
     step, evaluate = Trainer._train_step, Trainer.eval
 
     def slow_step(self):
@@ -44,7 +47,7 @@ def install() -> None:
 
     def slow_eval(self, evaluators=None):
         _mark(f"eval-{self.state.timestamp.batch}")
-        if eval_sleep:
+        if eval_sleep and eval_sleep_at in (None, str(self.state.timestamp.batch)):
             time.sleep(eval_sleep)
         return evaluate(self, evaluators)
 
