@@ -65,9 +65,9 @@ class _CountMatmuls(torch.overrides.TorchFunctionMode):
 @pytest.mark.parametrize("seconds_per_matmul, most_matmuls", [(1.0, 2), (0.001, None)])
 def test_a_precision_the_device_emulates_is_timed_once_not_in_best_of_trials(monkeypatch, seconds_per_matmul,
                                                                               most_matmuls):
-    """bf16 on a CPU without bf16 units takes seconds per 1024x1024 matmul: best of five trials of three made
-    every process that trains in bf16 there wait about a minute at its first fit. A fast matmul keeps the
-    trials (a busy moment must not make the peak look low)."""
+    """bf16 on a CPU without bf16 units is emulated, many times slower per matmul: best of five trials of three
+    made every process that trains in bf16 there wait eighteen slow matmuls at its first fit. A fast matmul
+    keeps the trials (a busy moment must not make the peak look low)."""
     import speedkit.callbacks.speed_monitor as speed_monitor
 
     clock = iter(range(1_000_000))  # each reading of the clock is one matmul later
