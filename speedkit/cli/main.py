@@ -425,7 +425,9 @@ def _add_bench_parser(commands) -> None:
     _add_folder_task_arguments(bench)
     bench.add_argument("--profile", default="cpu", help="cpu (default) or gpu: the task's batch sizes, precision, "
                        "compile settings and cadence for that device")
-    bench.add_argument("--seeds", type=int, help="number of seeds (default: the profile's)")
+    bench.add_argument("--seeds", type=_seeds, help="number of seeds (3: seeds 0, 1, 2), or which: 0,1 or 4-6 "
+                       "(to split a benchmark across processes on one --run-dir, then --reuse it whole; default: "
+                       "the profile's)")
     bench.add_argument("--recipes", help="comma-separated speed-up recipes (default: the profile's)")
     bench.add_argument("--baselines", help="comma-separated baselines to measure them against (default: all of "
                        "the task's, e.g. baseline,plain,plain-bf16)")
@@ -458,6 +460,26 @@ def _add_bench_parser(commands) -> None:
     bench.add_argument("--no-figures", action="store_true", help="write no figures (plotly's image export is slow)")
     bench.add_argument("--reuse", action="store_true",
                        help="take the main runs from --run-dir instead of running them (e.g. to add --leave-one-out)")
+
+
+def _seeds(text: str) -> int | list[int]:
+    """``--seeds``: a count, a comma-separated list or an inclusive range."""
+    try:
+        if "," in text:
+            seeds = [int(part) for part in text.split(",") if part.strip()]
+        elif "-" in text[1:]:
+            first, last = (int(part) for part in text.split("-"))
+            seeds = list(range(first, last + 1))
+        else:
+            seeds = int(text)
+    except ValueError:
+        seeds = None
+    valid = seeds >= 1 if isinstance(seeds, int) else \
+        bool(seeds) and min(seeds) >= 0 and len(set(seeds)) == len(seeds)
+    if not valid:
+        raise argparse.ArgumentTypeError(f"{text!r} is not seeds; give a count (3), a list (0,1) or a range (4-6) of "
+                                         f"distinct seeds 0 or above")
+    return seeds
 
 
 def _bench(args) -> int:

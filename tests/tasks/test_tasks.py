@@ -246,3 +246,30 @@ def test_a_user_task_is_benchmarked_against_its_baseline_from_the_library_and_th
     with pytest.raises(ValueError, match="unknown benchmark task 'nothing-such'.*register_task"):
         from speedkit.experiments.bench import get_profile
         get_profile("nothing-such")
+
+
+def test_a_benchmark_split_by_seeds_across_processes_is_reported_whole_with_reuse(tmp_path, monkeypatch, capsys):
+    """Two `speedkit bench --seeds` invocations (one per core) fill one --run-dir; `--reuse` then reports all
+    seeds as one benchmark, from the runs as they were, paired by seed."""
+    import json
+
+    from speedkit.cli.main import main
+
+    (tmp_path / "split_tasks.py").write_text("from test_tasks import user_task\ntask = user_task('bench-split')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setitem(sys.modules, "test_tasks", sys.modules[__name__])
+    common = ["bench", "--task", "split_tasks:task", "--recipes", "hot", "--baselines", "baseline", "--duration", "6ba",
+              "--run-dir", str(tmp_path / "runs"), "--no-figures"]
+    assert main([*common, "--seeds", "1-1", "--out", str(tmp_path / "one")]) == 0
+    assert main([*common, "--seeds", "0,", "--out", str(tmp_path / "zero")]) == 0
+    assert json.loads((tmp_path / "one" / "summary.json").read_text())["bench-split"]["seeds"] == [1]
+    assert main([*common, "--seeds", "2", "--reuse", "--out", str(tmp_path / "whole")]) == 0
+    entry = json.loads((tmp_path / "whole" / "summary.json").read_text())["bench-split"]
+    assert entry["seeds"] == [0, 1]
+    assert entry["recipes"]["hot"]["runs"] == ["bench-split-hot-s0", "bench-split-hot-s1"]
+    assert entry["baselines"]["baseline"]["runs"] == ["bench-split-baseline-s0", "bench-split-baseline-s1"]
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as refused:
+        main([*common, "--seeds", "1,1"])
+    assert refused.value.code == 2
+    assert "'1,1' is not seeds; give a count (3), a list (0,1) or a range (4-6)" in capsys.readouterr().err
