@@ -13,7 +13,7 @@ import dataclasses
 import time as _time
 from typing import Any, Callable, Sequence
 
-from speedkit.experiments.compare import median_or_none, paired_speedups
+from speedkit.experiments.compare import fastest, median_or_none, paired_speedups
 
 
 def fit(request, on_built: Callable[[Any], None] | None = None):
@@ -32,13 +32,16 @@ def fit(request, on_built: Callable[[Any], None] | None = None):
 @dataclasses.dataclass
 class Measurement:
     """What ``measure`` ran: ``runs[name]`` holds each seed's result of ``run`` in seed order (None where it
-    returned none), ``times[name]`` its time to the target."""
+    returned none), ``times[name]`` its time to the target. A measurement read back from where its runs are
+    stored (the benchmark's records, the search's confirmation trials) has ``times`` and ``finals`` (each seed's
+    final metric, which breaks ties between equal times) and no ``runs``; both are judged here, one way."""
 
     seeds: list
     baselines: tuple[str, ...]
     recipes: tuple[str, ...]
     runs: dict[str, list[Any]]
     times: dict[str, list[float | None]]
+    finals: dict[str, list[float | None]] = dataclasses.field(default_factory=dict)
 
     def ratios(self, recipe: str, baseline: str | None = None) -> list[float | None]:
         """Baseline time / recipe time, seed by seed (None where either side never reached the target);
@@ -47,6 +50,14 @@ class Measurement:
 
     def median_ratio(self, recipe: str, baseline: str | None = None) -> float | None:
         return median_or_none(self.ratios(recipe, baseline))
+
+    def fastest(self, names: Sequence[str], metric: str | None = None) -> str | None:
+        """Of ``names``, the first by ``compare.time_rank`` on these seeds (None where there are none)."""
+        return fastest({name: (self.times[name], self.finals.get(name, ())) for name in names}, metric) if names else None
+
+    def strongest_baseline(self, metric: str | None = None) -> str:
+        """The baseline every speed-up is measured against: the fastest of them on these seeds."""
+        return self.fastest(self.baselines, metric)
 
     def pairs(self, recipe: str, baseline: str | None = None) -> list[tuple[Any, Any]]:
         """(baseline run, recipe run) for each seed both ran."""

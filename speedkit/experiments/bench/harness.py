@@ -19,8 +19,8 @@ from speedkit.experiments.ablation import leave_one_out_runs
 from speedkit.experiments.bench.profiles import TASK_KEYS, BenchProfile, get_profile, task_key, with_default_sweeps
 from speedkit.experiments.compare import final_metric
 from speedkit.experiments.compare import leave_one_out as leave_one_out_table
-from speedkit.experiments.compare import fastest, median_or_none, paired_speedups, time_rank
-from speedkit.experiments.measure import fit, measure, shortest_budget
+from speedkit.experiments.compare import median_or_none, paired_speedups, time_rank
+from speedkit.experiments.measure import Measurement, fit, measure, shortest_budget
 from speedkit.record.runs import RunRecord, environment, load_records, lower_is_better
 from speedkit.tasks import TASKS, Recipe, RunRequest, get_recipe, is_baseline, make_trainer, resolve_task
 
@@ -317,13 +317,12 @@ def recipe_entry(records: Sequence[RunRecord], seeds: Sequence[int], targets: Se
     }
 
 
-def _add_speedups(entry: dict, baselines: dict[str, dict], strongest: str) -> None:
-    """Paired by seed against every baseline; a seed where either side never reached the target has no
-    speed-up. ``speedup`` and ``speedup_median`` are against the strongest baseline."""
+def _add_speedups(entry: dict, name: str, measured: Measurement, strongest: str) -> None:
+    """Paired by seed against every baseline (``Measurement.ratios``); a seed where either side never reached
+    the target has no speed-up. ``speedup`` and ``speedup_median`` are against the strongest baseline."""
     entry["median_time_to_target_s"] = median_or_none(entry["time_to_target_s"])
     entry["reached"] = sum(t is not None for t in entry["time_to_target_s"])
-    entry["speedup_vs"] = {name: paired_speedups(b["time_to_target_s"], entry["time_to_target_s"])
-                           for name, b in baselines.items()}
+    entry["speedup_vs"] = {baseline: measured.ratios(name, baseline) for baseline in measured.baselines}
     entry["speedup_median_vs"] = {name: median_or_none(v) for name, v in entry["speedup_vs"].items()}
     entry["speedup"] = entry["speedup_vs"][strongest]
     entry["speedup_median"] = entry["speedup_median_vs"][strongest]
@@ -341,14 +340,15 @@ def holds_target(entry: dict, metric: str, target: float) -> bool:
 def pick_best(recipes: dict[str, dict], metric: str, target: float | None = None) -> str | None:
     """The fastest recipe to the target (``compare.time_rank``). With ``target``, only recipes that hold it
     (``holds_target``) can be best, and there may be none."""
-    if target is not None:
-        recipes = {name: entry for name, entry in recipes.items() if holds_target(entry, metric, target)}
-    return fastest(_runs(recipes), metric) if recipes else None
+    held = [name for name, entry in recipes.items() if target is None or holds_target(entry, metric, target)]
+    return _measured(recipes).fastest(held, metric)
 
 
-def _runs(entries: dict[str, dict]) -> dict[str, tuple[list, list]]:
-    """``{name: (times to target, final metrics)}``, what ``compare.time_rank`` ranks."""
-    return {name: (e["time_to_target_s"], e["final_metric"]) for name, e in entries.items()}
+def _measured(entries: dict[str, dict], baselines: Sequence[str] = (), seeds: Sequence[int] = ()) -> Measurement:
+    """Summary entries (each's lists in seed order) as the ``Measurement`` they record."""
+    return Measurement(seeds=list(seeds), baselines=tuple(baselines), recipes=tuple(n for n in entries if n not in baselines),
+                       runs={}, times={name: e["time_to_target_s"] for name, e in entries.items()},
+                       finals={name: e["final_metric"] for name, e in entries.items()})
 
 
 def _budget(records: Sequence[RunRecord]) -> str | None:
@@ -384,9 +384,10 @@ def summarize(records: Sequence[RunRecord], profile: BenchProfile, ablations: Se
         baselines[name]["budget_search"] = found
     for name, swept in (sweeps or {}).items():
         baselines[name]["sweep"] = swept
-    strongest = fastest(_runs(baselines), target["metric"])
-    for entry in [*baselines.values(), *entries.values()]:
-        _add_speedups(entry, baselines, strongest)
+    measured = _measured({**baselines, **entries}, tuple(baselines), seeds)
+    strongest = measured.strongest_baseline(target["metric"])
+    for name, entry in {**baselines, **entries}.items():
+        _add_speedups(entry, name, measured, strongest)
     best = pick_best(entries, target["metric"], target["value"])
     best_entry = entries.get(best, {})
     strongest_times = baselines[strongest]["time_to"]
