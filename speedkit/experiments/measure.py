@@ -16,6 +16,12 @@ from typing import Any, Callable, Sequence
 from speedkit.experiments.compare import fastest, median_or_none, paired_speedups
 
 
+# What makes a run request a measured run (the benchmark's runs, the search's trials and confirmation runs): a
+# measurement is not resumed, so it is not checkpointed and runs again from the start under its name (running it
+# again measures it again), and it shows no progress bar (whoever measures reports each run as it ends).
+MEASURED_RUN = {"save_checkpoints": False, "overwrite": True, "progress_bar": False}
+
+
 def fit(request, on_built: Callable[[Any], None] | None = None):
     """Build and fit the run ``request`` asks for (a RunRequest); the time to build it (data into memory, model,
     INIT surgery) is its ``setup_s``. ``on_built(trainer)`` sees the Trainer before it fits."""
