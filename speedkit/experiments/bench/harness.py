@@ -113,7 +113,8 @@ def _budget_in_steps(duration: str, step: Time, what: str) -> int:
 def find_budget(profile: BenchProfile, name: str, seeds: Sequence[int], run_dir: str | Path, session: str,
                 log: Callable[[str], None] = print, start: str | None = None, **trainer_kwargs) -> dict:
     """The shortest budget, in whole ``profile.budget_step``s, with which baseline ``name`` reaches the target
-    in every seed (``measure.shortest_budget`` from ``start``, default the recipe's own, up to twice that).
+    in every seed (``measure.shortest_budget`` from ``start``, default the recipe's own, up to twice that; each
+    budget's seeds run through ``measure.measure``).
 
     Only reaching matters here, so each run stops at the target (``_stopped_run``; the main runs check that the
     end of the budget still holds it). Returns ``{"budget", "tried": {budget: seeds that reached the target}}``;
@@ -127,14 +128,11 @@ def find_budget(profile: BenchProfile, name: str, seeds: Sequence[int], run_dir:
 
     def all_reach(steps: int) -> bool:
         recipe = scheduled_recipe(profile, name).with_changes(duration=budget(steps))
-        reached = 0
-        for seed in seeds:
-            record = _stopped_run(profile, recipe, seed, f"{profile.task}-{name}-{budget(steps)}-s{seed}", run_dir,
-                                  session, "budget_search", log, f"budget {name} {budget(steps)}", **trainer_kwargs)
-            reached += record.time_to_target is not None
-            if record.time_to_target is None:
-                break  # one seed short is enough to reject this budget
-        tried[budget(steps)] = reached
+        measured = measure([name], (), seeds, lambda _, seed: _stopped_run(
+            profile, recipe, seed, f"{profile.task}-{name}-{budget(steps)}-s{seed}", run_dir, session, "budget_search",
+            log, f"budget {name} {budget(steps)}", **trainer_kwargs),
+            keep_going=lambda m: None not in m.times[name])  # one seed short is enough to reject this budget
+        tried[budget(steps)] = reached = sum(t is not None for t in measured.times[name])
         return reached == len(seeds)
 
     best = shortest_budget(all_reach, first, 2 * first)

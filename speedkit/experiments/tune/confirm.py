@@ -10,8 +10,8 @@ from speedkit.experiments.ablation import leave_one_out_runs
 from speedkit.experiments.compare import median_or_none
 from speedkit.experiments.measure import Measurement, measure, shortest_budget
 from speedkit.experiments.tune.objective import resolve_runner, score_record, train_and_store
-from speedkit.experiments.tune.search import (TuneConfig, confirmed_baselines, recipe_from_trial, seeds_that_fit,
-                                              standings, trial_context, whole_budget_wall_s)
+from speedkit.experiments.tune.search import (TuneConfig, confirm_wall_s, confirmed_baselines, recipe_from_trial,
+                                              seeds_that_fit, standings, trial_context)
 from speedkit.experiments.tune.space import describe_change
 from speedkit.experiments.tune.storage import finished_trials, optuna_module, worker_id
 
@@ -78,15 +78,12 @@ def confirm_seeds(config: TuneConfig, studies: dict) -> list[int]:
 
 
 def _trial_wall(config: TuneConfig, studies: dict, key: str) -> float:
-    """What one confirmation run of candidate ``key`` is expected to take (a baseline whose target lies near its
-    own final: its whole budget, ``whole_budget_wall_s``)."""
+    """What one confirmation run of candidate ``key`` is expected to take (``search.confirm_wall_s``; the trial
+    limit for a candidate no trial measured)."""
     phase, _, number = key.partition(":")
-    if number.isdigit():
-        trial = studies[phase].trials[int(number)]
-        wall = trial.user_attrs.get("wall_s")
-        if wall:
-            return whole_budget_wall_s(trial, wall) if phase == "baseline" else float(wall)
-    return config.limit_s
+    if not number.isdigit():
+        return config.limit_s
+    return float(confirm_wall_s(studies[phase].trials[int(number)], config.limit_s, baseline=phase == "baseline"))
 
 
 def run_confirmation(config: TuneConfig, studies: dict, runner=None, should_stop=None) -> list:
