@@ -49,6 +49,14 @@ class Measurement:
     times: dict[str, list[float | None]]
     finals: dict[str, list[float | None]] = dataclasses.field(default_factory=dict)
 
+    @classmethod
+    def read_back(cls, times: dict[str, list], finals: dict[str, list], baselines: Sequence[str],
+                  seeds: Sequence = ()) -> "Measurement":
+        """A measurement read back from where its runs are stored: ``times`` and ``finals`` by name, each in
+        seed order; the names not in ``baselines`` are its recipes."""
+        return cls(seeds=list(seeds), baselines=tuple(baselines), recipes=tuple(n for n in times if n not in baselines),
+                   runs={}, times=dict(times), finals=dict(finals))
+
     def ratios(self, recipe: str, baseline: str | None = None) -> list[float | None]:
         """Baseline time / recipe time, seed by seed (None where either side never reached the target);
         against the first baseline by default."""

@@ -346,9 +346,8 @@ def pick_best(recipes: dict[str, dict], metric: str, target: float | None = None
 
 def _measured(entries: dict[str, dict], baselines: Sequence[str] = (), seeds: Sequence[int] = ()) -> Measurement:
     """Summary entries (each's lists in seed order) as the ``Measurement`` they record."""
-    return Measurement(seeds=list(seeds), baselines=tuple(baselines), recipes=tuple(n for n in entries if n not in baselines),
-                       runs={}, times={name: e["time_to_target_s"] for name, e in entries.items()},
-                       finals={name: e["final_metric"] for name, e in entries.items()})
+    return Measurement.read_back({name: e["time_to_target_s"] for name, e in entries.items()},
+                                 {name: e["final_metric"] for name, e in entries.items()}, baselines, seeds)
 
 
 def _budget(records: Sequence[RunRecord]) -> str | None:

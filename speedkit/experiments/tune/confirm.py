@@ -236,10 +236,8 @@ def summarize_confirmation(config: TuneConfig, studies: dict) -> dict:
 
 def _measured(rows: list[dict]) -> Measurement:
     """The confirmation's rows as the ``Measurement`` they record (keyed by candidate)."""
-    baselines = tuple(r["key"] for r in rows if r["role"] in BASELINE_ROLE_NAMES)
-    return Measurement(seeds=list(rows[0].get("seeds", ())), baselines=baselines,
-                       recipes=tuple(r["key"] for r in rows if r["key"] not in baselines), runs={},
-                       times={r["key"]: r["times_s"] for r in rows}, finals={r["key"]: r["finals"] for r in rows})
+    return Measurement.read_back({r["key"]: r["times_s"] for r in rows}, {r["key"]: r["finals"] for r in rows},
+                                 [r["key"] for r in rows if r["role"] in BASELINE_ROLE_NAMES], rows[0].get("seeds", ()))
 
 
 def strongest_baseline(rows: list[dict], metric: str | None = None) -> dict:
