@@ -73,11 +73,6 @@ class Measurement:
         """The baseline every speed-up is measured against: the fastest of them on these seeds."""
         return self.fastest(self.baselines, metric)
 
-    def pairs(self, recipe: str, baseline: str | None = None) -> list[tuple[Any, Any]]:
-        """(baseline run, recipe run) for each seed both ran."""
-        return [(b, r) for b, r in zip(self.runs[baseline or self.baselines[0]], self.runs[recipe])
-                if b is not None and r is not None]
-
 
 def measure(recipes: Sequence[str], baselines: Sequence[str], seeds: Sequence, run: Callable[[str, Any], Any], *,
             keep_going: Callable[[Measurement], bool] | None = None,
