@@ -67,7 +67,9 @@ class Measurement:
 
     def fastest(self, names: Sequence[str], metric: str | None = None) -> str | None:
         """Of ``names``, the first by ``compare.time_rank`` on these seeds (None where there are none)."""
-        return fastest({name: (self.times[name], self.finals.get(name, ())) for name in names}, metric) if names else None
+        if not names:
+            return None
+        return fastest({name: (self.times[name], self.finals.get(name, ())) for name in names}, metric)
 
     def strongest_baseline(self, metric: str | None = None) -> str:
         """The baseline every speed-up is measured against: the fastest of them on these seeds."""
