@@ -13,7 +13,13 @@ import dataclasses
 import time as _time
 from typing import Any, Callable, Sequence
 
-from speedkit.experiments.compare import median_or_none, paired_speedups
+from speedkit.experiments.compare import fastest, median_or_none, paired_speedups
+
+
+# What makes a run request a measured run (the benchmark's runs, the search's trials and confirmation runs): a
+# measurement is not resumed, so it is not checkpointed and runs again from the start under its name (running it
+# again measures it again), and it shows no progress bar (whoever measures reports each run as it ends).
+MEASURED_RUN = {"save_checkpoints": False, "overwrite": True, "progress_bar": False}
 
 
 def fit(request, on_built: Callable[[Any], None] | None = None):
@@ -32,13 +38,24 @@ def fit(request, on_built: Callable[[Any], None] | None = None):
 @dataclasses.dataclass
 class Measurement:
     """What ``measure`` ran: ``runs[name]`` holds each seed's result of ``run`` in seed order (None where it
-    returned none), ``times[name]`` its time to the target."""
+    returned none), ``times[name]`` its time to the target. A measurement read back from where its runs are
+    stored (the benchmark's records, the search's confirmation trials) has ``times`` and ``finals`` (each seed's
+    final metric, which breaks ties between equal times) and no ``runs``; both are judged here, one way."""
 
     seeds: list
     baselines: tuple[str, ...]
     recipes: tuple[str, ...]
     runs: dict[str, list[Any]]
     times: dict[str, list[float | None]]
+    finals: dict[str, list[float | None]] = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def read_back(cls, times: dict[str, list], finals: dict[str, list], baselines: Sequence[str],
+                  seeds: Sequence = ()) -> "Measurement":
+        """A measurement read back from where its runs are stored: ``times`` and ``finals`` by name, each in
+        seed order; the names not in ``baselines`` are its recipes."""
+        return cls(seeds=list(seeds), baselines=tuple(baselines), recipes=tuple(n for n in times if n not in baselines),
+                   runs={}, times=dict(times), finals=dict(finals))
 
     def ratios(self, recipe: str, baseline: str | None = None) -> list[float | None]:
         """Baseline time / recipe time, seed by seed (None where either side never reached the target);
@@ -48,10 +65,15 @@ class Measurement:
     def median_ratio(self, recipe: str, baseline: str | None = None) -> float | None:
         return median_or_none(self.ratios(recipe, baseline))
 
-    def pairs(self, recipe: str, baseline: str | None = None) -> list[tuple[Any, Any]]:
-        """(baseline run, recipe run) for each seed both ran."""
-        return [(b, r) for b, r in zip(self.runs[baseline or self.baselines[0]], self.runs[recipe])
-                if b is not None and r is not None]
+    def fastest(self, names: Sequence[str], metric: str | None = None) -> str | None:
+        """Of ``names``, the first by ``compare.time_rank`` on these seeds (None where there are none)."""
+        if not names:
+            return None
+        return fastest({name: (self.times[name], self.finals.get(name, ())) for name in names}, metric)
+
+    def strongest_baseline(self, metric: str | None = None) -> str:
+        """The baseline every speed-up is measured against: the fastest of them on these seeds."""
+        return self.fastest(self.baselines, metric)
 
 
 def measure(recipes: Sequence[str], baselines: Sequence[str], seeds: Sequence, run: Callable[[str, Any], Any], *,

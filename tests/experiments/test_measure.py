@@ -25,7 +25,7 @@ def test_measure_runs_baselines_then_recipes_seed_by_seed_and_pairs_their_times(
     assert result.times["hot"] == [4.0, None, 3.0]
     assert result.ratios("hot") == [2.5, None, 3.0]  # a seed where one side missed the target has no ratio
     assert result.median_ratio("hot") == 2.75
-    assert [(b.name, r.name) for b, r in result.pairs("hot")] == [("baseline", "hot")] * 3
+    assert [run.name for run in result.runs["hot"]] == ["hot"] * 3
     assert len(seen) == 6
 
 
@@ -52,3 +52,18 @@ def test_shortest_budget_goes_down_while_it_holds_and_up_while_it_does_not():
     assert shortest_budget(reaches_from(11), start=5, most=10) is None
     tried.clear()
     assert shortest_budget(reaches_from(1), start=0, most=2, down=False) == 1 and tried == [0, 1]  # tune's: up only
+
+
+def test_a_measurement_read_back_from_stored_runs_is_ranked_and_paired_by_the_one_rule():
+    """The benchmark's summary and the search's confirmation both judge through Measurement: the strongest
+    baseline by compare.time_rank (equal medians: the better final), a recipe that missed a seed never first."""
+    from speedkit.experiments.measure import Measurement
+
+    measured = Measurement.read_back(
+        {"baseline": [10.0, 12.0], "plain": [12.0, 10.0], "hot": [4.0, None], "mild": [5.0, 6.0]},
+        {"baseline": [0.92, 0.92], "plain": [0.94, 0.94], "hot": [0.95, 0.5], "mild": [0.93, 0.93]},
+        ["baseline", "plain"], [0, 1])
+    assert measured.recipes == ("hot", "mild") and measured.seeds == [0, 1]
+    assert measured.strongest_baseline("eval/accuracy") == "plain"
+    assert measured.fastest(measured.recipes, "eval/accuracy") == "mild" and measured.fastest([]) is None
+    assert measured.ratios("mild", "plain") == [12.0 / 5.0, 10.0 / 6.0]

@@ -19,8 +19,8 @@ from speedkit.experiments.ablation import leave_one_out_runs
 from speedkit.experiments.bench.profiles import TASK_KEYS, BenchProfile, get_profile, task_key, with_default_sweeps
 from speedkit.experiments.compare import final_metric
 from speedkit.experiments.compare import leave_one_out as leave_one_out_table
-from speedkit.experiments.compare import fastest, median_or_none, paired_speedups, time_rank
-from speedkit.experiments.measure import fit, measure, shortest_budget
+from speedkit.experiments.compare import median_or_none, paired_speedups, time_rank
+from speedkit.experiments.measure import MEASURED_RUN, Measurement, fit, measure, shortest_budget
 from speedkit.record.runs import RunRecord, environment, load_records, lower_is_better
 from speedkit.tasks import TASKS, Recipe, RunRequest, get_recipe, is_baseline, make_trainer, resolve_task
 
@@ -50,17 +50,14 @@ def scheduled_recipe(profile: BenchProfile, name: str) -> Recipe:
 def run_request(profile: BenchProfile, recipe: Recipe, seed: int, run_name: str, run_dir: str | Path,
                 bench_info: dict, extra_config: dict | None = None, **trainer_kwargs) -> RunRequest:
     """The RunRequest of one benchmark run: the profile's ``run`` with ``recipe`` as the profile runs it
-    (``scheduled_recipe``, which holds its budget and cadence); ``trainer_kwargs`` are more request fields or
-    Trainer keyword arguments."""
+    (``scheduled_recipe``, which holds its budget and cadence), as a measured run (``measure.MEASURED_RUN``);
+    ``trainer_kwargs`` are more request fields or Trainer keyword arguments."""
     return profile.run.replace(
         recipe=recipe, duration=None, eval_interval=None, seed=seed, run_dir=str(run_dir), run_name=run_name,
         extra_config={"bench": bench_info, "seed": seed, **(extra_config or {})},
         # A rebuilt rung is planned on the data as `speedkit train --recipe hot` plans it (never a handful of
         # steps), unless the profile gives every recipe one budget.
-        step_floor=profile.run.duration is None,
-        # Benchmark runs are measurements, not resumed: running the benchmark again measures them again.
-        # The benchmark reports each run as it ends; a bar per run would only interleave with that.
-        **{"save_checkpoints": False, "overwrite": True, "progress_bar": False, **trainer_kwargs})
+        step_floor=profile.run.duration is None, **{**MEASURED_RUN, **trainer_kwargs})
 
 
 def run_one(profile: BenchProfile, recipe: Recipe, seed: int, run_name: str, run_dir: str | Path,
@@ -71,6 +68,16 @@ def run_one(profile: BenchProfile, recipe: Recipe, seed: int, run_name: str, run
 
 def _bench_info(profile: BenchProfile, session: str, seed: int) -> dict:
     return {"task": task_key(profile.task), "profile": profile.name, "session": session, "seed": seed}
+
+
+def _stopped_run(profile: BenchProfile, recipe: Recipe, seed: int, run_name: str, run_dir: str | Path, session: str,
+                 mark: str, log: Callable[[str], None], what: str, **trainer_kwargs) -> RunRecord:
+    """One run of a search over a baseline (its budget, its sweep), marked ``config["bench"][mark]``: stopped at
+    the target, since past it a run says nothing more about whether (or how soon) it gets there."""
+    record = run_one(profile, recipe, seed, run_name, run_dir, {**_bench_info(profile, session, seed), mark: True},
+                     **{"stop_at_target": True, **trainer_kwargs})
+    log(f"[{what}] {_describe_run(record)}")
+    return record
 
 
 def run_interleaved(profile: BenchProfile, seeds: Sequence[int], run_dir: str | Path, session: str,
@@ -106,11 +113,12 @@ def _budget_in_steps(duration: str, step: Time, what: str) -> int:
 def find_budget(profile: BenchProfile, name: str, seeds: Sequence[int], run_dir: str | Path, session: str,
                 log: Callable[[str], None] = print, start: str | None = None, **trainer_kwargs) -> dict:
     """The shortest budget, in whole ``profile.budget_step``s, with which baseline ``name`` reaches the target
-    in every seed (``measure.shortest_budget`` from ``start``, default the recipe's own, up to twice that).
+    in every seed (``measure.shortest_budget`` from ``start``, default the recipe's own, up to twice that; each
+    budget's seeds run through ``measure.measure``).
 
-    Only reaching matters here, so each run stops at the target (the main runs check that the end of the
-    budget still holds it). Returns ``{"budget", "tried": {budget: seeds that reached the target}}``; the runs
-    are marked ``config["bench"]["budget_search"]``.
+    Only reaching matters here, so each run stops at the target (``_stopped_run``; the main runs check that the
+    end of the budget still holds it). Returns ``{"budget", "tried": {budget: seeds that reached the target}}``;
+    the runs are marked ``config["bench"]["budget_search"]``.
     """
     step = Time.from_string(profile.budget_step)
     first = _budget_in_steps(start or scheduled_recipe(profile, name).duration, step,
@@ -120,16 +128,11 @@ def find_budget(profile: BenchProfile, name: str, seeds: Sequence[int], run_dir:
 
     def all_reach(steps: int) -> bool:
         recipe = scheduled_recipe(profile, name).with_changes(duration=budget(steps))
-        reached = 0
-        for seed in seeds:
-            info = {**_bench_info(profile, session, seed), "budget_search": True}
-            record = run_one(profile, recipe, seed, f"{profile.task}-{name}-{budget(steps)}-s{seed}", run_dir, info,
-                             **{"stop_at_target": True, **trainer_kwargs})
-            reached += record.time_to_target is not None
-            log(f"[budget {name} {budget(steps)}] {_describe_run(record)}")
-            if record.time_to_target is None:
-                break  # one seed short is enough to reject this budget
-        tried[budget(steps)] = reached
+        measured = measure([name], (), seeds, lambda _, seed: _stopped_run(
+            profile, recipe, seed, f"{profile.task}-{name}-{budget(steps)}-s{seed}", run_dir, session, "budget_search",
+            log, f"budget {name} {budget(steps)}", **trainer_kwargs),
+            keep_going=lambda m: None not in m.times[name])  # one seed short is enough to reject this budget
+        tried[budget(steps)] = reached = sum(t is not None for t in measured.times[name])
         return reached == len(seeds)
 
     best = shortest_budget(all_reach, first, 2 * first)
@@ -189,8 +192,7 @@ EDGE_STEPS = 2
 def sweep_baseline(profile: BenchProfile, name: str, seed: int, run_dir: str | Path, session: str,
                    log: Callable[[str], None] = print, **trainer_kwargs) -> dict:
     """Run baseline ``name`` once (on ``seed``) at every point of its sweep (``sweep_grid``), each run stopped at
-    the target (past it a candidate's run says nothing more about its rank) and marked
-    ``config["bench"]["sweep"]``, and pick the fastest (``pick_swept``).
+    the target and marked ``config["bench"]["sweep"]`` (``_stopped_run``), and pick the fastest (``pick_swept``).
 
     A pick at the grid's highest or lowest rate says only that the best rate may lie beyond it, and a baseline
     tuned to its grid's edge is not a tuned baseline: the sweep then goes on past that edge, one grid step at a
@@ -202,10 +204,8 @@ def sweep_baseline(profile: BenchProfile, name: str, seed: int, run_dir: str | P
         candidate = recipe.with_changes(optimizer={"lr": point["lr"]}, schedule=dict(point["schedule"]),
                                         duration=profile.sweeps[name].get("budget", recipe.duration))
         run_name = f"{profile.task}-{name}-lr{point['lr']:g}-{point['schedule']['name']}-s{seed}"
-        record = run_one(profile, candidate, seed, run_name, run_dir, {**_bench_info(profile, session, seed), "sweep": True},
-                         **{"stop_at_target": True, **trainer_kwargs})
-        log(f"[sweep {name}] {_describe_run(record)}")
-        tried.append(swept_point(record))
+        tried.append(swept_point(_stopped_run(profile, candidate, seed, run_name, run_dir, session, "sweep", log,
+                                              f"sweep {name}", **trainer_kwargs)))
 
     grid = sweep_grid(profile, name)
     for point in grid:
@@ -317,13 +317,12 @@ def recipe_entry(records: Sequence[RunRecord], seeds: Sequence[int], targets: Se
     }
 
 
-def _add_speedups(entry: dict, baselines: dict[str, dict], strongest: str) -> None:
-    """Paired by seed against every baseline; a seed where either side never reached the target has no
-    speed-up. ``speedup`` and ``speedup_median`` are against the strongest baseline."""
+def _add_speedups(entry: dict, name: str, measured: Measurement, strongest: str) -> None:
+    """Paired by seed against every baseline (``Measurement.ratios``); a seed where either side never reached
+    the target has no speed-up. ``speedup`` and ``speedup_median`` are against the strongest baseline."""
     entry["median_time_to_target_s"] = median_or_none(entry["time_to_target_s"])
     entry["reached"] = sum(t is not None for t in entry["time_to_target_s"])
-    entry["speedup_vs"] = {name: paired_speedups(b["time_to_target_s"], entry["time_to_target_s"])
-                           for name, b in baselines.items()}
+    entry["speedup_vs"] = {baseline: measured.ratios(name, baseline) for baseline in measured.baselines}
     entry["speedup_median_vs"] = {name: median_or_none(v) for name, v in entry["speedup_vs"].items()}
     entry["speedup"] = entry["speedup_vs"][strongest]
     entry["speedup_median"] = entry["speedup_median_vs"][strongest]
@@ -341,14 +340,14 @@ def holds_target(entry: dict, metric: str, target: float) -> bool:
 def pick_best(recipes: dict[str, dict], metric: str, target: float | None = None) -> str | None:
     """The fastest recipe to the target (``compare.time_rank``). With ``target``, only recipes that hold it
     (``holds_target``) can be best, and there may be none."""
-    if target is not None:
-        recipes = {name: entry for name, entry in recipes.items() if holds_target(entry, metric, target)}
-    return fastest(_runs(recipes), metric) if recipes else None
+    held = [name for name, entry in recipes.items() if target is None or holds_target(entry, metric, target)]
+    return _measured(recipes).fastest(held, metric)
 
 
-def _runs(entries: dict[str, dict]) -> dict[str, tuple[list, list]]:
-    """``{name: (times to target, final metrics)}``, what ``compare.time_rank`` ranks."""
-    return {name: (e["time_to_target_s"], e["final_metric"]) for name, e in entries.items()}
+def _measured(entries: dict[str, dict], baselines: Sequence[str] = (), seeds: Sequence[int] = ()) -> Measurement:
+    """Summary entries (each's lists in seed order) as the ``Measurement`` they record."""
+    return Measurement.read_back({name: e["time_to_target_s"] for name, e in entries.items()},
+                                 {name: e["final_metric"] for name, e in entries.items()}, baselines, seeds)
 
 
 def _budget(records: Sequence[RunRecord]) -> str | None:
@@ -384,9 +383,10 @@ def summarize(records: Sequence[RunRecord], profile: BenchProfile, ablations: Se
         baselines[name]["budget_search"] = found
     for name, swept in (sweeps or {}).items():
         baselines[name]["sweep"] = swept
-    strongest = fastest(_runs(baselines), target["metric"])
-    for entry in [*baselines.values(), *entries.values()]:
-        _add_speedups(entry, baselines, strongest)
+    measured = _measured({**baselines, **entries}, tuple(baselines), seeds)
+    strongest = measured.strongest_baseline(target["metric"])
+    for name, entry in {**baselines, **entries}.items():
+        _add_speedups(entry, name, measured, strongest)
     best = pick_best(entries, target["metric"], target["value"])
     best_entry = entries.get(best, {})
     strongest_times = baselines[strongest]["time_to"]

@@ -7,11 +7,11 @@ from __future__ import annotations
 import statistics
 
 from speedkit.experiments.ablation import leave_one_out_runs
-from speedkit.experiments.compare import fastest, median_or_none, paired_speedups
-from speedkit.experiments.measure import measure, shortest_budget
+from speedkit.experiments.compare import median_or_none
+from speedkit.experiments.measure import Measurement, measure, shortest_budget
 from speedkit.experiments.tune.objective import resolve_runner, score_record, train_and_store
-from speedkit.experiments.tune.search import (TuneConfig, confirmed_baselines, recipe_from_trial, seeds_that_fit,
-                                              standings, trial_context, whole_budget_wall_s)
+from speedkit.experiments.tune.search import (TuneConfig, confirm_wall_s, confirmed_baselines, recipe_from_trial,
+                                              seeds_that_fit, standings, trial_context)
 from speedkit.experiments.tune.space import describe_change
 from speedkit.experiments.tune.storage import finished_trials, optuna_module, worker_id
 
@@ -78,15 +78,12 @@ def confirm_seeds(config: TuneConfig, studies: dict) -> list[int]:
 
 
 def _trial_wall(config: TuneConfig, studies: dict, key: str) -> float:
-    """What one confirmation run of candidate ``key`` is expected to take (a baseline whose target lies near its
-    own final: its whole budget, ``whole_budget_wall_s``)."""
+    """What one confirmation run of candidate ``key`` is expected to take (``search.confirm_wall_s``; the trial
+    limit for a candidate no trial measured)."""
     phase, _, number = key.partition(":")
-    if number.isdigit():
-        trial = studies[phase].trials[int(number)]
-        wall = trial.user_attrs.get("wall_s")
-        if wall:
-            return whole_budget_wall_s(trial, wall) if phase == "baseline" else float(wall)
-    return config.limit_s
+    if not number.isdigit():
+        return config.limit_s
+    return float(confirm_wall_s(studies[phase].trials[int(number)], config.limit_s, baseline=phase == "baseline"))
 
 
 def run_confirmation(config: TuneConfig, studies: dict, runner=None, should_stop=None) -> list:
@@ -237,20 +234,25 @@ def summarize_confirmation(config: TuneConfig, studies: dict) -> dict:
             "leave_one_out": summarize_leave_one_out(config, studies, winner)}
 
 
+def _measured(rows: list[dict]) -> Measurement:
+    """The confirmation's rows as the ``Measurement`` they record (keyed by candidate)."""
+    return Measurement.read_back({r["key"]: r["times_s"] for r in rows}, {r["key"]: r["finals"] for r in rows},
+                                 [r["key"] for r in rows if r["role"] in BASELINE_ROLE_NAMES], rows[0].get("seeds", ()))
+
+
 def strongest_baseline(rows: list[dict], metric: str | None = None) -> dict:
-    """Of the confirmed baselines, the one a speed-up is measured against (``compare.fastest``)."""
-    baselines = {r["key"]: r for r in rows if r["role"] in BASELINE_ROLE_NAMES}
-    return baselines[fastest({k: (r["times_s"], r["finals"]) for k, r in baselines.items()}, metric)]
+    """Of the confirmed baselines, the one a speed-up is measured against (``Measurement.strongest_baseline``)."""
+    key = _measured(rows).strongest_baseline(metric)
+    return next(r for r in rows if r["key"] == key)
 
 
 def _judge(rows: list[dict], metric: str | None = None) -> dict:
-    """The winner: the search candidate that reached the target on every seed with the lowest median time,
-    and its speed-up over the stronger baseline, seed by seed."""
-    baseline = strongest_baseline(rows, metric)
-    contenders = [r for r in rows if r["role"] not in BASELINE_ROLE_NAMES and r["median_s"] is not None]
-    if not contenders:
-        return {"winner": None, "baseline": baseline["key"], "speedups": None, "speedup_median": None}
-    winner = min(contenders, key=lambda r: r["median_s"])
-    pairs = paired_speedups(baseline["times_s"], winner["times_s"])
-    return {"winner": winner["key"], "baseline": baseline["key"], "speedups": pairs,
-            "speedup_median": median_or_none(pairs)}
+    """The winner: the search candidate that reached the target on every seed with the lowest median time (the
+    first given on a tie: no metric breaks it), and its speed-up over the stronger baseline, seed by seed."""
+    measured = _measured(rows)
+    baseline = measured.strongest_baseline(metric)
+    winner = measured.fastest([r["key"] for r in rows if r["key"] in measured.recipes and r["median_s"] is not None])
+    if winner is None:
+        return {"winner": None, "baseline": baseline, "speedups": None, "speedup_median": None}
+    return {"winner": winner, "baseline": baseline, "speedups": measured.ratios(winner, baseline),
+            "speedup_median": measured.median_ratio(winner, baseline)}

@@ -113,14 +113,14 @@ class TrialReporter(Callback):
 
 def trial_request(context: TrialContext):
     """The RunRequest of one trial's run: its recipe and seed with the search's settings (request fields by
-    name), stopped at the target, not checkpointed."""
+    name), stopped at the target, a measured run (``measure.MEASURED_RUN``: a trial cut short by a stop runs
+    again from the start, under its name)."""
+    from speedkit.experiments.measure import MEASURED_RUN
     from speedkit.tasks import RunRequest
 
     return RunRequest.build(context.task, context.recipe, seed=context.seed, target=context.target,
                             stop_at_target=True, run_dir=context.run_dir, run_name=context.run_name,
-                            save_checkpoints=False, progress_bar=False, extra_config=context.extra_config,
-                            overwrite=True,  # a trial cut short by a stop runs again from the start, under its name
-                            **context.settings)
+                            extra_config=context.extra_config, **MEASURED_RUN, **context.settings)
 
 
 def train_trial(context: TrialContext) -> RunRecord:

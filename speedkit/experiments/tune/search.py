@@ -371,14 +371,15 @@ def _run_and_score(config: TuneConfig, trial, context: TrialContext, runner, ref
 NEAR_FINAL = 2 / 3
 
 
-def whole_budget_wall_s(trial, fallback: float) -> float:
-    """What a confirmation run of this (baseline) trial's recipe may take. The target a user sets is often what the
-    baseline reaches at the end, so on a seed where it misses, it trains its whole budget: the confirmation's
-    reserve must hold that, not the seed-0 run that stopped at the target."""
+def confirm_wall_s(trial, fallback: float, baseline: bool = True) -> float:
+    """What a confirmation run of this trial's recipe may take: the trial's own wall time (``fallback`` where it
+    has none), and for a baseline's, its whole budget where it reached the target near its end. The target a user
+    sets is often what the baseline reaches at the end, so on a seed where it misses, it trains its whole budget:
+    the confirmation's reserve must hold that, not the seed-0 run that stopped at the target."""
     wall = trial.user_attrs.get("wall_s") or fallback
     done = trial.user_attrs.get("budget_done")
     reached = trial.user_attrs.get("time_to_target_s") is not None
-    return wall / done if reached and done and NEAR_FINAL <= done < 1 else wall
+    return wall / done if baseline and reached and done and NEAR_FINAL <= done < 1 else wall
 
 
 def _mark_inapplicable(study, methods: dict, message: str) -> None:
@@ -404,9 +405,9 @@ def confirm_reserve_s(config: TuneConfig, studies: dict) -> float:
     typical = [t for t in typical if t]
     fallback = statistics.median(typical) if typical else config.limit_s
     # the runner-up is confirmed only where time is left
-    walls = [whole_budget_wall_s(t, fallback) for t in confirmed_baselines(studies["baseline"])] or [fallback]
+    walls = [confirm_wall_s(t, fallback) for t in confirmed_baselines(studies["baseline"])] or [fallback]
     best = ranked(studies["search"])[:1] if "search" in studies else []  # the likely winner
-    best_wall = (best[0].user_attrs.get("wall_s") or fallback) if best else fallback
+    best_wall = confirm_wall_s(best[0], fallback, baseline=False) if best else fallback
     walls += [best_wall] if "search" in studies else []
     reserve = seeds_that_fit(config, sum(walls), config.budget_s / 2) * sum(walls)
     if config.settings.leave_one_out and best:  # one run per method of the likely winner
