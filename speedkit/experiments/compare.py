@@ -122,12 +122,20 @@ def pareto_front(points: Sequence[tuple[float | None, float | None]], lower_metr
     return front
 
 
+def slowdown(time_without: float | None, time_with: float) -> float:
+    """The one leave-one-out ratio (the benchmark's, the search's, the run board's): time to the target without
+    a part / with all of them, above 1 where the part pays off; infinite where the run without it never reached
+    the target (the part is needed, by how much no run says). A summary written as JSON holds that infinity as
+    null (``speedkit.record.runs.json_safe``)."""
+    return math.inf if time_without is None else time_without / time_with
+
+
 def leave_one_out(records: Sequence[RunRecord], baseline: str | None = None) -> dict[str, dict[str, dict]]:
     """For every full run that has ablations among ``records``: each left-out part's effect.
 
     Returns ``{full run name: {part: {"time_without_s", "slowdown", "share", "pays_off"}}}``.
-    ``slowdown`` is time without the part / time with all of them (inf if the ablated run never
-    reached the target). ``share`` splits the full run's log speed-up over a baseline among the
+    ``slowdown`` is time without the part / time with all of them (``slowdown``: inf if the ablated run
+    never reached the target). ``share`` splits the full run's log speed-up over a baseline among the
     records (the recipe named ``baseline``, else the fastest baseline); None when there is none, or
     when the run without the part never reached the target.
     """
@@ -143,13 +151,13 @@ def leave_one_out(records: Sequence[RunRecord], baseline: str | None = None) -> 
         full_time, without = full.time_to_target, r.time_to_target
         if full_time is None:
             continue
-        slowdown = math.inf if without is None else without / full_time
+        slower = slowdown(without, full_time)
         total = math.log(baseline_time / full_time) if baseline_time and baseline_time > full_time else None
         # A part without which the target is never reached has no finite share: the run says it is
         # needed, not how much of the speed-up it carries, so its share stays None rather than a made-up 1.
-        share = math.log(slowdown) / total if total and not math.isinf(slowdown) else None
+        share = math.log(slower) / total if total and not math.isinf(slower) else None
         result.setdefault(full.name, {})[ablation["left_out"]] = {
-            "time_without_s": without, "slowdown": slowdown, "share": share, "pays_off": slowdown > 1.0}
+            "time_without_s": without, "slowdown": slower, "share": share, "pays_off": slower > 1.0}
     return result
 
 

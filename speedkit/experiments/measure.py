@@ -57,6 +57,15 @@ class Measurement:
         return cls(seeds=list(seeds), baselines=tuple(baselines), recipes=tuple(n for n in times if n not in baselines),
                    runs={}, times=dict(times), finals=dict(finals))
 
+    @classmethod
+    def of_runs(cls, runs: dict[str, list], baselines: Sequence[str]) -> "Measurement":
+        """Runs ``measure`` made before, loaded again (RunRecords by name, each in seed order, as ``runs`` holds
+        them): the demo reads its quickstart's records back this way. The seeds are the pairs' positions."""
+        count = len(next(iter(runs.values()), []))
+        return cls(seeds=list(range(count)), baselines=tuple(baselines),
+                   recipes=tuple(n for n in runs if n not in baselines), runs=dict(runs),
+                   times={name: [r.time_to_target for r in records] for name, records in runs.items()})
+
     def ratios(self, recipe: str, baseline: str | None = None) -> list[float | None]:
         """Baseline time / recipe time, seed by seed (None where either side never reached the target);
         against the first baseline by default."""

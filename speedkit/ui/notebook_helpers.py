@@ -3,8 +3,8 @@ machine was busy, and its figure. The demo (``speedkit demo``, ``speedkit.cli.de
 prints the same ratio through ``speedup_summary``.
 
 The pairs are measured by ``speedkit.experiments.measure.measure`` (``quickstart_pairs``), the one measuring core the
-benchmark and the search use, so a ratio here is what it is there: baseline time to target / recipe time to
-target, pair by pair.
+benchmark and the search use, and ``speedup_summary`` reads its ratios from the ``Measurement`` it returns, so a
+ratio here is what it is there: baseline time to target / recipe time to target, pair by pair.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import statistics
 import time
 from pathlib import Path
 
-from speedkit.experiments.compare import paired_speedups
+from speedkit.experiments.measure import Measurement, measure
 from speedkit.record.runs import RunRecord
 
 SUMMARY = Path("bench") / "results" / "summary.json"  # under the notebook root: a checkout or the installed copy
@@ -27,8 +27,6 @@ def quickstart_pairs(explorer, recipe: str, repeats: int, time_budget_s: float |
     """Run ``baseline`` and ``recipe`` in pairs through the explorer (``run_settings`` go to each run), interleaved,
     up to ``repeats`` pairs or while another fits ``time_budget_s`` seconds of training (``another_pair_fits``).
     Returns the ``Measurement`` (``speedkit.experiments.measure``) and each pair's training seconds."""
-    from speedkit.experiments.measure import measure
-
     def train_seconds(m) -> list[float]:
         return [sum(m.runs[name][i].timings["train_s"] for name in ("baseline", recipe)) for i in range(len(m.seeds))]
 
@@ -39,16 +37,20 @@ def quickstart_pairs(explorer, recipe: str, repeats: int, time_budget_s: float |
 
 
 # -- what the notebook reports ------------------------------------------------------------------------------------
-def speedup_summary(baselines: list[RunRecord], recipes: list[RunRecord]) -> tuple[float, str]:
-    """The median of the pairwise ratios baseline time to target / recipe time to target (pair i: the i-th of
-    each, run side by side), and a line saying it with the spread, the target and the budgets."""
-    if not baselines or len(baselines) != len(recipes):
-        raise ValueError(f"pairs need as many baseline runs as recipe runs, got {len(baselines)} and {len(recipes)}")
+def speedup_summary(pairs: Measurement, recipe: str | None = None) -> tuple[float, str]:
+    """The median of the quickstart's ratios baseline time to target / recipe time to target
+    (``Measurement.ratios``: pair i ran side by side), and a line saying it with the spread, the target and the
+    budgets. ``pairs``: what ``quickstart_pairs`` measured (or ``Measurement.of_runs``, its records read back);
+    ``recipe``: which of its recipes (the first by default), against its first baseline."""
+    recipe = recipe or pairs.recipes[0]
+    baselines, recipes = pairs.runs[pairs.baselines[0]], pairs.runs[recipe]
+    if not baselines:
+        raise ValueError("no pair of runs was measured, so there is nothing to compare; repeats must be at least 1")
     missed = [r.name for r in (*baselines, *recipes) if r.time_to_target is None]
     if missed:
         raise ValueError(f"{', '.join(missed)} never reached the target, so there is no time to compare; "
                          f"lower target or raise duration")
-    ratios = paired_speedups([b.time_to_target for b in baselines], [r.time_to_target for r in recipes])
+    ratios = pairs.ratios(recipe)
     median = statistics.median(ratios)
     name = recipes[0].config.get("recipe", recipes[0].name)
     reached = (f"{name} reached {_target_text(baselines[0])} {median:.2f}x sooner than the baseline "

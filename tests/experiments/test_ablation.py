@@ -72,3 +72,28 @@ def test_against_a_baseline_the_non_method_parts_are_left_out_too():
     assert ablated["budget"].duration == plain_bf16.duration
     assert ablated["augment"].augment == plain_bf16.augment  # None stays None (with_changes would skip it)
     assert set(ablation.ablated_recipes(WINNER)) == set(WINNER.methods)  # no reference: the methods alone
+
+
+def test_bench_and_tune_read_one_slowdown_and_the_search_stores_never_reached_as_null():
+    """Both leave-one-out tables take their ratio from compare.slowdown; a method without which the winner never
+    reached the target is infinity in the benchmark's table and null in the search's summary (as its JSON)."""
+    import math
+    from types import SimpleNamespace
+
+    from speedkit.experiments.compare import leave_one_out
+
+    def record(name, reached_at, **config):
+        run = RunRecord(name=name, target={"metric": "eval/accuracy", "value": 0.9}, config={"recipe": "hot", **config})
+        run.add_eval({"batch": 1, "wall_s": 1.0}, {"eval/accuracy": 0.5})
+        if reached_at is not None:
+            run.add_eval({"batch": 2, "wall_s": reached_at}, {"eval/accuracy": 0.95})
+        return run
+
+    bench = leave_one_out([record("full", 4.0), record("no-ls", 6.0, ablation={"of": "full", "left_out": "label_smoothing"}),
+                           record("no-ema", None, ablation={"of": "full", "left_out": "ema"})])["full"]
+    trials = [SimpleNamespace(user_attrs={"candidate": f"loo:search:3:{method}", "time_to_target_s": without})
+              for method, without in (("label_smoothing", 6.0), ("ema", None))]
+    studies = {"confirm": SimpleNamespace(get_trials=lambda deepcopy, states: trials)}
+    tune = confirm.summarize_leave_one_out(None, studies, {"key": "search:3", "times_s": [4.0]})
+    assert bench["label_smoothing"]["slowdown"] == tune["label_smoothing"]["slowdown"] == 1.5
+    assert math.isinf(bench["ema"]["slowdown"]) and tune["ema"] == {"time_without_s": None, "slowdown": None}

@@ -7,13 +7,14 @@ from __future__ import annotations
 import statistics
 
 from speedkit.experiments.ablation import leave_one_out_runs
-from speedkit.experiments.compare import median_or_none
+from speedkit.experiments.compare import median_or_none, slowdown
 from speedkit.experiments.measure import Measurement, measure, shortest_budget
 from speedkit.experiments.tune.objective import resolve_runner, score_record, train_and_store
 from speedkit.experiments.tune.search import (TuneConfig, confirm_wall_s, confirmed_baselines, recipe_from_trial,
                                               seeds_that_fit, standings, trial_context)
 from speedkit.experiments.tune.space import describe_change
 from speedkit.experiments.tune.storage import finished_trials, optuna_module, worker_id
+from speedkit.record.runs import json_safe
 
 CONFIRM_SEED_START = 1  # the search runs seed 0; confirmation uses fresh seeds, so the winner's luck does not count twice
 # (role, recipe name) of the baseline study's best trial and of the base as given (search.confirmed_baselines)
@@ -199,7 +200,9 @@ def run_leave_one_out(config: TuneConfig, studies: dict, runner=None, should_sto
 
 
 def summarize_leave_one_out(config: TuneConfig, studies: dict, winner: dict | None) -> dict:
-    """{method: time without it, and time without / time with} on the first confirmation seed."""
+    """{method: time without it, and time without / time with} on the first confirmation seed: the benchmark's
+    slowdown (``compare.slowdown``), held as summary.json holds it (a method without which the winner never
+    reached the target: null, not infinity)."""
     if winner is None or winner["times_s"][0] is None:
         return {}
     with_time = winner["times_s"][0]
@@ -208,8 +211,8 @@ def summarize_leave_one_out(config: TuneConfig, studies: dict, winner: dict | No
         key = str(t.user_attrs.get("candidate", ""))
         if key.startswith(f"loo:{winner['key']}:"):
             without = t.user_attrs.get("time_to_target_s")
-            rows[key.rsplit(":", 1)[1]] = {"time_without_s": without,
-                                           "slowdown": None if without is None else without / with_time}
+            rows[key.rsplit(":", 1)[1]] = json_safe({"time_without_s": without,
+                                                     "slowdown": slowdown(without, with_time)})
     return rows
 
 
