@@ -89,7 +89,8 @@ def test_bench_and_tune_read_one_slowdown_and_the_search_stores_never_reached_as
             run.add_eval({"batch": 2, "wall_s": reached_at}, {"eval/accuracy": 0.95})
         return run
 
-    bench = leave_one_out([record("full", 4.0), record("no-ls", 6.0, ablation={"of": "full", "left_out": "label_smoothing"}),
+    bench = leave_one_out([record("full", 4.0),
+                           record("no-ls", 6.0, ablation={"of": "full", "left_out": "label_smoothing"}),
                            record("no-ema", None, ablation={"of": "full", "left_out": "ema"})])["full"]
     trials = [SimpleNamespace(user_attrs={"candidate": f"loo:search:3:{method}", "time_to_target_s": without})
               for method, without in (("label_smoothing", 6.0), ("ema", None))]
