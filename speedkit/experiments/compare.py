@@ -134,8 +134,8 @@ def leave_one_out(records: Sequence[RunRecord], baseline: str | None = None) -> 
     """For every full run that has ablations among ``records``: each left-out part's effect.
 
     Returns ``{full run name: {part: {"time_without_s", "slowdown", "share", "pays_off"}}}``.
-    ``slowdown`` is time without the part / time with all of them (``slowdown``: inf if the ablated run
-    never reached the target). ``share`` splits the full run's log speed-up over a baseline among the
+    ``slowdown`` is time without the part / time with all of them (``slowdown``, inf if the ablated
+    run never reached the target). ``share`` splits the full run's log speed-up over a baseline among the
     records (the recipe named ``baseline``, else the fastest baseline); None when there is none, or
     when the run without the part never reached the target.
     """

@@ -149,11 +149,13 @@ class TuneSettings:
         return dataclasses.replace(self, **changes)
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class TuneConfig:
     """One search as every worker reads it (``tune_config.json`` in the output folder): the ``TuneSettings`` it
     was asked for, made concrete by ``build_config`` (the task by its name, folders and storage resolved, the
-    runner as ``"module:function"``, the evaluation cadence fixed), and what the search derived from them."""
+    runner as ``"module:function"``, the evaluation cadence fixed), and what the search derived from them. Not
+    a second description of the search: a frozen view of the one ``TuneSettings``, built by ``build_config``
+    alone, that nothing changes afterwards (every worker must read the same search)."""
 
     settings: TuneSettings
     metric: str
