@@ -179,7 +179,7 @@ def build_config(settings: TuneSettings, out: Path, log=print) -> TuneConfig:
         raise TuneInputError(f"target metric {metric!r} is not logged by any evaluator of task {task!r}; "
                              f"it logs {', '.join(known)}")
     candidates, left_out = candidate_methods(spec.domain, allowed, device.type, spec.flips_keep_labels)
-    left_out.update(probe_surgery(task, probe, candidates, s.device, s.data_fraction))
+    left_out.update(probe_surgery(task, probe, candidates, s.device))
     candidates = [m for m in candidates if m not in left_out]
     limits = fit_hparams_to_model(task, probe, candidates, s.device) if s.tune_hparams else {}
     search = full_space(base, candidates, device.type, s.tune_hparams, s.duration_scale, s.lr_factor, limits,

@@ -76,28 +76,38 @@ def candidate_methods(task_domain: str, allowed: list[str] | None, device_type: 
     return candidates, left_out
 
 
-def probe_surgery(task: str, recipe, methods: list[str], device: str, data_fraction: float) -> dict[str, str]:
-    """{method: why it is left out} for methods whose surgery finds nothing in the task's model.
+def surgery_refusal(spec, recipe, name: str, params: dict, device: str, run_dir: str) -> str | None:
+    """Why method ``name`` at ``params`` cannot act on a fresh model of the task (``spec``), or None where it
+    acts: a Trainer without data runs INIT only, so a surgery that finds nothing (``NothingToChangeError``) or a
+    refused requirement shows here (a hundred of these take seconds, where building the task's data each time
+    would take minutes)."""
+    import torch
 
-    Each method that acts at INIT is built alone into the task's Trainer (construction runs INIT, no
-    training), with the card's defaults: a ``NothingToChangeError`` or a refused requirement means the
-    search would only waste trials on it.
-    """
+    from speedkit.methods import get_method
+    from speedkit.train.trainer import Trainer
+
+    torch.manual_seed(0)
+    try:
+        Trainer(spec.model(recipe.model), methods=[get_method(name, **params)], device=device,
+                precision=recipe.precision, run_dir=run_dir, save_checkpoints=False)
+    except (ValueError, TypeError, RuntimeError) as e:  # NothingToChangeError is a ValueError
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+def probe_surgery(task: str, recipe, methods: list[str], device: str) -> dict[str, str]:
+    """{method: why it is left out} for the methods acting at INIT that cannot act on the task's model with
+    their card's defaults (``surgery_refusal``, the probe ``fit_hparams_to_model`` also narrows their ranges
+    with): the search would only waste trials on them."""
     from speedkit.core.event import Event
     from speedkit.methods import REGISTRY
-    from speedkit.tasks import make_trainer
+    from speedkit.tasks import resolve_task
 
-    left_out = {}
+    spec = resolve_task(task)
     with tempfile.TemporaryDirectory() as run_dir:
-        for name in methods:
-            if Event.INIT not in REGISTRY[name].CARD.events:
-                continue
-            try:
-                make_trainer(task, recipe.with_changes(methods={name: {}}), device=device,
-                             data_fraction=data_fraction, run_dir=run_dir, save_checkpoints=False)
-            except (ValueError, TypeError, RuntimeError) as e:  # NothingToChangeError is a ValueError
-                left_out[name] = f"{type(e).__name__}: {e}"
-    return left_out
+        refusals = {name: surgery_refusal(spec, recipe, name, {}, device, run_dir) for name in methods
+                    if Event.INIT in REGISTRY[name].CARD.events}
+    return {name: why for name, why in refusals.items() if why is not None}
 
 
 def fit_hparams_to_model(task: str, recipe, methods: list[str], device: str) -> dict:
@@ -106,26 +116,15 @@ def fit_hparams_to_model(task: str, recipe, methods: list[str], device: str) -> 
     its range's ends, an end that finds nothing is moved in by bisection, and a choice that finds nothing is not
     offered; interactions between two hyperparameters are not probed (a trial that meets one is refused).
     """
-    import torch
-
     from speedkit.core.event import Event
-    from speedkit.methods import REGISTRY, get_method
+    from speedkit.methods import REGISTRY
     from speedkit.tasks import resolve_task
-    from speedkit.train.trainer import Trainer
 
     spec = resolve_task(task)
     limits: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as run_dir:
         def acts(name: str, params: dict) -> bool:
-            """Whether the surgery finds something in a fresh model: a Trainer without data runs INIT only
-            (a hundred of these take seconds, where building the task's data each time would take minutes)."""
-            torch.manual_seed(0)
-            try:
-                Trainer(spec.model(recipe.model), methods=[get_method(name, **params)], device=device,
-                        precision=recipe.precision, run_dir=run_dir, save_checkpoints=False)
-            except (ValueError, TypeError, RuntimeError):  # NothingToChangeError is a ValueError
-                return False
-            return True
+            return surgery_refusal(spec, recipe, name, params, device, run_dir) is None
 
         for name in methods:
             if Event.INIT not in REGISTRY[name].CARD.events or not acts(name, {}):
