@@ -1,24 +1,28 @@
-"""One prepared check of speedkit on one GPU (at most about 8 minutes on an H100-class GPU).
+"""One prepared check of speedkit on one GPU (its first run, on an H200: bench/README.md, "The first GPU run").
 
-    scripts/gpu_check.sh [--out runs/gpu-check]        # on a machine with a CUDA GPU
+    scripts/gpu_check.sh [--out runs/gpu-check] [--steps syncs,seed] [--presets imagenet:hot,gpt2:hot]
     python scripts/gpu_check.py --device cpu --tiny    # its steps at tiny scale on a CPU (the test runs this)
 
-Steps, each writing into one results folder, with ``summary.json`` and ``summary.md`` at its top:
+Steps, run in ``--steps`` order (default: all four, as numbered), each writing into one results folder with
+``summary.json`` and ``summary.md`` at its top, rewritten after each step and each seed preset, so a check
+stopped at a time limit keeps what it finished:
 
 1. ``syncs``: the ``hot`` presets of both built-in tasks for a few dozen steps with a ``SyncCounter`` and,
    on CUDA, ``torch.cuda.set_sync_debug_mode("warn")`` (every synchronizing CUDA call warns); counts the
    waits in steps between logging intervals (expected: 0), per evaluation (expected: <= 1), the CUDA
    sync warnings, the peak GPU memory and the fraction of the device's dense peak FLOP/s reached.
-2. ``notebooks``: the ``gpu`` parameter sets of notebooks 00 and 02 (shortened) and tutorials t7 and t10.
-3. ``bench``: ``hot`` against ``plain-bf16`` (vision) and ``hot`` against ``tuned`` (language) under the
-   ``gpu`` benchmark profile, one seed each.
-4. ``seed``: the seed's workloads at their real sizes (the ``gpu`` profiles of tasks ``imagenet`` and ``gpt2``):
+2. ``seed``: the seed's workloads at their real sizes (the ``gpu`` profiles of tasks ``imagenet`` and ``gpt2``):
    torchvision ResNet-50 at 224 px and GPT-2 124M at 1,024 tokens, each preset for a fixed number of steps on a
    generated ImageNet-layout folder and a generated text corpus, streamed from shards; reports images/s,
-   tokens/s, the fraction of the device's dense bf16 peak FLOP/s, and the host waits between logging steps.
+   tokens/s, the fraction of the device's dense bf16 peak FLOP/s, the share of time spent waiting for data,
+   the peak memory and the host waits between logging steps.
+3. ``bench``: ``hot`` against ``plain-bf16`` (vision) and ``hot`` against ``tuned`` (language) under the
+   ``gpu`` benchmark profile, one seed each.
+4. ``notebooks``: the ``gpu`` parameter sets of notebooks 00 and 02 (shortened) and tutorials t7 and t10
+   (they need the ``[demo]`` extra).
 
-Without a GPU (and without ``--device cpu``) it says so and exits with status 2. The figures it prints
-have not been measured yet: no GPU has been lent to this project when it was written.
+A step or preset that fails is reported with its error and the others still run. Without a GPU (and without
+``--device cpu``) it says so and exits with status 2.
 """
 from __future__ import annotations
 
@@ -31,6 +35,8 @@ import time
 import warnings
 from pathlib import Path
 
+from speedkit.core.engine import Callback
+
 NOTEBOOKS = ("00_quickstart", "02_vision_benchmark", "t7_gpu_precision_and_compile", "t10_language_model")
 SHORT_NOTEBOOKS = {"02_vision_benchmark": {"duration": "1ep"}}  # "(short)": one epoch, not the set's full budget
 BENCH = (("vision", "hot", "plain-bf16"), ("language", "hot", "tuned"))
@@ -39,48 +45,50 @@ SEED_TASKS = (("imagenet", {"image_size": 224, "eval_image_size": 224}, "images_
               ("gpt2", {}, "tokens_per_s"))
 # Step 4's size: steps per preset, batch per task, logging interval (a multiple of it ends the run: the
 # steps between are the quiet ones the sync counter checks).
-SEED_SIZES = {"gpu": {"steps": 30, "log_interval": 10, "batch_size": {"imagenet": 256, "gpt2": 16}, "workers": 8},
+SEED_SIZES = {"gpu": {"steps": 30, "log_interval": 10, "batch_size": {"imagenet": 256, "gpt2": 16},
+                     "workers": 8},
               "cpu": {"steps": 3, "log_interval": 3, "batch_size": {"imagenet": 2, "gpt2": 1}, "workers": 0}}
 
 
 def sync_check(device: str, out: Path, tiny: bool) -> dict:
     """Step 1: host waits, CUDA sync warnings, peak memory and fraction of peak, for both tasks' hot preset."""
+    return {task: guarded(lambda: sync_run(task, device, out, tiny)) for task in ("fashion-mnist", "pydocs")}
+
+
+def sync_run(task: str, device: str, out: Path, tiny: bool) -> dict:
     import torch
 
     from speedkit.callbacks import SyncCounter
     from speedkit.tasks import make_trainer
 
-    results = {}
-    for task in ("fashion-mnist", "pydocs"):
-        counter = SyncCounter()
-        size = dict(duration="7ba", batch_size=8, data_fraction=0.01, eval_fraction=0.005, eval_interval="3ba",
-                    log_interval=3) if tiny else dict(duration="60ba", eval_interval="30ba", log_interval=10)
-        trainer = make_trainer(task, "hot", device=device, run_dir=out / "syncs", run_name=task,
-                               save_checkpoints=False, callbacks=[counter], **size)
-        cuda = trainer.state.device.type == "cuda"
+    counter = SyncCounter()
+    size = dict(duration="7ba", batch_size=8, data_fraction=0.01, eval_fraction=0.005, eval_interval="3ba",
+                log_interval=3) if tiny else dict(duration="60ba", eval_interval="30ba", log_interval=10)
+    trainer = make_trainer(task, "hot", device=device, run_dir=out / "syncs", run_name=task,
+                           save_checkpoints=False, callbacks=[counter], **size)
+    cuda = trainer.state.device.type == "cuda"
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+        torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            record = trainer.fit()
+    finally:
         if cuda:
-            torch.cuda.reset_peak_memory_stats()
-            torch.cuda.set_sync_debug_mode("warn")
-        try:
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
-                record = trainer.fit()
-        finally:
-            if cuda:
-                torch.cuda.set_sync_debug_mode("default")
-        sync_warnings = [str(w.message).splitlines()[0] for w in caught if "synchroniz" in str(w.message).lower()]
-        fractions = [row["throughput/fraction_of_peak"] for row in record.steps if "throughput/fraction_of_peak" in row]
-        report = counter.report()
-        results[task] = {
-            "status": record.status, "waits_in_quiet_steps": report["waits_in_quiet_steps"],
-            "steps_with_waits": report["steps_with_waits"], "per_evaluation": report["per_evaluation"],
-            "cuda_sync_warnings": len(sync_warnings), "first_sync_warnings": sync_warnings[:5],
-            "peak_memory_gib": round(torch.cuda.max_memory_allocated() / 2 ** 30, 3) if cuda else None,
-            "fraction_of_peak": fractions[-1] if fractions else None,
-            "peak_flops": record.environment.get("peak_flops"),
-            "ok": record.status == "completed" and report["waits_in_quiet_steps"] == 0
-            and all(n <= 1 for n in report["per_evaluation"])}
-    return results
+            torch.cuda.set_sync_debug_mode("default")
+    sync_warnings = [str(w.message).splitlines()[0] for w in caught if "synchroniz" in str(w.message).lower()]
+    fractions = [row["throughput/fraction_of_peak"] for row in record.steps if "throughput/fraction_of_peak" in row]
+    report = counter.report()
+    return {
+        "status": record.status, "waits_in_quiet_steps": report["waits_in_quiet_steps"],
+        "steps_with_waits": report["steps_with_waits"], "per_evaluation": report["per_evaluation"],
+        "cuda_sync_warnings": len(sync_warnings), "first_sync_warnings": sync_warnings[:5],
+        "peak_memory_gib": round(torch.cuda.max_memory_allocated() / 2 ** 30, 3) if cuda else None,
+        "fraction_of_peak": fractions[-1] if fractions else None,
+        "peak_flops": record.environment.get("peak_flops"),
+        "ok": record.status == "completed" and report["waits_in_quiet_steps"] == 0
+        and all(n <= 1 for n in report["per_evaluation"])}
 
 
 def make_seed_data(root: Path, images_per_class: int, classes: int = 4, docs: int = 12,
@@ -111,16 +119,17 @@ def make_seed_data(root: Path, images_per_class: int, classes: int = 4, docs: in
 
 
 def seed_check(device: str, out: Path, profile: str = "gpu", recipes: dict | None = None,
-               sizes: dict | None = None, data: dict | None = None, precision: str | None = None) -> dict:
+               sizes: dict | None = None, data: dict | None = None, precision: str | None = None,
+               progress=None) -> dict:
     """Step 4: each preset of the seed's tasks (``recipes``: task -> names; default all) for a fixed number of
     steps at the ``profile``'s sizes; images/s or tokens/s, the fraction of the dense bf16 peak (the measured
     matmul's where the GPU has no spec figure, and on a CPU), host waits between logging steps. ``precision``
-    overrides the presets' (a CPU test runs fp32: bf16 is emulated on most CPUs)."""
+    overrides the presets' (a CPU test runs fp32: bf16 is emulated on most CPUs); ``progress(results)`` is called
+    after each preset."""
     import torch
 
-    from speedkit.callbacks import SyncCounter
     from speedkit.callbacks.speed_monitor import spec_peak_flops
-    from speedkit.tasks import find_task, make_trainer
+    from speedkit.tasks import find_task
 
     size = sizes or SEED_SIZES["gpu" if device.startswith("cuda") else "cpu"]
     data = data or (make_seed_data(out / "seed-data", images_per_class=512, docs=48) if device.startswith("cuda")
@@ -130,35 +139,86 @@ def seed_check(device: str, out: Path, profile: str = "gpu", recipes: dict | Non
     results = {}
     for task, options, throughput in SEED_TASKS:
         task_options = {"profile": profile, **(options if profile == "gpu" else {})}
-        names = (recipes or {}).get(task) or list(find_task(task, data[task], **task_options).recipes)
+        names = recipes.get(task, []) if recipes else list(find_task(task, data[task], **task_options).recipes)
         for name in names:
-            counter = SyncCounter()
-            steps = size["steps"]
-            trainer = make_trainer(task, name, data=data[task], task_options=task_options, device=device,
-                                   duration=f"{steps}ba", batch_size=size["batch_size"][task],
-                                   eval_interval=f"{steps}ba", log_interval=size["log_interval"],
-                                   num_workers=size["workers"], run_dir=out / "seed", run_name=f"{task}-{name}",
-                                   **({"precision": precision} if precision else {}),
-                                   save_checkpoints=False, callbacks=[counter])
-            record = trainer.fit()
-            rows = [row for row in record.steps if "throughput/samples_per_s" in row]
-            last = rows[-1] if rows else {}
-            flops = last.get("throughput/flops_per_s")
-            # on a GPU with a spec figure, its dense bf16 peak; elsewhere the speed monitor's (a matmul measured
-            # at the run's precision)
-            fraction = flops / bf16_peak[0] if flops and bf16_peak else last.get("throughput/fraction_of_peak")
-            report = counter.report()
-            results[f"{task}:{name}"] = {
-                "status": record.status, "steps": steps, "batch_size": size["batch_size"][task],
-                "images_per_s" if throughput == "images_per_s" else "tokens_per_s":
-                    last.get("throughput/samples_per_s") if throughput == "images_per_s"
-                    else last.get("throughput/tokens_per_s"),
-                "flops_per_s": flops,
-                "fraction_of_bf16_peak" if bf16_peak else "fraction_of_measured_peak": fraction,
-                "peak": bf16_peak[1] if bf16_peak else (record.environment.get("peak_flops") or {}).get("source"),
-                "waits_in_quiet_steps": report["waits_in_quiet_steps"],
-                "ok": record.status == "completed" and report["waits_in_quiet_steps"] == 0 and flops is not None}
+            results[f"{task}:{name}"] = guarded(lambda: seed_run(task, name, throughput, task_options, device, out,
+                                                                 size, data, bf16_peak, precision))
+            if progress:
+                progress(results)
     return results
+
+
+class DataWait(Callback):
+    """The share of the loop's wall-clock time spent waiting for its next batch, after the first logging interval
+    (the loader's workers start in the first, which a run of a few dozen steps would otherwise mostly measure)."""
+
+    def __init__(self, after_batch: int):
+        self.after_batch, self.waited, self.start, self.end, self._asked = after_batch, 0.0, None, None, None
+
+    def run_event(self, event, state, logger) -> None:
+        now, batch = time.perf_counter(), state.timestamp.batch
+        if event.value == "before_dataloader":
+            self._asked = now
+        elif event.value == "after_dataloader" and batch >= self.after_batch and self.start is not None:
+            self.waited += now - self._asked
+        elif event.value == "batch_end":
+            if batch == self.after_batch:
+                self.start = now
+            self.end = now
+
+    def share(self) -> float | None:
+        return round(self.waited / (self.end - self.start), 4) if self.start and self.end > self.start else None
+
+
+def seed_run(task: str, name: str, throughput: str, task_options: dict, device: str, out: Path, size: dict,
+             data: dict, bf16_peak: tuple | None, precision: str | None) -> dict:
+    """One preset of step 4 for ``size["steps"]`` steps: its throughput, share of the dense bf16 peak, share of
+    training time spent taking batches from the loader, peak GPU memory and host waits."""
+    import torch
+
+    from speedkit.callbacks import SyncCounter
+    from speedkit.tasks import make_trainer
+
+    counter, steps, data_wait = SyncCounter(), size["steps"], DataWait(after_batch=size["log_interval"])
+    trainer = make_trainer(task, name, data=data[task], task_options=task_options, device=device,
+                           duration=f"{steps}ba", batch_size=size["batch_size"][task], eval_interval=f"{steps}ba",
+                           log_interval=size["log_interval"], num_workers=size["workers"], run_dir=out / "seed",
+                           run_name=f"{task}-{name}", **({"precision": precision} if precision else {}),
+                           save_checkpoints=False, callbacks=[counter, data_wait])
+    cuda = trainer.state.device.type == "cuda"
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    record = trainer.fit()
+    rows = [row for row in record.steps if "throughput/samples_per_s" in row]
+    last = rows[-1] if rows else {}
+    flops = last.get("throughput/flops_per_s")
+    # on a GPU with a spec figure, its dense bf16 peak; elsewhere the speed monitor's (a matmul measured at the
+    # run's precision)
+    fraction = flops / bf16_peak[0] if flops and bf16_peak else last.get("throughput/fraction_of_peak")
+    report = counter.report()
+    return {
+        "status": record.status, "steps": steps, "batch_size": size["batch_size"][task],
+        throughput: last.get("throughput/samples_per_s") if throughput == "images_per_s"
+        else last.get("throughput/tokens_per_s"),
+        "flops_per_s": flops,
+        "fraction_of_bf16_peak" if bf16_peak else "fraction_of_measured_peak": fraction,
+        "peak": bf16_peak[1] if bf16_peak else (record.environment.get("peak_flops") or {}).get("source"),
+        "data_wait_share": data_wait.share(),
+        "peak_memory_gib": round(torch.cuda.max_memory_allocated() / 2 ** 30, 2) if cuda else None,
+        "waits_in_quiet_steps": report["waits_in_quiet_steps"],
+        "ok": record.status == "completed" and report["waits_in_quiet_steps"] == 0 and flops is not None}
+
+
+def guarded(work) -> dict:
+    """``work()``'s result, or what broke (one failing part of the check must not lose the others' figures)."""
+    import traceback
+
+    try:
+        return work()
+    except Exception as error:  # noqa: BLE001 -- reported in the summary, and the check fails
+        print(traceback.format_exc(), file=sys.stderr, flush=True)
+        return {"ok": False, "error": f"{type(error).__name__}: {error}"[:2000],
+                "traceback": traceback.format_exc()[-4000:]}
 
 
 def speedkit_command(*args: str) -> list[str]:
@@ -182,9 +242,10 @@ def bench_commands(device: str, out: Path, tiny: bool) -> list[list[str]]:
     commands = []
     for task, recipe, baseline in BENCH:
         scale = ["--profile", "cpu", "--device", device, "--duration", "3ba", "--data-fraction", "0.01",
-                 "--eval-fraction", "0.01", "--no-figures"] if tiny else ["--profile", "gpu"]
-        commands.append(speedkit_command("bench", task, *scale, "--seeds", "1", "--recipes", recipe,
-                                         "--baselines", baseline, "--out", str(out / "bench" / task),
+                 "--eval-fraction", "0.01"] if tiny else ["--profile", "gpu"]
+        commands.append(speedkit_command("bench", "--task", task, *scale, "--no-figures", "--seeds", "1",
+                                         "--recipes", recipe, "--baselines", baseline,
+                                         "--out", str(out / "bench" / task),
                                          "--run-dir", str(out / "bench" / task / "runs")))
     return commands
 
@@ -204,28 +265,38 @@ def run_commands(commands: list[list[str]], log: Path) -> list[dict]:
 
 
 def write_summary(out: Path, summary: dict) -> None:
+    """summary.json and summary.md, rewritten after each step (a check stopped at its time limit keeps the steps
+    it finished)."""
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    verdict = ("passed" if summary["ok"] else "FAILED") if "ok" in summary else "unfinished"
     lines = [f"# speedkit GPU check: {summary['device_name']}", "",
-             f"{'passed' if summary['ok'] else 'FAILED'} in {summary['seconds']} s; torch {summary['torch']}", "",
-             "## host waits (hot presets)", "",
-             "| task | waits in quiet steps | per evaluation | CUDA sync warnings | peak memory GiB | "
-             "fraction of peak |", "| --- | --- | --- | --- | --- | --- |"]
-    for task, r in summary.get("syncs", {}).items():
-        lines.append(f"| {task} | {r['waits_in_quiet_steps']} | {r['per_evaluation']} | {r['cuda_sync_warnings']} | "
-                     f"{r['peak_memory_gib']} | {r['fraction_of_peak']} |")
-    if summary.get("seed"):
-        lines += ["", "## the seed's workloads (gpu: ResNet-50 at 224 px, GPT-2 124M at 1,024 tokens)", "",
-                  "| task:preset | images/s | tokens/s | fraction of bf16 peak (measured peak off GPU) | "
-                  "waits in quiet steps |",
-                  "| --- | --- | --- | --- | --- |"]
-        for name, r in summary["seed"].items():
-            fraction = r.get("fraction_of_bf16_peak", r.get("fraction_of_measured_peak"))
-            lines.append(f"| {name} | {r.get('images_per_s')} | {r.get('tokens_per_s')} | {fraction} | "
-                         f"{r['waits_in_quiet_steps']} |")
+             f"{verdict} after {summary['seconds']} s; torch {summary['torch']}", ""]
+    tables = {"syncs": ("host waits (hot presets)", "task",
+                        ("waits_in_quiet_steps", "per_evaluation", "cuda_sync_warnings", "peak_memory_gib",
+                         "fraction_of_peak")),
+              "seed": ("the seed's workloads (gpu: ResNet-50 at 224 px, GPT-2 124M at 1,024 tokens)", "task:preset",
+                       ("images_per_s", "tokens_per_s", "fraction_of_bf16_peak", "data_wait_share",
+                        "peak_memory_gib", "waits_in_quiet_steps"))}
+    for step, (title, key, columns) in tables.items():
+        if step not in summary:
+            continue
+        lines += [f"## {title}", "", "| " + " | ".join((key, *columns)) + " |", "|" + " --- |" * (len(columns) + 1)]
+        for name, r in summary[step].items():
+            cells = [r.get("error", "")[:80] or _cell(r.get(c, r.get("fraction_of_measured_peak"))
+                                                    if c == "fraction_of_bf16_peak" else r.get(c)) for c in columns]
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
+        lines.append("")
     for step in ("notebooks", "bench"):
-        lines += ["", f"## {step}", ""]
-        lines += [f"- exit {r['exit']} in {r['seconds']} s: `{r['command']}`" for r in summary.get(step, [])]
-    (out / "summary.md").write_text("\n".join(lines) + "\n")
+        if step in summary:
+            lines += [f"## {step}", ""] + [f"- exit {r['exit']} in {r['seconds']} s: `{r['command']}`"
+                                           for r in summary[step]] + [""]
+    (out / "summary.md").write_text("\n".join(lines))
+
+
+def _cell(value) -> str:
+    if isinstance(value, float):
+        return f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
+    return "" if value is None else str(value)
 
 
 def main(argv=None) -> int:
@@ -233,7 +304,10 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default="runs/gpu-check", help="the results folder")
     parser.add_argument("--device", default="cuda", help="cuda (the check), or cpu to exercise its steps")
     parser.add_argument("--tiny", action="store_true", help="tiny scale (a CPU test of the steps)")
-    parser.add_argument("--steps", default="syncs,seed,notebooks,bench", help="comma-separated steps to run")
+    parser.add_argument("--steps", default="syncs,seed,bench,notebooks",
+                        help="comma-separated steps, run in the order given")
+    parser.add_argument("--presets", default=None,
+                        help="the seed step's presets, e.g. imagenet:mild,gpt2:hot (default: every preset of both)")
     args = parser.parse_args(argv)
     import torch
 
@@ -241,25 +315,39 @@ def main(argv=None) -> int:
         print("gpu-check: no CUDA GPU here (torch.cuda.is_available() is False); nothing was checked. "
               "Run it on a machine with a GPU, or pass --device cpu --tiny to exercise its steps", file=sys.stderr)
         return 2
+    steps = args.steps.split(",")
+    unknown = set(steps) - {"syncs", "seed", "bench", "notebooks"}
+    if unknown:
+        parser.error(f"--steps: unknown {sorted(unknown)}; choose from syncs, seed, bench, notebooks")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    steps = set(args.steps.split(","))
+    log = out / "commands.log"
     start = time.perf_counter()
     summary = {"device_name": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
-               "torch": torch.__version__, "device": args.device, "tiny": args.tiny}
-    if "syncs" in steps:
-        summary["syncs"] = sync_check(args.device, out, args.tiny)
-    if "seed" in steps:  # tiny: the cpu profiles' narrow models, a few steps
-        summary["seed"] = seed_check(args.device, out, "cpu" if args.tiny else "gpu",
-                                     sizes=SEED_SIZES["cpu"] if args.tiny else None)
-    log = out / "commands.log"
-    if "notebooks" in steps:
-        summary["notebooks"] = run_commands(notebook_commands(out, args.tiny), log)
-    if "bench" in steps:
-        summary["bench"] = run_commands(bench_commands(args.device, out, args.tiny), log)
-    summary["seconds"] = round(time.perf_counter() - start, 1)
-    summary["ok"] = (all(r["ok"] for step in ("syncs", "seed") for r in summary.get(step, {}).values())
-                     and all(r["exit"] == 0 for step in ("notebooks", "bench") for r in summary.get(step, [])))
+               "torch": torch.__version__, "device": args.device, "tiny": args.tiny, "seconds": 0}
+    presets = {}
+    for item in (args.presets or "").split(","):
+        if item:
+            task, _, name = item.partition(":")
+            presets.setdefault(task, []).append(name)
+
+    def seed_progress(results: dict) -> None:
+        write_summary(out, {**summary, "seed": results, "seconds": round(time.perf_counter() - start, 1)})
+
+    run_step = {
+        "syncs": lambda: sync_check(args.device, out, args.tiny),
+        # tiny: the cpu profiles' narrow models, a few steps
+        "seed": lambda: seed_check(args.device, out, "cpu" if args.tiny else "gpu", recipes=presets or None,
+                                   sizes=SEED_SIZES["cpu"] if args.tiny else None, progress=seed_progress),
+        "notebooks": lambda: run_commands(notebook_commands(out, args.tiny), log),
+        "bench": lambda: run_commands(bench_commands(args.device, out, args.tiny), log)}
+    for step in steps:
+        result = guarded(run_step[step])
+        summary[step] = result if "error" not in result else {step: result}
+        summary["seconds"] = round(time.perf_counter() - start, 1)
+        write_summary(out, summary)
+    summary["ok"] = all(r["ok"] if "ok" in r else r["exit"] == 0 for step in steps
+                        for r in (summary[step].values() if isinstance(summary[step], dict) else summary[step]))
     write_summary(out, summary)
     print((out / "summary.md").read_text())
     return 0 if summary["ok"] else 1

@@ -141,9 +141,11 @@ class SyncCounter(Callback):
         batch = state.timestamp.batch + 1
         self.steps.setdefault(batch, 0)
         # A torch DataLoader makes its batches on the host (per-image transforms read their random numbers
-        # with .item() on CPU tensors); those reads wait on nothing, on any device. A loader of device
-        # tensors (speedkit's in-memory one) makes them in the step, where every read counts.
-        host_made = isinstance(state.train_dataloader, torch.utils.data.DataLoader)
+        # with .item() on CPU tensors, and each epoch's iterator draws its worker seed so); those reads wait
+        # on nothing, on any device. So does a loader that wraps one and says so (the streaming loaders). A
+        # loader of device tensors (speedkit's in-memory one) makes them in the step, where every read counts.
+        loader = state.train_dataloader
+        host_made = isinstance(loader, torch.utils.data.DataLoader) or getattr(loader, "makes_batches_on_host", False)
         self.phase = ("host_data", batch) if host_made else ("step", batch)
 
     def after_dataloader(self, state, logger):

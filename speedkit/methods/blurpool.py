@@ -49,8 +49,9 @@ class BlurConv2d(nn.Conv2d):
         self.blur_stride = self.stride
         if not blur_first:  # the conv runs at stride 1; the blur does the subsampling
             self.stride = (1, 1)
-        self.register_buffer("blur", blur_filter(self.in_channels if blur_first else self.out_channels),
-                             persistent=False)
+        # on the conv's device: surgery on a model already on a GPU must not leave its filter on the CPU
+        self.register_buffer("blur", blur_filter(self.in_channels if blur_first else self.out_channels,
+                                                 device=self.weight.device), persistent=False)
 
     @classmethod
     def from_conv(cls, conv: nn.Conv2d, blur_first: bool = True) -> "BlurConv2d":

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -54,6 +55,17 @@ def test_the_notebook_step_runs_the_gpu_sets_of_00_02_t7_and_t10(gpu_check, tmp_
     bench = gpu_check.bench_commands("cuda", tmp_path, tiny=False)
     assert [c[c.index("--recipes") + 1] + ":" + c[c.index("--baselines") + 1] for c in bench] == \
         ["hot:plain-bf16", "hot:tuned"] and all("gpu" in c for c in bench)
+
+
+def test_every_command_the_check_runs_is_one_the_cli_accepts(gpu_check, tmp_path):
+    """The steps run ``speedkit`` commands in subprocesses, where a renamed flag would only show on a GPU."""
+    from speedkit.cli.main import _parser
+
+    for tiny in (False, True):
+        commands = [*gpu_check.notebook_commands(tmp_path, tiny), *gpu_check.bench_commands("cuda", tmp_path, tiny)]
+        for command in commands:
+            assert command[:3] == [sys.executable, "-m", "speedkit"]
+            _parser().parse_args(command[3:])  # argparse exits (a test error) on what it does not accept
 
 
 def test_the_seed_step_runs_resnet50_at_224_and_gpt2_124m_at_1024_on_a_gpu(gpu_check):

@@ -361,6 +361,22 @@ def test_a_run_stopped_mid_epoch_resumes_exactly_through_the_trainer(image_shard
     assert first_loader.seen_ids + second_loader.seen_ids == full_loader.seen_ids
 
 
+def test_a_streamed_run_makes_no_host_wait_between_logging_steps_across_epochs(image_shards, tmp_path):
+    """Each epoch's new iterator draws its workers' seed with .item() on a CPU tensor: that waits on no device,
+    so the sync counter must not call it a wait (it did, at every epoch start of every streamed run on a GPU)."""
+    from speedkit import Trainer
+    from speedkit.callbacks import SyncCounter
+
+    _, out, _ = image_shards
+    counter = SyncCounter()
+    loader = StreamingImageLoader(out, 6, image_size=16, seed=5, num_workers=1)
+    Trainer(tiny_convnet(), loader, max_duration="3ep", log_interval=100, device="cpu", run_dir=tmp_path,
+            run_name="r", callbacks=[counter]).fit()
+    report = counter.report()
+    assert report["steps"] == 3 * len(loader) and report["waits_in_quiet_steps"] == 0, report
+    assert counter.totals["host_only"] >= 2  # the later epochs' seeds: seen, and put where they belong
+
+
 def test_resuming_a_run_on_shards_prepared_again_is_refused(image_shards, tmp_path):
     from speedkit import Trainer
 

@@ -142,6 +142,22 @@ def test_surgery_reports_what_it_did_or_refuses_to_do_nothing(method, model_name
     out.float().sum().backward()  # the changed model still trains
 
 
+@pytest.mark.parametrize("model_name", ["resnet18", "gpt"])
+# patch_whitening whitens data on the model's device; identity_init and stochastic_depth read weight values,
+# which a meta tensor has none of
+@pytest.mark.parametrize("method", sorted(set(SURGERIES) - {"patch_whitening", "identity_init", "stochastic_depth"}))
+def test_surgery_leaves_every_tensor_on_the_models_device(method, model_name):
+    """Surgery runs after the model is on its device, so a layer it makes must be made there: a filter left on
+    the CPU broke BlurPool on a GPU and on no CPU. The meta device stands in for a GPU."""
+    if model_name == "gpt" and method in VISION_ONLY:
+        pytest.skip("vision method")
+    fn, kwargs = SURGERIES[method]
+    model = MODELS[model_name]().to("meta")
+    fn(model, allow_empty=True, **kwargs)
+    off = [name for name, t in [*model.named_parameters(), *model.named_buffers()] if t.device.type != "meta"]
+    assert not off, off
+
+
 def test_gyro_dropout_and_low_precision_layernorm_on_a_gpt_with_dropout():
     model = gpt(dropout=0.1)
     assert apply_gyro_dropout(model, total_steps=100, sigma=8, tau=4).changed == {"dropouts": 5}

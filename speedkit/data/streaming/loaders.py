@@ -145,6 +145,9 @@ class _StreamingLoader(GlobalBatch):
     """What the image and token loaders share: the litdata loader, epochs, resuming, ranks."""
 
     kind = ""
+    # its batches are made on the host, in a torch DataLoader's workers: a read of a CPU value there (the
+    # DataLoader draws each epoch's worker seed with .item()) waits on no device (callbacks/sync_counter.py)
+    makes_batches_on_host = True
 
     def __init__(self, root, split: str, batch_size: int, items_per_batch: int, *, shuffle: bool, seed: int,
                  device, num_workers: int, rank: Optional[int], world_size: Optional[int], transform, collate,
