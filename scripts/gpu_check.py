@@ -40,10 +40,10 @@ from speedkit.core.engine import Callback
 NOTEBOOKS = ("00_quickstart", "02_vision_benchmark", "t7_gpu_precision_and_compile", "t10_language_model")
 SHORT_NOTEBOOKS = {"02_vision_benchmark": {"duration": "1ep"}}  # "(short)": one epoch, not the set's full budget
 BENCH = (("vision", "hot", "plain-bf16"), ("language", "hot", "tuned"))
-# The seed's workloads (step 4): task, the options that set its real sizes, and the throughput it reports.
+# The seed's workloads (the seed step): task, the options that set its real sizes, and the throughput it reports.
 SEED_TASKS = (("imagenet", {"image_size": 224, "eval_image_size": 224}, "images_per_s"),
               ("gpt2", {}, "tokens_per_s"))
-# Step 4's size: steps per preset, batch per task, logging interval (a multiple of it ends the run: the
+# The seed step's size: steps per preset, batch per task, logging interval (a multiple of it ends the run: the
 # steps between are the quiet ones the sync counter checks).
 SEED_SIZES = {"gpu": {"steps": 30, "log_interval": 10, "batch_size": {"imagenet": 256, "gpt2": 16},
                      "workers": 8},
@@ -51,7 +51,7 @@ SEED_SIZES = {"gpu": {"steps": 30, "log_interval": 10, "batch_size": {"imagenet"
 
 
 def sync_check(device: str, out: Path, tiny: bool) -> dict:
-    """Step 1: host waits, CUDA sync warnings, peak memory and fraction of peak, for both tasks' hot preset."""
+    """The sync step: host waits, CUDA sync warnings, peak memory and fraction of peak, for both tasks' hot preset."""
     return {task: guarded(lambda: sync_run(task, device, out, tiny)) for task in ("fashion-mnist", "pydocs")}
 
 
@@ -121,7 +121,7 @@ def make_seed_data(root: Path, images_per_class: int, classes: int = 4, docs: in
 def seed_check(device: str, out: Path, profile: str = "gpu", recipes: dict | None = None,
                sizes: dict | None = None, data: dict | None = None, precision: str | None = None,
                progress=None) -> dict:
-    """Step 4: each preset of the seed's tasks (``recipes``: task -> names; default all) for a fixed number of
+    """The seed step: each preset of the seed's tasks (``recipes``: task -> names; default all) for a fixed number of
     steps at the ``profile``'s sizes; images/s or tokens/s, the fraction of the dense bf16 peak (the measured
     matmul's where the GPU has no spec figure, and on a CPU), host waits between logging steps. ``precision``
     overrides the presets' (a CPU test runs fp32: bf16 is emulated on most CPUs); ``progress(results)`` is called
@@ -132,8 +132,10 @@ def seed_check(device: str, out: Path, profile: str = "gpu", recipes: dict | Non
     from speedkit.tasks import find_task
 
     size = sizes or SEED_SIZES["gpu" if device.startswith("cuda") else "cpu"]
+    made = time.perf_counter()
     data = data or (make_seed_data(out / "seed-data", images_per_class=512, docs=48) if device.startswith("cuda")
                     else make_seed_data(out / "seed-data", images_per_class=4))
+    print(f"gpu-check: seed data ready in {time.perf_counter() - made:.1f} s", flush=True)
     cuda = device.startswith("cuda")
     bf16_peak = spec_peak_flops(torch.cuda.get_device_name(), "bf16") if cuda else None
     results = {}
@@ -172,13 +174,14 @@ class DataWait(Callback):
 
 def seed_run(task: str, name: str, throughput: str, task_options: dict, device: str, out: Path, size: dict,
              data: dict, bf16_peak: tuple | None, precision: str | None) -> dict:
-    """One preset of step 4 for ``size["steps"]`` steps: its throughput, share of the dense bf16 peak, share of
-    training time spent taking batches from the loader, peak GPU memory and host waits."""
+    """One preset of the seed step for ``size["steps"]`` steps: its throughput, share of the dense bf16 peak,
+    share of time waiting for batches after the first logging interval, peak GPU memory, host waits."""
     import torch
 
     from speedkit.callbacks import SyncCounter
     from speedkit.tasks import make_trainer
 
+    started = time.perf_counter()
     counter, steps, data_wait = SyncCounter(), size["steps"], DataWait(after_batch=size["log_interval"])
     trainer = make_trainer(task, name, data=data[task], task_options=task_options, device=device,
                            duration=f"{steps}ba", batch_size=size["batch_size"][task], eval_interval=f"{steps}ba",
@@ -206,6 +209,7 @@ def seed_run(task: str, name: str, throughput: str, task_options: dict, device: 
         "data_wait_share": data_wait.share(),
         "peak_memory_gib": round(torch.cuda.max_memory_allocated() / 2 ** 30, 2) if cuda else None,
         "waits_in_quiet_steps": report["waits_in_quiet_steps"],
+        "seconds": round(time.perf_counter() - started, 1),  # set-up included: what sizes the next check
         "ok": record.status == "completed" and report["waits_in_quiet_steps"] == 0 and flops is not None}
 
 
@@ -226,7 +230,7 @@ def speedkit_command(*args: str) -> list[str]:
 
 
 def notebook_commands(out: Path, tiny: bool) -> list[list[str]]:
-    """Step 2's commands: one per notebook, so that a short one gets its own overrides."""
+    """The notebook step's commands: one per notebook, so that a short one gets its own overrides."""
     params = "cpu-smoke" if tiny else "gpu"
     commands = []
     for name in NOTEBOOKS:
@@ -238,7 +242,7 @@ def notebook_commands(out: Path, tiny: bool) -> list[list[str]]:
 
 
 def bench_commands(device: str, out: Path, tiny: bool) -> list[list[str]]:
-    """Step 3's commands: a recipe against its baseline per task, under the gpu profile (cpu at tiny scale)."""
+    """The bench step's commands: a recipe against its baseline per task, under the gpu profile (cpu at tiny scale)."""
     commands = []
     for task, recipe, baseline in BENCH:
         scale = ["--profile", "cpu", "--device", device, "--duration", "3ba", "--data-fraction", "0.01",
@@ -276,7 +280,7 @@ def write_summary(out: Path, summary: dict) -> None:
                          "fraction_of_peak")),
               "seed": ("the seed's workloads (gpu: ResNet-50 at 224 px, GPT-2 124M at 1,024 tokens)", "task:preset",
                        ("images_per_s", "tokens_per_s", "fraction_of_bf16_peak", "data_wait_share",
-                        "peak_memory_gib", "waits_in_quiet_steps"))}
+                        "peak_memory_gib", "waits_in_quiet_steps", "seconds"))}
     for step, (title, key, columns) in tables.items():
         if step not in summary:
             continue

@@ -69,7 +69,7 @@ def test_every_command_the_check_runs_is_one_the_cli_accepts(gpu_check, tmp_path
 
 
 def test_the_seed_step_runs_resnet50_at_224_and_gpt2_124m_at_1024_on_a_gpu(gpu_check):
-    """What step 4 runs on a GPU (the CPU proof at those sizes: tests/tasks/test_seed_scale_step.py)."""
+    """What the seed step runs on a GPU (the CPU proof at those sizes: tests/tasks/test_seed_scale_step.py)."""
     options = dict((task, opts) for task, opts, _ in gpu_check.SEED_TASKS)
     assert options["imagenet"] == {"image_size": 224, "eval_image_size": 224} and options["gpt2"] == {}
     assert {task: kind for task, _, kind in gpu_check.SEED_TASKS} == {"imagenet": "images_per_s",
