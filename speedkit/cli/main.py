@@ -107,6 +107,9 @@ def _add_train_parser(commands) -> None:
     how.add_argument("--target", type=float, help="target value of the task's metric (default: the recipe's or task's)")
     how.add_argument("--stop-at-target", action="store_true", help="end the run when the target is reached")
     how.add_argument("--download", action="store_true", help="let torchvision download missing data")
+    how.add_argument("--num-workers", type=int, help="data-loading worker processes for loaders that decode on the "
+                     "host (streamed folders, torch DataLoaders); default: none on a CPU, every core but one (at "
+                     "most 16) on a GPU")
     how.add_argument("--parallel", default="auto", choices=["auto", "ddp", "fsdp", "none"],
                      help="under torchrun / speedkit launch: ddp (auto) or fsdp; none trains each process alone")
     where = train.add_argument_group("the run folder")
@@ -332,7 +335,8 @@ def run_request(args):
         model=args.model, duration=args.duration, methods=args.methods, precision=args.precision,
         batch_size=args.batch_size, device=args.device, seed=args.seed, data_fraction=args.data_fraction,
         eval_fraction=args.eval_fraction, eval_interval=args.eval_interval, target=args.target,
-        stop_at_target=args.stop_at_target, download=args.download, run_dir=args.run_dir, run_name=args.run_name,
+        stop_at_target=args.stop_at_target, download=args.download, num_workers=args.num_workers,
+        run_dir=args.run_dir, run_name=args.run_name,
         loggers=_logger_names(args.logger),
         autoresume=args.autoresume, overwrite=args.overwrite, extend_duration=args.extend_duration,
         progress_bar=False if args.no_progress else "auto", console=True,

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import time
 
 import torch
@@ -84,6 +85,21 @@ def resolve_precision(precision: str, device: torch.device) -> str:
     if device.type == "cpu":
         return "bf16" if cpu_has_fast_bf16() else "fp32"
     return "fp16" if device.type == "mps" else "fp32"
+
+
+MAX_LOADER_WORKERS = 16
+
+
+def loader_workers(num_workers: int | None, device: torch.device) -> int:
+    """Data-loading worker processes for a run: ``num_workers`` where given; else none on a CPU, whose cores
+    run the step itself, and on a GPU every usable core but one (for the training loop), up to 16: decoding
+    images on one core cannot feed a GPU, which then waits for its batches."""
+    if num_workers is not None:
+        return num_workers
+    if device.type != "cuda":
+        return 0
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(0, min(MAX_LOADER_WORKERS, cores - 1))
 
 
 def autocast_factory(precision: str, device: torch.device):

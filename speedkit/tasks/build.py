@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import torch
 
 from speedkit.core.batch import call_model, to_device
-from speedkit.core.devices import resolve_device
+from speedkit.core.devices import loader_workers, resolve_device
 from speedkit.core.method import NothingToChangeError
 from speedkit.data.identity import data_identity
 from speedkit.methods import build_methods
@@ -223,7 +223,8 @@ def _trainer_of(request: RunRequest, spec: Task, recipe: Recipe) -> Trainer:
     net = spec.model(recipe.model)
     data_request = DataRequest(batch_size=recipe.batch_size, device=device, seed=request.seed,
                                data_fraction=request.data_fraction, eval_fraction=request.eval_fraction,
-                               recipe=recipe, model=net, download=request.download, num_workers=request.num_workers)
+                               recipe=recipe, model=net, download=request.download,
+                               num_workers=loader_workers(request.num_workers, device))
     train = spec.train_data(data_request)
     rung = recipe.adopted_from is not None and not is_baseline(spec, recipe.name) and "baseline" in spec.recipes
     if rung and planned_on_data(request):

@@ -73,7 +73,7 @@ class RunRequest:
     stop_at_target: bool = False
     step_floor: bool = False  # a rebuilt rung given as a Recipe is lengthened to the ladder's step floor too
     download: bool = False
-    num_workers: int = 0
+    num_workers: int | None = None  # None: picked for the device (core.devices.loader_workers)
     run_name: str | None = None
     run_dir: str | os.PathLike | None = None
     loggers: list | None = None
@@ -100,7 +100,8 @@ class RunRequest:
         for name in ("stop_at_target", "step_floor", "download"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be True or False, got {_kind(getattr(self, name))}")
-        check_whole("num_workers", self.num_workers, low=0)
+        if self.num_workers is not None:
+            check_whole("num_workers", self.num_workers, low=0)
         check_run_name(self.run_name)
         if self.run_dir is not None and not isinstance(self.run_dir, (str, os.PathLike)):
             raise TypeError(f"run_dir must be a path (str or os.PathLike) or None, got {_kind(self.run_dir)}")

@@ -48,6 +48,7 @@ def test_speedkit_train_logs_to_tensorboard_and_csv(tmp_path):
     (["--task", "cifar-1000"], "unknown task"),
     (["--model", "resnet1000"], "resnet1000"),
     (["--logger", "tensorboard,neptune"], "unknown logger name 'neptune'; known names: tensorboard, csv, mlflow, wandb"),
+    (["--num-workers", "-1"], "num_workers"),
 ])
 def test_bad_input_gets_a_clear_error(tmp_path, capsys, args, message):
     code = main(["train", "--device", "cpu", "--data-fraction", "0.01", "--run-dir", str(tmp_path), *args])
