@@ -42,6 +42,9 @@ def add_data_parser(commands) -> None:
                          help="text: the vocabulary of the BPE trained when no --tokenizer is given (default 8192)")
     prepare.add_argument("--block", type=int, default=1024,
                          help="text: tokens per stored block; training windows (seq_len) must divide it (default 1024)")
+    prepare.add_argument("--keep-order", action="store_true",
+                         help="text: store the blocks in the text's order (default: shuffled, so that a streamed "
+                              "run's early batches sample the whole corpus, not a few documents)")
     prepare.add_argument("--val-fraction", type=float, default=0.1,
                          help="the share held out for validation (whole files for text) when SOURCE has no train/ and val/ "
                               "split of its own (default 0.1)")
@@ -68,7 +71,8 @@ def run_data(args) -> int:
 
     options = dict(kind=args.kind,
                    short_side=args.short_side, quality=args.quality, tokenizer=args.tokenizer,
-                   vocab_size=args.vocab_size, block=args.block, val_fraction=args.val_fraction, seed=args.seed,
+                   vocab_size=args.vocab_size, block=args.block, shuffle_blocks=not args.keep_order,
+                   val_fraction=args.val_fraction, seed=args.seed,
                    workers=args.workers, skip_bad=args.skip_bad, overwrite=args.overwrite,
                    progress=sys.stderr.isatty())
     try:

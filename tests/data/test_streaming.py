@@ -4,6 +4,7 @@ Small generated folders (JPEG and PNG of varied sizes, a few text files); every 
 from __future__ import annotations
 
 import errno
+import itertools
 import json
 import shutil
 
@@ -289,6 +290,35 @@ def test_a_given_tokenizer_is_used_and_a_wide_vocabulary_takes_uint32(text_shard
     assert shards.manifest["dtype"] == "uint32" and shards.manifest["vocab_size"] == 70_001
     with pytest.raises(FileNotFoundError, match="--tokenizer .* does not exist"):
         prepare_text(source, tmp_path / "out2", tokenizer=tmp_path / "missing.json", progress=False)
+
+
+def test_token_blocks_are_stored_shuffled_so_a_short_run_samples_the_whole_corpus(tmp_path):
+    """litdata shuffles within regions of a chunk: in the text's order, the first batches of an epoch came from a
+    few documents (a rehearsal's short run trained on a seed-dependent corner of the corpus)."""
+    source = tmp_path / "source"
+    source.mkdir()
+    for i in range(40):  # documents told apart by their words
+        (source / f"doc{i:02d}.txt").write_text(" ".join([f"topic{i}"] * 200) + "\n")
+
+    def first_documents(out: Path, **options) -> list:
+        prepare_text(source, out, vocab_size=300, block=16, val_fraction=0.0, progress=False, **options)
+        loader = StreamingTokenLoader(out, 16, 4, seed=0)
+        tokenizer, seen = loader.tokenizer(), []
+        for inputs, _ in itertools.islice(iter(loader), 10):
+            seen += [tokenizer.decode(window.tolist()).split()[0] for window in inputs]
+        return seen
+
+    def spread(documents: list) -> int:
+        numbers = [int(name.removeprefix("topic")) for name in documents]
+        return max(numbers) - min(numbers)
+
+    shuffled = first_documents(tmp_path / "shuffled")
+    kept = first_documents(tmp_path / "kept", shuffle_blocks=False)
+    assert len(set(shuffled)) >= 20 and spread(shuffled) >= 30, shuffled  # drawn from across the 40 documents
+    assert spread(kept) <= 15, kept  # in the text's order: a run of neighbouring documents
+    shards = read_shards(tmp_path / "shuffled")
+    assert shards.manifest["options"]["shuffle_blocks"] is True
+    assert shards.fingerprint != read_shards(tmp_path / "kept").fingerprint  # a resume across the two is refused
 
 
 def test_token_epochs_resume_exactly_from_the_state(text_shards):

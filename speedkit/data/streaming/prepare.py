@@ -8,7 +8,10 @@ written in a seeded shuffled order, so a chunk holds many classes and a streamed
 Text: the files split train/validation by file (as the in-memory text tasks do), tokenized with a
 ``tokenizer.json`` the user gives (Hugging Face ``tokenizers``) or a byte-level BPE trained on the training
 files and saved beside the shards; tokens stored in blocks of ``block + 1`` (uint16 where the vocabulary fits,
-else uint32), consecutive blocks sharing one token, so a block gives ``block / seq_len`` training windows.
+else uint32), consecutive blocks sharing one token, so a block gives ``block / seq_len`` training windows. The
+blocks are written in a seeded shuffled order (and files go to parts at random), as images are: litdata shuffles
+within regions of a chunk, so a run shorter than an epoch trains on a few regions, which in document order are a
+few documents; shuffled, they sample the whole corpus. A block's id is its place in the text.
 
 Work is split into parts (see :mod:`speedkit.data.streaming.shards`): a kill loses only the parts in flight,
 and a rerun of the same command continues. Nothing is downloaded.
@@ -422,11 +425,14 @@ def _token_part(task: dict) -> dict:
             stream.append(eos)
     tokens = np.asarray(stream, dtype=dtype)
     block, written = task["block"], 0
+    places = list(range(0, max(0, len(tokens) - block), block))  # blocks of block + 1 tokens, sharing one
+    if task["shuffle_seed"] is not None:
+        random.Random(task["shuffle_seed"]).shuffle(places)
     try:
         writer = _writer(split_dir, part, task["chunk_bytes"])
-        for start in range(0, len(tokens) - block, block):  # blocks of block + 1 tokens, sharing one
+        for start in places:
             writer.add_item(written, {"tokens": tokens[start:start + block + 1],
-                                      "id": int(task["id_base"] + written)})
+                                      "id": int(task["id_base"] + start // block)})
             written += 1
         writer.done()
         if written:
@@ -443,9 +449,10 @@ def _token_part(task: dict) -> dict:
 
 def prepare_text(source, out, *, tokenizer=None, vocab_size: int = 8192, block: int = 1024,
                  val_fraction: float = 0.1, seed: int = 0, part_bytes: int = 64 << 20, chunk_bytes: int = 64 << 20,
-                 workers: int = 0, skip_bad: bool = False, overwrite: bool = False,
+                 workers: int = 0, skip_bad: bool = False, overwrite: bool = False, shuffle_blocks: bool = True,
                  progress: bool = True) -> PrepareResult:
-    """BPE token shards of the text files under ``source`` in ``out`` (see the module's docstring)."""
+    """BPE token shards of the text files under ``source`` in ``out`` (see the module's docstring);
+    ``shuffle_blocks=False`` keeps the text's order (to read the shards back as documents)."""
     from speedkit.data.text import _list_text_files, looks_binary, split_files
 
     S.require("tokenizers")
@@ -470,7 +477,8 @@ def prepare_text(source, out, *, tokenizer=None, vocab_size: int = 8192, block: 
         raise FileNotFoundError(f"--tokenizer {given} does not exist; give a tokenizer.json (Hugging Face tokenizers), "
                                 f"or leave it out to train a byte-level BPE on the corpus")
     options = {"block": block, "val_fraction": val_fraction, "seed": seed, "part_bytes": part_bytes,
-               "tokenizer": hashlib.sha256(given.read_bytes()).hexdigest() if given else f"bpe-{vocab_size}"}
+               "tokenizer": hashlib.sha256(given.read_bytes()).hexdigest() if given else f"bpe-{vocab_size}",
+               "shuffle_blocks": shuffle_blocks}
     plan = {"kind": "tokens", "source": str(source), "options": options,
             "fingerprint": _fingerprint([source / f for f in files], source, {"kind": "tokens", **options})}
     _start_or_continue(out, plan, overwrite)
@@ -496,7 +504,10 @@ def prepare_text(source, out, *, tokenizer=None, vocab_size: int = 8192, block: 
         split_dir = out / split
         split_dir.mkdir(parents=True, exist_ok=True)
         groups, current, size = [], [], 0
-        for f in split_files_:
+        ordered = list(split_files_)
+        if shuffle_blocks:
+            random.Random(f"{seed}-{split}").shuffle(ordered)
+        for f in ordered:
             current.append(str(f))
             size += (source / f).stat().st_size
             if size >= part_bytes:
@@ -507,7 +518,8 @@ def prepare_text(source, out, *, tokenizer=None, vocab_size: int = 8192, block: 
         for part, (group, weight) in enumerate(groups):
             tasks.append({"split": split, "split_dir": str(split_dir), "part": part, "files": group, "weight": weight,
                           "root": str(source), "tokenizer": tok_text, "dtype": dtype, "block": block,
-                          "chunk_bytes": chunk_bytes, "id_base": part << 32})
+                          "chunk_bytes": chunk_bytes, "id_base": part << 32,
+                          "shuffle_seed": f"{seed}-{split}-{part}" if shuffle_blocks else None})
     manifest = {"format": S.FORMAT, "version": S.VERSION, "kind": "tokens", "source": str(source),
                 "options": options, "classes": None, "vocab_size": vocab, "dtype": dtype, "block": block,
                 "tokenizer": "tokenizer.json", "eos": EOS,
@@ -524,7 +536,7 @@ def prepare(source, out, **options) -> PrepareResult:
     if not source.is_dir():
         raise FileNotFoundError(f"{source} is not a folder")
     kind = options.pop("kind", None) or detect_kind(source)
-    text_only = ("tokenizer", "vocab_size", "block", "part_bytes")
+    text_only = ("tokenizer", "vocab_size", "block", "part_bytes", "shuffle_blocks")
     image_only = ("short_side", "quality", "part_size")
     if kind == "images":
         return prepare_images(source, out, **{k: v for k, v in options.items() if k not in text_only})

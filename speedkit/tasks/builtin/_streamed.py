@@ -37,6 +37,8 @@ def shards_for(data, kind: str, reason: str, **options) -> Path | str:
     source = Path(data).expanduser()
     if is_shard_folder(source):
         return source
+    if kind == "tokens":  # the cache's name holds every option that changes the shards: the block order too
+        options = {"shuffle_blocks": True, **options}
     what = "-".join(f"{k}{v}" for k, v in sorted(options.items()))
     out = shard_cache(source, what)
     done = (out / MANIFEST).is_file() and read_shards(out).complete
