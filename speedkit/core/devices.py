@@ -92,14 +92,15 @@ MAX_LOADER_WORKERS = 16
 
 def loader_workers(num_workers: int | None, device: torch.device) -> int:
     """Data-loading worker processes for a run: ``num_workers`` where given; else none on a CPU, whose cores
-    run the step itself, and on a GPU every usable core but one (for the training loop), up to 16: decoding
-    images on one core cannot feed a GPU, which then waits for its batches."""
+    run the step itself, and on a GPU its share of the usable cores (one process per GPU under torchrun) less
+    one for the training loop, up to 16: decoding images on one core cannot feed a GPU, which then waits."""
     if num_workers is not None:
         return num_workers
     if device.type != "cuda":
         return 0
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(0, min(MAX_LOADER_WORKERS, cores - 1))
+    processes = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    return max(0, min(MAX_LOADER_WORKERS, cores // processes - 1))
 
 
 def autocast_factory(precision: str, device: torch.device):

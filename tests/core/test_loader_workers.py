@@ -18,6 +18,12 @@ def test_a_gpu_gets_every_core_but_one_up_to_a_cap_and_a_cpu_none(monkeypatch, c
     assert loader_workers(2, torch.device("cuda")) == 2 and loader_workers(0, torch.device("cuda")) == 0
 
 
+def test_processes_sharing_a_machine_share_its_cores(monkeypatch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(32)), raising=False)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")  # torchrun: four GPUs' processes on this machine
+    assert loader_workers(None, torch.device("cuda")) == 7
+
+
 @needs_fmnist
 def test_the_run_request_reaches_the_tasks_loader(tmp_path):
     from speedkit.tasks import make_trainer
