@@ -146,7 +146,7 @@ def test_bench_and_tune_judge_the_strongest_baseline_by_one_tie_rule():
     final metric. The old rules split here: the benchmark went straight to the final metric, the search took
     more seeds but then the first given."""
     from speedkit.experiments.compare import fastest
-    from speedkit.experiments.tune.confirm import strongest_baseline as tune_strongest
+    from speedkit.experiments.tune.confirm import _judge as tune_judge
 
     more_seeds = {"baseline": ([10.0, 10.0, None], [0.95] * 3), "plain": ([10.0, 10.0, 10.0], [0.93] * 3)}
     better_final = {"baseline": ([10.0, 12.0], [0.92] * 2), "plain": ([12.0, 10.0], [0.94] * 2)}
@@ -156,7 +156,7 @@ def test_bench_and_tune_judge_the_strongest_baseline_by_one_tie_rule():
         assert fastest(runs, "eval/accuracy") == "plain"
         rows = [{"key": name, "role": "baseline", "times_s": times, "finals": finals,
                  "seeds_reached": sum(t is not None for t in times)} for name, (times, finals) in runs.items()]
-        assert tune_strongest(rows, "eval/accuracy")["key"] == "plain"
+        assert tune_judge(rows, "eval/accuracy")["baseline"] == "plain"  # what the confirmation measures against
         records = []
         for name, (times, finals) in runs.items():
             for seed, (t, final) in enumerate(zip(times, finals)):

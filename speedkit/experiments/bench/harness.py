@@ -281,18 +281,10 @@ def _seed_of(record: RunRecord) -> int:
     return record.config.get("seed", record.config.get("bench", {}).get("seed"))
 
 
-def _median_fraction_of_peak(record: RunRecord) -> float | None:
-    return median_or_none(row.get("throughput/fraction_of_peak") for row in record.steps)
-
-
 def _by_seed(records: Sequence[RunRecord], seeds: Sequence[int], value: Callable[[RunRecord], object]) -> list:
     """``value(record)`` for each seed in order; None for a seed without a run."""
     found = {_seed_of(r): r for r in records}
     return [value(found[s]) if s in found else None for s in seeds]
-
-
-def target_key(value: float) -> str:
-    return f"{value:g}"
 
 
 WORK_UNITS = ("batch", "sample", "token")
@@ -309,11 +301,13 @@ def recipe_entry(records: Sequence[RunRecord], seeds: Sequence[int], targets: Se
         # data_s: the part of train_s taking batches
         **{key: _by_seed(records, seeds, lambda r, k=key: r.timings.get(k))
            for key in ("train_s", "eval_s", "setup_s", "data_s", "compile_s")},
-        "flops_fraction_of_peak": _by_seed(records, seeds, _median_fraction_of_peak),
-        "time_to": {target_key(t): _by_seed(records, seeds, lambda r, t=t: r.time_to(metric, t)) for t in targets},
+        "flops_fraction_of_peak": _by_seed(records, seeds, lambda r: median_or_none(
+            row.get("throughput/fraction_of_peak") for row in r.steps)),
+        "time_to": {f"{t:g}": _by_seed(records, seeds, lambda r, t=t: r.time_to(metric, t)) for t in targets},
         # counted work to the target, which a busy machine cannot change (a smoke test's speed check reads it)
         "work_to_target": {unit: _by_seed(records, seeds, lambda r, u=unit: r.time_to(metric, value, x=u))
                            for unit in WORK_UNITS},
+        "budget": records[0].config.get("recipe_spec", {}).get("duration"),
     }
 
 
@@ -350,10 +344,6 @@ def _measured(entries: dict[str, dict], baselines: Sequence[str] = (), seeds: Se
                                  {name: e["final_metric"] for name, e in entries.items()}, baselines, seeds)
 
 
-def _budget(records: Sequence[RunRecord]) -> str | None:
-    return records[0].config.get("recipe_spec", {}).get("duration")
-
-
 def summarize(records: Sequence[RunRecord], profile: BenchProfile, ablations: Sequence[RunRecord] = (),
               time_breakdown: dict | None = None, budget_search: dict | None = None,
               sweeps: dict | None = None) -> dict:
@@ -376,7 +366,7 @@ def summarize(records: Sequence[RunRecord], profile: BenchProfile, ablations: Se
     seeds = sorted({_seed_of(r) for rs in by_recipe.values() for r in rs})
     target = dict(by_recipe[baseline_names[0]][0].target)
     order = {name: i for i, name in enumerate(profile.recipes)}  # the profile's order, whatever ran when
-    entries = {name: {**recipe_entry(rs, seeds, profile.targets), "budget": _budget(rs)}
+    entries = {name: recipe_entry(rs, seeds, profile.targets)
                for name, rs in sorted(by_recipe.items(), key=lambda item: order.get(item[0], len(order)))}
     baselines = {name: entries.pop(name) for name in baseline_names}
     for name, found in (budget_search or {}).items():

@@ -18,7 +18,7 @@ from speedkit.experiments.tune.search import (PHASES, PRUNERS, SEARCH_SEED, Tune
                                               load_study, logged_metrics, parse_budget, refused_methods,
                                               resolve_target, run_phases, search_limits, seed_baseline_study,
                                               standings, start_workers)
-from speedkit.experiments.tune.space import (TuneInputError, baseline_space, candidate_methods, describe_limit,
+from speedkit.experiments.tune.space import (SearchSpace, TuneInputError, candidate_methods, describe_limit,
                                              fit_hparams_to_model, full_space, probe_surgery, resolve_methods)
 from speedkit.experiments.tune.storage import (ANSWER_LOCK, FolderLock, fail_dead_trials, finished_trials,
                                                open_storage, optuna_module, spent_before_s, storage_url,
@@ -201,9 +201,10 @@ def build_config(settings: TuneSettings, out: Path, log=print) -> TuneConfig:
         base=s.base if s.base is None or isinstance(s.base, str) else base.name, storage=storage,
         out_dir=str(out_dir), run_dir=str(Path(s.run_dir).resolve()) if s.run_dir else str(out_dir / "runs"),
         eval_interval=base.eval_interval, runner=runner, duration_scale=tuple(s.duration_scale))
+    baseline = SearchSpace(lr_factor=s.lr_factor, duration_scale=s.duration_scale)  # the baseline's lr and budget
     return TuneConfig(
         settings=concrete, metric=metric, target=value, base=base.to_dict(),
-        spaces={"baseline": baseline_space(s.duration_scale, s.lr_factor).to_dict(), "search": search.to_dict()},
+        spaces={"baseline": baseline.to_dict(), "search": search.to_dict()},
         budget_s=budget_s,
         limit_s=parse_budget(s.trial_limit, "trial_limit") if s.trial_limit is not None else budget_s / 5,
         started_at=time.time(), spent_before_s=spent_before_s(storage, s.study_name), left_out=left_out,

@@ -243,12 +243,6 @@ def _measured(rows: list[dict]) -> Measurement:
                                  [r["key"] for r in rows if r["role"] in BASELINE_ROLE_NAMES], rows[0].get("seeds", ()))
 
 
-def strongest_baseline(rows: list[dict], metric: str | None = None) -> dict:
-    """Of the confirmed baselines, the one a speed-up is measured against (``Measurement.strongest_baseline``)."""
-    key = _measured(rows).strongest_baseline(metric)
-    return next(r for r in rows if r["key"] == key)
-
-
 def _judge(rows: list[dict], metric: str | None = None) -> dict:
     """The winner: the search candidate that reached the target on every seed with the lowest median time (the
     first given on a tie: no metric breaks it), and its speed-up over the stronger baseline, seed by seed."""

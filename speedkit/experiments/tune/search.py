@@ -450,8 +450,8 @@ def run_phases(config: TuneConfig, worker_index: int = 0, runner=None, on_trial=
             try:
                 if not phase_open(config, phase, studies) or answer_decided(config, storage):
                     break
-                if phase == "search":
-                    seed_search_study(config, studies)
+                if phase == "search":  # its starting points, once
+                    _seed_once(studies["search"], starting_recipes(config, studies["baseline"]), config, "search")
                 if phase != "baseline":
                     queue_next_move(config, studies, worker_index, phase)
                 studies[phase].optimize(gate.releasing(objective), n_trials=1, callbacks=callbacks,
@@ -489,7 +489,10 @@ def queue_next_move(config: TuneConfig, studies: dict, worker_index: int = 0, ph
     base, space = config.base_recipe(), config.space("search")
     leaders = [s for s in standings(study) if s.first.user_attrs.get("start_from") != BASE_START]
     if phase == "search" and leaders and leaders[0].needs_repeat(trials):
-        queue_repeat(study, leaders[0].first)
+        # the leader again, on REPEAT_SEED: a lead on one seed is often that seed's luck (which evaluation first
+        # passes the target moves with it), and every move after it would start from that luck
+        first = leaders[0].first
+        study.enqueue_trial(first.params, user_attrs={"repeat_of": first.number, "seed": REPEAT_SEED})
         return
     best = [s.first for s in leaders[:1]]
     from_phase = bool(best)
@@ -507,11 +510,6 @@ def queue_next_move(config: TuneConfig, studies: dict, worker_index: int = 0, ph
     origin = f"#{best[0].number}" if from_phase else "the tuned baseline"
     study.enqueue_trial(recipe_params(move.recipe, base, space),
                         user_attrs={"move": f"{move.what} (from {origin})", "proposed": recipe_key(move.recipe)})
-
-
-def seed_search_study(config: TuneConfig, studies: dict) -> None:
-    """Start the search (once): its starting points."""
-    _seed_once(studies["search"], starting_recipes(config, studies["baseline"]), config, "search")
 
 
 def seed_baseline_study(config: TuneConfig, study) -> None:
@@ -605,12 +603,6 @@ def standings(study) -> list[Standing]:
     rows = [Standing(runs[0], runs, max(t.value if t.state.name == "COMPLETE" else float("inf") for t in runs))
             for runs in groups.values() if runs[0].state.name == "COMPLETE"]
     return sorted(rows, key=lambda s: (s.score, s.first.number))
-
-
-def queue_repeat(study, trial) -> None:
-    """``trial``'s recipe again, on ``REPEAT_SEED``: a lead on one seed is often that seed's luck (which
-    evaluation first passes the target moves with it), and every move after it would start from that luck."""
-    study.enqueue_trial(trial.params, user_attrs={"repeat_of": trial.number, "seed": REPEAT_SEED})
 
 
 def recipe_from_trial(trial, name: str):

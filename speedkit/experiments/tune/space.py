@@ -187,11 +187,6 @@ class SearchSpace:
         return dataclasses.asdict(self)
 
 
-def baseline_space(duration_scale=(0.1, 1.0), lr_factor: float = 10.0) -> SearchSpace:
-    """The tuned baseline's space: the baseline recipe with only its learning rate and budget searched."""
-    return SearchSpace(methods=(), lr_factor=lr_factor, duration_scale=duration_scale)
-
-
 def full_space(base, methods: Sequence[str], device_type: str, tune_hparams: bool = True,
                duration_scale=(0.1, 1.0), lr_factor: float = 10.0, hparam_limits: dict | None = None,
                flips_keep_labels: bool = True) -> SearchSpace:
