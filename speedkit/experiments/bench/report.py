@@ -61,9 +61,9 @@ def preset_reached(summary: dict, fresh_seeds: dict | None = None) -> dict[str, 
         common = {"metric": entry["target"]["metric"], "target": entry["target"]["value"], "profile": entry["profile"],
                   "machine": machine_text(entry["machine"]), "date": entry["date"][:10]}
         for name, runs in {**entry["baselines"], **entry["recipes"]}.items():
-            times = [t for t in runs["time_to_target_s"] if t is not None]
+            median_s = median_or_none(runs["time_to_target_s"])  # over the seeds that reached the target
             reached = {**common, "seeds_reached": f"{runs['reached']}/{len(entry['seeds'])}",
-                       "time_to_target_s": round(median_or_none(times), 1) if times else None,
+                       "time_to_target_s": None if median_s is None else round(median_s, 1),
                        "final": round(median_or_none(runs["final_metric"]), 4), "budget": runs["budget"]}
             fresh = fresh_seeds.get(entry["task"], {}).get(name)
             if fresh is not None:
