@@ -270,9 +270,30 @@ def test_resumes_after_a_kill_without_rerunning_finished_trials(tmp_path, fake_e
     assert not rerun, f"finished trials ran again: {rerun}"
     states = [t.state for t in trials]
     assert optuna.trial.TrialState.RUNNING not in states  # the cut-short trial is marked failed ...
-    failed = [t for t in trials if t.state == optuna.trial.TrialState.FAIL]
+    failed = [t for t in trials if t.state == optuna.trial.TrialState.FAIL and t.params]  # killed after it drew
     assert all(any(t.user_attrs.get("retry_of") == f.number for t in trials) for f in failed)  # ... and re-queued
     assert (out / "recipe.yaml").exists()
+
+
+def test_a_queued_trial_cut_short_before_it_drew_its_settings_is_queued_again(tmp_path):
+    """A dead worker's queued trial (a repeat on another seed) is run again with the settings it was queued with,
+    even where the kill came before it drew them; a sampler's trial killed that early has nothing to repeat."""
+    import socket
+
+    from speedkit.experiments.tune.storage import fail_dead_trials, open_storage
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    storage = open_storage(str(tmp_path / "study.journal"))
+    study = optuna.create_study(study_name="tune", storage=storage)
+    study.enqueue_trial({"lr": 0.2}, user_attrs={"seed": 3, "repeat_of": 0})
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    for _ in range(2):  # the queued trial, then a sampler's
+        study.ask().set_user_attr("worker", f"{socket.gethostname()}:{dead.pid}")
+    assert fail_dead_trials(study, storage) == [0, 1]
+    waiting = study.get_trials(states=(optuna.trial.TrialState.WAITING,))
+    assert [(t.system_attrs["fixed_params"], t.user_attrs) for t in waiting] == [
+        ({"lr": 0.2}, {"seed": 3, "repeat_of": 0, "retry_of": 0})]
 
 
 def test_a_resumed_search_counts_the_wall_clock_its_earlier_trials_spanned(tmp_path):

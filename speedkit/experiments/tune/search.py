@@ -22,7 +22,7 @@ from speedkit.experiments.tune.objective import TrialContext, resolve_runner, sc
 from speedkit.experiments.tune.space import (SearchSpace, TuneInputError, budget_scale, describe_change, recipe_params,
                                              suggest_recipe)
 from speedkit.experiments.tune.storage import (START_LOCK, FolderLock, finished_trials, open_storage, optuna_module,
-                                               retry_attrs, started_trials, worker_id)
+                                               requeue, started_trials, worker_id)
 
 PHASES = ("baseline", "search")
 BASE_START = "baseline"  # start_from of the base recipe's own trial in the baseline study
@@ -351,7 +351,7 @@ def _run_and_score(config: TuneConfig, trial, context: TrialContext, runner, ref
     try:
         record = train_and_store(trial, context, runner)
     except KeyboardInterrupt:  # Ctrl-C: this trial runs again when the search continues
-        trial.study.enqueue_trial(trial.params, user_attrs=retry_attrs(trial))
+        requeue(trial.study, trial)
         raise
     except NothingToChangeError as e:
         _mark_inapplicable(refusals or trial.study, context.recipe.methods, str(e))
@@ -361,7 +361,7 @@ def _run_and_score(config: TuneConfig, trial, context: TrialContext, runner, ref
         trial.set_user_attr("infeasible", f"{type(e).__name__}: {e}")
         raise optuna.TrialPruned(f"{type(e).__name__}: {e}") from None
     if record is None:
-        trial.study.enqueue_trial(trial.params, user_attrs=retry_attrs(trial))
+        requeue(trial.study, trial)
         raise SearchStopped(f"trial {trial.number} stopped before it finished; it will run again on resume")
     if context.stop_reason == "pruned":
         raise optuna.TrialPruned(f"pruned at {record.timings.get('train_s', 0):.1f}s of training")

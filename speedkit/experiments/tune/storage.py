@@ -69,8 +69,7 @@ def fail_dead_trials(study, storage) -> list[int]:
         trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, trial.number)
         storage.set_trial_system_attr(trial_id, "failed_because", "its worker process died")
         storage.set_trial_state_values(trial_id, optuna.trial.TrialState.FAIL)
-        if trial.params:
-            study.enqueue_trial(trial.params, user_attrs=retry_attrs(trial))
+        requeue(study, trial)
         failed.append(trial.number)
     return failed
 
@@ -79,9 +78,14 @@ def fail_dead_trials(study, storage) -> list[int]:
 QUEUED_ATTRS = ("seed", "repeat_of", "start_from", "move", "proposed")
 
 
-def retry_attrs(trial) -> dict:
-    """The user attributes of ``trial`` run again: what it was queued as, and which trial it retries."""
-    return {**{k: trial.user_attrs[k] for k in QUEUED_ATTRS if k in trial.user_attrs}, "retry_of": trial.number}
+def requeue(study, trial) -> None:
+    """Queue ``trial`` to run again: the settings it had drawn, or those it was queued with where it was cut
+    short before drawing them (a queued repeat must not be lost); what it was queued as; which trial it retries.
+    A sampler's trial cut short before it drew anything has nothing to repeat."""
+    params = trial.params or trial.system_attrs.get("fixed_params") or {}
+    if params:
+        attrs = {k: trial.user_attrs[k] for k in QUEUED_ATTRS if k in trial.user_attrs}
+        study.enqueue_trial(params, user_attrs={**attrs, "retry_of": trial.number})
 
 
 def finished_trials(study, states=("COMPLETE", "PRUNED")) -> list:
