@@ -267,6 +267,24 @@ def test_alibi_adds_minus_slope_times_distance_under_the_causal_mask(make):
     assert_causal(model)
 
 
+def test_alibi_attention_runs_in_a_fused_kernel_and_a_bias_built_in_evaluation_serves_training():
+    """The bias reaches SDPA in the shape its fused CPU kernel takes (a 3-D one sends it to the unfused math
+    kernel, which stores every score for the backward); one bias is built per shape and shared, and one first
+    built under inference_mode (an evaluation) still works in the next training step's backward."""
+    from torch.profiler import profile
+
+    model = gpt()
+    apply_alibi(model)
+    with torch.inference_mode():
+        model(TOKENS)
+    with profile() as trace:
+        F.cross_entropy(model(TOKENS).flatten(0, 1), TOKENS.flatten()).backward()
+    kernels = {event.key for event in trace.key_averages()}
+    assert "aten::_scaled_dot_product_flash_attention_for_cpu" in kernels
+    assert "aten::_scaled_dot_product_attention_math" not in kernels
+    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+
+
 def test_alibi_removes_learned_positions_by_default():
     model = gpt()
     apply_alibi(model)
