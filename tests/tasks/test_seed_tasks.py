@@ -120,6 +120,19 @@ def test_gpt2_cpu_rehearsal_evaluates_within_each_scaled_budget():
     assert gpt2_recipes("gpu")["hot"].eval_interval == "250ba"  # the published cadence where the budget is
 
 
+def test_a_rehearsal_budget_chosen_for_a_recipe_replaces_its_scaled_one():
+    from speedkit.core.time import Time
+    from speedkit.tasks.builtin._seed import rehearsal
+    from speedkit.tasks.recipes import load_presets
+
+    recipes = rehearsal(load_presets("gpt2"), model="gpt-nano", batch_size=16, duration_scale=0.05, scale_lr=False,
+                        durations={"hot": "300ba"})
+    assert {name: r.duration for name, r in recipes.items()} == {"baseline": "700ba", "composer": "700ba",
+                                                                 "hot": "300ba"}
+    # the gpt2 rehearsal's hot trains longer than the scaled preset (160 batches), which missed its targets
+    assert Time.from_input(gpt2_recipes("cpu")["hot"].duration).value > 160
+
+
 def test_gpt2_gpu_presets_are_the_published_ones_at_gpt2_124m():
     recipes = gpt2_recipes("gpu")
     assert {r.model for r in recipes.values()} == {"gpt2-124m"}

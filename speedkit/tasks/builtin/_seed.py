@@ -57,10 +57,12 @@ def _scaled_duration(duration: str, scale: float) -> str:
 
 
 def rehearsal(recipes: Mapping[str, Recipe], *, model: str, batch_size: int, duration_scale: float,
-              scale_lr: bool, eval_interval: str | None = None) -> dict[str, Recipe]:
+              scale_lr: bool, eval_interval: str | None = None,
+              durations: Mapping[str, str] | None = None) -> dict[str, Recipe]:
     """The published recipes at a rehearsal's size: the same methods and their arguments, ``model``, a batch of
     ``batch_size`` (with ``scale_lr``, the learning rate scaled linearly with it: SGD's rule, Goyal et al. 2017),
-    budgets times ``duration_scale``, and bf16 only where it is fast (``precision: auto``): on most CPUs bf16
+    budgets times ``duration_scale`` (or the budget ``durations`` gives a recipe: one chosen for the rehearsal
+    where the scaled one proved too short), and bf16 only where it is fast (``precision: auto``): on most CPUs bf16
     autocast is emulated, so a rehearsal there runs in fp32."""
     out = {}
     for name, recipe in recipes.items():
@@ -68,7 +70,8 @@ def rehearsal(recipes: Mapping[str, Recipe], *, model: str, batch_size: int, dur
         optimizer = {"lr": float(f"{recipe.optimizer['lr'] * factor:.4g}")} if scale_lr and factor != 1 else {}
         # Muon's rate stays: its update is orthogonalized, its size set by that rate, not by the batch
         out[name] = recipe.with_changes(model=model, batch_size=batch_size, optimizer=optimizer,
-                                        duration=_scaled_duration(recipe.duration, duration_scale),
+                                        duration=(durations or {}).get(name)
+                                        or _scaled_duration(recipe.duration, duration_scale),
                                         precision="auto" if recipe.precision == "bf16" else recipe.precision,
                                         eval_interval=eval_interval or recipe.eval_interval,
                                         summary=f"{recipe.summary} [cpu rehearsal: {model}, batch {batch_size}]")
@@ -82,7 +85,8 @@ def profile_recipes(task: str, sizes, *, scale_lr: bool) -> dict[str, Recipe]:
     if sizes.batch_size is None:
         return recipes
     return rehearsal(recipes, model=sizes.model, batch_size=sizes.batch_size, duration_scale=sizes.duration_scale,
-                     scale_lr=scale_lr, eval_interval=getattr(sizes, "eval_interval", None))
+                     scale_lr=scale_lr, eval_interval=getattr(sizes, "eval_interval", None),
+                     durations=getattr(sizes, "durations", None))
 
 
 def floor_to_divisor(block: int, length: int) -> int:
