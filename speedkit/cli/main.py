@@ -457,7 +457,8 @@ def _add_bench_parser(commands) -> None:
                        "(default: the profile's for the baselines, each recipe's own for the recipes)")
     bench.add_argument("--duration", help="one budget for every recipe (smoke tests)")
     bench.add_argument("--duration-scale", type=float, help="multiply every recipe's budget")
-    bench.add_argument("--target", type=float, help="target value of the task's metric")
+    bench.add_argument("--target", type=float, help="target value of the task's metric (with --reuse: the runs "
+                                                    "are judged at it, whatever target they ran with)")
     bench.add_argument("--out", default="bench/results", help="where summary.json, summary.md and the figures go "
                        "(default bench/results)")
     bench.add_argument("--run-dir", default="runs/bench", help="where each run's folder goes (default runs/bench)")

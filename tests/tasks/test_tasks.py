@@ -273,6 +273,12 @@ def test_a_benchmark_split_by_seeds_across_processes_is_reported_whole_with_reus
     assert entry["seeds"] == [0, 1]
     assert entry["recipes"]["hot"]["runs"] == ["bench-split-hot-s0", "bench-split-hot-s1"]
     assert entry["baselines"]["baseline"]["runs"] == ["bench-split-baseline-s0", "bench-split-baseline-s1"]
+    # another --target judges the same runs at it, the headline included (the runs had the task's 0.7)
+    assert main([*common, "--seeds", "2", "--reuse", "--target", "0.5", "--out", str(tmp_path / "again")]) == 0
+    again = json.loads((tmp_path / "again" / "summary.json").read_text())["bench-split"]
+    assert again["target"] == {"metric": "eval/accuracy", "value": 0.5}
+    for name, runs in (("hot", again["recipes"]["hot"]), ("baseline", again["baselines"]["baseline"])):
+        assert runs["time_to_target_s"] == runs["time_to"]["0.5"], name
     capsys.readouterr()
     with pytest.raises(SystemExit) as refused:
         main([*common, "--seeds", "1,1"])

@@ -514,7 +514,8 @@ def resolve_profile(task: str, profile: str | BenchProfile = "cpu", seeds: int |
 
 
 def reusable_runs(run_dir: str | Path, profile: BenchProfile, seeds: Sequence[int]) -> list[RunRecord]:
-    """The newest finished main run of each (recipe, seed) of ``profile`` under ``run_dir``."""
+    """The newest finished main run of each (recipe, seed) of ``profile`` under ``run_dir``; where the profile
+    names a target (``--target``) other than the one the runs had, judged at it (``retarget``)."""
     newest: dict[tuple, RunRecord] = {}
     for record in load_records(run_dir):  # oldest first, so later ones replace earlier ones
         bench = record.config.get("bench", {})
@@ -529,7 +530,15 @@ def reusable_runs(run_dir: str | Path, profile: BenchProfile, seeds: Sequence[in
     if missing:
         raise ValueError(f"cannot reuse the runs in {run_dir}: no finished {profile.task} run for "
                          f"{', '.join(f'{r} seed {s}' for r, s in missing)}; run the benchmark without --reuse")
-    return [newest[(r, s)] for s in seeds for r in profile.recipes]
+    return [retarget(newest[(r, s)], profile.run.target) for s in seeds for r in profile.recipes]
+
+
+def retarget(record: RunRecord, value: float | None) -> RunRecord:
+    """``record`` judged at the target ``value`` (None: its own), read from its curve; the file is not changed.
+    So `--reuse --target` measures runs made with another target at the one asked for, headline included."""
+    if value is not None and record.target and record.target.get("value") != value:
+        record.target = {**record.target, "value": value}
+    return record
 
 
 def reusable_ablations(run_dir: str | Path, recipe: str) -> list[RunRecord]:
