@@ -1,6 +1,6 @@
 """One prepared check of speedkit on one GPU (its first run, on an H200: bench/README.md, "The first GPU run").
 
-    scripts/gpu_check.sh [--out runs/gpu-check] [--steps syncs,seed] [--presets imagenet:hot,gpt2:hot]
+    scripts/gpu_check.sh [--out runs/gpu-check] [--steps syncs,seed] [--presets imagenet:hot,gpt2:hot] [--phases 10]
     python scripts/gpu_check.py --device cpu --tiny    # its steps at tiny scale on a CPU (the test runs this)
 
 Steps, run in ``--steps`` order (default: all four, as numbered), each writing into one results folder with
@@ -15,7 +15,9 @@ stopped at a time limit keeps what it finished:
    torchvision ResNet-50 at 224 px and GPT-2 124M at 1,024 tokens, each preset for a fixed number of steps on a
    generated ImageNet-layout folder and a generated text corpus, streamed from shards; reports images/s,
    tokens/s, the fraction of the device's dense bf16 peak FLOP/s, the share of time spent waiting for data,
-   the peak memory and the host waits between logging steps.
+   the peak memory and the host waits between logging steps. With ``--phases N``, each preset also runs N steps
+   under torch.profiler: its time by phase of the loop (data and the methods that act on batches, forward,
+   backward, ...) and its busiest operators.
 3. ``bench``: ``hot`` against ``plain-bf16`` (vision) and ``hot`` against ``tuned`` (language) under the
    ``gpu`` benchmark profile, one seed each.
 4. ``notebooks``: the ``gpu`` parameter sets of notebooks 00 and 02 (shortened) and tutorials t7 and t10
@@ -120,12 +122,13 @@ def make_seed_data(root: Path, images_per_class: int, classes: int = 4, docs: in
 
 def seed_check(device: str, out: Path, profile: str = "gpu", recipes: dict | None = None,
                sizes: dict | None = None, data: dict | None = None, precision: str | None = None,
-               progress=None) -> dict:
+               progress=None, phase_steps: int = 0) -> dict:
     """The seed step: each preset of the seed's tasks (``recipes``: task -> names; default all) for a fixed number of
     steps at the ``profile``'s sizes; images/s or tokens/s, the fraction of the dense bf16 peak (the measured
     matmul's where the GPU has no spec figure, and on a CPU), host waits between logging steps. ``precision``
     overrides the presets' (a CPU test runs fp32: bf16 is emulated on most CPUs); ``progress(results)`` is called
-    after each preset."""
+    after each preset. ``phase_steps``: also that many steps of each preset under torch.profiler, timed by phase
+    of the loop, with the busiest operators (where a slow preset's time goes)."""
     import torch
 
     from speedkit.callbacks.speed_monitor import spec_peak_flops
@@ -144,7 +147,7 @@ def seed_check(device: str, out: Path, profile: str = "gpu", recipes: dict | Non
         names = recipes.get(task, []) if recipes else list(find_task(task, data[task], **task_options).recipes)
         for name in names:
             results[f"{task}:{name}"] = guarded(lambda: seed_run(task, name, throughput, task_options, device, out,
-                                                                 size, data, bf16_peak, precision))
+                                                                 size, data, bf16_peak, precision, phase_steps))
             if progress:
                 progress(results)
     return results
@@ -173,21 +176,26 @@ class DataWait(Callback):
 
 
 def seed_run(task: str, name: str, throughput: str, task_options: dict, device: str, out: Path, size: dict,
-             data: dict, bf16_peak: tuple | None, precision: str | None) -> dict:
+             data: dict, bf16_peak: tuple | None, precision: str | None, phase_steps: int = 0) -> dict:
     """One preset of the seed step for ``size["steps"]`` steps: its throughput, share of the dense bf16 peak,
-    share of time waiting for batches after the first logging interval, peak GPU memory, host waits."""
+    share of time waiting for batches after the first logging interval, peak GPU memory, host waits; with
+    ``phase_steps``, a second run of that many steps under torch.profiler (``profile_steps``)."""
     import torch
 
     from speedkit.callbacks import SyncCounter
+    from speedkit.callbacks.phase_timer import profile_steps
     from speedkit.tasks import make_trainer
+
+    def trainer_for(duration: str, callbacks: list, run_name: str):
+        return make_trainer(task, name, data=data[task], task_options=task_options, device=device, duration=duration,
+                            batch_size=size["batch_size"][task], eval_interval=duration,
+                            log_interval=size["log_interval"], num_workers=size["workers"], run_dir=out / "seed",
+                            run_name=run_name, **({"precision": precision} if precision else {}),
+                            save_checkpoints=False, callbacks=callbacks)
 
     started = time.perf_counter()
     counter, steps, data_wait = SyncCounter(), size["steps"], DataWait(after_batch=size["log_interval"])
-    trainer = make_trainer(task, name, data=data[task], task_options=task_options, device=device,
-                           duration=f"{steps}ba", batch_size=size["batch_size"][task], eval_interval=f"{steps}ba",
-                           log_interval=size["log_interval"], num_workers=size["workers"], run_dir=out / "seed",
-                           run_name=f"{task}-{name}", **({"precision": precision} if precision else {}),
-                           save_checkpoints=False, callbacks=[counter, data_wait])
+    trainer = trainer_for(f"{steps}ba", [counter, data_wait], f"{task}-{name}")
     cuda = trainer.state.device.type == "cuda"
     if cuda:
         torch.cuda.reset_peak_memory_stats()
@@ -199,6 +207,8 @@ def seed_run(task: str, name: str, throughput: str, task_options: dict, device: 
     # run's precision)
     fraction = flops / bf16_peak[0] if flops and bf16_peak else last.get("throughput/fraction_of_peak")
     report = counter.report()
+    phases = profile_steps(lambda duration, callbacks: trainer_for(duration, callbacks, f"{task}-{name}-phases"),
+                           phase_steps, top=8) if phase_steps else None
     return {
         "status": record.status, "steps": steps, "batch_size": size["batch_size"][task],
         throughput: last.get("throughput/samples_per_s") if throughput == "images_per_s"
@@ -210,6 +220,7 @@ def seed_run(task: str, name: str, throughput: str, task_options: dict, device: 
         "peak_memory_gib": round(torch.cuda.max_memory_allocated() / 2 ** 30, 2) if cuda else None,
         "waits_in_quiet_steps": report["waits_in_quiet_steps"],
         "seconds": round(time.perf_counter() - started, 1),  # set-up included: what sizes the next check
+        **({"phases": phases} if phases else {}),
         "ok": record.status == "completed" and report["waits_in_quiet_steps"] == 0 and flops is not None}
 
 
@@ -290,6 +301,15 @@ def write_summary(out: Path, summary: dict) -> None:
                                                     if c == "fraction_of_bf16_peak" else r.get(c)) for c in columns]
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
         lines.append("")
+    profiled = {name: r["phases"] for name, r in summary.get("seed", {}).items() if "phases" in r}
+    if profiled:
+        lines += ["## where the seed presets' time went (under torch.profiler)", ""]
+        for name, found in profiled.items():
+            shares = ", ".join(f"{phase} {p['share']:.0%}" for phase, p in found["phases"].items() if p["share"])
+            busiest = ", ".join(f"{op['name']} {op.get('self_device_ms', op['self_cpu_ms']):,.1f} ms"
+                                for op in found.get("top_operators", [])[:4])
+            lines.append(f"- {name}: {found['steps']} steps in {found['total_s']:.2f} s; {shares}; busiest: {busiest}")
+        lines.append("")
     for step in ("notebooks", "bench"):
         if step in summary:
             lines += [f"## {step}", ""] + [f"- exit {r['exit']} in {r['seconds']} s: `{r['command']}`"
@@ -312,6 +332,9 @@ def main(argv=None) -> int:
                         help="comma-separated steps, run in the order given")
     parser.add_argument("--presets", default=None,
                         help="the seed step's presets, e.g. imagenet:mild,gpt2:hot (default: every preset of both)")
+    parser.add_argument("--phases", type=int, default=0, metavar="STEPS",
+                        help="the seed step also runs each preset STEPS steps under torch.profiler and reports its "
+                             "time by phase of the loop and its busiest operators (default 0: not)")
     args = parser.parse_args(argv)
     import torch
 
@@ -342,7 +365,8 @@ def main(argv=None) -> int:
         "syncs": lambda: sync_check(args.device, out, args.tiny),
         # tiny: the cpu profiles' narrow models, a few steps
         "seed": lambda: seed_check(args.device, out, "cpu" if args.tiny else "gpu", recipes=presets or None,
-                                   sizes=SEED_SIZES["cpu"] if args.tiny else None, progress=seed_progress),
+                                   sizes=SEED_SIZES["cpu"] if args.tiny else None, progress=seed_progress,
+                                   phase_steps=args.phases),
         "notebooks": lambda: run_commands(notebook_commands(out, args.tiny), log),
         "bench": lambda: run_commands(bench_commands(args.device, out, args.tiny), log)}
     for step in steps:

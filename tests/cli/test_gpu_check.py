@@ -93,3 +93,26 @@ def test_the_seed_step_runs_every_seed_preset_at_tiny_scale_and_reports_throughp
         assert result["images_per_s" if name.startswith("imagenet") else "tokens_per_s"] > 0
         assert result["fraction_of_measured_peak"] > 0
     assert "the seed's workloads" in (out / "summary.md").read_text()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the tiny scale is a CPU's")
+def test_the_seed_step_with_phases_says_where_each_presets_time_went(gpu_check, tmp_path, monkeypatch):
+    pytest.importorskip("litdata")
+    pytest.importorskip("tokenizers")
+    monkeypatch.setenv("SPEEDKIT_SHARDS", str(tmp_path / "cache"))
+    out = tmp_path / "check"
+    assert gpu_check.main(["--device", "cpu", "--tiny", "--steps", "seed", "--presets", "imagenet:hot,gpt2:composer",
+                           "--phases", "2", "--out", str(out)]) == 0
+    seed = json.loads((out / "summary.json").read_text())["seed"]
+    assert set(seed) == {"imagenet:hot", "gpt2:composer"}
+    for name, result in seed.items():
+        phases = result["phases"]
+        assert phases["steps"] == 2 and phases["under_torch_profiler"], name
+        assert sum(p["share"] for p in phases["phases"].values()) == pytest.approx(1, abs=0.01)
+        assert phases["phases"]["forward"]["s"] > 0 and phases["top_operators"], name
+    # the composer preset's attention (ALiBi's bias) runs in SDPA's fused kernel, not its math one
+    operators = {op["name"] for op in seed["gpt2:composer"]["phases"]["top_operators"]}
+    assert "aten::_scaled_dot_product_flash_attention_for_cpu" in operators
+    assert "aten::_scaled_dot_product_attention_math" not in operators
+    text = (out / "summary.md").read_text()
+    assert "## where the seed presets' time went" in text and "- imagenet:hot: 2 steps" in text
