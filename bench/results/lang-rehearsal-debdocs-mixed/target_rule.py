@@ -1,8 +1,9 @@
 """The target rule of lang-rehearsal-debdocs-full, unchanged, on the runs over the shuffled shards: the worst
 of the three baseline seeds' evaluation loss at 3/4 of the baseline's budget (batch 525 of 700), rounded up to
-0.05. Reads only the baseline's runs."""
-import json, math, pathlib
-runs = pathlib.Path("/work/data/lang-mixed/RUNS")
+0.05. Reads only the baseline's runs. The runs with hot at 240 batches (lang-rehearsal-debdocs-hot240) were judged
+by the same rule: python target_rule.py THEIR-RUN-DIR."""
+import json, math, pathlib, sys
+runs = pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else "/work/data/lang-mixed/RUNS")
 at = {}
 for seed in (0, 1, 2):
     rows = [json.loads(l) for l in open(runs / f"gpt2-baseline-s{seed}" / "log.jsonl")]
