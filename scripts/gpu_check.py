@@ -207,8 +207,9 @@ def seed_run(task: str, name: str, throughput: str, task_options: dict, device: 
     # run's precision)
     fraction = flops / bf16_peak[0] if flops and bf16_peak else last.get("throughput/fraction_of_peak")
     report = counter.report()
-    phases = profile_steps(lambda duration, callbacks: trainer_for(duration, callbacks, f"{task}-{name}-phases"),
-                           phase_steps, top=8) if phase_steps else None
+    # guarded apart: a profile that fails must not cost the preset its throughput figures
+    phases = guarded(lambda: profile_steps(lambda duration, callbacks: trainer_for(
+        duration, callbacks, f"{task}-{name}-phases"), phase_steps, top=8)) if phase_steps else None
     return {
         "status": record.status, "steps": steps, "batch_size": size["batch_size"][task],
         throughput: last.get("throughput/samples_per_s") if throughput == "images_per_s"
@@ -221,7 +222,8 @@ def seed_run(task: str, name: str, throughput: str, task_options: dict, device: 
         "waits_in_quiet_steps": report["waits_in_quiet_steps"],
         "seconds": round(time.perf_counter() - started, 1),  # set-up included: what sizes the next check
         **({"phases": phases} if phases else {}),
-        "ok": record.status == "completed" and report["waits_in_quiet_steps"] == 0 and flops is not None}
+        "ok": record.status == "completed" and report["waits_in_quiet_steps"] == 0 and flops is not None
+        and not (phases and "error" in phases)}
 
 
 def guarded(work) -> dict:
@@ -305,6 +307,9 @@ def write_summary(out: Path, summary: dict) -> None:
     if profiled:
         lines += ["## where the seed presets' time went (under torch.profiler)", ""]
         for name, found in profiled.items():
+            if "error" in found:
+                lines.append(f"- {name}: {found['error'][:120]}")
+                continue
             shares = ", ".join(f"{phase} {p['share']:.0%}" for phase, p in found["phases"].items() if p["share"])
             busiest = ", ".join(f"{op['name']} {op.get('self_device_ms', op['self_cpu_ms']):,.1f} ms"
                                 for op in found.get("top_operators", [])[:4])

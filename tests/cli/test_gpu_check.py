@@ -116,3 +116,14 @@ def test_the_seed_step_with_phases_says_where_each_presets_time_went(gpu_check, 
     assert "aten::_scaled_dot_product_attention_math" not in operators
     text = (out / "summary.md").read_text()
     assert "## where the seed presets' time went" in text and "- imagenet:hot: 2 steps" in text
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("the profiler broke")
+
+    monkeypatch.setattr("speedkit.callbacks.phase_timer.profile_steps", broken)
+    out = tmp_path / "again"  # (into the same --out, the runs' folders would refuse to be replaced)
+    assert gpu_check.main(["--device", "cpu", "--tiny", "--steps", "seed", "--presets", "gpt2:composer",
+                           "--phases", "2", "--out", str(out)]) == 1  # the check fails ...
+    result = json.loads((out / "summary.json").read_text())["seed"]["gpt2:composer"]
+    assert result["tokens_per_s"] > 0 and "the profiler broke" in result["phases"]["error"]  # ... its figures kept
+    assert "- gpt2:composer: RuntimeError: the profiler broke" in (out / "summary.md").read_text()
