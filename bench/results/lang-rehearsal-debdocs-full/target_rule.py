@@ -1,7 +1,12 @@
-"""The target rule, fixed before the timed runs: the worst of the three baseline seeds' evaluation loss at 3/4 of
-the baseline's budget (batch 525 of 700), rounded up to 0.05. Reads only the baseline's runs."""
-import json, math, pathlib
-runs = pathlib.Path("/work/data/lang-full/RUNS")
+"""The target rule of the language rehearsals, fixed before their timed runs: the worst of the three baseline seeds'
+evaluation loss at 3/4 of the baseline's budget (batch 525 of 700), rounded up to 0.05. Reads only the baseline's
+runs, in the bench's --run-dir. This one ran on /work/data/lang-full/RUNS; the rehearsals on shuffled shards
+(lang-rehearsal-debdocs-mixed, and lang-rehearsal-debdocs-hot240) on theirs.
+
+    python target_rule.py RUNS
+"""
+import json, math, pathlib, sys
+runs = pathlib.Path(sys.argv[1])
 at = {}
 for seed in (0, 1, 2):
     rows = [json.loads(l) for l in open(runs / f"gpt2-baseline-s{seed}" / "log.jsonl")]
