@@ -341,6 +341,10 @@ def main(argv=None) -> int:
                         help="the seed step also runs each preset STEPS steps under torch.profiler and reports its "
                              "time by phase of the loop and its busiest operators (default 0: not)")
     args = parser.parse_args(argv)
+    out = Path(args.out)
+    if (out / "summary.json").exists():  # its runs' folders would be refused only after minutes of device time
+        parser.error(f"--out {out} holds an earlier check (summary.json), whose runs are kept; give this check "
+                     f"its own folder, e.g. --out {out}-2")
     import torch
 
     if args.device.startswith("cuda") and not torch.cuda.is_available():
@@ -351,7 +355,6 @@ def main(argv=None) -> int:
     unknown = set(steps) - {"syncs", "seed", "bench", "notebooks"}
     if unknown:
         parser.error(f"--steps: unknown {sorted(unknown)}; choose from syncs, seed, bench, notebooks")
-    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     log = out / "commands.log"
     start = time.perf_counter()

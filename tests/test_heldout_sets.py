@@ -1,5 +1,6 @@
 """scripts/build_heldout_sets.py: the held-out glyph folder holds whole font families out of training, is
-the same for the same fonts and seed, and loads as an image-folder task of 62 classes."""
+the same for the same fonts and seed, and loads as an image-folder task of 62 classes; the objects folder holds
+whole stamps out and leaves the drawn ones out."""
 from __future__ import annotations
 
 import importlib.util
@@ -74,3 +75,51 @@ def test_perldoc_copies_the_pods_as_text_files_and_names_the_package_when_there_
     assert (tmp_path / "text" / "perlintro.txt").read_text().startswith("=head1 NAME")
     with pytest.raises(SystemExit, match="install the perl-doc package"):
         builder.build_perldoc(tmp_path / "none", tmp_path / "empty")
+
+
+def stamp_tree(root: Path) -> Path:
+    """A stamps folder laid out as tuxpaint's: photographed stamps per kind, drawn ones under cartoon/ and toys/."""
+    colours = [(200, 30, 30), (30, 200, 30), (30, 30, 200), (200, 200, 30)]
+    for kind, folders in builder.OBJECT_KINDS.items():
+        for n, folder in enumerate(folders):
+            for i, colour in enumerate(colours[: 4 - n]):
+                stamp = Image.new("RGBA", (60 + 10 * i, 40), (0, 0, 0, 0))
+                stamp.paste(colour + (255,), (5, 5, 50 + 10 * i, 35))
+                (root / folder).mkdir(parents=True, exist_ok=True)
+                stamp.save(root / folder / f"{kind}{n}{i}.png")
+        for drawn in ("cartoon", "toys"):
+            (root / folders[0] / drawn).mkdir()
+            Image.new("RGBA", (30, 30), (9, 9, 9, 255)).save(root / folders[0] / drawn / "drawn.png")
+    return root
+
+
+def test_objects_hold_whole_stamps_out_leave_drawn_ones_out_and_load_as_an_imagenet_folder(tmp_path):
+    root = stamp_tree(tmp_path / "stamps")
+    stamps = builder.object_stamps(root)
+    assert set(stamps) == set(builder.OBJECT_KINDS) and len(stamps["vehicles"]) == 7  # both of its folders
+    assert not any("cartoon" in str(p) or "toys" in str(p) for paths in stamps.values() for p in paths)
+    out = tmp_path / "objects"
+    built = builder.build_objects(out, stamps, images=45, val_images=18, val_share=0.25, seed=0, root=root,
+                                  processes=1)
+    assert built["images"] == {"train": 45, "val": 18}
+    for kind, held in built["val_stamps"].items():  # a quarter of each kind's stamps, never in training
+        trained = {p.relative_to(root).as_posix() for p in builder.split_stamps(stamps[kind], 0.25, 0)[0]}
+        assert len(held) == round(len(stamps[kind]) * 0.25) and not set(held) & trained
+        assert len(trained) + len(held) == len(stamps[kind])
+    images = sorted((out / "train").rglob("*.jpg"))
+    assert len(images) == 45 and len({p.parent.name for p in images}) == 9
+    sizes = {Image.open(p).size for p in images}
+    assert all(96 <= side <= 512 for size in sizes for side in size) and len(sizes) > 10
+    again = tmp_path / "again"
+    builder.build_objects(again, stamps, images=45, val_images=18, val_share=0.25, seed=0, root=root, processes=1)
+    assert images[0].read_bytes() == (again / images[0].relative_to(out)).read_bytes()  # the same set again
+
+    task = resolve_task("image-folder", data=out)
+    assert "9-class" in task.summary
+
+
+def test_the_objects_command_names_the_package_when_the_stamps_are_missing(tmp_path):
+    import pytest
+
+    with pytest.raises(SystemExit, match="apt-get install tuxpaint-stamps-default"):
+        builder.main(["objects", "--out", str(tmp_path / "out"), "--stamps", str(tmp_path / "none")])

@@ -26,7 +26,7 @@ def test_without_a_gpu_it_says_so_and_exits_non_zero(gpu_check, tmp_path, capsys
     assert not (tmp_path / "out").exists()
 
 
-def test_its_steps_run_on_a_cpu_and_write_one_results_folder(gpu_check, tmp_path):
+def test_its_steps_run_on_a_cpu_and_write_one_results_folder(gpu_check, tmp_path, capsys):
     """The sync step runs in full at tiny scale; the notebook and bench steps are `speedkit notebooks run` and
     `speedkit bench` commands (tested in tests/cli/test_notebooks.py and tests/experiments/test_bench.py;
     minutes each on 2 cores), checked here for what they run, and one stand-in command runs through the
@@ -42,6 +42,11 @@ def test_its_steps_run_on_a_cpu_and_write_one_results_folder(gpu_check, tmp_path
     assert "host waits" in (out / "summary.md").read_text()
     ran = gpu_check.run_commands([gpu_check.speedkit_command("--help")], out / "commands.log")
     assert ran[0]["exit"] == 0 and "speedkit --help" in (out / "commands.log").read_text()
+    # a second check into the same folder is refused before it starts, not after its runs are refused
+    before = (out / "summary.json").read_text()
+    with pytest.raises(SystemExit):
+        gpu_check.main(["--device", "cpu", "--tiny", "--steps", "syncs", "--out", str(out)])
+    assert "holds an earlier check" in capsys.readouterr().err and (out / "summary.json").read_text() == before
 
 
 def test_the_notebook_step_runs_the_gpu_sets_of_00_02_t7_and_t10(gpu_check, tmp_path):

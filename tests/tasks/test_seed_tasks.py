@@ -68,6 +68,11 @@ def test_imagenet_cpu_profile_streams_the_folder_and_evaluates_larger_than_it_tr
     again = imagenet_task(imagenet_folder, profile="cpu", image_size=48, eval_image_size=72)
     assert next(iter(again.train_data(_request())))[0].shape[-1] == 48
     assert next(iter(again.eval_data(_request())))[0].shape[-1] == 72
+    # the recipes follow the training size: progressive resizing starts at the published 88 px where that is
+    # below it (and is off at 48 or 64 px)
+    larger = imagenet_task(imagenet_folder, profile="cpu", image_size=128)
+    assert larger.recipe("mild").methods["progressive_resizing"]["initial_scale"] == pytest.approx(88 / 128, abs=1e-3)
+    assert "progressive_resizing" not in again.recipe("mild").methods
 
 
 def test_imagenet_gpu_presets_are_composers_published_resnet50_recipes():
@@ -85,9 +90,44 @@ def test_imagenet_gpu_presets_are_composers_published_resnet50_recipes():
     assert hot["stochastic_depth"] == {"drop_rate": 0.1, "mode": "sample", "drop_distribution": "linear"}
     assert hot["progressive_resizing"]["initial_scale"] == 0.6 and hot["sam"] == {"rho": 0.5, "interval": 5}
     cpu = imagenet_recipes("cpu")
-    for name, recipe in cpu.items():  # the rehearsal keeps every method and scales the rest
-        assert recipe.methods == recipes[name].methods and recipe.model == "resnet18" and recipe.batch_size == 64
+    for name, recipe in cpu.items():  # the rehearsal keeps the methods and scales the rest
+        scaled = {"ema", "progressive_resizing"}
+        assert recipe.methods.keys() == recipes[name].methods.keys() - {"progressive_resizing"}
+        assert {m: a for m, a in recipe.methods.items() if m not in scaled} == \
+            {m: a for m, a in recipes[name].methods.items() if m not in scaled}
+        assert recipe.model == "resnet18" and recipe.batch_size == 64
         assert recipe.optimizer["lr"] == pytest.approx(recipes[name].optimizer["lr"] * 64 / 2048, rel=1e-3)
+
+
+def test_a_rehearsal_keeps_the_ema_window_at_its_share_of_the_published_run():
+    # 100 batches of mild's 36 ImageNet epochs at batch 2048 (22,521 batches) is 0.44% of the run; kept at 100
+    # batches, a rehearsal's EMA would span a sixth of its 628 batches and evaluation would see stale weights
+    from speedkit.tasks.builtin._seed import rehearsal
+    from speedkit.tasks.recipes import load_presets
+
+    published, cpu = imagenet_recipes("gpu"), imagenet_recipes("cpu")
+    for name in ("mild", "medium", "hot"):
+        epochs = float(published[name].duration.removesuffix("ep"))
+        share = float(cpu[name].methods["ema"]["half_life"].removesuffix("dur"))
+        assert share * epochs * 1_281_167 / 2048 == pytest.approx(100, rel=0.01)
+        assert cpu[name].methods["ema"]["update_interval"] == 1  # 20 published batches is under one of a rehearsal
+        assert published[name].methods["ema"] == {"half_life": "100ba", "update_interval": 20}
+    with pytest.raises(ValueError, match="epoch_samples"):  # a batch window in an epoch budget needs the data's size
+        rehearsal(load_presets("imagenet"), model="resnet18", batch_size=64, duration_scale=0.1, scale_lr=True)
+
+
+def test_a_rehearsal_never_trains_on_images_smaller_than_the_published_recipe():
+    # Composer's mild trains at 176 px from half that, 88 px; at the rehearsal's 64 px, half would be 32 px
+    published = imagenet_recipes("gpu")
+    assert published["mild"].methods["progressive_resizing"]["initial_scale"] == 0.5
+    for name in ("mild", "medium", "hot"):
+        at_64 = imagenet_recipes("cpu")[name]
+        assert "progressive_resizing" not in at_64.methods and "progressive resizing off" in at_64.summary
+        at_128 = imagenet_recipes("cpu", image_size=128)[name].methods["progressive_resizing"]
+        smallest = published[name].methods["progressive_resizing"]["initial_scale"] * 176
+        assert at_128["initial_scale"] * 128 == pytest.approx(smallest, abs=0.1)  # 88 px (hot: 106)
+        assert imagenet_recipes("cpu", image_size=224)[name].methods["progressive_resizing"] == \
+            published[name].methods["progressive_resizing"]  # larger than published: as published
 
 
 def test_gpt2_cpu_profile_trains_windows_of_the_shards_vocabulary(corpus):

@@ -3,7 +3,8 @@ published recipe (the ``gpu`` profile's, the seed's real sizes) into its CPU reh
 
 A profile says how big a run of the task is, not which methods it uses: the ``cpu`` rehearsal keeps every
 preset's methods and their arguments, and scales the model, the inputs, the batch (the learning rate with it,
-by the linear scaling rule) and the budget so that a rehearsal could train on a CPU. ``profile=None`` picks
+by the linear scaling rule) and the budget so that a rehearsal could train on a CPU; a method's window counted in
+the published run's batches (EMA's half-life) keeps its share of the run. ``profile=None`` picks
 ``gpu`` where CUDA is available, else ``cpu``, and the task's summary says which.
 """
 from __future__ import annotations
@@ -56,20 +57,70 @@ def _scaled_duration(duration: str, scale: float) -> str:
     return f"{value}{unit}"
 
 
+def _count(value) -> Time | None:
+    """``value`` as a count of batches or epochs ("100ba", "2ep"), else None."""
+    if not isinstance(value, str):
+        return None
+    try:
+        time = Time.from_input(value)
+    except (ValueError, TypeError):
+        return None
+    return time if time.unit in (TimeUnit.BATCH, TimeUnit.EPOCH) else None
+
+
+def _in_batches(time: Time, epoch_batches: float) -> float:
+    return time.value * epoch_batches if time.unit is TimeUnit.EPOCH else time.value
+
+
+def windows_as_shares(recipe: Recipe, epoch_samples: int | None) -> dict[str, dict]:
+    """``recipe``'s methods with each window counted in its published run's batches or epochs given as its share
+    of that run (``"dur"``), for a rehearsal that runs the same schedule over far fewer batches.
+
+    Composer's EMA half-life of 100 batches is 0.44% of ``mild``'s published run (36 epochs of ImageNet at batch
+    2048, 22,500 batches); kept at 100 batches in a 628-batch rehearsal it would be 16% of it, and evaluation would
+    see weights about 140 batches old. As a share it stays 0.44%. EMA's update every 20 batches is a saving tied to
+    that window (the smoothing per update is set by their ratio): its share is under one batch of a rehearsal, so
+    the rehearsal updates every batch, the exact average the published cadence approximates. ``epoch_samples``:
+    the size of the data set the recipe was published on, needed where a window and the budget are counted in
+    different units."""
+    budget = _count(recipe.duration)
+    epoch_batches = epoch_samples / recipe.batch_size if epoch_samples else None
+    methods = {name: dict(args) for name, args in recipe.methods.items()}
+    for name, args in methods.items():
+        for key, value in args.items():
+            window = _count(value)
+            if window is None or budget is None:
+                continue
+            if window.unit == budget.unit:
+                share = window.value / budget.value
+            elif epoch_batches:
+                share = _in_batches(window, epoch_batches) / _in_batches(budget, epoch_batches)
+            else:
+                raise ValueError(f"recipe {recipe.name!r}: {name}.{key}={value!r} and its budget "
+                                 f"{recipe.duration!r} count different units; give the size of the data set it "
+                                 f"was published on (epoch_samples) to turn the window into a share of the run")
+            args[key] = f"{share:.3g}dur"
+        if name == "ema" and _count(recipe.methods[name].get("half_life")) is not None:
+            args["update_interval"] = 1
+    return methods
+
+
 def rehearsal(recipes: Mapping[str, Recipe], *, model: str, batch_size: int, duration_scale: float,
-              scale_lr: bool, eval_interval: str | None = None,
-              durations: Mapping[str, str] | None = None) -> dict[str, Recipe]:
-    """The published recipes at a rehearsal's size: the same methods and their arguments, ``model``, a batch of
-    ``batch_size`` (with ``scale_lr``, the learning rate scaled linearly with it: SGD's rule, Goyal et al. 2017),
-    budgets times ``duration_scale`` (or the budget ``durations`` gives a recipe: one chosen for the rehearsal
-    where the scaled one proved too short), and bf16 only where it is fast (``precision: auto``): on most CPUs bf16
-    autocast is emulated, so a rehearsal there runs in fp32."""
+              scale_lr: bool, eval_interval: str | None = None, durations: Mapping[str, str] | None = None,
+              epoch_samples: int | None = None) -> dict[str, Recipe]:
+    """The published recipes at a rehearsal's size: the same methods, ``model``, a batch of ``batch_size`` (with
+    ``scale_lr``, the learning rate scaled linearly with it: SGD's rule, Goyal et al. 2017), budgets times
+    ``duration_scale`` (or the budget ``durations`` gives a recipe: one chosen for the rehearsal where the scaled
+    one proved too short), the methods' windows kept at their share of the run (``windows_as_shares``; an EMA
+    half-life of 100 published batches would otherwise span a sixth of a rehearsal), and bf16 only where it is
+    fast (``precision: auto``): on most CPUs bf16 autocast is emulated, so a rehearsal there runs in fp32."""
     out = {}
     for name, recipe in recipes.items():
         factor = batch_size / recipe.batch_size
         optimizer = {"lr": float(f"{recipe.optimizer['lr'] * factor:.4g}")} if scale_lr and factor != 1 else {}
         # Muon's rate stays: its update is orthogonalized, its size set by that rate, not by the batch
         out[name] = recipe.with_changes(model=model, batch_size=batch_size, optimizer=optimizer,
+                                        methods=windows_as_shares(recipe, epoch_samples),
                                         duration=(durations or {}).get(name)
                                         or _scaled_duration(recipe.duration, duration_scale),
                                         precision="auto" if recipe.precision == "bf16" else recipe.precision,
@@ -86,7 +137,7 @@ def profile_recipes(task: str, sizes, *, scale_lr: bool) -> dict[str, Recipe]:
         return recipes
     return rehearsal(recipes, model=sizes.model, batch_size=sizes.batch_size, duration_scale=sizes.duration_scale,
                      scale_lr=scale_lr, eval_interval=getattr(sizes, "eval_interval", None),
-                     durations=getattr(sizes, "durations", None))
+                     durations=getattr(sizes, "durations", None), epoch_samples=getattr(sizes, "epoch_samples", None))
 
 
 def floor_to_divisor(block: int, length: int) -> int:

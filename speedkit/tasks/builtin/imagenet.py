@@ -7,7 +7,8 @@ shards once at the profile's short side, as ``image-folder --stream`` does; imag
 
 Two profiles (``speedkit.tasks.builtin._seed``): ``gpu``, the seed's real sizes: torchvision ResNet-50 with
 Composer's published recipes (``presets/imagenet.yaml``), training at 176 px and evaluated at 224 px; ``cpu``, a
-rehearsal: the same methods on a ResNet-18 at 64 px, evaluated at 80 px. Evaluating at a higher resolution than
+rehearsal: the same methods on a ResNet-18 at 64 px, evaluated at 80 px, except progressive resizing, whose
+smallest image would fall below the published one (``smallest_image_kept``). Evaluating at a higher resolution than
 training is FFCV's test (``eval_image_size``): random-resized crops make objects look larger in training than a
 centre crop does at test time, which a larger test image corrects (Touvron et al. 2019, "Fixing the train-test
 resolution discrepancy"; FFCV's ImageNet configs, which Composer's recipes follow with 176/224).
@@ -35,21 +36,54 @@ class ImagenetProfile:
     target: float  # top-1 accuracy
     batch_size: int | None = None  # None: the recipes' own
     duration_scale: float = 1.0
+    epoch_samples: int | None = None  # the published runs' data set, whose epochs their windows count in
 
+
+IMAGENET_TRAIN_IMAGES = 1_281_167  # ILSVRC-2012's training set, the one Composer's recipes were published on
 
 PROFILES = {
     # Composer's recipes: train crop 176, evaluation crop 224; top-1 target MLPerf's ResNet-50 one (75.9%)
     "gpu": ImagenetProfile(image_size=176, eval_image_size=224, short_side=256, model="resnet50", target=0.759),
     # A rehearsal: ResNet-18 at 64 px (the issue's 64-128 px), the ratio of 176 to 224 kept for evaluation;
-    # batch 64 (learning rates scaled linearly) and a tenth of each budget. Its target is the user's data's.
+    # batch 64 (learning rates scaled linearly) and a tenth of each budget, the EMA's window kept at its share of
+    # the published run (_seed.windows_as_shares) and no image smaller than the published recipes train on
+    # (smallest_image_kept). Its target is the user's data's.
     "cpu": ImagenetProfile(image_size=64, eval_image_size=80, short_side=96, model="resnet18", target=0.5,
-                           batch_size=64, duration_scale=0.1),
+                           batch_size=64, duration_scale=0.1, epoch_samples=IMAGENET_TRAIN_IMAGES),
 }
 
 
-def imagenet_recipes(profile: str) -> dict:
-    """The presets (``presets/imagenet.yaml``) as the profile runs them."""
-    return _seed.profile_recipes("imagenet", PROFILES[profile], scale_lr=True)
+def smallest_image_kept(recipe, image_size: int):
+    """``recipe`` with progressive resizing's smallest training image no smaller in pixels than in the published
+    recipe, which trains at 176 px from half that, 88 px.
+
+    What a picture shows depends on its pixels, not on its share of a full size: a rehearsal that trains at 64 px
+    and kept the published half would start at 32 px, where a ResNet's last stage sees one pixel and a small
+    object in the frame is a few; on a held-out set of photographed things that rehearsal of ``mild`` learned
+    nothing in the 40% of its run held at 32 px (bench/README.md, "progressive resizing"). The rehearsal has
+    already spent the saving progressive resizing buys by training at 64 px, so below 88 px the method is
+    dropped, and the summary says so."""
+    resizing = recipe.methods.get("progressive_resizing")
+    published_size = PROFILES["gpu"].image_size
+    if resizing is None or image_size >= published_size:
+        return recipe
+    smallest = resizing.get("initial_scale", 0.5) * published_size
+    methods = dict(recipe.methods)
+    if smallest < image_size:
+        methods["progressive_resizing"] = {**resizing, "initial_scale": round(smallest / image_size, 3)}
+        note = f"progressive resizing from {smallest:.0f} px"
+    else:
+        del methods["progressive_resizing"]
+        note = f"progressive resizing off: its smallest image, {smallest:.0f} px, is not below {image_size} px"
+    return recipe.with_changes(methods=methods, summary=f"{recipe.summary} [{note}]")
+
+
+def imagenet_recipes(profile: str, image_size: int | None = None) -> dict:
+    """The presets (``presets/imagenet.yaml``) as the profile runs them, at its training size or ``image_size``
+    (``smallest_image_kept``)."""
+    size = PROFILES[profile].image_size if image_size is None else image_size
+    return {name: smallest_image_kept(recipe, size)
+            for name, recipe in _seed.profile_recipes("imagenet", PROFILES[profile], scale_lr=True).items()}
 
 
 def imagenet_task(data=None, profile: str | None = None, image_size: int | None = None,
@@ -99,7 +133,7 @@ def imagenet_task(data=None, profile: str | None = None, image_size: int | None 
                 train_data=lambda request: loader(request, True), eval_data=lambda request: loader(request, False),
                 metrics=classification_metrics, target_metric="eval/accuracy",
                 target_value=sizes.target if target is None else target,
-                recipes=imagenet_recipes(profile), models=(sizes.model, *[m for m in MODELS if m != sizes.model]),
+                recipes=imagenet_recipes(profile, train_size), models=(sizes.model, *[m for m in MODELS if m != sizes.model]),
                 baselines=("baseline", "plain-bf16"))
 
 
