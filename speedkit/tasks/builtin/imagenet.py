@@ -133,7 +133,8 @@ def imagenet_task(data=None, profile: str | None = None, image_size: int | None 
                 train_data=lambda request: loader(request, True), eval_data=lambda request: loader(request, False),
                 metrics=classification_metrics, target_metric="eval/accuracy",
                 target_value=sizes.target if target is None else target,
-                recipes=imagenet_recipes(profile, train_size), models=(sizes.model, *[m for m in MODELS if m != sizes.model]),
+                recipes=imagenet_recipes(profile, train_size),
+                models=(sizes.model, *[m for m in MODELS if m != sizes.model]),
                 baselines=("baseline", "plain-bf16"))
 
 
