@@ -36,7 +36,7 @@ import zlib
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from build_photo_crops import jitter  # noqa: E402  (the objects set's colour jitter is photo-crops')
+from build_photo_crops import jitter, per_class  # noqa: E402  (the objects set is built as photo-crops is)
 
 CHARACTERS = string.digits + string.ascii_uppercase + string.ascii_lowercase
 FONT_SUFFIXES = (".ttf", ".otf", ".t1", ".pfb")  # a font in several of these formats is kept in the first
@@ -177,14 +177,6 @@ def object_stamps(root: Path = STAMPS) -> dict[str, list[Path]]:
     return stamps
 
 
-def split_stamps(stamps: list[Path], val_share: float, seed: int) -> tuple[list[Path], list[Path]]:
-    """(train, val): a seeded ``val_share`` of the stamps (at least one) held out whole."""
-    order = list(stamps)
-    random.Random(seed).shuffle(order)
-    n_val = max(1, round(len(order) * val_share))
-    return sorted(order[n_val:]), sorted(order[:n_val])
-
-
 def background(width: int, height: int, rng: random.Random):
     """A smooth random field of two to three colours a side, softened towards grey, with a little grain: no
     colour or texture that goes with a kind."""
@@ -238,12 +230,12 @@ def build_objects(out: Path, stamps: dict[str, list[Path]], images: int, val_ima
     a kind, over its stamps of that split; returns the counts and the held-out stamps."""
     from multiprocessing import Pool
 
-    splits = {kind: dict(zip(("train", "val"), split_stamps(paths, val_share, seed))) for kind, paths in stamps.items()}
-    jobs = []
-    for split, total in (("train", images), ("val", val_images)):
-        for i, kind in enumerate(sorted(splits)):
-            count = total // len(splits) + (i < total % len(splits))
-            jobs.append((kind, split, [str(p) for p in splits[kind][split]], count, seed, str(out)))
+    # each stamp is held out whole, as a font family is
+    splits = {kind: dict(zip(("train", "val"), split_families([str(p) for p in paths], val_share, seed)))
+              for kind, paths in stamps.items()}
+    jobs = [(kind, split, splits[kind][split], count, seed, str(out))
+            for split, total in (("train", images), ("val", val_images))
+            for kind, count in per_class(total, sorted(splits)).items()]
     counts = {"train": 0, "val": 0}
     if processes > 1:
         with Pool(processes) as pool:
@@ -252,7 +244,7 @@ def build_objects(out: Path, stamps: dict[str, list[Path]], images: int, val_ima
         written = list(map(_write_kind, jobs))
     for job, count in zip(jobs, written):
         counts[job[1]] += count
-    held_out = {kind: [p.relative_to(root).as_posix() for p in s["val"]] for kind, s in splits.items()}
+    held_out = {kind: [Path(p).relative_to(root).as_posix() for p in s["val"]] for kind, s in splits.items()}
     return {"images": counts, "val_stamps": held_out}
 
 

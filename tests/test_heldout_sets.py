@@ -103,7 +103,8 @@ def test_objects_hold_whole_stamps_out_leave_drawn_ones_out_and_load_as_an_image
                                   processes=1)
     assert built["images"] == {"train": 45, "val": 18}
     for kind, held in built["val_stamps"].items():  # a quarter of each kind's stamps, never in training
-        trained = {p.relative_to(root).as_posix() for p in builder.split_stamps(stamps[kind], 0.25, 0)[0]}
+        trained = {Path(p).relative_to(root).as_posix()
+                   for p in builder.split_families([str(p) for p in stamps[kind]], 0.25, 0)[0]}
         assert len(held) == round(len(stamps[kind]) * 0.25) and not set(held) & trained
         assert len(trained) + len(held) == len(stamps[kind])
     images = sorted((out / "train").rglob("*.jpg"))

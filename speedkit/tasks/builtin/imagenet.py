@@ -67,7 +67,7 @@ def smallest_image_kept(recipe, image_size: int):
     published_size = PROFILES["gpu"].image_size
     if resizing is None or image_size >= published_size:
         return recipe
-    smallest = resizing.get("initial_scale", 0.5) * published_size
+    smallest = resizing["initial_scale"] * published_size  # every imagenet preset states it
     methods = dict(recipe.methods)
     if smallest < image_size:
         methods["progressive_resizing"] = {**resizing, "initial_scale": round(smallest / image_size, 3)}

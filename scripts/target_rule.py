@@ -1,0 +1,35 @@
+"""The benchmark's target rule for a rehearsal, fixed before its timed runs end: the worst of the three baseline
+seeds' METRIC at 3/4 of the baseline's budget (the last evaluation at or before it), rounded by STEP towards the
+easier side (up for a loss, down otherwise). It reads only the baseline's runs, in the bench's --run-dir.
+
+    python scripts/target_rule.py RUNS gpt2-baseline eval/loss 0.05             # the language rehearsals
+    python scripts/target_rule.py RUNS imagenet-plain-bf16 eval/accuracy 0.01   # the imagenet rehearsals
+"""
+import json
+import math
+import sys
+from pathlib import Path
+
+
+def main(runs: str, baseline: str, metric: str, step: str) -> None:
+    lower_is_better, step = "loss" in metric, float(step)
+    at = {}
+    for seed in (0, 1, 2):
+        rows = [json.loads(line) for line in open(Path(runs) / f"{baseline}-s{seed}" / "log.jsonl")]
+        evals = {r["batch"]: r[metric] for r in rows if metric in r}
+        last = max(evals)
+        batch = max(b for b in evals if b <= 0.75 * last)
+        at[seed] = (batch, round(evals[batch], 4), round(evals[last], 4))
+    print(f"{baseline} (batch at 3/4, {metric} there, final):", at)
+    there = [v[1] for v in at.values()]
+    if lower_is_better:
+        target = math.ceil(max(there) / step - 1e-9) * step
+    else:
+        target = math.floor(min(there) / step + 1e-9) * step
+    print(f"target {target:.{max(0, -math.floor(math.log10(step)))}f}")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 5:
+        sys.exit(__doc__)
+    main(*sys.argv[1:])
