@@ -13,19 +13,24 @@ that what speedkit's ladders and `speedkit tune` reach there says how they carry
   little and placed on a random smooth background, saved at 96-512 px a side with a colour jitter. A quarter of
   each kind's stamps is held out whole for validation, so validation asks for the kind of a thing never seen, as
   ImageNet's does, not for a known picture (photo-crops' classes are one photograph each).
+- ``clipart``: the same, from openclipart-png's drawings, of 10 kinds (mammals, birds, insects, fruit, desserts,
+  drinks, tools, music, vehicles, plants; 798 drawings). A quarter of each kind's designs is held out whole: a
+  drawing's colour and black-and-white prints and its numbered variants are one design (``clipart_design``).
 
     sudo apt-get install fonts-dejavu-core fonts-dejavu-extra fonts-liberation fonts-freefont-ttf \\
-        fonts-urw-base35 perl-doc tuxpaint-stamps-default
+        fonts-urw-base35 perl-doc tuxpaint-stamps-default openclipart-png
     python scripts/build_heldout_sets.py glyphs --out data/heldout/glyphs
     python scripts/build_heldout_sets.py perldoc --out data/heldout/perldoc
     python scripts/build_heldout_sets.py objects --out data/heldout/objects --images 50000
+    python scripts/build_heldout_sets.py clipart --out data/heldout/clipart --images 50000
 
-The output is the same for the same fonts (stamps) and seed. The data goes under data/ (ignored by git); the command
+The output is the same for the same fonts (pictures) and seed. The data goes under data/ (ignored by git); the command
 above is what is committed.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import random
 import re
 import shutil
@@ -33,10 +38,12 @@ import string
 import subprocess
 import sys
 import zlib
+from collections import Counter
 from pathlib import Path
+from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from build_photo_crops import jitter, per_class  # noqa: E402  (the objects set is built as photo-crops is)
+from build_photo_crops import jitter, per_class  # noqa: E402  (the cut-out sets are built as photo-crops is)
 
 CHARACTERS = string.digits + string.ascii_uppercase + string.ascii_lowercase
 FONT_SUFFIXES = (".ttf", ".otf", ".t1", ".pfb")  # a font in several of these formats is kept in the first
@@ -156,25 +163,53 @@ def build_perldoc(out: Path, pods: Path) -> int:
     return len(files)
 
 
-STAMPS = Path("/usr/share/tuxpaint/stamps")
-# A kind of thing: the stamp folders its photographs are in. The drawn stamps among them sit in cartoon/ and
-# toys/ folders, left out.
-OBJECT_KINDS = {"mammals": ("animals/mammals",), "birds": ("animals/birds",), "fish": ("animals/fish",),
-                "fruit": ("food/fruit",), "vegetables": ("food/vegetables",), "flowers": ("plants/flowers",),
-                "tools": ("household/tools",), "instruments": ("hobbies/music",),
-                "vehicles": ("vehicles", "military/vehicles")}
-DRAWN_FOLDERS_RE = re.compile(r"(^|/)(cartoon|toys)/")
+@dataclasses.dataclass(frozen=True)
+class Cutouts:
+    """A package's cut-out pictures (transparent around the thing), sorted into kinds by the folders they are in."""
+    package: str
+    root: Path
+    kinds: dict[str, tuple[str, ...]]  # a kind: the folders (under ``root``) its pictures are in, sub-folders too
+    left_out: str  # a pattern of paths under ``root`` whose pictures are not of their folder's kind
+    # the pictures of one design share a key and go to the same side of the split (as fonts' SAME_DESIGN do)
+    design: Callable[[str], str] = str
+    largest_side: int | None = None  # pictures larger than this are shrunk on loading: no image needs more
+
+
+def clipart_design(path: str) -> str:
+    """A drawing's colour and black-and-white prints and its numbered variants (cone1_bw_ganson, cone2_ganson)
+    are one design."""
+    words = (re.sub(r"\d+", "", word) for word in re.split(r"[_\-. ]+", Path(path).stem.lower()) if word != "bw")
+    return "_".join(word for word in words if word)
+
+
+# tuxpaint's photographed stamps; its drawn ones sit in cartoon/ and toys/ folders.
+OBJECTS = Cutouts("tuxpaint-stamps-default", Path("/usr/share/tuxpaint/stamps"),
+                  {"mammals": ("animals/mammals",), "birds": ("animals/birds",), "fish": ("animals/fish",),
+                   "fruit": ("food/fruit",), "vegetables": ("food/vegetables",), "flowers": ("plants/flowers",),
+                   "tools": ("household/tools",), "instruments": ("hobbies/music",),
+                   "vehicles": ("vehicles", "military/vehicles")},
+                  left_out=r"(^|/)(cartoon|toys)/")
+# Open Clip Art's drawings, of 10 kinds none of which the objects set's photographs share in looks; its toys are
+# not tools, and a few posters are drawn 16,000 px wide.
+CLIPART = Cutouts("openclipart-png", Path("/usr/share/openclipart/png"),
+                  {"mammals": ("animals/mammals",), "birds": ("animals/birds",), "insects": ("animals/bugs",),
+                   "fruit": ("food/fruit",), "desserts": ("food/desserts",), "drinks": ("food/beverages",),
+                   "tools": ("tools",), "music": ("recreation/music",), "vehicles": ("transportation/vehicles",),
+                   "plants": ("plants",)},
+                  left_out=r"^tools/toys/", design=clipart_design, largest_side=1024)
 OBJECT_SIDES = (96, 512)  # each saved image's width and height
 
 
-def object_stamps(root: Path = STAMPS) -> dict[str, list[Path]]:
-    """{kind: its photographed stamps}, each kind's in a stable order."""
-    stamps = {}
-    for kind, folders in OBJECT_KINDS.items():
-        found = [path for folder in folders for path in (root / folder).rglob("*.png")
-                 if not DRAWN_FOLDERS_RE.search(path.relative_to(root).as_posix())]
-        stamps[kind] = sorted(found, key=lambda p: p.relative_to(root).as_posix())
-    return stamps
+def cutout_pictures(source: Cutouts, root: Path | None = None) -> dict[str, list[Path]]:
+    """{kind: its pictures}, each kind's in a stable order; a picture filed under two kinds (an apple-juice box
+    under fruit and drinks) is left out of both, its label being either."""
+    root = source.root if root is None else root
+    found = {kind: {path for folder in folders for path in (root / folder).rglob("*.png")
+                    if not re.search(source.left_out, path.relative_to(root).as_posix())}
+             for kind, folders in source.kinds.items()}
+    names = Counter(name for paths in found.values() for name in {path.name for path in paths})
+    return {kind: sorted((p for p in paths if names[p.name] == 1), key=lambda p: p.relative_to(root).as_posix())
+            for kind, paths in found.items()}
 
 
 def background(width: int, height: int, rng: random.Random):
@@ -210,30 +245,36 @@ def compose(stamp, rng: random.Random):
     return jitter(image, rng, strength=0.3, grey_share=0.1)
 
 
-def _write_kind(job) -> int:
-    """Writes one kind's images of one split; returns how many."""
-    kind, split, paths, count, seed, out = job
+def load_cutout(path: str, largest_side: int | None):
     from PIL import Image
 
+    picture = Image.open(path).convert("RGBA")
+    if largest_side is not None:
+        picture.thumbnail((largest_side, largest_side), Image.LANCZOS)
+    return picture
+
+
+def _write_kind(job) -> int:
+    """Writes one kind's images of one split; returns how many."""
+    kind, split, paths, count, seed, out, largest_side = job
     folder = Path(out) / split / kind
     folder.mkdir(parents=True, exist_ok=True)
-    stamps = [Image.open(path).convert("RGBA") for path in paths]
+    pictures = [load_cutout(path, largest_side) for path in paths]
     for index in range(count):
         rng = random.Random(zlib.crc32(f"{seed}/{kind}/{split}/{index}".encode()))
-        compose(stamps[index % len(stamps)], rng).save(folder / f"{kind}_{index:05d}.jpg", quality=90)
+        compose(pictures[index % len(pictures)], rng).save(folder / f"{kind}_{index:05d}.jpg", quality=90)
     return count
 
 
-def build_objects(out: Path, stamps: dict[str, list[Path]], images: int, val_images: int, val_share: float,
-                  seed: int, root: Path = STAMPS, processes: int = 2) -> dict:
+def build_cutouts(out: Path, source: Cutouts, pictures: dict[str, list[Path]], images: int, val_images: int,
+                  val_share: float, seed: int, root: Path | None = None, processes: int = 2) -> dict:
     """Writes ``images`` training and ``val_images`` validation images, spread evenly over the kinds and, within
-    a kind, over its stamps of that split; returns the counts and the held-out stamps."""
+    a kind, over its pictures of that split; returns the counts and the held-out pictures."""
     from multiprocessing import Pool
 
-    # each stamp is held out whole, as a font family is
-    splits = {kind: dict(zip(("train", "val"), split_families([str(p) for p in paths], val_share, seed)))
-              for kind, paths in stamps.items()}
-    jobs = [(kind, split, splits[kind][split], count, seed, str(out))
+    root = source.root if root is None else root
+    splits = {kind: held_out_whole(paths, source.design, val_share, seed) for kind, paths in pictures.items()}
+    jobs = [(kind, split, splits[kind][split], count, seed, str(out), source.largest_side)
             for split, total in (("train", images), ("val", val_images))
             for kind, count in per_class(total, sorted(splits)).items()]
     counts = {"train": 0, "val": 0}
@@ -245,7 +286,17 @@ def build_objects(out: Path, stamps: dict[str, list[Path]], images: int, val_ima
     for job, count in zip(jobs, written):
         counts[job[1]] += count
     held_out = {kind: [Path(p).relative_to(root).as_posix() for p in s["val"]] for kind, s in splits.items()}
-    return {"images": counts, "val_stamps": held_out}
+    return {"images": counts, "val_pictures": held_out}
+
+
+def held_out_whole(paths: list[Path], design: Callable[[str], str], val_share: float, seed: int) -> dict:
+    """{"train": paths, "val": paths}: a ``val_share`` of the designs held out whole, as a font family is."""
+    by_design: dict[str, list[str]] = {}
+    for path in map(str, paths):
+        by_design.setdefault(design(path), []).append(path)
+    train, val = split_families(list(by_design), val_share, seed)
+    return {"train": sorted(p for key in train for p in by_design[key]),
+            "val": sorted(p for key in val for p in by_design[key])}
 
 
 def main(argv=None) -> None:
@@ -261,31 +312,35 @@ def main(argv=None) -> None:
     perldoc.add_argument("--out", type=Path, required=True, help="the folder to copy the .txt files into")
     perldoc.add_argument("--pods", type=Path, default=Path("/usr/share/perl/5.36/pod"),
                          help="where perl-doc installed the .pod files")
-    objects = sets.add_parser("objects", allow_abbrev=False,
-                              help="9 kinds of things from tuxpaint-stamps-default's photographs, as JPEGs")
-    objects.add_argument("--out", type=Path, required=True, help="the folder to write train/ and val/ into (emptied)")
-    objects.add_argument("--stamps", type=Path, default=STAMPS, help="where tuxpaint's stamps are installed")
-    objects.add_argument("--images", type=int, default=50_000, help="training images in all (default 50000)")
-    objects.add_argument("--val-images", type=int, default=None,
-                         help="validation images in all (default: a tenth of --images)")
-    objects.add_argument("--val-share", type=float, default=0.25,
-                         help="share of each kind's stamps held out for validation (default 0.25)")
-    objects.add_argument("--seed", type=int, default=0, help="seed of the split and the images")
-    objects.add_argument("--processes", type=int, default=2, help="processes writing images (default 2)")
+    for name, source, about in (("objects", OBJECTS, "9 kinds of things from tuxpaint-stamps-default's photographs"),
+                                ("clipart", CLIPART, "10 kinds of things from openclipart-png's drawings")):
+        cutouts = sets.add_parser(name, allow_abbrev=False, help=f"{about}, as JPEGs")
+        cutouts.add_argument("--out", type=Path, required=True,
+                             help="the folder to write train/ and val/ into (emptied)")
+        cutouts.add_argument("--pictures", type=Path, default=source.root,
+                             help=f"where {source.package} is installed (default {source.root})")
+        cutouts.add_argument("--images", type=int, default=50_000, help="training images in all (default 50000)")
+        cutouts.add_argument("--val-images", type=int, default=None,
+                             help="validation images in all (default: a tenth of --images)")
+        cutouts.add_argument("--val-share", type=float, default=0.25,
+                             help="share of each kind's pictures held out for validation (default 0.25)")
+        cutouts.add_argument("--seed", type=int, default=0, help="seed of the split and the images")
+        cutouts.add_argument("--processes", type=int, default=2, help="processes writing images (default 2)")
     args = parser.parse_args(argv)
-    if args.set == "objects":
-        stamps = object_stamps(args.stamps)
-        few = [kind for kind, paths in stamps.items() if len(paths) < 2]
+    if args.set in ("objects", "clipart"):
+        source = OBJECTS if args.set == "objects" else CLIPART
+        pictures = cutout_pictures(source, args.pictures)
+        few = [kind for kind, paths in pictures.items() if len({source.design(str(p)) for p in paths}) < 2]
         if few:
-            raise SystemExit(f"{args.stamps}: kinds {few} have fewer than 2 photographed stamps; install "
-                             f"tuxpaint-stamps-default (apt-get install tuxpaint-stamps-default)")
+            raise SystemExit(f"{args.pictures}: kinds {few} have fewer than 2 pictures; install "
+                             f"{source.package} (apt-get install {source.package})")
         if args.out.exists():
             shutil.rmtree(args.out)
-        val_images = args.val_images if args.val_images is not None else max(len(stamps), args.images // 10)
-        built = build_objects(args.out, stamps, args.images, val_images, args.val_share, args.seed, args.stamps,
-                              args.processes)
-        print(f"{args.out}: {len(stamps)} kinds, {built['images']['train']} training and {built['images']['val']} "
-              f"validation images, from {sum(map(len, stamps.values()))} stamps")
+        val_images = args.val_images if args.val_images is not None else max(len(pictures), args.images // 10)
+        built = build_cutouts(args.out, source, pictures, args.images, val_images, args.val_share, args.seed,
+                              args.pictures, args.processes)
+        print(f"{args.out}: {len(pictures)} kinds, {built['images']['train']} training and "
+              f"{built['images']['val']} validation images, from {sum(map(len, pictures.values()))} pictures")
     elif args.set == "glyphs":
         fonts = installed_fonts(args.fonts)
         if len(fonts) < 2:

@@ -1,10 +1,11 @@
 """scripts/build_heldout_sets.py: the held-out glyph folder holds whole font families out of training, is
 the same for the same fonts and seed, and loads as an image-folder task of 62 classes; the objects folder holds
-whole stamps out and leaves the drawn ones out."""
+whole stamps out and leaves the drawn ones out; the clipart folder holds whole designs out."""
 from __future__ import annotations
 
 import importlib.util
 import shutil
+import sys
 from pathlib import Path
 
 import matplotlib
@@ -15,6 +16,7 @@ from speedkit.tasks import resolve_task
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "build_heldout_sets.py"
 spec = importlib.util.spec_from_file_location("build_heldout_sets", SCRIPT)
 builder = importlib.util.module_from_spec(spec)
+sys.modules[spec.name] = builder  # its dataclass looks itself up there
 spec.loader.exec_module(builder)
 
 MPL_FONTS = Path(matplotlib.get_data_path()) / "fonts" / "ttf"  # real fonts that ship with matplotlib
@@ -80,7 +82,7 @@ def test_perldoc_copies_the_pods_as_text_files_and_names_the_package_when_there_
 def stamp_tree(root: Path) -> Path:
     """A stamps folder laid out as tuxpaint's: photographed stamps per kind, drawn ones under cartoon/ and toys/."""
     colours = [(200, 30, 30), (30, 200, 30), (30, 30, 200), (200, 200, 30)]
-    for kind, folders in builder.OBJECT_KINDS.items():
+    for kind, folders in builder.OBJECTS.kinds.items():
         for n, folder in enumerate(folders):
             for i, colour in enumerate(colours[: 4 - n]):
                 stamp = Image.new("RGBA", (60 + 10 * i, 40), (0, 0, 0, 0))
@@ -95,14 +97,14 @@ def stamp_tree(root: Path) -> Path:
 
 def test_objects_hold_whole_stamps_out_leave_drawn_ones_out_and_load_as_an_imagenet_folder(tmp_path):
     root = stamp_tree(tmp_path / "stamps")
-    stamps = builder.object_stamps(root)
-    assert set(stamps) == set(builder.OBJECT_KINDS) and len(stamps["vehicles"]) == 7  # both of its folders
+    stamps = builder.cutout_pictures(builder.OBJECTS, root)
+    assert set(stamps) == set(builder.OBJECTS.kinds) and len(stamps["vehicles"]) == 7  # both of its folders
     assert not any("cartoon" in str(p) or "toys" in str(p) for paths in stamps.values() for p in paths)
     out = tmp_path / "objects"
-    built = builder.build_objects(out, stamps, images=45, val_images=18, val_share=0.25, seed=0, root=root,
-                                  processes=1)
+    built = builder.build_cutouts(out, builder.OBJECTS, stamps, images=45, val_images=18, val_share=0.25, seed=0,
+                                  root=root, processes=1)
     assert built["images"] == {"train": 45, "val": 18}
-    for kind, held in built["val_stamps"].items():  # a quarter of each kind's stamps, never in training
+    for kind, held in built["val_pictures"].items():  # a quarter of each kind's stamps, never in training
         trained = {Path(p).relative_to(root).as_posix()
                    for p in builder.split_families([str(p) for p in stamps[kind]], 0.25, 0)[0]}
         assert len(held) == round(len(stamps[kind]) * 0.25) and not set(held) & trained
@@ -112,7 +114,8 @@ def test_objects_hold_whole_stamps_out_leave_drawn_ones_out_and_load_as_an_image
     sizes = {Image.open(p).size for p in images}
     assert all(96 <= side <= 512 for size in sizes for side in size) and len(sizes) > 10
     again = tmp_path / "again"
-    builder.build_objects(again, stamps, images=45, val_images=18, val_share=0.25, seed=0, root=root, processes=1)
+    builder.build_cutouts(again, builder.OBJECTS, stamps, images=45, val_images=18, val_share=0.25, seed=0, root=root,
+                          processes=1)
     assert images[0].read_bytes() == (again / images[0].relative_to(out)).read_bytes()  # the same set again
 
     task = resolve_task("image-folder", data=out)
@@ -123,4 +126,41 @@ def test_the_objects_command_names_the_package_when_the_stamps_are_missing(tmp_p
     import pytest
 
     with pytest.raises(SystemExit, match="apt-get install tuxpaint-stamps-default"):
-        builder.main(["objects", "--out", str(tmp_path / "out"), "--stamps", str(tmp_path / "none")])
+        builder.main(["objects", "--out", str(tmp_path / "out"), "--pictures", str(tmp_path / "none")])
+
+
+def test_clipart_holds_whole_designs_out_and_leaves_out_what_is_filed_under_two_kinds(tmp_path):
+    """A drawing's colour and black-and-white prints and its numbered variants are one design, held out whole; a
+    drawing filed under two kinds and the toys among the tools are left out; a very large drawing is shrunk."""
+    root = tmp_path / "openclipart"
+    for kind, folders in builder.CLIPART.kinds.items():
+        folder = root / folders[0]
+        folder.mkdir(parents=True, exist_ok=True)
+        for n, name in enumerate(("cone1_bw_ganson", "cone2_ganson", "cone_3-ganson", "bus_01", "tree", "ant")):
+            drawing = Image.new("RGBA", (50, 40), (0, 0, 0, 0))
+            drawing.paste((40 * n, 90, 200, 255), (5, 5, 45, 35))
+            drawing.save(folder / f"{kind}_{name}.png")
+    Image.new("RGBA", (3000, 1000), (9, 9, 9, 255)).save(root / "animals/mammals/poster.png")
+    Image.new("RGBA", (40, 40), (9, 9, 9, 255)).save(root / "food/fruit/apple_juice_box.png")
+    Image.new("RGBA", (40, 40), (9, 9, 9, 255)).save(root / "food/beverages/apple_juice_box.png")
+    (root / "tools/toys").mkdir()
+    Image.new("RGBA", (40, 40), (9, 9, 9, 255)).save(root / "tools/toys/kite.png")
+
+    pictures = builder.cutout_pictures(builder.CLIPART, root)
+    names = {kind: {p.name for p in paths} for kind, paths in pictures.items()}
+    assert "apple_juice_box.png" not in names["fruit"] | names["drinks"] and "kite.png" not in names["tools"]
+    assert names["mammals"] == {f"mammals_{name}.png" for name in ("cone1_bw_ganson", "cone2_ganson", "cone_3-ganson",
+                                                                   "bus_01", "tree", "ant")} | {"poster.png"}
+    for seed in range(4):  # the cones go to one side, whichever it is
+        split = builder.held_out_whole(pictures["birds"], builder.CLIPART.design, 0.25, seed)
+        sides = {side for side, paths in split.items() for p in paths if "cone" in p}
+        assert len(sides) == 1 and len(split["val"]) in (1, 3) and len(split["train"]) + len(split["val"]) == 6
+    assert builder.load_cutout(str(root / "animals/mammals/poster.png"), 1024).size == (1024, 341)
+
+    out = tmp_path / "clipart"
+    built = builder.build_cutouts(out, builder.CLIPART, pictures, images=30, val_images=10, val_share=0.25, seed=0,
+                                  root=root, processes=1)
+    assert built["images"] == {"train": 30, "val": 10}
+    assert sorted(p.name for p in (out / "train").iterdir()) == sorted(builder.CLIPART.kinds)
+    task = resolve_task("image-folder", data=out)
+    assert "10-class" in task.summary

@@ -465,6 +465,8 @@ def _add_bench_parser(commands) -> None:
     bench.add_argument("--no-figures", action="store_true", help="write no figures (plotly's image export is slow)")
     bench.add_argument("--reuse", action="store_true",
                        help="take the main runs from --run-dir instead of running them (e.g. to add --leave-one-out)")
+    bench.add_argument("--only", help="comma-separated recipes to run now; the others' runs are taken from --run-dir "
+                                      "as --reuse takes them (to measure a changed recipe against the runs made)")
 
 
 def _seeds(text: str) -> int | list[int]:
@@ -514,7 +516,7 @@ def _bench(args) -> int:
                            data_fraction=args.data_fraction, eval_fraction=args.eval_fraction,
                            eval_interval=args.eval_interval, duration=args.duration,
                            duration_scale=args.duration_scale, target=args.target, data=args.data,
-                           task_options=options)
+                           task_options=options, only=args.only)
     print("\n" + task_markdown(result.key, result.entry))
     print("\n" + "\n".join(f"{name}: {path}" for name, path in result.paths.items()))
     return 0

@@ -284,3 +284,40 @@ def test_a_benchmark_split_by_seeds_across_processes_is_reported_whole_with_reus
         main([*common, "--seeds", "1,1"])
     assert refused.value.code == 2
     assert "'1,1' is not seeds; give a count (3), a list (0,1) or a range (4-6)" in capsys.readouterr().err
+
+
+def test_only_runs_the_named_recipes_and_keeps_the_others_runs(tmp_path, monkeypatch, capsys):
+    """`speedkit bench --only hot` runs hot again on every seed and pairs it with the baseline runs already in
+    --run-dir, untouched; what it cannot keep is named before anything runs."""
+    import json
+
+    from speedkit.cli.main import main
+    from speedkit.record.runs import load_records
+
+    (tmp_path / "only_tasks.py").write_text("from test_tasks import user_task\ntask = user_task('bench-only')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setitem(sys.modules, "test_tasks", sys.modules[__name__])
+    runs = tmp_path / "runs"
+    common = ["bench", "--task", "only_tasks:task", "--recipes", "hot", "--baselines", "baseline", "--duration", "6ba",
+              "--run-dir", str(runs), "--no-figures", "--seeds", "2"]
+    capsys.readouterr()
+    assert main([*common, "--only", "hot", "--out", str(tmp_path / "none")]) == 2
+    assert ("no finished bench-only run for baseline seed 0, baseline seed 1; run them too (leave out --only"
+            in capsys.readouterr().err)
+    assert not runs.exists() or not load_records(runs)  # refused before any run
+    assert main([*common, "--out", str(tmp_path / "first")]) == 0
+    first = {r.run_id for r in load_records(runs)}
+    assert main([*common, "--only", "hot", "--out", str(tmp_path / "again")]) == 0
+    new = [r for r in load_records(runs) if r.run_id not in first]
+    assert sorted(r.config["recipe"] for r in new) == ["hot", "hot"]  # hot ran again on both seeds, nothing else
+    entry = json.loads((tmp_path / "again" / "summary.json").read_text())["bench-only"]
+    before = json.loads((tmp_path / "first" / "summary.json").read_text())["bench-only"]
+    assert entry["seeds"] == [0, 1]
+    assert set(entry["recipes"]["hot"]["runs"]) == {r.name for r in new}
+    assert entry["baselines"]["baseline"]["runs"] == before["baselines"]["baseline"]["runs"]
+    assert entry["baselines"]["baseline"]["time_to_target_s"] == before["baselines"]["baseline"]["time_to_target_s"]
+    capsys.readouterr()
+    assert main([*common, "--only", "mild", "--out", str(tmp_path / "x")]) == 2
+    assert "--only mild: ['mild'] is not among this benchmark's recipes" in capsys.readouterr().err
+    assert main([*common, "--only", "hot", "--reuse", "--out", str(tmp_path / "x")]) == 2
+    assert "--reuse reuses them all: give one" in capsys.readouterr().err

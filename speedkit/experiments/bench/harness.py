@@ -82,15 +82,18 @@ def _stopped_run(profile: BenchProfile, recipe: Recipe, seed: int, run_name: str
 
 def run_interleaved(profile: BenchProfile, seeds: Sequence[int], run_dir: str | Path, session: str,
                     log: Callable[[str], None] = print, on_record: Callable[[RunRecord], None] | None = None,
-                    **trainer_kwargs) -> list[RunRecord]:
-    """Every recipe once per seed, seed by seed (``speedkit.experiments.measure.measure``)."""
-    total, done = len(seeds) * len(profile.recipes), []
+                    kept: dict[tuple[str, int], RunRecord] | None = None, **trainer_kwargs) -> list[RunRecord]:
+    """Every recipe once per seed, seed by seed (``speedkit.experiments.measure.measure``), except those whose
+    (recipe, seed) run is in ``kept`` (``--only``), taken as they are."""
+    total, done, kept = len(seeds) * len(profile.recipes), [], kept or {}
 
     def run(name: str, seed: int) -> RunRecord:
-        record = run_one(profile, scheduled_recipe(profile, name), seed, f"{profile.task}-{name}-s{seed}", run_dir,
-                         _bench_info(profile, session, seed), **trainer_kwargs)
+        record = kept.get((name, seed))
+        if record is None:
+            record = run_one(profile, scheduled_recipe(profile, name), seed, f"{profile.task}-{name}-s{seed}",
+                             run_dir, _bench_info(profile, session, seed), **trainer_kwargs)
         done.append(record)
-        log(f"[{len(done)}/{total}] {_describe_run(record)}")
+        log(f"[{len(done)}/{total}] {'kept ' if (name, seed) in kept else ''}{_describe_run(record)}")
         return record
 
     # the profile's order (baselines weakest first, then the speed-ups) is the order they run in
@@ -513,7 +516,8 @@ def resolve_profile(task: str, profile: str | BenchProfile = "cpu", seeds: int |
     return profile, seed_list or list(range(profile.seeds))
 
 
-def reusable_runs(run_dir: str | Path, profile: BenchProfile, seeds: Sequence[int]) -> list[RunRecord]:
+def reusable_runs(run_dir: str | Path, profile: BenchProfile, seeds: Sequence[int],
+                  fix: str = "run the benchmark without --reuse") -> list[RunRecord]:
     """The newest finished main run of each (recipe, seed) of ``profile`` under ``run_dir``; where the profile
     names a target (``--target``) other than the one the runs had, judged at it (``retarget``)."""
     newest: dict[tuple, RunRecord] = {}
@@ -529,8 +533,24 @@ def reusable_runs(run_dir: str | Path, profile: BenchProfile, seeds: Sequence[in
     missing = [(r, s) for r in profile.recipes for s in seeds if (r, s) not in newest]
     if missing:
         raise ValueError(f"cannot reuse the runs in {run_dir}: no finished {profile.task} run for "
-                         f"{', '.join(f'{r} seed {s}' for r, s in missing)}; run the benchmark without --reuse")
+                         f"{', '.join(f'{r} seed {s}' for r, s in missing)}; {fix}")
     return [retarget(newest[(r, s)], profile.run.target) for s in seeds for r in profile.recipes]
+
+
+def runs_kept(run_dir: str | Path, profile: BenchProfile, seeds: Sequence[int],
+              only: Sequence[str]) -> dict[tuple[str, int], RunRecord]:
+    """With ``--only``: the other recipes' runs, taken from ``run_dir`` as ``--reuse`` takes them, by (recipe,
+    seed). Found before anything runs, so a missing one is named before minutes are spent."""
+    unknown = [name for name in only if name not in profile.recipes]
+    if unknown or not only:
+        raise ValueError(f"--only {','.join(only)}: {unknown or 'nothing'} is not among this benchmark's recipes "
+                         f"{list(profile.recipes)}; name some of them (--recipes and --baselines choose them)")
+    others = tuple(name for name in profile.recipes if name not in only)
+    if not others:
+        return {}
+    records = reusable_runs(run_dir, profile.replace(recipes=others), seeds,
+                            fix="run them too (leave out --only or name them in it)")
+    return {(record.config["recipe"], _seed_of(record)): record for record in records}
 
 
 def retarget(record: RunRecord, value: float | None) -> RunRecord:
@@ -562,7 +582,8 @@ def run_benchmark(task, profile: str | BenchProfile = "cpu", seeds: int | Sequen
                   trainer_kwargs: dict | None = None, baselines: Sequence[str] | str | None = None,
                   find_budgets: bool = False, budgets: dict | None = None, sweep: bool = False,
                   sweeps: dict | None = None, on_record: Callable[[RunRecord], None] | None = None,
-                  data: str | None = None, task_options: dict | None = None) -> BenchResult:
+                  data: str | None = None, task_options: dict | None = None,
+                  only: Sequence[str] | str | None = None) -> BenchResult:
     """Benchmark ``task`` and merge its entry into ``out_dir/summary.json``; the options are the flags of
     ``speedkit bench``, described in bench/README.md.
 
@@ -570,7 +591,8 @@ def run_benchmark(task, profile: str | BenchProfile = "cpu", seeds: int | Sequen
     accepts (with ``data`` and ``task_options`` for a folder task), run under ``default_profiles`` and keyed by
     its name. ``budgets`` and ``sweeps`` are an earlier ``find_budgets`` or ``sweep``'s results; keyword
     overrides replace the profile's fields; ``trainer_kwargs`` go to every run's request; ``on_record`` sees
-    each main run's record as it finishes.
+    each main run's record as it finishes. ``only`` runs those recipes and takes the others' runs from
+    ``run_dir`` (to measure one changed recipe against the runs already made).
     """
     from speedkit.experiments.bench.report import write_reports
 
@@ -580,6 +602,9 @@ def run_benchmark(task, profile: str | BenchProfile = "cpu", seeds: int | Sequen
         key, profile, seeds, recipes, baselines, device=device, data_fraction=data_fraction, eval_fraction=eval_fraction,
         eval_interval=eval_interval, duration=duration, duration_scale=duration_scale, target=target)
     resolve_device(profile.run.device)  # a clear error now, not after the first runs
+    only = _names(only)
+    if only is not None and reuse:
+        raise ValueError("--only runs the recipes it names and reuses the rest; --reuse reuses them all: give one")
     if sweep or sweeps:
         profile = with_default_sweeps(profile)
     trainer_kwargs = dict(trainer_kwargs or {})
@@ -610,7 +635,8 @@ def run_benchmark(task, profile: str | BenchProfile = "cpu", seeds: int | Sequen
         records = reusable_runs(run_dir, profile, seed_list)
         log(f"reusing {len(records)} runs from {run_dir}")
     else:
-        records = run_interleaved(profile, seed_list, run_dir, session, log, on_record, **trainer_kwargs)
+        kept = runs_kept(run_dir, profile, seed_list, only) if only is not None else None
+        records = run_interleaved(profile, seed_list, run_dir, session, log, on_record, kept, **trainer_kwargs)
     entry = summarize(records, profile)
     best = entry["best_recipe"]
     ablations = []
