@@ -173,6 +173,7 @@ class Cutouts:
     # the pictures of one design share a key and go to the same side of the split (as fonts' SAME_DESIGN do)
     design: Callable[[str], str] = str
     largest_side: int | None = None  # pictures larger than this are shrunk on loading: no image needs more
+    trim: bool = False  # cut each picture to its opaque part: a thing drawn small in a wide frame would be tiny
 
 
 def clipart_design(path: str) -> str:
@@ -190,13 +191,14 @@ OBJECTS = Cutouts("tuxpaint-stamps-default", Path("/usr/share/tuxpaint/stamps"),
                    "vehicles": ("vehicles", "military/vehicles")},
                   left_out=r"(^|/)(cartoon|toys)/")
 # Open Clip Art's drawings, of 10 kinds none of which the objects set's photographs share in looks; its toys are
-# not tools, and a few posters are drawn 16,000 px wide.
+# not tools, a few posters are drawn 16,000 px wide, and a tenth of the drawings fill under a quarter of their
+# frame. (tuxpaint's stamps are cut close: the objects set is built, and was measured, untrimmed.)
 CLIPART = Cutouts("openclipart-png", Path("/usr/share/openclipart/png"),
                   {"mammals": ("animals/mammals",), "birds": ("animals/birds",), "insects": ("animals/bugs",),
                    "fruit": ("food/fruit",), "desserts": ("food/desserts",), "drinks": ("food/beverages",),
                    "tools": ("tools",), "music": ("recreation/music",), "vehicles": ("transportation/vehicles",),
                    "plants": ("plants",)},
-                  left_out=r"^tools/toys/", design=clipart_design, largest_side=1024)
+                  left_out=r"^tools/toys/", design=clipart_design, largest_side=1024, trim=True)
 OBJECT_SIDES = (96, 512)  # each saved image's width and height
 
 
@@ -245,10 +247,17 @@ def compose(stamp, rng: random.Random):
     return jitter(image, rng, strength=0.3, grey_share=0.1)
 
 
-def load_cutout(path: str, largest_side: int | None):
+def load_cutout(path: str, largest_side: int | None = None, trim: bool = False):
+    """A picture as RGBA: cut to its opaque part with ``trim``, no larger than ``largest_side`` a side."""
+    import warnings
+
     from PIL import Image
 
-    picture = Image.open(path).convert("RGBA")
+    with warnings.catch_warnings():  # a package's own posters, not a decompression bomb
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+        picture = Image.open(path).convert("RGBA")
+    if trim:
+        picture = picture.crop(picture.getchannel("A").getbbox())
     if largest_side is not None:
         picture.thumbnail((largest_side, largest_side), Image.LANCZOS)
     return picture
@@ -256,10 +265,10 @@ def load_cutout(path: str, largest_side: int | None):
 
 def _write_kind(job) -> int:
     """Writes one kind's images of one split; returns how many."""
-    kind, split, paths, count, seed, out, largest_side = job
+    kind, split, paths, count, seed, out, largest_side, trim = job
     folder = Path(out) / split / kind
     folder.mkdir(parents=True, exist_ok=True)
-    pictures = [load_cutout(path, largest_side) for path in paths]
+    pictures = [load_cutout(path, largest_side, trim) for path in paths]
     for index in range(count):
         rng = random.Random(zlib.crc32(f"{seed}/{kind}/{split}/{index}".encode()))
         compose(pictures[index % len(pictures)], rng).save(folder / f"{kind}_{index:05d}.jpg", quality=90)
@@ -274,7 +283,7 @@ def build_cutouts(out: Path, source: Cutouts, pictures: dict[str, list[Path]], i
 
     root = source.root if root is None else root
     splits = {kind: held_out_whole(paths, source.design, val_share, seed) for kind, paths in pictures.items()}
-    jobs = [(kind, split, splits[kind][split], count, seed, str(out), source.largest_side)
+    jobs = [(kind, split, splits[kind][split], count, seed, str(out), source.largest_side, source.trim)
             for split, total in (("train", images), ("val", val_images))
             for kind, count in per_class(total, sorted(splits)).items()]
     counts = {"train": 0, "val": 0}

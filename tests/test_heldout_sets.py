@@ -156,6 +156,7 @@ def test_clipart_holds_whole_designs_out_and_leaves_out_what_is_filed_under_two_
         sides = {side for side, paths in split.items() for p in paths if "cone" in p}
         assert len(sides) == 1 and len(split["val"]) in (1, 3) and len(split["train"]) + len(split["val"]) == 6
     assert builder.load_cutout(str(root / "animals/mammals/poster.png"), 1024).size == (1024, 341)
+    assert builder.load_cutout(str(root / "animals/birds/birds_tree.png"), trim=True).size == (40, 30)
 
     out = tmp_path / "clipart"
     built = builder.build_cutouts(out, builder.CLIPART, pictures, images=30, val_images=10, val_share=0.25, seed=0,
