@@ -203,6 +203,37 @@ def test_blur_2d_removes_the_highest_frequency():
     assert blur_2d(board, stride=2).shape == (1, 16, 8, 8)
 
 
+@pytest.mark.parametrize("stride", [2, 3])
+def test_the_sampled_blur_is_the_strided_depthwise_convolution_values_and_gradients(stride):
+    """In bf16 on a CPU blur_2d samples the stride-1 blur and computes its gradient with a forward convolution
+    (the fast kernel there): the same numbers as autograd's through the strided depthwise convolution, on odd
+    sizes, keeping channels_last, under autocast too."""
+    from speedkit.methods.blurpool import _SampledBlur, blur_filter
+
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 9, 8, dtype=torch.float64).to(memory_format=torch.channels_last).requires_grad_()
+    filter = blur_filter(3, dtype=torch.float64)
+    assert torch.autograd.gradcheck(lambda t: _SampledBlur.apply(t, filter, stride), (x,))
+
+    def value_and_gradient(blur, inputs, autocast):
+        leaf = inputs.detach().requires_grad_()
+        with torch.autocast("cpu", torch.bfloat16, enabled=autocast):
+            out = blur(leaf)
+        (grad,) = torch.autograd.grad(out, leaf, torch.ones_like(out))
+        return out, grad
+
+    plain = lambda t: F.conv2d(t, filter.to(torch.bfloat16), stride=stride, padding=1, groups=3)  # noqa: E731
+    for inputs, autocast in ((x.bfloat16(), False), (x.float(), True)):
+        out, grad = value_and_gradient(lambda t: blur_2d(t, stride, filter.float()), inputs, autocast)
+        expected_out, expected_grad = value_and_gradient(plain, inputs.bfloat16(), False)
+        assert out.dtype == torch.bfloat16 and grad.dtype == inputs.dtype
+        torch.testing.assert_close(out, expected_out)
+        torch.testing.assert_close(grad, expected_grad.to(grad.dtype))
+        assert out.is_contiguous(memory_format=torch.channels_last)
+        assert grad.is_contiguous(memory_format=torch.channels_last)
+    assert blur_2d(x.bfloat16(), stride).grad_fn.name().startswith("_SampledBlur")  # the path taken, not the conv
+
+
 @pytest.mark.parametrize("blur_first", [True, False])
 def test_blurpool_keeps_shapes_and_stops_strided_convs_from_aliasing(blur_first):
     torch.manual_seed(0)
