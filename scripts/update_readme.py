@@ -40,6 +40,17 @@ HELDOUT_SETS = {
                                                              "regions, streamed from shards",
                                                              "scripts/build_photo_crops.py"),
 }
+# The seed's workloads rehearsed on CPU (issue 43; bench/README.md says how each was sized and measured):
+# (summary file, its task key) -> the data as the README names it.
+REHEARSALS = {
+    ("imagenet-rehearsal-photo-crops-blur-gradient/summary.json", "imagenet"): "photo-crops: 56 photographs, crops of "
+                                                                       "unseen regions",
+    ("imagenet-rehearsal-objects/summary.json", "imagenet"): "objects: 9 kinds of photographed things, unseen ones",
+    ("imagenet-rehearsal-clipart/summary.json", "imagenet"): "clipart: 10 kinds of drawn things, unseen designs",
+    ("lang-rehearsal-debdocs-hot240/summary.json", "gpt2"): "debdocs: Debian's documentation, a BPE of 4,096 "
+                                                            "trained on it",
+}
+REHEARSED_AS = {"imagenet": "`imagenet` (`cpu`: ResNet-18 at 64 px)", "gpt2": "`gpt2` (`cpu`: gpt-nano, 256 tokens)"}
 # speedkit inside other trainers (bench/hosts/): file -> (host, what the two arms are).
 HOSTS = {
     "hosts_hf_language.json": ("Hugging Face `SpeedkitTrainer`",
@@ -72,7 +83,9 @@ def _ratio_cell(ratios: list[float]) -> str:
 
 
 def _target_text(metric: str, value: float) -> str:
-    return f"{value:.0%} accuracy" if metric.endswith("accuracy") else f"{value:.2f} bits per byte"
+    if metric.endswith("accuracy"):
+        return f"{value:.0%} accuracy"
+    return f"evaluation loss {value:.2f}" if metric.endswith("loss") else f"{value:.2f} bits per byte"
 
 
 # The built-in tasks as the headline names them.
@@ -210,6 +223,27 @@ def heldout_results() -> str:
     return "\n".join(rows)
 
 
+def rehearsal_results() -> str:
+    """One row per rehearsal of the seed's workloads: each speed-up preset's paired speed-up over the baseline."""
+    rows = ["| task | data | target | against | preset | speed-up | reached | file |", "|---" * 8 + "|"]
+    machines = set()
+    for (file, key), label in REHEARSALS.items():
+        path = RESULTS / file
+        if not path.exists():
+            continue
+        entry = json.loads(path.read_text())[key]
+        baseline, n = entry["strongest_baseline"], len(entry["seeds"])
+        target = _target_text(entry["target"]["metric"], entry["target"]["value"])
+        for name, r in entry["recipes"].items():
+            ratios = [x for x in r["speedup_vs"][baseline] if x is not None]
+            rows.append(f"| {REHEARSED_AS[key]} | {label} | {target} | `{baseline}` | `{name}` | "
+                        f"{_ratio_cell(ratios) if r['reached'] == n else '—'} | {r['reached']}/{n} | "
+                        f"[summary]({path.parent.relative_to(ROOT)}/summary.md) |")
+        machines.add(f"{machine_text(entry['machine'], entry['date'])}, {n} seeds")
+    return "\n".join(rows) + (f"\n\nMedian speed-up paired by seed (range), where every seed reached the target. "
+                              f"{'; '.join(sorted(machines))}.")
+
+
 def hosts_results() -> str:
     rows = ["| host | what ran | target | seeds | speed-up | file |", "|---|---|---|---|---|---|"]
     setups = set()
@@ -262,7 +296,7 @@ def reached_json() -> str:
 
 
 SECTIONS = {"headline": headline, "bench-results": bench_results, "heldout-results": heldout_results,
-            "hosts-results": hosts_results, "search-results": search_results}
+            "rehearsal-results": rehearsal_results, "hosts-results": hosts_results, "search-results": search_results}
 GUIDE_SECTIONS = {"methods-table": methods_table, "recipes-table": recipes_table}
 
 

@@ -51,29 +51,30 @@ class _SampledBlur(torch.autograd.Function):
     a channels_last network's gradients stay channels_last."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, filter: torch.Tensor, stride: int) -> torch.Tensor:
+    def forward(ctx, x: torch.Tensor, filter: torch.Tensor, stride: tuple[int, int]) -> torch.Tensor:
         ctx.save_for_backward(filter)
         ctx.input_dtype, ctx.stride, ctx.memory_format = x.dtype, stride, _memory_format(x)
         blurred = F.conv2d(x, filter.to(x.dtype), padding=1, groups=x.shape[1])
         ctx.blurred_shape = blurred.shape
-        return blurred[:, :, ::stride, ::stride].contiguous(memory_format=ctx.memory_format)
+        return blurred[:, :, ::stride[0], ::stride[1]].contiguous(memory_format=ctx.memory_format)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         (filter,) = ctx.saved_tensors
         spread = torch.empty(ctx.blurred_shape, dtype=grad.dtype, device=grad.device,
                              memory_format=ctx.memory_format).zero_()
-        spread[:, :, ::ctx.stride, ::ctx.stride] = grad
+        spread[:, :, ::ctx.stride[0], ::ctx.stride[1]] = grad
         grad_input = F.conv2d(spread, filter.to(grad.dtype), padding=1, groups=grad.shape[1])
         return grad_input.to(ctx.input_dtype), None, None
 
 
-def blur_2d(x: torch.Tensor, stride: int = 1, filter: torch.Tensor | None = None) -> torch.Tensor:
+def blur_2d(x: torch.Tensor, stride: int | tuple[int, int] = 1, filter: torch.Tensor | None = None) -> torch.Tensor:
     """Blur every channel of ``x`` [N, C, H, W] with the binomial filter (zero padding 1), then keep every
-    ``stride``-th pixel. Shapes: stride 1 keeps H, W; stride s gives floor((H - 1) / s) + 1."""
+    ``stride``-th pixel (a pair: rows, columns). Shapes: stride 1 keeps H, W; stride s gives floor((H - 1) / s) + 1."""
     if filter is None:
         filter = blur_filter(x.shape[1], x.device, x.dtype)
-    if stride > 1 and x.device.type == "cpu" and _runs_in(x) == torch.bfloat16:
+    stride = (stride, stride) if isinstance(stride, int) else tuple(stride)
+    if max(stride) > 1 and x.device.type == "cpu" and _runs_in(x) == torch.bfloat16:
         return _SampledBlur.apply(x, filter, stride)  # the same numbers, its gradient several times faster here
     return F.conv2d(x, filter.to(x.dtype), stride=stride, padding=1, groups=x.shape[1])
 
