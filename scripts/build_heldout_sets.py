@@ -190,8 +190,8 @@ OBJECTS = Cutouts("tuxpaint-stamps-default", Path("/usr/share/tuxpaint/stamps"),
                    "tools": ("household/tools",), "instruments": ("hobbies/music",),
                    "vehicles": ("vehicles", "military/vehicles")},
                   left_out=r"(^|/)(cartoon|toys)/")
-# Open Clip Art's drawings, of 10 kinds none of which the objects set's photographs share in looks; its toys are
-# not tools, a few posters are drawn 16,000 px wide, and a tenth of the drawings fill under a quarter of their
+# Open Clip Art's drawings, of 10 kinds (five of them the objects set's, drawn instead of photographed); its toys
+# are not tools, a few posters are drawn 16,000 px wide, and a tenth of the drawings fill under a quarter of their
 # frame. (tuxpaint's stamps are cut close: the objects set is built, and was measured, untrimmed.)
 CLIPART = Cutouts("openclipart-png", Path("/usr/share/openclipart/png"),
                   {"mammals": ("animals/mammals",), "birds": ("animals/birds",), "insects": ("animals/bugs",),
@@ -341,7 +341,7 @@ def main(argv=None) -> None:
         pictures = cutout_pictures(source, args.pictures)
         few = [kind for kind, paths in pictures.items() if len({source.design(str(p)) for p in paths}) < 2]
         if few:
-            raise SystemExit(f"{args.pictures}: kinds {few} have fewer than 2 pictures; install "
+            raise SystemExit(f"{args.pictures}: kinds {few} have fewer than 2 designs to split; install "
                              f"{source.package} (apt-get install {source.package})")
         if args.out.exists():
             shutil.rmtree(args.out)

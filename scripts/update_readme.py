@@ -43,8 +43,8 @@ HELDOUT_SETS = {
 # The seed's workloads rehearsed on CPU (issue 43; bench/README.md says how each was sized and measured):
 # (summary file, its task key) -> the data as the README names it.
 REHEARSALS = {
-    ("imagenet-rehearsal-photo-crops-blur-gradient/summary.json", "imagenet"): "photo-crops: 56 photographs, crops of "
-                                                                       "unseen regions",
+    ("imagenet-rehearsal-photo-crops-blur-gradient/summary.json", "imagenet"):
+        "photo-crops: 56 photographs, crops of unseen regions",
     ("imagenet-rehearsal-objects/summary.json", "imagenet"): "objects: 9 kinds of photographed things, unseen ones",
     ("imagenet-rehearsal-clipart/summary.json", "imagenet"): "clipart: 10 kinds of drawn things, unseen designs",
     ("lang-rehearsal-debdocs-hot240/summary.json", "gpt2"): "debdocs: Debian's documentation, a BPE of 4,096 "
