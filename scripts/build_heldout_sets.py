@@ -202,10 +202,10 @@ CLIPART = Cutouts("openclipart-png", Path("/usr/share/openclipart/png"),
 OBJECT_SIDES = (96, 512)  # each saved image's width and height
 
 
-def cutout_pictures(source: Cutouts, root: Path | None = None) -> dict[str, list[Path]]:
+def cutout_pictures(source: Cutouts) -> dict[str, list[Path]]:
     """{kind: its pictures}, each kind's in a stable order; a picture filed under two kinds (an apple-juice box
     under fruit and drinks) is left out of both, its label being either."""
-    root = source.root if root is None else root
+    root = source.root
     found = {kind: {path for folder in folders for path in (root / folder).rglob("*.png")
                     if not re.search(source.left_out, path.relative_to(root).as_posix())}
              for kind, folders in source.kinds.items()}
@@ -276,12 +276,11 @@ def _write_kind(job) -> int:
 
 
 def build_cutouts(out: Path, source: Cutouts, pictures: dict[str, list[Path]], images: int, val_images: int,
-                  val_share: float, seed: int, root: Path | None = None, processes: int = 2) -> dict:
+                  val_share: float, seed: int, processes: int = 2) -> dict:
     """Writes ``images`` training and ``val_images`` validation images, spread evenly over the kinds and, within
     a kind, over its pictures of that split; returns the counts and the held-out pictures."""
     from multiprocessing import Pool
 
-    root = source.root if root is None else root
     splits = {kind: held_out_whole(paths, source.design, val_share, seed) for kind, paths in pictures.items()}
     jobs = [(kind, split, splits[kind][split], count, seed, str(out), source.largest_side, source.trim)
             for split, total in (("train", images), ("val", val_images))
@@ -294,7 +293,7 @@ def build_cutouts(out: Path, source: Cutouts, pictures: dict[str, list[Path]], i
         written = list(map(_write_kind, jobs))
     for job, count in zip(jobs, written):
         counts[job[1]] += count
-    held_out = {kind: [Path(p).relative_to(root).as_posix() for p in s["val"]] for kind, s in splits.items()}
+    held_out = {kind: [Path(p).relative_to(source.root).as_posix() for p in s["val"]] for kind, s in splits.items()}
     return {"images": counts, "val_pictures": held_out}
 
 
@@ -337,8 +336,8 @@ def main(argv=None) -> None:
         cutouts.add_argument("--processes", type=int, default=2, help="processes writing images (default 2)")
     args = parser.parse_args(argv)
     if args.set in ("objects", "clipart"):
-        source = OBJECTS if args.set == "objects" else CLIPART
-        pictures = cutout_pictures(source, args.pictures)
+        source = dataclasses.replace(OBJECTS if args.set == "objects" else CLIPART, root=args.pictures)
+        pictures = cutout_pictures(source)
         few = [kind for kind, paths in pictures.items() if len({source.design(str(p)) for p in paths}) < 2]
         if few:
             raise SystemExit(f"{args.pictures}: kinds {few} have fewer than 2 designs to split; install "
@@ -347,7 +346,7 @@ def main(argv=None) -> None:
             shutil.rmtree(args.out)
         val_images = args.val_images if args.val_images is not None else max(len(pictures), args.images // 10)
         built = build_cutouts(args.out, source, pictures, args.images, val_images, args.val_share, args.seed,
-                              args.pictures, args.processes)
+                              args.processes)
         print(f"{args.out}: {len(pictures)} kinds, {built['images']['train']} training and "
               f"{built['images']['val']} validation images, from {sum(map(len, pictures.values()))} pictures")
     elif args.set == "glyphs":

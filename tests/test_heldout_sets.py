@@ -3,6 +3,7 @@ the same for the same fonts and seed, and loads as an image-folder task of 62 cl
 whole stamps out and leaves the drawn ones out; the clipart folder holds whole designs out."""
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import shutil
 import sys
@@ -97,12 +98,12 @@ def stamp_tree(root: Path) -> Path:
 
 def test_objects_hold_whole_stamps_out_leave_drawn_ones_out_and_load_as_an_imagenet_folder(tmp_path):
     root = stamp_tree(tmp_path / "stamps")
-    stamps = builder.cutout_pictures(builder.OBJECTS, root)
+    source = dataclasses.replace(builder.OBJECTS, root=root)
+    stamps = builder.cutout_pictures(source)
     assert set(stamps) == set(builder.OBJECTS.kinds) and len(stamps["vehicles"]) == 7  # both of its folders
     assert not any("cartoon" in str(p) or "toys" in str(p) for paths in stamps.values() for p in paths)
     out = tmp_path / "objects"
-    built = builder.build_cutouts(out, builder.OBJECTS, stamps, images=45, val_images=18, val_share=0.25, seed=0,
-                                  root=root, processes=1)
+    built = builder.build_cutouts(out, source, stamps, images=45, val_images=18, val_share=0.25, seed=0, processes=1)
     assert built["images"] == {"train": 45, "val": 18}
     for kind, held in built["val_pictures"].items():  # a quarter of each kind's stamps, never in training
         trained = {Path(p).relative_to(root).as_posix()
@@ -114,8 +115,7 @@ def test_objects_hold_whole_stamps_out_leave_drawn_ones_out_and_load_as_an_image
     sizes = {Image.open(p).size for p in images}
     assert all(96 <= side <= 512 for size in sizes for side in size) and len(sizes) > 10
     again = tmp_path / "again"
-    builder.build_cutouts(again, builder.OBJECTS, stamps, images=45, val_images=18, val_share=0.25, seed=0, root=root,
-                          processes=1)
+    builder.build_cutouts(again, source, stamps, images=45, val_images=18, val_share=0.25, seed=0, processes=1)
     assert images[0].read_bytes() == (again / images[0].relative_to(out)).read_bytes()  # the same set again
 
     task = resolve_task("image-folder", data=out)
@@ -146,7 +146,8 @@ def test_clipart_holds_whole_designs_out_and_leaves_out_what_is_filed_under_two_
     (root / "tools/toys").mkdir()
     Image.new("RGBA", (40, 40), (9, 9, 9, 255)).save(root / "tools/toys/kite.png")
 
-    pictures = builder.cutout_pictures(builder.CLIPART, root)
+    source = dataclasses.replace(builder.CLIPART, root=root)
+    pictures = builder.cutout_pictures(source)
     names = {kind: {p.name for p in paths} for kind, paths in pictures.items()}
     assert "apple_juice_box.png" not in names["fruit"] | names["drinks"] and "kite.png" not in names["tools"]
     assert names["mammals"] == {f"mammals_{name}.png" for name in ("cone1_bw_ganson", "cone2_ganson", "cone_3-ganson",
@@ -159,8 +160,7 @@ def test_clipart_holds_whole_designs_out_and_leaves_out_what_is_filed_under_two_
     assert builder.load_cutout(str(root / "animals/birds/birds_tree.png"), trim=True).size == (40, 30)
 
     out = tmp_path / "clipart"
-    built = builder.build_cutouts(out, builder.CLIPART, pictures, images=30, val_images=10, val_share=0.25, seed=0,
-                                  root=root, processes=1)
+    built = builder.build_cutouts(out, source, pictures, images=30, val_images=10, val_share=0.25, seed=0, processes=1)
     assert built["images"] == {"train": 30, "val": 10}
     assert sorted(p.name for p in (out / "train").iterdir()) == sorted(builder.CLIPART.kinds)
     task = resolve_task("image-folder", data=out)

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from speedkit.core.event import Event
 from speedkit.core.method import HParam, Method, MethodCard, SurgeryReport
 from speedkit.methods._surgery import adopt_state, record_surgery, replace_modules
+from speedkit.methods.channels_last import is_channels_last
 
 _BINOMIAL = torch.tensor([1.0, 2.0, 1.0])
 
@@ -28,11 +29,6 @@ def blur_filter(channels: int, device=None, dtype=None) -> torch.Tensor:
     """The depthwise [channels, 1, 3, 3] binomial low-pass filter (sums to 1 per channel)."""
     kernel = torch.outer(_BINOMIAL, _BINOMIAL) / 16.0
     return kernel.to(device=device, dtype=dtype).expand(channels, 1, 3, 3).contiguous()
-
-
-def _memory_format(x: torch.Tensor) -> torch.memory_format:
-    channels_last = x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
-    return torch.channels_last if channels_last else torch.contiguous_format
 
 
 def _runs_in(x: torch.Tensor) -> torch.dtype:
@@ -53,7 +49,8 @@ class _SampledBlur(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, filter: torch.Tensor, stride: tuple[int, int]) -> torch.Tensor:
         ctx.save_for_backward(filter)
-        ctx.input_dtype, ctx.stride, ctx.memory_format = x.dtype, stride, _memory_format(x)
+        ctx.input_dtype, ctx.stride = x.dtype, stride
+        ctx.memory_format = torch.channels_last if is_channels_last(x) else torch.contiguous_format
         blurred = F.conv2d(x, filter.to(x.dtype), padding=1, groups=x.shape[1])
         ctx.blurred_shape = blurred.shape
         return blurred[:, :, ::stride[0], ::stride[1]].contiguous(memory_format=ctx.memory_format)

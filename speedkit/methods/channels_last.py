@@ -20,6 +20,11 @@ def apply_channels_last(model: torch.nn.Module, allow_empty: bool = False) -> Su
     return report.require_changes(allow_empty, "4-D weights (convolutions)")
 
 
+def is_channels_last(x: torch.Tensor) -> bool:
+    """Whether ``x`` is a 4-D tensor laid out channels_last (and not also plain contiguous, as a 1x1 one is)."""
+    return x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
+
+
 def to_channels_last(images: torch.Tensor) -> torch.Tensor:
     """A batch of images in channels_last layout (a no-op for tensors that are not 4-D)."""
     return images.contiguous(memory_format=torch.channels_last) if images.dim() == 4 else images

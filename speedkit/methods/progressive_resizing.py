@@ -21,6 +21,7 @@ from speedkit.core.batch import with_inputs, with_targets
 from speedkit.core.event import Event
 from speedkit.core.method import HParam, Method, MethodCard
 from speedkit.core.time import Time, TimeUnit
+from speedkit.methods.channels_last import is_channels_last
 
 
 def progressive_scale(fraction_done: float, initial_scale: float = 0.5, finetune_fraction: float = 0.2,
@@ -63,7 +64,7 @@ def resize_batch(x: torch.Tensor, scale: float, size_increment: int = 4, targets
                                                      scaled_size(width, scale, size_increment))
     if new_size != (height, width):
         shrinking = new_size[0] * new_size[1] < height * width
-        channels_last = x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
+        channels_last = is_channels_last(x)
         resized = F.interpolate(x.float(), size=new_size, mode="bilinear", align_corners=False,
                                 antialias=shrinking).to(x.dtype)
         if channels_last:

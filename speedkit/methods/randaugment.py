@@ -23,6 +23,7 @@ import torch
 from speedkit.core.batch import with_inputs
 from speedkit.core.event import Event
 from speedkit.core.method import HParam, Method, MethodCard
+from speedkit.methods.channels_last import is_channels_last
 
 MAX_MAGNITUDE = 30  # RandAugment's magnitude scale: 31 levels, 0..30
 
@@ -195,7 +196,7 @@ def from_unit_range(images: torch.Tensor, stats, like: torch.Tensor) -> torch.Te
         mean, std = stats
         images = (images - mean) / std
     images = images.to(like.dtype)
-    if like.dim() == 4 and like.is_contiguous(memory_format=torch.channels_last) and not like.is_contiguous():
+    if is_channels_last(like):
         images = images.contiguous(memory_format=torch.channels_last)
     return images
 
