@@ -29,6 +29,26 @@ def final_metric(record: RunRecord, metric: str | None = None) -> float | None:
     return value
 
 
+def late_gain(record: RunRecord, metric: str | None = None, share: float = 0.25) -> float | None:
+    """How far ``metric`` (the run's target metric by default) still moved in the last ``share`` of the run: its
+    last evaluation against the last one at or before ``1 - share`` of the last evaluation's batch, signed so
+    that an improvement is positive, for a loss too. None without an evaluation on both sides.
+
+    A baseline still gaining at the end of its budget may not have converged: a recipe whose saving is a shorter
+    budget is then measured where more epochs still buy accuracy (bench/README.md, "What a rehearsal's budget
+    can show")."""
+    metric = metric or (record.target or {}).get("metric")
+    evals = [(row["batch"], row[metric]) for row in record.evals
+             if metric is not None and row.get(metric) is not None and row.get("batch") is not None]
+    if not evals:
+        return None
+    last_batch, last = evals[-1]
+    earlier = [value for batch, value in evals if batch <= (1 - share) * last_batch]
+    if not earlier:
+        return None
+    return (earlier[-1] - last) if lower_is_better(metric) else (last - earlier[-1])
+
+
 def speedup(baseline_time: float | None, run_time: float | None) -> float | None:
     """baseline / run, or None where either never reached the target."""
     if baseline_time is None or run_time is None or run_time <= 0:

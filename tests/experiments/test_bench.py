@@ -13,6 +13,7 @@ from speedkit.cli.main import main
 from speedkit.core import Callback, Time
 from speedkit.experiments.bench import (BenchProfile, get_profile, merge_summary, pick_best, profile_steps,
                                         run_benchmark, summarize, summary_markdown)
+from speedkit.experiments.compare import late_gain
 from speedkit.record.runs import RunRecord
 from speedkit.tasks import RunRequest
 from speedkit.train.trainer import Trainer
@@ -222,6 +223,25 @@ def test_a_summary_needs_a_baseline_and_a_recipe_that_ends_below_its_target_is_n
     assert entry["recipes"]["mild"]["time_to_target_s"] == [3]  # it touched the target once ...
     assert entry["best_recipe"] is None and entry["speedup_median"] is None  # ... and ended below it
     assert "no speed-up recipe reached" in summary_markdown({"vision": entry})
+
+
+def test_a_summary_says_how_much_each_baseline_still_gained_in_the_last_quarter_of_its_budget():
+    rising = [0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9]  # batches 1-8: 3/4 of the budget is batch 6, at 0.7
+    records = [fake_record("plain-bf16", 0, [(10 * b, v) for b, v in enumerate(rising, 1)], target=0.6),
+               fake_record("plain-bf16", 1, [(10 * b, v) for b, v in enumerate([*rising[:6], 0.7, 0.72], 1)],
+                           target=0.6),
+               *[fake_record("mild", s, [(5, 0.65), (8, 0.7)], target=0.6) for s in (0, 1)]]
+    for record in records:
+        record.config["task"] = "fashion-mnist"
+    entry = summarize(records, BenchProfile(name="cpu", run=RunRequest(task="fashion-mnist", target=0.6)))
+    assert entry["baselines"]["plain-bf16"]["late_gain"] == pytest.approx([0.2, 0.02])
+    assert entry["recipes"]["mild"]["late_gain"] == pytest.approx([0.05, 0.05])  # batch 1 is at or before 3/4 of 2
+    assert ("over the last quarter of their budgets (median, min–max over seeds): plain-bf16 +0.110 "
+            "(0.020–0.200)") in summary_markdown({"vision": entry})
+
+    loss = fake_record("baseline", 0, [(1, 4.0), (2, 3.5), (3, 3.4), (4, 3.1)], target=3.3, metric="eval/loss")
+    assert late_gain(loss) == pytest.approx(0.3)  # a falling loss is a gain: 3.4 at batch 3 (3/4 of 4), then 3.1
+    assert late_gain(fake_record("baseline", 0, [(1, 0.5)])) is None
 
 
 def test_vision_then_language_merge_into_one_summary(tmp_path):

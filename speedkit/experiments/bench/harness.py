@@ -17,7 +17,7 @@ from speedkit.core.devices import resolve_device, resolve_precision
 from speedkit.core.time import Time
 from speedkit.experiments.ablation import leave_one_out_runs
 from speedkit.experiments.bench.profiles import TASK_KEYS, BenchProfile, get_profile, task_key, with_default_sweeps
-from speedkit.experiments.compare import final_metric
+from speedkit.experiments.compare import final_metric, late_gain
 from speedkit.experiments.compare import leave_one_out as leave_one_out_table
 from speedkit.experiments.compare import median_or_none, paired_speedups, time_rank
 from speedkit.experiments.measure import MEASURED_RUN, Measurement, fit, measure, shortest_budget
@@ -301,6 +301,7 @@ def recipe_entry(records: Sequence[RunRecord], seeds: Sequence[int], targets: Se
         "methods": records[0].method_names,
         "time_to_target_s": _by_seed(records, seeds, lambda r: r.time_to_target),
         "final_metric": _by_seed(records, seeds, final_metric),
+        "late_gain": _by_seed(records, seeds, late_gain),  # whether a baseline had converged (compare.late_gain)
         # data_s: the part of train_s taking batches
         **{key: _by_seed(records, seeds, lambda r, k=key: r.timings.get(k))
            for key in ("train_s", "eval_s", "setup_s", "data_s", "compile_s")},

@@ -170,6 +170,7 @@ def task_markdown(key: str, entry: dict) -> str:
     if entry.get("flops_fraction_of_peak") is not None:
         lines += ["", f"Best recipe's achieved FLOP/s: {100 * entry['flops_fraction_of_peak']:.1f}% of the "
                       f"device's peak (a GPU's dense spec figure, else the measured matmul; record.environment['peak_flops'])."]
+    lines += late_gain_markdown(entry)
     lines += leave_one_out_markdown(entry.get("leave_one_out"))
     lines += time_breakdown_markdown(entry.get("time_breakdown"))
     return "\n".join(lines)
@@ -184,6 +185,21 @@ def _sittings(entry: dict) -> str:
     (first, names), *later = sessions.items()
     added = "; then ".join(f"{', '.join(recipes)} (started {session})" for session, recipes in later)
     return f"{', '.join(names)} interleaved by seed (started {first}); then {added}, paired by seed"
+
+
+def late_gain_markdown(entry: dict) -> list[str]:
+    """What each baseline still gained in the last quarter of its budget (``compare.late_gain``), medians over
+    seeds: whether the speed-ups above are measured against a baseline that had converged."""
+    gains = {name: b.get("late_gain") or [] for name, b in entry["baselines"].items()}
+    shown = {name: g for name, g in gains.items() if any(v is not None for v in g)}
+    if not shown:
+        return []
+    return ["", f"Baselines' gain in {entry['target']['metric']} over the last quarter of their budgets (median, "
+                f"min–max over seeds): " + "; ".join(f"{name} {median_or_none(g):+.3f}{_spread(g, 3)}"
+                                                  for name, g in shown.items())
+            + ". A baseline still gaining there may not have converged: a recipe whose saving is a shorter "
+              "budget is then measured where more epochs still buy accuracy, and shows less than it would against "
+              "a longer-trained baseline."]
 
 
 def leave_one_out_markdown(table: dict | None) -> list[str]:
