@@ -5,24 +5,24 @@ easier side (up for a loss, down otherwise). It reads only the baseline's runs, 
     python scripts/target_rule.py RUNS gpt2-baseline eval/loss 0.05             # the language rehearsals
     python scripts/target_rule.py RUNS imagenet-plain-bf16 eval/accuracy 0.01   # the imagenet rehearsals
 """
-import json
 import math
 import sys
 from pathlib import Path
 
+from speedkit.experiments.compare import evaluation_at
+from speedkit.record.runs import RunRecord, lower_is_better
+
 
 def main(runs: str, baseline: str, metric: str, step: str) -> None:
-    lower_is_better, step = "loss" in metric, float(step)
+    step = float(step)
     at = {}
     for seed in (0, 1, 2):
-        rows = [json.loads(line) for line in open(Path(runs) / f"{baseline}-s{seed}" / "log.jsonl")]
-        evals = {r["batch"]: r[metric] for r in rows if metric in r}
-        last = max(evals)
-        batch = max(b for b in evals if b <= 0.75 * last)
-        at[seed] = (batch, round(evals[batch], 4), round(evals[last], 4))
+        record = RunRecord.load(Path(runs) / f"{baseline}-s{seed}")
+        batch, there = evaluation_at(record, metric, 0.75)
+        at[seed] = (batch, round(there, 4), round(evaluation_at(record, metric, 1.0)[1], 4))
     print(f"{baseline} (batch at 3/4, {metric} there, final):", at)
     there = [v[1] for v in at.values()]
-    if lower_is_better:
+    if lower_is_better(metric):
         target = math.ceil(max(there) / step - 1e-9) * step
     else:
         target = math.floor(min(there) / step + 1e-9) * step

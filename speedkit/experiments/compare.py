@@ -29,24 +29,31 @@ def final_metric(record: RunRecord, metric: str | None = None) -> float | None:
     return value
 
 
+def evaluation_at(record: RunRecord, metric: str, share: float) -> tuple[int, float] | None:
+    """(batch, value) of the last evaluation of ``metric`` at or before ``share`` of the run (of its last
+    evaluation's batch); None where there is none."""
+    evals = [(row["batch"], row[metric]) for row in record.evals
+             if row.get(metric) is not None and row.get("batch") is not None]
+    if not evals:
+        return None
+    earlier = [(batch, value) for batch, value in evals if batch <= share * evals[-1][0]]
+    return earlier[-1] if earlier else None
+
+
 def late_gain(record: RunRecord, metric: str | None = None, share: float = 0.25) -> float | None:
     """How far ``metric`` (the run's target metric by default) still moved in the last ``share`` of the run: its
-    last evaluation against the last one at or before ``1 - share`` of the last evaluation's batch, signed so
-    that an improvement is positive, for a loss too. None without an evaluation on both sides.
+    last evaluation against ``evaluation_at(1 - share)``, signed so that an improvement is positive, for a loss
+    too. None without an evaluation on both sides.
 
     A baseline still gaining at the end of its budget may not have converged: a recipe whose saving is a shorter
     budget is then measured where more epochs still buy accuracy (bench/README.md, "What a rehearsal's budget
     can show")."""
     metric = metric or (record.target or {}).get("metric")
-    evals = [(row["batch"], row[metric]) for row in record.evals
-             if metric is not None and row.get(metric) is not None and row.get("batch") is not None]
-    if not evals:
+    before = evaluation_at(record, metric, 1 - share) if metric is not None else None
+    if before is None:
         return None
-    last_batch, last = evals[-1]
-    earlier = [value for batch, value in evals if batch <= (1 - share) * last_batch]
-    if not earlier:
-        return None
-    return (earlier[-1] - last) if lower_is_better(metric) else (last - earlier[-1])
+    last = evaluation_at(record, metric, 1.0)[1]
+    return (before[1] - last) if lower_is_better(metric) else (last - before[1])
 
 
 def speedup(baseline_time: float | None, run_time: float | None) -> float | None:
