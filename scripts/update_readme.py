@@ -43,14 +43,17 @@ HELDOUT_SETS = {
 # The seed's workloads rehearsed on CPU (issue 43; bench/README.md says how each was sized and measured):
 # (summary file, its task key) -> the data as the README names it.
 REHEARSALS = {
-    ("imagenet-rehearsal-photo-crops-blur-gradient/summary.json", "imagenet"):
+    ("imagenet-rehearsal-photo-crops-published-sizes/summary.json", "imagenet"):
         "photo-crops: 56 photographs, crops of unseen regions",
-    ("imagenet-rehearsal-objects/summary.json", "imagenet"): "objects: 9 kinds of photographed things, unseen ones",
-    ("imagenet-rehearsal-clipart/summary.json", "imagenet"): "clipart: 10 kinds of drawn things, unseen designs",
+    ("imagenet-rehearsal-objects-published-sizes/summary.json", "imagenet"):
+        "objects: 9 kinds of photographed things, unseen ones",
+    ("imagenet-rehearsal-clipart-published-sizes/summary.json", "imagenet"):
+        "clipart: 10 kinds of drawn things, unseen designs",
     ("lang-rehearsal-debdocs-hot240/summary.json", "gpt2"): "debdocs: Debian's documentation, a BPE of 4,096 "
                                                             "trained on it",
 }
-REHEARSED_AS = {"imagenet": "`imagenet` (`cpu`: ResNet-18 at 64 px)", "gpt2": "`gpt2` (`cpu`: gpt-nano, 256 tokens)"}
+REHEARSED_AS = {"imagenet": "`imagenet` (`cpu`: ResNet-18; `mild` at 64 px, `plain-bf16` at 80)",
+                "gpt2": "`gpt2` (`cpu`: gpt-nano, 256 tokens)"}
 # speedkit inside other trainers (bench/hosts/): file -> (host, what the two arms are).
 HOSTS = {
     "hosts_hf_language.json": ("Hugging Face `SpeedkitTrainer`",

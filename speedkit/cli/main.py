@@ -56,7 +56,9 @@ def _add_task_argument(parser, what: str) -> None:
 
 def _add_folder_task_arguments(parser) -> None:
     parser.add_argument("--data", help="the folder for image-folder / text-folder (or passed to a task function)")
-    parser.add_argument("--image-size", type=int, help="image-folder: resize images to this square size (default 32)")
+    parser.add_argument("--image-size", type=int,
+                        help="image-folder: resize images to this square size (default 32); imagenet: train every "
+                             "recipe at this size (default: each recipe's published size at the profile's scale)")
     parser.add_argument("--skip-unreadable", action="store_true",
                         help="image-folder / text-folder: leave out (and count) images that cannot be decoded and "
                              "files that are not text, instead of refusing the folder")
@@ -68,8 +70,8 @@ def _add_folder_task_arguments(parser) -> None:
                         help="imagenet / gpt2: cpu (a rehearsal: a narrow model, small inputs) or gpu (the seed's "
                              "real sizes); default: bench's --profile, else gpu where CUDA is available")
     parser.add_argument("--eval-image-size", type=int,
-                        help="imagenet: evaluate at this size, larger than training's (FFCV's test; default: the "
-                             "profile's)")
+                        help="imagenet: evaluate at this size (FFCV's test evaluates larger than it trains; "
+                             "default: each recipe's published size at the profile's scale)")
     parser.add_argument("--no-flips", action="store_true",
                         help="image-folder: a horizontal flip changes these images' labels (digits, letters, "
                              "text), so train without flip augmentation, alternating flips or mirrored test views")

@@ -15,7 +15,8 @@ from speedkit.tasks.recipes import Recipe
 
 # Parts of a recipe besides its methods that a leave-one-out run can swap for the reference's: together
 # with the methods they are the recipe's whole difference from the reference.
-PARTS = ("precision", "loader", "augment", "budget", "schedule", "batch_size", "learning_rate", "optimizer")
+PARTS = ("precision", "loader", "augment", "resolution", "budget", "schedule", "batch_size", "learning_rate",
+         "optimizer")
 
 
 def part_value(recipe: Recipe, part: str):

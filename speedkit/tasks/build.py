@@ -92,7 +92,8 @@ def recipe_parts(recipe: str | Recipe, model: torch.nn.Module | None = None, *,
     """The Trainer arguments a recipe supplies, with the ones given here winning over the recipe's.
 
     ``recipe`` is a Recipe, ``"task:name"`` or a bare name picked by ``model``'s domain (vision or
-    language): ``Trainer(model, data, **recipe_parts("mild", model, max_duration="2ep"))``.
+    language): ``Trainer(model, data, **recipe_parts("mild", model, max_duration="2ep"))``. The data is yours, so
+    what a recipe says of it (its batch size, augmentation, loader and ``resolution``) is for your loaders to do.
     """
     recipe = get_recipe(None, recipe, model=model)
     return {"max_duration": max_duration or recipe.duration,
@@ -150,6 +151,10 @@ def request_recipe(request: RunRequest, task: Task) -> Recipe:
         recipe = recipe.with_changes(eval_interval=timing_eval_interval(recipe))
     if request.methods is not None:
         recipe = recipe.with_changes(methods=request.methods)
+    if recipe.resolution is not None and not task.reads_resolution:
+        raise ValueError(f"recipe {recipe.name!r} sets resolution {recipe.resolution}, which task {task.name!r} "
+                         f"does not read (its loaders decode at the task's own image size): leave resolution out "
+                         f"of the recipe, or give the size as the task's option (--image-size)")
     return recipe if task.flips_keep_labels else _keep_labels(task, recipe, asked=request.methods or {})
 
 

@@ -41,6 +41,10 @@ class Recipe:
     precision: str = "fp32"
     loader: str = "memory"  # "memory": speedkit's in-memory batch loader; "torch": Dataset + DataLoader
     augment: dict | None = None  # {"crop_pad": 2, "flip": "random"}
+    # The image sizes the recipe was published with, {"train": 176, "eval": 224, "eval_crop": 0.966} (eval_crop:
+    # the share of the short side the evaluation's centre crop keeps). Only a task that decodes images at a chosen
+    # size reads it (Task.reads_resolution) and may scale it to its profile; None: the task's own sizes.
+    resolution: dict | None = None
     eval_interval: str = "1ep"
     summary: str = ""
     target: dict | None = None  # {"metric", "value"} it was tuned to reach; None: the task's target
@@ -119,6 +123,7 @@ class Recipe:
                 self.target["metric"], str) or isinstance(self.target["value"], bool)
                 or not isinstance(self.target["value"], (int, float))):
             raise ValueError(f"{where}: target must be {{'metric': <name>, 'value': <number>}}, got {_show(self.target)}")
+        self._check_resolution(where)
         if self.augment is not None:
             crop_pad = self.augment.get("crop_pad", 0)
             if isinstance(crop_pad, bool) or not isinstance(crop_pad, int):
@@ -132,6 +137,22 @@ class Recipe:
                 check()
             except (ValueError, TypeError) as e:
                 raise (TypeError if isinstance(e, TypeError) else ValueError)(f"{where}: {field}: {e}") from e
+
+    def _check_resolution(self, where: str) -> None:
+        if self.resolution is None:
+            return
+        example = "{'train': 176, 'eval': 224, 'eval_crop': 0.966}"
+        if not isinstance(self.resolution, dict) or not set(self.resolution) <= {"train", "eval", "eval_crop"}:
+            raise ValueError(f"{where}: resolution must be a dict with some of train, eval (pixels) and eval_crop "
+                             f"(a share of the short side), e.g. {example}, or null; got {_show(self.resolution)}")
+        for key in ("train", "eval"):
+            size = self.resolution.get(key, 8)
+            if isinstance(size, bool) or not isinstance(size, int) or size < 8:
+                raise ValueError(f"{where}: resolution.{key} must be a whole number of pixels >= 8, got {_show(size)}")
+        crop = self.resolution.get("eval_crop", 1.0)
+        if isinstance(crop, bool) or not isinstance(crop, (int, float)) or not 0 < crop <= 1:
+            raise ValueError(f"{where}: resolution.eval_crop is the share of the short side the evaluation's centre "
+                             f"crop keeps, in (0, 1] (0.875 crops 224 px of 256), got {_show(crop)}")
 
     @property
     def unmeasured_rebuild(self) -> bool:

@@ -71,6 +71,9 @@ class Task:
     # Whether a horizontal flip leaves an image's label as it is: not for digits, letters or text. Where it does
     # not, runs train without flip augmentation, alternating flips and the mirrored test-time view.
     flips_keep_labels: bool = True
+    # Whether its loaders decode images at the sizes a recipe's ``resolution`` states; a recipe with one is refused
+    # on a task that would ignore it.
+    reads_resolution: bool = False
 
     def __post_init__(self):
         where = f"task {show(self.name)}"
@@ -78,6 +81,9 @@ class Task:
             raise ValueError(f"{where}: name must be a non-empty string without ':' (that marks 'module:attr')")
         if self.domain not in DOMAINS:
             raise ValueError(f"{where}: domain must be one of {DOMAINS}, got {show(self.domain)}")
+        if not isinstance(self.reads_resolution, bool):
+            raise TypeError(f"{where}: reads_resolution must be True or False (whether its loaders decode at a "
+                            f"recipe's resolution), got {show(self.reads_resolution)}")
         if not isinstance(self.flips_keep_labels, bool):
             raise TypeError(f"{where}: flips_keep_labels must be True or False (whether a horizontal flip keeps "
                             f"an image's label), got {show(self.flips_keep_labels)}")
@@ -116,6 +122,10 @@ class Task:
                 raise ValueError(f"{where}: recipes[{key!r}] says name={recipe.name!r}, task={recipe.task!r}, "
                                  f"domain={recipe.domain!r}; it must say name={key!r} and leave out task and "
                                  f"domain (or say task={self.name!r}, domain={self.domain!r})")
+        ignored = [key for key, recipe in self.recipes.items() if recipe.resolution and not self.reads_resolution]
+        if ignored:
+            raise ValueError(f"{where}: recipes {ignored} set a resolution, which this task's loaders would ignore; "
+                             f"leave it out, or read it in the loaders and say reads_resolution=True")
         missing = [b for b in self.baselines if b not in self.recipes]
         if missing:
             raise ValueError(f"{where}: baselines {missing} are not among its recipes {sorted(self.recipes)}")

@@ -48,31 +48,57 @@ def _request(model=None, batch_size=4):
     return DataRequest(batch_size=batch_size, device=torch.device("cpu"), model=model)
 
 
-def test_imagenet_cpu_profile_streams_the_folder_and_evaluates_larger_than_it_trains(imagenet_folder):
+def _data_request(task, recipe, model=None):
+    return DataRequest(batch_size=4, device=torch.device("cpu"), model=model, recipe=task.recipe(recipe))
+
+
+def test_imagenet_cpu_profile_streams_the_folder_at_each_recipes_published_sizes(imagenet_folder):
     with pytest.warns(UserWarning, match="streaming it from shards"):
         task = imagenet_task(imagenet_folder, profile="cpu")
     assert task.name == "imagenet" and "cpu profile" in task.summary and "3 classes" in task.summary
+    assert "80 px (baseline, plain-bf16) and 64 px (mild, medium, hot), evaluated at 80 px" in task.summary
     assert task.baselines == ("baseline", "plain-bf16")
     assert {"baseline", "plain-bf16", "mild", "medium", "hot"} <= set(task.recipes)
     model = task.model(task.models[0])
     assert task.models[0] == "resnet18" and task.recipe("hot").model == "resnet18"
-    train, evaluate = task.train_data(_request(model)), task.eval_data(_request(model))
-    assert isinstance(train, StreamingImageLoader)
-    images, labels = next(iter(train))
-    assert images.shape == (4, 3, 64, 64) and labels.dtype == torch.int64
-    assert next(iter(evaluate))[0].shape[-1] == 80  # FFCV's test: evaluation at a higher resolution
-    assert model(images).shape == (4, 3)
+    # Composer's recipes train at 176 px and its baseline at 224, both evaluated at 224: times 64/176
+    for recipe, train_size, crop in (("mild", 64, 0.966), ("plain-bf16", 80, 0.875)):
+        request = _data_request(task, recipe, model)
+        train, evaluate = task.train_data(request), task.eval_data(request)
+        assert isinstance(train, StreamingImageLoader)
+        images, labels = next(iter(train))
+        assert images.shape == (4, 3, train_size, train_size) and labels.dtype == torch.int64
+        assert next(iter(evaluate))[0].shape[-1] == 80  # FFCV's test: evaluation at a higher resolution
+        assert evaluate._transform.crop_fraction == crop  # 224 of 232 px, and of 256
+        assert model(images).shape == (4, 3)
     for name in ("resnet50", "resnet101", "torchvision:resnet34", "timm:resnet50"):
         assert task.model_fit_problem(name) is None
-    # asked again, the shards prepared once are found (a shard folder as --data works the same)
+    # asked again, the shards prepared once are found (a shard folder as --data works the same); the user's sizes
+    # hold for every recipe
     again = imagenet_task(imagenet_folder, profile="cpu", image_size=48, eval_image_size=72)
-    assert next(iter(again.train_data(_request())))[0].shape[-1] == 48
-    assert next(iter(again.eval_data(_request())))[0].shape[-1] == 72
+    for recipe in ("mild", "baseline"):
+        assert next(iter(again.train_data(_data_request(again, recipe))))[0].shape[-1] == 48
+        assert next(iter(again.eval_data(_data_request(again, recipe))))[0].shape[-1] == 72
     # the recipes follow the training size: progressive resizing starts at the published 88 px where that is
     # below it (and is off at 48 or 64 px)
     larger = imagenet_task(imagenet_folder, profile="cpu", image_size=128)
     assert larger.recipe("mild").methods["progressive_resizing"]["initial_scale"] == pytest.approx(88 / 128, abs=1e-3)
     assert "progressive_resizing" not in again.recipe("mild").methods
+
+
+def test_a_resolution_is_refused_where_the_task_would_not_read_it(imagenet_folder):
+    from speedkit.tasks import make_trainer
+    from speedkit.tasks.recipes import Recipe
+
+    with pytest.raises(ValueError, match="resolution.train must be a whole number of pixels"):
+        Recipe(name="r", model="resnet18", duration="1ep", batch_size=8, optimizer={"name": "sgd"},
+               resolution={"train": 6.5})
+    with pytest.raises(ValueError, match="eval_crop is the share of the short side"):
+        Recipe(name="r", model="resnet18", duration="1ep", batch_size=8, optimizer={"name": "sgd"},
+               resolution={"eval_crop": 1.5})
+    mild = imagenet_recipes("cpu")["mild"]
+    with pytest.raises(ValueError, match="sets resolution .* which task 'fashion-mnist' does not read"):
+        make_trainer("fashion-mnist", mild.with_changes(model="resnet8", task=None, domain=None), duration="1ba")
 
 
 def test_imagenet_gpu_presets_are_composers_published_resnet50_recipes():
@@ -89,6 +115,9 @@ def test_imagenet_gpu_presets_are_composers_published_resnet50_recipes():
     assert set(hot) == set(recipes["medium"].methods) | {"colout", "randaugment", "stochastic_depth"}
     assert hot["stochastic_depth"] == {"drop_rate": 0.1, "mode": "sample", "drop_distribution": "linear"}
     assert hot["progressive_resizing"]["initial_scale"] == 0.6 and hot["sam"] == {"rho": 0.5, "interval": 5}
+    assert base.resolution == recipes["plain-bf16"].resolution == {"train": 224, "eval": 224, "eval_crop": 0.875}
+    for name in ("mild", "medium", "hot"):
+        assert recipes[name].resolution == {"train": 176, "eval": 224, "eval_crop": 0.966}
     cpu = imagenet_recipes("cpu")
     for name, recipe in cpu.items():  # the rehearsal keeps the methods and scales the rest
         scaled = {"ema", "progressive_resizing"}

@@ -5,13 +5,16 @@
 shards once at the profile's short side, as ``image-folder --stream`` does; images are streamed from them
 (``speedkit.tasks.builtin._streamed``), decoded and cropped in the loader's workers.
 
-Two profiles (``speedkit.tasks.builtin._seed``): ``gpu``, the seed's real sizes: torchvision ResNet-50 with
-Composer's published recipes (``presets/imagenet.yaml``), training at 176 px and evaluated at 224 px; ``cpu``, a
-rehearsal: the same methods on a ResNet-18 at 64 px, evaluated at 80 px, except progressive resizing, whose
-smallest image would fall below the published one (``smallest_image_kept``). Evaluating at a higher resolution than
-training is FFCV's test (``eval_image_size``): random-resized crops make objects look larger in training than a
-centre crop does at test time, which a larger test image corrects (Touvron et al. 2019, "Fixing the train-test
-resolution discrepancy"; FFCV's ImageNet configs, which Composer's recipes follow with 176/224).
+Each recipe trains and evaluates at its published image sizes (``Recipe.resolution``): Composer's baseline at
+224 px, evaluated on 224 px cropped from 256; its speed-up recipes at 176 px, evaluated on 224 px cropped from
+232. Training smaller than the test is part of what those recipes save, and evaluating larger than training is
+FFCV's test: random-resized crops make objects look larger in training than a centre crop does at test time,
+which a larger test image corrects (Touvron et al. 2019, "Fixing the train-test resolution discrepancy"; FFCV's
+ImageNet configs, which Composer's recipes follow). Two profiles (``speedkit.tasks.builtin._seed``): ``gpu``, the
+seed's real sizes, torchvision ResNet-50 at those sizes (``presets/imagenet.yaml``); ``cpu``, a rehearsal: the
+same methods on a ResNet-18 with every size scaled by 64/176 (the speed-up recipes train at 64 px, the baselines
+at 80, all evaluate at 80), except progressive resizing, whose smallest image would fall below the published one
+(``smallest_image_kept``).
 """
 from __future__ import annotations
 
@@ -29,8 +32,7 @@ MODELS = ("resnet50", "resnet101", "resnet18", *LIBRARY_MODELS)  # torchvision (
 
 @dataclasses.dataclass(frozen=True)
 class ImagenetProfile:
-    image_size: int  # training crops
-    eval_image_size: int  # evaluation: larger than training (FFCV's test, see the module's docstring)
+    size_scale: float  # each recipe's published image sizes (its resolution) times this, to a multiple of 8
     short_side: int  # what a raw folder's images are stored at in its shards
     model: str
     target: float  # top-1 accuracy
@@ -40,17 +42,43 @@ class ImagenetProfile:
 
 
 IMAGENET_TRAIN_IMAGES = 1_281_167  # ILSVRC-2012's training set, the one Composer's recipes were published on
+# torchvision's ImageNet pipeline (random-resized 224 px; 224 px cropped from 256 for evaluation), for a recipe that
+# states no resolution of its own
+STANDARD_RESOLUTION = {"train": 224, "eval": 224, "eval_crop": 0.875}
+RECIPES_TRAIN_SIZE = 176  # Composer's speed-up recipes' training size, the one the cpu profile scales to 64 px
 
 PROFILES = {
-    # Composer's recipes: train crop 176, evaluation crop 224; top-1 target MLPerf's ResNet-50 one (75.9%)
-    "gpu": ImagenetProfile(image_size=176, eval_image_size=224, short_side=256, model="resnet50", target=0.759),
-    # A rehearsal: ResNet-18 at 64 px (the issue's 64-128 px), the ratio of 176 to 224 kept for evaluation;
-    # batch 64 (learning rates scaled linearly) and a tenth of each budget, the EMA's window kept at its share of
-    # the published run (_seed.windows_as_shares) and no image smaller than the published recipes train on
+    # the published sizes; top-1 target MLPerf's ResNet-50 one (75.9%)
+    "gpu": ImagenetProfile(size_scale=1.0, short_side=256, model="resnet50", target=0.759),
+    # A rehearsal: ResNet-18 with the speed-up recipes at 64 px (the issue's 64-128 px) and every other size in
+    # proportion; batch 64 (learning rates scaled linearly) and a tenth of each budget, the EMA's window kept at its
+    # share of the published run (_seed.windows_as_shares) and no image smaller than the published recipes train on
     # (smallest_image_kept). Its target is the user's data's.
-    "cpu": ImagenetProfile(image_size=64, eval_image_size=80, short_side=96, model="resnet18", target=0.5,
+    "cpu": ImagenetProfile(size_scale=64 / RECIPES_TRAIN_SIZE, short_side=96, model="resnet18", target=0.5,
                            batch_size=64, duration_scale=0.1, epoch_samples=IMAGENET_TRAIN_IMAGES),
 }
+
+
+def published_resolution(recipe) -> dict:
+    """``recipe``'s published image sizes, the standard ones filling what it does not state."""
+    return {**STANDARD_RESOLUTION, **((recipe.resolution if recipe is not None else None) or {})}
+
+
+def image_sizes(recipe, profile: str, image_size: int | None = None,
+                eval_image_size: int | None = None) -> tuple[int, int, float]:
+    """``(training size, evaluation size, evaluation crop)`` for ``recipe`` under ``profile``: its published
+    sizes times the profile's scale, to a multiple of 8 (the cpu profile's 224 px becomes 80). A size the user
+    gives is used for every recipe as it is: ``image_size`` for training, and for evaluation unless
+    ``eval_image_size`` is given."""
+    published, scale = published_resolution(recipe), PROFILES[profile].size_scale
+
+    def scaled(size: int) -> int:
+        return max(8, 8 * round(size * scale / 8))
+
+    train = scaled(published["train"]) if image_size is None else image_size
+    if eval_image_size is None:
+        eval_image_size = scaled(published["eval"]) if image_size is None else image_size
+    return train, eval_image_size, published["eval_crop"]
 
 
 def smallest_image_kept(recipe, image_size: int):
@@ -64,7 +92,7 @@ def smallest_image_kept(recipe, image_size: int):
     already spent the saving progressive resizing buys by training at 64 px, so below 88 px the method is
     dropped, and the summary says so."""
     resizing = recipe.methods.get("progressive_resizing")
-    published_size = PROFILES["gpu"].image_size
+    published_size = published_resolution(recipe)["train"]
     if resizing is None or image_size >= published_size:
         return recipe
     smallest = resizing["initial_scale"] * published_size  # every imagenet preset states it
@@ -79,11 +107,25 @@ def smallest_image_kept(recipe, image_size: int):
 
 
 def imagenet_recipes(profile: str, image_size: int | None = None) -> dict:
-    """The presets (``presets/imagenet.yaml``) as the profile runs them, at its training size or ``image_size``
-    (``smallest_image_kept``)."""
-    size = PROFILES[profile].image_size if image_size is None else image_size
-    return {name: smallest_image_kept(recipe, size)
-            for name, recipe in _seed.profile_recipes("imagenet", PROFILES[profile], scale_lr=True).items()}
+    """The presets (``presets/imagenet.yaml``) as the profile runs them, each at its training size under the
+    profile or at ``image_size`` (``smallest_image_kept``)."""
+    recipes = _seed.profile_recipes("imagenet", PROFILES[profile], scale_lr=True)
+    return {name: smallest_image_kept(recipe, image_sizes(recipe, profile, image_size)[0])
+            for name, recipe in recipes.items()}
+
+
+def _describe_sizes(recipes: dict, profile: str, image_size: int | None, eval_image_size: int | None) -> str:
+    """"training images at 80 px (baseline, plain-bf16) and 64 px (mild, medium, hot), evaluated at 80 px", or
+    "training images at 224 px, evaluated at 224 px" where every recipe trains at one size."""
+    by_size: dict[int, list[str]] = {}
+    evaluated = set()
+    for name, recipe in recipes.items():
+        train, evaluate, _ = image_sizes(recipe, profile, image_size, eval_image_size)
+        by_size.setdefault(train, []).append(name)
+        evaluated.add(evaluate)
+    trained = " and ".join(f"{size} px ({', '.join(names)})" for size, names in by_size.items()) \
+        if len(by_size) > 1 else f"{next(iter(by_size))} px"
+    return f"training images at {trained}, evaluated at {' / '.join(f'{s} px' for s in sorted(evaluated))}"
 
 
 def imagenet_task(data=None, profile: str | None = None, image_size: int | None = None,
@@ -91,18 +133,17 @@ def imagenet_task(data=None, profile: str | None = None, image_size: int | None 
                   target: float | None = None, skip_unreadable: bool = False, stream: bool | None = None) -> Task:
     """ResNets on an ImageNet-layout folder or its shards, with Composer's ResNet-50 recipes (``--task imagenet``).
 
-    ``profile``: ``gpu`` (ResNet-50, 176 px training, 224 px evaluation) or ``cpu`` (a rehearsal: ResNet-18 at
-    64/80 px); None: ``gpu`` where CUDA is available. ``image_size`` and ``eval_image_size`` override the
-    profile's (evaluating larger than training is FFCV's test). ``target`` is the top-1 accuracy to reach.
+    ``profile``: ``gpu`` (ResNet-50 at the published sizes) or ``cpu`` (a rehearsal: ResNet-18 with every size
+    times 64/176); None: ``gpu`` where CUDA is available. ``image_size`` and ``eval_image_size``, where given,
+    replace every recipe's sizes (``image_sizes``). ``target`` is the top-1 accuracy to reach.
     ``stream`` is accepted for the folder tasks' flags: this task always streams."""
     profile = _seed.pick_profile("imagenet", profile)
     folder = _seed.need_data("imagenet", data, HOW)
     sizes = PROFILES[profile]
-    train_size = sizes.image_size if image_size is None else check_image_size(image_size)
-    if eval_image_size is None:
-        eval_size = sizes.eval_image_size if image_size is None else train_size
-    else:
-        eval_size = check_image_size(eval_image_size, "--eval-image-size (eval_image_size)")
+    if image_size is not None:
+        image_size = check_image_size(image_size)
+    if eval_image_size is not None:
+        eval_image_size = check_image_size(eval_image_size, "--eval-image-size (eval_image_size)")
     from speedkit.data.streaming.loaders import StreamingImageLoader
     from speedkit.data.streaming.shards import read_shards
     from speedkit.tasks.builtin import _streamed
@@ -113,27 +154,29 @@ def imagenet_task(data=None, profile: str | None = None, image_size: int | None 
     if info.kind != "images":
         raise ValueError(f"task imagenet: {shards} holds {info.kind} shards, not images; {HOW}")
     classes = info.manifest["classes"]
+    recipes = imagenet_recipes(profile, image_size)
 
     def loader(request: DataRequest, train: bool):
+        train_size, eval_size, eval_crop = image_sizes(request.recipe, profile, image_size, eval_image_size)
         augment = recipe_augment(request.recipe) if train else None
         flip = augment.flip if augment is not None else "random"
         fraction = request.data_fraction if train else request.eval_fraction
         return StreamingImageLoader(shards, request.batch_size, split="train" if train else "val",
-                                    image_size=train_size if train else eval_size, flip=flip, seed=request.seed,
-                                    device=request.device, num_workers=request.num_workers,
+                                    image_size=train_size if train else eval_size, crop_fraction=eval_crop,
+                                    flip=flip, seed=request.seed, device=request.device,
+                                    num_workers=request.num_workers,
                                     subsample=1.0 if fraction is None else float(fraction))
 
     partial = "" if info.complete else ", PARTIAL shards"
     return Task(name="imagenet", domain="vision",
                 summary=f"imagenet ({profile} profile): {len(classes)} classes streamed from shards "
-                        f"{_streamed.describe(info)}, "
-                        f"{info.samples('train')} training images at {train_size} px, evaluated at {eval_size} px"
-                        + partial,
+                        f"{_streamed.describe(info)}, {info.samples('train')} "
+                        f"{_describe_sizes(recipes, profile, image_size, eval_image_size)}" + partial,
                 model=vision_model_factory(3, len(classes)),
                 train_data=lambda request: loader(request, True), eval_data=lambda request: loader(request, False),
                 metrics=classification_metrics, target_metric="eval/accuracy",
                 target_value=sizes.target if target is None else target,
-                recipes=imagenet_recipes(profile, train_size),
+                recipes=recipes, reads_resolution=True,
                 models=(sizes.model, *[m for m in MODELS if m != sizes.model]),
                 baselines=("baseline", "plain-bf16"))
 
