@@ -71,8 +71,8 @@ class Task:
     # Whether a horizontal flip leaves an image's label as it is: not for digits, letters or text. Where it does
     # not, runs train without flip augmentation, alternating flips and the mirrored test-time view.
     flips_keep_labels: bool = True
-    # Whether its loaders decode images at the sizes a recipe's ``resolution`` states; a recipe with one is refused
-    # on a task that would ignore it.
+    # Whether its loaders decode images at the sizes a recipe's ``resolution`` states; a run of a recipe with one is
+    # refused on a task that would ignore it (speedkit.tasks.build.request_recipe).
     reads_resolution: bool = False
 
     def __post_init__(self):
@@ -122,10 +122,6 @@ class Task:
                 raise ValueError(f"{where}: recipes[{key!r}] says name={recipe.name!r}, task={recipe.task!r}, "
                                  f"domain={recipe.domain!r}; it must say name={key!r} and leave out task and "
                                  f"domain (or say task={self.name!r}, domain={self.domain!r})")
-        ignored = [key for key, recipe in self.recipes.items() if recipe.resolution and not self.reads_resolution]
-        if ignored:
-            raise ValueError(f"{where}: recipes {ignored} set a resolution, which this task's loaders would ignore; "
-                             f"leave it out, or read it in the loaders and say reads_resolution=True")
         missing = [b for b in self.baselines if b not in self.recipes]
         if missing:
             raise ValueError(f"{where}: baselines {missing} are not among its recipes {sorted(self.recipes)}")

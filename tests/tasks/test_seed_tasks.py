@@ -86,7 +86,7 @@ def test_imagenet_cpu_profile_streams_the_folder_at_each_recipes_published_sizes
     assert "progressive_resizing" not in again.recipe("mild").methods
 
 
-def test_a_resolution_is_refused_where_the_task_would_not_read_it(imagenet_folder):
+def test_a_resolution_is_refused_where_the_task_would_not_read_it():
     from speedkit.tasks import make_trainer
     from speedkit.tasks.recipes import Recipe
 

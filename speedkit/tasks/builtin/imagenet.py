@@ -61,7 +61,7 @@ PROFILES = {
 
 def published_resolution(recipe) -> dict:
     """``recipe``'s published image sizes, the standard ones filling what it does not state."""
-    return {**STANDARD_RESOLUTION, **((recipe.resolution if recipe is not None else None) or {})}
+    return {**STANDARD_RESOLUTION, **(getattr(recipe, "resolution", None) or {})}
 
 
 def image_sizes(recipe, profile: str, image_size: int | None = None,
