@@ -1,10 +1,11 @@
-"""One process of `accelerate launch --num_processes 2 --cpu`: speedkit's methods in an Accelerate loop.
+"""One process of `accelerate launch --multi_gpu --num_processes 2` on the CPU: speedkit in an Accelerate loop.
 
 Writes ``<out>/rank<N>.json``: the per-step losses, the final weights (after FIT_END), EMA's update count and
-the samples the clock counted. With ``--single``, the same run in one process on batches twice as large.
+the samples the clock counted. ``main(out, single=True)`` is the same run in one process on batches twice as large.
 """
 from __future__ import annotations
 
+import gc
 import json
 import sys
 from pathlib import Path
@@ -21,7 +22,8 @@ from speedkit.methods import EMA, LabelSmoothing, Muon  # noqa: E402
 STEPS = 6
 
 
-def main(out: Path, single: bool) -> None:
+def main(out: Path, single: bool):
+    """Train and write the result; returns the Accelerator (None with ``single``)."""
     from accelerate import Accelerator
 
     accelerator = None if single else Accelerator(cpu=True)
@@ -54,7 +56,17 @@ def main(out: Path, single: bool) -> None:
               "ema_updates": ema.updates, "samples": sk.state.timestamp.sample, "world": sk.world,
               "optimizer": type(optimizer).__name__}
     (out / f"{'single' if single else f'rank{rank}'}.json").write_text(json.dumps(result))
+    return accelerator
+
+
+def close(accelerator) -> None:
+    """End as accelerate asks every script to, with the DDP model released first: torch's gloo group, left open
+    (or closed under a live DDP model) until the interpreter exits, now and then aborts a rank there."""
+    accelerator.free_memory()  # its references to the prepared model and optimizer
+    gc.collect()
+    accelerator.wait_for_everyone()
+    accelerator.end_training()
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), single="--single" in sys.argv)
+    close(main(Path(sys.argv[1]), single=False))
