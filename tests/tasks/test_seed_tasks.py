@@ -66,6 +66,7 @@ def test_imagenet_cpu_profile_streams_the_folder_at_each_recipes_published_sizes
         request = _data_request(task, recipe, model)
         train, evaluate = task.train_data(request), task.eval_data(request)
         assert isinstance(train, StreamingImageLoader)
+        assert train._transform.scale == (0.35, 1.0)  # the crops every cpu rehearsal was measured with
         images, labels = next(iter(train))
         assert images.shape == (4, 3, train_size, train_size) and labels.dtype == torch.int64
         assert next(iter(evaluate))[0].shape[-1] == 80  # FFCV's test: evaluation at a higher resolution
@@ -84,6 +85,16 @@ def test_imagenet_cpu_profile_streams_the_folder_at_each_recipes_published_sizes
     larger = imagenet_task(imagenet_folder, profile="cpu", image_size=128)
     assert larger.recipe("mild").methods["progressive_resizing"]["initial_scale"] == pytest.approx(88 / 128, abs=1e-3)
     assert "progressive_resizing" not in again.recipe("mild").methods
+
+
+def test_imagenet_gpu_profile_crops_and_sizes_as_the_published_pipeline(imagenet_folder):
+    with pytest.warns(UserWarning, match="streaming it from shards"):
+        task = imagenet_task(imagenet_folder, profile="gpu")
+    for recipe, train_size in (("mild", 176), ("baseline", 224)):
+        train, evaluate = task.train_data(_data_request(task, recipe)), task.eval_data(_data_request(task, recipe))
+        assert train._transform.scale == (0.08, 1.0)  # torchvision's RandomResizedCrop, as Composer and FFCV train
+        assert next(iter(train))[0].shape[-1] == train_size
+        assert next(iter(evaluate))[0].shape[-1] == 224
 
 
 def test_a_resolution_is_refused_where_the_task_would_not_read_it():
