@@ -5,7 +5,6 @@ the samples the clock counted. ``main(out, single=True)`` is the same run in one
 """
 from __future__ import annotations
 
-import gc
 import json
 import sys
 from pathlib import Path
@@ -14,7 +13,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from helpers import toy_classification, toy_model  # noqa: E402
+from helpers import leave_torchrun, toy_classification, toy_model  # noqa: E402
 
 from speedkit.hosts import Speedkit  # noqa: E402
 from speedkit.methods import EMA, LabelSmoothing, Muon  # noqa: E402
@@ -22,8 +21,7 @@ from speedkit.methods import EMA, LabelSmoothing, Muon  # noqa: E402
 STEPS = 6
 
 
-def main(out: Path, single: bool):
-    """Train and write the result; returns the Accelerator (None with ``single``)."""
+def main(out: Path, single: bool) -> None:
     from accelerate import Accelerator
 
     accelerator = None if single else Accelerator(cpu=True)
@@ -56,17 +54,10 @@ def main(out: Path, single: bool):
               "ema_updates": ema.updates, "samples": sk.state.timestamp.sample, "world": sk.world,
               "optimizer": type(optimizer).__name__}
     (out / f"{'single' if single else f'rank{rank}'}.json").write_text(json.dumps(result))
-    return accelerator
-
-
-def close(accelerator) -> None:
-    """End as accelerate asks every script to, with the DDP model released first: torch's gloo group, left open
-    (or closed under a live DDP model) until the interpreter exits, now and then aborts a rank there."""
-    accelerator.free_memory()  # its references to the prepared model and optimizer
-    gc.collect()
-    accelerator.wait_for_everyone()
-    accelerator.end_training()
+    if accelerator is not None:
+        accelerator.end_training()  # as accelerate asks every script to end
 
 
 if __name__ == "__main__":
-    close(main(Path(sys.argv[1]), single=False))
+    main(Path(sys.argv[1]), single=False)
+    leave_torchrun()

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import torch
+from helpers import leave_torchrun
 
 from speedkit import Trainer
 from speedkit.core import distributed
@@ -186,11 +187,7 @@ def main(argv: list[str]) -> None:
         result = SCENARIOS[name](out)
         if distributed.is_main():
             (out / f"{name}.json").write_text(json.dumps(result, indent=1))
-    # Leave together: a rank that exits while the other still has gloo work in flight (here after the
-    # auto_precision scenario, which builds a DDP Trainer and never trains it) aborts at exit now and then
-    # ("terminate called without an active exception"); a fit ends in collectives that line the ranks up.
-    distributed.barrier()
-    torch.distributed.destroy_process_group()
+    leave_torchrun()
 
 
 if __name__ == "__main__":

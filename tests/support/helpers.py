@@ -1,6 +1,9 @@
 """Small models, data and methods shared by the tests."""
 from __future__ import annotations
 
+import os
+import sys
+
 import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
@@ -77,3 +80,22 @@ def load_script(name: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def leave_torchrun() -> None:
+    """End a torchrun worker whose results are written: every rank here, then out without Python's finalization.
+
+    torch's gloo threads drop a finished collective's tensors a moment after its caller has moved on, and a
+    barrier's work holds the collectives that were pending before it. A tensor Python owns, dropped while the
+    interpreter finalizes, asks for the GIL there, and the thread is ended inside a destructor: SIGABRT,
+    "terminate called without an active exception" (gdb on distributed_worker.py: a barrier's work releasing an
+    all_gather's tensors during Py_FinalizeEx). destroy_process_group does not stop those threads while a DDP model
+    built in the process holds the group, so only not finalizing is certain.
+    """
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.barrier()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

@@ -5,6 +5,7 @@ import sys
 from pathlib import Path
 
 import torch
+from helpers import leave_torchrun
 
 from speedkit import Trainer
 from speedkit.core import distributed
@@ -28,3 +29,4 @@ for _ in val:
                                                   "val_size": val.dataset_size,
                                                   "world": distributed.world_size(), "status": record.status,
                                                   "local_batch": loader.local_batch_size}))
+leave_torchrun()

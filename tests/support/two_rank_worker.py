@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import torch
+from helpers import leave_torchrun
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 from speedkit import Callback, RunRecord, Trainer
@@ -113,3 +114,4 @@ def main(out: Path) -> None:
 
 if __name__ == "__main__":
     main(Path(sys.argv[1]))
+    leave_torchrun()
