@@ -1,0 +1,22 @@
+"""`speedkit bench` with the imagenet task's cpu rehearsal cropping training images over another range: the share of
+an image each random-resized crop may take (the cpu profile's own is 0.35-1; the published ResNet-50 pipeline's,
+which the gpu profile takes, 0.08-1). It measures what the range does at the rehearsal's 64-80 px:
+
+    python scripts/imagenet_crop_range.py 0.08 --task imagenet --task-profile cpu --data SHARDS ...
+
+Every argument after the smallest share is speedkit bench's own.
+"""
+import dataclasses
+import sys
+
+from speedkit.cli.main import main
+from speedkit.tasks.builtin import imagenet
+
+if __name__ == "__main__":
+    if len(sys.argv) < 3:
+        sys.exit(__doc__)
+    smallest = float(sys.argv[1])
+    if not 0 < smallest <= 1:
+        sys.exit(f"the smallest share must be in (0, 1], got {smallest}\n{__doc__}")
+    imagenet.PROFILES["cpu"] = dataclasses.replace(imagenet.PROFILES["cpu"], crop_scale=(smallest, 1.0))
+    sys.exit(main(["bench", *sys.argv[2:]]))
