@@ -15,7 +15,10 @@ from speedkit.tasks.builtin import imagenet
 if __name__ == "__main__":
     if len(sys.argv) < 3:
         sys.exit(__doc__)
-    smallest = float(sys.argv[1])
+    try:
+        smallest = float(sys.argv[1])
+    except ValueError:
+        sys.exit(f"the first argument is the smallest share of an image a crop may take, got {sys.argv[1]!r}\n{__doc__}")
     if not 0 < smallest <= 1:
         sys.exit(f"the smallest share must be in (0, 1], got {smallest}\n{__doc__}")
     imagenet.PROFILES["cpu"] = dataclasses.replace(imagenet.PROFILES["cpu"], crop_scale=(smallest, 1.0))
