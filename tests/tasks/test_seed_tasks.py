@@ -44,12 +44,8 @@ def corpus(tmp_path):
     return root
 
 
-def _request(model=None, batch_size=4):
-    return DataRequest(batch_size=batch_size, device=torch.device("cpu"), model=model)
-
-
-def _data_request(task, recipe, model=None):
-    return DataRequest(batch_size=4, device=torch.device("cpu"), model=model, recipe=task.recipe(recipe))
+def _request(model=None, batch_size=4, recipe=None):
+    return DataRequest(batch_size=batch_size, device=torch.device("cpu"), model=model, recipe=recipe)
 
 
 def test_imagenet_cpu_profile_streams_the_folder_at_each_recipes_published_sizes(imagenet_folder):
@@ -63,7 +59,7 @@ def test_imagenet_cpu_profile_streams_the_folder_at_each_recipes_published_sizes
     assert task.models[0] == "resnet18" and task.recipe("hot").model == "resnet18"
     # Composer's recipes train at 176 px and its baseline at 224, both evaluated at 224: times 64/176
     for recipe, train_size, crop in (("mild", 64, 0.966), ("plain-bf16", 80, 0.875)):
-        request = _data_request(task, recipe, model)
+        request = _request(model, recipe=task.recipe(recipe))
         train, evaluate = task.train_data(request), task.eval_data(request)
         assert isinstance(train, StreamingImageLoader)
         assert train._transform.scale == (0.35, 1.0)  # the crops every cpu rehearsal was measured with
@@ -78,8 +74,8 @@ def test_imagenet_cpu_profile_streams_the_folder_at_each_recipes_published_sizes
     # hold for every recipe
     again = imagenet_task(imagenet_folder, profile="cpu", image_size=48, eval_image_size=72)
     for recipe in ("mild", "baseline"):
-        assert next(iter(again.train_data(_data_request(again, recipe))))[0].shape[-1] == 48
-        assert next(iter(again.eval_data(_data_request(again, recipe))))[0].shape[-1] == 72
+        assert next(iter(again.train_data(_request(recipe=again.recipe(recipe)))))[0].shape[-1] == 48
+        assert next(iter(again.eval_data(_request(recipe=again.recipe(recipe)))))[0].shape[-1] == 72
     # the recipes follow the training size: progressive resizing starts at the published 88 px where that is
     # below it (and is off at 48 or 64 px)
     larger = imagenet_task(imagenet_folder, profile="cpu", image_size=128)
@@ -91,7 +87,8 @@ def test_imagenet_gpu_profile_crops_and_sizes_as_the_published_pipeline(imagenet
     with pytest.warns(UserWarning, match="streaming it from shards"):
         task = imagenet_task(imagenet_folder, profile="gpu")
     for recipe, train_size in (("mild", 176), ("baseline", 224)):
-        train, evaluate = task.train_data(_data_request(task, recipe)), task.eval_data(_data_request(task, recipe))
+        request = _request(recipe=task.recipe(recipe))
+        train, evaluate = task.train_data(request), task.eval_data(request)
         assert train._transform.scale == (0.08, 1.0)  # torchvision's RandomResizedCrop, as Composer and FFCV train
         assert next(iter(train))[0].shape[-1] == train_size
         assert next(iter(evaluate))[0].shape[-1] == 224
