@@ -166,6 +166,7 @@ def _add_demo_parser(commands) -> None:
 
 
 def _tasks(args) -> int:
+    from speedkit.cli.show import plain_text
     from speedkit.tasks import FOLDER_TASKS, TASKS
 
     for name, task in TASKS.items():
@@ -173,42 +174,69 @@ def _tasks(args) -> int:
             print(f"{name:<14} {task.summary}; target {task.target_metric} {task.target_value:g}\n"
                   f"{'':<14} models: {', '.join(task.models) if task.models else 'its own'}")
     for name, make in FOLDER_TASKS.items():
-        print(f"{name:<14} {make.__doc__.splitlines()[0]} (needs --data DIR)")
+        print(f"{name:<14} {plain_text(make.__doc__)} (needs --data DIR)")
     print("\nor --task package.module:attr naming a speedkit.Task of your own (see tutorials/t8)")
     return 0
 
 
+# What a folder task's presets depend on, so `speedkit recipes` takes them without --data.
+PRESET_OPTIONS = {"profile", "image_size"}
+OPTION_FLAGS = {"skip_unreadable": "--skip-unreadable", "flips_keep_labels": "--no-flips", "stream": "--stream",
+                "eval_image_size": "--eval-image-size", "profile": "--task-profile", "image_size": "--image-size"}
+
+
 def _recipes(args) -> int:
     from speedkit.tasks import FOLDER_TASKS, TASKS
-    from speedkit.tasks.build import find_task
-    from speedkit.tasks.ladder import measure_hint
-    from speedkit.tasks.task import is_baseline
+    from speedkit.tasks.build import FOLDER_PRESETS, find_task
 
-    options = _folder_options(args)
+    options = _folder_options(args) or {}
     if args.task is None and (args.data is not None or options):
         raise SystemExit("speedkit recipes: --data and the folder options need --task (e.g. --task image-folder "
                          "--data DIR)")
-    names = [args.task] if args.task else [n for n in TASKS if n not in FOLDER_TASKS]
+    names = [args.task] if args.task else [*(n for n in TASKS if n not in FOLDER_TASKS), *FOLDER_TASKS]
     for name in names:
+        if name in FOLDER_PRESETS and args.data is None:
+            _print_folder_presets(name, options)
+            continue
         try:
-            task = find_task(_importable(name), args.data, **(options or {}))
+            task = find_task(_importable(name), args.data, **options)
         except (ValueError, FileNotFoundError) as e:
             raise SystemExit(f"speedkit recipes: {e}") from None
         print(f"{name}:")
-        for recipe_name, recipe in task.recipes.items():
-            print(f"  {recipe_name:<12} {_recipe_kind(task, recipe):<9} {recipe.duration:>6}  {recipe.summary}")
-        unmeasured = [r.name for r in task.recipes.values() if r.unmeasured_rebuild and not is_baseline(task, r.name)]
-        if unmeasured:
-            print(f"  {', '.join(unmeasured)}: rebuilt from another task's presets and not measured here; before "
-                  f"trusting a speed-up, measure it against this task's strongest baseline on one seed:\n    "
-                  + measure_hint(name, ",".join(unmeasured), args.data, options, task.baselines[-1]))
+        _print_presets(name, task.recipes, task.baselines, args.data, options)
     return 0
 
 
-def _recipe_kind(task, recipe) -> str:
-    from speedkit.tasks.task import is_baseline
+def _print_folder_presets(name: str, options: dict) -> None:
+    """A folder task's presets, read without its folder: the flags that need the folder are refused."""
+    from speedkit.tasks.build import folder_task_presets
 
-    if is_baseline(task, recipe.name):
+    from speedkit.tasks.builtin._seed import pick_profile
+
+    needing_data = [OPTION_FLAGS[option] for option in sorted(set(options) - PRESET_OPTIONS)]
+    if needing_data:
+        raise SystemExit(f"speedkit recipes: {', '.join(needing_data)} are about a folder's files; give the "
+                         f"folder with --data DIR, or leave them out to list {name}'s presets")
+    recipes, baselines = folder_task_presets(name, options.get("profile"), options.get("image_size"))
+    profile = f", {pick_profile(name, options.get('profile'))} profile" if name in ("imagenet", "gpt2") else ""
+    print(f"{name} (trains on --data DIR{profile}):")
+    _print_presets(name, recipes, baselines, "DIR", options)
+
+
+def _print_presets(name: str, recipes: dict, baselines: tuple, data, options: dict) -> None:
+    from speedkit.tasks.ladder import measure_hint
+
+    for recipe_name, recipe in recipes.items():
+        print(f"  {recipe_name:<12} {_recipe_kind(baselines, recipe):<9} {recipe.duration:>6}  {recipe.summary}")
+    unmeasured = [r.name for r in recipes.values() if r.unmeasured_rebuild and r.name not in baselines]
+    if unmeasured:
+        print(f"  {', '.join(unmeasured)}: rebuilt from another task's presets and not measured here; before "
+              f"trusting a speed-up, measure it against this task's strongest baseline on one seed:\n    "
+              + measure_hint(name, ",".join(unmeasured), data, options or None, baselines[-1]))
+
+
+def _recipe_kind(baselines: tuple, recipe) -> str:
+    if recipe.name in baselines:
         return "baseline"
     return "rebuilt" if recipe.unmeasured_rebuild else "speed-up"
 

@@ -4,6 +4,7 @@ from inside site-packages."""
 from __future__ import annotations
 
 import contextlib
+import re
 import sys
 import warnings
 
@@ -36,6 +37,14 @@ def method_card_text(name: str) -> str:
 
 def _call(card) -> str:
     return ", ".join(f"{h.name}={h.default!r}" for h in card.hparams[:3]) + (", ..." if len(card.hparams) > 3 else "")
+
+
+def plain_text(docstring: str) -> str:
+    """A docstring's first paragraph as plain text for a terminal: its lines joined, reStructuredText's inline
+    markup (````code````, ``:role:`target```, ```text```) reduced to the text it marks."""
+    paragraph = " ".join(line.strip() for line in (docstring or "").strip().split("\n\n")[0].splitlines())
+    paragraph = re.sub(r":[a-z]+:`~?([^`]+)`", r"\1", paragraph)
+    return re.sub(r"``([^`]+)``|`([^`]+)`", lambda m: m.group(1) or m.group(2), paragraph)
 
 
 @contextlib.contextmanager

@@ -20,7 +20,7 @@ from speedkit.data.identity import data_identity
 from speedkit.methods import build_methods
 from speedkit.optim.factory import make_optimizer_factory
 from speedkit.record.metrics import Evaluator
-from speedkit.tasks.ladder import measure_hint, with_enough_steps
+from speedkit.tasks.ladder import STRONG_BASELINE, measure_hint, with_enough_steps, with_ladder
 from speedkit.tasks.recipes import Recipe, timing_eval_interval, without_flips
 from speedkit.tasks.task import (FOLDER_TASKS, TASKS, DataRequest, Task, did_you_mean, get_recipe, import_attribute,
                                   is_baseline, register_task)
@@ -78,6 +78,54 @@ def _refuse_data(data, options: dict, what: str) -> None:
     if data is not None:
         raise ValueError(f"{what} loads its own data, so data={str(data)!r} would be ignored; --data DIR is for "
                          f"{sorted(FOLDER_TASKS)} and for task functions that take data=")
+
+
+# A folder task's presets are read without its folder (``speedkit recipes --task imagenet`` lists them): per task,
+# its domain, its baselines and a function of the options the presets depend on (the seed tasks' profile, imagenet's
+# training size).
+def _image_folder_presets(profile, image_size):
+    from speedkit.tasks.recipes import load_presets
+
+    return load_presets("image-folder")
+
+
+def _text_folder_presets(profile, image_size):
+    from speedkit.tasks.builtin.pydocs import PYDOCS
+    from speedkit.tasks.builtin.text_folder import _adopted
+
+    return _adopted(PYDOCS.recipes, ("baseline",))
+
+
+def _imagenet_presets(profile, image_size):
+    from speedkit.tasks.builtin._seed import pick_profile
+    from speedkit.tasks.builtin.imagenet import imagenet_recipes
+
+    return imagenet_recipes(pick_profile("imagenet", profile), image_size)
+
+
+def _gpt2_presets(profile, image_size):
+    from speedkit.tasks.builtin._seed import pick_profile
+    from speedkit.tasks.builtin.gpt2 import gpt2_recipes
+
+    return gpt2_recipes(pick_profile("gpt2", profile))
+
+
+FOLDER_PRESETS = {"image-folder": ("vision", ("baseline",), _image_folder_presets),
+                  "text-folder": ("language", ("baseline",), _text_folder_presets),
+                  "imagenet": ("vision", ("baseline", "plain-bf16"), _imagenet_presets),
+                  "gpt2": ("language", ("baseline",), _gpt2_presets)}
+
+
+def folder_task_presets(task: str, profile: str | None = None,
+                        image_size: int | None = None) -> tuple[dict[str, Recipe], tuple[str, ...]]:
+    """A folder task's presets and baselines as the task runs them, without its folder: the same recipes
+    ``find_task(task, DIR).recipes`` holds (the seed tasks' at ``profile``, imagenet's at ``image_size``),
+    the domain's ladder rebuilt on the baseline where the task ships none of its rungs."""
+    domain, baselines, presets = FOLDER_PRESETS[task]
+    recipes = with_ladder(domain, presets(profile, image_size))
+    if STRONG_BASELINE in recipes and STRONG_BASELINE not in baselines:
+        baselines = (*baselines, STRONG_BASELINE)
+    return recipes, baselines
 
 
 def model_fit_problem(task: Task, model: str) -> str | None:

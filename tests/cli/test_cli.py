@@ -161,10 +161,47 @@ def test_recipes_of_a_folder_task_say_which_rungs_nobody_measured_there_and_how_
             f"--baselines plain-bf16 --seeds 1") in out
     assert main(["recipes", "--task", "fashion-mnist"]) == 0
     assert "not measured here" not in capsys.readouterr().out  # the built-in presets were measured on their task
-    with pytest.raises(SystemExit, match="give the folder"):
-        main(["recipes", "--task", "text-folder"])
+    with pytest.raises(SystemExit, match="--no-flips are about a folder's files; give the folder with --data"):
+        main(["recipes", "--task", "text-folder", "--no-flips"])
     with pytest.raises(SystemExit, match="need --task"):
         main(["recipes", "--data", str(tmp_path)])
+
+
+def test_recipes_lists_every_task_and_a_folder_tasks_presets_without_its_folder(tmp_path, capsys):
+    """``speedkit recipes`` lists all the tasks, the folder tasks' presets too; ``--task imagenet`` lists its presets
+    without --data, as its profile runs them; a folder task's presets read without the folder are the ones it
+    runs with it."""
+    from PIL import Image
+
+    from speedkit.tasks import FOLDER_TASKS, TASKS
+
+    assert main(["recipes"]) == 0
+    listed = re.findall(r"^(\S+)[ :]", capsys.readouterr().out, flags=re.M)
+    assert listed == [*(n for n in TASKS if n not in FOLDER_TASKS), *FOLDER_TASKS]
+    assert main(["recipes", "--task", "imagenet", "--task-profile", "cpu"]) == 0
+    out = capsys.readouterr().out
+    rows = dict(re.findall(r"^  (\S+) +(baseline|rebuilt|speed-up) ", out, flags=re.M))
+    assert rows == {"baseline": "baseline", "plain-bf16": "baseline", "mild": "speed-up", "medium": "speed-up",
+                    "hot": "speed-up"}, out
+    assert "cpu profile" in out and "progressive resizing off" in out  # the rehearsal's presets, as it runs them
+
+    for label in ("a", "b"):
+        (tmp_path / label).mkdir()
+        for i in range(6):
+            Image.new("RGB", (12, 12), color=(i * 40, 0, 0)).save(tmp_path / label / f"{i}.png")
+    assert main(["recipes", "--task", "image-folder"]) == 0
+    without_folder = capsys.readouterr().out.splitlines()[1:]
+    assert main(["recipes", "--task", "image-folder", "--data", str(tmp_path)]) == 0
+    with_folder = capsys.readouterr().out.replace(str(tmp_path), "DIR").splitlines()[1:]
+    assert without_folder == with_folder and len(with_folder) >= 5
+
+
+def test_tasks_prints_plain_text_not_restructured_text(capsys):
+    """``speedkit tasks`` shows each folder task's whole first paragraph, without reStructuredText's markup."""
+    assert main(["tasks"]) == 0
+    out = capsys.readouterr().out
+    assert "``" not in out and ":func:" not in out
+    assert "recipe (--task gpt2)" in out and "(--task imagenet)" in out  # a paragraph over two lines, joined
 
 
 def test_a_pipe_closed_early_ends_quietly():
