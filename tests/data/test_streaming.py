@@ -354,10 +354,10 @@ class StopAt(Callback):
             self.trainer.stop()
 
 
-def _fit(shards, folder, stop_at=None, resume=False, workers=0):
+def _fit(shards, folder, stop_at=None, resume=False, workers=0, subsample=1.0):
     from speedkit import Trainer
 
-    loader = StreamingImageLoader(shards, 6, image_size=16, seed=5, num_workers=workers)
+    loader = StreamingImageLoader(shards, 6, image_size=16, seed=5, num_workers=workers, subsample=subsample)
     loader.seen_ids = []
     callbacks = [StopAt(stop_at)] if stop_at else []
     trainer = Trainer(tiny_convnet(seed=9 if resume else 0), loader, max_duration="3ep", deterministic=True,
@@ -389,6 +389,46 @@ def test_a_run_stopped_mid_epoch_resumes_exactly_through_the_trainer(image_shard
     after = second_loader.seen_ids[: size - len(before)]
     assert len(before) == 2 * 6 and sorted(before + after) == list(range(size))
     assert first_loader.seen_ids + second_loader.seen_ids == full_loader.seen_ids
+
+
+def test_a_run_on_a_fraction_of_the_data_resumes_exactly_and_sees_each_sample_once_an_epoch(image_shards, tmp_path):
+    """litdata's state of a subsampled epoch holds numpy integers; the checkpoint (loaded weights-only) takes it."""
+    _, out, _ = image_shards
+    full, full_loader = _fit(out, tmp_path / "full", subsample=0.5)
+    per_epoch, size = len(full_loader), len(full_loader.seen_ids) // 3
+    assert size < full_loader.dataset_size
+    first, first_loader = _fit(out, tmp_path / "part", stop_at=per_epoch + 1, subsample=0.5)
+    resumed, second_loader = _fit(out, tmp_path / "part", resume=True, subsample=0.5)
+    assert first.status == "stopped" and second_loader.resumed_at == (1, 1)
+    assert _losses(resumed) == _losses(full)
+    seen = first_loader.seen_ids + second_loader.seen_ids
+    assert seen == full_loader.seen_ids
+    epochs = [seen[i * size:(i + 1) * size] for i in range(3)]
+    assert all(sorted(epoch) == sorted(epochs[0]) == sorted(set(epoch)) for epoch in epochs)
+
+
+def test_a_fraction_run_checkpointed_with_numpy_integers_in_litdatas_state_resumes(image_shards, tmp_path):
+    """As the loaders wrote it before storing plain ints: the numpy number loads, an array still does not."""
+    import numpy as np
+
+    from speedkit.train.checkpoint.format import CheckpointError, load_checkpoint, save_checkpoint
+
+    _, out, _ = image_shards
+    full, full_loader = _fit(out, tmp_path / "full", subsample=0.5)
+    _fit(out, tmp_path / "part", stop_at=len(full_loader) + 1, subsample=0.5)
+    folder = tmp_path / "part" / "r" / "checkpoints"
+    for path in folder.glob("*.ckpt"):
+        payload = load_checkpoint(path)
+        regions = payload["dataloader"]["litdata"]["dataset"]["region_of_interest"]
+        payload["dataloader"]["litdata"]["dataset"]["region_of_interest"] = [(a, np.int64(b)) for a, b in regions]
+        path.unlink()
+        save_checkpoint(path, {k: v for k, v in payload.items() if k != "format_version"})
+    resumed, loader = _fit(out, tmp_path / "part", resume=True, subsample=0.5)
+    assert _losses(resumed) == _losses(full) and loader.resumed_at == (1, 1)
+    assert not list(folder.glob("*.unusable"))
+    save_checkpoint(tmp_path / "array.ckpt", {"dataloader": np.arange(3)})
+    with pytest.raises(CheckpointError, match="will not unpickle"):
+        load_checkpoint(tmp_path / "array.ckpt")
 
 
 def test_a_streamed_run_makes_no_host_wait_between_logging_steps_across_epochs(image_shards, tmp_path):

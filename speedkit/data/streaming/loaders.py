@@ -141,6 +141,16 @@ class _Windows:
         return inputs, targets, torch.tensor([int(i["id"]) for i in items], dtype=torch.int64)
 
 
+def _plain(value):
+    """litdata's state with its numpy integers (a subsample's region of interest) as Python numbers: a checkpoint
+    is loaded weights-only and holds plain data."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_plain(v) for v in value)
+    return value.item() if hasattr(value, "item") and type(value).__module__ == "numpy" else value
+
+
 class _StreamingLoader(GlobalBatch):
     """What the image and token loaders share: the litdata loader, epochs, resuming, ranks."""
 
@@ -267,7 +277,7 @@ class _StreamingLoader(GlobalBatch):
         """Where the iteration stands (epoch, batches handed out, litdata's loader state) and which data it is."""
         return {"kind": self.kind, "fingerprint": self.fingerprint, "root": self.shards.location,
                 "split": self.split, "epoch": self._iter_epoch, "batches": self._yielded,
-                "litdata": self.loader.state_dict() if self._yielded else None}
+                "litdata": _plain(self.loader.state_dict()) if self._yielded else None}
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from ``state`` at the next ``iter_from`` of its epoch and batch; refuse other data."""

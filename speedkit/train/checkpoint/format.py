@@ -63,7 +63,8 @@ def load_checkpoint(path: str | os.PathLike, map_location="cpu") -> dict:
         raise CheckpointError(f"{path} is corrupt: its checksum does not match (truncated by a crash, or "
                               f"edited); use an earlier checkpoint from the same folder")
     try:
-        payload = torch.load(io.BytesIO(data), map_location=map_location, weights_only=True)
+        with torch.serialization.safe_globals(_numpy_numbers()):
+            payload = torch.load(io.BytesIO(data), map_location=map_location, weights_only=True)
     except Exception as e:  # weights_only refuses anything that is not plain data
         raise CheckpointError(f"{path} holds objects that speedkit will not unpickle ({_refused_object(e)}); only tensors and "
                               f"plain containers are loaded, and a speedkit checkpoint never holds code, so this "
@@ -76,6 +77,14 @@ def load_checkpoint(path: str | os.PathLike, map_location="cpu") -> dict:
         raise CheckpointError(f"{path} has checkpoint format {version}, this speedkit reads {FORMAT_VERSION}; "
                               f"load it with the speedkit version that wrote it")
     return _upgraded(payload)
+
+
+def _numpy_numbers() -> list:
+    """What a numpy number (``np.int64(10)``) unpickles through: numpy's scalar constructor and the numeric dtypes,
+    never arrays nor the ``object`` dtype, so it builds a number and never runs code. A streamed run's checkpoint
+    written before its loader stored litdata's state as plain ints holds such numbers."""
+    core = getattr(np, "_core", None) or np.core
+    return [core.multiarray.scalar, np.dtype, *{type(np.dtype(code)) for code in "?bhilqBHILQefd"}]
 
 
 def _refused_object(error: Exception) -> str:
