@@ -139,8 +139,21 @@ class Muon(torch.optim.Optimizer):
         updates = torch._foreach_add(grads, buffers, alpha=momentum) if group["nesterov"] else buffers
         if wd:
             torch._foreach_mul_(params, 1.0 - lr * wd)
-        for p, update in zip(params, updates):
-            matrix = update.reshape(update.size(0), -1)
-            ortho = zeropower_via_newtonschulz(matrix, steps=group["ns_steps"])
-            rows, cols = matrix.shape
-            p.add_(ortho.view_as(p), alpha=-lr * max(1.0, rows / cols) ** 0.5)
+        for same_shape, same_shape_updates in _by_shape(params, updates):
+            # One batched iteration for all the matrices of a shape: a transformer's layers repeat the same few
+            # shapes, so its step runs a handful of iterations rather than one per matrix.
+            stacked = torch.stack(same_shape_updates)
+            matrices = stacked.reshape(len(same_shape), stacked.size(1), -1)
+            ortho = zeropower_via_newtonschulz(matrices, steps=group["ns_steps"]).view_as(stacked)
+            rows, cols = matrices.shape[-2:]
+            torch._foreach_add_(same_shape, ortho.unbind(0), alpha=-lr * max(1.0, rows / cols) ** 0.5)
+
+
+def _by_shape(params: list[torch.Tensor], updates: list[torch.Tensor]):
+    """``(params, updates)`` lists, one pair per shape, dtype and device, in the order each first appears."""
+    groups: dict = {}
+    for p, update in zip(params, updates):
+        same = groups.setdefault((tuple(update.shape), update.dtype, update.device), ([], []))
+        same[0].append(p)
+        same[1].append(update)
+    return groups.values()

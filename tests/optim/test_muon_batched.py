@@ -1,0 +1,78 @@
+"""Muon orthogonalises all the matrices of one shape in one batched Newton-Schulz iteration: the same numbers as
+one iteration per matrix, a handful of iterations per step instead of one per matrix, and the same state layout
+(a momentum buffer per parameter), so checkpoints written before still load."""
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.nn as nn
+
+import speedkit.optim.muon as muon_module
+from speedkit.optim.muon import Muon, zeropower_via_newtonschulz
+
+SHAPES = [(24, 16), (8, 3, 3, 3), (24, 16), (16, 24), (8, 3, 3, 3), (24, 16)]
+
+
+def _params():
+    torch.manual_seed(0)
+    return [nn.Parameter(torch.randn(*shape)) for shape in SHAPES]
+
+
+def test_batched_steps_match_one_iteration_per_matrix():
+    params = _params()
+    expected = [p.detach().clone() for p in params]
+    buffers = [torch.zeros_like(p) for p in params]
+    lr, momentum, wd = 0.05, 0.9, 0.1
+    opt = Muon(params, lr=lr, momentum=momentum, nesterov=True, weight_decay=wd)
+    for _ in range(3):
+        grads = [torch.randn_like(p) for p in params]
+        for p, g in zip(params, grads):
+            p.grad = g.clone()
+        opt.step()
+        for i, g in enumerate(grads):
+            buffers[i] = momentum * buffers[i] + g
+            matrix = (g + momentum * buffers[i]).reshape(g.size(0), -1)
+            rows, cols = matrix.shape
+            ortho = zeropower_via_newtonschulz(matrix).view_as(g)
+            expected[i] = expected[i] * (1 - lr * wd) - lr * max(1.0, rows / cols) ** 0.5 * ortho
+    for p, want in zip(params, expected):
+        torch.testing.assert_close(p.detach(), want, rtol=1e-4, atol=1e-5)
+
+
+def test_one_newton_schulz_iteration_per_shape(monkeypatch):
+    calls = []
+
+    def counted(G, *args, **kwargs):
+        calls.append(tuple(G.shape))
+        return zeropower_via_newtonschulz(G, *args, **kwargs)
+
+    monkeypatch.setattr(muon_module, "zeropower_via_newtonschulz", counted)
+    params = _params()
+    opt = Muon(params, lr=0.02)
+    for p in params:
+        p.grad = torch.randn_like(p)
+    opt.step()
+    assert sorted(calls) == sorted([(3, 24, 16), (2, 8, 27), (1, 16, 24)])
+
+
+def test_state_layout_is_a_momentum_buffer_per_parameter_and_resumes_exactly():
+    params = _params()
+    opt = Muon(params, lr=0.02)
+    for p in params:
+        p.grad = torch.randn_like(p)
+    opt.step()
+    saved = opt.state_dict()
+    assert sorted(saved["state"]) == list(range(len(SHAPES)))
+    assert all(set(s) == {"momentum_buffer"} and s["momentum_buffer"].shape == p.shape
+               for s, p in zip(saved["state"].values(), params))
+    copies = [nn.Parameter(p.detach().clone()) for p in params]
+    resumed = Muon(copies, lr=0.02)
+    resumed.load_state_dict(copy.deepcopy(saved))  # a checkpoint's copy, not the live buffers
+    grads = [torch.randn_like(p) for p in params]
+    for p, q, g in zip(params, copies, grads):
+        p.grad, q.grad = g.clone(), g.clone()
+    opt.step()
+    resumed.step()
+    for p, q in zip(params, copies):
+        torch.testing.assert_close(p, q, rtol=0, atol=0)
