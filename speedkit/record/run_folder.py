@@ -325,7 +325,10 @@ EXPERIMENT = (
     ("methods", "--methods / methods", _methods),
     ("seed", "--seed / seed", lambda c, m: c.get("seed")),
     ("data fraction", "--data-fraction", lambda c, m: c.get("data_fraction")),
+    # what trained, resolved (a size left to its default included), not only what was typed
+    ("input size", "--image-size / --eval-image-size", lambda c, m: c.get("inputs")),
 )
+SINCE_LATER = frozenset({"input size"})  # older records lack these: not compared there
 
 
 # The rest of the run description (the config a Trainer records, data identity included) is compared key by key;
@@ -336,7 +339,8 @@ NOT_COMPARED = frozenset({
     "recipe_spec.methods",  # the same methods as ``methods``, compared there
 })
 COVERED = frozenset({"task", "recipe", "recipe_spec.model", "model", "parameters", "max_duration",
-                     "recipe_spec.duration", "batch_size", "recipe_spec.batch_size", "seed", "data_fraction"})
+                     "recipe_spec.duration", "batch_size", "recipe_spec.batch_size", "seed", "data_fraction",
+                     "inputs"})
 FLAGS = {"precision": "--precision", "recipe_spec.precision": "--precision", "eval_interval": "--eval-interval",
          "recipe_spec.eval_interval": "--eval-interval", "target": "--target", "stop_at_target": "--stop-at-target",
          "eval_fraction": "--eval-fraction", "data": "--data / --image-size and the folder's files",
@@ -368,7 +372,19 @@ def _shown(what: str, value) -> str:
         return str(value[0] or value[1])
     if what == "methods":
         return ", ".join(f"{name}({params})" if params != "{}" else name for name, params in value) or "none"
+    if what == "input size" and isinstance(value, dict):
+        return describe_inputs(value)
     return repr(value)
+
+
+def describe_inputs(inputs: dict) -> str:
+    """``{"train": 32, "eval": 48, "unit": "px"}`` as "32 px (evaluated at 48 px)", or "32 px" where both agree."""
+    unit = inputs.get("unit", "")
+    train, evaluate = inputs.get("train"), inputs.get("eval")
+    if train is None or evaluate is None or train == evaluate:
+        shown = train if train is not None else evaluate
+        return f"{shown} {unit}" + (" (evaluation)" if train is None else "")
+    return f"{train} {unit} (evaluated at {evaluate} {unit})"
 
 
 def experiment_changes(previous: dict, config: dict, methods: list) -> dict[str, str]:
@@ -385,6 +401,8 @@ def experiment_changes(previous: dict, config: dict, methods: list) -> dict[str,
         before, now = read(before_config, before_methods), read(config, methods)
         if what == "model" and before[0] is None:  # a hand-built Trainer's record: class and size only
             before, now = before[1:], now[1:]
+        if before is None and what in SINCE_LATER:
+            continue
         if before != now:
             changes[what] = f"{what}: the run has {_shown(what, before)}, this one asks for {_shown(what, now)} ({flag})"
     flat_before, flat_now = _flatten(before_config), _flatten(config)
@@ -487,6 +505,13 @@ class RunFolderClaim:
         if changes:
             hint = (" To train it longer, pass --extend-duration (extend_duration=True) with the longer --duration."
                     if "duration" in changes else "")
+            inputs = (previous.get("config") or {}).get("inputs") or {}
+            if "input size" in changes and inputs.get("unit") == "px":
+                evaluated = inputs.get("eval")
+                hint += (f" It trained at {describe_inputs(inputs)}: to continue it, give the sizes it trained at "
+                         f"(--image-size {inputs.get('train')}"
+                         + (f" --eval-image-size {evaluated}" if evaluated not in (None, inputs.get("train")) else "")
+                         + ").")
             raise RunFolderError(f"autoresume (--autoresume): the run in {self.folder} is a different experiment: "
                                  + "; ".join(changes.values()) + f" (as its {source} describes it). Continue it "
                                  "with its own settings, or start this one under another --run-name; nothing was "

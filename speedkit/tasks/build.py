@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import torch
 
-from speedkit.core.batch import call_model, to_device
+from speedkit.core.batch import batch_inputs, call_model, to_device
 from speedkit.core.devices import loader_workers, resolve_device
 from speedkit.core.method import NothingToChangeError
 from speedkit.data.identity import data_identity
@@ -283,11 +283,12 @@ def _trainer_of(request: RunRequest, spec: Task, recipe: Recipe) -> Trainer:
     if rung and planned_on_data(request):
         recipe = with_enough_steps(recipe, spec.recipes["baseline"], _length(train))  # never a handful of steps
     evaluators = [Evaluator(spec.eval_data(data_request), dict(spec.metrics()))]
-    check_model_fits_data(spec, net, evaluators[0].dataloader)
+    eval_batch = check_model_fits_data(spec, net, evaluators[0].dataloader)
     target_value = request.target if request.target is not None else recipe_target(spec, recipe)
+    inputs = input_sizes(train, eval_batch)
     config = {"task": spec.name, "data_fraction": request.data_fraction,
               "target": {"metric": spec.target_metric, "value": target_value}, **_data_description(request),
-              **(request.extra_config or {})}
+              **({"inputs": inputs} if inputs else {}), **(request.extra_config or {})}
     where = {k: v for k, v in (("run_name", request.run_name), ("run_dir", request.run_dir)) if v is not None}
     trainer = Trainer(
         net, train, evaluators=evaluators, device=device, seed=request.seed,
@@ -310,9 +311,10 @@ def _data_description(request: RunRequest) -> dict:
     return described
 
 
-def check_model_fits_data(task: Task, model: torch.nn.Module, eval_data) -> None:
+def check_model_fits_data(task: Task, model: torch.nn.Module, eval_data):
     """One evaluation batch through the fresh model, so that a model whose outputs do not fit the task's
-    labels is refused when the run is built, naming both, rather than when it starts training."""
+    labels is refused when the run is built, naming both, rather than when it starts training. Returns that
+    batch (what evaluation takes in: ``input_sizes`` reads it)."""
     device = next(model.parameters(), torch.empty(0)).device
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):  # training's draws stay put
         batch = next(iter(eval_data), None)
@@ -335,6 +337,52 @@ def check_model_fits_data(task: Task, model: torch.nn.Module, eval_data) -> None
         check_first_outputs(SimpleNamespace(batch=batch, outputs=outputs, model=model), default_loss=default_loss)
     except (ValueError, TypeError) as e:
         raise type(e)(f"task {task.name!r}: {e}") from e
+    return batch
+
+
+# -- what a run takes in ------------------------------------------------------------------------
+def input_sizes(train_loader, eval_batch) -> dict | None:
+    """The input sizes a run trains and evaluates at, as they are, not as a recipe publishes them:
+    ``{"train": 32, "eval": 32, "unit": "px"}`` (an image's side, ``"HxW"`` where not square) or ``"tokens"`` (a
+    sequence's length). Training's is what its loader decodes at (a progressive resize starts below it);
+    evaluation's is read from an evaluation batch. None where neither is known (a loader of the user's own)."""
+    sizes = {"train": _loader_input_size(train_loader), "eval": _batch_input_size(eval_batch)}
+    units = {size[1] for size in sizes.values() if size is not None}
+    if len(units) != 1:
+        return None
+    return {**{part: size[0] for part, size in sizes.items() if size is not None}, "unit": units.pop()}
+
+
+def _loader_input_size(loader) -> tuple | None:
+    """(size, unit) that a loader states: a streamed loader's full image size, an in-memory one's stored images,
+    a token loader's sequence length; a wrapped loader's (``.loader``)."""
+    for _ in range(3):
+        size = getattr(loader, "full_image_size", None) or getattr(loader, "image_size", None)
+        if isinstance(size, int):
+            return size, "px"
+        images = getattr(loader, "images", None)
+        if isinstance(images, torch.Tensor) and images.ndim == 4:
+            return _side(images.shape[-2:]), "px"
+        if isinstance(getattr(loader, "seq_len", None), int):
+            return loader.seq_len, "tokens"
+        loader = getattr(loader, "loader", None)
+    return None
+
+
+def _batch_input_size(batch) -> tuple | None:
+    inputs = batch_inputs(batch) if batch is not None else None
+    if not isinstance(inputs, torch.Tensor):
+        return None
+    if inputs.ndim == 4:
+        return _side(inputs.shape[-2:]), "px"
+    if inputs.ndim == 2 and not inputs.is_floating_point():
+        return int(inputs.shape[-1]), "tokens"
+    return None
+
+
+def _side(shape) -> int | str:
+    height, width = int(shape[0]), int(shape[1])
+    return height if height == width else f"{height}x{width}"
 
 
 def recipe_target(spec: Task, recipe: Recipe) -> float:

@@ -437,6 +437,29 @@ def test_hidden_folders_are_no_classes_and_a_changed_data_folder_or_image_size_i
     assert "data:" in capsys.readouterr().err
 
 
+def test_autoresume_compares_the_image_size_that_trained_not_only_the_flag_typed(tmp_path, capsys, monkeypatch):
+    """A run started without --image-size trained at the task's default (32 px): resuming it with --image-size 48 is
+    refused naming the flag and the size to give, nothing touched; the same size typed out continues it."""
+    data = image_folder(tmp_path / "photos")
+    monkeypatch.chdir(tmp_path)
+    args = ["train", "--task", "image-folder", "--data", str(data), "--duration", "3ba", "--batch-size", "8",
+            "--no-progress", "--run-name", "img"]
+    assert main(args) == 0
+    run = tmp_path / "runs" / "img"
+    assert record(run)["config"]["inputs"] == {"train": 32, "eval": 32, "unit": "px"}
+    capsys.readouterr()
+    before = snapshot(run)
+    longer = [*args, "--autoresume", "--extend-duration", "--duration", "6ba"]
+    assert main([*longer, "--image-size", "48"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "input size: the run has 32 px, this one asks for 48 px (--image-size" in err, err
+    assert "give the sizes it trained at (--image-size 32)" in err
+    assert snapshot(run) == before
+    assert main([*longer, "--image-size", "32"]) == 0
+    continued = record(run)
+    assert continued["steps"][-1]["batch"] == 6 and continued["config"]["inputs"]["train"] == 32
+
+
 # -- export -------------------------------------------------------------------------------------------
 def test_export_refuses_a_folder_or_the_runs_own_files_as_out_and_touches_nothing(reference, tmp_path, capsys):
     run = copy_run(reference, tmp_path)
