@@ -211,16 +211,13 @@ def _print_folder_presets(name: str, options: dict) -> None:
     """A folder task's presets, read without its folder: the flags that need the folder are refused."""
     from speedkit.tasks.build import folder_task_presets
 
-    from speedkit.tasks.builtin._seed import pick_profile
-
     needing_data = [OPTION_FLAGS[option] for option in sorted(set(options) - PRESET_OPTIONS)]
     if needing_data:
         raise SystemExit(f"speedkit recipes: {', '.join(needing_data)} are about a folder's files; give the "
                          f"folder with --data DIR, or leave them out to list {name}'s presets")
-    recipes, baselines = folder_task_presets(name, options.get("profile"), options.get("image_size"))
-    profile = f", {pick_profile(name, options.get('profile'))} profile" if name in ("imagenet", "gpt2") else ""
-    print(f"{name} (trains on --data DIR{profile}):")
-    _print_presets(name, recipes, baselines, "DIR", options)
+    presets = folder_task_presets(name, options.get("profile"), options.get("image_size"))
+    print(f"{name} (trains on --data DIR{f', {presets.profile} profile' if presets.profile else ''}):")
+    _print_presets(name, presets.recipes, presets.baselines, "DIR", options)
 
 
 def _print_presets(name: str, recipes: dict, baselines: tuple, data, options: dict) -> None:

@@ -116,16 +116,19 @@ FOLDER_PRESETS = {"image-folder": ("vision", ("baseline",), _image_folder_preset
                   "gpt2": ("language", ("baseline",), _gpt2_presets)}
 
 
-def folder_task_presets(task: str, profile: str | None = None,
-                        image_size: int | None = None) -> tuple[dict[str, Recipe], tuple[str, ...]]:
-    """A folder task's presets and baselines as the task runs them, without its folder: the same recipes
+def folder_task_presets(task: str, profile: str | None = None, image_size: int | None = None) -> SimpleNamespace:
+    """A folder task's ``recipes`` and ``baselines`` as the task runs them, without its folder: the same recipes
     ``find_task(task, DIR).recipes`` holds (the seed tasks' at ``profile``, imagenet's at ``image_size``),
-    the domain's ladder rebuilt on the baseline where the task ships none of its rungs."""
+    the domain's ladder rebuilt on the baseline where the task ships none of its rungs; ``profile`` is the one
+    they are at (None for a task without profiles)."""
+    from speedkit.tasks.builtin._seed import pick_profile
+
     domain, baselines, presets = FOLDER_PRESETS[task]
     recipes = with_ladder(domain, presets(profile, image_size))
     if STRONG_BASELINE in recipes and STRONG_BASELINE not in baselines:
         baselines = (*baselines, STRONG_BASELINE)
-    return recipes, baselines
+    profile = pick_profile(task, profile) if task in ("imagenet", "gpt2") else None
+    return SimpleNamespace(recipes=recipes, baselines=baselines, profile=profile)
 
 
 def model_fit_problem(task: Task, model: str) -> str | None:
