@@ -28,11 +28,11 @@ methods that need a batch, the loss, the optimizer or evaluation's start, naming
 Logging, progress bars and checkpoints stay the Trainer's; methods' notes go to the ``speedkit`` logger.
 
 **Saving and reloading a surgered model.** ``from_pretrained`` builds the architecture from ``config.json``,
-which knows nothing of speedkit's surgeries: QK-norm's gains would be dropped as unexpected keys and rotary
-positions lost, silently. So SpeedkitTrainer's model writes ``speedkit_surgery.json`` (the surgeries and their
-parameters) beside its weights whenever it is saved (``trainer.save_model()``, ``model.save_pretrained()``,
-each ``checkpoint-N``), and :func:`load_pretrained` is the way back: it builds the model, runs the same
-surgeries, and loads every saved tensor, refusing a folder whose tensors do not all fit.
+which knows nothing of speedkit's surgeries (QK-norm's gains, rotary positions, ReLU²). So a model they changed
+records them in ``config.json`` whenever it is saved (``trainer.save_model()``, ``model.save_pretrained()``,
+each ``checkpoint-N``; see ``speedkit.hosts.pretrained``), in a form a plain ``from_pretrained`` refuses with a
+message naming :func:`load_pretrained`, the way back: it builds the model, runs the same surgeries, and loads
+every saved tensor, refusing a folder whose tensors do not all fit.
 """
 from __future__ import annotations
 
@@ -48,12 +48,12 @@ import transformers
 from speedkit.core import Event, Method
 from speedkit.hosts._checks import refuse_double_clipping
 from speedkit.hosts._optimizers import as_one_optimizer
+from speedkit.hosts.pretrained import mark_surgered, saved_surgeries
 from speedkit.hosts.session import Host, HostCannotServeError, MethodSession
 from speedkit.methods.ema import load_weights, model_tensors
 
 METHOD_STATE_FILE = "speedkit_methods.pt"  # in each checkpoint-N folder, beside optimizer.pt
 TRAINING_WEIGHTS = "training_weights"  # in speedkit_methods.pt, when the checkpoint's model weights are EMA's
-SURGERY_FILE = "speedkit_surgery.json"  # beside a saved model's weights: the surgeries load_pretrained re-runs
 LOG = logging.getLogger("speedkit")
 
 _USE_SUBCLASS = "use speedkit.hosts.hf.SpeedkitTrainer in place of transformers.Trainer"
@@ -126,7 +126,6 @@ class SpeedkitCallback(transformers.TrainerCallback):
                                          schedules=self.schedules)
             self.session.ends_epochs = False
             self.session.init(model)
-            record_surgeries_on_save(model, self.session.methods)
 
     def on_train_begin(self, args, state, control, model=None, optimizer=None, train_dataloader=None, **kwargs):
         session = self.session
@@ -175,7 +174,6 @@ class SpeedkitTrainer(transformers.Trainer):
                                       schedules=schedules, loss_fn=loss_fn)
         self.speedkit.ends_epochs = False
         self.speedkit.init(self.model)  # before create_optimizer: new parameters are in the optimizer
-        record_surgeries_on_save(self.model, self.speedkit.methods)
         self.add_callback(SpeedkitCallback(session=self.speedkit))
 
     def create_optimizer(self, model=None):
@@ -248,43 +246,21 @@ class SpeedkitTrainer(transformers.Trainer):
             load_weights(self.model, saved[TRAINING_WEIGHTS])
 
 
-def surgeries_of(methods) -> list[dict]:
-    """The model surgeries (methods that act at INIT) among ``methods``, as data: name and parameters."""
-    return [{"name": m.name, "params": dict(m.params)} for m in methods if Event.INIT in m.CARD.events]
-
-
-def record_surgeries_on_save(model, methods) -> None:
-    """Make ``model.save_pretrained`` (which ``Trainer.save_model`` and each checkpoint call) also write
-    ``speedkit_surgery.json``, so :func:`load_pretrained` can rebuild the surgered model."""
-    surgeries = surgeries_of(methods)
-    original = getattr(model, "save_pretrained", None)
-    if not surgeries or original is None or getattr(original, "_speedkit_surgeries", None) is not None:
-        return
-
-    def save_pretrained(save_directory, *args, **kwargs):
-        result = original(save_directory, *args, **kwargs)
-        Path(save_directory, SURGERY_FILE).write_text(json.dumps({"surgeries": surgeries}, indent=1) + "\n")
-        LOG.info("saved %s with speedkit's surgeries (%s): reload it with speedkit.hosts.hf.load_pretrained(path); "
-                 "from_pretrained alone would lose them", save_directory, ", ".join(s["name"] for s in surgeries))
-        return result
-
-    save_pretrained._speedkit_surgeries = surgeries
-    object.__setattr__(model, "save_pretrained", save_pretrained)
-
-
 def load_pretrained(path, model_class=None, **from_pretrained_kwargs):
-    """A model saved from a SpeedkitTrainer, with its surgeries: ``model_class.from_pretrained(path)`` (default
-    ``AutoModelForCausalLM``), the surgeries in ``speedkit_surgery.json`` run again, then every saved tensor
-    loaded into the surgered model. A folder without the file is a plain ``from_pretrained``. Refuses tensors
-    that fit nowhere, or parameters the folder does not hold, naming them."""
+    """A model saved after speedkit's surgeries, with them: ``model_class.from_pretrained(path)`` (default
+    ``AutoModelForCausalLM``) with the attention implementation it was built with, the surgeries recorded in its
+    ``config.json`` run again, then every saved tensor loaded into the surgered model. A folder speedkit did not
+    change is a plain ``from_pretrained``. Refuses tensors that fit nowhere, or parameters the folder does not
+    hold, naming them."""
     from speedkit.methods import get_method
 
     path = Path(path)
     model_class = model_class or transformers.AutoModelForCausalLM
-    spec = path / SURGERY_FILE
-    if not spec.is_file():
+    record = saved_surgeries(path)
+    if record is None:
         return model_class.from_pretrained(path, **from_pretrained_kwargs)
-    surgeries = json.loads(spec.read_text())["surgeries"]
+    surgeries, built_with = record
+    from_pretrained_kwargs.setdefault("attn_implementation", built_with)  # config.json's refuses plain loads
     quiet = logging.getLogger("transformers.modeling_utils")  # its "unexpected keys" are the ones loaded below
     level = quiet.level
     quiet.setLevel(logging.ERROR)
@@ -305,8 +281,7 @@ def load_pretrained(path, model_class=None, **from_pretrained_kwargs):
                          f"{[s['name'] for s in surgeries]}: saved tensors that fit nowhere {sorted(unexpected)[:5]}, "
                          f"parameters it does not hold {sorted(missing)[:5]}; save it again from the SpeedkitTrainer "
                          f"that trained it")
-    record_surgeries_on_save(model, methods)
-    return model
+    return model  # marked by the session's init: saving it again records the surgeries
 
 
 def _saved_tensors(path: Path) -> dict:

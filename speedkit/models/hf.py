@@ -9,6 +9,8 @@ dict batches the language tasks yield for it. Needs ``pip install 'torch-speedki
 """
 from __future__ import annotations
 
+import json
+
 import torch.nn as nn
 
 from pathlib import Path
@@ -69,6 +71,12 @@ def _from_folder(name: str, folder: Path) -> NextTokenLM:
     if not (folder / "config.json").is_file():
         raise ValueError(f"{name!r}: {folder} has no config.json; write the model there with "
                          f"model.save_pretrained({str(folder)!r})")
+    surgeries = json.loads((folder / "config.json").read_text()).get("speedkit")
+    if surgeries:  # written by speedkit.hosts.pretrained: a plain from_pretrained would refuse it
+        names = ", ".join(s["name"] for s in surgeries["surgeries"])
+        raise ValueError(f"{name!r}: {folder} holds a model that speedkit's surgeries changed ({names}), which "
+                         f"hf:<folder> cannot rebuild; load it in Python with speedkit.hosts.hf.load_pretrained("
+                         f"{str(folder)!r})")
     transformers = _transformers(name)
     model = transformers.AutoModelForCausalLM.from_pretrained(folder, local_files_only=True)
     return NextTokenLM(model)

@@ -1,7 +1,9 @@
-"""Issue 41.4: a model surgered in a SpeedkitTrainer, saved with save_model / save_pretrained, comes back as
-trained through speedkit.hosts.hf.load_pretrained; plain from_pretrained loses the surgeries (the reason the
-loader exists)."""
+"""Issue 41.4 and 55.2: a model speedkit's surgeries changed, saved with save_model / save_pretrained, comes back as
+trained through speedkit.hosts.hf.load_pretrained, and transformers' own from_pretrained (GPT2LMHeadModel's,
+AutoModelForCausalLM's) refuses the folder, naming that loader, instead of building the unchanged architecture."""
 from __future__ import annotations
+
+import json
 
 import pytest
 import torch
@@ -9,9 +11,12 @@ from prerequisites import import_or_missing
 
 transformers = import_or_missing("transformers", "pip install 'torch-speedkit[hf]'")
 
-from speedkit.hosts.hf import SURGERY_FILE, SpeedkitTrainer, load_pretrained  # noqa: E402
+from speedkit.hosts import Speedkit  # noqa: E402
+from speedkit.hosts.hf import SpeedkitTrainer, load_pretrained  # noqa: E402
 from speedkit.methods import QKNorm, ReLUSquared, RotaryEmbeddings  # noqa: E402
 from speedkit.models import get_model  # noqa: E402
+
+REFUSED = r"attn_implementation=\"speedkit\.hosts\.hf\.load_pretrained\""
 
 
 class Tokens(torch.utils.data.Dataset):
@@ -25,32 +30,69 @@ class Tokens(torch.utils.data.Dataset):
         return {"input_ids": self.rows[i], "labels": self.rows[i]}
 
 
-def test_a_surgered_model_saved_by_the_trainer_reloads_as_trained(tmp_path):
+def trained(tmp_path, methods):
     torch.manual_seed(0)
     model = get_model("hf:gpt2-nano").model
     args = transformers.TrainingArguments(output_dir=str(tmp_path / "out"), max_steps=3, per_device_train_batch_size=8,
                                           learning_rate=3e-3, lr_scheduler_type="constant", report_to=[],
                                           use_cpu=True, disable_tqdm=True, save_strategy="no")
-    trainer = SpeedkitTrainer(model=model, args=args, train_dataset=Tokens(),
-                              methods=[QKNorm(), RotaryEmbeddings(remove_position_embeddings=True),
-                                       ReLUSquared()])
+    trainer = SpeedkitTrainer(model=model, args=args, train_dataset=Tokens(), methods=methods)
     trainer.train()
-    trainer.save_model(str(tmp_path / "saved"))
-    assert (tmp_path / "saved" / SURGERY_FILE).is_file()
+    return trainer, model.eval()
 
+
+def loss_of(model) -> float:
     ids = Tokens()[0]["input_ids"][None]
-    model.eval()
     with torch.no_grad():
-        trained = model(input_ids=ids, labels=ids).loss
-        reloaded = load_pretrained(tmp_path / "saved").eval()
-        assert reloaded(input_ids=ids, labels=ids).loss == pytest.approx(trained.item(), abs=1e-6)
-        assert any(name.endswith("qk_norm.q_gain") for name, _ in reloaded.named_parameters())
-        plain = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "saved").eval()
-        assert abs(plain(input_ids=ids, labels=ids).loss.item() - trained.item()) > 1e-3  # what the loader fixes
+        return model.eval()(input_ids=ids, labels=ids).loss.item()
 
-    reloaded.save_pretrained(tmp_path / "again")  # a reloaded model saves its surgeries too
-    assert (tmp_path / "again" / SURGERY_FILE).is_file()
-    (tmp_path / "again" / SURGERY_FILE).write_text('{"surgeries": [{"name": "relu_squared", "params": {}}]}')
+
+def test_a_surgered_model_saved_by_the_trainer_reloads_as_trained(tmp_path):
+    trainer, model = trained(tmp_path, [QKNorm(), RotaryEmbeddings(remove_position_embeddings=True), ReLUSquared()])
+    trainer.save_model(str(tmp_path / "saved"))
+    record = json.loads((tmp_path / "saved" / "config.json").read_text())["speedkit"]
+    assert {s["name"] for s in record["surgeries"]} == {"qk_norm", "rotary_embeddings", "relu_squared"}
+
+    reloaded = load_pretrained(tmp_path / "saved")
+    assert loss_of(reloaded) == pytest.approx(loss_of(model), abs=1e-6)
+    assert any(name.endswith("qk_norm.q_gain") for name, _ in reloaded.named_parameters())
+
+    reloaded.save_pretrained(tmp_path / "again")  # a reloaded model records its surgeries too
+    assert loss_of(load_pretrained(tmp_path / "again")) == pytest.approx(loss_of(model), abs=1e-6)
+    config = json.loads((tmp_path / "again" / "config.json").read_text())
+    config["speedkit"]["surgeries"] = [{"name": "relu_squared", "params": {}}]
+    (tmp_path / "again" / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match=r"does not fit .* after the surgeries \['relu_squared'\]: saved tensors "
                                          r"that fit nowhere \[.*qk_norm"):
         load_pretrained(tmp_path / "again")  # QK-norm's gains, saved, fit nowhere without its surgery
+
+
+@pytest.mark.parametrize("methods", [lambda: [QKNorm(), RotaryEmbeddings(), ReLUSquared()],
+                                     lambda: [RotaryEmbeddings(), ReLUSquared()]],  # no new weights: no warning
+                         ids=["new-weights", "same-weights"])
+def test_transformers_own_from_pretrained_refuses_a_surgered_model_naming_the_loader(tmp_path, methods):
+    trainer, model = trained(tmp_path, methods())
+    model.save_pretrained(tmp_path / "saved")  # the library's own save, as a user calls it
+    for model_class in (transformers.GPT2LMHeadModel, transformers.AutoModelForCausalLM):
+        with pytest.raises(ValueError, match=REFUSED):
+            model_class.from_pretrained(tmp_path / "saved")
+    with pytest.raises(ValueError, match=r"speedkit's surgeries changed \(.*relu_squared.*\).*load_pretrained"):
+        get_model(f"hf:{tmp_path / 'saved'}")
+    assert loss_of(load_pretrained(tmp_path / "saved")) == pytest.approx(loss_of(model), abs=1e-6)
+
+
+def test_a_plain_loop_marks_the_model_it_changed_and_an_unchanged_model_saves_plainly(tmp_path):
+    torch.manual_seed(0)
+    model = get_model("hf:gpt2-nano").model
+    Speedkit([ReLUSquared()], max_duration="1ba").prepare_model(model)
+    model.save_pretrained(tmp_path / "looped")
+    with pytest.raises(ValueError, match=REFUSED):
+        transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "looped")
+    assert loss_of(load_pretrained(tmp_path / "looped")) == pytest.approx(loss_of(model), abs=1e-6)
+
+    plain = get_model("hf:gpt2-nano").model
+    Speedkit([], max_duration="1ba").prepare_model(plain)  # nothing changed: an ordinary folder
+    plain.save_pretrained(tmp_path / "plain")
+    assert "speedkit" not in json.loads((tmp_path / "plain" / "config.json").read_text())
+    assert loss_of(transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "plain")) == pytest.approx(
+        loss_of(plain), abs=1e-6)
