@@ -8,7 +8,18 @@ op at once, so these waits cost nothing there and a profile cannot show them; co
 - reads: a ``TorchDispatchMode`` sees ``aten._local_scalar_dense`` (what ``.item()`` and ``bool()`` dispatch
   to) and copies from a device to the host; speedkit's own deliberate reads (``core.devices.to_host``) and
   synchronizes (``core.devices.synchronize``) report themselves, so they count on a CPU too;
-- collectives: the ``c10d`` ops (all-reduce, broadcast, ...), counted beside the reads.
+- collectives: the ``c10d`` ops (all-reduce, broadcast, ...), counted beside the reads;
+- blocking host-to-device copies (``host_to_device``): a tensor made on the host (from Python numbers, numpy,
+  or torch's CPU random generator) copied to the device without ``non_blocking`` from pinned memory, explicitly
+  (``.to(device)``, ``.cuda()``, ``copy_``, ``torch.tensor(data, device=...)``) or by using it as an index or
+  operand of a device op (``x[host_index]``). On a GPU the host waits for such a copy before it queues more.
+
+On a CPU the device and the host are one, so a copy is invisible to the dispatcher (``.to(device)`` of a CPU
+tensor does nothing). The counter therefore follows where each tensor was made, at the level of torch's
+Python API (a ``TorchFunctionMode``): a tensor made by a factory without a ``device`` argument, from host data,
+or only from such tensors is host-made; the CPU stands in for the device everywhere else, until a tensor on
+another device is seen, from when on the device is that one. A read (``.item()``) of a host-made value waits on
+nothing, and is not counted.
 
 Use it around anything, ``with SyncCounter() as syncs: trainer.fit()``, or as a profiling callback,
 ``Trainer(..., callbacks=[SyncCounter()])``, which attributes each wait to the training step (from loading
@@ -24,12 +35,15 @@ import sys
 import traceback
 
 import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.weak import WeakIdKeyDictionary
 
 from speedkit.core import devices
 from speedkit.core.engine import Callback
 
-KINDS = ("item", "host_read", "device_sync", "collective")  # "host_only": reads a host-made batch needed
+KINDS = ("item", "host_read", "device_sync", "collective", "host_to_device")  # "host_only": reads a host-made batch needed
 _COLLECTIVE_NAMESPACES = ("c10d", "_c10d_functional", "c10d_functional")
 
 
@@ -43,7 +57,7 @@ class _SyncDispatch(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func is torch.ops.aten._local_scalar_dense.default:
-            if not _reads_host_resident_value(args[0]):
+            if not (self.counter.host_made(args[0]) or _reads_host_resident_value(args[0])):
                 self.counter.count("item")
         elif func.namespace in _COLLECTIVE_NAMESPACES:
             self.counter.count("collective")
@@ -51,6 +65,110 @@ class _SyncDispatch(TorchDispatchMode):
                 func, args, kwargs):
             self.counter.count("host_read")
         return func(*args, **kwargs)
+
+
+# torch's calls that copy tensors or host data to a device they are told
+_MOVES = (torch.Tensor.to, torch.Tensor.cuda, torch.Tensor.copy_)
+_FROM_DATA = (torch.tensor, torch.as_tensor, torch.asarray, torch.Tensor.new_tensor)
+
+
+class _HostCopies(TorchFunctionMode):
+    """Sees every call of torch's Python API while active: follows which tensors were made on the host and tells
+    the counter about each blocking copy of one to the device (see the module's docstring)."""
+
+    def __init__(self, counter: "SyncCounter"):
+        super().__init__()
+        self.counter = counter
+        self.host = WeakIdKeyDictionary()  # tensors made on the host while counting
+        self.device_seen = False  # a tensor on a device other than the CPU went through: the CPU is the host
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        inputs = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        if not self.device_seen and any(t.device.type not in ("cpu", "meta") for t in inputs):
+            self.device_seen = True
+        if self._blocking_copy(func, args, kwargs, inputs):
+            self.counter.count("host_to_device")
+        out = func(*args, **kwargs)
+        made_on_host = self._made_on_host(func, args, kwargs, inputs)
+        if made_on_host is not None:
+            for tensor in pytree.tree_leaves(out):
+                if isinstance(tensor, torch.Tensor) and tensor.device.type == "cpu":
+                    if made_on_host:
+                        self.host[tensor] = True
+                    else:  # on a CPU run a move to the device returns the tensor itself: now the device's
+                        self.host.pop(tensor, None)
+        return out
+
+    def is_host(self, tensor: torch.Tensor) -> bool:
+        if tensor.device.type != "cpu":
+            return False
+        return self.device_seen or tensor in self.host
+
+    def _place(self, target) -> str | None:
+        """Where a device argument (a device, its name, or a tensor) puts a tensor: "host", "device", or None
+        where none is given. The name "cpu" is the host; a CPU device given otherwise (``x.device``) is the
+        device on a CPU run."""
+        if target is None:
+            return None
+        if isinstance(target, torch.Tensor):
+            return "host" if self.is_host(target) else "device"
+        if isinstance(target, str) and target == "cpu":
+            return "host"
+        if torch.device(target).type == "cpu":
+            return "host" if self.device_seen else "device"
+        return "device"
+
+    def _made_on_host(self, func, args, kwargs, inputs) -> bool | None:
+        """Whether ``func``'s outputs are on the host; None: leave them as they were (an in-place copy)."""
+        if func is torch.Tensor.copy_:
+            return None
+        if func in _MOVES or func in _FROM_DATA:
+            place = self._place(_copy_parts(func, args, kwargs)[1])
+            if place is not None:
+                return place == "host"
+        elif "device" in kwargs and kwargs["device"] is not None:
+            return self._place(kwargs["device"]) == "host"
+        if inputs:
+            return all(self.is_host(t) for t in inputs)
+        return True  # a factory (randperm, rand, tensor(data)) without a device: the host's
+
+    def _blocking_copy(self, func, args, kwargs, inputs) -> bool:
+        if func in _MOVES or func in _FROM_DATA:
+            source, target, non_blocking = _copy_parts(func, args, kwargs)
+            if self._place(target) != "device":
+                return False
+            if not isinstance(source, torch.Tensor):  # Python numbers, lists, numpy arrays
+                return True
+            pinned = source.is_pinned() if self.device_seen else True  # a CPU run has no pinned memory
+            return self.is_host(source) and not (non_blocking and pinned)
+        # a host-made tensor with elements (a 0-d one is read as a number) used by an op on device tensors
+        return (any(t.dim() > 0 and self.is_host(t) for t in inputs)
+                and any(not self.is_host(t) for t in inputs))
+
+
+def _copy_parts(func, args, kwargs) -> tuple:
+    """(source, target, non_blocking) of a copy: ``Tensor.to``, ``.cuda``, ``.copy_`` (its target the tensor copied
+    into) or ``torch.tensor``-like (its source the data); the target as given (a device, its name or a tensor), or
+    None where the call names none."""
+    if func is torch.Tensor.copy_:
+        return args[1], args[0], bool(args[2] if len(args) > 2 else kwargs.get("non_blocking", False))
+    if func is torch.Tensor.new_tensor:
+        return args[1] if len(args) > 1 else kwargs.get("data"), kwargs.get("device", args[0]), False
+    if func in _FROM_DATA:
+        return args[0] if args else kwargs.get("data", kwargs.get("obj")), kwargs.get("device"), False
+    non_blocking = bool(kwargs.get("non_blocking", False))
+    if func is torch.Tensor.cuda:
+        device = args[1] if len(args) > 1 else kwargs.get("device")
+        return args[0], torch.device("cuda" if device is None else device), non_blocking
+    target = kwargs.get("device", kwargs.get("other"))
+    for arg in args[1:]:
+        if isinstance(arg, (str, torch.device, torch.Tensor)):
+            target = arg
+        elif isinstance(arg, bool):
+            non_blocking = arg
+            break
+    return args[0], target, non_blocking
 
 
 def _reads_host_resident_value(tensor: torch.Tensor) -> bool:
@@ -90,11 +208,13 @@ class SyncCounter(Callback):
         self.keep_stacks = keep_stacks
         self.totals: collections.Counter = collections.Counter()
         self.steps: dict[int, int] = {}  # batch number (1-based) -> waits in that training step
+        self.step_ops: dict[int, int] = {}  # batch number -> aten ops dispatched in that step (kernels on a GPU)
         self.boundary_steps: set[int] = set()  # steps that logged or were followed by an evaluation
         self.evals: list[int] = []  # waits in each evaluation
         self.phase: tuple = ("setup",)
         self.stacks: list[tuple[tuple, str]] = []
         self._mode: _SyncDispatch | None = None
+        self._copies: _HostCopies | None = None
         self._entered_by_fit = False
 
     # -- counting ---------------------------------------------------------------------------------
@@ -111,6 +231,10 @@ class SyncCounter(Callback):
         if self.keep_stacks and where[0] == "step":
             self.stacks.append((where, "".join(traceback.format_stack(limit=8)[:-2])))
 
+    def count_op(self) -> None:
+        if self.phase[0] == "step":
+            self.step_ops[self.phase[1]] = self.step_ops.get(self.phase[1], 0) + 1
+
     @property
     def total(self) -> int:
         return sum(n for kind, n in self.totals.items() if kind != "host_only")
@@ -119,6 +243,8 @@ class SyncCounter(Callback):
         if self._mode is not None:
             raise RuntimeError("this SyncCounter is already counting; use one per block")
         self._mode = _SyncDispatch(self)
+        self._copies = _HostCopies(self)
+        self._copies.__enter__()
         self._mode.__enter__()
         devices.SYNC_LISTENERS.append(self.count)
         return self
@@ -128,7 +254,13 @@ class SyncCounter(Callback):
             return
         devices.SYNC_LISTENERS.remove(self.count)
         mode, self._mode = self._mode, None
+        copies, self._copies = self._copies, None
         mode.__exit__(*exc)
+        copies.__exit__(*exc)
+
+    def host_made(self, tensor: torch.Tensor) -> bool:
+        """Whether ``tensor`` was made on the host while counting (reading it waits on nothing)."""
+        return self._copies is not None and tensor.device.type == "cpu" and tensor in self._copies.host
 
     # -- as a callback: which phase of the run each wait belongs to ---------------------------------
     def fit_start(self, state, logger):
@@ -183,6 +315,10 @@ class SyncCounter(Callback):
         batch against the model, once (``speedkit.train.checks``); ``first_step`` in the report has it."""
         first = min(self.steps, default=None)
         return {b: n for b, n in self.steps.items() if b not in self.boundary_steps and b != first}
+
+    def quiet_step_ops(self) -> dict[int, int]:
+        """Aten ops dispatched in each quiet training step (see ``quiet_steps``): on a GPU, about one kernel each."""
+        return {b: self.step_ops.get(b, 0) for b in self.quiet_steps()}
 
     def report(self) -> dict:
         quiet = self.quiet_steps()

@@ -388,5 +388,8 @@ def _reflect(coords: torch.Tensor, size: int) -> torch.Tensor:
 
 
 def _move(plan: _EpochPlan, device: torch.device) -> _EpochPlan:
+    # from pinned memory without blocking: a plain copy would make the host wait for the device's queue to drain
+    pin = torch.device(device).type == "cuda"
     fields = {f.name: getattr(plan, f.name) for f in dataclasses.fields(plan)}
-    return _EpochPlan(**{k: (v.to(device) if v is not None else None) for k, v in fields.items()})
+    return _EpochPlan(**{k: ((v.pin_memory() if pin else v).to(device, non_blocking=True) if v is not None else None)
+                         for k, v in fields.items()})

@@ -7,6 +7,7 @@ callbacks (the NaN guard, speed and LR monitors).
 """
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from helpers import toy_loaders, toy_model
@@ -77,9 +78,10 @@ def test_the_counter_sees_each_kind_of_wait_and_nothing_else():
 def test_an_optimizers_step_count_on_the_host_is_not_a_wait():
     model = torch.nn.Linear(4, 2)
     optimizer = torch.optim.AdamW(model.parameters(), foreach=False)  # reads its CPU step count with .item()
+    inputs = torch.randn(3, 4)  # made before counting: the device's batch (one made on the host is a copy)
     with SyncCounter() as counter:
         for _ in range(2):
-            model(torch.randn(3, 4)).sum().backward()
+            model(inputs).sum().backward()
             optimizer.step()
     assert counter.total == 0, dict(counter.totals)
 
@@ -98,3 +100,60 @@ def test_a_run_that_fails_stops_counting(tmp_path):
     before = counter.total
     torch.ones(()).item()
     assert counter.total == before  # the dispatch mode was popped when the run ended
+
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+# Each copies host data to the device and, on a GPU, makes the host wait for it: made inside a step, each counts.
+BLOCKING_COPIES = {
+    "permutation drawn on the host, moved": lambda x: torch.randperm(x.shape[0]).to(x.device),
+    "host permutation as an index": lambda x: x[torch.randperm(x.shape[0])],
+    "host indices into index_select": lambda x: x.index_select(0, torch.tensor([0, 1])),
+    "a Python list on the device": lambda x: torch.tensor([0.5, 0.25], device=x.device),
+    "numpy data moved": lambda x: torch.as_tensor(np.ones(3)).to(x.device),
+    "host data copied into a device tensor": lambda x: torch.zeros(4, device=x.device).copy_(torch.rand(4)),
+    "host random numbers mixed with device data": lambda x: x + torch.rand(x.shape),
+    "a device constant remade from numbers": lambda x: x * torch.tensor([[1.0], [2.0]]).reshape(1, 2, 1).to(x.device),
+}
+# None of these copies: device-drawn randomness, a 0-d host value (read as a number), a host-only read, a
+# non-blocking copy from pinned memory, a tensor moved to where it already is.
+NO_COPIES = {
+    "permutation drawn on the device": lambda x: x[torch.randperm(x.shape[0], device=x.device)],
+    "random numbers drawn on the device": lambda x: x * torch.rand(x.shape, device=x.device),
+    "a 0-d host value as a scalar": lambda x: x * torch.distributions.Beta(1.0, 1.0).sample(),
+    "a host-made value read on the host": lambda x: torch.randint(0, 4, (1,)).item(),
+    "a device tensor moved to its device": lambda x: x.to(x.device),
+    "dtype only": lambda x: torch.arange(3).to(torch.float32),
+    "pinned and non-blocking": lambda x: ((torch.rand(4).pin_memory() if x.is_cuda else torch.rand(4))
+                                          .to(x.device, non_blocking=True)),
+}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", sorted(BLOCKING_COPIES))
+def test_each_blocking_host_to_device_copy_is_counted(case, device):
+    x = torch.randn(2, 2, 3, device=device)  # the device's data, made before counting
+    with SyncCounter() as counter:
+        BLOCKING_COPIES[case](x)
+    assert counter.totals["host_to_device"] == 1, dict(counter.totals)
+    assert counter.total == 1
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", sorted(NO_COPIES))
+def test_device_side_work_and_host_only_reads_are_not_copies(case, device):
+    x = torch.randn(2, 2, 3, device=device)
+    with SyncCounter() as counter:
+        NO_COPIES[case](x)
+    assert counter.total == 0, dict(counter.totals)
+
+
+def test_a_copy_added_to_the_step_is_counted(tmp_path):
+    class MovesHostNumbers(Callback):
+        def after_dataloader(self, state, logger):
+            torch.tensor([1.0, 2.0], device=state.device)  # the regression: a constant remade every step
+
+    counter, _ = counted_run(tmp_path, "pydocs", "baseline", callbacks=[MovesHostNumbers()])
+    quiet = counter.quiet_steps()
+    assert quiet and all(n == 1 for n in quiet.values()), quiet
+    assert counter.totals["host_to_device"] >= len(quiet)
