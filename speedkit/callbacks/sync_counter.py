@@ -56,6 +56,7 @@ class _SyncDispatch(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        self.counter.count_op()
         if func is torch.ops.aten._local_scalar_dense.default:
             if not (self.counter.host_made(args[0]) or _reads_host_resident_value(args[0])):
                 self.counter.count("item")
