@@ -132,6 +132,8 @@ def stopped_line(trainer, argv: list[str], error: Exception) -> str:
     which checkpoint is intact, and how to go on."""
     stamp = trainer.state.timestamp
     checkpoint = trainer.checkpointer.last_checkpoint
+    if isinstance(error, OSError) and checkpoint is None and _earlier_checkpoints(trainer):
+        return kept_run_line(trainer, argv, error)
     what = describe_os_error(error) if isinstance(error, OSError) else str(error)
     where = f"training stopped after batch {stamp.batch} (epoch {stamp.epoch})"
     if isinstance(error, OSError):
@@ -143,6 +145,48 @@ def stopped_line(trainer, argv: list[str], error: Exception) -> str:
     return (f"speedkit: error: {what}; {where} before any checkpoint was written: "
             + (f"once fixed, start it again with: {restart_command(argv, trainer.run_name)}"
                if isinstance(error, OSError) else then))
+
+
+def _earlier_checkpoints(trainer) -> list[Path]:
+    """The checkpoints an earlier run left in this run's folder (what a resume would continue from)."""
+    from speedkit.record.run_folder import checkpoint_files
+
+    folder = trainer.owner.claim.checkpoint_folder
+    return checkpoint_files(folder) if folder is not None else []
+
+
+_CANNOT_WRITE = (errno.EROFS, errno.EACCES, errno.EPERM)
+
+
+def kept_run_line(trainer, argv: list[str], error: OSError) -> str:
+    """One line for a run whose folder holds an earlier run's checkpoints and refused a write before anything
+    was trained (a resume on a read-only disk): that run is as it was, and the fixes keep it. Never --overwrite,
+    which would delete the checkpoints."""
+    folder = trainer.run_folder
+    newest = _earlier_checkpoints(trainer)[-1]
+    said = f"cannot write {error.filename if error.filename is not None else 'a file'}: {error.strerror or error}"
+    kept = f"nothing was trained and the run in {folder} is as it was (its checkpoint {newest} is intact)"
+    if error.errno not in _CANNOT_WRITE:
+        fix = _OS_FIXES.get(error.errno, "fix what the system said")
+        return f"speedkit: error: {said}; {kept}; {fix}, then run the same command again"
+    elsewhere = f"DIR/{trainer.run_name}"
+    return (f"speedkit: error: {said}; {kept}. To continue it, make {folder} writable (remount the disk read-write, "
+            f"or fix its permissions) and run the same command again; or copy the run folder to a disk you can "
+            f"write to (cp -r {folder} {elsewhere}) and continue it there: "
+            f"{resume_command(_with_run_dir(argv, 'DIR'), trainer.run_name)}")
+
+
+def _with_run_dir(argv: list[str], run_dir: str) -> list[str]:
+    """``argv`` with ``--run-dir run_dir`` in place of the one it gave, if any."""
+    args, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a == "--run-dir":
+            skip = True
+        elif not a.startswith("--run-dir="):
+            args.append(a)
+    return [*args, "--run-dir", run_dir]
 
 
 def restart_command(argv: list[str], run_name: str) -> str:

@@ -305,7 +305,14 @@ def test_a_read_only_run_dir_is_refused_in_one_line_and_nothing_is_written(refer
         fresh = speedkit("train", *RUN, "--run-name", "new", cwd=tmp_path)
         one_line_refusal(fresh, "Read-only file system", "runs/new", "--run-dir")
         resumed = speedkit("train", *RUN, "--run-name", "ref", "--autoresume", cwd=tmp_path)
-        assert resumed.returncode in (0, 2) and "Traceback" not in resumed.stderr, resumed.stderr
+        # the run's checkpoints are kept: the advice makes the folder writable or copies it, never --overwrite
+        one_line_refusal(resumed, "Read-only file system", "runs/ref is as it was", "make runs/ref writable",
+                         "cp -r runs/ref DIR/ref", "--run-name ref --autoresume --run-dir DIR")
+        assert "--overwrite" not in resumed.stderr and "Traceback" not in resumed.stderr, resumed.stderr
+        longer = speedkit("train", *RUN, "--duration", "14ba", "--extend-duration", "--run-name", "ref",
+                          "--autoresume", cwd=tmp_path)
+        one_line_refusal(longer, "Read-only file system", "checkpoint runs/ref/checkpoints/latest.ckpt is intact")
+        assert "--overwrite" not in longer.stderr, longer.stderr
         exported = speedkit("export", str(runs / "ref"), cwd=tmp_path)
         one_line_refusal(exported, "Read-only file system", "model.safetensors", "--out")
     assert snapshot(runs) == before
