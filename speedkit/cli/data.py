@@ -93,6 +93,7 @@ def run_data(args) -> int:
 
 
 def _info(args) -> int:
+    from speedkit.data.identity import shards_identity
     from speedkit.data.streaming.shards import read_shards
 
     shards = read_shards(args.folder)
@@ -102,7 +103,9 @@ def _info(args) -> int:
     m = shards.manifest
     counts = ", ".join(f"{split} {info['samples']} in {info['chunks']} chunk(s)" for split, info in m["splits"].items())
     state = "complete" if shards.complete else f"PARTIAL ({m.get('stopped')})"
-    print(f"{shards.location}: {m['kind']} shards, {state}: {counts}; fingerprint {shards.fingerprint}")
+    fingerprint = shards_identity(shards.location, m, shards.fingerprint).get("fingerprint", "not recorded")
+    print(f"{shards.location}: {m['kind']} shards, {state}: {counts}; data_fingerprint {fingerprint} (of the files "
+          f"it was prepared from, as a run reports it), shards_fingerprint {shards.fingerprint}")
     if m["kind"] == "images":
         print(f"  {len(m['classes'])} classes, short side {m['options']['short_side']}, from {m['source']}")
     else:

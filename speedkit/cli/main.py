@@ -332,6 +332,8 @@ def _train(args, argv: list[str]) -> int:
     from speedkit.tasks import make_trainer
 
     trainer = make_trainer(run_request(args))
+    if distributed.is_main():
+        print(trainer.record.what_trains(), flush=True)  # before the first step: what it trains, as resolved
     try:
         record = trainer.fit()
     except KeyboardInterrupt:  # the Trainer saved a checkpoint and the record before letting it through

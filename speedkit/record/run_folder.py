@@ -30,7 +30,7 @@ import socket
 import time
 from pathlib import Path, PurePath
 
-from speedkit.record.runs import RunRecord
+from speedkit.record.runs import RunRecord, describe_inputs
 
 try:
     import fcntl
@@ -376,15 +376,6 @@ def _shown(what: str, value) -> str:
         return describe_inputs(value)
     return repr(value)
 
-
-def describe_inputs(inputs: dict) -> str:
-    """``{"train": 32, "eval": 48, "unit": "px"}`` as "32 px (evaluated at 48 px)", or "32 px" where both agree."""
-    unit = inputs.get("unit", "")
-    train, evaluate = inputs.get("train"), inputs.get("eval")
-    if train is None or evaluate is None or train == evaluate:
-        shown = train if train is not None else evaluate
-        return f"{shown} {unit}" + (" (evaluation)" if train is None else "")
-    return f"{train} {unit} (evaluated at {evaluate} {unit})"
 
 
 def experiment_changes(previous: dict, config: dict, methods: list) -> dict[str, str]:

@@ -150,6 +150,21 @@ class RunRecord:
     def method_names(self) -> list[str]:
         return [m["name"] for m in self.methods]
 
+    def what_trains(self) -> str:
+        """What the run trains, for a person at its start, read from this record: the model and its size, the
+        input sizes it trains and evaluates at, the precision as resolved and why, the methods on and those its
+        preset names that are off (and why), the data and the share of it, and the budget."""
+        c = self.config
+        model = (c.get("recipe_spec") or {}).get("model") or c.get("model") or "a model"
+        parameters = f" ({c['parameters']:,} parameters)" if isinstance(c.get("parameters"), int) else ""
+        where = ", ".join(f"{k} {c[k]}" for k in ("task", "recipe") if c.get(k))
+        lines = [f"what trains: {model}{parameters}" + (f", {where}" if where else "")]
+        if c.get("inputs"):
+            lines.append(f"  inputs:    {describe_inputs(c['inputs'])}")
+        lines += [f"  precision: {_precision_text(c)}", f"  methods:   {_methods_text(self.method_names, c)}",
+                  f"  data:      {_data_text(c)}", f"  budget:    {_budget_text(c, self.target)}"]
+        return "\n".join(lines)
+
     @property
     def last_checkpoint(self) -> Path | None:
         """The run's newest checkpoint (``notes["last_checkpoint"]``) as a path. The record names a checkpoint
@@ -229,6 +244,62 @@ class RunRecord:
         record = cls.from_dict(d)
         record.path = str(path)
         return record
+
+
+def describe_inputs(inputs: dict) -> str:
+    """``{"train": 32, "eval": 48, "unit": "px"}`` as "32 px (evaluated at 48 px)", or "32 px" where both agree."""
+    unit = inputs.get("unit", "")
+    train, evaluate = inputs.get("train"), inputs.get("eval")
+    if train is None or evaluate is None or train == evaluate:
+        shown = train if train is not None else evaluate
+        return f"{shown} {unit}" + (" (evaluation)" if train is None else "")
+    return f"{train} {unit} (evaluated at {evaluate} {unit})"
+
+
+def _precision_text(config: dict) -> str:
+    """The precision a run trains in, and why where it is not what its preset states."""
+    asked, resolved = config.get("precision"), config.get("precision_resolved") or config.get("precision")
+    why = []
+    if config.get("precision_published"):
+        why.append(f"the preset states {config['precision_published']}; task {config.get('task')} runs it as "
+                   f"{asked} here")
+    measured = config.get("bf16_speedup_measured")
+    if asked == "auto" and measured is not None:  # a CPU: auto measured bf16 against fp32 there
+        why.append(f"this CPU has no fast bf16: bf16 autocast measured at {measured:.2f}x fp32's speed"
+                   if resolved == "fp32" else f"bf16 autocast measured at {measured:.2f}x fp32's speed here")
+    elif asked == "auto":
+        why.append(f"auto on {config.get('device', 'this device')}")
+    elif asked != resolved:
+        why.append(f"asked {asked}")
+    return f"{resolved}" + (f" ({'; '.join(why)})" if why else "")
+
+
+def _methods_text(names: list[str], config: dict) -> str:
+    off = config.get("switched_off") or {}
+    text = ", ".join(names) or "none"
+    return text + ("; off: " + "; ".join(f"{name} ({why})" for name, why in off.items()) if off else "")
+
+
+def _data_text(config: dict) -> str:
+    data = config.get("data")
+    if isinstance(data, dict):
+        shown = data.get("path", "?") + (f" (data_fingerprint {data['fingerprint']})" if data.get("fingerprint") else "")
+    else:
+        shown = str(data) if data is not None else f"task {config.get('task', '?')}'s own data"
+    fraction = config.get("data_fraction", 1.0)
+    share = "all of it" if fraction in (None, 1, 1.0) else f"a class-balanced {fraction:g} of it"
+    evaluation = config.get("eval_fraction")
+    return f"{shown}, training on {share}" + (f", evaluating on {evaluation:g} of its test set" if evaluation else "")
+
+
+def _budget_text(config: dict, target: dict | None) -> str:
+    text = f"{config.get('max_duration', '?')} at batch {config.get('batch_size') or '?'}"
+    if config.get("eval_interval") not in (None, "None"):
+        text += f", evaluated every {config['eval_interval']}"
+    target = target or config.get("target")
+    if target:
+        text += f"; target {target['metric']} {target['value']:g}" + (" (ends there)" if config.get("stop_at_target") else "")
+    return text
 
 
 def load_records(folder: str | os.PathLike) -> list[RunRecord]:

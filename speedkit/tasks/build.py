@@ -8,6 +8,7 @@ so a configuration means the same thing everywhere. A hand-built Trainer takes a
 """
 from __future__ import annotations
 
+import re
 import warnings
 from types import SimpleNamespace
 
@@ -258,14 +259,16 @@ def _build_trainer(request: RunRequest) -> Trainer:
         warnings.warn(f"recipe {recipe.name!r} on task {spec.name!r} is {recipe.adopted_from} rebuilt on this task's "
                       f"baseline, and nobody has measured it here: before trusting its speed-up, see whether it "
                       f"reaches the target, with `{hint}`", stacklevel=3)
+    dropped: dict[str, str] = {}
     while True:
         try:
-            return _trainer_of(request, spec, recipe)
+            return _trainer_of(request, spec, recipe, dropped)
         except NothingToChangeError as e:  # a rung rebuilt for this task: a surgery with nothing to change here
             if recipe.adopted_from is None or e.method not in recipe.methods:
                 raise
             warnings.warn(f"recipe {recipe.name!r} on task {spec.name!r} runs without {e.method}: {e}", stacklevel=3)
             recipe = recipe.with_changes(methods={k: v for k, v in recipe.methods.items() if k != e.method})
+            dropped[e.method] = str(e)
 
 
 def _task_spelling(request: RunRequest, spec: Task) -> str:
@@ -273,7 +276,7 @@ def _task_spelling(request: RunRequest, spec: Task) -> str:
     return request.task if isinstance(request.task, str) else spec.name
 
 
-def _trainer_of(request: RunRequest, spec: Task, recipe: Recipe) -> Trainer:
+def _trainer_of(request: RunRequest, spec: Task, recipe: Recipe, dropped: dict[str, str]) -> Trainer:
     device = resolve_device(request.device)
     torch.manual_seed(request.seed)  # the same initial weights for every recipe with the same seed
     net = spec.model(recipe.model)
@@ -291,7 +294,8 @@ def _trainer_of(request: RunRequest, spec: Task, recipe: Recipe) -> Trainer:
     inputs = input_sizes(train, eval_batch)
     config = {"task": spec.name, "data_fraction": request.data_fraction,
               "target": {"metric": spec.target_metric, "value": target_value}, **_data_description(request),
-              **({"inputs": inputs} if inputs else {}), **(request.extra_config or {})}
+              **({"inputs": inputs} if inputs else {}), **departures(request, spec, recipe, dropped),
+              **(request.extra_config or {})}
     where = {k: v for k, v in (("run_name", request.run_name), ("run_dir", request.run_dir)) if v is not None}
     trainer = Trainer(
         net, train, evaluators=evaluators, device=device, seed=request.seed,
@@ -341,6 +345,49 @@ def check_model_fits_data(task: Task, model: torch.nn.Module, eval_data):
     except (ValueError, TypeError) as e:
         raise type(e)(f"task {task.name!r}: {e}") from e
     return batch
+
+
+# -- what a run trains, beside what its recipe publishes ----------------------------------------
+def departures(request: RunRequest, task: Task, recipe: Recipe, dropped: dict[str, str]) -> dict:
+    """Where the run departs from the preset it names, for its record and the lines a run starts with:
+    ``switched_off`` (method -> why: left out by the task as it runs here, e.g. a profile; a flip that would change
+    the labels; a surgery with nothing to change) and ``precision_published`` where the task runs another
+    precision than the preset file states. A run whose methods or precision the user gave departs on purpose:
+    those are not listed."""
+    found = {}
+    own = task.recipes.get(recipe.name) if isinstance(request.recipe, str) else None
+    published = _published_preset(task.name, recipe.name) if own is not None else None
+    if request.methods is None and own is not None:
+        off = {}
+        for name in (published or own).methods:
+            if name in recipe.methods:
+                continue
+            if name in dropped:
+                off[name] = dropped[name]
+            elif name not in own.methods:
+                off[name] = _note_on(own.summary, name) or f"left out by task {task.name!r} as it runs here"
+            elif not task.flips_keep_labels:
+                off[name] = f"a horizontal flip changes task {task.name!r}'s labels"
+        if off:
+            found["switched_off"] = off
+    if published is not None and request.precision is None and published.precision != recipe.precision:
+        found["precision_published"] = published.precision
+    return found
+
+
+def _published_preset(task: str, name: str) -> Recipe | None:
+    """A built-in task's preset as its recipe file states it, before the task adapts it (a profile's sizes)."""
+    from speedkit.tasks.recipes import PRESETS, load_presets
+
+    if not (PRESETS / f"{task}.yaml").is_file():
+        return None
+    return load_presets(task).get(name)
+
+
+def _note_on(summary: str, method: str) -> str | None:
+    """The bracketed note a task added to a recipe's summary about ``method`` ("[progressive resizing off: ...]")."""
+    words = method.replace("_", " ")
+    return next((note for note in re.findall(r"\[([^\]]+)\]", summary or "") if words in note), None)
 
 
 # -- what a run takes in ------------------------------------------------------------------------

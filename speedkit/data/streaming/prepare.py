@@ -29,6 +29,7 @@ import shutil
 from pathlib import Path
 from typing import Callable, Sequence
 
+from speedkit.data.fingerprint import source_identity
 from speedkit.data.streaming import shards as S
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
@@ -280,6 +281,7 @@ def prepare_images(source, out, *, short_side: int = 160, quality: int = 90, val
                           "root": str(source), "short_side": short_side, "quality": quality,
                           "chunk_bytes": chunk_bytes, "skip_bad": skip_bad})
     manifest = {"format": S.FORMAT, "version": S.VERSION, "kind": "images", "source": str(source),
+                "source_data": source_identity(source),
                 "options": options, "classes": classes, "channels": 3}
     return _execute(out, tasks, manifest, workers, progress, _image_part, skip_bad, unit="img")
 
@@ -521,6 +523,7 @@ def prepare_text(source, out, *, tokenizer=None, vocab_size: int = 8192, block: 
                           "chunk_bytes": chunk_bytes, "id_base": part << 32,
                           "shuffle_seed": f"{seed}-{split}-{part}" if shuffle_blocks else None})
     manifest = {"format": S.FORMAT, "version": S.VERSION, "kind": "tokens", "source": str(source),
+                "source_data": source_identity(source),
                 "options": options, "classes": None, "vocab_size": vocab, "dtype": dtype, "block": block,
                 "tokenizer": "tokenizer.json", "eos": EOS,
                 "not_text": [str(source / f) for f in binary]}
