@@ -241,8 +241,9 @@ class SpeedkitCallback(L.Callback):
         optimizers = session.fit_start(given, loader)
         if [id(o) for o in optimizers] != [id(o) for o in given]:
             trainer.strategy.optimizers = [as_one_optimizer(optimizers)]  # Muon's split steps as one optimizer
-        # The scheduler from configure_optimizers was built before the split and cannot reach Muon's group.
-        self._follow = follow_user_schedule(given, optimizers)
+        # The scheduler from configure_optimizers was built before the split and cannot reach Muon's group, which
+        # follows its lr's relative change; speedkit's own schedules set every group, Muon's included.
+        self._follow = None if self.schedules else follow_user_schedule(given, optimizers)
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:
         self.session.epoch_start()

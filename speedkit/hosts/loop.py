@@ -24,18 +24,21 @@
     sk.finish()                                                            # speedkit: final weights (EMA)
 
 The same Method objects, cards, order and conflict checks as ``speedkit.Trainer``. Epochs follow from
-``train_dataloader``'s length (or ``batches_per_epoch=``). Method state goes into your checkpoint with
+``train_dataloader``'s length (or ``batches_per_epoch=``); with Accelerate an epoch is each process's share of
+it. Your own LR scheduler, of any class torch ships, built on ``optimizer`` before ``sk.prepare_optimizer``:
+the groups a method adds (Muon's) follow its lr's relative change. Method state goes into your checkpoint with
 ``sk.state_dict()`` and comes back with ``sk.load_state_dict(...)``. A method whose events your step did not
 reach (a missing ``sk.loss`` call, say) is refused after the first step, with the call to add.
 """
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from typing import Callable, Iterable, Sequence
 
 import torch
 
-from speedkit.core import Event, Method, Time
+from speedkit.core import Event, Method, Time, TimeUnit
 from speedkit.hosts._checks import check_evaluation_served
 from speedkit.hosts._optimizers import as_one_optimizer, follow_user_schedule, refuse_two_schedules
 from speedkit.hosts.session import STEP_EVENTS, Host, HostCannotServeError, MethodSession
@@ -74,7 +77,10 @@ class Speedkit:
     ``schedules`` are speedkit schedules (``"cosine"``, ``{"name": "linear_to_zero", "warmup": "0.05dur"}``)
     applied to the optimizers each step. ``loss_fn`` is the default criterion ``fn(logits, targets)`` of
     :meth:`loss` (cross-entropy, or a Hugging Face model's own loss). ``accelerator`` (Accelerate) counts
-    samples over all processes and does the backward; pass the loader each process iterates.
+    samples over all processes and does the backward. ``train_dataloader`` may be given before
+    ``accelerator.prepare``: an epoch is then each process's share of it as prepare splits it, checked at the
+    first batch against the loader the process iterates (a loader accelerate did not prepare is refused there;
+    pass ``batches_per_epoch=`` for one that shards itself).
     """
 
     def __init__(self, methods: Iterable[Method] = (), *, max_duration: str | Time,
@@ -83,13 +89,21 @@ class Speedkit:
                  loggers: Sequence[LoggerDestination] = ()):
         self.accelerator = accelerator
         self.world = int(getattr(accelerator, "num_processes", 1) or 1)
-        per_epoch = batches_per_epoch if batches_per_epoch is not None else _length(train_dataloader)
-        per_batch = getattr(train_dataloader, "batch_size", None)
+        share = _share(train_dataloader, accelerator)
+        # An epoch is each process's share of the loader; one speedkit counted before accelerator.prepare split
+        # it is checked against the loader the process iterates, at the first batch of an epoch.
+        self._share_to_check = share if batches_per_epoch is None and share.counted_before_prepare else None
+        per_epoch = batches_per_epoch if batches_per_epoch is not None else share.batches
         self.session = MethodSession(LOOP, methods, max_duration=max_duration, batches_per_epoch=per_epoch,
-                                     samples_per_batch=per_batch * self.world if per_batch else None,
+                                     samples_per_batch=share.samples,
                                      tokens_per_batch=getattr(train_dataloader, "tokens_per_batch", None),
                                      schedules=schedules, loss_fn=loss_fn, seed=seed, loggers=loggers)
         self.session.world = self.world  # the clock counts the samples of every process
+        if self.state.max_duration.unit is TimeUnit.EPOCH and not per_epoch:
+            # The loop's epochs end by count: without a length, "2ep" would end after two batches.
+            raise ValueError(f"max_duration={str(self.state.max_duration)!r} counts epochs, but speedkit cannot tell "
+                             f"how many batches an epoch has (train_dataloader has no len()): pass "
+                             f"batches_per_epoch= (each process's batches an epoch), or max_duration in ba")
         self.train_dataloader = train_dataloader
         self._steps_checked = False
         self._schedules = schedules
@@ -126,13 +140,17 @@ class Speedkit:
                              "remove Speedkit(schedules=...) and keep your scheduler (speedkit's Muon group follows "
                              "it), or drop your scheduler")
         optimizers = self.session.fit_start(optimizer, self.train_dataloader)
-        # A scheduler built on `optimizer` before this call cannot reach the groups a method added (Muon's).
-        self._follow = follow_user_schedule(given, optimizers)
+        # A scheduler built on `optimizer` before this call cannot reach the groups a method added (Muon's); they
+        # follow its lr's relative change. speedkit's own schedules set every group, Muon's included.
+        self._follow = None if self._schedules else follow_user_schedule(given, optimizers)
         return as_one_optimizer(optimizers)
 
     # -- each step -------------------------------------------------------------------------------------
     def batch(self, batch):
         """The batch the forward takes, after the batch methods (resizing, sequence-length warmup, mixup)."""
+        if self._share_to_check is not None and self.state.timestamp.batch_in_epoch == 0:
+            self._share_to_check.check(self.accelerator)
+            self._share_to_check = None
         batch = self.session.transform_batch(batch)
         if self._follow is not None:
             self._follow()
@@ -231,3 +249,66 @@ def _length(loader) -> int | None:
         return len(loader) if loader is not None else None
     except TypeError:
         return None
+
+
+@dataclasses.dataclass(frozen=True)
+class _Share:
+    """What one process takes of the training loader: batches an epoch, and samples a step over all processes.
+
+    ``counted_before_prepare``: the loader was not yet prepared, and speedkit counted the share
+    ``accelerator.prepare`` will give each process (``whole`` batches split over the processes)."""
+
+    batches: int | None
+    samples: int | None
+    whole: int | None = None
+    counted_before_prepare: bool = False
+
+    def check(self, accelerator) -> None:
+        """Refuse a loader this process iterates whose epoch is not the share speedkit counted."""
+        iterated = accelerator.gradient_state.active_dataloader
+        counted = (f"speedkit counted {self.batches} batches an epoch in each process, its share of the "
+                   f"{self.whole} of train_dataloader as accelerator.prepare splits it")
+        if iterated is None:
+            raise HostCannotServeError(f"{counted}, but this process is not iterating a loader accelerator prepared: "
+                                       f"iterate the loader accelerator.prepare(loader) returns, or pass "
+                                       f"Speedkit(batches_per_epoch=...) with the batches each process takes an epoch")
+        length = _length(iterated)
+        if length is not None and length != self.batches:
+            raise HostCannotServeError(f"{counted}, but the loader this process iterates has {length}: pass "
+                                       f"Speedkit(batches_per_epoch={length}), or prepare the loader first and pass "
+                                       f"the prepared one as train_dataloader=")
+
+
+def _share(loader, accelerator) -> _Share:
+    """Each process's share of ``loader``: all of it without an accelerator or once accelerate prepared it; for a
+    loader not yet prepared, what ``accelerator.prepare`` will make of it (accelerate's rules: a batch split over
+    the processes with ``split_batches``, else every process takes whole batches in turn, the last round evened
+    out from the start of the data unless the loader drops it)."""
+    whole = _length(loader)
+    per_batch = getattr(loader, "batch_size", None)
+    processes = int(getattr(accelerator, "num_processes", 1) or 1)
+    if accelerator is None or _prepared_by_accelerate(loader):
+        total = getattr(loader, "total_batch_size", None) or (per_batch * processes if per_batch else None)
+        return _Share(whole, total)
+    if getattr(accelerator, "split_batches", False):
+        return _Share(whole, per_batch, whole, processes > 1 and whole is not None)
+    samples = per_batch * processes if per_batch else None
+    if whole is None or processes == 1:
+        return _Share(whole, samples)
+    drop_last = getattr(getattr(loader, "batch_sampler", None), "drop_last", getattr(loader, "drop_last", False))
+    iterable = isinstance(getattr(loader, "dataset", None), torch.utils.data.IterableDataset)
+    if whole % processes == 0 or drop_last:
+        batches = whole // processes
+    elif getattr(accelerator, "even_batches", True) or iterable or getattr(accelerator, "dispatch_batches", None):
+        batches = -(-whole // processes)
+    else:  # uneven: the first processes take one batch more
+        batches = whole // processes + int(accelerator.process_index < whole % processes)
+    return _Share(batches, samples, whole, True)
+
+
+def _prepared_by_accelerate(loader) -> bool:
+    try:
+        from accelerate.data_loader import DataLoaderAdapter
+    except ImportError:
+        return False
+    return isinstance(loader, DataLoaderAdapter)

@@ -20,6 +20,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.optim import lr_scheduler
 from prerequisites import import_or_missing
 
 from speedkit.hosts import HostCannotServeError, Speedkit
@@ -359,3 +360,95 @@ def test_the_table_covers_every_host_for_every_method_and_refusals_name_a_fix():
         assert make().name == name
         for refusal in hosts.values():
             assert refusal is None or re.search(r"remove|pass|add|use", refusal[0]), (name, refusal)
+
+
+# -- every LR scheduler torch ships, in a plain loop with Muon ----------------------------------------------
+# Each builds on the user's AdamW before speedkit's split; OneCycleLR's peak and CyclicLR's base are the
+# optimizer's lr, so for every class the base the schedule is relative to is LR.
+SCHEDULERS = {
+    "LambdaLR": lambda o: lr_scheduler.LambdaLR(o, lambda step: 1 / (1 + step)),
+    "MultiplicativeLR": lambda o: lr_scheduler.MultiplicativeLR(o, lambda step: 0.8),
+    "StepLR": lambda o: lr_scheduler.StepLR(o, step_size=2, gamma=0.5),
+    "MultiStepLR": lambda o: lr_scheduler.MultiStepLR(o, milestones=[2, 5], gamma=0.3),
+    "ConstantLR": lambda o: lr_scheduler.ConstantLR(o, factor=0.25, total_iters=3),
+    "LinearLR": lambda o: lr_scheduler.LinearLR(o, start_factor=0.1, total_iters=4),
+    "ExponentialLR": lambda o: lr_scheduler.ExponentialLR(o, gamma=0.7),
+    "PolynomialLR": lambda o: lr_scheduler.PolynomialLR(o, total_iters=STEPS, power=2.0),
+    "CosineAnnealingLR": lambda o: lr_scheduler.CosineAnnealingLR(o, T_max=STEPS),
+    "ChainedScheduler": lambda o: lr_scheduler.ChainedScheduler(
+        [lr_scheduler.ConstantLR(o, factor=0.5, total_iters=2), lr_scheduler.ExponentialLR(o, gamma=0.8)]),
+    "SequentialLR": lambda o: lr_scheduler.SequentialLR(
+        o, [lr_scheduler.LinearLR(o, start_factor=0.2, total_iters=3), lr_scheduler.CosineAnnealingLR(o, T_max=5)],
+        milestones=[3]),
+    "ReduceLROnPlateau": lambda o: lr_scheduler.ReduceLROnPlateau(o, factor=0.5, patience=0),
+    "CyclicLR": lambda o: lr_scheduler.CyclicLR(o, base_lr=LR, max_lr=4 * LR, step_size_up=2),
+    "OneCycleLR": lambda o: lr_scheduler.OneCycleLR(o, max_lr=LR, total_steps=STEPS),
+    "CosineAnnealingWarmRestarts": lambda o: lr_scheduler.CosineAnnealingWarmRestarts(o, T_0=3),
+}
+
+
+def step_scheduler(scheduler) -> None:
+    if isinstance(scheduler, lr_scheduler.ReduceLROnPlateau):
+        scheduler.step(1.0)  # a metric that never improves: the rate is cut at every step
+    else:
+        scheduler.step()
+
+
+def user_schedule_alone(name: str) -> list[float]:
+    """The lr the user's scheduler gives AdamW at each step, in a loop without speedkit."""
+    adamw = torch.optim.AdamW(Net().parameters(), lr=LR)
+    scheduler = SCHEDULERS[name](adamw)
+    lrs = []
+    for _ in range(STEPS):
+        lrs.append(adamw.param_groups[0]["lr"])
+        adamw.step()
+        step_scheduler(scheduler)
+    return lrs
+
+
+def run_loop_with_scheduler(name: str, methods=(), schedules=None) -> list[tuple[float, list[float]]]:
+    """(AdamW's lr, Muon's groups' lrs) at each step of a plain loop with the user's scheduler ``name``."""
+    sk = Speedkit(list(methods), max_duration=f"{STEPS}ba", train_dataloader=loader(), schedules=schedules)
+    model = sk.prepare_model(Net())
+    adamw = torch.optim.AdamW(model.parameters(), lr=LR)
+    scheduler = SCHEDULERS[name](adamw)
+    optimizer = sk.prepare_optimizer(adamw)
+    added = [group for group in optimizer.param_groups if all(group is not g for g in adamw.param_groups)]
+    rows = []
+    while not sk.done:
+        for batch in loader():
+            batch = sk.batch(batch)
+            sk.backward(sk.loss(model(batch[0]), batch))
+            rows.append((adamw.param_groups[0]["lr"], [group["lr"] for group in added]))
+            optimizer.step()
+            step_scheduler(scheduler)
+            optimizer.zero_grad(set_to_none=True)
+            sk.step_end()
+            if sk.done:
+                break
+    return rows
+
+
+def test_the_schedulers_are_every_class_torch_ships():
+    shipped = {name for name in lr_scheduler.__all__ if name != "LRScheduler"}
+    assert set(SCHEDULERS) == shipped
+
+
+@pytest.mark.parametrize("name", sorted(SCHEDULERS))
+def test_muon_follows_every_torch_scheduler_as_the_users_optimizer_does(name):
+    alone = user_schedule_alone(name)
+    assert len(set(alone)) > 1, "the schedule must change the rate for the test to mean something"
+    rows = run_loop_with_scheduler(name, [Muon(lr=MUON_LR)])
+    assert len(rows) == STEPS
+    for step, ((adamw_lr, muon_lrs), expected) in enumerate(zip(rows, alone)):
+        assert adamw_lr == pytest.approx(expected, rel=1e-9), step  # speedkit leaves the user's group alone
+        assert muon_lrs, "Muon added no group"
+        for lr in muon_lrs:  # Muon's lr changes by the same ratio as the user's
+            assert lr == pytest.approx(MUON_LR * expected / LR, rel=1e-9), (step, rows)
+
+
+@pytest.mark.parametrize("name", sorted(SCHEDULERS))
+def test_speedkit_schedules_beside_any_torch_scheduler_are_refused_before_training(name):
+    with pytest.raises(HostCannotServeError, match=rf"schedules='cosine' and your own LR scheduler would both set "
+                                                   rf"the learning rate in this loop; keep one: .*found: your .*{name}"):
+        run_loop_with_scheduler(name, [Muon(lr=MUON_LR)], schedules="cosine")

@@ -115,3 +115,39 @@ def test_conflicting_methods_are_refused_as_in_the_trainer():
 
     with pytest.raises(ValueError, match="mixup and cutmix both take the role 'label_mixing'"):
         Speedkit([MixUp(), CutMix()], max_duration="2ba")
+
+
+def test_an_epoch_duration_over_a_loader_without_a_length_is_refused_before_training():
+    """The loop's epochs end by count; a loader without len() would end "2ep" after two batches."""
+
+    class Stream(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            return iter(torch.randn(64, 8))
+
+    stream = torch.utils.data.DataLoader(Stream(), batch_size=8)
+    with pytest.raises(ValueError, match=r"max_duration='2ep' counts epochs.*no len\(\).*pass batches_per_epoch="):
+        Speedkit([], max_duration="2ep", train_dataloader=stream)
+    sk = Speedkit([], max_duration="2ep", train_dataloader=stream, batches_per_epoch=8)
+    assert sk.state.batches_per_epoch == 8
+
+
+def test_a_users_learning_rate_changes_reach_muons_group_without_a_scheduler():
+    """Muon's group keeps the relative change of the user's lr, whoever makes it (here the user's own code)."""
+    train, _ = toy_loaders(batch_size=32)
+    sk = Speedkit([Muon(lr=0.02)], max_duration="4ba", train_dataloader=train)
+    model = sk.prepare_model(toy_model())
+    adamw = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    optimizer = sk.prepare_optimizer(adamw)
+    muon_lrs = []
+    for batch in train:
+        batch = sk.batch(batch)
+        muon_lrs.append([g["lr"] for g in optimizer.param_groups if "speedkit_base_lr" in g])
+        sk.backward(sk.loss(model(batch[0]), batch))
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        for group in adamw.param_groups:  # the user's own decay: halve the rate each step
+            group["lr"] *= 0.5
+        sk.step_end()
+        if sk.done:
+            break
+    assert muon_lrs == [[pytest.approx(0.02 * 0.5 ** step)] for step in range(4)]
