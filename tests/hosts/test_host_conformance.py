@@ -11,6 +11,9 @@ the user's own LR scheduler (a linear decay built on the user's optimizer before
 * the weights the last evaluation measured are the final weights, and (Lightning) the checkpointed ones.
 
 A refused cell raises before the first optimizer step, naming the method and the fix.
+
+Every LR scheduler class torch ships, in a plain loop and in Lightning with Muon: AdamW's lr is the schedule's,
+Muon's changes by the same ratio at every step, and speedkit ``schedules=`` beside any of them is refused.
 """
 from __future__ import annotations
 
@@ -452,3 +455,54 @@ def test_speedkit_schedules_beside_any_torch_scheduler_are_refused_before_traini
     with pytest.raises(HostCannotServeError, match=rf"schedules='cosine' and your own LR scheduler would both set "
                                                    rf"the learning rate in this loop; keep one: .*found: your .*{name}"):
         run_loop_with_scheduler(name, [Muon(lr=MUON_LR)], schedules="cosine")
+
+
+def fit_lightning_with_scheduler(name: str, schedules=None) -> list[list[float]]:
+    """Every group's lr at each optimizer step of ``lightning.Trainer.fit`` with Muon, the user's scheduler
+    ``name`` returned by configure_optimizers (stepped each step; ReduceLROnPlateau on a metric that never improves)."""
+    L = import_or_missing("lightning.pytorch", "pip install 'torch-speedkit[lightning]'")
+    from speedkit.hosts.lightning import SpeedkitCallback
+
+    class Module(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = Net()
+
+        def training_step(self, batch, batch_idx):
+            self.log("plateau", 1.0)
+            return F.cross_entropy(self.net(batch[0]), batch[1])
+
+        def configure_optimizers(self):
+            adamw = torch.optim.AdamW(self.parameters(), lr=LR)
+            return {"optimizer": adamw, "lr_scheduler": {"scheduler": SCHEDULERS[name](adamw), "interval": "step",
+                                                         "monitor": "plateau"}}
+
+    class Recorder(L.Callback):
+        def __init__(self):
+            self.lrs = []
+
+        def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+            self.lrs.append([g["lr"] for g in optimizer.param_groups])
+
+    recorder = Recorder()
+    L.Trainer(callbacks=[SpeedkitCallback([Muon(lr=MUON_LR)], schedules=schedules), recorder], accelerator="cpu",
+              devices=1, logger=False, enable_progress_bar=False, enable_model_summary=False,
+              enable_checkpointing=False, max_steps=STEPS).fit(Module(), loader())
+    return recorder.lrs
+
+
+@pytest.mark.parametrize("name", sorted(SCHEDULERS))
+def test_lightning_muon_follows_every_torch_scheduler_as_the_users_optimizer_does(name):
+    alone = user_schedule_alone(name)
+    rows = fit_lightning_with_scheduler(name)
+    assert len(rows) == STEPS
+    for step, ((adamw_lr, *muon_lrs), expected) in enumerate(zip(rows, alone)):
+        assert adamw_lr == pytest.approx(expected, rel=1e-9), step
+        assert muon_lrs and all(lr == pytest.approx(MUON_LR * expected / LR, rel=1e-9) for lr in muon_lrs), (step, rows)
+
+
+def test_lightning_refuses_speedkit_schedules_beside_a_reduce_on_plateau():
+    with pytest.raises(HostCannotServeError, match=r"schedules='cosine' and your own LR scheduler would both set the "
+                                                   r"learning rate in Lightning; keep one: .*found: your "
+                                                   r"ReduceLROnPlateau"):
+        fit_lightning_with_scheduler("ReduceLROnPlateau", schedules="cosine")
