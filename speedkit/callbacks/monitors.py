@@ -4,6 +4,7 @@ from __future__ import annotations
 import math
 import os
 import sys
+import time
 
 import torch
 
@@ -82,6 +83,40 @@ class ProgressBar(Callback):
         if self.bar is not None:
             self.bar.close()
             self.bar = None
+
+
+class ProgressLines(Callback):
+    """A progress line at most every ``every_s`` seconds, for output nobody watches live (a pipe, a log file, CI),
+    where a bar would not draw: where the run is, its share of the budget and the latest logged loss. It reads
+    the clock on the host and the loss the step already brought over at its logging interval: no device wait."""
+
+    def __init__(self, every_s: float = 30.0, stream=None):
+        if isinstance(every_s, bool) or not isinstance(every_s, (int, float)) or not every_s > 0:
+            raise ValueError(f"ProgressLines every_s must be a number of seconds above 0, got {every_s!r}")
+        self.every_s, self.stream = float(every_s), stream
+        self._last = None
+
+    def fit_start(self, state, logger):
+        self._last = time.monotonic()
+
+    def batch_end(self, state, logger):
+        now = time.monotonic()
+        if self._last is None or now - self._last < self.every_s or not distributed.is_main():
+            return
+        self._last = now
+        stamp = state.timestamp
+        line = f"[ep {stamp.epoch} ba {stamp.batch} {stamp.wall_s:.1f}s] progress: {_share_done(state)}"
+        if state.last_train_loss is not None:
+            line += f", loss {state.last_train_loss:.4g}"
+        print(line, file=self.stream or sys.stdout, flush=True)
+
+
+def _share_done(state) -> str:
+    """"120 of 900 batches (13%)" where the budget counts in batches or epochs, else the budget as it is given."""
+    if state.max_duration.unit.value in ("ep", "ba") and state.batches_per_epoch:
+        total = int(round(state.convert(state.max_duration, "ba")))
+        return f"{state.timestamp.batch} of {total} batches ({100 * state.timestamp.batch / max(total, 1):.0f}%)"
+    return f"{state.timestamp.batch} batches of a {state.max_duration} budget"
 
 
 class StopAtTarget(Callback):

@@ -128,8 +128,8 @@ def _add_train_parser(commands) -> None:
                        "200ba, 1ep, 0.25dur; 'none': only at the end. A kill loses at most one interval")
     shown = train.add_argument_group("what it shows")
     shown.add_argument("--no-progress", action="store_true",
-                       help="no progress bar (by default there is one when a terminal shows the run, none in a "
-                            "pipe or CI)")
+                       help="no progress bar or lines (by default a bar when a terminal shows the run; in a pipe, "
+                            "a log file or CI, a progress line every 30 seconds)")
     shown.add_argument("--logger", default="", help="comma-separated loggers besides the record and log.jsonl: "
                        "tensorboard, csv, mlflow, wandb (each writes into a folder of that name in the run "
                        "folder; MLFLOW_TRACKING_URI and WANDB_MODE=offline are honoured); replaces the recipe "
@@ -369,7 +369,20 @@ def run_request(args):
         loggers=_logger_names(args.logger),
         autoresume=args.autoresume, overwrite=args.overwrite, extend_duration=args.extend_duration,
         progress_bar=False if args.no_progress else "auto", console=True,
-        parallel=None if args.parallel == "none" else args.parallel, **saving)
+        parallel=None if args.parallel == "none" else args.parallel, **saving, **_piped_progress(args))
+
+
+# How often a run whose output nobody watches live (a pipe, a log file, CI) prints where it is.
+PIPED_PROGRESS_EVERY_S = 30.0
+
+
+def _piped_progress(args) -> dict:
+    """Progress lines at a bounded interval where no bar draws (``ProgressLines``), unless --no-progress."""
+    from speedkit.callbacks.monitors import ProgressLines, someone_is_watching
+
+    if args.no_progress or someone_is_watching():
+        return {}
+    return {"callbacks": [ProgressLines(PIPED_PROGRESS_EVERY_S)]}
 
 
 def _folder_options(args) -> dict | None:

@@ -227,3 +227,22 @@ def test_env_prints_what_a_bug_report_needs(capsys):
         assert name in rows and out.count(name) >= 1, name
     if torch.device(rows["auto device"]).type == "cpu":
         assert "x over fp32, measured now" in rows["cpu bf16 speed-up"]
+
+
+@pytest.mark.prerequisite("fashion-mnist")
+def test_a_run_in_a_pipe_prints_progress_at_a_bounded_interval(tmp_path, capsys, monkeypatch):
+    """Where no bar draws (pytest captures both streams, as a pipe would), the run prints where it is between its
+    evaluations, at most every PIPED_PROGRESS_EVERY_S; --no-progress keeps it quiet."""
+    import speedkit.cli.main as cli
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SPEEDKIT_PROGRESS", "0")  # nobody watches (this process has ipykernel, which says otherwise)
+    monkeypatch.setattr(cli, "PIPED_PROGRESS_EVERY_S", 1e-6)  # every batch: the test does not wait
+    args = ["train", "--duration", "4ba", "--data-fraction", "0.01", "--eval-fraction", "0.02", "--batch-size", "32",
+            "--eval-interval", "4ba"]
+    assert main([*args, "--run-name", "piped"]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if "progress:" in line]
+    assert [line.split("progress: ")[1].split(",")[0] for line in lines] == \
+        [f"{b} of 4 batches ({25 * b}%)" for b in (1, 2, 3, 4)], lines
+    assert main([*args, "--run-name", "quiet", "--no-progress"]) == 0
+    assert "progress:" not in capsys.readouterr().out
