@@ -56,6 +56,52 @@ def late_gain(record: RunRecord, metric: str | None = None, share: float = 0.25)
     return (before[1] - last) if lower_is_better(metric) else (last - before[1])
 
 
+# The floor of the final-quality tolerance, as a share of the baseline's median final metric: with one seed, or
+# seeds that agree closely, an evaluation's own noise still moves the last value by about this much.
+FINAL_QUALITY_FLOOR = 0.005
+
+
+def final_quality(finals: Sequence[float | None], metric: str) -> dict | None:
+    """The baseline's final quality, the level every headline speed-up is measured at (bench/README.md, "The
+    target rule"): the median of the baseline's final ``metric`` over its seeds, less a tolerance of one seed's
+    spread (the range of those finals, max - min, at least ``FINAL_QUALITY_FLOOR`` of the median), towards the
+    easier side. By construction every seed of that baseline ends at or beyond it.
+
+    Returns ``{"median_final", "tolerance", "level"}``, or None without a final value."""
+    present = [v for v in finals if v is not None]
+    if not present:
+        return None
+    median = statistics.median(present)
+    tolerance = max(max(present) - min(present), FINAL_QUALITY_FLOOR * abs(median))
+    return {"median_final": median, "tolerance": tolerance,
+            "level": median + tolerance if lower_is_better(metric) else median - tolerance}
+
+
+def at_or_beyond(value: float | None, level: float, metric: str) -> bool:
+    """Whether ``value`` of ``metric`` is at ``level`` or better (a rounding's worth short counts as at it)."""
+    if value is None:
+        return False
+    slack = 1e-9 * max(1.0, abs(level))
+    return value <= level + slack if lower_is_better(metric) else value >= level - slack
+
+
+def stricter(metric: str, *levels: float) -> float:
+    """The hardest of ``levels`` to reach for ``metric``."""
+    return min(levels) if lower_is_better(metric) else max(levels)
+
+
+def time_to_level(record: RunRecord, level: float, metric: str | None = None,
+                  ends_at: float | None = None) -> float | None:
+    """Training seconds until ``metric`` (the run's target metric by default) first reached ``level``; None where
+    the run never got there, and where its last value is short of ``ends_at`` (default ``level``): a run that
+    passes a level and falls back below it by its end has not reached it."""
+    metric = metric or (record.target or {}).get("metric")
+    ends_at = level if ends_at is None else ends_at
+    if metric is None or not at_or_beyond(final_metric(record, metric), ends_at, metric):
+        return None
+    return next((row.get("wall_s") for row in record.evals if at_or_beyond(row.get(metric), level, metric)), None)
+
+
 def speedup(baseline_time: float | None, run_time: float | None) -> float | None:
     """baseline / run, or None where either never reached the target."""
     if baseline_time is None or run_time is None or run_time <= 0:

@@ -55,3 +55,25 @@ def test_the_number_of_pairs_follows_the_time_budget():
     assert pairs_note([60.0, 70.0], 2, 180).startswith("2 pairs as asked, 130 s of training")
     note = pairs_note([183.0], 3, 180)
     assert note.startswith("1 of 3 pairs, 183 s") and "would not fit the 180 s budget" in note
+
+
+def test_the_demo_sets_its_ratio_beside_the_committed_one_at_its_own_target_or_says_the_targets_differ(tmp_path):
+    import json
+
+    from speedkit.cli.demo import committed_at_target
+
+    def runs(times: dict) -> dict:
+        return {"time_to": times, "speedup_median_vs": {"baseline": 4.0}}
+
+    entry = {"target": {"metric": "eval/accuracy", "value": 0.92}, "seeds": [0, 1],
+             "baselines": {"baseline": runs({"0.9": [40.0, 60.0], "0.92": [50.0, 80.0]})},
+             "recipes": {"hot": runs({"0.9": [10.0, 30.0], "0.92": [12.5, 20.0]})},
+             "final_quality": {"baseline": "plain-bf16", "is_target": True, "value": 0.92}}
+    (tmp_path / "bench" / "results").mkdir(parents=True)
+    (tmp_path / "bench" / "results" / "summary.json").write_text(json.dumps({"vision": entry}))
+    pairs = {"baseline": [], "hot": []}
+    same = committed_at_target(tmp_path, pairs, 0.9)  # paired by seed from the committed times to 0.9: 4x and 2x
+    assert same.startswith("committed benchmark at this demo's target, eval/accuracy 0.9: hot 3.00x sooner")
+    other = committed_at_target(tmp_path, pairs, 0.8)
+    assert "4.00x sooner than baseline to eval/accuracy 0.92, at or beyond plain-bf16's final quality" in other
+    assert "a different target from this demo's 0.8 (its records time 0.9, 0.92 only)" in other

@@ -244,6 +244,145 @@ def test_a_summary_says_how_much_each_baseline_still_gained_in_the_last_quarter_
     assert late_gain(fake_record("baseline", 0, [(1, 0.5)])) is None
 
 
+# -- the baseline's final quality (issue 57) -----------------------------------------------------------------------
+ISSUE_57 = BenchProfile(name="cpu", recipes=("plain-bf16", "mild", "medium"),
+                        run=RunRequest(task="fashion-mnist", device="cpu", target=0.25))
+
+
+def climbing_baseline_records() -> list[RunRecord]:
+    """Issue 57's case: plain-bf16 still climbing when its budget ends (finals 0.370, 0.317, 0.343); mild meets the
+    rule's lower target (0.25) sooner and plateaus at 0.269, below where the baseline ends; medium ends beyond the
+    baseline's final quality on seeds 0 and 1, and on seed 2 passes it and falls back below by its end."""
+    records = [fake_record("plain-bf16", seed, [(300, 0.25), (577, 0.26), (771, 0.29), (1000, final)], target=0.25)
+               for seed, final in ((0, 0.37), (1, 0.317), (2, 0.343))]
+    records += [fake_record("mild", seed, [(100, 0.25), (400, 0.269)], target=0.25) for seed in (0, 1, 2)]
+    records += [fake_record("medium", 0, [(150, 0.25), (200, 0.3), (500, 0.33)], target=0.25),
+                fake_record("medium", 1, [(150, 0.25), (250, 0.295), (500, 0.31)], target=0.25),
+                fake_record("medium", 2, [(150, 0.25), (220, 0.3), (500, 0.28)], target=0.25)]
+    return records
+
+
+def load_update_readme():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "scripts" / "update_readme.py"
+    spec = importlib.util.spec_from_file_location("update_readme_under_test", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_recipe_sooner_to_the_lower_target_but_ending_below_the_baselines_final_is_shown_not_reaching_it(
+        tmp_path, monkeypatch):
+    from speedkit.experiments.bench import write_reports
+
+    entry = summarize(climbing_baseline_records(), ISSUE_57)
+    assert entry["best_recipe"] == "mild" and entry["speedup_median"] > 2  # the lower target alone would say this
+    fq = entry["final_quality"]
+    assert fq["value"] == pytest.approx(0.29) and not fq["is_target"] and fq["best_recipe"] is None
+    summary, paths = write_reports(tmp_path, "vision", entry)
+    on_disk = json.loads(paths["summary_json"].read_text())["vision"]
+    mild = on_disk["recipes"]["mild"]["final_quality"]
+    assert mild["reached"] == 0 and mild["time_s"] == [None] * 3 and mild["speedup_median"] is None
+    assert on_disk["final_quality"]["best_recipe"] is None
+
+    markdown = paths["summary_md"].read_text()
+    assert "| mild | — | 3/3 | 100.0 (100.0–100.0) | 3.00x (3.00–3.00) | 0.2690 | 0/3 | not reached | not reached |" \
+        in markdown
+    lines = markdown.splitlines()
+    headline = next(line for line in lines if line.startswith("vision: "))
+    assert headline.startswith("vision: no speed-up recipe reached eval/accuracy 0.29 (plain-bf16's final quality")
+    # the lower target's speed-up is there, said to be at a lower target, beside the final quality's, never alone
+    assert all("lower target" in line and "final quality" in line for line in lines if "3.00x faster" in line)
+    assert "mild reached plain-bf16's final quality on 0/3 seeds" in headline
+
+    readme = load_update_readme()
+    monkeypatch.setattr(readme, "SUMMARY", paths["summary_json"])
+    monkeypatch.setattr(readme, "MEASURED_AGAIN", {})
+    rows = readme.bench_results().splitlines()
+    assert next(row for row in rows if "| mild |" in row).endswith("| 0.2690 | not reached (0/3) |")
+    assert next(row for row in rows if "| medium |" in row).endswith("| 0.3100 | 3.47x (3.08–3.85x), reached 2/3 |")
+    line = readme.headline().splitlines()[0]
+    assert "no recipe reaches `plain-bf16`'s final quality (29.0% accuracy) on every seed" in line
+    assert "to the lower target of 25% accuracy, `mild` is **3.0x** sooner" in line
+
+
+def test_the_final_quality_is_the_baselines_median_final_less_one_seeds_spread_with_a_floor():
+    from speedkit.experiments.compare import FINAL_QUALITY_FLOOR, at_or_beyond, final_quality
+
+    spread = final_quality([0.37, 0.317, 0.343], "eval/accuracy")
+    assert spread == pytest.approx({"median_final": 0.343, "tolerance": 0.053, "level": 0.29})
+    agreeing = final_quality([0.92, 0.921, None], "eval/accuracy")  # a missing seed is left out
+    assert agreeing["tolerance"] == pytest.approx(FINAL_QUALITY_FLOOR * 0.9205) == pytest.approx(0.0046025)
+    assert final_quality([0.9], "eval/accuracy")["level"] == pytest.approx(0.9 * (1 - FINAL_QUALITY_FLOOR))
+    loss = final_quality([3.2, 3.3, 3.25], "eval/bpb")  # lower is better: the tolerance is added
+    assert loss["level"] == pytest.approx(3.35) and loss["tolerance"] == pytest.approx(0.1)
+    assert final_quality([None, None], "eval/accuracy") is None
+    for finals, metric in (([0.37, 0.317, 0.343], "eval/accuracy"), ([0.5, 0.9], "eval/accuracy"),
+                           ([0.1, 0.9, 0.9], "eval/accuracy"), ([2.0, 2.5, 5.0], "eval/loss")):
+        level = final_quality(finals, metric)["level"]  # every seed of the baseline ends at or beyond its own
+        assert all(at_or_beyond(f, level, metric) for f in finals)
+
+
+def test_seeds_that_reached_the_final_quality_are_counted_from_each_seeds_curve_and_end():
+    from speedkit.experiments.bench.harness import add_final_quality
+
+    entry = summarize(climbing_baseline_records(), ISSUE_57)
+    medium, baseline = entry["recipes"]["medium"]["final_quality"], entry["baselines"]["plain-bf16"]["final_quality"]
+    assert baseline["reached"] == 3 and baseline["time_s"] == [771, 771, 771]
+    # seed 2 passed 0.29 at 220 s and ended at 0.28: not reached
+    assert medium["reached"] == 2 and medium["time_s"] == [200, 250, None]
+    assert medium["speedup"] == pytest.approx([771 / 200, 771 / 250, None])
+    assert medium["speedup_median"] == pytest.approx((771 / 200 + 771 / 250) / 2)
+    # read back from summary.json alone, each run's curve gives the same answer as the records did
+    again = json.loads(json.dumps(entry))
+    for r in [*again["baselines"].values(), *again["recipes"].values()]:
+        del r["final_quality"]
+    assert add_final_quality(again)["recipes"] == entry["recipes"] and again["final_quality"] == entry["final_quality"]
+    # a summary from before curves were kept: who ended there is known from the finals, the times are not
+    for r in [*again["baselines"].values(), *again["recipes"].values()]:
+        del r["final_quality"], r["curve"]
+    old = add_final_quality(again)
+    assert not old["final_quality"]["times_recorded"] and old["recipes"]["medium"]["final_quality"]["reached"] == 2
+    assert old["recipes"]["medium"]["final_quality"]["time_s"] == [None] * 3
+
+
+def test_where_the_target_asks_more_than_the_baselines_final_a_seed_ending_between_the_two_still_counts():
+    records = [fake_record("plain-bf16", s, [(100, 0.92), (150, final)], target=0.92)
+               for s, final in ((0, 0.9218), (1, 0.922), (2, 0.9216))]
+    records += [fake_record("mild", 0, [(40, 0.921), (60, 0.919)], target=0.92),  # ends above 0.9172: counts
+                fake_record("mild", 1, [(50, 0.925)], target=0.92),
+                fake_record("mild", 2, [(45, 0.921), (60, 0.91)], target=0.92)]  # ends below it: does not
+    entry = summarize(records, BenchProfile(name="cpu", recipes=("plain-bf16", "mild"),
+                                            run=RunRequest(task="fashion-mnist", device="cpu", target=0.92)))
+    fq = entry["final_quality"]
+    assert fq["is_target"] and fq["value"] == 0.92 and fq["level"] == pytest.approx(0.9218 * 0.995)
+    assert entry["recipes"]["mild"]["final_quality"]["time_s"] == [40, 50, None]
+
+
+def test_a_bench_summary_records_the_data_folder_and_fraction_it_ran_on(tmp_path):
+    from speedkit.experiments.bench import run_benchmark
+
+    folder = tmp_path / "pictures"
+    (folder / "cat").mkdir(parents=True)
+    (folder / "cat" / "a.jpg").write_bytes(b"x" * 10)
+    entry = summarize(climbing_baseline_records(), ISSUE_57, data=folder)
+    assert entry["data"]["folder"]["path"] == str(folder.resolve()) and entry["data"]["folder"]["files"] == 1
+    assert entry["profile_spec"]["run"]["data"] == str(folder)
+    # --reuse: the runs' own fraction, written into summary.json and said in summary.md
+    run_dir = tmp_path / "runs"
+    for record in climbing_baseline_records():
+        record.config.update(bench={"task": "vision", "profile": "cpu", "session": "s"}, data_fraction=0.2,
+                             eval_fraction=0.5)
+        record.save(run_dir / f"{record.name}.json")
+    result = run_benchmark("fashion-mnist", "cpu", seeds=3, recipes="mild,medium", baselines="plain-bf16",
+                           out_dir=tmp_path / "out", run_dir=run_dir, reuse=True, figures=False, log=lambda _: None)
+    assert json.loads(result.paths["summary_json"].read_text())["vision"]["data"] == {
+        "folder": None, "data_fraction": 0.2, "eval_fraction": 0.5}
+    assert "Data: the task's own data, training on 0.2 of it, evaluating on 0.5." in result.paths["summary_md"].read_text()
+
+
 def test_vision_then_language_merge_into_one_summary(tmp_path):
     vision = summarize(hand_made_vision_records(),
                        BenchProfile(name="cpu", run=RunRequest(task="fashion-mnist", device="cpu", target=0.9)))
@@ -259,7 +398,8 @@ def test_vision_then_language_merge_into_one_summary(tmp_path):
     assert on_disk["vision"]["best_recipe"] == "mild"
     table = summary_markdown(on_disk)
     assert "| **mild** | — | 3/3 | 8.0 (7.0–9.0) | 1.25x (1.14–1.33) | 0.9000 |" in table  # fake records: no budget
-    assert "| **hot** | — | 1/1 | 10.0 | 4.00x | 1.9500 |" in table  # the language task's
+    # the language task's hot reaches the target sooner but ends short of the baseline's final quality: not bold
+    assert "| hot | — | 1/1 | 10.0 | 4.00x | 1.9500 | 0/1 | not reached | not reached |" in table
     assert "vision: **mild** reaches eval/accuracy 0.9 1.25x faster" in table
     assert on_disk["vision"]["machine"]["cpu"] in table and "torch" in table
     assert "## vision" in table and "## language" in table

@@ -15,9 +15,10 @@ from typing import Callable, Sequence
 
 from speedkit.core.devices import resolve_device, resolve_precision
 from speedkit.core.time import Time
+from speedkit.data.identity import data_identity
 from speedkit.experiments.ablation import leave_one_out_runs
 from speedkit.experiments.bench.profiles import TASK_KEYS, BenchProfile, get_profile, task_key, with_default_sweeps
-from speedkit.experiments.compare import final_metric, late_gain
+from speedkit.experiments.compare import at_or_beyond, final_metric, final_quality, late_gain, stricter, time_to_level
 from speedkit.experiments.compare import leave_one_out as leave_one_out_table
 from speedkit.experiments.compare import median_or_none, paired_speedups, time_rank
 from speedkit.experiments.measure import MEASURED_RUN, Measurement, fit, measure, shortest_budget
@@ -312,6 +313,9 @@ def recipe_entry(records: Sequence[RunRecord], seeds: Sequence[int], targets: Se
         "work_to_target": {unit: _by_seed(records, seeds, lambda r, u=unit: r.time_to(metric, value, x=u))
                            for unit in WORK_UNITS},
         "budget": records[0].config.get("recipe_spec", {}).get("duration"),
+        # each evaluation's (training seconds, metric): the time to any other level, read from the summary alone
+        "curve": _by_seed(records, seeds, lambda r: [[row["wall_s"], row[metric]] for row in r.evals
+                                                     if row.get("wall_s") is not None and row.get(metric) is not None]),
     }
 
 
@@ -348,15 +352,107 @@ def _measured(entries: dict[str, dict], baselines: Sequence[str] = (), seeds: Se
                                  {name: e["final_metric"] for name, e in entries.items()}, baselines, seeds)
 
 
+FINAL_QUALITY_RULE = ("the strongest baseline's median final metric over its seeds, less one seed's spread (the "
+                      "range of those finals, at least 0.5% of their median), towards the easier side; where the "
+                      "target asks for more, the target; a seed that ends short of the final quality has not "
+                      "reached it, whenever it passed it")
+
+
+def add_final_quality(entry: dict, by_recipe: dict[str, Sequence[RunRecord]] | None = None) -> dict:
+    """Judge a summary entry at its strongest baseline's final quality (``compare.final_quality``; where the
+    target is stricter, at the target, a seed still counting where it ends at or beyond the final quality), in
+    place: each baseline's and recipe's ``final_quality`` (seeds that
+    reached it, each seed's time to it, paired speed-ups over the strongest baseline) and the entry's (the level,
+    how it was set, the fastest recipe that reached it in every seed and its median speed-up).
+
+    A seed that ends short of the level has not reached it, whenever it passed it. Times come from the runs'
+    evaluations (``by_recipe``: records by recipe name); an entry read back without its runs has them only where
+    the level is its target or where it holds each run's ``curve`` (summaries written since), and says
+    ``times_recorded: false`` otherwise (who reached it is known from the finals alone)."""
+    metric, target, seeds = entry["target"]["metric"], entry["target"]["value"], entry["seeds"]
+    strongest = entry["strongest_baseline"]
+    quality = final_quality(entry["baselines"][strongest]["final_metric"], metric)
+    value = target if quality is None else stricter(metric, quality["level"], target)
+    ends_at = value if quality is None else quality["level"]  # where a seed must end: the final quality
+    runs = {**entry["baselines"], **entry["recipes"]}
+    curves = all("curve" in r for r in runs.values())
+    recorded = by_recipe is not None or curves or value == target
+    for name, r in runs.items():
+        ends_there = [at_or_beyond(f, ends_at, metric) for f in r["final_metric"]]
+        if by_recipe is not None:
+            times = _by_seed(by_recipe[name], seeds, lambda record: time_to_level(record, value, metric, ends_at))
+        elif curves:
+            times = [next((t for t, v in curve or () if at_or_beyond(v, value, metric)), None) if there else None
+                     for curve, there in zip(r["curve"], ends_there)]
+        elif recorded:  # the level is the target: the times to it are in the entry
+            times = [t if there else None for t, there in zip(r["time_to_target_s"], ends_there)]
+        else:
+            times = [None] * len(seeds)
+        r["final_quality"] = {"reached": sum(t is not None for t in times) if recorded else sum(ends_there),
+                              "time_s": times}
+    strongest_times = runs[strongest]["final_quality"]["time_s"]
+    for r in runs.values():
+        ratios = paired_speedups(strongest_times, r["final_quality"]["time_s"])
+        r["final_quality"].update(speedup=ratios, speedup_median=median_or_none(ratios))
+    everywhere = {name: r for name, r in entry["recipes"].items()
+                  if recorded and r["final_quality"]["reached"] == len(seeds)}
+    best = Measurement.read_back({name: r["final_quality"]["time_s"] for name, r in everywhere.items()},
+                                 {name: r["final_metric"] for name, r in everywhere.items()}, ()).fastest(
+        list(everywhere), metric)
+    entry["final_quality"] = {
+        "baseline": strongest, "metric": metric, **(quality or {}), "value": value, "is_target": value == target,
+        "rule": FINAL_QUALITY_RULE, "times_recorded": recorded, "best_recipe": best,
+        "speedup_median": everywhere[best]["final_quality"]["speedup_median"] if best else None}
+    return entry
+
+
+def judge_summary_file(path: str | Path) -> list[str]:
+    """Judge a benchmark summary written before final quality was (its runs not kept beside it) at its baselines'
+    final quality (``add_final_quality`` without records), and rewrite it and its markdown (the ``.md`` of the
+    same name, where there is one, or summary.md). Entries already judged keep what their runs gave. Returns the
+    keys it judged; none for a file that is not a benchmark summary."""
+    from speedkit.experiments.bench.report import summary_markdown
+
+    path = Path(path)
+    summary = json.loads(path.read_text())
+    entries = summary.items() if isinstance(summary, dict) else ()
+    judged = [key for key, entry in entries
+              if isinstance(entry, dict) and "strongest_baseline" in entry and "final_quality" not in entry]
+    for key in judged:
+        add_final_quality(summary[key])
+    if judged:
+        path.write_text(json.dumps(summary, indent=1))
+        markdown = path.with_suffix(".md")
+        if markdown.exists() or path.name == "summary.json":
+            markdown.write_text(summary_markdown(summary))
+    return judged
+
+
+def data_used(records: Sequence[RunRecord], profile: BenchProfile, data=None) -> dict:
+    """What the main runs trained on: the data folder (``data_identity``: path, files, bytes, fingerprint; None
+    for a built-in task's own data), and the fractions of its training and evaluation sets."""
+    configs = [r.config for r in records]
+    folder = next((c["data"] for c in configs if c.get("data")), None)
+    if folder is None and data is not None:
+        folder = data_identity(data)
+    fraction = next((c["data_fraction"] for c in configs if c.get("data_fraction") is not None),
+                    profile.run.data_fraction)
+    evaluated = next((c["eval_fraction"] for c in configs if c.get("eval_fraction") is not None),
+                     profile.run.eval_fraction)
+    return {"folder": folder, "data_fraction": fraction, "eval_fraction": evaluated}
+
+
 def summarize(records: Sequence[RunRecord], profile: BenchProfile, ablations: Sequence[RunRecord] = (),
               time_breakdown: dict | None = None, budget_search: dict | None = None,
-              sweeps: dict | None = None) -> dict:
+              sweeps: dict | None = None, data=None) -> dict:
     """This task's summary.json entry, from the main runs' records (and any leave-one-out runs).
 
     ``baselines`` holds every baseline that ran (with its budget); ``baseline`` is the tutorial-style
     one where it ran (else the strongest), ``recipes`` the speed-up recipes. Speed-ups are paired by
     seed against each baseline (``speedup_vs``); the headline (``speedup_median``) is the best recipe's
-    against the strongest baseline. The best recipe must hold the target in every seed.
+    against the strongest baseline. The best recipe must hold the target in every seed. ``final_quality`` judges
+    every run again at the strongest baseline's final quality (``add_final_quality``), where the headline is
+    measured; ``data`` is what ``data_used`` records (the folder given as ``--data``, if any).
     """
     by_recipe: dict[str, list[RunRecord]] = {}
     for record in records:
@@ -402,6 +498,9 @@ def summarize(records: Sequence[RunRecord], profile: BenchProfile, ablations: Se
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "profile_spec": dataclasses.asdict(profile),
     }
+    summary["profile_spec"]["run"]["data"] = None if data is None else str(data)
+    summary["data"] = data_used(records, profile, data)
+    add_final_quality(summary, by_recipe)
     if time_breakdown is not None:
         summary["time_breakdown"] = time_breakdown
     return summary
@@ -650,7 +749,7 @@ def run_benchmark(task, profile: str | BenchProfile = "cpu", seeds: int | Sequen
     if profile_steps and profile_steps > 0:
         breakdown = profile_recipe(profile, best or "baseline", seed_list[0], profile_steps, run_dir, session,
                                    **trainer_kwargs)
-    entry = summarize(records, profile, ablations, breakdown, budgets, sweeps)
+    entry = summarize(records, profile, ablations, breakdown, budgets, sweeps, data=data)
     summary, paths = write_reports(out_dir, key, entry, records if figures else None)
     return BenchResult(key=key, entry=entry, summary=summary, records=records, ablations=ablations, paths=paths)
 

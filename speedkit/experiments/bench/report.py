@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Sequence
 
 from speedkit.experiments.compare import machine_text, markdown_table, median_or_none
-from speedkit.record.runs import RunRecord, atomic_write_bytes
+from speedkit.record.runs import RunRecord, atomic_write_bytes, lower_is_better
 from speedkit.record.runs import json_safe as _json_safe
 
 SUMMARY_JSON = "summary.json"
@@ -65,6 +65,8 @@ def preset_reached(summary: dict, fresh_seeds: dict | None = None) -> dict[str, 
             reached = {**common, "seeds_reached": f"{runs['reached']}/{len(entry['seeds'])}",
                        "time_to_target_s": None if median_s is None else round(median_s, 1),
                        "final": round(median_or_none(runs["final_metric"]), 4), "budget": runs["budget"]}
+            if "final_quality" in entry:
+                reached["final_quality"] = _preset_final_quality(entry, runs)
             fresh = fresh_seeds.get(entry["task"], {}).get(name)
             if fresh is not None:
                 if fresh["budget"] != runs["budget"]:
@@ -81,6 +83,17 @@ def preset_reached(summary: dict, fresh_seeds: dict | None = None) -> dict[str, 
     if unmeasured:
         raise ValueError(f"fresh seeds of {unmeasured}, which the benchmark summary has no runs of")
     return figures
+
+
+def _preset_final_quality(entry: dict, runs: dict) -> dict:
+    """What a preset reached at its benchmark's final-quality level: the level and whose it is, the seeds that
+    reached it, the median time (None where not timed or not reached) and paired speed-up over that baseline."""
+    fq, q, n = entry["final_quality"], runs["final_quality"], len(entry["seeds"])
+    median_s = median_or_none(q["time_s"])
+    return {"level": round(fq["value"], 4), "baseline": fq["baseline"], "is_target": fq["is_target"],
+            "seeds_reached": f"{q['reached']}/{n}", "times_recorded": fq["times_recorded"],
+            "time_s": None if median_s is None else round(median_s, 1),
+            "speedup": None if q["speedup_median"] is None else round(q["speedup_median"], 3)}
 
 
 # -- markdown ----------------------------------------------------------------------------------
@@ -110,23 +123,78 @@ def _speedup_cells(entry: dict, r: dict) -> list[str]:
 
 
 def _label(entry: dict, name: str) -> str:
-    if name == entry.get("best_recipe"):
+    """A recipe's name in the tables: bold for the headline's recipe (the fastest to the baseline's final quality,
+    else, in a summary that predates it, to the target)."""
+    best = entry["final_quality"]["best_recipe"] if "final_quality" in entry else entry.get("best_recipe")
+    if name == best:
         return f"**{name}**"
     return f"{name} (strongest baseline)" if name == entry.get("strongest_baseline") else name
 
 
-def headline(key: str, entry: dict) -> str:
-    """One sentence: the best recipe's median speed-up against the strongest baseline, or why there is none."""
+def quality_text(entry: dict) -> str:
+    """What the headline's level is, in words: the strongest baseline's final quality (its median final less the
+    tolerance), or the target where that asks for more."""
+    fq = entry["final_quality"]
+    if "median_final" not in fq:
+        return f"the target, {fq['baseline']} having no final value"
+    towards = "plus" if lower_is_better(fq["metric"]) else "less"  # towards the easier side
+    ended = (f"{fq['baseline']}'s final quality: its median final {fq['median_final']:.4g} {towards} a tolerance "
+             f"of {fq['tolerance']:.2g}")
+    return f"the target, at or beyond {ended}" if fq["is_target"] else ended
+
+
+def _level(entry: dict) -> str:
+    return f"{entry['target']['metric']} {entry['final_quality']['value']:.4g}"
+
+
+def _reached_text(entry: dict, name: str) -> str:
+    r = {**entry["baselines"], **entry["recipes"]}[name]
+    return f"{r['final_quality']['reached']}/{len(entry['seeds'])}"
+
+
+def quality_headline(key: str, entry: dict) -> str:
+    """The headline: the fastest recipe to the strongest baseline's final quality and its median speed-up there;
+    where none reached it in every seed, which recipes did on how many seeds."""
+    fq, n = entry["final_quality"], len(entry["seeds"])
+    if fq["best_recipe"] is not None:
+        return (f"{key}: **{fq['best_recipe']}** reaches {_level(entry)} {_num(fq['speedup_median'], 2)}x faster "
+                f"(median of paired seeds, {_reached_text(entry, fq['best_recipe'])} seeds) than {fq['baseline']}; "
+                f"that level is {quality_text(entry)}.")
+    level = f"{_level(entry)} ({quality_text(entry)})"
+    everywhere = [name for name, r in entry["recipes"].items() if r["final_quality"]["reached"] == n]
+    if everywhere and not fq["times_recorded"]:
+        return (f"{key}: {', '.join(everywhere)} ended at or beyond {level} on every seed; the time to it is not in "
+                f"this summary (its runs were not kept beside it).")
+    reached = ", ".join(f"{name} {_reached_text(entry, name)}" for name in entry["recipes"])
+    return f"{key}: no speed-up recipe reached {level} on every seed (seeds that did: {reached}), so no headline."
+
+
+def target_headline(entry: dict, lower: bool) -> str:
+    """The speed-up at the benchmark's target; ``lower``: the target is below the baseline's final quality, said
+    as such, with how many seeds of that recipe reached the final quality."""
     target = entry["target"]
     best, strongest = entry.get("best_recipe"), entry.get("strongest_baseline")
+    at = f"{'the lower target, ' if lower else ''}{target['metric']} {target['value']:g}"
     if best is None:
-        return (f"{key}: no speed-up recipe reached {target['metric']} {target['value']:g} in every seed and "
-                f"ended at or above it, so there is no headline speed-up.")
+        return (f"no speed-up recipe reached {at} in every seed and ended at or above it, so there is no speed-up "
+                f"to the target.")
     others = ", ".join(f"{_num(v, 2)}x against {name}" for name, v in entry.get("speedup_vs", {}).items()
                        if name != strongest and v is not None)
-    return (f"{key}: **{best}** reaches {target['metric']} {target['value']:g} "
-            f"{_num(entry.get('speedup_median'), 2)}x faster (median of paired seeds) than the strongest "
-            f"baseline, {strongest}" + (f"; {others}" if others else "") + ".")
+    text = (f"**{best}** reaches {at} {_num(entry.get('speedup_median'), 2)}x faster (median of paired seeds) "
+            f"than the strongest baseline, {strongest}" + (f"; {others}" if others else ""))
+    if lower:
+        text += f"; {best} reached {strongest}'s final quality on {_reached_text(entry, best)} seeds"
+    return text + "."
+
+
+def headline(key: str, entry: dict) -> str:
+    """The speed-up at the strongest baseline's final quality; where the target is lower, the speed-up at the
+    target beside it, said to be at a lower target, never alone."""
+    if "final_quality" not in entry:  # a summary written before final quality was judged
+        return f"{key}, at its target only (not judged at the baseline's final quality): {target_headline(entry, False)}"
+    if entry["final_quality"]["is_target"]:
+        return quality_headline(key, entry)
+    return quality_headline(key, entry) + " Beside it, " + target_headline(entry, True)
 
 
 def task_markdown(key: str, entry: dict) -> str:
@@ -145,15 +213,19 @@ def task_markdown(key: str, entry: dict) -> str:
         f"training wall clock with a plain evaluation excluded (shown apart) and the extra "
         f"cost of evaluation-time methods and of set-up work at fit start included; setup (data into memory, "
         f"model, surgery) and compile time (also inside training time) are shown apart; speed-ups are "
-        f"paired by seed. Machine: {machine_text(entry.get('machine', {}), entry.get('date', '?'))}.",
+        f"paired by seed. Machine: {machine_text(entry.get('machine', {}), entry.get('date', '?'))}."
+        + data_text(entry.get("data")),
+        *quality_lines(entry),
         "",
         *markdown_table(
             ["recipe", "budget", "reached", "time to target (s)", *[f"speed-up vs {b}" for b in baselines], "final",
-             "train s", "eval s", "setup s", "compile s", *[f"time to {k} (s)" for k in extra]],
+             *quality_header(entry), "train s", "eval s", "setup s", "compile s",
+             *[f"time to {k} (s)" for k in extra]],
             ([_label(entry, name), r.get("budget") or "—", f"{sum(t is not None for t in r['time_to_target_s'])}/{n}",
               _median_sum(r["time_to_target_s"]) + _spread(r["time_to_target_s"]), *_speedup_cells(entry, r),
-              _num(median_or_none(r["final_metric"]), 4), _median_sum(r["train_s"]), _median_sum(r["eval_s"]),
-              _median_sum(r["setup_s"]), _median_sum(r["compile_s"]), *[_median_sum(r["time_to"][k]) for k in extra]]
+              _num(median_or_none(r["final_metric"]), 4), *quality_cells(entry, r), _median_sum(r["train_s"]),
+              _median_sum(r["eval_s"]), _median_sum(r["setup_s"]), _median_sum(r["compile_s"]),
+              *[_median_sum(r["time_to"][k]) for k in extra]]
              for name, r in [*entry["baselines"].items(), *entry["recipes"].items()])),
     ]
     searched = {name: b["budget_search"] for name, b in entry["baselines"].items() if b.get("budget_search")}
@@ -174,6 +246,51 @@ def task_markdown(key: str, entry: dict) -> str:
     lines += leave_one_out_markdown(entry.get("leave_one_out"))
     lines += time_breakdown_markdown(entry.get("time_breakdown"))
     return "\n".join(lines)
+
+
+def data_text(data: dict | None) -> str:
+    """Where the runs' data came from and how much of it they used (a summary written before this says nothing)."""
+    if not data:
+        return ""
+    folder = data.get("folder")
+    if isinstance(folder, dict):
+        facts = ", ".join(f"{k} {folder[k]}" for k in ("files", "fingerprint") if folder.get(k) is not None)
+        where = f"`{folder.get('path', '?')}`" + (f" ({facts})" if facts else "")
+    else:
+        where = "the task's own data" if folder is None else f"`{folder}`"
+    fraction = data.get("data_fraction")
+    evaluated = data.get("eval_fraction")
+    return (f" Data: {where}, training on {1.0 if fraction is None else fraction:g} of it"
+            + ("" if evaluated is None else f", evaluating on {evaluated:g}") + ".")
+
+
+def quality_lines(entry: dict) -> list[str]:
+    """The level the ``final quality`` columns measure, and the rule that sets it."""
+    fq = entry.get("final_quality")
+    if fq is None:
+        return []
+    missing = ("" if fq["times_recorded"] else " The runs were not kept beside this summary, so the times to it "
+               "are not known; who reached it is read from the seeds' final values.")
+    return ["", f"Final quality: {_level(entry)}, {quality_text(entry)}. The rule: {fq['rule']}.{missing}"]
+
+
+def quality_header(entry: dict) -> list[str]:
+    return ["reached final quality", "time to final quality (s)",
+            f"speed-up at final quality vs {entry['final_quality']['baseline']}"] if "final_quality" in entry else []
+
+
+def quality_cells(entry: dict, r: dict) -> list[str]:
+    """The ``final quality`` columns: seeds that reached it, the median time (min–max) and paired speed-up."""
+    if "final_quality" not in entry:
+        return []
+    q, n = r["final_quality"], len(entry["seeds"])
+    recorded = entry["final_quality"]["times_recorded"]
+    median = q["speedup_median"]
+    time = _median_sum(q["time_s"]) + _spread(q["time_s"]) if recorded else "not recorded"
+    ratio = (_num(median, 2) + "x" * (median is not None) + _spread(q["speedup"], 2)) if recorded else "not recorded"
+    if q["reached"] == 0:
+        time = ratio = "not reached"
+    return [f"{q['reached']}/{n}", time, ratio]
 
 
 def _sittings(entry: dict) -> str:
@@ -241,8 +358,10 @@ def summary_markdown(summary: dict) -> str:
 _COLOURS = ("#636efa", "#ef553b", "#00cc96", "#ab63fa", "#ffa15a", "#19d3f3", "#ff6692", "#b6e880")
 
 
-def metric_curves_figure(records: Sequence[RunRecord], metric: str, target: float | None = None):
-    """The metric against training wall clock for every run, one colour per recipe."""
+def metric_curves_figure(records: Sequence[RunRecord], metric: str, target: float | None = None,
+                         final_quality: float | None = None):
+    """The metric against training wall clock for every run, one colour per recipe, with the target and the
+    baseline's final quality (where it differs) as dashed lines."""
     import plotly.graph_objects as go
 
     fig = go.Figure()
@@ -256,20 +375,30 @@ def metric_curves_figure(records: Sequence[RunRecord], metric: str, target: floa
                                  showlegend=first, line={"color": colour}, hovertext=record.name))
     if target is not None:
         fig.add_hline(y=target, line_dash="dash", annotation_text=f"target {target:g}")
+    if final_quality is not None and final_quality != target:
+        fig.add_hline(y=final_quality, line_dash="dot", annotation_text=f"baseline's final quality {final_quality:.4g}",
+                      annotation_position="bottom right")
     fig.update_layout(xaxis_title="training wall clock (s, evaluation excluded)", yaxis_title=metric)
     return fig
 
 
 def speedup_figure(entry: dict):
-    """Each recipe's speed-up over the baseline, one point per seed (paired), with its spread."""
+    """Each recipe's speed-up over the strongest baseline at its final quality (at the target in a summary that
+    predates it), one point per seed (paired), with its spread; a recipe's label says on how many seeds it
+    reached that level, and one that reached it on none has no points."""
     import plotly.graph_objects as go
 
+    fq = entry.get("final_quality")
     fig = go.Figure()
     for name, r in entry["recipes"].items():
-        values = [v for v in r["speedup"] if v is not None]
-        fig.add_trace(go.Box(y=values, name=name, boxpoints="all", pointpos=0))
+        ratios = r["final_quality"]["speedup"] if fq else r["speedup"]
+        reached = r["final_quality"]["reached"] if fq else r["reached"]
+        values = [v for v in ratios if v is not None]
+        fig.add_trace(go.Box(y=values, name=f"{name} ({reached}/{len(entry['seeds'])} reached)", boxpoints="all",
+                             pointpos=0))
     fig.add_hline(y=1.0, line_dash="dot", annotation_text="baseline")
-    fig.update_layout(yaxis_title="speed-up to target (baseline time / recipe time)", showlegend=False)
+    level = f"the baseline's final quality, {entry['target']['metric']} {fq['value']:.4g}" if fq else "target"
+    fig.update_layout(yaxis_title=f"speed-up to {level} (baseline time / recipe time)", showlegend=False)
     return fig
 
 
@@ -279,7 +408,8 @@ def write_figures(out_dir: str | Path, key: str, entry: dict, records: Sequence[
     out_dir.mkdir(parents=True, exist_ok=True)
     target = entry["target"]
     paths = {"curves_html": out_dir / f"{key}_curves.html", "speedup_html": out_dir / f"{key}_speedup.html"}
-    metric_curves_figure(records, target["metric"], target["value"]).write_html(
+    level = entry["final_quality"]["value"] if "final_quality" in entry else None
+    metric_curves_figure(records, target["metric"], target["value"], level).write_html(
         paths["curves_html"], include_plotlyjs="directory")
     speedup_figure(entry).write_html(paths["speedup_html"], include_plotlyjs="directory")
     return paths

@@ -1,0 +1,36 @@
+"""Judge committed benchmark summaries at their baselines' final quality, where they were written before
+`speedkit bench` did (issue 57): each recipe's seeds that ended at or beyond the strongest baseline's final
+quality, and, where that level is the summary's own target, the times and speed-ups to it. The runs behind
+these summaries were not committed, so a level above the target has no times here (the summary says so);
+`speedkit bench --reuse --run-dir RUNS --out DIR` judges it in full where the runs were kept.
+
+    python scripts/judge_final_quality.py [SUMMARY.json ...]     # default: every summary under bench/results
+
+A summary already judged is left as it is.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from speedkit.experiments.bench.harness import judge_summary_file
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
+
+
+def committed_summaries() -> list[Path]:
+    """Every benchmark summary under bench/results, the searches' (bench/results/tune) left out."""
+    found = [*RESULTS.rglob("summary.json"), *RESULTS.glob("gpu-h200/*.json")]
+    return sorted({p for p in found if "tune" not in p.relative_to(RESULTS).parts})
+
+
+def main(paths: list[str]) -> None:
+    for path in [Path(p) for p in paths] or committed_summaries():
+        judged = judge_summary_file(path)
+        if judged:
+            print(f"{path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}: judged {', '.join(judged)}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
