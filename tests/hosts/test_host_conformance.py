@@ -452,8 +452,9 @@ def test_muon_follows_every_torch_scheduler_as_the_users_optimizer_does(name):
 
 @pytest.mark.parametrize("name", sorted(SCHEDULERS))
 def test_speedkit_schedules_beside_any_torch_scheduler_are_refused_before_training(name):
-    with pytest.raises(HostCannotServeError, match=rf"schedules='cosine' and your own LR scheduler would both set "
-                                                   rf"the learning rate in this loop; keep one: .*found: your .*{name}"):
+    refusal = (rf"schedules='cosine' and your own LR scheduler would both set the learning rate in this loop; "
+               rf"keep one: .*found: your .*{name}")
+    with pytest.raises(HostCannotServeError, match=refusal):
         run_loop_with_scheduler(name, [Muon(lr=MUON_LR)], schedules="cosine")
 
 
