@@ -20,7 +20,11 @@ weights are the ones evaluated). Its :class:`SpeedkitCallback` serves the rest: 
 (``speedkit_methods.pt``) and loaded with it on ``resume_from_checkpoint``. With EMA, a checkpoint's model
 weights are the ones evaluation measured (the average), and the training weights ride in ``speedkit_methods.pt``,
 the same rule as in Lightning. Schedules are fractions of the
-Trainer's ``max_steps`` (from ``num_train_epochs`` when ``max_steps`` is not set).
+Trainer's ``max_steps`` (from ``num_train_epochs`` when ``max_steps`` is not set). With
+``TrainingArguments(gradient_accumulation_steps=k)`` each loader batch is a microbatch, as in
+``speedkit.Trainer(grad_accum=k)``: the batch and loss events run on each (``on_substep_end`` closes one), while
+BATCH_START (schedules), AFTER_BACKWARD (gradient clipping), AFTER_TRAIN_BATCH (EMA) and the clock count optimizer
+steps, and each microbatch's mean loss is divided by the step's microbatches.
 
 ``SpeedkitCallback`` alone, in a plain ``transformers.Trainer(callbacks=[...])``, serves what callbacks see
 (surgery at ``on_init_end``, per-step and per-epoch methods, gradient methods) and refuses, before training,
@@ -117,9 +121,6 @@ class SpeedkitCallback(transformers.TrainerCallback):
 
     def on_init_end(self, args, state, control, model=None, **kwargs):
         if self.session is None:
-            if args.gradient_accumulation_steps != 1:
-                raise ValueError("SpeedkitCallback counts one batch per optimizer step; pass "
-                                 "gradient_accumulation_steps=1 (or raise the batch size instead)")
             _refuse_two_schedules(args, self.schedules)
             _refuse_double_clipping(args, self.methods)
             self.session = MethodSession(HF_CALLBACK, self.methods, max_duration=_run_length(args),
@@ -129,7 +130,8 @@ class SpeedkitCallback(transformers.TrainerCallback):
 
     def on_train_begin(self, args, state, control, model=None, optimizer=None, train_dataloader=None, **kwargs):
         session = self.session
-        session.set_lengths(max_duration=_run_length(args, state), batches_per_epoch=_length(train_dataloader))
+        session.set_lengths(max_duration=_run_length(args, state),
+                            batches_per_epoch=_steps_per_epoch(args, train_dataloader))
         if not session.fit_started:  # alone: the optimizer as the Trainer built it (methods may not replace it)
             session.fit_start([optimizer.optimizer if hasattr(optimizer, "optimizer") else optimizer], train_dataloader)
 
@@ -140,7 +142,10 @@ class SpeedkitCallback(transformers.TrainerCallback):
         self.session.batch_start()
 
     def on_pre_optimizer_step(self, args, state, control, **kwargs):
-        self.session.after_backward()
+        self.session.after_backward(last_microbatch=True)  # once a step, after the last microbatch's backward
+
+    def on_substep_end(self, args, state, control, **kwargs):
+        self.session.microbatch_end()  # gradient_accumulation_steps: a microbatch through, the step to come
 
     def on_step_end(self, args, state, control, **kwargs):
         self.session.batch_end()
@@ -161,12 +166,14 @@ class SpeedkitTrainer(transformers.Trainer):
     ``fn(logits, labels)`` in place of the model's own loss or cross-entropy against ``labels``.
     """
 
+    loss_is_scaled_for_ga = False  # see __init__
+
     def __init__(self, *args, methods: Iterable[Method] = (), schedules=None, loss_fn: Callable | None = None,
                  **kwargs):
         super().__init__(*args, **kwargs)
-        if self.args.gradient_accumulation_steps != 1:
-            raise ValueError("SpeedkitTrainer counts one batch per optimizer step; pass "
-                             "gradient_accumulation_steps=1 (or raise the batch size instead)")
+        # compute_loss returns each microbatch's mean loss and passes the model no num_items_in_batch: the Trainer
+        # divides it by the microbatches of the step, as speedkit.Trainer(grad_accum=...) weighs them.
+        self.model_accepts_loss_kwargs = False
         methods = list(methods)
         _refuse_two_schedules(self.args, schedules)
         _refuse_double_clipping(self.args, methods)
@@ -181,7 +188,7 @@ class SpeedkitTrainer(transformers.Trainer):
         session = self.speedkit
         if not session.fit_started:
             session.set_lengths(max_duration=_run_length(self.args, self.state),
-                                batches_per_epoch=_length(self.get_train_dataloader()))
+                                batches_per_epoch=_steps_per_epoch(self.args, self.get_train_dataloader()))
             self.optimizer = as_one_optimizer(session.fit_start([optimizer]))
         return self.optimizer
 
@@ -314,6 +321,13 @@ def _refuse_two_schedules(args, schedules) -> None:
         raise HostCannotServeError(f"speedkit schedules={schedules!r} and the Trainer's lr_scheduler_type={kind!r} "
                                    f"would both set the learning rate; keep one: pass TrainingArguments("
                                    f"lr_scheduler_type='constant') to have speedkit's alone, or drop schedules=")
+
+
+def _steps_per_epoch(args, loader) -> int | None:
+    """Optimizer steps an epoch (the clock's batches): the loader's batches over gradient_accumulation_steps,
+    the last step taking what is left, as the Trainer steps."""
+    batches = _length(loader)
+    return -(-batches // args.gradient_accumulation_steps) if batches else batches
 
 
 def _length(loader) -> int | None:

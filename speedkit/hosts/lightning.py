@@ -27,8 +27,11 @@ AFTER_LOSS in ``self.speedkit.loss``; BEFORE_BACKWARD at ``on_before_backward``;
 EVAL_START/END around validation; evaluation batch events in ``validation_step`` through
 ``self.speedkit.eval_batch(batch)`` and ``self.speedkit.eval_outputs(outputs)``; FIT_END at ``on_train_end``
 (not when training dies). The run's length is ``max_steps`` (or ``max_epochs``), so every schedule is a
-fraction of it. Method state rides in Lightning's checkpoints (the callback's ``state_dict``, with the RNGs that
-random methods draw from) and resumes exactly with ``trainer.fit(..., ckpt_path=...)``.
+fraction of it. With ``L.Trainer(accumulate_grad_batches=k)`` each loader batch is a microbatch, as in
+``speedkit.Trainer(grad_accum=k)``: batch and loss methods act on each, while BATCH_START (schedules),
+AFTER_BACKWARD (gradient clipping), AFTER_TRAIN_BATCH (EMA) and the clock count optimizer steps. Method state rides
+in Lightning's checkpoints (the callback's ``state_dict``, with the RNGs that random methods draw from) and resumes
+exactly with ``trainer.fit(..., ckpt_path=...)``.
 
 Resuming needs the same callback, as with any Lightning callback that keeps state. Without it, Lightning warns
 ("Please add the following callbacks: ['SpeedkitCallback']") and goes on as a plain run: a Muon checkpoint's
@@ -206,9 +209,6 @@ class SpeedkitCallback(L.Callback):
     def setup(self, trainer, pl_module, stage: str) -> None:
         if stage != "fit" or self.session is not None:
             return
-        if trainer.accumulate_grad_batches != 1:
-            raise ValueError("SpeedkitCallback counts one batch per optimizer step; pass accumulate_grad_batches=1 "
-                             "(or raise the batch size instead)")
         refuse_double_clipping(self.methods, bool(trainer.gradient_clip_val), "Lightning",
                                "remove L.Trainer(gradient_clip_val=...), or remove the gradient_clipping method")
         step_calls = self.step_calls if self.step_calls is not None else calls_in(type(pl_module).training_step,
@@ -227,10 +227,12 @@ class SpeedkitCallback(L.Callback):
         session = self.session
         trainer.fit_loop.setup_data()  # the train loader, so its length is known (Lightning does it once)
         loader = trainer.train_dataloader
-        per_epoch = trainer.num_training_batches
-        session.set_lengths(batches_per_epoch=int(per_epoch) if per_epoch != float("inf") else None,
-                            samples_per_batch=getattr(loader, "batch_size", None) * trainer.world_size
-                            if getattr(loader, "batch_size", None) else None)
+        # The clock counts optimizer steps: accumulate_grad_batches loader batches make one (Lightning steps at
+        # an epoch's end too, however many it has accumulated).
+        accumulate, per_epoch = trainer.accumulate_grad_batches, trainer.num_training_batches
+        per_batch = getattr(loader, "batch_size", None)
+        session.set_lengths(batches_per_epoch=-(-int(per_epoch) // accumulate) if per_epoch != float("inf") else None,
+                            samples_per_batch=per_batch * trainer.world_size * accumulate if per_batch else None)
         session.world = trainer.world_size
         given = list(trainer.optimizers)
         refuse_two_schedules(given, self.schedules, "Lightning",
@@ -258,9 +260,16 @@ class SpeedkitCallback(L.Callback):
         self.session.before_backward()
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
-        self.session.after_backward()
+        self.session.after_backward(last_microbatch=True)  # once a step, after the last microbatch's backward
+        self._stepping = True
+
+    _stepping = False  # the optimizer steps after this batch (with accumulate_grad_batches, not after every one)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if not self._stepping and trainer.accumulate_grad_batches > 1:  # a microbatch; the step is to come
+            self.session.microbatch_end(batch)
+            return
+        self._stepping = False
         self.session.batch_end(batch)
         if not self._step_checked:  # the calls read from training_step's code were really made
             self._step_checked = True

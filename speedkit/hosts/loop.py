@@ -81,21 +81,30 @@ class Speedkit:
     ``accelerator.prepare``: an epoch is then each process's share of it as prepare splits it, checked at the
     first batch against the loader the process iterates (a loader accelerate did not prepare is refused there;
     pass ``batches_per_epoch=`` for one that shards itself).
+    ``accumulation=k`` (or Accelerate's ``Accelerator(gradient_accumulation_steps=k)``, read from it): an
+    optimizer step every k batches, as ``speedkit.Trainer(grad_accum=k)``: call ``sk.batch``, ``sk.loss``,
+    ``sk.backward`` (which divides the loss by the step's batches; Accelerate's backward does it itself) and
+    ``sk.step_end()`` on every batch, and step the optimizer when :attr:`step_due` (with Accelerate, inside
+    ``with accelerator.accumulate(model):``, its prepared optimizer does so itself). Schedules, EMA, gradient
+    clipping, the clock and ``ba``/``ep``/``sp`` durations count optimizer steps.
     """
 
     def __init__(self, methods: Iterable[Method] = (), *, max_duration: str | Time,
                  train_dataloader=None, batches_per_epoch: int | None = None, schedules=None,
                  loss_fn: Callable | None = None, accelerator=None, seed: int = 0,
-                 loggers: Sequence[LoggerDestination] = ()):
+                 loggers: Sequence[LoggerDestination] = (), accumulation: int | None = None):
         self.accelerator = accelerator
         self.world = int(getattr(accelerator, "num_processes", 1) or 1)
+        self.accumulation = _accumulation(accumulation, accelerator)
         share = _share(train_dataloader, accelerator)
         # An epoch is each process's share of the loader; one speedkit counted before accelerator.prepare split
         # it is checked against the loader the process iterates, at the first batch of an epoch.
         self._share_to_check = share if batches_per_epoch is None and share.counted_before_prepare else None
         per_epoch = batches_per_epoch if batches_per_epoch is not None else share.batches
-        self.session = MethodSession(LOOP, methods, max_duration=max_duration, batches_per_epoch=per_epoch,
-                                     samples_per_batch=share.samples,
+        self._loader_batches, k = per_epoch, self.accumulation  # the clock counts optimizer steps of k batches
+        self.session = MethodSession(LOOP, methods, max_duration=max_duration,
+                                     batches_per_epoch=-(-per_epoch // k) if per_epoch else per_epoch,
+                                     samples_per_batch=share.samples * k if share.samples else None,
                                      tokens_per_batch=getattr(train_dataloader, "tokens_per_batch", None),
                                      schedules=schedules, loss_fn=loss_fn, seed=seed, loggers=loggers)
         self.session.world = self.world  # the clock counts the samples of every process
@@ -167,11 +176,36 @@ class Speedkit:
         self.session.before_backward()
         if backward is None:
             backward = self.accelerator.backward if self.accelerator is not None else torch.Tensor.backward
+        if self.accumulation > 1 and self.accelerator is None:  # accelerator.backward divides by its own steps
+            loss = loss / self._microbatches_in_step()
         backward(loss)
-        self.session.after_backward()
+        self.session.after_backward(last_microbatch=self.step_due if self.accumulation > 1 else None)
+
+    @property
+    def step_due(self) -> bool:
+        """Whether the optimizer steps after this batch: always, unless accumulating (``accumulation=k``, or
+        Accelerate's ``gradient_accumulation_steps``), where every k-th batch and an epoch's last one close a step
+        (with Accelerate, ``accelerator.sync_gradients``)."""
+        if self.accumulation == 1:
+            return True
+        if self.accelerator is not None:
+            return bool(self.accelerator.sync_gradients)
+        return self.session.state.microbatch_index + 1 >= self._microbatches_in_step()
+
+    def _microbatches_in_step(self) -> int:
+        """Batches in the step in flight: ``accumulation``, or what is left of the epoch."""
+        if not self._loader_batches:
+            return self.accumulation
+        left = self._loader_batches - self.session.state.timestamp.batch_in_epoch * self.accumulation
+        return max(1, min(self.accumulation, left))
 
     def step_end(self) -> None:
-        """After ``optimizer.step()``: the methods' per-step work (EMA's update, Lookahead) and the clock."""
+        """After ``optimizer.step()``: the methods' per-step work (EMA's update, Lookahead) and the clock. When
+        accumulating, call it after every batch: a batch that does not close a step (:attr:`step_due`) is a
+        microbatch of the step to come."""
+        if not self.step_due:
+            self.session.microbatch_end()
+            return
         self.session.batch_end()
         if self._follow is not None:  # for a step without sk.batch; sk.batch follows again after scheduler.step()
             self._follow()
@@ -242,6 +276,20 @@ def _eval_fix(events) -> str:
                           else "outputs = sk.eval_outputs(outputs)" for e in events)
     return (f"evaluate inside `with sk.evaluating():` and add `{'` and `'.join(calls)}` to the evaluation loop "
             f"(see speedkit.hosts.loop), or remove the method")
+
+
+def _accumulation(accumulation: int | None, accelerator) -> int:
+    """Batches an optimizer step accumulates: ``accumulation=``, or the accelerator's own setting."""
+    accelerated = int(getattr(accelerator, "gradient_accumulation_steps", 1) or 1)
+    if accumulation is None:
+        return accelerated
+    if isinstance(accumulation, bool) or not isinstance(accumulation, int) or accumulation < 1:
+        raise ValueError(f"accumulation must be a whole number of batches an optimizer step, 1 or more, got "
+                         f"{accumulation!r}")
+    if accelerator is not None and accumulation != accelerated:
+        raise ValueError(f"Speedkit(accumulation={accumulation}) and Accelerator(gradient_accumulation_steps="
+                         f"{accelerated}) disagree; set it once, in the Accelerator")
+    return accumulation
 
 
 def _length(loader) -> int | None:

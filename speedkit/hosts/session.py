@@ -21,6 +21,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import torch
 
 from speedkit.core import Engine, Event, Method, State, Time, TimeUnit
+from speedkit.core.batch import batch_size, batch_tokens
 from speedkit.core.method import IncompatibleMethodsError
 from speedkit.hosts.pretrained import mark_surgered
 from speedkit.record.loggers import Logger, LoggerDestination, RecordDestination
@@ -159,6 +160,7 @@ class MethodSession:
         self.step = Step(state, self.run)  # the Trainer's step events; no stopwatch: the host keeps its own time
         self.batch_started = False  # BATCH_START ran for the batch in flight
         self._counted_batch = None  # the loader's batch in flight, which the clock counts
+        self._accumulated: list = []  # the step's microbatches already through (gradient accumulation)
         self.epoch_started = False
         self.initialized = False
         self.served: set[Event] = set()  # every event run so far
@@ -261,22 +263,49 @@ class MethodSession:
     def before_backward(self) -> None:
         self.step.before_backward()
 
-    def after_backward(self) -> None:
+    def after_backward(self, *, last_microbatch: bool | None = None) -> None:
+        """AFTER_BACKWARD. ``last_microbatch``, with gradient accumulation: whether the optimizer steps after this
+        microbatch (a method that acts once a step, gradient clipping, acts there, as in speedkit's Trainer).
+        Lightning and the Hugging Face Trainer run it once, just before the optimizer step: True."""
+        if last_microbatch is not None:
+            index = self.state.microbatch_index
+            self.state.num_microbatches = index + 1 if last_microbatch else index + 2
         self.step.after_backward()
 
+    def microbatch_end(self, batch=None) -> None:
+        """Gradient accumulation: a microbatch's backward is through and the optimizer does not step yet. The
+        step goes on with the next microbatch (its BEFORE_FORWARD to AFTER_BACKWARD, as in speedkit's Trainer);
+        BATCH_START, AFTER_TRAIN_BATCH, the clock and BATCH_END stay once per optimizer step."""
+        self._accumulated.append(batch if batch is not None else self._counted_batch)
+        self._counted_batch = None
+        self.state.microbatch_index += 1
+
     def batch_end(self, batch=None) -> None:
-        """After the optimizer step: AFTER_TRAIN_BATCH, the clock advances by ``batch`` (the loader's batch),
-        BATCH_END, and EPOCH_END when the epoch's last batch is through."""
+        """After the optimizer step: AFTER_TRAIN_BATCH, the clock advances by ``batch`` (the loader's batch) and
+        the step's earlier microbatches, BATCH_END, and EPOCH_END when the epoch's last batch is through."""
         state = self.state
         counted = batch if batch is not None else self._counted_batch
         self.step.after_optimizer()
-        self.step.count(counted)
+        microbatches = [b for b in (*self._accumulated, counted) if b is not None]
+        if len(microbatches) > 1:
+            self._count_accumulated(microbatches)
+        else:
+            self.step.count(counted)
+        self._accumulated = []
+        state.microbatch_index = 0
         self.step.end()
         self.batch_started = False
         self._counted_batch = None
         per_epoch = state.batches_per_epoch
         if self.ends_epochs and per_epoch and state.timestamp.batch_in_epoch >= per_epoch:
             self.epoch_end()
+
+    def _count_accumulated(self, microbatches: list) -> None:
+        """The clock advances by one optimizer step: the samples and tokens of all its microbatches."""
+        world = self.step.world
+        samples = sum(batch_size(b) for b in microbatches) * world
+        tokens = sum(batch_tokens(b) for b in microbatches) * world
+        self.state.timestamp = self.state.timestamp.after_batch(samples, tokens)
 
     @property
     def world(self) -> int:

@@ -507,3 +507,189 @@ def test_lightning_refuses_speedkit_schedules_beside_a_reduce_on_plateau():
                                                    r"learning rate in Lightning; keep one: .*found: your "
                                                    r"ReduceLROnPlateau"):
         fit_lightning_with_scheduler("ReduceLROnPlateau", schedules="cosine")
+
+
+# -- gradient accumulation (issue 55.4) ------------------------------------------------------------------------
+# Each host's own accumulation option, with microbatches of MICRO samples, against speedkit's Trainer with
+# grad_accum=ACCUM on loader batches of ACCUM * MICRO: the same optimizer steps, so the same lr at every step
+# (speedkit's schedule, Muon's group included), the same clock, EMA counting steps, clipping once a step, and the
+# same final weights.
+ACCUM, MICRO = 2, BATCH // 2
+ACCUM_STEPS = STEPS  # two epochs of PER_EPOCH optimizer steps
+SGD_LR = 0.1  # SGD, on which gradient clipping and the loss's scale show (Adam and Muon normalize them away)
+
+
+def accumulation_methods():
+    return [EMA(half_life="0.25dur"), Muon(lr=MUON_LR), GradientClipping(clipping_type="norm", clipping_threshold=0.02)]
+
+
+def group_lrs(optimizers) -> list[float]:
+    """The distinct lrs of every group (a host may split the optimizer's parameters into groups of equal settings)."""
+    return sorted({round(g["lr"], 12) for o in optimizers for g in o.param_groups})
+
+
+def accumulation_loader(batch_size):
+    x, y = data()
+    return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=batch_size)
+
+
+def trainer_accumulated(tmp_path):
+    """speedkit's Trainer: whole batches of ACCUM * MICRO, each split into ACCUM microbatches."""
+    from speedkit import Trainer
+    from speedkit.core.engine import Callback
+
+    class Recorder(Callback):
+        def __init__(self):
+            self.lrs = []
+
+        def batch_end(self, state, logger):
+            self.lrs.append(group_lrs(state.optimizers))
+
+    recorder, model = Recorder(), Net()
+    trainer = Trainer(model, accumulation_loader(ACCUM * MICRO), max_duration="2ep", grad_accum=ACCUM,
+                      methods=accumulation_methods(), schedulers="cosine", callbacks=[recorder],
+                      optimizers=lambda params: torch.optim.SGD(params, lr=SGD_LR), device="cpu",
+                      run_dir=tmp_path / "trainer", save_checkpoints=False, progress_bar=False)
+    trainer.fit()
+    assert trainer.microbatch_size == MICRO
+    ema = next(m for m in trainer.state.methods if m.name == "ema")
+    return {"model": model, "lrs": recorder.lrs, "clock": trainer.state.timestamp, "ema": (ema.updates, ema.smoothing)}
+
+
+def check_same_run(host, reference, session):
+    assert len(host["lrs"]) == len(reference["lrs"]) == ACCUM_STEPS
+    for step, (got, want) in enumerate(zip(host["lrs"], reference["lrs"])):
+        assert got == pytest.approx(want, rel=1e-6), step
+    assert len(reference["lrs"][0]) == 2  # SGD's and Muon's, each on speedkit's schedule
+    clock, want = session.state.timestamp, reference["clock"]
+    assert (clock.batch, clock.sample, clock.epoch) == (want.batch, want.sample, want.epoch) == (
+        ACCUM_STEPS, ACCUM_STEPS * ACCUM * MICRO, 2)
+    ema = next(m for m in session.methods if m.name == "ema")  # one update a step, its half-life in steps
+    assert (ema.updates, ema.smoothing) == pytest.approx(reference["ema"]) and ema.updates == ACCUM_STEPS
+    for key, value in reference["model"].state_dict().items():
+        torch.testing.assert_close(host["model"].state_dict()[key], value, rtol=1e-5, atol=1e-7, msg=key)
+
+
+def test_lightning_accumulate_grad_batches_equals_the_trainers_grad_accum(tmp_path):
+    L = import_or_missing("lightning.pytorch", "pip install 'torch-speedkit[lightning]'")
+    from speedkit.hosts.lightning import SpeedkitCallback
+
+    class Module(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = Net()
+
+        def training_step(self, batch, batch_idx):
+            batch = self.speedkit.batch(batch)
+            return self.speedkit.loss(self.net(batch[0]), batch)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=SGD_LR)
+
+    class Recorder(L.Callback):
+        lrs: list = []
+
+        def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+            self.lrs.append(group_lrs(callback.session.state.optimizers))
+
+    module, callback, recorder = Module(), SpeedkitCallback(accumulation_methods(), schedules="cosine"), Recorder()
+    recorder.lrs = []
+    trainer = L.Trainer(callbacks=[callback, recorder], accumulate_grad_batches=ACCUM, max_epochs=2,
+                        accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
+                        enable_model_summary=False, enable_checkpointing=False, num_sanity_val_steps=0)
+    trainer.fit(module, accumulation_loader(MICRO))
+    assert trainer.global_step == ACCUM_STEPS
+    check_same_run({"model": module.net, "lrs": recorder.lrs}, trainer_accumulated(tmp_path), callback.session)
+
+
+def test_hf_gradient_accumulation_steps_equals_the_trainers_grad_accum(tmp_path):
+    transformers = import_or_missing("transformers", "pip install 'torch-speedkit[hf]'")
+    from speedkit.hosts.hf import SpeedkitTrainer
+
+    class Pixels(torch.utils.data.Dataset):
+        def __init__(self):
+            self.x, self.y = data()
+
+        def __len__(self):
+            return len(self.y)
+
+        def __getitem__(self, i):
+            return {"pixel_values": self.x[i], "labels": self.y[i]}
+
+    class InOrder(SpeedkitTrainer):
+        def _get_train_sampler(self, *args, **kwargs):  # the reference's loader does not shuffle
+            return torch.utils.data.SequentialSampler(self.train_dataset)
+
+    class Recorder(transformers.TrainerCallback):
+        lrs: list = []
+
+        def on_pre_optimizer_step(self, args, state, control, **kwargs):
+            self.lrs.append(group_lrs(trainer.speedkit.state.optimizers))
+
+    recorder = Recorder()
+    recorder.lrs = []
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path / "hf"), num_train_epochs=2, per_device_train_batch_size=MICRO,
+        gradient_accumulation_steps=ACCUM, optim="sgd", learning_rate=SGD_LR, lr_scheduler_type="constant",
+        weight_decay=0.0, max_grad_norm=0.0, logging_steps=100, save_strategy="no", report_to=[], use_cpu=True,
+        disable_tqdm=True, seed=0, dataloader_num_workers=0)
+    model = Net()
+    trainer = InOrder(model=model, args=args, train_dataset=Pixels(), methods=accumulation_methods(),
+                      schedules="cosine", callbacks=[recorder])
+    trainer.train()
+    assert trainer.state.global_step == ACCUM_STEPS
+    check_same_run({"model": model, "lrs": recorder.lrs}, trainer_accumulated(tmp_path), trainer.speedkit)
+
+
+def test_a_plain_loop_with_accumulation_equals_the_trainers_grad_accum(tmp_path):
+    model = Net()
+    sk = Speedkit(accumulation_methods(), max_duration="2ep", train_dataloader=accumulation_loader(MICRO),
+                  schedules="cosine", accumulation=ACCUM)
+    model = sk.prepare_model(model)
+    optimizer = sk.prepare_optimizer(torch.optim.SGD(model.parameters(), lr=SGD_LR))
+    lrs, due = [], []
+    while not sk.done:
+        for batch in accumulation_loader(MICRO):
+            batch = sk.batch(batch)
+            sk.backward(sk.loss(model(batch[0]), batch))
+            due.append(sk.step_due)
+            if sk.step_due:
+                lrs.append(group_lrs(sk.state.optimizers))
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+            sk.step_end()
+    sk.finish()
+    assert due == [False, True] * ACCUM_STEPS
+    check_same_run({"model": model, "lrs": lrs}, trainer_accumulated(tmp_path), sk.session)
+
+
+def test_accelerate_gradient_accumulation_steps_equals_the_trainers_grad_accum(tmp_path):
+    accelerate = import_or_missing("accelerate", "pip install 'torch-speedkit[accelerate]'")
+    from accelerate.state import AcceleratorState, GradientState
+
+    accelerator = accelerate.Accelerator(gradient_accumulation_steps=ACCUM, cpu=True)
+    try:
+        model, loader = Net(), accumulation_loader(MICRO)
+        sk = Speedkit(accumulation_methods(), max_duration="2ep", train_dataloader=loader, schedules="cosine",
+                      accelerator=accelerator)
+        model = sk.prepare_model(model)
+        optimizer = sk.prepare_optimizer(torch.optim.SGD(model.parameters(), lr=SGD_LR))
+        model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+        lrs = []
+        while not sk.done:
+            for batch in loader:
+                with accelerator.accumulate(model):
+                    batch = sk.batch(batch)
+                    sk.backward(sk.loss(model(batch[0]), batch))
+                    if sk.step_due:
+                        lrs.append(group_lrs(sk.state.optimizers))
+                    optimizer.step()  # accelerate's optimizer steps only when the gradients sync
+                    optimizer.zero_grad()
+                    sk.step_end()
+        sk.finish()
+        check_same_run({"model": accelerator.unwrap_model(model), "lrs": lrs}, trainer_accumulated(tmp_path),
+                       sk.session)
+    finally:
+        accelerator.end_training()
+        AcceleratorState._reset_state(True)
+        GradientState._reset_state()
