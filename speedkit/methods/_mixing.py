@@ -35,8 +35,9 @@ def beta_tensor(alpha: float) -> torch.Tensor:
 
 
 def random_permutation(n: int, device, generator: torch.Generator | None = None) -> torch.Tensor:
-    """A permutation of ``range(n)`` drawn on the CPU (so it matches on every device), moved to ``device``."""
-    return torch.randperm(n, generator=generator).to(device)
+    """A permutation of ``range(n)`` drawn on ``device`` (``generator``, where given, one of that device): drawn on
+    the host, it would be a blocking copy to the device at every step."""
+    return torch.randperm(n, generator=generator, device=device)
 
 
 def dense_labels(targets: torch.Tensor, num_classes: int | None) -> torch.Tensor:

@@ -22,8 +22,9 @@ def kept_indices(size: int, drop_fraction: float, generator: torch.Generator | N
         raise ValueError(f"the fraction to drop must be in [0, 1), got {drop_fraction}")
     keep = size - int(round(drop_fraction * size))
     keep = max(1, keep)
-    chosen = torch.randperm(size, generator=generator)[:keep]
-    return chosen.sort().values.to(device)  # sorted: keep the image's spatial order
+    # drawn where the images are: drawn on the host, the indices would be a blocking copy to the device a step
+    chosen = torch.randperm(size, generator=generator, device=device)[:keep]
+    return chosen.sort().values  # sorted: keep the image's spatial order
 
 
 def colout_batch(x: torch.Tensor, p_row: float = 0.15, p_col: float = 0.15,

@@ -20,9 +20,9 @@ def cutout_mask(num_samples: int, height: int, width: int, num_holes: int = 1, l
     if not 0.0 <= length <= 1.0:
         raise ValueError(f"length is a fraction of the image side in [0, 1], got {length}")
     side = int(round(length * min(height, width)))
-    # Centres drawn on the CPU so a seed gives the same holes on every device.
-    centre_y = torch.randint(0, height, (num_samples, num_holes), generator=generator).to(device)
-    centre_x = torch.randint(0, width, (num_samples, num_holes), generator=generator).to(device)
+    # drawn where the images are: drawn on the host, the centres would be a blocking copy to the device a step
+    centre_y = torch.randint(0, height, (num_samples, num_holes), generator=generator, device=device)
+    centre_x = torch.randint(0, width, (num_samples, num_holes), generator=generator, device=device)
     rows = torch.arange(height, device=device)
     cols = torch.arange(width, device=device)
     top, left = centre_y - side // 2, centre_x - side // 2
