@@ -4,7 +4,11 @@ Early in training a network learns coarse features that low-resolution images sh
 a fraction of the cost (compute scales with the pixel count). The scale starts at ``initial_scale``,
 optionally stays there for ``delay_fraction`` of the run, grows linearly, and reaches 1 when
 ``finetune_fraction`` of the run is left, which is spent at full resolution so the network adapts to the
-test-time size. Sizes are rounded to a multiple of ``size_increment`` to keep kernels efficient.
+test-time size. Sizes are rounded to a multiple of ``size_increment``, 32 px by default as FFCV's ImageNet
+resolution schedule rounds them: each new input shape costs a GPU a round of cuDNN autotuning and a compiled
+model a recompile, so a run sees a few sizes (five from 112 to 224 px), not one every few steps. An image under
+four increments across is rounded to the largest power of two up to a quarter of its side instead, so it still
+has sizes to grow through.
 
 ``eval_scale > 1`` evaluates at a higher resolution than training ends at: random-resized-crop training
 makes objects look larger than at test time, and FFCV's ImageNet recipes (train 160-192, test 224-256)
@@ -42,15 +46,25 @@ def progressive_scale(fraction_done: float, initial_scale: float = 0.5, finetune
     return initial_scale + (1.0 - initial_scale) * progress
 
 
-def scaled_size(size: int, scale: float, size_increment: int = 4) -> int:
-    """``size * scale`` rounded to a multiple of ``size_increment`` (at least one increment)."""
+SIZE_INCREMENT = 32
+
+
+def size_step(size: int, size_increment: int = SIZE_INCREMENT) -> int:
+    """The step between the sizes an image of side ``size`` is resized to: ``size_increment``, or for an image under
+    four increments across, the largest power of two up to a quarter of its side (at least 1)."""
+    quarter = max(1, size // 4)
+    return max(1, min(size_increment, 1 << (quarter.bit_length() - 1)))
+
+
+def scaled_size(size: int, scale: float, size_increment: int = SIZE_INCREMENT) -> int:
+    """``size * scale`` rounded to a multiple of ``size_step(size, size_increment)`` (at least one step)."""
     if scale == 1.0:
         return size
-    increment = max(1, min(size_increment, size))
+    increment = size_step(size, size_increment)
     return max(increment, int(round(size * scale / increment)) * increment)
 
 
-def resize_batch(x: torch.Tensor, scale: float, size_increment: int = 4, targets: torch.Tensor | None = None,
+def resize_batch(x: torch.Tensor, scale: float, size_increment: int = SIZE_INCREMENT, targets: torch.Tensor | None = None,
                  size: tuple[int, int] | None = None):
     """Images [N, C, H, W] resized by ``scale`` (bilinear; antialiased when shrinking), or to ``size`` when given.
 
@@ -92,7 +106,9 @@ class ProgressiveResizing(Method):
                    help="final fraction of the run at full size"),
             HParam("delay_fraction", float, 0.0, low=0.0, high=0.9, step=0.05,
                    help="first fraction of the run held at initial_scale (Composer uses 0.4)"),
-            HParam("size_increment", int, 4, low=1, high=32, step=1, help="sizes are multiples of this"),
+            HParam("size_increment", int, SIZE_INCREMENT, low=1, high=64, step=1,
+                   help="sizes are multiples of this (a power of two up to a quarter of the side for small images): "
+                        "few distinct shapes for cuDNN's autotuner and torch.compile"),
             HParam("eval_scale", float, 1.0, low=1.0, high=1.5, step=0.05,
                    help="evaluate at this multiple of the full training size (1.0 = off)"),
         ),

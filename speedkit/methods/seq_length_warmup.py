@@ -3,8 +3,11 @@
 Early in training short contexts carry most of what a model can learn, and they are cheaper per
 token (attention is quadratic) and more stable. The length grows linearly from ``min_seq_length`` to
 the full length over the first ``duration`` of training, in multiples of ``step_size`` (Li et al. 2022,
-"The Stability-Efficiency Dilemma"; Composer SeqLengthWarmup). Either truncate each sequence (fewer
-tokens per step) or cut it into several shorter ones (same tokens per step, more sequences).
+"The Stability-Efficiency Dilemma"; Composer SeqLengthWarmup), and of at least 64 tokens: each new length is a
+new input shape, a recompile of a compiled model and a new choice of attention kernel on a GPU, so a run of a
+1,024-token model sees at most 16 lengths, not 128. A context under 256 tokens steps by the largest power of
+two up to a quarter of it instead. Either truncate each sequence (fewer tokens per step) or cut it into several
+shorter ones (same tokens per step, more sequences).
 """
 from __future__ import annotations
 
@@ -14,11 +17,21 @@ from speedkit.core.event import Event
 from speedkit.core.method import HParam, Method, MethodCard
 
 
+MIN_STEP = 64  # the shortest step between lengths where the context allows it
+
+
+def length_step(full_length: int, step_size: int = 8) -> int:
+    """The step between warmup lengths: ``step_size``, at least 64 tokens, or for a context under 256 tokens at
+    least the largest power of two up to a quarter of it."""
+    quarter = max(1, full_length // 4)
+    return max(step_size, min(MIN_STEP, 1 << (quarter.bit_length() - 1)))
+
+
 def seq_length_at(fraction_done: float, full_length: int, min_seq_length: int = 8, duration: float = 0.3,
                   step_size: int = 8) -> int:
     """The sequence length at ``fraction_done`` of training: linear from ``min_seq_length`` to
-    ``full_length`` over the first ``duration``, rounded down to a multiple of ``step_size``, never
-    below ``min_seq_length`` nor above ``full_length``."""
+    ``full_length`` over the first ``duration``, rounded down to a multiple of ``length_step(full_length,
+    step_size)``, never below ``min_seq_length`` nor above ``full_length``."""
     if full_length < 1:
         raise ValueError(f"full_length must be positive, got {full_length}")
     start = min(min_seq_length, full_length)
@@ -26,7 +39,8 @@ def seq_length_at(fraction_done: float, full_length: int, min_seq_length: int = 
         return full_length
     progress = max(0.0, fraction_done) / duration
     length = start + (full_length - start) * progress
-    length = int(length // step_size) * step_size
+    step = length_step(full_length, step_size)
+    length = int(length // step) * step
     return max(start, min(full_length, length))
 
 
@@ -81,7 +95,9 @@ class SeqLengthWarmup(Method):
             HParam("min_seq_length", int, 8, low=1, high=4096, step=8, help="length at the start of training"),
             HParam("duration", float, 0.3, low=0.0, high=1.0, step=0.05,
                    help="fraction of training over which the length grows to the full length"),
-            HParam("step_size", int, 8, low=1, high=512, step=8, help="lengths are multiples of this"),
+            HParam("step_size", int, 8, low=1, high=512, step=8,
+                   help="lengths are multiples of this and of at least 64 tokens (less for contexts under 256): "
+                        "few distinct shapes for torch.compile and the attention kernels"),
             HParam("truncate", bool, True,
                    help="True: cut sequences short (fewer tokens per step); False: re-cut them into more, "
                         "shorter sequences (same tokens per step)"),
