@@ -191,6 +191,15 @@ class Block(nn.Module):
         return x
 
 
+def next_token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy of logits [B, T, V] in fp32, against targets [B, T] (ids, -1 ignored) or
+    [B, T, V] (dense probabilities, as label smoothing makes them)."""
+    logits = logits.reshape(-1, logits.size(-1)).float()
+    if targets.is_floating_point():
+        return F.cross_entropy(logits, targets.reshape(-1, logits.size(-1)))
+    return F.cross_entropy(logits, targets.reshape(-1), ignore_index=-1)
+
+
 class GPT(nn.Module):
 
     def __init__(self, config=None, **overrides):
@@ -238,13 +247,15 @@ class GPT(nn.Module):
         return self.lm_head(self.transformer.ln_f(x))
 
     def loss(self, logits, batch):
-        """Mean next-token cross-entropy; batch = (inputs [B, T], targets [B, T] ids, -1 ignored, or [B, T, V]
-        dense probabilities, as label smoothing makes them)."""
-        targets = batch_targets(batch)
-        logits = logits.reshape(-1, logits.size(-1)).float()
-        if targets.is_floating_point():  # dense (e.g. smoothed) targets [B, T, V]
-            return F.cross_entropy(logits, targets.reshape(-1, logits.size(-1)))
-        return F.cross_entropy(logits, targets.reshape(-1), ignore_index=-1)
+        """Mean next-token cross-entropy (``next_token_loss``), compiled where the model is (``compile``)."""
+        return getattr(self, "_compiled_loss", next_token_loss)(logits, batch_targets(batch))
+
+    def compile(self, *args, **kwargs):
+        """``nn.Module.compile``, and the loss with the same options: compiled, the loss's upcast of the logits to
+        fp32 fuses into the softmax's reductions, where in eager it is an fp32 copy of all the logits (batch x
+        context x vocabulary: gigabytes at GPT-2's sizes)."""
+        super().compile(*args, **kwargs)
+        self._compiled_loss = torch.compile(next_token_loss, *args, **kwargs)
 
     def num_params(self, non_embedding=False):
         """Parameter count (a tied weight counted once). non_embedding=True leaves out the token and
