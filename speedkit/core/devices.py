@@ -13,8 +13,24 @@ DEVICES = ("auto", "cpu", "cuda", "mps")
 
 
 def resolve_device(device: str | torch.device = "auto") -> torch.device:
-    if isinstance(device, torch.device):
-        return device
+    """The device a run trains on (``auto``: CUDA, else MPS, else the CPU); on CUDA, cuDNN's autotuner on."""
+    resolved = device if isinstance(device, torch.device) else _named_device(device)
+    if resolved.type == "cuda":
+        tune_cudnn()
+    return resolved
+
+
+def tune_cudnn() -> None:
+    """cuDNN times its convolution algorithms once per input shape and keeps the fastest. speedkit's methods
+    bucket their shapes (progressive resizing in 32-px steps, ColOut's sizes fixed by the image's), so a run
+    pays for a handful of tunings and keeps the fastest kernels for the rest. CUDA only: the flag is cuDNN's,
+    and with deterministic algorithms asked for (``deterministic=True``) it stays off, since tuning may pick
+    a different algorithm in each run."""
+    if not torch.are_deterministic_algorithms_enabled():
+        torch.backends.cudnn.benchmark = True
+
+
+def _named_device(device: str) -> torch.device:
     if not isinstance(device, str) or device.split(":")[0] not in DEVICES:
         raise ValueError(f"device must be one of {DEVICES} (optionally 'cuda:N'), got {device!r}")
     if device == "auto":

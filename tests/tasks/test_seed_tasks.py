@@ -111,6 +111,7 @@ def test_a_resolution_is_refused_where_the_task_would_not_read_it():
 
 def test_imagenet_gpu_presets_are_composers_published_resnet50_recipes():
     recipes = imagenet_recipes("gpu")
+    assert all(r.methods.pop("torch_compile") == {} for r in recipes.values())  # the gpu profile compiles
     base = recipes["baseline"]
     assert (base.model, base.batch_size, base.duration, base.optimizer["lr"], base.optimizer["momentum"]) == \
         ("resnet50", 2048, "90ep", 2.048, 0.875)

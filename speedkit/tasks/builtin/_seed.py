@@ -4,8 +4,10 @@ published recipe (the ``gpu`` profile's, the seed's real sizes) into its CPU reh
 A profile says how big a run of the task is, not which methods it uses: the ``cpu`` rehearsal keeps every
 preset's methods and their arguments, and scales the model, the inputs, the batch (the learning rate with it,
 by the linear scaling rule) and the budget so that a rehearsal could train on a CPU; a method's window counted in
-the published run's batches (EMA's half-life) keeps its share of the run. ``profile=None`` picks
-``gpu`` where CUDA is available, else ``cpu``, and the task's summary says which.
+the published run's batches (EMA's half-life) keeps its share of the run. The ``gpu`` profile compiles the model
+(``torch_compile``), as a GPU engineer would; the rehearsal does not (compiling on a CPU costs more than it
+saves in a short run). ``profile=None`` picks ``gpu`` where CUDA is available, else ``cpu``, and the task's
+summary says which.
 """
 from __future__ import annotations
 
@@ -134,10 +136,16 @@ def profile_recipes(task: str, sizes, *, scale_lr: bool) -> dict[str, Recipe]:
     (``sizes.batch_size`` None), else as a ``rehearsal`` at the profile's model, batch and budget share."""
     recipes = load_presets(task)
     if sizes.batch_size is None:
-        return recipes
+        return compiled(recipes)
     return rehearsal(recipes, model=sizes.model, batch_size=sizes.batch_size, duration_scale=sizes.duration_scale,
                      scale_lr=scale_lr, eval_interval=getattr(sizes, "eval_interval", None),
                      durations=getattr(sizes, "durations", None), epoch_samples=getattr(sizes, "epoch_samples", None))
+
+
+def compiled(recipes: Mapping[str, Recipe]) -> dict[str, Recipe]:
+    """``recipes`` with ``torch_compile`` on, where a recipe does not set it itself."""
+    return {name: recipe if "torch_compile" in recipe.methods else
+            recipe.with_changes(methods={**recipe.methods, "torch_compile": {}}) for name, recipe in recipes.items()}
 
 
 def floor_to_divisor(block: int, length: int) -> int:
