@@ -36,6 +36,9 @@ def test_the_demo_streams_cells_and_progress_and_reports_interleaved_pairs(tmp_p
     assert "hot reached eval/accuracy 0.0" in summary and "budgets baseline 6ba and hot 6ba" in summary
     assert any(line.strip().startswith("committed benchmark:") and "to 0.92 (the full target" in line
                for line in lines)
+    # its own target (0.0 here) is not one the committed benchmark timed: said plainly, with the committed figure
+    assert any(line.startswith("the committed benchmark's hot is ") and "a different target from this demo's 0 "
+               in line for line in lines)
     assert any(line.strip().startswith("2 pairs as asked, ") for line in lines)
     assert any(line.strip().startswith(("the machine was busy", "the machine looked quiet")) for line in lines)
     figure = tmp_path / "00_quickstart" / "00_quickstart.png"
