@@ -76,6 +76,9 @@ def ema_update(ema_model_or_tensors: torch.nn.Module | Mapping[str, torch.Tensor
     ema = (model_tensors(ema_model_or_tensors) if isinstance(ema_model_or_tensors, torch.nn.Module)
            else ema_model_or_tensors)
     param_names = {name for name, _ in model.named_parameters()}
+    # Same shape and dtype: averaged (floating point) or copied (integer counters) in one multi-tensor op each,
+    # rather than an op per tensor.
+    averages, currents, copies, sources = [], [], [], []
     for name, current in model_tensors(model).items():
         if name not in ema:
             if name in param_names or not isinstance(ema, dict):
@@ -83,10 +86,21 @@ def ema_update(ema_model_or_tensors: torch.nn.Module | Mapping[str, torch.Tensor
             ema[name] = current.detach().clone()  # a buffer registered after the EMA was made
             continue
         average = ema[name]
-        if average.is_floating_point() and average.shape == current.shape:
-            average.lerp_(current.detach().to(average.dtype), 1.0 - smoothing)
+        if average.shape != current.shape or average.dtype != current.dtype or average.device != current.device:
+            if average.is_floating_point() and average.shape == current.shape:
+                average.lerp_(current.detach().to(average.dtype), 1.0 - smoothing)
+            else:
+                copy_into(average, current)
+        elif average.is_floating_point():
+            averages.append(average)
+            currents.append(current)
         else:
-            copy_into(average, current)
+            copies.append(average)
+            sources.append(current)
+    if averages:
+        torch._foreach_lerp_(averages, currents, 1.0 - smoothing)
+    if copies:
+        torch._foreach_copy_(copies, sources)
 
 
 @torch.no_grad()

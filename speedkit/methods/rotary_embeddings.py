@@ -30,6 +30,20 @@ def rotary_angles(positions: torch.Tensor, head_dim: int, base: float = 10000.0)
     return torch.cat([angles, angles], dim=-1)
 
 
+def rotary_tables(length: int, head_dim: int, base: float, device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(cos, signed_sin)`` [length, head_dim] for positions 0..length-1: ``x * cos + rotate(x) * signed_sin``
+    rotates ``x``, where ``rotate`` swaps its halves (``x.roll(head_dim // 2, -1)``) and the sign of the first
+    half of ``signed_sin`` stands in for negating the second half of ``x``."""
+    angles = rotary_angles(torch.arange(length, device=device), head_dim, base)
+    sin = angles.sin()
+    sin[..., : head_dim // 2].neg_()
+    return angles.cos().to(dtype), sin.to(dtype)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, dims=-1), signed_sin)
+
+
 def apply_rotary(x: torch.Tensor, positions: torch.Tensor, base: float = 10000.0) -> torch.Tensor:
     """Rotate ``x`` [..., T, D] by its ``positions`` [T]; the half-split pairing (x_i, x_{i+D/2})."""
     angles = rotary_angles(positions, x.shape[-1], base)
@@ -46,14 +60,49 @@ def rotate_queries_keys(q: torch.Tensor, k: torch.Tensor, base: float = 10000.0)
 
 
 class RotaryTransform:
-    """The attention transform: rotate q and k, leave v, the mask and causality as they are."""
+    """The attention transform: rotate q and k, leave v, the mask and causality as they are.
+
+    One instance serves every attention layer of a model and keeps the cos/sin tables per sequence length, head
+    size, device and dtype, so a step builds them once instead of in every layer at every call. Under
+    torch.compile the tables are computed inside the graph instead, where the compiler folds them, and a Python
+    cache would only add guards.
+    """
+
+    MAX_TABLES = 16  # distinct lengths kept; sequence-length warmup and evaluation use a few
 
     def __init__(self, base: float = 10000.0):
         self.base = base
+        self._tables: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def __call__(self, q, k, v, attn_mask, is_causal, scale):
-        q, k = rotate_queries_keys(q, k, self.base)
+        k_len, q_len = k.shape[-2], q.shape[-2]
+        cos, sin = self.tables(k_len, k.shape[-1], k.device, k.dtype)
+        k = _rotate(k, cos, sin)
+        if q_len != k_len:  # queries sit at the last q_len positions (a KV cache holds the earlier keys)
+            cos, sin = self.tables(k_len, q.shape[-1], q.device, q.dtype)
+            cos, sin = cos[k_len - q_len:], sin[k_len - q_len:]
+        q = _rotate(q, cos, sin)
         return q, k, v, attn_mask, is_causal, scale
+
+    def tables(self, length: int, head_dim: int, device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """The cos and signed sin tables for positions 0..length-1 (see :func:`rotary_tables`)."""
+        if torch.compiler.is_compiling():
+            return rotary_tables(length, head_dim, self.base, device, dtype)
+        # Tables made in inference mode cannot be saved for a later training step's backward: kept apart.
+        key = (length, head_dim, device, dtype, torch.is_inference_mode_enabled())
+        found = self._tables.get(key)
+        if found is None:
+            if len(self._tables) >= self.MAX_TABLES:
+                self._tables.clear()
+            with torch.no_grad():
+                found = self._tables[key] = rotary_tables(length, head_dim, self.base, device, dtype)
+        return found
+
+    def __getstate__(self):  # a copied or pickled model rebuilds its tables where it runs
+        return {"base": self.base}
+
+    def __setstate__(self, state):
+        self.__init__(state["base"])
 
 
 def _has_own_rotary(module: nn.Module) -> bool:
@@ -75,13 +124,14 @@ def apply_rotary_embeddings(model: nn.Module, base: float = 10000.0, remove_posi
     zeroes and freezes them.
     """
     report = SurgeryReport("rotary_embeddings")
+    transform = RotaryTransform(base)  # one for the whole model: its tables serve every layer
     for name, module in attention.find_attention_modules(model):
         if _has_own_rotary(module):
             report.details.append(f"note: {name} already applies rotary positions; left alone")
         elif not attention.can_intercept(module):
             report.details.append(f"note: {name} ({type(module).__name__}) is not supported; left alone")
         else:
-            switched = attention.intercept_attention(module, RotaryTransform(base), name="rotary_embeddings",
+            switched = attention.intercept_attention(module, transform, name="rotary_embeddings",
                                                      order=ROTARY_ORDER)
             if switched:
                 report.details.append(f"note: {switched}")

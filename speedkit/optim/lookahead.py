@@ -18,10 +18,19 @@ import torch
 
 @torch.no_grad()
 def lookahead_sync(slow: Sequence[torch.Tensor], fast: Sequence[torch.Tensor], alpha: float) -> None:
-    """``slow += alpha * (fast - slow)``, then ``fast = slow``, tensor by tensor, in place."""
-    for s, f in zip(slow, fast, strict=True):
-        s.lerp_(f.to(s.dtype), alpha)
-        f.copy_(s)
+    """``slow += alpha * (fast - slow)``, then ``fast = slow``, in place: a multi-tensor op each for the
+    pairs of one dtype and device, tensor by tensor for the rest."""
+    if len(slow) != len(fast):
+        raise ValueError(f"lookahead_sync: {len(slow)} slow tensors for {len(fast)} fast ones")
+    alike = [(s, f) for s, f in zip(slow, fast) if s.dtype == f.dtype and s.device == f.device]
+    if alike:
+        slow_alike, fast_alike = [s for s, _ in alike], [f for _, f in alike]
+        torch._foreach_lerp_(slow_alike, fast_alike, alpha)
+        torch._foreach_copy_(fast_alike, slow_alike)
+    for s, f in zip(slow, fast):
+        if s.dtype != f.dtype or s.device != f.device:
+            s.lerp_(f.to(s.dtype), alpha)
+            f.copy_(s)
 
 
 class Lookahead(torch.optim.Optimizer):

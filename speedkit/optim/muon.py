@@ -75,9 +75,10 @@ def zeropower_via_newtonschulz(G: torch.Tensor, steps: int = 5, eps: float = 1e-
     X = X / (X.norm(dim=(-2, -1), keepdim=True) + eps)
     # X <- a X + (b A + c A^2) X with A = X X^T, in three matmuls that also do the scaling and the sums:
     # on a CPU the small matrices of a conv net cost more in per-op overhead than in arithmetic.
-    multiply_add = torch.baddbmm if X.dim() == 3 else torch.addmm
+    batched = X.dim() == 3
+    multiply, multiply_add = (torch.bmm, torch.baddbmm) if batched else (torch.mm, torch.addmm)
     for _ in range(steps):
-        A = X @ X.mT
+        A = multiply(X, X.mT)
         B = multiply_add(A, A, A, beta=b, alpha=c)
         X = multiply_add(X, B, X, beta=a)
     if tall:
@@ -142,11 +143,16 @@ class Muon(torch.optim.Optimizer):
         for same_shape, same_shape_updates in _by_shape(params, updates):
             # One batched iteration for all the matrices of a shape: a transformer's layers repeat the same few
             # shapes, so its step runs a handful of iterations rather than one per matrix.
-            stacked = torch.stack(same_shape_updates)
-            matrices = stacked.reshape(len(same_shape), stacked.size(1), -1)
-            ortho = zeropower_via_newtonschulz(matrices, steps=group["ns_steps"]).view_as(stacked)
-            rows, cols = matrices.shape[-2:]
-            torch._foreach_add_(same_shape, ortho.unbind(0), alpha=-lr * max(1.0, rows / cols) ** 0.5)
+            if len(same_shape) == 1:  # alone in its shape: the unbatched iteration, without stacking
+                update = same_shape_updates[0]
+                matrix = update.reshape(update.size(0), -1)
+                orthos = [zeropower_via_newtonschulz(matrix, steps=group["ns_steps"]).view_as(update)]
+            else:
+                stacked = torch.stack(same_shape_updates)
+                matrix = stacked.reshape(len(same_shape), stacked.size(1), -1)
+                orthos = zeropower_via_newtonschulz(matrix, steps=group["ns_steps"]).view_as(stacked).unbind(0)
+            rows, cols = matrix.shape[-2:]
+            torch._foreach_add_(same_shape, orthos, alpha=-lr * max(1.0, rows / cols) ** 0.5)
 
 
 def _by_shape(params: list[torch.Tensor], updates: list[torch.Tensor]):
