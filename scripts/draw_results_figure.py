@@ -44,7 +44,8 @@ def target_label(entry: dict) -> str:
         return f"{entry['task']}: seconds to {_level_words(metric, value, 2)}"
     level = _level_words(metric, fq["value"], 3)
     if fq["is_target"]:
-        return f"{entry['task']}: seconds to {_level_words(metric, value, 2)}\n(at or beyond {fq['baseline']}'s final quality)"
+        return (f"{entry['task']}: seconds to {_level_words(metric, value, 2)}\n"
+                f"(at or beyond {fq['baseline']}'s final quality)")
     if fq["times_recorded"]:
         return f"{entry['task']}: seconds to {level}, {fq['baseline']}'s final quality"
     return (f"{entry['task']}: seconds to the lower target, {_level_words(metric, value, 2)}\n"

@@ -117,7 +117,8 @@ def headline() -> str:
         if best is not None and fq["is_target"]:
             line = f"- {task} to {target}, at or beyond `{strongest}`'s final quality: `{best}` is "
             if weakest != strongest:
-                line += f"**{entry['recipes'][best]['speedup_median_vs'][weakest]:.1f}x** sooner than a hand-written `{weakest}`, "
+                ratio = entry["recipes"][best]["speedup_median_vs"][weakest]
+                line += f"**{ratio:.1f}x** sooner than a hand-written `{weakest}`, "
             lines.append(line + f"**{fq['speedup_median']:.1f}x** sooner than `{strongest}`, the strongest.")
         elif best is not None:
             lines.append(f"- {task} to `{strongest}`'s final quality, {_level_text(metric, fq['value'])}: `{best}` is "
@@ -329,8 +330,8 @@ def rehearsal_results() -> str:
         baseline, n = entry["strongest_baseline"], len(entry["seeds"])
         for name, r in entry["recipes"].items():
             ratios = [x for x in r["speedup_vs"][baseline] if x is not None]
-            at_target = ("the level" if entry["final_quality"]["is_target"] else
-                         f"{_ratio_cell(ratios) if r['reached'] == n else '—'} (lower target, reached {r['reached']}/{n})")
+            lower = f"{_ratio_cell(ratios) if r['reached'] == n else '—'} (lower target, reached {r['reached']}/{n})"
+            at_target = "the level" if entry["final_quality"]["is_target"] else lower
             rows.append(f"| {REHEARSED_AS[key]} | {label} | {_level_column(entry)} | `{baseline}` | `{name}` | "
                         f"{_quality_cell(entry, r)} | {r['final_quality']['reached']}/{n} | {at_target} | "
                         f"[summary]({path.parent.relative_to(ROOT)}/summary.md) |")

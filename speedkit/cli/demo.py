@@ -10,7 +10,8 @@ The demo's target is lower than the benchmark's (0.80 in ``params/demo`` against
 the budget it was benchmarked with (the schedule follows it), stopping at the target. Its ratio is therefore
 printed beside the committed benchmark's figure for the full target, each named, so one is not taken for the
 other; the demo's last lines set it beside the committed benchmark's ratio at the demo's own target where the
-committed summary timed that level, and otherwise say plainly that the two targets differ. On a busy machine one pair says little, so the demo runs up to ``repeats`` pairs interleaved
+committed summary timed that level, and otherwise say plainly that the two targets differ. On a busy machine
+one pair says little, so the demo runs up to ``repeats`` pairs interleaved
 (baseline, preset, baseline, ...) and reports the median ratio with its spread. The number of pairs follows
 the machine: with ``time_budget_s`` (180 in ``params/demo``) another pair starts only while the pairs so far
 say it fits, so a slow CPU runs one pair in about three minutes of training and a fast one three. It says when

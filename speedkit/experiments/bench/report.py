@@ -191,7 +191,8 @@ def headline(key: str, entry: dict) -> str:
     """The speed-up at the strongest baseline's final quality; where the target is lower, the speed-up at the
     target beside it, said to be at a lower target, never alone."""
     if "final_quality" not in entry:  # a summary written before final quality was judged
-        return f"{key}, at its target only (not judged at the baseline's final quality): {target_headline(entry, False)}"
+        return (f"{key}, at its target only (not judged at the baseline's final quality): "
+                f"{target_headline(entry, False)}")
     if entry["final_quality"]["is_target"]:
         return quality_headline(key, entry)
     return quality_headline(key, entry) + " Beside it, " + target_headline(entry, True)
