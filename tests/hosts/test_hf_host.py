@@ -124,3 +124,28 @@ def test_a_callback_alone_refuses_what_it_cannot_serve(text_folder, tmp_path, me
     with pytest.raises(HostCannotServeError, match=message):
         transformers.Trainer(model=gpt2(), args=arguments(tmp_path), train_dataset=ByteSequences(text_folder),
                              callbacks=[SpeedkitCallback([method])])
+
+
+def test_gradient_accumulation_equals_the_whole_batch_on_a_model_that_computes_its_own_loss(text_folder, tmp_path):
+    """GPT-2's forward takes loss keywords (num_items_in_batch), so the Trainer would leave its loss unscaled:
+    SpeedkitTrainer's loss is each microbatch's mean, which the Trainer divides by the step's microbatches. SGD
+    without clipping, where the gradient's scale shows (Adam, Muon and clipping to a norm hide it)."""
+    def run(batch, accumulation):
+        model = gpt2()
+        methods = [RotaryEmbeddings(), QKNorm(), ReLUSquared(), EMA(half_life="2ba"),
+                   SeqLengthWarmup(duration=0.5, min_seq_length=16, truncate=True)]
+        trainer = SpeedkitTrainer(model=model, args=arguments(tmp_path / str(accumulation), optim="sgd",
+                                                              learning_rate=0.5, max_grad_norm=0.0,
+                                                              per_device_train_batch_size=batch,
+                                                              gradient_accumulation_steps=accumulation),
+                                  train_dataset=ByteSequences(text_folder), methods=methods)
+        trainer.train()
+        ema = next(m for m in trainer.speedkit.methods if m.name == "ema")
+        return model, trainer.speedkit.state.timestamp, ema.updates
+
+    whole, whole_clock, whole_updates = run(8, 1)
+    accumulated, clock, updates = run(4, 2)
+    assert (clock.batch, clock.sample, clock.token) == (whole_clock.batch, whole_clock.sample, whole_clock.token)
+    assert clock.batch == updates == whole_updates == 6 and clock.sample == 48
+    for key, value in whole.state_dict().items():
+        torch.testing.assert_close(accumulated.state_dict()[key], value, rtol=1e-4, atol=1e-5, msg=key)

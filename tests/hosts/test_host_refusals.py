@@ -173,3 +173,40 @@ def test_lightning_refuses_evaluation_calls_a_condition_kept_from_running():
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             trainer.fit(Module(), images(), images(16))
+
+
+def test_a_plain_loops_accumulation_closes_a_step_at_an_epochs_end_and_bad_values_are_refused():
+    """Issue 55.4: 4 batches an epoch in steps of 3 are a step of 3 and a step of 1 (as Lightning and the Hugging
+    Face Trainer step at an epoch's end); "2ep" is 4 optimizer steps, and the clock counts every sample once."""
+    model = net()
+    sk = Speedkit([EMA(half_life="1ba")], max_duration="2ep", train_dataloader=images(), accumulation=3)
+    model = sk.prepare_model(model)
+    optimizer = sk.prepare_optimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+    due, steps = [], 0
+    while not sk.done:
+        for batch in images():
+            batch = sk.batch(batch)
+            sk.backward(sk.loss(model(batch[0]), batch))
+            due.append(sk.step_due)
+            if sk.step_due:
+                optimizer.step()
+                optimizer.zero_grad()
+                steps += 1
+            sk.step_end()
+    sk.finish()
+    assert due == [False, False, True, True] * 2 and steps == 4
+    clock = sk.state.timestamp
+    assert (clock.epoch, clock.batch, clock.sample) == (2, 4, 128)
+    assert next(m for m in sk.methods if m.name == "ema").updates == 4
+
+    for bad in (0, 1.5, True):
+        with pytest.raises(ValueError, match=r"accumulation must be a whole number of batches an optimizer step"):
+            Speedkit([], max_duration="1ba", accumulation=bad)
+
+    class Accelerator:  # what Speedkit reads of accelerate's: processes and its own accumulation
+        num_processes, gradient_accumulation_steps = 1, 2
+
+    with pytest.raises(ValueError, match=r"Speedkit\(accumulation=4\) and Accelerator\(gradient_accumulation_steps=2\) "
+                                         r"disagree; set it once, in the Accelerator"):
+        Speedkit([], max_duration="1ba", accelerator=Accelerator(), accumulation=4)
+    assert Speedkit([], max_duration="1ba", accelerator=Accelerator()).accumulation == 2
