@@ -34,7 +34,7 @@ Logging, progress bars and checkpoints stay the Trainer's; methods' notes go to 
 **Saving and reloading a surgered model.** ``from_pretrained`` builds the architecture from ``config.json``,
 which knows nothing of speedkit's surgeries (QK-norm's gains, rotary positions, ReLU²). So a model they changed
 records them in ``config.json`` whenever it is saved (``trainer.save_model()``, ``model.save_pretrained()``,
-each ``checkpoint-N``; see ``speedkit.hosts.pretrained``), in a form a plain ``from_pretrained`` refuses with a
+each ``checkpoint-N``; see ``speedkit.models.pretrained``), in a form a plain ``from_pretrained`` refuses with a
 message naming :func:`load_pretrained`, the way back: it builds the model, runs the same surgeries, and loads
 every saved tensor, refusing a folder whose tensors do not all fit.
 """
@@ -52,9 +52,9 @@ import transformers
 from speedkit.core import Event, Method
 from speedkit.hosts._checks import refuse_double_clipping
 from speedkit.hosts._optimizers import as_one_optimizer
-from speedkit.hosts.pretrained import mark_surgered, saved_surgeries
 from speedkit.hosts.session import Host, HostCannotServeError, MethodSession
 from speedkit.methods.ema import load_weights, model_tensors
+from speedkit.models.pretrained import saved_surgeries
 
 METHOD_STATE_FILE = "speedkit_methods.pt"  # in each checkpoint-N folder, beside optimizer.pt
 TRAINING_WEIGHTS = "training_weights"  # in speedkit_methods.pt, when the checkpoint's model weights are EMA's

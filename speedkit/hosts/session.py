@@ -23,7 +23,7 @@ import torch
 from speedkit.core import Engine, Event, Method, State, Time, TimeUnit
 from speedkit.core.batch import batch_size, batch_tokens
 from speedkit.core.method import IncompatibleMethodsError
-from speedkit.hosts.pretrained import mark_surgered
+from speedkit.models.pretrained import mark_surgered
 from speedkit.record.loggers import Logger, LoggerDestination, RecordDestination
 from speedkit.record.runs import RunRecord
 from speedkit.train.checkpoint.format import rng_state, set_rng_state
@@ -197,7 +197,7 @@ class MethodSession:
         if not self.initialized:
             self.run(Event.INIT)
             self.initialized = True
-            mark_surgered(state.model, state.methods)  # a save_pretrained records the surgeries (hosts/pretrained.py)
+            mark_surgered(state.model, state.methods)  # a save_pretrained records the surgeries (models/pretrained.py)
         return state.model
 
     def set_lengths(self, *, max_duration: str | Time | None = None, batches_per_epoch: int | None = None,

@@ -9,13 +9,12 @@ dict batches the language tasks yield for it. Needs ``pip install 'torch-speedki
 """
 from __future__ import annotations
 
-import json
-
 import torch.nn as nn
 
 from pathlib import Path
 
 from .gpt import GPT_CONFIGS
+from .pretrained import saved_surgeries
 
 HF = "hf:"  # every Hugging Face model's name starts so
 PREFIX = "hf:gpt2-"  # hf:gpt2-nano -> the gpt-nano preset's sizes
@@ -71,9 +70,9 @@ def _from_folder(name: str, folder: Path) -> NextTokenLM:
     if not (folder / "config.json").is_file():
         raise ValueError(f"{name!r}: {folder} has no config.json; write the model there with "
                          f"model.save_pretrained({str(folder)!r})")
-    surgeries = json.loads((folder / "config.json").read_text()).get("speedkit")
-    if surgeries:  # written by speedkit.hosts.pretrained: a plain from_pretrained would refuse it
-        names = ", ".join(s["name"] for s in surgeries["surgeries"])
+    record = saved_surgeries(folder)
+    if record is not None:  # a plain from_pretrained would refuse it (speedkit/models/pretrained.py)
+        names = ", ".join(s["name"] for s in record[0])
         raise ValueError(f"{name!r}: {folder} holds a model that speedkit's surgeries changed ({names}), which "
                          f"hf:<folder> cannot rebuild; load it in Python with speedkit.hosts.hf.load_pretrained("
                          f"{str(folder)!r})")

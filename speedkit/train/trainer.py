@@ -25,6 +25,7 @@ from speedkit.core.batch import batch_size, batch_tokens, call_model, output_log
 from speedkit.core.devices import (autocast_factory, make_grad_scaler, resolve_device, resolve_precision, synchronize,
                                    timed, to_host)
 from speedkit.core.seeding import epoch_seed, seed_everything
+from speedkit.models.pretrained import mark_surgered
 from speedkit.record.loggers import InMemoryLogger, JSONLFileLogger
 from speedkit.record.metrics import Evaluator, compute_metrics
 from speedkit.record.run_folder import free_run_name, run_folder_path
@@ -130,6 +131,7 @@ class Trainer:
 
         # Methods that change the model act now, before optimizers are built on its parameters.
         self.engine.run_event(Event.INIT)
+        mark_surgered(state.model, state.methods)  # a Hugging Face model's save_pretrained records the surgeries
         # After the surgery, before the optimizers (FSDP replaces the parameters): the module the forward runs.
         self._train_module = plan.wrap(state.model, state.methods, state.grad_scaler)
         state.optimizers = make_optimizers(optimizers, state.model)

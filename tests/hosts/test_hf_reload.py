@@ -96,3 +96,16 @@ def test_a_plain_loop_marks_the_model_it_changed_and_an_unchanged_model_saves_pl
     assert "speedkit" not in json.loads((tmp_path / "plain" / "config.json").read_text())
     assert loss_of(transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "plain")) == pytest.approx(
         loss_of(plain), abs=1e-6)
+
+
+def test_speedkits_own_trainer_marks_the_hugging_face_model_it_changed(tmp_path):
+    from speedkit import Trainer
+
+    model = get_model("hf:gpt2-nano")  # speedkit's wrapper around transformers' GPT2LMHeadModel
+    loader = torch.utils.data.DataLoader(Tokens(), batch_size=8)
+    Trainer(model, loader, max_duration="1ba", methods=[ReLUSquared()], device="cpu", run_dir=tmp_path / "runs",
+            save_checkpoints=False, progress_bar=False).fit()
+    model.model.save_pretrained(tmp_path / "saved")
+    with pytest.raises(ValueError, match=REFUSED):
+        transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "saved")
+    assert loss_of(load_pretrained(tmp_path / "saved")) == pytest.approx(loss_of(model.model), abs=1e-6)

@@ -2,8 +2,9 @@
 
 ``from_pretrained`` builds the architecture from ``config.json``, which knows nothing of speedkit's surgeries:
 QK-norm's gains would be dropped as unexpected keys and rotary positions or ReLU² lost, with at most a warning.
-So every host marks the models its surgeries changed (any submodule with ``save_pretrained``): each save
-(``save_pretrained``, the Trainer's ``save_model`` and ``checkpoint-N`` folders) records in ``config.json``
+So speedkit's Trainer and every host mark the models their surgeries changed (any submodule with
+``save_pretrained``): each save (``save_pretrained``, the Hugging Face Trainer's ``save_model`` and
+``checkpoint-N`` folders) records in ``config.json``
 
 * ``"speedkit": {"surgeries": [...], "attn_implementation": ...}``: the surgeries with their parameters, and the
   attention implementation the model was built with;
@@ -12,7 +13,8 @@ So every host marks the models its surgeries changed (any submodule with ``save_
   names the loader, instead of building the unchanged architecture and training on wrong numbers.
 
 ``speedkit.hosts.hf.load_pretrained(folder)`` reads the record, builds the model, runs the same surgeries and
-loads every saved tensor. This module imports neither transformers nor a host, so every host can mark its model.
+loads every saved tensor. This module imports neither transformers nor anything above ``speedkit.core``, so
+the Trainer and every host can mark their model.
 """
 from __future__ import annotations
 
