@@ -1,7 +1,49 @@
 #!/usr/bin/env bash
-# speedkit's one prepared GPU check (see scripts/gpu_check.py): at most about 8 minutes on one GPU; writes one
-# results folder (default runs/gpu-check) with summary.json and summary.md; exits 2 where there is no GPU.
+# speedkit's two prepared GPU checks (scripts/gpu_check.py says what each measures; bench/README.md, "On a GPU").
+#
+#   scripts/gpu_check.sh prepare [IMAGE_FOLDER]   # here, before a lease: fills .gpu-carry/ (git-ignored) with the
+#                                                 # wheels the device lacks, Fashion-MNIST, the Python docs and,
+#                                                 # from IMAGE_FOLDER, the imagenet part's shard set
+#   scripts/gpu_check.sh next                     # on the device: the first check not yet run on this code
+#   scripts/gpu_check.sh throughput|time-to-target [--out DIR] [--only PART,...]
+#
+# On the device machine it installs the carried wheels into /tmp/speedkit-site and points speedkit at the carried
+# data before it runs the check; results go under $OUT/gpu-<device>-<date>/ there (bench/results/... elsewhere).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+CARRY=.gpu-carry
+PYTHON="${PYTHON:-python3}"
+
+if [ "${1:-}" = prepare ]; then
+    mkdir -p "$CARRY/wheels" "$CARRY/fashion-mnist" .git/info
+    grep -qxF "/$CARRY/" .git/info/exclude 2>/dev/null || echo "/$CARRY/" >> .git/info/exclude
+    # litdata (the streaming loaders) and what it imports that the device's image lacks (KINDS.md's package list)
+    "$PYTHON" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+        --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+        -d "$CARRY/wheels" litdata==0.2.76 boto3==1.44.18 botocore==1.44.18 s3transfer==0.19.3 jmespath==1.1.0
+    cp /usr/share/datasets/fashion-mnist/*.gz "$CARRY/fashion-mnist/"          # apt-get install dataset-fashion-mnist
+    tar -cJf "$CARRY/python-docs.tar.xz" -C /usr/share/doc/python3.11/html _sources   # apt-get install python3.11-doc
+    if [ -n "${2:-}" ]; then  # an ImageNet-layout folder, e.g. scripts/build_photo_crops.py --images 2500
+        rm -rf "$CARRY/imagenet-shards"
+        "$PYTHON" -m speedkit data prepare "$2" --out "$CARRY/imagenet-shards" --short-side 96
+    fi
+    du -sh "$CARRY"/*
+    # the device tool sends the working tree and the carried folder together, at most 64 MiB
+    total=$(( $(git ls-files -z | xargs -0 cat | wc -c) + $(du -sb "$CARRY" | cut -f1) ))
+    echo "gpu-check prepare: the tree and $CARRY come to $(( total >> 20 )) MiB of the 64 MiB a call may send"
+    [ "$total" -lt $(( 62 << 20 )) ] || { echo "too large: use a smaller IMAGE_FOLDER" >&2; exit 1; }
+    exit 0
+fi
+
+if [ -d "$CARRY/wheels" ] && ! "$PYTHON" -c "import litdata" 2>/dev/null; then
+    "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/speedkit-site "$CARRY"/wheels/*.whl
+    export PYTHONPATH="/tmp/speedkit-site${PYTHONPATH:+:$PYTHONPATH}"
+fi
+[ -d "$CARRY/fashion-mnist" ] && export SPEEDKIT_DATA="$PWD/$CARRY/fashion-mnist"
+if [ -f "$CARRY/python-docs.tar.xz" ] && [ ! -d /usr/share/doc/python3.11/html/_sources ]; then
+    # speedkit reads the Python docs where Debian installs them (speedkit/data/text.py)
+    mkdir -p /usr/share/doc/python3.11/html && tar -xJf "$CARRY/python-docs.tar.xz" -C /usr/share/doc/python3.11/html
+fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-exec "${PYTHON:-python}" scripts/gpu_check.py "$@"
+exec "$PYTHON" scripts/gpu_check.py "$@"

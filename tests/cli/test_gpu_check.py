@@ -1,4 +1,6 @@
-"""The prepared GPU check (scripts/gpu_check.py) runs its steps on a CPU at tiny scale, so it cannot rot."""
+"""The two prepared GPU checks (scripts/gpu_check.py, gpu_throughput.py, gpu_time_to_target.py) run every part on a
+CPU at tiny scale, so they cannot rot between leases of a GPU; and their timed runs are clean: nothing attached to
+torch while timed, compiled runs really compiled."""
 from __future__ import annotations
 
 import json
@@ -7,128 +9,172 @@ from pathlib import Path
 
 import pytest
 import torch
-from prerequisites import require
+from prerequisites import import_or_missing, require
 
 ROOT = Path(__file__).resolve().parents[2]
+TIMED = ("step_s", "instruments_at_timing", "nothing_attached")
 
 
 @pytest.fixture(scope="module")
 def gpu_check():
     from helpers import load_script
 
+    sys.path.insert(0, str(ROOT / "scripts"))  # the checks import each other as the scripts folder's modules
     return load_script("gpu_check")
 
 
+@pytest.fixture
+def work(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPEEDKIT_GPU_CHECK_WORK", str(tmp_path / "work"))
+    monkeypatch.setenv("SPEEDKIT_SHARDS", str(tmp_path / "shard-cache"))
+    monkeypatch.delenv("OUT", raising=False)
+    return tmp_path
+
+
+def assert_clean_timing(run: dict, where: str) -> None:
+    """A timed run: timed steps, and no dispatch mode, torch-function mode or profiler while they ran."""
+    assert run["timed_steps"] >= 1 and run["step_s"] > 0, where
+    assert run["nothing_attached"], (where, run["instruments_at_timing"])
+    assert run["instruments_at_timing"] == {"torch_function_mode": False, "dispatch_modes": [], "profiler": False}
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without a GPU")
-def test_without_a_gpu_it_says_so_and_exits_non_zero(gpu_check, tmp_path, capsys):
-    assert gpu_check.main(["--out", str(tmp_path / "out")]) == 2
+def test_without_a_gpu_it_says_so_and_exits_non_zero(gpu_check, work, capsys):
+    assert gpu_check.main(["throughput", "--out", str(work / "out")]) == 2
     assert "no CUDA GPU here" in capsys.readouterr().err
-    assert not (tmp_path / "out").exists()
+    assert not (work / "out").exists()
 
 
-def test_its_steps_run_on_a_cpu_and_write_one_results_folder(gpu_check, tmp_path, capsys):
-    """The sync step runs in full at tiny scale; the notebook and bench steps are `speedkit notebooks run` and
-    `speedkit bench` commands (tested in tests/cli/test_notebooks.py and tests/experiments/test_bench.py;
-    minutes each on 2 cores), checked here for what they run, and one stand-in command runs through the
-    same runner."""
+def test_the_throughput_check_runs_every_part_on_a_cpu_with_clean_timed_runs(gpu_check, work):
+    import_or_missing("litdata")
+    import_or_missing("tokenizers")
+    out = work / "out"
+    assert gpu_check.main(["throughput", "--device", "cpu", "--tiny", "--out", str(out)]) == 0
+    result = json.loads((out / "throughput.json").read_text())
+    assert result["finished"] and result["ok"] and result["tiny"] and result["code"]["code_hash"]
+    parts = result["parts"]
+    assert list(parts) == ["peak", "data", "vision-compiled", "language-compiled", "preset imagenet:hot",
+                           "preset gpt2:hot", "vision-eager", "language-eager", "loader", "counts"]
+    assert parts["peak"]["flops_per_s"] > 0 and parts["data"]["vocab_size"] > 256
+    for name in ("vision-eager", "vision-compiled", "language-eager", "language-compiled"):
+        compiled = name.endswith("compiled")
+        for size, runs in parts[name]["sizes"].items():
+            for side in ("bare", "trainer"):
+                run = runs[side]
+                if run is None:  # the Trainer runs at the first size only
+                    assert side == "trainer" and size != next(iter(parts[name]["sizes"]))
+                    continue
+                assert_clean_timing(run, f"{name} {size} {side}")
+                assert run["samples_per_s"] > 0 and run["fraction_of_peak"] > 0
+                assert (run["dynamo"]["frames"] > 0) == compiled, (name, size, side, run["dynamo"])
+        if name.startswith("vision"):  # 176 -> 224 on a GPU: what a new input shape costs
+            new_shape = parts[name]["new_shape"]
+            assert new_shape["cost_s"] is not None
+            assert new_shape["recompiled_graphs"] == (1 if compiled else None)
+    compiled_trainer = next(iter(parts["vision-compiled"]["sizes"].values()))["trainer"]
+    assert compiled_trainer["compile_s"] > 0  # the Trainer's TorchCompile reported its compile apart
+    assert parts["loader"]["cpu_workers"]["images_per_s"] > 0 and "skipped" in parts["loader"]["gpu_decode"]
+    for preset in ("preset imagenet:hot", "preset gpt2:hot"):
+        assert_clean_timing(parts[preset], preset)
+        assert parts[preset]["samples_per_s"] > 0 and parts[preset]["fraction_of_peak"] > 0
+        assert parts[preset]["status"] == "stopped"  # after its timed steps, on its own schedule
+    assert parts["preset gpt2:hot"]["tokens_per_s"] > 0
+    for preset, counted in parts["counts"]["presets"].items():  # counted apart, in runs of their own
+        assert counted["steps"] >= 3 and "waits_in_quiet_steps" in counted and "by_kind" in counted, preset
+    assert "- **preset gpt2:hot** (" in (out / "throughput.md").read_text()
+
+
+def test_a_counter_attached_while_timing_is_seen(gpu_check):
+    """What the checks record at timing time is what is attached: a SyncCounter shows as a dispatch mode."""
+    from speedkit.callbacks import SyncCounter
+
+    clock = gpu_check.StepClock("cpu", warmup=1)
+    with SyncCounter():
+        for _ in range(3):
+            torch.ones(2).sum()
+            clock.tick()
+    timed = clock.result()
+    assert not timed["nothing_attached"] and timed["instruments_at_timing"]["dispatch_modes"]
+    clean = gpu_check.StepClock("cpu", warmup=1)
+    for _ in range(3):
+        clean.tick()
+    assert clean.result()["nothing_attached"]
+
+
+def test_the_time_to_target_check_runs_every_part_on_a_cpu(gpu_check, work, monkeypatch):
     require("fashion-mnist")
     require("python-docs")
-    out = tmp_path / "check"
-    assert gpu_check.main(["--device", "cpu", "--tiny", "--steps", "syncs", "--out", str(out)]) == 0
-    summary = json.loads((out / "summary.json").read_text())
-    assert summary["ok"] and set(summary["syncs"]) == {"fashion-mnist", "pydocs"}
-    for task in summary["syncs"].values():
-        assert task["waits_in_quiet_steps"] == 0 and task["fraction_of_peak"] is not None
-    assert "host waits" in (out / "summary.md").read_text()
-    ran = gpu_check.run_commands([gpu_check.speedkit_command("--help")], out / "commands.log")
-    assert ran[0]["exit"] == 0 and "speedkit --help" in (out / "commands.log").read_text()
-    # a second check into the same folder is refused before it starts, not after its runs are refused
-    before = (out / "summary.json").read_text()
+    import_or_missing("litdata")
+    import_or_missing("tokenizers")
+    import gpu_throughput as throughput  # (scripts/ is on sys.path: the gpu_check fixture)
+
+    from speedkit.data.streaming.prepare import prepare_images
+
+    # a tiny shard set, as the carried one is for a GPU
+    throughput.write_jpegs(work / "images" / "train", 12, 2, (40, 64), "cpu", seed=0)
+    throughput.write_jpegs(work / "images" / "val", 4, 2, (40, 64), "cpu", seed=1)
+    prepare_images(work / "images", work / "imagenet-shards", short_side=48, progress=False)
+    monkeypatch.setenv("SPEEDKIT_GPU_CHECK_IMAGENET", str(work / "imagenet-shards"))
+    out = work / "out"
+    assert gpu_check.main(["time-to-target", "--device", "cpu", "--tiny", "--out", str(out)]) == 0
+    parts = json.loads((out / "time-to-target.json").read_text())["parts"]
+    assert list(parts) == ["fashion-mnist", "pydocs", "gpt2", "imagenet"]
+    for task, baseline in (("fashion-mnist", "plain-bf16"), ("pydocs", "tuned")):
+        assert parts[task]["ok"] and set(parts[task]["arms"]) == {baseline, "hot"}, parts[task]
+        assert parts[task]["seeds"] == [0] and parts[task]["target"]["metric"]
+        assert "--recipes hot" in parts[task]["command"] and f"--baselines {baseline}" in parts[task]["command"]
+    for task, baseline, recipe in (("gpt2", "baseline", "hot"), ("imagenet", "plain-bf16", "mild")):
+        part = parts[task]
+        assert part["ok"] and set(part["arms"]) == {baseline, recipe} and part["rule"], part
+        assert part["arms"][baseline]["time_to_target_s"] is not None  # the baseline holds its own target
+        assert all(arm["status"] == "completed" for arm in part["arms"].values())
+
+
+def test_a_part_that_cannot_be_prepared_is_skipped_with_its_reason(gpu_check, work, monkeypatch):
+    monkeypatch.setenv("SPEEDKIT_GPU_CHECK_IMAGENET", str(work / "no-shards"))
+    out = work / "out"
+    assert gpu_check.main(["time-to-target", "--device", "cpu", "--tiny", "--only", "imagenet",
+                           "--out", str(out)]) == 0
+    result = json.loads((out / "time-to-target.json").read_text())
+    assert "scripts/gpu_check.sh prepare" in result["parts"]["imagenet"]["skipped"] and result["finished"]
+    # a second run into the same folder is refused before it starts: a run's figures are never overwritten
     with pytest.raises(SystemExit):
-        gpu_check.main(["--device", "cpu", "--tiny", "--steps", "syncs", "--out", str(out)])
-    assert "holds an earlier check" in capsys.readouterr().err and (out / "summary.json").read_text() == before
+        gpu_check.main(["time-to-target", "--device", "cpu", "--tiny", "--only", "imagenet", "--out", str(out)])
 
 
-def test_the_notebook_step_runs_the_gpu_sets_of_00_02_t7_and_t10(gpu_check, tmp_path):
-    commands = gpu_check.notebook_commands(tmp_path, tiny=False)
-    names = [c[c.index("--only") + 1] for c in commands]
-    assert names == ["00_quickstart", "02_vision_benchmark", "t7_gpu_precision_and_compile", "t10_language_model"]
-    assert all(c[c.index("--params") + 1] == "gpu" for c in commands)
-    for name in names:
-        assert (ROOT / "params" / "gpu" / f"{name}.yaml").is_file()
-    assert "-p" in commands[1]  # 02 shortened
-    bench = gpu_check.bench_commands("cuda", tmp_path, tiny=False)
-    assert [c[c.index("--recipes") + 1] + ":" + c[c.index("--baselines") + 1] for c in bench] == \
-        ["hot:plain-bf16", "hot:tuned"] and all("gpu" in c for c in bench)
+def test_a_lease_runs_the_check_not_yet_run_on_this_code(gpu_check, tmp_path):
+    code = gpu_check.code_version()["code_hash"]
+    assert gpu_check.next_check(code, tmp_path) == ("throughput", None)
+
+    def ran(check: str, folder: str, parts: dict | None = None, **result) -> None:
+        (tmp_path / folder).mkdir(exist_ok=True)
+        (tmp_path / folder / f"{check}.json").write_text(json.dumps(
+            {"code": {"code_hash": code}, "finished": True, "parts": parts or {"peak": {"ok": True}}, **result}))
+
+    ran("throughput", "gpu-h100-1", tiny=True)  # a CPU rehearsal is no run
+    assert gpu_check.next_check(code, tmp_path) == ("throughput", None)
+    ran("throughput", "gpu-h100-2", finished=False)  # stopped at its limit: run it again
+    assert gpu_check.next_check(code, tmp_path) == ("throughput", None)
+    # the time budget left two parts out; the next lease runs those, not a part that could not be prepared
+    ran("throughput", "gpu-h100-3", parts={"peak": {"ok": True}, "preset gpt2:hot": {"skipped": "budget", "retry": True},
+                                           "loader": {"skipped": "budget", "retry": True}})
+    assert gpu_check.next_check(code, tmp_path) == ("throughput", {"preset gpt2:hot", "loader"})
+    ran("throughput", "gpu-h100-4", parts={"loader": {"ok": True}})
+    assert gpu_check.next_check(code, tmp_path) == ("throughput", {"preset gpt2:hot"})
+    ran("throughput", "gpu-h100-5", parts={"preset gpt2:hot": {"ok": True}})
+    assert gpu_check.next_check(code, tmp_path) == ("time-to-target", None)
+    ran("time-to-target", "gpu-h100-5", parts={"imagenet": {"skipped": "no shard set", "retry": False}})
+    assert gpu_check.next_check(code, tmp_path) == (None, None)
+    assert gpu_check.next_check("other code", tmp_path) == ("throughput", None)
 
 
-def test_every_command_the_check_runs_is_one_the_cli_accepts(gpu_check, tmp_path):
-    """The steps run ``speedkit`` commands in subprocesses, where a renamed flag would only show on a GPU."""
-    from speedkit.cli.main import _parser
-
-    for tiny in (False, True):
-        commands = [*gpu_check.notebook_commands(tmp_path, tiny), *gpu_check.bench_commands("cuda", tmp_path, tiny)]
-        for command in commands:
-            assert command[:3] == [sys.executable, "-m", "speedkit"]
-            _parser().parse_args(command[3:])  # argparse exits (a test error) on what it does not accept
-
-
-def test_the_seed_step_runs_resnet50_at_224_and_gpt2_124m_at_1024_on_a_gpu(gpu_check):
-    """What the seed step runs on a GPU (the CPU proof at those sizes: tests/tasks/test_seed_scale_step.py)."""
-    options = dict((task, opts) for task, opts, _ in gpu_check.SEED_TASKS)
-    assert options["imagenet"] == {"image_size": 224, "eval_image_size": 224} and options["gpt2"] == {}
-    assert {task: kind for task, _, kind in gpu_check.SEED_TASKS} == {"imagenet": "images_per_s",
-                                                                      "gpt2": "tokens_per_s"}
-    gpu = gpu_check.SEED_SIZES["gpu"]
-    assert gpu["steps"] % gpu["log_interval"] == 0 and gpu["steps"] > gpu["log_interval"]
-
-
-@pytest.mark.slow
-def test_the_seed_step_runs_every_seed_preset_at_tiny_scale_and_reports_throughput(gpu_check, tmp_path, monkeypatch):
-    pytest.importorskip("litdata")
-    pytest.importorskip("tokenizers")
-    monkeypatch.setenv("SPEEDKIT_SHARDS", str(tmp_path / "cache"))
-    out = tmp_path / "check"
-    assert gpu_check.main(["--device", "cpu", "--tiny", "--steps", "seed", "--out", str(out)]) == 0
-    summary = json.loads((out / "summary.json").read_text())
-    seed = summary["seed"]
-    assert {name.split(":")[0] for name in seed} == {"imagenet", "gpt2"} and len(seed) >= 8
-    for name, result in seed.items():
-        assert result["ok"] and result["waits_in_quiet_steps"] == 0, (name, result)
-        assert result["images_per_s" if name.startswith("imagenet") else "tokens_per_s"] > 0
-        assert result["fraction_of_measured_peak"] > 0
-    assert "the seed's workloads" in (out / "summary.md").read_text()
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason="the tiny scale is a CPU's")
-def test_the_seed_step_with_phases_says_where_each_presets_time_went(gpu_check, tmp_path, monkeypatch):
-    pytest.importorskip("litdata")
-    pytest.importorskip("tokenizers")
-    monkeypatch.setenv("SPEEDKIT_SHARDS", str(tmp_path / "cache"))
-    out = tmp_path / "check"
-    assert gpu_check.main(["--device", "cpu", "--tiny", "--steps", "seed", "--presets", "imagenet:hot,gpt2:composer",
-                           "--phases", "2", "--out", str(out)]) == 0
-    seed = json.loads((out / "summary.json").read_text())["seed"]
-    assert set(seed) == {"imagenet:hot", "gpt2:composer"}
-    for name, result in seed.items():
-        phases = result["phases"]
-        assert phases["steps"] == 2 and phases["under_torch_profiler"], name
-        assert sum(p["share"] for p in phases["phases"].values()) == pytest.approx(1, abs=0.01)
-        assert phases["phases"]["forward"]["s"] > 0 and phases["top_operators"], name
-    # the composer preset's attention (ALiBi's bias) runs in SDPA's fused kernel, not its math one
-    operators = {op["name"] for op in seed["gpt2:composer"]["phases"]["top_operators"]}
-    assert "aten::_scaled_dot_product_flash_attention_for_cpu" in operators
-    assert "aten::_scaled_dot_product_attention_math" not in operators
-    text = (out / "summary.md").read_text()
-    assert "## where the seed presets' time went" in text and "- imagenet:hot: 2 steps" in text
-
-    def broken(*args, **kwargs):
-        raise RuntimeError("the profiler broke")
-
-    monkeypatch.setattr("speedkit.callbacks.phase_timer.profile_steps", broken)
-    out = tmp_path / "again"  # (into the same --out, the runs' folders would refuse to be replaced)
-    assert gpu_check.main(["--device", "cpu", "--tiny", "--steps", "seed", "--presets", "gpt2:composer",
-                           "--phases", "2", "--out", str(out)]) == 1  # the check fails ...
-    result = json.loads((out / "summary.json").read_text())["seed"]["gpt2:composer"]
-    assert result["tokens_per_s"] > 0 and "the profiler broke" in result["phases"]["error"]  # ... its figures kept
-    assert "- gpt2:composer: RuntimeError: the profiler broke" in (out / "summary.md").read_text()
+def test_on_the_device_machine_results_land_under_OUT(gpu_check, tmp_path, monkeypatch):
+    monkeypatch.setenv("OUT", str(tmp_path))
+    folder = gpu_check.results_folder(None, "cpu", "throughput")
+    assert folder.parent == tmp_path and folder.name.startswith("gpu-cpu-")
+    folder.mkdir()
+    (folder / "throughput.json").write_text("{}")  # a second lease that day gets a folder of its own
+    assert gpu_check.results_folder(None, "cpu", "throughput") == tmp_path / f"{folder.name}-2"
+    assert gpu_check.results_folder(None, "cpu", "time-to-target") == folder
+    monkeypatch.delenv("OUT")
+    assert gpu_check.results_folder(None, "cpu", "throughput").parent == ROOT / "bench" / "results"

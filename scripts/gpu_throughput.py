@@ -1,0 +1,573 @@
+"""The throughput check (``scripts/gpu_check.sh throughput``; at most about 5 minutes of a lent GPU).
+
+Its parts, top to bottom, each writing ``throughput.json`` as it finishes (``scripts/gpu_check.py`` runs them):
+
+1. ``peak``: the measured dense matmul rate, what every ``fraction_of_peak`` divides by.
+2. ``data``: made on the device machine: textured JPEGs of varied sizes (random smooth noise, stripes and grain,
+   encoded with ``torchvision.io.encode_jpeg``) in an ImageNet-layout folder, prepared into shards; and a token
+   corpus from text the machine has (its Python's standard library and /usr/share/doc), with a BPE trained there
+   to GPT-2's padded vocabulary (50,304).
+3. ``vision-compiled``, ``language-compiled`` (and last, ``vision-eager``, ``language-eager``): a bare torch loop
+   against speedkit's Trainer on the same model, batch (already on the device: the model-only rate) and fused
+   optimizer, for ResNet-50 at 176 and 224 px and GPT-2 124M; compiled runs report their compile time apart and
+   the frames TorchDynamo compiled, and the bare ResNet-50 says what a new input shape costs (176 -> 224).
+4. ``preset NAME``: each seed preset (tasks ``imagenet`` and ``gpt2``, ``gpu`` profile) through ``make_trainer`` on
+   the generated data, end to end: throughput, fraction of the peak, the host's share of time waiting for data.
+   Each stops after its timed steps, so a preset runs its own schedule (progressive resizing keeps its first
+   size, as it would for the first fifth of a real run), not one squeezed into a few dozen steps.
+5. ``loader``: the imagenet task's streaming loader alone (CPU workers), and JPEG decode on the GPU
+   (``torchvision.io.decode_jpeg`` on the device, batched) where there is one.
+6. ``counts``: each seed preset again for a few steps with a ``SyncCounter`` (host syncs, blocking host-to-device
+   copies) and, on CUDA, torch's sync debug mode: counted apart, never in a timed run.
+
+The order is what the goals need first, so a time budget that runs out leaves out the least (``gpu_check.py
+next`` runs what it left out at the next lease on the same code).
+Every timed run records what was attached to torch while it was timed (``nothing_attached``: no dispatch mode,
+no torch-function mode, no profiler), and is timed with CUDA events after warm-up (on a CPU, perf_counter).
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import math
+import os
+import random
+import time
+import warnings
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from gpu_check import StepClock, dynamo_counts, fresh_dynamo
+from speedkit.core.engine import Callback
+
+# the pairs the goals compare first (mild against plain-bf16, hot against baseline), then the others
+SEED_PRESETS = ("imagenet:plain-bf16", "imagenet:mild", "gpt2:baseline", "gpt2:hot", "imagenet:baseline",
+                "imagenet:medium", "imagenet:hot", "gpt2:composer")
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    budget_s: float  # the parts still to run are skipped, with the reason, once this is spent
+    images: int  # training JPEGs (validation: a twentieth more)
+    classes: int
+    image_sides: tuple[int, int]  # each side of a JPEG drawn from this range
+    short_side: int  # what the shards store
+    corpus_bytes: int
+    vocab: int
+    context: int
+    vision_model: str
+    language_model: str
+    vision_batch: int
+    language_batch: int  # sequences of `context` tokens
+    sizes: tuple[int, int]  # ResNet's two image sizes
+    warmup: int  # steps before the timed ones (after the compile)
+    steps: int  # timed steps
+    compile_backend: str
+    precision: str
+    task_profile: str  # the seed tasks' profile the presets run at
+    presets: tuple[str, ...]
+    workers: int
+    loader_batches: int
+    peak_size: int
+    count_steps: int
+
+
+FULL = Settings(budget_s=285, images=12_000, classes=100, image_sides=(160, 500), short_side=256,
+                corpus_bytes=24_000_000, vocab=50_304, context=1024, vision_model="resnet50",
+                language_model="gpt2-124m", vision_batch=256, language_batch=32, sizes=(176, 224), warmup=5,
+                steps=20, compile_backend="inductor", precision="bf16", task_profile="gpu", presets=SEED_PRESETS,
+                workers=min(12, os.cpu_count() or 1), loader_batches=20, peak_size=8192, count_steps=8)
+# A CPU's tiny rehearsal of every part (tests/cli/test_gpu_check.py). Inductor's C++ code generation takes minutes
+# on 2 cores, so tiny compiled runs use the "eager" backend: TorchDynamo still captures the frames (counted), only
+# the code generation is left to the GPU run.
+TINY = Settings(budget_s=600, images=24, classes=3, image_sides=(40, 96), short_side=48, corpus_bytes=150_000,
+                vocab=384, context=64, vision_model="resnet18", language_model="gpt-nano", vision_batch=4,
+                language_batch=2, sizes=(32, 40), warmup=2, steps=3, compile_backend="eager", precision="fp32",
+                task_profile="cpu", presets=("imagenet:hot", "gpt2:hot"), workers=0, loader_batches=3,
+                peak_size=256, count_steps=6)
+
+
+def settings(tiny: bool) -> Settings:
+    return TINY if tiny else FULL
+
+
+def run(results, s: Settings, device: str, only: set | None = None) -> None:
+    """The parts in order of what the goals need first (the compiled loops, then the presets the goals pair), so a
+    budget that runs out leaves out the least; ``only``: those parts (and the peak and data they need)."""
+    work = Path(os.environ.get("SPEEDKIT_GPU_CHECK_WORK", "/tmp/speedkit-gpu-check")) / "throughput"
+    os.environ.setdefault("SPEEDKIT_SHARDS", str(work / "shard-cache"))
+
+    def wanted(name: str) -> bool:
+        return only is None or name in only or name.split(" ")[0] in only
+
+    def part(name, fn, needs_s=0.0):
+        return results.part(name, fn, needs_s) if wanted(name) else None
+
+    needs_data = only is None or any(n.split(" ")[0] in ("loader", "preset", "counts") for n in only)
+    peak = results.part("peak", lambda: measure_peak(device, s), 10) or {}
+    data = (results.part("data", lambda: make_data(work, device, s), 60) if needs_data else None) or {}
+    flops_peak = peak.get("flops_per_s")
+    with compile_backend(s.compile_backend):
+        for kind in ("vision", "language"):
+            part(f"{kind}-compiled", lambda: bare_against_trainer(kind, True, s, device, work, flops_peak),
+                 120 if kind == "vision" else 60)
+        for preset in s.presets:
+            task = preset.split(":")[0]
+            if data.get(task):
+                part(f"preset {preset}", lambda: preset_throughput(preset, data, s, device, work, flops_peak), 30)
+            elif wanted(f"preset {preset}"):
+                results.skip(f"preset {preset}", f"no {task} data (the data part did not run or failed)")
+        for kind in ("vision", "language"):
+            part(f"{kind}-eager", lambda: bare_against_trainer(kind, False, s, device, work, flops_peak), 25)
+        if data:
+            part("loader", lambda: loader_alone(data, s, device), 20)
+            part("counts", lambda: count_all(data, s, device, work), 60)
+
+
+@contextlib.contextmanager
+def compile_backend(backend: str):
+    """``torch.compile`` and ``nn.Module.compile`` with ``backend`` inside (the Trainer's TorchCompile and GPT's
+    compiled loss call them); inductor, torch's default, needs no change."""
+    if backend == "inductor":
+        yield
+        return
+    saved = torch.compile, torch.nn.Module.compile
+    torch.compile = functools.partial(torch.compile, backend=backend)
+    torch.nn.Module.compile = functools.partialmethod(torch.nn.Module.compile, backend=backend)
+    try:
+        yield
+    finally:
+        torch.compile, torch.nn.Module.compile = saved
+
+
+# -- 1. peak ----------------------------------------------------------------------------------------------
+
+def measure_peak(device: str, s: Settings) -> dict:
+    from speedkit.callbacks import matmul_peak_flops
+
+    dtype = torch.bfloat16 if s.precision == "bf16" else torch.float32
+    flops = matmul_peak_flops(torch.device(device).type, dtype, size=s.peak_size)
+    return {"ok": True, "flops_per_s": flops, "dtype": str(dtype), "matmul": f"{s.peak_size}^3, random data",
+            "headline": f"{flops / 1e12:,.1f} TFLOP/s measured ({dtype}, {s.peak_size}^3 matmul)"}
+
+
+# -- 2. data ----------------------------------------------------------------------------------------------
+
+def textured_image(height: int, width: int, label: int, classes: int, generator, device) -> torch.Tensor:
+    """A uint8 [3, H, W] image: smooth colour noise, stripes whose frequency and angle follow the class, and
+    grain (so it compresses like a photograph, not like a flat colour)."""
+    noise = torch.rand(1, 3, height // 24 + 2, width // 24 + 2, generator=generator, device=device)
+    smooth = F.interpolate(noise, size=(height, width), mode="bicubic", align_corners=False)[0]
+    y = torch.linspace(0, 1, height, device=device)[:, None]
+    x = torch.linspace(0, 1, width, device=device)[None, :]
+    angle, frequency = math.pi * label / classes, 3 + 20 * label / classes
+    stripes = 0.5 + 0.5 * torch.sin(2 * math.pi * frequency * (x * math.cos(angle) + y * math.sin(angle)))
+    grain = torch.rand(3, height, width, generator=generator, device=device)
+    return ((0.6 * smooth + 0.3 * stripes + 0.1 * grain).clamp(0, 1) * 255).to(torch.uint8)
+
+
+def write_jpegs(folder: Path, count: int, classes: int, sides: tuple[int, int], device, seed: int) -> int:
+    """``count`` textured JPEGs of varied sizes in ``folder/<class>/``, made and encoded on ``device`` in
+    batches; returns the bytes written."""
+    from torchvision.io import encode_jpeg
+
+    rng, written = random.Random(seed), 0
+    generator = torch.Generator(device=device).manual_seed(seed)
+    for label in range(classes):
+        (folder / f"n{label:08d}").mkdir(parents=True, exist_ok=True)
+    for start in range(0, count, 64):
+        labels = [i % classes for i in range(start, min(count, start + 64))]
+        images = [textured_image(rng.randint(*sides), rng.randint(*sides), label, classes, generator, device)
+                  for label in labels]
+        for i, (label, encoded) in enumerate(zip(labels, encode_jpeg(images, quality=90))):
+            data = encoded.cpu().numpy().tobytes()
+            (folder / f"n{label:08d}" / f"{start + i}.JPEG").write_bytes(data)
+            written += len(data)
+    return written
+
+
+def device_text(folder: Path, limit: int) -> int:
+    """Text this machine has (its Python's standard library, /usr/share/doc) copied into ``folder`` as .txt files,
+    up to ``limit`` bytes; returns the bytes copied."""
+    folder.mkdir(parents=True, exist_ok=True)
+    total = 0
+    for base in (Path(os.__file__).parent, Path("/usr/share/doc")):
+        for path in sorted(base.rglob("*")):
+            if path.suffix not in (".py", ".txt", ".rst", ".md") or "site-packages" in path.parts:
+                continue
+            try:
+                text = path.read_bytes()
+            except OSError:
+                continue
+            if not text or b"\0" in text[:4096]:
+                continue
+            (folder / f"{total:012d}.txt").write_bytes(text)
+            total += len(text)
+            if total >= limit:
+                return total
+    return total
+
+
+def make_data(work: Path, device: str, s: Settings) -> dict:
+    """The generated ImageNet-layout folder and its shards, and the token shards of the machine's own text."""
+    from speedkit.data.streaming.prepare import prepare_images, prepare_text
+    from speedkit.data.streaming.shards import read_shards
+
+    workers = os.cpu_count() or 1
+    started = time.perf_counter()
+    folder = work / "images"
+    jpeg_bytes = write_jpegs(folder / "train", s.images, s.classes, s.image_sides, device, seed=0)
+    jpeg_bytes += write_jpegs(folder / "val", max(s.classes, s.images // 20), s.classes, s.image_sides, device, 1)
+    made_s = time.perf_counter() - started
+    prepare_images(folder, work / "image-shards", short_side=s.short_side, workers=workers, progress=False)
+    images_s = time.perf_counter() - started
+    text_bytes = device_text(work / "text", s.corpus_bytes)
+    prepare_text(work / "text", work / "token-shards", vocab_size=s.vocab, block=s.context, workers=workers,
+                 progress=False)
+    tokens = read_shards(work / "token-shards").manifest
+    return {"ok": True, "images": str(work / "image-shards"), "image_folder": str(folder),
+            "imagenet": str(work / "image-shards"), "gpt2": str(work / "token-shards"),
+            "jpegs": s.images, "jpeg_mib": round(jpeg_bytes / 2 ** 20, 1), "jpegs_made_s": round(made_s, 1),
+            "shards_s": round(images_s - made_s, 1), "text_mib": round(text_bytes / 2 ** 20, 1),
+            "vocab_size": int(tokens["vocab_size"]), "tokens": tokens.get("tokens"),
+            "tokens_s": round(time.perf_counter() - started - images_s, 1),
+            "headline": f"{s.images:,} JPEGs ({jpeg_bytes / 2 ** 20:,.0f} MiB) in {made_s:.0f} s; "
+                        f"{text_bytes / 2 ** 20:.0f} MiB of text, BPE vocabulary {tokens['vocab_size']}"}
+
+
+# -- 3. a bare loop against the Trainer --------------------------------------------------------------------
+
+class SameBatch:
+    """``steps`` batches, each the one batch already on the device (the model-only rate: no loader)."""
+
+    def __init__(self, batch, steps: int):
+        self.batch, self.steps = batch, steps
+
+    def __len__(self) -> int:
+        return self.steps
+
+    def __iter__(self):
+        return (self.batch for _ in range(self.steps))
+
+
+def make_model(kind: str, s: Settings, device: str) -> torch.nn.Module:
+    """torchvision's ResNet (channels_last, as a GPU engineer lays it out) or speedkit's GPT at GPT-2's sizes."""
+    import torchvision
+
+    from speedkit.models import get_model
+
+    if kind == "vision":
+        return getattr(torchvision.models, s.vision_model)(num_classes=1000).to(device, memory_format=torch.channels_last)
+    return get_model(s.language_model, vocab_size=s.vocab, block_size=s.context).to(device)
+
+
+def make_batch(kind: str, s: Settings, device: str, size: int) -> tuple:
+    """One batch on the device: images of ``size`` px, or windows of ``size`` tokens."""
+    if kind == "vision":
+        images = torch.randn(s.vision_batch, 3, size, size, device=device).to(memory_format=torch.channels_last)
+        return images, torch.randint(0, 1000, (s.vision_batch,), device=device)
+    tokens = torch.randint(0, s.vocab, (s.language_batch, size + 1), device=device)
+    return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+
+
+def make_optimizer(kind: str, model: torch.nn.Module, device: str) -> torch.optim.Optimizer:
+    """SGD for the ResNet, AdamW for the GPT, fused on CUDA (one kernel for the whole update), else foreach."""
+    kernels = {"fused": True} if torch.device(device).type == "cuda" else {"foreach": True}
+    if kind == "vision":
+        return torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, **kernels)
+    return torch.optim.AdamW(model.parameters(), lr=6e-4, betas=(0.9, 0.95), weight_decay=0.1, **kernels)
+
+
+def flops_per_sample(model, inputs) -> float | None:
+    from speedkit.callbacks import count_training_flops_per_sample
+
+    try:
+        return count_training_flops_per_sample(model, inputs[:2])
+    except Exception:  # noqa: BLE001 -- a model the counter cannot run gets no fraction of peak, not a failure
+        return None
+
+
+def rates(timed: dict, batch, flops: float | None, peak: float | None) -> dict:
+    samples = batch[0].shape[0]
+    out = {"samples_per_s": samples / timed["step_s"]}
+    if batch[0].dim() == 2:
+        out["tokens_per_s"] = samples * batch[0].shape[1] / timed["step_s"]
+    if flops and peak:
+        out["fraction_of_peak"] = flops * out["samples_per_s"] / peak
+    return out
+
+
+def bare_loop(model, batch, optimizer, s: Settings, device: str) -> dict:
+    """The loop a GPU engineer writes: autocast, forward, the model's loss, backward, step; timed after warm-up."""
+    from speedkit.train.parts import make_loss
+
+    loss_fn = make_loss(model, None)  # the model's own loss where it has one: the same the Trainer computes
+    clock = StepClock(device, s.warmup)
+    autocast = torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=s.precision == "bf16")
+    first = None
+    for step in range(s.warmup + s.steps):
+        started = time.perf_counter()
+        with autocast:
+            loss = loss_fn(model(batch[0]), batch)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if step == 0:
+            _synchronize(device)
+            first = time.perf_counter() - started
+        clock.tick()
+    return {**clock.result(), "first_step_s": first}
+
+
+def _synchronize(device: str) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+class TimedSteps(Callback):
+    """Ticks a ``StepClock`` after each step, notes the host's time waiting for batches and the inputs' shape in
+    the timed steps, and ends the run after ``stop_after`` steps (None: at its duration)."""
+
+    def __init__(self, clock: StepClock, stop_after: int | None = None):
+        self.clock, self.stop_after = clock, stop_after
+        self.waited, self.asked, self.window, self.inputs = 0.0, None, [], None
+
+    def before_dataloader(self, state, logger):
+        self.asked = time.perf_counter()
+
+    def after_dataloader(self, state, logger):
+        if self.clock.marks:  # a timed step's wait
+            self.waited += time.perf_counter() - self.asked
+
+    def before_forward(self, state, logger):
+        from speedkit.core.batch import batch_inputs
+
+        self.inputs = batch_inputs(state.batch)
+
+    def batch_end(self, state, logger):
+        self.clock.tick()
+        if self.clock.marks:
+            self.window = [self.window[0] if self.window else time.perf_counter(), time.perf_counter()]
+        if self.stop_after and state.timestamp.batch >= self.stop_after:
+            state.request_stop("the check's timed steps are done")
+
+    def data_wait_share(self) -> float | None:
+        if len(self.window) < 2 or self.window[1] <= self.window[0]:
+            return None
+        return round(self.waited / (self.window[1] - self.window[0]), 4)
+
+
+def trainer_run(model, batch, optimizer, kind: str, compiled: bool, s: Settings, device: str, work: Path) -> dict:
+    """The same model (a ResNet already channels_last), batch and optimizer through speedkit's Trainer, with its
+    TorchCompile where compiled."""
+    from speedkit.methods import TorchCompile
+    from speedkit.train.trainer import Trainer
+
+    steps = s.warmup + s.steps
+    clock = StepClock(device, s.warmup)
+    methods = [TorchCompile()] if compiled else []
+    trainer = Trainer(model, SameBatch(batch, steps), max_duration=f"{steps}ba", optimizers=optimizer,
+                      methods=methods, callbacks=[TimedSteps(clock)], precision=s.precision, device=device,
+                      log_interval=steps, run_dir=work / "runs", run_name=f"trainer-{kind}-{compiled}",
+                      save_checkpoints=False, progress_bar=False, overwrite=True)
+    record = trainer.fit()
+    return {**clock.result(), "status": record.status, "compile_s": record.timings.get("compile_s")}
+
+
+def bare_against_trainer(kind: str, compiled: bool, s: Settings, device: str, work: Path, peak: float | None) -> dict:
+    """For each size (ResNet: 176 and 224 px; GPT-2: its context), the bare loop then the Trainer on a fresh copy
+    of the same model; compiled, the bare model keeps its compiled code from one size to the next, so the second
+    size's first step is what a new input shape costs."""
+    torch.backends.cudnn.benchmark = True  # what a GPU engineer sets for fixed shapes; recorded per run
+    sizes = s.sizes if kind == "vision" else (s.context,)
+    out = {"compile_backend": s.compile_backend if compiled else None, "sizes": {}}
+    fresh_dynamo()
+    bare_model = make_model(kind, s, device)
+    flops = {size: flops_per_sample(bare_model, make_batch(kind, s, device, size)[0]) for size in sizes}
+    if compiled:
+        bare_model.compile(dynamic=False)
+    for size in sizes:
+        batch = make_batch(kind, s, device, size)
+        optimizer = make_optimizer(kind, bare_model, device)
+        before = dynamo_counts()
+        _reset_memory(device)
+        bare = bare_loop(bare_model, batch, optimizer, s, device)
+        bare.update(rates(bare, batch, flops[size], peak), dynamo=_delta(before, dynamo_counts()),
+                    peak_memory_gib=_peak_memory(device))
+        if compiled:
+            bare["compile_s"] = bare["first_step_s"] - bare["step_s"]
+        del optimizer
+        trainer = None
+        if size == sizes[0]:  # the Trainer at the first size (compiled: its own compile, on a model of its own)
+            model = make_model(kind, s, device)
+            before = dynamo_counts()
+            _reset_memory(device)
+            trainer = trainer_run(model, batch, make_optimizer(kind, model, device), kind, compiled, s, device, work)
+            trainer.update(rates(trainer, batch, flops[size], peak), dynamo=_delta(before, dynamo_counts()),
+                           peak_memory_gib=_peak_memory(device), of_bare=bare["step_s"] / trainer["step_s"])
+            del model
+        out["sizes"][size] = {"bare": bare, "trainer": trainer, "flops_per_sample": flops[size],
+                              "cudnn_benchmark": torch.backends.cudnn.benchmark}
+    if len(sizes) > 1:
+        second = out["sizes"][sizes[1]]["bare"]
+        out["new_shape"] = {"from": sizes[0], "to": sizes[1], "first_step_s": second["first_step_s"],
+                            "cost_s": second["first_step_s"] - second["step_s"],
+                            "recompiled_graphs": second["dynamo"]["unique_graphs"] if compiled else None}
+    runs = [r for size in out["sizes"].values() for r in (size["bare"], size["trainer"]) if r]
+    out["ok"] = all(r["nothing_attached"] for r in runs) and (not compiled or all(r["dynamo"]["frames"] > 0
+                                                                                 for r in runs))
+    first = out["sizes"][sizes[0]]
+    unit = "tokens_per_s" if kind == "language" else "samples_per_s"
+    out["headline"] = (f"at {sizes[0]}: bare {first['bare'][unit]:,.0f}/s, Trainer {first['trainer'][unit]:,.0f}/s "
+                       f"({first['trainer']['of_bare']:.3f} of bare); fraction of peak "
+                       f"{first['bare'].get('fraction_of_peak', float('nan')):.3f}"
+                       + (f"; new shape {out['new_shape']['cost_s']:.1f} s" if "new_shape" in out else ""))
+    return out
+
+
+def _delta(before: dict, after: dict) -> dict:
+    return {key: after[key] - before[key] for key in after}
+
+
+def _reset_memory(device: str) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+
+
+def _peak_memory(device: str) -> float | None:
+    return round(torch.cuda.max_memory_allocated() / 2 ** 30, 2) if torch.device(device).type == "cuda" else None
+
+
+# -- 4. the loader alone --------------------------------------------------------------------------------------
+
+def loader_alone(data: dict, s: Settings, device: str) -> dict:
+    """The imagenet task's training loader on its own (decode and crop in CPU workers, the batch copied to the
+    device), and batched JPEG decode and resize on the GPU from the same files' bytes in memory."""
+    from speedkit.tasks import find_task
+    from speedkit.tasks.task import DataRequest
+
+    task = find_task("imagenet", data["imagenet"], profile=s.task_profile)
+    recipe = task.recipes["plain-bf16"]
+    loader = task.train_data(DataRequest(batch_size=s.vision_batch, device=torch.device(device), recipe=recipe,
+                                         num_workers=s.workers))
+    batches = iter(loader)
+    next(batches)  # the workers start
+    _synchronize(device)
+    started, count = time.perf_counter(), 0
+    for _ in range(s.loader_batches):
+        images = next(batches)[0]
+        count += images.shape[0]
+    _synchronize(device)
+    cpu = {"images_per_s": count / (time.perf_counter() - started), "workers": s.workers,
+           "batch": s.vision_batch, "image_size": int(images.shape[-1]), "loader": type(loader).__name__}
+    gpu = gpu_decode(Path(data["image_folder"]) / "train", s, device)
+    headline = f"CPU workers ({s.workers}): {cpu['images_per_s']:,.0f} images/s; " + (
+        f"GPU decode: {gpu['images_per_s']:,.0f} images/s" if "images_per_s" in gpu else gpu["skipped"])
+    return {"ok": True, "cpu_workers": cpu, "gpu_decode": gpu, "headline": headline}
+
+
+def gpu_decode(folder: Path, s: Settings, device: str) -> dict:
+    """Batches of the JPEG files' bytes (read into memory first) decoded by ``torchvision.io.decode_jpeg`` on the
+    device and resized to the first training size, timed with CUDA events after one warm-up batch."""
+    if torch.device(device).type != "cuda":
+        return {"skipped": "no GPU: torchvision.io.decode_jpeg decodes on CUDA devices only"}
+    from torchvision.io import decode_jpeg, read_file
+
+    files = sorted(folder.rglob("*.JPEG"))[: s.vision_batch * (s.loader_batches + 1)]
+    encoded = [read_file(str(path)) for path in files]
+    chunks = [encoded[i:i + s.vision_batch] for i in range(0, len(encoded), s.vision_batch)]
+    size = s.sizes[0]
+    clock = StepClock(device, warmup=1)
+    for chunk in chunks:
+        decoded = decode_jpeg(chunk, device=device)
+        batch = torch.stack([F.interpolate(image[None].float(), size=(size, size), mode="bilinear",
+                                           antialias=True)[0] for image in decoded])
+        clock.tick()
+    timed = clock.result()
+    return {"images_per_s": s.vision_batch / timed["step_s"], "image_size": size, "timer": timed["timer"],
+            "what": "decode_jpeg(device='cuda') of a batch of files' bytes in memory, resized per image",
+            "batch_shape": list(batch.shape)}
+
+
+# -- 5. each seed preset end to end -----------------------------------------------------------------------
+
+def preset_trainer(preset: str, data: dict, s: Settings, device: str, work: Path, callbacks: list, run_name: str,
+                   log_interval: int = 10_000):
+    from speedkit.tasks import make_trainer
+
+    task, name = preset.split(":")
+    batch = s.vision_batch if task == "imagenet" else s.language_batch
+    return make_trainer(task, name, data=data[task], task_options={"profile": s.task_profile}, device=device,
+                        batch_size=batch, num_workers=s.workers, log_interval=log_interval, run_dir=work / "runs",
+                        run_name=run_name, save_checkpoints=False, progress_bar=False, overwrite=True,
+                        callbacks=callbacks, **({"precision": "fp32"} if s.precision == "fp32" else {}))
+
+
+def preset_throughput(preset: str, data: dict, s: Settings, device: str, work: Path, peak: float | None) -> dict:
+    """One seed preset through make_trainer on the generated data, stopped after its timed steps."""
+    clock = StepClock(device, s.warmup)
+    timed_steps = TimedSteps(clock, stop_after=s.warmup + s.steps)
+    fresh_dynamo()
+    trainer = preset_trainer(preset, data, s, device, work, [timed_steps], preset.replace(":", "-"))
+    _reset_memory(device)
+    record = trainer.fit()
+    timed = clock.result()
+    inputs = timed_steps.inputs
+    per_step = {"samples_per_s": inputs.shape[0] / timed["step_s"]}
+    if preset.startswith("gpt2"):
+        per_step["tokens_per_s"] = inputs.shape[0] * inputs.shape[1] / timed["step_s"]
+    flops = flops_per_sample(trainer.state.model, inputs)
+    fraction = flops * per_step["samples_per_s"] / peak if flops and peak else None
+    unit = "tokens_per_s" if preset.startswith("gpt2") else "samples_per_s"
+    return {"ok": timed["nothing_attached"], "status": record.status, **timed, **per_step,
+            "input_shape": list(inputs.shape), "flops_per_sample": flops, "fraction_of_peak": fraction,
+            "data_wait_share": timed_steps.data_wait_share(), "peak_memory_gib": _peak_memory(device),
+            "compile_s": record.timings.get("compile_s"), "dynamo": dynamo_counts(),
+            "methods": sorted(record.method_names),
+            "headline": f"{per_step[unit]:,.0f} {unit.replace('_per_s', '')}/s, fraction of peak "
+                        f"{fraction if fraction is not None else float('nan'):.3f}, data wait "
+                        f"{timed_steps.data_wait_share()}"}
+
+
+# -- 6. host syncs and blocking copies, counted apart ---------------------------------------------------------
+
+class StopAfter(Callback):
+    def __init__(self, steps: int):
+        self.steps = steps
+
+    def batch_end(self, state, logger):
+        if state.timestamp.batch >= self.steps:
+            state.request_stop("the check's counted steps are done")
+
+
+def count_all(data: dict, s: Settings, device: str, work: Path) -> dict:
+    counted = {preset: count_syncs(preset, data, s, device, work) for preset in s.presets}
+    waits = ", ".join(f"{p} {c['waits_in_quiet_steps']}/{c['by_kind'].get('host_to_device', 0)}"
+                      for p, c in counted.items())
+    return {"ok": True, "presets": counted,
+            "headline": f"host waits in quiet steps / blocking host-to-device copies, whole run: {waits}"}
+
+
+def count_syncs(preset: str, data: dict, s: Settings, device: str, work: Path) -> dict:
+    """A short run of ``preset`` with a SyncCounter (and on CUDA torch's sync debug mode, each synchronizing call a
+    warning): its report, never a timed run's."""
+    from speedkit.callbacks import SyncCounter
+
+    counter, cuda = SyncCounter(), torch.device(device).type == "cuda"
+    trainer = preset_trainer(preset, data, s, device, work, [counter, StopAfter(s.count_steps)],
+                             preset.replace(":", "-") + "-counted", log_interval=max(1, s.count_steps // 2))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        if cuda:
+            torch.cuda.set_sync_debug_mode("warn")
+        try:
+            trainer.fit()
+        finally:
+            if cuda:
+                torch.cuda.set_sync_debug_mode("default")
+    syncing = [str(w.message).splitlines()[0] for w in caught if "synchroniz" in str(w.message).lower()]
+    return {**counter.report(), "cuda_sync_warnings": len(syncing), "first_sync_warnings": syncing[:3]}
