@@ -22,8 +22,9 @@ from speedkit.methods.data_echoing import DataEchoing, EchoingLoader, echo_batch
 from speedkit.methods.label_smoothing import LabelSmoothing
 from speedkit.methods.mixup import MixUp, mixup_batch
 from speedkit.methods.progressive_resizing import ProgressiveResizing, progressive_scale, resize_batch
-from speedkit.methods.randaugment import (OPERATIONS, RandAugment, apply_operation, apply_per_sample, from_unit_range,
-                                          loader_normalization, randaugment_batch, to_unit_range)
+from speedkit.methods.randaugment import (OPERATIONS, RandAugment, apply_drawn_operations, apply_operation,
+                                          apply_per_sample, from_unit_range, loader_normalization, randaugment_batch,
+                                          to_unit_range)
 from speedkit.methods.selective_backprop import SelectiveBackprop, per_sample_loss, select_hardest, should_select
 from speedkit.methods.test_time_augmentation import TestTimeAugmentation, tta_logits
 
@@ -191,6 +192,21 @@ def test_grouped_per_sample_application_equals_one_image_at_a_time():
             strength = (-1.0 if negative[i] else 1.0) * float(level[i]) / 10
             expected = apply_operation(x[i:i + 1], names[op_index[i]], strength)
         assert torch.allclose(grouped[i:i + 1], expected), names[op_index[i]]
+
+
+@pytest.mark.parametrize("channels", [1, 3])
+def test_operations_drawn_on_the_device_equal_torchvisions_image_by_image(channels):
+    """RandAugment computes every operation for the whole batch with per-sample parameters (no draw read on the
+    host); each image comes out as torchvision's operation at its own strength makes it, odd sizes included."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(48, channels, 17, 13, generator=g)
+    names = list(OPERATIONS)
+    op_index = torch.randperm(48, generator=g) % len(names)  # each operation three or four times
+    strength = torch.randint(0, 31, (48,), generator=g) / 30 * torch.where(torch.rand(48, generator=g) < 0.5, -1, 1)
+    out = apply_drawn_operations(x, names, op_index, strength)
+    for i in range(48):
+        expected = apply_operation(x[i:i + 1], names[op_index[i]], float(strength[i]))
+        assert torch.allclose(out[i:i + 1], expected, atol=1e-5), (names[op_index[i]], float(strength[i]))
 
 
 @pytest.mark.parametrize("channels", [1, 3])
