@@ -54,6 +54,10 @@ def add_data_parser(commands) -> None:
     prepare.add_argument("--skip-bad", action="store_true",
                          help="leave out (and count) images that cannot be decoded and files that are not text, "
                               "instead of stopping to name them")
+    prepare.add_argument("--verify", action="store_true",
+                         help="check the chunks of the parts already written by their SHA-256 too (reads every byte) "
+                              "and write again those that differ; without it, a rerun writes again the chunks that "
+                              "are missing or cut short")
     prepare.add_argument("--overwrite", action="store_true",
                          help="start again when --out holds a prepare of other data (or of the source before it changed)")
     info = actions.add_parser("info", allow_abbrev=False, help="what a shard folder holds; checks it against its index")
@@ -73,7 +77,7 @@ def run_data(args) -> int:
                    short_side=args.short_side, quality=args.quality, tokenizer=args.tokenizer,
                    vocab_size=args.vocab_size, block=args.block, shuffle_blocks=not args.keep_order,
                    val_fraction=args.val_fraction, seed=args.seed,
-                   workers=args.workers, skip_bad=args.skip_bad, overwrite=args.overwrite,
+                   workers=args.workers, skip_bad=args.skip_bad, overwrite=args.overwrite, verify=args.verify,
                    progress=sys.stderr.isatty())
     try:
         result = prepare(args.source, args.out, **options)
@@ -113,11 +117,13 @@ def _info(args) -> int:
     if m.get("skipped"):
         print(f"  {len(m['skipped'])} file(s) left out as unreadable")
     if args.verify:
-        from speedkit.data.streaming.shards import verify_contents
+        from speedkit.data.streaming.shards import repair_advice, verify_contents
 
         problems = verify_contents(shards)
         for problem in problems:
             print(f"  {problem}", file=sys.stderr)
         print(f"  verified: {'every chunk as written' if not problems else f'{len(problems)} chunk(s) differ'}")
+        if problems:
+            print(f"  {repair_advice(shards, verify=True)}", file=sys.stderr)
         return 1 if problems else 0
     return 0

@@ -117,3 +117,69 @@ def test_a_streamed_run_killed_after_a_checkpoint_resumes_exactly_with_autoresum
     records = [json.loads((tmp_path / "runs" / name / "record.json").read_text()) for name in ("full", "part")]
     assert [(s["batch"], s["loss"]) for s in records[1]["steps"]] == [(s["batch"], s["loss"]) for s in records[0]["steps"]]
     assert records[1]["notes"]["resumed_from"]
+
+
+def _advised(text: str, command: str = "speedkit data prepare") -> list:
+    """The arguments of the command a message advises (between backquotes), for ``cli``."""
+    import re
+    import shlex
+
+    found = re.search(rf"`({command} [^`]+)`", text)
+    assert found, text
+    return shlex.split(found.group(1))[1:]
+
+
+@pytest.mark.parametrize("damage", ["cut short", "deleted"])
+def test_a_damaged_chunk_is_written_again_by_the_command_its_refusal_names(tmp_path, capsys, damage):
+    source = make_image_folder(tmp_path / "source", per_class=6)
+    shards = tmp_path / "shards"
+    assert cli(capsys, "data", "prepare", source, "--out", shards, "--short-side", 24, "--workers", 0)[0] == 0
+    chunk = sorted((shards / "train").glob("chunk-*.bin"))[0]
+    written = chunk.read_bytes()
+    chunk.write_bytes(written[:50]) if damage == "cut short" else chunk.unlink()
+    code, _, err = cli(capsys, "data", "info", shards)
+    assert code == 2 and chunk.name in err
+    code, out, err = cli(capsys, *_advised(err))
+    assert code == 0, err
+    assert "1 part(s) done before had chunks missing or cut short since, and were written again: train part 0" in out
+    assert "continued the prepare that was there: 1 of 2 parts kept" in out
+    assert chunk.read_bytes() == written
+    code, out, _ = cli(capsys, "data", "info", shards, "--verify")
+    assert code == 0 and "verified: every chunk as written" in out
+    from speedkit.data.streaming import StreamingImageLoader
+
+    loader = StreamingImageLoader(shards, 5, image_size=16)
+    loader.seen_ids = []
+    list(loader)
+    assert sorted(loader.seen_ids) == list(range(15))
+
+
+def test_chunk_bytes_altered_in_place_stop_a_run_in_one_line_and_the_advised_command_redoes_them(tmp_path, capsys):
+    source = make_image_folder(tmp_path / "source", per_class=6)
+    shards = tmp_path / "shards"
+    assert cli(capsys, "data", "prepare", source, "--out", shards, "--short-side", 24, "--workers", 0)[0] == 0
+    chunk = sorted((shards / "train").glob("chunk-*.bin"))[0]
+    written = chunk.read_bytes()
+    chunk.write_bytes(written[:6] + bytes([written[6] ^ 0xFF]) + written[7:])  # an item's offset, the same size
+    run = ["train", "--task", "image-folder", "--data", shards, "--image-size", 16, "--recipe", "baseline",
+           "--batch-size", 5, "--duration", "1ep", "--device", "cpu", "--run-dir", tmp_path / "runs",
+           "--num-workers", 0]
+    code, _, err = cli(capsys, *run, "--run-name", "first")
+    assert code == 2 and f"{chunk.name}: a sample cannot be read from it" in err and "Traceback" not in err
+    assert f"speedkit data info {shards} --verify" in err
+    code, out, err = cli(capsys, "data", "info", shards, "--verify")
+    assert code == 1 and f"{chunk.name} was altered" in err
+    code, out, err = cli(capsys, *_advised(err))
+    assert code == 0 and "were written again: train part 0" in out and chunk.read_bytes() == written
+    assert cli(capsys, *run, "--run-name", "second")[0] == 0
+
+
+def test_prepare_says_what_it_left_out_and_refuses_an_out_inside_its_source(tmp_path, capsys):
+    source = make_image_folder(tmp_path / "source", per_class=4)
+    (source / "class1" / "notes.txt").write_text("where these came from")
+    code, out, err = cli(capsys, "data", "prepare", source, "--out", tmp_path / "shards", "--workers", 0)
+    assert code == 0, err
+    assert "1 file(s) in the class folders are not images" in out and "class1/notes.txt" in out
+    code, _, err = cli(capsys, "data", "prepare", source, "--out", source / "shards", "--workers", 0)
+    assert code == 2 and f"--out {source / 'shards'} is inside the source folder {source}" in err
+    assert not (source / "shards").exists()

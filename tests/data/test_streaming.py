@@ -184,6 +184,27 @@ def test_a_chunk_that_does_not_match_its_index_is_refused_naming_it(image_shards
         read_shards(copy)
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("where", [6, 60])  # an item's offset (litdata's parser), the first image's bytes (PIL's)
+def test_chunk_bytes_altered_in_place_are_one_error_naming_the_chunk_and_the_commands(image_shards, tmp_path, where,
+                                                                                      workers):
+    source, out, _ = image_shards
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    chunk = sorted((copy / "train").glob("chunk-*.bin"))[0]
+    data = bytearray(chunk.read_bytes())
+    data[where] ^= 0xFF  # the same size: the checks by size pass it
+    chunk.write_bytes(bytes(data))
+    loader = StreamingImageLoader(copy, 5, image_size=16, num_workers=workers)
+    with pytest.raises(ShardError) as error:
+        list(loader)
+    message = str(error.value)
+    assert f"{copy}/train/{chunk.name}: a sample cannot be read from it" in message, message
+    assert f"`speedkit data info {copy} --verify`" in message
+    assert f"prepare_images('{source}', '{copy}', part_size=10, verify=True)` again" in message  # not the CLI's size
+    assert "to redo them" in message and "Traceback" not in message and "\n" not in message
+
+
 def test_corrupt_and_truncated_images_are_named_or_skipped_and_counted(tmp_path):
     source = make_image_folder(tmp_path / "source", per_class=4)
     good = (source / "class1" / "im1.jpg").read_bytes()
@@ -218,10 +239,37 @@ def test_a_killed_prepare_continues_and_redoes_only_the_unfinished_parts(tmp_pat
     monkeypatch.setattr(prepare_module, "_encode_image", lambda *a: (calls.append(a[0]), real(*a))[1])
     result = prepare_images(source, tmp_path / "out", short_side=32, part_size=5, progress=False)
     assert result.complete and result.samples == reference.samples
-    assert len(calls) == sum(reference.samples.values()) - 10  # the two parts done before the kill were kept
+    # the parts done before the kill were kept: validation's 3 images (written first), then training's first 5
+    assert len(calls) == sum(reference.samples.values()) - 8
+    assert "continued the prepare that was there: 2 of 6 parts kept as written before, 4 written now" in (
+        result.summary())
     for split in ("train", "val"):
         assert (json.loads((tmp_path / "out" / split / "index.json").read_text())["chunks"]
                 == json.loads((tmp_path / "reference" / split / "index.json").read_text())["chunks"])
+
+
+def test_a_kill_before_a_parts_statistics_are_kept_redoes_the_part(tmp_path, monkeypatch):
+    """The done-marker is the part's last file: a kill before its statistics are written leaves the part undone,
+    so the shards' mean and std count every image."""
+    from speedkit.data.streaming import shards as S
+
+    source = make_image_folder(tmp_path / "source", per_class=8)
+    reference = read_shards(prepare_images(source, tmp_path / "reference", short_side=32, part_size=5,
+                                           progress=False).out).manifest
+    real_write = S.write_json
+
+    def killed_writing_statistics(path, value):
+        if path.suffix == ".done" and "stats" in value and path.name == "2.done":
+            raise KeyboardInterrupt
+        real_write(path, value)
+
+    monkeypatch.setattr(S, "write_json", killed_writing_statistics)
+    with pytest.raises(KeyboardInterrupt):
+        prepare_images(source, tmp_path / "out", short_side=32, part_size=5, progress=False)
+    monkeypatch.setattr(S, "write_json", real_write)
+    manifest = read_shards(prepare_images(source, tmp_path / "out", short_side=32, part_size=5,
+                                          progress=False).out).manifest
+    assert manifest["mean"] == pytest.approx(reference["mean"]) and manifest["std"] == pytest.approx(reference["std"])
 
 
 def test_a_changed_source_is_refused_on_rerun_with_the_fix(tmp_path, monkeypatch):
@@ -235,28 +283,46 @@ def test_a_changed_source_is_refused_on_rerun_with_the_fix(tmp_path, monkeypatch
     assert prepare_images(source, tmp_path / "out", short_side=32, progress=False, overwrite=True).complete
 
 
-def test_running_out_of_disk_keeps_the_complete_parts_usable_and_says_so(tmp_path, monkeypatch):
-    source = make_image_folder(tmp_path / "source", per_class=8)
+def _disk_fills_at(call: int, monkeypatch):
     real, calls = prepare_module._encode_image, []
 
-    def disk_fills_at_the_12th(*args):
+    def encode(*args):
         calls.append(1)
-        if len(calls) == 12:
+        if len(calls) == call:
             raise OSError(errno.ENOSPC, "No space left on device")
         return real(*args)
 
-    monkeypatch.setattr(prepare_module, "_encode_image", disk_fills_at_the_12th)
-    with pytest.raises(PrepareStopped, match="out of disk space.*usable.*rerun the same command") as stopped:
+    monkeypatch.setattr(prepare_module, "_encode_image", encode)
+    return real
+
+
+def test_running_out_of_disk_keeps_the_complete_parts_usable_and_says_so(tmp_path, monkeypatch):
+    source = make_image_folder(tmp_path / "source", per_class=8)
+    real = _disk_fills_at(12, monkeypatch)  # validation's 3 images, training's first part of 5, then a full disk
+    with pytest.raises(PrepareStopped, match=r"out of disk space.*2 are done: its 5 training and 3 validation samples "
+                                             r"stream as they are.*make about [0-9.]+ MB more free.*same command "
+                                             r"again without --overwrite") as stopped:
         prepare_images(source, tmp_path / "out", short_side=32, part_size=5, progress=False)
-    assert not stopped.value.result.complete and stopped.value.result.samples["train"] == 10
+    assert not stopped.value.result.complete and stopped.value.result.samples == {"train": 5, "val": 3}
     shards = read_shards(tmp_path / "out")
     assert not shards.complete
     with pytest.raises(ShardError, match="did not finish"):
         read_shards(tmp_path / "out", need_complete=True)
-    loader = StreamingImageLoader(tmp_path / "out", 4, image_size=16)  # the two complete parts stream
-    assert len(_epoch_ids(loader)) == 10
+    assert len(_epoch_ids(StreamingImageLoader(tmp_path / "out", 4, image_size=16))) == 5  # what it says streams
+    assert len(_epoch_ids(StreamingImageLoader(tmp_path / "out", 4, split="val", image_size=16))) == 3
     monkeypatch.setattr(prepare_module, "_encode_image", real)
     assert prepare_images(source, tmp_path / "out", short_side=32, part_size=5, progress=False).complete
+
+
+def test_a_disk_full_before_any_training_part_says_no_run_can_use_the_folder(tmp_path, monkeypatch):
+    source = make_image_folder(tmp_path / "source", per_class=8)
+    _disk_fills_at(2, monkeypatch)
+    with pytest.raises(PrepareStopped, match=r"it holds 0 training and 0 validation samples: no training samples "
+                                             r"yet, so no run can use it.*make more free space") as stopped:
+        prepare_images(source, tmp_path / "out", short_side=32, part_size=5, progress=False)
+    assert "usable" not in str(stopped.value) and "stream as they are" not in str(stopped.value)
+    with pytest.raises(ShardError, match="no train samples"):
+        StreamingImageLoader(tmp_path / "out", 4, image_size=16)
 
 
 # -- text -----------------------------------------------------------------------------------------------------

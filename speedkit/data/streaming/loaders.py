@@ -163,7 +163,9 @@ class _StreamingLoader(GlobalBatch):
                  device, num_workers: int, rank: Optional[int], world_size: Optional[int], transform, collate,
                  allow_partial: bool = True, subsample: float = 1.0):
         S.disable_litdata_network()
-        from litdata import StreamingDataLoader, StreamingDataset
+        from litdata import StreamingDataLoader
+
+        from speedkit.data.streaming.dataset import ShardDataset
 
         # a ShardSet already read (the token loader reads it first) is not read again: for shards in an object
         # store, each read lists the store
@@ -193,8 +195,11 @@ class _StreamingLoader(GlobalBatch):
             raise ValueError(f"subsample must be in (0, 1], got {subsample}")
         # subsample < 1: a seeded share of the chunks' samples (litdata's), the same in every epoch. Shards in an
         # object store: litdata downloads each chunk into the cache folder when a worker first needs it.
-        self.dataset = StreamingDataset(self.shards.split_source(split), shuffle=shuffle, seed=seed,
-                                        drop_last=drop_last, transform=transform, subsample=float(subsample))
+        advice = (f"`speedkit data info {self.shards.location} --verify` lists every chunk that differs; "
+                  f"{S.repair_advice(self.shards, verify=True)}")
+        self.dataset = ShardDataset(self.shards.split_source(split), shuffle=shuffle, seed=seed, drop_last=drop_last,
+                                    subsample=float(subsample), decode=transform,
+                                    where=f"{self.shards.location}/{split}", advice=advice)
         # speedkit's ranks (torchrun's environment, or as given), also when the loader is built before the
         # process group is (litdata would read the group, and see one process).
         from litdata.utilities.env import _DistributedEnv
@@ -250,7 +255,7 @@ class _StreamingLoader(GlobalBatch):
             self.loader.current_epoch = epoch  # litdata counts epochs from 1: its iteration adds one
             self.loader.restore = False
         self._iter_epoch, self._yielded = epoch, batch_index - skip
-        for batch in self.loader:
+        for batch in self._read():
             if skip:  # no state for this point: replay to it (correct, decodes what it skips)
                 skip -= 1
                 self._yielded += 1
@@ -262,6 +267,26 @@ class _StreamingLoader(GlobalBatch):
             yield self._finish(batch)
         if self.epoch == epoch:
             self.epoch = epoch + 1
+
+    def _read(self) -> Iterator:
+        """litdata's batches; a sample that cannot be read is its one ShardError, from a worker process too."""
+        from speedkit.data.streaming.dataset import worker_message
+
+        message = None
+        try:
+            yield from self.loader
+        except S.ShardError as error:
+            message = worker_message(error)
+        except RuntimeError as error:
+            if "Bus error" not in str(error):
+                raise
+            # A worker reads chunks through a memory map: an offset altered in a chunk points past its end.
+            message = (f"a loader worker was killed by a bus error reading {self.shards.location}/{self.split}: "
+                       f"either a chunk's bytes changed since it was written (`speedkit data info "
+                       f"{self.shards.location} --verify` lists them; {S.repair_advice(self.shards, verify=True)}), "
+                       f"or the workers ran out of shared memory (give /dev/shm more room, or use fewer workers)")
+        if message is not None:  # raised here, so that it holds no reference to the workers' iterator: they end now
+            raise S.ShardError(message)
 
     def _before_epoch(self, epoch: int, resumed: Optional[dict]) -> None:
         """Set-up of an epoch's iteration; ``resumed`` is the loaded state it continues from, if any."""

@@ -14,7 +14,8 @@ within regions of a chunk, so a run shorter than an epoch trains on a few region
 few documents; shuffled, they sample the whole corpus. A block's id is its place in the text.
 
 Work is split into parts (see :mod:`speedkit.data.streaming.shards`): a kill loses only the parts in flight,
-and a rerun of the same command continues. Nothing is downloaded.
+and a rerun of the same command continues, writing again the parts whose chunks were deleted or cut short since
+(``verify``: or altered). Nothing is downloaded.
 """
 from __future__ import annotations
 
@@ -47,12 +48,14 @@ class PrepareResult:
     skipped: list  # (path, why) left out with skip_bad
     complete: bool
     message: str = ""
+    notes: list = dataclasses.field(default_factory=list)  # what else a user should know, a line each
 
     def summary(self) -> str:
         counts = ", ".join(f"{split} {n}" for split, n in self.samples.items())
         skipped = f"; {len(self.skipped)} unreadable file(s) left out" if self.skipped else ""
         state = "complete" if self.complete else "PARTIAL"
-        return f"{self.out}: {self.kind} shards {state} ({counts}){skipped}" + (f"\n{self.message}" if self.message else "")
+        lines = [f"{self.out}: {self.kind} shards {state} ({counts}){skipped}", *self.notes]
+        return "\n".join(lines + ([self.message] if self.message else []))
 
 
 class OutOfSpace(OSError):
@@ -64,31 +67,35 @@ def _visible(path: Path, root: Path) -> bool:
     return not any(part.startswith(".") for part in path.relative_to(root).parts)
 
 
-def _class_files(folder: Path) -> tuple[list[str], list[tuple[Path, int]]]:
+def _class_files(folder: Path, not_images: list) -> tuple[list[str], list[tuple[Path, int]]]:
+    """(classes, [(path, label), ...]) of the class folders in ``folder``; the visible files that are not images by
+    their extension go to ``not_images``."""
     classes = sorted(p.name for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
     samples = []
     for label, name in enumerate(classes):
         class_dir = folder / name
-        files = sorted(p for p in class_dir.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS
-                       and _visible(p, class_dir))
-        samples += [(p, label) for p in files]
+        files = sorted(p for p in class_dir.rglob("*") if p.is_file() and _visible(p, class_dir))
+        not_images += [p for p in files if p.suffix.lower() not in IMAGE_EXTENSIONS]
+        samples += [(p, label) for p in files if p.suffix.lower() in IMAGE_EXTENSIONS]
     return classes, samples
 
 
-def list_image_folder(root: Path, val_fraction: float, seed: int) -> tuple[list[str], dict]:
+def list_image_folder(root: Path, val_fraction: float, seed: int, not_images: "list | None" = None
+                      ) -> tuple[list[str], dict]:
     """(classes, {split: [(path, label), ...]}): ``root/train`` and ``root/val`` (or valid/validation/test)
     class folders, or class folders split ``val_fraction`` per class with ``seed``. Hidden folders and files
-    are left out."""
+    are left out; the other files of the class folders that are not images go to ``not_images``."""
+    not_images = [] if not_images is None else not_images
     val_dir = next((root / n for n in VAL_NAMES if (root / n).is_dir()), None)
     if (root / "train").is_dir() and val_dir is not None:
-        classes, train = _class_files(root / "train")
-        val_classes, val = _class_files(val_dir)
+        classes, train = _class_files(root / "train", not_images)
+        val_classes, val = _class_files(val_dir, not_images)
         if val_classes != classes:
             raise ValueError(f"{root}: train/ has classes {classes} but {val_dir.name}/ has {val_classes}; both need "
                              f"the same class folders")
         splits = {"train": train, "val": val}
     else:
-        classes, everything = _class_files(root)
+        classes, everything = _class_files(root, not_images)
         by_class: dict[int, list] = {}
         for path, label in everything:
             by_class.setdefault(label, []).append((path, label))
@@ -238,32 +245,30 @@ def _image_part(task: dict) -> dict:
             S.discard_part(split_dir, part)
             return {"part": part, "count": len(task["items"]), "bad": bad, "done": False}
         writer.done()
-        if written:
-            S.finish_part(split_dir, part, {"samples": written, "skipped": bad})
-        else:
-            S.write_json(S.done_marker(split_dir, part), {"samples": 0, "skipped": bad, "chunks": []})
+        S.finish_part(split_dir, part, {"samples": written, "skipped": bad, "stats": stats.tolist(), "pixels": pixels})
     except OSError as error:
         if not _out_of_space(error):
             raise
         S.discard_part(split_dir, part)
         return {"part": part, "count": 0, "bad": bad, "done": False, "out_of_space": str(error)}
-    return {"part": part, "count": len(task["items"]), "bad": bad, "done": True, "samples": written,
-            "stats": stats.tolist(), "pixels": pixels}
+    return {"part": part, "count": len(task["items"]), "bad": bad, "done": True}
 
 
 def prepare_images(source, out, *, short_side: int = 160, quality: int = 90, val_fraction: float = 0.1,
-                   seed: int = 0, part_size: int = 1024, chunk_bytes: int = 64 << 20, workers: int = 0,
-                   skip_bad: bool = False, overwrite: bool = False, progress: bool = True) -> PrepareResult:
-    """Shards of the image folder ``source`` in ``out`` (see the module's docstring)."""
-    _local_only(source, out)
-    source, out = Path(source).expanduser().resolve(), Path(out).expanduser().resolve()
+                   seed: int = 0, part_size: int = S.PART_SIZE, chunk_bytes: int = 64 << 20, workers: int = 0,
+                   skip_bad: bool = False, overwrite: bool = False, verify: bool = False,
+                   progress: bool = True) -> PrepareResult:
+    """Shards of the image folder ``source`` in ``out`` (see the module's docstring); ``verify``: the chunks of
+    the parts already done are checked by their SHA-256 too (reads every byte), and those that differ written again."""
+    source, out = _local_paths(source, out)
     if not source.is_dir():
         raise FileNotFoundError(f"{source} is not a folder; give an image folder (<class>/*.jpg, or train/ and val/)")
     if not 16 <= short_side <= 2048:
         raise ValueError(f"--short-side must be from 16 to 2048 pixels, got {short_side}")
     if not 1 <= quality <= 100:
         raise ValueError(f"--quality must be from 1 to 100, got {quality}")
-    classes, splits = list_image_folder(source, val_fraction, seed)
+    not_images: list = []
+    classes, splits = list_image_folder(source, val_fraction, seed, not_images)
     options = {"short_side": short_side, "quality": quality, "val_fraction": val_fraction, "seed": seed,
                "part_size": part_size}
     files = [p for items in splits.values() for p, _ in items]
@@ -271,7 +276,8 @@ def prepare_images(source, out, *, short_side: int = 160, quality: int = 90, val
             "fingerprint": _fingerprint(files, source, {"kind": "images", **options})}
     plan = _start_or_continue(out, plan, overwrite)
     tasks = []
-    for split, items in splits.items():
+    for split in ("val", "train"):  # validation first: a prepare stopped by a full disk leaves a folder a run can use
+        items = splits[split]
         numbered = [(i, str(p.relative_to(source)), label) for i, (p, label) in enumerate(items)]
         random.Random(f"{seed}-{split}").shuffle(numbered)  # chunks of many classes
         split_dir = out / split
@@ -283,20 +289,30 @@ def prepare_images(source, out, *, short_side: int = 160, quality: int = 90, val
     manifest = {"format": S.FORMAT, "version": S.VERSION, "kind": "images", "source": str(source),
                 "source_data": source_identity(source),
                 "options": options, "classes": classes, "channels": 3}
-    return _execute(out, tasks, manifest, workers, progress, _image_part, skip_bad, unit="img")
+    result = _execute(out, tasks, manifest, _image_part, workers=workers, progress=progress, skip_bad=skip_bad,
+                      verify=verify, needs=("stats", "pixels"), unit="img")
+    if not_images:
+        shown = ", ".join(str(p.relative_to(source)) for p in not_images[:3])
+        result.notes.append(f"{len(not_images)} file(s) in the class folders are not images "
+                            f"({', '.join(IMAGE_EXTENSIONS)}) and were left out: {shown}"
+                            + (", ..." if len(not_images) > 3 else ""))
+    return result
 
 
-def _execute(out: Path, tasks: list, manifest: dict, workers: int, progress: bool, work: Callable,
-             skip_bad: bool, unit: str) -> PrepareResult:
-    """Run the parts not done yet, then write each split's index and the manifest (complete or partial)."""
+def _execute(out: Path, tasks: list, manifest: dict, work: Callable, *, workers: int, progress: bool,
+             skip_bad: bool, verify: bool, needs: tuple, unit: str) -> PrepareResult:
+    """Run the parts not done yet (or done but damaged since: ``needs``, the keys their marker must hold; ``verify``:
+    their chunks' SHA-256 checked too), then write each split's index and the manifest (complete or partial)."""
     import numpy as np
 
-    done = {(t["split"], t["part"]) for t in tasks if S.part_is_done(Path(t["split_dir"]), t["part"])}
-    todo = [t for t in tasks if (t["split"], t["part"]) not in done]
-    total = sum(t.get("weight", len(t.get("items", ()))) for t in tasks)
-    already = sum(t.get("weight", len(t.get("items", ()))) for t in tasks if (t["split"], t["part"]) in done)
+    marked = {_key(t) for t in tasks if S.done_marker(Path(t["split_dir"]), t["part"]).is_file()}
+    done = {_key(t) for t in tasks
+            if _key(t) in marked and S.intact_part(Path(t["split_dir"]), t["part"], needs, contents=verify)}
+    damaged, kept = sorted(marked - done), len(done)
+    todo = [t for t in tasks if _key(t) not in done]
+    total = sum(_weight(t) for t in tasks)
     bar = _progress(total, unit, f"prepare {out.name}", progress)
-    bar.update(already)
+    bar.update(sum(_weight(t) for t in tasks if _key(t) in done))
     bad, stopped = [], None
 
     def on_result(result: dict):
@@ -354,17 +370,59 @@ def _execute(out: Path, tasks: list, manifest: dict, workers: int, progress: boo
         manifest["tokens"] = extra
     message = ""
     if not complete:
-        written = sum(s["samples"] for s in splits.values())
         manifest["stopped"] = stopped or "stopped before every part was written"
-        message = (f"prepare stopped: {manifest['stopped']}. The {written} samples of the parts completed so far are "
-                   f"usable as they are (the folder is marked partial); free space and rerun the same command to "
-                   f"continue where it stopped")
+        message = _stopped_message(out, manifest, tasks, done)
     S.write_json(out / S.MANIFEST, manifest)
+    notes = []
+    if kept:
+        notes.append(f"continued the prepare that was there: {kept} of {len(tasks)} parts kept as written before, "
+                     f"{len(done) - kept} written now")
+    if damaged:
+        what = "missing, cut short or altered" if verify else "missing or cut short"
+        names = ", ".join(f"{split} part {part}" for split, part in damaged)
+        notes.append(f"{len(damaged)} part(s) done before had chunks {what} since, and were written again: {names}")
     result = PrepareResult(out, manifest["kind"], {k: v["samples"] for k, v in splits.items()}, skipped, complete,
-                           message)
+                           message, notes)
     if stopped:
         raise PrepareStopped(result)
     return result
+
+
+def _key(task: dict) -> tuple:
+    return task["split"], task["part"]
+
+
+def _weight(task: dict) -> int:
+    """A part's share of the work: its images, or its text files' bytes."""
+    return task.get("weight", len(task.get("items", ())))
+
+
+def _stopped_message(out: Path, manifest: dict, tasks: list, done: set) -> str:
+    """What a prepare that ran out of disk leaves (what a run can use of it) and what completes it."""
+    splits = manifest["splits"]
+    counts = " and ".join(f"{splits[split]['samples']} {name}" for split, name in (("train", "training"),
+                                                                                  ("val", "validation"))
+                          if split in splits)
+    needs_val = any(t["split"] == "val" for t in tasks)
+    if splits.get("train", {}).get("samples") and (splits.get("val", {}).get("samples") or not needs_val):
+        usable = (f"its {counts} samples stream as they are (the folder is marked partial: a run on it trains on "
+                  f"those only)")
+    else:
+        missing = "training" if not splits.get("train", {}).get("samples") else "validation"
+        usable = f"it holds {counts} samples: no {missing} samples yet, so no run can use it"
+    written = sum((Path(t["split_dir"]) / c).stat().st_size for t in tasks if _key(t) in done
+                  for c in json.loads(S.done_marker(Path(t["split_dir"]), t["part"]).read_text())["chunks"])
+    done_weight = sum(_weight(t) for t in tasks if _key(t) in done)
+    left_weight = sum(_weight(t) for t in tasks if _key(t) not in done)
+    room = (f"about {_megabytes(written / done_weight * left_weight * 1.1)} more free" if written and done_weight
+            else "more free space")
+    return (f"prepare stopped: {manifest['stopped']}. Of the {len(tasks)} parts, {len(done)} are done: {usable}. To "
+            f"finish, make {room} on the disk of {out} (or prepare into a folder on a larger disk), then run the same "
+            f"command again without --overwrite: it keeps the parts done and writes the other {len(tasks) - len(done)}")
+
+
+def _megabytes(size: float) -> str:
+    return f"{size / 1e9:.1f} GB" if size >= 1e9 else f"{max(size / 1e6, 0.1):.1f} MB"
 
 
 class PrepareStopped(OSError):
@@ -384,11 +442,6 @@ class _Tagged:
     def __call__(self, task: dict) -> dict:
         result = self.work(task)
         result["split"] = task["split"]
-        if result.get("done"):  # the stats the manifest sums, kept with the part so a rerun still has them
-            marker = S.done_marker(Path(task["split_dir"]), task["part"])
-            info = json.loads(marker.read_text())
-            info.update({k: result[k] for k in ("stats", "pixels", "tokens") if k in result})
-            S.write_json(marker, info)
         return result
 
 
@@ -437,29 +490,26 @@ def _token_part(task: dict) -> dict:
                                       "id": int(task["id_base"] + start // block)})
             written += 1
         writer.done()
-        if written:
-            S.finish_part(split_dir, part, {"samples": written, "skipped": []})
-        else:
-            S.write_json(S.done_marker(split_dir, part), {"samples": 0, "skipped": [], "chunks": []})
+        S.finish_part(split_dir, part, {"samples": written, "skipped": [], "tokens": int(len(tokens))})
     except OSError as error:
         if not _out_of_space(error):
             raise
         S.discard_part(split_dir, part)
         return {"part": part, "count": 0, "done": False, "out_of_space": str(error)}
-    return {"part": part, "count": task["weight"], "done": True, "samples": written, "tokens": int(len(tokens))}
+    return {"part": part, "count": task["weight"], "done": True}
 
 
 def prepare_text(source, out, *, tokenizer=None, vocab_size: int = 8192, block: int = 1024,
-                 val_fraction: float = 0.1, seed: int = 0, part_bytes: int = 64 << 20, chunk_bytes: int = 64 << 20,
+                 val_fraction: float = 0.1, seed: int = 0, part_bytes: int = S.PART_BYTES, chunk_bytes: int = 64 << 20,
                  workers: int = 0, skip_bad: bool = False, overwrite: bool = False, shuffle_blocks: bool = True,
-                 progress: bool = True) -> PrepareResult:
+                 verify: bool = False, progress: bool = True) -> PrepareResult:
     """BPE token shards of the text files under ``source`` in ``out`` (see the module's docstring);
-    ``shuffle_blocks=False`` keeps the text's order (to read the shards back as documents)."""
+    ``shuffle_blocks=False`` keeps the text's order (to read the shards back as documents); ``verify`` as for
+    :func:`prepare_images`."""
     from speedkit.data.text import _list_text_files, looks_binary, split_files
 
     S.require("tokenizers")
-    _local_only(source, out)
-    source, out = Path(source).expanduser().resolve(), Path(out).expanduser().resolve()
+    source, out = _local_paths(source, out)
     if not source.is_dir():
         raise FileNotFoundError(f"{source} is not a folder; give a folder of text files ({', '.join(TEXT_EXTENSIONS)})")
     if block < 8:
@@ -500,7 +550,7 @@ def prepare_text(source, out, *, tokenizer=None, vocab_size: int = 8192, block: 
     vocab = Tokenizer.from_str(tok_text).get_vocab_size()
     dtype = "uint16" if vocab <= 1 << 16 else "uint32"
     tasks = []
-    for split, split_files_ in (("train", train_files), ("val", val_files)):
+    for split, split_files_ in (("val", val_files), ("train", train_files)):  # validation first, as for images
         if not split_files_:
             continue
         split_dir = out / split
@@ -527,7 +577,8 @@ def prepare_text(source, out, *, tokenizer=None, vocab_size: int = 8192, block: 
                 "options": options, "classes": None, "vocab_size": vocab, "dtype": dtype, "block": block,
                 "tokenizer": "tokenizer.json", "eos": EOS,
                 "not_text": [str(source / f) for f in binary]}
-    result = _execute(out, tasks, manifest, workers, progress, _token_part, skip_bad, unit="B")
+    result = _execute(out, tasks, manifest, _token_part, workers=workers, progress=progress, skip_bad=skip_bad,
+                      verify=verify, needs=("tokens",), unit="B")
     result.skipped = [(str(source / f), "not text") for f in binary]
     return result
 
@@ -544,6 +595,17 @@ def prepare(source, out, **options) -> PrepareResult:
     if kind == "images":
         return prepare_images(source, out, **{k: v for k, v in options.items() if k not in text_only})
     return prepare_text(source, out, **{k: v for k, v in options.items() if k not in image_only})
+
+
+def _local_paths(source, out) -> tuple[Path, Path]:
+    """``source`` and ``out`` resolved, checked to be local folders and ``out`` outside ``source`` (whose files
+    the shards would then join)."""
+    _local_only(source, out)
+    source, out = Path(source).expanduser().resolve(), Path(out).expanduser().resolve()
+    if out == source or source in out.parents:
+        raise ValueError(f"--out {out} is inside the source folder {source}: the shards would be read as source "
+                         f"files; give an --out outside {source}")
+    return source, out
 
 
 def _local_only(source, out) -> None:

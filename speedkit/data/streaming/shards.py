@@ -13,10 +13,12 @@ Layout (``OUT`` is the folder given to ``--out``)::
     OUT/tokenizer.json              text only: the tokenizer the tokens were made with
 
 A part is the unit of work and of resuming: it is written by one writer and marked done only after its writer
-finished and its chunks were checked against its index. A rerun keeps done parts and deletes and redoes the
-rest, so a kill at any moment loses at most the parts in flight. The split's ``index.json`` lists the chunks of
-done parts only (written atomically), so a folder left by a prepare that stopped (out of disk) is usable up to
-its last complete part, and its manifest says it is partial.
+finished and its chunks were checked against its index. A rerun keeps done parts whose chunks are still there
+with their sizes (with ``--verify``, their SHA-256 too) and deletes and redoes the rest, so a kill at any moment
+loses at most the parts in flight, and a chunk deleted or cut short since is written again. The split's
+``index.json`` lists the chunks of done parts only (written atomically), so a folder left by a prepare that
+stopped (out of disk) is usable up to its last complete part (the validation parts are written first), and its
+manifest says it is partial.
 """
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ from speedkit.record.runs import atomic_write_bytes
 FORMAT = "speedkit-shards"
 VERSION = 1
 PLAN_DIR = ".prepare"
+PART_SIZE, PART_BYTES = 1024, 64 << 20  # prepare's parts by default: images in one, bytes of text files in one
 SPLITS = ("train", "val")
 
 
@@ -75,8 +78,24 @@ def done_marker(split_dir: Path, part: int) -> Path:
     return split_dir / f"{part}.done"
 
 
-def part_is_done(split_dir: Path, part: int) -> bool:
-    return done_marker(split_dir, part).is_file()
+def intact_part(split_dir: Path, part: int, needs: tuple = (), contents: bool = False) -> bool:
+    """Part ``part`` was marked done with the keys ``needs`` and its chunks are still as written: each one its
+    index lists is there with the size the index gives (a stat per chunk), and with ``contents`` each one's SHA-256
+    is the one recorded (reads every byte). A rerun of prepare redoes a part that is not."""
+    try:
+        info = json.loads(done_marker(split_dir, part).read_text())
+        chunks = json.loads((split_dir / f"{part}.{INDEX}").read_text())["chunks"] if info["chunks"] else []
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    if any(key not in info for key in needs) or [c["filename"] for c in chunks] != info["chunks"]:
+        return False
+    for chunk in chunks:
+        path = split_dir / chunk["filename"]
+        if not path.is_file() or path.stat().st_size != int(chunk["chunk_bytes"]):
+            return False
+        if contents and _sha256(path) != info.get("sha256", {}).get(chunk["filename"]):
+            return False
+    return True
 
 
 def discard_part(split_dir: Path, part: int) -> None:
@@ -88,9 +107,14 @@ def discard_part(split_dir: Path, part: int) -> None:
 
 def finish_part(split_dir: Path, part: int, info: dict) -> None:
     """Check part ``part``'s chunks against the index its writer wrote, then mark it done (atomically), with
-    each chunk's SHA-256 (``speedkit data info --verify`` checks them)."""
+    ``info`` (all the part's statistics: the marker is written last, so a kill before it redoes the part) and each
+    chunk's SHA-256 (``speedkit data info --verify`` checks them). A part of no samples has no chunks."""
+    if not info.get("samples"):
+        write_json(done_marker(split_dir, part), {**info, "chunks": []})
+        return
     index = json.loads((split_dir / f"{part}.{INDEX}").read_text())
-    check_chunks(split_dir, index["chunks"], where=f"part {part} of {split_dir}")
+    check_chunks(split_dir, index["chunks"], where=f"part {part} of {split_dir}",
+                 fix="the disk changed them as they were written; run the same prepare again")
     write_json(done_marker(split_dir, part), {**info, "chunks": [c["filename"] for c in index["chunks"]],
                                               "sha256": {c["filename"]: _sha256(split_dir / c["filename"])
                                                          for c in index["chunks"]}})
@@ -136,18 +160,55 @@ def merge_index(split_dir: Path, parts: Iterable[int]) -> dict:
     return merged
 
 
-def check_chunks(split_dir: Path, chunks: list, where: str) -> None:
-    """Every chunk the index lists is there with the size the index says; ShardError naming the first that is not."""
+def check_chunks(split_dir: Path, chunks: list, where: str, fix: str) -> None:
+    """Every chunk the index lists is there with the size the index says; ShardError naming the first that is not,
+    and ``fix``."""
     for chunk in chunks:
         path = split_dir / chunk["filename"]
         if not path.is_file():
             raise ShardError(f"{where}: {path} is missing but its index lists it; the shards were moved or deleted "
-                             f"in part: run `speedkit data prepare` again into this folder to redo them")
+                             f"in part: {fix}")
         size, expected = path.stat().st_size, int(chunk["chunk_bytes"])
         if size != expected:
             what = "it was cut short (a copy that stopped, a full disk)" if size < expected else "it was replaced"
-            raise ShardError(f"{where}: {path} holds {size} bytes but its index says {expected}: {what}; run "
-                             f"`speedkit data prepare` again into this folder to redo it")
+            raise ShardError(f"{where}: {path} holds {size} bytes but its index says {expected}: {what}; {fix}")
+
+
+def prepare_command(manifest: dict, out, verify: bool = False) -> str:
+    """The ``speedkit data prepare`` command that wrote the folder ``out`` (its source and options, from the
+    manifest); run again, it redoes the parts whose chunks are missing or cut short (``verify``: also those whose
+    bytes changed)."""
+    options, kind = manifest.get("options", {}), manifest.get("kind")
+    words = ["speedkit data prepare", str(manifest.get("source", "SOURCE")), "--out", str(out)]
+    if kind == "images":
+        words += ["--short-side", options.get("short_side"), "--quality", options.get("quality")]
+    elif kind == "tokens":
+        tokenizer = str(options.get("tokenizer", ""))
+        words += (["--vocab-size", tokenizer.removeprefix("bpe-")] if tokenizer.startswith("bpe-")
+                  else ["--tokenizer", "TOKENIZER.json (the one it was prepared with)"])
+        words += ["--block", options.get("block")] + ([] if options.get("shuffle_blocks", True) else ["--keep-order"])
+    words += ["--val-fraction", options.get("val_fraction"), "--seed", options.get("seed")]
+    return " ".join(map(str, words + (["--verify"] if verify else [])))
+
+
+def repair_advice(shards: "ShardSet", verify: bool = False) -> str:
+    """What redoes a damaged chunk of ``shards``: the prepare command again, into the folder (or, for shards in an
+    object store, into the local folder they were uploaded from, then the upload again); the Python call when the
+    shards were prepared with part sizes the command does not set."""
+    manifest, out = shards.manifest, ("DIR" if shards.url else shards.root)
+    options, defaults = manifest.get("options", {}), {"part_size": PART_SIZE, "part_bytes": PART_BYTES}
+    python_only = [f"{k}={options[k]}" for k in defaults if options.get(k, defaults[k]) != defaults[k]]
+    if python_only:
+        function = "prepare_images" if manifest.get("kind") == "images" else "prepare_text"
+        redo = (f"call `speedkit.data.streaming.{function}({str(manifest.get('source'))!r}, {str(out)!r}, "
+                f"{', '.join(python_only + (['verify=True'] if verify else []))})` again, with the other options it "
+                f"was prepared with ({options}),")
+    else:
+        redo = f"run `{prepare_command(manifest, out, verify)}`"
+    if shards.url:
+        return (f"{redo} into the local folder they were uploaded from to redo them, then upload it again (aws s3 "
+                f"sync DIR {shards.url})")
+    return f"{redo} to redo them"
 
 
 # -- the manifest -------------------------------------------------------------------------------------------
@@ -231,7 +292,7 @@ def read_shards(root, *, need_complete: bool = False) -> ShardSet:
             raise ShardError(f"{root}: the {split} split's {INDEX} is missing; run `speedkit data prepare` again")
         index = parse_index(index_path.read_bytes(), str(index_path))
         check_index(shards, split, index, str(index_path))
-        check_chunks(shards.split_dir(split), index["chunks"], where=str(root))
+        check_chunks(shards.split_dir(split), index["chunks"], where=str(root), fix=repair_advice(shards))
     return shards
 
 
