@@ -130,8 +130,9 @@ class MethodSession:
     The adapter calls, in the order speedkit's Trainer reaches the same events: :meth:`init` (surgery),
     :meth:`fit_start` (optimizer methods; returns the optimizers to train with), then per batch
     :meth:`batch_start`, :meth:`transform_batch`, :meth:`compute_loss`, :meth:`before_backward`,
-    :meth:`after_backward`, :meth:`batch_end`; :meth:`epoch_start`/:meth:`epoch_end`, :meth:`eval_start`/
-    :meth:`eval_end`, and :meth:`fit_end` when training ends (not when it is killed).
+    :meth:`after_backward`, :meth:`batch_end` (with gradient accumulation, :meth:`microbatch_end` after each
+    microbatch but a step's last); :meth:`epoch_start`/:meth:`epoch_end`, :meth:`eval_start`/:meth:`eval_end`, and
+    :meth:`fit_end` when training ends (not when it is killed).
     """
 
     def __init__(self, host: Host, methods: Iterable[Method], *, max_duration: str | Time,
