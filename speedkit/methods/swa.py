@@ -37,16 +37,32 @@ def swa_update(average: Mapping[str, torch.Tensor], model: torch.nn.Module, coun
     at the end with :func:`update_batchnorm_statistics`).
     """
     param_names = {name for name, _ in model.named_parameters()}
+    # Tensors alike in shape, dtype and device in one multi-tensor op each (averaged, or copied), not one op each.
+    averaged, weights, copied, sources = [], [], [], []
     for name, current in model_tensors(model).items():
         target = average.get(name)
         if target is None:
             if name in param_names:
                 raise KeyError(f"the average has no parameter {name!r}; start it from this model")
             average[name] = current.detach().clone()  # a buffer registered later
-        elif name in param_names and target.is_floating_point():
-            target.lerp_(current.detach().to(target.dtype), 1.0 / (count + 1))
+            continue
+        alike = (target.shape == current.shape and target.dtype == current.dtype
+                 and target.device == current.device)
+        if name in param_names and target.is_floating_point():
+            if alike:
+                averaged.append(target)
+                weights.append(current)
+            else:
+                target.lerp_(current.detach().to(target.dtype), 1.0 / (count + 1))
+        elif alike:
+            copied.append(target)
+            sources.append(current)
         else:
             copy_into(target, current)
+    if averaged:
+        torch._foreach_lerp_(averaged, weights, 1.0 / (count + 1))
+    if copied:
+        torch._foreach_copy_(copied, sources)
     return count + 1
 
 

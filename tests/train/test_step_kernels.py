@@ -17,7 +17,7 @@ import torch.nn as nn
 
 from prerequisites import require
 from speedkit.callbacks import SyncCounter
-from speedkit.methods import EMA
+from speedkit.methods import EMA, SWA, Lookahead
 from speedkit.methods import rotary_embeddings as rotary
 from speedkit.models.gpt import GPT, gpt_config
 from speedkit.tasks import TASKS, make_trainer
@@ -130,12 +130,17 @@ def _toy_run(tmp_path, methods, layers: int):
     return counter.quiet_step_ops()
 
 
+AVERAGING = {"ema": lambda: EMA(half_life="2ba"), "swa": lambda: SWA(swa_start=0.0, update_interval=1),
+             "lookahead": lambda: Lookahead(k=1)}
+
+
 @pytest.mark.parametrize("layers", [2, 8])
-def test_an_ema_update_is_a_few_ops_however_many_tensors(tmp_path, layers):
+@pytest.mark.parametrize("method", sorted(AVERAGING))
+def test_averaging_the_weights_is_a_few_ops_however_many_tensors(tmp_path, method, layers):
     plain = _toy_run(tmp_path / "plain", [], layers)
-    averaged = _toy_run(tmp_path / "ema", [EMA(half_life="2ba")], layers)
+    averaged = _toy_run(tmp_path / method, [AVERAGING[method]()], layers)
     extra = {b: averaged[b] - plain[b] for b in plain}
-    assert all(0 < n <= 3 for n in extra.values()), extra  # a multi-tensor lerp, not one per weight
+    assert all(0 < n <= 3 for n in extra.values()), extra  # multi-tensor ops, not one per weight
 
 
 # -- rotary positions ----------------------------------------------------------------------------------------
