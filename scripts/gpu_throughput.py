@@ -76,7 +76,7 @@ class Settings:
 
 
 FULL = Settings(budget_s=285, images=12_000, classes=100, image_sides=(160, 500), short_side=256,
-                corpus_bytes=24_000_000, vocab=50_304, context=1024, vision_model="resnet50",
+                corpus_bytes=12_000_000, vocab=50_304, context=1024, vision_model="resnet50",
                 language_model="gpt2-124m", vision_batch=256, language_batch=32, sizes=(176, 224), warmup=5,
                 steps=20, compile_backend="inductor", precision="bf16", task_profile="gpu", presets=SEED_PRESETS,
                 workers=min(12, os.cpu_count() or 1), loader_batches=20, peak_size=8192, count_steps=8)
@@ -260,7 +260,8 @@ def make_model(kind: str, s: Settings, device: str) -> torch.nn.Module:
     from speedkit.models import get_model
 
     if kind == "vision":
-        return getattr(torchvision.models, s.vision_model)(num_classes=1000).to(device, memory_format=torch.channels_last)
+        model = getattr(torchvision.models, s.vision_model)(num_classes=1000)
+        return model.to(device, memory_format=torch.channels_last)
     return get_model(s.language_model, vocab_size=s.vocab, block_size=s.context).to(device)
 
 
@@ -442,58 +443,7 @@ def _peak_memory(device: str) -> float | None:
     return round(torch.cuda.max_memory_allocated() / 2 ** 30, 2) if torch.device(device).type == "cuda" else None
 
 
-# -- 4. the loader alone --------------------------------------------------------------------------------------
-
-def loader_alone(data: dict, s: Settings, device: str) -> dict:
-    """The imagenet task's training loader on its own (decode and crop in CPU workers, the batch copied to the
-    device), and batched JPEG decode and resize on the GPU from the same files' bytes in memory."""
-    from speedkit.tasks import find_task
-    from speedkit.tasks.task import DataRequest
-
-    task = find_task("imagenet", data["imagenet"], profile=s.task_profile)
-    recipe = task.recipes["plain-bf16"]
-    loader = task.train_data(DataRequest(batch_size=s.vision_batch, device=torch.device(device), recipe=recipe,
-                                         num_workers=s.workers))
-    batches = iter(loader)
-    next(batches)  # the workers start
-    _synchronize(device)
-    started, count = time.perf_counter(), 0
-    for _ in range(s.loader_batches):
-        images = next(batches)[0]
-        count += images.shape[0]
-    _synchronize(device)
-    cpu = {"images_per_s": count / (time.perf_counter() - started), "workers": s.workers,
-           "batch": s.vision_batch, "image_size": int(images.shape[-1]), "loader": type(loader).__name__}
-    gpu = gpu_decode(Path(data["image_folder"]) / "train", s, device)
-    headline = f"CPU workers ({s.workers}): {cpu['images_per_s']:,.0f} images/s; " + (
-        f"GPU decode: {gpu['images_per_s']:,.0f} images/s" if "images_per_s" in gpu else gpu["skipped"])
-    return {"ok": True, "cpu_workers": cpu, "gpu_decode": gpu, "headline": headline}
-
-
-def gpu_decode(folder: Path, s: Settings, device: str) -> dict:
-    """Batches of the JPEG files' bytes (read into memory first) decoded by ``torchvision.io.decode_jpeg`` on the
-    device and resized to the first training size, timed with CUDA events after one warm-up batch."""
-    if torch.device(device).type != "cuda":
-        return {"skipped": "no GPU: torchvision.io.decode_jpeg decodes on CUDA devices only"}
-    from torchvision.io import decode_jpeg, read_file
-
-    files = sorted(folder.rglob("*.JPEG"))[: s.vision_batch * (s.loader_batches + 1)]
-    encoded = [read_file(str(path)) for path in files]
-    chunks = [encoded[i:i + s.vision_batch] for i in range(0, len(encoded), s.vision_batch)]
-    size = s.sizes[0]
-    clock = StepClock(device, warmup=1)
-    for chunk in chunks:
-        decoded = decode_jpeg(chunk, device=device)
-        batch = torch.stack([F.interpolate(image[None].float(), size=(size, size), mode="bilinear",
-                                           antialias=True)[0] for image in decoded])
-        clock.tick()
-    timed = clock.result()
-    return {"images_per_s": s.vision_batch / timed["step_s"], "image_size": size, "timer": timed["timer"],
-            "what": "decode_jpeg(device='cuda') of a batch of files' bytes in memory, resized per image",
-            "batch_shape": list(batch.shape)}
-
-
-# -- 5. each seed preset end to end -----------------------------------------------------------------------
+# -- 4. each seed preset end to end -----------------------------------------------------------------------
 
 def preset_trainer(preset: str, data: dict, s: Settings, device: str, work: Path, callbacks: list, run_name: str,
                    log_interval: int = 10_000):
@@ -533,6 +483,62 @@ def preset_throughput(preset: str, data: dict, s: Settings, device: str, work: P
                         f"{timed_steps.data_wait_share()}"}
 
 
+# -- 5. the loader alone --------------------------------------------------------------------------------------
+
+def loader_alone(data: dict, s: Settings, device: str) -> dict:
+    """The imagenet task's training loader on its own (decode and crop in CPU workers, the batch copied to the
+    device), and batched JPEG decode and resize on the GPU from the same files' bytes in memory."""
+    from speedkit.tasks import find_task
+    from speedkit.tasks.task import DataRequest
+
+    task = find_task("imagenet", data["imagenet"], profile=s.task_profile)
+    recipe = task.recipes["plain-bf16"]
+    loader = task.train_data(DataRequest(batch_size=s.vision_batch, device=torch.device(device), recipe=recipe,
+                                         num_workers=s.workers))
+    batches = iter(loader)
+    next(batches)  # the workers start
+    _synchronize(device)
+    started, count = time.perf_counter(), 0
+    for _ in range(s.loader_batches):
+        images = next(batches)[0]
+        count += images.shape[0]
+    _synchronize(device)
+    cpu = {"images_per_s": count / (time.perf_counter() - started), "workers": s.workers,
+           "batch": s.vision_batch, "image_size": int(images.shape[-1]), "loader": type(loader).__name__}
+    gpu = gpu_decode(Path(data["image_folder"]) / "train", s, device)
+    headline = f"CPU workers ({s.workers}): {cpu['images_per_s']:,.0f} images/s; " + (
+        f"GPU decode: {gpu['images_per_s']:,.0f} images/s" if "images_per_s" in gpu else gpu["skipped"])
+    return {"ok": True, "cpu_workers": cpu, "gpu_decode": gpu, "headline": headline}
+
+
+def gpu_decode(folder: Path, s: Settings, device: str) -> dict:
+    """``decode_batches`` on the GPU; on a CPU, why not."""
+    if torch.device(device).type != "cuda":
+        return {"skipped": "no GPU: torchvision.io.decode_jpeg decodes on CUDA devices only"}
+    return decode_batches(folder, s, device)
+
+
+def decode_batches(folder: Path, s: Settings, device: str) -> dict:
+    """Batches of the JPEG files' bytes (read into memory first) decoded by ``torchvision.io.decode_jpeg`` on
+    ``device`` and resized to the first training size, timed after one warm-up batch (tests run it on a CPU)."""
+    from torchvision.io import decode_jpeg, read_file
+
+    files = sorted(folder.rglob("*.JPEG"))[: s.vision_batch * (s.loader_batches + 1)]
+    encoded = [read_file(str(path)) for path in files]
+    chunks = [encoded[i:i + s.vision_batch] for i in range(0, len(encoded), s.vision_batch)]
+    size = s.sizes[0]
+    clock = StepClock(device, warmup=1)
+    for chunk in chunks:
+        decoded = decode_jpeg(chunk, device=device)
+        batch = torch.stack([F.interpolate(image[None].float(), size=(size, size), mode="bilinear",
+                                           antialias=True)[0] for image in decoded])
+        clock.tick()
+    timed = clock.result()
+    return {"images_per_s": s.vision_batch / timed["step_s"], "image_size": size, "timer": timed["timer"],
+            "what": f"decode_jpeg(device={device!r}) of a batch of files' bytes in memory, resized per image",
+            "batch_shape": list(batch.shape)}
+
+
 # -- 6. host syncs and blocking copies, counted apart ---------------------------------------------------------
 
 class StopAfter(Callback):
@@ -544,11 +550,19 @@ class StopAfter(Callback):
             state.request_stop("the check's counted steps are done")
 
 
+def guarded(work) -> dict:
+    """``work()``, or its error (one preset that cannot be counted must not lose the others' counts)."""
+    try:
+        return work()
+    except Exception as error:  # noqa: BLE001 -- recorded in the part's results
+        return {"error": f"{type(error).__name__}: {error}"[:1000]}
+
+
 def count_all(data: dict, s: Settings, device: str, work: Path) -> dict:
-    counted = {preset: count_syncs(preset, data, s, device, work) for preset in s.presets}
+    counted = {preset: guarded(lambda: count_syncs(preset, data, s, device, work)) for preset in s.presets}
     waits = ", ".join(f"{p} {c['waits_in_quiet_steps']}/{c['by_kind'].get('host_to_device', 0)}"
-                      for p, c in counted.items())
-    return {"ok": True, "presets": counted,
+                      if "error" not in c else f"{p} failed" for p, c in counted.items())
+    return {"ok": not any("error" in c for c in counted.values()), "presets": counted,
             "headline": f"host waits in quiet steps / blocking host-to-device copies, whole run: {waits}"}
 
 
@@ -571,3 +585,4 @@ def count_syncs(preset: str, data: dict, s: Settings, device: str, work: Path) -
                 torch.cuda.set_sync_debug_mode("default")
     syncing = [str(w.message).splitlines()[0] for w in caught if "synchroniz" in str(w.message).lower()]
     return {**counter.report(), "cuda_sync_warnings": len(syncing), "first_sync_warnings": syncing[:3]}
+

@@ -74,6 +74,10 @@ def test_the_throughput_check_runs_every_part_on_a_cpu_with_clean_timed_runs(gpu
     compiled_trainer = next(iter(parts["vision-compiled"]["sizes"].values()))["trainer"]
     assert compiled_trainer["compile_s"] > 0  # the Trainer's TorchCompile reported its compile apart
     assert parts["loader"]["cpu_workers"]["images_per_s"] > 0 and "skipped" in parts["loader"]["gpu_decode"]
+    import gpu_throughput  # the GPU's decode path, run on the CPU so that it cannot rot either
+
+    decoded = gpu_throughput.decode_batches(Path(parts["data"]["image_folder"]) / "train", gpu_throughput.TINY, "cpu")
+    assert decoded["images_per_s"] > 0 and decoded["batch_shape"] == [4, 3, 32, 32]
     for preset in ("preset imagenet:hot", "preset gpt2:hot"):
         assert_clean_timing(parts[preset], preset)
         assert parts[preset]["samples_per_s"] > 0 and parts[preset]["fraction_of_peak"] > 0
@@ -156,8 +160,8 @@ def test_a_lease_runs_the_check_not_yet_run_on_this_code(gpu_check, tmp_path):
     ran("throughput", "gpu-h100-2", finished=False)  # stopped at its limit: run it again
     assert gpu_check.next_check(code, tmp_path) == ("throughput", None)
     # the time budget left two parts out; the next lease runs those, not a part that could not be prepared
-    ran("throughput", "gpu-h100-3", parts={"peak": {"ok": True}, "preset gpt2:hot": {"skipped": "budget", "retry": True},
-                                           "loader": {"skipped": "budget", "retry": True}})
+    left_out = {"skipped": "about 30 s needed, 5 s of the check's 285 s budget left", "retry": True}
+    ran("throughput", "gpu-h100-3", parts={"peak": {"ok": True}, "preset gpt2:hot": left_out, "loader": left_out})
     assert gpu_check.next_check(code, tmp_path) == ("throughput", {"preset gpt2:hot", "loader"})
     ran("throughput", "gpu-h100-4", parts={"loader": {"ok": True}})
     assert gpu_check.next_check(code, tmp_path) == ("throughput", {"preset gpt2:hot"})
