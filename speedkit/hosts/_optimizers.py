@@ -6,7 +6,6 @@ members' own group dicts, so a host's LR scheduler reaches every member.
 """
 from __future__ import annotations
 
-import gc
 from collections import OrderedDict
 from collections.abc import MutableMapping
 from typing import Sequence
@@ -14,6 +13,8 @@ from typing import Sequence
 import torch
 
 from speedkit.hosts.session import HostCannotServeError
+# Shared with speedkit's Trainer, a layer below; loop.py and lightning.py import follow_user_schedule from here.
+from speedkit.optim.follow import follow_user_schedule, user_schedulers  # noqa: F401
 
 
 class _MergedState(MutableMapping):
@@ -145,18 +146,6 @@ def as_configured_state_dict(optimizer: torch.optim.Optimizer,
     return {"state": state, "param_groups": groups}
 
 
-def user_schedulers(optimizers: Sequence[torch.optim.Optimizer]) -> list:
-    """The torch LR schedulers alive in this process that drive one of ``optimizers``, of every class torch ships.
-
-    Found among the live objects rather than by a mark on the param groups: torch's schedulers write
-    ``initial_lr`` into each group, but ``ReduceLROnPlateau`` writes nothing, and a search of the groups misses it."""
-    kinds = (torch.optim.lr_scheduler.LRScheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
-    targets = {id(optimizer) for optimizer in optimizers}
-    # type(), not isinstance: isinstance reads __class__, which some live objects answer with a warning.
-    return [obj for obj in gc.get_objects()
-            if issubclass(type(obj), kinds) and id(getattr(obj, "optimizer", None)) in targets]
-
-
 def refuse_two_schedules(optimizers: Sequence[torch.optim.Optimizer], schedules, host: str, fix: str) -> None:
     """Refuse, before the first step, speedkit ``schedules=`` on optimizers a user's LR scheduler also drives:
     both would set the same groups' lr each step (the issue measured a peak lr of 1e-4 where 3e-3 was asked).
@@ -170,58 +159,3 @@ def refuse_two_schedules(optimizers: Sequence[torch.optim.Optimizer], schedules,
         names = f" (found: your {', '.join(sorted({type(s).__name__ for s in found}))})" if found else ""
         raise HostCannotServeError(f"speedkit schedules={schedules!r} and your own LR scheduler would both set the "
                                    f"learning rate in {host}; keep one: {fix}{names}")
-
-
-class FollowSchedule:
-    """The groups of optimizers a method added (Muon's) follow the lr of the user's optimizer, which the user's
-    LR scheduler (of any class, ``ReduceLROnPlateau`` included) or the user's own code sets, and which was built
-    before the split and so cannot reach them.
-
-    Each follower group's lr is its own lr times the reference group's relative change: that group's lr over its
-    base, the base being ``max_lr`` for a one-cycle schedule (whose base is its peak), ``initial_lr`` for the
-    other schedulers that write it, and otherwise the group's lr when speedkit first saw it (kept in the group as
-    ``speedkit_reference_lr``, so a resumed optimizer brings it back). So Muon's ``lr`` is to Muon what the
-    scheduler's base lr is to the user's optimizer, and warmup, decay, cycles and cuts on a plateau reach Muon's
-    groups at the same moments.
-    """
-
-    def __init__(self, reference: tuple[torch.optim.Optimizer, int], followers: Sequence[torch.optim.Optimizer]):
-        # Optimizers and indices, not group dicts: loading a state dict (a resume) replaces the group dicts.
-        self.reference, self.followers = reference, list(followers)
-        optimizer, index = reference
-        group = optimizer.param_groups[index]
-        group.setdefault("speedkit_reference_lr", float(group["lr"]))
-        for optimizer in self.followers:
-            for group in optimizer.param_groups:
-                group.setdefault("speedkit_base_lr", float(group["lr"]))
-
-    @property
-    def multiplier(self) -> float:
-        optimizer, index = self.reference
-        group = optimizer.param_groups[index]
-        base = float(group.get("max_lr", group.get("initial_lr", group.get("speedkit_reference_lr", group["lr"]))))
-        return float(group["lr"]) / base if base else 0.0
-
-    def __call__(self) -> None:
-        multiplier = self.multiplier
-        for optimizer in self.followers:
-            for group in optimizer.param_groups:
-                group["lr"] = group["speedkit_base_lr"] * multiplier
-
-
-def follow_user_schedule(given: Sequence[torch.optim.Optimizer],
-                         optimizers: Sequence[torch.optim.Optimizer]) -> FollowSchedule | None:
-    """A :class:`FollowSchedule` for the optimizers in ``optimizers`` that are not in ``given`` (added by a
-    method at FIT_START); None when no method added one. The reference is the first group a user's scheduler
-    marked (``initial_lr``), else the first group of the first optimizer a live scheduler drives, else the
-    first group given: a follower then keeps any change the user's code makes to that group's lr."""
-    added = [o for o in optimizers if all(o is not g for g in given)]
-    if not added or not given:
-        return None
-    reference = next(((o, i) for o in given for i, g in enumerate(o.param_groups) if "initial_lr" in g), None)
-    if reference is None and len(given) > 1:
-        driven = [s.optimizer for s in user_schedulers(given)]
-        reference = (next((o for o in given if any(o is d for d in driven)), given[0]), 0)
-    follow = FollowSchedule(reference or (given[0], 0), added)
-    follow()
-    return follow

@@ -233,6 +233,26 @@ def _check_nan_policy(nan_policy: Any) -> None:
         raise ValueError(f"nan_policy must be one of {NaNGuard.POLICIES} or None, got {_kind(nan_policy)}")
 
 
+def check_schedulers(schedulers: list, optimizers: list[torch.optim.Optimizer]) -> None:
+    """The Trainer's schedules once made (``speedkit.train.parts.make_schedules``): speedkit schedules or the
+    user's torch LR schedulers, not both (each would set every group's lr at every step), and a torch scheduler
+    drives one of the Trainer's ``optimizers`` (else it would step an optimizer nothing trains)."""
+    from speedkit.optim import Schedule
+    from speedkit.optim.follow import TORCH_SCHEDULERS
+
+    torch_schedulers = [s for s in schedulers if isinstance(s, TORCH_SCHEDULERS)]
+    ours = [s.name for s in schedulers if isinstance(s, Schedule)]
+    if torch_schedulers and ours:
+        raise ValueError(f"schedulers holds speedkit schedules ({', '.join(ours)}) and torch LR schedulers "
+                         f"({', '.join(type(s).__name__ for s in torch_schedulers)}): both would set the learning "
+                         f"rate at every step; keep one kind")
+    for scheduler in torch_schedulers:
+        if all(scheduler.optimizer is not optimizer for optimizer in optimizers):
+            raise ValueError(f"schedulers: your {type(scheduler).__name__} drives an optimizer this Trainer was not "
+                             f"given; build it on the optimizer you pass as optimizers= (an optimizer object, not a "
+                             f"factory)")
+
+
 def _check_parts(methods, callbacks, loggers, loss_fn) -> None:
     from speedkit.core.method import Method
 

@@ -16,9 +16,10 @@ from speedkit.core.batch import batch_targets, output_logits, output_loss
 from speedkit.core.devices import cpu_bf16_speedup
 from speedkit.core.seeding import seed_everything
 from speedkit.optim import Schedule, apply_schedule, get_schedule
+from speedkit.optim.follow import TORCH_SCHEDULERS, FollowSchedule, follow_user_schedule
 from speedkit.record.loggers import ConsoleLogger, Logger, RecordDestination, logger_from_name
 from speedkit.record.metrics import Evaluator, flatten_logits
-from speedkit.record.runs import RunRecord
+from speedkit.record.runs import RunRecord, lower_is_better
 from speedkit.train.batches import loader_length
 
 
@@ -143,11 +144,82 @@ def make_optimizers(optimizers, model) -> list[torch.optim.Optimizer]:
 
 
 def make_schedules(schedulers) -> list:
+    """speedkit schedules (a Schedule, a name or a dict) and the user's torch LR schedulers, as a list."""
     if schedulers is None:
         return []
     if not isinstance(schedulers, (list, tuple)):
         schedulers = [schedulers]
-    return [s if isinstance(s, torch.optim.lr_scheduler.LRScheduler) else get_schedule(s) for s in schedulers]
+    return [s if isinstance(s, TORCH_SCHEDULERS) else get_schedule(s) for s in schedulers]
+
+
+def plateau_metric(schedulers, evaluators, stop_at) -> str | None:
+    """The logged metric a ``ReduceLROnPlateau`` among ``schedulers`` steps on after each evaluation: the run's
+    target (``stop_at``'s metric) when it has one, else the first evaluator's loss (``eval/loss``). None without
+    such a scheduler. Refused before training where there is no such metric or the scheduler's ``mode`` would
+    cut the rate while the metric improves."""
+    plateaus = [s for s in schedulers if isinstance(s, torch.optim.lr_scheduler.ReduceLROnPlateau)]
+    if not plateaus:
+        return None
+    if not evaluators:
+        raise ValueError("schedulers: ReduceLROnPlateau steps on an evaluation metric after each evaluation, and "
+                         "this Trainer evaluates nothing; pass eval_dataloader= (or evaluators=), or a scheduler "
+                         "that steps by itself")
+    if stop_at is not None:
+        metric = stop_at["metric"] if isinstance(stop_at, dict) else stop_at[0]
+    else:
+        metric = f"{_logged_as(evaluators[0])}/loss"
+    known = [f"{_logged_as(ev)}/{name}" for ev in evaluators for name in ev.metrics]
+    if metric not in known:
+        raise ValueError(f"schedulers: ReduceLROnPlateau steps on stop_at's metric, else the evaluation loss "
+                         f"({metric}), which no evaluator logs (they log: {', '.join(known)}); give the first "
+                         f"evaluator a 'loss' metric, or pass stop_at=(metric, target) naming the one to step on")
+    mode = "min" if lower_is_better(metric) else "max"
+    for scheduler in plateaus:
+        if scheduler.mode != mode:
+            better = "lower" if mode == "min" else "higher"
+            raise ValueError(f"schedulers: ReduceLROnPlateau(mode={scheduler.mode!r}) steps on {metric}, where "
+                             f"{better} is better: it would cut the learning rate while the run improves; build "
+                             f"it with mode={mode!r}")
+    return metric
+
+
+def _logged_as(evaluator: Evaluator) -> str:
+    """The prefix of an evaluator's logged metrics: ``eval`` for the main one, else ``eval/<label>``."""
+    return "eval" if evaluator.label == "eval" else f"eval/{evaluator.label}"
+
+
+def follow_schedules(state, given: list[torch.optim.Optimizer]) -> FollowSchedule | None:
+    """The groups a method added at FIT_START (Muon's) follow the lr of the optimizers the user ``given``, which
+    the user's torch schedulers (or code) set; None where none was added or speedkit's own schedules set every
+    group, the added ones included."""
+    if any(isinstance(s, Schedule) for s in state.schedulers):
+        return None
+    return follow_user_schedule(given, state.optimizers)
+
+
+def step_torch_schedulers(state, follow: FollowSchedule | None) -> None:
+    """After each optimizer step the user's torch schedulers step (a ``ReduceLROnPlateau`` steps after
+    evaluations instead), and the groups a method added follow."""
+    for scheduler in state.schedulers:
+        if isinstance(scheduler, TORCH_SCHEDULERS) and not isinstance(scheduler,
+                                                                       torch.optim.lr_scheduler.ReduceLROnPlateau):
+            scheduler.step()
+    if follow is not None:
+        follow()
+
+
+def step_plateau_schedulers(state, metric: str | None, evaluated, follow: FollowSchedule | None) -> None:
+    """After an evaluation of the ``evaluated`` evaluators: each ``ReduceLROnPlateau`` steps on ``metric`` where
+    that evaluation computed it, and the groups a method added follow."""
+    label, _, name = (metric or "").rpartition("/")
+    if metric is None or label not in {_logged_as(ev) for ev in evaluated}:
+        return
+    value = state.eval_metrics[label][name]
+    for scheduler in state.schedulers:
+        if isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+            scheduler.step(value)
+    if follow is not None:
+        follow()
 
 
 def describe_run(state, *, precision: str, eval_interval, microbatch_size, grad_accum: int,

@@ -32,16 +32,17 @@ from speedkit.record.run_folder import free_run_name, run_folder_path
 from speedkit.record.runs import RunRecord, environment
 from speedkit.train.batches import iterate_from, set_loader_epoch
 from speedkit.train.checkpoint import Checkpointer, set_rng_state
-from speedkit.train.checks import (check_first_batch, check_first_loss, check_first_outputs, check_trainer_arguments,
-                                   explain_first_batch_error)
+from speedkit.train.checks import (check_first_batch, check_first_loss, check_first_outputs, check_schedulers,
+                                   check_trainer_arguments, explain_first_batch_error)
 from speedkit.train.interrupts import SIGNAL_REASONS, SigtermFlag, StepInterrupts, installed
 from speedkit.train.microbatching import Microbatching
 from speedkit.train.ownership import FolderOwner
 from speedkit.train.parallel import make_plan
-from speedkit.train.parts import (cross_entropy_loss, describe_run, global_batch_size, make_callbacks,
-                                  make_evaluators, make_logger, make_loss, make_optimizers, make_record,
-                                  make_reproducible, make_schedules, measure_loader, read_device_checks,
-                                  close_callbacks, step_optimizers)
+from speedkit.train.parts import (cross_entropy_loss, describe_run, follow_schedules, global_batch_size,
+                                  make_callbacks, make_evaluators, make_logger, make_loss, make_optimizers,
+                                  make_record, make_reproducible, make_schedules, measure_loader, plateau_metric,
+                                  read_device_checks, close_callbacks, step_optimizers, step_plateau_schedulers,
+                                  step_torch_schedulers)
 from speedkit.train.step import Step, Stopwatch
 
 
@@ -51,7 +52,10 @@ class Trainer:
     Durations (``max_duration``, ``eval_interval``, ``save_interval``) take strings such as ``"3ep"``,
     ``"500ba"``, ``"0.25dur"`` or ``"90s"``. ``optimizers`` is an optimizer, a list of them, or a factory
     ``fn(params) -> optimizer`` (use a factory when methods change the model at INIT).
-    ``schedulers`` are speedkit schedules (functions of the fraction done) or torch LR schedulers.
+    ``schedulers`` are speedkit schedules (functions of the fraction done) or torch LR schedulers built on
+    ``optimizers``, not both. A torch scheduler steps after every optimizer step; a ``ReduceLROnPlateau`` after
+    each evaluation instead, on ``stop_at``'s metric, else the evaluation loss. The groups a method adds (Muon's)
+    follow the relative change of your optimizer's learning rate.
     ``stop_at=("eval/accuracy", 0.92)`` ends the run when the target is reached (time to accuracy).
     A recipe's parts come from ``speedkit.tasks.recipe_parts("mild", model)``: ``Trainer(model, data,
     **recipe_parts("mild", model))``.
@@ -136,6 +140,11 @@ class Trainer:
         self._train_module = plan.wrap(state.model, state.methods, state.grad_scaler)
         state.optimizers = make_optimizers(optimizers, state.model)
         state.schedulers = make_schedules(schedulers)
+        check_schedulers(state.schedulers, state.optimizers)
+        self._plateau_metric = plateau_metric(state.schedulers, state.evaluators, stop_at)
+        # The optimizers the user's schedulers were built on, before a method splits them (Muon) at FIT_START.
+        self._given_optimizers = list(state.optimizers)
+        self._follow = None
         record.config = describe_run(state, precision=precision, eval_interval=eval_interval,
                                      microbatch_size=microbatch_size, grad_accum=grad_accum,
                                      deterministic=deterministic, extra=config)
@@ -214,6 +223,8 @@ class Trainer:
         fit_start_s = self._run_fit_start()
         self._measure_loader()
         self._resume_rng = self.checkpointer.resume(self.load_path, self.autoresume)
+        if self._follow is None:  # after the resume, which brings back the followers' base rates
+            self._follow = follow_schedules(state, self._given_optimizers)
         self.owner.after_resume(state.timestamp, self.logger, self.checkpointer.resumed_from)
         # What methods did at FIT_START (patch whitening's fit on data, optimizer wrapping) is training time;
         # a resumed run's clock continues from its checkpoint's instead.
@@ -323,9 +334,7 @@ class Trainer:
         for optimizer in state.optimizers:
             optimizer.zero_grad(set_to_none=True)
         step.after_optimizer()  # AFTER_TRAIN_BATCH
-        for scheduler in state.schedulers:
-            if isinstance(scheduler, torch.optim.lr_scheduler.LRScheduler):
-                scheduler.step()
+        step_torch_schedulers(state, self._follow)
         step_loss = self.plan.after_step(state.model, step_loss)  # e.g. averaged over ranks
         step.count(full_batch)  # the clock: the batch's samples and tokens on every rank, the training seconds
         self._log_loss(step_loss)
@@ -402,6 +411,7 @@ class Trainer:
         due = [ev for ev in self.state.evaluators if ev.schedule.due(self.state, at_epoch_end)]
         if due:
             self._paused(self.eval, due)
+            step_plateau_schedulers(self.state, self._plateau_metric, due, self._follow)
 
     def _final_eval(self) -> None:
         """Make sure the record ends with metrics for the final weights."""
