@@ -416,7 +416,8 @@ def _stopped_message(out: Path, manifest: dict, tasks: list, done: set) -> str:
     left_weight = sum(_weight(t) for t in tasks if _key(t) not in done)
     room = (f"about {_megabytes(written / done_weight * left_weight * 1.1)} more free" if written and done_weight
             else "more free space")
-    return (f"prepare stopped: {manifest['stopped']}. Of the {len(tasks)} parts, {len(done)} are done: {usable}. To "
+    are = "is" if len(done) == 1 else "are"
+    return (f"prepare stopped: {manifest['stopped']}. Of the {len(tasks)} parts, {len(done)} {are} done: {usable}. To "
             f"finish, make {room} on the disk of {out} (or prepare into a folder on a larger disk), then run the same "
             f"command again without --overwrite: it keeps the parts done and writes the other {len(tasks) - len(done)}")
 
