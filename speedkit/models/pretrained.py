@@ -28,6 +28,7 @@ LOG = logging.getLogger("speedkit")
 
 CONFIG_KEY = "speedkit"  # config.json's record of the surgeries
 RELOAD_WITH = "speedkit.hosts.hf.load_pretrained"  # config.json's attn_implementation: plain from_pretrained refuses
+EARLIER_SURGERY_FILE = "speedkit_surgery.json"  # where saves before the config.json record kept the surgeries
 
 
 def surgeries_of(methods) -> list[dict]:
@@ -70,11 +71,13 @@ def _record_on_save(module, surgeries: list[dict]) -> None:
 
 def saved_surgeries(folder) -> tuple[list[dict], str | None] | None:
     """The surgeries recorded in ``folder``'s config.json and the attention implementation the model was built
-    with, or None for a folder speedkit did not change."""
+    with, or None for a folder speedkit did not change. A folder saved by speedkit 0.x before this record kept
+    its surgeries in ``speedkit_surgery.json`` beside the weights; it is read too, so it reloads as trained."""
     config_file = Path(folder, "config.json")
-    if not config_file.is_file():
-        return None
-    record = json.loads(config_file.read_text()).get(CONFIG_KEY)
-    if not record:
-        return None
-    return list(record["surgeries"]), record.get("attn_implementation")
+    record = json.loads(config_file.read_text()).get(CONFIG_KEY) if config_file.is_file() else None
+    if record:
+        return list(record["surgeries"]), record.get("attn_implementation")
+    earlier = Path(folder, EARLIER_SURGERY_FILE)
+    if earlier.is_file():
+        return list(json.loads(earlier.read_text())["surgeries"]), None
+    return None

@@ -109,3 +109,18 @@ def test_speedkits_own_trainer_marks_the_hugging_face_model_it_changed(tmp_path)
     with pytest.raises(ValueError, match=REFUSED):
         transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "saved")
     assert loss_of(load_pretrained(tmp_path / "saved")) == pytest.approx(loss_of(model.model), abs=1e-6)
+
+
+def test_a_folder_saved_before_the_config_record_still_reloads_with_its_surgeries(tmp_path):
+    """Folders saved before config.json held the record kept the surgeries in speedkit_surgery.json: the loader
+    still rebuilds them, rather than load the plain architecture from an unmarked config.json."""
+    trainer, model = trained(tmp_path, [RotaryEmbeddings(remove_position_embeddings=True), ReLUSquared()])
+    trainer.save_model(str(tmp_path / "saved"))
+    config_file = tmp_path / "saved" / "config.json"
+    config = json.loads(config_file.read_text())
+    record = config.pop("speedkit")  # as the earlier version wrote it: config.json unmarked, the record beside it
+    config["attn_implementation"] = record["attn_implementation"]
+    config_file.write_text(json.dumps(config))
+    (tmp_path / "saved" / "speedkit_surgery.json").write_text(json.dumps({"surgeries": record["surgeries"]}))
+
+    assert loss_of(load_pretrained(tmp_path / "saved")) == pytest.approx(loss_of(model), abs=1e-6)
