@@ -2,13 +2,13 @@
 about one kernel launch, and a step of many small kernels leaves the GPU waiting on the host (DESIGN.md,
 principle 8). Every preset's quiet step dispatches at most ``BOUND`` times its task baseline's ops, except the
 presets listed in ``OVER_THE_BOUND``, each with its own ceiling and the methods that cost the difference; the
-seed's tasks (gpt2, imagenet) run their cpu profile on a few generated files. The parts: Muon orthogonalises the matrices of one shape in
+seed's tasks (gpt2, imagenet) run their cpu profile on a few generated files. The counts are
+``scripts/count_step_ops.py``'s, which prints them. The parts: Muon orthogonalises the matrices of one shape in
 one batched iteration, EMA averages in one multi-tensor op, rotary positions build their tables once per step
 for every layer (and compile without a graph break), the recipe optimizers run multi-tensor kernels."""
 from __future__ import annotations
 
 import functools
-import random
 from pathlib import Path
 
 import pytest
@@ -20,7 +20,7 @@ from speedkit.callbacks import SyncCounter
 from speedkit.methods import EMA, SWA, Lookahead
 from speedkit.methods import rotary_embeddings as rotary
 from speedkit.models.gpt import GPT, gpt_config
-from speedkit.tasks import TASKS, make_trainer
+from speedkit.tasks import TASKS
 from speedkit.tasks.task import BUILT_IN
 
 BOUND = 1.3
@@ -48,46 +48,18 @@ OVER_THE_BOUND = {
 }
 
 
-def _seed_data(root: Path) -> dict:
-    """An ImageNet-layout folder of a few JPEGs and a folder of text, made once per module."""
-    from PIL import Image
+@functools.cache
+def _counting():
+    from helpers import load_script
 
-    rng = random.Random(0)
-    for split, count in (("train", 4), ("val", 1)):
-        for c in range(3):
-            folder = root / "imagenet" / split / f"n{c:08d}"
-            folder.mkdir(parents=True)
-            for i in range(count):
-                size = (rng.randint(96, 256), rng.randint(96, 256))
-                Image.new("RGB", size, (80 * c, rng.randint(0, 255), 90)).save(folder / f"{i}.JPEG")
-    words = "model data step batch token image shard stream epoch train speed method seed layer head the a of".split()
-    (root / "corpus").mkdir()
-    for d in range(6):
-        (root / "corpus" / f"doc{d}.txt").write_text(" ".join(rng.choice(words) for _ in range(1500)) + "\n")
-    return {"imagenet": root / "imagenet", "gpt2": root / "corpus"}
+    return load_script("count_step_ops")
 
 
 @functools.cache
 def quiet_step_ops(task: str, name: str, tmp_root: str) -> int:
-    """Aten ops of a steady quiet step: neither logging nor evaluating, and past sequence-length warmup's change of
-    length (a step at a new input shape also counts that shape's FLOPs once, in SpeedMonitor)."""
     if task in BUILT_IN:
         require("fashion-mnist" if task == "fashion-mnist" else "python-docs")
-        options = dict(batch_size=8, data_fraction=0.01, eval_fraction=0.005)
-    else:
-        options = dict(data=_seed_folders(tmp_root)[task], task_options={"profile": "cpu"}, batch_size=2,
-                       num_workers=0)
-    counter = SyncCounter()
-    make_trainer(task, name, duration="7ba", eval_interval="100ba", log_interval=3, device="cpu",
-                 run_dir=f"{tmp_root}/{task}-{name}", save_checkpoints=False, callbacks=[counter], **options).fit()
-    ops = counter.quiet_step_ops()
-    assert set(ops) == {2, 4, 5} and ops[4] == ops[5], ops
-    return ops[5]
-
-
-@functools.cache
-def _seed_folders(tmp_root: str) -> dict:
-    return _seed_data(Path(tmp_root) / "seed-data")
+    return _counting().preset_step_ops(task, name, Path(tmp_root))
 
 
 @pytest.fixture(scope="module")
