@@ -19,7 +19,7 @@ tensor does nothing). The counter therefore follows where each tensor was made, 
 Python API (a ``TorchFunctionMode``): a tensor made by a factory without a ``device`` argument, from host data,
 or only from such tensors is host-made; the CPU stands in for the device everywhere else, until a tensor on
 another device is seen, from when on the device is that one. A read (``.item()``) of a host-made value waits on
-nothing, and is not counted.
+nothing: it is counted apart, as ``host_only``, with the reads made while a host loader makes its batch.
 
 Use it around anything, ``with SyncCounter() as syncs: trainer.fit()``, or as a profiling callback,
 ``Trainer(..., callbacks=[SyncCounter()])``, which attributes each wait to the training step (from loading
@@ -43,7 +43,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 from speedkit.core import devices
 from speedkit.core.engine import Callback
 
-KINDS = ("item", "host_read", "device_sync", "collective", "host_to_device")  # "host_only": reads a host-made batch needed
+KINDS = ("item", "host_read", "device_sync", "collective", "host_to_device")  # "host_only": host values, no wait
 _COLLECTIVE_NAMESPACES = ("c10d", "_c10d_functional", "c10d_functional")
 
 
@@ -58,7 +58,9 @@ class _SyncDispatch(TorchDispatchMode):
         kwargs = kwargs or {}
         self.counter.count_op()
         if func is torch.ops.aten._local_scalar_dense.default:
-            if not (self.counter.host_made(args[0]) or _reads_host_resident_value(args[0])):
+            if self.counter.host_made(args[0]):
+                self.counter.count("host_only")
+            elif not _reads_host_resident_value(args[0]):
                 self.counter.count("item")
         elif func.namespace in _COLLECTIVE_NAMESPACES:
             self.counter.count("collective")
@@ -221,7 +223,7 @@ class SyncCounter(Callback):
     # -- counting ---------------------------------------------------------------------------------
     def count(self, kind: str) -> None:
         where = self.phase
-        if where[0] == "host_data" and kind == "item":
+        if kind == "host_only" or (where[0] == "host_data" and kind == "item"):
             self.totals["host_only"] += 1
             return
         self.totals[kind] += 1

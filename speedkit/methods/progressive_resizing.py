@@ -64,7 +64,8 @@ def scaled_size(size: int, scale: float, size_increment: int = SIZE_INCREMENT) -
     return max(increment, int(round(size * scale / increment)) * increment)
 
 
-def resize_batch(x: torch.Tensor, scale: float, size_increment: int = SIZE_INCREMENT, targets: torch.Tensor | None = None,
+def resize_batch(x: torch.Tensor, scale: float, size_increment: int = SIZE_INCREMENT,
+                 targets: torch.Tensor | None = None,
                  size: tuple[int, int] | None = None):
     """Images [N, C, H, W] resized by ``scale`` (bilinear; antialiased when shrinking), or to ``size`` when given.
 

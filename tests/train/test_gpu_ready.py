@@ -251,7 +251,8 @@ def test_gpts_compiled_loss_makes_no_fp32_copy_of_the_logits():
     _, code = run_and_get_code(step)
     assert len(code) == 2, "a forward and a backward graph"
     rows = f"({2 * 8}, 97)"
-    buffers = [line.strip() for source in code for line in source.splitlines() if "empty_strided" in line and "(" in line]
+    buffers = [line.strip() for source in code for line in source.splitlines()
+               if "empty_strided" in line and "(" in line]
     assert not [b for b in buffers if rows in b and "float32" in b], buffers
     assert torch.allclose(model.loss(logits, (None, targets)), next_token_loss(logits, targets), atol=1e-3)
     torch._dynamo.reset()
