@@ -45,12 +45,17 @@ def code_version() -> dict:
                     *(ROOT / "scripts").glob("gpu_*")])
     for path in files:
         digest.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes() + b"\0")
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                                timeout=10).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        commit = None
-    return {"commit": commit or os.environ.get("SPEEDKIT_COMMIT"), "code_hash": digest.hexdigest()[:16]}
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    commit = git("rev-parse", "HEAD")
+    changed = git("status", "--porcelain", "--", "speedkit", "scripts") if commit else None
+    return {"commit": commit or os.environ.get("SPEEDKIT_COMMIT"), "code_hash": digest.hexdigest()[:16],
+            "uncommitted_changes": bool(changed) if commit else None}
 
 
 def earlier_runs(check: str, results_root: Path = ROOT / "bench" / "results") -> list[dict]:
