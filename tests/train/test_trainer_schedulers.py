@@ -11,7 +11,7 @@ from torch.optim import lr_scheduler
 
 from speedkit import Trainer
 from speedkit.callbacks import Callback
-from speedkit.methods import Muon
+from speedkit.methods import SAM, Muon
 from speedkit.optim import Cosine
 
 STEPS = 8
@@ -49,13 +49,13 @@ def mlp() -> nn.Module:
 
 
 class LearningRates(Callback):
-    """The lr of the user's first group and of every group the user's optimizer does not hold, at each step's
-    backward (the rates the optimizer step then uses)."""
+    """The lr of the user's first group and of every group the user's optimizer does not hold, right after each
+    optimizer step (the rates it used; the schedulers step after)."""
 
     def __init__(self, user: torch.optim.Optimizer):
         self.user, self.rows = user, []
 
-    def after_backward(self, state, logger):
+    def after_train_batch(self, state, logger):
         added = [g["lr"] for o in state.optimizers for g in o.param_groups
                  if all(g is not mine for mine in self.user.param_groups)]
         self.rows.append((self.user.param_groups[0]["lr"], added))
@@ -179,3 +179,14 @@ def test_a_resumed_run_keeps_muon_following_the_users_scheduler(tmp_path):
                 progress_bar=False, autoresume=True, extend_duration=True).fit()
         rows += rates.rows
     assert rows == [(pytest.approx(lr), [pytest.approx(m) for m in muon]) for lr, muon in whole]
+
+
+@pytest.mark.parametrize("methods", [[SAM()], [SAM(), Muon(lr=MUON_LR)]], ids=["sam", "sam+muon"])
+def test_an_optimizer_wrapped_in_sam_keeps_the_users_schedule(methods, tmp_path):
+    """SAM's wrapper shares the user's groups: it is no group of its own to follow the schedule, so the user's
+    rate is the schedule's alone, LinearLR's warmup included, and Muon's (wrapped too) still follows it."""
+    rows, _ = train_with(tmp_path, SCHEDULERS["LinearLR"], methods)
+    alone = schedule_alone("LinearLR")
+    assert [lr for lr, _ in rows] == [pytest.approx(lr, rel=1e-9) for lr in alone]
+    assert [muon for _, muon in rows] == [[pytest.approx(MUON_LR * lr / LR, rel=1e-9)] if len(methods) > 1 else []
+                                          for lr in alone]
