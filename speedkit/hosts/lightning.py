@@ -49,7 +49,7 @@ callback trains on from them. After ``fit`` the model holds EMA's final weights 
 
 A scheduler returned by ``configure_optimizers`` is built before Muon's split, so it cannot reach Muon's group:
 that group follows it (Muon's ``lr`` times the scheduler's current multiplier, see
-``FollowSchedule`` in ``speedkit/hosts/_optimizers.py``). ``SpeedkitCallback(schedules=...)`` together with such a
+``FollowSchedule`` in ``speedkit/optim/follow.py``). ``SpeedkitCallback(schedules=...)`` together with such a
 scheduler would set the lr twice, and is refused before the first step.
 
 A method that needs a step call ``training_step`` does not make is refused at ``setup``, before training,
