@@ -134,8 +134,8 @@ def test_the_time_to_target_check_runs_every_part_on_a_cpu(gpu_check, work, monk
         part = parts[task]
         assert part["ok"] and set(part["arms"]) == {baseline, recipe} and part["rule"], part
         assert part["arms"][baseline]["time_to_target_s"] is not None  # the baseline holds its own target
-    assert parts["gpt2"]["corpus"]["vocab_size"] > 256
         assert all(arm["status"] == "completed" for arm in part["arms"].values())
+    assert parts["gpt2"]["corpus"]["vocab_size"] > 256
 
 
 def test_a_part_that_cannot_be_prepared_is_skipped_with_its_reason(gpu_check, work, monkeypatch):
