@@ -38,7 +38,7 @@ NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
 
 # On a CPU whose bf16 matmuls are fast (AMX, AVX-512 BF16), bf16 pays from about this many entries up; below
 # it the casts cost more than the faster matmuls save. The timings per shape behind it are data:
-# bench/results/muon_step.json (scripts/measure_muon_step.py).
+# bench/results/2026-12-03-muon-step/muon_step.json (bench/results/2026-12-03-muon-step/measure_muon_step.py).
 CPU_BF16_MIN_ENTRIES = 65536
 
 
@@ -92,7 +92,8 @@ class Muon(torch.optim.Optimizer):
     Per step, for each parameter ``W`` with gradient ``g``: ``buf = momentum * buf + g``; the update
     direction is ``g + momentum * buf`` (Nesterov) or ``buf``; it is orthogonalized with ``ns_steps``
     Newton-Schulz iterations and applied as ``W -= lr * max(1, rows / cols) ** 0.5 * O``, after a
-    decoupled weight decay ``W *= 1 - lr * weight_decay``.
+    decoupled weight decay ``W *= 1 - lr * weight_decay``. The matrices of one shape (a transformer's layers repeat
+    a few) are orthogonalized together, in one batched iteration; the state is a momentum buffer per parameter.
     """
 
     def __init__(self, params, lr: float = 0.02, momentum: float = 0.95, nesterov: bool = True,
