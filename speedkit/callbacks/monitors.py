@@ -11,6 +11,7 @@ import torch
 from speedkit.core import distributed
 from speedkit.core.devices import to_host
 from speedkit.core.engine import Callback
+from speedkit.optim.follow import scale_learning_rates
 from speedkit.record.runs import lower_is_better
 
 
@@ -279,11 +280,7 @@ class NaNGuard(Callback):
                         f"x{self.lr_factor} each ({self.skips}/{self.max_skips})")
 
     def _lower_learning_rates(self, state) -> None:
-        for optimizer in state.optimizers:
-            for group in optimizer.param_groups:
-                group["lr"] *= self.lr_factor
-                if "initial_lr" in group:
-                    group["initial_lr"] *= self.lr_factor
+        scale_learning_rates(state.optimizers, self.lr_factor)  # the bases too: a schedule would undo the cut
 
     def state_dict(self):
         return {"skips": self.skips}

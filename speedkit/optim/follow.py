@@ -12,7 +12,7 @@ from typing import Sequence
 
 import torch
 
-__all__ = ["TORCH_SCHEDULERS", "user_schedulers", "FollowSchedule", "follow_user_schedule"]
+__all__ = ["TORCH_SCHEDULERS", "user_schedulers", "FollowSchedule", "follow_user_schedule", "scale_learning_rates"]
 
 # Every scheduler class torch ships: ReduceLROnPlateau subclasses LRScheduler only in recent torch.
 TORCH_SCHEDULERS = (torch.optim.lr_scheduler.LRScheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
@@ -84,3 +84,19 @@ def follow_user_schedule(given: Sequence[torch.optim.Optimizer],
     follow = FollowSchedule(reference or (given[0], 0), added)
     follow()
     return follow
+
+
+# What a group's lr is measured against: the base torch's schedulers keep (OneCycleLR's peak and floor too) and the
+# followers' (FollowSchedule's).
+_BASES = ("initial_lr", "max_lr", "min_lr", "speedkit_base_lr", "speedkit_reference_lr")
+
+
+def scale_learning_rates(optimizers: Sequence[torch.optim.Optimizer], factor: float) -> None:
+    """Multiply every group's lr by ``factor``, and the bases it is measured against, so that the schedule that
+    sets it next (torch's or speedkit's) and the groups that follow it keep the cut."""
+    for optimizer in optimizers:
+        for group in optimizer.param_groups:
+            group["lr"] *= factor
+            for key in _BASES:
+                if key in group:
+                    group[key] *= factor

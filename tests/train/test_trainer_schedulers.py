@@ -190,3 +190,18 @@ def test_an_optimizer_wrapped_in_sam_keeps_the_users_schedule(methods, tmp_path)
     assert [lr for lr, _ in rows] == [pytest.approx(lr, rel=1e-9) for lr in alone]
     assert [muon for _, muon in rows] == [[pytest.approx(MUON_LR * lr / LR, rel=1e-9)] if len(methods) > 1 else []
                                           for lr in alone]
+
+
+def test_the_nan_guards_cut_holds_for_the_user_and_muon_under_a_torch_scheduler(tmp_path):
+    """A skipped step halves every rate; the scheduler and Muon's following keep the cut afterwards."""
+    losses = []
+
+    def nan_on_the_third_step(logits, targets):
+        losses.append(torch.nn.functional.cross_entropy(logits, targets))
+        return losses[-1] * float("nan") if len(losses) == 3 else losses[-1]
+
+    decay = lambda adamw: lr_scheduler.ExponentialLR(adamw, 0.7)
+    rows, record = train_with(tmp_path, decay, [Muon(lr=MUON_LR)], loss_fn=nan_on_the_third_step, nan_policy="skip")
+    expected = [LR * 0.7 ** step * (0.5 if step >= 3 else 1.0) for step in range(STEPS)]
+    assert [lr for lr, _ in rows] == [pytest.approx(lr, rel=1e-9) for lr in expected]
+    assert [muon for _, muon in rows] == [[pytest.approx(MUON_LR * lr / LR, rel=1e-9)] for lr in expected]
