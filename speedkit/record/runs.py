@@ -287,9 +287,9 @@ def _data_text(config: dict) -> str:
     else:
         shown = str(data) if data is not None else f"task {config.get('task', '?')}'s own data"
     fraction = config.get("data_fraction", 1.0)
-    share = "all of it" if fraction in (None, 1, 1.0) else f"a class-balanced {fraction:g} of it"
+    share = "all of it" if fraction in (None, 1, 1.0) else f"a {fraction:g} share of it"
     evaluation = config.get("eval_fraction")
-    return f"{shown}, training on {share}" + (f", evaluating on {evaluation:g} of its test set" if evaluation else "")
+    return f"{shown}, training on {share}" + (f", evaluating on a {evaluation:g} share" if evaluation else "")
 
 
 def _budget_text(config: dict, target: dict | None) -> str:

@@ -81,7 +81,7 @@ def test_a_run_starts_by_saying_what_it_trains_and_the_record_holds_the_same(tmp
     assert block[0] == f"what trains: resnet8 ({record.config['parameters']:,} parameters), task fashion-mnist, recipe plain"
     assert block[1] == "  inputs:    28 px" and record.config["inputs"] == {"train": 28, "eval": 28, "unit": "px"}
     assert block[2] == "  precision: fp32"
-    assert block[4].startswith("  data:      task fashion-mnist's own data, training on a class-balanced 0.01 of it")
+    assert block[4] == "  data:      task fashion-mnist's own data, training on a 0.01 share of it, evaluating on a 0.02 share"
     assert block[5].startswith("  budget:    2ba at batch 32")
     assert "\n".join(block) == record.what_trains()
 
