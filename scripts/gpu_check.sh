@@ -25,7 +25,7 @@ if [ "${1:-}" = prepare ]; then
     tar -cJf "$CARRY/python-docs.tar.xz" -C /usr/share/doc/python3.11/html _sources   # apt-get install python3.11-doc
     if [ -n "${2:-}" ]; then  # an ImageNet-layout folder, e.g. scripts/build_photo_crops.py --images 2500
         rm -rf "$CARRY/imagenet-shards"
-        "$PYTHON" -m speedkit data prepare "$2" --out "$CARRY/imagenet-shards" --short-side 96
+        "$PYTHON" -m speedkit data prepare "$2" --out "$CARRY/imagenet-shards" --short-side 96 --quality 80
     fi
     du -sh "$CARRY"/*
     # the device tool sends the working tree and the carried folder together, at most 64 MiB
