@@ -34,7 +34,6 @@ from speedkit.train.checkpoint import LATEST, CheckpointContents, CheckpointErro
 from speedkit.version import __version__
 
 FORMATS = {"safetensors": "model.safetensors", "pt": "model.pt"}
-WEIGHTS = ("auto", "model", "ema", "swa")
 FINISHED = ("completed", "stopped", "target_reached")  # statuses whose last checkpoint was written after FIT_END
 
 
@@ -42,7 +41,7 @@ FINISHED = ("completed", "stopped", "target_reached")  # statuses whose last che
 class ExportResult:
     path: Path
     format: str
-    weights: str  # which tensors were written: "model", "ema" or "swa"
+    weights: str  # which tensors were written: "model", or the averaging method's name ("ema", "swa")
     checkpoint: Path
     model_methods: list  # [{"name", "params"}] of the run's methods that change the model; a fresh model needs them
 
@@ -89,15 +88,16 @@ def export_weights(run: str | os.PathLike, out: str | os.PathLike | None = None,
     ended with, see the module notes), or ``model`` / ``ema`` / ``swa`` to pick one set."""
     if format not in FORMATS:
         raise ValueError(f"format must be one of {sorted(FORMATS)}, got {format!r}")
-    if weights not in WEIGHTS:
-        raise ValueError(f"weights must be one of {WEIGHTS}, got {weights!r}")
+    if weights not in ("auto", "model") and weights not in _averaging_method_names():
+        raise ValueError(f"weights must be 'auto', 'model' or an averaging method's name "
+                         f"({', '.join(_averaging_method_names())}), got {weights!r}")
     checkpoint = find_checkpoint(run)
     if out is not None:
         _check_out(Path(out), checkpoint)
     contents = read(checkpoint)  # FSDP shards come back as whole tensors in this process
     record = RunRecord.from_dict(contents.record_dict)
-    source = _choose_weights(contents, record, weights, checkpoint)
-    tensors = _plain_tensors(contents.model if source == "model" else _average(contents, source))
+    source, chosen = _choose_weights(contents, record, weights, checkpoint)
+    tensors = _plain_tensors(chosen)
     out = Path(out) if out else _default_out(run, checkpoint, format)
     model_methods = _model_methods(record)
     if format == "safetensors":
@@ -109,26 +109,45 @@ def export_weights(run: str | os.PathLike, out: str | os.PathLike | None = None,
     return ExportResult(out, format, source, checkpoint, model_methods)
 
 
-def _choose_weights(contents: CheckpointContents, record: RunRecord, weights: str, checkpoint: Path) -> str:
-    averages = {name for name in ("swa", "ema") if _average(contents, name) is not None}
-    if weights != "auto":
-        if weights != "model" and weights not in averages:
+def _choose_weights(contents: CheckpointContents, record: RunRecord, weights: str,
+                    checkpoint: Path) -> tuple[str, dict]:
+    """Which weights to write and the tensors: the model's, or an averaging method's, asked through the method's
+    own interface (``Method.averaged_weights``, ``ends_with_average``) rebuilt from the record and the checkpoint."""
+    methods = _averaging_methods(contents, record)
+    if weights not in ("auto", "model"):
+        if weights not in methods:
             raise ValueError(f"{checkpoint} holds no {weights} average (the run did not use {weights}, or it had "
-                             f"not started averaging); choose weights='model' or one of {sorted(averages)}")
-        return weights
-    if record.status in FINISHED:
-        return "model"  # FIT_END already loaded the average the run's methods chose
-    if "swa" in averages:
-        return "swa"
-    ema = next((m for m in record.methods if m.get("name") == "ema"), None)
-    if "ema" in averages and (ema or {}).get("params", {}).get("final_weights", "ema") == "ema":
-        return "ema"
-    return "model"
+                             f"not started averaging); choose weights='model' or one of {sorted(methods)}")
+        return weights, methods[weights].averaged_weights()
+    if weights == "auto" and record.status not in FINISHED:
+        # The average FIT_END would have loaded; the last in run order wins, as at FIT_END (SWA's over EMA's).
+        ending = [name for name, method in methods.items() if method.ends_with_average()]
+        if ending:
+            return ending[-1], methods[ending[-1]].averaged_weights()
+    return "model", contents.model  # a finished run's FIT_END already loaded the average its methods chose
 
 
-def _average(contents: CheckpointContents, name: str) -> dict | None:
-    state = contents.methods.get(name) or {}
-    return state.get({"ema": "ema", "swa": "average"}[name])
+def _averaging_methods(contents: CheckpointContents, record: RunRecord) -> dict:
+    """The run's methods that hold averaged weights in this checkpoint, by name, in run order."""
+    from speedkit.core.method import order_methods
+    from speedkit.methods import REGISTRY, get_method
+
+    built = []
+    for entry in record.methods:
+        name = entry.get("name")
+        if name not in REGISTRY or name not in contents.methods:
+            continue
+        method = get_method(name, **entry.get("params", {}))
+        method.load_state_dict(contents.methods[name])
+        built.append(method)
+    return {m.name: m for m in order_methods(built) if m.averaged_weights() is not None}
+
+
+def _averaging_method_names() -> list[str]:
+    from speedkit.core.method import Method
+    from speedkit.methods import REGISTRY
+
+    return sorted(name for name, cls in REGISTRY.items() if cls.averaged_weights is not Method.averaged_weights)
 
 
 def _plain_tensors(state_dict: dict) -> dict[str, torch.Tensor]:

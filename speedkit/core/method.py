@@ -7,11 +7,12 @@ README (methods table) all read.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import math
 import numbers
-from typing import Any, ClassVar, Sequence
+from typing import Any, ClassVar, Iterator, Mapping, Sequence
 
 from speedkit.core.event import Event
 
@@ -209,6 +210,29 @@ class Method:
 
     def load_state_dict(self, state: dict) -> None:
         pass
+
+    # Averaging methods (EMA, SWA) keep weights apart from the model. Hosts (a checkpoint's model weights are the
+    # ones evaluation measures) and export (the weights a run ends with) read them through these, never through
+    # a method's own attributes, so a new averaging method needs no change outside its module.
+    def averaged_weights(self) -> Mapping[str, Any] | None:
+        """The weights this method keeps apart from the model, by state-dict name (an average), or None (the
+        default: it keeps none, or has none yet)."""
+        return None
+
+    def evaluates_average(self) -> bool:
+        """Whether evaluation measures :meth:`averaged_weights` in place of the model's (EMA swaps them in)."""
+        return False
+
+    def ends_with_average(self) -> bool:
+        """Whether FIT_END leaves :meth:`averaged_weights` in the model (the weights the run ends with)."""
+        return False
+
+    @contextlib.contextmanager
+    def training_weights_in(self, model) -> Iterator[None]:
+        """Inside, ``model`` holds the weights training goes on from and :meth:`averaged_weights` the average, even
+        during an evaluation that has swapped the average into the model; afterwards both hold what they held
+        before. A method that swaps weights in at an event overrides it."""
+        yield
 
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in self.params.items())

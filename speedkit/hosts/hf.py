@@ -214,16 +214,17 @@ class SpeedkitTrainer(transformers.Trainer):
         """A checkpoint's model weights are the ones evaluation measures (EMA's average), as in Lightning, so
         ``load_best_model_at_end`` and a reload score what the logged metric says; the training weights ride
         in ``speedkit_methods.pt`` and a resume trains on from them."""
-        ema = next((m for m in self.speedkit.methods if m.name == "ema"), None)
-        if ema is None or ema.ema is None or ema._swapped_in:
-            return super()._save_checkpoint(model, trial)
-        self._training_weights = {k: v.detach().clone() for k, v in model_tensors(self.model).items()}
-        load_weights(self.model, ema.ema)
-        try:
-            super()._save_checkpoint(model, trial)
-        finally:
-            load_weights(self.model, self._training_weights)
-            self._training_weights = None
+        with self.speedkit.training_weights():
+            measured = self.speedkit.evaluated_weights()
+            if measured is None:
+                return super()._save_checkpoint(model, trial)
+            self._training_weights = {k: v.detach().clone() for k, v in model_tensors(self.model).items()}
+            load_weights(self.model, measured)
+            try:
+                super()._save_checkpoint(model, trial)
+            finally:
+                load_weights(self.model, self._training_weights)
+                self._training_weights = None
 
     _training_weights = None
 

@@ -69,6 +69,7 @@ from speedkit.hosts._checks import check_evaluation_served, refuse_double_clippi
 from speedkit.hosts._optimizers import (OptimizerGroup, as_configured_state_dict, as_one_optimizer,
                                         follow_user_schedule, refuse_two_schedules)
 from speedkit.hosts.session import Host, HostCannotServeError, MethodSession
+from speedkit.methods.ema import model_tensors
 
 STEP_CALLS = ("batch", "loss")  # self.speedkit.batch(...) and self.speedkit.loss(...) in training_step
 EVAL_CALLS = ("eval_batch", "eval_outputs")  # in validation_step
@@ -331,18 +332,19 @@ class SpeedkitCallback(L.Callback):
         state also holds your optimizer's own torch form (see the module docstring: resuming without the
         callback)."""
         self._save_as_configured(trainer, checkpoint)
-        ema = next((m for m in self.session.methods if m.name == "ema"), None) if self.session else None
-        if ema is None or ema.ema is None:
+        if self.session is None:
             return
-        model_now = checkpoint["state_dict"]
-        if ema._swapped_in:  # saved during validation: the model holds the average already
-            measured, training = model_now, {k: ema.ema.get(k, v) for k, v in model_now.items()}
-        else:
-            measured, training = {k: ema.ema.get(k, v) for k, v in model_now.items()}, model_now
-        checkpoint["state_dict"] = {k: v.detach().clone() for k, v in measured.items()}
-        own = checkpoint.get("callbacks", {}).get(self.state_key)
-        if own is not None:  # a weights-only checkpoint has no callback state, and cannot resume training
-            own[TRAINING_WEIGHTS] = {k: v.detach().clone() for k, v in training.items()}
+        # Saved during validation too: inside, the model holds the training weights and the methods their averages.
+        with self.session.training_weights() as model:
+            measured = self.session.evaluated_weights()
+            if measured is None:
+                return
+            model_now, training = checkpoint["state_dict"], model_tensors(model)
+            checkpoint["state_dict"] = {k: measured.get(k, v).detach().clone() for k, v in model_now.items()}
+            own = checkpoint.get("callbacks", {}).get(self.state_key)
+            if own is not None:  # a weights-only checkpoint has no callback state, and cannot resume training
+                own["methods"] = self.session.state_dict()["methods"]  # taken mid-validation, it held swapped weights
+                own[TRAINING_WEIGHTS] = {k: training.get(k, v).detach().clone() for k, v in model_now.items()}
 
     def _save_as_configured(self, trainer, checkpoint: dict) -> None:
         """Next to the OptimizerGroup's members (what a resume with the callback loads), its first member in

@@ -339,6 +339,26 @@ class MethodSession:
             if model is not None:
                 model.train(was_training)
 
+    @contextlib.contextmanager
+    def training_weights(self):
+        """Inside, the model holds the weights training goes on from, even mid-evaluation (an average swapped in
+        is swapped out for the while, ``Method.training_weights_in``), and the methods their averages."""
+        with contextlib.ExitStack() as stack:
+            for method in self.methods:
+                stack.enter_context(method.training_weights_in(self.state.model))
+            yield self.state.model
+
+    def evaluated_weights(self) -> dict[str, torch.Tensor] | None:
+        """The averages evaluation measures in place of the model's weights (EMA's), by state-dict name, or None
+        where it measures the model's own; read inside :meth:`training_weights`. A host saves these as a
+        checkpoint's model weights, so the file scores what the logged metric says."""
+        measured = {}
+        for method in self.methods:
+            average = method.averaged_weights() if method.evaluates_average() else None
+            if average is not None:
+                measured.update(average)
+        return measured or None
+
     def fit_end(self) -> None:
         """FIT_END, once: averaging methods leave their final weights in the model."""
         if self.fit_started:

@@ -18,8 +18,9 @@ run is warned about at the start, with the fix.
 """
 from __future__ import annotations
 
+import contextlib
 import warnings
-from typing import Mapping
+from typing import Iterator, Mapping
 
 import torch
 
@@ -239,6 +240,29 @@ class EMA(Method):
                           f"the early ones; pass EMA(half_life='0.1dur') (a tenth of the run) or a shorter one",
                           stacklevel=2)
         return batches
+
+    def averaged_weights(self) -> dict[str, torch.Tensor] | None:
+        return self.ema
+
+    def evaluates_average(self) -> bool:
+        return True
+
+    def ends_with_average(self) -> bool:
+        return self.params["final_weights"] == "ema"
+
+    @contextlib.contextmanager
+    def training_weights_in(self, model: torch.nn.Module) -> Iterator[None]:
+        """Inside, the model holds the training weights and ``self.ema`` the average, also mid-evaluation."""
+        if not self._swapped_in:
+            yield
+            return
+        swap_weights(model, self.ema)
+        self._swapped_in = False
+        try:
+            yield
+        finally:
+            swap_weights(model, self.ema)
+            self._swapped_in = True
 
     def state_dict(self) -> dict:
         if self.ema is None:

@@ -207,6 +207,12 @@ class SWA(Method):
     def _load_average(self, state) -> None:
         load_weights(state.model, self.average)
 
+    def averaged_weights(self) -> dict[str, torch.Tensor] | None:
+        return self.average
+
+    def ends_with_average(self) -> bool:
+        return True
+
     def state_dict(self) -> dict:
         if self.average is None:
             return {"count": self.count}

@@ -11,8 +11,11 @@ from prerequisites import import_or_missing
 
 L = import_or_missing("lightning.pytorch", "pip install 'torch-speedkit[lightning]'")
 
+from speedkit.core import Event, Method  # noqa: E402
+from speedkit.core.method import MethodCard  # noqa: E402
 from speedkit.hosts import HostCannotServeError, OptimizerGroup  # noqa: E402
 from speedkit.hosts.lightning import SpeedkitCallback  # noqa: E402
+from speedkit.methods.ema import init_ema  # noqa: E402
 from speedkit.methods import (EMA, AlternatingFlip, Autocast, BlurPool, CutMix, LabelSmoothing, MixUp,  # noqa: E402
                               Muon, ProgressiveResizing, QKNorm, ReLUSquared,
                               RotaryEmbeddings, SeqLengthWarmup)
@@ -270,3 +273,63 @@ def test_the_refusals_fix_for_alternating_flips_flips_alternately_in_a_lightning
         flipped = torch.tensor([torch.equal(image, x[i].flip(-1)) for image, i in zip(images, seen)])
         kept = torch.tensor([torch.equal(image, x[i]) for image, i in zip(images, seen)])
         assert torch.equal(flipped, alternating_flip_mask(32, epoch, seed=5)[seen]) and bool((flipped ^ kept).all())
+
+
+class StartingWeights(Method):
+    """An averaging method a host has never heard of: it keeps the starting weights and evaluates with them."""
+
+    CARD = MethodCard(name="starting_weights", summary="Evaluate with the starting weights.", domain="any",
+                      events=(Event.FIT_START,), reads=("model",), writes=("eval",))
+
+    def __init__(self):
+        super().__init__()
+        self.kept = None
+
+    def apply(self, event, state, logger):
+        self.kept = init_ema(state.model)
+
+    def averaged_weights(self):
+        return self.kept
+
+    def evaluates_average(self):
+        return True
+
+
+def test_a_new_averaging_methods_weights_are_a_checkpoints_model_weights_with_no_host_change(tmp_path):
+    module = Classifier()
+    start = {k: v.clone() for k, v in module.state_dict().items()}
+    checkpoint = torch.load(one_epoch_checkpoint(tmp_path, module, [SpeedkitCallback([StartingWeights()])]),
+                            weights_only=True)
+    for name, saved in checkpoint["state_dict"].items():
+        assert torch.equal(saved, start[name]), name  # the weights evaluation measures
+    training = checkpoint["callbacks"]["SpeedkitCallback"]["training_weights"]
+    assert not torch.equal(training["net.0.weight"], start["net.0.weight"])  # trained on, for a resume
+
+
+class Validated(Classifier):
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        return F.cross_entropy(self(x), y)
+
+
+class SaveMidValidation(L.Callback):
+    def __init__(self, path):
+        self.path, self.weights_then = path, None
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
+        if self.weights_then is None:
+            self.weights_then = {k: v.clone() for k, v in pl_module.state_dict().items()}  # EMA's, swapped in
+            trainer.save_checkpoint(self.path)
+
+
+def test_a_checkpoint_saved_mid_validation_keeps_emas_average_apart_from_the_training_weights(tmp_path):
+    module, saver = Validated(), SaveMidValidation(tmp_path / "mid.ckpt")
+    L.Trainer(max_steps=4, val_check_interval=2, limit_val_batches=2,
+              callbacks=[SpeedkitCallback([EMA(half_life="2ba")]), saver], **QUIET).fit(
+        module, image_loader(), image_loader(32))
+    saved = torch.load(saver.path, weights_only=True)
+    own = saved["callbacks"]["SpeedkitCallback"]
+    for name, average in saver.weights_then.items():
+        assert torch.equal(saved["state_dict"][name], average), name
+        assert torch.equal(own["methods"]["ema"]["ema"][name], average), name  # the EMA state resumes its average
+    assert not torch.equal(own["training_weights"]["net.0.weight"], saver.weights_then["net.0.weight"])
