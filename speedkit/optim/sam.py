@@ -133,6 +133,8 @@ class SAM(torch.optim.Optimizer):
 
     def load_state_dict(self, state_dict: dict) -> None:
         self.base_optimizer.load_state_dict(state_dict)
+        # Loading replaces the base's group and state objects: share the new ones, or schedules set stale groups.
+        self.param_groups, self.state = self.base_optimizer.param_groups, self.base_optimizer.state
 
     def __repr__(self) -> str:
         return f"SAM(rho={self.rho}, interval={self.interval}, base={self.base_optimizer!r})"

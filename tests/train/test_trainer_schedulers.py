@@ -205,3 +205,18 @@ def test_the_nan_guards_cut_holds_for_the_user_and_muon_under_a_torch_scheduler(
     expected = [LR * 0.7 ** step * (0.5 if step >= 3 else 1.0) for step in range(STEPS)]
     assert [lr for lr, _ in rows] == [pytest.approx(lr, rel=1e-9) for lr in expected]
     assert [muon for _, muon in rows] == [[pytest.approx(MUON_LR * lr / LR, rel=1e-9)] for lr in expected]
+
+
+def test_a_resumed_sam_run_keeps_its_schedule(tmp_path):
+    """Loading a checkpoint replaces the optimizer's groups; SAM's wrapper must set the new ones, or the schedule
+    stops at the resume."""
+    rows = []
+    for steps in (4, 8):
+        model = mlp()
+        adamw = torch.optim.AdamW(model.parameters(), lr=LR)
+        rates = LearningRates(adamw)
+        Trainer(model, toy_loaders()[0], optimizers=adamw, schedulers=Cosine(), methods=[SAM()], callbacks=[rates],
+                max_duration=f"{steps}ba", device="cpu", run_dir=tmp_path, run_name="r", progress_bar=False,
+                autoresume=True, extend_duration=True).fit()
+        rows += [lr for lr, _ in rates.rows]
+    assert len(rows) == 8 and all(later < earlier for earlier, later in zip(rows[4:], rows[5:])), rows
