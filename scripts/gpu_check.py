@@ -59,9 +59,10 @@ def code_version() -> dict:
 
 
 def earlier_runs(check: str, results_root: Path = ROOT / "bench" / "results") -> list[dict]:
-    """Every committed run of ``check`` (``gpu-*/CHECK.json``), tiny ones left out."""
+    """Every committed run of ``check`` (``*gpu-*/CHECK.json``: a results folder may be renamed with a date in
+    front), tiny ones left out."""
     found = []
-    for path in sorted(results_root.glob(f"gpu-*/{check}.json")):
+    for path in sorted(results_root.glob(f"*gpu-*/{check}.json")):
         try:
             result = json.loads(path.read_text())
         except (OSError, ValueError):
