@@ -22,6 +22,13 @@ CARD_DOMAINS = (*DOMAINS, "any")  # a method suits one domain, or any
 # What a method may read or write. Stages order methods: surgery before precision before data ...
 STAGES = ("model", "precision", "data", "batch", "labels", "loss", "gradients", "optimizer", "schedule", "eval")
 
+# What a method may need from the loop that runs it beyond events (``MethodCard.loop_needs``), each with what it
+# means. speedkit's Trainer gives them all; a host that does not is refused before training, with this line.
+LOOP_NEEDS = {
+    "step_closure": "its optimizer step runs the forward, the loss and the backward a second time, with speedkit's "
+                    "events, through a closure (optimizer.step(closure))",
+}
+
 
 @dataclasses.dataclass(frozen=True)
 class HParam:
@@ -123,6 +130,7 @@ class MethodCard:
     # or only when the method's parameters take these values, e.g. {"mode": "block"}. DDP then looks for
     # unused parameters after each forward, and FSDP refuses the method (every rank must run every block).
     varies_parameters: bool | dict = False
+    loop_needs: tuple[str, ...] = ()  # what it needs from the loop beyond events, keys of LOOP_NEEDS
     effect: str = ""
     source: str = ""
 
@@ -132,6 +140,9 @@ class MethodCard:
         bad = [s for s in (*self.reads, *self.writes) if s not in STAGES]
         if bad:
             raise ValueError(f"card {self.name!r}: unknown read/write targets {bad}; known: {STAGES}")
+        unknown = [n for n in self.loop_needs if n not in LOOP_NEEDS]
+        if unknown:
+            raise ValueError(f"card {self.name!r}: unknown loop_needs {unknown}; known: {sorted(LOOP_NEEDS)}")
         object.__setattr__(self, "events", tuple(Event(e) for e in self.events))
 
     @property

@@ -68,9 +68,7 @@ _STAGE_FIXES = {"data": "remove it (the Trainer builds its own DataLoader), or t
 _DICT_LABELS = ("the Hugging Face Trainer's batches are dicts whose labels go into the model's own loss as class "
                 "indices, so it would be refused at the first batch; remove it, or train with speedkit.Trainer, "
                 "Lightning or a plain loop on (inputs, targets) batches")
-_METHOD_FIXES = {"sam": "SAM re-runs forward and backward inside its step, which the Hugging Face Trainer's "
-                        "optimizer.step() does not pass; remove it, or train with speedkit.Trainer",
-                 **{name: f"it changes the labels, and {_DICT_LABELS}"
+_METHOD_FIXES = {**{name: f"it changes the labels, and {_DICT_LABELS}"
                     for name in ("mixup", "cutmix", "label_smoothing")},
                  "selective_backprop": f"it scores each sample by cross-entropy against its label, and "
                                        f"{_DICT_LABELS}"}

@@ -114,9 +114,7 @@ def lightning_host(step_calls: Iterable[str] = (), eval_calls: Iterable[str] = (
         stage_fixes={"data": "remove it (shuffling and augmentation belong to your DataModule), or train with "
                              "speedkit.Trainer",
                      "precision": "remove it and pass L.Trainer(precision='bf16-mixed') (or '16-mixed' on a GPU)"},
-        method_fixes={"sam": "SAM re-runs forward and backward inside its step, and Lightning's closure would run "
-                             "training_step's speedkit calls twice; remove it, or train with speedkit.Trainer",
-                      "alternating_flip": "the training data is your DataModule's, so flip there: build the train "
+        method_fixes={"alternating_flip": "the training data is your DataModule's, so flip there: build the train "
                                           "DataLoader from `dataset, sampler = speedkit.data.per_image."
                                           "alternate_flips(dataset, sampler, seed)` (Lightning calls the sampler's "
                                           "set_epoch) and remove the method"})

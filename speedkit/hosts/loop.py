@@ -64,8 +64,6 @@ LOOP = Host(
     stage_fixes={"data": "remove it, or train with speedkit.Trainer, whose loader methods can act on",
                  "precision": "remove it and wrap your forward in torch.autocast(device_type, dtype=torch.bfloat16) "
                               "(Accelerate: Accelerator(mixed_precision='bf16'))"},
-    method_fixes={"sam": "SAM's step runs the forward and backward a second time through the trainer's closure, "
-                         "which a hand-written step does not pass; remove it, or train with speedkit.Trainer"},
 )
 
 

@@ -22,7 +22,7 @@ import torch
 
 from speedkit.core import Engine, Event, Method, State, Time, TimeUnit
 from speedkit.core.batch import batch_size, batch_tokens
-from speedkit.core.method import IncompatibleMethodsError
+from speedkit.core.method import LOOP_NEEDS, IncompatibleMethodsError
 from speedkit.models.pretrained import mark_surgered
 from speedkit.record.loggers import Logger, LoggerDestination, RecordDestination
 from speedkit.record.runs import RunRecord
@@ -58,8 +58,10 @@ class Host:
     ``serves``: event -> where the host runs it (a hook name, a call in the user's step).
     ``fixes``: event the host cannot serve as things stand -> the one-line fix (a call to add in the user's
     step, or the host that can run it). ``stage_fixes``: a card's written stage the host does not own
-    (``"data"``, ``"precision"``) -> the fix. ``method_fixes``: method name -> why not and the fix, for needs
-    a card does not spell out as events (SAM's step closure).
+    (``"data"``, ``"precision"``) -> the fix. ``gives``: which of a card's ``loop_needs`` (``LOOP_NEEDS``: SAM's
+    step closure) the host gives; none by default, and a method that needs one it does not give is refused.
+    ``method_fixes``: method name -> why not and the fix, for what a host cannot do that no card declares
+    (labels inside a Hugging Face batch dict).
     """
 
     name: str
@@ -67,6 +69,7 @@ class Host:
     fixes: Mapping[Event, str] = dataclasses.field(default_factory=dict)
     stage_fixes: Mapping[str, str] = dataclasses.field(default_factory=dict)
     method_fixes: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    gives: frozenset[str] = frozenset()
 
     def refusal(self, method: Method, state: State | None = None) -> str | None:
         """Why this host cannot run ``method`` and the fix, or None when it can.
@@ -76,6 +79,10 @@ class Host:
         card = method.CARD
         if card.name in self.method_fixes:
             return f"{card.name} cannot run in {self.name}: {self.method_fixes[card.name]}"
+        for need in card.loop_needs:
+            if need not in self.gives:
+                return (f"{card.name} cannot run in {self.name}: {LOOP_NEEDS[need]}, which {self.name} does not "
+                        f"give; remove it, or train with speedkit.Trainer")
         for stage in card.writes:
             if stage in self.stage_fixes:
                 return f"{card.name} cannot run in {self.name}: {_STAGE_NEEDS.get(stage, stage)}; {self.stage_fixes[stage]}"

@@ -47,6 +47,7 @@ class SAM(Method):
                       "bf16 or fp32 are fine",
                       "methods acting on forward/backward events run again in the second pass"),
         runs_after=("muon",),
+        loop_needs=("step_closure",),  # hosts whose step cannot re-run speedkit's events refuse it before training
         effect="+0.7% accuracy at about -7% throughput with interval=10 (Composer); "
                "about 2x the cost per step with interval=1",
         source="Foret et al. 2021 'Sharpness-Aware Minimization'; Composer SAM docs",

@@ -210,3 +210,36 @@ def test_a_plain_loops_accumulation_closes_a_step_at_an_epochs_end_and_bad_value
                                          r"disagree; set it once, in the Accelerator"):
         Speedkit([], max_duration="1ba", accelerator=Accelerator(), accumulation=4)
     assert Speedkit([], max_duration="1ba", accelerator=Accelerator()).accumulation == 2
+
+
+# -- a need a card declares (SAM's step closure) is refused by every host from the card, in one message ------------
+def hosts_that_do_not_rerun_the_step():
+    import_or_missing("lightning.pytorch", "pip install 'torch-speedkit[lightning]'")
+    import_or_missing("transformers", "pip install 'torch-speedkit[hf]'")
+    from speedkit.hosts.hf import HF_CALLBACK, HF_TRAINER
+    from speedkit.hosts.lightning import lightning_host
+    from speedkit.hosts.loop import LOOP
+
+    return [LOOP, lightning_host(("batch", "loss"), ("eval_batch", "eval_outputs")), HF_TRAINER, HF_CALLBACK]
+
+
+def test_a_method_whose_card_needs_the_step_closure_is_refused_by_every_host_naming_method_host_and_fix():
+    from speedkit.core import Event, Method
+    from speedkit.core.method import MethodCard
+
+    class TwoPassStep(Method):  # a method no host knows by name
+        CARD = MethodCard(name="two_pass_step", summary="Steps with a closure.", domain="any",
+                          events=(Event.FIT_START,), loop_needs=("step_closure",))
+
+        def apply(self, event, state, logger):
+            pass
+
+    for host in hosts_that_do_not_rerun_the_step():
+        with pytest.raises(HostCannotServeError) as refused:
+            host.check([TwoPassStep()])
+        assert str(refused.value) == (f"two_pass_step cannot run in {host.name}: its optimizer step runs the forward, "
+                                      f"the loss and the backward a second time, with speedkit's events, through a "
+                                      f"closure (optimizer.step(closure)), which {host.name} does not give; remove "
+                                      f"it, or train with speedkit.Trainer")
+    with pytest.raises(ValueError, match="unknown loop_needs"):
+        MethodCard(name="typo", summary="", domain="any", events=(), loop_needs=("step_closur",))
