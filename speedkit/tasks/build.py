@@ -160,7 +160,8 @@ def recipe_parts(recipe: str | Recipe, model: torch.nn.Module | None = None, *,
 # -- the one way to build a run -----------------------------------------------------------------
 # Runs built here (the CLI, the explorer, notebooks) checkpoint as they train: a kill (SIGKILL, out of memory)
 # loses at most this much training, and runs shorter than it pay nothing beyond their final checkpoint.
-# The cost of a save is measured by scripts/measure_checkpoint_cost.py (not in a test: it is a timing).
+# The cost of a save is measured by bench/results/2026-12-01-checkpoint-cost/measure_checkpoint_cost.py
+# (not in a test: it is a timing).
 DEFAULT_SAVE_INTERVAL = "5m"
 
 
@@ -415,7 +416,27 @@ def _loader_input_size(loader) -> tuple | None:
             return _side(images.shape[-2:]), "px"
         if isinstance(getattr(loader, "seq_len", None), int):
             return loader.seq_len, "tokens"
+        if isinstance(loader, torch.utils.data.DataLoader):
+            return _sample_input_size(loader.dataset)
         loader = getattr(loader, "loader", None)
+    return None
+
+
+def _sample_input_size(dataset) -> tuple | None:
+    """(size, unit) of a map-style dataset's first sample as its transforms make it (an image [C, H, W] or a
+    sequence of token ids), drawn with torch's generators put back, so training's draws stay as they were."""
+    if not hasattr(dataset, "__getitem__") or isinstance(dataset, torch.utils.data.IterableDataset):
+        return None
+    try:
+        with torch.random.fork_rng(devices=[]):
+            sample = dataset[0]
+    except Exception:  # a dataset that cannot be indexed so: its size stays unknown, the run goes on
+        return None
+    inputs = batch_inputs(sample) if isinstance(sample, (tuple, list, dict)) else sample
+    if isinstance(inputs, torch.Tensor) and inputs.ndim == 3:
+        return _side(inputs.shape[-2:]), "px"
+    if isinstance(inputs, torch.Tensor) and inputs.ndim == 1 and not inputs.is_floating_point():
+        return int(inputs.shape[0]), "tokens"
     return None
 
 

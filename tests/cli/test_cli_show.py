@@ -86,6 +86,18 @@ def test_a_run_starts_by_saying_what_it_trains_and_the_record_holds_the_same(tmp
     assert "\n".join(block) == record.what_trains()
 
 
+@pytest.mark.prerequisite("fashion-mnist")
+def test_a_torch_dataloaders_input_size_is_read_from_its_first_sample(tmp_path):
+    """The hand-written baseline's torchvision DataLoader states no size: its first sample, as its transforms make
+    it, gives the size it trains at."""
+    from speedkit.tasks import make_trainer
+
+    trainer = make_trainer("fashion-mnist", "baseline", duration="2ba", data_fraction=0.01, eval_fraction=0.02,
+                           run_dir=str(tmp_path))
+    assert trainer.record.config["inputs"] == {"train": 28, "eval": 28, "unit": "px"}
+    assert "  inputs:    28 px" in trainer.record.what_trains().splitlines()
+
+
 def test_a_seed_task_rehearsal_says_the_sizes_it_trains_at_and_the_method_its_profile_turned_off(tmp_path, capsys,
                                                                                                monkeypatch):
     """imagenet's cpu rehearsal of mild trains at 64 px, evaluates at 80 px and drops progressive resizing: the
