@@ -1,9 +1,10 @@
 """Rewrite what is generated from the cards, the presets and the committed benchmark results.
 
-- README.md: the headline, the benchmark results (bench/results/summary.json), the held-out sets
-  (bench/results/heldout-plain-bf16/summary.json), speedkit in other trainers (bench/results/hosts_*.json)
-  and the searches' picks on fresh seeds (bench/results/tune/*/fresh_seeds*.json).
+- README.md: the headline, the benchmark results (bench/results/summary.json), the held-out sets and the seed's
+  rehearsals (the study folders in HELDOUT_SETS and REHEARSALS), speedkit in other trainers (HOSTS) and the
+  searches' picks on fresh seeds (bench/results/tune/*/fresh_seeds*.json).
 - docs/guide.md: the methods table (from the cards) and the recipes table (from the presets).
+- bench/results/INDEX.md: the studies, from their folders.
 - speedkit/tasks/presets/reached.json: what each preset reached (summary.json and bench/results/fresh_seeds.json).
 
 Every figure the README shows comes from here: prose around the tables states no measured number.
@@ -28,38 +29,38 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 SUMMARY, FRESH_SEEDS = RESULTS / "summary.json", RESULTS / "fresh_seeds.json"
 GUIDE = ROOT / "docs" / "guide.md"
+INDEX = RESULTS / "INDEX.md"
 
 # The held-out sets, by the folder task they were run as (scripts/build_heldout_sets.py builds them).
 # Data no preset was tuned on: (summary file, its task key) -> the set as the README names it, and its builder.
 HELDOUT_SETS = {
-    ("ladder-v2-glyphs/summary.json", "image-folder"): ("glyphs: 62 letters and digits, unseen typefaces",
-                                                        "scripts/build_heldout_sets.py"),
-    ("heldout-plain-bf16/summary.json", "text-folder"): ("perldoc: Perl's documentation",
-                                                         "scripts/build_heldout_sets.py"),
-    ("ladder-v2-photo-crops/summary.json", "image-folder"): ("photo-crops: 56 photographs, crops of unseen "
-                                                             "regions, streamed from shards",
-                                                             "scripts/build_photo_crops.py"),
+    ("2026-12-03-photo-crops-ladder/ladder-v2-glyphs/summary.json", "image-folder"):
+        ("glyphs: 62 letters and digits, unseen typefaces", "scripts/build_heldout_sets.py"),
+    ("2026-12-01-heldout-sets/against-plain-bf16/summary.json", "text-folder"):
+        ("perldoc: Perl's documentation", "scripts/build_heldout_sets.py"),
+    ("2026-12-03-photo-crops-ladder/ladder-v2-photo-crops/summary.json", "image-folder"):
+        ("photo-crops: 56 photographs, crops of unseen regions, streamed from shards", "scripts/build_photo_crops.py"),
 }
 # The seed's workloads rehearsed on CPU (issue 43; bench/README.md says how each was sized and measured):
 # (summary file, its task key) -> the data as the README names it.
 REHEARSALS = {
-    ("imagenet-rehearsal-photo-crops-published-sizes/summary.json", "imagenet"):
+    ("2026-12-05-imagenet-published-sizes/photo-crops/summary.json", "imagenet"):
         "photo-crops: 56 photographs, crops of unseen regions",
-    ("imagenet-rehearsal-objects-published-sizes/summary.json", "imagenet"):
+    ("2026-12-05-imagenet-published-sizes/objects/summary.json", "imagenet"):
         "objects: 9 kinds of photographed things, unseen ones",
-    ("imagenet-rehearsal-clipart-published-sizes/summary.json", "imagenet"):
+    ("2026-12-05-imagenet-published-sizes/clipart/summary.json", "imagenet"):
         "clipart: 10 kinds of drawn things, unseen designs",
-    ("lang-rehearsal-debdocs-hot240/summary.json", "gpt2"): "debdocs: Debian's documentation, a BPE of 4,096 "
-                                                            "trained on it",
+    ("2026-12-04-gpt2-rehearsal-debdocs/hot240/summary.json", "gpt2"):
+        "debdocs: Debian's documentation, a BPE of 4,096 trained on it",
 }
 REHEARSED_AS = {"imagenet": "`imagenet` (`cpu`: ResNet-18; `mild` at 64 px, `plain-bf16` at 80)",
                 "gpt2": "`gpt2` (`cpu`: gpt-nano, 256 tokens)"}
 # speedkit inside other trainers (bench/hosts/): file -> (host, what the two arms are).
 HOSTS = {
-    "hosts_hf_language.json": ("Hugging Face `SpeedkitTrainer`",
+    "2026-12-01-hosts/hosts_hf_language.json": ("Hugging Face `SpeedkitTrainer`",
                                "GPT-2 at gpt-nano's sizes on pydocs; `transformers.Trainer` with AdamW against "
                                "`hot`'s methods and budget"),
-    "hosts_lightning_fashion_mnist.json": ("Lightning `SpeedkitCallback`",
+    "2026-12-01-hosts/hosts_lightning_fashion_mnist.json": ("Lightning `SpeedkitCallback`",
                                            "Fashion-MNIST as Lightning's docs write it, against `hot`'s methods, "
                                            "budget and alternating flips"),
 }
@@ -125,10 +126,45 @@ def headline() -> str:
                          f"**{fq['speedup_median']:.1f}x** sooner than `{strongest}`, the strongest.")
         else:
             lines.append(_lower_target_line(entry, task, target))
-        threads = entry["machine"]["torch_threads"]
-        setups.add(f"{entry['device'].upper()}, {threads} thread{'s' if threads > 1 else ''}, "
-                   f"median of {n} paired seeds")
-    return "\n".join(lines) + f"\n- Measured on a {'; '.join(sorted(setups))} ([Results](#results))."
+        setups.add(f"{_run_text(entry)}, median of {n} paired seeds")
+    lines.append(f"- Measured on {'; '.join(sorted(setups))} ([Results](#results)).")
+    return "\n".join(lines + [f"- {line} ([Results](#results))." for line in _measured_again_headline(summary)])
+
+
+def _peak_text(machine: dict) -> str:
+    """The measured matmul peak, to one figure: two CPUs of one name (an "AMD EPYC" with and without AVX-512) differ
+    by several times in it, and it is what moves every time on a CPU."""
+    peak = machine.get("matmul_peak_flops")
+    return f" with a matmul peak of about {float(f'{peak:.1g}') / 1e9:g} GFLOP/s" if peak else ""
+
+
+def _run_text(entry: dict) -> str:
+    """Which run a figure comes from: the machine (with its matmul peak), threads, torch and date."""
+    machine = entry["machine"]
+    name = machine.get("gpu") or machine.get("cpu", "unknown CPU")
+    return f"{name}{_peak_text(machine)}, " + machine_text(machine, entry["date"]).split(", ", 1)[1]
+
+
+def _measured_again_headline(summary: dict) -> list[str]:
+    """A preset of the headline measured again (MEASURED_AGAIN) is named beside it with its own run, so that the
+    headline and the line under the results table read as two runs, not two values of one figure."""
+    lines = []
+    for file, why in MEASURED_AGAIN.items():
+        path = RESULTS / file
+        if not path.exists():
+            continue
+        for key, entry in json.loads(path.read_text()).items():
+            if key not in summary:
+                continue
+            task = TASK_WORDS.get(entry["task"], entry["task"])
+            baseline, target = entry["strongest_baseline"], entry["target"]
+            for name, r in entry["recipes"].items():
+                ratios = [x for x in r["speedup_vs"][baseline] if x is not None]
+                lines.append(f"{task}: `{name}` measured again {why}, on {_run_text(entry)}, "
+                             f"{len(entry['seeds'])} seeds: {_ratio_cell(ratios)} sooner than `{baseline}` to "
+                             f"{_target_text(target['metric'], target['value'])}; not comparable with the line "
+                             f"above, which is the benchmark's own run on {_run_text(summary[key])}")
+    return lines
 
 
 def _lower_target_line(entry: dict, task: str, target: str) -> str:
@@ -220,7 +256,7 @@ def bench_results() -> str:
                         f"{_quality_cell(entry, r)} |")
             task = ""
         levels.append(_level_sentence(entry))
-        setups.append((entry["task"], f"{machine_text(entry['machine'], entry['date'])}, profile `{entry['profile']}`, "
+        setups.append((entry["task"], f"{_run_text(entry)}, profile `{entry['profile']}`, "
                                       f"{n} seeds"))
     if len({setup for _, setup in setups}) == 1:
         setups = [("Both tasks", setups[0][1])]
@@ -234,7 +270,8 @@ def bench_results() -> str:
 
 # Presets measured again after a fix that changed them, beside the baseline they are compared with:
 # summary file -> what changed. The table above keeps the full benchmark; these say whether a fix moved it.
-MEASURED_AGAIN = {"muon-fix-pydocs/summary.json": "after Muon stopped taking QK-norm's per-head gains as matrices"}
+MEASURED_AGAIN = {"2026-12-03-muon-fix-pydocs/summary.json":
+                  "after Muon stopped taking QK-norm's per-head gains as matrices"}
 
 
 def _measured_again() -> str:
@@ -248,10 +285,8 @@ def _measured_again() -> str:
             continue
         for key, entry in json.loads(path.read_text()).items():
             baseline, n = entry["strongest_baseline"], len(entry["seeds"])
-            peak = entry["machine"].get("matmul_peak_flops")
-            table_peak = table.get(key, {}).get("machine", {}).get("matmul_peak_flops")
-            peaks = (f"; matmul peak {peak / 1e9:.0f} GFLOP/s, the table's {table_peak / 1e9:.0f}"
-                     if peak and table_peak else "")
+            runs = f"{_run_text(entry)}" + (f"; the table's rows, which predate it: {_run_text(table[key])}"
+                                             if key in table else "")
             for name, r in entry["recipes"].items():
                 ratios = [x for x in r["speedup_vs"][baseline] if x is not None]
                 seeds = ", ".join(str(s) for s in entry["seeds"])
@@ -261,7 +296,7 @@ def _measured_again() -> str:
                       f"{_quality_cell(entry, r)}; at the lower target "
                       f"{_target_text(entry['target']['metric'], entry['target']['value'])},")
                 lines.append(f"{entry['task']} `{name}` measured again {why}, beside `{baseline}` on seeds {seeds} "
-                             f"({entry['machine']['cpu']}, {entry['date'][:10]}{peaks}):{at} {_ratio_cell(ratios)} "
+                             f"({runs}):{at} {_ratio_cell(ratios)} "
                              f"sooner, reached {r['reached']}/{n}, median final "
                              f"{statistics.median(r['final_metric']):.4f} "
                              f"([{path.relative_to(ROOT)}]({path.relative_to(ROOT)})).")
@@ -363,12 +398,14 @@ def hosts_results() -> str:
     setups = set()
     for name, (host, what) in HOSTS.items():
         data = json.loads((RESULTS / name).read_text())
-        setups.add(f"{data['device'].upper()}, {data['threads']} threads, torch {data['torch']}")
+        study = Path(name).parent.name  # dated: the file records no date or CPU, its study's README does
+        setups.add(f"{data['device'].upper()}, {data['threads']} threads, torch {data['torch']}, {study[:10]} "
+                   f"([its study](bench/results/{study}/README.md) names the machine)")
         metric, value = ("eval/bpb", data["target_bpb"]) if "target_bpb" in data else ("eval/accuracy", data["target"])
         target = _target_text(metric, value)
         seeds = len(data["ratios"])
         rows.append(f"| {host} | {what} | {target} | {seeds} | {_ratio_cell(data['ratios'])} | "
-                    f"{_host_final_quality(data, metric, value)} | [{name}](bench/results/{name}) |")
+                    f"{_host_final_quality(data, metric, value)} | [{Path(name).name}](bench/results/{name}) |")
     return "\n".join(rows) + (f"\n\nMedian speed-up paired by seed (range); {'; '.join(sorted(setups))}. "
                               "Each file holds its command.")
 
@@ -383,7 +420,7 @@ def search_results() -> str:
         files = [json.loads((ROOT / where / f).read_text()) for f in search["files"]]
         seeds = [s for f in files for s in f["seeds"]]
         budgets.add(json.loads((ROOT / where / "summary.json").read_text())["budget_s"])
-        machines.update(f["machine"].rsplit(",", 1)[0] for f in files)  # without the date
+        machines.update(f["machine"] for f in files)  # with the date: these are runs of their own
         links = ", ".join(f"[{f.removesuffix('.json').removesuffix('.md').replace('_', ' ')}]({where}/{f})"
                           for f in ["report.md", *search["files"]])
         cells = []
@@ -401,13 +438,86 @@ def search_results() -> str:
     return "\n".join(rows) + (f"\n\n`speedkit tune` (`[tune]`) searched {minutes} minutes for the fastest recipe; "
                               "each pick then ran with `speedkit train` as shipped, on seeds the search never saw, "
                               "every run stopped at the target, so no run shows a final quality beyond it. "
-                              f"Median speed-up paired by seed (range). {'; '.join(sorted(machines))}.")
+                              f"Median speed-up paired by seed (range). {'; '.join(sorted(machines))}: runs of "
+                              "their own, on other seeds than the results table's.")
 
 
 def reached_json() -> str:
     """presets/reached.json as it should be: what each preset reached in the committed benchmark."""
     figures = preset_reached(json.loads(SUMMARY.read_text()), json.loads(FRESH_SEEDS.read_text()))
     return json.dumps(figures, indent=1) + "\n"
+
+
+# bench/results/INDEX.md: one row per study folder (DATE-NAME/, its README.md's title and its files), the searches
+# (tune/) and the GPU checks (gpu-*/, their paragraphs in bench/README.md), and these files, which are no one study:
+# what speedkit and the README read. Anything else at the top of bench/results stops `make readme`.
+STANDING = {
+    "summary.json": "the headline benchmark, merged across tasks (`speedkit bench` writes it): the README's headline, "
+                    "results table and figure, and the presets' `reached.json`",
+    "summary.md": "the same as tables, with every baseline and the leave-one-out",
+    "time_to_target.png": "the README's figure (`scripts/draw_results_figure.py`)",
+    "fresh_seeds.json": "the headline's presets run again on fresh seeds (`scripts/fresh_seeds.py`), read into "
+                        "`reached.json`",
+    "design_notes.json": "timings behind design choices once written in code comments or method cards",
+    "alibi_step.json": "ALiBi's bias against SDPA's kernels (bench/README.md, \"The first GPU run\")",
+}
+NOT_RESULTS = ("INDEX.md", "plotly.min.js", "__pycache__")  # the index itself, and what a report leaves untracked
+STUDY = re.compile(r"\d{4}-\d{2}-\d{2}-[a-z0-9][a-z0-9.-]*")
+
+
+def _listed(folder: Path) -> str:
+    names = sorted(p.name + ("/" if p.is_dir() else "") for p in folder.iterdir()
+                   if p.name not in NOT_RESULTS and p.suffix != ".html" and p.name != "README.md")
+    return ", ".join(f"`{name}`" for name in names)
+
+
+def _title(readme: Path) -> str:
+    first = readme.read_text().split("\n", 1)[0] if readme.exists() else ""
+    if not first.startswith("# "):
+        raise SystemExit(f"{readme.relative_to(readme.parents[2])} must start with the study's title (\"# ...\"): "
+                         "a study folder holds the paragraph that explains it (bench/README.md, \"Adding a study\")")
+    return first[2:].strip()
+
+
+def results_index(results: Path = RESULTS) -> str:
+    """bench/results/INDEX.md as it should be, generated from the folders under ``results``."""
+    studies, others = [], []
+    for entry in sorted(results.iterdir()):
+        name = entry.name
+        if name in NOT_RESULTS or entry.suffix == ".html":
+            continue
+        if entry.is_dir() and STUDY.fullmatch(name):
+            studies.append(f"| {name[:10]} | [{_title(entry / 'README.md')}]({name}/README.md) | {_listed(entry)} |")
+        elif name == "tune":
+            others.append(f"| [tune/](tune/README.md) | {_title(entry / 'README.md')}: one folder per search, "
+                          f"{_listed(entry)} |")
+        elif entry.is_dir() and name.startswith("gpu-"):
+            others.append(f"| [{name}/]({name}/) | a GPU check's files ([bench/README.md](../README.md"
+                          f"#on-a-gpu-the-two-prepared-checks) says what each part is and what it found): "
+                          f"{_listed(entry)} |")
+        elif name in STANDING:
+            others.append(f"| [{name}]({name}) | {STANDING[name]} |")
+        else:
+            raise SystemExit(f"bench/results/{name} is not a study: move it into a dated study folder "
+                             f"(bench/results/YYYY-MM-DD-NAME/, with a README.md) or name it in STANDING of "
+                             f"scripts/update_readme.py")
+    return "\n".join([
+        "# The measurements, study by study",
+        "",
+        "Generated by `make readme` (`scripts/update_readme.py`) from the folders here; do not edit it by hand.",
+        "Each study folder holds its command, its result files, any script written for it, and a README.md with the",
+        "paragraph that explains it. How to measure, and how to add a study: [bench/README.md](../README.md).",
+        "",
+        "| date | study | files |",
+        "|---|---|---|",
+        *reversed(studies),
+        "",
+        "## Not one study",
+        "",
+        "| file or folder | what it is |",
+        "|---|---|",
+        *others,
+    ]) + "\n"
 
 
 SECTIONS = {"headline": headline, "bench-results": bench_results, "heldout-results": heldout_results,
@@ -431,4 +541,5 @@ if __name__ == "__main__":
     (PRESETS / "reached.json").write_text(reached_json())  # first: the recipes table reads the presets
     path.write_text(render(path.read_text()))
     GUIDE.write_text(render(GUIDE.read_text(), GUIDE_SECTIONS))
-    print(f"updated {path}, {GUIDE.relative_to(ROOT)} and {PRESETS / 'reached.json'}")
+    INDEX.write_text(results_index())
+    print(f"updated {path}, {GUIDE.relative_to(ROOT)}, {INDEX.relative_to(ROOT)} and {PRESETS / 'reached.json'}")

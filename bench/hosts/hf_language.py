@@ -6,7 +6,7 @@ ReLU^2, Muon, sequence-length warmup; 250 batches of 32).
 Protocol (DESIGN.md, "Benchmark protocol"): first ``--sweep`` the baseline's learning rate (one seed each, the
 same budget), then run the best baseline and the recipe interleaved (A B A B ...), 3 seeds each. The clock
 counts training only: evaluation (every ``--eval-steps``) is timed apart and subtracted. Writes
-``bench/results/hosts_hf_language.json`` with every run and the median ratio baseline/recipe.
+``bench/results/2026-12-01-hosts/hosts_hf_language.json`` with every run and the median ratio baseline/recipe.
 
     python bench/hosts/hf_language.py --sweep 1e-3 2e-3 4e-3 8e-3 --seeds 0 1 2
     python bench/hosts/hf_language.py --sweep 1e-3 --baseline-steps 600   # the rate the pydocs task's sweep picked
@@ -35,7 +35,7 @@ from speedkit.tasks import get_recipe
 
 TARGET_BPB = 3.30
 SEQUENCE = 256
-RESULTS = Path(__file__).resolve().parents[1] / "results" / "hosts_hf_language.json"
+RESULTS = Path(__file__).resolve().parents[1] / "results" / "2026-12-01-hosts" / "hosts_hf_language.json"
 
 
 class Sequences(torch.utils.data.Dataset):

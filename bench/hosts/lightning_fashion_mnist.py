@@ -5,8 +5,8 @@ recipe's methods and budget through ``speedkit.hosts.lightning.SpeedkitCallback`
 Protocol (DESIGN.md, "Benchmark protocol"): the two arms run interleaved (A B A B ...), 3 seeds each; the clock
 counts training only (a validation pass each half epoch is timed apart and subtracted); data sits in memory as
 tensors in both arms, so the ratio measures the methods, not the loader. Writes
-``bench/results/hosts_lightning_fashion_mnist.json`` with every run and the median ratio. The baseline's budget
-(``--baseline-epochs``) should be the shortest that reaches 92% in every seed; sweep it first.
+``bench/results/2026-12-01-hosts/hosts_lightning_fashion_mnist.json`` with every run and the median ratio. The
+baseline's budget (``--baseline-epochs``) should be the shortest that reaches 92% in every seed; sweep it first.
 
     python bench/hosts/lightning_fashion_mnist.py --seeds 0 1 2 --baseline-epochs 6
 
@@ -33,7 +33,8 @@ from speedkit.models import get_model
 from speedkit.tasks import get_recipe
 
 TARGET = 0.92
-RESULTS = Path(__file__).resolve().parents[1] / "results" / "hosts_lightning_fashion_mnist.json"
+RESULTS = (Path(__file__).resolve().parents[1] / "results" / "2026-12-01-hosts"
+           / "hosts_lightning_fashion_mnist.json")
 
 
 class FashionClassifier(L.LightningModule):

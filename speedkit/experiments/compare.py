@@ -46,8 +46,8 @@ def late_gain(record: RunRecord, metric: str | None = None, share: float = 0.25)
     too. None without an evaluation on both sides.
 
     A baseline still gaining at the end of its budget may not have converged: a recipe whose saving is a shorter
-    budget is then measured where more epochs still buy accuracy (bench/README.md, "What a rehearsal's budget
-    can show")."""
+    budget is then measured where more epochs still buy accuracy (bench/results/2026-12-04-imagenet-rehearsal/
+    README.md, "What a rehearsal's budget can show")."""
     metric = metric or (record.target or {}).get("metric")
     before = evaluation_at(record, metric, 1 - share) if metric is not None else None
     if before is None:

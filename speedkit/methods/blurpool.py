@@ -43,8 +43,8 @@ class _SampledBlur(torch.autograd.Function):
 
     The filter is symmetric, so that is the transposed convolution autograd would run, as a forward convolution.
     On a CPU in bf16 the strided depthwise backward kernel is several times slower than this at four times the
-    work; in fp32 it is the faster one (bench/results/blurpool_step.json). The input's memory format is kept, so
-    a channels_last network's gradients stay channels_last."""
+    work; in fp32 it is the faster one (bench/results/2026-12-04-blurpool-step/blurpool_step.json). The input's
+    memory format is kept, so a channels_last network's gradients stay channels_last."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, filter: torch.Tensor, stride: tuple[int, int]) -> torch.Tensor:

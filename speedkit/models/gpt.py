@@ -136,8 +136,8 @@ class CausalSelfAttention(nn.Module):
         """Causal attention through SDPA, so PyTorch picks the flash / memory-efficient kernel.
 
         On a CPU, bf16 attention is computed in fp32 and cast back: there PyTorch's bf16 kernel is the slower
-        one at these sizes (bench/results/language_cpu_attention.json), and fp32 is the more exact. Attention
-        methods see fp32 q, k and v then.
+        one at these sizes (bench/results/2026-12-02-language-step-profile/language_cpu_attention.json), and fp32
+        is the more exact. Attention methods see fp32 q, k and v then.
         """
         dropout_p = self.dropout if self.training else 0.0
         if q.device.type == "cpu" and q.dtype == torch.bfloat16:

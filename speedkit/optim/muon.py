@@ -38,7 +38,7 @@ NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
 
 # On a CPU whose bf16 matmuls are fast (AMX, AVX-512 BF16), bf16 pays from about this many entries up; below
 # it the casts cost more than the faster matmuls save. The timings per shape behind it are data:
-# bench/results/2026-12-03-muon-step/muon_step.json (bench/results/2026-12-03-muon-step/measure_muon_step.py).
+# bench/results/2026-12-03-muon-step/muon_step.json (measured by measure_muon_step.py beside it).
 CPU_BF16_MIN_ENTRIES = 65536
 
 

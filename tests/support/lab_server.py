@@ -1,6 +1,6 @@
 """A JupyterLab server for browser checks: 127.0.0.1, empty token, stopped by its PID.
 
-Used by the browser test and by scripts/measure_live_overhead.py.
+Used by the browser test and by bench/results/2026-11-29-live-overhead/measure_live_overhead.py.
 """
 from __future__ import annotations
 

@@ -43,7 +43,7 @@ PROFILES = {
     # than the scaled budgets (700 and 160), so a rehearsal would meet its target only at its last batch: it
     # evaluates every 25 batches instead. hot's scaled budget (160 batches, 0.23 of the baseline's) ended short of
     # a target the baseline holds; its 240 was chosen on pydocs' text and measured on another corpus
-    # (bench/README.md, "The gpt2 rehearsal's hot budget").
+    # (bench/results/2026-12-04-gpt2-rehearsal-debdocs/README.md, "The gpt2 rehearsal's hot budget").
     "cpu": GPT2Profile(model="gpt-nano", context=256, target=4.0, batch_size=16, duration_scale=0.05,
                        eval_interval="25ba", durations={"hot": "240ba"}),
 }

@@ -93,9 +93,9 @@ def smallest_image_kept(recipe, image_size: int):
     What a picture shows depends on its pixels, not on its share of a full size: a rehearsal that trains at 64 px
     and kept the published half would start at 32 px, where a ResNet's last stage sees one pixel and a small
     object in the frame is a few; on a held-out set of photographed things that rehearsal of ``mild`` learned
-    nothing in the 40% of its run held at 32 px (bench/README.md, "progressive resizing"). The rehearsal has
-    already spent the saving progressive resizing buys by training at 64 px, so below 88 px the method is
-    dropped, and the summary says so."""
+    nothing in the 40% of its run held at 32 px (bench/results/2026-12-04-imagenet-rehearsal/README.md). The
+    rehearsal has already spent the saving progressive resizing buys by training at 64 px, so below 88 px the
+    method is dropped, and the summary says so."""
     resizing = recipe.methods.get("progressive_resizing")
     published_size = published_resolution(recipe)["train"]
     if resizing is None or image_size >= published_size:

@@ -5,7 +5,7 @@ textbook form (``b * A + c * A @ A``, one op per term), the fused form Muon runs
 the fused form in bf16; then the whole optimizer step as shipped. Medians of interleaved tries. The
 fp32/bf16 columns are what ``CPU_BF16_MIN_ENTRIES`` was read from. Run it on a quiet machine:
 
-    OMP_NUM_THREADS=2 .venv/bin/python scripts/measure_muon_step.py --out bench/results/muon_step.json
+    OMP_NUM_THREADS=2 .venv/bin/python bench/results/2026-12-03-muon-step/measure_muon_step.py --out bench/results/2026-12-03-muon-step/muon_step.json
 """
 from __future__ import annotations
 

@@ -13,8 +13,8 @@ pixels, 10 classes), prepares it as shards (``speedkit data prepare``), then in 
 
 ``--text DIR`` also prepares a text folder as BPE token shards and reports tokens/s per worker.
 
-    .venv/bin/python scripts/measure_streaming.py --images 20000 200000 --workers 1 2 4 \\
-        --out bench/results/streaming.json
+    .venv/bin/python bench/results/2026-12-03-streaming/measure_streaming.py --images 20000 200000 --workers 1 2 4 \\
+        --out bench/results/2026-12-03-streaming/streaming.json
 
 Run it on a quiet machine: the numbers are timings. Folders and shards go to a temporary directory unless
 ``--dir`` is given (they are kept there, and reused by a later run).

@@ -2,7 +2,7 @@
 an image each random-resized crop may take (the cpu profile's own is 0.35-1; the published ResNet-50 pipeline's,
 which the gpu profile takes, 0.08-1). It measures what the range does at the rehearsal's 64-80 px:
 
-    python scripts/imagenet_crop_range.py 0.08 --task imagenet --task-profile cpu --data SHARDS ...
+    python bench/results/2026-12-05-imagenet-crop-range/imagenet_crop_range.py 0.08 --task imagenet --task-profile cpu --data SHARDS ...
 
 Every argument after the smallest share is speedkit bench's own.
 """

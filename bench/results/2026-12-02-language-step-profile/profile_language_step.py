@@ -7,7 +7,7 @@ share of the step by phase (``speedkit.callbacks.phase_timer``) and by kind of o
 attention, normalization, and the rest (elementwise work, the optimizer's foreach kernels, copies). Run it
 on a quiet machine:
 
-    OMP_NUM_THREADS=2 .venv/bin/python scripts/profile_language_step.py --out bench/results/language_step_profile.json
+    OMP_NUM_THREADS=2 .venv/bin/python bench/results/2026-12-02-language-step-profile/profile_language_step.py --out bench/results/2026-12-02-language-step-profile/language_step_profile.json
 """
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ Vision methods (and "any" methods) run on Fashion-MNIST from the `mild` recipe w
 removed; language methods on the byte-level GPT from the `pydocs` baseline. One seed each: these are
 indications of direction and cost, not benchmark results (those come from `speedkit bench`).
 
-    python scripts/method_effects.py --out runs/method-effects [--only mixup,cutmix]
+    python bench/results/2026-11-29-method-effects/method_effects.py --out runs/method-effects [--only mixup,cutmix]
 """
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ quality, and, where that level is the summary's own target, the times and speed-
 these summaries were not committed, so a level above the target has no times here (the summary says so);
 `speedkit bench --reuse --run-dir RUNS --out DIR` judges it in full where the runs were kept.
 
-    python scripts/judge_final_quality.py [SUMMARY.json ...]     # default: every summary under bench/results
+    python bench/results/2026-12-05-final-quality-judgement/judge_final_quality.py [SUMMARY.json ...]     # default: every summary under bench/results
 
 A summary already judged is left as it is.
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 
 from speedkit.experiments.bench.harness import judge_summary_file
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 RESULTS = ROOT / "bench" / "results"
 
 

@@ -3,7 +3,7 @@
 target on fresh seeds, the two kernels interleaved seed by seed, and writes each run's time to 3.30 bits per byte.
 Run it on a quiet machine (on a CPU where ``precision="auto"`` picks bf16; elsewhere both arms are fp32):
 
-    OMP_NUM_THREADS=2 .venv/bin/python scripts/measure_cpu_attention.py --out bench/results/language_cpu_attention.json
+    OMP_NUM_THREADS=2 .venv/bin/python bench/results/2026-12-02-language-step-profile/measure_cpu_attention.py --out bench/results/2026-12-02-language-step-profile/language_cpu_attention.json
 """
 from __future__ import annotations
 

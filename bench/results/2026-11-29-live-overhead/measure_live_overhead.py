@@ -7,7 +7,7 @@ updating in the browser (A B A B ...). The kernel's main thread stays idle, as w
 clicks Run, so it also handles the browser's replies. Training seconds (evaluation excluded) come
 from the RunRecords.
 
-    .venv/bin/python scripts/measure_live_overhead.py --repeats 3 --threads 2 --out bench/results/live_overhead.json
+    .venv/bin/python bench/results/2026-11-29-live-overhead/measure_live_overhead.py --repeats 3 --threads 2 --out bench/results/2026-11-29-live-overhead/live_overhead.json
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(REPO / "tests" / "support"))
 
 from lab_server import CHROMIUM, CHROMIUM_FLAGS, lab_server, run_all_cells  # noqa: E402

@@ -4,7 +4,7 @@ as speedkit computes its gradient now (its own forward convolution, ``blurpool._
 rehearsal size (64 px, batch 64, channels_last, SGD with momentum), in bf16 autocast and in fp32. The arms are
 interleaved step by step; each figure is the median step time after warm-up. Run it on a quiet machine:
 
-    OMP_NUM_THREADS=1 taskset -c 1 .venv/bin/python scripts/measure_blurpool_step.py --out bench/results/blurpool_step.json
+    OMP_NUM_THREADS=1 taskset -c 1 .venv/bin/python bench/results/2026-12-04-blurpool-step/measure_blurpool_step.py --out bench/results/2026-12-04-blurpool-step/blurpool_step.json
 """
 from __future__ import annotations
 
@@ -82,8 +82,8 @@ def main() -> None:
         "machine": f"{cpu_name()}, {torch.get_num_threads()} threads, torch {torch.__version__}",
         "model": f"torchvision resnet18, {args.image_size} px, batch {args.batch}, channels_last, SGD momentum 0.9",
         "steps": args.steps,
-        "command": "OMP_NUM_THREADS=1 taskset -c 1 .venv/bin/python scripts/measure_blurpool_step.py "
-                   "--out bench/results/blurpool_step.json",
+        "command": "OMP_NUM_THREADS=1 taskset -c 1 .venv/bin/python bench/results/2026-12-04-blurpool-step/measure_blurpool_step.py "
+                   "--out bench/results/2026-12-04-blurpool-step/blurpool_step.json",
         "rows": rows}, indent=1) + "\n")
 
 

@@ -7,7 +7,7 @@ records (``timings["checkpoint_s"]`` over the number of saves, the final save le
 against the wall-clock difference of the paired runs; the cost at the default interval is one save per
 interval: ``seconds per save / interval``. Run it on a quiet machine (the issue asks for under 2%):
 
-    .venv/bin/python scripts/measure_checkpoint_cost.py --repeats 3 --out bench/results/checkpoint_cost.json
+    .venv/bin/python bench/results/2026-12-01-checkpoint-cost/measure_checkpoint_cost.py --repeats 3 --out bench/results/2026-12-01-checkpoint-cost/checkpoint_cost.json
 """
 from __future__ import annotations
 

@@ -3,10 +3,10 @@
 When a preset changes after the benchmark (it missed its target in a seed, say), re-run just that
 preset beside one baseline, in the same sitting:
 
-    speedkit bench --task fashion-mnist --recipes mild --baselines plain-bf16 --budgets bench/results/vision_budgets.json \\
+    speedkit bench --task fashion-mnist --recipes mild --baselines plain-bf16 --budgets bench/results/2026-11-30-headline-benchmark/vision_budgets.json \\
         --run-dir runs/bench-mild --out runs/bench-mild
-    python scripts/replace_bench_recipe.py vision mild runs/bench runs/bench-mild \\
-        --budgets bench/results/vision_budgets.json
+    python bench/results/2026-11-30-headline-benchmark/replace_bench_recipe.py vision mild runs/bench runs/bench-mild \\
+        --budgets bench/results/2026-11-30-headline-benchmark/vision_budgets.json
 
 The entry is summarised again from the records: the other runs, the leave-one-out runs and the time
 breakdown come from the main benchmark; the re-run recipe's runs come from the second folder and are

@@ -6,7 +6,7 @@ is ``--nofile`` (256 by default, below the 1,024 many desktops have), and report
 decodes one file at a time, so the limit is never approached; a task that opened every image first would fail
 with "Too many open files" at image 256.
 
-    .venv/bin/python scripts/measure_large_image_folder.py --out bench/results/large_image_folder.json
+    .venv/bin/python bench/results/2026-12-01-large-image-folder/measure_large_image_folder.py --out bench/results/2026-12-01-large-image-folder/large_image_folder.json
 
 The folder (about 400 MB on disk for 100,000 images) is written into a temporary directory unless ``--dir`` is
 given, and removed afterwards unless ``--keep``.
