@@ -28,7 +28,10 @@ def make_optimizer_factory(spec: dict):
         raise type(e)(f"bad parameters for optimizer {name!r}: {e}") from e
 
     def build(params):
-        params = list(params)
+        if isinstance(params, torch.Tensor):  # torch's own error names what it takes
+            return cls(params, **spec)
+        # Listed once: a generator (``model.parameters()``, a group's) would be used up by the choice.
+        params = [dict(item, params=list(item["params"])) if isinstance(item, dict) else item for item in params]
         return cls(params, **spec, **kernel_choice(params, spec))
 
     return build

@@ -35,6 +35,14 @@ def test_cpu_optimizers_are_foreach_with_the_per_parameter_loops_numbers(spec):
         torch.testing.assert_close(p, q)
 
 
+def test_parameter_groups_given_as_generators_keep_their_parameters():
+    model = _model()
+    groups = [{"params": (p for p in model[0].parameters())}, {"params": model[2].parameters(), "lr": 0.01}]
+    optimizer = make_optimizer_factory(SPECS[0])(groups)
+    assert [len(g["params"]) for g in optimizer.param_groups] == [2, 2]
+    assert optimizer.param_groups[1]["lr"] == 0.01
+
+
 def test_a_spec_that_chooses_its_kernels_keeps_its_choice():
     optimizer = make_optimizer_factory({"name": "adamw", "lr": 1e-3, "foreach": False})(_model().parameters())
     assert optimizer.defaults["foreach"] is False
