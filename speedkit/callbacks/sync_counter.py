@@ -9,6 +9,9 @@ op at once, so these waits cost nothing there and a profile cannot show them; co
   to) and copies from a device to the host; speedkit's own deliberate reads (``core.devices.to_host``) and
   synchronizes (``core.devices.synchronize``) report themselves, so they count on a CPU too;
 - collectives: the ``c10d`` ops (all-reduce, broadcast, ...), counted beside the reads;
+- shapes read from the data (``data_dependent``): ``nonzero``, ``unique``, ``masked_select``, indexing with a
+  boolean mask, ``repeat_interleave`` of counts: the output's size is known only once the device has computed it,
+  so the host waits for it;
 - blocking host-to-device copies (``host_to_device``): a tensor made on the host (from Python numbers, numpy,
   or torch's CPU random generator) copied to the device without ``non_blocking`` from pinned memory, explicitly
   (``.to(device)``, ``.cuda()``, ``copy_``, ``torch.tensor(data, device=...)``) or by using it as an index or
@@ -43,7 +46,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 from speedkit.core import devices
 from speedkit.core.engine import Callback
 
-KINDS = ("item", "host_read", "device_sync", "collective", "host_to_device")  # "host_only": host values, no wait
+KINDS = ("item", "host_read", "device_sync", "collective", "host_to_device", "data_dependent")  # "host_only": host values, no wait
 _COLLECTIVE_NAMESPACES = ("c10d", "_c10d_functional", "c10d_functional")
 
 
@@ -64,10 +67,41 @@ class _SyncDispatch(TorchDispatchMode):
                 self.counter.count("item")
         elif func.namespace in _COLLECTIVE_NAMESPACES:
             self.counter.count("collective")
+        elif _shape_from_data(func, args, kwargs) and not all(self.counter.host_made(t) for t in _tensors(args)):
+            self.counter.count("data_dependent")
         elif func in (torch.ops.aten._to_copy.default, torch.ops.aten.copy_.default) and _device_to_host(
                 func, args, kwargs):
             self.counter.count("host_read")
         return func(*args, **kwargs)
+
+
+_DATA_DEPENDENT_SHAPES = (torch.ops.aten.nonzero.default, torch.ops.aten.masked_select.default,
+                          torch.ops.aten._unique2.default, torch.ops.aten.unique_dim.default,
+                          torch.ops.aten.unique_consecutive.default, torch.ops.aten.repeat_interleave.Tensor)
+_MASK_INDEXING = (torch.ops.aten.index.Tensor, torch.ops.aten.index_put.default, torch.ops.aten.index_put_.default)
+
+
+def _tensors(args) -> list[torch.Tensor]:
+    return [t for t in pytree.tree_leaves(args) if isinstance(t, torch.Tensor)]
+
+
+def _shape_from_data(func, args, kwargs) -> bool:
+    """Whether ``func``'s output size depends on its input's values (a boolean mask as an index included)."""
+    if func in _DATA_DEPENDENT_SHAPES:
+        return True
+    if func not in _MASK_INDEXING or not any(t.dtype in (torch.bool, torch.uint8) for t in _tensors(args[1])):
+        return False
+    return not (func is not torch.ops.aten.index.Tensor and _a_masked_fill(args, kwargs))
+
+
+def _a_masked_fill(args, kwargs) -> bool:
+    """``x[mask] = number``: ATen runs it as ``masked_fill_`` (no size read) when one mask is the only index, the
+    value one number on the host (Python's ``__setitem__`` makes it there on CUDA too) and nothing accumulates."""
+    indices, value = args[1], args[2]
+    accumulate = args[3] if len(args) > 3 else kwargs.get("accumulate", False)
+    masks = [t for t in indices if t is not None]
+    return (not accumulate and len(masks) == 1 and value.numel() == 1 and value.device.type == "cpu"
+            and masks[0].device == args[0].device)
 
 
 # torch's calls that copy tensors or host data to a device they are told

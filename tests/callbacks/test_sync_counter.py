@@ -124,6 +124,7 @@ NO_COPIES = {
     "a host-made value read on the host": lambda x: torch.randint(0, 4, (1,)).item(),
     "a device tensor moved to its device": lambda x: x.to(x.device),
     "dtype only": lambda x: torch.arange(3).to(torch.float32),
+    "a number assigned through a mask (a masked fill)": lambda x: x.clone().__setitem__(x > 0, 0.0),
     "pinned and non-blocking": lambda x: ((torch.rand(4).pin_memory() if x.is_cuda else torch.rand(4))
                                           .to(x.device, non_blocking=True)),
 }
@@ -157,3 +158,33 @@ def test_a_copy_added_to_the_step_is_counted(tmp_path):
     quiet = counter.quiet_steps()
     assert quiet and all(n == 1 for n in quiet.values()), quiet
     assert counter.totals["host_to_device"] >= len(quiet)
+
+
+# Each makes an output whose size is read from the device's data: the host waits for the device to compute it.
+DATA_DEPENDENT_SHAPES = {
+    "nonzero": lambda x: torch.nonzero(x > 0),
+    "a boolean mask as an index": lambda x: x[x > 0],
+    "a boolean mask added through": lambda x: x.clone().index_put_((x > 0,), torch.ones((), device=x.device),
+                                                                   accumulate=True),
+    "unique": lambda x: torch.unique(x),
+    "masked_select": lambda x: x.masked_select(x > 0),
+    "repeat_interleave of counts": lambda x: torch.repeat_interleave((x > 0).long().flatten()),
+}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", sorted(DATA_DEPENDENT_SHAPES))
+def test_an_output_sized_by_the_data_is_a_wait(case, device):
+    x = torch.randn(2, 2, 3, device=device)
+    with SyncCounter() as counter:
+        DATA_DEPENDENT_SHAPES[case](x)
+    assert counter.totals["data_dependent"] == 1, dict(counter.totals)
+    assert counter.total == 1
+
+
+def test_an_output_sized_by_host_data_is_no_wait():
+    with SyncCounter() as counter:
+        keys = torch.randint(0, 4, (16,))  # drawn on the host, as a loader or AugMix's grouping does
+        torch.unique(keys)
+        keys[keys > 1]
+    assert counter.total == 0, dict(counter.totals)
