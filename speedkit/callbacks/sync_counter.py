@@ -46,7 +46,8 @@ from torch.utils.weak import WeakIdKeyDictionary
 from speedkit.core import devices
 from speedkit.core.engine import Callback
 
-KINDS = ("item", "host_read", "device_sync", "collective", "host_to_device", "data_dependent")  # "host_only": host values, no wait
+# what counts as a wait; "host_only" (reads of values on the host) is counted apart
+KINDS = ("item", "host_read", "device_sync", "collective", "host_to_device", "data_dependent")
 _COLLECTIVE_NAMESPACES = ("c10d", "_c10d_functional", "c10d_functional")
 
 
