@@ -20,8 +20,10 @@ op at once, so these waits cost nothing there and a profile cannot show them; co
 On a CPU the device and the host are one, so a copy is invisible to the dispatcher (``.to(device)`` of a CPU
 tensor does nothing). The counter therefore follows where each tensor was made, at the level of torch's
 Python API (a ``TorchFunctionMode``): a tensor made by a factory without a ``device`` argument, from host data,
-or only from such tensors is host-made; the CPU stands in for the device everywhere else, until a tensor on
-another device is seen, from when on the device is that one. A read (``.item()``) of a host-made value waits on
+or only from such tensors is host-made, as is one placed on the device named by the string ``"cpu"`` (torch.optim's
+step counts); the CPU stands in for the device everywhere else, until a tensor on another device is seen, from when
+on the device is that one. ``torch.from_numpy`` is not seen (it takes no part in torch's Python API's overrides):
+``torch.as_tensor`` is. A read (``.item()``) of a host-made value waits on
 nothing: it is counted apart, as ``host_only``, with the reads made while a host loader makes its batch.
 
 Use it around anything, ``with SyncCounter() as syncs: trainer.fit()``, or as a profiling callback,
