@@ -135,9 +135,6 @@ def randaugment_batch(images: torch.Tensor, num_ops: int = 2, magnitude: int = 9
     check_unit_images(images, "randaugment")
     if not 0 <= magnitude <= MAX_MAGNITUDE:
         raise ValueError(f"magnitude must be in [0, {MAX_MAGNITUDE}], got {magnitude}")
-    unknown = [name for name in ops if name not in OPERATIONS]
-    if unknown:
-        raise ValueError(f"unknown operations {unknown}; known: {list(OPERATIONS)}")
     n, device = images.shape[0], images.device
     out = images
     for _ in range(num_ops):
@@ -159,6 +156,9 @@ def apply_drawn_operations(images: torch.Tensor, op_names, op_index: torch.Tenso
     ``apply_operation`` image by image (the geometric ones up to a pixel rounded the other way).
     """
     names = list(op_names)
+    unknown = [name for name in names if name not in OPERATIONS]
+    if unknown:
+        raise ValueError(f"unknown operations {unknown}; known: {list(OPERATIONS)}")
     drawn = {name: op_index == i for i, name in enumerate(names)}
     out = images
     geometric = [name for name in _GEOMETRIC if name in drawn]
@@ -229,7 +229,8 @@ def _warp(images: torch.Tensor, drawn: dict, strength: torch.Tensor) -> torch.Te
     torchvision's ``rotate`` (about the centre) and ``affine`` (shear and translation about the top-left
     corner) map it: nearest pixel, black outside."""
     height, width = images.shape[-2:]
-    s = strength.to(torch.float64)  # the inverse map in double, as torchvision computes it in Python floats
+    # the inverse map in double, as torchvision computes it in Python floats (MPS has no double)
+    s = strength.to(torch.float32 if strength.device.type == "mps" else torch.float64)
     zero = torch.zeros_like(s)
 
     def where(name, value):
