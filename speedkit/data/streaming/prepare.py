@@ -48,13 +48,13 @@ class PrepareResult:
     skipped: list  # (path, why) left out with skip_bad
     complete: bool
     message: str = ""
-    notes: list = dataclasses.field(default_factory=list)  # what else a user should know, a line each
+    also: list = dataclasses.field(default_factory=list)  # what else a user should know, a line each
 
     def summary(self) -> str:
         counts = ", ".join(f"{split} {n}" for split, n in self.samples.items())
         skipped = f"; {len(self.skipped)} unreadable file(s) left out" if self.skipped else ""
         state = "complete" if self.complete else "PARTIAL"
-        lines = [f"{self.out}: {self.kind} shards {state} ({counts}){skipped}", *self.notes]
+        lines = [f"{self.out}: {self.kind} shards {state} ({counts}){skipped}", *self.also]
         return "\n".join(lines + ([self.message] if self.message else []))
 
 
@@ -293,7 +293,7 @@ def prepare_images(source, out, *, short_side: int = 160, quality: int = 90, val
                       verify=verify, needs=("stats", "pixels"), unit="img")
     if not_images:
         shown = ", ".join(str(p.relative_to(source)) for p in not_images[:3])
-        result.notes.append(f"{len(not_images)} file(s) in the class folders are not images "
+        result.also.append(f"{len(not_images)} file(s) in the class folders are not images "
                             f"({', '.join(IMAGE_EXTENSIONS)}) and were left out: {shown}"
                             + (", ..." if len(not_images) > 3 else ""))
     return result
