@@ -152,19 +152,12 @@ class StepCalls:
         return self.session.compute_loss(outputs, batch, loss_fn)
 
     def eval_batch(self, batch):
-        state = self.session.state
-        state.batch = batch
-        self.session.run(Event.EVAL_BATCH_START)
-        self.session.run(Event.EVAL_BEFORE_FORWARD)
-        return state.batch
+        """The validation batch as the forward should take it (EVAL_BATCH_START, EVAL_BEFORE_FORWARD)."""
+        return self.session.eval_batch(batch)
 
     def eval_outputs(self, outputs):
-        state = self.session.state
-        state.outputs = outputs
-        self.session.run(Event.EVAL_AFTER_FORWARD)
-        outputs = state.outputs
-        self.session.run(Event.EVAL_BATCH_END)
-        return outputs
+        """The outputs to score, after EVAL_AFTER_FORWARD (test-time augmentation), then EVAL_BATCH_END."""
+        return self.session.eval_outputs(outputs)
 
 
 def _duration(trainer: "L.Trainer") -> str:

@@ -234,20 +234,11 @@ class Speedkit:
 
     def eval_batch(self, batch):
         """EVAL_BATCH_START and EVAL_BEFORE_FORWARD: the evaluation batch as the model should see it."""
-        session = self.session
-        session.state.batch = batch
-        session.run(Event.EVAL_BATCH_START)
-        session.run(Event.EVAL_BEFORE_FORWARD)
-        return session.state.batch
+        return self.session.eval_batch(batch)
 
     def eval_outputs(self, outputs):
         """EVAL_AFTER_FORWARD (test-time augmentation) and EVAL_BATCH_END; returns the outputs to score."""
-        session = self.session
-        session.state.outputs = outputs
-        session.run(Event.EVAL_AFTER_FORWARD)
-        outputs = session.state.outputs
-        session.run(Event.EVAL_BATCH_END)
-        return outputs
+        return self.session.eval_outputs(outputs)
 
     def finish(self) -> None:
         """FIT_END: averaging methods leave their weights in the model (EMA's ``final_weights="ema"``).

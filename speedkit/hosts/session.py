@@ -138,7 +138,8 @@ class MethodSession:
     :meth:`fit_start` (optimizer methods; returns the optimizers to train with), then per batch
     :meth:`batch_start`, :meth:`transform_batch`, :meth:`compute_loss`, :meth:`before_backward`,
     :meth:`after_backward`, :meth:`batch_end` (with gradient accumulation, :meth:`microbatch_end` after each
-    microbatch but a step's last); :meth:`epoch_start`/:meth:`epoch_end`, :meth:`eval_start`/:meth:`eval_end`, and
+    microbatch but a step's last); :meth:`epoch_start`/:meth:`epoch_end`; :meth:`eval_start` (or
+    :meth:`evaluating`), per evaluation batch :meth:`eval_batch` and :meth:`eval_outputs`, :meth:`eval_end`; and
     :meth:`fit_end` when training ends (not when it is killed).
     """
 
@@ -328,10 +329,20 @@ class MethodSession:
 
     # -- evaluation and the end ------------------------------------------------------------------------
     def eval_start(self) -> None:
-        self.run(Event.EVAL_START)
+        self.step.eval_start()
+
+    def eval_batch(self, batch):
+        """EVAL_BATCH_START and EVAL_BEFORE_FORWARD on ``batch``; returns the batch the forward should take."""
+        return self.step.eval_batch(batch)
+
+    def eval_outputs(self, outputs):
+        """EVAL_AFTER_FORWARD and EVAL_BATCH_END; returns the outputs to score (test-time augmentation's)."""
+        outputs = self.step.eval_outputs(outputs)
+        self.step.eval_batch_end()
+        return outputs
 
     def eval_end(self) -> None:
-        self.run(Event.EVAL_END)
+        self.step.eval_end()
 
     @contextlib.contextmanager
     def evaluating(self):

@@ -19,6 +19,15 @@ speedkit's Trainer (``speedkit.train.trainer``, where the step reads top to bott
     step.count(batch)                  the clock: a batch, its samples and tokens on every rank, the seconds
     step.end()                         BATCH_END
 
+An evaluation's events, in the same way::
+
+    step.eval_start()                  EVAL_START                          (EMA swaps its average in)
+    for each evaluation batch:
+        step.eval_batch(batch)         EVAL_BATCH_START, EVAL_BEFORE_FORWARD; returns the batch the forward takes
+        step.eval_outputs(outputs)     EVAL_AFTER_FORWARD; returns the outputs to score (test-time augmentation)
+        step.eval_batch_end()          EVAL_BATCH_END                      (after the metrics, where the loop has them)
+    step.eval_end()                    EVAL_END                            (EMA swaps it back out)
+
 :class:`Stopwatch` is the one measure of training time, which time to target is read from: evaluation and
 saving are timed apart, what methods do at FIT_START and at evaluation counts in.
 """
@@ -41,6 +50,8 @@ _BATCH_START, _BATCH_END, _AFTER_TRAIN_BATCH = Event.BATCH_START, Event.BATCH_EN
 _BEFORE_FORWARD, _AFTER_FORWARD = Event.BEFORE_FORWARD, Event.AFTER_FORWARD
 _BEFORE_LOSS, _AFTER_LOSS = Event.BEFORE_LOSS, Event.AFTER_LOSS
 _BEFORE_BACKWARD, _AFTER_BACKWARD = Event.BEFORE_BACKWARD, Event.AFTER_BACKWARD
+_EVAL_BATCH_START, _EVAL_BEFORE_FORWARD = Event.EVAL_BATCH_START, Event.EVAL_BEFORE_FORWARD
+_EVAL_AFTER_FORWARD, _EVAL_BATCH_END = Event.EVAL_AFTER_FORWARD, Event.EVAL_BATCH_END
 
 
 class Step:
@@ -124,6 +135,31 @@ class Step:
         """The clock's epoch advances, then the methods hear of it (EPOCH_END)."""
         self.state.timestamp = self.state.timestamp.after_epoch()
         self.run(Event.EPOCH_END)
+
+    # -- evaluation -----------------------------------------------------------------------------
+    def eval_start(self) -> None:
+        self.run(Event.EVAL_START)
+
+    def eval_batch(self, batch):
+        """The evaluation ``batch`` on the State, EVAL_BATCH_START and EVAL_BEFORE_FORWARD; returns the batch the
+        forward takes."""
+        self.state.batch = batch
+        self.run(_EVAL_BATCH_START)
+        self.run(_EVAL_BEFORE_FORWARD)
+        return self.state.batch
+
+    def eval_outputs(self, outputs):
+        """``outputs`` on the State, then EVAL_AFTER_FORWARD; returns the outputs to score, as the methods left
+        them (test-time augmentation averages in its flipped view)."""
+        self.state.outputs = outputs
+        self.run(_EVAL_AFTER_FORWARD)
+        return self.state.outputs
+
+    def eval_batch_end(self) -> None:
+        self.run(_EVAL_BATCH_END)
+
+    def eval_end(self) -> None:
+        self.run(Event.EVAL_END)
 
 
 class Stopwatch:

@@ -1,7 +1,7 @@
 """The Trainer: a training loop whose every step is a named event that methods can act on.
 
 Reading order: ``__init__`` (parts, INIT), ``fit`` (resume, the epoch loop, clean endings), ``_train_step``
-(microbatches, forward, loss, backward, step), ``eval``. The step's events run through
+(microbatches, forward, loss, backward, step), ``eval``. The step's and an evaluation's events run through
 ``speedkit.train.step.Step``, the one sequence every host drives too; training time, evaluation apart, is its
 ``Stopwatch``'s. Every run writes a RunRecord and, unless told not to, a final checkpoint into its run folder.
 Around the loop, each in a room of its own: ``speedkit.train.parts`` (what the Trainer is given, made into
@@ -449,11 +449,11 @@ class Trainer:
 
     @torch.no_grad()
     def _run_evaluator(self, evaluator: Evaluator) -> dict[str, float]:
-        state, engine = self.state, self.engine
+        state = self.state
         state.current_evaluator = evaluator
         for metric in evaluator.metrics.values():
             metric.reset()
-        engine.run_event(Event.EVAL_START)
+        self.step.eval_start()
         seen, last = 0, None
         for index, batch in enumerate(evaluator.dataloader):
             if evaluator.max_batches is not None and index >= evaluator.max_batches:
@@ -466,22 +466,20 @@ class Trainer:
         values = compute_metrics(evaluator.metrics)  # one read of every metric's device state
         label = "eval" if evaluator.label == "eval" else f"eval/{evaluator.label}"
         state.eval_metrics[label] = values
-        engine.run_event(Event.EVAL_END)
+        self.step.eval_end()
         state.current_evaluator = None
         return values
 
     def _eval_batch(self, evaluator: Evaluator, batch, count: bool = True) -> None:
-        state, engine = self.state, self.engine
-        state.batch = to_device(batch, state.device)
-        engine.run_event(Event.EVAL_BATCH_START)
-        engine.run_event(Event.EVAL_BEFORE_FORWARD)
+        state, step = self.state, self.step
+        batch = step.eval_batch(to_device(batch, state.device))
         with state.autocast():
-            state.outputs = call_model(state.model, state.batch)
-        engine.run_event(Event.EVAL_AFTER_FORWARD)
+            outputs = call_model(state.model, batch)
+        outputs = step.eval_outputs(outputs)
         if count:
             for metric in evaluator.metrics.values():
-                metric.update(output_logits(state.outputs).float(), state.batch_targets())
-        engine.run_event(Event.EVAL_BATCH_END)
+                metric.update(output_logits(outputs).float(), state.batch_targets())
+        step.eval_batch_end()
 
     # -- endings --------------------------------------------------------------------------
     def _end_abnormally(self, status: str, error: str, save: bool) -> None:
