@@ -99,6 +99,7 @@ def _toy_run(tmp_path, methods, layers: int):
 
     Trainer(model, train, max_duration="6ba", device="cpu", run_dir=tmp_path, log_interval=3, methods=methods,
             callbacks=[counter], save_checkpoints=False).fit()
+    assert sum(counter.quiet_steps().values()) == 0, counter.report()  # and no host wait
     return counter.quiet_step_ops()
 
 
