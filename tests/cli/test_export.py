@@ -192,3 +192,51 @@ def test_export_of_a_copied_run_folder_writes_that_folders_weights_not_the_origi
     for name, tensor in exported.items():
         assert torch.equal(tensor, own[name]), name
     assert any(not torch.equal(exported[name], original[name]) for name in exported)  # A's are other weights
+
+
+def test_an_averaging_method_of_ones_own_is_exported_through_its_own_interface(tmp_path):
+    """Export asks a method for its average (Method.averaged_weights, ends_with_average), so a registered method
+    that keeps one is exported like EMA and SWA, with no change to export."""
+    from speedkit.core import Event, Method
+    from speedkit.core.method import MethodCard
+    from speedkit.methods import register_method, unregister_method
+    from speedkit.methods.ema import init_ema, load_weights
+
+    class FirstWeights(Method):  # ends the run with the weights it started from
+        CARD = MethodCard(name="first_weights", summary="End with the starting weights.", domain="any",
+                          events=(Event.FIT_START, Event.FIT_END), reads=("model",), writes=("eval",))
+
+        def __init__(self):
+            super().__init__()
+            self.first = None
+
+        def apply(self, event, state, logger):
+            if event is Event.FIT_START and self.first is None:
+                self.first = init_ema(state.model)
+            elif event is Event.FIT_END:
+                load_weights(state.model, self.first)
+
+        def averaged_weights(self):
+            return self.first
+
+        def ends_with_average(self):
+            return True
+
+        def state_dict(self):
+            return {} if self.first is None else {"first": self.first}
+
+        def load_state_dict(self, state):
+            self.first = state.get("first")
+
+    register_method(FirstWeights)
+    try:
+        start = {k: v.clone() for k, v in toy_model().state_dict().items()}
+        fit(tmp_path, toy_model(), [FirstWeights()], save_interval="8ba")
+        mid_run = tmp_path / "run" / "checkpoints" / "ba000000008.ckpt"
+        for weights in ("auto", "first_weights"):
+            result = export_weights(mid_run, out=tmp_path / f"{weights}.pt", format="pt", weights=weights)
+            assert result.weights == "first_weights"
+            for name, tensor in read_back(result).items():
+                assert torch.equal(tensor, start[name]), name
+    finally:
+        unregister_method("first_weights")
