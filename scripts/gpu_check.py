@@ -74,11 +74,10 @@ def earlier_runs(check: str, results_root: Path = ROOT / "bench" / "results") ->
 
 def next_check(code_hash: str, results_root: Path = ROOT / "bench" / "results") -> tuple[str | None, set | None]:
     """The first check not yet run in full on this code (``code_hash``), and its parts still to run: None for all
-    of them (no finished run yet), else those the time budget left out of every earlier run (a lease goes on where
-    the last one stopped). ``(None, None)`` when both have run in full."""
+    of them (no run yet), else those every earlier run left out for its time budget or did not reach before it
+    was stopped (a lease goes on where the last one stopped). ``(None, None)`` when both have run in full."""
     for check in CHECKS:
-        runs = [run for run in earlier_runs(check, results_root)
-                if run.get("code", {}).get("code_hash") == code_hash and run.get("finished")]
+        runs = [run for run in earlier_runs(check, results_root) if run.get("code", {}).get("code_hash") == code_hash]
         if not runs:
             return check, None
         parts = [run.get("parts", {}) for run in runs]
@@ -150,6 +149,13 @@ class Results:
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.started
+
+    def plan(self, names: list[str]) -> None:
+        """The parts this run means to run, each marked not reached until it runs: a check stopped at its limit
+        says which parts the next lease on this code must run (``next_check``)."""
+        for name in names:
+            self.data["parts"][name] = {"skipped": "not reached: the check stopped before this part", "retry": True}
+        self.write()
 
     def part(self, name: str, work, needs_s: float = 0.0):
         """Run ``work()`` as part ``name`` and write the results; skipped with its reason when the budget left is

@@ -106,8 +106,13 @@ def run(results, s: Settings, device: str, only: set | None = None) -> None:
     def part(name, fn, needs_s=0.0):
         return results.part(name, fn, needs_s) if wanted(name) else None
 
+    presets = [f"preset {preset}" for preset in s.presets]
+    results.plan([name for name in ("peak", "data", "vision-compiled", "language-compiled", *presets, "vision-eager",
+                                    "language-eager", "loader", "counts") if name in ("peak", "data") or wanted(name)])
     needs_data = only is None or any(n.split(" ")[0] in ("loader", "preset", "counts") for n in only)
     peak = results.part("peak", lambda: measure_peak(device, s), 10) or {}
+    if not needs_data:
+        results.skip("data", "no part of this run needs it")
     data = (results.part("data", lambda: make_data(work, device, s), 60) if needs_data else None) or {}
     flops_peak = peak.get("flops_per_s")
     with compile_backend(s.compile_backend):
@@ -119,7 +124,8 @@ def run(results, s: Settings, device: str, only: set | None = None) -> None:
             if data.get(task):
                 part(f"preset {preset}", lambda: preset_throughput(preset, data, s, device, work, flops_peak), 45)
             elif wanted(f"preset {preset}"):
-                results.skip(f"preset {preset}", f"no {task} data (the data part did not run or failed)")
+                results.skip(f"preset {preset}", f"no {task} data (the data part did not run or failed)",
+                             retry=True)
         for kind in ("vision", "language"):
             part(f"{kind}-eager", lambda: bare_against_trainer(kind, False, s, device, work, flops_peak), 25)
         if data:

@@ -77,6 +77,9 @@ def run(results, s: Settings, device: str, only: set | None = None) -> None:
     def part(name, fn, needs_s=0.0):
         return results.part(name, fn, needs_s) if only is None or name in only else None
 
+    names = (*[task for task, _, _ in BENCH], "gpt2", "imagenet")
+    results.plan([name for name in names if only is None or name in only])
+
     for task, recipe, baseline in BENCH:
         part(task, lambda: bench(task, recipe, baseline, s, device, work), 90)
     part("gpt2", lambda: gpt2_to_target(s, device, work), 200)

@@ -158,19 +158,32 @@ def test_a_lease_runs_the_check_not_yet_run_on_this_code(gpu_check, tmp_path):
 
     ran("throughput", "gpu-h100-1", tiny=True)  # a CPU rehearsal is no run
     assert gpu_check.next_check(code, tmp_path) == ("throughput", None)
-    ran("throughput", "gpu-h100-2", finished=False)  # stopped at its limit: run it again
-    assert gpu_check.next_check(code, tmp_path) == ("throughput", None)
     # the time budget left two parts out; the next lease runs those, not a part that could not be prepared
     left_out = {"skipped": "about 30 s needed, 5 s of the check's 285 s budget left", "retry": True}
     ran("throughput", "gpu-h100-3", parts={"peak": {"ok": True}, "preset gpt2:hot": left_out, "loader": left_out})
     assert gpu_check.next_check(code, tmp_path) == ("throughput", {"preset gpt2:hot", "loader"})
     ran("throughput", "gpu-h100-4", parts={"loader": {"ok": True}})
     assert gpu_check.next_check(code, tmp_path) == ("throughput", {"preset gpt2:hot"})
+    # a lease stopped at its limit, before the part it planned: the next one runs that part again
+    ran("throughput", "gpu-h100-4b", finished=False,
+        parts={"preset gpt2:hot": {"skipped": "not reached: the check stopped before this part", "retry": True}})
+    assert gpu_check.next_check(code, tmp_path) == ("throughput", {"preset gpt2:hot"})
     ran("throughput", "gpu-h100-5", parts={"preset gpt2:hot": {"ok": True}})
     assert gpu_check.next_check(code, tmp_path) == ("time-to-target", None)
     ran("time-to-target", "gpu-h100-5", parts={"imagenet": {"skipped": "no shard set", "retry": False}})
     assert gpu_check.next_check(code, tmp_path) == (None, None)
     assert gpu_check.next_check("other code", tmp_path) == ("throughput", None)
+
+
+def test_a_check_stopped_at_its_limit_says_which_parts_it_did_not_reach(gpu_check, tmp_path):
+    results = gpu_check.Results(tmp_path, "throughput", "cpu", tiny=False, budget_s=100)
+    results.plan(["peak", "data", "loader"])
+    results.part("peak", lambda: {"ok": True})
+    written = json.loads((tmp_path / "throughput.json").read_text())  # what a killed check leaves behind
+    assert not written["finished"] and written["parts"]["peak"]["ok"]
+    assert {name for name, part in written["parts"].items() if part.get("retry")} == {"data", "loader"}
+    results.part("data", lambda: {"ok": True}, needs_s=1e9)  # more than the budget: left out for the next lease
+    assert json.loads((tmp_path / "throughput.json").read_text())["parts"]["data"]["retry"]
 
 
 def test_on_the_device_machine_results_land_under_OUT(gpu_check, tmp_path, monkeypatch):
