@@ -103,6 +103,20 @@ def test_a_scaled_budget_keeps_a_rungs_evaluations_and_its_step_floor():
     assert not harness.run_request(profile.replace(duration="9ba"), scaled_hot, 0, "run", "runs", {}).step_floor
 
 
+def test_a_bench_profile_scales_a_budget_as_the_search_does():
+    """One scaling rule for bench and tune: a fraction of an epoch to three digits (not a float's rounding
+    error such as 0.30000000000000004ep), and never below one whole batch (not a budget of 0 batches)."""
+    from speedkit.experiments.bench import harness
+    from speedkit.experiments.measure import scaled_duration
+
+    vision = get_profile("vision", "cpu").replace(recipes=("baseline", "medium"), duration_scale=0.1)
+    assert vision.recipe("medium").duration == "3ep"
+    assert harness.scheduled_recipe(vision, "medium").duration == scaled_duration("3ep", 0.1) == "0.3ep"
+    language = get_profile("language", "cpu").replace(recipes=("baseline", "hot"), duration_scale=0.001)
+    assert language.recipe("hot").duration == "250ba"
+    assert harness.scheduled_recipe(language, "hot").duration == scaled_duration("250ba", 0.001) == "1ba"
+
+
 # -- pairing and medians, from records made by hand ---------------------------------------------
 def hand_made_vision_records() -> list[RunRecord]:
     baseline = [fake_record("baseline", 0, [(5, 0.8), (10, 0.91)]), fake_record("baseline", 1, [(6, 0.8), (12, 0.9)]),

@@ -21,7 +21,7 @@ from speedkit.experiments.bench.profiles import TASK_KEYS, BenchProfile, get_pro
 from speedkit.experiments.compare import at_or_beyond, final_metric, final_quality, late_gain, stricter, time_to_level
 from speedkit.experiments.compare import leave_one_out as leave_one_out_table
 from speedkit.experiments.compare import median_or_none, paired_speedups, time_rank
-from speedkit.experiments.measure import MEASURED_RUN, Measurement, fit, measure, shortest_budget
+from speedkit.experiments.measure import MEASURED_RUN, Measurement, fit, measure, scaled_duration, shortest_budget
 from speedkit.record.runs import RunRecord, environment, load_records, lower_is_better
 from speedkit.tasks import TASKS, Recipe, RunRequest, get_recipe, is_baseline, make_trainer, resolve_task
 
@@ -42,7 +42,7 @@ def scheduled_recipe(profile: BenchProfile, name: str) -> Recipe:
     recipe = profile.recipe(name)
     duration = profile.run.duration or recipe.duration
     if profile.duration_scale != 1.0:
-        duration = str(Time.from_string(duration) * profile.duration_scale)
+        duration = scaled_duration(duration, profile.duration_scale)
     if profile.run.eval_interval or is_baseline(profile.task, name):
         return recipe.with_changes(duration=duration)
     return recipe.with_budget(duration)

@@ -144,7 +144,7 @@ def run_budget_search(config: TuneConfig, studies: dict, runner=None, should_sto
     """Where no candidate reached the target on every confirmation seed, rerun the fastest one that reached it
     on some with a longer budget (``BUDGET_STEPS``) on every seed, so that what is shipped reaches the target
     in each; resumable, and the longer budgets are candidates like the others."""
-    from speedkit.experiments.tune.space import scaled_duration
+    from speedkit.experiments.measure import scaled_duration
     from speedkit.tasks.recipes import Recipe
 
     confirm = studies["confirm"]

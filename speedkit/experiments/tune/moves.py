@@ -11,8 +11,9 @@ import dataclasses
 import json
 import random
 
+from speedkit.experiments.measure import scaled_duration
 from speedkit.experiments.tune.space import (FIELDS, SearchSpace, is_searched, limited_hparam, recipe_params,
-                                             scaled_duration, search_choices)
+                                             search_choices)
 
 TWO_MOVES_SHARE = 0.25  # how often a proposal makes two changes at once (one move alone can sit in a local dip)
 UNTRIED_ADD_WEIGHT = 3.0  # adding a method no trial has had yet: what the search knows least about

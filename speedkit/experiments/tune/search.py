@@ -19,8 +19,8 @@ from typing import Any, Sequence
 
 from speedkit.core.seeding import process_seed
 from speedkit.experiments.tune.objective import TrialContext, resolve_runner, score_record, train_and_store
-from speedkit.experiments.tune.space import (SearchSpace, TuneInputError, budget_scale, describe_change, recipe_params,
-                                             suggest_recipe)
+from speedkit.experiments.measure import budget_scale
+from speedkit.experiments.tune.space import SearchSpace, TuneInputError, describe_change, recipe_params, suggest_recipe
 from speedkit.experiments.tune.storage import (START_LOCK, FolderLock, finished_trials, open_storage, optuna_module,
                                                requeue, started_trials, worker_id)
 

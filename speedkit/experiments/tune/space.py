@@ -11,7 +11,7 @@ import tempfile
 from typing import Any, Sequence
 
 from speedkit.core.method import HParam, IncompatibleMethodsError, check_compatibility
-from speedkit.core.time import Time
+from speedkit.experiments.measure import budget_scale, scaled_duration
 
 # Hyperparameters that are switches of the method's error handling or facts about the task, not settings.
 NOT_SEARCHED = {"allow_empty", "num_classes"}
@@ -274,24 +274,6 @@ def suggest_recipe(trial, base, space: SearchSpace, name: str, refused=frozenset
     if space.methods:  # the trial's methods replace the base's (checked against the cards); no methods: the base's stay
         changes["methods"] = suggest_methods(trial, space, refused)
     return base.with_changes(**changes)
-
-
-def scaled_duration(duration: str, scale: float) -> str:
-    """The base budget times ``scale``, in the base's unit (at least one whole batch, sample or token)."""
-    time = Time.from_string(duration) * scale
-    if isinstance(time.value, int):
-        time = Time(max(1, time.value), time.unit)
-    else:
-        time = Time(float(f"{time.value:.3g}"), time.unit)
-    return str(time)
-
-
-def budget_scale(recipe, base) -> float | None:
-    """The recipe's budget over the base's (None where their units differ)."""
-    try:
-        return Time.from_string(recipe.duration) / Time.from_string(base.duration)
-    except (ValueError, TypeError):
-        return None
 
 
 def suggest_methods(trial, space: SearchSpace, refused=frozenset()) -> dict:
