@@ -1,2 +1,2 @@
-"""The front ends a person types: the ``speedkit`` command (``main.py``), the demo, the notebook runner and
-the weight export it calls."""
+"""The front ends a person types: the ``speedkit`` command, one module per subcommand (``train.py``, ``bench.py``,
+``export.py``, ...) that ``main.py`` builds the parser from and dispatches to, and the notebook runner it calls."""

@@ -13,7 +13,7 @@ import os
 import sys
 
 
-def add_data_parser(commands) -> None:
+def add_parser(commands) -> None:
     data = commands.add_parser("data", allow_abbrev=False, help="prepare data larger than memory as shards to stream",
                                description=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
     actions = data.add_subparsers(dest="action", required=True, metavar="ACTION")
@@ -68,7 +68,7 @@ def add_data_parser(commands) -> None:
                            "every byte); exit status 1 when one differs")
 
 
-def run_data(args) -> int:
+def run(args) -> int:
     if args.action == "info":
         return _info(args)
     from speedkit.data.streaming.prepare import PrepareStopped, prepare

@@ -134,4 +134,15 @@ def environment_report() -> str:
     return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
 
 
+
+def add_parser(commands) -> None:
+    commands.add_parser("env", help="what a bug report needs: versions, devices, bf16 speed measured here, data found",
+                        allow_abbrev=False)
+
+
+def run(args) -> int:
+    print(environment_report())
+    return 0
+
+
 __all__ = ["cpu_flags", "environment_report", "environment_rows"]

@@ -27,11 +27,10 @@ import json
 import os
 from pathlib import Path
 
-import torch
-
-from speedkit.record.runs import RunRecord, atomic_write_bytes
-from speedkit.train.checkpoint import LATEST, CheckpointContents, CheckpointError, read
 from speedkit.version import __version__
+
+# Imported where used (torch, the record, the checkpoint reader), so that the command line's parser, built from
+# add_parser below, imports nothing heavy.
 
 FORMATS = {"safetensors": "model.safetensors", "pt": "model.pt"}
 FINISHED = ("completed", "stopped", "target_reached")  # statuses whose last checkpoint was written after FIT_END
@@ -62,6 +61,9 @@ def find_checkpoint(run: str | os.PathLike) -> Path:
     """The checkpoint of ``run``: a ``.ckpt`` file, or a run folder (its record's last checkpoint, else
     ``checkpoints/latest.ckpt``). The record names a checkpoint inside the run folder relative to it, so a
     copied or moved run folder gives its own checkpoint."""
+    from speedkit.record.runs import RunRecord
+    from speedkit.train.checkpoint import LATEST
+
     run = Path(run)
     if run.is_file():
         return run
@@ -86,6 +88,9 @@ def export_weights(run: str | os.PathLike, out: str | os.PathLike | None = None,
     """Write the trained weights of ``run`` (a run folder or a ``.ckpt`` file) to ``out`` (default: beside the
     checkpoints, ``<run folder>/model.safetensors`` or ``model.pt``). ``weights``: ``auto`` (the weights the run
     ended with, see the module notes), or ``model`` / ``ema`` / ``swa`` to pick one set."""
+    from speedkit.record.runs import RunRecord, atomic_write_bytes
+    from speedkit.train.checkpoint import read
+
     if format not in FORMATS:
         raise ValueError(f"format must be one of {sorted(FORMATS)}, got {format!r}")
     if weights not in ("auto", "model") and weights not in _averaging_method_names():
@@ -109,7 +114,7 @@ def export_weights(run: str | os.PathLike, out: str | os.PathLike | None = None,
     return ExportResult(out, format, source, checkpoint, model_methods)
 
 
-def _choose_weights(contents: CheckpointContents, record: RunRecord, weights: str,
+def _choose_weights(contents, record, weights: str,
                     checkpoint: Path) -> tuple[str, dict]:
     """Which weights to write and the tensors: the model's, or an averaging method's, asked through the method's
     own interface (``Method.averaged_weights``, ``ends_with_average``) rebuilt from the record and the checkpoint."""
@@ -127,7 +132,7 @@ def _choose_weights(contents: CheckpointContents, record: RunRecord, weights: st
     return "model", contents.model  # a finished run's FIT_END already loaded the average its methods chose
 
 
-def _averaging_methods(contents: CheckpointContents, record: RunRecord) -> dict:
+def _averaging_methods(contents, record) -> dict:
     """The run's methods that hold averaged weights in this checkpoint, by name, in run order."""
     from speedkit.core.method import order_methods
     from speedkit.methods import REGISTRY, get_method
@@ -150,8 +155,10 @@ def _averaging_method_names() -> list[str]:
     return sorted(name for name, cls in REGISTRY.items() if cls.averaged_weights is not Method.averaged_weights)
 
 
-def _plain_tensors(state_dict: dict) -> dict[str, torch.Tensor]:
+def _plain_tensors(state_dict: dict) -> dict:
     """CPU, contiguous, one storage per name: what safetensors writes and any model can load."""
+    import torch
+
     return {name: t.detach().to("cpu").contiguous().clone() for name, t in state_dict.items()
             if isinstance(t, torch.Tensor)}
 
@@ -163,7 +170,7 @@ LOADS_AS_IS = ("channels_last", "torch_compile", "layer_freezing", "identity_ini
                "low_precision_layernorm")
 
 
-def _model_methods(record: RunRecord) -> list:
+def _model_methods(record) -> list:
     from speedkit.methods import REGISTRY
 
     return [m for m in record.methods if m.get("name") in REGISTRY and "model" in REGISTRY[m["name"]].CARD.writes
@@ -173,6 +180,8 @@ def _model_methods(record: RunRecord) -> list:
 def _check_out(out: Path, checkpoint: Path) -> None:
     """Refuse an ``out`` that is a folder, or that would replace a run's own files (its checkpoints, record, log):
     an export writes a new file, it never replaces what a resume or a report reads."""
+    from speedkit.train.checkpoint import LATEST
+
     if out.is_dir():
         raise IsADirectoryError(f"export --out {out} is a folder; name the file to write, such as "
                                 f"{out / 'model.safetensors'}")
@@ -195,6 +204,8 @@ def _default_out(run, checkpoint: Path, format: str) -> Path:
 
 
 def _write_safetensors(out: Path, tensors: dict, metadata: dict) -> None:
+    from speedkit.record.runs import atomic_write_bytes
+
     try:
         from safetensors.torch import save
     except ImportError:
@@ -206,9 +217,29 @@ def _write_safetensors(out: Path, tensors: dict, metadata: dict) -> None:
 def _torch_bytes(tensors: dict) -> bytes:
     import io
 
+    import torch
+
     buffer = io.BytesIO()
     torch.save(tensors, buffer)
     return buffer.getvalue()
 
 
-__all__ = ["ExportResult", "export_weights", "find_checkpoint", "CheckpointError"]
+def add_parser(commands) -> None:
+    export = commands.add_parser("export", allow_abbrev=False, help="write a run's trained weights for other tools (safetensors, pt)",
+                                 description="Writes the weights the run ended with (EMA/SWA averages where it used "
+                                             "them) as a plain state dict that safetensors.torch.load_file or "
+                                             "torch.load(weights_only=True) reads into a fresh model.")
+    export.add_argument("run", help="a run folder (runs/NAME) or a .ckpt file")
+    export.add_argument("--format", default="safetensors", choices=["safetensors", "pt"],
+                        help="safetensors (default) or pt (torch.save of the state dict)")
+    export.add_argument("--out", help="file to write (default: model.safetensors or model.pt in the run folder)")
+    export.add_argument("--weights", default="auto", choices=["auto", "model", "ema", "swa"],
+                        help="auto: what the run ended with; or one set from the checkpoint")
+
+
+def run(args) -> int:
+    print(export_weights(args.run, out=args.out, format=args.format, weights=args.weights).instructions())
+    return 0
+
+
+__all__ = ["ExportResult", "export_weights", "find_checkpoint"]

@@ -24,8 +24,6 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-import yaml
-
 from speedkit.cli.shipped import NOTEBOOK_FOLDERS, is_shipped, notebook_root
 from speedkit.record.run_folder import remove_earlier_runs
 
@@ -98,6 +96,8 @@ def load_params(params: str | Path, notebook: str | Path, root: str | Path = "."
     path = _param_folder(params, Path(root)) / f"{Path(notebook).stem}.yaml"
     if not path.exists():
         return None
+    import yaml
+
     values = yaml.safe_load(path.read_text()) or {}
     if not isinstance(values, dict):
         raise ValueError(f"{path}: expected a mapping of parameter names to values, got {type(values).__name__}")
@@ -336,3 +336,51 @@ def format_summary(results: Iterable[NotebookResult]) -> str:
 
 __all__ = ["NotebookResult", "declared_parameters", "discover_notebooks", "format_summary", "load_params",
            "param_sets", "run_notebook", "run_notebooks"]
+
+
+def add_parser(commands) -> None:
+    notebooks = commands.add_parser("notebooks", allow_abbrev=False, help="run the notebooks and tutorials headlessly with papermill")
+    actions = notebooks.add_subparsers(dest="action", required=True)
+    run = actions.add_parser("run", allow_abbrev=False, help="run every notebook with a parameter set; exit status 1 if any fails")
+    run.add_argument("--params", default="cpu-smoke", help="parameter set: a folder under ROOT/params (cpu-smoke, gpu)")
+    run.add_argument("--out", default="runs/nb", help="each notebook's records, executed copy and HTML go to OUT/<name>/")
+    run.add_argument("--only", nargs="+", metavar="NAME", help="run only these notebooks (names without .ipynb)")
+    run.add_argument("--root", help="a checkout holding notebooks/, tutorials/ and params/ (default: the copy "
+                     "installed with speedkit)")
+    run.add_argument("-p", "--parameter", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
+                     help="override a parameter of every notebook run (VALUE is read as YAML)")
+    run.add_argument("--timeout", type=float, help="seconds any one cell may take")
+    where = actions.add_parser("where", allow_abbrev=False, help="print the folder holding the notebooks, tutorials and params")
+    where.add_argument("--root", help="a checkout to check instead of the installed copy")
+    copy = actions.add_parser("copy", allow_abbrev=False, help="copy the notebooks, tutorials and params into a folder "
+                              "of yours, to open and edit them (nothing there is replaced)")
+    copy.add_argument("destination", nargs="?", default="speedkit-notebooks", help="the folder (default: "
+                      "./speedkit-notebooks)")
+    copy.add_argument("--root", help="copy from this checkout instead of the installed copy")
+
+
+def run(args) -> int:
+    import yaml
+
+    from speedkit.cli.shipped import copy_notebooks
+
+    if args.action == "where":
+        print(notebook_root(args.root))
+        return 0
+    if args.action == "copy":
+        written = copy_notebooks(args.destination, root=args.root)
+        print(f"copied {len(written)} files into {Path(args.destination).expanduser()}; open them with: "
+              f"jupyter lab {args.destination}")
+        return 0
+    overrides = {}
+    for name, value in args.parameter:
+        try:
+            overrides[name] = yaml.safe_load(value)
+        except yaml.YAMLError as e:
+            raise ValueError(f"notebooks run -p {name} {value!r}: the value is read as plain YAML and this is not "
+                             f"({' '.join(str(e).split())}); quote it as a string (-p {name} \"'{value}'\") or give "
+                             f"a number, true/false, a list or a mapping") from None
+    results = run_notebooks(args.params, out=args.out, root=args.root, only=args.only, overrides=overrides,
+                            timeout=args.timeout, progress=print)
+    print(format_summary(results))
+    return 1 if any(r.failed for r in results) else 0

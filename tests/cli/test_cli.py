@@ -233,11 +233,11 @@ def test_env_prints_what_a_bug_report_needs(capsys):
 def test_a_run_in_a_pipe_prints_progress_at_a_bounded_interval(tmp_path, capsys, monkeypatch):
     """Where no bar draws (pytest captures both streams, as a pipe would), the run prints where it is between its
     evaluations, at most every PIPED_PROGRESS_EVERY_S; --no-progress keeps it quiet."""
-    import speedkit.cli.main as cli
+    import speedkit.cli.train as train_command
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("SPEEDKIT_PROGRESS", "0")  # nobody watches (this process has ipykernel, which says otherwise)
-    monkeypatch.setattr(cli, "PIPED_PROGRESS_EVERY_S", 1e-6)  # every batch: the test does not wait
+    monkeypatch.setattr(train_command, "PIPED_PROGRESS_EVERY_S", 1e-6)  # every batch: the test does not wait
     args = ["train", "--duration", "4ba", "--data-fraction", "0.01", "--eval-fraction", "0.02", "--batch-size", "32",
             "--eval-interval", "4ba"]
     assert main([*args, "--run-name", "piped"]) == 0

@@ -263,9 +263,10 @@ def test_a_task_whose_labels_flips_change_trains_without_flips(image_dir, tmp_pa
 
 
 def test_no_flips_is_a_folder_option_of_train_tune_and_bench():
-    from speedkit.cli.main import _folder_options, _parser
+    from speedkit.cli.main import _parser
+    from speedkit.cli.task_flags import folder_options
 
     for command in ("train", "tune", "bench"):
         args = _parser().parse_args([command, "--task", "image-folder", "--data", "DIR", "--no-flips"])
-        assert _folder_options(args) == {"flips_keep_labels": False}
-        assert _folder_options(_parser().parse_args([command, "--task", "image-folder"])) is None
+        assert folder_options(args) == {"flips_keep_labels": False}
+        assert folder_options(_parser().parse_args([command, "--task", "image-folder"])) is None

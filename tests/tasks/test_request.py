@@ -8,7 +8,8 @@ import inspect
 
 import pytest
 
-from speedkit.cli.main import _parser, main, run_request
+from speedkit.cli.main import _parser, main
+from speedkit.cli.train import run_request
 from speedkit.experiments.bench import get_profile, harness
 from speedkit.experiments.tune.objective import TrialContext, trial_request
 from speedkit.tasks import RunRequest, make_trainer

@@ -323,7 +323,8 @@ def test_speedkit_train_under_launch(tmp_path):
 
 
 def test_launch_passes_rendezvous_options_to_torchrun():
-    from speedkit.cli.main import _parser, torchrun_args
+    from speedkit.cli.launch import torchrun_args
+    from speedkit.cli.main import _parser
 
     args = _parser().parse_args(["launch", "-n", "4", "--nnodes", "2", "--node-rank", "1", "--rdzv-backend", "c10d",
                                  "--rdzv-endpoint", "head:29400", "--rdzv-id", "job7", "train.py", "--lr", "0.1"])
