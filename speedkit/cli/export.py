@@ -87,7 +87,8 @@ def export_weights(run: str | os.PathLike, out: str | os.PathLike | None = None,
                    weights: str = "auto") -> ExportResult:
     """Write the trained weights of ``run`` (a run folder or a ``.ckpt`` file) to ``out`` (default: beside the
     checkpoints, ``<run folder>/model.safetensors`` or ``model.pt``). ``weights``: ``auto`` (the weights the run
-    ended with, see the module notes), or ``model`` / ``ema`` / ``swa`` to pick one set."""
+    ended with, see the module notes), ``model``, or an averaging method's name (``ema``, ``swa``, or a registered
+    method of one's own) to pick one set."""
     from speedkit.record.runs import RunRecord, atomic_write_bytes
     from speedkit.train.checkpoint import read
 
@@ -233,8 +234,10 @@ def add_parser(commands) -> None:
     export.add_argument("--format", default="safetensors", choices=["safetensors", "pt"],
                         help="safetensors (default) or pt (torch.save of the state dict)")
     export.add_argument("--out", help="file to write (default: model.safetensors or model.pt in the run folder)")
-    export.add_argument("--weights", default="auto", choices=["auto", "model", "ema", "swa"],
-                        help="auto: what the run ended with; or one set from the checkpoint")
+    # Not a fixed list: export_weights checks the name, and any registered averaging method (one's own too) is one.
+    export.add_argument("--weights", default="auto",
+                        help="auto (default): what the run ended with; or one set from the checkpoint: model (the "
+                             "raw weights), or an averaging method's name: ema, swa, or a registered one of yours")
 
 
 def run(args) -> int:

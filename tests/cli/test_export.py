@@ -194,15 +194,16 @@ def test_export_of_a_copied_run_folder_writes_that_folders_weights_not_the_origi
     assert any(not torch.equal(exported[name], original[name]) for name in exported)  # A's are other weights
 
 
-def test_an_averaging_method_of_ones_own_is_exported_through_its_own_interface(tmp_path):
-    """Export asks a method for its average (Method.averaged_weights, ends_with_average), so a registered method
-    that keeps one is exported like EMA and SWA, with no change to export."""
+@pytest.fixture
+def first_weights():
+    """An averaging method of one's own, registered for the test: it ends the run with the weights it started from,
+    and says so only through the method's own interface (Method.averaged_weights, ends_with_average)."""
     from speedkit.core import Event, Method
     from speedkit.core.method import MethodCard
     from speedkit.methods import register_method, unregister_method
     from speedkit.methods.ema import init_ema, load_weights
 
-    class FirstWeights(Method):  # ends the run with the weights it started from
+    class FirstWeights(Method):
         CARD = MethodCard(name="first_weights", summary="End with the starting weights.", domain="any",
                           events=(Event.FIT_START, Event.FIT_END), reads=("model",), writes=("eval",))
 
@@ -230,13 +231,37 @@ def test_an_averaging_method_of_ones_own_is_exported_through_its_own_interface(t
 
     register_method(FirstWeights)
     try:
-        start = {k: v.clone() for k, v in toy_model().state_dict().items()}
-        fit(tmp_path, toy_model(), [FirstWeights()], save_interval="8ba")
-        mid_run = tmp_path / "run" / "checkpoints" / "ba000000008.ckpt"
-        for weights in ("auto", "first_weights"):
-            result = export_weights(mid_run, out=tmp_path / f"{weights}.pt", format="pt", weights=weights)
-            assert result.weights == "first_weights"
-            for name, tensor in read_back(result).items():
-                assert torch.equal(tensor, start[name]), name
+        yield FirstWeights
     finally:
         unregister_method("first_weights")
+
+
+def test_an_averaging_method_of_ones_own_is_exported_through_its_own_interface(tmp_path, first_weights):
+    """Export asks a method for its average (Method.averaged_weights, ends_with_average), so a registered method
+    that keeps one is exported like EMA and SWA, with no change to export."""
+    start = {k: v.clone() for k, v in toy_model().state_dict().items()}
+    fit(tmp_path, toy_model(), [first_weights()], save_interval="8ba")
+    mid_run = tmp_path / "run" / "checkpoints" / "ba000000008.ckpt"
+    for weights in ("auto", "first_weights"):
+        result = export_weights(mid_run, out=tmp_path / f"{weights}.pt", format="pt", weights=weights)
+        assert result.weights == "first_weights"
+        for name, tensor in read_back(result).items():
+            assert torch.equal(tensor, start[name]), name
+
+
+def test_the_cli_takes_a_registered_averaging_methods_name_for_weights(tmp_path, capsys, first_weights):
+    """`speedkit export --weights` is not a fixed list: any averaging method export_weights knows is asked for by
+    name, one's own included, and a name it does not know gets export_weights' one line naming the known ones."""
+    start = {k: v.clone() for k, v in toy_model().state_dict().items()}
+    fit(tmp_path, toy_model(), [first_weights()], save_interval="8ba")
+    mid_run = tmp_path / "run" / "checkpoints" / "ba000000008.ckpt"
+    out = tmp_path / "first.pt"
+    assert cli(["export", str(mid_run), "--format", "pt", "--out", str(out), "--weights", "first_weights"]) == 0
+    assert f"wrote {out} (first_weights weights from {mid_run})" in capsys.readouterr().out
+    for name, tensor in torch.load(out, weights_only=True).items():
+        assert torch.equal(tensor, start[name]), name
+
+    assert cli(["export", str(mid_run), "--weights", "first_weight"]) == 2
+    error = capsys.readouterr().err
+    assert "weights must be 'auto', 'model' or an averaging method's name" in error
+    assert "first_weights" in error and "got 'first_weight'" in error
