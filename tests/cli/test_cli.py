@@ -79,6 +79,16 @@ def test_help_fits_a_screen_and_names_every_command():
         assert f"    {command} " in out or f"    {command}\n" in out, command
 
 
+def test_each_command_is_the_module_named_after_it():
+    """cli/COMMAND.py registers exactly the command COMMAND (one each, in the order help lists them), so the one
+    file to open for a command is the one named after it."""
+    from speedkit.cli.main import COMMANDS, _parser
+
+    assert list(COMMANDS) == list(_subcommands(_parser()))
+    for name, module in COMMANDS.items():
+        assert module.__name__ == f"speedkit.cli.{name}" and callable(module.run), name
+
+
 def _subcommands(parser):
     import argparse
 
