@@ -97,10 +97,13 @@ class TunePanel:
     def _arguments(self, overrides: dict) -> dict:
         explorer = self.explorer
         arguments = {"task": explorer.task.value, "target": self.target.value, "budget": self.budget.value,
-                     "methods": list(self.methods.value), "device": explorer.device.value,
+                     "searched_methods": list(self.methods.value), "device": explorer.device.value,
                      "data_fraction": explorer.data_fraction, "eval_fraction": explorer.eval_fraction,
                      "eval_interval": explorer.eval_interval, "out_dir": str(self.out_dir),
                      "run_dir": str(explorer.run_dir)}
+        if "methods" in overrides:  # TuneSettings' keyword for searched_methods
+            overrides = {**overrides, "searched_methods": overrides["methods"]}
+            del overrides["methods"]
         return {**arguments, **overrides}
 
     def stop(self) -> None:

@@ -22,7 +22,7 @@ optuna = import_or_missing("optuna")
 from speedkit.experiments.tune import (TuneConfig, TuneInputError, TuneSettings, parse_budget, penalized,  # noqa: E402
                                        tune)
 from speedkit.experiments.tune.space import SearchSpace, recipe_params, suggest_recipe  # noqa: E402
-from speedkit.tasks import TASKS, Recipe, get_recipe  # noqa: E402
+from speedkit.tasks import TASKS, Recipe, RunRequest, get_recipe  # noqa: E402
 
 TESTS = Path(__file__).resolve().parents[1] / "support"
 FAKE = "tune_fakes:fake_run"
@@ -362,9 +362,15 @@ def test_tune_takes_its_settings_as_one_object_and_names_it_when_given_keywords(
         tune("fashion-mnist")
     with pytest.raises(TypeError, match="screen_fraction"):  # the screen ranked budgets wrongly; it is gone
         TuneSettings("fashion-mnist", screen_fraction=0.5)
-    request = TuneSettings("fashion-mnist", device="cpu", data_fraction=0.5, eval_interval="0.5ep").run_request()
-    assert (request.task, request.device, request.data_fraction, request.eval_interval) == (
-        "fashion-mnist", "cpu", 0.5, "0.5ep")
+    settings = TuneSettings("fashion-mnist", device="cpu", data_fraction=0.5, eval_interval="0.5ep", run_dir="r")
+    request = settings.run  # the search's runs are described once, by the RunRequest each of them starts from
+    assert (request.task, request.device, request.data_fraction, request.eval_interval, request.run_dir) == (
+        "fashion-mnist", "cpu", 0.5, "0.5ep", "r")
+    assert not any(hasattr(settings, name) for name in ("task", "device", "data_fraction", "eval_interval", "run_dir"))
+    assert settings.replace(device="auto", budget="1m").run == request.replace(device="auto")
+    assert TuneSettings(run=RunRequest("fashion-mnist", device="cpu"), methods=["ema"]).searched_methods == ["ema"]
+    with pytest.raises(TypeError, match="run.methods would replace a recipe's methods.*searched_methods="):
+        TuneSettings(run=RunRequest("fashion-mnist", methods=["ema"]))
     with pytest.raises(ValueError, match="data_fraction must be in"):  # checked by the one run description
         tune(TuneSettings("fashion-mnist", data_fraction=1.5, out_dir=tmp_path), **QUIET)
 
@@ -430,7 +436,7 @@ def test_cli_tune_writes_recipe_and_report(tmp_path, capsys, fake_env):
     prior = json.loads((tmp_path / "tune_config.json").read_text())["move_prior"]  # the benchmark's leave-one-out
     assert prior["muon"] is None and prior["label_smoothing"] > 1
     config = TuneConfig.load(tmp_path / "tune_config.json")  # what a worker process reads: the settings, concrete
-    assert config.settings.methods == ["ema", "label_smoothing"] and config.run_settings() == summary["settings"]
+    assert config.settings.searched_methods == ["ema", "label_smoothing"] and config.run_settings() == summary["settings"]
     assert config.settings.storage == str((tmp_path / "study.journal").resolve()) and config.budget_s == 60
     (tmp_path / "old.json").write_text(json.dumps({"task": "fashion-mnist", "settings": {"device": "auto"}}))
     with pytest.raises(TuneInputError, match="run the same `speedkit tune` command again"):
@@ -461,7 +467,7 @@ def test_cli_tune_searches_a_folder_of_your_own_images(tmp_path, capsys, fake_en
     assert TASKS["image-folder"].summary == f"2-class images from {tmp_path / 'images'}, 16x16, 1 channel(s)"
     # the folder's baseline evaluates every epoch; the search times every run every quarter epoch, as it ships
     assert get_recipe("image-folder", "plain-bf16").eval_interval == "1ep"
-    assert json.loads((tmp_path / "out" / "tune_config.json").read_text())["settings"]["eval_interval"] == "0.25ep"
+    assert json.loads((tmp_path / "out" / "tune_config.json").read_text())["settings"]["run"]["eval_interval"] == "0.25ep"
     report = (tmp_path / "out" / "report.md").read_text()  # the command it gives names the folder again
     assert (f"`speedkit train --task image-folder --data {(tmp_path / 'images').resolve()} --image-size 16 "
             f"--stop-at-target --recipe") in report

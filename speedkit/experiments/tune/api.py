@@ -72,7 +72,8 @@ def tune(settings: TuneSettings | None = None, *, log=print, on_trial=None, shou
         if retried:
             log(f"{study.study_name}: trials {retried} were cut short by a dead worker; marked failed, settings re-queued")
     seed_baseline_study(config, studies["baseline"])
-    log(f"speedkit tune: {config.settings.task}, target {config.metric} {config.target}, budget {config.budget_s:.0f}s "
+    log(f"speedkit tune: {config.settings.run.task}, target {config.metric} {config.target}, "
+        f"budget {config.budget_s:.0f}s "
         f"({config.spent_before_s:.0f}s used before), storage {config.settings.storage}")
     workers = start_workers(config_path, settings.n_workers - 1) if settings.n_workers > 1 else []
     try:
@@ -133,11 +134,10 @@ def build_config(settings: TuneSettings, out: Path, log=print) -> TuneConfig:
     from speedkit.tasks.recipes import timing_eval_interval, without_flips
     from speedkit.tasks.task import BUILT_IN
 
-    s = settings
-    s.run_request()  # the settings every run shares are a run request's fields: checked by it, once
+    s, run = settings, settings.run  # run: the RunRequest every run starts from, checked when it was made
     # a name, a Task, "pkg.mod:attr" or a folder: registered, so that the trials find it by name
-    spec = resolve_task(s.task, s.data, **(s.task_options or {}))
-    task_source = _task_source(s.task, s.data, s.task_options)
+    spec = resolve_task(run.task, run.data, **(run.task_options or {}))
+    task_source = _task_source(run.task, run.data, run.task_options)
     if s.n_workers > 1 and task_source is None and spec.name not in BUILT_IN:
         raise TuneInputError(f"n_workers={s.n_workers}: worker processes cannot build task {spec.name!r}, a Task "
                              f"object made in this process; give it as 'package.module:attr' (--task mod:attr) "
@@ -161,27 +161,27 @@ def build_config(settings: TuneSettings, out: Path, log=print) -> TuneConfig:
     if s.n_workers > 1 and s.runner is not None and runner is None:
         raise TuneInputError("runner must be importable ('module:function', or a module-level function) when "
                              "n_workers > 1: worker processes import it")
-    allowed = resolve_methods(s.methods)
+    allowed = resolve_methods(s.searched_methods)
     # the search's recipes are its own: a method of theirs that finds nothing is refused, not quietly dropped
     base = dataclasses.replace(get_recipe(task, spec.baselines[-1] if s.base is None else s.base), adopted_from=None)
     if not spec.flips_keep_labels:  # the base as its runs train it, so the search never samples a flip back
         base, removed = without_flips(base)
         for what in removed:
             log(f"left out the base's {what}: a horizontal flip changes this task's labels")
-    device = resolve_device(s.device)
+    device = resolve_device(run.device)
     # "auto" precision made concrete, so the base is a point of the space (whose choices are fp32/bf16/fp16)
     base = base.with_changes(precision=resolve_precision(base.precision, device))
     # every run of the search (and the recipe it ships) evaluates at one cadence, fine enough to rank by
-    base = base.with_changes(eval_interval=s.eval_interval or timing_eval_interval(base))
+    base = base.with_changes(eval_interval=run.eval_interval or timing_eval_interval(base))
     probe = base.with_changes(loader="memory")  # the probes need the model and evaluators, not a DataLoader
-    known = logged_metrics(task, probe, s.device, s.data_fraction, s.eval_fraction)
+    known = logged_metrics(task, probe, run.device, run.data_fraction, run.eval_fraction)
     if metric not in known:
         raise TuneInputError(f"target metric {metric!r} is not logged by any evaluator of task {task!r}; "
                              f"it logs {', '.join(known)}")
     candidates, left_out = candidate_methods(spec.domain, allowed, device.type, spec.flips_keep_labels)
-    left_out.update(probe_surgery(task, probe, candidates, s.device))
+    left_out.update(probe_surgery(task, probe, candidates, run.device))
     candidates = [m for m in candidates if m not in left_out]
-    limits = fit_hparams_to_model(task, probe, candidates, s.device) if s.tune_hparams else {}
+    limits = fit_hparams_to_model(task, probe, candidates, run.device) if s.tune_hparams else {}
     search = full_space(base, candidates, device.type, s.tune_hparams, s.duration_scale, s.lr_factor, limits,
                         spec.flips_keep_labels)
     if allowed is not None and not candidates:
@@ -197,9 +197,9 @@ def build_config(settings: TuneSettings, out: Path, log=print) -> TuneConfig:
     storage = storage_url(s.storage, out_dir)
     # the settings as every worker reads them (JSON): objects by their names, folders and storage resolved
     concrete = s.replace(
-        task=task, data=None if s.data is None else str(Path(s.data).resolve()), methods=allowed,
+        task=task, data=None if run.data is None else str(Path(run.data).resolve()), searched_methods=allowed,
         base=s.base if s.base is None or isinstance(s.base, str) else base.name, storage=storage,
-        out_dir=str(out_dir), run_dir=str(Path(s.run_dir).resolve()) if s.run_dir else str(out_dir / "runs"),
+        out_dir=str(out_dir), run_dir=str(Path(run.run_dir).resolve()) if run.run_dir else str(out_dir / "runs"),
         eval_interval=base.eval_interval, runner=runner, duration_scale=tuple(s.duration_scale))
     baseline = SearchSpace(lr_factor=s.lr_factor, duration_scale=s.duration_scale)  # the baseline's lr and budget
     return TuneConfig(
@@ -235,7 +235,7 @@ def build_summary(config: TuneConfig, studies: dict) -> dict:
                            "worst_seed": _worst_seed(ranking.get(t.number)),
                            "started": t.datetime_start.isoformat() if t.datetime_start else None})
     space = config.space("search")
-    return {"task": config.settings.task, "target": {"metric": config.metric, "value": config.target},
+    return {"task": config.settings.run.task, "target": {"metric": config.metric, "value": config.target},
             "base": config.base, "budget_s": config.budget_s, "spent_s": round(config.spent_s(), 1),
             "limit_s": config.limit_s,
             "settings": config.run_settings(), "storage": config.settings.storage, "study": config.settings.study_name,

@@ -17,11 +17,11 @@ from speedkit.tasks.ladder import task_flags
 
 def reached_entry(config, winner: dict) -> dict:
     """The recipe's ``reached``: what the confirmation runs measured, in the presets' format."""
-    fraction = config.settings.data_fraction
+    fraction = config.settings.run.data_fraction
     return {"metric": config.metric, "target": config.target,
             "seeds_reached": f"{winner['seeds_reached']}/{len(winner['seeds'])}",
             "time_to_target_s": winner["median_s"], "final": winner["median_final"],
-            "profile": f"speedkit tune, data_fraction {fraction}, device {config.settings.device}",
+            "profile": f"speedkit tune, data_fraction {fraction}, device {config.settings.run.device}",
             "machine": machine_text(environment()),
             "date": _dt.date.today().isoformat()}
 
@@ -38,8 +38,8 @@ def winner_recipe(config, summary: dict):
     if row is None:
         return None
     settings = config.settings
-    return confirmed_recipe(config, row, WINNER_NAME, f"found by speedkit tune on {settings.task} (data_fraction "
-                                                      f"{settings.data_fraction}): {row['change']}")
+    return confirmed_recipe(config, row, WINNER_NAME, f"found by speedkit tune on {settings.run.task} (data_fraction "
+                                                      f"{settings.run.data_fraction}): {row['change']}")
 
 
 def baseline_recipe(config, summary: dict):
@@ -47,7 +47,7 @@ def baseline_recipe(config, summary: dict):
     the confirmation's seeds), as the confirmation ran it, so that a user can run the comparison again."""
     row = reference_baseline(summary["confirmation"])
     return confirmed_recipe(config, row, BASELINE_NAME,
-                            f"the baseline speedkit tune measured its speed-up against on {config.settings.task}: "
+                            f"the baseline speedkit tune measured its speed-up against on {config.settings.run.task}: "
                             f"{row['change'] or 'as it is'}")
 
 
@@ -62,8 +62,8 @@ def confirmed_recipe(config, row: dict, name: str, summary: str):
     from speedkit.tasks.recipes import Recipe
 
     data = dict(row["recipe"])
-    data.update(name=name, precision=portable_precision(data["precision"], config.settings.device),
-                eval_interval=config.settings.eval_interval or data["eval_interval"], summary=summary,
+    data.update(name=name, precision=portable_precision(data["precision"], config.settings.run.device),
+                eval_interval=config.settings.run.eval_interval or data["eval_interval"], summary=summary,
                 reached=reached_entry(config, row))
     return Recipe(**data)
 
@@ -111,9 +111,9 @@ def markdown(config, summary: dict, recipe_path) -> str:
     states = {}
     for t in trials:
         states[t["state"]] = states.get(t["state"], 0) + 1
-    lines = [f"# speedkit tune: {config.settings.task}", "",
+    lines = [f"# speedkit tune: {config.settings.run.task}", "",
              f"Target {config.metric} {config.target}; budget {config.budget_s:.0f}s, used {summary['spent_s']:.0f}s; "
-             f"trial limit {config.limit_s:.0f}s of training; data_fraction {config.settings.data_fraction}; "
+             f"trial limit {config.limit_s:.0f}s of training; data_fraction {config.settings.run.data_fraction}; "
              f"trials: {', '.join(f'{n} {s}' for s, n in sorted(states.items()))}; the baseline: "
              f"`{config.base['name']}` ({config.base.get('summary') or 'as the task has it'}).", "",
              "Times are training wall clock to the target, evaluation excluded. A trial that missed the target "
@@ -132,14 +132,14 @@ def markdown(config, summary: dict, recipe_path) -> str:
     settings = config.settings
     lines += ["", f"Study `{settings.study_name}` in `{settings.storage}` (rerun the same command to continue it; "
               f"`optuna-dashboard {settings.storage}` shows it where optuna-dashboard is installed). "
-              f"RunRecords: `{settings.run_dir}`."]
+              f"RunRecords: `{settings.run.run_dir}`."]
     return "\n".join(lines) + "\n"
 
 
 def _task_flags(config) -> str:
     """The flags that name the search's task in a command: a folder task's --data and options too."""
     source = config.task_source or {}
-    return task_flags(source.get("task", config.settings.task), source.get("data"), source.get("options"))
+    return task_flags(source.get("task", config.settings.run.task), source.get("data"), source.get("options"))
 
 
 def baseline_shortfall(summary: dict) -> str | None:
@@ -255,7 +255,7 @@ def write_html(config, summary: dict, path: Path) -> Path | None:
     if summary["confirmation"].get("leave_one_out"):
         figures.append(leave_one_out_figure(summary))
     parts = [fig.to_html(full_html=False, include_plotlyjs=(i == 0)) for i, fig in enumerate(figures)]
-    title = html.escape(f"speedkit tune: {config.settings.task}")
+    title = html.escape(f"speedkit tune: {config.settings.run.task}")
     path.write_text(f"<!doctype html><html><head><meta charset='utf-8'><title>{title}</title></head><body>"
                     f"<h1>{title}</h1>{''.join(parts)}</body></html>")
     return path

@@ -88,41 +88,42 @@ def logged_metrics(task: str, base, device: str, data_fraction: float, eval_frac
                 for ev in trainer.state.evaluators for name in ev.metrics]
 
 
-@dataclasses.dataclass(frozen=True)
+# The RunRequest fields a search takes as keywords of TuneSettings too (the CLI's, the panel's and the notebooks'
+# flat arguments); they build its ``run``, and are kept nowhere else.
+RUN_KEYWORDS = ("task", "data", "task_options", "device", "data_fraction", "eval_fraction", "eval_interval", "run_dir")
+
+
+@dataclasses.dataclass(frozen=True, init=False)
 class TuneSettings:
     """What a search is asked to do: ``tune(TuneSettings(task=..., budget="30m", ...))``; the CLI, the explorer's
-    Tune panel and the notebooks build one. Its runs' shared settings (``task``, ``data``, ``task_options``,
-    ``device``, ``data_fraction``, ``eval_fraction``, ``eval_interval``) are a ``RunRequest``'s fields
-    (``run_request``), checked there once; ``base`` is the request's recipe.
+    Tune panel and the notebooks build one. ``run`` is the RunRequest every run of the search starts from (its
+    task, data and task options, device, data and evaluation fractions, evaluation cadence, run folder), as a bench
+    profile's ``run`` is; those fields may also be given as keywords (``TuneSettings("fashion-mnist",
+    device="cpu")``), which build ``run`` and are checked there, naming the field. The rest is the search's own.
 
-    ``task``: anything ``speedkit.tasks.resolve_task`` takes; worker processes (``n_workers``) build it again
+    ``run.task``: anything ``speedkit.tasks.resolve_task`` takes; worker processes (``n_workers``) build it again
     from its name, ``"pkg.mod:attr"`` or folder, so a Task object made in this process only they cannot.
     ``target``: None (the task's), a value of the task's metric, ``"metric=value"`` or (metric, value).
     ``budget``: wall clock for the whole search (``"30m"``, ``"1h"`` or seconds); ``trial_limit``: of one
     trial's training (default a fifth of the budget). ``base``: the recipe the search tunes and starts from
-    (default the task's strongest baseline, the last of its ``baselines``). ``methods``: those the search
-    may turn on (default: all that fit). ``storage``: a journal file (default ``out_dir/study.journal``), a
-    ``*.db`` file or a database URL; a rerun with the same ``storage`` and ``study_name`` continues the search.
-    ``runner``: ``(TrialContext) -> RunRecord`` or ``"module:function"`` replacing the real training (tests
-    plant known answers this way). ``run_dir``: the runs' RunRecords (default ``out_dir/runs``).
+    (default the task's strongest baseline, the last of its ``baselines``). ``searched_methods`` (keyword
+    ``methods=`` too): those the search may turn on (default: all that fit); ``run.methods``, which would replace
+    a recipe's methods, is refused: the search picks them. ``storage``: a journal file (default
+    ``out_dir/study.journal``), a ``*.db`` file or a database URL; a rerun with the same ``storage`` and
+    ``study_name`` continues the search. ``runner``: ``(TrialContext) -> RunRecord`` or ``"module:function"``
+    replacing the real training (tests plant known answers this way). ``run.run_dir``: the runs' RunRecords
+    (default ``out_dir/runs``).
     """
 
-    task: Any = "fashion-mnist"
+    run: Any  # speedkit.tasks.RunRequest
     target: Any = None
     budget: str | float = "30m"
-    data: str | os.PathLike | None = None
-    task_options: dict | None = None
-    methods: Sequence[str] | str | None = None
+    searched_methods: Sequence[str] | str | None = None
     base: Any = None
     storage: str | os.PathLike | None = None
     study_name: str = "tune"
     seeds_to_confirm: int = 3
     out_dir: str | os.PathLike = "runs/tune"
-    run_dir: str | os.PathLike | None = None
-    data_fraction: float = 1.0
-    eval_fraction: float | None = None
-    eval_interval: str | None = None
-    device: str = "auto"
     n_workers: int = 1
     tune_hparams: bool = True
     trial_limit: str | float | None = None
@@ -131,22 +132,42 @@ class TuneSettings:
     max_baseline_trials: int | None = None
     pruner: str = "halving"
     sampler_seed: int = 0
-    duration_scale: tuple[float, float] = (0.1, 1.0)
+    duration_scale: tuple[float, float] = (0.1, 1.0)  # the range a trial's budget is drawn from, x the base's
     lr_factor: float = 10.0
     leave_one_out: bool = False
     runner: Any = None
 
-    def run_request(self):
-        """The settings every run of the search shares, as the one run description (checked there, naming the
-        field); the base recipe is filled in per run."""
+    def __init__(self, task: Any = None, *, run=None, methods=None, **settings):
         from speedkit.tasks import RunRequest
 
-        return RunRequest(task=self.task, data=self.data, task_options=self.task_options, device=self.device,
-                          data_fraction=self.data_fraction, eval_fraction=self.eval_fraction,
-                          eval_interval=self.eval_interval or None)
+        run_fields = {name: settings.pop(name) for name in RUN_KEYWORDS if name in settings}
+        if task is not None:
+            run_fields["task"] = task
+        if isinstance(run, dict):  # as tune_config.json stores it
+            run = RunRequest(**run)
+        run = RunRequest(**run_fields) if run is None else run.replace(**run_fields) if run_fields else run
+        if not isinstance(run, RunRequest):
+            raise TypeError(f"run must be a speedkit.tasks.RunRequest, got {type(run).__name__}")
+        if run.methods is not None:
+            raise TypeError("TuneSettings: run.methods would replace a recipe's methods, which the search picks; "
+                            "name the methods it may turn on in searched_methods=")
+        if methods is not None:
+            if settings.get("searched_methods") is not None:
+                raise TypeError("TuneSettings: give methods= or searched_methods=, not both (they are one setting)")
+            settings["searched_methods"] = methods
+        unknown = sorted(set(settings) - {f.name for f in dataclasses.fields(self)})
+        if unknown:
+            raise TypeError(f"TuneSettings got unknown settings {unknown}; it takes {', '.join(RUN_KEYWORDS)} (which "
+                            f"build run) and {', '.join(f.name for f in dataclasses.fields(self))}")
+        object.__setattr__(self, "run", run)
+        for field in dataclasses.fields(self)[1:]:
+            object.__setattr__(self, field.name, settings.get(field.name, field.default))
 
     def replace(self, **changes) -> "TuneSettings":
-        return dataclasses.replace(self, **changes)
+        """A copy with some settings changed: a RunRequest field goes to ``run`` (checked there, naming it)."""
+        run = {name: changes.pop(name) for name in list(changes) if name in RUN_KEYWORDS}
+        kept = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return TuneSettings(**{**kept, "run": self.run.replace(**run) if run else self.run, **changes})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -175,7 +196,7 @@ class TuneConfig:
         """Make the search's task known in this process (a worker's), as the first process built it."""
         from speedkit.tasks import TASKS, resolve_task
 
-        task = self.settings.task
+        task = self.settings.run.task
         if self.task_source is None:
             if task not in TASKS:
                 raise TuneInputError(f"task {task!r} is not known in this worker process; give it as "
@@ -194,7 +215,7 @@ class TuneConfig:
         data = json.loads(Path(path).read_text())
         try:
             settings = data.pop("settings")
-            settings = TuneSettings(**{**settings, "duration_scale": tuple(settings["duration_scale"])})
+            settings = TuneSettings(**{**settings, "duration_scale": tuple(settings["duration_scale"])})  # run: a dict
             return cls(settings=settings, **data)
         except (KeyError, TypeError) as e:
             raise TuneInputError(f"{path} is not a search config this speedkit writes ({e}); run the same `speedkit "
@@ -205,7 +226,7 @@ class TuneConfig:
 
     def run_settings(self) -> dict:
         """The RunRequest fields every run of the search shares (each trial's ``TrialContext.settings``)."""
-        return {name: getattr(self.settings, name) for name in RUN_FIELDS}
+        return {name: getattr(self.settings.run, name) for name in RUN_FIELDS}
 
     def max_trials(self) -> dict:
         """phase -> most trials it starts (None: until the time is used)."""
@@ -334,7 +355,8 @@ def trial_context(config: TuneConfig, phase: str, recipe, seed: int, run_name: s
     if best is not None:
         stop_after = min(stop_after, 1.5 * best)  # past 1.5x the best time a run can be neither winner nor runner-up
     settings = config.settings
-    return TrialContext(task=settings.task, recipe=recipe, seed=seed, run_dir=settings.run_dir, run_name=run_name,
+    return TrialContext(task=settings.run.task, recipe=recipe, seed=seed, run_dir=settings.run.run_dir,
+                        run_name=run_name,
                         metric=config.metric, target=config.target,
                         limit_s=config.limit_s, stop_after_s=stop_after,
                         settings=config.run_settings(), trial=trial,
@@ -538,7 +560,8 @@ def starting_recipes(config: TuneConfig, baseline_study) -> list:
     from speedkit.core.devices import resolve_device, resolve_precision
     from speedkit.tasks import TASKS, is_baseline
 
-    base, device, task = config.base_recipe(), resolve_device(config.settings.device), TASKS.get(config.settings.task)
+    run = config.settings.run
+    base, device, task = config.base_recipe(), resolve_device(run.device), TASKS.get(run.task)
 
     def order(preset) -> tuple:
         measured, scale = (preset.reached or {}).get("time_to_target_s"), budget_scale(preset, base)
@@ -626,7 +649,7 @@ def start_workers(config_path: Path, n_extra: int) -> list[subprocess.Popen]:
 
 def check_same_search(config: TuneConfig, study) -> None:
     """Refuse to continue a study that was started with other settings (its times would not compare)."""
-    identity = {"task": config.settings.task, "metric": config.metric, "target": config.target, "base": config.base,
+    identity = {"task": config.settings.run.task, "metric": config.metric, "target": config.target, "base": config.base,
                 "spaces": config.spaces, "settings": config.run_settings(), "limit_s": config.limit_s}
     identity = json.loads(json.dumps(identity))  # as stored: tuples become lists
     stored = study.user_attrs.get("identity")
