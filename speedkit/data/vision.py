@@ -11,9 +11,9 @@ import os
 from pathlib import Path
 from typing import Callable, Optional, Union
 
-PathLike = Union[str, os.PathLike]
+from .folder_split import IMAGE_EXTENSIONS  # the streamed path (speedkit data prepare) reads the same files
 
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+PathLike = Union[str, os.PathLike]
 
 # What torchvision expects for each CIFAR variant (folder, archive, files inside the folder).
 _CIFAR_LAYOUT = {

@@ -251,3 +251,18 @@ def test_the_cli_trains_both_seed_tasks_cpu_profiles(imagenet_folder, corpus, tm
 def test_both_resolve_by_name_so_bench_and_tune_find_them_again(imagenet_folder):
     task = resolve_task("imagenet", imagenet_folder, profile="cpu")
     assert TASKS["imagenet"] is task and find_task("imagenet") is task
+
+
+@pytest.mark.parametrize("name", ["imagenet", "gpt2"])
+def test_in_memory_is_refused_by_the_seed_tasks_which_always_stream(name, tmp_path):
+    with pytest.raises(ValueError, match=rf"task {name} always streams.*leave out stream=False"):
+        find_task(name, tmp_path, profile="cpu", stream=False)
+
+
+def test_both_seed_tasks_state_their_sizes_in_one_profile_type():
+    from speedkit.tasks.builtin import gpt2, imagenet
+    from speedkit.tasks.builtin._seed import SeedProfile
+
+    profiles = [*imagenet.PROFILES.values(), *gpt2.PROFILES.values()]
+    assert all(type(profile) is SeedProfile for profile in profiles)
+    assert imagenet.PROFILES["cpu"].short_side and gpt2.PROFILES["cpu"].context  # each task's data sizes

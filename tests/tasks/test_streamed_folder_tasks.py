@@ -65,3 +65,14 @@ def test_text_folder_streams_bpe_tokens_from_shards(tmp_path):
     assert isinstance(loader, StreamingTokenLoader) and loader.seq_len == 32
     inputs, targets = next(iter(loader))
     assert model(inputs).shape[-1] == 300 and task.target_metric == "eval/loss"
+
+
+def test_a_shard_folder_asked_to_load_in_memory_is_refused_not_streamed_anyway(tmp_path):
+    source = make_image_folder(tmp_path / "source", per_class=4)
+    prepare_images(source, tmp_path / "shards", short_side=24, progress=False)
+    with pytest.raises(ValueError, match=r"is a shard folder.*leave out stream=False"):
+        image_folder_task(tmp_path / "shards", stream=False)
+    text = make_text_folder(tmp_path / "text")
+    prepare_text(text, tmp_path / "tokens", vocab_size=300, block=32, progress=False)
+    with pytest.raises(ValueError, match=r"is a shard folder.*leave out stream=False"):
+        text_folder_task(tmp_path / "tokens", stream=False)

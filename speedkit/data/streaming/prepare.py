@@ -31,11 +31,10 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from speedkit.data.fingerprint import source_identity
+from speedkit.data.folder_split import GIVEN_SPLIT, IMAGE_EXTENSIONS, SPLIT_RULE, VAL_NAMES, split_by_class
 from speedkit.data.streaming import shards as S
 
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 TEXT_EXTENSIONS = (".txt", ".rst", ".md")
-VAL_NAMES = ("val", "valid", "validation", "test")
 EOS = "<|endoftext|>"
 OUT_OF_SPACE = (errno.ENOSPC, errno.EDQUOT)
 
@@ -83,11 +82,12 @@ def _class_files(folder: Path, not_images: list) -> tuple[list[str], list[tuple[
 def list_image_folder(root: Path, val_fraction: float, seed: int, not_images: "list | None" = None
                       ) -> tuple[list[str], dict]:
     """(classes, {split: [(path, label), ...]}): ``root/train`` and ``root/val`` (or valid/validation/test)
-    class folders, or class folders split ``val_fraction`` per class with ``seed``. Hidden folders and files
+    class folders, or class folders split ``val_fraction`` per class with ``seed`` (``split_by_class``, the
+    in-memory image-folder task's rule). Hidden folders and files
     are left out; the other files of the class folders that are not images go to ``not_images``."""
     not_images = [] if not_images is None else not_images
-    val_dir = next((root / n for n in VAL_NAMES if (root / n).is_dir()), None)
-    if (root / "train").is_dir() and val_dir is not None:
+    if _has_given_split(root):
+        val_dir = next(root / n for n in VAL_NAMES if (root / n).is_dir())
         classes, train = _class_files(root / "train", not_images)
         val_classes, val = _class_files(val_dir, not_images)
         if val_classes != classes:
@@ -96,24 +96,19 @@ def list_image_folder(root: Path, val_fraction: float, seed: int, not_images: "l
         splits = {"train": train, "val": val}
     else:
         classes, everything = _class_files(root, not_images)
-        by_class: dict[int, list] = {}
-        for path, label in everything:
-            by_class.setdefault(label, []).append((path, label))
-        splits = {"train": [], "val": []}
-        rng = random.Random(seed)
-        for label in sorted(by_class):
-            files = list(by_class[label])
-            rng.shuffle(files)
-            n_val = round(val_fraction * len(files)) if len(files) > 1 else 0
-            splits["val"] += files[:n_val]
-            splits["train"] += files[n_val:]
-        splits = {k: sorted(v) for k, v in splits.items()}
+        train, val = split_by_class(everything, val_fraction, seed)  # the in-memory image-folder task's rule too
+        splits = {"train": sorted(train), "val": sorted(val)}  # sorted by path: a sample's id is its place here
     if len(classes) < 2:
         raise ValueError(f"{root} holds {len(classes)} class folder(s); an image folder needs at least two "
                          f"(<root>/<class>/*.jpg, or <root>/train/<class>/ and <root>/val/<class>/)")
     if not splits["train"]:
         raise FileNotFoundError(f"{root}: no images ({', '.join(IMAGE_EXTENSIONS)}) in its class folders")
     return classes, splits
+
+
+def _has_given_split(root: Path) -> bool:
+    """Whether ``root`` holds its own train/ and val/ (or valid/validation/test) class folders."""
+    return (root / "train").is_dir() and any((root / name).is_dir() for name in VAL_NAMES)
 
 
 def _fingerprint(files: Sequence[Path], root: Path, options: dict) -> str:
@@ -137,6 +132,8 @@ def _start_or_continue(out: Path, plan: dict, overwrite: bool) -> dict:
         if old.get("fingerprint") != plan["fingerprint"]:
             changed = [k for k in ("kind", "source", "options") if old.get(k) != plan.get(k)]
             why = (f"its {' and '.join(changed)} differ" if changed else
+                   "it split the images into training and validation by an older rule (the in-memory task's and "
+                   "this one are now the same)" if old.get("split_rule") != plan.get("split_rule") else
                    "the source's files changed since (added, removed or modified)")
             raise ValueError(f"--out {out} holds a prepare of other data: {why}. Rerun with --overwrite to start "
                              f"again from the source as it is now, or choose another --out")
@@ -272,8 +269,10 @@ def prepare_images(source, out, *, short_side: int = 160, quality: int = 90, val
     options = {"short_side": short_side, "quality": quality, "val_fraction": val_fraction, "seed": seed,
                "part_size": part_size}
     files = [p for items in splits.values() for p, _ in items]
-    plan = {"kind": "images", "source": str(source), "options": options,
-            "fingerprint": _fingerprint(files, source, {"kind": "images", **options})}
+    split_rule = GIVEN_SPLIT if _has_given_split(source) else SPLIT_RULE
+    drawn = {} if split_rule == GIVEN_SPLIT else {"split_rule": split_rule}  # a prepare of the folder's own train/ and val/ holds
+    plan = {"kind": "images", "source": str(source), "options": options, **drawn,  # no rule: the same as before
+            "fingerprint": _fingerprint(files, source, {"kind": "images", **options, **drawn})}
     plan = _start_or_continue(out, plan, overwrite)
     tasks = []
     for split in ("val", "train"):  # validation first: a prepare stopped by a full disk leaves a folder a run can use
@@ -288,7 +287,8 @@ def prepare_images(source, out, *, short_side: int = 160, quality: int = 90, val
                           "chunk_bytes": chunk_bytes, "skip_bad": skip_bad})
     manifest = {"format": S.FORMAT, "version": S.VERSION, "kind": "images", "source": str(source),
                 "source_data": source_identity(source),
-                "options": options, "classes": classes, "channels": 3}
+                "options": options, "classes": classes, "channels": 3,
+                "split_rule": split_rule}
     result = _execute(out, tasks, manifest, _image_part, workers=workers, progress=progress, skip_bad=skip_bad,
                       verify=verify, needs=("stats", "pixels"), unit="img")
     if not_images:

@@ -11,6 +11,7 @@ summary says which.
 """
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Mapping
 
@@ -18,6 +19,34 @@ from speedkit.core.time import Time, TimeUnit
 from speedkit.tasks.recipes import Recipe, load_presets
 
 PROFILES = ("cpu", "gpu")
+
+
+@dataclasses.dataclass(frozen=True)
+class SeedProfile:
+    """A seed task's sizes under one profile: the run's (model, target, batch, budget) and its data's. Image and
+    text tasks differ in which data sizes they read, not in kind: a field a task's data has no use for keeps its
+    default (``imagenet`` reads the image ones, ``gpt2`` ``context``)."""
+    model: str
+    target: float  # imagenet: top-1 accuracy; gpt2: validation loss, nats per token
+    batch_size: int | None = None  # None: the recipes' own, and the recipes run as published (``compiled``)
+    duration_scale: float = 1.0  # each recipe's budget times this, in a rehearsal
+    eval_interval: str | None = None  # None: the recipes' own
+    durations: Mapping[str, str] = dataclasses.field(default_factory=dict)  # a recipe's own rehearsal budget
+    epoch_samples: int | None = None  # the published runs' data set, whose epochs their windows count in
+    # images
+    size_scale: float = 1.0  # each recipe's published image sizes (its resolution) times this, to a multiple of 8
+    short_side: int | None = None  # what a raw folder's images are stored at in its shards
+    crop_scale: tuple[float, float] = (0.08, 1.0)  # the share of an image each training crop may take
+    # text
+    context: int | None = None  # the longest window the models are built for, and a text folder's shard block
+
+
+def refuse_in_memory(task: str, stream: bool | None) -> None:
+    """The seed tasks always stream from shards: ``stream=False`` (in memory) is refused, not ignored."""
+    if stream is False:
+        raise ValueError(f"task {task} always streams from shards (a folder is prepared into them once); leave out "
+                         f"stream=False, or train in memory with --task "
+                         f"{'image-folder' if task == 'imagenet' else 'text-folder'}")
 
 
 def pick_profile(task: str, profile: str | None) -> str:
@@ -131,15 +160,15 @@ def rehearsal(recipes: Mapping[str, Recipe], *, model: str, batch_size: int, dur
     return out
 
 
-def profile_recipes(task: str, sizes, *, scale_lr: bool) -> dict[str, Recipe]:
+def profile_recipes(task: str, sizes: SeedProfile, *, scale_lr: bool) -> dict[str, Recipe]:
     """``presets/TASK.yaml`` as a profile runs it: as published where the profile keeps the published batch
     (``sizes.batch_size`` None), else as a ``rehearsal`` at the profile's model, batch and budget share."""
     recipes = load_presets(task)
     if sizes.batch_size is None:
         return compiled(recipes)
     return rehearsal(recipes, model=sizes.model, batch_size=sizes.batch_size, duration_scale=sizes.duration_scale,
-                     scale_lr=scale_lr, eval_interval=getattr(sizes, "eval_interval", None),
-                     durations=getattr(sizes, "durations", None), epoch_samples=getattr(sizes, "epoch_samples", None))
+                     scale_lr=scale_lr, eval_interval=sizes.eval_interval, durations=sizes.durations,
+                     epoch_samples=sizes.epoch_samples)
 
 
 def compiled(recipes: Mapping[str, Recipe]) -> dict[str, Recipe]:
@@ -147,8 +176,3 @@ def compiled(recipes: Mapping[str, Recipe]) -> dict[str, Recipe]:
     return {name: recipe if "torch_compile" in recipe.methods else
             recipe.with_changes(methods={**recipe.methods, "torch_compile": {}}) for name, recipe in recipes.items()}
 
-
-def floor_to_divisor(block: int, length: int) -> int:
-    """The longest window at most ``length`` that divides the shards' ``block`` (windows never cross blocks)."""
-    length = max(1, min(length, block))
-    return max(d for d in range(1, length + 1) if block % d == 0)

@@ -51,12 +51,13 @@ def text_corpus(root: str | None, seed: int, skip_unreadable: bool = False):
     return load_text_corpus(root, seed=seed, skip_unreadable=skip_unreadable)
 
 
-def _context_length(request: DataRequest) -> int:
+def _context_length(request: DataRequest, longest: int = 256) -> int:
+    """The request's model's context, at most ``longest`` (``longest`` where the model states none)."""
     config = getattr(request.model, "config", None)
     for field in ("block_size", "n_positions", "max_position_embeddings"):  # speedkit's GPT, Hugging Face's
         if getattr(config, field, None):
-            return min(int(getattr(config, field)), 256)
-    return 256
+            return min(int(getattr(config, field)), longest)
+    return longest
 
 
 class DictBatches:

@@ -12,31 +12,18 @@ a rehearsal: the same methods on ``gpt-nano`` (5 layers, 128 wide) over windows 
 """
 from __future__ import annotations
 
-import dataclasses
-
 from speedkit.tasks.builtin import _seed
-from speedkit.tasks.task import DataRequest, Task
+from speedkit.tasks.builtin._seed import SeedProfile
+from speedkit.tasks.task import Task
 
 HOW = ("--data is a folder of BPE token shards or a text folder (.txt, .md, .rst): `speedkit data prepare DIR "
        "--out SHARDS --kind text` writes the shards once (--tokenizer tokenizer.json for GPT-2's own BPE)")
 # Evaluation reads at most this many tokens per evaluation, whatever the window.
 EVAL_TOKENS = 64 * 1024
 
-
-@dataclasses.dataclass(frozen=True)
-class GPT2Profile:
-    model: str
-    context: int  # the longest window the models are built for
-    target: float  # validation loss, nats per token
-    batch_size: int | None = None  # None: the recipes' own
-    duration_scale: float = 1.0
-    eval_interval: str | None = None  # None: the recipes' own
-    durations: dict = dataclasses.field(default_factory=dict)  # a recipe's own rehearsal budget, not the scaled one
-
-
 PROFILES = {
     # modded-nanogpt's target: 3.28 validation loss on FineWeb with GPT-2's tokenizer
-    "gpu": GPT2Profile(model="gpt2-124m", context=1024, target=3.28),
+    "gpu": SeedProfile(model="gpt2-124m", context=1024, target=3.28),
     # a rehearsal: gpt-nano over 256-token windows, batch 16, a twentieth of each budget; the learning rates
     # stay the published ones (AdamW's does not follow the linear rule, and a narrow model takes at least GPT-2
     # 124M's rate); its target is the user's corpus's. The presets' cadences (500 and 250 batches) are longer
@@ -44,7 +31,7 @@ PROFILES = {
     # evaluates every 25 batches instead. hot's scaled budget (160 batches, 0.23 of the baseline's) ended short of
     # a target the baseline holds; its 240 was chosen on pydocs' text and measured on another corpus
     # (bench/results/2026-12-04-gpt2-rehearsal-debdocs/README.md, "The gpt2 rehearsal's hot budget").
-    "cpu": GPT2Profile(model="gpt-nano", context=256, target=4.0, batch_size=16, duration_scale=0.05,
+    "cpu": SeedProfile(model="gpt-nano", context=256, target=4.0, batch_size=16, duration_scale=0.05,
                        eval_interval="25ba", durations={"hot": "240ba"}),
 }
 MODELS = ("gpt2-124m", "hf:gpt2", "gpt-nano", "gpt-micro", "gpt-mini", "gpt-small")
@@ -62,61 +49,30 @@ def gpt2_task(data=None, profile: str | None = None, target: float | None = None
 
     ``profile``: ``gpu`` (GPT-2 124M, 1024-token windows) or ``cpu`` (a rehearsal: gpt-nano, 256-token windows);
     None: ``gpu`` where CUDA is available. ``target`` is the validation loss (nats per token) to reach.
-    ``stream`` is accepted for the folder tasks' flags: this task always streams."""
+    The task always streams: ``stream`` True or None, for the folder tasks' flags; False is refused."""
+    _seed.refuse_in_memory("gpt2", stream)
     profile = _seed.pick_profile("gpt2", profile)
     folder = _seed.need_data("gpt2", data, HOW)
     sizes = PROFILES[profile]
-    from speedkit.data.streaming.loaders import StreamingTokenLoader
-    from speedkit.data.streaming.shards import read_shards
     from speedkit.models import get_model
-    from speedkit.record.metrics import CrossEntropy
     from speedkit.tasks.builtin import _streamed
-    from speedkit.tasks.builtin._shared import _for_model
 
     # a text folder is tokenized into blocks of the profile's context: windows never cross a block
     shards = _streamed.shards_for(folder, "tokens", "a text folder", skip_bad=skip_unreadable, block=sizes.context)
-    info = read_shards(shards)
-    if info.kind != "tokens":
-        raise ValueError(f"task gpt2: {shards} holds {info.kind} shards, not BPE tokens; {HOW}")
-    vocab, block = int(info.manifest["vocab_size"]), int(info.manifest["block"])
+    info = _streamed.read_kind(shards, "tokens", "task gpt2: {shards} holds {kind} shards, not BPE tokens; " + HOW)
 
-    def model(name: str):
+    def model(name: str, vocab: int):
         if name.startswith("hf:"):
             return get_model(name, vocab_size=vocab)
         return get_model(name, vocab_size=vocab, block_size=max(sizes.context, 8))
 
-    def seq_len(request: DataRequest) -> int:
-        config = getattr(request.model, "config", None)
-        context = next((int(getattr(config, f)) for f in ("block_size", "n_positions") if getattr(config, f, None)),
-                       sizes.context)
-        return _seed.floor_to_divisor(block, min(context, sizes.context))
-
-    def train(request: DataRequest):
-        length = seq_len(request)
-        per_block = block // length
-        batch = max(per_block, request.batch_size // per_block * per_block)  # whole blocks, in windows
-        fraction = request.data_fraction
-        return _for_model(StreamingTokenLoader(shards, length, batch, seed=request.seed, device=request.device,
-                                               num_workers=request.num_workers, subsample=float(fraction)), request)
-
-    def evaluate(request: DataRequest):
-        length = seq_len(request)
-        per_block = block // length
-        windows = info.samples("val") * per_block
-        share = min(1.0, EVAL_TOKENS / length / max(1, windows))
-        share *= 1.0 if request.eval_fraction is None else float(request.eval_fraction)
-        return _for_model(StreamingTokenLoader(shards, length, max(per_block, 8 // per_block * per_block),
-                                               split="val", device=request.device, num_workers=request.num_workers,
-                                               subsample=share), request)
-
-    return Task(name="gpt2", domain="language",
-                summary=f"gpt2 ({profile} profile): {info.manifest.get('tokens', {}).get('train', '?')} BPE tokens "
-                        f"(vocabulary {vocab}) streamed from shards {_streamed.describe(info)}, windows of up to "
-                        f"{sizes.context} tokens"
-                        + ("" if info.complete else ", PARTIAL shards"),
-                model=model, train_data=train, eval_data=evaluate, metrics=lambda: {"loss": CrossEntropy()},
-                target_metric="eval/loss", target_value=sizes.target if target is None else target,
-                recipes=gpt2_recipes(profile), models=(sizes.model, *[m for m in MODELS if m != sizes.model]))
+    return _streamed.streamed_token_task(
+        shards, info, name="gpt2", longest_context=sizes.context, eval_tokens=EVAL_TOKENS, model=model,
+        target=sizes.target if target is None else target,
+        summary=lambda info, vocab: f"gpt2 ({profile} profile): {info.manifest.get('tokens', {}).get('train', '?')} "
+                                    f"BPE tokens (vocabulary {vocab}) streamed from shards {_streamed.describe(info)}, "
+                                    f"windows of up to {sizes.context} tokens",
+        recipes=gpt2_recipes(profile), models=(sizes.model, *[m for m in MODELS if m != sizes.model]))
 
 
 gpt2_task.data_hint = HOW

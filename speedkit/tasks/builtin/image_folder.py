@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from speedkit.data import BatchLoader, stratified_indices
+from speedkit.data.folder_split import VAL_NAMES, split_by_class
 from speedkit.data.images import check_image_size, decode_images
 from speedkit.data.vision import image_folder
 from speedkit.tasks.builtin._shared import LIBRARY_MODELS, classification_metrics, recipe_augment, vision_model_factory
@@ -33,39 +34,40 @@ class ImageArrays:
 def load_image_folder(data: str, image_size: int, val_fraction: float, seed: int,
                       skip_unreadable: bool = False) -> ImageArrays:
     """``data/train`` and ``data/val`` (or ``valid``/``test``) class folders, or one set of class folders
-    split ``val_fraction`` per class with ``seed`` (see ``speedkit.data.images.decode_images``)."""
+    split ``val_fraction`` per class with ``seed`` by the streamed path's rule (``speedkit.data.folder_split``)."""
     root = Path(data).expanduser()
-    decode = functools.partial(_decode, image_size=image_size, where=f"image-folder {root}",
-                               skip_unreadable=skip_unreadable)
-    val_dir = next((root / name for name in ("val", "valid", "validation", "test") if (root / name).is_dir()), None)
+    val_dir = next((root / name for name in VAL_NAMES if (root / name).is_dir()), None)
     if (root / "train").is_dir() and val_dir is not None:
         train, val = image_folder(root / "train"), image_folder(val_dir)
         if train.classes != val.classes:
             raise ValueError(f"{root}: train/ has classes {train.classes} but {val_dir.name}/ has {val.classes}; "
                              f"both need the same class folders")
-        (train_x, train_y, skipped), (val_x, val_y, skipped_val) = decode(train), decode(val)
-        skipped += skipped_val
+        train_samples, val_samples = train.samples, val.samples
     else:
         if (root / "train").is_dir():
             raise FileNotFoundError(f"{root} has train/ but no val/ beside it; add val/<class>/ images, or put the "
                                     f"class folders directly in {root} to split them")
-        everything = image_folder(root)
-        train = everything
-        x, y, skipped = decode(everything)
-        val_index = stratified_indices(y, val_fraction, seed)
-        is_val = torch.zeros(len(y), dtype=torch.bool)
-        is_val[val_index] = True
-        train_x, train_y, val_x, val_y = x[~is_val], y[~is_val], x[is_val], y[is_val]
+        train = image_folder(root)
+        # split by path before decoding, by the rule `speedkit data prepare` uses: the same validation files streamed
+        train_samples, val_samples = split_by_class(train.samples, val_fraction, seed)
+    train_x, train_y, val_x, val_y, skipped = _decode_split(train_samples, val_samples, image_size=image_size,
+                                                             where=f"image-folder {root}",
+                                                             skip_unreadable=skip_unreadable)
     scaled = train_x.float() / 255
     return ImageArrays(train_x, train_y, val_x, val_y, tuple(train.classes),
                        tuple(scaled.mean(dim=(0, 2, 3)).tolist()), tuple(scaled.std(dim=(0, 2, 3)).clamp_min(1e-3).tolist()),
                        skipped=tuple(skipped))
 
 
-def _decode(dataset, **options) -> tuple[torch.Tensor, torch.Tensor, tuple]:
-    """Every image of an ImageFolder as uint8 [N, C, size, size], labels, and the images left out."""
-    decoded = decode_images(dataset.samples, **options)
-    return decoded.x, decoded.y, decoded.skipped
+def _decode_split(train: list, val: list, **options) -> tuple:
+    """``(train_x, train_y, val_x, val_y, skipped)``: the images of both splits decoded in one pass, so both have
+    the channels of the whole folder (see ``speedkit.data.images.decode_images``)."""
+    decoded = decode_images([*train, *val], **options)
+    left_out = {path for path, _ in decoded.skipped}
+    is_val = torch.tensor([index >= len(train) for index, (path, _) in enumerate([*train, *val])
+                           if path not in left_out], dtype=torch.bool)
+    x, y = decoded.x, decoded.y
+    return x[~is_val], y[~is_val], x[is_val], y[is_val], tuple(decoded.skipped)
 
 
 def image_folder_task(data, image_size: int | None = None, val_fraction: float = 0.1, seed: int = 0,
@@ -87,10 +89,10 @@ def image_folder_task(data, image_size: int | None = None, val_fraction: float =
 
     if image_size is not None:
         check_image_size(image_size)
-    if stream or _streamed.is_shard_folder(data):
+    if _streamed.streams("image-folder", data, stream):
         shards = _streamed.shards_for(data, "images", "streaming asked for", val_fraction=val_fraction, seed=seed,
                                       skip_bad=skip_unreadable)
-        return _streamed.streamed_image_task(shards, image_size, target, flips_keep_labels)
+        return _streamed.folder_image_task(shards, image_size, target, flips_keep_labels)
     image_size = image_size or 32
     try:
         arrays = load_image_folder(str(Path(data).expanduser().resolve()), image_size, val_fraction, seed,
@@ -100,7 +102,7 @@ def image_folder_task(data, image_size: int | None = None, val_fraction: float =
             raise
         shards = _streamed.shards_for(data, "images", f"does not fit in memory ({too_big})",
                                       val_fraction=val_fraction, seed=seed, skip_bad=skip_unreadable)
-        return _streamed.streamed_image_task(shards, image_size, target, flips_keep_labels)
+        return _streamed.folder_image_task(shards, image_size, target, flips_keep_labels)
     if arrays.skipped:
         warnings.warn(f"image-folder {data}: left out {len(arrays.skipped)} image(s) that cannot be decoded: "
                       + ", ".join(path for path, _ in arrays.skipped[:5]) + (" ..." if len(arrays.skipped) > 5 else ""),

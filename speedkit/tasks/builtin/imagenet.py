@@ -18,29 +18,15 @@ at 80, all evaluate at 80), except progressive resizing, whose smallest image wo
 """
 from __future__ import annotations
 
-import dataclasses
-
 from speedkit.data.images import check_image_size
 from speedkit.tasks.builtin import _seed
-from speedkit.tasks.builtin._shared import LIBRARY_MODELS, classification_metrics, recipe_augment, vision_model_factory
-from speedkit.tasks.task import DataRequest, Task
+from speedkit.tasks.builtin._seed import SeedProfile
+from speedkit.tasks.builtin._shared import LIBRARY_MODELS
+from speedkit.tasks.task import Task
 
 HOW = ("--data is an ImageNet-layout folder (train/<class>/*.JPEG and val/<class>/*.JPEG, or <class>/ folders "
        "split per class) or its shards: `speedkit data prepare DIR --out SHARDS --short-side 256` writes them once")
 MODELS = ("resnet50", "resnet101", "resnet18", *LIBRARY_MODELS)  # torchvision (weights=None), timm:<name> by name
-
-
-@dataclasses.dataclass(frozen=True)
-class ImagenetProfile:
-    size_scale: float  # each recipe's published image sizes (its resolution) times this, to a multiple of 8
-    short_side: int  # what a raw folder's images are stored at in its shards
-    model: str
-    target: float  # top-1 accuracy
-    batch_size: int | None = None  # None: the recipes' own
-    duration_scale: float = 1.0
-    epoch_samples: int | None = None  # the published runs' data set, whose epochs their windows count in
-    crop_scale: tuple[float, float] = (0.08, 1.0)  # the share of an image each training crop may take
-
 
 IMAGENET_TRAIN_IMAGES = 1_281_167  # ILSVRC-2012's training set, the one Composer's recipes were published on
 # torchvision's ImageNet pipeline (random-resized 224 px; 224 px cropped from 256 for evaluation), for a recipe that
@@ -51,16 +37,16 @@ RECIPES_TRAIN_SIZE = 176  # Composer's speed-up recipes' training size, the one 
 PROFILES = {
     # the published sizes and crops (torchvision's random-resized crop of 8-100% of an image, as in Composer's and
     # FFCV's ImageNet pipelines); top-1 target MLPerf's ResNet-50 one (75.9%)
-    "gpu": ImagenetProfile(size_scale=1.0, short_side=256, model="resnet50", target=0.759),
+    "gpu": SeedProfile(size_scale=1.0, short_side=256, model="resnet50", target=0.759),
     # A rehearsal: ResNet-18 with the speed-up recipes at 64 px (the issue's 64-128 px) and every other size in
     # proportion; batch 64 (learning rates scaled linearly) and a tenth of each budget, the EMA's window kept at its
     # share of the published run (_seed.windows_as_shares) and no image smaller than the published recipes train on
     # (smallest_image_kept). Its crops take 35-100% of an image, the streaming loader's default, with which every
     # rehearsal in bench/results was run; the published 8-100% is not yet measured at these sizes. Its target is the
     # user's data's.
-    "cpu": ImagenetProfile(size_scale=64 / RECIPES_TRAIN_SIZE, short_side=96, model="resnet18", target=0.5,
-                           batch_size=64, duration_scale=0.1, epoch_samples=IMAGENET_TRAIN_IMAGES,
-                           crop_scale=(0.35, 1.0)),
+    "cpu": SeedProfile(size_scale=64 / RECIPES_TRAIN_SIZE, short_side=96, model="resnet18", target=0.5,
+                       batch_size=64, duration_scale=0.1, epoch_samples=IMAGENET_TRAIN_IMAGES,
+                       crop_scale=(0.35, 1.0)),
 }
 
 
@@ -141,7 +127,8 @@ def imagenet_task(data=None, profile: str | None = None, image_size: int | None 
     ``profile``: ``gpu`` (ResNet-50 at the published sizes) or ``cpu`` (a rehearsal: ResNet-18 with every size
     times 64/176); None: ``gpu`` where CUDA is available. ``image_size`` and ``eval_image_size``, where given,
     replace every recipe's sizes (``image_sizes``). ``target`` is the top-1 accuracy to reach.
-    ``stream`` is accepted for the folder tasks' flags: this task always streams."""
+    The task always streams: ``stream`` True or None, for the folder tasks' flags; False is refused."""
+    _seed.refuse_in_memory("imagenet", stream)
     profile = _seed.pick_profile("imagenet", profile)
     folder = _seed.need_data("imagenet", data, HOW)
     sizes = PROFILES[profile]
@@ -149,41 +136,25 @@ def imagenet_task(data=None, profile: str | None = None, image_size: int | None 
         image_size = check_image_size(image_size)
     if eval_image_size is not None:
         eval_image_size = check_image_size(eval_image_size, "--eval-image-size (eval_image_size)")
-    from speedkit.data.streaming.loaders import StreamingImageLoader
-    from speedkit.data.streaming.shards import read_shards
     from speedkit.tasks.builtin import _streamed
 
     shards = _streamed.shards_for(folder, "images", "an ImageNet-layout folder", short_side=sizes.short_side,
                                   val_fraction=val_fraction, seed=seed, skip_bad=skip_unreadable)
-    info = read_shards(shards)
-    if info.kind != "images":
-        raise ValueError(f"task imagenet: {shards} holds {info.kind} shards, not images; {HOW}")
-    classes = info.manifest["classes"]
+    info = _streamed.read_kind(shards, "images", "task imagenet: {shards} holds {kind} shards, not images; " + HOW)
     recipes = imagenet_recipes(profile, image_size)
 
-    def loader(request: DataRequest, train: bool):
-        train_size, eval_size, eval_crop = image_sizes(request.recipe, profile, image_size, eval_image_size)
-        augment = recipe_augment(request.recipe) if train else None
-        flip = augment.flip if augment is not None else "random"
-        fraction = request.data_fraction if train else request.eval_fraction
-        return StreamingImageLoader(shards, request.batch_size, split="train" if train else "val",
-                                    image_size=train_size if train else eval_size, crop_fraction=eval_crop,
-                                    scale=sizes.crop_scale, flip=flip, seed=request.seed, device=request.device,
-                                    num_workers=request.num_workers,
-                                    subsample=1.0 if fraction is None else float(fraction))
+    def loader_sizes(recipe, train: bool) -> tuple[int, float]:
+        train_size, eval_size, eval_crop = image_sizes(recipe, profile, image_size, eval_image_size)
+        return (train_size if train else eval_size), eval_crop
 
-    partial = "" if info.complete else ", PARTIAL shards"
-    return Task(name="imagenet", domain="vision",
-                summary=f"imagenet ({profile} profile): {len(classes)} classes streamed from shards "
-                        f"{_streamed.describe(info)}, {info.samples('train')} "
-                        f"{_describe_sizes(recipes, profile, image_size, eval_image_size)}" + partial,
-                model=vision_model_factory(3, len(classes)),
-                train_data=lambda request: loader(request, True), eval_data=lambda request: loader(request, False),
-                metrics=classification_metrics, target_metric="eval/accuracy",
-                target_value=sizes.target if target is None else target,
-                recipes=recipes, reads_resolution=True,
-                models=(sizes.model, *[m for m in MODELS if m != sizes.model]),
-                baselines=("baseline", "plain-bf16"))
+    return _streamed.streamed_image_task(
+        shards, info, name="imagenet", sizes=loader_sizes, crop_scale=sizes.crop_scale,
+        target=sizes.target if target is None else target,
+        summary=lambda info, classes: f"imagenet ({profile} profile): {len(classes)} classes streamed from shards "
+                                      f"{_streamed.describe(info)}, {info.samples('train')} "
+                                      f"{_describe_sizes(recipes, profile, image_size, eval_image_size)}",
+        recipes=recipes, reads_resolution=True, models=(sizes.model, *[m for m in MODELS if m != sizes.model]),
+        baselines=("baseline", "plain-bf16"))
 
 
 imagenet_task.data_hint = HOW

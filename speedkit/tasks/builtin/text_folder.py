@@ -29,9 +29,9 @@ def text_folder_task(data, target: float | None = None, skip_unreadable: bool = 
     trains on windows streamed from them, and ``target`` is the validation loss (default 4.0 nats per token)."""
     from speedkit.tasks.builtin import _streamed
 
-    if stream or _streamed.is_shard_folder(data):
+    if _streamed.streams("text-folder", data, stream):
         shards = _streamed.shards_for(data, "tokens", "streaming asked for", skip_bad=skip_unreadable)
-        return _streamed.streamed_text_task(shards, target, _adopted(PYDOCS.recipes, ("baseline",)))
+        return _streamed.folder_token_task(shards, target, _adopted(PYDOCS.recipes, ("baseline",)))
     target = 2.5 if target is None else target
     root = Path(data).expanduser()
     try:
