@@ -5,12 +5,14 @@ A part is one of the recipe's methods, or (against a reference recipe, a baselin
 ``PARTS`` where the two differ. Leaving a part out gives the recipe the reference's value of it: a method
 the reference has too at other settings gets the reference's settings, one it lacks is dropped. Without a
 reference, the parts are the methods alone, each dropped. Every ablated run carries ``ablation_marker``'s
-``config["ablation"]``, which ``speedkit.experiments.compare.leave_one_out`` and the run board read.
+``config["ablation"]``, which ``speedkit.experiments.compare.leave_one_out`` and the run board read;
+``leave_one_out_summary`` is the one table the benchmark's and the search's summaries and reports hold.
 """
 from __future__ import annotations
 
 import dataclasses
 
+from speedkit.experiments.compare import part_effect
 from speedkit.tasks.recipes import Recipe
 
 # Parts of a recipe besides its methods that a leave-one-out run can swap for the reference's: together
@@ -81,3 +83,19 @@ def leave_one_out_runs(recipe: Recipe, run, of: str, reference: Recipe | None = 
     returned}``."""
     return {part: run(part, ablated, ablation_marker(of, part, against))
             for part, ablated in ablated_recipes(recipe, reference).items()}
+
+
+def leave_one_out_summary(of: str, time_with: float | None, final_with: float | None, rows: dict[str, dict],
+                          baseline_time: float | None = None, against: str | None = None, **about) -> dict:
+    """The one leave-one-out table (the benchmark's summary.json and the search's): ``rows`` is ``{part left out:
+    {"time_without_s", "final_metric", ...}}`` for the runs of ``of`` (the full run's name, whose time to the
+    target is ``time_with``) without each part; each row gains ``compare.part_effect``'s slowdown and share of
+    the speed-up over ``baseline_time``. ``against`` names the reference recipe the parts were taken from (None:
+    methods dropped); ``about`` adds fields (the recipe, the seed)."""
+    parts = {part: {**row, "slowdown": None, "share": None, "pays_off": None,
+                    **(part_effect(row["time_without_s"], time_with, baseline_time) if time_with is not None else {})}
+             for part, row in rows.items()}
+    shares = [row["share"] for row in parts.values() if row.get("share") is not None]
+    needed = [part for part, row in parts.items() if row["time_without_s"] is None and "error" not in row]
+    return {**about, "of": of, "against": against, "share_sum": sum(shares) if shares else None,
+            "not_reached_without": needed, "time_to_target_s": time_with, "final_metric": final_with, "parts": parts}

@@ -221,17 +221,22 @@ def leave_one_out(records: Sequence[RunRecord], baseline: str | None = None) -> 
         if not ablation or ablation.get("of") not in by_name:
             continue
         full = by_name[ablation["of"]]
-        full_time, without = full.time_to_target, r.time_to_target
-        if full_time is None:
-            continue
-        slower = slowdown(without, full_time)
-        total = math.log(baseline_time / full_time) if baseline_time and baseline_time > full_time else None
-        # A part without which the target is never reached has no finite share: the run says it is
-        # needed, not how much of the speed-up it carries, so its share stays None rather than a made-up 1.
-        share = math.log(slower) / total if total and not math.isinf(slower) else None
-        result.setdefault(full.name, {})[ablation["left_out"]] = {
-            "time_without_s": without, "slowdown": slower, "share": share, "pays_off": slower > 1.0}
+        if full.time_to_target is not None:
+            result.setdefault(full.name, {})[ablation["left_out"]] = part_effect(r.time_to_target, full.time_to_target,
+                                                                                 baseline_time)
     return result
+
+
+def part_effect(time_without: float | None, time_with: float, baseline_time: float | None = None) -> dict:
+    """One left-out part's effect (every leave-one-out table's row): ``slowdown`` (time without / with), and its
+    ``share`` of the full run's log speed-up over ``baseline_time`` (None without one, or when the run without
+    the part never reached the target)."""
+    slower = slowdown(time_without, time_with)
+    total = math.log(baseline_time / time_with) if baseline_time and baseline_time > time_with else None
+    # A part without which the target is never reached has no finite share: the run says it is
+    # needed, not how much of the speed-up it carries, so its share stays None rather than a made-up 1.
+    share = math.log(slower) / total if total and not math.isinf(slower) else None
+    return {"time_without_s": time_without, "slowdown": slower, "share": share, "pays_off": slower > 1.0}
 
 
 def compare_table(records: Sequence[RunRecord], baseline: RunRecord | None = None) -> list[dict]:

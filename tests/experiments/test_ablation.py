@@ -74,12 +74,15 @@ def test_against_a_baseline_the_non_method_parts_are_left_out_too():
     assert set(ablation.ablated_recipes(WINNER)) == set(WINNER.methods)  # no reference: the methods alone
 
 
-def test_bench_and_tune_read_one_slowdown_and_the_search_stores_never_reached_as_null():
-    """Both leave-one-out tables take their ratio from compare.slowdown; a method without which the winner never
-    reached the target is infinity in the benchmark's table and null in the search's summary (as its JSON)."""
+def test_bench_and_tune_summarise_leave_one_out_as_one_table_and_the_search_stores_never_reached_as_null():
+    """Both leave-one-out tables are ablation.leave_one_out_summary's, with compare.slowdown's ratio; a method
+    without which the winner never reached the target is infinity in the run board's table and null in the
+    search's summary (as its JSON), and the benchmark's report renders the search's table too."""
     import math
     from types import SimpleNamespace
 
+    from speedkit.experiments.bench.harness import summarize_leave_one_out
+    from speedkit.experiments.bench.report import leave_one_out_markdown
     from speedkit.experiments.compare import leave_one_out
 
     def record(name, reached_at, **config):
@@ -89,12 +92,22 @@ def test_bench_and_tune_read_one_slowdown_and_the_search_stores_never_reached_as
             run.add_eval({"batch": 2, "wall_s": reached_at}, {"eval/accuracy": 0.95})
         return run
 
-    bench = leave_one_out([record("full", 4.0),
-                           record("no-ls", 6.0, ablation={"of": "full", "left_out": "label_smoothing"}),
-                           record("no-ema", None, ablation={"of": "full", "left_out": "ema"})])["full"]
-    trials = [SimpleNamespace(user_attrs={"candidate": f"loo:search:3:{method}", "time_to_target_s": without})
+    full, ablations = record("full", 4.0), [record("no-ls", 6.0, ablation={"of": "full", "left_out": "label_smoothing"}),
+                                            record("no-ema", None, ablation={"of": "full", "left_out": "ema"})]
+    board = leave_one_out([full, *ablations])["full"]
+    bench = summarize_leave_one_out([full], ablations)
+    trials = [SimpleNamespace(user_attrs={"candidate": f"loo:search:3:{method}", "seed": 1, "final": 0.5,
+                                          "time_to_target_s": without})
               for method, without in (("label_smoothing", 6.0), ("ema", None))]
-    studies = {"confirm": SimpleNamespace(get_trials=lambda deepcopy, states: trials)}
-    tune = confirm.summarize_leave_one_out(None, studies, {"key": "search:3", "times_s": [4.0]})
-    assert bench["label_smoothing"]["slowdown"] == tune["label_smoothing"]["slowdown"] == 1.5
-    assert math.isinf(bench["ema"]["slowdown"]) and tune["ema"] == {"time_without_s": None, "slowdown": None}
+    winner = {"key": "search:3", "seeds": [1], "times_s": [4.0], "finals": [0.95], "recipe": {"name": "tune-winner"}}
+    config = SimpleNamespace(settings=SimpleNamespace(study_name="tune"))
+    tune = confirm.summarize_leave_one_out(config, winner, {"times_s": [8.0]}, trials)
+    assert board["label_smoothing"]["slowdown"] == bench["parts"]["label_smoothing"]["slowdown"] == 1.5
+    assert tune["parts"]["label_smoothing"]["slowdown"] == 1.5
+    assert tune["parts"]["label_smoothing"]["share"] == math.log(1.5) / math.log(8.0 / 4.0)  # of 2x over the baseline
+    assert math.isinf(board["ema"]["slowdown"]) and tune["parts"]["ema"]["slowdown"] is None
+    assert set(tune) == set(bench) and set(tune["parts"]["ema"]) == set(bench["parts"]["ema"])
+    assert tune["not_reached_without"] == bench["not_reached_without"] == ["ema"]
+    assert tune["against"] is None and tune["of"] == "tune-confirm-search-3-s1"
+    text = "\n".join(leave_one_out_markdown(tune))
+    assert "each row drops one method" in text and "| ema | not reached |" in text

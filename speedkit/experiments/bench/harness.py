@@ -16,10 +16,10 @@ from typing import Callable, Sequence
 from speedkit.core.devices import resolve_device, resolve_precision
 from speedkit.core.time import Time
 from speedkit.data.identity import data_identity
-from speedkit.experiments.ablation import leave_one_out_runs
+from speedkit.experiments.ablation import leave_one_out_runs, leave_one_out_summary
 from speedkit.experiments.bench.profiles import TASK_KEYS, BenchProfile, get_profile, task_key, with_default_sweeps
 from speedkit.experiments.compare import at_or_beyond, final_metric, final_quality, late_gain, stricter, time_to_level
-from speedkit.experiments.compare import leave_one_out as leave_one_out_table
+from speedkit.experiments.compare import baseline_median_times
 from speedkit.experiments.compare import median_or_none, paired_speedups, time_rank
 from speedkit.experiments.measure import MEASURED_RUN, Measurement, fit, measure, scaled_duration, shortest_budget
 from speedkit.record.runs import RunRecord, environment, load_records, lower_is_better
@@ -521,20 +521,13 @@ def summarize_leave_one_out(records: Sequence[RunRecord], ablations: Sequence[Ru
     full_name = left_out[0].config["ablation"]["of"]
     full = next(r for r in [*records, *ablations] if r.name == full_name)
     against = left_out[0].config["ablation"].get("against", "baseline")
-    effects = leave_one_out_table([*records, *ablations], baseline=against).get(full_name, {})
-    parts = {}
-    for record in left_out:
-        part = record.config["ablation"]["left_out"]
-        parts[part] = {"run": record.name, "time_without_s": record.time_to_target,
-                       "final_metric": final_metric(record) if record.target else None,
-                       "slowdown": None, "share": None, "pays_off": None,
-                       **effects.get(part, {}), **({"error": record.error} if record.error else {})}
-    shares = [row["share"] for row in parts.values() if row.get("share") is not None]
-    needed = [part for part, row in parts.items() if row["time_without_s"] is None and "error" not in row]
-    return {"recipe": full.config["recipe"], "seed": _seed_of(full), "of": full_name, "against": against,
-            "reference_rerun": full not in records, "share_sum": sum(shares) if shares else None,
-            "not_reached_without": needed,
-            "time_to_target_s": full.time_to_target, "final_metric": final_metric(full), "parts": parts}
+    rows = {record.config["ablation"]["left_out"]: {
+        "run": record.name, "time_without_s": record.time_to_target,
+        "final_metric": final_metric(record) if record.target else None,
+        **({"error": record.error} if record.error else {})} for record in left_out}
+    return leave_one_out_summary(full_name, full.time_to_target, final_metric(full), rows,
+                                 baseline_median_times([*records, *ablations]).get(against), against,
+                                 recipe=full.config["recipe"], seed=_seed_of(full), reference_rerun=full not in records)
 
 
 def machine(device: str, records: Sequence[RunRecord] = ()) -> dict:

@@ -324,14 +324,15 @@ def leave_one_out_markdown(table: dict | None) -> list[str]:
     if not table:
         return []
     rerun = " (the full recipe rerun beside its ablations)" if table.get("reference_rerun") else ""
-    against = f" against {table['against']}" if table.get("against") else ""
+    parts = f"gives one part the baseline's value against {table['against']}" if table.get("against") else \
+        "drops one method"
     needed = table.get("not_reached_without") or []
     share_sum = f"; the measurable shares add up to {_num(table['share_sum'], 2)}" if table.get("share_sum") is not None else ""
     if needed:
         share_sum += (f" ({' and '.join(needed)}: without {'it' if len(needed) == 1 else 'either'} the target is "
                       f"not reached within the budget, so no share)")
     lines = ["", f"Leave-one-out from `{table['of']}`{rerun}, time to target {_num(table['time_to_target_s'])} s; "
-                 f"each row gives one part the baseline's value{against}{share_sum}:",
+                 f"each row {parts}{share_sum}:",
              ""]
     return lines + markdown_table(
         ["left out", "time to target (s)", "slowdown", "share of speed-up", "pays off here", "final"],

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import statistics
 
-from speedkit.experiments.ablation import leave_one_out_runs
-from speedkit.experiments.compare import median_or_none, slowdown
+from speedkit.experiments.ablation import leave_one_out_runs, leave_one_out_summary
+from speedkit.experiments.compare import median_or_none
 from speedkit.experiments.measure import Measurement, measure, shortest_budget
 from speedkit.experiments.tune.objective import resolve_runner, score_record, train_and_store
 from speedkit.experiments.tune.search import (TuneConfig, confirm_wall_s, confirmed_baselines, recipe_from_trial,
@@ -199,21 +199,21 @@ def run_leave_one_out(config: TuneConfig, studies: dict, runner=None, should_sto
     leave_one_out_runs(Recipe(**winner["recipe"]), run, of=run_name_for(config, winner["key"], seed))
 
 
-def summarize_leave_one_out(config: TuneConfig, studies: dict, winner: dict | None) -> dict:
-    """{method: time without it, and time without / time with} on the first confirmation seed: the benchmark's
-    slowdown (``compare.slowdown``), held as summary.json holds it (a method without which the winner never
-    reached the target: null, not infinity)."""
+def summarize_leave_one_out(config: TuneConfig, winner: dict | None, baseline: dict | None, runs: list) -> dict:
+    """The winner without each of its methods on the first confirmation seed, as the benchmark's leave-one-out
+    table (``ablation.leave_one_out_summary``; shares of its speed-up over ``baseline`` on that seed), held as
+    summary.json holds it (a method without which the winner never reached the target: null, not infinity)."""
     if winner is None or winner["times_s"][0] is None:
         return {}
-    with_time = winner["times_s"][0]
-    rows = {}
-    for t in finished_trials(studies["confirm"], ("COMPLETE",)):
-        key = str(t.user_attrs.get("candidate", ""))
-        if key.startswith(f"loo:{winner['key']}:"):
-            without = t.user_attrs.get("time_to_target_s")
-            rows[key.rsplit(":", 1)[1]] = json_safe({"time_without_s": without,
-                                                     "slowdown": slowdown(without, with_time)})
-    return rows
+    rows = {str(t.user_attrs["candidate"]).rsplit(":", 1)[1]: {
+        "run": run_name_for(config, t.user_attrs["candidate"], t.user_attrs["seed"]),
+        "time_without_s": t.user_attrs.get("time_to_target_s"), "final_metric": t.user_attrs.get("final")}
+        for t in runs if str(t.user_attrs.get("candidate", "")).startswith(f"loo:{winner['key']}:")}
+    seed = winner["seeds"][0]
+    return json_safe(leave_one_out_summary(
+        run_name_for(config, winner["key"], seed), winner["times_s"][0], winner["finals"][0], rows,
+        baseline["times_s"][0] if baseline else None, recipe=winner["recipe"]["name"], seed=seed,
+        reference_rerun=False))
 
 
 def summarize_confirmation(config: TuneConfig, studies: dict) -> dict:
@@ -232,9 +232,9 @@ def summarize_confirmation(config: TuneConfig, studies: dict) -> dict:
                      "median_final": median_or_none(finals),
                      "change": describe_change(recipe, config.base_recipe())})
     judged = _judge(rows, config.metric)
-    winner = next((r for r in rows if r["key"] == judged["winner"]), None)
+    winner, baseline = (next((r for r in rows if r["key"] == judged[role]), None) for role in ("winner", "baseline"))
     return {"seeds": seeds, "candidates": rows, **judged,
-            "leave_one_out": summarize_leave_one_out(config, studies, winner)}
+            "leave_one_out": summarize_leave_one_out(config, winner, baseline, runs)}
 
 
 def _measured(rows: list[dict]) -> Measurement:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import yaml
 
+from speedkit.experiments.bench.report import leave_one_out_markdown
 from speedkit.experiments.compare import machine_text, markdown_table
 from speedkit.experiments.tune.confirm import BASELINE_ROLE_NAMES
 from speedkit.experiments.tune.space import describe_limit
@@ -234,13 +235,10 @@ def _confirmation_lines(confirmation: dict, recipe_path, config) -> list[str]:
         command = f"speedkit train {_task_flags(config)} --stop-at-target --recipe"
         lines.append(f"Recipe: `{recipe_path}`; run it with `{command} {recipe_path}`, and that baseline "
                      f"with `{command} {recipe_path.with_name('baseline.yaml')}`.")
-    loo = confirmation.get("leave_one_out") or {}
-    if loo:
-        lines += ["", f"### The winner's leave-one-out (seed {seeds[0]})", "", *markdown_table(
-            ["left out", "time to target (s)", "time without / with"],
-            ([m, _fmt(row["time_without_s"], ".1f", "never reached"), _fmt(row["slowdown"], ".2f", "never reached")]
-             for m, row in loo.items()))]
-        lines.append("Above 1: the method pays off here; below 1: the winner is faster without it.")
+    if confirmation.get("leave_one_out"):
+        lines += ["", f"### The winner's leave-one-out (seed {seeds[0]})",
+                  *leave_one_out_markdown(confirmation["leave_one_out"]),
+                  "", "Slowdown above 1: the method pays off here; below 1: the winner is faster without it."]
     return lines
 
 
@@ -307,7 +305,7 @@ def leave_one_out_figure(summary: dict):
     """The winner's slowdown when each of its methods is left out (above 1: the method pays off)."""
     import plotly.graph_objects as go
 
-    rows = summary["confirmation"]["leave_one_out"]
+    rows = summary["confirmation"]["leave_one_out"]["parts"]
     names = list(rows)
     slowdowns = [rows[m]["slowdown"] for m in names]
     fig = go.Figure(go.Bar(x=names, y=[10.0 if s is None else min(s, 10.0) for s in slowdowns],
