@@ -122,7 +122,10 @@ def _resolve_root(root: Optional[PathLike]) -> Path:
 def _list_text_files(root: Path, extensions: Sequence[str]) -> list:
     suffixes = tuple(e.lower() for e in extensions)
     # endswith, not Path.suffix, so that "library/os.rst.txt" matches ".txt" and ".rst.txt".
-    return sorted(p.relative_to(root) for p in root.rglob("*") if p.is_file() and p.name.lower().endswith(suffixes))
+    # hidden folders and files (.git, .ipynb_checkpoints) are tool state, never the user's text: `speedkit data
+    # prepare` leaves them out too, so both split the same files
+    return sorted(p.relative_to(root) for p in root.rglob("*") if p.is_file() and p.name.lower().endswith(suffixes)
+                  and not any(part.startswith(".") for part in p.relative_to(root).parts))
 
 
 def split_files(files: Sequence[Path], val_fraction: float, seed: int) -> tuple[list, list]:

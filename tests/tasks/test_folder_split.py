@@ -102,3 +102,45 @@ def test_an_unfinished_prepare_split_by_the_older_rule_is_not_continued_by_the_n
     plan_path.write_text(json.dumps(plan))
     with pytest.raises(ValueError, match=r"older rule.*--overwrite"):
         prepare_images(source, out, short_side=16, progress=False)
+
+
+def _marked_text_folder(root, files=10):
+    """Text files each repeating its own marker word, so a stretch of text names its file; and a hidden copy."""
+    root.mkdir(parents=True)
+    for i in range(files):
+        (root / f"doc{i}.txt").write_text(f"marker{i} says hello to the corpus. " * 40)
+    (root / ".ipynb_checkpoints").mkdir()
+    (root / ".ipynb_checkpoints" / "doc0-checkpoint.txt").write_text("hidden copy. " * 80)
+    return root
+
+
+def _markers(text: str) -> set:
+    import re
+
+    return set(re.findall(r"marker(\d+)", text))
+
+
+def test_a_text_folder_holds_the_same_validation_files_in_memory_and_streamed_whatever_the_runs_seed(tmp_path):
+    pytest.importorskip("tokenizers")
+    import torch
+    from litdata import StreamingDataset
+    from tokenizers import Tokenizer
+
+    from speedkit.data.streaming import prepare_text
+    from speedkit.tasks.builtin.text_folder import text_folder_task
+    from speedkit.tasks.task import DataRequest
+
+    source = _marked_text_folder(tmp_path / "text")
+    shards = tmp_path / "tokens"
+    prepare_text(source, shards, vocab_size=300, block=32, progress=False)
+    tokenizer = Tokenizer.from_file(str(shards / "tokenizer.json"))
+    dataset = StreamingDataset(str(shards / "val"))
+    streamed = set()
+    for index in range(len(dataset)):
+        streamed |= _markers(tokenizer.decode([int(t) for t in dataset[index]["tokens"]]).replace(" ", ""))
+    task = text_folder_task(source)
+    for seed in (0, 1, 2, 3):
+        in_memory = set()
+        for inputs, _ in task.eval_data(DataRequest(batch_size=4, device=torch.device("cpu"), seed=seed)):
+            in_memory |= _markers(bytes(inputs.flatten().tolist()).decode(errors="replace"))
+        assert in_memory == streamed and len(streamed) == 1  # round(0.1 * 10) files, the hidden copy left out

@@ -97,17 +97,21 @@ def _enough_text(root, part: str, tokens: int, seq_len: int) -> None:
                          f"empty), or give a model with a shorter context (--model)")
 
 
-def text_data(root: str | None, skip_unreadable: bool = False):
-    """(train_data, eval_data) over the text files under ``root`` (None: the Python docs), split by file."""
+def text_data(root: str | None, skip_unreadable: bool = False, split_seed: int | None = None):
+    """(train_data, eval_data) over the text files under ``root`` (None: the Python docs), split by file with
+    ``split_seed`` (None: each run's seed)."""
+    def corpus_of(request: DataRequest):
+        return text_corpus(root, request.seed if split_seed is None else split_seed, skip_unreadable)
+
     def train(request: DataRequest):
-        corpus, seq_len = text_corpus(root, request.seed, skip_unreadable), _context_length(request)
+        corpus, seq_len = corpus_of(request), _context_length(request)
         tokens = corpus.train[: max(seq_len + 1, int(len(corpus.train) * request.data_fraction))]
         _enough_text(root, "training", len(tokens), seq_len)
         loader = TokenBatchLoader(tokens, seq_len, request.batch_size, seed=request.seed, device=request.device)
         return _for_model(loader, request)
 
     def evaluate(request: DataRequest):
-        corpus, seq_len = text_corpus(root, request.seed, skip_unreadable), _context_length(request)
+        corpus, seq_len = corpus_of(request), _context_length(request)
         batches = max(1, int(64 * (request.eval_fraction or 1.0)))
         _enough_text(root, "validation", len(corpus.val), seq_len)
         loader = TokenBatchLoader(corpus.val, seq_len, 32, steps_per_epoch=batches, shuffle=False,

@@ -9,6 +9,10 @@ from speedkit.tasks.builtin._shared import GPT_MODELS, language_metrics, languag
 from speedkit.tasks.builtin.pydocs import PYDOCS
 from speedkit.tasks.task import Task
 
+# A folder's files are split train/validation with this seed, whatever the run's, as `speedkit data prepare` splits
+# them (its --seed's default): one validation set for every run, in memory or streamed.
+SPLIT_SEED = 0
+
 
 def _adopted(recipes: dict, names: tuple[str, ...]) -> dict:
     """Recipes of a built-in task for a folder task: the same methods and settings, nothing they reached,
@@ -35,14 +39,14 @@ def text_folder_task(data, target: float | None = None, skip_unreadable: bool = 
     target = 2.5 if target is None else target
     root = Path(data).expanduser()
     try:
-        corpus = text_corpus(str(root), 0, skip_unreadable)  # fails now, before a model is built, if the
+        corpus = text_corpus(str(root), SPLIT_SEED, skip_unreadable)  # fails now, before a model is built, if the
     except (FileNotFoundError, ValueError) as e:             # folder holds too little text, or files that are not
         raise type(e)(f"text-folder {root}: {e}") from None
     if corpus.skipped:
         warnings.warn(f"text-folder {root}: left out {len(corpus.skipped)} file(s) that are not text: "
                       + ", ".join(str(f) for f in corpus.skipped[:5]) + (" ..." if len(corpus.skipped) > 5 else ""),
                       stacklevel=2)
-    train, evaluate = text_data(str(root), skip_unreadable)
+    train, evaluate = text_data(str(root), skip_unreadable, split_seed=SPLIT_SEED)
     return Task(name="text-folder", domain="language", summary=f"byte-level language model on the text in {root}",
                 model=language_model, train_data=train, eval_data=evaluate, metrics=language_metrics,
                 target_metric="eval/bpb", target_value=target, models=GPT_MODELS,
