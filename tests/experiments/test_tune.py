@@ -371,6 +371,10 @@ def test_tune_takes_its_settings_as_one_object_and_names_it_when_given_keywords(
     assert TuneSettings(run=RunRequest("fashion-mnist", device="cpu"), methods=["ema"]).searched_methods == ["ema"]
     with pytest.raises(TypeError, match="run.methods would replace a recipe's methods.*searched_methods="):
         TuneSettings(run=RunRequest("fashion-mnist", methods=["ema"]))
+    # duration_scale is one factor on a budget (a bench profile's, a trial's); the search draws it from a range
+    assert TuneSettings(duration_scale_range=(0.2, 1.0)).duration_scale_range == (0.2, 1.0)
+    with pytest.raises(TypeError, match=r"unknown settings \['duration_scale'\]"):
+        TuneSettings(duration_scale=(0.2, 1.0))
     with pytest.raises(ValueError, match="data_fraction must be in"):  # checked by the one run description
         tune(TuneSettings("fashion-mnist", data_fraction=1.5, out_dir=tmp_path), **QUIET)
 

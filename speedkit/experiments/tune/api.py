@@ -182,7 +182,7 @@ def build_config(settings: TuneSettings, out: Path, log=print) -> TuneConfig:
     left_out.update(probe_surgery(task, probe, candidates, run.device))
     candidates = [m for m in candidates if m not in left_out]
     limits = fit_hparams_to_model(task, probe, candidates, run.device) if s.tune_hparams else {}
-    search = full_space(base, candidates, device.type, s.tune_hparams, s.duration_scale, s.lr_factor, limits,
+    search = full_space(base, candidates, device.type, s.tune_hparams, s.duration_scale_range, s.lr_factor, limits,
                         spec.flips_keep_labels)
     if allowed is not None and not candidates:
         reasons = "; ".join(f"{m}: {why}" for m, why in left_out.items())
@@ -200,8 +200,9 @@ def build_config(settings: TuneSettings, out: Path, log=print) -> TuneConfig:
         task=task, data=None if run.data is None else str(Path(run.data).resolve()), searched_methods=allowed,
         base=s.base if s.base is None or isinstance(s.base, str) else base.name, storage=storage,
         out_dir=str(out_dir), run_dir=str(Path(run.run_dir).resolve()) if run.run_dir else str(out_dir / "runs"),
-        eval_interval=base.eval_interval, runner=runner, duration_scale=tuple(s.duration_scale))
-    baseline = SearchSpace(lr_factor=s.lr_factor, duration_scale=s.duration_scale)  # the baseline's lr and budget
+        eval_interval=base.eval_interval, runner=runner,
+        duration_scale_range=tuple(s.duration_scale_range))
+    baseline = SearchSpace(lr_factor=s.lr_factor, duration_scale=s.duration_scale_range)  # the baseline's lr and budget
     return TuneConfig(
         settings=concrete, metric=metric, target=value, base=base.to_dict(),
         spaces={"baseline": baseline.to_dict(), "search": search.to_dict()},

@@ -132,7 +132,8 @@ class TuneSettings:
     max_baseline_trials: int | None = None
     pruner: str = "halving"
     sampler_seed: int = 0
-    duration_scale: tuple[float, float] = (0.1, 1.0)  # the range a trial's budget is drawn from, x the base's
+    # the range a trial's duration_scale (its budget over the base's, as a bench profile's) is drawn from
+    duration_scale_range: tuple[float, float] = (0.1, 1.0)
     lr_factor: float = 10.0
     leave_one_out: bool = False
     runner: Any = None
@@ -215,7 +216,7 @@ class TuneConfig:
         data = json.loads(Path(path).read_text())
         try:
             settings = data.pop("settings")
-            settings = TuneSettings(**{**settings, "duration_scale": tuple(settings["duration_scale"])})  # run: a dict
+            settings = TuneSettings(**{**settings, "duration_scale_range": tuple(settings["duration_scale_range"])})
             return cls(settings=settings, **data)
         except (KeyError, TypeError) as e:
             raise TuneInputError(f"{path} is not a search config this speedkit writes ({e}); run the same `speedkit "
