@@ -24,6 +24,12 @@ GIVEN_SPLIT = "given"  # the folder's own train/ and val/
 Sample = TypeVar("Sample", bound=tuple)
 
 
+def has_given_split(root: Path) -> bool:
+    """Whether ``root`` holds its own train/ and val/ (or valid/validation/test) class folders, which are kept
+    as they are rather than split by :func:`split_by_class`."""
+    return (root / "train").is_dir() and any((root / name).is_dir() for name in VAL_NAMES)
+
+
 def split_by_class(samples: Sequence[Sample], val_fraction: float, seed: int) -> tuple[list[Sample], list[Sample]]:
     """``(train, val)`` of ``samples``, ``(path, label)`` pairs of one folder's class folders (see the module's
     docstring); both sorted by label, then path."""

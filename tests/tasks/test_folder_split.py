@@ -72,6 +72,14 @@ def test_shards_prepared_before_the_shared_split_rule_say_their_validation_set_m
     (shards / MANIFEST).write_text(json.dumps(manifest))
     with pytest.warns(UserWarning, match=r"prepared before .*--overwrite"):
         image_folder_task(shards)
+    recwarn.clear()
+    _gray_folder(tmp_path / "layout" / "train"), _gray_folder(tmp_path / "layout" / "val")  # never split: no warning
+    prepare_images(tmp_path / "layout", tmp_path / "layout-shards", short_side=16, progress=False)
+    manifest = json.loads((tmp_path / "layout-shards" / MANIFEST).read_text())
+    assert manifest.pop("split_rule") == "given"
+    (tmp_path / "layout-shards" / MANIFEST).write_text(json.dumps(manifest))
+    image_folder_task(tmp_path / "layout-shards")
+    assert not [w for w in recwarn if "prepared before" in str(w.message)]
 
 
 def test_cached_shards_split_by_the_older_rule_are_prepared_again(tmp_path):

@@ -31,7 +31,8 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from speedkit.data.fingerprint import source_identity
-from speedkit.data.folder_split import GIVEN_SPLIT, IMAGE_EXTENSIONS, SPLIT_RULE, VAL_NAMES, split_by_class
+from speedkit.data.folder_split import (GIVEN_SPLIT, IMAGE_EXTENSIONS, SPLIT_RULE, VAL_NAMES, has_given_split,
+                                        split_by_class)
 from speedkit.data.streaming import shards as S
 
 TEXT_EXTENSIONS = (".txt", ".rst", ".md")
@@ -86,7 +87,7 @@ def list_image_folder(root: Path, val_fraction: float, seed: int, not_images: "l
     in-memory image-folder task's rule). Hidden folders and files
     are left out; the other files of the class folders that are not images go to ``not_images``."""
     not_images = [] if not_images is None else not_images
-    if _has_given_split(root):
+    if has_given_split(root):
         val_dir = next(root / n for n in VAL_NAMES if (root / n).is_dir())
         classes, train = _class_files(root / "train", not_images)
         val_classes, val = _class_files(val_dir, not_images)
@@ -104,11 +105,6 @@ def list_image_folder(root: Path, val_fraction: float, seed: int, not_images: "l
     if not splits["train"]:
         raise FileNotFoundError(f"{root}: no images ({', '.join(IMAGE_EXTENSIONS)}) in its class folders")
     return classes, splits
-
-
-def _has_given_split(root: Path) -> bool:
-    """Whether ``root`` holds its own train/ and val/ (or valid/validation/test) class folders."""
-    return (root / "train").is_dir() and any((root / name).is_dir() for name in VAL_NAMES)
 
 
 def _fingerprint(files: Sequence[Path], root: Path, options: dict) -> str:
@@ -269,7 +265,7 @@ def prepare_images(source, out, *, short_side: int = 160, quality: int = 90, val
     options = {"short_side": short_side, "quality": quality, "val_fraction": val_fraction, "seed": seed,
                "part_size": part_size}
     files = [p for items in splits.values() for p, _ in items]
-    split_rule = GIVEN_SPLIT if _has_given_split(source) else SPLIT_RULE
+    split_rule = GIVEN_SPLIT if has_given_split(source) else SPLIT_RULE
     drawn = {} if split_rule == GIVEN_SPLIT else {"split_rule": split_rule}  # a prepare of the folder's own train/ and val/ holds
     plan = {"kind": "images", "source": str(source), "options": options, **drawn,  # no rule: the same as before
             "fingerprint": _fingerprint(files, source, {"kind": "images", **options, **drawn})}

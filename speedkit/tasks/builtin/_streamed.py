@@ -1,5 +1,7 @@
-"""The folder tasks on streamed shards: ``image-folder`` and ``text-folder`` when ``--data`` is a shard folder
-(``speedkit data prepare``), when asked (``stream=True``), or when an image folder would not fit in memory.
+"""Tasks on streamed shards: the base the seed tasks (``imagenet``, ``gpt2``) build on (``streamed_image_task``,
+``streamed_token_task``), and the folder tasks ``image-folder`` and ``text-folder`` on it when ``--data`` is a
+shard folder (``speedkit data prepare``), when asked (``stream=True``), or when an image folder would not fit in
+memory.
 
 A folder that is not a shard folder is prepared once into a cache folder (``$SPEEDKIT_SHARDS``, else
 ``~/.cache/speedkit/shards/``), named by the folder's path and the prepare's options; a later run finds it there
@@ -12,6 +14,7 @@ import os
 import warnings
 from pathlib import Path
 
+from speedkit.data.folder_split import has_given_split
 from speedkit.data.streaming.remote import describe
 from speedkit.data.streaming.shards import MANIFEST, is_shard_folder, read_shards
 from speedkit.tasks.task import DataRequest
@@ -58,7 +61,10 @@ def shards_for(data, kind: str, reason: str, **options) -> Path | str:
 def split_unrecorded(info) -> bool:
     """Whether image shards were prepared before their manifest recorded how the folder was split (``split_rule``,
     :mod:`speedkit.data.folder_split`): such a split may differ from the in-memory image-folder task's."""
-    return info.kind == "images" and "split_rule" not in info.manifest
+    if info.kind != "images" or "split_rule" in info.manifest:
+        return False
+    source = Path(str(info.manifest.get("source", "")))  # a folder with its own train/ and val/ was never split
+    return not (source.is_absolute() and has_given_split(source))
 
 
 def streams(task: str, data, stream: bool | None) -> bool:
