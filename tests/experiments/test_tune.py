@@ -380,6 +380,26 @@ def test_tune_takes_its_settings_as_one_object_and_names_it_when_given_keywords(
 
 
 # -- the real trainer ------------------------------------------------------------------------------------
+def test_a_trial_towards_another_metric_is_not_stopped_by_the_tasks_own(tmp_path):
+    """A run request's target is a value of the task's metric (accuracy here): a trial towards eval/loss=1e-4
+    runs until the loss gets there (never, in six batches), not until the accuracy passes 1e-4 at its first
+    evaluation; one towards a loss it reaches stops there."""
+    from speedkit.experiments.tune.objective import TrialContext, train_trial
+
+    def trial(target: float):
+        context = TrialContext(task="fashion-mnist", recipe=get_recipe("fashion-mnist", "mild").with_changes(
+                               duration="6ba", batch_size=32), seed=0, run_dir=str(tmp_path), run_name=f"loss-{target}",
+                               metric="eval/loss", target=target, limit_s=600.0, stop_after_s=600.0,
+                               settings={"device": "cpu", "data_fraction": 0.02, "eval_fraction": 0.02,
+                                         "eval_interval": "2ba"}, extra_config={})
+        return train_trial(context)
+
+    missed = trial(1e-4)
+    assert len(missed.evals) == 3 and missed.time_to("eval/loss", 1e-4) is None
+    reached = trial(1e4)
+    assert len(reached.evals) == 1 and reached.time_to("eval/loss", 1e4) is not None
+
+
 def test_real_trainer_search_on_a_sliver_of_fashion_mnist(tmp_path):
     """Real runs through make_trainer (from the mild preset, so a few seconds reach the target)."""
     result = tune(TuneSettings("fashion-mnist", target=0.4, base="mild", methods=["label_smoothing", "ema"], out_dir=tmp_path,

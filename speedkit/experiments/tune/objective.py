@@ -88,8 +88,9 @@ class TrialContext:
 class TrialReporter(Callback):
     """Trainer callback: reports each evaluation to the trial; stops the run when it should end."""
 
-    def __init__(self, context: TrialContext):
+    def __init__(self, context: TrialContext, stop_at_target: bool = False):
         self.context = context
+        self.stop_at_target = stop_at_target  # where the Trainer's own stop cannot: a target on another metric
         self.trainer = None  # set once the Trainer exists (attach); stop() goes through its public API
 
     def attach(self, trainer) -> None:
@@ -99,8 +100,11 @@ class TrialReporter(Callback):
         self.context.budget_done = state.fraction_done()
         label, name = self.context.metric.rsplit("/", 1)
         value = state.eval_metrics.get(label, {}).get(name)
-        if self.context.on_eval(state.timestamp.wall_s, None if value is None else float(value)):
+        value = None if value is None else float(value)
+        if self.context.on_eval(state.timestamp.wall_s, value):
             self._stop()
+        elif self.stop_at_target and shortfall(self.context.metric, value, self.context.target) == 0.0:
+            self.trainer.stop(f"reached the target {self.context.metric} {self.context.target:g}")
 
     def batch_end(self, state, logger):
         if self.context.over_time(state.timestamp.wall_s):
@@ -116,19 +120,24 @@ def trial_request(context: TrialContext):
     name), stopped at the target, a measured run (``measure.MEASURED_RUN``: a trial cut short by a stop runs
     again from the start, under its name)."""
     from speedkit.experiments.measure import MEASURED_RUN
-    from speedkit.tasks import RunRequest
+    from speedkit.tasks import RunRequest, resolve_task
 
-    return RunRequest.build(context.task, context.recipe, seed=context.seed, target=context.target,
-                            stop_at_target=True, run_dir=context.run_dir, run_name=context.run_name,
-                            extra_config=context.extra_config, **MEASURED_RUN, **context.settings)
+    # A request's target is a value of the task's own metric: a search towards another metric (eval/loss on a
+    # task that targets accuracy) is stopped at its target by the TrialReporter instead.
+    on_task_metric = context.metric == resolve_task(context.task).target_metric
+    target = {"target": context.target, "stop_at_target": True} if on_task_metric else {}
+    return RunRequest.build(context.task, context.recipe, seed=context.seed, run_dir=context.run_dir,
+                            run_name=context.run_name, extra_config=context.extra_config, **target, **MEASURED_RUN,
+                            **context.settings)
 
 
 def train_trial(context: TrialContext) -> RunRecord:
     """The default runner: the trial's request, fitted (``speedkit.experiments.measure.fit``) with the reporter."""
     from speedkit.experiments.measure import fit
 
-    reporter = TrialReporter(context)
-    return fit(trial_request(context).replace(callbacks=[reporter]), on_built=reporter.attach)
+    request = trial_request(context)
+    reporter = TrialReporter(context, stop_at_target=not request.stop_at_target)
+    return fit(request.replace(callbacks=[reporter]), on_built=reporter.attach)
 
 
 Runner = Callable[[TrialContext], RunRecord]
