@@ -25,6 +25,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.optim import lr_scheduler
 from prerequisites import import_or_missing
+from torch_schedulers import every_torch_scheduler
 
 from speedkit.hosts import HostCannotServeError, Speedkit
 from speedkit.methods import (EMA, SAM, Autocast, CutMix, GradientClipping, LabelSmoothing, MixUp, Muon,
@@ -366,28 +367,7 @@ def test_the_table_covers_every_host_for_every_method_and_refusals_name_a_fix():
 
 
 # -- every LR scheduler torch ships, in a plain loop with Muon ----------------------------------------------
-# Each builds on the user's AdamW before speedkit's split; OneCycleLR's peak and CyclicLR's base are the
-# optimizer's lr, so for every class the base the schedule is relative to is LR.
-SCHEDULERS = {
-    "LambdaLR": lambda o: lr_scheduler.LambdaLR(o, lambda step: 1 / (1 + step)),
-    "MultiplicativeLR": lambda o: lr_scheduler.MultiplicativeLR(o, lambda step: 0.8),
-    "StepLR": lambda o: lr_scheduler.StepLR(o, step_size=2, gamma=0.5),
-    "MultiStepLR": lambda o: lr_scheduler.MultiStepLR(o, milestones=[2, 5], gamma=0.3),
-    "ConstantLR": lambda o: lr_scheduler.ConstantLR(o, factor=0.25, total_iters=3),
-    "LinearLR": lambda o: lr_scheduler.LinearLR(o, start_factor=0.1, total_iters=4),
-    "ExponentialLR": lambda o: lr_scheduler.ExponentialLR(o, gamma=0.7),
-    "PolynomialLR": lambda o: lr_scheduler.PolynomialLR(o, total_iters=STEPS, power=2.0),
-    "CosineAnnealingLR": lambda o: lr_scheduler.CosineAnnealingLR(o, T_max=STEPS),
-    "ChainedScheduler": lambda o: lr_scheduler.ChainedScheduler(
-        [lr_scheduler.ConstantLR(o, factor=0.5, total_iters=2), lr_scheduler.ExponentialLR(o, gamma=0.8)]),
-    "SequentialLR": lambda o: lr_scheduler.SequentialLR(
-        o, [lr_scheduler.LinearLR(o, start_factor=0.2, total_iters=3), lr_scheduler.CosineAnnealingLR(o, T_max=5)],
-        milestones=[3]),
-    "ReduceLROnPlateau": lambda o: lr_scheduler.ReduceLROnPlateau(o, factor=0.5, patience=0),
-    "CyclicLR": lambda o: lr_scheduler.CyclicLR(o, base_lr=LR, max_lr=4 * LR, step_size_up=2),
-    "OneCycleLR": lambda o: lr_scheduler.OneCycleLR(o, max_lr=LR, total_steps=STEPS),
-    "CosineAnnealingWarmRestarts": lambda o: lr_scheduler.CosineAnnealingWarmRestarts(o, T_0=3),
-}
+SCHEDULERS = every_torch_scheduler(STEPS, LR)
 
 
 def step_scheduler(scheduler) -> None:
