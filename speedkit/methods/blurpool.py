@@ -110,13 +110,16 @@ class BlurConv2d(nn.Conv2d):
 class MaxBlurPool2d(nn.MaxPool2d):
     """Max-pool at stride 1, then blurred subsampling by the original stride: the same output shape."""
 
-    def __init__(self, kernel_size, stride=None, padding=0, channels: int | None = None):
+    def __init__(self, kernel_size, stride=None, padding=0, channels: int | None = None, device=None):
         super().__init__(kernel_size, stride=stride, padding=padding)
         self.blur_stride = self.stride
+        # One channel's filter, made once and widened to the input's channels as a view in each forward: a
+        # pool does not know its channel count, and building the filter in every call costs a few ops a step.
+        self.register_buffer("blur", blur_filter(1, device=device), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         pooled = F.max_pool2d(x, self.kernel_size, 1, self.padding)
-        return blur_2d(pooled, self.blur_stride)
+        return blur_2d(pooled, self.blur_stride, self.blur.expand(pooled.shape[1], -1, -1, -1))
 
 
 def _stride_gt_one(stride) -> bool:
@@ -128,6 +131,8 @@ def apply_blurpool(model: nn.Module, replace_convs: bool = True, replace_maxpool
     """Replace strided ``nn.Conv2d`` (with at least ``min_channels`` input channels: blurring an RGB stem
     costs more than it gives) by ``BlurConv2d`` and ``nn.MaxPool2d`` by ``MaxBlurPool2d``, in place."""
     report = SurgeryReport("blurpool")
+    reference = next(model.parameters(), None)  # a pool's filter goes where the model is
+    device = reference.device if reference is not None else None
     if replace_convs:
         replace_modules(
             model,
@@ -139,7 +144,7 @@ def apply_blurpool(model: nn.Module, replace_convs: bool = True, replace_maxpool
             model,
             lambda name, m: (type(m) is nn.MaxPool2d and _stride_gt_one(m.stride) and not m.ceil_mode
                              and not m.return_indices and m.dilation in (1, (1, 1))),
-            lambda name, m: MaxBlurPool2d(m.kernel_size, m.stride, m.padding), report, "max pools")
+            lambda name, m: MaxBlurPool2d(m.kernel_size, m.stride, m.padding, device=device), report, "max pools")
     return report.require_changes(allow_empty, "strided Conv2d or MaxPool2d layers"
                                   f" (convs need >= {min_channels} input channels)")
 

@@ -19,6 +19,7 @@ from prerequisites import require
 from speedkit.callbacks import SyncCounter
 from speedkit.methods import EMA, SWA, Lookahead
 from speedkit.methods import rotary_embeddings as rotary
+from speedkit.methods.qk_norm import QKNormModule, rms_normalize_heads
 from speedkit.models.gpt import GPT, gpt_config
 from speedkit.tasks import TASKS
 from speedkit.tasks.task import BUILT_IN
@@ -161,3 +162,79 @@ def test_rotary_compiles_without_a_graph_break_at_each_length():
     compiled = torch.compile(model, backend="eager")
     x = torch.randint(0, 256, (2, 48))
     torch.testing.assert_close(compiled(x), model(x))
+
+
+# -- QK-norm -------------------------------------------------------------------------------------------------
+def _qk_norm_inputs(key_positions: int = 6, key_heads: int = 3):
+    torch.manual_seed(0)
+    q = torch.randn(2, 3, 6, 8, requires_grad=True)
+    k = torch.randn(2, key_heads, key_positions, 8, requires_grad=True)
+    norm = QKNormModule(num_heads=3, head_dim=8)
+    with torch.no_grad():
+        norm.q_gain.uniform_(0.5, 1.5)
+        norm.k_gain.uniform_(0.5, 1.5)
+    return norm, q, k
+
+
+def _ops_named(name: str, run) -> int:
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Named(TorchDispatchMode):
+        count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Named.count += func.__name__.split(".")[0] == name
+            return func(*args, **(kwargs or {}))
+
+    with Named():
+        run()
+    return Named.count
+
+
+def test_qk_norm_normalises_queries_and_keys_in_one_pass_forward_and_backward():
+    norm, q, k = _qk_norm_inputs()
+
+    def step():
+        q_out, k_out, *_ = norm(q, k, k, None, True, None)
+        (q_out * k_out).sum().backward()
+
+    assert _ops_named("rsqrt", step) == 1
+
+
+@pytest.mark.parametrize("key_positions", [6, 9])  # 9: keys of earlier positions too, normalised apart
+def test_qk_norm_in_one_pass_gives_the_numbers_and_gradients_of_each_apart(key_positions):
+    norm, q, k = _qk_norm_inputs(key_positions)
+    q_out, k_out, *_ = norm(q, k, k, None, False, None)
+    loss = (q_out @ k_out.transpose(-1, -2)).square().sum()
+    grads = torch.autograd.grad(loss, [q, k, norm.q_gain, norm.k_gain])
+    q_ref = rms_normalize_heads(q, norm.q_gain, norm.eps)
+    k_ref = rms_normalize_heads(k, norm.k_gain, norm.eps)
+    loss_ref = (q_ref @ k_ref.transpose(-1, -2)).square().sum()
+    torch.testing.assert_close((q_out, k_out), (q_ref, k_ref))
+    torch.testing.assert_close(grads, torch.autograd.grad(loss_ref, [q, k, norm.q_gain, norm.k_gain]))
+    assert set(norm.state_dict()) == {"q_gain", "k_gain"}
+
+
+# -- BlurPool ------------------------------------------------------------------------------------------------
+def test_a_blurred_max_pool_makes_its_filter_once_and_blurs_as_before(monkeypatch):
+    from speedkit.methods import blurpool
+
+    model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.MaxPool2d(3, 2, 1))
+    blurpool.apply_blurpool(model, replace_convs=False)
+    made = []
+    make = blurpool.blur_filter
+    monkeypatch.setattr(blurpool, "blur_filter", lambda *a, **k: made.append(a) or make(*a, **k))
+    x = torch.randn(2, 3, 15, 15)
+    out = model(x)
+    assert made == []
+    monkeypatch.undo()
+    pooled = nn.functional.max_pool2d(model[0](x), 3, 1, 1)
+    torch.testing.assert_close(out, blurpool.blur_2d(pooled, 2, blurpool.blur_filter(16)))
+
+
+def test_a_blurred_max_pools_filter_is_made_where_the_model_is():
+    from speedkit.methods import blurpool
+
+    model = nn.Sequential(nn.Conv2d(3, 16, 3, device="meta"), nn.MaxPool2d(2))
+    blurpool.apply_blurpool(model, replace_convs=False)
+    assert model[1].blur.device.type == "meta" and "1.blur" not in model.state_dict()
