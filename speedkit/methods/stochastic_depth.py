@@ -76,8 +76,9 @@ class BranchDrop:
         if layer.mode == "sample" and training:
             keep = 1.0 - rate
             shape = (output.shape[0],) + (1,) * (output.dim() - 1)
-            mask = torch.empty(shape, device=output.device, dtype=output.dtype).bernoulli_(keep)
-            return output * mask / keep
+            # scaled as it is drawn: the branch's output is multiplied once, and its gradient once
+            mask = torch.empty(shape, device=output.device, dtype=output.dtype).bernoulli_(keep).div_(keep)
+            return output * mask
         if layer.mode == "block" and not training:
             return output * (1.0 - rate)
         return output

@@ -238,3 +238,50 @@ def test_a_blurred_max_pools_filter_is_made_where_the_model_is():
     model = nn.Sequential(nn.Conv2d(3, 16, 3, device="meta"), nn.MaxPool2d(2))
     blurpool.apply_blurpool(model, replace_convs=False)
     assert model[1].blur.device.type == "meta" and "1.blur" not in model.state_dict()
+
+
+# -- stochastic depth ----------------------------------------------------------------------------------------
+def _ops_of_a_step(model, x) -> int:
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Every(TorchDispatchMode):
+        count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Every.count += 1
+            return func(*args, **(kwargs or {}))
+
+    with Every():
+        model(x).sum().backward()
+    return Every.count
+
+
+def test_stochastic_depth_per_sample_costs_a_draw_and_one_multiply_each_way_per_block():
+    from speedkit.methods.stochastic_depth import apply_stochastic_depth
+    from speedkit.models import get_model
+
+    torch.manual_seed(0)
+    plain = get_model("resnet8")
+    dropping = get_model("resnet8")
+    dropping.load_state_dict(plain.state_dict())
+    blocks = len(apply_stochastic_depth(dropping, drop_rate=0.5, mode="sample").details)
+    x = torch.randn(4, 1, 16, 16)
+    extra = _ops_of_a_step(dropping, x) - _ops_of_a_step(plain, x)
+    assert extra <= 5 * blocks  # mask: empty, bernoulli_, div_; the branch times it; its gradient times it
+
+
+def test_stochastic_depth_per_sample_scales_a_kept_branch_by_its_survival():
+    from speedkit.methods.stochastic_depth import apply_stochastic_depth, stochastic_depth_layers
+    from speedkit.models import get_model
+
+    model = get_model("resnet8")
+    apply_stochastic_depth(model, drop_rate=0.5, mode="sample", drop_distribution="uniform")
+    block = stochastic_depth_layers(model)[0].block
+    x = torch.randn(64, 16, 8, 8)
+    torch.manual_seed(0)
+    out = block.module(x)
+    with torch.no_grad():
+        branch = block.module.branch(x)
+        kept = nn.functional.relu(branch / 0.5 + block.module.shortcut(x))
+    was_kept = torch.tensor([torch.allclose(o, k, atol=1e-5) for o, k in zip(out, kept)])
+    assert 16 <= int(was_kept.sum()) <= 48
