@@ -19,7 +19,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from speedkit.experiments.bench.report import preset_reached
+from speedkit.experiments.report import preset_reached
 from speedkit.experiments.compare import at_or_beyond, final_quality, machine_text, stricter
 from speedkit.methods import methods_table
 from speedkit.tasks.recipes import PRESETS

@@ -86,7 +86,7 @@ def run(args) -> int:
     from pathlib import Path
 
     from speedkit.experiments.bench import run_benchmark
-    from speedkit.experiments.bench.report import task_markdown
+    from speedkit.experiments.report import task_markdown
 
     def earlier_result(path, flag, writer):
         if not path:

@@ -150,7 +150,7 @@ class TunePanel:
 
     def _show_best(self) -> None:
         """The best recipe so far as the search ranks it (by its worst seed), over the studies seen so far."""
-        from speedkit.experiments.tune.report import proposal
+        from speedkit.experiments.report import proposal
         from speedkit.experiments.tune.search import SEARCH_SEED, standings
 
         leaders = [(s, name) for name, study in self._studies.items() for s in standings(study)[:1]]
@@ -176,7 +176,7 @@ def time_line(time: dict | None) -> str:
     """Where the search's time went, in one line (the report's table, shortened)."""
     if not time:
         return ""
-    from speedkit.experiments.tune.report import spent_line
+    from speedkit.experiments.report import spent_line
 
     runs = time.get("runs", {})
     parts = [f"{what} {seconds:.0f}s" + (f" ({runs[what]} runs)" if runs.get(what) else "")

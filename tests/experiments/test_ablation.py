@@ -82,7 +82,7 @@ def test_bench_and_tune_summarise_leave_one_out_as_one_table_and_the_search_stor
     from types import SimpleNamespace
 
     from speedkit.experiments.bench.harness import summarize_leave_one_out
-    from speedkit.experiments.bench.report import leave_one_out_markdown
+    from speedkit.experiments.report import leave_one_out_markdown
     from speedkit.experiments.compare import leave_one_out
 
     def record(name, reached_at, **config):

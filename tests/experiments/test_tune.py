@@ -499,7 +499,7 @@ def test_cli_tune_searches_a_folder_of_your_own_images(tmp_path, capsys, fake_en
 
 def test_the_winner_file_says_auto_where_the_search_chose_what_auto_picks_here(monkeypatch):
     from speedkit.core import devices
-    from speedkit.experiments.tune.report import portable_precision
+    from speedkit.experiments.report import portable_precision
 
     monkeypatch.setattr(devices, "cpu_bf16_speedup", lambda threads=None: 1.8)  # bf16 measured fast here
     assert portable_precision("bf16", "cpu") == "auto"  # so another machine picks its own fast one
@@ -830,7 +830,7 @@ def test_the_confirmation_is_planned_to_end_within_the_budget(tmp_path, fake_env
 
 def test_a_baseline_that_never_reaches_the_target_is_named_with_the_target_it_does_reach():
     """A folder task's default target can lie out of its baseline's reach: the report says so, and the rerun."""
-    from speedkit.experiments.tune.report import baseline_shortfall
+    from speedkit.experiments.report import baseline_shortfall
 
     def summary(metric, finals, reached=(), confirmed=0):
         trials = [{"phase": "baseline", "state": "complete", "final": f, "time_to_target_s": 9.0 if i in reached else None}
@@ -844,3 +844,17 @@ def test_a_baseline_that_never_reaches_the_target_is_named_with_the_target_it_do
     assert "--target 0.88" in baseline_shortfall(summary("eval/accuracy", [0.85, 0.88]))
     assert baseline_shortfall(summary("eval/bpb", [3.9, 2.4], reached={1})) is None
     assert baseline_shortfall(summary("eval/bpb", [3.9], confirmed=1)) is None  # reached on a confirmation seed
+
+
+def test_the_search_and_the_benchmark_write_numbers_alike():
+    """One report module: a trial that missed the target shows the same mark for its missing time as a benchmark
+    row with no time, and numbers are rounded the same way in both."""
+    from speedkit.experiments.report import leave_one_out_markdown, trials_table
+
+    trial = {"phase": "search", "number": 4, "final": 0.91234, "time_to_target_s": None, "change": "+ema",
+             "seed": 0}
+    search_row = trials_table([(12.345, trial, [trial])])[-1]
+    bench_row = leave_one_out_markdown({"of": "mild", "time_to_target_s": 10.0, "parts": {"ema": {
+        "time_without_s": 12.0, "slowdown": None, "share": None, "pays_off": None, "final_metric": 0.91234}}})[-1]
+    assert "| 12.35 | — | 0.9123 |" in search_row, search_row
+    assert "| — | — | — | 0.9123 |" in bench_row, bench_row

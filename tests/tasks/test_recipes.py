@@ -71,7 +71,7 @@ def test_what_a_preset_reached_is_what_the_committed_benchmark_measured(task):
 
 def test_the_shipped_figures_are_the_ones_written_from_the_committed_results():
     """presets/reached.json is package data written by `make readme`; it must say what the results say."""
-    from speedkit.experiments.bench.report import preset_reached
+    from speedkit.experiments.report import preset_reached
 
     results = [json.loads((RESULTS / name).read_text()) for name in ("summary.json", "fresh_seeds.json")]
     assert json.loads((PRESETS / "reached.json").read_text()) == preset_reached(*results), "run `make readme`"

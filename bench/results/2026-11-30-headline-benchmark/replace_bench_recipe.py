@@ -20,7 +20,7 @@ from pathlib import Path
 
 from speedkit.experiments.bench.harness import resolve_profile, summarize
 from speedkit.experiments.bench.profiles import get_profile, task_key
-from speedkit.experiments.bench.report import write_reports
+from speedkit.experiments.report import write_reports
 from speedkit.record.runs import load_records
 
 

@@ -9,8 +9,8 @@ from speedkit.experiments.bench.harness import (BenchResult, pick_best, resolve_
                                                 run_benchmark, run_interleaved, run_leave_one_out, run_one,
                                                 scheduled_recipe, summarize)
 from speedkit.experiments.bench.profiles import PROFILES, TASK_KEYS, BenchProfile, get_profile, task_key
-from speedkit.experiments.bench.report import (merge_summary, metric_curves_figure, speedup_figure,
-                                               summary_markdown, write_reports)
+from speedkit.experiments.report import (merge_summary, metric_curves_figure, speedup_figure, summary_markdown,
+                                         write_reports)
 
 __all__ = ["BenchProfile", "BenchResult", "PROFILES", "PhaseTimer", "TASK_KEYS", "get_profile",
            "merge_summary", "metric_curves_figure", "pick_best", "profile_steps", "resolve_profile",

@@ -411,7 +411,7 @@ def judge_summary_file(path: str | Path) -> list[str]:
     final quality (``add_final_quality`` without records), and rewrite it and its markdown (the ``.md`` of the
     same name, where there is one, or summary.md). Entries already judged keep what their runs gave. Returns the
     keys it judged; none for a file that is not a benchmark summary."""
-    from speedkit.experiments.bench.report import summary_markdown
+    from speedkit.experiments.report import summary_markdown
 
     path = Path(path)
     summary = json.loads(path.read_text())
@@ -687,7 +687,7 @@ def run_benchmark(task, profile: str | BenchProfile = "cpu", seeds: int | Sequen
     each main run's record as it finishes. ``only`` runs those recipes and takes the others' runs from
     ``run_dir`` (to measure one changed recipe against the runs already made).
     """
-    from speedkit.experiments.bench.report import write_reports
+    from speedkit.experiments.report import write_reports
 
     named = isinstance(task, str) and (task in TASK_KEYS or task in TASKS) and data is None and not task_options
     key = task_key(task if named else resolve_task(task, data, **(task_options or {})).name)

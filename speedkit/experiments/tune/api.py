@@ -86,7 +86,7 @@ def tune(settings: TuneSettings | None = None, *, log=print, on_trial=None, shou
 
 
 def _confirm_and_report(config, studies, storage_obj, out, in_process, log, should_stop) -> TuneResult:
-    from speedkit.experiments.tune.report import baseline_shortfall, write_outputs
+    from speedkit.experiments.report import baseline_shortfall, write_outputs
 
     if not (should_stop and should_stop()):  # the search ended (not stopped): no process starts a trial of it now
         studies["confirm"].set_user_attr("closed_for", search_limits(config))
@@ -111,7 +111,7 @@ def _confirm_and_report(config, studies, storage_obj, out, in_process, log, shou
 
 
 def _logger(log, on_trial):
-    from speedkit.experiments.tune.report import proposal
+    from speedkit.experiments.report import proposal
 
     def callback(study, trial):
         attrs = trial.user_attrs
