@@ -11,8 +11,8 @@ import torch
 
 from speedkit.core.event import Event
 from speedkit.core.method import HParam, MethodCard
-from speedkit.methods._mixing import (BatchMixing, beta_tensor, dense_labels, mix_labels, random_permutation,
-                                      sample_beta)
+from speedkit.methods._mixing import (BatchMixing, beta_tensor, blend, dense_labels, mix_labels,
+                                      random_permutation, sample_beta)
 
 __all__ = ["MixUp", "dense_labels", "mix_labels", "mixup_batch", "random_permutation", "sample_beta"]
 
@@ -31,7 +31,7 @@ def mixup_batch(x: torch.Tensor, y: torch.Tensor, alpha: float = 0.2, num_classe
         lam = sample_beta(alpha, generator)
     if permutation is None:
         permutation = random_permutation(x.shape[0], x.device, generator)
-    mixed_x = x * lam + x[permutation] * (1.0 - lam)
+    mixed_x = blend(x, permutation, lam)
     return mixed_x, mix_labels(y, permutation, lam, num_classes), lam, permutation
 
 
@@ -71,4 +71,4 @@ class MixUp(BatchMixing):
 
     def mix(self, x, drawn):
         lam, perm = drawn
-        return x * lam + x[perm] * (1.0 - lam), lam, perm
+        return blend(x, perm, lam), lam, perm

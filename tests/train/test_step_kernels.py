@@ -285,3 +285,18 @@ def test_stochastic_depth_per_sample_scales_a_kept_branch_by_its_survival():
         kept = nn.functional.relu(branch / 0.5 + block.module.shortcut(x))
     was_kept = torch.tensor([torch.allclose(o, k, atol=1e-5) for o, k in zip(out, kept)])
     assert 16 <= int(was_kept.sum()) <= 48
+
+
+# -- MixUp ---------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("weight", [0.3, 0.8])
+def test_mixing_a_batch_and_its_labels_is_a_gather_and_one_kernel_each(weight):
+    from speedkit.methods._mixing import blend, mix_labels
+
+    torch.manual_seed(0)
+    x, labels, perm = torch.randn(6, 3, 4, 4), torch.randint(0, 5, (6,)), torch.randperm(6)
+    lam = torch.tensor(weight)  # the method's weight: a 0-d tensor never read on the host
+    torch.testing.assert_close(blend(x, perm, lam), weight * x + (1 - weight) * x[perm])
+    one_hot = nn.functional.one_hot(labels, 5).float()
+    torch.testing.assert_close(mix_labels(labels, perm, lam, 5), weight * one_hot + (1 - weight) * one_hot[perm])
+    assert _ops_named("index", lambda: blend(x, perm, lam)) == 1
+    assert _ops_named("lerp", lambda: blend(x, perm, lam)) == 1 and _ops_named("mul", lambda: blend(x, perm, lam)) == 0
