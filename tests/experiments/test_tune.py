@@ -387,11 +387,10 @@ def test_a_trial_towards_another_metric_is_not_stopped_by_the_tasks_own(tmp_path
     from speedkit.experiments.tune.objective import TrialContext, train_trial
 
     def trial(target: float):
-        context = TrialContext(task="fashion-mnist", recipe=get_recipe("fashion-mnist", "mild").with_changes(
-                               duration="6ba", batch_size=32), seed=0, run_dir=str(tmp_path), run_name=f"loss-{target}",
-                               metric="eval/loss", target=target, limit_s=600.0, stop_after_s=600.0,
-                               settings={"device": "cpu", "data_fraction": 0.02, "eval_fraction": 0.02,
-                                         "eval_interval": "2ba"}, extra_config={})
+        recipe = get_recipe("fashion-mnist", "mild").with_changes(duration="6ba", batch_size=32)
+        run = RunRequest("fashion-mnist", recipe, device="cpu", data_fraction=0.02, eval_fraction=0.02,
+                         eval_interval="2ba", run_dir=str(tmp_path), run_name=f"loss-{target}")
+        context = TrialContext(run=run, metric="eval/loss", target=target, limit_s=600.0, stop_after_s=600.0)
         return train_trial(context)
 
     missed = trial(1e-4)
@@ -858,3 +857,21 @@ def test_the_search_and_the_benchmark_write_numbers_alike():
         "time_without_s": 12.0, "slowdown": None, "share": None, "pays_off": None, "final_metric": 0.91234}}})[-1]
     assert "| 12.35 | — | 0.9123 |" in search_row, search_row
     assert "| — | — | — | 0.9123 |" in bench_row, bench_row
+
+
+def test_a_trials_run_is_the_searchs_run_request_with_its_recipe_seed_and_name():
+    """A trial's context holds one RunRequest, the search's ``run`` with the trial's recipe, seed and name: any
+    setting of that request (here the loader workers) reaches every trial, not only the four the search copied."""
+    from speedkit.experiments.tune.objective import trial_request
+    from speedkit.experiments.tune.search import trial_context
+
+    settings = TuneSettings(run=RunRequest("fashion-mnist", device="cpu", num_workers=0, run_dir="runs",
+                                           eval_interval="2ba"))
+    config = TuneConfig(settings=settings, metric="eval/accuracy", target=0.9, base={}, spaces={}, budget_s=60.0,
+                        limit_s=12.0, started_at=time.time(), spent_before_s=0.0)
+    recipe = get_recipe("fashion-mnist", "mild")
+    request = trial_request(trial_context(config, "search", recipe, 3, "tune-search-t7"))
+    assert request == settings.run.replace(recipe=recipe, seed=3, run_name="tune-search-t7", target=0.9,
+                                           stop_at_target=True, save_checkpoints=False, overwrite=True,
+                                           progress_bar=False, extra_config=request.extra_config)
+    assert request.extra_config["tune"] == {"study": "tune", "phase": "search", "trial": None, "target": 0.9}

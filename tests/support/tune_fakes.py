@@ -17,6 +17,7 @@ from speedkit.record.runs import RunRecord
 
 BASE_TIME = 4.0  # fake training seconds to the target with nothing on
 REAL_SECONDS_PER_FAKE = float(os.environ.get("TUNE_FAKE_PACE", "0.01"))
+RUN_SETTINGS = ("device", "data_fraction", "eval_fraction", "eval_interval")  # in a record's config, as a real run's
 
 
 def planted_time(recipe) -> float:
@@ -55,12 +56,12 @@ def _rendezvous() -> None:
 
 
 def fake_run(context) -> RunRecord:
-    check_compatibility(build_methods(context.recipe.methods))  # a conflicting set must never get here
+    check_compatibility(build_methods(context.run.recipe.methods))  # a conflicting set must never get here
     _rendezvous()
-    if "gyro_dropout" in context.recipe.methods:  # as the real one does at FIT_START in a model without dropout
+    if "gyro_dropout" in context.run.recipe.methods:  # as the real one does at FIT_START in a model without dropout
         raise NothingToChangeError("gyro_dropout found no nn.Dropout layers with p > 0 in the model")
-    _log(f"start {context.run_name} {os.getpid()}")
-    return _train(context, planted_time(context.recipe), 3 * BASE_TIME)
+    _log(f"start {context.run.run_name} {os.getpid()}")
+    return _train(context, planted_time(context.run.recipe), 3 * BASE_TIME)
 
 
 FAKE_SECONDS_PER_EPOCH = 0.75
@@ -73,10 +74,10 @@ def budgeted_run(context) -> RunRecord:
     whose budget the search trimmed to fit seed 0 misses there."""
     from speedkit.core.time import Time
 
-    check_compatibility(build_methods(context.recipe.methods))
-    _log(f"start {context.run_name} {os.getpid()}")
-    reach_at = planted_time(context.recipe) * (1.3 if context.seed == SLOW_SEED else 1.0)
-    return _train(context, reach_at, Time.from_string(context.recipe.duration).value * FAKE_SECONDS_PER_EPOCH)
+    check_compatibility(build_methods(context.run.recipe.methods))
+    _log(f"start {context.run.run_name} {os.getpid()}")
+    reach_at = planted_time(context.run.recipe) * (1.3 if context.run.seed == SLOW_SEED else 1.0)
+    return _train(context, reach_at, Time.from_string(context.run.recipe.duration).value * FAKE_SECONDS_PER_EPOCH)
 
 
 LUCKY_METHOD = "mixup"  # on the search's seed (0) it looks 2.5x faster; on every other seed it is 2x slower
@@ -85,11 +86,11 @@ LUCKY_METHOD = "mixup"  # on the search's seed (0) it looks 2.5x faster; on ever
 def lucky_seed_run(context) -> RunRecord:
     """``fake_run``, but ``LUCKY_METHOD`` is fast only on seed 0, as a recipe that passes the target at an
     early evaluation by one seed's luck."""
-    check_compatibility(build_methods(context.recipe.methods))
-    _log(f"start {context.run_name} {os.getpid()}")
-    reach_at = planted_time(context.recipe)
-    if LUCKY_METHOD in context.recipe.methods:
-        reach_at *= 0.4 if context.seed == 0 else 2.0
+    check_compatibility(build_methods(context.run.recipe.methods))
+    _log(f"start {context.run.run_name} {os.getpid()}")
+    reach_at = planted_time(context.run.recipe)
+    if LUCKY_METHOD in context.run.recipe.methods:
+        reach_at *= 0.4 if context.run.seed == 0 else 2.0
     return _train(context, reach_at, 3 * BASE_TIME)
 
 
@@ -97,21 +98,22 @@ def lucky_lr_run(context) -> RunRecord:
     """``fake_run``, but any learning rate other than the base's (0.1) is twice as fast on seed 0 and twice as
     slow on every other seed: the baseline study, which ranks on seed 0, picks a tuned baseline that the base
     as given beats on the confirmation's seeds."""
-    check_compatibility(build_methods(context.recipe.methods))
-    _log(f"start {context.run_name} {os.getpid()}")
-    reach_at = BASE_TIME * (0.5 if "label_smoothing" in context.recipe.methods else 1.0)
-    if not math.isclose(context.recipe.optimizer["lr"], 0.1, rel_tol=0.01):
-        reach_at *= 0.5 if context.seed == 0 else 2.0
+    check_compatibility(build_methods(context.run.recipe.methods))
+    _log(f"start {context.run.run_name} {os.getpid()}")
+    reach_at = BASE_TIME * (0.5 if "label_smoothing" in context.run.recipe.methods else 1.0)
+    if not math.isclose(context.run.recipe.optimizer["lr"], 0.1, rel_tol=0.01):
+        reach_at *= 0.5 if context.run.seed == 0 else 2.0
     return _train(context, reach_at, 3 * BASE_TIME)
 
 
 def _train(context, reach_at: float, available: float) -> RunRecord:
     top = context.target  # a run reaches the target exactly at reach_at
-    record = RunRecord(name=context.run_name, config={"task": context.task, "recipe": context.recipe.name,
-                                                      "recipe_spec": context.recipe.to_dict(), **context.settings,
-                                                      **context.extra_config},
+    record = RunRecord(name=context.run.run_name, config={"task": context.run.task, "recipe": context.run.recipe.name,
+                                                           "recipe_spec": context.run.recipe.to_dict(),
+                                                           **{k: getattr(context.run, k) for k in RUN_SETTINGS},
+                                                           **context.run.extra_config},
                        target={"metric": context.metric, "value": context.target})
-    record.methods = [{"name": m, "params": p} for m, p in context.recipe.methods.items()]
+    record.methods = [{"name": m, "params": p} for m, p in context.run.recipe.methods.items()]
     wall = 0.0
     while wall < available - 1e-9:
         wall = round(wall + 0.25, 6)  # an evaluation every 0.25 fake seconds
@@ -126,5 +128,5 @@ def _train(context, reach_at: float, available: float) -> RunRecord:
     record.final_metrics = {context.metric: record.evals[-1][context.metric]}
     record.status = "target_reached" if value >= context.target else "stopped"
     record.save(context.record_path())
-    _log(f"end {context.run_name} {os.getpid()}")
+    _log(f"end {context.run.run_name} {os.getpid()}")
     return record

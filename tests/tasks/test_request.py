@@ -51,11 +51,10 @@ def from_bench() -> RunRequest:
 def from_tune() -> RunRequest:
     s = SETTINGS
     recipe = get_recipe(s["task"], s["recipe"]).with_changes(name="tune-search-t0003", duration=s["duration"])
-    context = TrialContext(task=s["task"], recipe=recipe, seed=s["seed"], run_dir="runs", run_name="trial",
-                           metric="eval/accuracy", target=s["target"], limit_s=60.0, stop_after_s=60.0,
-                           settings={"device": s["device"], "data_fraction": s["data_fraction"],
-                                     "eval_fraction": s["eval_fraction"], "eval_interval": s["eval_interval"]},
-                           extra_config={"seed": s["seed"]})
+    run = RunRequest(s["task"], recipe, seed=s["seed"], run_dir="runs", run_name="trial", device=s["device"],
+                     data_fraction=s["data_fraction"], eval_fraction=s["eval_fraction"],
+                     eval_interval=s["eval_interval"], extra_config={"seed": s["seed"]})
+    context = TrialContext(run=run, metric="eval/accuracy", target=s["target"], limit_s=60.0, stop_after_s=60.0)
     return trial_request(context)
 
 

@@ -126,7 +126,8 @@ def _confirm_run(config: TuneConfig, confirm, runner, role: str, key: str, seed:
     context.stop_after_s = 2 * config.limit_s  # the recipe runs as shipped; this only bounds a runaway
     context.should_stop = should_stop
     if ablation is not None:
-        context.extra_config["ablation"] = ablation  # what speedkit.experiments.compare.leave_one_out and the run board read
+        # what speedkit.experiments.compare.leave_one_out and the run board read
+        context.run = context.run.replace(extra_config={**context.run.extra_config, "ablation": ablation})
     try:
         record = train_and_store(trial, context, runner)
     except Exception as e:

@@ -47,17 +47,11 @@ class TrialContext:
     limit, or unable to beat the best run so far).
     """
 
-    task: str
-    recipe: object  # speedkit.tasks.recipes.Recipe
-    seed: int
-    run_dir: str
-    run_name: str
+    run: object  # speedkit.tasks.RunRequest: task, recipe, seed, run folder and name, the search's settings
     metric: str
     target: float
     limit_s: float  # the per-trial limit the penalty is measured against
     stop_after_s: float  # when this run is stopped (the limit, the search's deadline, or the best run so far)
-    settings: dict  # RunRequest fields: device, data_fraction, eval_fraction, eval_interval
-    extra_config: dict
     trial: object | None = None  # optuna.Trial, or None for confirmation runs
     should_stop: Callable[[], bool] | None = None  # the search was asked to stop (Stop button, Ctrl-C handler)
     stop_reason: str | None = None
@@ -82,7 +76,7 @@ class TrialContext:
         return self.stop_reason is not None
 
     def record_path(self) -> Path:
-        return Path(self.run_dir) / self.run_name / "record.json"
+        return Path(self.run.run_dir) / self.run.run_name / "record.json"
 
 
 class TrialReporter(Callback):
@@ -116,19 +110,16 @@ class TrialReporter(Callback):
 
 
 def trial_request(context: TrialContext):
-    """The RunRequest of one trial's run: its recipe and seed with the search's settings (request fields by
-    name), stopped at the target, a measured run (``measure.MEASURED_RUN``: a trial cut short by a stop runs
-    again from the start, under its name)."""
+    """The RunRequest of one trial's run: the context's, stopped at the target, a measured run
+    (``measure.MEASURED_RUN``: a trial cut short by a stop runs again from the start, under its name)."""
     from speedkit.experiments.measure import MEASURED_RUN
-    from speedkit.tasks import RunRequest, resolve_task
+    from speedkit.tasks import resolve_task
 
     # A request's target is a value of the task's own metric: a search towards another metric (eval/loss on a
     # task that targets accuracy) is stopped at its target by the TrialReporter instead.
-    on_task_metric = context.metric == resolve_task(context.task).target_metric
+    on_task_metric = context.metric == resolve_task(context.run.task).target_metric
     target = {"target": context.target, "stop_at_target": True} if on_task_metric else {}
-    return RunRequest.build(context.task, context.recipe, seed=context.seed, run_dir=context.run_dir,
-                            run_name=context.run_name, extra_config=context.extra_config, **target, **MEASURED_RUN,
-                            **context.settings)
+    return context.run.replace(**target, **MEASURED_RUN)
 
 
 def train_trial(context: TrialContext) -> RunRecord:

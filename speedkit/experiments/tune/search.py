@@ -226,8 +226,16 @@ class TuneConfig:
         return self.settings.study_name if phase == "search" else f"{self.settings.study_name}-{phase}"
 
     def run_settings(self) -> dict:
-        """The RunRequest fields every run of the search shares (each trial's ``TrialContext.settings``)."""
+        """The RunRequest fields every run of the search shares, as summary.json records them."""
         return {name: getattr(self.settings.run, name) for name in RUN_FIELDS}
+
+    def trial_run(self, recipe, seed: int, run_name: str, phase: str, trial=None):
+        """One run of the search: ``settings.run`` with the trial's recipe, seed and name. The task goes by its
+        name alone (``rebuild_task`` made it known in this process from its data and options)."""
+        return self.settings.run.replace(
+            data=None, task_options=None, recipe=recipe, seed=seed, run_name=run_name,
+            extra_config={"seed": seed, "tune": {"study": self.settings.study_name, "phase": phase,
+                                                 "trial": trial.number if trial else None, "target": self.target}})
 
     def max_trials(self) -> dict:
         """phase -> most trials it starts (None: until the time is used)."""
@@ -355,15 +363,8 @@ def trial_context(config: TuneConfig, phase: str, recipe, seed: int, run_name: s
     best = best_reached_s(trial.study) if trial is not None else None
     if best is not None:
         stop_after = min(stop_after, 1.5 * best)  # past 1.5x the best time a run can be neither winner nor runner-up
-    settings = config.settings
-    return TrialContext(task=settings.run.task, recipe=recipe, seed=seed, run_dir=settings.run.run_dir,
-                        run_name=run_name,
-                        metric=config.metric, target=config.target,
-                        limit_s=config.limit_s, stop_after_s=stop_after,
-                        settings=config.run_settings(), trial=trial,
-                        extra_config={"seed": seed, "tune": {"study": settings.study_name, "phase": phase,
-                                                             "trial": trial.number if trial else None,
-                                                             "target": config.target}})
+    return TrialContext(run=config.trial_run(recipe, seed, run_name, phase, trial), metric=config.metric,
+                        target=config.target, limit_s=config.limit_s, stop_after_s=stop_after, trial=trial)
 
 
 def _run_and_score(config: TuneConfig, trial, context: TrialContext, runner, refusals=None) -> float:
@@ -377,7 +378,7 @@ def _run_and_score(config: TuneConfig, trial, context: TrialContext, runner, ref
         requeue(trial.study, trial)
         raise
     except NothingToChangeError as e:
-        _mark_inapplicable(refusals or trial.study, context.recipe.methods, str(e))
+        _mark_inapplicable(refusals or trial.study, context.run.recipe.methods, str(e))
         trial.set_user_attr("infeasible", f"NothingToChangeError: {e}")
         raise optuna.TrialPruned(str(e)) from None
     except Exception as e:  # a combination the code refused, or one that broke: recorded, and the search goes on
