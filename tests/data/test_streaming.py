@@ -106,6 +106,46 @@ def test_the_order_and_augmentation_are_a_function_of_seed_and_epoch_and_not_of_
     assert all(torch.equal(by_id[i], two_by_id[i]) for i in by_id)
 
 
+def _worker_pids(loader) -> list:
+    return sorted(process.pid for process in loader.loader._iterator._workers)
+
+
+def test_workers_persist_across_epochs_and_read_the_epoch_and_size_from_shared_memory(image_shards):
+    _, out, _ = image_shards
+    loader = StreamingImageLoader(out, 6, image_size=16, seed=2, num_workers=2)
+    next(iter(loader))  # an epoch left after one batch: the workers do not see its end
+    pids = [_worker_pids(loader)]
+    orders, sizes = {}, {}
+    for epoch, size in ((2, 16), (3, 24)):  # an epoch chosen by set_epoch, then the next one at a new size
+        loader.set_epoch(epoch)
+        loader.set_image_size(size)
+        loader.seen_ids = []
+        sizes[epoch] = {tuple(images.shape[1:]) for images, _ in loader}
+        orders[epoch] = loader.seen_ids
+        pids.append(_worker_pids(loader))
+    assert pids[0] == pids[1] == pids[2] and len(pids[0]) == 2  # the same two processes served every epoch
+    assert sizes == {2: {(3, 16, 16)}, 3: {(3, 24, 24)}}  # the new size reached them
+    for epoch in (2, 3):  # each epoch's order is the one a loader started at that epoch has
+        fresh = StreamingImageLoader(out, 6, image_size=16, seed=2, num_workers=2)
+        fresh.set_epoch(epoch)
+        assert _epoch_ids(fresh) == orders[epoch]
+    assert orders[2] != orders[3]
+
+
+def test_workers_hand_over_uint8_hwc_batches_that_the_loader_normalises_in_channels_last(image_shards):
+    _, out, _ = image_shards
+    loader = StreamingImageLoader(out, 4, split="val", image_size=16, channels_last=True)
+    raw, _, _ = next(iter(loader.loader))  # as the workers' collate made it
+    assert raw.dtype == torch.uint8 and raw.shape[1:] == (16, 16, 3) and raw.is_contiguous()
+    images, _ = next(iter(loader))
+    assert images.is_contiguous(memory_format=torch.channels_last)
+    mean = torch.tensor(loader.mean).reshape(1, 3, 1, 1)
+    std = torch.tensor(loader.std).reshape(1, 3, 1, 1)
+    torch.testing.assert_close(images, (raw.permute(0, 3, 1, 2) / 255.0 - mean) / std)
+    plain, _ = next(iter(StreamingImageLoader(out, 4, split="val", image_size=16)))
+    assert plain.is_contiguous() and torch.equal(plain, images)
+
+
 def _chunks(ids, sizes):
     out, start = [], 0
     for size in sizes:

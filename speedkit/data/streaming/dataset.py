@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import struct
 
+import torch
+
 from speedkit.data.streaming import shards as S
 
 S.disable_litdata_network()
@@ -27,8 +29,17 @@ class ShardDataset(StreamingDataset):
     def __init__(self, source, *, decode, where: str, advice: str, **options):
         super().__init__(source, transform=None, **options)
         self.decode, self.where, self.advice = decode, where, advice
+        # The epoch in shared memory: persistent worker processes hold a copy of this dataset made when they
+        # started, and read each new epoch's order from here (the loader sets it in the parent).
+        self._shared_epoch = torch.zeros(1, dtype=torch.int64).share_memory_()
+
+    def set_epoch(self, current_epoch: int) -> None:
+        super().set_epoch(current_epoch)
+        self._shared_epoch.numpy()[0] = self.current_epoch
 
     def __iter__(self):
+        if self._state_dict is None:
+            self.current_epoch = int(self._shared_epoch.numpy()[0]) or self.current_epoch
         try:  # litdata checks the header of the first chunks it will read here
             return super().__iter__()
         except UNREADABLE as error:

@@ -19,7 +19,9 @@ Images are decoded and augmented in the worker processes at the size the step ne
 or the size set with ``set_image_size`` (progressive resizing), which takes effect when the next epoch's
 iteration starts (every batch of an epoch has the same size, and a resumed epoch decodes at the size the
 uninterrupted one did). JPEG decoding uses PIL's draft mode, so a small output decodes at a reduced scale.
-Batches come from pinned memory with non-blocking copies on CUDA.
+The worker processes persist across epochs: the epoch and the size reach them through shared memory. A batch
+leaves them as uint8 [B, S, S, 3], comes from pinned memory with a non-blocking copy on CUDA, and is permuted to
+[B, 3, S, S] and normalised on the device.
 
 Tokens: each stored block of ``block + 1`` tokens gives ``block / seq_len`` consecutive windows. The loader
 serves windows of the model's full ``seq_len``; sequence-length warmup (``seq_length_warmup``) truncates or
@@ -62,33 +64,53 @@ class _InWorkers:
 
 
 class _DecodeImage(_InWorkers):
-    """In a worker: JPEG bytes -> uint8 [3, size, size], random-resized crop and flip (train) or a centre crop."""
+    """In a worker: JPEG bytes -> uint8 [size, size, 3] (HWC, as decoded), random-resized crop and flip (train) or
+    a centre crop. ``epoch`` and ``size`` live in shared memory: the worker processes persist across epochs and
+    read what the parent sets there, so a new size (progressive resizing) reaches them without starting them again."""
 
     def __init__(self, size: int, train: bool, seed: int, flip: Optional[str], scale: tuple, ratio: tuple,
                  crop_fraction: float):
+        self._shared = torch.zeros(2, dtype=torch.int64).share_memory_()  # [epoch, size]
         self.size, self.train, self.seed, self.flip = size, train, seed, flip
         self.scale, self.ratio, self.crop_fraction = scale, ratio, crop_fraction
         self.epoch = 0
+
+    # read and written through numpy: a tensor's .item() is an aten op, which a sync counter would see
+    @property
+    def epoch(self) -> int:
+        return int(self._shared.numpy()[0])
+
+    @epoch.setter
+    def epoch(self, value: int) -> None:
+        self._shared.numpy()[0] = int(value)
+
+    @property
+    def size(self) -> int:
+        return int(self._shared.numpy()[1])
+
+    @size.setter
+    def size(self, value: int) -> None:
+        self._shared.numpy()[1] = int(value)
 
     def __call__(self, item: dict) -> dict:
         import numpy as np
         from PIL import Image
 
-        sample_id = int(item["id"])
+        sample_id, size, epoch = int(item["id"]), self.size, self.epoch
         with Image.open(_as_file(item["image"])) as image:
-            image.draft("RGB", (self.size, self.size))
+            image.draft("RGB", (size, size))
             image = image.convert("RGB")
             if self.train:
-                rng = _rng(self.seed, self.epoch, sample_id)
+                rng = _rng(self.seed, epoch, sample_id)
                 box = _random_resized_box(image.size, self.scale, self.ratio, rng)
                 flip = (self.flip == "random" and rng.random() < 0.5) or (
-                    self.flip == "alternating" and (_rng(self.seed, -1, sample_id).getrandbits(1) + self.epoch) % 2)
+                    self.flip == "alternating" and (_rng(self.seed, -1, sample_id).getrandbits(1) + epoch) % 2)
             else:
                 box, flip = _center_box(image.size, self.crop_fraction), False
-            image = image.resize((self.size, self.size), Image.BILINEAR, box=box)
+            image = image.resize((size, size), Image.BILINEAR, box=box)
             if flip:
                 image = image.transpose(Image.FLIP_LEFT_RIGHT)
-            pixels = torch.from_numpy(np.asarray(image, dtype=np.uint8).copy()).permute(2, 0, 1)
+            pixels = torch.from_numpy(np.array(image, dtype=np.uint8))
         return {"image": pixels, "label": int(item["label"]), "id": sample_id}
 
 
@@ -122,6 +144,8 @@ def _center_box(size: tuple, fraction: float) -> tuple:
 
 
 def _collate_images(items: list) -> tuple:
+    """uint8 [B, S, S, 3] contiguous: HWC images stack into one block of memory (permuted CHW views would be
+    gathered element by element); the device permutes and normalises them."""
     return (torch.stack([i["image"] for i in items]), torch.tensor([i["label"] for i in items], dtype=torch.int64),
             torch.tensor([i["id"] for i in items], dtype=torch.int64))
 
@@ -206,8 +230,12 @@ class _StreamingLoader(GlobalBatch):
 
         per_node = int(os.environ.get("LOCAL_WORLD_SIZE", self.world_size) or self.world_size)
         self.dataset.distributed_env = _DistributedEnv(self.world_size, self.rank, max(1, self.world_size // per_node))
+        # Persistent workers: an epoch's iteration does not start the processes again; what changes between epochs
+        # (the epoch, the image size) reaches them through shared memory (ShardDataset, _DecodeImage).
         self.loader = StreamingDataLoader(self.dataset, batch_size=items_per_batch, num_workers=num_workers,
-                                          collate_fn=collate, pin_memory=self.device.type == "cuda")
+                                          collate_fn=collate, pin_memory=self.device.type == "cuda",
+                                          persistent_workers=num_workers > 0)
+        self._workers_hold_state = False  # the workers were started with a loaded state in their dataset
         self._pending: Optional[dict] = None  # a loaded state, used when iteration resumes at its batch
         self._yielded = 0  # batches handed out in the current iteration
         self._iter_epoch = 0
@@ -248,6 +276,11 @@ class _StreamingLoader(GlobalBatch):
         self._before_epoch(epoch, state)
         self._transform.epoch = epoch
         skip = batch_index
+        if state is not None or self._workers_hold_state:
+            # litdata hands a loaded state to the workers in their copy of the dataset, when they start: workers
+            # that hold none (or an earlier one) are started again for it, and once more after it
+            self._stop_workers()
+        self._workers_hold_state = state is not None
         if state is not None:
             self.loader.load_state_dict(state["litdata"])
             skip, self.resumed_at = 0, (epoch, batch_index)
@@ -286,7 +319,14 @@ class _StreamingLoader(GlobalBatch):
                        f"{self.shards.location} --verify` lists them; {S.repair_advice(self.shards, verify=True)}), "
                        f"or the workers ran out of shared memory (give /dev/shm more room, or use fewer workers)")
         if message is not None:  # raised here, so that it holds no reference to the workers' iterator: they end now
+            self._stop_workers()
             raise S.ShardError(message)
+
+    def _stop_workers(self) -> None:
+        """End the persistent worker processes; the next iteration starts new ones."""
+        iterator, self.loader._iterator = self.loader._iterator, None
+        if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+            iterator._shutdown_workers()
 
     def _before_epoch(self, epoch: int, resumed: Optional[dict]) -> None:
         """Set-up of an epoch's iteration; ``resumed`` is the loaded state it continues from, if any."""
@@ -387,10 +427,10 @@ class StreamingImageLoader(_StreamingLoader):
 
     def _finish(self, batch: list) -> tuple:
         images, labels = (self._to_device(t) for t in batch)
-        images = images.to(torch.float32).mul_(self._scale).add_(self._shift).to(self.dtype)
-        if self.channels_last:
-            images = images.contiguous(memory_format=torch.channels_last)
-        return images, labels
+        # uint8 HWC crosses to the device (a quarter of float's bytes); its NCHW view is channels_last already
+        images = images.permute(0, 3, 1, 2).to(torch.float32).mul_(self._scale).add_(self._shift).to(self.dtype)
+        memory_format = torch.channels_last if self.channels_last else torch.contiguous_format
+        return images.contiguous(memory_format=memory_format), labels
 
 
 class StreamingTokenLoader(_StreamingLoader):
