@@ -111,7 +111,7 @@ def _tune_settings(settings_class, args):
     """The search the flags ask for, as the TuneSettings that ``tune`` takes."""
     return settings_class(
         task=importable(args.task), data=args.data, task_options=folder_options(args), target=args.target,
-        budget=args.budget, methods=args.methods, base=args.base, storage=args.storage, study_name=args.study,
+        budget=args.budget, searched_methods=args.methods, base=args.base, storage=args.storage, study_name=args.study,
         out_dir=args.out, run_dir=args.run_dir, data_fraction=args.data_fraction, eval_fraction=args.eval_fraction,
         eval_interval=args.eval_interval, device=args.device, n_workers=args.workers, seeds_to_confirm=args.seeds,
         trial_limit=args.trial_limit, max_trials=args.max_trials, max_baseline_trials=args.max_baseline_trials,

@@ -101,9 +101,6 @@ class TunePanel:
                      "data_fraction": explorer.data_fraction, "eval_fraction": explorer.eval_fraction,
                      "eval_interval": explorer.eval_interval, "out_dir": str(self.out_dir),
                      "run_dir": str(explorer.run_dir)}
-        if "methods" in overrides:  # TuneSettings' keyword for searched_methods
-            overrides = {**overrides, "searched_methods": overrides["methods"]}
-            del overrides["methods"]
         return {**arguments, **overrides}
 
     def stop(self) -> None:

@@ -144,31 +144,35 @@ def _filled(methods: dict) -> dict:
 # -- bad input -------------------------------------------------------------------------------------------
 def test_unknown_method_is_named_with_the_known_ones(tmp_path):
     with pytest.raises(TuneInputError) as e:
-        tune(TuneSettings("fashion-mnist", methods=["label_smoothing", "mixupp"], out_dir=tmp_path, **SMALL), **QUIET)
+        tune(TuneSettings("fashion-mnist", searched_methods=["label_smoothing", "mixupp"], out_dir=tmp_path,
+                          **SMALL), **QUIET)
     assert "'mixupp'" in str(e.value) and "did you mean 'mixup'" in str(e.value) and "cutmix" in str(e.value)
 
 
 def test_empty_search_space_says_why(tmp_path):
     with pytest.raises(TuneInputError) as e:
-        tune(TuneSettings("fashion-mnist", methods=["alibi", "qk_norm"], out_dir=tmp_path, **SMALL), **QUIET)
+        tune(TuneSettings("fashion-mnist", searched_methods=["alibi", "qk_norm"], out_dir=tmp_path, **SMALL), **QUIET)
     assert "no method left to search" in str(e.value) and "alibi: a language method" in str(e.value)
 
 
 def test_target_metric_no_evaluator_logs(tmp_path):
     with pytest.raises(TuneInputError) as e:
-        tune(TuneSettings("fashion-mnist", target="eval/f1=0.5", methods=["ema"], out_dir=tmp_path, **SMALL), **QUIET)
+        tune(TuneSettings("fashion-mnist", target="eval/f1=0.5", searched_methods=["ema"], out_dir=tmp_path,
+                          **SMALL), **QUIET)
     assert "'eval/f1'" in str(e.value) and "eval/accuracy" in str(e.value)
 
 
 def test_methods_that_find_nothing_in_the_model_are_left_out_with_the_reason(tmp_path, fake_env):
-    result = tune(TuneSettings("fashion-mnist", methods=["label_smoothing", "low_precision_layernorm"], out_dir=tmp_path,
+    result = tune(TuneSettings("fashion-mnist", searched_methods=["label_smoothing", "low_precision_layernorm"],
+                               out_dir=tmp_path,
                   runner=FAKE, budget=30, max_trials=2, max_baseline_trials=1, seeds_to_confirm=1, **SMALL), **QUIET)
     assert "found no" in result.summary["left_out"]["low_precision_layernorm"]
     assert result.summary["methods_searched"] == ["label_smoothing"]
 
 
 def test_a_method_that_finds_nothing_once_training_starts_is_dropped_from_the_search(tmp_path, fake_env):
-    result = tune(TuneSettings("fashion-mnist", methods=["label_smoothing", "gyro_dropout"], out_dir=tmp_path, runner=FAKE,
+    result = tune(TuneSettings("fashion-mnist", searched_methods=["label_smoothing", "gyro_dropout"],
+                               out_dir=tmp_path, runner=FAKE,
                   budget=60, trial_limit=12, max_trials=14, max_baseline_trials=1, seeds_to_confirm=1, **SMALL), **QUIET)
     searched = [t for t in result.summary["trials"] if t["phase"] == "search"]
     tried = [t for t in searched if t["params"].get("use:gyro_dropout")]
@@ -182,7 +186,8 @@ def test_a_method_that_finds_nothing_once_training_starts_is_dropped_from_the_se
 
 # -- the search ------------------------------------------------------------------------------------------
 def test_finds_the_planted_best_and_writes_a_loadable_recipe(tmp_path, fake_env):
-    result = tune(TuneSettings("fashion-mnist", methods=["ema", "label_smoothing", "mixup", "cutmix"], out_dir=tmp_path,
+    result = tune(TuneSettings("fashion-mnist", searched_methods=["ema", "label_smoothing", "mixup", "cutmix"],
+                               out_dir=tmp_path,
                   runner=FAKE, budget=60, trial_limit=12, max_trials=24, max_baseline_trials=6,
                   seeds_to_confirm=2, tune_hparams=False, leave_one_out=True, **SMALL), **QUIET)
     assert result.recipe is not None
@@ -229,7 +234,8 @@ def test_finds_the_planted_best_and_writes_a_loadable_recipe(tmp_path, fake_env)
 def test_respects_the_wall_clock_budget(tmp_path, fake_env, monkeypatch):
     monkeypatch.setenv("TUNE_FAKE_PACE", "0.05")  # each fake run takes 0.1-0.6 s of real time
     started = time.monotonic()
-    result = tune(TuneSettings("fashion-mnist", methods=["ema", "label_smoothing"], out_dir=tmp_path, runner=FAKE,
+    result = tune(TuneSettings("fashion-mnist", searched_methods=["ema", "label_smoothing"], out_dir=tmp_path,
+                               runner=FAKE,
                   budget=8, trial_limit=12, seeds_to_confirm=1, **SMALL), **QUIET)
     elapsed = time.monotonic() - started
     assert len(result.summary["trials"]) >= 6  # it used the budget ...
@@ -239,7 +245,7 @@ def test_respects_the_wall_clock_budget(tmp_path, fake_env, monkeypatch):
 
 def test_resumes_after_a_kill_without_rerunning_finished_trials(tmp_path, fake_env):
     out, storage = tmp_path / "out", str(tmp_path / "out" / "study.journal")
-    script = (f"from speedkit.experiments.tune import TuneSettings, tune; tune(TuneSettings('fashion-mnist', methods=['ema', 'label_smoothing'], "
+    script = (f"from speedkit.experiments.tune import TuneSettings, tune; tune(TuneSettings('fashion-mnist', searched_methods=['ema', 'label_smoothing'], "
               f"out_dir={str(out)!r}, runner={FAKE!r}, budget=300, trial_limit=12, max_trials=12, "
               f"max_baseline_trials=2, seeds_to_confirm=1, data_fraction=0.02, eval_fraction=0.05))")
     env = {**os.environ, "TUNE_FAKE_PACE": "0.05"}  # 0.1-0.6 s per fake run: time to kill one mid-run
@@ -260,7 +266,8 @@ def test_resumes_after_a_kill_without_rerunning_finished_trials(tmp_path, fake_e
             child.kill()
     finished_before = {t.number: t.params for t in _search_trials(storage) if t.state.is_finished()}
     assert len(finished_before) >= 2
-    tune(TuneSettings("fashion-mnist", methods=["ema", "label_smoothing"], out_dir=out, runner=FAKE, budget=300,
+    tune(TuneSettings("fashion-mnist", searched_methods=["ema", "label_smoothing"], out_dir=out, runner=FAKE,
+                      budget=300,
          trial_limit=12, max_trials=12, max_baseline_trials=2, seeds_to_confirm=1, **SMALL), **QUIET)
     trials = _search_trials(storage)
     for number, params in finished_before.items():  # kept as they were
@@ -326,7 +333,8 @@ def test_two_worker_processes_share_one_study(tmp_path, fake_env, monkeypatch):
     (tmp_path / "arrived").mkdir()
     monkeypatch.setenv("TUNE_FAKE_RENDEZVOUS", f"{tmp_path / 'arrived'}:2")  # both processes in before any run ends
     monkeypatch.setenv("TUNE_FAKE_PACE", "0.1")
-    result = tune(TuneSettings("fashion-mnist", methods=["ema", "label_smoothing"], out_dir=tmp_path, runner=FAKE, budget=60,
+    result = tune(TuneSettings("fashion-mnist", searched_methods=["ema", "label_smoothing"], out_dir=tmp_path,
+                               runner=FAKE, budget=60,
                   trial_limit=12, max_trials=6, max_baseline_trials=2, seeds_to_confirm=1, n_workers=2, **SMALL), **QUIET)
     trials = _search_trials(result.storage, "tune-baseline") + _search_trials(result.storage)
     workers = {t.user_attrs.get("worker") for t in trials}
@@ -349,7 +357,8 @@ def test_two_worker_processes_share_one_study(tmp_path, fake_env, monkeypatch):
 
 
 def test_every_trial_trains_on_all_the_data(tmp_path, fake_env):
-    result = tune(TuneSettings("fashion-mnist", methods=["ema", "label_smoothing"], out_dir=tmp_path, runner=FAKE, budget=30,
+    result = tune(TuneSettings("fashion-mnist", searched_methods=["ema", "label_smoothing"], out_dir=tmp_path,
+                               runner=FAKE, budget=30,
                   trial_limit=12, max_trials=3, max_baseline_trials=1, seeds_to_confirm=1, **SMALL), **QUIET)
     assert {t["phase"] for t in result.summary["trials"]} == {"baseline", "search"}
     assert "screen" not in result.summary
@@ -368,7 +377,10 @@ def test_tune_takes_its_settings_as_one_object_and_names_it_when_given_keywords(
         "fashion-mnist", "cpu", 0.5, "0.5ep", "r")
     assert not any(hasattr(settings, name) for name in ("task", "device", "data_fraction", "eval_interval", "run_dir"))
     assert settings.replace(device="auto", budget="1m").run == request.replace(device="auto")
-    assert TuneSettings(run=RunRequest("fashion-mnist", device="cpu"), methods=["ema"]).searched_methods == ["ema"]
+    settings = TuneSettings(run=RunRequest("fashion-mnist", device="cpu"), searched_methods=["ema"])
+    assert settings.searched_methods == ["ema"]
+    with pytest.raises(TypeError, match="searched_methods=, not methods="):  # methods means a recipe's, everywhere
+        TuneSettings("fashion-mnist", methods=["ema"])
     with pytest.raises(TypeError, match="run.methods would replace a recipe's methods.*searched_methods="):
         TuneSettings(run=RunRequest("fashion-mnist", methods=["ema"]))
     # duration_scale is one factor on a budget (a bench profile's, a trial's); the search draws it from a range
@@ -401,7 +413,8 @@ def test_a_trial_towards_another_metric_is_not_stopped_by_the_tasks_own(tmp_path
 
 def test_real_trainer_search_on_a_sliver_of_fashion_mnist(tmp_path):
     """Real runs through make_trainer (from the mild preset, so a few seconds reach the target)."""
-    result = tune(TuneSettings("fashion-mnist", target=0.4, base="mild", methods=["label_smoothing", "ema"], out_dir=tmp_path,
+    result = tune(TuneSettings("fashion-mnist", target=0.4, base="mild", searched_methods=["label_smoothing", "ema"],
+                               out_dir=tmp_path,
                   budget=90, trial_limit=4, max_trials=2, max_baseline_trials=1, seeds_to_confirm=1,
                   eval_interval="0.5ep", data_fraction=0.05, eval_fraction=0.05), log=lambda *_: None)
     summary = result.summary
@@ -509,7 +522,7 @@ def test_the_winner_file_says_auto_where_the_search_chose_what_auto_picks_here(m
 
 
 def test_continuing_a_study_with_other_settings_is_refused(tmp_path, fake_env):
-    args = dict(methods=["ema", "label_smoothing"], out_dir=tmp_path, runner=FAKE, budget=30, trial_limit=12,
+    args = dict(searched_methods=["ema", "label_smoothing"], out_dir=tmp_path, runner=FAKE, budget=30, trial_limit=12,
                 max_trials=2, max_baseline_trials=1, seeds_to_confirm=1, **SMALL)
     tune(TuneSettings("fashion-mnist", **args), **QUIET)
     study = optuna.load_study(study_name="tune", storage=_storage(str((tmp_path / "study.journal").resolve())))
@@ -529,7 +542,7 @@ def test_explorer_tunes_headless_shows_trials_and_loads_the_winner(tmp_path, fak
 
     explorer = MethodExplorer("fashion-mnist", "mild", live=False, run_dir=tmp_path / "runs", data_fraction=0.02,
                               eval_fraction=0.05)
-    result = explorer.tune(budget=60, methods=["ema", "label_smoothing"], runner=FAKE, trial_limit=12,
+    result = explorer.tune(budget=60, searched_methods=["ema", "label_smoothing"], runner=FAKE, trial_limit=12,
                            max_trials=8, max_baseline_trials=2, seeds_to_confirm=1, out_dir=str(tmp_path / "tune"))
     assert result.recipe is not None
     on_board = {r.config.get("tune", {}).get("trial") for r in explorer.board.records if r.config.get("tune")}
@@ -561,7 +574,7 @@ def test_stop_ends_the_search_mid_trial_and_a_rerun_continues(tmp_path, fake_env
     explorer = MethodExplorer("fashion-mnist", "mild", live=False, run_dir=tmp_path / "runs", data_fraction=0.02,
                               eval_fraction=0.05)
     panel = explorer.tune_panel
-    args = dict(budget=120, methods=["ema", "label_smoothing"], runner=FAKE, trial_limit=12, max_trials=30,
+    args = dict(budget=120, searched_methods=["ema", "label_smoothing"], runner=FAKE, trial_limit=12, max_trials=30,
                 max_baseline_trials=1, seeds_to_confirm=1, out_dir=str(tmp_path / "tune"))
     thread = panel.start(**args)
     deadline = time.monotonic() + 60
@@ -616,11 +629,12 @@ def test_ctrl_c_stops_the_cli_cleanly_and_the_same_command_continues(tmp_path, f
 ])
 def test_other_arguments_are_refused_by_name(tmp_path, arguments, message):
     with pytest.raises(TuneInputError, match=message):
-        tune(TuneSettings("fashion-mnist", methods=["ema"], out_dir=tmp_path, **{**SMALL, **arguments}), **QUIET)
+        tune(TuneSettings("fashion-mnist", searched_methods=["ema"], out_dir=tmp_path,
+                          **{**SMALL, **arguments}), **QUIET)
 
 
 def test_a_sqlite_storage_holds_the_search_and_a_rerun_continues_it(tmp_path, fake_env):
-    args = dict(methods=["ema", "label_smoothing"], out_dir=tmp_path / "out", storage=tmp_path / "search.db",
+    args = dict(searched_methods=["ema", "label_smoothing"], out_dir=tmp_path / "out", storage=tmp_path / "search.db",
                 runner=FAKE, budget=60, trial_limit=12, max_baseline_trials=1, seeds_to_confirm=1, **SMALL)
     first = tune(TuneSettings("fashion-mnist", max_trials=3, **args), **QUIET)
     assert first.storage.startswith("sqlite:///") and (tmp_path / "search.db").exists()
@@ -649,7 +663,7 @@ def test_a_winner_that_misses_a_fresh_seed_gets_a_longer_budget_until_it_reaches
     """Two trials (the hot and medium presets): only medium reaches the target on seed 0, and on seed 2 every
     recipe needs 30% longer (planted), so the confirmed winner is medium with a longer budget, and the shipped
     file says so."""
-    result = tune(TuneSettings("fashion-mnist", methods=["label_smoothing", "ema"], out_dir=tmp_path,
+    result = tune(TuneSettings("fashion-mnist", searched_methods=["label_smoothing", "ema"], out_dir=tmp_path,
                   runner="tune_fakes:budgeted_run", budget=120, trial_limit=12, max_trials=2, max_baseline_trials=2,
                   seeds_to_confirm=2, tune_hparams=False, **SMALL), **QUIET)
     confirmation = result.summary["confirmation"]
@@ -679,7 +693,7 @@ def test_a_lead_on_the_search_seed_runs_again_on_another_before_it_leads_the_sea
     from it, ranks each recipe by its worst seed, and so confirms label smoothing, not mixup."""
     from speedkit.experiments.tune.search import REPEAT_SEED
 
-    result = tune(TuneSettings("fashion-mnist", methods=["mixup", "label_smoothing"], out_dir=tmp_path,
+    result = tune(TuneSettings("fashion-mnist", searched_methods=["mixup", "label_smoothing"], out_dir=tmp_path,
                   runner="tune_fakes:lucky_seed_run", budget=120, trial_limit=12, max_trials=8, max_baseline_trials=1,
                   seeds_to_confirm=1, tune_hparams=False, pruner="none", **SMALL), **QUIET)
     search = [t for t in result.summary["trials"] if t["phase"] == "search"]
@@ -705,7 +719,8 @@ def test_the_speedup_is_measured_against_the_base_as_given_where_it_beats_the_tu
     The confirmation runs the base as given beside it, and measures against whichever is faster on its seeds."""
     import yaml
 
-    result = tune(TuneSettings("fashion-mnist", methods=["label_smoothing"], out_dir=tmp_path, runner="tune_fakes:lucky_lr_run",
+    result = tune(TuneSettings("fashion-mnist", searched_methods=["label_smoothing"], out_dir=tmp_path,
+                               runner="tune_fakes:lucky_lr_run",
                   budget=120, trial_limit=12, max_trials=4, max_baseline_trials=2, seeds_to_confirm=2,
                   tune_hparams=False, pruner="none", **SMALL), **QUIET)
     confirmation = result.summary["confirmation"]
@@ -818,7 +833,8 @@ def test_the_confirmation_is_planned_to_end_within_the_budget(tmp_path, fake_env
     """Runs of 1-2 s real time and a 12 s budget: three seeds of the baseline and the winner do not fit beside
     a search, so it confirms on fewer, says so, and the whole search keeps to its budget."""
     monkeypatch.setenv("TUNE_FAKE_PACE", "0.5")
-    result = tune(TuneSettings("fashion-mnist", methods=["label_smoothing", "ema"], out_dir=tmp_path, runner=FAKE, budget=12,
+    result = tune(TuneSettings("fashion-mnist", searched_methods=["label_smoothing", "ema"], out_dir=tmp_path,
+                               runner=FAKE, budget=12,
                   trial_limit=12, seeds_to_confirm=3, tune_hparams=False, **SMALL), **QUIET)
     confirmation = result.summary["confirmation"]
     assert 1 <= len(confirmation["seeds"]) < 3

@@ -75,7 +75,8 @@ def test_tune_searches_a_user_task(tmp_path, monkeypatch):
     from speedkit.experiments.tune import TuneInputError, TuneSettings, tune
 
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "support"))
-    result = tune(TuneSettings(user_task("tuned-fashion"), methods=["label_smoothing", "low_precision_layernorm"],
+    result = tune(TuneSettings(user_task("tuned-fashion"),
+                               searched_methods=["label_smoothing", "low_precision_layernorm"],
                   out_dir=tmp_path, runner="tune_fakes:fake_run", budget=30, max_trials=2, max_baseline_trials=1,
                   seeds_to_confirm=1, data_fraction=0.25), log=lambda *_: None)
     assert result.summary["task"] == "tuned-fashion"
@@ -104,7 +105,8 @@ def test_two_worker_processes_tune_a_user_task_named_by_its_module(tmp_path, mon
     monkeypatch.setattr(tune_fakes, "_met", False)
     monkeypatch.setenv("TUNE_FAKE_PACE", "0.1")
     monkeypatch.syspath_prepend(str(tmp_path))
-    result = tune(TuneSettings("two_worker_tasks:fashion", methods=["label_smoothing"], out_dir=tmp_path / "out",
+    result = tune(TuneSettings("two_worker_tasks:fashion", searched_methods=["label_smoothing"],
+                               out_dir=tmp_path / "out",
                   runner="tune_fakes:fake_run", budget=60, trial_limit=12, max_trials=4, max_baseline_trials=1,
                   seeds_to_confirm=1, data_fraction=0.25, n_workers=2), log=lambda *_: None)
     assert result.summary["task"] == "two-workers"

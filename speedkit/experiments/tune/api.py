@@ -187,7 +187,7 @@ def build_config(settings: TuneSettings, out: Path, log=print) -> TuneConfig:
     if allowed is not None and not candidates:
         reasons = "; ".join(f"{m}: {why}" for m, why in left_out.items())
         raise TuneInputError(f"methods: no method left to search ({reasons}); allow methods that fit the "
-                             f"{spec.domain} task {task!r}, or pass methods=None for all of them")
+                             f"{spec.domain} task {task!r}, or pass searched_methods=None for all of them")
     for name, why in left_out.items():
         log(f"left out {name}: {why}")
     for key, limit in limits.items():

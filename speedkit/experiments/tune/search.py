@@ -106,8 +106,8 @@ class TuneSettings:
     ``target``: None (the task's), a value of the task's metric, ``"metric=value"`` or (metric, value).
     ``budget``: wall clock for the whole search (``"30m"``, ``"1h"`` or seconds); ``trial_limit``: of one
     trial's training (default a fifth of the budget). ``base``: the recipe the search tunes and starts from
-    (default the task's strongest baseline, the last of its ``baselines``). ``searched_methods`` (keyword
-    ``methods=`` too): those the search may turn on (default: all that fit); ``run.methods``, which would replace
+    (default the task's strongest baseline, the last of its ``baselines``). ``searched_methods``: those the
+    search may turn on (default: all that fit); ``run.methods``, which would replace
     a recipe's methods, is refused: the search picks them. ``storage``: a journal file (default
     ``out_dir/study.journal``), a ``*.db`` file or a database URL; a rerun with the same ``storage`` and
     ``study_name`` continues the search. ``runner``: ``(TrialContext) -> RunRecord`` or ``"module:function"``
@@ -138,7 +138,7 @@ class TuneSettings:
     leave_one_out: bool = False
     runner: Any = None
 
-    def __init__(self, task: Any = None, *, run=None, methods=None, **settings):
+    def __init__(self, task: Any = None, *, run=None, **settings):
         from speedkit.tasks import RunRequest
 
         run_fields = {name: settings.pop(name) for name in RUN_KEYWORDS if name in settings}
@@ -152,10 +152,8 @@ class TuneSettings:
         if run.methods is not None:
             raise TypeError("TuneSettings: run.methods would replace a recipe's methods, which the search picks; "
                             "name the methods it may turn on in searched_methods=")
-        if methods is not None:
-            if settings.get("searched_methods") is not None:
-                raise TypeError("TuneSettings: give methods= or searched_methods=, not both (they are one setting)")
-            settings["searched_methods"] = methods
+        if "methods" in settings:  # RunRequest.methods replaces a recipe's methods: another meaning
+            raise TypeError("TuneSettings: the methods the search may turn on are searched_methods=, not methods=")
         unknown = sorted(set(settings) - {f.name for f in dataclasses.fields(self)})
         if unknown:
             raise TypeError(f"TuneSettings got unknown settings {unknown}; it takes {', '.join(RUN_KEYWORDS)} (which "

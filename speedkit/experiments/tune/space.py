@@ -32,7 +32,7 @@ def default_left_out(device_type: str) -> dict[str, str]:
     left_out = {"autocast": "the search tunes the recipe's precision field, which sets the same autocast"}
     if device_type == "cpu":
         left_out["torch_compile"] = ("its first batch compiles, which a timed search would "
-                                     "count against it; name it in methods= to try it anyway")
+                                     "count against it; name it in searched_methods= to try it anyway")
     return left_out
 
 
