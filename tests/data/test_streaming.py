@@ -639,3 +639,46 @@ def test_a_plain_loop_that_restores_the_state_and_iterates_continues_the_epoch(i
     for _ in second:  # the rest of epoch 1
         pass
     assert second.epoch == 2 and first.seen_ids + second.seen_ids == full.seen_ids
+
+
+@pytest.fixture(scope="module")
+def textured_shards(tmp_path_factory):
+    """Photographs' kind of content (smooth gradients and waves of varied sizes) rather than solid colours: a crop
+    in the wrong place or a flip left out changes its pixels."""
+    import numpy as np
+    from PIL import Image
+
+    base = tmp_path_factory.mktemp("textured")
+    rng = np.random.default_rng(0)
+    for c in range(2):
+        (base / "source" / f"class{c}").mkdir(parents=True)
+        for i in range(8):
+            height, width = (int(v) for v in rng.integers(48, 120, size=2))
+            y, x = np.mgrid[0:height, 0:width].astype(np.float32)
+            period = rng.uniform(6, 14, size=3)
+            channels = [127 + 100 * np.sin(x / period[0] + k) * np.cos(y / period[1] - k) + 20 * np.sin(y / period[2])
+                        for k in range(3)]
+            pixels = np.clip(np.stack(channels, -1), 0, 255).astype(np.uint8)
+            Image.fromarray(pixels).save(base / "source" / f"class{c}" / f"im{i}.jpg", quality=95)
+    prepare_images(base / "source", base / "shards", short_side=64, progress=False)
+    return base / "shards"
+
+
+@pytest.mark.parametrize("split,workers", [("train", 0), ("val", 2)])
+def test_decoding_on_the_device_gives_the_workers_pixels_to_jpeg_tolerance(textured_shards, split, workers):
+    pytest.importorskip("torchvision")
+    options = dict(split=split, image_size=24, seed=4, num_workers=workers)
+    in_workers = StreamingImageLoader(textured_shards, 4, decode_on_device=False, **options)
+    on_device = StreamingImageLoader(textured_shards, 4, decode_on_device=True, **options)  # decode_jpeg on CPU
+    assert StreamingImageLoader(textured_shards, 4, **options).decode_on_device is False  # chosen on CUDA only
+    data, lengths, *_ = next(iter(on_device.loader))  # the workers hand over the JPEG bytes, not pixels
+    assert data.dtype == torch.uint8 and data.dim() == 1 and data.numel() == sum(lengths)
+    assert bytes(data[:2].tolist()) == b"\xff\xd8"  # a JPEG's first marker
+    in_workers.seen_ids, on_device.seen_ids = [], []
+    pairs = list(zip(in_workers, on_device))
+    assert in_workers.seen_ids == on_device.seen_ids and len(pairs) == len(in_workers)
+    std = torch.tensor(in_workers.std).reshape(1, 3, 1, 1) * 255  # back to 0..255 pixel values
+    for (expected, labels), (images, device_labels) in pairs:
+        assert images.shape == expected.shape and torch.equal(labels, device_labels)
+        difference = ((images - expected) * std).abs()
+        assert difference.mean() < 4 and difference.max() < 64  # decoder and rounding differences only

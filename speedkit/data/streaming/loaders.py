@@ -66,13 +66,17 @@ class _InWorkers:
 class _DecodeImage(_InWorkers):
     """In a worker: JPEG bytes -> uint8 [size, size, 3] (HWC, as decoded), random-resized crop and flip (train) or
     a centre crop. ``epoch`` and ``size`` live in shared memory: the worker processes persist across epochs and
-    read what the parent sets there, so a new size (progressive resizing) reaches them without starting them again."""
+    read what the parent sets there, so a new size (progressive resizing) reaches them without starting them again.
+
+    ``on_device``: the worker only reads the JPEG's header and draws the crop and flip; it hands over the bytes,
+    and the loader decodes them on its device (:func:`decode_crops`)."""
 
     def __init__(self, size: int, train: bool, seed: int, flip: Optional[str], scale: tuple, ratio: tuple,
-                 crop_fraction: float):
+                 crop_fraction: float, on_device: bool = False):
         self._shared = torch.zeros(2, dtype=torch.int64).share_memory_()  # [epoch, size]
         self.size, self.train, self.seed, self.flip = size, train, seed, flip
         self.scale, self.ratio, self.crop_fraction = scale, ratio, crop_fraction
+        self.on_device = on_device
         self.epoch = 0
 
     # read and written through numpy: a tensor's .item() is an aten op, which a sync counter would see
@@ -97,21 +101,55 @@ class _DecodeImage(_InWorkers):
         from PIL import Image
 
         sample_id, size, epoch = int(item["id"]), self.size, self.epoch
-        with Image.open(_as_file(item["image"])) as image:
-            image.draft("RGB", (size, size))
+        data = item["image"]
+        with Image.open(_as_file(data)) as image:
+            full = image.size
+            image.draft("RGB", (size, size))  # reads no pixels: the size a reduced-scale decode will have
+            box, flip = self._crop(image.size, sample_id, epoch)
+            if self.on_device:  # the box in the full image's pixels, which the device decodes
+                sx, sy = full[0] / image.size[0], full[1] / image.size[1]
+                box = (box[0] * sx, box[1] * sy, box[2] * sx, box[3] * sy)
+                jpeg = torch.frombuffer(bytearray(bytes(data)), dtype=torch.uint8)
+                return {"jpeg": jpeg, "box": box, "flip": bool(flip), "label": int(item["label"]), "id": sample_id}
             image = image.convert("RGB")
-            if self.train:
-                rng = _rng(self.seed, epoch, sample_id)
-                box = _random_resized_box(image.size, self.scale, self.ratio, rng)
-                flip = (self.flip == "random" and rng.random() < 0.5) or (
-                    self.flip == "alternating" and (_rng(self.seed, -1, sample_id).getrandbits(1) + epoch) % 2)
-            else:
-                box, flip = _center_box(image.size, self.crop_fraction), False
             image = image.resize((size, size), Image.BILINEAR, box=box)
             if flip:
                 image = image.transpose(Image.FLIP_LEFT_RIGHT)
             pixels = torch.from_numpy(np.array(image, dtype=np.uint8))
         return {"image": pixels, "label": int(item["label"]), "id": sample_id}
+
+
+    def _crop(self, size: tuple, sample_id: int, epoch: int) -> tuple:
+        """(box, flip) of a sample of ``size`` (width, height): drawn from (seed, epoch, id) in training."""
+        if not self.train:
+            return _center_box(size, self.crop_fraction), False
+        rng = _rng(self.seed, epoch, sample_id)
+        box = _random_resized_box(size, self.scale, self.ratio, rng)
+        flip = (self.flip == "random" and rng.random() < 0.5) or (
+            self.flip == "alternating" and (_rng(self.seed, -1, sample_id).getrandbits(1) + epoch) % 2)
+        return box, flip
+
+
+def decode_crops(jpegs: Sequence[torch.Tensor], boxes: Sequence[tuple], flips: Sequence[bool], size: int,
+                 device) -> torch.Tensor:
+    """JPEG bytes (CPU uint8 tensors) -> float32 [B, 3, size, size] pixel values in 0..255 on ``device``: decoded
+    there by torchvision (nvJPEG on CUDA, in one batched call), each cut to its ``(left, top, right, bottom)`` box in
+    the image's pixels, resized with antialiasing like PIL's bilinear, flipped where ``flips`` says, rounded as a
+    uint8 image is."""
+    from torchvision.io import ImageReadMode, decode_jpeg
+
+    device = torch.device(device)
+    images = decode_jpeg(list(jpegs), mode=ImageReadMode.RGB, device=device)
+    out = torch.empty(len(images), 3, size, size, device=device)
+    for i, (image, box, flip) in enumerate(zip(images, boxes, flips)):
+        height, width = image.shape[-2:]
+        left, top = min(int(round(box[0])), width - 1), min(int(round(box[1])), height - 1)
+        right, bottom = max(int(round(box[2])), left + 1), max(int(round(box[3])), top + 1)
+        crop = image[None, :, top:bottom, left:right].to(torch.float32)
+        crop = torch.nn.functional.interpolate(crop, size=(size, size), mode="bilinear", antialias=True,
+                                               align_corners=False)
+        out[i] = crop[0].flip(-1) if flip else crop[0]
+    return out.round_().clamp_(0, 255)
 
 
 def _as_file(data):
@@ -141,6 +179,14 @@ def _center_box(size: tuple, fraction: float) -> tuple:
     side = min(width, height) * fraction
     left, top = (width - side) / 2, (height - side) / 2
     return (left, top, left + side, top + side)
+
+
+def _collate_jpegs(items: list) -> tuple:
+    """The batch's JPEG bytes end to end in one tensor (pinned as one block) with each one's length, their boxes and
+    flips as lists (read on the host when the device decodes), labels, ids."""
+    return (torch.cat([i["jpeg"] for i in items]), [len(i["jpeg"]) for i in items], [i["box"] for i in items],
+            [i["flip"] for i in items], torch.tensor([i["label"] for i in items], dtype=torch.int64),
+            torch.tensor([i["id"] for i in items], dtype=torch.int64))
 
 
 def _collate_images(items: list) -> tuple:
@@ -368,7 +414,9 @@ class StreamingImageLoader(_StreamingLoader):
     """(images, labels) batches from image shards: float [B, 3, S, S] normalised with the shards' mean and std
     (or ``mean``/``std``), int64 labels. ``train=True``: shuffled, random-resized crops of ``scale`` and
     ``ratio`` and ``flip`` ("random", "alternating" or None); else a centre crop of ``crop_fraction`` of the short
-    side, in order. See the module's docstring."""
+    side, in order. ``decode_on_device``: the workers only read each JPEG's header and draw its crop, and the
+    loader decodes the batch on its device (:func:`decode_crops`); None (the default) chooses it on CUDA where
+    torchvision is installed, else the workers decode with PIL. See the module's docstring."""
 
     kind = "images"
 
@@ -377,7 +425,7 @@ class StreamingImageLoader(_StreamingLoader):
                  ratio: Sequence[float] = (3 / 4, 4 / 3), crop_fraction: float = 0.875, mean=None, std=None,
                  dtype: torch.dtype = torch.float32, channels_last: bool = False, seed: int = 0, device="cpu",
                  num_workers: int = 0, rank: Optional[int] = None, world_size: Optional[int] = None,
-                 allow_partial: bool = True, subsample: float = 1.0):
+                 allow_partial: bool = True, subsample: float = 1.0, decode_on_device: Optional[bool] = None):
         train = split == "train" if train is None else train
         if flip not in FLIP_MODES:
             raise ValueError(f"flip must be one of {FLIP_MODES}, got {flip!r}")
@@ -385,12 +433,14 @@ class StreamingImageLoader(_StreamingLoader):
 
         self.image_size = self.full_image_size = check_image_size(image_size, "image_size")
         self._next_size = self.image_size
+        self.decode_on_device = _choose_device_decoding(decode_on_device, torch.device(device))
         transform = _DecodeImage(self.image_size, train, seed, flip if train else None, tuple(scale), tuple(ratio),
-                                 crop_fraction)
+                                 crop_fraction, on_device=self.decode_on_device)
         local = batch_size // max(1, resolve_shard(rank, world_size)[1])
         super().__init__(root, split, batch_size, local, shuffle=train, seed=seed, device=device,
                          num_workers=num_workers, rank=rank, world_size=world_size, transform=transform,
-                         collate=_collate_images, allow_partial=allow_partial, subsample=subsample)
+                         collate=_collate_jpegs if self.decode_on_device else _collate_images,
+                         allow_partial=allow_partial, subsample=subsample)
         manifest = self.shards.manifest
         self.classes = tuple(manifest["classes"])
         self.mean = tuple(mean if mean is not None else manifest.get("mean", (0.5, 0.5, 0.5)))
@@ -426,11 +476,30 @@ class StreamingImageLoader(_StreamingLoader):
             self._next_size = int(state["next_image_size"])
 
     def _finish(self, batch: list) -> tuple:
-        images, labels = (self._to_device(t) for t in batch)
-        # uint8 HWC crosses to the device (a quarter of float's bytes); its NCHW view is channels_last already
-        images = images.permute(0, 3, 1, 2).to(torch.float32).mul_(self._scale).add_(self._shift).to(self.dtype)
+        if self.decode_on_device:
+            data, lengths, boxes, flips, labels = batch
+            pixels = decode_crops(data.split(lengths), boxes, flips, self.image_size, self.device)
+            labels = self._to_device(labels)
+        else:
+            # uint8 HWC crosses to the device (a quarter of float's bytes); its NCHW view is channels_last already
+            images, labels = (self._to_device(t) for t in batch)
+            pixels = images.permute(0, 3, 1, 2).to(torch.float32)
+        images = pixels.mul_(self._scale).add_(self._shift).to(self.dtype)
         memory_format = torch.channels_last if self.channels_last else torch.contiguous_format
         return images.contiguous(memory_format=memory_format), labels
+
+
+def _choose_device_decoding(asked: Optional[bool], device: torch.device) -> bool:
+    """Decode JPEGs on the device: as ``asked``, or (None) on CUDA where torchvision can; else in the workers."""
+    try:
+        from torchvision.io import decode_jpeg  # noqa: F401
+        available = True
+    except ImportError:
+        available = False
+    if asked and not available:
+        raise ImportError("decode_on_device=True needs torchvision's decode_jpeg: `pip install torchvision`, or "
+                          "leave decode_on_device unset to decode in the loader's workers")
+    return bool(asked) if asked is not None else device.type == "cuda" and available
 
 
 class StreamingTokenLoader(_StreamingLoader):
