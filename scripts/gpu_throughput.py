@@ -509,7 +509,8 @@ def loader_alone(data: dict, s: Settings, device: str) -> dict:
     _synchronize(device)
     cpu = {"images_per_s": count / (time.perf_counter() - started), "workers": s.workers,
            "batch": s.vision_batch, "image_size": int(images.shape[-1]), "loader": type(loader).__name__,
-           "persistent_workers": getattr(loader, "persistent_workers", None), "dtype": str(images.dtype)}
+           "persistent_workers": getattr(loader, "persistent_workers", None), "dtype": str(images.dtype),
+           "decode_on_device": getattr(loader, "decode_on_device", False)}
     gpu = gpu_decode(Path(data["image_folder"]) / "train", s, device)
     headline = f"CPU workers ({s.workers}): {cpu['images_per_s']:,.0f} images/s; " + (
         f"GPU decode: {gpu['images_per_s']:,.0f} images/s" if "images_per_s" in gpu else gpu["skipped"])

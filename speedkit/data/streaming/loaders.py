@@ -296,6 +296,11 @@ class _StreamingLoader(GlobalBatch):
     def dataset_size(self) -> int:
         return self.shards.samples(self.split)
 
+    @property
+    def persistent_workers(self) -> bool:
+        """Whether the worker processes outlive an epoch's iteration (they do whenever there are any)."""
+        return bool(self.loader.persistent_workers)
+
     def set_epoch(self, epoch: int) -> None:
         self.epoch = int(epoch)
 
