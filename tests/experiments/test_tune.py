@@ -381,8 +381,11 @@ def test_tune_takes_its_settings_as_one_object_and_names_it_when_given_keywords(
     assert settings.searched_methods == ["ema"]
     with pytest.raises(TypeError, match="searched_methods=, not methods="):  # methods means a recipe's, everywhere
         TuneSettings("fashion-mnist", methods=["ema"])
-    with pytest.raises(TypeError, match="run.methods would replace a recipe's methods.*searched_methods="):
-        TuneSettings(run=RunRequest("fashion-mnist", methods=["ema"]))
+    # what each trial sets itself is refused in run, naming the setting that means it, not ignored or obeyed
+    for field, value, fix in (("methods", ["ema"], "searched_methods="), ("duration", "2ep", "duration_scale_range="),
+                              ("recipe", "hot", "base="), ("seed", 3, "seeds_to_confirm=")):
+        with pytest.raises(TypeError, match=rf"run\.{field} is set by each trial.*{fix}"):
+            TuneSettings(run=RunRequest("fashion-mnist", **{field: value}))
     # duration_scale is one factor on a budget (a bench profile's, a trial's); the search draws it from a range
     assert TuneSettings(duration_scale_range=(0.2, 1.0)).duration_scale_range == (0.2, 1.0)
     with pytest.raises(TypeError, match=r"unknown settings \['duration_scale'\]"):

@@ -93,6 +93,24 @@ def logged_metrics(task: str, base, device: str, data_fraction: float, eval_frac
 RUN_KEYWORDS = ("task", "data", "task_options", "device", "data_fraction", "eval_fraction", "eval_interval", "run_dir")
 
 
+# RunRequest fields every trial sets itself, and the TuneSettings field that says what the user meant instead: a
+# value in ``run`` would be overwritten in each trial, or (duration, methods) override what the search draws.
+SEARCH_PICKS = {"methods": "name the methods it may turn on in searched_methods=",
+                "recipe": "name the recipe it starts from in base=",
+                "duration": "set the range of budgets it draws in duration_scale_range=",
+                "seed": "set seeds_to_confirm=; each trial draws its own seed",
+                "target": "pass target=", "stop_at_target": "pass target=",
+                "run_name": "set study_name= and out_dir=", "extra_config": "leave it out"}
+
+
+def _refuse_what_the_search_picks(run) -> None:
+    default = type(run)()
+    for name, fix in SEARCH_PICKS.items():
+        if getattr(run, name) != getattr(default, name):
+            raise TypeError(f"TuneSettings: run.{name} is set by each trial of the search, so it would be ignored or "
+                            f"would override what the search draws; {fix}")
+
+
 @dataclasses.dataclass(frozen=True, init=False)
 class TuneSettings:
     """What a search is asked to do: ``tune(TuneSettings(task=..., budget="30m", ...))``; the CLI, the explorer's
@@ -149,9 +167,7 @@ class TuneSettings:
         run = RunRequest(**run_fields) if run is None else run.replace(**run_fields) if run_fields else run
         if not isinstance(run, RunRequest):
             raise TypeError(f"run must be a speedkit.tasks.RunRequest, got {type(run).__name__}")
-        if run.methods is not None:
-            raise TypeError("TuneSettings: run.methods would replace a recipe's methods, which the search picks; "
-                            "name the methods it may turn on in searched_methods=")
+        _refuse_what_the_search_picks(run)
         if "methods" in settings:  # RunRequest.methods replaces a recipe's methods: another meaning
             raise TypeError("TuneSettings: the methods the search may turn on are searched_methods=, not methods=")
         unknown = sorted(set(settings) - {f.name for f in dataclasses.fields(self)})
