@@ -70,7 +70,9 @@ def test_the_throughput_check_runs_every_part_on_a_cpu_with_clean_timed_runs(gpu
             assert new_shape["recompiled_graphs"] == (1 if compiled else None)
     compiled_trainer = next(iter(parts["vision-compiled"]["sizes"].values()))["trainer"]
     assert compiled_trainer["compile_s"] > 0  # the Trainer's TorchCompile reported its compile apart
-    assert parts["loader"]["cpu_workers"]["images_per_s"] > 0 and "skipped" in parts["loader"]["gpu_decode"]
+    loader = parts["loader"]
+    assert loader["cpu_workers"]["images_per_s"] > 0 and not loader["cpu_workers"]["decode_on_device"]
+    assert "skipped" in loader["task_loader_on_device"] and "skipped" in loader["gpu_decode"]
     import gpu_throughput  # the GPU's decode path, run on the CPU so that it cannot rot either
 
     decoded = gpu_throughput.decode_batches(Path(parts["data"]["image_folder"]) / "train", gpu_throughput.TINY, "cpu")
