@@ -303,6 +303,35 @@ def test_a_queued_trial_cut_short_before_it_drew_its_settings_is_queued_again(tm
         ({"lr": 0.2}, {"seed": 3, "repeat_of": 0, "retry_of": 0})]
 
 
+def test_a_trial_killed_before_it_was_marked_with_its_worker_is_failed_once_no_process_is_starting_one(tmp_path):
+    """A search killed after Optuna made its trial but before the trial named its worker left it RUNNING with no
+    owner, and a resume waited on it for ever. Live workers mark their trial before they let go of the start
+    lock, so an unmarked trial found while that lock is free is a dead process's; while another process holds
+    the lock (it may be making one now), it is left alone."""
+    from speedkit.experiments.tune.storage import START_LOCK, FolderLock, fail_dead_trials, open_storage
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    storage = open_storage(str(tmp_path / "study.journal"))
+    study = optuna.create_study(study_name="tune", storage=storage)
+    study.enqueue_trial({"lr": 0.2})
+    study.ask()  # made, never marked: its process died at once
+    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, os, sys, time; "
+                               f"fd = os.open({str(tmp_path / START_LOCK)!r}, os.O_RDWR | os.O_CREAT); "
+                               "fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); time.sleep(60)"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert fail_dead_trials(study, storage, tmp_path) == []  # another process is starting a trial
+    finally:
+        holder.kill()
+        holder.wait()
+    assert fail_dead_trials(study, storage) == []  # without the search's folder, an unmarked trial is not judged
+    assert fail_dead_trials(study, storage, tmp_path) == [0]
+    assert [t.system_attrs["fixed_params"] for t in study.get_trials(states=(optuna.trial.TrialState.WAITING,))] == [
+        {"lr": 0.2}]
+    assert FolderLock(tmp_path, START_LOCK).try_acquire()  # fail_dead_trials let go of the lock it took
+
+
 def test_a_resumed_search_counts_the_wall_clock_its_earlier_trials_spanned(tmp_path):
     """Two workers' overlapping trials count once, and a confirmation run alone counts in full: the time a
     continued search starts from is the clock's, not the trials' summed time over the workers."""

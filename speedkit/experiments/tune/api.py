@@ -68,7 +68,8 @@ def tune(settings: TuneSettings | None = None, *, log=print, on_trial=None, shou
     studies = {phase: load_study(config, phase, 0, storage_obj) for phase in (*PHASES, "confirm")}
     check_same_search(config, studies["search"])
     for phase, study in studies.items():
-        retried = fail_dead_trials(study, storage_obj)
+        # confirmation trials are made outside the start lock, by the one process holding the answer lock
+        retried = fail_dead_trials(study, storage_obj, out if phase != "confirm" else None)
         if retried:
             log(f"{study.study_name}: trials {retried} were cut short by a dead worker; marked failed, settings re-queued")
     seed_baseline_study(config, studies["baseline"])
@@ -90,7 +91,7 @@ def _confirm_and_report(config, studies, storage_obj, out, in_process, log, shou
 
     if not (should_stop and should_stop()):  # the search ended (not stopped): no process starts a trial of it now
         studies["confirm"].set_user_attr("closed_for", search_limits(config))
-    wait_for_running_trials([studies[phase] for phase in PHASES], storage_obj, should_stop)
+    wait_for_running_trials([studies[phase] for phase in PHASES], storage_obj, should_stop, out_dir=out)
     plan_confirmation(config, studies, log=log)
     log(f"speedkit tune: confirming {', '.join(role for role, _, _ in confirm_candidates(config, studies))} on "
         f"seeds {confirm_seeds(config, studies)}")

@@ -52,19 +52,34 @@ def worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def fail_dead_trials(study, storage) -> list[int]:
+def fail_dead_trials(study, storage, out_dir=None) -> list[int]:
     """Mark RUNNING trials whose worker process on this machine is gone as FAIL; re-queue their settings.
 
     A killed search leaves its in-flight trial RUNNING for ever; its finished trials are untouched.
     Trials of live processes (another worker on the same study) and of other machines are left alone.
+    A trial not yet marked with its worker was made by a process killed while it held the start lock (a live
+    one marks its trial before letting go: ``FolderLock.releasing``), or by one making it now: with ``out_dir``,
+    such trials are failed while this process holds that lock itself, so none of them can be a live one's.
     """
+    gate = FolderLock(out_dir, START_LOCK) if out_dir is not None else None
+    if gate is not None and not gate.try_acquire():
+        gate = None  # another process is starting a trial: its unmarked trial may be live
+    try:
+        return _fail_dead(study, storage, unmarked_are_dead=gate is not None)
+    finally:
+        if gate is not None:
+            gate.release()
+
+
+def _fail_dead(study, storage, unmarked_are_dead: bool) -> list[int]:
     optuna = optuna_module()
     host, study_id = socket.gethostname(), storage.get_study_id_from_name(study.study_name)
     failed = []
     for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
         owner = str(trial.user_attrs.get("worker", ""))
         owner_host, _, pid = owner.rpartition(":")
-        if owner_host != host or not pid.isdigit() or pid_alive(pid):
+        unmarked_and_dead = not owner and unmarked_are_dead
+        if not unmarked_and_dead and (owner_host != host or not pid.isdigit() or pid_alive(pid)):
             continue
         trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, trial.number)
         storage.set_trial_system_attr(trial_id, "failed_because", "its worker process died")
@@ -144,14 +159,34 @@ class FolderLock:
         fcntl.flock(fd, fcntl.LOCK_EX)
         self._fd = fd
 
+    def try_acquire(self) -> bool:
+        """Take the lock if no other process holds it; False (nothing held) if one does."""
+        if self._fd is not None:
+            return True
+        try:
+            import fcntl
+        except ImportError:  # pragma: no cover - Windows: one process per output folder
+            return True
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return False
+        self._fd = fd
+        return True
+
     def release(self) -> None:
         if self._fd is not None:
             fd, self._fd = self._fd, None
             os.close(fd)  # closing drops the flock
 
     def releasing(self, objective):
-        """``objective`` that first releases the lock: held while Optuna creates the trial, not while it runs."""
+        """``objective`` that first marks its trial with this worker and then releases the lock: held while Optuna
+        creates the trial, not while it runs. A trial found unmarked while the lock is free is a dead process's."""
         def run(trial):
+            trial.set_user_attr("worker", worker_id())
             self.release()
             return objective(trial)
         return run
@@ -172,16 +207,17 @@ def started_trials(study) -> int:
     return len(finished_trials(study, states=("COMPLETE", "PRUNED", "RUNNING")))
 
 
-def wait_for_running_trials(studies, storage, should_stop=None, poll_s: float = 1.0) -> None:
+def wait_for_running_trials(studies, storage, should_stop=None, poll_s: float = 1.0, out_dir=None) -> None:
     """Until no trial of ``studies`` is running (another process's: this one's have ended); a dead
-    process's trial is failed and re-queued (``fail_dead_trials``) instead of waited for."""
+    process's trial is failed and re-queued (``fail_dead_trials``, with ``out_dir`` the search's folder) instead
+    of waited for."""
     import time
 
     optuna = optuna_module()
     while not (should_stop and should_stop()):
         running = 0
         for study in studies:
-            fail_dead_trials(study, storage)
+            fail_dead_trials(study, storage, out_dir)
             running += len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)))
         if not running:
             return
