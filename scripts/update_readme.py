@@ -149,22 +149,27 @@ def _measured_again_headline(summary: dict) -> list[str]:
     """A preset of the headline measured again (MEASURED_AGAIN) is named beside it with its own run, so that the
     headline and the line under the results table read as two runs, not two values of one figure."""
     lines = []
+    for key, entry, why, _ in _measured_again_entries():
+        if key not in summary:
+            continue
+        task = TASK_WORDS.get(entry["task"], entry["task"])
+        baseline, target = entry["strongest_baseline"], entry["target"]
+        for name, r in entry["recipes"].items():
+            ratios = [x for x in r["speedup_vs"][baseline] if x is not None]
+            lines.append(f"{task}: `{name}` measured again {why}, on {_run_text(entry)}, "
+                         f"{len(entry['seeds'])} seeds: {_ratio_cell(ratios)} sooner than `{baseline}` to "
+                         f"{_target_text(target['metric'], target['value'])}; not comparable with the line "
+                         f"above, which is the benchmark's own run on {_run_text(summary[key])}")
+    return lines
+
+
+def _measured_again_entries():
+    """(task key, summary entry, why it was measured again, its file) for each committed file in MEASURED_AGAIN."""
     for file, why in MEASURED_AGAIN.items():
         path = RESULTS / file
-        if not path.exists():
-            continue
-        for key, entry in json.loads(path.read_text()).items():
-            if key not in summary:
-                continue
-            task = TASK_WORDS.get(entry["task"], entry["task"])
-            baseline, target = entry["strongest_baseline"], entry["target"]
-            for name, r in entry["recipes"].items():
-                ratios = [x for x in r["speedup_vs"][baseline] if x is not None]
-                lines.append(f"{task}: `{name}` measured again {why}, on {_run_text(entry)}, "
-                             f"{len(entry['seeds'])} seeds: {_ratio_cell(ratios)} sooner than `{baseline}` to "
-                             f"{_target_text(target['metric'], target['value'])}; not comparable with the line "
-                             f"above, which is the benchmark's own run on {_run_text(summary[key])}")
-    return lines
+        if path.exists():
+            for key, entry in json.loads(path.read_text()).items():
+                yield key, entry, why, path
 
 
 def _lower_target_line(entry: dict, task: str, target: str) -> str:
@@ -279,27 +284,23 @@ def _measured_again() -> str:
     table's, since a CPU without fast bf16 (``precision: auto`` trains fp32 there) moves every figure."""
     table = json.loads(SUMMARY.read_text()) if SUMMARY.exists() else {}
     lines = []
-    for file, why in MEASURED_AGAIN.items():
-        path = RESULTS / file
-        if not path.exists():
-            continue
-        for key, entry in json.loads(path.read_text()).items():
-            baseline, n = entry["strongest_baseline"], len(entry["seeds"])
-            runs = f"{_run_text(entry)}" + (f"; the table's rows, which predate it: {_run_text(table[key])}"
-                                             if key in table else "")
-            for name, r in entry["recipes"].items():
-                ratios = [x for x in r["speedup_vs"][baseline] if x is not None]
-                seeds = ", ".join(str(s) for s in entry["seeds"])
-                fq = entry["final_quality"]
-                level = _level_text(entry["target"]["metric"], fq["value"])
-                at = ("" if fq["is_target"] else f" at `{baseline}`'s final quality ({level}), "
-                      f"{_quality_cell(entry, r)}; at the lower target "
-                      f"{_target_text(entry['target']['metric'], entry['target']['value'])},")
-                lines.append(f"{entry['task']} `{name}` measured again {why}, beside `{baseline}` on seeds {seeds} "
-                             f"({runs}):{at} {_ratio_cell(ratios)} "
-                             f"sooner, reached {r['reached']}/{n}, median final "
-                             f"{statistics.median(r['final_metric']):.4f} "
-                             f"([{path.relative_to(ROOT)}]({path.relative_to(ROOT)})).")
+    for key, entry, why, path in _measured_again_entries():
+        baseline, n = entry["strongest_baseline"], len(entry["seeds"])
+        runs = f"{_run_text(entry)}" + (f"; the table's rows, which predate it: {_run_text(table[key])}"
+                                         if key in table else "")
+        for name, r in entry["recipes"].items():
+            ratios = [x for x in r["speedup_vs"][baseline] if x is not None]
+            seeds = ", ".join(str(s) for s in entry["seeds"])
+            fq = entry["final_quality"]
+            level = _level_text(entry["target"]["metric"], fq["value"])
+            at = ("" if fq["is_target"] else f" at `{baseline}`'s final quality ({level}), "
+                  f"{_quality_cell(entry, r)}; at the lower target "
+                  f"{_target_text(entry['target']['metric'], entry['target']['value'])},")
+            lines.append(f"{entry['task']} `{name}` measured again {why}, beside `{baseline}` on seeds {seeds} "
+                         f"({runs}):{at} {_ratio_cell(ratios)} "
+                         f"sooner, reached {r['reached']}/{n}, median final "
+                         f"{statistics.median(r['final_metric']):.4f} "
+                         f"([{path.relative_to(ROOT)}]({path.relative_to(ROOT)})).")
     return "".join(f"\n\n{line}" for line in lines)
 
 

@@ -281,19 +281,22 @@ def lightning_cell(name, make, refusal, tmp_path):
 
 
 # -- Hugging Face ---------------------------------------------------------------------------------------------
+class Pixels(torch.utils.data.Dataset):
+    """The cells' data as the Hugging Face Trainer takes it: dicts of pixel values and labels."""
+
+    def __init__(self):
+        self.x, self.y = data()
+
+    def __len__(self):
+        return len(self.y)
+
+    def __getitem__(self, i):
+        return {"pixel_values": self.x[i], "labels": self.y[i]}
+
+
 def hf_cell(name, make, refusal, tmp_path):
     transformers = import_or_missing("transformers", "pip install 'torch-speedkit[hf]'")
     from speedkit.hosts.hf import SpeedkitTrainer
-
-    class Pixels(torch.utils.data.Dataset):
-        def __init__(self):
-            self.x, self.y = data()
-
-        def __len__(self):
-            return len(self.y)
-
-        def __getitem__(self, i):
-            return {"pixel_values": self.x[i], "labels": self.y[i]}
 
     class Recorder(transformers.TrainerCallback):
         def __init__(self):
@@ -585,16 +588,6 @@ def test_lightning_accumulate_grad_batches_equals_the_trainers_grad_accum(tmp_pa
 def test_hf_gradient_accumulation_steps_equals_the_trainers_grad_accum(tmp_path):
     transformers = import_or_missing("transformers", "pip install 'torch-speedkit[hf]'")
     from speedkit.hosts.hf import SpeedkitTrainer
-
-    class Pixels(torch.utils.data.Dataset):
-        def __init__(self):
-            self.x, self.y = data()
-
-        def __len__(self):
-            return len(self.y)
-
-        def __getitem__(self, i):
-            return {"pixel_values": self.x[i], "labels": self.y[i]}
 
     class InOrder(SpeedkitTrainer):
         def _get_train_sampler(self, *args, **kwargs):  # the reference's loader does not shuffle
