@@ -2,7 +2,7 @@
 A GPT language model in one file, read top to bottom (after Karpathy's nanoGPT).
 
     idx [B, T] -> token embedding (+ learned position embedding) -> n_layer x Block -> LayerNorm
-               -> lm_head -> logits [B, T, vocab_size]
+               -> lm_head -> logits [B, T, padded_vocab_size]
 
     Block(x) = x + attn(ln_1(x));  x + mlp(ln_2(x))           (pre-norm residual)
 
@@ -16,6 +16,19 @@ Names later methods rely on (keep them stable):
   * `MLP` is `fc` -> activation -> `proj`; the activation is `config.activation` ("gelu" or
     "relu2", i.e. relu(x)**2 as in modded-nanogpt). A GLU method replaces `fc` and sets "identity".
   * All norms are `nn.LayerNorm`, so norm surgery that matches nn.LayerNorm finds every one.
+
+The vocabulary is padded: the embedding and `lm_head` have `config.padded_vocab_size` rows, `vocab_size`
+rounded up to a multiple of `config.pad_vocab_to` (64: GPT-2's 50,257 tokens become 50,304 rows), because
+a head matmul whose output width is a multiple of 64 runs on a GPU's tensor cores at full rate and an odd
+width does not. No id >= vocab_size is ever a real token:
+  * in training (autograd recording) the logits keep their pad columns as computed, so the loss is a
+    softmax over vocab_size + pad classes whose pad logits no target names and training pushes down
+    (nanoGPT's choice: masking them would cost a pass over all the logits every step);
+  * without autograd (evaluation, generation, scoring) the pad columns are set to the dtype's lowest value,
+    so argmax, top-k and sampling never pick a pad id and cross-entropy is exactly over vocab_size classes.
+`vocab_size` stays the real vocabulary; `num_params` and `flops_per_token` leave the pad rows out.
+A state dict saved before the padding (vocab_size rows) loads into a model of the same config: the model
+takes the checkpoint's row count (`_load_from_state_dict`).
 """
 
 import math
@@ -41,6 +54,12 @@ class GPTConfig:
     activation: str = "gelu"       # "gelu" | "relu2"
     tie_weights: bool = True       # lm_head shares its weight with the token embedding
     rotary_base: float = 10000.0   # RoPE's theta; only read when positions == "rotary"
+    pad_vocab_to: int = 64         # embedding/head rows rounded up to a multiple of this (1: exactly vocab_size)
+
+    @property
+    def padded_vocab_size(self) -> int:
+        """Rows of the token embedding and the head: vocab_size rounded up to a multiple of pad_vocab_to."""
+        return -(-self.vocab_size // self.pad_vocab_to) * self.pad_vocab_to
 
     def __post_init__(self):
         if self.n_embd % self.n_head:
@@ -51,11 +70,14 @@ class GPTConfig:
             raise ValueError(f"activation must be 'gelu' or 'relu2', got {self.activation!r}")
         if self.positions == "rotary" and (self.n_embd // self.n_head) % 2:
             raise ValueError("rotary positions need an even head dimension (n_embd // n_head)")
+        if not isinstance(self.pad_vocab_to, int) or self.pad_vocab_to < 1:
+            raise ValueError(f"pad_vocab_to must be a positive integer (1 for no padding), got {self.pad_vocab_to!r}")
 
 
 # Named sizes. Parameter counts are for the byte vocabulary (256) and tied weights; the non-embedding
 # part is about 12 * n_layer * n_embd**2. gpt2-124m is GPT-2 small as released, with its 50257-token
-# vocabulary; pass vocab_size=256 to get the same body over bytes (about 86M params).
+# vocabulary (50304 rows allocated; num_params counts the 50257); pass vocab_size=256 to get the same body
+# over bytes (about 86M params).
 GPT_CONFIGS = {
     "gpt-nano":  GPTConfig(block_size=256,  n_layer=5,  n_head=4,  n_embd=128),   # ~1.05M
     "gpt-micro": GPTConfig(block_size=256,  n_layer=6,  n_head=6,  n_embd=192),   # ~2.8M
@@ -207,14 +229,14 @@ class GPT(nn.Module):
         config = replace(config or GPTConfig(), **overrides)
         self.config = config
         self.transformer = nn.ModuleDict(dict(
-            wte=nn.Embedding(config.vocab_size, config.n_embd),
+            wte=nn.Embedding(config.padded_vocab_size, config.n_embd),
             drop=nn.Dropout(config.dropout),
             h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
             ln_f=nn.LayerNorm(config.n_embd, bias=config.bias),
         ))
         if config.positions == "learned":
             self.transformer["wpe"] = nn.Embedding(config.block_size, config.n_embd)
-        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.lm_head = nn.Linear(config.n_embd, config.padded_vocab_size, bias=False)
         if config.tie_weights:
             # one matrix both embeds tokens and scores them: fewer params, and it trains better when small
             self.lm_head.weight = self.transformer.wte.weight
@@ -234,7 +256,8 @@ class GPT(nn.Module):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
     def forward(self, idx):
-        """idx: [B, T] token ids (T <= block_size) -> logits [B, T, vocab_size]."""
+        """idx: [B, T] token ids (T <= block_size) -> logits [B, T, padded_vocab_size]; without autograd
+        (evaluation, generation) the pad columns hold the dtype's lowest value (see the module notes)."""
         B, T = idx.shape
         if T > self.config.block_size:
             raise ValueError(f"sequence length {T} exceeds block_size {self.config.block_size}")
@@ -244,7 +267,34 @@ class GPT(nn.Module):
         x = self.transformer.drop(x)
         for block in self.transformer.h:
             x = block(x)
-        return self.lm_head(self.transformer.ln_f(x))
+        logits = self.lm_head(self.transformer.ln_f(x))
+        if not torch.is_grad_enabled() and logits.size(-1) > self.config.vocab_size:
+            logits[..., self.config.vocab_size:] = torch.finfo(logits.dtype).min  # in place: nothing to backpropagate
+        return logits
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        """A checkpoint whose embedding has another row count that still covers the vocabulary (one saved before
+        the padding, with vocab_size rows, or one padded to another multiple) loads as it is: the model takes the
+        checkpoint's rows first, keeping its Parameter objects so that an optimizer built over them still holds
+        them. Fewer rows than vocab_size is left to load_state_dict's size-mismatch error."""
+        saved = state_dict.get(prefix + "transformer.wte.weight")
+        wte = self.transformer.wte.weight
+        if saved is not None and saved.size(0) != wte.size(0) and saved.size(0) >= self.config.vocab_size:
+            self._resize_vocab_rows(saved.size(0))
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    def _resize_vocab_rows(self, rows: int) -> None:
+        """Give the embedding (and an untied lm_head) ``rows`` rows in place; the values are loaded next."""
+        wte = self.transformer.wte
+        with torch.no_grad():
+            wte.weight.data = wte.weight.new_zeros(rows, wte.weight.size(1))
+        wte.num_embeddings = rows
+        head = getattr(self.lm_head, "weight", None)
+        if isinstance(head, torch.Tensor) and head is not wte.weight:
+            with torch.no_grad():
+                head.data = head.new_zeros(rows, head.size(1))
+        if hasattr(self.lm_head, "out_features"):
+            self.lm_head.out_features = rows
 
     def loss(self, logits, batch):
         """Mean next-token cross-entropy (``next_token_loss``), compiled where the model is (``compile``)."""
@@ -258,20 +308,30 @@ class GPT(nn.Module):
         self._compiled_loss = torch.compile(next_token_loss, *args, **kwargs)
 
     def num_params(self, non_embedding=False):
-        """Parameter count (a tied weight counted once). non_embedding=True leaves out the token and
-        position embeddings (but keeps an untied lm_head), the N of scaling-law papers."""
-        n = sum(p.numel() for p in self.parameters())
+        """Parameter count (a tied weight counted once), without the pad rows of the embedding and head (rows
+        past vocab_size hold no token: the count is the model's, whatever the padding). non_embedding=True
+        leaves out the token and position embeddings (but keeps an untied lm_head), the N of scaling-law papers."""
+        n = sum(p.numel() for p in self.parameters()) - self._pad_params()
         if non_embedding:
-            n -= self.transformer.wte.weight.numel()
+            n -= self.config.vocab_size * self.config.n_embd
             if "wpe" in self.transformer:
                 n -= self.transformer.wpe.weight.numel()
         return n
+
+    def _pad_params(self) -> int:
+        """Parameters in the pad rows: the embedding's, and an untied head's where it has the same rows."""
+        wte = self.transformer.wte.weight
+        pad = (wte.size(0) - self.config.vocab_size) * wte.size(1)
+        head = getattr(self.lm_head, "weight", None)
+        untied_head = isinstance(head, torch.Tensor) and head is not wte and head.size(0) == wte.size(0)
+        return pad * (2 if untied_head else 1)
 
     def flops_per_token(self, seq_len=None):
         """
         Training FLOPs per token (forward + backward), the PaLM-paper estimate:
             6 * N_matmul + 12 * n_layer * n_embd * T
-        N_matmul = weights used in matmuls (embedding lookups aren't; the lm_head is, tied or not);
+        N_matmul = weights used in matmuls (embedding lookups aren't; the lm_head is, tied or not), pad rows
+        left out: they are the implementation's work, not the model's;
         the second term is QK^T and attention-times-V, counted over the full T x T square as is
         customary, though causal kernels skip about half of it. T defaults to block_size.
         """
@@ -279,12 +339,13 @@ class GPT(nn.Module):
         T = seq_len or cfg.block_size
         n_matmul = self.num_params(non_embedding=True)
         if cfg.tie_weights:
-            n_matmul += self.lm_head.weight.numel()
+            n_matmul += cfg.vocab_size * cfg.n_embd
         return 6 * n_matmul + 12 * cfg.n_layer * cfg.n_embd * T
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None):
-        """Sample max_new_tokens continuations of idx [B, T] (no KV cache: for demos, not serving)."""
+        """Sample max_new_tokens continuations of idx [B, T] (no KV cache: for demos, not serving). Ids are
+        below vocab_size: without autograd the pad logits hold the dtype's lowest value."""
         for _ in range(max_new_tokens):
             logits = self(idx[:, -self.config.block_size:])[:, -1, :] / max(temperature, 1e-8)
             if top_k is not None:

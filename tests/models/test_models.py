@@ -54,7 +54,7 @@ def test_gpt_output_shapes(name):
         model = get_model(name)
         idx = torch.zeros(2, 8, dtype=torch.long)
         logits = model(idx)
-    assert logits.shape == (2, 8, model.config.vocab_size)
+    assert logits.shape == (2, 8, model.config.padded_vocab_size)  # rows past vocab_size: padding
 
 
 def test_gpt_real_forward_shape_and_block_size_limit():

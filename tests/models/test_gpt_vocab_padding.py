@@ -1,0 +1,214 @@
+"""speedkit's GPT pads its embedding and head rows to a multiple of ``config.pad_vocab_to`` (64 by default), and no id
+past ``vocab_size`` is ever produced or scored as a token: without autograd the pad logits hold the dtype's lowest
+value (metrics, argmax, sampling), in training they stay as computed (no extra op in a step). Old checkpoints with
+``vocab_size`` rows still load; a padded model's weights round-trip through safetensors."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from speedkit.models import GPT, GPTConfig, get_model, gpt_config
+from speedkit.record.metrics import Accuracy, CrossEntropy
+
+VOCAB = 300  # pads to 320 rows
+SMALL = dict(vocab_size=VOCAB, n_layer=1, n_head=2, n_embd=32, block_size=32)
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+
+
+def _pair(**overrides):
+    """A padded GPT and an unpadded one with the same weights on the real rows."""
+    padded = GPT(GPTConfig(**SMALL, **overrides))
+    plain = GPT(GPTConfig(**SMALL, pad_vocab_to=1, **overrides))
+    state = {k: (v[:VOCAB] if v.size(0) == padded.config.padded_vocab_size else v)
+             for k, v in padded.state_dict().items()}
+    plain.load_state_dict(state)
+    return padded, plain
+
+
+def _make_pad_logits_huge(model: GPT, ids: torch.Tensor) -> None:
+    """Point the pad rows along the final hidden states, so their raw logits dwarf every real one."""
+    with torch.no_grad():
+        hidden = model.transformer.ln_f(model.transformer.wte(ids))  # any hidden state will do as a direction
+        direction = hidden.reshape(-1, hidden.size(-1)).mean(0)
+        model.lm_head.weight[VOCAB:] = 1e3 * direction / direction.norm()
+
+
+@pytest.mark.parametrize("vocab, multiple, rows", [(50257, 64, 50304), (256, 64, 256), (50257, 1, 50257),
+                                                   (300, 128, 384)])
+def test_rows_are_padded_to_the_multiple(vocab, multiple, rows):
+    with torch.device("meta"):
+        model = GPT(gpt_config("gpt2-124m", vocab_size=vocab, pad_vocab_to=multiple))
+    assert model.config.vocab_size == vocab and model.config.padded_vocab_size == rows
+    assert model.transformer.wte.weight.shape[0] == rows == model.lm_head.weight.shape[0]
+    assert model.lm_head.weight is model.transformer.wte.weight  # still tied
+
+
+def test_gpt2_preset_pads_and_counts_the_real_vocabulary():
+    with torch.device("meta"):
+        padded = get_model("gpt2-124m")
+        plain = get_model("gpt2-124m", pad_vocab_to=1)
+    assert padded.lm_head.out_features == 50304
+    # the pad rows are the implementation's: parameters and FLOPs are the model's either way
+    assert padded.num_params() == plain.num_params() == 124_439_808
+    assert padded.num_params(non_embedding=True) == plain.num_params(non_embedding=True)
+    assert padded.flops_per_token() == plain.flops_per_token()
+    untied, untied_plain = (GPT(gpt_config("gpt-nano", vocab_size=VOCAB, tie_weights=False, pad_vocab_to=m))
+                            for m in (64, 1))
+    assert untied.num_params() == untied_plain.num_params()
+    assert untied.flops_per_token() == untied_plain.flops_per_token()
+
+
+@pytest.mark.parametrize("multiple", [0, -64, 2.5])
+def test_bad_multiple_is_refused(multiple):
+    with pytest.raises(ValueError, match="pad_vocab_to"):
+        GPTConfig(pad_vocab_to=multiple)
+
+
+def test_real_logits_and_evaluation_loss_match_an_unpadded_model():
+    padded, plain = _pair()
+    ids = torch.randint(0, VOCAB, (2, 16))
+    targets = torch.randint(0, VOCAB, (2, 16))
+    _make_pad_logits_huge(padded, ids)
+    train_logits = padded(ids)
+    assert train_logits.shape == (2, 16, 320)
+    torch.testing.assert_close(train_logits[..., :VOCAB], plain(ids))  # the real rows are the same rows
+    with torch.no_grad():
+        eval_logits, reference = padded(ids), plain(ids)
+    assert (eval_logits[..., VOCAB:] == torch.finfo(eval_logits.dtype).min).all()
+    # the evaluation loss is exactly over the 300 real classes, though the raw pad logits are huge
+    torch.testing.assert_close(padded.loss(eval_logits, (ids, targets)), plain.loss(reference, (ids, targets)))
+    for metric_class in (CrossEntropy, Accuracy):
+        scores = []
+        for logits in (eval_logits, reference):
+            metric = metric_class()
+            metric.update(logits, targets)
+            scores.append(metric.compute())
+        assert scores[0] == pytest.approx(scores[1], rel=1e-5)
+
+
+def test_argmax_metrics_and_sampling_never_pick_a_pad_id():
+    model = GPT(GPTConfig(**SMALL))
+    ids = torch.randint(0, VOCAB, (4, 16))
+    _make_pad_logits_huge(model, ids)
+    assert (model(ids).argmax(-1) >= VOCAB).float().mean() > 0.5  # unmasked, the pads would win most positions
+    model.eval()
+    with torch.no_grad():
+        logits = model(ids)
+    assert logits.argmax(-1).max() < VOCAB
+    assert logits.topk(5, dim=-1).indices.max() < VOCAB
+    accuracy = Accuracy(topk=5)
+    accuracy.update(logits, logits[..., :VOCAB].argmax(-1))  # the model's own best real guesses are all right
+    assert accuracy.compute() == 1.0
+    for top_k in (None, 400):
+        sampled = model.generate(ids[:, :2], max_new_tokens=20, top_k=top_k)
+        assert sampled.max() < VOCAB
+
+
+def test_training_loss_is_finite_and_pushes_pad_logits_down():
+    model = GPT(GPTConfig(**SMALL))
+    ids, targets = torch.randint(0, VOCAB, (2, 2, 16))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+
+    def pad_share():
+        return model(ids).float().softmax(-1)[..., VOCAB:].sum(-1).mean().item()
+
+    before = pad_share()
+    for _ in range(10):
+        loss = model.loss(model(ids), (ids, targets))
+        assert torch.isfinite(loss)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    assert pad_share() < before / 2  # no target names a pad id: training takes their share away
+
+
+class _OpCounter(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _step_ops(model: GPT, ids, targets) -> int:
+    with _OpCounter() as counter:
+        model.loss(model(ids), (ids, targets)).backward()
+    return counter.ops
+
+
+def test_a_training_step_dispatches_no_more_ops_than_unpadded():
+    padded, plain = _pair()
+    ids, targets = torch.randint(0, VOCAB, (2, 2, 16))
+    assert _step_ops(padded, ids, targets) == _step_ops(plain, ids, targets)
+
+
+def test_weights_round_trip_through_safetensors(tmp_path):
+    safetensors = pytest.importorskip("safetensors.torch")
+    model = GPT(GPTConfig(**SMALL))
+    ids = torch.randint(0, VOCAB, (2, 16))
+    path = tmp_path / "model.safetensors"
+    # as `speedkit export` writes them: contiguous, each name its own tensor (a tied weight under both names)
+    safetensors.save_file({k: v.contiguous().clone() for k, v in model.state_dict().items()}, path)
+    fresh = GPT(GPTConfig(**SMALL))
+    fresh.load_state_dict(safetensors.load_file(path))
+    assert fresh.lm_head.weight.shape[0] == 320 and fresh.lm_head.weight is fresh.transformer.wte.weight
+    with torch.no_grad():
+        torch.testing.assert_close(fresh(ids), model(ids))
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_a_checkpoint_saved_before_the_padding_loads_and_trains(tie):
+    old = GPT(GPTConfig(**SMALL, pad_vocab_to=1, tie_weights=tie))  # what a checkpoint of 300 rows came from
+    ids, targets = torch.randint(0, VOCAB, (2, 2, 16))
+    model = GPT(GPTConfig(**SMALL, tie_weights=tie))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)  # built before the load, as a resume does
+    model.load_state_dict(old.state_dict())
+    assert model.transformer.wte.weight.shape[0] == VOCAB == model.lm_head.out_features
+    assert (model.lm_head.weight is model.transformer.wte.weight) == tie
+    torch.testing.assert_close(model(ids), old(ids))
+    model.loss(model(ids), (ids, targets)).backward()
+    optimizer.step()  # the optimizer still holds the model's parameters, now of 300 rows
+    assert model.num_params() == old.num_params()
+
+
+def test_a_checkpoint_with_too_few_rows_is_refused():
+    small = GPT(GPTConfig(**{**SMALL, "vocab_size": 200}, pad_vocab_to=1))
+    with pytest.raises(RuntimeError, match="size mismatch for transformer.wte.weight"):
+        GPT(GPTConfig(**SMALL)).load_state_dict(small.state_dict())
+
+
+def test_model_surgeries_leave_the_padding_alone():
+    import speedkit.functional as sf
+
+    model = GPT(GPTConfig(**SMALL))
+    sf.apply_rotary_embeddings(model, remove_position_embeddings=True)
+    sf.apply_qk_norm(model)
+    sf.apply_relu_squared(model)
+    ids = torch.randint(0, VOCAB, (2, 16))
+    _make_pad_logits_huge(model, ids)
+    assert model.lm_head.weight is model.transformer.wte.weight
+    assert model(ids).shape == (2, 16, 320)
+    with torch.no_grad():
+        assert model(ids).argmax(-1).max() < VOCAB
+
+
+def test_compiled_training_and_evaluation_keep_the_contract():
+    padded, plain = _pair()
+    ids, targets = torch.randint(0, VOCAB, (2, 2, 16))
+    _make_pad_logits_huge(padded, ids)
+    eager_loss = padded.loss(padded(ids), (ids, targets))
+    padded.compile(fullgraph=True, dynamic=False)
+    torch.testing.assert_close(padded.loss(padded(ids), (ids, targets)), eager_loss)
+    with torch.no_grad():
+        logits = padded(ids)
+        torch.testing.assert_close(F.cross_entropy(logits.reshape(-1, 320), targets.reshape(-1)),
+                                   F.cross_entropy(plain(ids).reshape(-1, VOCAB), targets.reshape(-1)))
+    assert logits.argmax(-1).max() < VOCAB
