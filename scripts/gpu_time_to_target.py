@@ -51,13 +51,13 @@ class Settings:
 
 
 FULL = Settings(budget_s=530, bench_profile="gpu", bench_seeds=3, bench_scale=(), corpus_bytes=48_000_000,
-                vocab=50_304, context=1024, task_profile="gpu", gpt2_batch=32,
+                vocab=50_257, context=1024, task_profile="gpu", gpt2_batch=32,
                 gpt2_durations={"baseline": "700ba", "hot": "350ba"}, gpt2_eval_interval="50ba",
                 imagenet_profile="cpu", imagenet_batch=64, imagenet_durations={"plain-bf16": "90ep", "mild": "36ep"},
                 imagenet_model="resnet50", precision=None, workers=min(12, os.cpu_count() or 1))
 TINY = Settings(budget_s=600, bench_profile="cpu", bench_seeds=1,
                 bench_scale=("--duration", "1ba", "--data-fraction", "0.01", "--eval-fraction", "0.01"),
-                corpus_bytes=150_000, vocab=384, context=64, task_profile="cpu", gpt2_batch=2,
+                corpus_bytes=150_000, vocab=360, context=64, task_profile="cpu", gpt2_batch=2,
                 gpt2_durations={"baseline": "4ba", "hot": "2ba"}, gpt2_eval_interval="2ba", imagenet_profile="cpu",
                 imagenet_batch=4,
                 imagenet_durations={"plain-bf16": "2ba", "mild": "1ba"}, imagenet_model="resnet18",
