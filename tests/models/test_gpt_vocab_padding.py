@@ -212,3 +212,21 @@ def test_compiled_training_and_evaluation_keep_the_contract():
         torch.testing.assert_close(F.cross_entropy(logits.reshape(-1, 320), targets.reshape(-1)),
                                    F.cross_entropy(plain(ids).reshape(-1, VOCAB), targets.reshape(-1)))
     assert logits.argmax(-1).max() < VOCAB
+
+
+def test_the_trainers_evaluation_scores_only_real_ids(tmp_path):
+    from speedkit import Trainer
+
+    padded, plain = _pair()
+    batches = [tuple(torch.randint(0, VOCAB, (2, 4, 16))) for _ in range(3)]
+    _make_pad_logits_huge(padded, batches[0][0])
+    trainer = Trainer(padded, batches[:1], eval_dataloader=batches, max_duration="1ba", device="cpu",
+                      run_dir=tmp_path, save_checkpoints=False, progress_bar=False,
+                      optimizers=lambda p: torch.optim.SGD(p, lr=0.0))  # the huge pad rows stay huge
+    trainer.fit()
+    scores = trainer.eval()["eval"]  # the default metrics: accuracy (an argmax) and cross-entropy
+    with torch.no_grad():
+        logits = torch.cat([plain(x) for x, _ in batches]).reshape(-1, VOCAB)
+    targets = torch.cat([y for _, y in batches]).reshape(-1)
+    assert scores["accuracy"] == pytest.approx((logits.argmax(-1) == targets).float().mean().item())
+    assert scores["loss"] == pytest.approx(F.cross_entropy(logits, targets).item(), rel=1e-5)
