@@ -15,6 +15,7 @@ from speedkit.core import Callback, Interval, Time
 from speedkit.core.batch import batch_targets, output_logits, output_loss
 from speedkit.core.devices import cpu_bf16_speedup
 from speedkit.core.seeding import seed_everything
+from speedkit.models.gpt import GPT
 from speedkit.optim import Schedule, apply_schedule, get_schedule
 from speedkit.optim.follow import TORCH_SCHEDULERS, FollowSchedule, follow_user_schedule
 from speedkit.record.loggers import ConsoleLogger, Logger, RecordDestination, logger_from_name
@@ -229,7 +230,7 @@ def describe_run(state, *, precision: str, eval_interval, microbatch_size, grad_
     optimizer = state.optimizers[0]
     return {
         "model": type(state.model).__name__,
-        "parameters": sum(p.numel() for p in state.model.parameters()),
+        "parameters": parameter_count(state.model),
         "optimizer": {"name": type(optimizer).__name__,
                       **{k: v for k, v in optimizer.defaults.items() if isinstance(v, (int, float, bool, str))}},
         "schedules": [s.to_dict() if isinstance(s, Schedule) else type(s).__name__ for s in state.schedulers],
@@ -242,6 +243,14 @@ def describe_run(state, *, precision: str, eval_interval, microbatch_size, grad_
         **auto_precision_evidence(precision, state.device),
         **(extra or {}),
     }
+
+
+def parameter_count(model: torch.nn.Module) -> int:
+    """The model's parameters, a GPT's without its vocabulary's pad rows (``GPT.num_params``): a run recorded
+    before the GPT padded its rows names the same model and resumes."""
+    if isinstance(model, GPT):
+        return model.num_params()
+    return sum(p.numel() for p in model.parameters())
 
 
 def auto_precision_evidence(precision: str, device) -> dict:

@@ -230,3 +230,23 @@ def test_the_trainers_evaluation_scores_only_real_ids(tmp_path):
     targets = torch.cat([y for _, y in batches]).reshape(-1)
     assert scores["accuracy"] == pytest.approx((logits.argmax(-1) == targets).float().mean().item())
     assert scores["loss"] == pytest.approx(F.cross_entropy(logits, targets).item(), rel=1e-5)
+
+
+def test_a_run_trained_before_the_padding_resumes(tmp_path):
+    """The run's record counts the GPT's parameters without pad rows, so the padded model is the same experiment;
+    its checkpoint (300 rows, AdamW and EMA state of that shape) loads into it and training goes on."""
+    from speedkit import Trainer
+    from speedkit.methods import get_method
+
+    batches = [tuple(torch.randint(0, VOCAB, (2, 4, 16))) for _ in range(4)]
+
+    def trainer(config: GPTConfig, duration: str, **resume) -> Trainer:
+        return Trainer(GPT(config), batches, max_duration=duration, device="cpu", run_dir=tmp_path, run_name="old",
+                       progress_bar=False, methods=[get_method("ema")],
+                       optimizers=lambda p: torch.optim.AdamW(p, lr=1e-3), **resume)
+
+    trainer(GPTConfig(**SMALL, pad_vocab_to=1), "2ba").fit()
+    resumed = trainer(GPTConfig(**SMALL), "4ba", autoresume=True, extend_duration=True)
+    record = resumed.fit()
+    assert record.status == "completed" and resumed.state.timestamp.batch == 4
+    assert resumed.state.model.transformer.wte.weight.shape[0] == VOCAB
