@@ -7,15 +7,19 @@ the search's confirmation, the demo and the notebooks all measure through it; wh
 (how one recipe is trained on one seed). ``shortest_budget`` is the one budget search (the benchmark's
 ``--find-budgets`` and the search's longer budgets for a winner that missed a seed); ``scaled_duration`` is the
 one way a budget is scaled (a bench profile's ``duration_scale``, a trial's, a winner's longer budgets).
+``finished_runs`` is the one resume: the measured runs found finished in a run folder, by what they are runs of
+(the benchmark's ``--reuse`` and ``--only``, the search's confirmation continued after a kill or with more budget).
 """
 from __future__ import annotations
 
 import dataclasses
 import time as _time
-from typing import Any, Callable, Sequence
+from pathlib import Path
+from typing import Any, Callable, Hashable, Sequence
 
 from speedkit.core.time import Time
 from speedkit.experiments.compare import fastest, median_or_none, paired_speedups
+from speedkit.record.runs import RunRecord, load_records
 
 
 # What makes a run request a measured run (the benchmark's runs, the search's trials and confirmation runs): a
@@ -35,6 +39,18 @@ def fit(request, on_built: Callable[[Any], None] | None = None):
     if on_built is not None:
         on_built(trainer)
     return trainer.fit()
+
+
+def finished_runs(run_dir, key: Callable[[RunRecord], Hashable | None]) -> dict[Hashable, RunRecord]:
+    """The newest run under ``run_dir`` of each ``key(record)`` (what the record is a run of: a (recipe, seed), a
+    (candidate, seed); None for a run that is not one of them, or did not finish as a measurement); failed runs
+    are left out. A measurement resumed from here runs only what is missing."""
+    newest = {}
+    for record in load_records(run_dir) if Path(run_dir).is_dir() else ():  # oldest first: later ones replace
+        found = None if record.status == "failed" else key(record)
+        if found is not None:
+            newest[found] = record
+    return newest
 
 
 @dataclasses.dataclass

@@ -38,14 +38,14 @@ def _tune_ablations(monkeypatch, recipe) -> dict[str, tuple]:
     winner = {"key": "search:7", "recipe": recipe.to_dict()}
     monkeypatch.setattr(confirm, "summarize_confirmation", lambda config, studies: {"candidates": [winner],
                                                                                    "winner": "search:7"})
-    monkeypatch.setattr(confirm, "_done", lambda study: set())
+    monkeypatch.setattr(confirm, "_confirmed", lambda config, candidates=None: {})  # none ran yet
     monkeypatch.setattr(confirm, "run_name_for", lambda config, key, seed: "full")
 
-    def fake_confirm_run(config, study, runner, role, key, seed, run_recipe, should_stop, ablation=None):
+    def fake_confirm_run(config, studies, runner, role, key, seed, run_recipe, should_stop, log=print, ablation=None):
         ran[ablation["left_out"]] = (run_recipe, ablation)
 
     monkeypatch.setattr(confirm, "_confirm_run", fake_confirm_run)
-    confirm.run_leave_one_out(config=None, studies={"confirm": None}, runner=lambda context: None)
+    confirm.run_leave_one_out(config=None, studies={}, runner=lambda context: None)
     return ran
 
 
@@ -96,12 +96,12 @@ def test_bench_and_tune_summarise_leave_one_out_as_one_table_and_the_search_stor
                                             record("no-ema", None, ablation={"of": "full", "left_out": "ema"})]
     board = leave_one_out([full, *ablations])["full"]
     bench = summarize_leave_one_out([full], ablations)
-    trials = [SimpleNamespace(user_attrs={"candidate": f"loo:search:3:{method}", "seed": 1, "final": 0.5,
-                                          "time_to_target_s": without})
-              for method, without in (("label_smoothing", 6.0), ("ema", None))]
+    # the search's confirmation runs, as confirm.confirmed_runs finds them: by (candidate, seed)
+    runs = {("loo:search:3:label_smoothing", 1): ablations[0], ("loo:search:3:ema", 1): ablations[1],
+            ("loo:search:3:ema", 2): record("other-seed", 1.0)}
     winner = {"key": "search:3", "seeds": [1], "times_s": [4.0], "finals": [0.95], "recipe": {"name": "tune-winner"}}
-    config = SimpleNamespace(settings=SimpleNamespace(study_name="tune"))
-    tune = confirm.summarize_leave_one_out(config, winner, {"times_s": [8.0]}, trials)
+    config = SimpleNamespace(settings=SimpleNamespace(study_name="tune"), metric="eval/accuracy", target=0.9)
+    tune = confirm.summarize_leave_one_out(config, winner, {"times_s": [8.0]}, runs)
     assert board["label_smoothing"]["slowdown"] == bench["parts"]["label_smoothing"]["slowdown"] == 1.5
     assert tune["parts"]["label_smoothing"]["slowdown"] == 1.5
     assert tune["parts"]["label_smoothing"]["share"] == math.log(1.5) / math.log(8.0 / 4.0)  # of 2x over the baseline

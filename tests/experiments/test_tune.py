@@ -337,7 +337,7 @@ def test_a_resumed_search_counts_the_wall_clock_its_earlier_trials_spanned(tmp_p
     continued search starts from is the clock's, not the trials' summed time over the workers."""
     from datetime import datetime, timedelta
 
-    from speedkit.experiments.tune.storage import spent_before_s
+    from speedkit.experiments.tune.storage import spent_before_s, update_plan
 
     storage_path = str(tmp_path / "study.journal")
     storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(storage_path))
@@ -353,7 +353,9 @@ def test_a_resumed_search_counts_the_wall_clock_its_earlier_trials_spanned(tmp_p
 
     ran("tune-baseline", (0, 10), (0, 12))  # two workers at once
     ran("tune", (12, 30), (13, 25), (26, 40))
-    ran("tune-confirm", (40, 70))  # one worker confirms while the other waits
+    # one worker confirms while the other waits: the confirmation's runs are spans of the plan, not trials
+    update_plan(optuna.load_study(study_name="tune", storage=storage),
+                measured=[[(start + timedelta(seconds=40)).timestamp(), (start + timedelta(seconds=70)).timestamp()]])
     ran("other", (100, 500))  # another study in the same storage is not this search's
     assert spent_before_s(storage_path, "tune") == pytest.approx(70)
 
@@ -922,4 +924,40 @@ def test_a_trials_run_is_the_searchs_run_request_with_its_recipe_seed_and_name()
     assert request == settings.run.replace(recipe=recipe, seed=3, run_name="tune-search-t7", target=0.9,
                                            stop_at_target=True, save_checkpoints=False, overwrite=True,
                                            progress_bar=False, extra_config=request.extra_config)
-    assert request.extra_config["tune"] == {"study": "tune", "phase": "search", "trial": None, "target": 0.9}
+    assert request.extra_config["tune"] == {"study": "tune", "search": config.search_id(), "phase": "search",
+                                            "trial": None, "target": 0.9}
+
+
+def test_the_confirmation_is_runs_in_the_run_folder_and_a_continued_search_runs_only_what_is_missing(tmp_path,
+                                                                                                    fake_env):
+    """Confirmation runs are RunRecords in the run folder, found again by their candidate: the same command run
+    again confirms from them without running any again; a run a kill cut short (no ``confirmation`` note yet) runs
+    again, and so does a run whose recipe is not the candidate's (a key names a trial, and a new study numbers its
+    trials anew), so nothing is judged on a run of another recipe."""
+    from speedkit.experiments.tune.confirm import MEASURED
+    from speedkit.record.runs import RunRecord
+
+    settings = TuneSettings("fashion-mnist", searched_methods=["ema", "label_smoothing"], out_dir=tmp_path,
+                            runner=FAKE, budget=60, trial_limit=12, max_trials=4, max_baseline_trials=1,
+                            seeds_to_confirm=2, tune_hparams=False, **SMALL)
+    first = tune(settings, **QUIET)
+
+    def confirmation_starts() -> list[str]:
+        return [line.split()[1] for line in fake_env.read_text().splitlines()
+                if line.startswith("start") and "-confirm-" in line]
+
+    ran = confirmation_starts()
+    assert len(ran) == 2 * len(first.summary["confirmation"]["candidates"])
+    again = tune(settings, **QUIET)
+    assert confirmation_starts() == ran  # nothing ran again
+    assert again.summary["confirmation"] == first.summary["confirmation"]
+
+    winner = next(c for c in first.summary["confirmation"]["candidates"] if c["key"] == first.summary["confirmation"]["winner"])
+    cut_short, other_recipe = (RunRecord.load(tmp_path / "runs" / name) for name in winner["runs"])
+    del cut_short.notes[MEASURED]
+    cut_short.save()
+    other_recipe.config["tune"]["recipe"]["methods"] = {}
+    other_recipe.save()
+    third = tune(settings, **QUIET)
+    assert confirmation_starts() == ran + winner["runs"]
+    assert third.summary["confirmation"]["winner"] == winner["key"]

@@ -21,8 +21,9 @@ from speedkit.experiments.bench.profiles import TASK_KEYS, BenchProfile, get_pro
 from speedkit.experiments.compare import at_or_beyond, final_metric, final_quality, late_gain, stricter, time_to_level
 from speedkit.experiments.compare import baseline_median_times
 from speedkit.experiments.compare import median_or_none, paired_speedups, time_rank
-from speedkit.experiments.measure import MEASURED_RUN, Measurement, fit, measure, scaled_duration, shortest_budget
-from speedkit.record.runs import RunRecord, environment, load_records, lower_is_better
+from speedkit.experiments.measure import (MEASURED_RUN, Measurement, finished_runs, fit, measure, scaled_duration,
+                                         shortest_budget)
+from speedkit.record.runs import RunRecord, environment, lower_is_better
 from speedkit.tasks import TASKS, Recipe, RunRequest, get_recipe, is_baseline, make_trainer, resolve_task
 
 @dataclasses.dataclass
@@ -611,18 +612,18 @@ def resolve_profile(task: str, profile: str | BenchProfile = "cpu", seeds: int |
 
 def reusable_runs(run_dir: str | Path, profile: BenchProfile, seeds: Sequence[int],
                   fix: str = "run the benchmark without --reuse") -> list[RunRecord]:
-    """The newest finished main run of each (recipe, seed) of ``profile`` under ``run_dir``; where the profile
-    names a target (``--target``) other than the one the runs had, judged at it (``retarget``)."""
-    newest: dict[tuple, RunRecord] = {}
-    for record in load_records(run_dir):  # oldest first, so later ones replace earlier ones
+    """The newest finished main run of each (recipe, seed) of ``profile`` under ``run_dir``
+    (``measure.finished_runs``); where the profile names a target (``--target``) other than the one the runs had,
+    judged at it (``retarget``)."""
+    def main_run(record: RunRecord) -> tuple | None:
         bench = record.config.get("bench", {})
         if (bench.get("task") != task_key(profile.task) or bench.get("profile") != profile.name
-                or bench.get("profiling") or bench.get("budget_search") or bench.get("sweep")
-                or "ablation" in record.config
-                or record.status == "failed"):
-            continue
-        if record.config.get("recipe") in profile.recipes and _seed_of(record) in seeds:
-            newest[(record.config["recipe"], _seed_of(record))] = record
+                or any(bench.get(mark) for mark in ("profiling", "budget_search", "sweep"))
+                or "ablation" in record.config):
+            return None
+        return record.config.get("recipe"), _seed_of(record)
+
+    newest = finished_runs(run_dir, main_run)
     missing = [(r, s) for r in profile.recipes for s in seeds if (r, s) not in newest]
     if missing:
         raise ValueError(f"cannot reuse the runs in {run_dir}: no finished {profile.task} run for "
@@ -657,11 +658,14 @@ def retarget(record: RunRecord, value: float | None) -> RunRecord:
 def reusable_ablations(run_dir: str | Path, recipe: str) -> list[RunRecord]:
     """The newest leave-one-out of ``recipe`` under ``run_dir`` (its reference rerun and its ablations,
     from one session), or [] when there is none."""
-    by_session: dict[str, list[RunRecord]] = {}
-    for record in load_records(run_dir):
-        if "ablation" in record.config and record.config.get("recipe") == recipe and record.status != "failed":
-            by_session.setdefault(record.config.get("bench", {}).get("session", ""), []).append(record)
-    return by_session[max(by_session)] if by_session else []
+    def ablation(record: RunRecord) -> tuple | None:
+        if "ablation" not in record.config or record.config.get("recipe") != recipe:
+            return None
+        return record.config.get("bench", {}).get("session", ""), record.name
+
+    found = finished_runs(run_dir, ablation)
+    newest = max((session for session, _ in found), default=None)
+    return [record for (session, _), record in found.items() if session == newest]
 
 
 def run_benchmark(task, profile: str | BenchProfile = "cpu", seeds: int | Sequence[int] | None = None,

@@ -10,9 +10,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from speedkit.experiments.tune.confirm import (confirm_candidates, confirm_seeds, plan_confirmation,
-                                               run_budget_search, run_confirmation, run_leave_one_out,
-                                               summarize_confirmation)
+from speedkit.experiments.tune.confirm import (confirm_candidates, confirm_seeds, confirmation_walls,
+                                               plan_confirmation, run_budget_search, run_confirmation,
+                                               run_leave_one_out, summarize_confirmation)
 from speedkit.experiments.tune.objective import resolve_runner, runner_path
 from speedkit.experiments.tune.search import (PHASES, PRUNERS, SEARCH_SEED, TuneConfig, TuneSettings, check_same_search,
                                               load_study, logged_metrics, parse_budget, refused_methods,
@@ -20,8 +20,8 @@ from speedkit.experiments.tune.search import (PHASES, PRUNERS, SEARCH_SEED, Tune
                                               standings, start_workers)
 from speedkit.experiments.tune.space import (SearchSpace, TuneInputError, candidate_methods, describe_limit,
                                              fit_hparams_to_model, full_space, probe_surgery, resolve_methods)
-from speedkit.experiments.tune.storage import (ANSWER_LOCK, FolderLock, fail_dead_trials, finished_trials,
-                                               open_storage, optuna_module, spent_before_s, storage_url,
+from speedkit.experiments.tune.storage import (ANSWER_LOCK, FolderLock, fail_dead_trials, open_storage,
+                                               optuna_module, spent_before_s, storage_url, update_plan,
                                                wait_for_running_trials)
 
 
@@ -65,11 +65,10 @@ def tune(settings: TuneSettings | None = None, *, log=print, on_trial=None, shou
     config_path = out / "tune_config.json"
     config.save(config_path)
     storage_obj = open_storage(config.settings.storage)
-    studies = {phase: load_study(config, phase, 0, storage_obj) for phase in (*PHASES, "confirm")}
+    studies = {phase: load_study(config, phase, 0, storage_obj) for phase in PHASES}
     check_same_search(config, studies["search"])
     for phase, study in studies.items():
-        # confirmation trials are made outside the start lock, by the one process holding the answer lock
-        retried = fail_dead_trials(study, storage_obj, out if phase != "confirm" else None)
+        retried = fail_dead_trials(study, storage_obj, out)
         if retried:
             log(f"{study.study_name}: trials {retried} were cut short by a dead worker; marked failed, settings re-queued")
     seed_baseline_study(config, studies["baseline"])
@@ -90,16 +89,16 @@ def _confirm_and_report(config, studies, storage_obj, out, in_process, log, shou
     from speedkit.experiments.report import baseline_shortfall, write_outputs
 
     if not (should_stop and should_stop()):  # the search ended (not stopped): no process starts a trial of it now
-        studies["confirm"].set_user_attr("closed_for", search_limits(config))
+        update_plan(studies["search"], closed_for=search_limits(config))
     wait_for_running_trials([studies[phase] for phase in PHASES], storage_obj, should_stop, out_dir=out)
     plan_confirmation(config, studies, log=log)
     log(f"speedkit tune: confirming {', '.join(role for role, _, _ in confirm_candidates(config, studies))} on "
         f"seeds {confirm_seeds(config, studies)}")
-    run_confirmation(config, studies, runner=in_process, should_stop=should_stop)
+    run_confirmation(config, studies, runner=in_process, should_stop=should_stop, log=log)
     run_budget_search(config, studies, runner=in_process, should_stop=should_stop, log=log)
     if config.settings.leave_one_out:
         log("speedkit tune: the winner's leave-one-out (each of its methods left out, on the first seed)")
-        run_leave_one_out(config, studies, runner=in_process, should_stop=should_stop)
+        run_leave_one_out(config, studies, runner=in_process, should_stop=should_stop, log=log)
     summary = build_summary(config, studies)
     paths = write_outputs(config, studies, summary)
     shortfall = baseline_shortfall(summary)
@@ -209,7 +208,8 @@ def build_config(settings: TuneSettings, out: Path, log=print) -> TuneConfig:
         spaces={"baseline": baseline.to_dict(), "search": search.to_dict()},
         budget_s=budget_s,
         limit_s=parse_budget(s.trial_limit, "trial_limit") if s.trial_limit is not None else budget_s / 5,
-        started_at=time.time(), spent_before_s=spent_before_s(storage, s.study_name), left_out=left_out,
+        started_at=time.time(), left_out=left_out,
+        spent_before_s=spent_before_s(storage, s.study_name),
         task_source=task_source, move_prior=reference_leave_one_out(spec.domain))
 
 
@@ -272,7 +272,7 @@ def where_the_time_went(config: TuneConfig, studies: dict, trials: list[dict]) -
              "missed": [t for t in search if t["state"] == "complete" and t["time_to_target_s"] is None],
              "pruned": [t for t in search if t["state"] == "pruned" and not t["infeasible"]],
              "refused": [t for t in search if t["infeasible"]]}
-    confirm = [{"wall_s": t.user_attrs.get("wall_s")} for t in finished_trials(studies["confirm"], ("COMPLETE",))]
+    confirm = [{"wall_s": wall} for wall in confirmation_walls(studies)]
     groups = {"baseline study": [t for t in trials if t["phase"] == "baseline"],
               **{f"search: {kind}": rows for kind, rows in kinds.items()}, "confirmation": confirm}
     rows = {what: wall(group) for what, group in groups.items()}

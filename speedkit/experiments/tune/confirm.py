@@ -1,20 +1,28 @@
-"""Confirmation: the baselines, the search's winner and runner-up on fresh seeds, side by side, as trials of
-the ``<name>-confirm`` study (a killed search does not repeat those that finished); what is confirmed and
-judged how is in docs/guide.md ("Confirmed, within the budget").
+"""Confirmation: the baselines, the search's winner and runner-up on fresh seeds, side by side, as measured runs.
+
+Optuna proposes and ranks on the search's seed; what a recipe is worth is measured here, as a benchmark measures
+(``measure.measure``, interleaved by seed), and kept where a benchmark keeps its runs: each confirmation run is a
+RunRecord in the search's run folder, marked with its candidate and, once it finished as a measurement, with
+``notes["confirmation"]``. A killed or continued search runs only what is not there yet (``measure.finished_runs``,
+the benchmark's resume). What the confirmation decided (its seeds, whether the runner-up fits, the longer budgets
+it tried) is kept with the search study (``storage.read_plan``). What is confirmed and judged how is in
+docs/guide.md ("Confirmed, within the budget").
 """
 from __future__ import annotations
 
 import statistics
+import time
 
-from speedkit.experiments.ablation import leave_one_out_runs, leave_one_out_summary
+from speedkit.experiments.ablation import ablated_recipes, leave_one_out_runs, leave_one_out_summary
 from speedkit.experiments.compare import median_or_none
-from speedkit.experiments.measure import Measurement, measure, shortest_budget
-from speedkit.experiments.tune.objective import resolve_runner, score_record, train_and_store
+from speedkit.experiments.measure import Measurement, finished_runs, measure, scaled_duration, shortest_budget
+from speedkit.experiments.tune.objective import USER_STOP, resolve_runner
 from speedkit.experiments.tune.search import (TuneConfig, confirm_wall_s, confirmed_baselines, recipe_from_trial,
                                               seeds_that_fit, standings, trial_context)
 from speedkit.experiments.tune.space import describe_change
-from speedkit.experiments.tune.storage import finished_trials, optuna_module, worker_id
-from speedkit.record.runs import json_safe
+from speedkit.experiments.tune.storage import read_plan, update_plan, worker_id
+from speedkit.record.runs import RunRecord, json_safe
+from speedkit.tasks.recipes import Recipe
 
 CONFIRM_SEED_START = 1  # the search runs seed 0; confirmation uses fresh seeds, so the winner's luck does not count twice
 # (role, recipe name) of the baseline study's best trial and of the base as given (search.confirmed_baselines)
@@ -22,27 +30,25 @@ BASELINE_ROLES = (("baseline", "baseline"), ("baseline as given", "baseline-as-g
 BASELINE_ROLE_NAMES = tuple(role for role, _ in BASELINE_ROLES)  # a confirmation row is a baseline's by its role
 CONFIRM_SLACK = 0.1  # how far past the budget a planned confirmation seed may run
 BUDGET_STEPS = (1.2, 1.44)  # the final budget search: a winner that missed a seed is rerun this much longer
+MEASURED = "confirmation"  # the note a confirmation run gets once it finished as a measurement (written last)
 
 
 def confirm_candidates(config: TuneConfig, studies: dict,
-                       with_runner_up: bool | None = None) -> list[tuple[str, str, object]]:
+                       with_runner_up: bool | None = None) -> list[tuple[str, str, Recipe]]:
     """[(role, key, recipe)]: the tuned baseline (and the base as given, where tuning changed it), the winner
     and (where the budget has room for it, or ``with_runner_up``) the runner-up of the search, then any longer
     budgets of the winner the final budget search tried."""
-    from speedkit.tasks.recipes import Recipe
-
+    plan = read_plan(studies["search"])
     candidates = [(role, f"baseline:{trial.number}", recipe_from_trial(trial, name)) for (role, name), trial in
                   zip(BASELINE_ROLES, confirmed_baselines(studies["baseline"]))]
     if not candidates:
         candidates.append(("baseline", "baseline:untuned", config.base_recipe()))
-    if with_runner_up is None:
-        with_runner_up = studies["confirm"].user_attrs.get("with_runner_up", True)
-    count = 2 if with_runner_up else 1
+    count = 2 if (plan.get("with_runner_up", True) if with_runner_up is None else with_runner_up) else 1
     # ranked by their worst seed; a recipe that missed on a seed cannot win
     reached = [standing.first for standing in standings(studies["search"]) if standing.reached]
     for role, trial in list(zip(("winner", "runner-up"), reached))[:count]:
         candidates.append((role, f"search:{trial.number}", recipe_from_trial(trial, f"tune-{role}")))
-    for stretched in studies["confirm"].user_attrs.get("stretched", []):
+    for stretched in plan.get("stretched", []):
         candidates.append(("winner, longer", stretched["key"], Recipe(**stretched["recipe"])))
     return candidates
 
@@ -50,19 +56,18 @@ def confirm_candidates(config: TuneConfig, studies: dict,
 def plan_confirmation(config: TuneConfig, studies: dict, log=print) -> None:
     """Decide what the confirmation runs so that it ends within the search's budget (docs/guide.md, "Confirmed,
     within the budget"); a search continued with more budget may add the runner-up or seeds, never take back."""
-    confirm = studies["confirm"]
+    plan = read_plan(studies["search"])
     candidates = confirm_candidates(config, studies, with_runner_up=True)
     walls = [_trial_wall(config, studies, key) for _, key, _ in candidates]
     left = max(0.0, config.budget_s - config.spent_s())
     has_runner_up = any(role == "runner-up" for role, _, _ in candidates)
     with_runner_up = (not has_runner_up or config.settings.seeds_to_confirm * sum(walls) <= left
-                      or bool(confirm.user_attrs.get("with_runner_up")))
+                      or bool(plan.get("with_runner_up")))
     per_seed = sum(wall for (role, _, _), wall in zip(candidates, walls) if with_runner_up or role != "runner-up")
     # The search kept back whole seeds' time, but evaluation and set-up of its last trial eat a little of it:
     # a seed that fits within 10% still runs rather than leaving that reserve unspent.
-    seeds = max(seeds_that_fit(config, per_seed, left * (1 + CONFIRM_SLACK)), int(confirm.user_attrs.get("seeds", 1)))
-    confirm.set_user_attr("with_runner_up", with_runner_up)
-    confirm.set_user_attr("seeds", seeds)
+    seeds = max(seeds_that_fit(config, per_seed, left * (1 + CONFIRM_SLACK)), int(plan.get("seeds", 1)))
+    update_plan(studies["search"], with_runner_up=with_runner_up, seeds=seeds)
     if not with_runner_up:
         log(f"speedkit tune: confirming the baselines and the winner only: with the runner-up the "
             f"confirmation would take about {config.settings.seeds_to_confirm * sum(walls):.0f}s, and {left:.0f}s of the "
@@ -74,7 +79,7 @@ def plan_confirmation(config: TuneConfig, studies: dict, log=print) -> None:
 
 def confirm_seeds(config: TuneConfig, studies: dict) -> list[int]:
     """The fresh seeds of the confirmation: as many as ``plan_confirmation`` found room for."""
-    count = int(studies["confirm"].user_attrs.get("seeds", config.settings.seeds_to_confirm))
+    count = int(read_plan(studies["search"]).get("seeds", config.settings.seeds_to_confirm))
     return list(range(CONFIRM_SEED_START, CONFIRM_SEED_START + count))
 
 
@@ -87,56 +92,81 @@ def _trial_wall(config: TuneConfig, studies: dict, key: str) -> float:
     return float(confirm_wall_s(studies[phase].trials[int(number)], config.limit_s, baseline=phase == "baseline"))
 
 
-def run_confirmation(config: TuneConfig, studies: dict, runner=None, should_stop=None) -> list:
-    """Each candidate on the confirmation's fresh seeds, interleaved (``speedkit.experiments.measure.measure``:
-    the baselines, then the others, seed by seed); resumable: a run done before is not run again."""
-    confirm = studies["confirm"]
-    done = _done(confirm)
-    runner = runner or resolve_runner(config.settings.runner)
-    candidates = {key: (role, recipe) for role, key, recipe in confirm_candidates(config, studies)}
-
-    def run(key: str, seed: int):
-        if (key, seed) in done or (should_stop and should_stop()):
+# -- the runs, in the run folder ----------------------------------------------------------------------------------
+def confirmed_runs(run_dir, search_id: str) -> dict[tuple[str, int], RunRecord]:
+    """``{(candidate key, seed): its finished confirmation run}`` of the search ``search_id``
+    (``TuneConfig.search_id``) in the run folder (``measure.finished_runs``): a run stopped, failed or cut short by
+    a kill has no ``MEASURED`` note and runs again."""
+    def key(record: RunRecord) -> tuple | None:
+        tune = record.config.get("tune") or {}
+        if tune.get("phase") != "confirm" or tune.get("search") != search_id or MEASURED not in record.notes:
             return None
+        return tune.get("candidate"), record.config.get("seed")
+
+    return finished_runs(run_dir, key)
+
+
+def _confirmed(config: TuneConfig, candidates=None) -> dict[tuple[str, int], RunRecord]:
+    """This search's finished confirmation runs; with ``candidates`` ({key: recipe}), only those that ran that
+    recipe (a candidate's key names a trial, and a study started anew numbers its trials anew)."""
+    runs = confirmed_runs(config.settings.run.run_dir, config.search_id())
+    if candidates is None:
+        return runs
+    return {(key, seed): run for (key, seed), run in runs.items()
+            if key in candidates and _unnamed(run.config["tune"].get("recipe")) == _unnamed(candidates[key].to_dict())}
+
+
+def _unnamed(recipe: dict | None) -> dict | None:
+    """A recipe as compared between runs: a candidate's name says its role, which can change as the search goes on."""
+    return None if recipe is None else {**recipe, "name": None}
+
+
+def run_confirmation(config: TuneConfig, studies: dict, runner=None, should_stop=None, log=print) -> Measurement:
+    """Each candidate on the confirmation's fresh seeds, interleaved (``speedkit.experiments.measure.measure``:
+    the baselines, then the others, seed by seed); a run found finished in the run folder is taken as it is."""
+    candidates = {key: (role, recipe) for role, key, recipe in confirm_candidates(config, studies)}
+    done = _confirmed(config, {key: recipe for key, (_, recipe) in candidates.items()})
+    runner = runner or resolve_runner(config.settings.runner)
+
+    def run(key: str, seed: int) -> RunRecord | None:
+        if (key, seed) in done or (should_stop and should_stop()):
+            return done.get((key, seed))
         role, recipe = candidates[key]
-        return _confirm_run(config, confirm, runner, role, key, seed, recipe, should_stop)
+        return _confirm_run(config, studies, runner, role, key, seed, recipe, should_stop, log)
 
-    measure(list(candidates), [key for key, (role, _) in candidates.items() if role in BASELINE_ROLE_NAMES],
-            confirm_seeds(config, studies), run)
-    return finished_trials(confirm, ("COMPLETE",))
-
-
-def _done(confirm) -> set:
-    return {(t.user_attrs.get("candidate"), t.user_attrs.get("seed")) for t in finished_trials(confirm, ("COMPLETE",))}
+    return measure(list(candidates), [key for key, (role, _) in candidates.items() if role in BASELINE_ROLE_NAMES],
+                   confirm_seeds(config, studies), run)
 
 
 def run_name_for(config: TuneConfig, key: str, seed: int) -> str:
     return f"{config.settings.study_name}-confirm-{key.replace(':', '-')}-s{seed}"
 
 
-def _confirm_run(config: TuneConfig, confirm, runner, role: str, key: str, seed: int, recipe, should_stop,
-                 ablation: dict | None = None):
-    """One confirmation run as a trial of the confirm study; its RunRecord, or None if it failed or was stopped."""
-    optuna = optuna_module()
-    trial = confirm.ask()
-    for attr, value in (("worker", worker_id()), ("candidate", key), ("role", role), ("seed", seed),
-                        ("recipe", recipe.to_dict())):
-        trial.set_user_attr(attr, value)
+def _confirm_run(config: TuneConfig, studies: dict, runner, role: str, key: str, seed: int, recipe, should_stop,
+                 log=print, ablation: dict | None = None) -> RunRecord | None:
+    """One confirmation run, its record marked with its candidate; None where it failed or was stopped (no
+    measurement: it runs again when the search continues). The plan keeps its span, search time spent."""
     context = trial_context(config, "confirm", recipe, seed, run_name_for(config, key, seed))
     context.stop_after_s = 2 * config.limit_s  # the recipe runs as shipped; this only bounds a runaway
     context.should_stop = should_stop
-    if ablation is not None:
+    extra = context.run.extra_config
+    context.run = context.run.replace(extra_config={
+        **extra, "tune": {**extra["tune"], "candidate": key, "role": role, "recipe": recipe.to_dict()},
         # what speedkit.experiments.compare.leave_one_out and the run board read
-        context.run = context.run.replace(extra_config={**context.run.extra_config, "ablation": ablation})
+        **({"ablation": ablation} if ablation is not None else {})})
+    started = time.time()
     try:
-        record = train_and_store(trial, context, runner)
-    except Exception as e:
-        trial.set_user_attr("error", f"{type(e).__name__}: {e}")
-        record = None
-    if record is None:  # failed, or stopped by the user: not a measurement, run again when the search continues
-        confirm.tell(trial, state=optuna.trial.TrialState.FAIL)
-    else:
-        confirm.tell(trial, score_record(record, config.metric, config.target, config.limit_s))
+        record = runner(context)
+    except Exception as e:  # one candidate that cannot run must not cost the others
+        log(f"speedkit tune: confirmation run {context.run.run_name} failed: {type(e).__name__}: {e}")
+        return None
+    if context.stop_reason == USER_STOP:
+        return None
+    ended = time.time()
+    record.add_note(MEASURED, {"wall_s": round(ended - started, 3), "worker": worker_id()})
+    record.save(record.path or context.record_path())
+    plan = read_plan(studies["search"])
+    update_plan(studies["search"], measured=[*plan.get("measured", []), [started, ended]])
     return record
 
 
@@ -145,10 +175,6 @@ def run_budget_search(config: TuneConfig, studies: dict, runner=None, should_sto
     """Where no candidate reached the target on every confirmation seed, rerun the fastest one that reached it
     on some with a longer budget (``BUDGET_STEPS``) on every seed, so that what is shipped reaches the target
     in each; resumable, and the longer budgets are candidates like the others."""
-    from speedkit.experiments.measure import scaled_duration
-    from speedkit.tasks.recipes import Recipe
-
-    confirm = studies["confirm"]
     summary = summarize_confirmation(config, studies)
     if summary["winner"] is not None or (should_stop and should_stop()):
         return
@@ -156,61 +182,64 @@ def run_budget_search(config: TuneConfig, studies: dict, runner=None, should_sto
     if not missed:
         return
     start = min(missed, key=lambda r: statistics.median([t for t in r["times_s"] if t is not None]))
-    stretched = list(confirm.user_attrs.get("stretched", []))
 
     def all_reach(steps: int) -> bool:
         """Whether the winner, run ``BUDGET_STEPS[steps - 1]`` times longer, is confirmed (0: as it ran)."""
         if steps == 0:
             return False  # as it ran it missed a seed: that is why this search runs
         factor = BUDGET_STEPS[steps - 1]
-        key = f"{start['key']}@x{factor:g}"
+        key, stretched = f"{start['key']}@x{factor:g}", read_plan(studies["search"]).get("stretched", [])
         if all(s["key"] != key for s in stretched):
             recipe = Recipe(**start["recipe"])
             recipe = recipe.with_changes(name=f"tune-winner-x{factor:g}",
                                          duration=scaled_duration(recipe.duration, factor))
             log(f"speedkit tune: {start['key']} reached the target on {start['seeds_reached']} of "
                 f"{len(start['seeds'])} seeds; trying it with {factor:g}x its budget ({recipe.duration})")
-            stretched.append({"key": key, "recipe": recipe.to_dict()})
-            confirm.set_user_attr("stretched", stretched)
-        run_confirmation(config, studies, runner=runner, should_stop=should_stop)
+            update_plan(studies["search"], stretched=[*stretched, {"key": key, "recipe": recipe.to_dict()}])
+        run_confirmation(config, studies, runner=runner, should_stop=should_stop, log=log)
         return summarize_confirmation(config, studies)["winner"] is not None or bool(should_stop and should_stop())
 
     shortest_budget(all_reach, 0, len(BUDGET_STEPS), down=False)
 
 
 # -- the winner's leave-one-out ---------------------------------------------------------------------
-def run_leave_one_out(config: TuneConfig, studies: dict, runner=None, should_stop=None) -> None:
+def run_leave_one_out(config: TuneConfig, studies: dict, runner=None, should_stop=None, log=print) -> None:
     """The confirmed winner without each of its methods, on the first confirmation seed (beside its own run
     there), so the report can say what each method adds; resumable like the confirmation."""
-    from speedkit.tasks.recipes import Recipe
-
     summary = summarize_confirmation(config, studies)
     winner = next((c for c in summary["candidates"] if c["key"] == summary["winner"]), None)
     if winner is None:
         return
-    confirm, seed = studies["confirm"], CONFIRM_SEED_START
-    done, runner = _done(confirm), runner or resolve_runner(config.settings.runner)
+    seed, runner = CONFIRM_SEED_START, runner or resolve_runner(config.settings.runner)
+    ablated = _ablated(winner)
+    done = _confirmed(config, ablated)
 
-    def run(method: str, ablated, marker: dict) -> None:  # its methods, each dropped
+    def run(method: str, _, marker: dict) -> None:  # its methods, each dropped
         key = f"loo:{winner['key']}:{method}"
         if (key, seed) not in done and not (should_stop and should_stop()):
-            _confirm_run(config, confirm, runner, "leave-one-out", key, seed,
-                         ablated.with_changes(name=f"tuned-without-{method}"), should_stop, ablation=marker)
+            _confirm_run(config, studies, runner, "leave-one-out", key, seed, ablated[key], should_stop, log,
+                         ablation=marker)
 
     leave_one_out_runs(Recipe(**winner["recipe"]), run, of=run_name_for(config, winner["key"], seed))
 
 
-def summarize_leave_one_out(config: TuneConfig, winner: dict | None, baseline: dict | None, runs: list) -> dict:
+def _ablated(winner: dict) -> dict[str, Recipe]:
+    """``{candidate key: recipe}`` of the winner's leave-one-out runs: each of its methods dropped."""
+    return {f"loo:{winner['key']}:{part}": recipe.with_changes(name=f"tuned-without-{part}")
+            for part, recipe in ablated_recipes(Recipe(**winner["recipe"])).items()}
+
+
+def summarize_leave_one_out(config: TuneConfig, winner: dict | None, baseline: dict | None,
+                            runs: dict[tuple[str, int], RunRecord]) -> dict:
     """The winner without each of its methods on the first confirmation seed, as the benchmark's leave-one-out
     table (``ablation.leave_one_out_summary``; shares of its speed-up over ``baseline`` on that seed), held as
     summary.json holds it (a method without which the winner never reached the target: null, not infinity)."""
     if winner is None or winner["times_s"][0] is None:
         return {}
-    rows = {str(t.user_attrs["candidate"]).rsplit(":", 1)[1]: {
-        "run": run_name_for(config, t.user_attrs["candidate"], t.user_attrs["seed"]),
-        "time_without_s": t.user_attrs.get("time_to_target_s"), "final_metric": t.user_attrs.get("final")}
-        for t in runs if str(t.user_attrs.get("candidate", "")).startswith(f"loo:{winner['key']}:")}
-    seed = winner["seeds"][0]
+    prefix, seed = f"loo:{winner['key']}:", winner["seeds"][0]
+    rows = {key[len(prefix):]: {"run": record.name, "time_without_s": record.time_to(config.metric, config.target),
+                                "final_metric": record.best(config.metric)}
+            for (key, run_seed), record in runs.items() if key.startswith(prefix) and run_seed == seed}
     return json_safe(leave_one_out_summary(
         run_name_for(config, winner["key"], seed), winner["times_s"][0], winner["finals"][0], rows,
         baseline["times_s"][0] if baseline else None, recipe=winner["recipe"]["name"], seed=seed,
@@ -219,23 +248,28 @@ def summarize_leave_one_out(config: TuneConfig, winner: dict | None, baseline: d
 
 def summarize_confirmation(config: TuneConfig, studies: dict) -> dict:
     """Per candidate: seeds reached, times, median; the winner is the confirmed fastest, not the search's luckiest."""
-    runs = finished_trials(studies["confirm"], ("COMPLETE",))
-    seeds = confirm_seeds(config, studies)
-    rows = []
-    for role, key, recipe in confirm_candidates(config, studies):
-        by_seed = {t.user_attrs["seed"]: t.user_attrs for t in runs if t.user_attrs.get("candidate") == key}
-        times = [by_seed.get(s, {}).get("time_to_target_s") for s in seeds]
-        finals = [by_seed.get(s, {}).get("final") for s in seeds]
+    candidates, seeds, rows = confirm_candidates(config, studies), confirm_seeds(config, studies), []
+    runs = _confirmed(config, {key: recipe for _, key, recipe in candidates})
+    for role, key, recipe in candidates:
+        found = [runs.get((key, seed)) for seed in seeds]
+        times = [None if r is None else r.time_to(config.metric, config.target) for r in found]
+        finals = [None if r is None else r.best(config.metric) for r in found]
         reached = sum(t is not None for t in times)
         rows.append({"role": role, "key": key, "recipe": recipe.to_dict(), "seeds": seeds, "times_s": times,
-                     "finals": finals, "seeds_reached": reached,
+                     "finals": finals, "seeds_reached": reached, "runs": [None if r is None else r.name for r in found],
                      "median_s": statistics.median(times) if reached == len(seeds) else None,
                      "median_final": median_or_none(finals),
                      "change": describe_change(recipe, config.base_recipe())})
     judged = _judge(rows, config.metric)
     winner, baseline = (next((r for r in rows if r["key"] == judged[role]), None) for role in ("winner", "baseline"))
     return {"seeds": seeds, "candidates": rows, **judged,
-            "leave_one_out": summarize_leave_one_out(config, winner, baseline, runs)}
+            "leave_one_out": summarize_leave_one_out(config, winner, baseline,
+                                                     _confirmed(config, _ablated(winner)) if winner else {})}
+
+
+def confirmation_walls(studies: dict) -> list[float]:
+    """Each finished confirmation run's wall time, set-up included: what the report's time table counts."""
+    return [end - start for start, end in read_plan(studies["search"]).get("measured", [])]
 
 
 def _measured(rows: list[dict]) -> Measurement:

@@ -1,11 +1,13 @@
 """The search: what it is asked (``TuneSettings``) and its configuration (``TuneConfig``, shared by every worker
 process), the Optuna studies, the objective, and the phases (tune the baseline, then search) each worker runs until
-they close. Three studies share one storage: ``<name>-baseline``, ``<name>`` (the search) and ``<name>-confirm``
+they close. Two studies share one storage: ``<name>-baseline`` and ``<name>`` (the search); Optuna proposes and
+ranks on the search's seed there, and the confirmation on fresh seeds is measured runs in the run folder
 (``confirm.py``). What it proposes in what order, and why, is in docs/guide.md ("Tune: search for the fastest recipe").
 """
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 import os
@@ -22,7 +24,7 @@ from speedkit.experiments.tune.objective import TrialContext, resolve_runner, sc
 from speedkit.experiments.measure import budget_scale
 from speedkit.experiments.tune.space import SearchSpace, TuneInputError, describe_change, recipe_params, suggest_recipe
 from speedkit.experiments.tune.storage import (START_LOCK, FolderLock, finished_trials, open_storage, optuna_module,
-                                               requeue, started_trials, worker_id)
+                                               read_plan, requeue, started_trials, worker_id)
 
 PHASES = ("baseline", "search")
 BASE_START = "baseline"  # start_from of the base recipe's own trial in the baseline study
@@ -239,6 +241,18 @@ class TuneConfig:
     def study(self, phase: str) -> str:
         return self.settings.study_name if phase == "search" else f"{self.settings.study_name}-{phase}"
 
+    def identity(self) -> dict:
+        """What makes two calls one search (``check_same_search``), as JSON stores it (tuples become lists)."""
+        return json.loads(json.dumps({
+            "task": self.settings.run.task, "metric": self.metric, "target": self.target, "base": self.base,
+            "spaces": self.spaces, "settings": self.run_settings(), "limit_s": self.limit_s}))
+
+    def search_id(self) -> str:
+        """A short digest of ``identity`` and the study: every run of the search carries it, so that the
+        confirmation takes from the run folder only runs of this search (``confirm.confirmed_runs``)."""
+        identity = {**self.identity(), "study": self.settings.study_name, "storage": self.settings.storage}
+        return hashlib.sha1(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:12]
+
     def run_settings(self) -> dict:
         """The RunRequest fields every run of the search shares, as summary.json records them."""
         return {name: getattr(self.settings.run, name) for name in RUN_FIELDS}
@@ -248,8 +262,9 @@ class TuneConfig:
         name alone (``rebuild_task`` made it known in this process from its data and options)."""
         return self.settings.run.replace(
             data=None, task_options=None, recipe=recipe, seed=seed, run_name=run_name,
-            extra_config={"seed": seed, "tune": {"study": self.settings.study_name, "phase": phase,
-                                                 "trial": trial.number if trial else None, "target": self.target}})
+            extra_config={"seed": seed, "tune": {"study": self.settings.study_name, "search": self.search_id(),
+                                                 "phase": phase, "trial": trial.number if trial else None,
+                                                 "target": self.target}})
 
     def max_trials(self) -> dict:
         """phase -> most trials it starts (None: until the time is used)."""
@@ -486,7 +501,7 @@ def run_phases(config: TuneConfig, worker_index: int = 0, runner=None, on_trial=
             gate = FolderLock(config.settings.out_dir, START_LOCK)  # one process at a time starts a trial (storage.py)
             gate.acquire()
             try:
-                if not phase_open(config, phase, studies) or answer_decided(config, storage):
+                if not phase_open(config, phase, studies) or answer_decided(config, studies["search"]):
                     break
                 if phase == "search":  # its starting points, once
                     _seed_once(studies["search"], starting_recipes(config, studies["baseline"]), config, "search")
@@ -505,12 +520,11 @@ def search_limits(config: TuneConfig) -> str:
     return json.dumps({"budget_s": config.budget_s, "max_trials": config.max_trials()}, sort_keys=True)
 
 
-def answer_decided(config: TuneConfig, storage) -> bool:
+def answer_decided(config: TuneConfig, search_study) -> bool:
     """Whether a process has closed the search at these limits to confirm its winner: then no process starts
     another search trial, so every process confirms and reports the same one (a rerun with a longer
     ``budget`` or more trials searches on)."""
-    confirm = load_study(config, "confirm", 0, storage)
-    return confirm.user_attrs.get("closed_for") == search_limits(config)
+    return read_plan(search_study).get("closed_for") == search_limits(config)
 
 
 def queue_next_move(config: TuneConfig, studies: dict, worker_index: int = 0, phase: str = "search") -> None:
@@ -665,9 +679,7 @@ def start_workers(config_path: Path, n_extra: int) -> list[subprocess.Popen]:
 
 def check_same_search(config: TuneConfig, study) -> None:
     """Refuse to continue a study that was started with other settings (its times would not compare)."""
-    identity = {"task": config.settings.run.task, "metric": config.metric, "target": config.target, "base": config.base,
-                "spaces": config.spaces, "settings": config.run_settings(), "limit_s": config.limit_s}
-    identity = json.loads(json.dumps(identity))  # as stored: tuples become lists
+    identity = config.identity()
     stored = study.user_attrs.get("identity")
     if stored is None:
         study.set_user_attr("identity", identity)

@@ -1,6 +1,6 @@
-"""Where a search lives: Optuna storages (a journal file or a database), and the bookkeeping of
-processes that work on one study (which worker holds a trial, trials a dead worker left behind,
-how much search time earlier runs used).
+"""Where a search lives: Optuna storages (a journal file or a database) for what it proposes and measured on the
+search's seed, and the confirmation's plan (its runs are RunRecords in the run folder), and the bookkeeping of processes that work on one study (which worker holds a trial, trials a dead worker
+left behind, how much search time earlier runs used).
 """
 from __future__ import annotations
 
@@ -109,17 +109,20 @@ def finished_trials(study, states=("COMPLETE", "PRUNED")) -> list:
 
 
 def spent_before_s(storage_text: str, study_name: str) -> float:
-    """Search time earlier calls used: the wall clock their finished trials spanned. Trials that ran at once on
-    several workers count once, and a confirmation run while the other workers waited counts in full (dividing
-    the trials' summed time by the workers undercounted a two-worker search's time)."""
+    """Search time earlier calls used: the wall clock their finished trials and confirmation runs (the plan's
+    ``measured``: (start, end) of each) spanned. Trials that ran at once on several workers count once, and a
+    confirmation run while the other workers waited counts in full (dividing the trials' summed time by the
+    workers undercounted a two-worker search's time)."""
     optuna = optuna_module()
     storage = open_storage(storage_text)
     names = {s.study_name for s in optuna.get_all_study_summaries(storage)}  # opening made the file where none was
     spans = []
-    for name in (study_name, f"{study_name}-baseline", f"{study_name}-confirm"):
+    for name in (study_name, f"{study_name}-baseline"):
         if name not in names:
             continue
-        for trial in optuna.load_study(study_name=name, storage=storage).get_trials(deepcopy=False):
+        study = optuna.load_study(study_name=name, storage=storage)
+        spans += [tuple(span) for span in read_plan(study).get("measured", [])]
+        for trial in study.get_trials(deepcopy=False):
             if trial.datetime_start and trial.datetime_complete:
                 spans.append((trial.datetime_start.timestamp(), trial.datetime_complete.timestamp()))
     return covered_seconds(spans)
@@ -200,6 +203,19 @@ class FolderLock:
 
 
 START_LOCK, ANSWER_LOCK = ".tune-start.lock", ".tune-answer.lock"
+PLAN = "confirmation_plan"  # the search study's user attribute holding it
+
+
+def read_plan(search_study) -> dict:
+    """What the confirmation decided (``confirm.plan_confirmation``, the final budget search) and the limits the
+    search was closed at (``search.answer_decided``): ``{}`` before any process decided. It lives with the search
+    study, so a new study (another name, a deleted storage) starts with none."""
+    return dict(search_study.user_attrs.get(PLAN, {}))
+
+
+def update_plan(search_study, **changes) -> None:
+    """Write ``changes`` into the plan; only the process holding the answer lock writes it."""
+    search_study.set_user_attr(PLAN, {**read_plan(search_study), **changes})
 
 
 def started_trials(study) -> int:
