@@ -21,11 +21,12 @@ The vocabulary is padded: the embedding and `lm_head` have `config.padded_vocab_
 rounded up to a multiple of `config.pad_vocab_to` (64: GPT-2's 50,257 tokens become 50,304 rows), because
 a head matmul whose output width is a multiple of 64 runs on a GPU's tensor cores at full rate and an odd
 width does not. No id >= vocab_size is ever a real token:
-  * in training (autograd recording) the logits keep their pad columns as computed, so the loss is a
-    softmax over vocab_size + pad classes whose pad logits no target names and training pushes down
+  * in training (train mode, autograd recording) the logits keep their pad columns as computed, so the loss
+    is a softmax over vocab_size + pad classes whose pad logits no target names and training pushes down
     (nanoGPT's choice: masking them would cost a pass over all the logits every step);
-  * without autograd (evaluation, generation, scoring) the pad columns are set to the dtype's lowest value,
-    so argmax, top-k and sampling never pick a pad id and cross-entropy is exactly over vocab_size classes.
+  * otherwise (eval mode or no autograd: evaluation, generation, scoring) the pad columns are set to the
+    dtype's lowest value, so argmax, top-k and sampling never pick a pad id and cross-entropy is exactly
+    over vocab_size classes.
 `vocab_size` stays the real vocabulary; `num_params` and `flops_per_token` leave the pad rows out.
 A state dict saved before the padding (vocab_size rows) loads into a model of the same config: the model
 takes the checkpoint's row count (`_load_from_state_dict`).
@@ -256,8 +257,8 @@ class GPT(nn.Module):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
     def forward(self, idx):
-        """idx: [B, T] token ids (T <= block_size) -> logits [B, T, padded_vocab_size]; without autograd
-        (evaluation, generation) the pad columns hold the dtype's lowest value (see the module notes)."""
+        """idx: [B, T] token ids (T <= block_size) -> logits [B, T, padded_vocab_size]; in eval mode or without
+        autograd (evaluation, generation) the pad columns hold the dtype's lowest value (see the module notes)."""
         B, T = idx.shape
         if T > self.config.block_size:
             raise ValueError(f"sequence length {T} exceeds block_size {self.config.block_size}")
@@ -268,8 +269,10 @@ class GPT(nn.Module):
         for block in self.transformer.h:
             x = block(x)
         logits = self.lm_head(self.transformer.ln_f(x))
-        if not torch.is_grad_enabled() and logits.size(-1) > self.config.vocab_size:
-            logits[..., self.config.vocab_size:] = torch.finfo(logits.dtype).min  # in place: nothing to backpropagate
+        training = self.training and torch.is_grad_enabled()
+        if not training and logits.size(-1) > self.config.vocab_size:
+            # in place: a write of the pad columns only (the head's matmul does not keep its output for backward)
+            logits[..., self.config.vocab_size:] = torch.finfo(logits.dtype).min
         return logits
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
@@ -286,13 +289,11 @@ class GPT(nn.Module):
     def _resize_vocab_rows(self, rows: int) -> None:
         """Give the embedding (and an untied lm_head) ``rows`` rows in place; the values are loaded next."""
         wte = self.transformer.wte
-        with torch.no_grad():
-            wte.weight.data = wte.weight.new_zeros(rows, wte.weight.size(1))
+        wte.weight.data = wte.weight.new_zeros(rows, wte.weight.size(1))
         wte.num_embeddings = rows
         head = getattr(self.lm_head, "weight", None)
         if isinstance(head, torch.Tensor) and head is not wte.weight:
-            with torch.no_grad():
-                head.data = head.new_zeros(rows, head.size(1))
+            head.data = head.new_zeros(rows, head.size(1))
         if hasattr(self.lm_head, "out_features"):
             self.lm_head.out_features = rows
 

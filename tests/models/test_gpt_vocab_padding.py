@@ -250,3 +250,13 @@ def test_a_run_trained_before_the_padding_resumes(tmp_path):
     record = resumed.fit()
     assert record.status == "completed" and resumed.state.timestamp.batch == 4
     assert resumed.state.model.transformer.wte.weight.shape[0] == VOCAB
+
+
+def test_eval_mode_masks_the_pads_with_autograd_on_and_their_gradient_is_zero():
+    model = GPT(GPTConfig(**SMALL)).eval()  # a user's evaluation loop that forgot torch.no_grad()
+    ids, targets = torch.randint(0, VOCAB, (2, 2, 16))
+    _make_pad_logits_huge(model, ids)
+    logits = model(ids)
+    assert logits.argmax(-1).max() < VOCAB
+    model.loss(logits, (ids, targets)).backward()
+    assert model.lm_head.weight.grad[VOCAB:].abs().max() == 0  # the pad rows did not score
