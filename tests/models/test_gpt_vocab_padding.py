@@ -150,18 +150,29 @@ def test_a_training_step_dispatches_no_more_ops_than_unpadded():
     assert _step_ops(padded, ids, targets) == _step_ops(plain, ids, targets)
 
 
-def test_weights_round_trip_through_safetensors(tmp_path):
-    safetensors = pytest.importorskip("safetensors.torch")
-    model = GPT(GPTConfig(**SMALL))
-    ids = torch.randint(0, VOCAB, (2, 16))
-    path = tmp_path / "model.safetensors"
-    # as `speedkit export` writes them: contiguous, each name its own tensor (a tied weight under both names)
-    safetensors.save_file({k: v.contiguous().clone() for k, v in model.state_dict().items()}, path)
+@pytest.mark.parametrize("saved_multiple", [64, 1])  # 1: an export made before the padding
+def test_exported_weights_load_into_a_fresh_model_with_the_same_outputs(tmp_path, saved_multiple):
+    pytest.importorskip("safetensors")
+    from safetensors.torch import load_file
+
+    from speedkit.cli.export import export_weights
+    from speedkit.record.runs import RunRecord
+    from speedkit.train.checkpoint import save_checkpoint
+
+    trained = GPT(GPTConfig(**SMALL, pad_vocab_to=saved_multiple))
+    checkpoint = save_checkpoint(tmp_path / "ba000000001.ckpt", {
+        "model": trained.state_dict(), "methods": {}, "record": RunRecord(status="completed").to_json()})
+    exported = load_file(export_weights(checkpoint, out=tmp_path / "gpt.safetensors").path)
+    assert exported["lm_head.weight"].shape[0] == trained.config.padded_vocab_size
     fresh = GPT(GPTConfig(**SMALL))
-    fresh.load_state_dict(safetensors.load_file(path))
-    assert fresh.lm_head.weight.shape[0] == 320 and fresh.lm_head.weight is fresh.transformer.wte.weight
+    fresh.load_state_dict(exported)
+    assert fresh.lm_head.weight is fresh.transformer.wte.weight
+    assert fresh.transformer.wte.weight.shape[0] == trained.config.padded_vocab_size
+    ids = torch.randint(0, VOCAB, (2, 16))
     with torch.no_grad():
-        torch.testing.assert_close(fresh(ids), model(ids))
+        got, expected = fresh(ids), trained(ids)
+    torch.testing.assert_close(got[..., :VOCAB], expected[..., :VOCAB])
+    assert got.argmax(-1).max() < VOCAB
 
 
 @pytest.mark.parametrize("tie", [True, False])
