@@ -1,6 +1,6 @@
 """speedkit's GPT pads its embedding and head rows to a multiple of ``config.pad_vocab_to`` (64 by default), and no id
-past ``vocab_size`` is ever produced or scored as a token: without autograd the pad logits hold the dtype's lowest
-value (metrics, argmax, sampling), in training they stay as computed (no extra op in a step). Old checkpoints with
+past ``vocab_size`` is ever produced or scored as a token: in eval mode or without autograd the pad logits hold the
+dtype's lowest value (metrics, argmax, sampling), in training they stay as computed (no extra op in a step). Old checkpoints with
 ``vocab_size`` rows still load; a padded model's weights round-trip through safetensors."""
 from __future__ import annotations
 
