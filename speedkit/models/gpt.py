@@ -241,6 +241,8 @@ class GPT(nn.Module):
         if config.tie_weights:
             # one matrix both embeds tokens and scores them: fewer params, and it trains better when small
             self.lm_head.weight = self.transformer.wte.weight
+        # which ids are still to be checked (_check_ids); unpadded, the embedding and the loss refuse them themselves
+        self._unchecked = {"input", "target"} if config.padded_vocab_size > config.vocab_size else set()
         self.apply(self._init_weights)
         # GPT-2: scale the init of projections that write into the residual stream by 1/sqrt(2 * n_layer),
         # since each layer adds two of them and the stream's variance would otherwise grow with depth
@@ -262,6 +264,8 @@ class GPT(nn.Module):
         B, T = idx.shape
         if T > self.config.block_size:
             raise ValueError(f"sequence length {T} exceeds block_size {self.config.block_size}")
+        if not torch.compiler.is_compiling() and "input" in self._unchecked:  # traced: not even a guard on it
+            self._check_ids(idx, "input")
         x = self.transformer.wte(idx)
         if "wpe" in self.transformer:
             x = x + self.transformer.wpe(torch.arange(T, device=idx.device))
@@ -297,9 +301,26 @@ class GPT(nn.Module):
         if hasattr(self.lm_head, "out_features"):
             self.lm_head.out_features = rows
 
+    def _check_ids(self, ids: torch.Tensor, what: str) -> None:
+        """Refuse token ids at or past vocab_size. They index pad rows, which are rows like any other, so a
+        tokenizer with more tokens than the model (or data of another vocabulary) would train silently where an
+        unpadded embedding refused it. Checked on the first eager call only: one read of the largest id before the
+        first step, none in later steps, none inside a compiled graph."""
+        if ids.device.type == "meta":  # shapes only: there are no ids to read
+            return
+        largest = int(ids.max()) if ids.numel() else -1
+        if largest >= self.config.vocab_size:
+            raise ValueError(f"a token id of the {what}s is {largest}, but this GPT's vocabulary has "
+                             f"{self.config.vocab_size} tokens (ids 0 to {self.config.vocab_size - 1}); build the "
+                             f"model with the tokenizer's vocab_size (get_model(..., vocab_size=...))")
+        self._unchecked.discard(what)
+
     def loss(self, logits, batch):
         """Mean next-token cross-entropy (``next_token_loss``), compiled where the model is (``compile``)."""
-        return getattr(self, "_compiled_loss", next_token_loss)(logits, batch_targets(batch))
+        targets = batch_targets(batch)
+        if not torch.compiler.is_compiling() and "target" in self._unchecked and isinstance(targets, torch.Tensor):
+            self._check_ids(targets, "target")
+        return getattr(self, "_compiled_loss", next_token_loss)(logits, targets)
 
     def compile(self, *args, **kwargs):
         """``nn.Module.compile``, and the loss with the same options: compiled, the loss's upcast of the logits to

@@ -139,6 +139,8 @@ class _OpCounter(TorchDispatchMode):
 
 
 def _step_ops(model: GPT, ids, targets) -> int:
+    """Aten ops of a training step after the first (which checks the token ids once)."""
+    model.loss(model(ids), (ids, targets)).backward()
     with _OpCounter() as counter:
         model.loss(model(ids), (ids, targets)).backward()
     return counter.ops
@@ -271,3 +273,32 @@ def test_eval_mode_masks_the_pads_with_autograd_on_and_their_gradient_is_zero():
     assert logits.argmax(-1).max() < VOCAB
     model.loss(logits, (ids, targets)).backward()
     assert model.lm_head.weight.grad[VOCAB:].abs().max() == 0  # the pad rows did not score
+
+
+def test_token_ids_past_the_vocabulary_are_refused_on_the_first_call_not_trained_on_pad_rows():
+    """Ids in [vocab_size, padded rows) index pad rows, valid rows of the embedding: without a check a tokenizer
+    with more tokens than the model trains silently where an unpadded model's embedding refused it. The first
+    eager forward and the first loss check once; later calls read nothing from the device."""
+    from speedkit.callbacks.sync_counter import SyncCounter
+
+    model = GPT(GPTConfig(vocab_size=300, block_size=16, n_layer=1, n_head=2, n_embd=32))
+    assert model.config.padded_vocab_size == 320
+    bad = torch.tensor([[1, 2, 305]])
+    with pytest.raises(ValueError, match="token id of the inputs is 305.*300 tokens.*vocab_size"):
+        model(bad)
+    good = torch.tensor([[1, 2, 3]])
+    logits = model(good)
+    with pytest.raises(ValueError, match="token id of the targets is 310"):
+        model.loss(logits, (good, torch.tensor([[2, 3, 310]])))
+    model.loss(logits, (good, torch.tensor([[2, 3, -1]])))  # the ignore index is not an id
+    targets = torch.tensor([[2, 3, 4]])
+    with SyncCounter() as counter:  # checked once: a later step reads nothing back
+        model.loss(model(good), (good, targets))
+    assert counter.total == 0
+    fresh = GPT(GPTConfig(vocab_size=300, block_size=16, n_layer=1, n_head=2, n_embd=32))
+    with SyncCounter() as first:  # the check the first step does, which the counter sees
+        fresh.loss(fresh(good), (good, targets))
+    assert first.total == 2
+    unpadded = GPT(GPTConfig(vocab_size=256, block_size=16, n_layer=1, n_head=2, n_embd=32))
+    with pytest.raises(IndexError):  # no pad rows: the embedding itself refuses, as before
+        unpadded(torch.tensor([[1, 256]]))
