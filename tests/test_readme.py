@@ -301,9 +301,13 @@ def test_the_headline_figures_are_the_committed_benchmarks():
     pitch = README.read_text().split("\n## ", 1)[0]
     summary = json.loads((ROOT / "bench" / "results" / "summary.json").read_text())
     vision, language = summary["vision"], summary["language"]
+    # the level each line names: the target, or the strongest baseline's final quality where that asks for more,
+    # and the best recipe's speed-up there
+    quality = language["final_quality"]
+    level = (f"{language['target']['value']:.2f} bits per byte" if quality["is_target"]
+             else f"{quality['value']:.3f} bits per byte")
     expected = [f"{vision['speedup_vs']['baseline']:.1f}x", f"{vision['speedup_vs'][vision['strongest_baseline']]:.1f}x",
-                f"{language['speedup_vs'][language['strongest_baseline']]:.1f}x",
-                f"{vision['target']['value']:.0%}", f"{language['target']['value']:.2f} bits per byte"]
+                f"{quality['speedup_median']:.1f}x", f"{vision['target']['value']:.0%}", level]
     assert vision["best_recipe"] == language["best_recipe"] == "hot" and "`hot`" in pitch
     assert [figure for figure in expected if figure not in pitch] == []
 

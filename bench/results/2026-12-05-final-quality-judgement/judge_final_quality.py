@@ -10,13 +10,35 @@ A summary already judged is left as it is.
 """
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
-from speedkit.experiments.bench.harness import judge_summary_file
+from speedkit.experiments.bench.harness import add_final_quality
+from speedkit.experiments.report import summary_markdown
 
 ROOT = Path(__file__).resolve().parents[3]
 RESULTS = ROOT / "bench" / "results"
+
+
+def judge_summary_file(path: str | Path) -> list[str]:
+    """Judge a benchmark summary written before final quality was (its runs not kept beside it) at its baselines'
+    final quality (``add_final_quality`` without records), and rewrite it and its markdown (the ``.md`` of the
+    same name, where there is one, or summary.md). Entries already judged keep what their runs gave. Returns the
+    keys it judged; none for a file that is not a benchmark summary."""
+    path = Path(path)
+    summary = json.loads(path.read_text())
+    entries = summary.items() if isinstance(summary, dict) else ()
+    judged = [key for key, entry in entries
+              if isinstance(entry, dict) and "strongest_baseline" in entry and "final_quality" not in entry]
+    for key in judged:
+        add_final_quality(summary[key])
+    if judged:
+        path.write_text(json.dumps(summary, indent=1))
+        markdown = path.with_suffix(".md")
+        if markdown.exists() or path.name == "summary.json":
+            markdown.write_text(summary_markdown(summary))
+    return judged
 
 
 def committed_summaries() -> list[Path]:

@@ -407,28 +407,6 @@ def add_final_quality(entry: dict, by_recipe: dict[str, Sequence[RunRecord]] | N
     return entry
 
 
-def judge_summary_file(path: str | Path) -> list[str]:
-    """Judge a benchmark summary written before final quality was (its runs not kept beside it) at its baselines'
-    final quality (``add_final_quality`` without records), and rewrite it and its markdown (the ``.md`` of the
-    same name, where there is one, or summary.md). Entries already judged keep what their runs gave. Returns the
-    keys it judged; none for a file that is not a benchmark summary."""
-    from speedkit.experiments.report import summary_markdown
-
-    path = Path(path)
-    summary = json.loads(path.read_text())
-    entries = summary.items() if isinstance(summary, dict) else ()
-    judged = [key for key, entry in entries
-              if isinstance(entry, dict) and "strongest_baseline" in entry and "final_quality" not in entry]
-    for key in judged:
-        add_final_quality(summary[key])
-    if judged:
-        path.write_text(json.dumps(summary, indent=1))
-        markdown = path.with_suffix(".md")
-        if markdown.exists() or path.name == "summary.json":
-            markdown.write_text(summary_markdown(summary))
-    return judged
-
-
 def data_used(records: Sequence[RunRecord], profile: BenchProfile, data=None) -> dict:
     """What the main runs trained on: the data folder (``data_identity``: path, files, bytes, fingerprint; None
     for a built-in task's own data), and the fractions of its training and evaluation sets."""
