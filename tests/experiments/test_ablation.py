@@ -38,7 +38,7 @@ def _tune_ablations(monkeypatch, recipe) -> dict[str, tuple]:
     winner = {"key": "search:7", "recipe": recipe.to_dict()}
     monkeypatch.setattr(confirm, "summarize_confirmation", lambda config, studies: {"candidates": [winner],
                                                                                    "winner": "search:7"})
-    monkeypatch.setattr(confirm, "_confirmed", lambda config, candidates=None: {})  # none ran yet
+    monkeypatch.setattr(confirm, "_confirmed", lambda config, studies, candidates=None: {})  # none ran yet
     monkeypatch.setattr(confirm, "run_name_for", lambda config, key, seed: "full")
 
     def fake_confirm_run(config, studies, runner, role, key, seed, run_recipe, should_stop, log=print, ablation=None):

@@ -354,8 +354,8 @@ def test_a_resumed_search_counts_the_wall_clock_its_earlier_trials_spanned(tmp_p
     ran("tune-baseline", (0, 10), (0, 12))  # two workers at once
     ran("tune", (12, 30), (13, 25), (26, 40))
     # one worker confirms while the other waits: the confirmation's runs are spans of the plan, not trials
-    update_plan(optuna.load_study(study_name="tune", storage=storage),
-                measured=[[(start + timedelta(seconds=40)).timestamp(), (start + timedelta(seconds=70)).timestamp()]])
+    update_plan(optuna.load_study(study_name="tune", storage=storage), measured=[
+        {"run": "a1", "span": [(start + timedelta(seconds=40)).timestamp(), (start + timedelta(seconds=70)).timestamp()]}])
     ran("other", (100, 500))  # another study in the same storage is not this search's
     assert spent_before_s(storage_path, "tune") == pytest.approx(70)
 
@@ -931,10 +931,10 @@ def test_a_trials_run_is_the_searchs_run_request_with_its_recipe_seed_and_name()
 def test_the_confirmation_is_runs_in_the_run_folder_and_a_continued_search_runs_only_what_is_missing(tmp_path,
                                                                                                     fake_env):
     """Confirmation runs are RunRecords in the run folder, found again by their candidate: the same command run
-    again confirms from them without running any again; a run a kill cut short (no ``confirmation`` note yet) runs
-    again, and so does a run whose recipe is not the candidate's (a key names a trial, and a new study numbers its
-    trials anew), so nothing is judged on a run of another recipe."""
-    from speedkit.experiments.tune.confirm import MEASURED
+    again confirms from them without running any again; a run a kill cut short (its record there, but not yet
+    listed as measured in the search's plan) runs again, and so does a run whose recipe is not the candidate's (a
+    key names a trial, and a new study numbers its trials anew), so nothing is judged on a run of another recipe."""
+    from speedkit.experiments.tune.storage import read_plan, update_plan
     from speedkit.record.runs import RunRecord
 
     settings = TuneSettings("fashion-mnist", searched_methods=["ema", "label_smoothing"], out_dir=tmp_path,
@@ -954,8 +954,8 @@ def test_the_confirmation_is_runs_in_the_run_folder_and_a_continued_search_runs_
 
     winner = next(c for c in first.summary["confirmation"]["candidates"] if c["key"] == first.summary["confirmation"]["winner"])
     cut_short, other_recipe = (RunRecord.load(tmp_path / "runs" / name) for name in winner["runs"])
-    del cut_short.notes[MEASURED]
-    cut_short.save()
+    study = optuna.load_study(study_name="tune", storage=_storage(str(tmp_path / "study.journal")))
+    update_plan(study, measured=[run for run in read_plan(study)["measured"] if run["run"] != cut_short.run_id])
     other_recipe.config["tune"]["recipe"]["methods"] = {}
     other_recipe.save()
     third = tune(settings, **QUIET)

@@ -2,10 +2,10 @@
 
 Optuna proposes and ranks on the search's seed; what a recipe is worth is measured here, as a benchmark measures
 (``measure.measure``, interleaved by seed), and kept where a benchmark keeps its runs: each confirmation run is a
-RunRecord in the search's run folder, marked with its candidate and, once it finished as a measurement, with
-``notes["confirmation"]``. A killed or continued search runs only what is not there yet (``measure.finished_runs``,
-the benchmark's resume). What the confirmation decided (its seeds, whether the runner-up fits, the longer budgets
-it tried) is kept with the search study (``storage.read_plan``). What is confirmed and judged how is in
+RunRecord in the search's run folder, marked with its candidate and the recipe it was asked to run. A killed or
+continued search runs only what is not there yet (``measure.finished_runs``, the benchmark's resume). What the
+confirmation decided (its seeds, whether the runner-up fits, the longer budgets it tried, and which runs finished
+as measurements, by run id, with their spans) is kept with the search study (``storage.read_plan``). What is confirmed and judged how is in
 docs/guide.md ("Confirmed, within the budget").
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ from speedkit.experiments.tune.objective import USER_STOP, resolve_runner
 from speedkit.experiments.tune.search import (TuneConfig, confirm_wall_s, confirmed_baselines, recipe_from_trial,
                                               seeds_that_fit, standings, trial_context)
 from speedkit.experiments.tune.space import describe_change
-from speedkit.experiments.tune.storage import read_plan, update_plan, worker_id
+from speedkit.experiments.tune.storage import read_plan, update_plan
 from speedkit.record.runs import RunRecord, json_safe
 from speedkit.tasks.recipes import Recipe
 
@@ -30,7 +30,6 @@ BASELINE_ROLES = (("baseline", "baseline"), ("baseline as given", "baseline-as-g
 BASELINE_ROLE_NAMES = tuple(role for role, _ in BASELINE_ROLES)  # a confirmation row is a baseline's by its role
 CONFIRM_SLACK = 0.1  # how far past the budget a planned confirmation seed may run
 BUDGET_STEPS = (1.2, 1.44)  # the final budget search: a winner that missed a seed is rerun this much longer
-MEASURED = "confirmation"  # the note a confirmation run gets once it finished as a measurement (written last)
 
 
 def confirm_candidates(config: TuneConfig, studies: dict,
@@ -93,23 +92,24 @@ def _trial_wall(config: TuneConfig, studies: dict, key: str) -> float:
 
 
 # -- the runs, in the run folder ----------------------------------------------------------------------------------
-def confirmed_runs(run_dir, search_id: str) -> dict[tuple[str, int], RunRecord]:
+def confirmed_runs(run_dir, search_id: str, measured: set[str]) -> dict[tuple[str, int], RunRecord]:
     """``{(candidate key, seed): its finished confirmation run}`` of the search ``search_id``
-    (``TuneConfig.search_id``) in the run folder (``measure.finished_runs``): a run stopped, failed or cut short by
-    a kill has no ``MEASURED`` note and runs again."""
+    (``TuneConfig.search_id``) in the run folder (``measure.finished_runs``), among the runs whose ids the plan
+    lists as ``measured``: a run stopped, failed or cut short by a kill is not listed, and runs again."""
     def key(record: RunRecord) -> tuple | None:
         tune = record.config.get("tune") or {}
-        if tune.get("phase") != "confirm" or tune.get("search") != search_id or MEASURED not in record.notes:
+        if tune.get("phase") != "confirm" or tune.get("search") != search_id or record.run_id not in measured:
             return None
         return tune.get("candidate"), record.config.get("seed")
 
     return finished_runs(run_dir, key)
 
 
-def _confirmed(config: TuneConfig, candidates=None) -> dict[tuple[str, int], RunRecord]:
+def _confirmed(config: TuneConfig, studies: dict, candidates=None) -> dict[tuple[str, int], RunRecord]:
     """This search's finished confirmation runs; with ``candidates`` ({key: recipe}), only those that ran that
     recipe (a candidate's key names a trial, and a study started anew numbers its trials anew)."""
-    runs = confirmed_runs(config.settings.run.run_dir, config.search_id())
+    measured = {run["run"] for run in read_plan(studies["search"]).get("measured", [])}
+    runs = confirmed_runs(config.settings.run.run_dir, config.search_id(), measured)
     if candidates is None:
         return runs
     return {(key, seed): run for (key, seed), run in runs.items()
@@ -125,7 +125,7 @@ def run_confirmation(config: TuneConfig, studies: dict, runner=None, should_stop
     """Each candidate on the confirmation's fresh seeds, interleaved (``speedkit.experiments.measure.measure``:
     the baselines, then the others, seed by seed); a run found finished in the run folder is taken as it is."""
     candidates = {key: (role, recipe) for role, key, recipe in confirm_candidates(config, studies)}
-    done = _confirmed(config, {key: recipe for key, (_, recipe) in candidates.items()})
+    done = _confirmed(config, studies, {key: recipe for key, (_, recipe) in candidates.items()})
     runner = runner or resolve_runner(config.settings.runner)
 
     def run(key: str, seed: int) -> RunRecord | None:
@@ -145,7 +145,7 @@ def run_name_for(config: TuneConfig, key: str, seed: int) -> str:
 def _confirm_run(config: TuneConfig, studies: dict, runner, role: str, key: str, seed: int, recipe, should_stop,
                  log=print, ablation: dict | None = None) -> RunRecord | None:
     """One confirmation run, its record marked with its candidate; None where it failed or was stopped (no
-    measurement: it runs again when the search continues). The plan keeps its span, search time spent."""
+    measurement: it runs again when the search continues). The plan lists it, with its span (search time spent)."""
     context = trial_context(config, "confirm", recipe, seed, run_name_for(config, key, seed))
     context.stop_after_s = 2 * config.limit_s  # the recipe runs as shipped; this only bounds a runaway
     context.should_stop = should_stop
@@ -162,11 +162,8 @@ def _confirm_run(config: TuneConfig, studies: dict, runner, role: str, key: str,
         return None
     if context.stop_reason == USER_STOP:
         return None
-    ended = time.time()
-    record.add_note(MEASURED, {"wall_s": round(ended - started, 3), "worker": worker_id()})
-    record.save(record.path or context.record_path())
-    plan = read_plan(studies["search"])
-    update_plan(studies["search"], measured=[*plan.get("measured", []), [started, ended]])
+    measured = read_plan(studies["search"]).get("measured", [])
+    update_plan(studies["search"], measured=[*measured, {"run": record.run_id, "span": [started, time.time()]}])
     return record
 
 
@@ -212,7 +209,7 @@ def run_leave_one_out(config: TuneConfig, studies: dict, runner=None, should_sto
         return
     seed, runner = CONFIRM_SEED_START, runner or resolve_runner(config.settings.runner)
     ablated = _ablated(winner)
-    done = _confirmed(config, ablated)
+    done = _confirmed(config, studies, ablated)
 
     def run(method: str, _, marker: dict) -> None:  # its methods, each dropped
         key = f"loo:{winner['key']}:{method}"
@@ -249,7 +246,7 @@ def summarize_leave_one_out(config: TuneConfig, winner: dict | None, baseline: d
 def summarize_confirmation(config: TuneConfig, studies: dict) -> dict:
     """Per candidate: seeds reached, times, median; the winner is the confirmed fastest, not the search's luckiest."""
     candidates, seeds, rows = confirm_candidates(config, studies), confirm_seeds(config, studies), []
-    runs = _confirmed(config, {key: recipe for _, key, recipe in candidates})
+    runs = _confirmed(config, studies, {key: recipe for _, key, recipe in candidates})
     for role, key, recipe in candidates:
         found = [runs.get((key, seed)) for seed in seeds]
         times = [None if r is None else r.time_to(config.metric, config.target) for r in found]
@@ -264,12 +261,12 @@ def summarize_confirmation(config: TuneConfig, studies: dict) -> dict:
     winner, baseline = (next((r for r in rows if r["key"] == judged[role]), None) for role in ("winner", "baseline"))
     return {"seeds": seeds, "candidates": rows, **judged,
             "leave_one_out": summarize_leave_one_out(config, winner, baseline,
-                                                     _confirmed(config, _ablated(winner)) if winner else {})}
+                                                     _confirmed(config, studies, _ablated(winner)) if winner else {})}
 
 
 def confirmation_walls(studies: dict) -> list[float]:
     """Each finished confirmation run's wall time, set-up included: what the report's time table counts."""
-    return [end - start for start, end in read_plan(studies["search"]).get("measured", [])]
+    return [end - start for start, end in (run["span"] for run in read_plan(studies["search"]).get("measured", []))]
 
 
 def _measured(rows: list[dict]) -> Measurement:

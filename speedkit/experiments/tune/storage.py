@@ -110,7 +110,7 @@ def finished_trials(study, states=("COMPLETE", "PRUNED")) -> list:
 
 def spent_before_s(storage_text: str, study_name: str) -> float:
     """Search time earlier calls used: the wall clock their finished trials and confirmation runs (the plan's
-    ``measured``: (start, end) of each) spanned. Trials that ran at once on several workers count once, and a
+    ``measured``: each run's (start, end) span) spanned. Trials that ran at once on several workers count once, and a
     confirmation run while the other workers waited counts in full (dividing the trials' summed time by the
     workers undercounted a two-worker search's time)."""
     optuna = optuna_module()
@@ -121,7 +121,7 @@ def spent_before_s(storage_text: str, study_name: str) -> float:
         if name not in names:
             continue
         study = optuna.load_study(study_name=name, storage=storage)
-        spans += [tuple(span) for span in read_plan(study).get("measured", [])]
+        spans += [tuple(run["span"]) for run in read_plan(study).get("measured", [])]
         for trial in study.get_trials(deepcopy=False):
             if trial.datetime_start and trial.datetime_complete:
                 spans.append((trial.datetime_start.timestamp(), trial.datetime_complete.timestamp()))
