@@ -208,8 +208,7 @@ def build_config(settings: TuneSettings, out: Path, log=print) -> TuneConfig:
         spaces={"baseline": baseline.to_dict(), "search": search.to_dict()},
         budget_s=budget_s,
         limit_s=parse_budget(s.trial_limit, "trial_limit") if s.trial_limit is not None else budget_s / 5,
-        started_at=time.time(), left_out=left_out,
-        spent_before_s=spent_before_s(storage, s.study_name),
+        started_at=time.time(), spent_before_s=spent_before_s(storage, s.study_name), left_out=left_out,
         task_source=task_source, move_prior=reference_leave_one_out(spec.domain))
 
 

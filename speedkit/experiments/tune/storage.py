@@ -1,6 +1,7 @@
-"""Where a search lives: Optuna storages (a journal file or a database) for what it proposes and measured on the
-search's seed, and the confirmation's plan (its runs are RunRecords in the run folder), and the bookkeeping of processes that work on one study (which worker holds a trial, trials a dead worker
-left behind, how much search time earlier runs used).
+"""Where a search lives: Optuna storages (a journal file or a database) holding what it proposed and measured on
+its own seed and the confirmation's plan (the confirmation's runs are RunRecords in the run folder), and the
+bookkeeping of processes that work on one study (which worker holds a trial, trials a dead worker left behind, how
+much search time earlier runs used).
 """
 from __future__ import annotations
 
@@ -207,9 +208,10 @@ PLAN = "confirmation_plan"  # the search study's user attribute holding it
 
 
 def read_plan(search_study) -> dict:
-    """What the confirmation decided (``confirm.plan_confirmation``, the final budget search) and the limits the
-    search was closed at (``search.answer_decided``): ``{}`` before any process decided. It lives with the search
-    study, so a new study (another name, a deleted storage) starts with none."""
+    """What the confirmation decided (``confirm.plan_confirmation``, the final budget search), which of its runs
+    finished as measurements (``measured``: run id and span), and the limits the search was closed at
+    (``search.answer_decided``): ``{}`` before any process decided. It lives with the search study, so a new study
+    (another name, a deleted storage) starts with none."""
     return dict(search_study.user_attrs.get(PLAN, {}))
 
 
