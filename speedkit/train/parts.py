@@ -15,7 +15,6 @@ from speedkit.core import Callback, Interval, Time
 from speedkit.core.batch import batch_targets, output_logits, output_loss
 from speedkit.core.devices import cpu_bf16_speedup
 from speedkit.core.seeding import seed_everything
-from speedkit.models.gpt import GPT
 from speedkit.optim import Schedule, apply_schedule, get_schedule
 from speedkit.optim.follow import TORCH_SCHEDULERS, FollowSchedule, follow_user_schedule
 from speedkit.record.loggers import ConsoleLogger, Logger, RecordDestination, logger_from_name
@@ -246,11 +245,10 @@ def describe_run(state, *, precision: str, eval_interval, microbatch_size, grad_
 
 
 def parameter_count(model: torch.nn.Module) -> int:
-    """The model's parameters, a GPT's without its vocabulary's pad rows (``GPT.num_params``): a run recorded
-    before the GPT padded its rows names the same model and resumes."""
-    if isinstance(model, GPT):
-        return model.num_params()
-    return sum(p.numel() for p in model.parameters())
+    """The model's parameters as it counts them itself where it does (``GPT.num_params`` leaves out its
+    vocabulary's pad rows, so a run recorded before the GPT padded its rows names the same model and resumes)."""
+    own = getattr(model, "num_params", None)
+    return own() if callable(own) else sum(p.numel() for p in model.parameters())
 
 
 def auto_precision_evidence(precision: str, device) -> dict:

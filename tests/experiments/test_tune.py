@@ -924,8 +924,7 @@ def test_a_trials_run_is_the_searchs_run_request_with_its_recipe_seed_and_name()
     assert request == settings.run.replace(recipe=recipe, seed=3, run_name="tune-search-t7", target=0.9,
                                            stop_at_target=True, save_checkpoints=False, overwrite=True,
                                            progress_bar=False, extra_config=request.extra_config)
-    assert request.extra_config["tune"] == {"study": "tune", "search": config.search_id(), "phase": "search",
-                                            "trial": None, "target": 0.9}
+    assert request.extra_config["tune"] == {"study": "tune", "phase": "search", "trial": None, "target": 0.9}
 
 
 def test_the_confirmation_is_runs_in_the_run_folder_and_a_continued_search_runs_only_what_is_missing(tmp_path,

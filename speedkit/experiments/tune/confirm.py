@@ -92,13 +92,13 @@ def _trial_wall(config: TuneConfig, studies: dict, key: str) -> float:
 
 
 # -- the runs, in the run folder ----------------------------------------------------------------------------------
-def confirmed_runs(run_dir, search_id: str, measured: set[str]) -> dict[tuple[str, int], RunRecord]:
-    """``{(candidate key, seed): its finished confirmation run}`` of the search ``search_id``
-    (``TuneConfig.search_id``) in the run folder (``measure.finished_runs``), among the runs whose ids the plan
-    lists as ``measured``: a run stopped, failed or cut short by a kill is not listed, and runs again."""
+def confirmed_runs(run_dir, measured: set[str]) -> dict[tuple[str, int], RunRecord]:
+    """``{(candidate key, seed): its finished confirmation run}`` in the run folder (``measure.finished_runs``),
+    among the runs whose ids the search's plan lists as ``measured``: those are this search's, and a run stopped,
+    failed or cut short by a kill is not listed, so it runs again."""
     def key(record: RunRecord) -> tuple | None:
         tune = record.config.get("tune") or {}
-        if tune.get("phase") != "confirm" or tune.get("search") != search_id or record.run_id not in measured:
+        if tune.get("phase") != "confirm" or record.run_id not in measured:
             return None
         return tune.get("candidate"), record.config.get("seed")
 
@@ -109,7 +109,7 @@ def _confirmed(config: TuneConfig, studies: dict, candidates=None) -> dict[tuple
     """This search's finished confirmation runs; with ``candidates`` ({key: recipe}), only those that ran that
     recipe (a candidate's key names a trial, and a study started anew numbers its trials anew)."""
     measured = {run["run"] for run in read_plan(studies["search"]).get("measured", [])}
-    runs = confirmed_runs(config.settings.run.run_dir, config.search_id(), measured)
+    runs = confirmed_runs(config.settings.run.run_dir, measured)
     if candidates is None:
         return runs
     return {(key, seed): run for (key, seed), run in runs.items()

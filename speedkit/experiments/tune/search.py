@@ -7,7 +7,6 @@ ranks on the search's seed there, and the confirmation on fresh seeds is measure
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import math
 import os
@@ -241,18 +240,6 @@ class TuneConfig:
     def study(self, phase: str) -> str:
         return self.settings.study_name if phase == "search" else f"{self.settings.study_name}-{phase}"
 
-    def identity(self) -> dict:
-        """What makes two calls one search (``check_same_search``), as JSON stores it (tuples become lists)."""
-        return json.loads(json.dumps({
-            "task": self.settings.run.task, "metric": self.metric, "target": self.target, "base": self.base,
-            "spaces": self.spaces, "settings": self.run_settings(), "limit_s": self.limit_s}))
-
-    def search_id(self) -> str:
-        """A short digest of ``identity`` and the study: every run of the search carries it, so that the
-        confirmation takes from the run folder only runs of this search (``confirm.confirmed_runs``)."""
-        identity = {**self.identity(), "study": self.settings.study_name, "storage": self.settings.storage}
-        return hashlib.sha1(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:12]
-
     def run_settings(self) -> dict:
         """The RunRequest fields every run of the search shares, as summary.json records them."""
         return {name: getattr(self.settings.run, name) for name in RUN_FIELDS}
@@ -262,9 +249,8 @@ class TuneConfig:
         name alone (``rebuild_task`` made it known in this process from its data and options)."""
         return self.settings.run.replace(
             data=None, task_options=None, recipe=recipe, seed=seed, run_name=run_name,
-            extra_config={"seed": seed, "tune": {"study": self.settings.study_name, "search": self.search_id(),
-                                                 "phase": phase, "trial": trial.number if trial else None,
-                                                 "target": self.target}})
+            extra_config={"seed": seed, "tune": {"study": self.settings.study_name, "phase": phase,
+                                                 "trial": trial.number if trial else None, "target": self.target}})
 
     def max_trials(self) -> dict:
         """phase -> most trials it starts (None: until the time is used)."""
@@ -679,7 +665,9 @@ def start_workers(config_path: Path, n_extra: int) -> list[subprocess.Popen]:
 
 def check_same_search(config: TuneConfig, study) -> None:
     """Refuse to continue a study that was started with other settings (its times would not compare)."""
-    identity = config.identity()
+    identity = {"task": config.settings.run.task, "metric": config.metric, "target": config.target, "base": config.base,
+                "spaces": config.spaces, "settings": config.run_settings(), "limit_s": config.limit_s}
+    identity = json.loads(json.dumps(identity))  # as stored: tuples become lists
     stored = study.user_attrs.get("identity")
     if stored is None:
         study.set_user_attr("identity", identity)
