@@ -6,7 +6,7 @@ search or confirmation ran, interleaved seed by seed; each one's speed-up over a
         --run "plain-bf16: --recipe plain-bf16 --eval-interval 0.25ep" \
         --run "tuned baseline: --recipe runs/tune/baseline.yaml" \
         --run "tune pick: --recipe runs/tune/recipe.yaml" \
-        --baseline "tuned baseline" --out bench/results/tune/NAME/fresh_seeds.json
+        --baseline "tuned baseline" --out bench/results/2026-11-30-recipe-searches/NAME/fresh_seeds.json
 
 A baseline evaluates as finely as the search timed it (a time to target is read at an evaluation, so a
 coarser cadence would round the baseline's time up). Time on a quiet machine only.

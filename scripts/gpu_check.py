@@ -6,9 +6,9 @@
     python scripts/gpu_check.py throughput --device cpu --tiny    # the same parts at tiny scale (CI runs this)
 
 Each check is a list of named parts run top to bottom; ``next`` also runs, on the same code, the parts an earlier
-lease's time budget left out. After each part the check rewrites ``CHECK.json`` and
-``CHECK.md`` in its results folder (``bench/results/gpu-<device>-<date>/``; under ``$OUT`` when the device tool
-runs it, whose files come back to this machine), so a check stopped at its limit keeps what it finished. A part
+lease's time budget left out. After each part the check rewrites ``CHECK.json`` and ``CHECK.md`` in its results
+folder (``bench/results/<date>-gpu-<device>/``, a study folder; under ``$OUT`` when the device tool runs it,
+whose files come back to this machine), so a check stopped at its limit keeps what it finished. A part
 that fails is reported with its error and the others still run; a part that does not fit the check's time
 budget, or cannot be prepared, is skipped with its reason. Every result carries the code it ran on (the git
 commit where there is one, and a hash of speedkit's source and these scripts, which travel without git).
@@ -104,14 +104,14 @@ def device_slug(device: str) -> str:
 
 
 def results_folder(out: str | None, device: str, check: str) -> Path:
-    """``out``, else ``gpu-<device>-<date>/`` under ``$OUT`` (the device tool's folder that comes back) or under
-    ``bench/results/``, with ``-2``, ``-3``, ... where that folder holds this check already (a second lease that
-    day goes on with the parts the first left out)."""
+    """``out``, else ``<date>-gpu-<device>/`` (a dated study folder) under ``$OUT`` (the device tool's folder that
+    comes back) or under ``bench/results/``, with ``-2``, ``-3``, ... where that folder holds this check already
+    (a second lease that day goes on with the parts the first left out)."""
     if out:
         return Path(out)
     committed = ROOT / "bench" / "results"
     root = Path(os.environ["OUT"]) if os.environ.get("OUT") else committed
-    name = f"gpu-{device_slug(device)}-{datetime.date.today().isoformat()}"
+    name = f"{datetime.date.today().isoformat()}-gpu-{device_slug(device)}"
     candidates = (name if number == 1 else f"{name}-{number}" for number in range(1, 1000))
     return root / next(c for c in candidates if not any((base / c / f"{check}.json").exists()
                                                          for base in (root, committed)))

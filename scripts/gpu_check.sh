@@ -8,7 +8,7 @@
 #   scripts/gpu_check.sh throughput|time-to-target [--out DIR] [--only PART,...]
 #
 # On the device machine it installs the carried wheels into /tmp/speedkit-site and points speedkit at the carried
-# data before it runs the check; results go under $OUT/gpu-<device>-<date>/ there (bench/results/... elsewhere).
+# data before it runs the check; results go under $OUT/<date>-gpu-<device>/ there (bench/results/... elsewhere).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CARRY=.gpu-carry

@@ -2,7 +2,7 @@
 
 - README.md: the headline, the benchmark results (bench/results/summary.json), the held-out sets and the seed's
   rehearsals (the study folders in HELDOUT_SETS and REHEARSALS), speedkit in other trainers (HOSTS) and the
-  searches' picks on fresh seeds (bench/results/tune/*/fresh_seeds*.json).
+  searches' picks on fresh seeds (the fresh_seeds*.json of the searches in SEARCHES).
 - docs/guide.md: the methods table (from the cards) and the recipes table (from the presets).
 - bench/results/INDEX.md: the studies, from their folders.
 - speedkit/tasks/presets/reached.json: what each preset reached (summary.json and bench/results/fresh_seeds.json).
@@ -64,16 +64,19 @@ HOSTS = {
                                            "Fashion-MNIST as Lightning's docs write it, against `hot`'s methods, "
                                            "budget and alternating flips"),
 }
-# `speedkit tune`'s picks run again on seeds the search never saw (scripts/fresh_seeds.py). Per seed, a pick is
-# compared with the fastest of `against` on that seed.
+# `speedkit tune`'s picks run again on seeds the search never saw (scripts/fresh_seeds.py), each search's folder
+# under bench/results. Per seed, a pick is compared with the fastest of `against` on that seed.
 SEARCHES = [
-    {"data": "fashion-mnist", "folder": "fashion-mnist-two-baselines", "files": ["fresh_seeds.json"],
+    {"data": "fashion-mnist", "folder": "2026-11-30-recipe-searches/fashion-mnist-two-baselines",
+     "files": ["fresh_seeds.json"],
      "against": {"plain-bf16": "`plain-bf16`"},
      "arms": {"tune pick": "the search's pick", "hot, timed finely": "`hot`, evaluated as often"}},
-    {"data": "glyphs", "folder": "heldout-glyphs-faster-muon", "files": ["fresh_seeds.json", "fresh_seeds_10-12.json"],
+    {"data": "glyphs", "folder": "2026-11-30-recipe-searches/heldout-glyphs-faster-muon",
+     "files": ["fresh_seeds.json", "fresh_seeds_10-12.json"],
      "against": {"plain-bf16": "`plain-bf16`", "tuned baseline (v3 search)": "a tuned `plain-bf16`"},
      "arms": {"v3 pick": "one search's pick", "v4 pick": "another search's pick"}},
-    {"data": "perldoc", "folder": "heldout-perldoc-plain-bf16", "files": ["fresh_seeds.json"],
+    {"data": "perldoc", "folder": "2026-11-30-recipe-searches/heldout-perldoc-plain-bf16",
+     "files": ["fresh_seeds.json"],
      "against": {"plain-bf16": "`plain-bf16`"},
      "arms": {"tune pick": "the search's pick", "hot": "`hot`, rebuilt"}},
 ]
@@ -119,7 +122,9 @@ def headline() -> str:
             line = f"- {task} to {target}, at or beyond `{strongest}`'s final quality: `{best}` is "
             if weakest != strongest:
                 ratio = entry["recipes"][best]["speedup_median_vs"][weakest]
-                line += f"**{ratio:.1f}x** sooner than a hand-written `{weakest}`, "
+                reached = entry["baselines"][weakest]["reached"]
+                short = f" (which reached it in {reached} of {n} seeds: the ratio is of those)" if reached < n else ""
+                line += f"**{ratio:.1f}x** sooner than a hand-written `{weakest}`{short}, "
             lines.append(line + f"**{fq['speedup_median']:.1f}x** sooner than `{strongest}`, the strongest.")
         elif best is not None:
             lines.append(f"- {task} to `{strongest}`'s final quality, {_level_text(metric, fq['value'])}: `{best}` is "
@@ -417,7 +422,7 @@ def search_results() -> str:
     rows = ["| data | against (per seed, the faster) | fresh seeds | speed-up on them | files |", "|---" * 5 + "|"]
     budgets, machines = set(), set()
     for search in SEARCHES:
-        where = f"bench/results/tune/{search['folder']}"
+        where = f"bench/results/{search['folder']}"
         files = [json.loads((ROOT / where / f).read_text()) for f in search["files"]]
         seeds = [s for f in files for s in f["seeds"]]
         budgets.add(json.loads((ROOT / where / "summary.json").read_text())["budget_s"])
@@ -449,9 +454,9 @@ def reached_json() -> str:
     return json.dumps(figures, indent=1) + "\n"
 
 
-# bench/results/INDEX.md: one row per study folder (DATE-NAME/, its README.md's title and its files), the searches
-# (tune/) and the GPU checks (gpu-*/, their paragraphs in bench/README.md), and these files, which are no one study:
-# what speedkit and the README read. Anything else at the top of bench/results stops `make readme`.
+# bench/results/INDEX.md: one row per study folder (DATE-NAME/, its README.md's title and its files; the searches
+# and the GPU checks are studies too), and these files, which are no one study: what speedkit and the README read.
+# Anything else at the top of bench/results stops `make readme`.
 STANDING = {
     "summary.json": "the headline benchmark, merged across tasks (`speedkit bench` writes it): the README's headline, "
                     "results table and figure, and the presets' `reached.json`",
@@ -459,8 +464,6 @@ STANDING = {
     "time_to_target.png": "the README's figure (`scripts/draw_results_figure.py`)",
     "fresh_seeds.json": "the headline's presets run again on fresh seeds (`scripts/fresh_seeds.py`), read into "
                         "`reached.json`",
-    "design_notes.json": "timings behind design choices once written in code comments or method cards",
-    "alibi_step.json": "ALiBi's bias against SDPA's kernels (bench/README.md, \"The first GPU run\")",
 }
 NOT_RESULTS = ("INDEX.md", "plotly.min.js", "__pycache__")  # the index itself, and what a report leaves untracked
 STUDY = re.compile(r"\d{4}-\d{2}-\d{2}-[a-z0-9][a-z0-9.-]*")
@@ -489,13 +492,6 @@ def results_index(results: Path = RESULTS) -> str:
             continue
         if entry.is_dir() and STUDY.fullmatch(name):
             studies.append(f"| {name[:10]} | [{_title(entry / 'README.md')}]({name}/README.md) | {_listed(entry)} |")
-        elif name == "tune":
-            others.append(f"| [tune/](tune/README.md) | {_title(entry / 'README.md')}: one folder per search, "
-                          f"{_listed(entry)} |")
-        elif entry.is_dir() and name.startswith("gpu-"):
-            others.append(f"| [{name}/]({name}/) | a GPU check's files ([bench/README.md](../README.md"
-                          f"#on-a-gpu-the-two-prepared-checks) says what each part is and what it found): "
-                          f"{_listed(entry)} |")
         elif name in STANDING:
             others.append(f"| [{name}]({name}) | {STANDING[name]} |")
         else:

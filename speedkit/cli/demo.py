@@ -10,8 +10,8 @@ The demo's target is lower than the benchmark's (0.80 in ``params/demo`` against
 the budget it was benchmarked with (the schedule follows it), stopping at the target. Its ratio is therefore
 printed beside the committed benchmark's figure for the full target, each named, so one is not taken for the
 other; the demo's last lines set it beside the committed benchmark's ratio at the demo's own target where the
-committed summary timed that level, and otherwise say plainly that the two targets differ. On a busy machine
-one pair says little, so the demo runs up to ``repeats`` pairs interleaved
+committed summary timed that level or kept its runs' curves, and otherwise say plainly that the two targets
+differ. On a busy machine one pair says little, so the demo runs up to ``repeats`` pairs interleaved
 (baseline, preset, baseline, ...) and reports the median ratio with its spread. The number of pairs follows
 the machine: with ``time_budget_s`` (180 in ``params/demo``) another pair starts only while the pairs so far
 say it fits, so a slow CPU runs one pair in about three minutes of training and a fast one three. It says when
@@ -98,8 +98,9 @@ def run_demo(root: str | Path | None = None, out: str | Path = "runs/demo", over
 
 def committed_at_target(root: Path, pairs: dict, target: float, task: str = "fashion-mnist") -> str:
     """The committed benchmark's ratio for the demo's recipe against the hand-written baseline at the demo's own
-    target, paired by seed from its recorded times to that level, where it recorded them; otherwise a line saying
-    plainly that its figure is at another target (and at which final quality), so one is not read as the other."""
+    target, paired by seed from its recorded times to that level or from its runs' curves, where it has either;
+    otherwise a line saying plainly that its figure is at another target (and at which final quality), so one is
+    not read as the other."""
     from speedkit.experiments.compare import median_or_none, paired_speedups
     from speedkit.ui.notebook_helpers import SUMMARY, TASK_KINDS
 
@@ -109,13 +110,15 @@ def committed_at_target(root: Path, pairs: dict, target: float, task: str = "fas
     if entry is None or recipe not in entry.get("recipes", {}) or "baseline" not in entry.get("baselines", {}):
         return f"the committed benchmark ({path}) has no {task} run of {recipe} beside the baseline to set beside this"
     metric, key = entry["target"]["metric"], f"{target:g}"
-    recipe_times, baseline_times = (entry["recipes"][recipe]["time_to"].get(key),
-                                    entry["baselines"]["baseline"]["time_to"].get(key))
+    recipe_times, baseline_times = (_times_to(entry["recipes"][recipe], key, target, metric),
+                                    _times_to(entry["baselines"]["baseline"], key, target, metric))
     if recipe_times is not None and baseline_times is not None:
-        ratio = median_or_none(paired_speedups(baseline_times, recipe_times))
-        shown = "never reached there" if ratio is None else f"{ratio:.2f}x sooner"
+        ratios = [r for r in paired_speedups(baseline_times, recipe_times) if r is not None]
+        shown = "never reached there" if not ratios else f"{median_or_none(ratios):.2f}x sooner"
+        seeds = len(entry["seeds"])
+        pairs = f"{seeds}" if len(ratios) == seeds else f"the {len(ratios)} of {seeds}"
         return (f"committed benchmark at this demo's target, {metric} {key}: {recipe} {shown} than baseline "
-                f"(median of {len(entry['seeds'])} paired seeds; {path})")
+                f"(median of {pairs} paired seeds where both reached it; {path})")
     timed = ", ".join(sorted(entry["baselines"]["baseline"]["time_to"]))
     full = entry["recipes"][recipe]["speedup_median_vs"]["baseline"]
     fq = entry.get("final_quality") or {}
@@ -124,6 +127,16 @@ def committed_at_target(root: Path, pairs: dict, target: float, task: str = "fas
     return (f"the committed benchmark's {recipe} is {full:.2f}x sooner than baseline to {metric} "
             f"{entry['target']['value']:g}{level}: a different target from this demo's {key} (its records time "
             f"{timed} only), so the two ratios are not the same measurement ({path})")
+
+
+def _times_to(runs: dict, key: str, target: float, metric: str) -> list | None:
+    """A committed entry's times to ``target``, seed by seed: those it timed, else read from the runs' curves
+    (which summaries keep since 2026-12-05); None where it has neither."""
+    from speedkit.experiments.compare import curve_time_to
+
+    if key in runs["time_to"]:
+        return runs["time_to"][key]
+    return [curve_time_to(curve, target, metric) for curve in runs["curve"]] if "curve" in runs else None
 
 
 def default_params() -> str:

@@ -127,6 +127,16 @@ def output_logits(outputs):
     return outputs if isinstance(outputs, torch.Tensor) else getattr(outputs, "logits", outputs)
 
 
+def output_classes(model, logits: torch.Tensor) -> int:
+    """How many of the logits' last columns are classes: all of them, unless the model names fewer in its
+    ``output_classes`` (a GPT whose vocabulary is padded to a multiple of 64 for its matmuls: the pad columns are
+    no class, so a target must give them no probability). Asked of the module inside a DDP wrapper; a compiled
+    model answers for its original."""
+    inner = model.module if type(model).__name__ == "DistributedDataParallel" else model
+    named = getattr(inner, "output_classes", None)
+    return logits.shape[-1] if named is None else min(int(named), logits.shape[-1])
+
+
 def output_loss(outputs) -> torch.Tensor | None:
     """The loss a model computed itself (Hugging Face outputs' ``.loss``), or None."""
     return None if isinstance(outputs, torch.Tensor) else getattr(outputs, "loss", None)

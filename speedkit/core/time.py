@@ -193,6 +193,17 @@ class Time:
         return cls(d["value"], TimeUnit(d["unit"]))
 
 
+def scaled_duration(duration: "TimeLike", scale: float, whole: bool = False) -> str:
+    """The budget ``duration`` times ``scale``, in its own unit: at least one whole batch, sample or token, and a
+    fraction of an epoch or of wall clock to three significant digits (a budget, not a float's rounding error);
+    ``whole`` keeps epochs whole too (a rehearsal of a budget published in whole epochs). The one way a budget is
+    scaled: a bench profile's ``duration_scale``, a trial's, a winner's longer budgets, a seed task's rehearsal."""
+    time = Time.from_input(duration) * scale
+    if isinstance(time.value, int) or (whole and time.unit is TimeUnit.EPOCH):
+        return str(Time(max(1, int(round(time.value))), time.unit))
+    return str(Time(float(f"{time.value:.3g}"), time.unit))
+
+
 @dataclasses.dataclass(frozen=True)
 class Timestamp:
     """Where training is now, in every unit. Immutable: the trainer replaces it as it advances."""

@@ -102,6 +102,13 @@ def time_to_level(record: RunRecord, level: float, metric: str | None = None,
     return next((row.get("wall_s") for row in record.evals if at_or_beyond(row.get(metric), level, metric)), None)
 
 
+def curve_time_to(curve: Sequence | None, level: float, metric: str) -> float | None:
+    """Training seconds until a summary's ``curve`` of one run (its evaluations as ``[wall_s, value]``) first
+    reached ``level``; None where it never got there or there is no curve. A summary read back without its runs
+    times any level this way."""
+    return next((t for t, v in curve or () if at_or_beyond(v, level, metric)), None)
+
+
 def speedup(baseline_time: float | None, run_time: float | None) -> float | None:
     """baseline / run, or None where either never reached the target."""
     if baseline_time is None or run_time is None or run_time <= 0:

@@ -5,8 +5,7 @@ machine hit both sides alike and each seed's pair ran side by side, and returns 
 ``ratios`` are baseline time / recipe time seed by seed (``compare.paired_speedups``). The benchmark's main runs,
 the search's confirmation, the demo and the notebooks all measure through it; what differs is only ``run``
 (how one recipe is trained on one seed). ``shortest_budget`` is the one budget search (the benchmark's
-``--find-budgets`` and the search's longer budgets for a winner that missed a seed); ``scaled_duration`` is the
-one way a budget is scaled (a bench profile's ``duration_scale``, a trial's, a winner's longer budgets).
+``--find-budgets`` and the search's longer budgets for a winner that missed a seed).
 ``finished_runs`` is the one resume: the measured runs found finished in a run folder, by what they are runs of
 (the benchmark's ``--reuse`` and ``--only``, the search's confirmation continued after a kill or with more budget).
 """
@@ -141,15 +140,6 @@ def shortest_budget(all_reach: Callable[[int], bool], start: int, most: int, dow
             best -= 1
         return best
     return next((steps for steps in range(start + 1, most + 1) if all_reach(steps)), None)
-
-
-def scaled_duration(duration: str, scale: float) -> str:
-    """The budget ``duration`` times ``scale``, in its own unit: at least one whole batch, sample or token, and a
-    fraction of an epoch or of wall clock to three significant digits (a budget, not a float's rounding error)."""
-    time = Time.from_string(duration) * scale
-    if isinstance(time.value, int):
-        return str(Time(max(1, time.value), time.unit))
-    return str(Time(float(f"{time.value:.3g}"), time.unit))
 
 
 def budget_scale(recipe, base) -> float | None:

@@ -4,10 +4,10 @@ Every ``update_interval`` batches the average moves towards the current weights,
 ``ema = smoothing * ema + (1 - smoothing) * weights``. Floating-point buffers (BatchNorm running
 statistics) are averaged the same way, so the averaged weights are evaluated with statistics that match
 them; integer buffers (batch counters) are copied. Copying the live statistics instead ruins the average
-on short runs (bench/results/design_notes.json, ema). The average is what evaluation sees (swapped in at EVAL_START, swapped back at
-EVAL_END) and, with ``final_weights="ema"``, what the model holds after training. The averaged
-weights sit in a flatter, lower-loss region than the noisy last iterate, so the same accuracy comes
-sooner (Composer EMA; hlb-CIFAR10 uses it).
+on short runs (bench/results/2026-12-03-design-notes/design_notes.json, ema). The average is what evaluation
+sees (swapped in at EVAL_START, swapped back at EVAL_END) and, with ``final_weights="ema"``, what the model
+holds after training. The averaged weights sit in a flatter, lower-loss region than the noisy last iterate, so
+the same accuracy comes sooner (Composer EMA; hlb-CIFAR10 uses it).
 
 ``half_life`` says how fast the average forgets: after ``half_life`` of training an old weight's
 share has halved. ``smoothing = 0.5 ** (update_interval / half_life_in_batches)``. The default is a tenth of

@@ -3,18 +3,25 @@ from __future__ import annotations
 
 import torch
 
-from speedkit.core.batch import output_logits, require_tuple_batch, with_targets
+from speedkit.core.batch import output_classes, output_logits, require_tuple_batch, with_targets
 from speedkit.core.event import Event
 from speedkit.core.method import HParam, Method, MethodCard
 from speedkit.methods._mixing import one_hot
 
 
-def smooth_labels(targets: torch.Tensor, num_classes: int, smoothing: float = 0.1) -> torch.Tensor:
-    """Dense smoothed labels from index labels [N] or from dense labels [N, C] (e.g. after mixup)."""
+def smooth_labels(targets: torch.Tensor, num_classes: int, smoothing: float = 0.1,
+                  classes: int | None = None) -> torch.Tensor:
+    """Dense smoothed labels from index labels [N] or from dense labels [N, C] (e.g. after mixup), ``num_classes``
+    wide. ``classes``: how many of those columns are classes where fewer (a padded vocabulary's pad columns get
+    no probability: the smoothing is spread over the real classes alone)."""
     if not 0.0 <= smoothing < 1.0:
         raise ValueError(f"smoothing must be in [0, 1), got {smoothing}")
     dense = targets.float() if targets.is_floating_point() else one_hot(targets, num_classes)
-    return dense * (1.0 - smoothing) + smoothing / num_classes
+    if classes is None or classes == num_classes:
+        return dense * (1.0 - smoothing) + smoothing / num_classes
+    smoothed = dense * (1.0 - smoothing)
+    smoothed[..., :classes] += smoothing / classes
+    return smoothed
 
 
 class LabelSmoothing(Method):
@@ -42,7 +49,9 @@ class LabelSmoothing(Method):
                                 "the model, whose own loss takes class indices")
             targets = state.batch_targets()
             self._original_targets = targets
-            smoothed = smooth_labels(targets, output_logits(state.outputs).shape[-1], self.params["smoothing"])
+            logits = output_logits(state.outputs)
+            smoothed = smooth_labels(targets, logits.shape[-1], self.params["smoothing"],
+                                     output_classes(state.model, logits))
             state.batch = with_targets(state.batch, smoothed)
         elif self._original_targets is not None:
             state.batch = with_targets(state.batch, self._original_targets)

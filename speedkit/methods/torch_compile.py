@@ -72,7 +72,8 @@ class TorchCompile(Method):
         runs_after=("patch_whitening",),
         effect="fused kernels and, on CUDA, fewer launches: PyTorch 2 reports about 1.4x training speed-up on an A100 "
                "across its benchmark suites; small on a CPU, after a compile that the first batch pays",
-        source="PyTorch 2 (Ansel et al. 2024); measured here: bench/results/design_notes.json (torch_compile)",
+        source="PyTorch 2 (Ansel et al. 2024); measured here: "
+               "bench/results/2026-12-03-design-notes/design_notes.json (torch_compile)",
     )
 
     def __init__(self, mode: str = "default", dynamic: bool | None = None, fullgraph: bool = False):

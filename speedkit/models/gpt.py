@@ -279,6 +279,12 @@ class GPT(nn.Module):
             logits[..., self.config.vocab_size:] = torch.finfo(logits.dtype).min
         return logits
 
+    @property
+    def output_classes(self) -> int:
+        """The logits' real classes, the vocabulary; the pad columns after them are none
+        (``speedkit.core.batch.output_classes``: label smoothing spreads its mass over these alone)."""
+        return self.config.vocab_size
+
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         """A checkpoint whose embedding has another row count that still covers the vocabulary (one saved before
         the padding, with vocab_size rows, or one padded to another multiple) loads as it is: the model takes the

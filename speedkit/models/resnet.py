@@ -153,7 +153,7 @@ def resnet8(num_classes=10, in_channels=1, width=16):
     Why every stage is strided: on a CPU the cost of a small net is mostly memory traffic at full
     resolution, not FLOPs. Moving the first stage from 28x28 to 14x14 let it be twice as wide for about
     the same step time, with 4x the parameters, and it trained to higher accuracy in the same epochs.
-    The measurements behind the choice: bench/results/design_notes.json (resnet8).
+    The measurements behind the choice: bench/results/2026-12-03-design-notes/design_notes.json (resnet8).
     """
     return SmallResNet([2 * width, 4 * width, 8 * width], [1, 1, 1], num_classes, in_channels,
                        stem_width=width, strides=[2, 2, 2])
@@ -161,7 +161,7 @@ def resnet8(num_classes=10, in_channels=1, width=16):
 
 def resnet9(num_classes=10, in_channels=1, width=16):
     """DAWNBench-style ResNet-9 for 28x28 input, widths w, 2w, 4w, 8w (see ResNet9). Slower per step
-    than resnet8 but more accurate per epoch (bench/results/design_notes.json, resnet9)."""
+    than resnet8 but more accurate per epoch (bench/results/2026-12-03-design-notes/design_notes.json, resnet9)."""
     return ResNet9(num_classes, in_channels, width)
 
 

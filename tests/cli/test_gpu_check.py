@@ -194,7 +194,7 @@ def test_a_check_stopped_at_its_limit_says_which_parts_it_did_not_reach(gpu_chec
 def test_on_the_device_machine_results_land_under_OUT(gpu_check, tmp_path, monkeypatch):
     monkeypatch.setenv("OUT", str(tmp_path))
     folder = gpu_check.results_folder(None, "cpu", "throughput")
-    assert folder.parent == tmp_path and folder.name.startswith("gpu-cpu-")
+    assert folder.parent == tmp_path and folder.name.endswith("-gpu-cpu")  # a dated study folder
     folder.mkdir()
     (folder / "throughput.json").write_text("{}")  # a second lease that day gets a folder of its own
     assert gpu_check.results_folder(None, "cpu", "throughput") == tmp_path / f"{folder.name}-2"

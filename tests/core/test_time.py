@@ -278,3 +278,15 @@ def test_timestamp_dict_round_trip(ts):
     d = ts.to_dict()
     assert Timestamp.from_dict(d) == ts
     assert Timestamp.from_dict({**d, "unknown_key": 1}) == ts  # extra keys ignored
+
+
+def test_a_scaled_budget_stays_in_its_unit_whole_where_it_counts_and_never_zero():
+    from speedkit.core.time import scaled_duration
+
+    assert scaled_duration("36ep", 0.1) == "3.6ep"  # a bench profile's or a trial's share of an epoch budget
+    assert scaled_duration("36ep", 0.1, whole=True) == "4ep"  # a rehearsal of a budget published in whole epochs
+    assert scaled_duration("90ep", 0.1, whole=True) == "9ep"
+    assert scaled_duration("250ba", 0.001) == "1ba"  # at least one batch
+    assert scaled_duration("14000ba", 0.05, whole=True) == "700ba"
+    assert scaled_duration("3ep", 1 / 3) == "1ep"  # three significant digits, not 0.9999999999999999
+    assert scaled_duration("0.5ep", 0.001, whole=True) == "1ep"

@@ -107,7 +107,7 @@ def test_a_bench_profile_scales_a_budget_as_the_search_does():
     """One scaling rule for bench and tune: a fraction of an epoch to three digits (not a float's rounding
     error such as 0.30000000000000004ep), and never below one whole batch (not a budget of 0 batches)."""
     from speedkit.experiments.bench import harness
-    from speedkit.experiments.measure import scaled_duration
+    from speedkit.core.time import scaled_duration
 
     vision = get_profile("vision", "cpu").replace(recipes=("baseline", "medium"), duration_scale=0.1)
     assert vision.recipe("medium").duration == "3ep"

@@ -302,3 +302,22 @@ def test_token_ids_past_the_vocabulary_are_refused_on_the_first_call_not_trained
     unpadded = GPT(GPTConfig(vocab_size=256, block_size=16, n_layer=1, n_head=2, n_embd=32))
     with pytest.raises(IndexError):  # no pad rows: the embedding itself refuses, as before
         unpadded(torch.tensor([[1, 256]]))
+
+
+def test_label_smoothing_spreads_its_mass_over_the_real_vocabulary_not_the_pads():
+    from types import SimpleNamespace
+
+    from speedkit.core.event import Event
+    from speedkit.methods.label_smoothing import LabelSmoothing
+
+    model = GPT(GPTConfig(**SMALL))
+    ids = torch.randint(0, VOCAB, (2, 8))
+    state = SimpleNamespace(model=torch.compile(model, backend="eager"), outputs=model(ids), batch=(ids, ids))
+    state.batch_targets = lambda: state.batch[1]
+    LabelSmoothing(smoothing=0.2).apply(Event.BEFORE_LOSS, state, None)
+    smoothed = state.batch[1]
+    assert smoothed.shape == (2, 8, model.config.padded_vocab_size)
+    assert torch.all(smoothed[..., VOCAB:] == 0)  # no probability on an id that is no token
+    torch.testing.assert_close(smoothed.sum(-1), torch.ones(2, 8))
+    others = smoothed[..., :VOCAB].clone().scatter_(-1, ids.unsqueeze(-1), 0.0)
+    torch.testing.assert_close(others.amax(-1), torch.full((2, 8), 0.2 / VOCAB))  # the real classes share it

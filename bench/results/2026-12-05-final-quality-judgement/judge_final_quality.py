@@ -42,9 +42,11 @@ def judge_summary_file(path: str | Path) -> list[str]:
 
 
 def committed_summaries() -> list[Path]:
-    """Every benchmark summary under bench/results, the searches' (bench/results/tune) left out."""
-    found = [*RESULTS.rglob("summary.json"), *RESULTS.glob("gpu-h200/*.json")]
-    return sorted({p for p in found if "tune" not in p.relative_to(RESULTS).parts})
+    """Every benchmark summary under bench/results, the searches' (bench/results/2026-11-30-recipe-searches) left
+    out."""
+    gpu_run = [p for p in RESULTS.glob("2026-12-04-first-gpu-run/*.json") if p.name != "alibi_step.json"]
+    found = [*RESULTS.rglob("summary.json"), *gpu_run]
+    return sorted({p for p in found if "2026-11-30-recipe-searches" not in p.relative_to(RESULTS).parts})
 
 
 def main(paths: list[str]) -> None:

@@ -14,15 +14,14 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from speedkit.core.devices import resolve_device, resolve_precision
-from speedkit.core.time import Time
+from speedkit.core.time import Time, scaled_duration
 from speedkit.data.identity import data_identity
 from speedkit.experiments.ablation import leave_one_out_runs, leave_one_out_summary
 from speedkit.experiments.bench.profiles import TASK_KEYS, BenchProfile, get_profile, task_key, with_default_sweeps
 from speedkit.experiments.compare import at_or_beyond, final_metric, final_quality, late_gain, stricter, time_to_level
-from speedkit.experiments.compare import baseline_median_times
+from speedkit.experiments.compare import baseline_median_times, curve_time_to
 from speedkit.experiments.compare import median_or_none, paired_speedups, time_rank
-from speedkit.experiments.measure import (MEASURED_RUN, Measurement, finished_runs, fit, measure, scaled_duration,
-                                         shortest_budget)
+from speedkit.experiments.measure import MEASURED_RUN, Measurement, finished_runs, fit, measure, shortest_budget
 from speedkit.record.runs import RunRecord, environment, lower_is_better
 from speedkit.tasks import TASKS, Recipe, RunRequest, get_recipe, is_baseline, make_trainer, resolve_task
 
@@ -383,7 +382,7 @@ def add_final_quality(entry: dict, by_recipe: dict[str, Sequence[RunRecord]] | N
         if by_recipe is not None:
             times = _by_seed(by_recipe[name], seeds, lambda record: time_to_level(record, value, metric, ends_at))
         elif curves:
-            times = [next((t for t, v in curve or () if at_or_beyond(v, value, metric)), None) if there else None
+            times = [curve_time_to(curve, value, metric) if there else None
                      for curve, there in zip(r["curve"], ends_there)]
         elif recorded:  # the level is the target: the times to it are in the entry
             times = [t if there else None for t, there in zip(r["time_to_target_s"], ends_there)]

@@ -135,8 +135,8 @@ PROFILES: dict[str, dict[str, BenchProfile]] = {
                             recipe_changes={"mild": {"methods": _COMPILE}, "medium": {"methods": _COMPILE}}),
     },
     "language": {
-        # The target is what the baseline reaches at about batch 470 of its 600, measured before the
-        # benchmark was run, so the baseline reaches it with room to spare (bench/results/design_notes.json).
+        # The target is what the baseline reaches at about batch 470 of its 600, measured before the benchmark
+        # was run, so the baseline reaches it with room to spare (bench/results/2026-12-03-design-notes/).
         "cpu": BenchProfile(name="cpu", run=RunRequest(task="pydocs", device="cpu", eval_interval="25ba",
                                                        eval_fraction=0.25, target=3.30),
                             report_targets=(3.5,), sweeps={"tuned": _LANGUAGE_SWEEP},

@@ -13,9 +13,10 @@ from __future__ import annotations
 import statistics
 import time
 
+from speedkit.core.time import scaled_duration
 from speedkit.experiments.ablation import ablated_recipes, leave_one_out_runs, leave_one_out_summary
 from speedkit.experiments.compare import median_or_none
-from speedkit.experiments.measure import Measurement, finished_runs, measure, scaled_duration, shortest_budget
+from speedkit.experiments.measure import Measurement, finished_runs, measure, shortest_budget
 from speedkit.experiments.tune.objective import USER_STOP, resolve_runner
 from speedkit.experiments.tune.search import (TuneConfig, confirm_wall_s, confirmed_baselines, recipe_from_trial,
                                               seeds_that_fit, standings, trial_context)

@@ -11,7 +11,7 @@ import dataclasses
 import json
 import random
 
-from speedkit.experiments.measure import scaled_duration
+from speedkit.core.time import scaled_duration
 from speedkit.experiments.tune.space import (FIELDS, SearchSpace, is_searched, limited_hparam, recipe_params,
                                              search_choices)
 

@@ -11,7 +11,8 @@ import tempfile
 from typing import Any, Sequence
 
 from speedkit.core.method import HParam, IncompatibleMethodsError, check_compatibility
-from speedkit.experiments.measure import budget_scale, scaled_duration
+from speedkit.core.time import scaled_duration
+from speedkit.experiments.measure import budget_scale
 
 # Hyperparameters that are switches of the method's error handling or facts about the task, not settings.
 NOT_SEARCHED = {"allow_empty", "num_classes"}

@@ -15,7 +15,7 @@ import dataclasses
 from pathlib import Path
 from typing import Mapping
 
-from speedkit.core.time import Time, TimeUnit
+from speedkit.core.time import Time, TimeUnit, scaled_duration
 from speedkit.tasks.recipes import Recipe, load_presets
 
 PROFILES = ("cpu", "gpu")
@@ -76,16 +76,6 @@ def need_data(task: str, data, how: str) -> Path | str:
     if not folder.is_dir():
         raise FileNotFoundError(f"task {task!r}: --data {data} is not a folder; {how}")
     return folder
-
-
-def _scaled_duration(duration: str, scale: float) -> str:
-    """``duration`` times ``scale``, whole in its unit, at least one."""
-    time = Time.from_input(duration)
-    value = max(1, round(time.value * scale))
-    unit = {TimeUnit.EPOCH: "ep", TimeUnit.BATCH: "ba"}.get(time.unit)
-    if unit is None:
-        return duration
-    return f"{value}{unit}"
 
 
 def _count(value) -> Time | None:
@@ -153,7 +143,7 @@ def rehearsal(recipes: Mapping[str, Recipe], *, model: str, batch_size: int, dur
         out[name] = recipe.with_changes(model=model, batch_size=batch_size, optimizer=optimizer,
                                         methods=windows_as_shares(recipe, epoch_samples),
                                         duration=(durations or {}).get(name)
-                                        or _scaled_duration(recipe.duration, duration_scale),
+                                        or scaled_duration(recipe.duration, duration_scale, whole=True),
                                         precision="auto" if recipe.precision == "bf16" else recipe.precision,
                                         eval_interval=eval_interval or recipe.eval_interval,
                                         summary=f"{recipe.summary} [cpu rehearsal: {model}, batch {batch_size}]")

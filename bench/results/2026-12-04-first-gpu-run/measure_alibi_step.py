@@ -4,7 +4,8 @@ which sends SDPA to its unfused math kernel; both arms reuse one bias per shape,
 alone). The three arms are interleaved step by step; each figure is the
 median step time after warm-up. Run it on a quiet machine:
 
-    OMP_NUM_THREADS=1 taskset -c 1 .venv/bin/python scripts/measure_alibi_step.py --out bench/results/alibi_step.json
+    OMP_NUM_THREADS=1 taskset -c 1 .venv/bin/python bench/results/2026-12-04-first-gpu-run/measure_alibi_step.py \
+        --out bench/results/2026-12-04-first-gpu-run/alibi_step.json
 """
 from __future__ import annotations
 
@@ -75,7 +76,8 @@ def main() -> None:
         "machine": f"{cpu_name()}, {torch.get_num_threads()} threads, torch {torch.__version__}",
         "model": "speedkit GPT gpt-mini (6 layers, 6 heads, width 384), bf16 autocast",
         "batch": args.batch, "steps": args.steps,
-        "command": "OMP_NUM_THREADS=1 taskset -c 1 .venv/bin/python scripts/measure_alibi_step.py --out bench/results/alibi_step.json",
+        "command": "OMP_NUM_THREADS=1 taskset -c 1 .venv/bin/python bench/results/2026-12-04-first-gpu-run/"
+                   "measure_alibi_step.py --out bench/results/2026-12-04-first-gpu-run/alibi_step.json",
         "rows": rows}, indent=1) + "\n")
 
 
