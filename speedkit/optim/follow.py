@@ -53,11 +53,16 @@ class FollowSchedule:
                 group.setdefault("speedkit_base_lr", float(group["lr"]))
 
     @property
-    def multiplier(self) -> float:
+    def multiplier(self) -> float | torch.Tensor:
         optimizer, index = self.reference
         group = optimizer.param_groups[index]
-        base = float(group.get("max_lr", group.get("initial_lr", group.get("speedkit_reference_lr", group["lr"]))))
-        return float(group["lr"]) / base if base else 0.0
+        lr, base = group["lr"], group.get("max_lr", group.get("initial_lr", group.get("speedkit_reference_lr",
+                                                                                         group["lr"])))
+        if isinstance(lr, torch.Tensor) or isinstance(base, torch.Tensor):
+            # A tensor rate (a capturable, fused or compiled optimizer's, on the GPU) stays a tensor: reading it
+            # as a number would make the host wait for the device at every step. A zero base gives no rate.
+            return torch.nan_to_num(lr / base, nan=0.0, posinf=0.0, neginf=0.0)
+        return float(lr) / float(base) if base else 0.0
 
     def __call__(self) -> None:
         multiplier = self.multiplier

@@ -140,7 +140,7 @@ class Muon(torch.optim.Optimizer):
         torch._foreach_add_(buffers, grads)
         updates = torch._foreach_add(grads, buffers, alpha=momentum) if group["nesterov"] else buffers
         if wd:
-            torch._foreach_mul_(params, 1.0 - lr * wd)
+            torch._foreach_mul_(params, 1.0 - lr * wd)  # a tensor lr (``FollowSchedule``'s) too, read on the device
         for same_shape, same_shape_updates in _by_shape(params, updates):
             # One batched iteration for all the matrices of a shape: a transformer's layers repeat the same few
             # shapes, so its step runs a handful of iterations rather than one per matrix.
@@ -153,7 +153,11 @@ class Muon(torch.optim.Optimizer):
                 matrix = stacked.reshape(len(same_shape), stacked.size(1), -1)
                 orthos = zeropower_via_newtonschulz(matrix, steps=group["ns_steps"]).view_as(stacked).unbind(0)
             rows, cols = matrix.shape[-2:]
-            torch._foreach_add_(same_shape, orthos, alpha=-lr * max(1.0, rows / cols) ** 0.5)
+            step = -lr * max(1.0, rows / cols) ** 0.5
+            if isinstance(step, torch.Tensor):  # a tensor lr, as a capturable or compiled optimizer keeps it
+                torch._foreach_add_(same_shape, torch._foreach_mul(orthos, step))
+            else:
+                torch._foreach_add_(same_shape, orthos, alpha=step)
 
 
 def _by_shape(params: list[torch.Tensor], updates: list[torch.Tensor]):

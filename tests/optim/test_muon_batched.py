@@ -76,3 +76,42 @@ def test_state_layout_is_a_momentum_buffer_per_parameter_and_resumes_exactly():
     resumed.step()
     for p, q in zip(params, copies):
         torch.testing.assert_close(p, q, rtol=0, atol=0)
+
+
+def test_muon_follows_a_tensor_learning_rate_without_reading_it_on_the_host():
+    """A capturable, fused or compiled optimizer keeps its rate as a tensor (on the GPU, where reading it as a
+    number waits for the device): Muon's groups follow it as a tensor, with the same numbers as a float rate."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from speedkit.optim.follow import FollowSchedule
+
+    class HostReads(TorchDispatchMode):
+        count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.aten._local_scalar_dense.default:  # float(tensor), tensor.item()
+                HostReads.count += 1
+            return func(*args, **(kwargs or {}))
+
+    def train(lr):
+        params = _params()
+        user = torch.optim.SGD([nn.Parameter(torch.zeros(3))], lr=0.1)  # the user's, whose rate Muon follows
+        muon = Muon(params, lr=0.02, weight_decay=0.1)
+        follow = FollowSchedule((user, 0), [muon])
+        user.param_groups[0]["lr"] = lr(0.1)
+        torch.manual_seed(1)
+        for step in range(3):
+            user.param_groups[0]["lr"] = user.param_groups[0]["lr"] * 0.5 if step else user.param_groups[0]["lr"]
+            for p in params:
+                p.grad = torch.randn_like(p)
+            with HostReads():
+                follow()
+                muon.step()
+        return params, muon.param_groups[0]["lr"]
+
+    as_float, float_lr = train(float)
+    as_tensor, tensor_lr = train(torch.tensor)
+    assert HostReads.count == 0 and isinstance(tensor_lr, torch.Tensor)
+    torch.testing.assert_close(tensor_lr, torch.tensor(float_lr))  # 0.02 x a quarter of the reference's rate
+    for a, b in zip(as_float, as_tensor):
+        torch.testing.assert_close(a, b)
