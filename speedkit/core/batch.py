@@ -132,8 +132,9 @@ def output_classes(model, logits: torch.Tensor) -> int:
     ``output_classes`` (a GPT whose vocabulary is padded to a multiple of 64 for its matmuls: the pad columns are
     no class, so a target must give them no probability). Asked of the module inside a DDP wrapper; a compiled
     model answers for its original."""
-    inner = model.module if type(model).__name__ == "DistributedDataParallel" else model
-    named = getattr(inner, "output_classes", None)
+    from speedkit.core.distributed import unwrap
+
+    named = getattr(unwrap(model), "output_classes", None)
     return logits.shape[-1] if named is None else min(int(named), logits.shape[-1])
 
 

@@ -109,6 +109,11 @@ def barrier() -> None:
         dist.barrier()
 
 
+def unwrap(model: nn.Module) -> nn.Module:
+    """The module inside a DDP wrapper (FSDP2 shards in place, so its model is already the module)."""
+    return getattr(model, "module", model) if type(model).__name__ == "DistributedDataParallel" else model
+
+
 def rank_seed(seed: int) -> int:
     """The seed of this rank's global RNGs: ``seed`` itself on rank 0, a distinct stream on every other."""
     return process_seed(abs(int(seed)) if rank() else seed, rank())

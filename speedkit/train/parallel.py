@@ -229,11 +229,6 @@ def wrap_model(model: nn.Module, strategy: str, device: torch.device | str, *,
     return model
 
 
-def unwrap(model: nn.Module) -> nn.Module:
-    """The module inside a DDP wrapper (FSDP2 shards in place, so its model is already the module)."""
-    return getattr(model, "module", model) if type(model).__name__ == "DistributedDataParallel" else model
-
-
 # -- the Trainer's parallel plan -------------------------------------------------------------------
 @dataclasses.dataclass
 class CheckpointShare:

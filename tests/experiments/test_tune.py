@@ -355,7 +355,7 @@ def test_a_resumed_search_counts_the_wall_clock_its_earlier_trials_spanned(tmp_p
     ran("tune", (12, 30), (13, 25), (26, 40))
     # one worker confirms while the other waits: the confirmation's runs are spans of the plan, not trials
     update_plan(optuna.load_study(study_name="tune", storage=storage), measured=[
-        {"run": "a1", "span": [(start + timedelta(seconds=40)).timestamp(), (start + timedelta(seconds=70)).timestamp()]}])
+        {"run": "a1", "span": [(start + timedelta(seconds=s)).timestamp() for s in (40, 70)]}])
     ran("other", (100, 500))  # another study in the same storage is not this search's
     assert spent_before_s(storage_path, "tune") == pytest.approx(70)
 

@@ -5,8 +5,8 @@ Optuna proposes and ranks on the search's seed; what a recipe is worth is measur
 RunRecord in the search's run folder, marked with its candidate and the recipe it was asked to run. A killed or
 continued search runs only what is not there yet (``measure.finished_runs``, the benchmark's resume). What the
 confirmation decided (its seeds, whether the runner-up fits, the longer budgets it tried, and which runs finished
-as measurements, by run id, with their spans) is kept with the search study (``storage.read_plan``). What is confirmed and judged how is in
-docs/guide.md ("Confirmed, within the budget").
+as measurements, by run id, with their spans) is kept with the search study (``storage.read_plan``). What is
+confirmed and judged how is in docs/guide.md ("Confirmed, within the budget").
 """
 from __future__ import annotations
 

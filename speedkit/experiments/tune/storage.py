@@ -111,8 +111,8 @@ def finished_trials(study, states=("COMPLETE", "PRUNED")) -> list:
 
 def spent_before_s(storage_text: str, study_name: str) -> float:
     """Search time earlier calls used: the wall clock their finished trials and confirmation runs (the plan's
-    ``measured``: each run's (start, end) span) spanned. Trials that ran at once on several workers count once, and a
-    confirmation run while the other workers waited counts in full (dividing the trials' summed time by the
+    ``measured``: each run's (start, end) span) spanned. Trials that ran at once on several workers count once,
+    and a confirmation run while the other workers waited counts in full (dividing the trials' summed time by the
     workers undercounted a two-worker search's time)."""
     optuna = optuna_module()
     storage = open_storage(storage_text)
