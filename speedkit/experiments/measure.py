@@ -27,6 +27,22 @@ from speedkit.record.runs import RunRecord, load_records
 MEASURED_RUN = {"save_checkpoints": False, "overwrite": True, "progress_bar": False}
 
 
+def refuse_planned(run, planned: dict[str, str], owner: str, each: str) -> None:
+    """Refuse what ``run`` (the RunRequest every run of a benchmark profile or a search starts from) sets that the
+    planner sets in each run itself: it would be overwritten there without a word, or (``methods``) override what
+    the planner plans. ``planned``: field -> what to set instead; ``MEASURED_RUN``'s Trainer options are always
+    the planner's (a measured run is never resumed, so it is neither checkpointed nor kept under its name)."""
+    default = type(run)()
+    for name, fix in planned.items():
+        if getattr(run, name) != getattr(default, name):
+            raise TypeError(f"{owner}: run.{name} is set by each {each}, so it would be ignored or would override "
+                            f"what it plans; {fix}")
+    fixed = sorted(set(MEASURED_RUN) & set(run.trainer_options))
+    if fixed:
+        raise TypeError(f"{owner}: run's Trainer options {fixed} are set by each {each} (a measured run: "
+                        f"{MEASURED_RUN}); leave them out")
+
+
 def fit(request, on_built: Callable[[Any], None] | None = None):
     """Build and fit the run ``request`` asks for (a RunRequest); the time to build it (data into memory, model,
     INIT surgery) is its ``setup_s``. ``on_built(trainer)`` sees the Trainer before it fits."""

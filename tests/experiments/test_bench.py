@@ -86,6 +86,15 @@ def test_a_profile_describes_its_runs_as_one_run_request_and_owns_none_of_its_fi
     # the run's budget and cadence live in its recipe, so a budget search's recipe is not overridden again
     assert (request.device, request.seed, request.target, request.duration) == ("cuda", 1, 3.30, None)
     assert (request.recipe.duration, request.recipe.eval_interval) == ("100ba", "25ba")
+    # what each run sets itself is refused in the profile's run, naming what means it, not silently overwritten
+    for field, value, fix in (("recipe", "hot", "recipes="), ("seed", 5, "seeds="), ("run_dir", "mine", "--run-dir"),
+                              ("methods", ["ema"], "speedup_changes="), ("stop_at_target", True, "whole budget")):
+        with pytest.raises(TypeError, match=rf"run\.{field} is set by each run of the benchmark.*{fix}"):
+            BenchProfile(name="x", run=RunRequest(task="fashion-mnist", **{field: value}))
+        with pytest.raises(TypeError, match=rf"run\.{field} is set by each run"):  # and when replaced into it
+            get_profile("vision").replace(**{field: value})
+    with pytest.raises(TypeError, match=r"Trainer options \['save_checkpoints'\] are set by each run"):
+        BenchProfile(name="x", run=RunRequest.build("fashion-mnist", save_checkpoints=True))
 
 
 def test_a_scaled_budget_keeps_a_rungs_evaluations_and_its_step_floor():

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Mapping, Sequence
 
+from speedkit.experiments.measure import refuse_planned
 from speedkit.tasks import TASKS, Recipe, RunRequest, get_recipe, is_baseline
 from speedkit.tasks.recipes import timing_eval_interval
 from speedkit.train.checks import check_duration
@@ -21,6 +22,20 @@ from speedkit.train.checks import check_duration
 # registered task (a user's) is benchmarked under its own name.
 TASK_KEYS = {"vision": "fashion-mnist", "language": "pydocs"}
 _RUN_FIELDS = frozenset(f.name for f in dataclasses.fields(RunRequest))
+
+
+# RunRequest fields each run of a benchmark sets itself, and what to set instead: a value in a profile's ``run``
+# would be overwritten in every run, or (methods) replace every recipe's methods, the baselines' too.
+BENCH_PICKS = {
+    "recipe": "name the recipes it runs, baselines among them, in recipes= (speedkit bench --recipes, --baselines)",
+    "methods": "add methods to every speed-up recipe with speedup_changes={'methods': {...}}, or to one with "
+               "recipe_changes={name: {'methods': {...}}}",
+    "seed": "set seeds= (speedkit bench --seeds); each run has its own",
+    "run_name": "leave it out: each run is named for its recipe and seed",
+    "run_dir": "pass run_dir= to run_benchmark (speedkit bench --run-dir)",
+    "extra_config": "leave it out: each run's config holds the benchmark's marks",
+    "stop_at_target": "leave it out: a benchmark's runs train their whole budget, so that their final quality is "
+                      "measured (--sweep and --find-budgets stop their own runs at the target)"}
 
 
 def default_recipes(task: str) -> tuple[str, ...]:
@@ -33,8 +48,9 @@ def default_recipes(task: str) -> tuple[str, ...]:
 class BenchProfile:
     """How one task is benchmarked. ``run`` is the RunRequest every run of the profile starts from: its task
     and the overrides each run adds (device, data and evaluation fractions, target; an ``eval_interval`` or a
-    ``duration`` there is one cadence or one budget for every recipe, for smoke tests). The other fields are
-    the benchmark's own; those left ``None`` keep each recipe's value."""
+    ``duration`` there is one cadence or one budget for every recipe, for smoke tests); what each run sets
+    itself (``BENCH_PICKS``: its recipe, seed, name, folder) is refused there, naming the field that means it.
+    The other fields are the benchmark's own; those left ``None`` keep each recipe's value."""
 
     name: str
     run: RunRequest
@@ -51,6 +67,7 @@ class BenchProfile:
     budget_searched: tuple[str, ...] | None = None  # the baselines `--find-budgets` searches; None: all
 
     def __post_init__(self):
+        refuse_planned(self.run, BENCH_PICKS, f"profile {self.name!r}", "run of the benchmark")
         if self.task not in TASKS:
             raise ValueError(f"profile {self.name!r}: unknown task {self.task!r}; known tasks: {sorted(TASKS)}")
         if not self.recipes:

@@ -20,7 +20,7 @@ from typing import Any, Sequence
 
 from speedkit.core.seeding import process_seed
 from speedkit.experiments.tune.objective import TrialContext, resolve_runner, score_record, train_and_store
-from speedkit.experiments.measure import budget_scale
+from speedkit.experiments.measure import budget_scale, refuse_planned
 from speedkit.experiments.tune.space import SearchSpace, TuneInputError, describe_change, recipe_params, suggest_recipe
 from speedkit.experiments.tune.storage import (START_LOCK, FolderLock, finished_trials, open_storage, optuna_module,
                                                read_plan, requeue, started_trials, worker_id)
@@ -104,14 +104,6 @@ SEARCH_PICKS = {"methods": "name the methods it may turn on in searched_methods=
                 "run_name": "set study_name= and out_dir=", "extra_config": "leave it out"}
 
 
-def _refuse_what_the_search_picks(run) -> None:
-    default = type(run)()
-    for name, fix in SEARCH_PICKS.items():
-        if getattr(run, name) != getattr(default, name):
-            raise TypeError(f"TuneSettings: run.{name} is set by each trial of the search, so it would be ignored or "
-                            f"would override what the search draws; {fix}")
-
-
 @dataclasses.dataclass(frozen=True, init=False)
 class TuneSettings:
     """What a search is asked to do: ``tune(TuneSettings(task=..., budget="30m", ...))``; the CLI, the explorer's
@@ -168,7 +160,7 @@ class TuneSettings:
         run = RunRequest(**run_fields) if run is None else run.replace(**run_fields) if run_fields else run
         if not isinstance(run, RunRequest):
             raise TypeError(f"run must be a speedkit.tasks.RunRequest, got {type(run).__name__}")
-        _refuse_what_the_search_picks(run)
+        refuse_planned(run, SEARCH_PICKS, "TuneSettings", "trial of the search")
         if "methods" in settings:  # RunRequest.methods replaces a recipe's methods: another meaning
             raise TypeError("TuneSettings: the methods the search may turn on are searched_methods=, not methods=")
         unknown = sorted(set(settings) - {f.name for f in dataclasses.fields(self)})
