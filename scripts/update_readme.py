@@ -34,11 +34,11 @@ INDEX = RESULTS / "INDEX.md"
 # The held-out sets, by the folder task they were run as (scripts/build_heldout_sets.py builds them).
 # Data no preset was tuned on: (summary file, its task key) -> the set as the README names it, and its builder.
 HELDOUT_SETS = {
-    ("2026-12-03-photo-crops-ladder/ladder-v2-glyphs/summary.json", "image-folder"):
+    ("2026-12-05-heldout-one-machine/glyphs/summary.json", "image-folder"):
         ("glyphs: 62 letters and digits, unseen typefaces", "scripts/build_heldout_sets.py"),
-    ("2026-12-01-heldout-sets/against-plain-bf16/summary.json", "text-folder"):
+    ("2026-12-05-heldout-one-machine/perldoc/summary.json", "text-folder"):
         ("perldoc: Perl's documentation", "scripts/build_heldout_sets.py"),
-    ("2026-12-03-photo-crops-ladder/ladder-v2-photo-crops/summary.json", "image-folder"):
+    ("2026-12-05-heldout-one-machine/photo-crops/summary.json", "image-folder"):
         ("photo-crops: 56 photographs, crops of unseen regions, streamed from shards", "scripts/build_photo_crops.py"),
 }
 # The seed's workloads rehearsed on CPU (issue 43; bench/README.md says how each was sized and measured):
