@@ -28,7 +28,8 @@ The same Method objects, cards, order and conflict checks as ``speedkit.Trainer`
 it. Your own LR scheduler, of any class torch ships, built on ``optimizer`` before ``sk.prepare_optimizer``:
 the groups a method adds (Muon's) follow its lr's relative change. Method state goes into your checkpoint with
 ``sk.state_dict()`` and comes back with ``sk.load_state_dict(...)``. A method whose events your step did not
-reach (a missing ``sk.loss`` call, say) is refused after the first step, with the call to add.
+reach (a missing ``sk.loss`` call, say) is refused after the first step, with the call to add; so is a step that
+no ``sk.step_end()`` ended, at the next step's ``sk.batch`` or ``sk.backward`` (or at ``sk.finish()``).
 """
 from __future__ import annotations
 
@@ -113,6 +114,7 @@ class Speedkit:
                              f"batches_per_epoch= (each process's batches an epoch), or max_duration in ba")
         self.train_dataloader = train_dataloader
         self._steps_checked = False
+        self._open_calls: set[str] = set()  # the step calls made since the last sk.step_end()
         self._schedules = schedules
         self._eval_checked = False
         self._follow = None  # Muon's groups following a scheduler built before prepare_optimizer
@@ -155,6 +157,7 @@ class Speedkit:
     # -- each step -------------------------------------------------------------------------------------
     def batch(self, batch):
         """The batch the forward takes, after the batch methods (resizing, sequence-length warmup, mixup)."""
+        self._open_step("sk.batch(batch)")
         if self._share_to_check is not None and self.state.timestamp.batch_in_epoch == 0:
             self._share_to_check.check(self.accelerator)
             self._share_to_check = None
@@ -171,6 +174,7 @@ class Speedkit:
     def backward(self, loss: torch.Tensor, backward: Callable | None = None) -> None:
         """BEFORE_BACKWARD, ``backward(loss)`` (default ``loss.backward()``; Accelerate's is used when given),
         then AFTER_BACKWARD (gradient clipping)."""
+        self._open_step("sk.backward(loss)")
         self.session.before_backward()
         if backward is None:
             backward = self.accelerator.backward if self.accelerator is not None else torch.Tensor.backward
@@ -201,6 +205,7 @@ class Speedkit:
         """After ``optimizer.step()``: the methods' per-step work (EMA's update, Lookahead) and the clock. When
         accumulating, call it after every batch: a batch that does not close a step (:attr:`step_due`) is a
         microbatch of the step to come."""
+        self._open_calls.clear()
         if not self.step_due:
             self.session.microbatch_end()
             return
@@ -210,6 +215,16 @@ class Speedkit:
         if not self._steps_checked:
             self._check_step_calls()
             self._steps_checked = True
+
+    def _open_step(self, call: str) -> None:
+        """Refuse a step call made again before ``sk.step_end()`` closed the step it was made in: without
+        step_end, EMA never averages, schedules never move and the clock never ticks (``sk.done`` stays False),
+        and EMA's ``finish`` would put back the weights it started from."""
+        if call in self._open_calls:
+            raise HostCannotServeError(f"{call} was called again before sk.step_end() ended the step before: call "
+                                       f"sk.step_end() after optimizer.step() in every step (EMA's update, the "
+                                       f"schedules and the clock run there; see speedkit.hosts.loop)")
+        self._open_calls.add(call)
 
     def _check_step_calls(self) -> None:
         missing = self.session.unserved_step_events()
@@ -244,7 +259,11 @@ class Speedkit:
         """FIT_END: averaging methods leave their weights in the model (EMA's ``final_weights="ema"``).
 
         A method that acts only in evaluation (test-time augmentation) when no ``with sk.evaluating():`` ran
-        is refused here: it did nothing."""
+        is refused here: it did nothing; so is a run whose steps never ended (no ``sk.step_end()``)."""
+        if self._open_calls and self.state.timestamp.batch == 0:
+            raise HostCannotServeError("sk.finish() after a step that sk.step_end() never ended: call sk.step_end() "
+                                       "after optimizer.step() in every step (EMA's update, the schedules and the "
+                                       "clock run there; see speedkit.hosts.loop)")
         self.session.fit_end()
         if not self._eval_checked and Event.EVAL_START not in self.session.served:
             self._eval_checked = True

@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import torch
 
 from speedkit.core import Engine, Event, Method, State, Time, TimeUnit
-from speedkit.core.batch import batch_size, batch_tokens
+from speedkit.core.batch import batch_size, batch_targets, batch_tokens
 from speedkit.core.method import LOOP_NEEDS, IncompatibleMethodsError
 from speedkit.models.pretrained import mark_surgered
 from speedkit.record.loggers import Logger, LoggerDestination, RecordDestination
@@ -169,6 +169,7 @@ class MethodSession:
         self.step = Step(state, self.run)  # the Trainer's step events; no stopwatch: the host keeps its own time
         self.batch_started = False  # BATCH_START ran for the batch in flight
         self._counted_batch = None  # the loader's batch in flight, which the clock counts
+        self._replaced_labels = None  # the labels a batch method replaced in the batch in flight (compute_loss)
         self._accumulated: list = []  # the step's microbatches already through (gradient accumulation)
         self.epoch_started = False
         self.initialized = False
@@ -255,7 +256,10 @@ class MethodSession:
         self._counted_batch = batch
         self.step.after_dataloader(batch)
         self.batch_start()
-        return self.step.before_forward()
+        transformed = self.step.before_forward()
+        labels = batch_targets(batch)
+        self._replaced_labels = labels if labels is not None and batch_targets(transformed) is not labels else None
+        return transformed
 
     def compute_loss(self, outputs, batch=None, loss_fn: Callable | None = None) -> torch.Tensor:
         """AFTER_FORWARD, BEFORE_LOSS, the loss, AFTER_LOSS; returns the loss (label methods acted on it).
@@ -265,6 +269,13 @@ class MethodSession:
         """
         state = self.state
         if batch is not None:
+            if self._replaced_labels is not None and batch_targets(batch) is self._replaced_labels:
+                # mixed inputs scored against unmixed labels would train without a word of warning
+                raise HostCannotServeError(
+                    "the batch given for the loss holds the labels from before the batch methods replaced them "
+                    f"({', '.join(m.name for m in self.methods if Event.BEFORE_FORWARD in m.CARD.events)}): pass the "
+                    "batch speedkit's batch call returned (in a loop: batch = sk.batch(batch), then "
+                    "sk.loss(outputs, batch))")
             state.batch = batch
         self.step.after_forward(outputs)
         return self.step.loss(make_loss(state.model, loss_fn) if loss_fn is not None else state.loss_fn)

@@ -151,3 +151,58 @@ def test_a_users_learning_rate_changes_reach_muons_group_without_a_scheduler():
         if sk.done:
             break
     assert muon_lrs == [[pytest.approx(0.02 * 0.5 ** step)] for step in range(4)]
+
+
+def test_a_loop_without_step_end_is_refused_at_its_second_step_not_finished_with_its_first_weights():
+    """Without sk.step_end() EMA never averaged, and sk.finish() put back the weights the model started with:
+    a trained model silently replaced by an untrained one."""
+    train, _ = toy_loaders(batch_size=32, n=64)
+
+    def steps_without_step_end(count: int):
+        model = toy_model()
+        sk = Speedkit([EMA(half_life="2ba")], max_duration="2ba", train_dataloader=train)
+        optimizer = sk.prepare_optimizer(torch.optim.SGD(sk.prepare_model(model).parameters(), lr=0.1))
+        for batch in list(train)[:count]:
+            batch = sk.batch(batch)
+            sk.backward(sk.loss(model(batch[0]), batch))
+            optimizer.step()
+        return sk
+
+    with pytest.raises(HostCannotServeError, match=r"sk.batch\(batch\) was called again before sk.step_end"):
+        steps_without_step_end(2)
+    with pytest.raises(HostCannotServeError, match=r"sk.finish\(\) after a step that sk.step_end\(\) never ended"):
+        steps_without_step_end(1).finish()
+    # with step_end, finish leaves EMA's average of the trained weights
+    model, start = toy_model(), toy_model().state_dict()
+    _, sk, _ = plain_loop(model, train, [EMA(half_life="2ba")], steps=4)
+    sk.finish()
+    assert not all(torch.equal(value, start[name]) for name, value in model.state_dict().items())
+
+
+def test_a_loop_that_calls_backward_twice_in_a_step_is_refused():
+    train, _ = toy_loaders(batch_size=32, n=64)
+    model = toy_model()
+    sk = Speedkit([GradientClipping(clipping_type="norm", clipping_threshold=1.0)], max_duration="2ba",
+                  train_dataloader=train)
+    sk.prepare_optimizer(torch.optim.SGD(sk.prepare_model(model).parameters(), lr=0.1))
+    x, y = next(iter(train))
+    sk.backward(sk.loss(model(x), (x, y)))
+    with pytest.raises(HostCannotServeError, match=r"sk.backward\(loss\) was called again before sk.step_end"):
+        sk.backward(sk.loss(model(x), (x, y)))
+
+
+def test_the_loss_on_the_labels_from_before_mixup_is_refused():
+    """MixUp with num_classes mixes the labels when it mixes the inputs: a loss given the loader's batch (its
+    unmixed labels) beside mixed inputs trained on the wrong labels without a word."""
+    train, _ = toy_loaders(batch_size=32, n=64)
+    model = toy_model()
+    classes = model(next(iter(train))[0]).shape[-1]
+    sk = Speedkit([MixUp(num_classes=classes)], max_duration="2ba", train_dataloader=train)
+    sk.prepare_optimizer(torch.optim.SGD(sk.prepare_model(model).parameters(), lr=0.1))
+    raw = next(iter(train))
+    mixed = sk.batch(raw)
+    assert mixed[1] is not raw[1]  # the labels were replaced
+    with pytest.raises(HostCannotServeError, match=r"labels from before the batch methods replaced them \(mixup\)"):
+        sk.loss(model(mixed[0]), raw)
+    x, y = mixed  # unpacked and packed again: the same labels, so taken
+    assert torch.isfinite(sk.loss(model(x), (x, y)))
