@@ -29,7 +29,9 @@ it. Your own LR scheduler, of any class torch ships, built on ``optimizer`` befo
 the groups a method adds (Muon's) follow its lr's relative change. Method state goes into your checkpoint with
 ``sk.state_dict()`` and comes back with ``sk.load_state_dict(...)``. A method whose events your step did not
 reach (a missing ``sk.loss`` call, say) is refused after the first step, with the call to add; so is a step that
-no ``sk.step_end()`` ended, at the next step's ``sk.batch`` or ``sk.backward`` (or at ``sk.finish()``).
+no ``sk.step_end()`` ended, at the next step's ``sk.batch`` or ``sk.backward`` (or at ``sk.finish()``); a step
+that stepped the optimizer given to ``sk.prepare_optimizer`` instead of the one it returned, or stepped it more
+often than ``sk.step_end()`` counts; and a step begun after ``max_duration``.
 """
 from __future__ import annotations
 
@@ -118,6 +120,7 @@ class Speedkit:
         self._schedules = schedules
         self._eval_checked = False
         self._follow = None  # Muon's groups following a scheduler built before prepare_optimizer
+        self._step_counts: dict[int, list] = {}  # id -> [optimizer, its step() calls since the last sk.step_end()]
 
     @property
     def state(self):
@@ -152,7 +155,18 @@ class Speedkit:
         # A scheduler built on `optimizer` before this call cannot reach the groups a method added (Muon's); they
         # follow its lr's relative change. speedkit's own schedules set every group, Muon's included.
         self._follow = None if self._schedules else follow_user_schedule(given, optimizers)
+        self._count_steps([*given, *optimizers])
         return as_one_optimizer(optimizers)
+
+    def _count_steps(self, optimizers) -> None:
+        """Count each optimizer's step() calls (the user's and those the methods made of them), so that
+        ``step_end`` can tell a step that skipped one of them: stepping the optimizer given to prepare_optimizer
+        instead of the one it returned leaves Muon's matrices, or Lookahead's slow weights, untrained."""
+        for optimizer in optimizers:
+            if isinstance(optimizer, torch.optim.Optimizer) and id(optimizer) not in self._step_counts:
+                counter = [optimizer, 0]
+                self._step_counts[id(optimizer)] = counter
+                optimizer.register_step_post_hook(lambda *_, counter=counter: counter.__setitem__(1, counter[1] + 1))
 
     # -- each step -------------------------------------------------------------------------------------
     def batch(self, batch):
@@ -206,6 +220,7 @@ class Speedkit:
         accumulating, call it after every batch: a batch that does not close a step (:attr:`step_due`) is a
         microbatch of the step to come."""
         self._open_calls.clear()
+        self._check_optimizer_steps()
         if not self.step_due:
             self.session.microbatch_end()
             return
@@ -219,12 +234,37 @@ class Speedkit:
     def _open_step(self, call: str) -> None:
         """Refuse a step call made again before ``sk.step_end()`` closed the step it was made in: without
         step_end, EMA never averages, schedules never move and the clock never ticks (``sk.done`` stays False),
-        and EMA's ``finish`` would put back the weights it started from."""
+        and EMA's ``finish`` would put back the weights it started from. A step begun after the run reached
+        ``max_duration`` is refused too: what follows the run's share (schedules, half-lives) has none left."""
+        if self.done and not self._open_calls:
+            raise RuntimeError(f"{call} after the run reached max_duration={str(self.state.max_duration)!r}: stop "
+                               f"training at sk.done (`if sk.done: break`), or give Speedkit a longer max_duration; "
+                               f"past it the schedules, EMA's half-life in dur and progressive resizing have no "
+                               f"share of the run left to follow")
         if call in self._open_calls:
             raise HostCannotServeError(f"{call} was called again before sk.step_end() ended the step before: call "
                                        f"sk.step_end() after optimizer.step() in every step (EMA's update, the "
                                        f"schedules and the clock run there; see speedkit.hosts.loop)")
         self._open_calls.add(call)
+
+    def _check_optimizer_steps(self) -> None:
+        """Refuse a step that stepped some optimizers and not others, or stepped them more often than the clock
+        counts (twice between two sk.step_end(), or on a batch that closes no accumulated step); a step skipped
+        whole (a GradScaler's after an overflow) is fine."""
+        counts = [count for _, count in self._step_counts.values()]
+        for counter in self._step_counts.values():
+            counter[1] = 0
+        if len(set(counts)) > 1:
+            raise HostCannotServeError("optimizer.step() stepped the optimizer given to sk.prepare_optimizer but not "
+                                       "the optimizers speedkit's methods made of it (Muon's group, Lookahead): step "
+                                       "the one it returns, `optimizer = sk.prepare_optimizer(optimizer)`")
+        most = max(counts, default=0)
+        if most > (1 if self.step_due else 0):
+            when = ("twice before one sk.step_end()" if self.step_due else
+                    f"on a batch that closes no step (accumulation={self.accumulation})")
+            raise HostCannotServeError(f"optimizer.step() ran {when}: speedkit's clock, schedules and EMA count one "
+                                       f"optimizer step per step_end; step the optimizer only when sk.step_due, and "
+                                       f"call sk.step_end() after every batch")
 
     def _check_step_calls(self) -> None:
         missing = self.session.unserved_step_events()

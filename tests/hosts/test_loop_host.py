@@ -206,3 +206,52 @@ def test_the_loss_on_the_labels_from_before_mixup_is_refused():
         sk.loss(model(mixed[0]), raw)
     x, y = mixed  # unpacked and packed again: the same labels, so taken
     assert torch.isfinite(sk.loss(model(x), (x, y)))
+
+
+def test_stepping_the_optimizer_given_instead_of_the_one_returned_is_refused():
+    """`sk.prepare_optimizer(optimizer)` without taking what it returns: the loop stepped the user's optimizer,
+    and the hidden matrices Muon had taken never trained, without a word."""
+    train, _ = toy_loaders(batch_size=32, n=64)
+    model = toy_model()
+    sk = Speedkit([Muon()], max_duration="2ba", train_dataloader=train)
+    optimizer = torch.optim.SGD(sk.prepare_model(model).parameters(), lr=0.1)
+    returned = sk.prepare_optimizer(optimizer)
+    batch = sk.batch(next(iter(train)))
+    sk.backward(sk.loss(model(batch[0]), batch))
+    optimizer.step()
+    with pytest.raises(HostCannotServeError, match=r"step the one it returns, `optimizer = sk.prepare_optimizer"):
+        sk.step_end()
+    # the returned group steps both, and a step skipped whole (a GradScaler's after an overflow) is taken
+    for step in ("stepped", "skipped"):
+        batch = sk.batch(next(iter(train)))
+        sk.backward(sk.loss(model(batch[0]), batch))
+        if step == "stepped":
+            returned.step()
+        returned.zero_grad()
+        sk.step_end()
+    assert sk.done
+
+
+@pytest.mark.parametrize("accumulation, steps, message", [
+    (1, 2, "ran twice before one sk.step_end"), (2, 1, r"on a batch that closes no step \(accumulation=2\)")])
+def test_more_optimizer_steps_than_the_clock_counts_are_refused(accumulation, steps, message):
+    train, _ = toy_loaders(batch_size=16, n=64)
+    model = toy_model()
+    sk = Speedkit([EMA(half_life="1ba")], max_duration="4ba", train_dataloader=train, accumulation=accumulation)
+    optimizer = sk.prepare_optimizer(torch.optim.SGD(sk.prepare_model(model).parameters(), lr=0.1))
+    batch = sk.batch(next(iter(train)))
+    sk.backward(sk.loss(model(batch[0]), batch))
+    for _ in range(steps):
+        optimizer.step()
+    with pytest.raises(HostCannotServeError, match=message):
+        sk.step_end()
+
+
+def test_a_step_past_max_duration_is_refused():
+    """Schedules and half-lives are shares of max_duration; a loop that trains on past it (epochs counted by
+    itself) went on at the schedule's end value without a word."""
+    train, _ = toy_loaders(batch_size=32, n=128)  # 4 batches
+    losses, sk, optimizer = plain_loop(toy_model(), train, [EMA(half_life="1ba")], steps=2)
+    assert sk.done and len(losses) == 2
+    with pytest.raises(RuntimeError, match=r"sk.batch\(batch\) after the run reached max_duration='2ba'"):
+        sk.batch(next(iter(train)))
