@@ -121,6 +121,7 @@ class Speedkit:
         self._eval_checked = False
         self._follow = None  # Muon's groups following a scheduler built before prepare_optimizer
         self._step_counts: dict[int, list] = {}  # id -> [optimizer, its step() calls since the last sk.step_end()]
+        self._lrs_set = None  # the learning rates speedkit's schedules set, as its last call left them
 
     @property
     def state(self):
@@ -172,12 +173,14 @@ class Speedkit:
     def batch(self, batch):
         """The batch the forward takes, after the batch methods (resizing, sequence-length warmup, mixup)."""
         self._open_step("sk.batch(batch)")
+        self._check_lrs_kept("sk.step_end() and the next sk.batch")
         if self._share_to_check is not None and self.state.timestamp.batch_in_epoch == 0:
             self._share_to_check.check(self.accelerator)
             self._share_to_check = None
         batch = self.session.transform_batch(batch)
         if self._follow is not None:
             self._follow()
+        self._lrs_set = self._learning_rates() if self._schedules else None
         return batch
 
     def loss(self, outputs, batch=None, loss_fn: Callable | None = None) -> torch.Tensor:
@@ -221,6 +224,7 @@ class Speedkit:
         microbatch of the step to come."""
         self._open_calls.clear()
         self._check_optimizer_steps()
+        self._check_lrs_kept("sk.batch and sk.step_end()")
         if not self.step_due:
             self.session.microbatch_end()
             return
@@ -230,6 +234,24 @@ class Speedkit:
         if not self._steps_checked:
             self._check_step_calls()
             self._steps_checked = True
+        self._lrs_set = self._learning_rates() if self._schedules else None
+
+    def _learning_rates(self) -> list:
+        return [group["lr"] for optimizer in self.state.optimizers for group in optimizer.param_groups]
+
+    def _check_lrs_kept(self, between: str) -> None:
+        """With speedkit's ``schedules=``, refuse a learning rate changed between two steps (an LR scheduler built
+        after sk.prepare_optimizer, a hand-set lr): speedkit's schedule sets it again at the next step, so the
+        run follows neither as written. A tensor lr is not read here: on a GPU that read would wait for the device."""
+        if self._lrs_set is None:
+            return
+        now = self._learning_rates()
+        if len(now) != len(self._lrs_set) or any(
+                not isinstance(lr, torch.Tensor) and lr != was for lr, was in zip(now, self._lrs_set)):
+            raise HostCannotServeError(f"the learning rate changed between {between}, but "
+                                       f"Speedkit(schedules={self._schedules!r}) sets it again at every step, "
+                                       f"undoing that change; keep one schedule: drop your LR scheduler (or the "
+                                       f"lr you set), or drop Speedkit(schedules=...) and keep your scheduler")
 
     def _open_step(self, call: str) -> None:
         """Refuse a step call made again before ``sk.step_end()`` closed the step it was made in: without

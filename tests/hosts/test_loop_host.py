@@ -255,3 +255,19 @@ def test_a_step_past_max_duration_is_refused():
     assert sk.done and len(losses) == 2
     with pytest.raises(RuntimeError, match=r"sk.batch\(batch\) after the run reached max_duration='2ba'"):
         sk.batch(next(iter(train)))
+
+
+def test_an_lr_scheduler_built_after_prepare_optimizer_beside_speedkits_schedules_is_refused():
+    """One built before sk.prepare_optimizer is refused there; one built after it stepped the lr, and speedkit's
+    cosine set it again before the next forward: neither schedule was the one trained with."""
+    train, _ = toy_loaders(batch_size=32, n=128)
+    model = toy_model()
+    sk = Speedkit([], max_duration="4ba", train_dataloader=train, schedules="cosine")
+    optimizer = sk.prepare_optimizer(torch.optim.SGD(sk.prepare_model(model).parameters(), lr=0.1))
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+    batch = sk.batch(next(iter(train)))
+    sk.backward(sk.loss(model(batch[0]), batch))
+    optimizer.step()
+    scheduler.step()
+    with pytest.raises(HostCannotServeError, match=r"learning rate changed between sk.batch and sk.step_end\(\)"):
+        sk.step_end()
