@@ -22,6 +22,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from speedkit.experiments.compare import machine_text
 from speedkit.record.runs import RunRecord, cpu_name
 
 
@@ -78,8 +79,8 @@ def main(argv=None) -> int:
     result = {"what": f"recipes run as `speedkit train --stop-at-target` runs them, against {args.baseline!r}, "
                       f"on seeds {seeds}, interleaved seed by seed",
               "command": shlex.join(["scripts/fresh_seeds.py", *(argv if argv is not None else sys.argv[1:])]),
-              "machine": f"{cpu_name()}, {torch.get_num_threads()} threads, torch {torch.__version__}, "
-                         f"{datetime.date.today().isoformat()}",
+              "machine": machine_text({"cpu": cpu_name(), "torch_threads": torch.get_num_threads(),
+                                       "torch": torch.__version__}, datetime.date.today().isoformat()),
               "baseline": args.baseline, "runs": {label: shlex.join(flags) for label, flags in runs.items()},
               "seeds": rows, "summary": medians}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -64,19 +64,21 @@ HOSTS = {
                                            "Fashion-MNIST as Lightning's docs write it, against `hot`'s methods, "
                                            "budget and alternating flips"),
 }
-# `speedkit tune`'s picks run again on seeds the search never saw (scripts/fresh_seeds.py), each search's folder
-# under bench/results. Per seed, a pick is compared with the fastest of `against` on that seed.
+# `speedkit tune`'s picks run again on seeds the search never saw (scripts/fresh_seeds.py): each search's folder
+# (its report) and the fresh-seed files, under bench/results. Per seed, a pick is compared with the fastest of
+# `against` on that seed.
+FRESH = "2026-12-05-searches-fresh-seeds-again"
 SEARCHES = [
     {"data": "fashion-mnist", "folder": "2026-11-30-recipe-searches/fashion-mnist-two-baselines",
-     "files": ["fresh_seeds.json"],
+     "files": [f"{FRESH}/fashion-mnist/fresh_seeds.json"],
      "against": {"plain-bf16": "`plain-bf16`"},
      "arms": {"tune pick": "the search's pick", "hot, timed finely": "`hot`, evaluated as often"}},
     {"data": "glyphs", "folder": "2026-11-30-recipe-searches/heldout-glyphs-faster-muon",
-     "files": ["fresh_seeds.json", "fresh_seeds_10-12.json"],
+     "files": [f"{FRESH}/glyphs/fresh_seeds.json", f"{FRESH}/glyphs/fresh_seeds_10-12.json"],
      "against": {"plain-bf16": "`plain-bf16`", "tuned baseline (v3 search)": "a tuned `plain-bf16`"},
      "arms": {"v3 pick": "one search's pick", "v4 pick": "another search's pick"}},
     {"data": "perldoc", "folder": "2026-11-30-recipe-searches/heldout-perldoc-plain-bf16",
-     "files": ["fresh_seeds.json"],
+     "files": [f"{FRESH}/perldoc/fresh_seeds.json"],
      "against": {"plain-bf16": "`plain-bf16`"},
      "arms": {"tune pick": "the search's pick", "hot": "`hot`, rebuilt"}},
 ]
@@ -423,12 +425,13 @@ def search_results() -> str:
     budgets, machines = set(), set()
     for search in SEARCHES:
         where = f"bench/results/{search['folder']}"
-        files = [json.loads((ROOT / where / f).read_text()) for f in search["files"]]
+        files = [json.loads((RESULTS / f).read_text()) for f in search["files"]]
         seeds = [s for f in files for s in f["seeds"]]
         budgets.add(json.loads((ROOT / where / "summary.json").read_text())["budget_s"])
         machines.update(f["machine"] for f in files)  # with the date: these are runs of their own
-        links = ", ".join(f"[{f.removesuffix('.json').removesuffix('.md').replace('_', ' ')}]({where}/{f})"
-                          for f in ["report.md", *search["files"]])
+        links = ", ".join(f"[{Path(f).stem.replace('_', ' ')}]({path})" for f, path in
+                          [("report.md", f"{where}/report.md"),
+                           *((f, f"bench/results/{f}") for f in search["files"])])
         cells = []
         for arm, label in search["arms"].items():
             ratios = []
