@@ -222,7 +222,11 @@ class Speedkit:
         """After ``optimizer.step()``: the methods' per-step work (EMA's update, Lookahead) and the clock. When
         accumulating, call it after every batch: a batch that does not close a step (:attr:`step_due`) is a
         microbatch of the step to come."""
-        self._open_calls.clear()
+        called, self._open_calls = self._open_calls, set()
+        if self._schedules and "sk.batch(batch)" not in called:
+            raise HostCannotServeError(f"Speedkit(schedules={self._schedules!r}) sets the learning rate in "
+                                       f"sk.batch(batch), which this step did not call, so the schedule never moved: "
+                                       f"add `batch = sk.batch(batch)` before the forward (see speedkit.hosts.loop)")
         self._check_optimizer_steps()
         self._check_lrs_kept("sk.batch and sk.step_end()")
         if not self.step_due:

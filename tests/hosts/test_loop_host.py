@@ -271,3 +271,16 @@ def test_an_lr_scheduler_built_after_prepare_optimizer_beside_speedkits_schedule
     scheduler.step()
     with pytest.raises(HostCannotServeError, match=r"learning rate changed between sk.batch and sk.step_end\(\)"):
         sk.step_end()
+
+
+def test_speedkit_schedules_in_a_step_without_sk_batch_are_refused():
+    """The schedule is set where the step begins, in sk.batch: a loop without it trained at the first rate."""
+    train, _ = toy_loaders(batch_size=32, n=128)
+    model = toy_model()
+    sk = Speedkit([LabelSmoothing(0.1)], max_duration="4ba", train_dataloader=train, schedules="cosine")
+    optimizer = sk.prepare_optimizer(torch.optim.SGD(sk.prepare_model(model).parameters(), lr=0.1))
+    x, y = next(iter(train))
+    sk.backward(sk.loss(model(x), (x, y)))
+    optimizer.step()
+    with pytest.raises(HostCannotServeError, match=r"sets the learning rate in sk.batch\(batch\), which this step"):
+        sk.step_end()
