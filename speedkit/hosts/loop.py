@@ -31,7 +31,8 @@ the groups a method adds (Muon's) follow its lr's relative change. Method state 
 reach (a missing ``sk.loss`` call, say) is refused after the first step, with the call to add; so is a step that
 no ``sk.step_end()`` ended, at the next step's ``sk.batch`` or ``sk.backward`` (or at ``sk.finish()``); a step
 that stepped the optimizer given to ``sk.prepare_optimizer`` instead of the one it returned, or stepped it more
-often than ``sk.step_end()`` counts; and a step begun after ``max_duration``.
+often than ``sk.step_end()`` counts; a step begun after ``max_duration``; and, with ``schedules=``, a step
+without ``sk.batch`` (where the schedule is set) or a learning rate something else changed.
 """
 from __future__ import annotations
 
