@@ -121,7 +121,7 @@ class Speedkit:
         self._schedules = schedules
         self._eval_checked = False
         self._follow = None  # Muon's groups following a scheduler built before prepare_optimizer
-        self._step_counts: dict[int, list] = {}  # id -> [optimizer, its step() calls since the last sk.step_end()]
+        self._step_counts: dict = {}  # optimizer -> its step() calls since the last sk.step_end()
         self._lrs_set = None  # the learning rates speedkit's schedules set, as its last call left them
 
     @property
@@ -165,10 +165,12 @@ class Speedkit:
         ``step_end`` can tell a step that skipped one of them: stepping the optimizer given to prepare_optimizer
         instead of the one it returned leaves Muon's matrices, or Lookahead's slow weights, untrained."""
         for optimizer in optimizers:
-            if isinstance(optimizer, torch.optim.Optimizer) and id(optimizer) not in self._step_counts:
-                counter = [optimizer, 0]
-                self._step_counts[id(optimizer)] = counter
-                optimizer.register_step_post_hook(lambda *_, counter=counter: counter.__setitem__(1, counter[1] + 1))
+            if isinstance(optimizer, torch.optim.Optimizer) and optimizer not in self._step_counts:
+                self._step_counts[optimizer] = 0
+                optimizer.register_step_post_hook(self._count_step)
+
+    def _count_step(self, optimizer, *_) -> None:
+        self._step_counts[optimizer] += 1
 
     # -- each step -------------------------------------------------------------------------------------
     def batch(self, batch):
@@ -278,9 +280,8 @@ class Speedkit:
         """Refuse a step that stepped some optimizers and not others, or stepped them more often than the clock
         counts (twice between two sk.step_end(), or on a batch that closes no accumulated step); a step skipped
         whole (a GradScaler's after an overflow) is fine."""
-        counts = [count for _, count in self._step_counts.values()]
-        for counter in self._step_counts.values():
-            counter[1] = 0
+        counts = list(self._step_counts.values())
+        self._step_counts = dict.fromkeys(self._step_counts, 0)
         if len(set(counts)) > 1:
             raise HostCannotServeError("optimizer.step() stepped the optimizer given to sk.prepare_optimizer but not "
                                        "the optimizers speedkit's methods made of it (Muon's group, Lookahead): step "
