@@ -4,8 +4,8 @@
 machine hit both sides alike and each seed's pair ran side by side, and returns a ``Measurement`` whose
 ``ratios`` are baseline time / recipe time seed by seed (``compare.paired_speedups``). The benchmark's main runs,
 the search's confirmation, the demo and the notebooks all measure through it; what differs is only ``run``
-(how one recipe is trained on one seed). ``shortest_budget`` is the one budget search (the benchmark's
-``--find-budgets`` and the search's longer budgets for a winner that missed a seed).
+(how one recipe is trained on one seed). ``shortest_budget`` is the one budget search (a baseline's, in
+``baseline_plan``, and the search's longer budgets for a winner that missed a seed).
 ``finished_runs`` is the one resume: the measured runs found finished in a run folder, by what they are runs of
 (the benchmark's ``--reuse`` and ``--only``, the search's confirmation continued after a kill or with more budget).
 """
@@ -144,18 +144,29 @@ def measure(recipes: Sequence[str], baselines: Sequence[str], seeds: Sequence, r
     return result
 
 
-def shortest_budget(all_reach: Callable[[int], bool], start: int, most: int, down: bool = True) -> int | None:
-    """The fewest steps of budget with which ``all_reach(steps)`` holds (every seed reached the target).
+def shortest_budget(holds: Callable[[int], bool | None], start: int, most: int, down: bool = True) -> int | None:
+    """The fewest steps of budget for which ``holds(steps)`` (every seed reached the target).
 
     From ``start``: where it holds, down a step at a time while it still does (with ``down``); where it does
-    not, up a step at a time to at most ``most``. None where no budget up to ``most`` holds.
+    not, up a step at a time to at most ``most``. None where no budget up to ``most`` holds, or where ``holds``
+    answered None (not known yet: a planner that asks for that run first, ``baseline_plan``).
     """
-    if all_reach(start):
+    known = holds(start)
+    if known is None:
+        return None
+    if known:
         best = start
-        while down and best > 1 and all_reach(best - 1):
+        while down and best > 1:
+            lower = holds(best - 1)
+            if not lower:
+                return best if lower is False else None
             best -= 1
         return best
-    return next((steps for steps in range(start + 1, most + 1) if all_reach(steps)), None)
+    for steps in range(start + 1, most + 1):
+        known = holds(steps)
+        if known is None or known:
+            return steps if known else None
+    return None
 
 
 def budget_scale(recipe, base) -> float | None:

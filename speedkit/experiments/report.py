@@ -572,10 +572,12 @@ def baseline_shortfall(summary: dict) -> str | None:
 
 
 def proposal(trial: dict) -> str:
-    """Where a trial came from: a starting point, a move from an earlier trial, a second seed of one, or the
-    sampler."""
+    """Where a trial came from: a starting point, the baseline plan, a move from an earlier trial, a second seed of
+    one, or the sampler."""
     if trial.get("start_from"):
         return f"start: {trial['start_from']}"
+    if trial.get("plan"):
+        return f"baseline plan: {trial['plan']}"
     if trial.get("repeat_of") is not None:
         return f"#{trial['repeat_of']} again, on seed {trial['seed']}"
     return f"move: {trial['move']}" if trial.get("move") else "sampler"

@@ -11,6 +11,7 @@ from helpers import needs_fmnist, needs_python_docs, toy_loaders, toy_model
 
 from speedkit.cli.main import main
 from speedkit.core import Callback, Time
+from speedkit.experiments.baseline_plan import EDGE_STEPS, Outcome, start_steps
 from speedkit.experiments.bench import (BenchProfile, get_profile, merge_summary, pick_best, profile_steps,
                                         run_benchmark, summarize, summary_markdown)
 from speedkit.experiments.compare import late_gain
@@ -546,17 +547,21 @@ def test_the_budget_search_finds_the_shortest_whole_epoch_budget_every_seed_reac
 
     monkeypatch.setattr(harness, "run_one", fake_run_one)
     profile = get_profile("vision", "cpu")
-    found = harness.find_budget(profile, "plain", [0, 1], tmp_path, "s", log=lambda line: None)
+    def find_budget(profile, seeds):
+        return harness.tune_baseline(profile, "plain", seeds, tmp_path, "s", log=lambda line: None, sweep=False,
+                                     find_budget=True)["budget"]
+
+    found = find_budget(profile, [0, 1])
     assert found == {"budget": "5ep", "tried": {"8ep": 2, "7ep": 2, "6ep": 2, "5ep": 2, "4ep": 0}}
     assert ran[-1] == (4, 0)  # a budget is rejected at its first seed that falls short
     upward = dataclasses.replace(profile, recipe_changes={"plain": {"duration": "3ep"}})
-    assert harness.find_budget(upward, "plain", [0, 1], tmp_path, "s", log=lambda line: None)["budget"] == "5ep"
+    assert find_budget(upward, [0, 1])["budget"] == "5ep"
     never = dataclasses.replace(profile, recipe_changes={"plain": {"duration": "2ep"}})
     with pytest.raises(ValueError, match="within 4ep"):
-        harness.find_budget(never, "plain", [0, 1], tmp_path, "s", log=lambda line: None)
+        find_budget(never, [0, 1])
     in_batches = dataclasses.replace(profile, budget_step="50ba")
     with pytest.raises(ValueError, match="plain's budget in whole steps of it, got '8ep'"):
-        harness.find_budget(in_batches, "plain", [0], tmp_path, "s", log=lambda line: None)
+        find_budget(in_batches, [0])
 
 
 def test_a_budget_search_in_batches_starts_where_the_sweep_reached_the_target(monkeypatch, tmp_path):
@@ -577,13 +582,16 @@ def test_a_budget_search_in_batches_starts_where_the_sweep_reached_the_target(mo
     pick = {"lr": 2e-3, "schedule": {"name": "cosine", "warmup": "0.05dur"}}
     swept = {"pick": pick, "tried": [{**pick, "batches_to_target": 475}, {"lr": 1e-3, "schedule": pick["schedule"],
                                                                          "batches_to_target": 200}]}
-    start = harness.budget_hint(swept, profile.budget_step)
-    assert start == "500ba"  # the pick's 475 batches, rounded up to the 50-batch step
-    found = harness.find_budget(profile, "tuned", [0, 1], tmp_path, "s", log=lambda line: None, start=start)
+    found = harness.tune_baseline(profile, "tuned", [0, 1], tmp_path, "s", log=lambda line: None, sweep=False,
+                                  find_budget=True, earlier=swept)["budget"]
     assert found == {"budget": "450ba", "tried": {"500ba": 2, "450ba": 2, "400ba": 1}}
-    assert ran[0] == (500, 0) and ran[-1] == (400, 1)
-    assert harness.budget_hint({**swept, "tried": [{**pick, "batches_to_target": None}]}, "50ba") is None
-    assert harness.budget_hint(swept, "1ep") is None  # epochs: no batch count to start from
+    assert ran[0] == (500, 0) and ran[-1] == (400, 1)  # from the pick's 475 batches, rounded up to the step
+    plan = harness.baseline_plan(profile, "tuned", [0], sweep=False, find_budget=True)
+    missed = Outcome(plan.grid()[0], None, 3.4)
+    own = int(profile.recipe("tuned").duration.removesuffix("ba")) // 50
+    assert start_steps(plan, [missed]) == own  # a pick that missed: from the recipe's own budget
+    in_epochs = dataclasses.replace(plan, budget_step="1ep", start_steps=8)
+    assert start_steps(in_epochs, [Outcome(plan.grid()[0], 475, 3.2)]) == 8  # epochs: no batch count to start from
 
 
 def test_the_sweep_runs_the_grid_on_one_seed_and_picks_the_fastest(monkeypatch, tmp_path):
@@ -601,13 +609,13 @@ def test_the_sweep_runs_the_grid_on_one_seed_and_picks_the_fastest(monkeypatch, 
         return record
 
     monkeypatch.setattr(harness, "run_one", fake_run_one)
-    found = harness.sweep_baseline(get_profile("language"), "tuned", 3, tmp_path, "s", log=lambda line: None)
+    found = harness.tune_baseline(get_profile("language"), "tuned", [3], tmp_path, "s", log=lambda line: None)["sweep"]
     assert len(found["tried"]) == 6  # three learning rates x two schedules
     assert found["pick"] == {"lr": 2e-3, "schedule": {"name": "linear_to_zero", "warmup": "0.05dur"}}
     assert [t["time_to_target_s"] for t in found["tried"]] == [50, 45, 30, 20, None, None]
     assert [t["batches_to_target"] for t in found["tried"]] == [5, 4, 3, 2, None, None]
     with pytest.raises(ValueError, match="no sweep for 'plain'"):
-        harness.sweep_baseline(get_profile("vision"), "plain", 0, tmp_path, "s")
+        harness.tune_baseline(get_profile("vision"), "plain", [0], tmp_path, "s")
 
 
 def test_the_language_budget_search_covers_tuned_only_and_starts_from_the_sweep(monkeypatch, tmp_path):
@@ -709,9 +717,9 @@ def test_a_sweep_whose_edge_keeps_winning_goes_past_it_a_bounded_number_of_steps
 
     monkeypatch.setattr(harness, "run_one", fake_run_one)
     profile = harness.with_default_sweeps(harness.resolve_profile("vision", "cpu", 1, "", "plain-bf16")[0])
-    found = harness.sweep_baseline(profile, "plain-bf16", 0, tmp_path, "s", log=lambda line: None)
+    found = harness.tune_baseline(profile, "plain-bf16", [0], tmp_path, "s", log=lambda line: None)["sweep"]
     assert swept[6:] == [(lr * 0.25, "linear_to_zero"), (lr * 0.125, "linear_to_zero")]
-    assert len(found["tried"]) == 6 + harness.EDGE_STEPS
+    assert len(found["tried"]) == 6 + EDGE_STEPS
     assert found["pick"]["lr"] == lr * 0.125 and found["pick"]["schedule"]["name"] == "linear_to_zero"
 
 

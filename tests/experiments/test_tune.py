@@ -201,9 +201,13 @@ def test_finds_the_planted_best_and_writes_a_loadable_recipe(tmp_path, fake_env)
     assert baseline.name == "tune-baseline" and baseline.methods == baseline_row["recipe"]["methods"]
     assert baseline.reached["time_to_target_s"] == baseline_row["median_s"] and "label_smoothing" not in baseline.methods
     assert f"--recipe {result.recipe_path.with_name('baseline.yaml')}`" in result.report_path.read_text()
-    assert loaded.reached["time_to_target_s"] == result.summary["confirmation"]["candidates"][1]["median_s"]
-    roles = [c["role"] for c in result.summary["confirmation"]["candidates"]]
-    assert roles == ["baseline", "winner", "runner-up"]
+    rows = {c["role"]: c for c in result.summary["confirmation"]["candidates"]}
+    assert loaded.reached["time_to_target_s"] == rows["winner"]["median_s"]
+    # the tuned baseline trains the shortest budget that reached the target on seed 0 (all of them do, here), so
+    # the base as given is confirmed beside it
+    assert list(rows) == ["baseline", "baseline as given", "winner", "runner-up"]
+    assert Recipe(**rows["baseline"]["recipe"]).duration == baseline.duration != Recipe(**rows["baseline as given"][
+        "recipe"]).duration
     # no candidate takes a baseline's name on any task (pydocs has "tuned"): runs of that name count as baseline runs
     every_baseline = {name for task in TASKS.values() for name in task.baselines}
     names = [c["recipe"]["name"] for c in result.summary["confirmation"]["candidates"][1:]] + [loaded.name]
@@ -222,7 +226,7 @@ def test_finds_the_planted_best_and_writes_a_loadable_recipe(tmp_path, fake_env)
     from speedkit.record.runs import load_records
 
     records = load_records(tmp_path / "runs")
-    assert len(records) == len([t for t in result.summary["trials"] if t["record"]]) + 3 * 2 + len(loo)
+    assert len(records) == len([t for t in result.summary["trials"] if t["record"]]) + len(rows) * 2 + len(loo)
     [table] = leave_one_out(records).values()
     assert table["label_smoothing"]["slowdown"] == pytest.approx(loo["label_smoothing"]["slowdown"])
     report = result.report_path.read_text()
@@ -721,6 +725,25 @@ def test_a_winner_that_misses_a_fresh_seed_gets_a_longer_budget_until_it_reaches
     assert "Where the time went" in result.report_path.read_text()
 
 
+def test_the_baseline_study_runs_the_benchmarks_baseline_plan(tmp_path, fake_env):
+    """The baseline is tuned as `speedkit bench --sweep --find-budgets` tunes one (baseline_plan.py): its rate as
+    given, halved and doubled, then its budget walked down in tenths while it still reaches the target. Planted
+    (budgeted_run): lr 0.1 is best, and a run reaches the target only with at least 7 tenths of its 8 epochs."""
+    from speedkit.experiments.report import proposal
+
+    result = tune(TuneSettings("fashion-mnist", searched_methods=["label_smoothing"], out_dir=tmp_path,
+                  runner="tune_fakes:budgeted_run", budget=60, trial_limit=12, max_trials=1, seeds_to_confirm=1,
+                  tune_hparams=False, **SMALL), **QUIET)
+    ran = [(t["params"]["lr"], round(t["params"]["duration_scale"], 6))
+           for t in result.summary["trials"] if t["phase"] == "baseline"]
+    assert ran == [(0.1, 1.0), (0.05, 1.0), (0.2, 1.0), (0.1, 0.9), (0.1, 0.8), (0.1, 0.7), (0.1, 0.6)]
+    origins = [proposal(t) for t in result.summary["trials"] if t["phase"] == "baseline"]
+    assert origins == ["start: baseline", *["baseline plan: learning rate"] * 2, *["baseline plan: budget"] * 4]
+    tuned = result.summary["confirmation"]["candidates"][0]
+    assert tuned["role"] == "baseline" and tuned["recipe"]["duration"] == "5.6ep"  # 7 tenths of 8 epochs
+    assert result.summary["confirmation"]["candidates"][1]["role"] == "baseline as given"
+
+
 def test_a_lead_on_the_search_seed_runs_again_on_another_before_it_leads_the_search(tmp_path, fake_env):
     """mixup looks 2.5x faster on seed 0 and is 2x slower on every other seed (planted); label smoothing halves
     the time on every seed. The search runs its best recipe so far on a second seed before any move starts
@@ -812,7 +835,10 @@ def test_the_confirmation_keeps_back_a_baselines_whole_budget():
             "wall_s": 20.0, "budget_done": 0.8, "time_to_target_s": 10.0}))
         return {"baseline": baseline, "search": search}
 
-    config = SimpleNamespace(budget_s=1000.0, limit_s=200.0, settings=SimpleNamespace(seeds_to_confirm=3, leave_one_out=False))
+    config = SimpleNamespace(budget_s=1000.0, limit_s=200.0, metric="eval/accuracy",
+                             base_recipe=lambda: get_recipe("fashion-mnist", "baseline"),
+                             settings=SimpleNamespace(seeds_to_confirm=3, leave_one_out=False, lr_factor=10.0,
+                                                      duration_scale_range=(0.1, 1.0)))
     assert confirm_reserve_s(config, studies(0.8)) == pytest.approx(3 * (100 / 0.8 + 20))
     assert confirm_reserve_s(config, studies(1 / 3)) == pytest.approx(3 * (100 + 20))
 

@@ -16,7 +16,12 @@ from speedkit.methods import build_methods
 from speedkit.record.runs import RunRecord
 
 BASE_TIME = 4.0  # fake training seconds to the target with nothing on
-REAL_SECONDS_PER_FAKE = float(os.environ.get("TUNE_FAKE_PACE", "0.01"))
+
+
+def real_seconds_per_fake() -> float:
+    """``$TUNE_FAKE_PACE``, read at each run: a test sets it after another test imported this module."""
+    return float(os.environ.get("TUNE_FAKE_PACE", "0.01"))
+
 RUN_SETTINGS = ("device", "data_fraction", "eval_fraction", "eval_interval")  # in a record's config, as a real run's
 
 
@@ -119,7 +124,7 @@ def _train(context, reach_at: float, available: float) -> RunRecord:
         wall = round(wall + 0.25, 6)  # an evaluation every 0.25 fake seconds
         value = top * min(1.0, wall / reach_at)
         value = context.target if math.isclose(value, context.target) else value
-        time.sleep(0.25 * REAL_SECONDS_PER_FAKE)
+        time.sleep(0.25 * real_seconds_per_fake())
         record.add_eval({"batch": int(round(wall * 4)), "wall_s": wall}, {context.metric: value})
         context.budget_done = wall / available  # as the real trainer's reporter sets it at each evaluation
         if value >= context.target or context.on_eval(wall, value):

@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import datetime as _dt
 import json
-import math
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -21,7 +20,9 @@ from speedkit.experiments.bench.profiles import TASK_KEYS, BenchProfile, get_pro
 from speedkit.experiments.compare import at_or_beyond, final_metric, final_quality, late_gain, stricter, time_to_level
 from speedkit.experiments.compare import baseline_median_times, curve_time_to
 from speedkit.experiments.compare import median_or_none, paired_speedups, time_rank
-from speedkit.experiments.measure import MEASURED_RUN, Measurement, finished_runs, fit, measure, shortest_budget
+from speedkit.experiments.baseline_plan import (BaselinePlan, Outcome, Point, budget_found, default_step,
+                                                next_run, start_steps, sweep_found)
+from speedkit.experiments.measure import MEASURED_RUN, Measurement, finished_runs, fit, measure
 from speedkit.record.runs import RunRecord, environment, lower_is_better
 from speedkit.tasks import TASKS, Recipe, RunRequest, get_recipe, is_baseline, make_trainer, resolve_task
 
@@ -103,7 +104,7 @@ def run_interleaved(profile: BenchProfile, seeds: Sequence[int], run_dir: str | 
     return done
 
 
-# -- each baseline's budget ---------------------------------------------------------------------
+# -- each baseline tuned: its rate, then its budget (one plan, speedkit.experiments.baseline_plan) ----------------
 def _budget_in_steps(duration: str, step: Time, what: str) -> int:
     """``duration`` as a whole number of ``step``s (a budget search moves a step at a time)."""
     time = Time.from_string(duration)
@@ -112,50 +113,6 @@ def _budget_in_steps(duration: str, step: Time, what: str) -> int:
         raise ValueError(f"a budget search in steps of {step} needs {what} in whole steps of it, got {duration!r}; "
                          f"set the profile's budget_step to the unit of the baseline's budget")
     return int(steps)
-
-
-def find_budget(profile: BenchProfile, name: str, seeds: Sequence[int], run_dir: str | Path, session: str,
-                log: Callable[[str], None] = print, start: str | None = None, **trainer_kwargs) -> dict:
-    """The shortest budget, in whole ``profile.budget_step``s, with which baseline ``name`` reaches the target
-    in every seed (``measure.shortest_budget`` from ``start``, default the recipe's own, up to twice that; each
-    budget's seeds run through ``measure.measure``).
-
-    Only reaching matters here, so each run stops at the target (``_stopped_run``; the main runs check that the
-    end of the budget still holds it). Returns ``{"budget", "tried": {budget: seeds that reached the target}}``;
-    the runs are marked ``config["bench"]["budget_search"]``.
-    """
-    step = Time.from_string(profile.budget_step)
-    first = _budget_in_steps(start or scheduled_recipe(profile, name).duration, step,
-                             "the start" if start else f"{name}'s budget")
-    budget = lambda steps: f"{step.value * steps:g}{step.unit.value}"  # noqa: E731
-    tried: dict[str, int] = {}
-
-    def all_reach(steps: int) -> bool:
-        recipe = scheduled_recipe(profile, name).with_changes(duration=budget(steps))
-        measured = measure([name], (), seeds, lambda _, seed: _stopped_run(
-            profile, recipe, seed, f"{profile.task}-{name}-{budget(steps)}-s{seed}", run_dir, session, "budget_search",
-            log, f"budget {name} {budget(steps)}", **trainer_kwargs),
-            keep_going=lambda m: None not in m.times[name])  # one seed short is enough to reject this budget
-        tried[budget(steps)] = reached = sum(t is not None for t in measured.times[name])
-        return reached == len(seeds)
-
-    best = shortest_budget(all_reach, first, 2 * first)
-    if best is None:
-        raise ValueError(f"baseline {name} did not reach the target in every seed within {budget(2 * first)}; "
-                         f"lower the target or give the baseline a longer budget")
-    return {"budget": budget(best), "tried": tried}
-
-
-def budget_hint(swept: dict, step: str) -> str | None:
-    """Where a budget search can start after a sweep: the pick's batches to the target, rounded up to
-    the step. The answer is near there but on either side: a shorter schedule decays sooner, which may
-    bring the target forward or, with too little time at the full learning rate, out of reach (the
-    search then goes up). None when the step is not in batches or the pick never reached the target."""
-    step_time = Time.from_string(step)
-    pick = next(t for t in swept["tried"] if {"lr": t["lr"], "schedule": t["schedule"]} == swept["pick"])
-    if step_time.unit.value != "ba" or pick.get("batches_to_target") is None:
-        return None
-    return f"{math.ceil(pick['batches_to_target'] / step_time.value) * step_time.value:g}ba"
 
 
 def sweep_grid(profile: BenchProfile, name: str) -> list[dict]:
@@ -168,63 +125,67 @@ def sweep_grid(profile: BenchProfile, name: str) -> list[dict]:
             for schedule in grid.get("schedule", (recipe.schedule,))]
 
 
-def swept_point(record: RunRecord) -> dict:
-    """What a sweep keeps of one of its runs."""
-    target = record.target or {}
-    return {"lr": record.config["recipe_spec"]["optimizer"]["lr"],
-            "schedule": dict(record.config["recipe_spec"]["schedule"]), "time_to_target_s": record.time_to_target,
-            "batches_to_target": record.time_to(target.get("metric"), target.get("value"), x="batch")
-            if target else None, "final_metric": final_metric(record), "run": record.name}
+def baseline_plan(profile: BenchProfile, name: str, seeds: Sequence[int], sweep: bool, find_budget: bool,
+                  earlier: dict | None = None) -> BaselinePlan:
+    """How bench tunes baseline ``name``: with ``sweep``, the profile's grid (``sweep_grid``) on the first seed at
+    the grid's budget (where it names one: the recipe's own may be the shorter one a budget search found), else
+    the pick of an ``earlier`` sweep or the recipe's own rate; with ``find_budget``, its budget in whole
+    ``profile.budget_step``s (default ``baseline_plan.default_step``) on every seed, up to twice where the walk
+    starts (the recipe's own budget where the pick gives no start)."""
+    recipe = scheduled_recipe(profile, name)
+    if sweep:
+        grid = sweep_grid(profile, name)
+        rates, schedules = tuple(dict.fromkeys(p["lr"] for p in grid)), [p["schedule"] for p in grid]
+        schedules = tuple(s for i, s in enumerate(schedules) if s not in schedules[:i])
+    else:
+        chosen = (earlier or {}).get("pick") or {"lr": recipe.optimizer["lr"], "schedule": recipe.schedule}
+        rates, schedules = (chosen["lr"],), (dict(chosen["schedule"]),)
+    sweep_budget = profile.sweeps.get(name, {}).get("budget", recipe.duration) if sweep or earlier else recipe.duration
+    step = (profile.budget_step or default_step(recipe.duration)) if find_budget else None
+    return BaselinePlan(
+        metric=TASKS[profile.task].target_metric, rates=rates, schedules=schedules, sweep_budget=sweep_budget,
+        sweep_seed=seeds[0], budget_step=step, seeds=tuple(seeds),
+        start_steps=_budget_in_steps(recipe.duration, Time.from_string(step), f"{name}'s budget") if step else None)
 
 
-def pick_swept(profile: BenchProfile, tried: Sequence[dict]) -> dict:
-    """The sweep's result: ``{"tried", "pick": {"lr", "schedule"}}``, the pick fastest to the target
-    (ties and misses: the best final metric).
+def tune_baseline(profile: BenchProfile, name: str, seeds: Sequence[int], run_dir: str | Path, session: str,
+                  log: Callable[[str], None] = print, sweep: bool = True, find_budget: bool = False,
+                  earlier: dict | None = None, **trainer_kwargs) -> dict:
+    """Run ``baseline_plan``'s runs of baseline ``name`` in turn, each stopped at the target and marked
+    ``config["bench"]["sweep"]`` or ``["budget_search"]`` (``_stopped_run``). Returns ``{"sweep": {"tried",
+    "pick"}}`` with ``sweep`` and ``{"budget": {"budget", "tried": {budget: seeds that reached}}}`` with
+    ``find_budget``: what ``--sweep`` and ``--find-budgets`` write."""
+    plan, recipe = baseline_plan(profile, name, seeds, sweep, find_budget, earlier), scheduled_recipe(profile, name)
+    tried = [_earlier_outcome(plan, row) for row in (earlier or {}).get("tried", [])
+             if (row["lr"], row["schedule"]) == (plan.rates[0], plan.schedules[0]) and not sweep]
+    while (point := next_run(plan, tried)) is not None:
+        if point.lr not in plan.rates:
+            log(f"[sweep {name}] the pick is the edge of the rates tried: trying lr {point.lr:g}")
+        candidate = recipe.with_changes(optimizer={"lr": point.lr}, schedule=dict(point.schedule),
+                                        duration=point.budget)
+        if point.stage == "sweep":
+            run_name, what = f"{profile.task}-{name}-lr{point.lr:g}-{point.schedule['name']}-s{point.seed}", "sweep"
+        else:
+            run_name, what = f"{profile.task}-{name}-{point.budget}-s{point.seed}", "budget_search"
+        record = _stopped_run(profile, candidate, point.seed, run_name, run_dir, session, what, log,
+                              f"{what.replace('_search', '')} {name}", **trainer_kwargs)
+        target = record.target or {}
+        tried.append(Outcome(point, record.time_to(target.get("metric"), target.get("value"), x="batch")
+                             if target else None, final_metric(record), record.time_to_target, record.name))
+    found = {"sweep": sweep_found(plan, tried)} if sweep else {}
+    if find_budget:
+        found["budget"] = budget_found(plan, tried)
+        if found["budget"]["budget"] is None:
+            longest = max(2 * start_steps(plan, tried), plan.start_steps)
+            raise ValueError(f"baseline {name} did not reach the target in every seed within {plan.budget(longest)}; "
+                             f"lower the target or give the baseline a longer budget")
+    return found
 
-    Ranked by batches, not seconds: every candidate runs the same model and batch, so they agree, and
-    batches do not depend on what else the machine is doing (a sweep need not run on a quiet machine,
-    and its points may run in several processes at once)."""
-    metric = TASKS[profile.task].target_metric
-    best = min(tried, key=lambda t: time_rank([t["batches_to_target"]], [t["final_metric"]], metric))
-    return {"tried": list(tried), "pick": {"lr": best["lr"], "schedule": best["schedule"]}}
 
-
-# How many rates a sweep tries past the edge of its grid when the edge keeps winning.
-EDGE_STEPS = 2
-
-
-def sweep_baseline(profile: BenchProfile, name: str, seed: int, run_dir: str | Path, session: str,
-                   log: Callable[[str], None] = print, **trainer_kwargs) -> dict:
-    """Run baseline ``name`` once (on ``seed``) at every point of its sweep (``sweep_grid``), each run stopped at
-    the target and marked ``config["bench"]["sweep"]`` (``_stopped_run``), and pick the fastest (``pick_swept``).
-
-    A pick at the grid's highest or lowest rate says only that the best rate may lie beyond it, and a baseline
-    tuned to its grid's edge is not a tuned baseline: the sweep then goes on past that edge, one grid step at a
-    time with the pick's schedule, until the edge stops winning (at most ``EDGE_STEPS`` more runs)."""
-    recipe, tried = scheduled_recipe(profile, name), []
-
-    def run(point: dict) -> None:
-        # the grid's budget where it names one: the recipe's own may be the shorter one a budget search found
-        candidate = recipe.with_changes(optimizer={"lr": point["lr"]}, schedule=dict(point["schedule"]),
-                                        duration=profile.sweeps[name].get("budget", recipe.duration))
-        run_name = f"{profile.task}-{name}-lr{point['lr']:g}-{point['schedule']['name']}-s{seed}"
-        tried.append(swept_point(_stopped_run(profile, candidate, seed, run_name, run_dir, session, "sweep", log,
-                                              f"sweep {name}", **trainer_kwargs)))
-
-    grid = sweep_grid(profile, name)
-    for point in grid:
-        run(point)
-    rates = sorted({point["lr"] for point in grid})
-    for _ in range(EDGE_STEPS if len(rates) > 1 else 0):
-        pick = pick_swept(profile, tried)["pick"]
-        if pick["lr"] not in (rates[0], rates[-1]):
-            break
-        lr = rates[-1] * rates[-1] / rates[-2] if pick["lr"] == rates[-1] else rates[0] * rates[0] / rates[1]
-        lr = float(f"{lr:.12g}")  # 0.4, not 0.4000000000000001, in run names and the sweeps file
-        log(f"[sweep {name}] the pick, lr {pick['lr']:g}, is the edge of the rates tried: trying lr {lr:g}")
-        rates = sorted([*rates, lr])
-        run({"lr": lr, "schedule": pick["schedule"]})
-    return pick_swept(profile, tried)
+def _earlier_outcome(plan: BaselinePlan, row: dict) -> Outcome:
+    """An earlier sweep's run (a row of its file) as the plan's run on its first seed."""
+    return Outcome(Point(row["lr"], dict(row["schedule"]), plan.sweep_budget, plan.sweep_seed, "budget"),
+                   row.get("batches_to_target"), row.get("final_metric"), row.get("time_to_target_s"), row.get("run"))
 
 
 def _describe_run(record: RunRecord) -> str:
@@ -685,22 +646,24 @@ def run_benchmark(task, profile: str | BenchProfile = "cpu", seeds: int | Sequen
     session = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     log(f"benchmark {key} ({profile.task}), profile {profile.name}: recipes {', '.join(profile.recipes)}; "
         f"seeds {seed_list}; device {profile.run.device}")
-    if sweep and not reuse:
-        sweeps = {name: sweep_baseline(profile, name, seed_list[0], run_dir, session, log, **trainer_kwargs)
-                  for name in profile.baselines if name in profile.sweeps}
-        _write_json(Path(out_dir) / f"{key}_sweeps.json", sweeps, log, "sweeps", "--sweeps")
+    searched = [b for b in profile.baselines if profile.budget_searched is None or b in profile.budget_searched]
+    swept = [b for b in profile.baselines if b in profile.sweeps] if sweep else []
+    if (sweep or find_budgets) and not reuse:
+        found = {name: tune_baseline(profile, name, seed_list, run_dir, session, log, sweep=name in swept,
+                                     find_budget=find_budgets and name in searched, earlier=(sweeps or {}).get(name),
+                                     **trainer_kwargs)
+                 for name in dict.fromkeys([*swept, *(searched if find_budgets else [])])}
+        if sweep:
+            sweeps = {name: f["sweep"] for name, f in found.items() if "sweep" in f}
+            _write_json(Path(out_dir) / f"{key}_sweeps.json", sweeps, log, "sweeps", "--sweeps")
+        if find_budgets:
+            budgets = {name: f["budget"] for name, f in found.items() if "budget" in f}
+            _write_json(Path(out_dir) / f"{key}_budgets.json", budgets, log, "baseline budgets", "--budgets")
     if sweeps:
         profile = _with_baseline_changes(
             profile, {n: {"optimizer": {"lr": s["pick"]["lr"]}, "schedule": dict(s["pick"]["schedule"])}
                       for n, s in sweeps.items()}, profile.sweeps, "sweeps")
         log("sweep picks: " + ", ".join(f"{n} {s['pick']}" for n, s in sweeps.items()))
-    if find_budgets and not reuse:
-        budgets = {}
-        for name in [b for b in profile.baselines if profile.budget_searched is None or b in profile.budget_searched]:
-            start = budget_hint(sweeps[name], profile.budget_step) if name in (sweeps or {}) else None
-            budgets[name] = find_budget(profile, name, seed_list, run_dir, session, log, start=start,
-                                        **trainer_kwargs)
-        _write_json(Path(out_dir) / f"{key}_budgets.json", budgets, log, "baseline budgets", "--budgets")
     if budgets:
         profile = _with_baseline_changes(
             profile, {n: {"duration": b["budget"]} for n, b in budgets.items()}, profile.baselines, "budgets")

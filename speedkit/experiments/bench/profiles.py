@@ -63,7 +63,8 @@ class BenchProfile:
     recipe_changes: Mapping[str, Mapping[str, object]] = dataclasses.field(default_factory=dict)  # per recipe
     # baseline -> {"lr": values, "schedule": schedules, "budget": one}: what `--sweep` tries on that baseline
     sweeps: Mapping[str, Mapping[str, Sequence]] = dataclasses.field(default_factory=dict)
-    budget_step: str = "1ep"  # how finely `--find-budgets` searches a baseline's budget (in its unit)
+    # how finely `--find-budgets` searches a baseline's budget, in its unit (None: about a tenth of it, whole)
+    budget_step: str | None = None
     budget_searched: tuple[str, ...] | None = None  # the baselines `--find-budgets` searches; None: all
 
     def __post_init__(self):
@@ -84,7 +85,7 @@ class BenchProfile:
             raise ValueError(f"profile {self.name!r}: seeds must be >= 1, got {self.seeds}")
         if not self.duration_scale > 0:
             raise ValueError(f"profile {self.name!r}: duration_scale must be positive, got {self.duration_scale}")
-        check_duration("budget_step", self.budget_step, optional=False, fraction_ok=False)
+        check_duration("budget_step", self.budget_step, optional=True, fraction_ok=False)
 
     def replace(self, **changes) -> "BenchProfile":
         """A copy with some fields changed: a RunRequest field goes to ``run`` (checked there, naming it)."""

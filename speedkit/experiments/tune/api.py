@@ -16,8 +16,7 @@ from speedkit.experiments.tune.confirm import (confirm_candidates, confirm_seeds
 from speedkit.experiments.tune.objective import resolve_runner, runner_path
 from speedkit.experiments.tune.search import (PHASES, PRUNERS, SEARCH_SEED, TuneConfig, TuneSettings, check_same_search,
                                               load_study, logged_metrics, parse_budget, refused_methods,
-                                              resolve_target, run_phases, search_limits, seed_baseline_study,
-                                              standings, start_workers)
+                                              resolve_target, run_phases, search_limits, standings, start_workers)
 from speedkit.experiments.tune.space import (SearchSpace, TuneInputError, candidate_methods, describe_limit,
                                              fit_hparams_to_model, full_space, probe_surgery, resolve_methods)
 from speedkit.experiments.tune.storage import (ANSWER_LOCK, FolderLock, fail_dead_trials, open_storage,
@@ -71,7 +70,6 @@ def tune(settings: TuneSettings | None = None, *, log=print, on_trial=None, shou
         retried = fail_dead_trials(study, storage_obj, out)
         if retried:
             log(f"{study.study_name}: trials {retried} were cut short by a dead worker; marked failed, settings re-queued")
-    seed_baseline_study(config, studies["baseline"])
     log(f"speedkit tune: {config.settings.run.task}, target {config.metric} {config.target}, "
         f"budget {config.budget_s:.0f}s "
         f"({config.spent_before_s:.0f}s used before), storage {config.settings.storage}")
@@ -231,7 +229,7 @@ def build_summary(config: TuneConfig, studies: dict) -> dict:
             trials.append({"phase": phase, "number": t.number, "state": t.state.name.lower(), "value": t.value,
                            "params": t.params, **{k: t.user_attrs.get(k) for k in (
                                "change", "time_to_target_s", "final", "train_s", "wall_s", "infeasible",
-                               "stop_reason", "record", "start_from", "move", "repeat_of")},
+                               "stop_reason", "record", "start_from", "plan", "move", "repeat_of")},
                            "seed": t.user_attrs.get("seed", SEARCH_SEED),
                            "worst_seed": _worst_seed(ranking.get(t.number)),
                            "started": t.datetime_start.isoformat() if t.datetime_start else None})

@@ -40,7 +40,7 @@ def confirm_candidates(config: TuneConfig, studies: dict,
     budgets of the winner the final budget search tried."""
     plan = read_plan(studies["search"])
     candidates = [(role, f"baseline:{trial.number}", recipe_from_trial(trial, name)) for (role, name), trial in
-                  zip(BASELINE_ROLES, confirmed_baselines(studies["baseline"]))]
+                  zip(BASELINE_ROLES, confirmed_baselines(config, studies["baseline"]))]
     if not candidates:
         candidates.append(("baseline", "baseline:untuned", config.base_recipe()))
     count = 2 if (plan.get("with_runner_up", True) if with_runner_up is None else with_runner_up) else 1

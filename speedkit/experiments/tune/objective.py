@@ -148,6 +148,8 @@ def train_and_store(trial, context: TrialContext, runner: Runner) -> RunRecord |
         return None
     trial.set_user_attr("record", str(record.path))
     trial.set_user_attr("time_to_target_s", record.time_to(context.metric, context.target))
+    # how the baseline plan ranks its runs (speedkit.experiments.baseline_plan): batches do not depend on the machine
+    trial.set_user_attr("batches_to_target", record.time_to(context.metric, context.target, x="batch"))
     trial.set_user_attr("final", record.best(context.metric))
     trial.set_user_attr("train_s", record.timings.get("train_s"))
     trial.set_user_attr("wall_s", round(time.perf_counter() - started, 3))

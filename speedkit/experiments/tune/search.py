@@ -1,7 +1,8 @@
 """The search: what it is asked (``TuneSettings``) and its configuration (``TuneConfig``, shared by every worker
 process), the Optuna studies, the objective, and the phases (tune the baseline, then search) each worker runs until
-they close. Two studies share one storage: ``<name>-baseline`` and ``<name>`` (the search); Optuna proposes and
-ranks on the search's seed there, and the confirmation on fresh seeds is measured runs in the run folder
+they close. Two studies share one storage: ``<name>-baseline``, which keeps the runs of the baseline plan
+(``speedkit.experiments.baseline_plan``, as the benchmark tunes a baseline), and ``<name>`` (the search), where
+Optuna proposes and ranks on the search's seed; and the confirmation on fresh seeds is measured runs in the run folder
 (``confirm.py``). What it proposes in what order, and why, is in docs/guide.md ("Tune: search for the fastest recipe").
 """
 from __future__ import annotations
@@ -20,6 +21,8 @@ from typing import Any, Sequence
 
 from speedkit.core.seeding import process_seed
 from speedkit.experiments.tune.objective import TrialContext, resolve_runner, score_record, train_and_store
+from speedkit.core.time import scaled_duration
+from speedkit.experiments.baseline_plan import BaselinePlan, Outcome, Point, answer, next_run
 from speedkit.experiments.measure import budget_scale, refuse_planned
 from speedkit.experiments.tune.space import SearchSpace, TuneInputError, describe_change, recipe_params, suggest_recipe
 from speedkit.experiments.tune.storage import (START_LOCK, FolderLock, finished_trials, open_storage, optuna_module,
@@ -283,7 +286,7 @@ def make_pruner(config: TuneConfig, phase: str = "search"):
     them only once the study has a few finished trials and one that reached the target."""
     optuna = optuna_module()
     limit_ms, pruner = max(3, int(config.limit_s * 1000)), config.settings.pruner
-    if pruner == "none":
+    if pruner == "none" or phase == "baseline":  # the baseline plan decides from each run's outcome: none is cut
         return optuna.pruners.NopPruner()
     if pruner == "halving":
         inner = optuna.pruners.SuccessiveHalvingPruner(min_resource=max(1, limit_ms // 9), reduction_factor=3)
@@ -438,7 +441,7 @@ def confirm_reserve_s(config: TuneConfig, studies: dict) -> float:
     typical = [t for t in typical if t]
     fallback = statistics.median(typical) if typical else config.limit_s
     # the runner-up is confirmed only where time is left
-    walls = [confirm_wall_s(t, fallback) for t in confirmed_baselines(studies["baseline"])] or [fallback]
+    walls = [confirm_wall_s(t, fallback) for t in confirmed_baselines(config, studies["baseline"])] or [fallback]
     best = ranked(studies["search"])[:1] if "search" in studies else []  # the likely winner
     best_wall = confirm_wall_s(best[0], fallback, baseline=False) if best else fallback
     walls += [best_wall] if "search" in studies else []
@@ -480,6 +483,8 @@ def run_phases(config: TuneConfig, worker_index: int = 0, runner=None, on_trial=
             gate.acquire()
             try:
                 if not phase_open(config, phase, studies) or answer_decided(config, studies["search"]):
+                    break
+                if phase == "baseline" and not queue_baseline_run(config, studies["baseline"]):
                     break
                 if phase == "search":  # its starting points, once
                     _seed_once(studies["search"], starting_recipes(config, studies["baseline"]), config, "search")
@@ -526,7 +531,7 @@ def queue_next_move(config: TuneConfig, studies: dict, worker_index: int = 0, ph
         return
     best = [s.first for s in leaders[:1]]
     from_phase = bool(best)
-    best = best or ranked(studies["baseline"])[:1]
+    best = best or confirmed_baselines(config, studies["baseline"])[:1]
     incumbent = recipe_from_trial(best[0], "incumbent") if best else base
     reached = bool(best) and best[0].user_attrs.get("time_to_target_s") is not None
     tried = {recipe_key(recipe_from_trial(t, "tried")) for t in trials if t.user_attrs.get("recipe")}
@@ -542,9 +547,55 @@ def queue_next_move(config: TuneConfig, studies: dict, worker_index: int = 0, ph
                         user_attrs={"move": f"{move.what} (from {origin})", "proposed": recipe_key(move.recipe)})
 
 
-def seed_baseline_study(config: TuneConfig, study) -> None:
-    """The baseline recipe as it is is the baseline study's first point."""
-    _seed_once(study, [config.base_recipe().with_changes(name=BASE_START)], config, "baseline")
+def baseline_plan(config: TuneConfig) -> BaselinePlan:
+    """How the search tunes its baseline (``speedkit.experiments.baseline_plan``, as ``speedkit bench --sweep
+    --find-budgets`` does): the base's learning rate as given, halved and doubled (and on past the edge that wins,
+    within ``lr_factor``), on the search's seed at the base's budget; then the pick's budget in steps of
+    the least ``duration_scale_range`` allows, on that seed. All of it within ``baseline_share`` of the budget."""
+    base, settings = config.base_recipe(), config.settings
+    lr, factor = base.optimizer["lr"], settings.lr_factor or 1.0
+    rates = (lr, lr / 2, lr * 2) if factor >= 2 else (lr,)
+    scales = settings.duration_scale_range  # None: the budget is not searched
+    step = scaled_duration(base.duration, scales[0]) if scales else None
+    most = max(1, int(scales[1] / scales[0] + 1e-9)) if scales else None
+    return BaselinePlan(metric=config.metric, rates=rates, schedules=(base.schedule,),
+                        sweep_budget=scaled_duration(step, most) if step else base.duration, sweep_seed=SEARCH_SEED,
+                        budget_step=step, seeds=(SEARCH_SEED,), start_steps=most, most_steps=most,
+                        lr_range=(lr / factor, lr * factor))
+
+
+def baseline_runs(config: TuneConfig, plan: BaselinePlan, study, states=("COMPLETE", "PRUNED")) -> list[tuple]:
+    """[(trial, Outcome)]: the baseline study's trials in ``states`` as runs of the plan."""
+    low = (config.settings.duration_scale_range or (1.0,))[0]
+    runs = []
+    for trial in study.get_trials(deepcopy=False):
+        if trial.state.name in states:
+            scale = trial.params.get("duration_scale")
+            budget = plan.budget(round(scale / low)) if scale is not None and plan.budget_step else plan.sweep_budget
+            point = Point(trial.params.get("lr", plan.rates[0]), dict(plan.schedules[0]), budget,
+                          trial.user_attrs.get("seed", SEARCH_SEED))
+            runs.append((trial, Outcome(point, trial.user_attrs.get("batches_to_target"), trial.user_attrs.get("final"),
+                                        trial.user_attrs.get("time_to_target_s"), str(trial.number))))
+    return runs
+
+
+def queue_baseline_run(config: TuneConfig, study) -> bool:
+    """Queue the baseline plan's next run (``baseline_plan``); False where the plan is done, or where its next run
+    is one another worker is running (this worker then goes on to the search)."""
+    if any(t.state.name == "WAITING" for t in study.get_trials(deepcopy=False)):
+        return True
+    plan = baseline_plan(config)
+    point = next_run(plan, [outcome for _, outcome in baseline_runs(config, plan, study)])
+    if point is None or point in [outcome.point for _, outcome in baseline_runs(config, plan, study, ("RUNNING",))]:
+        return False
+    params = {"lr": point.lr} if config.space("baseline").lr_factor else {}
+    if plan.budget_step:
+        steps = next(k for k in range(1, plan.most_steps + 1) if plan.budget(k) == point.budget)
+        params["duration_scale"] = steps * config.settings.duration_scale_range[0]
+    given = point.lr == plan.rates[0] and abs(params.get("duration_scale", 1.0) - 1.0) < 1e-9  # the base itself
+    where = {"start_from": BASE_START} if given else {"plan": "learning rate" if point.stage == "sweep" else "budget"}
+    study.enqueue_trial(params, user_attrs={"seed": point.seed, **where})
+    return True
 
 
 def _seed_once(study, starts: list, config: TuneConfig, phase: str) -> None:
@@ -579,7 +630,7 @@ def starting_recipes(config: TuneConfig, baseline_study) -> list:
     presets = [p for name, p in (task.recipes if task else {}).items() if not is_baseline(task, name)]
     recipes = [p.with_changes(precision=resolve_precision(p.precision, device)) for p in sorted(presets, key=order)]
     if not recipes:  # no preset: the tuned baseline (or the base as it is) is where the moves start from
-        best = ranked(baseline_study)[:1]
+        best = confirmed_baselines(config, baseline_study)[:1]
         recipes.append(recipe_from_trial(best[0], "tuned-baseline") if best else base)
     return recipes
 
@@ -589,11 +640,15 @@ def ranked(study) -> list:
     return sorted(finished_trials(study, ("COMPLETE",)), key=lambda t: t.value)
 
 
-def confirmed_baselines(baseline_study) -> list:
-    """The baseline study's trials the confirmation runs: its best, and the base recipe as given beside it
-    where tuning changed it. The study ranks on seed 0 alone, and a learning rate or budget that was fastest
-    there can be slower on others; the speed-up is measured against whichever is faster on the fresh seeds."""
-    best = ranked(baseline_study)[:1]
+def confirmed_baselines(config: TuneConfig, baseline_study) -> list:
+    """The baseline study's trials the confirmation runs: the plan's answer (``baseline_plan.answer``), and the
+    base recipe as given beside it where tuning changed it. The plan tunes on seed 0 alone, and a learning rate or
+    budget that was fastest there can be slower on others; the speed-up is measured against whichever is faster
+    on the fresh seeds."""
+    plan = baseline_plan(config)
+    runs = baseline_runs(config, plan, baseline_study, ("COMPLETE",))
+    found = answer(plan, [outcome for _, outcome in runs])
+    best = [trial for trial, outcome in runs if outcome is found]
     given = [t for t in finished_trials(baseline_study, ("COMPLETE",)) if t.user_attrs.get("start_from") == BASE_START]
     return best + [t for t in given[:1] if best and t.number != best[0].number]
 
