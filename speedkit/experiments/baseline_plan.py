@@ -34,7 +34,7 @@ class Point:
     walk); it names the run and is not part of what the run is."""
 
     lr: float
-    schedule: dict
+    schedule: dict | None  # None: the optimizer's rate throughout
     budget: str
     seed: int
     stage: str = dataclasses.field(default="sweep", compare=False)
@@ -77,7 +77,7 @@ class BaselinePlan:
     def grid(self) -> list[Point]:
         """The sweep's points, rate by rate; a grid of one point is no sweep but the budget walk's first run."""
         stage = "sweep" if len(self.rates) * len(self.schedules) > 1 else "budget"
-        return [Point(lr, dict(schedule), self.sweep_budget, self.sweep_seed, stage) for lr in self.rates
+        return [Point(lr, schedule, self.sweep_budget, self.sweep_seed, stage) for lr in self.rates
                 for schedule in self.schedules]
 
 
@@ -130,7 +130,7 @@ def _past_the_edge(plan: BaselinePlan, runs: list[Outcome]) -> Point | None:
         return None
     lr = float(f"{lr:.12g}")  # 0.4, not 0.4000000000000001, in run names and the sweeps file
     low, high = plan.lr_range
-    return Point(lr, dict(best.schedule), plan.sweep_budget, plan.sweep_seed) if low <= lr <= high else None
+    return Point(lr, best.schedule, plan.sweep_budget, plan.sweep_seed) if low <= lr <= high else None
 
 
 def _walk(plan: BaselinePlan, tried: Sequence[Outcome]) -> tuple[Point | None, int | None, list[str]]:
@@ -145,7 +145,7 @@ def _walk(plan: BaselinePlan, tried: Sequence[Outcome]) -> tuple[Point | None, i
     def holds(steps: int) -> bool | None:
         visited.append(plan.budget(steps))
         for seed in plan.seeds:
-            point = Point(best.lr, dict(best.schedule), plan.budget(steps), seed, "budget")
+            point = Point(best.lr, best.schedule, plan.budget(steps), seed, "budget")
             outcome = runs.get(_key(point))
             if outcome is None:
                 pending.append(point)
@@ -201,11 +201,11 @@ def budget_found(plan: BaselinePlan, tried: Sequence[Outcome]) -> dict:
 
 def sweep_found(plan: BaselinePlan, tried: Sequence[Outcome]) -> dict:
     """The sweep's result as ``--sweep`` writes it: ``{"tried": [...], "pick": {"lr", "schedule"}}``."""
-    rows = [{"lr": o.point.lr, "schedule": dict(o.point.schedule), "time_to_target_s": o.time_to_target_s,
+    rows = [{"lr": o.point.lr, "schedule": o.point.schedule, "time_to_target_s": o.time_to_target_s,
              "batches_to_target": o.batches_to_target, "final_metric": o.final, "run": o.run}
             for o in swept(plan, tried)]
     best = pick(plan, tried).point
-    return {"tried": rows, "pick": {"lr": best.lr, "schedule": dict(best.schedule)}}
+    return {"tried": rows, "pick": {"lr": best.lr, "schedule": best.schedule}}
 
 
 def _key(point: Point) -> tuple:

@@ -31,7 +31,8 @@ the groups a method adds (Muon's) follow its lr's relative change. Method state 
 reach (a missing ``sk.loss`` call, say) is refused after the first step, with the call to add; so is a step that
 no ``sk.step_end()`` ended, at the next step's ``sk.batch`` or ``sk.backward`` (or at ``sk.finish()``); a step
 that stepped the optimizer given to ``sk.prepare_optimizer`` instead of the one it returned, or stepped it more
-often than ``sk.step_end()`` counts; a step begun after ``max_duration``; and, with ``schedules=``, a step
+often than ``sk.step_end()`` counts, or closed with no optimizer step and the gradients kept (accumulating
+without ``accumulation=k``); a step begun after ``max_duration``; and, with ``schedules=``, a step
 without ``sk.batch`` (where the schedule is set) or a learning rate something else changed.
 """
 from __future__ import annotations
@@ -287,12 +288,28 @@ class Speedkit:
                                        "the optimizers speedkit's methods made of it (Muon's group, Lookahead): step "
                                        "the one it returns, `optimizer = sk.prepare_optimizer(optimizer)`")
         most = max(counts, default=0)
+        if most == 0 and self.step_due and self._gradients_kept():
+            raise HostCannotServeError(
+                f"sk.step_end() closed a step in which no optimizer stepped and the gradients were kept: "
+                f"accumulating gradients over several batches counts each batch as a step of speedkit's clock, so "
+                f"schedules ran ahead and EMA averaged weights that had not moved; pass "
+                f"Speedkit(accumulation=k) and step the optimizer when sk.step_due "
+                f"(accumulation={self.accumulation} now), or zero the gradients in a step you skip")
         if most > (1 if self.step_due else 0):
             when = ("twice before one sk.step_end()" if self.step_due else
                     f"on a batch that closes no step (accumulation={self.accumulation})")
             raise HostCannotServeError(f"optimizer.step() ran {when}: speedkit's clock, schedules and EMA count one "
                                        f"optimizer step per step_end; step the optimizer only when sk.step_due, and "
                                        f"call sk.step_end() after every batch")
+
+    def _gradients_kept(self) -> bool:
+        """Whether the parameters still hold finite, non-zero gradients: kept for a step to come. A step skipped
+        after an overflow (a GradScaler's) holds non-finite ones, or zeroed ones where the loop zeroes them
+        after the step. Read only on a step no optimizer stepped, so the device sync is rare."""
+        grads = [p.grad for optimizer in self._step_counts for group in optimizer.param_groups
+                 for p in group["params"] if p.grad is not None]
+        return (bool(grads) and all(bool(grad.isfinite().all()) for grad in grads)
+                and any(bool(grad.any()) for grad in grads))
 
     def _check_step_calls(self) -> None:
         missing = self.session.unserved_step_events()

@@ -247,6 +247,27 @@ def test_more_optimizer_steps_than_the_clock_counts_are_refused(accumulation, st
         sk.step_end()
 
 
+def test_accumulating_gradients_without_telling_speedkit_is_refused():
+    """Stepping the optimizer every other batch and calling sk.step_end() after each, without accumulation=2: the
+    clock counted each batch as a step, so schedules ran twice as fast and EMA averaged unmoved weights."""
+    train, _ = toy_loaders(batch_size=16, n=64)
+    model = toy_model()
+    sk = Speedkit([EMA(half_life="1ba")], max_duration="4ba", train_dataloader=train)
+    optimizer = sk.prepare_optimizer(torch.optim.SGD(sk.prepare_model(model).parameters(), lr=0.1))
+    batch = sk.batch(next(iter(train)))
+    sk.backward(sk.loss(model(batch[0]), batch))
+    with pytest.raises(HostCannotServeError, match=r"pass Speedkit\(accumulation=k\)"):
+        sk.step_end()
+    # a step skipped after an overflow (a GradScaler's) is taken, whether the loop zeroes the gradients after the
+    # step or before the next one (then they are still there, and not finite)
+    for skipped_grads in (torch.zeros_like, lambda grad: torch.full_like(grad, float("inf"))):
+        batch = sk.batch(next(iter(train)))
+        sk.backward(sk.loss(model(batch[0]), batch))
+        for p in model.parameters():
+            p.grad = skipped_grads(p.grad)
+        sk.step_end()
+
+
 def test_a_step_past_max_duration_is_refused():
     """Schedules and half-lives are shares of max_duration; a loop that trains on past it (epochs counted by
     itself) went on at the schedule's end value without a word."""

@@ -121,7 +121,7 @@ def sweep_grid(profile: BenchProfile, name: str) -> list[dict]:
     if not grid:
         raise ValueError(f"profile {profile.name!r} has no sweep for {name!r}; it sweeps {sorted(profile.sweeps)}")
     recipe = scheduled_recipe(profile, name)
-    return [{"lr": lr, "schedule": dict(schedule)} for lr in grid.get("lr", (recipe.optimizer["lr"],))
+    return [{"lr": lr, "schedule": schedule} for lr in grid.get("lr", (recipe.optimizer["lr"],))
             for schedule in grid.get("schedule", (recipe.schedule,))]
 
 
@@ -139,7 +139,7 @@ def baseline_plan(profile: BenchProfile, name: str, seeds: Sequence[int], sweep:
         schedules = tuple(s for i, s in enumerate(schedules) if s not in schedules[:i])
     else:
         chosen = (earlier or {}).get("pick") or {"lr": recipe.optimizer["lr"], "schedule": recipe.schedule}
-        rates, schedules = (chosen["lr"],), (dict(chosen["schedule"]),)
+        rates, schedules = (chosen["lr"],), (chosen["schedule"],)
     sweep_budget = profile.sweeps.get(name, {}).get("budget", recipe.duration) if sweep or earlier else recipe.duration
     step = (profile.budget_step or default_step(recipe.duration)) if find_budget else None
     return BaselinePlan(
@@ -161,10 +161,10 @@ def tune_baseline(profile: BenchProfile, name: str, seeds: Sequence[int], run_di
     while (point := next_run(plan, tried)) is not None:
         if point.lr not in plan.rates:
             log(f"[sweep {name}] the pick is the edge of the rates tried: trying lr {point.lr:g}")
-        candidate = recipe.with_changes(optimizer={"lr": point.lr}, schedule=dict(point.schedule),
-                                        duration=point.budget)
+        candidate = recipe.with_changes(optimizer={"lr": point.lr}, schedule=point.schedule, duration=point.budget)
         if point.stage == "sweep":
-            run_name, what = f"{profile.task}-{name}-lr{point.lr:g}-{point.schedule['name']}-s{point.seed}", "sweep"
+            shape = (point.schedule or {}).get("name", "constant")
+            run_name, what = f"{profile.task}-{name}-lr{point.lr:g}-{shape}-s{point.seed}", "sweep"
         else:
             run_name, what = f"{profile.task}-{name}-{point.budget}-s{point.seed}", "budget_search"
         record = _stopped_run(profile, candidate, point.seed, run_name, run_dir, session, what, log,
@@ -184,7 +184,7 @@ def tune_baseline(profile: BenchProfile, name: str, seeds: Sequence[int], run_di
 
 def _earlier_outcome(plan: BaselinePlan, row: dict) -> Outcome:
     """An earlier sweep's run (a row of its file) as the plan's run on its first seed."""
-    return Outcome(Point(row["lr"], dict(row["schedule"]), plan.sweep_budget, plan.sweep_seed, "budget"),
+    return Outcome(Point(row["lr"], row["schedule"], plan.sweep_budget, plan.sweep_seed, "budget"),
                    row.get("batches_to_target"), row.get("final_metric"), row.get("time_to_target_s"), row.get("run"))
 
 

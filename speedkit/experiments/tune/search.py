@@ -572,7 +572,7 @@ def baseline_runs(config: TuneConfig, plan: BaselinePlan, study, states=("COMPLE
         if trial.state.name in states:
             scale = trial.params.get("duration_scale")
             budget = plan.budget(round(scale / low)) if scale is not None and plan.budget_step else plan.sweep_budget
-            point = Point(trial.params.get("lr", plan.rates[0]), dict(plan.schedules[0]), budget,
+            point = Point(trial.params.get("lr", plan.rates[0]), plan.schedules[0], budget,
                           trial.user_attrs.get("seed", SEARCH_SEED))
             runs.append((trial, Outcome(point, trial.user_attrs.get("batches_to_target"), trial.user_attrs.get("final"),
                                         trial.user_attrs.get("time_to_target_s"), str(trial.number))))
