@@ -159,3 +159,14 @@ def refuse_two_schedules(optimizers: Sequence[torch.optim.Optimizer], schedules,
         names = f" (found: your {', '.join(sorted({type(s).__name__ for s in found}))})" if found else ""
         raise HostCannotServeError(f"speedkit schedules={schedules!r} and your own LR scheduler would both set the "
                                    f"learning rate in {host}; keep one: {fix}{names}")
+
+
+def gradients_kept(optimizers) -> bool:
+    """Whether the optimizers' parameters still hold finite, non-zero gradients after a batch none of them stepped:
+    kept for a step to come, as a loop accumulating by hand keeps them. A step skipped after an overflow (a
+    GradScaler's) holds non-finite ones, or zeroed ones where the loop zeroes them after the step. Read only on
+    such a batch, so its device sync is rare."""
+    grads = [p.grad for optimizer in optimizers for group in optimizer.param_groups for p in group["params"]
+             if p.grad is not None]
+    return (bool(grads) and all(bool(grad.isfinite().all()) for grad in grads)
+            and any(bool(grad.any()) for grad in grads))

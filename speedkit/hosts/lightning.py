@@ -29,7 +29,10 @@ EVAL_START/END around validation; evaluation batch events in ``validation_step``
 (not when training dies). The run's length is ``max_steps`` (or ``max_epochs``), so every schedule is a
 fraction of it. With ``L.Trainer(accumulate_grad_batches=k)`` each loader batch is a microbatch, as in
 ``speedkit.Trainer(grad_accum=k)``: batch and loss methods act on each, while BATCH_START (schedules),
-AFTER_BACKWARD (gradient clipping), AFTER_TRAIN_BATCH (EMA) and the clock count optimizer steps. Method state rides
+AFTER_BACKWARD (gradient clipping), AFTER_TRAIN_BATCH (EMA) and the clock count optimizer steps. Under manual
+optimization each batch is a step of the clock, as when ``training_step`` steps the optimizers in every batch; a
+batch that steps none and keeps its gradients (accumulating by hand) is refused at its end, naming
+``accumulate_grad_batches``. Method state rides
 in Lightning's checkpoints (the callback's ``state_dict``, with the RNGs that random methods draw from) and resumes
 exactly with ``trainer.fit(..., ckpt_path=...)``.
 
@@ -67,7 +70,7 @@ import lightning.pytorch as L
 from speedkit.core import Event, Method
 from speedkit.hosts._checks import check_evaluation_served, refuse_double_clipping
 from speedkit.hosts._optimizers import (OptimizerGroup, as_configured_state_dict, as_one_optimizer,
-                                        follow_user_schedule, refuse_two_schedules)
+                                        follow_user_schedule, gradients_kept, refuse_two_schedules)
 from speedkit.hosts.session import Host, HostCannotServeError, MethodSession
 from speedkit.methods.ema import model_tensors
 
@@ -261,6 +264,13 @@ class SpeedkitCallback(L.Callback):
         if not self._stepping and trainer.accumulate_grad_batches > 1:  # a microbatch; the step is to come
             self.session.microbatch_end(batch)
             return
+        if not self._stepping and not pl_module.automatic_optimization and gradients_kept(trainer.optimizers):
+            raise HostCannotServeError(
+                "training_step stepped no optimizer in this batch and kept its gradients: accumulating gradients "
+                "by hand under manual optimization counts each batch as a step of speedkit's clock, so schedules "
+                "ran ahead of Lightning's steps and EMA averaged weights that had not moved; use automatic "
+                "optimization with L.Trainer(accumulate_grad_batches=k), or step the optimizers in every "
+                "training_step")
         self._stepping = False
         self.session.batch_end(batch)
         if not self._step_checked:  # the calls read from training_step's code were really made

@@ -45,7 +45,8 @@ import torch
 
 from speedkit.core import Event, Method, Time, TimeUnit
 from speedkit.hosts._checks import check_evaluation_served
-from speedkit.hosts._optimizers import as_one_optimizer, follow_user_schedule, refuse_two_schedules
+from speedkit.hosts._optimizers import (as_one_optimizer, follow_user_schedule, gradients_kept,
+                                        refuse_two_schedules)
 from speedkit.hosts.session import STEP_EVENTS, Host, HostCannotServeError, MethodSession
 from speedkit.record.loggers import LoggerDestination
 
@@ -288,7 +289,7 @@ class Speedkit:
                                        "the optimizers speedkit's methods made of it (Muon's group, Lookahead): step "
                                        "the one it returns, `optimizer = sk.prepare_optimizer(optimizer)`")
         most = max(counts, default=0)
-        if most == 0 and self.step_due and self._gradients_kept():
+        if most == 0 and self.step_due and gradients_kept(self._step_counts):
             raise HostCannotServeError(
                 f"sk.step_end() closed a step in which no optimizer stepped and the gradients were kept: "
                 f"accumulating gradients over several batches counts each batch as a step of speedkit's clock, so "
@@ -301,15 +302,6 @@ class Speedkit:
             raise HostCannotServeError(f"optimizer.step() ran {when}: speedkit's clock, schedules and EMA count one "
                                        f"optimizer step per step_end; step the optimizer only when sk.step_due, and "
                                        f"call sk.step_end() after every batch")
-
-    def _gradients_kept(self) -> bool:
-        """Whether the parameters still hold finite, non-zero gradients: kept for a step to come. A step skipped
-        after an overflow (a GradScaler's) holds non-finite ones, or zeroed ones where the loop zeroes them
-        after the step. Read only on a step no optimizer stepped, so the device sync is rare."""
-        grads = [p.grad for optimizer in self._step_counts for group in optimizer.param_groups
-                 for p in group["params"] if p.grad is not None]
-        return (bool(grads) and all(bool(grad.isfinite().all()) for grad in grads)
-                and any(bool(grad.any()) for grad in grads))
 
     def _check_step_calls(self) -> None:
         missing = self.session.unserved_step_events()

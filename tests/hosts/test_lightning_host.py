@@ -224,6 +224,34 @@ def test_a_plain_checkpoint_resumed_with_the_callback_is_refused_before_training
     assert module.sizes == []  # no forward ran
 
 
+class ManualClassifier(PlainClassifier):
+    """Manual optimization: training_step steps the optimizer itself, every ``every``-th batch."""
+
+    def __init__(self, every: int):
+        super().__init__()
+        self.automatic_optimization, self.every = False, every
+
+    def training_step(self, batch, batch_idx):
+        optimizer = self.optimizers()
+        self.manual_backward(F.cross_entropy(self(batch[0]), batch[1]))
+        if (batch_idx + 1) % self.every == 0:
+            optimizer.step()
+            optimizer.zero_grad()
+
+
+def test_manual_optimization_steps_speedkits_clock_and_accumulating_by_hand_is_refused():
+    """Under manual optimization speedkit's clock counts the steps training_step makes; a training_step that
+    accumulates gradients over two batches was counted as two steps, so schedules ran twice as fast as
+    Lightning's max_steps and EMA averaged weights that had not moved, without a word."""
+    callback = SpeedkitCallback([EMA(half_life="1ba")])
+    trainer = L.Trainer(max_steps=3, callbacks=[callback], **QUIET)
+    trainer.fit(ManualClassifier(every=1), image_loader())
+    assert callback.session.state.timestamp.batch == trainer.global_step == 3
+    trainer = L.Trainer(max_steps=3, callbacks=[SpeedkitCallback([EMA(half_life="1ba")])], **QUIET)
+    with pytest.raises(HostCannotServeError, match=r"accumulate_grad_batches=k\), or step the optimizers"):
+        trainer.fit(ManualClassifier(every=2), image_loader())
+
+
 def test_a_batch_method_without_the_step_call_is_refused_before_training():
     module = PlainClassifier()
     trainer = L.Trainer(max_steps=2, callbacks=[SpeedkitCallback([MixUp()])], **QUIET)
