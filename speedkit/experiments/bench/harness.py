@@ -159,7 +159,7 @@ def tune_baseline(profile: BenchProfile, name: str, seeds: Sequence[int], run_di
     tried = [_earlier_outcome(plan, row) for row in (earlier or {}).get("tried", [])
              if (row["lr"], row["schedule"]) == (plan.rates[0], plan.schedules[0]) and not sweep]
     while (point := next_run(plan, tried)) is not None:
-        if point.lr not in plan.rates:
+        if point.stage == "sweep" and point.lr not in plan.rates:
             log(f"[sweep {name}] the pick is the edge of the rates tried: trying lr {point.lr:g}")
         candidate = recipe.with_changes(optimizer={"lr": point.lr}, schedule=point.schedule, duration=point.budget)
         if point.stage == "sweep":
