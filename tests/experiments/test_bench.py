@@ -717,8 +717,13 @@ def test_a_sweep_whose_edge_keeps_winning_goes_past_it_a_bounded_number_of_steps
 
     monkeypatch.setattr(harness, "run_one", fake_run_one)
     profile = harness.with_default_sweeps(harness.resolve_profile("vision", "cpu", 1, "", "plain-bf16")[0])
-    found = harness.tune_baseline(profile, "plain-bf16", [0], tmp_path, "s", log=lambda line: None)["sweep"]
-    assert swept[6:] == [(lr * 0.25, "linear_to_zero"), (lr * 0.125, "linear_to_zero")]
+    said = []
+    found = harness.tune_baseline(profile, "plain-bf16", [0], tmp_path, "s", log=said.append, find_budget=True)
+    assert swept[6:8] == [(lr * 0.25, "linear_to_zero"), (lr * 0.125, "linear_to_zero")]
+    # then the budget walk at the pick (every budget reaches here), which is no step past the edge
+    assert found["budget"]["budget"] == "1ep" and set(swept[8:]) == {(lr * 0.125, "linear_to_zero")}
+    assert sum("is the edge of the rates tried" in line for line in said) == EDGE_STEPS
+    found = found["sweep"]
     assert len(found["tried"]) == 6 + EDGE_STEPS
     assert found["pick"]["lr"] == lr * 0.125 and found["pick"]["schedule"]["name"] == "linear_to_zero"
 
