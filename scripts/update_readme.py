@@ -41,6 +41,9 @@ HELDOUT_SETS = {
     ("2026-12-05-heldout-one-machine/photo-crops/summary.json", "image-folder"):
         ("photo-crops: 56 photographs, crops of unseen regions, streamed from shards", "scripts/build_photo_crops.py"),
 }
+# Held-out sets measured again against their baseline tuned first (`speedkit bench --sweep --find-budgets`):
+# study folder -> (the set as the README names it, its task key, the recipe it reports).
+TUNED_HELDOUT = {"2026-12-05-baseline-plan-glyphs": ("glyphs", "image-folder", "hot")}
 # The seed's workloads rehearsed on CPU (issue 43; bench/README.md says how each was sized and measured):
 # (summary file, its task key) -> the data as the README names it.
 REHEARSALS = {
@@ -337,7 +340,25 @@ def heldout_results() -> str:
                  f"where that asks for more), paired by seed (range). {QUALITY_RULE} "
                  f"{'; '.join(sorted(machines))}. Sets built by {' and '.join(builders)}; "
                  f"from {' and '.join(sources)}."]
-    return "\n".join(rows)
+    return "\n".join(rows + [tuned_heldout_results()])
+
+
+def tuned_heldout_results() -> str:
+    """The held-out sets measured again against their baseline tuned first, in words under the table."""
+    lines = []
+    for study, (label, key, recipe) in TUNED_HELDOUT.items():
+        folder = RESULTS / study
+        entry = json.loads((folder / "summary.json").read_text())[key]
+        baseline = entry["strongest_baseline"]
+        pick = json.loads((folder / f"{key}_sweeps.json").read_text())[baseline]["pick"]
+        budget = json.loads((folder / f"{key}_budgets.json").read_text())[baseline]["budget"]
+        lines.append(f"The table is against each baseline as it ships. Tuned first (`speedkit bench --sweep "
+                     f"--find-budgets`, the plan `speedkit tune` tunes its baseline with), {label}' `{baseline}` "
+                     f"trains at lr {pick['lr']:g} for {budget}, and `{recipe}` is "
+                     f"{_quality_cell(entry, entry['recipes'][recipe])} sooner to its final quality "
+                     f"({machine_text(entry['machine'], entry['date'])}): "
+                     f"[{folder.relative_to(ROOT)}]({folder.relative_to(ROOT)}/README.md).")
+    return "\n" + "\n\n".join(lines) if lines else ""
 
 
 def _level_column(entry: dict) -> str:

@@ -62,7 +62,7 @@ class BaselinePlan:
 
     metric: str
     rates: tuple[float, ...]
-    schedules: tuple[dict, ...]
+    schedules: tuple[dict | None, ...]
     sweep_budget: str
     sweep_seed: int
     budget_step: str | None = None
@@ -174,15 +174,16 @@ def start_steps(plan: BaselinePlan, tried: Sequence[Outcome]) -> int:
 
 
 def answer(plan: BaselinePlan, tried: Sequence[Outcome]) -> Outcome | None:
-    """The run the plan stands on now: the pick's shortest budget that reached the target on the sweep's seed
-    (the sweep's run itself where the budget is not searched or no shorter one reached), None before any run."""
+    """The run the plan stands on now, on the sweep's seed: at the pick, the shortest budget that reached the target
+    there and on no seed missed it (the sweep's run itself where none shorter did), None before any run."""
     best = pick(plan, tried)
     if best is None or best.batches_to_target is None:
         return best
-    same = [o for o in tried if (o.point.lr, o.point.schedule, o.point.seed) == (best.point.lr, best.point.schedule,
-                                                                               plan.sweep_seed)
-            and o.batches_to_target is not None]
-    return min(same, key=lambda o: (Time.from_string(o.point.budget).value, o is not best))
+    at_pick = [o for o in tried if (o.point.lr, o.point.schedule) == (best.point.lr, best.point.schedule)]
+    missed = {o.point.budget for o in at_pick if o.batches_to_target is None}
+    held = [o for o in at_pick if o.point.seed == plan.sweep_seed and o.batches_to_target is not None
+            and o.point.budget not in missed]
+    return min(held, key=lambda o: Time.from_string(o.point.budget).value) if held else best
 
 
 def budget_found(plan: BaselinePlan, tried: Sequence[Outcome]) -> dict:
