@@ -20,10 +20,10 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from speedkit.core.seeding import process_seed
-from speedkit.experiments.tune.objective import TrialContext, resolve_runner, score_record, train_and_store
 from speedkit.core.time import scaled_duration
 from speedkit.experiments.baseline_plan import BaselinePlan, Outcome, Point, answer, next_run
 from speedkit.experiments.measure import budget_scale, refuse_planned
+from speedkit.experiments.tune.objective import TrialContext, resolve_runner, score_record, train_and_store
 from speedkit.experiments.tune.space import SearchSpace, TuneInputError, describe_change, recipe_params, suggest_recipe
 from speedkit.experiments.tune.storage import (START_LOCK, FolderLock, finished_trials, open_storage, optuna_module,
                                                read_plan, requeue, started_trials, worker_id)
