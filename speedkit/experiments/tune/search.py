@@ -585,8 +585,9 @@ def queue_baseline_run(config: TuneConfig, study) -> bool:
     if any(t.state.name == "WAITING" for t in study.get_trials(deepcopy=False)):
         return True
     plan = baseline_plan(config)
-    point = next_run(plan, [outcome for _, outcome in baseline_runs(config, plan, study)])
-    if point is None or point in [outcome.point for _, outcome in baseline_runs(config, plan, study, ("RUNNING",))]:
+    runs = baseline_runs(config, plan, study, ("COMPLETE", "PRUNED", "RUNNING"))
+    point = next_run(plan, [outcome for trial, outcome in runs if trial.state.name != "RUNNING"])
+    if point is None or point in [outcome.point for trial, outcome in runs if trial.state.name == "RUNNING"]:
         return False
     params = {"lr": point.lr} if config.space("baseline").lr_factor else {}
     if plan.budget_step:
