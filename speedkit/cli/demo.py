@@ -31,7 +31,6 @@ import json
 
 QUICKSTART = "00_quickstart"
 FIGURE = f"{QUICKSTART}.png"  # beside the executed notebook
-ENDED = ("target_reached", "completed")  # a run stopped at its target, or one whose budget ran out first
 
 
 def add_parser(commands) -> None:
@@ -63,7 +62,7 @@ def run_demo(root: str | Path | None = None, out: str | Path = "runs/demo", over
     from speedkit.cli.notebooks import run_notebooks
     from speedkit.cli.shipped import notebook_root
     from speedkit.experiments.measure import Measurement
-    from speedkit.record.runs import load_records
+    from speedkit.record.runs import AS_ASKED, load_records
     from speedkit.ui.notebook_helpers import speedup_summary
 
     root = notebook_root(root)
@@ -78,7 +77,7 @@ def run_demo(root: str | Path | None = None, out: str | Path = "runs/demo", over
     if figure.exists():
         print(f"figure (PNG):      {figure}")
     # this demo's runs only (earlier demos' records share the folder), in the order they ran
-    runs = sorted((r for r in load_records(result.out_dir) if r.status in ENDED and r.created >= started),
+    runs = sorted((r for r in load_records(result.out_dir) if r.status in AS_ASKED and r.created >= started),
                   key=lambda r: r.created)
     baselines = [r for r in runs if r.config.get("recipe") == "baseline"]
     recipes = [r for r in runs if r.config.get("recipe") != "baseline"]

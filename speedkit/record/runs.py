@@ -84,6 +84,11 @@ def json_safe(value: Any) -> Any:
     return str(value)
 
 
+# The endings of a run that went as it was asked to: its budget ran out, or it stopped at its target. A run
+# stopped by hand, interrupted, terminated or failed ended early, and one killed outright still says "running".
+AS_ASKED = ("completed", "target_reached")
+
+
 @dataclasses.dataclass
 class RunRecord:
     """One training run. ``steps`` holds train metrics every few batches; ``evals`` every evaluation.

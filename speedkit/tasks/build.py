@@ -8,6 +8,7 @@ so a configuration means the same thing everywhere. A hand-built Trainer takes a
 """
 from __future__ import annotations
 
+import os
 import re
 import warnings
 from types import SimpleNamespace
@@ -55,7 +56,7 @@ def find_task(task, data=None, **options) -> Task:
             hint = getattr(FOLDER_TASKS[task], "data_hint", "")
             raise ValueError(f"task {task!r} trains on your files: give the folder (--data DIR, or data=DIR)"
                              + (f"; {hint}" if hint else ""))
-        return FOLDER_TASKS[task](data, **options)
+        return _reading(FOLDER_TASKS[task](data, **options), data)
     if isinstance(task, str) and task in TASKS:
         _refuse_data(data, options, f"task {task!r}")
         return TASKS[task]
@@ -66,10 +67,17 @@ def find_task(task, data=None, **options) -> Task:
         if not isinstance(made, Task):
             raise TypeError(f"task function {getattr(task, '__qualname__', task)!r} returned {type(made).__name__}, "
                             f"not a speedkit.Task")
-        return made
+        return made if data is None else _reading(made, data)
     known = sorted({*TASKS, *FOLDER_TASKS})
     raise ValueError(f"unknown task {task!r}{did_you_mean(task, known)}; give one of {known}, a speedkit.Task, "
                      f"'package.module:attr' naming one, or a function returning one")
+
+
+def _reading(task: Task, data) -> Task:
+    """``task``, made from ``data``, knowing it (``Task.data_source``) unless its maker said where it reads."""
+    if task.data_source is None and isinstance(data, (str, os.PathLike)):
+        object.__setattr__(task, "data_source", str(data))  # a frozen Task, completed once where it is made
+    return task
 
 
 def _refuse_data(data, options: dict, what: str) -> None:
@@ -294,7 +302,7 @@ def _trainer_of(request: RunRequest, spec: Task, recipe: Recipe, dropped: dict[s
     target_value = request.target if request.target is not None else recipe_target(spec, recipe)
     inputs = input_sizes(train, eval_batch)
     config = {"task": spec.name, "data_fraction": request.data_fraction,
-              "target": {"metric": spec.target_metric, "value": target_value}, **_data_description(request),
+              "target": {"metric": spec.target_metric, "value": target_value}, **_data_description(request, spec),
               **({"inputs": inputs} if inputs else {}), **departures(request, spec, recipe, dropped),
               **(request.extra_config or {})}
     where = {k: v for k, v in (("run_name", request.run_name), ("run_dir", request.run_dir)) if v is not None}
@@ -309,11 +317,13 @@ def _trainer_of(request: RunRequest, spec: Task, recipe: Recipe, dropped: dict[s
     return trainer                     # task stays out of the explorer's list)
 
 
-def _data_description(request: RunRequest) -> dict:
-    """The data part of the run description a resume is checked against (speedkit.record.run_folder)."""
+def _data_description(request: RunRequest, spec: Task) -> dict:
+    """The data part of the run description a resume is checked against (speedkit.record.run_folder): the folder
+    given, or the one the task named here was made from (a benchmark's or a search's runs name it alone)."""
     described = {"eval_fraction": request.eval_fraction, "stop_at_target": bool(request.stop_at_target)}
-    if request.data is not None:
-        described["data"] = data_identity(request.data)
+    data = request.data if request.data is not None else spec.data_source
+    if data is not None:
+        described["data"] = data_identity(data)
     if request.task_options:
         described["task_options"] = dict(request.task_options)
     return described

@@ -74,6 +74,9 @@ class Task:
     # Whether its loaders decode images at the sizes a recipe's ``resolution`` states; a run of a recipe with one is
     # refused on a task that would ignore it (speedkit.tasks.build.request_recipe).
     reads_resolution: bool = False
+    # The folder or file its data is read from, as given (None: its own data); every run records what it held
+    # (speedkit.data.identity), so runs of one task name on other files are never taken for each other.
+    data_source: str | None = None
 
     def __post_init__(self):
         where = f"task {show(self.name)}"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -545,6 +546,11 @@ def test_cli_tune_searches_a_folder_of_your_own_images(tmp_path, capsys, fake_en
     report = (tmp_path / "out" / "report.md").read_text()  # the command it gives names the folder again
     assert (f"`speedkit train --task image-folder --data {(tmp_path / 'images').resolve()} --image-size 16 "
             f"--stop-at-target --recipe") in report
+    # "image-folder" names every folder: the study is not continued on another one
+    shutil.copytree(tmp_path / "images", tmp_path / "others")
+    capsys.readouterr()
+    assert main([*args, "--data", str(tmp_path / "others")]) == 2
+    assert "was started with other settings (data differ" in capsys.readouterr().err
 
 
 def test_the_winner_file_says_auto_where_the_search_chose_what_auto_picks_here(monkeypatch):

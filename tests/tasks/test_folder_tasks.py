@@ -270,3 +270,45 @@ def test_no_flips_is_a_folder_option_of_train_tune_and_bench():
         args = _parser().parse_args([command, "--task", "image-folder", "--data", "DIR", "--no-flips"])
         assert folder_options(args) == {"flips_keep_labels": False}
         assert folder_options(_parser().parse_args([command, "--task", "image-folder"])) is None
+
+
+def test_a_killed_baseline_plan_continues_where_it_stopped_and_another_folders_runs_are_never_taken(image_dir,
+                                                                                                    tmp_path):
+    """A benchmark's runs name a folder task alone ("image-folder" for every folder), so each records what its folder
+    held; `--find-budgets` run again takes the plan runs that ended, reruns one a kill cut short (its record still
+    says "running"), and neither it nor `--reuse` takes the runs of another folder."""
+    from speedkit.experiments.bench import run_benchmark
+    from speedkit.record.runs import RunRecord, load_records
+
+    runs, logged = tmp_path / "runs", []
+    common = dict(seeds=1, recipes="hot", baselines="plain-bf16", duration="6ep", duration_scale=0.5, target=0.5,
+                  device="cpu", run_dir=runs, out_dir=tmp_path / "out", figures=False, log=logged.append)
+    first = run_benchmark("image-folder", data=image_dir, find_budgets=True, **common)
+    assert first.records[0].config["data"]["path"] == str(image_dir.resolve())
+    baseline = first.entry["baselines"]["plain-bf16"]
+    assert baseline["budget"] == baseline["budget_search"]["budget"] != "3ep"  # as found: not scaled again
+
+    def plan_runs() -> list[RunRecord]:
+        return [r for r in load_records(runs) if r.config["bench"].get("budget_search")]
+
+    walked = plan_runs()
+    assert len(walked) >= 2  # 3 epochs, then 2 (and 1 where 2 reached the target)
+    killed = next(path for path in runs.rglob("record.json") if RunRecord.load(path).run_id == walked[-1].run_id)
+    record = RunRecord.load(killed)
+    record.status = "running"  # as a kill leaves it: saved at its last evaluation, never closed
+    record.save(killed)
+    logged.clear()
+    again = run_benchmark("image-folder", data=image_dir, find_budgets=True, **common)
+    new = [r for r in plan_runs() if r.run_id not in {w.run_id for w in walked}]
+    assert [r.config["recipe_spec"]["duration"] for r in new] == [walked[-1].config["recipe_spec"]["duration"]]
+    assert sum("kept from an earlier benchmark" in line for line in logged) == len(walked) - 1
+    assert again.entry["baselines"]["plain-bf16"]["budget_search"] == first.entry["baselines"]["plain-bf16"][
+        "budget_search"]
+
+    other = write_image_folder(tmp_path / "other", per_class=80, offset=80)  # the same classes, other images
+    with pytest.raises(ValueError, match="no finished image-folder run for plain-bf16 seed 0, hot seed 0 .runs on "
+                                         "other data"):
+        run_benchmark("image-folder", data=other, reuse=True, **common)
+    logged.clear()
+    run_benchmark("image-folder", data=other, find_budgets=True, **common)
+    assert not any("kept from an earlier benchmark" in line for line in logged)

@@ -302,8 +302,9 @@ def test_only_runs_the_named_recipes_and_keeps_the_others_runs(tmp_path, monkeyp
               "--run-dir", str(runs), "--no-figures", "--seeds", "2"]
     capsys.readouterr()
     assert main([*common, "--only", "hot", "--out", str(tmp_path / "none")]) == 2
-    assert ("no finished bench-only run for baseline seed 0, baseline seed 1; run them too (leave out --only"
-            in capsys.readouterr().err)
+    refusal = capsys.readouterr().err
+    assert "no finished bench-only run for baseline seed 0, baseline seed 1 (runs on other data" in refusal
+    assert "; run them too (leave out --only" in refusal
     assert not runs.exists() or not load_records(runs)  # refused before any run
     assert main([*common, "--out", str(tmp_path / "first")]) == 0
     first = {r.run_id for r in load_records(runs)}

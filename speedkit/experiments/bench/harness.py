@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
+import hashlib
 import json
 from pathlib import Path
 from typing import Callable, Sequence
@@ -23,7 +24,7 @@ from speedkit.experiments.compare import median_or_none, paired_speedups, time_r
 from speedkit.experiments.baseline_plan import (BaselinePlan, Outcome, Point, budget_found, default_step,
                                                 next_run, start_steps, sweep_found)
 from speedkit.experiments.measure import MEASURED_RUN, Measurement, finished_runs, fit, measure
-from speedkit.record.runs import RunRecord, environment, lower_is_better
+from speedkit.record.runs import AS_ASKED, RunRecord, environment, lower_is_better
 from speedkit.tasks import TASKS, Recipe, RunRequest, get_recipe, is_baseline, make_trainer, resolve_task
 
 @dataclasses.dataclass
@@ -41,9 +42,11 @@ def scheduled_recipe(profile: BenchProfile, name: str) -> Recipe:
     """The recipe as the profile runs it, with the profile's budget applied. A speed-up recipe evaluates as many
     times in a scaled budget as in its own (a baseline keeps its fine timing cadence, which is not clocked)."""
     recipe = profile.recipe(name)
-    duration = profile.run.duration or recipe.duration
-    if profile.duration_scale != 1.0:
-        duration = scaled_duration(duration, profile.duration_scale)
+    duration = profile.found_budgets.get(name)
+    if duration is None:
+        duration = profile.run.duration or recipe.duration
+        if profile.duration_scale != 1.0:
+            duration = scaled_duration(duration, profile.duration_scale)
     if profile.run.eval_interval or is_baseline(profile.task, name):
         return recipe.with_changes(duration=duration)
     return recipe.with_budget(duration)
@@ -72,13 +75,42 @@ def _bench_info(profile: BenchProfile, session: str, seed: int) -> dict:
     return {"task": task_key(profile.task), "profile": profile.name, "session": session, "seed": seed}
 
 
-def _stopped_run(profile: BenchProfile, recipe: Recipe, seed: int, run_name: str, run_dir: str | Path, session: str,
-                 mark: str, log: Callable[[str], None], what: str, **trainer_kwargs) -> RunRecord:
-    """One run of a search over a baseline (its budget, its sweep), marked ``config["bench"][mark]``: stopped at
-    the target, since past it a run says nothing more about whether (or how soon) it gets there."""
-    record = run_one(profile, recipe, seed, run_name, run_dir, {**_bench_info(profile, session, seed), mark: True},
-                     **{"stop_at_target": True, **trainer_kwargs})
-    log(f"[{what}] {_describe_run(record)}")
+def task_data(task: str) -> dict | str | None:
+    """What the task named ``task`` reads, as its runs record it (``config["data"]``, ``data_identity``); None for
+    a task's own data. A folder task's name is one name for every folder."""
+    source = TASKS[task].data_source
+    return None if source is None else data_identity(source)
+
+
+def plan_run_id(request: RunRequest, data: dict | str | None) -> str:
+    """What makes a run of a baseline's plan the same run when the benchmark is run again: its task and the ``data``
+    it reads (``task_data``), the recipe as it trains, its seed, device, fractions and target; not its name, folder
+    or session."""
+    recipe = request.recipe.to_dict() if isinstance(request.recipe, Recipe) else request.recipe
+    what = {"task": str(request.task), "data": data, "recipe": recipe,
+            **{name: getattr(request, name) for name in ("task_options", "seed", "device", "data_fraction",
+                                                         "eval_fraction", "target", "stop_at_target")}}
+    return hashlib.sha1(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def finished_plan_runs(run_dir: str | Path) -> dict[str, RunRecord]:
+    """The plan runs under ``run_dir`` that ended as asked (``AS_ASKED``), by ``plan_run_id``: a benchmark killed
+    in its sweep or budget search, run again, takes these as they are and runs the rest."""
+    return finished_runs(run_dir, lambda r: r.config.get("bench", {}).get("plan_run") if r.status in AS_ASKED
+                         else None)
+
+
+def _plan_run(profile: BenchProfile, recipe: Recipe, seed: int, run_name: str, run_dir: str | Path, session: str,
+              mark: str, log: Callable[[str], None], what: str, done: dict[str, RunRecord],
+              **trainer_kwargs) -> RunRecord:
+    """One run of a baseline's plan (its sweep, its budget search), marked ``config["bench"][mark]`` and stopped
+    at the target, since past it a run says nothing more about whether (or how soon) it gets there; taken from
+    ``done`` (``finished_plan_runs``) where it ran to its end before."""
+    info, kwargs = {**_bench_info(profile, session, seed), mark: True}, {"stop_at_target": True, **trainer_kwargs}
+    run_id = plan_run_id(run_request(profile, recipe, seed, run_name, run_dir, info, **kwargs), task_data(profile.task))
+    record = done.get(run_id) or run_one(profile, recipe, seed, run_name, run_dir, {**info, "plan_run": run_id},
+                                         **kwargs)
+    log(f"[{what}] {'kept from an earlier benchmark: ' if run_id in done else ''}{_describe_run(record)}")
     return record
 
 
@@ -152,10 +184,12 @@ def tune_baseline(profile: BenchProfile, name: str, seeds: Sequence[int], run_di
                   log: Callable[[str], None] = print, sweep: bool = True, find_budget: bool = False,
                   earlier: dict | None = None, **trainer_kwargs) -> dict:
     """Run ``baseline_plan``'s runs of baseline ``name`` in turn, each stopped at the target and marked
-    ``config["bench"]["sweep"]`` or ``["budget_search"]`` (``_stopped_run``). Returns ``{"sweep": {"tried",
+    ``config["bench"]["sweep"]`` or ``["budget_search"]`` (``_plan_run``; one that ran to its end in ``run_dir``
+    before is taken as it is). Returns ``{"sweep": {"tried",
     "pick"}}`` with ``sweep`` and ``{"budget": {"budget", "tried": {budget: seeds that reached}}}`` with
     ``find_budget``: what ``--sweep`` and ``--find-budgets`` write."""
     plan, recipe = baseline_plan(profile, name, seeds, sweep, find_budget, earlier), scheduled_recipe(profile, name)
+    done = finished_plan_runs(run_dir)
     tried = [_earlier_outcome(plan, row) for row in (earlier or {}).get("tried", [])
              if (row["lr"], row["schedule"]) == (plan.rates[0], plan.schedules[0]) and not sweep]
     while (point := next_run(plan, tried)) is not None:
@@ -167,8 +201,8 @@ def tune_baseline(profile: BenchProfile, name: str, seeds: Sequence[int], run_di
             run_name, what = f"{profile.task}-{name}-lr{point.lr:g}-{shape}-s{point.seed}", "sweep"
         else:
             run_name, what = f"{profile.task}-{name}-{point.budget}-s{point.seed}", "budget_search"
-        record = _stopped_run(profile, candidate, point.seed, run_name, run_dir, session, what, log,
-                              f"{what.replace('_search', '')} {name}", **trainer_kwargs)
+        record = _plan_run(profile, candidate, point.seed, run_name, run_dir, session, what, log,
+                           f"{what.replace('_search', '')} {name}", done, **trainer_kwargs)
         target = record.target or {}
         tried.append(Outcome(point, record.time_to(target.get("metric"), target.get("value"), x="batch")
                              if target else None, final_metric(record), record.time_to_target, record.name))
@@ -500,15 +534,20 @@ def _write_json(path: Path, data: dict, log: Callable[[str], None], what: str, f
     log(f"{what} written to {path} (reuse them with {flag} {path})")
 
 
-def _with_baseline_changes(profile: BenchProfile, changes: dict[str, dict], known, what: str) -> BenchProfile:
-    """The profile with ``changes`` (baseline -> recipe changes, from the ``what`` file) on top of its own, each
-    for one of the ``known`` baselines."""
-    unknown = sorted(set(changes) - set(known))
+def _known_baselines(found: dict, known, what: str) -> None:
+    """Refuse ``found`` (baseline -> what the ``what`` file holds for it) for a baseline not among ``known``."""
+    unknown = sorted(set(found) - set(known))
     if unknown:
         raise ValueError(f"{what} for {unknown}, which this profile has no {what} for (it has them for "
                          f"{', '.join(sorted(known))}); pass the <task>_{what}.json written for this task and profile")
-    merged = {name: {**profile.recipe_changes.get(name, {}), **change} for name, change in changes.items()}
-    return dataclasses.replace(profile, recipe_changes={**profile.recipe_changes, **merged})
+
+
+def _with_sweeps(profile: BenchProfile, sweeps: dict) -> BenchProfile:
+    """The profile with each swept baseline's pick (learning rate and schedule) on top of its own changes."""
+    _known_baselines(sweeps, profile.sweeps, "sweeps")
+    picks = {name: {**profile.recipe_changes.get(name, {}), "optimizer": {"lr": s["pick"]["lr"]},
+                    "schedule": dict(s["pick"]["schedule"])} for name, s in sweeps.items()}
+    return dataclasses.replace(profile, recipe_changes={**profile.recipe_changes, **picks})
 
 
 def _names(value: Sequence[str] | str | None) -> list[str] | None:
@@ -550,12 +589,15 @@ def resolve_profile(task: str, profile: str | BenchProfile = "cpu", seeds: int |
 
 def reusable_runs(run_dir: str | Path, profile: BenchProfile, seeds: Sequence[int],
                   fix: str = "run the benchmark without --reuse") -> list[RunRecord]:
-    """The newest finished main run of each (recipe, seed) of ``profile`` under ``run_dir``
-    (``measure.finished_runs``); where the profile names a target (``--target``) other than the one the runs had,
-    judged at it (``retarget``)."""
+    """The newest main run of each (recipe, seed) of ``profile`` on its task's data under ``run_dir`` that ended
+    as asked (``measure.finished_runs``, ``AS_ASKED``: a run stopped, interrupted or killed is no measurement);
+    where the profile names a target (``--target``) other than the one the runs had, judged at it (``retarget``)."""
+    data = task_data(profile.task)
+
     def main_run(record: RunRecord) -> tuple | None:
         bench = record.config.get("bench", {})
-        if (bench.get("task") != task_key(profile.task) or bench.get("profile") != profile.name
+        if (record.status not in AS_ASKED or bench.get("task") != task_key(profile.task)
+                or record.config.get("data") != data or bench.get("profile") != profile.name
                 or any(bench.get(mark) for mark in ("profiling", "budget_search", "sweep"))
                 or "ablation" in record.config):
             return None
@@ -565,7 +607,8 @@ def reusable_runs(run_dir: str | Path, profile: BenchProfile, seeds: Sequence[in
     missing = [(r, s) for r in profile.recipes for s in seeds if (r, s) not in newest]
     if missing:
         raise ValueError(f"cannot reuse the runs in {run_dir}: no finished {profile.task} run for "
-                         f"{', '.join(f'{r} seed {s}' for r, s in missing)}; {fix}")
+                         f"{', '.join(f'{r} seed {s}' for r, s in missing)} (runs on other data, and runs that ended "
+                         f"early: stopped, interrupted or killed, are not measurements); {fix}")
     return [retarget(newest[(r, s)], profile.run.target) for s in seeds for r in profile.recipes]
 
 
@@ -593,13 +636,17 @@ def retarget(record: RunRecord, value: float | None) -> RunRecord:
     return record
 
 
-def reusable_ablations(run_dir: str | Path, recipe: str) -> list[RunRecord]:
-    """The newest leave-one-out of ``recipe`` under ``run_dir`` (its reference rerun and its ablations,
-    from one session), or [] when there is none."""
+def reusable_ablations(run_dir: str | Path, profile: BenchProfile, recipe: str) -> list[RunRecord]:
+    """The newest leave-one-out of ``recipe`` of ``profile``'s task and data under ``run_dir`` (its reference rerun
+    and its ablations, from one session, each ended as asked), or [] when there is none."""
+    data = task_data(profile.task)
+
     def ablation(record: RunRecord) -> tuple | None:
-        if "ablation" not in record.config or record.config.get("recipe") != recipe:
+        bench = record.config.get("bench", {})
+        if ("ablation" not in record.config or record.config.get("recipe") != recipe or record.status not in AS_ASKED
+                or bench.get("task") != task_key(profile.task) or record.config.get("data") != data):
             return None
-        return record.config.get("bench", {}).get("session", ""), record.name
+        return bench.get("session", ""), record.name
 
     found = finished_runs(run_dir, ablation)
     newest = max((session for session, _ in found), default=None)
@@ -660,13 +707,12 @@ def run_benchmark(task, profile: str | BenchProfile = "cpu", seeds: int | Sequen
             budgets = {name: f["budget"] for name, f in found.items() if "budget" in f}
             _write_json(Path(out_dir) / f"{key}_budgets.json", budgets, log, "baseline budgets", "--budgets")
     if sweeps:
-        profile = _with_baseline_changes(
-            profile, {n: {"optimizer": {"lr": s["pick"]["lr"]}, "schedule": dict(s["pick"]["schedule"])}
-                      for n, s in sweeps.items()}, profile.sweeps, "sweeps")
+        profile = _with_sweeps(profile, sweeps)
         log("sweep picks: " + ", ".join(f"{n} {s['pick']}" for n, s in sweeps.items()))
     if budgets:
-        profile = _with_baseline_changes(
-            profile, {n: {"duration": b["budget"]} for n, b in budgets.items()}, profile.baselines, "budgets")
+        _known_baselines(budgets, profile.baselines, "budgets")
+        profile = profile.replace(found_budgets={**profile.found_budgets,
+                                                 **{n: b["budget"] for n, b in budgets.items()}})
         log("baseline budgets: " + ", ".join(f"{n} {b['budget']}" for n, b in budgets.items()))
     if reuse:
         records = reusable_runs(run_dir, profile, seed_list)
@@ -681,7 +727,7 @@ def run_benchmark(task, profile: str | BenchProfile = "cpu", seeds: int | Sequen
         ablations = run_leave_one_out(profile, records, best, run_dir, session, log, rerun_full=reuse,
                                       baseline=entry["strongest_baseline"], **trainer_kwargs)
     elif reuse and best is not None:
-        ablations = reusable_ablations(run_dir, best)
+        ablations = reusable_ablations(run_dir, profile, best)
     breakdown = None
     if profile_steps and profile_steps > 0:
         breakdown = profile_recipe(profile, best or "baseline", seed_list[0], profile_steps, run_dir, session,

@@ -66,6 +66,9 @@ class BenchProfile:
     # how finely `--find-budgets` searches a baseline's budget, in its unit (None: about a tenth of it, whole)
     budget_step: str | None = None
     budget_searched: tuple[str, ...] | None = None  # the baselines `--find-budgets` searches; None: all
+    # baseline -> the budget `--find-budgets` found (or `--budgets FILE` gives), which it runs as it is: the search
+    # ran at this profile's duration and duration_scale, so neither applies to it again
+    found_budgets: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
         refuse_planned(self.run, BENCH_PICKS, f"profile {self.name!r}", "run of the benchmark")

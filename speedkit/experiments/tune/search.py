@@ -713,8 +713,12 @@ def start_workers(config_path: Path, n_extra: int) -> list[subprocess.Popen]:
 
 def check_same_search(config: TuneConfig, study) -> None:
     """Refuse to continue a study that was started with other settings (its times would not compare)."""
+    from speedkit.data.identity import data_identity
+
+    data = (config.task_source or {}).get("data")  # a folder task's name is one name for every folder
     identity = {"task": config.settings.run.task, "metric": config.metric, "target": config.target, "base": config.base,
-                "spaces": config.spaces, "settings": config.run_settings(), "limit_s": config.limit_s}
+                "spaces": config.spaces, "settings": config.run_settings(), "limit_s": config.limit_s,
+                **({} if data is None else {"data": data_identity(data)})}
     identity = json.loads(json.dumps(identity))  # as stored: tuples become lists
     stored = study.user_attrs.get("identity")
     if stored is None:
