@@ -27,7 +27,7 @@ from speedkit.models.pretrained import mark_surgered
 from speedkit.record.loggers import Logger, LoggerDestination, RecordDestination
 from speedkit.record.runs import RunRecord
 from speedkit.train.checkpoint.format import rng_state, set_rng_state
-from speedkit.train.parts import make_loss, make_schedules
+from speedkit.train.parts import make_loss, make_schedules, refuse_optimizer_before_surgery
 from speedkit.train.step import Step
 
 LOG = logging.getLogger("speedkit")
@@ -173,6 +173,7 @@ class MethodSession:
         self._accumulated: list = []  # the step's microbatches already through (gradient accumulation)
         self.epoch_started = False
         self.initialized = False
+        self._before_surgery: list[torch.Tensor] = []  # the model's parameters before INIT, until FIT_START
         self.served: set[Event] = set()  # every event run so far
         self.fit_started = False
 
@@ -205,6 +206,7 @@ class MethodSession:
             state.device = reference.device
         state.loss_fn = make_loss(model, self._given_loss)
         if not self.initialized:
+            self._before_surgery = list(model.parameters())  # what an optimizer built too early holds
             self.run(Event.INIT)
             self.initialized = True
             mark_surgered(state.model, state.methods)  # a save_pretrained records the surgeries (models/pretrained.py)
@@ -227,6 +229,11 @@ class MethodSession:
             raise RuntimeError("call init(model) (the surgery) before fit_start; optimizers are built after it")
         if not self.fit_started:
             state.optimizers = list(optimizers) if isinstance(optimizers, (list, tuple)) else [optimizers]
+            refuse_optimizer_before_surgery(self._before_surgery, state.model, state.optimizers, state.methods,
+                                            "build the optimizer on the model's parameters after the surgery: in "
+                                            "your own loop after model = sk.prepare_model(model); with the Hugging "
+                                            "Face Trainer give optimizer_cls_and_kwargs= instead of an optimizer")
+            self._before_surgery = []
             state.train_dataloader = train_dataloader
             self.run(Event.FIT_START)
             self.fit_started = True

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from speedkit.callbacks import (CheckpointSaver, LRMonitor, NaNGuard, ProgressBar, SpeedMonitor, StopAtTarget,
                                 SyncCounter, resolve_progress_bar)
-from speedkit.core import Callback, Interval, Time
+from speedkit.core import Callback, Event, Interval, Time
 from speedkit.core.batch import batch_targets, output_logits, output_loss
 from speedkit.core.devices import cpu_bf16_speedup
 from speedkit.core.seeding import seed_everything
@@ -141,6 +141,24 @@ def make_optimizers(optimizers, model) -> list[torch.optim.Optimizer]:
         if not isinstance(opt, torch.optim.Optimizer):
             raise TypeError(f"optimizers must be torch optimizers or a factory fn(params), got {opt!r}")
     return optimizers
+
+
+def refuse_optimizer_before_surgery(before: list[torch.Tensor], model: torch.nn.Module, optimizers, methods,
+                                    fix: str) -> None:
+    """An optimizer built on the model's parameters ``before`` the surgery (INIT) would never train the parameters
+    a surgery added (squeeze_excite's blocks) and would step ones it replaced (factorize's layers, ghost batch
+    norm's), which the model no longer uses: refuse it before the first step, naming ``fix``."""
+    held = {id(p) for optimizer in optimizers for group in optimizer.param_groups for p in group["params"]}
+    now = list(model.parameters())
+    before_ids, now_ids = {id(p) for p in before}, {id(p) for p in now}
+    untrained = sum(p.numel() for p in now if p.requires_grad and id(p) not in before_ids and id(p) not in held)
+    replaced = sum(p.numel() for p in before if id(p) not in now_ids and id(p) in held)
+    if untrained or replaced:
+        surgeons = [m.name for m in methods if Event.INIT in m.CARD.events]
+        raise ValueError(
+            f"the optimizer holds the model's parameters from before speedkit's surgery ({', '.join(surgeons)}): "
+            f"{untrained:,} parameter values the surgery added would never train and {replaced:,} it replaced would "
+            f"be stepped in vain; {fix}")
 
 
 def make_schedules(schedulers) -> list:

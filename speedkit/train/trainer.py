@@ -41,8 +41,8 @@ from speedkit.train.parallel import make_plan
 from speedkit.train.parts import (cross_entropy_loss, describe_run, follow_schedules, global_batch_size,
                                   make_callbacks, make_evaluators, make_logger, make_loss, make_optimizers,
                                   make_record, make_reproducible, make_schedules, measure_loader, plateau_metric,
-                                  read_device_checks, close_callbacks, step_optimizers, step_plateau_schedulers,
-                                  step_torch_schedulers)
+                                  read_device_checks, close_callbacks, refuse_optimizer_before_surgery,
+                                  step_optimizers, step_plateau_schedulers, step_torch_schedulers)
 from speedkit.train.step import Step, Stopwatch
 
 
@@ -134,11 +134,16 @@ class Trainer:
                                          run_name=self.run_name, run_folder=self.run_folder, keep=keep_checkpoints)
 
         # Methods that change the model act now, before optimizers are built on its parameters.
+        before_surgery = list(state.model.parameters())
         self.engine.run_event(Event.INIT)
         mark_surgered(state.model, state.methods)  # a Hugging Face model's save_pretrained records the surgeries
         # After the surgery, before the optimizers (FSDP replaces the parameters): the module the forward runs.
         self._train_module = plan.wrap(state.model, state.methods, state.grad_scaler)
         state.optimizers = make_optimizers(optimizers, state.model)
+        refuse_optimizer_before_surgery(before_surgery, state.model, state.optimizers, state.methods,
+                                        "pass optimizers= a function of the parameters (optimizers=lambda params: "
+                                        "torch.optim.SGD(params, lr=...)), which the Trainer calls after the surgery")
+        del before_surgery  # the parameters a surgery replaced are freed
         state.schedulers = make_schedules(schedulers)
         check_schedulers(state.schedulers, state.optimizers)
         self._plateau_metric = plateau_metric(state.schedulers, state.evaluators, stop_at)

@@ -11,7 +11,8 @@ import torch.nn.functional as F
 from helpers import toy_loaders, toy_model
 
 from speedkit.hosts import HostCannotServeError, OptimizerGroup, Speedkit
-from speedkit.methods import EMA, AlternatingFlip, Autocast, GradientClipping, LabelSmoothing, MixUp, Muon, SAM
+from speedkit.methods import (EMA, SAM, AlternatingFlip, Autocast, Factorize, GradientClipping, LabelSmoothing,
+                              MixUp, Muon, SqueezeExcite)
 from speedkit.train.trainer import Trainer
 
 
@@ -230,6 +231,41 @@ def test_stepping_the_optimizer_given_instead_of_the_one_returned_is_refused():
         returned.zero_grad()
         sk.step_end()
     assert sk.done
+
+
+def small_convnet() -> torch.nn.Module:
+    torch.manual_seed(0)
+    nn = torch.nn
+    return nn.Sequential(nn.Conv2d(3, 64, 3, padding=1), nn.ReLU(), nn.Conv2d(64, 64, 3, padding=1), nn.ReLU(),
+                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, 3))
+
+
+@pytest.mark.parametrize("method, what", [
+    (SqueezeExcite(min_channels=32), r"[1-9][\d,]* parameter values the surgery added would never train and 0 "),
+    (Factorize(min_channels=32), r"[1-9][\d,]* parameter values .* and [1-9][\d,]* it replaced would be stepped")])
+def test_an_optimizer_built_before_the_surgery_is_refused_before_the_first_step(method, what, tmp_path):
+    """Built on the model's parameters before `sk.prepare_model` (or handed to the Trainer as an object), the
+    optimizer never trained squeeze_excite's new blocks, or stepped the layers factorize had replaced, without a
+    word. Built after the surgery (a function of the parameters, for the Trainer), it is taken."""
+    images = torch.randn(32, 3, 8, 8)
+    train = [(images, torch.randint(0, 3, (32,)))] * 2
+    model = small_convnet()
+    early = torch.optim.SGD(model.parameters(), lr=0.1)
+    sk = Speedkit([copy.deepcopy(method)], max_duration="2ba", train_dataloader=train)
+    model = sk.prepare_model(model)
+    with pytest.raises(ValueError, match=rf"before speedkit's surgery \({method.name}\): {what}.*after model = "
+                                         r"sk.prepare_model\(model\)"):
+        sk.prepare_optimizer(early)
+    sk.prepare_optimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+
+    model = small_convnet()
+    with pytest.raises(ValueError, match=r"pass optimizers= a function of the parameters"):
+        Trainer(model, train, max_duration="2ba", methods=[copy.deepcopy(method)], run_dir=tmp_path,
+                optimizers=torch.optim.SGD(model.parameters(), lr=0.1), save_checkpoints=False)
+    trainer = Trainer(small_convnet(), train, max_duration="2ba", methods=[copy.deepcopy(method)], run_dir=tmp_path,
+                      optimizers=lambda params: torch.optim.SGD(params, lr=0.1), save_checkpoints=False)
+    held = {id(p) for group in trainer.state.optimizers[0].param_groups for p in group["params"]}
+    assert held == {id(p) for p in trainer.state.model.parameters()}
 
 
 @pytest.mark.parametrize("accumulation, steps, message", [

@@ -185,9 +185,8 @@ def tune_baseline(profile: BenchProfile, name: str, seeds: Sequence[int], run_di
                   earlier: dict | None = None, **trainer_kwargs) -> dict:
     """Run ``baseline_plan``'s runs of baseline ``name`` in turn, each stopped at the target and marked
     ``config["bench"]["sweep"]`` or ``["budget_search"]`` (``_plan_run``; one that ran to its end in ``run_dir``
-    before is taken as it is). Returns ``{"sweep": {"tried",
-    "pick"}}`` with ``sweep`` and ``{"budget": {"budget", "tried": {budget: seeds that reached}}}`` with
-    ``find_budget``: what ``--sweep`` and ``--find-budgets`` write."""
+    before is taken as it is). Returns ``{"sweep": {"tried", "pick"}}`` with ``sweep`` and ``{"budget": {"budget",
+    "tried": {budget: seeds that reached}}}`` with ``find_budget``: what ``--sweep`` and ``--find-budgets`` write."""
     plan, recipe = baseline_plan(profile, name, seeds, sweep, find_budget, earlier), scheduled_recipe(profile, name)
     done = finished_plan_runs(run_dir)
     tried = [_earlier_outcome(plan, row) for row in (earlier or {}).get("tried", [])
