@@ -43,7 +43,10 @@ HELDOUT_SETS = {
 }
 # Held-out sets measured again against their baseline tuned first (`speedkit bench --sweep --find-budgets`):
 # study folder -> (the set as the README names it, its task key, the recipe it reports).
-TUNED_HELDOUT = {"2026-12-05-baseline-plan-glyphs": ("glyphs", "image-folder", "hot")}
+# The held-out sets measured again against their baseline tuned first (`speedkit bench --sweep --find-budgets`):
+# study folder -> (the set as the table names it, its task key, the recipe measured against the tuned baseline).
+TUNED_HELDOUT = {"2026-12-05-baseline-plan-glyphs": ("glyphs", "image-folder", "hot"),
+                 "2026-12-06-tuned-baselines-heldout/photo-crops": ("photo-crops", "image-folder", "hot")}
 # The seed's workloads rehearsed on CPU (issue 43; bench/README.md says how each was sized and measured):
 # (summary file, its task key) -> the data as the README names it.
 REHEARSALS = {
@@ -344,21 +347,28 @@ def heldout_results() -> str:
 
 
 def tuned_heldout_results() -> str:
-    """The held-out sets measured again against their baseline tuned first, in words under the table."""
-    lines = []
+    """The held-out sets measured again against their baseline tuned first: a table under the one above."""
+    rows = []
     for study, (label, key, recipe) in TUNED_HELDOUT.items():
         folder = RESULTS / study
         entry = json.loads((folder / "summary.json").read_text())[key]
         baseline = entry["strongest_baseline"]
         pick = json.loads((folder / f"{key}_sweeps.json").read_text())[baseline]["pick"]
         budget = json.loads((folder / f"{key}_budgets.json").read_text())[baseline]["budget"]
-        lines.append(f"The table is against each baseline as it ships. Tuned first (`speedkit bench --sweep "
-                     f"--find-budgets`, the plan `speedkit tune` tunes its baseline with), {label}' `{baseline}` "
-                     f"trains at lr {pick['lr']:g} for {budget}, and `{recipe}` is "
-                     f"{_quality_cell(entry, entry['recipes'][recipe])} sooner to its final quality "
-                     f"({machine_text(entry['machine'], entry['date'])}): "
-                     f"[{folder.relative_to(ROOT)}]({folder.relative_to(ROOT)}/README.md).")
-    return "\n" + "\n\n".join(lines) if lines else ""
+        tuned = entry["baselines"][baseline]
+        rows.append(f"| {label} | {_level_column(entry)} | `{baseline}`: lr {pick['lr']:g}, {budget}, "
+                    f"{statistics.median(t for t in tuned['final_quality']['time_s'] if t is not None):.1f} s | "
+                    f"{_quality_cell(entry, entry['recipes'][recipe])} | "
+                    f"{machine_text(entry['machine'], entry['date'])} | "
+                    f"[{study}]({(RESULTS / Path(study).parts[0]).relative_to(ROOT)}/README.md) |")
+    if not rows:
+        return ""
+    return "\n".join(["", "The table is against each baseline as it ships. Against the baseline tuned first (`speedkit "
+                      "bench --sweep --find-budgets`: its learning rate swept on one seed, then its shortest budget "
+                      "that reaches the target on every seed, the plan `speedkit tune` tunes its baseline with), "
+                      "`hot` is measured again, paired by seed, at the tuned baseline's final quality:", "",
+                      "| set | level | tuned baseline, median time | `hot` sooner | machine | study |",
+                      "|---|---|---|---|---|---|", *rows])
 
 
 def _level_column(entry: dict) -> str:

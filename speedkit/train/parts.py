@@ -146,17 +146,18 @@ def make_optimizers(optimizers, model) -> list[torch.optim.Optimizer]:
 def refuse_optimizer_before_surgery(before: list[torch.Tensor], model: torch.nn.Module, optimizers, methods,
                                     fix: str) -> None:
     """An optimizer built on the model's parameters ``before`` the surgery (INIT) would never train the parameters
-    a surgery added (squeeze_excite's blocks) and would step ones it replaced (factorize's layers, ghost batch
-    norm's), which the model no longer uses: refuse it before the first step, naming ``fix``."""
+    a surgery added (squeeze_excite's blocks) and would step ones it replaced (factorize's layers), which the model
+    no longer uses: refuse it before the first step, naming ``fix``."""
     held = {id(p) for optimizer in optimizers for group in optimizer.param_groups for p in group["params"]}
     now = list(model.parameters())
     before_ids, now_ids = {id(p) for p in before}, {id(p) for p in now}
     untrained = sum(p.numel() for p in now if p.requires_grad and id(p) not in before_ids and id(p) not in held)
     replaced = sum(p.numel() for p in before if id(p) not in now_ids and id(p) in held)
     if untrained or replaced:
-        surgeons = [m.name for m in methods if Event.INIT in m.CARD.events]
+        surgeons = ", ".join(m.name for m in methods if Event.INIT in m.CARD.events)
         raise ValueError(
-            f"the optimizer holds the model's parameters from before speedkit's surgery ({', '.join(surgeons)}): "
+            f"the optimizer holds the model's parameters from before speedkit's surgery"
+            f"{f' ({surgeons})' if surgeons else ''}: "
             f"{untrained:,} parameter values the surgery added would never train and {replaced:,} it replaced would "
             f"be stepped in vain; {fix}")
 

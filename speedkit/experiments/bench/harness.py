@@ -11,7 +11,7 @@ import datetime as _dt
 import hashlib
 import json
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Hashable, Sequence
 
 from speedkit.core.devices import resolve_device, resolve_precision
 from speedkit.core.time import Time, scaled_duration
@@ -82,22 +82,31 @@ def task_data(task: str) -> dict | str | None:
     return None if source is None else data_identity(source)
 
 
-def plan_run_id(request: RunRequest, data: dict | str | None) -> str:
-    """What makes a run of a baseline's plan the same run when the benchmark is run again: its task and the ``data``
-    it reads (``task_data``), the recipe as it trains, its seed, device, fractions and target; not its name, folder
+def plan_run_id(request: RunRequest) -> str:
+    """What makes a run of a baseline's plan the same run when the benchmark is run again (on the same data:
+    ``kept_runs``): its task, the recipe as it trains, its seed, device, fractions and target; not its name, folder
     or session."""
     recipe = request.recipe.to_dict() if isinstance(request.recipe, Recipe) else request.recipe
-    what = {"task": str(request.task), "data": data, "recipe": recipe,
+    what = {"task": str(request.task), "recipe": recipe,
             **{name: getattr(request, name) for name in ("task_options", "seed", "device", "data_fraction",
                                                          "eval_fraction", "target", "stop_at_target")}}
     return hashlib.sha1(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def finished_plan_runs(run_dir: str | Path) -> dict[str, RunRecord]:
-    """The plan runs under ``run_dir`` that ended as asked (``AS_ASKED``), by ``plan_run_id``: a benchmark killed
-    in its sweep or budget search, run again, takes these as they are and runs the rest."""
-    return finished_runs(run_dir, lambda r: r.config.get("bench", {}).get("plan_run") if r.status in AS_ASKED
-                         else None)
+def kept_runs(run_dir: str | Path, profile: BenchProfile, key: Callable[[RunRecord, dict], Hashable | None]) -> dict:
+    """``measure.finished_runs`` of ``profile``'s benchmark alone, by ``key(record, its config["bench"])``: runs of
+    its task and profile, on its task's data (``task_data``), that ended as asked (``AS_ASKED``: a run stopped,
+    interrupted or killed is no measurement)."""
+    task, data = task_key(profile.task), task_data(profile.task)
+
+    def of_this_benchmark(record: RunRecord) -> Hashable | None:
+        bench = record.config.get("bench", {})
+        if (record.status not in AS_ASKED or bench.get("task") != task or bench.get("profile") != profile.name
+                or record.config.get("data") != data):
+            return None
+        return key(record, bench)
+
+    return finished_runs(run_dir, of_this_benchmark)
 
 
 def _plan_run(profile: BenchProfile, recipe: Recipe, seed: int, run_name: str, run_dir: str | Path, session: str,
@@ -105,9 +114,9 @@ def _plan_run(profile: BenchProfile, recipe: Recipe, seed: int, run_name: str, r
               **trainer_kwargs) -> RunRecord:
     """One run of a baseline's plan (its sweep, its budget search), marked ``config["bench"][mark]`` and stopped
     at the target, since past it a run says nothing more about whether (or how soon) it gets there; taken from
-    ``done`` (``finished_plan_runs``) where it ran to its end before."""
+    ``done`` (``plan_run_id`` -> its run in ``kept_runs``) where it ran to its end before."""
     info, kwargs = {**_bench_info(profile, session, seed), mark: True}, {"stop_at_target": True, **trainer_kwargs}
-    run_id = plan_run_id(run_request(profile, recipe, seed, run_name, run_dir, info, **kwargs), task_data(profile.task))
+    run_id = plan_run_id(run_request(profile, recipe, seed, run_name, run_dir, info, **kwargs))
     record = done.get(run_id) or run_one(profile, recipe, seed, run_name, run_dir, {**info, "plan_run": run_id},
                                          **kwargs)
     log(f"[{what}] {'kept from an earlier benchmark: ' if run_id in done else ''}{_describe_run(record)}")
@@ -188,7 +197,7 @@ def tune_baseline(profile: BenchProfile, name: str, seeds: Sequence[int], run_di
     before is taken as it is). Returns ``{"sweep": {"tried", "pick"}}`` with ``sweep`` and ``{"budget": {"budget",
     "tried": {budget: seeds that reached}}}`` with ``find_budget``: what ``--sweep`` and ``--find-budgets`` write."""
     plan, recipe = baseline_plan(profile, name, seeds, sweep, find_budget, earlier), scheduled_recipe(profile, name)
-    done = finished_plan_runs(run_dir)
+    done = kept_runs(run_dir, profile, lambda record, bench: bench.get("plan_run"))
     tried = [_earlier_outcome(plan, row) for row in (earlier or {}).get("tried", [])
              if (row["lr"], row["schedule"]) == (plan.rates[0], plan.schedules[0]) and not sweep]
     while (point := next_run(plan, tried)) is not None:
@@ -588,21 +597,14 @@ def resolve_profile(task: str, profile: str | BenchProfile = "cpu", seeds: int |
 
 def reusable_runs(run_dir: str | Path, profile: BenchProfile, seeds: Sequence[int],
                   fix: str = "run the benchmark without --reuse") -> list[RunRecord]:
-    """The newest main run of each (recipe, seed) of ``profile`` on its task's data under ``run_dir`` that ended
-    as asked (``measure.finished_runs``, ``AS_ASKED``: a run stopped, interrupted or killed is no measurement);
-    where the profile names a target (``--target``) other than the one the runs had, judged at it (``retarget``)."""
-    data = task_data(profile.task)
-
-    def main_run(record: RunRecord) -> tuple | None:
-        bench = record.config.get("bench", {})
-        if (record.status not in AS_ASKED or bench.get("task") != task_key(profile.task)
-                or record.config.get("data") != data or bench.get("profile") != profile.name
-                or any(bench.get(mark) for mark in ("profiling", "budget_search", "sweep"))
-                or "ablation" in record.config):
+    """The newest main run of each (recipe, seed) of ``profile`` under ``run_dir`` (``kept_runs``); where the
+    profile names a target (``--target``) other than the one the runs had, judged at it (``retarget``)."""
+    def main_run(record: RunRecord, bench: dict) -> tuple | None:
+        if any(bench.get(mark) for mark in ("profiling", "budget_search", "sweep")) or "ablation" in record.config:
             return None
         return record.config.get("recipe"), _seed_of(record)
 
-    newest = finished_runs(run_dir, main_run)
+    newest = kept_runs(run_dir, profile, main_run)
     missing = [(r, s) for r in profile.recipes for s in seeds if (r, s) not in newest]
     if missing:
         raise ValueError(f"cannot reuse the runs in {run_dir}: no finished {profile.task} run for "
@@ -636,18 +638,14 @@ def retarget(record: RunRecord, value: float | None) -> RunRecord:
 
 
 def reusable_ablations(run_dir: str | Path, profile: BenchProfile, recipe: str) -> list[RunRecord]:
-    """The newest leave-one-out of ``recipe`` of ``profile``'s task and data under ``run_dir`` (its reference rerun
-    and its ablations, from one session, each ended as asked), or [] when there is none."""
-    data = task_data(profile.task)
-
-    def ablation(record: RunRecord) -> tuple | None:
-        bench = record.config.get("bench", {})
-        if ("ablation" not in record.config or record.config.get("recipe") != recipe or record.status not in AS_ASKED
-                or bench.get("task") != task_key(profile.task) or record.config.get("data") != data):
+    """The newest leave-one-out of ``recipe`` under ``run_dir`` (``kept_runs``: its reference rerun and its
+    ablations, from one session), or [] when there is none."""
+    def ablation(record: RunRecord, bench: dict) -> tuple | None:
+        if "ablation" not in record.config or record.config.get("recipe") != recipe:
             return None
         return bench.get("session", ""), record.name
 
-    found = finished_runs(run_dir, ablation)
+    found = kept_runs(run_dir, profile, ablation)
     newest = max((session for session, _ in found), default=None)
     return [record for (session, _), record in found.items() if session == newest]
 
