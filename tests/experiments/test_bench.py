@@ -641,7 +641,9 @@ def test_the_language_budget_search_covers_tuned_only_and_starts_from_the_sweep(
     assert [batches for _, batches, _ in searched] == [450, 500]  # up from the hint to the first that holds
     assert main == {"baseline": "600ba", "tuned": "500ba"}
     saved = json.loads((tmp_path / "language_budgets.json").read_text())
-    assert saved == {"tuned": {"budget": "500ba", "tried": {"450ba": 0, "500ba": 1}}}
+    conditions = {"task": "language", "data": None, "data_fraction": 1.0, "target": 3.3, "duration": None,
+                  "duration_scale": 1.0}  # what a later --budgets checks it is run under
+    assert saved == {"tuned": {"budget": "500ba", "tried": {"450ba": 0, "500ba": 1}, "conditions": conditions}}
     assert result.entry["baselines"]["tuned"]["budget_search"] == saved["tuned"]
 
 

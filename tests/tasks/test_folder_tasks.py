@@ -3,6 +3,7 @@ of text files), each with a default model and recipe that train as they are, mod
 clear errors for a folder that holds nothing to train on."""
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -306,6 +307,10 @@ def test_a_killed_baseline_plan_continues_where_it_stopped_and_another_folders_r
         "budget_search"]
 
     other = write_image_folder(tmp_path / "other", per_class=80, offset=80)  # the same classes, other images
+    found = json.loads((tmp_path / "out" / "image-folder_budgets.json").read_text())
+    with pytest.raises(ValueError, match=r"the budgets of plain-bf16 were found under other conditions \(data .* there, "
+                                         r".* here; duration_scale 0.5 there, 1.0 here\)"):
+        run_benchmark("image-folder", data=other, budgets=found, **{**common, "duration_scale": 1.0})
     with pytest.raises(ValueError, match="no finished image-folder run for plain-bf16 seed 0, hot seed 0 .runs on "
                                          "other data"):
         run_benchmark("image-folder", data=other, reuse=True, **common)

@@ -542,17 +542,36 @@ def _write_json(path: Path, data: dict, log: Callable[[str], None], what: str, f
     log(f"{what} written to {path} (reuse them with {flag} {path})")
 
 
-def _known_baselines(found: dict, known, what: str) -> None:
-    """Refuse ``found`` (baseline -> what the ``what`` file holds for it) for a baseline not among ``known``."""
+def plan_conditions(profile: BenchProfile) -> dict:
+    """What a baseline's plan ran under, kept in the files ``--sweep`` and ``--find-budgets`` write: the task, its
+    data, the fraction trained on, the target and the budget's scale. A budget found under others (another folder,
+    another ``--duration-scale``) is not this benchmark's to run."""
+    return json.loads(json.dumps({
+        "task": task_key(profile.task), "data": task_data(profile.task), "data_fraction": profile.run.data_fraction,
+        "target": profile.target_value, "duration": profile.run.duration, "duration_scale": profile.duration_scale},
+        default=str))
+
+
+def _check_earlier(found: dict, known, what: str, profile: BenchProfile) -> None:
+    """Refuse ``found`` (baseline -> what the ``what`` file holds for it) for a baseline not among ``known``, or
+    found under other ``plan_conditions`` (a file written before they were kept is taken as it is)."""
     unknown = sorted(set(found) - set(known))
     if unknown:
         raise ValueError(f"{what} for {unknown}, which this profile has no {what} for (it has them for "
                          f"{', '.join(sorted(known))}); pass the <task>_{what}.json written for this task and profile")
+    now = plan_conditions(profile)
+    for name, entry in found.items():
+        then = entry.get("conditions", now)
+        changed = [f"{key} {then.get(key)!r} there, {value!r} here" for key, value in now.items()
+                   if then.get(key) != value]
+        if changed:
+            raise ValueError(f"the {what} of {name} were found under other conditions ({'; '.join(changed)}); find "
+                             f"them here (--sweep, --find-budgets), or pass the file written for this data and scale")
 
 
 def _with_sweeps(profile: BenchProfile, sweeps: dict) -> BenchProfile:
     """The profile with each swept baseline's pick (learning rate and schedule) on top of its own changes."""
-    _known_baselines(sweeps, profile.sweeps, "sweeps")
+    _check_earlier(sweeps, profile.sweeps, "sweeps", profile)
     picks = {name: {**profile.recipe_changes.get(name, {}), "optimizer": {"lr": s["pick"]["lr"]},
                     "schedule": dict(s["pick"]["schedule"])} for name, s in sweeps.items()}
     return dataclasses.replace(profile, recipe_changes={**profile.recipe_changes, **picks})
@@ -697,17 +716,18 @@ def run_benchmark(task, profile: str | BenchProfile = "cpu", seeds: int | Sequen
                                      find_budget=find_budgets and name in searched, earlier=(sweeps or {}).get(name),
                                      **trainer_kwargs)
                  for name in dict.fromkeys([*swept, *(searched if find_budgets else [])])}
+        conditions = {"conditions": plan_conditions(profile)}
         if sweep:
-            sweeps = {name: f["sweep"] for name, f in found.items() if "sweep" in f}
+            sweeps = {name: {**f["sweep"], **conditions} for name, f in found.items() if "sweep" in f}
             _write_json(Path(out_dir) / f"{key}_sweeps.json", sweeps, log, "sweeps", "--sweeps")
         if find_budgets:
-            budgets = {name: f["budget"] for name, f in found.items() if "budget" in f}
+            budgets = {name: {**f["budget"], **conditions} for name, f in found.items() if "budget" in f}
             _write_json(Path(out_dir) / f"{key}_budgets.json", budgets, log, "baseline budgets", "--budgets")
     if sweeps:
         profile = _with_sweeps(profile, sweeps)
         log("sweep picks: " + ", ".join(f"{n} {s['pick']}" for n, s in sweeps.items()))
     if budgets:
-        _known_baselines(budgets, profile.baselines, "budgets")
+        _check_earlier(budgets, profile.baselines, "budgets", profile)
         profile = profile.replace(found_budgets={**profile.found_budgets,
                                                  **{n: b["budget"] for n, b in budgets.items()}})
         log("baseline budgets: " + ", ".join(f"{n} {b['budget']}" for n, b in budgets.items()))
