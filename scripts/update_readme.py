@@ -19,9 +19,11 @@ import statistics
 import sys
 from pathlib import Path
 
+from speedkit.core.time import scaled_duration
 from speedkit.experiments.report import preset_reached
 from speedkit.experiments.compare import at_or_beyond, final_quality, machine_text, stricter
 from speedkit.methods import methods_table
+from speedkit.tasks.build import folder_task_presets
 from speedkit.tasks.recipes import PRESETS
 from speedkit.tasks.task import BUILT_IN_TASKS
 
@@ -46,6 +48,7 @@ HELDOUT_SETS = {
 # The held-out sets measured again against their baseline tuned first (`speedkit bench --sweep --find-budgets`):
 # study folder -> (the set as the table names it, its task key, the recipe measured against the tuned baseline).
 TUNED_HELDOUT = {"2026-12-05-baseline-plan-glyphs": ("glyphs", "image-folder", "hot"),
+                 "2026-12-06-tuned-baselines-heldout/perldoc": ("perldoc", "text-folder", "hot"),
                  "2026-12-06-tuned-baselines-heldout/photo-crops": ("photo-crops", "image-folder", "hot")}
 # The seed's workloads rehearsed on CPU (issue 43; bench/README.md says how each was sized and measured):
 # (summary file, its task key) -> the data as the README names it.
@@ -356,7 +359,10 @@ def tuned_heldout_results() -> str:
         pick = json.loads((folder / f"{key}_sweeps.json").read_text())[baseline]["pick"]
         budget = json.loads((folder / f"{key}_budgets.json").read_text())[baseline]["budget"]
         tuned = entry["baselines"][baseline]
-        rows.append(f"| {label} | {_level_column(entry)} | `{baseline}`: lr {pick['lr']:g}, {budget}, "
+        shipped = folder_task_presets(key).recipes[baseline]
+        shipped_budget = scaled_duration(shipped.duration, entry["profile_spec"]["duration_scale"])
+        rows.append(f"| {label} | {_level_column(entry)} | lr {shipped.optimizer['lr']:g}, {shipped_budget} | "
+                    f"`{baseline}`: lr {pick['lr']:g}, {budget}, "
                     f"{statistics.median(t for t in tuned['final_quality']['time_s'] if t is not None):.1f} s | "
                     f"{_quality_cell(entry, entry['recipes'][recipe])} | "
                     f"{machine_text(entry['machine'], entry['date'])} | "
@@ -367,8 +373,8 @@ def tuned_heldout_results() -> str:
                       "bench --sweep --find-budgets`: its learning rate swept on one seed, then its shortest budget "
                       "that reaches the target on every seed, the plan `speedkit tune` tunes its baseline with), "
                       "`hot` is measured again, paired by seed, at the tuned baseline's final quality:", "",
-                      "| set | level | tuned baseline, median time | `hot` sooner | machine | study |",
-                      "|---|---|---|---|---|---|", *rows])
+                      "| set | level | baseline as it ships | tuned baseline, median time | `hot` sooner | machine | "
+                      "study |", "|---|---|---|---|---|---|---|", *rows])
 
 
 def _level_column(entry: dict) -> str:
