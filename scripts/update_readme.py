@@ -43,8 +43,6 @@ HELDOUT_SETS = {
     ("2026-12-05-heldout-one-machine/photo-crops/summary.json", "image-folder"):
         ("photo-crops: 56 photographs, crops of unseen regions, streamed from shards", "scripts/build_photo_crops.py"),
 }
-# Held-out sets measured again against their baseline tuned first (`speedkit bench --sweep --find-budgets`):
-# study folder -> (the set as the README names it, its task key, the recipe it reports).
 # The held-out sets measured again against their baseline tuned first (`speedkit bench --sweep --find-budgets`):
 # study folder -> (the set as the table names it, its task key, the recipe measured against the tuned baseline).
 TUNED_HELDOUT = {"2026-12-05-baseline-plan-glyphs": ("glyphs", "image-folder", "hot"),

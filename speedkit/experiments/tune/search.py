@@ -21,6 +21,7 @@ from typing import Any, Sequence
 
 from speedkit.core.seeding import process_seed
 from speedkit.core.time import scaled_duration
+from speedkit.data.identity import data_identity
 from speedkit.experiments.baseline_plan import BaselinePlan, Outcome, Point, answer, next_run
 from speedkit.experiments.measure import budget_scale, refuse_planned
 from speedkit.experiments.tune.objective import TrialContext, resolve_runner, score_record, train_and_store
@@ -713,8 +714,6 @@ def start_workers(config_path: Path, n_extra: int) -> list[subprocess.Popen]:
 
 def check_same_search(config: TuneConfig, study) -> None:
     """Refuse to continue a study that was started with other settings (its times would not compare)."""
-    from speedkit.data.identity import data_identity
-
     data = (config.task_source or {}).get("data")  # a folder task's name is one name for every folder
     identity = {"task": config.settings.run.task, "metric": config.metric, "target": config.target, "base": config.base,
                 "spaces": config.spaces, "settings": config.run_settings(), "limit_s": config.limit_s,
