@@ -18,7 +18,6 @@ import torch
 from speedkit.core.batch import batch_inputs, call_model, to_device
 from speedkit.core.devices import loader_workers, resolve_device
 from speedkit.core.method import NothingToChangeError
-from speedkit.data.identity import data_identity
 from speedkit.methods import build_methods
 from speedkit.optim.factory import make_optimizer_factory
 from speedkit.record.metrics import Evaluator
@@ -321,9 +320,8 @@ def _data_description(request: RunRequest, spec: Task) -> dict:
     """The data part of the run description a resume is checked against (speedkit.record.run_folder): the folder
     given, or the one the task named here was made from (a benchmark's or a search's runs name it alone)."""
     described = {"eval_fraction": request.eval_fraction, "stop_at_target": bool(request.stop_at_target)}
-    data = request.data if request.data is not None else spec.data_source
-    if data is not None:
-        described["data"] = data_identity(data)
+    if spec.data_identity is not None:  # a task made from request.data knows it (find_task)
+        described["data"] = spec.data_identity
     if request.task_options:
         described["task_options"] = dict(request.task_options)
     return described

@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import fnmatch
+import functools
 import importlib
 from typing import Callable, Iterable, Iterator, Mapping, MutableMapping
 
@@ -75,7 +76,7 @@ class Task:
     # refused on a task that would ignore it (speedkit.tasks.build.request_recipe).
     reads_resolution: bool = False
     # The folder or file its data is read from, as given (None: its own data); every run records what it held
-    # (speedkit.data.identity), so runs of one task name on other files are never taken for each other.
+    # (``data_identity``), so runs of one task name on other files are never taken for each other.
     data_source: str | None = None
 
     def __post_init__(self):
@@ -103,6 +104,14 @@ class Task:
         object.__setattr__(self, "recipes", recipes)
         if not self.models:
             object.__setattr__(self, "models", tuple(dict.fromkeys(r.model for r in self.recipes.values())))
+
+    @functools.cached_property
+    def data_identity(self) -> dict | str | None:
+        """What ``data_source`` holds (``speedkit.data.identity``: path, files, fingerprint), read once for the
+        task rather than at every run of it (a large folder is a stat per file); None for a task's own data."""
+        from speedkit.data.identity import data_identity
+
+        return None if self.data_source is None else data_identity(self.data_source)
 
     def _check_target(self, where: str) -> None:
         metrics = self.metrics()

@@ -75,13 +75,6 @@ def _bench_info(profile: BenchProfile, session: str, seed: int) -> dict:
     return {"task": task_key(profile.task), "profile": profile.name, "session": session, "seed": seed}
 
 
-def task_data(task: str) -> dict | str | None:
-    """What the task named ``task`` reads, as its runs record it (``config["data"]``, ``data_identity``); None for
-    a task's own data. A folder task's name is one name for every folder."""
-    source = TASKS[task].data_source
-    return None if source is None else data_identity(source)
-
-
 def plan_run_id(request: RunRequest) -> str:
     """What makes a run of a baseline's plan the same run when the benchmark is run again (on the same data:
     ``kept_runs``): its task, the recipe as it trains, its seed, device, fractions and target; not its name, folder
@@ -95,9 +88,9 @@ def plan_run_id(request: RunRequest) -> str:
 
 def kept_runs(run_dir: str | Path, profile: BenchProfile, key: Callable[[RunRecord, dict], Hashable | None]) -> dict:
     """``measure.finished_runs`` of ``profile``'s benchmark alone, by ``key(record, its config["bench"])``: runs of
-    its task and profile, on its task's data (``task_data``), that ended as asked (``AS_ASKED``: a run stopped,
-    interrupted or killed is no measurement)."""
-    task, data = task_key(profile.task), task_data(profile.task)
+    its task and profile, on its task's data (``Task.data_identity``), that ended as asked (``AS_ASKED``: a run
+    stopped, interrupted or killed is no measurement)."""
+    task, data = task_key(profile.task), TASKS[profile.task].data_identity
 
     def of_this_benchmark(record: RunRecord) -> Hashable | None:
         bench = record.config.get("bench", {})
@@ -547,9 +540,9 @@ def plan_conditions(profile: BenchProfile) -> dict:
     data, the fraction trained on, the target and the budget's scale. A budget found under others (another folder,
     another ``--duration-scale``) is not this benchmark's to run."""
     return json.loads(json.dumps({
-        "task": task_key(profile.task), "data": task_data(profile.task), "data_fraction": profile.run.data_fraction,
-        "target": profile.target_value, "duration": profile.run.duration, "duration_scale": profile.duration_scale},
-        default=str))
+        "task": task_key(profile.task), "data": TASKS[profile.task].data_identity,
+        "data_fraction": profile.run.data_fraction, "target": profile.target_value, "duration": profile.run.duration,
+        "duration_scale": profile.duration_scale}, default=str))
 
 
 def _check_earlier(found: dict, known, what: str, profile: BenchProfile) -> None:
