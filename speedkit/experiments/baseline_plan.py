@@ -11,15 +11,16 @@ nothing more about whether, or how soon, it gets there.
 Runs are ranked by batches to the target, not seconds: every candidate trains the same model on batches of one
 size, and batches do not depend on what else the machine was doing (the runs need not be timed on a quiet machine).
 
-The plan is a function of the runs tried so far (``next_run``): bench runs its points in a loop, tune hands each
-to its baseline study, which keeps them across worker processes and restarts; both resume from what they find.
+The plan is a function of the runs tried so far (``next_run``), and ``run_plan`` is the one loop that runs it, for
+bench and tune alike: each run is a RunRecord in the run folder, so a killed plan resumes from the runs that
+finished (bench finds them by ``harness.plan_run_id``, tune by the list its study keeps).
 """
 from __future__ import annotations
 
 import dataclasses
 import json
 import math
-from typing import Sequence
+from typing import Callable, Sequence
 
 from speedkit.core.time import Time, scaled_duration
 from speedkit.experiments.compare import time_rank
@@ -103,6 +104,18 @@ def next_run(plan: BaselinePlan, tried: Sequence[Outcome]) -> Point | None:
     if plan.budget_step is None:
         return None
     return _walk(plan, tried)[0]
+
+
+def run_plan(plan: BaselinePlan, tried: Sequence[Outcome], run: Callable[[Point], Outcome | None]) -> list[Outcome]:
+    """Run ``plan`` on from ``tried``: each next point through ``run`` until the plan is done, or until ``run``
+    returns None (stopped: the budget given to tuning is spent, or the user asked). Returns every run tried."""
+    tried = list(tried)
+    while (point := next_run(plan, tried)) is not None:
+        outcome = run(point)
+        if outcome is None:
+            break
+        tried.append(outcome)
+    return tried
 
 
 def swept(plan: BaselinePlan, tried: Sequence[Outcome]) -> list[Outcome]:

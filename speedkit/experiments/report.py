@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import html
+import importlib.util
 import json
 from pathlib import Path
 from typing import Sequence
@@ -494,7 +495,7 @@ def recipe_yaml(recipe) -> str:
     return recipe.to_yaml() + yaml.safe_dump({"reached": recipe.reached}, sort_keys=False)
 
 
-def write_outputs(config, studies, summary: dict) -> dict:
+def write_outputs(config, summary: dict) -> dict:
     out = Path(config.settings.out_dir)
     paths: dict = {"summary": out / "summary.json", "report": out / "report.md"}
     paths["summary"].write_text(json.dumps(summary, indent=1, default=str))
@@ -658,9 +659,7 @@ def _confirmation_lines(confirmation: dict, recipe_path, config) -> list[str]:
 # -- the search's plotly page --------------------------------------------------------------------------------------
 def tune_html(config, summary: dict, path: Path) -> Path | None:
     """Every trial on time to target vs final metric, and the search's path; None without plotly."""
-    try:
-        import plotly.graph_objects as go
-    except ImportError:
+    if importlib.util.find_spec("plotly") is None:
         return None
     figures = [trials_figure(summary), path_figure(summary)]
     if summary["confirmation"].get("leave_one_out"):

@@ -42,7 +42,7 @@ class TunePanel:
         self.trials = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._studies: dict = {}  # the studies whose trials have finished: the best so far is ranked over them
+        self._study = None  # the search's study, once a trial finished: the best so far is ranked there
         self._widget = None
         self.refresh_methods()
 
@@ -82,7 +82,7 @@ class TunePanel:
             return None
         arguments = self._arguments(overrides)
         self._stop.clear()
-        self.result, self.error, self.trials, self._studies = None, None, 0, {}
+        self.result, self.error, self.trials, self._study = None, None, 0, None
         self.start_button.disabled, self.stop_button.disabled, self.use_button.disabled = True, False, True
         self.status.value = f"searching ({html.escape(str(arguments['budget']))}) …"
         self._thread = threading.Thread(target=self._search, args=(arguments,), name="speedkit-tune", daemon=True)
@@ -141,25 +141,25 @@ class TunePanel:
         if path and Path(path).exists():
             self.explorer.board.add(RunRecord.load(path))
             self.explorer.refresh_measured()
-        self._studies[study.study_name] = study
+        self._study = study
         self._show_best()
         self.status.value = f"searching … {self.trials} trials finished"
 
     def _show_best(self) -> None:
-        """The best recipe so far as the search ranks it (by its worst seed), over the studies seen so far."""
+        """The best recipe so far as the search ranks it (by its worst seed)."""
         from speedkit.experiments.report import proposal
         from speedkit.experiments.tune.search import SEARCH_SEED, standings
 
-        leaders = [(s, name) for name, study in self._studies.items() for s in standings(study)[:1]]
+        leaders = standings(self._study)[:1] if self._study is not None else []
         if not leaders:
             return
-        lead, name = min(leaders, key=lambda pair: pair[0].score)
+        lead = leaders[0]
         first = lead.first
         origin = proposal({**first.user_attrs, "seed": first.user_attrs.get("seed", SEARCH_SEED)})
         times = [t.user_attrs.get("time_to_target_s") for t in lead.runs]
         what = ("reached the target at " + " / ".join(f"{t:.1f}s" for t in times) if lead.reached
                 else f"objective {lead.score:.1f}") + (f" ({lead.seeds} seeds)" if lead.seeds > 1 else "")
-        self.best.value = (f"<b>best so far</b> ({html.escape(name)} #{first.number}): {what} · "
+        self.best.value = (f"<b>best so far</b> ({html.escape(self._study.study_name)} #{first.number}): {what} · "
                            f"{html.escape(str(first.user_attrs.get('change', '')))} · proposed as {html.escape(origin)}")
 
     def use_recipe(self) -> None:

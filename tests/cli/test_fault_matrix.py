@@ -517,12 +517,13 @@ def test_two_tune_processes_on_one_out_give_one_answer(tmp_path):
     assert answers[0] == answers[1] and answers[0], answers
     import optuna
 
-    from speedkit.experiments.tune.storage import open_storage
+    from speedkit.experiments.tune.storage import BASELINE_RUNS, open_storage
 
     storage = open_storage(str((out / "study.journal").resolve()))
-    baseline = optuna.load_study(study_name="tune-baseline", storage=storage).get_trials(deepcopy=False)
-    finished = [t for t in baseline if t.state.is_finished() and t.state.name != "FAIL"]
-    assert len(finished) <= 2, f"{len(finished)} baseline trials under --max-baseline-trials 2"
+    listed = optuna.load_study(study_name="tune", storage=storage).user_attrs[BASELINE_RUNS]
+    assert len(listed) == 2, f"{len(listed)} baseline runs under --max-baseline-trials 2"  # one process ran the plan
+    starts = [line.split()[1] for line in (tmp_path / "runs.log").read_text().splitlines() if line.startswith("start")]
+    assert sorted(name for name in starts if name.startswith("tune-baseline-")) == [e["name"] for e in listed]
     if answers[0][0].startswith("winner:"):  # one recipe.yaml, naming the recipe both processes printed
         assert answers[0][0].split("winner: ", 1)[1] in (out / "recipe.yaml").read_text() or (out / "recipe.yaml").exists()
 

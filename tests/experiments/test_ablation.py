@@ -36,16 +36,16 @@ def _tune_ablations(monkeypatch, recipe) -> dict[str, tuple]:
     """{method: (recipe, config["ablation"])} of the search's leave-one-out of its confirmed winner."""
     ran = {}
     winner = {"key": "search:7", "recipe": recipe.to_dict()}
-    monkeypatch.setattr(confirm, "summarize_confirmation", lambda config, studies: {"candidates": [winner],
+    monkeypatch.setattr(confirm, "summarize_confirmation", lambda config, study: {"candidates": [winner],
                                                                                    "winner": "search:7"})
-    monkeypatch.setattr(confirm, "_confirmed", lambda config, studies, candidates=None: {})  # none ran yet
+    monkeypatch.setattr(confirm, "_confirmed", lambda config, study, candidates=None: {})  # none ran yet
     monkeypatch.setattr(confirm, "run_name_for", lambda config, key, seed: "full")
 
-    def fake_confirm_run(config, studies, runner, role, key, seed, run_recipe, should_stop, log=print, ablation=None):
+    def fake_confirm_run(config, study, runner, role, key, seed, run_recipe, should_stop, log=print, ablation=None):
         ran[ablation["left_out"]] = (run_recipe, ablation)
 
     monkeypatch.setattr(confirm, "_confirm_run", fake_confirm_run)
-    confirm.run_leave_one_out(config=None, studies={}, runner=lambda context: None)
+    confirm.run_leave_one_out(config=None, study=None, runner=lambda context: None)
     return ran
 
 

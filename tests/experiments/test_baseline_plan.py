@@ -1,4 +1,4 @@
-"""The one plan that tunes a baseline (bench's --sweep/--find-budgets, tune's baseline study), as a pure function."""
+"""The one plan that tunes a baseline (bench's --sweep/--find-budgets, tune's baseline phase), as a pure function."""
 from __future__ import annotations
 
 import math

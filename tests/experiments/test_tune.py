@@ -23,6 +23,7 @@ optuna = import_or_missing("optuna")
 from speedkit.experiments.tune import (TuneConfig, TuneInputError, TuneSettings, parse_budget, penalized,  # noqa: E402
                                        tune)
 from speedkit.experiments.tune.space import SearchSpace, recipe_params, suggest_recipe  # noqa: E402
+from speedkit.record.runs import RunRecord  # noqa: E402
 from speedkit.tasks import TASKS, Recipe, RunRequest, get_recipe  # noqa: E402
 
 TESTS = Path(__file__).resolve().parents[1] / "support"
@@ -287,6 +288,47 @@ def test_resumes_after_a_kill_without_rerunning_finished_trials(tmp_path, fake_e
     assert (out / "recipe.yaml").exists()
 
 
+def test_a_baseline_plan_killed_mid_run_goes_on_from_the_runs_that_finished(tmp_path, fake_env):
+    """The baseline plan's runs are RunRecords the study lists as they finish: killed during its second run, the
+    same command runs that one again under its name and none that finished, then goes on with the plan."""
+    from speedkit.experiments.tune.storage import BASELINE_RUNS
+
+    out, storage = tmp_path / "out", str(tmp_path / "out" / "study.journal")
+    settings = (f"'fashion-mnist', searched_methods=['label_smoothing'], out_dir={str(out)!r}, runner={FAKE!r}, "
+                f"budget=300, trial_limit=12, max_trials=1, max_baseline_trials=3, seeds_to_confirm=1, "
+                f"data_fraction=0.02, eval_fraction=0.05")
+    script = f"from speedkit.experiments.tune import TuneSettings, tune; tune(TuneSettings({settings}))"
+    fake_env.write_text("")
+    child = subprocess.Popen([sys.executable, "-c", script], env={**os.environ, "TUNE_FAKE_PACE": "0.2"},
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def listed() -> list:
+        try:
+            study = optuna.load_study(study_name="tune", storage=_storage(storage)) if Path(storage).exists() else None
+        except KeyError:  # not created yet
+            study = None
+        return study.user_attrs.get(BASELINE_RUNS, []) if study else []
+
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and "start tune-baseline-01" not in fake_env.read_text():
+            time.sleep(0.05)
+        os.kill(child.pid, signal.SIGKILL)  # during the second run (each takes about a second)
+        child.wait()
+    finally:
+        if child.poll() is None:
+            child.kill()
+    before = [entry["name"] for entry in listed()]
+    assert before == ["tune-baseline-00"]
+    tune(TuneSettings("fashion-mnist", searched_methods=["label_smoothing"], out_dir=out, runner=FAKE, budget=300,
+                      trial_limit=12, max_trials=1, max_baseline_trials=3, seeds_to_confirm=1, **SMALL), **QUIET)
+    starts = [line.split()[1] for line in fake_env.read_text().splitlines() if line.startswith("start")]
+    plan = [name for name in starts if name.startswith("tune-baseline-")]
+    assert plan == ["tune-baseline-00", "tune-baseline-01", "tune-baseline-01", "tune-baseline-02"], plan
+    assert [t["number"] for t in json.loads((out / "summary.json").read_text())["trials"]
+            if t["phase"] == "baseline"] == [0, 1, 2]
+
+
 def test_a_queued_trial_cut_short_before_it_drew_its_settings_is_queued_again(tmp_path):
     """A dead worker's queued trial (a repeat on another seed) is run again with the settings it was queued with,
     even where the kill came before it drew them; a sampler's trial killed that early has nothing to repeat."""
@@ -342,7 +384,7 @@ def test_a_resumed_search_counts_the_wall_clock_its_earlier_trials_spanned(tmp_p
     continued search starts from is the clock's, not the trials' summed time over the workers."""
     from datetime import datetime, timedelta
 
-    from speedkit.experiments.tune.storage import spent_before_s, update_plan
+    from speedkit.experiments.tune.storage import BASELINE_RUNS, spent_before_s, update_plan
 
     storage_path = str(tmp_path / "study.journal")
     storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(storage_path))
@@ -356,11 +398,15 @@ def test_a_resumed_search_counts_the_wall_clock_its_earlier_trials_spanned(tmp_p
                 user_attrs={}, system_attrs={}, intermediate_values={},
                 datetime_start=start + timedelta(seconds=begin), datetime_complete=start + timedelta(seconds=end)))
 
-    ran("tune-baseline", (0, 10), (0, 12))  # two workers at once
-    ran("tune", (12, 30), (13, 25), (26, 40))
+    def spans(*seconds):
+        return [{"run": f"r{i}", "span": [(start + timedelta(seconds=s)).timestamp() for s in pair]}
+                for i, pair in enumerate(seconds)]
+
+    ran("tune", (0, 10), (12, 30), (13, 25), (26, 40))  # a trial beside the baseline plan, then two workers at once
+    study = optuna.load_study(study_name="tune", storage=storage)
+    study.set_user_attr(BASELINE_RUNS, spans((0, 12)))  # the baseline plan's runs are RunRecords, listed by span
     # one worker confirms while the other waits: the confirmation's runs are spans of the plan, not trials
-    update_plan(optuna.load_study(study_name="tune", storage=storage), measured=[
-        {"run": "a1", "span": [(start + timedelta(seconds=s)).timestamp() for s in (40, 70)]}])
+    update_plan(study, measured=spans((40, 70)))
     ran("other", (100, 500))  # another study in the same storage is not this search's
     assert spent_before_s(storage_path, "tune") == pytest.approx(70)
 
@@ -372,9 +418,10 @@ def test_two_worker_processes_share_one_study(tmp_path, fake_env, monkeypatch):
     result = tune(TuneSettings("fashion-mnist", searched_methods=["ema", "label_smoothing"], out_dir=tmp_path,
                                runner=FAKE, budget=60,
                   trial_limit=12, max_trials=6, max_baseline_trials=2, seeds_to_confirm=1, n_workers=2, **SMALL), **QUIET)
-    trials = _search_trials(result.storage, "tune-baseline") + _search_trials(result.storage)
-    workers = {t.user_attrs.get("worker") for t in trials}
+    # one process runs the baseline plan (its next run depends on the last), the other searches meanwhile
+    workers = {t.user_attrs.get("worker") for t in _search_trials(result.storage)}
     assert len(workers) == 2, workers
+    assert len([t for t in result.summary["trials"] if t["phase"] == "baseline"]) == 2
     search = [t for t in _search_trials(result.storage) if t.state.is_finished()]
     assert 6 <= len(search) <= 7  # each process checks the count before it starts a trial
     pids = {line.split()[2] for line in fake_env.read_text().splitlines()}
@@ -459,7 +506,6 @@ def test_real_trainer_search_on_a_sliver_of_fashion_mnist(tmp_path):
     summary = result.summary
     finished = [t for t in summary["trials"] if t["record"]]
     assert finished, summary["trials"]
-    from speedkit.record.runs import RunRecord
 
     for trial in finished:  # each trial is a real run, its record re-scorable from disk
         record = RunRecord.load(trial["record"])
@@ -468,8 +514,8 @@ def test_real_trainer_search_on_a_sliver_of_fashion_mnist(tmp_path):
         assert record.config["data_fraction"] == pytest.approx(0.05)
         assert record.status in ("target_reached", "stopped", "completed")
     # each run says how much of its budget it trained (the confirmation's reserve scales a baseline by it)
-    baseline_study = optuna.load_study(study_name="tune-baseline", storage=_storage(result.storage))
-    assert all(0 < t.user_attrs["budget_done"] <= 1 for t in baseline_study.trials)
+    baselines = [t for t in summary["trials"] if t["phase"] == "baseline"]
+    assert baselines and all(0 < t["budget_done"] <= 1 for t in baselines)
     confirmation = summary["confirmation"]
     # a second seed of a recipe (repeat_of) is the same candidate
     reached = [t for t in finished if t["phase"] == "search" and t["time_to_target_s"] is not None
@@ -570,8 +616,8 @@ def test_continuing_a_study_with_other_settings_is_refused(tmp_path, fake_env):
                 max_trials=2, max_baseline_trials=1, seeds_to_confirm=1, **SMALL)
     tune(TuneSettings("fashion-mnist", **args), **QUIET)
     study = optuna.load_study(study_name="tune", storage=_storage(str((tmp_path / "study.journal").resolve())))
-    # what a study started by an earlier speedkit holds: the same command after an upgrade continues it
-    assert sorted(study.user_attrs["identity"]) == ["base", "limit_s", "metric", "settings", "spaces", "target", "task"]
+    # what a rerun compares: a study whose identity differs in any of these is refused, not continued
+    assert sorted(study.user_attrs["identity"]) == ["base", "limit_s", "metric", "settings", "space", "target", "task"]
     assert sorted(study.user_attrs["identity"]["settings"]) == ["data_fraction", "device", "eval_fraction",
                                                                 "eval_interval"]
     with pytest.raises(TuneInputError) as e:
@@ -601,7 +647,7 @@ def test_explorer_tunes_headless_shows_trials_and_loads_the_winner(tmp_path, fak
     assert re.search(r"tune trials(: with it|, all with it:) median", explorer.rows["label_smoothing"].measured.value)
     assert "not measured here" in explorer.rows["mixup"].measured.value
     # the panel says where the search's time went, and where its best trial came from
-    assert "baseline study" in explorer.tune_panel.status.value and "confirmation" in explorer.tune_panel.status.value
+    assert "baseline plan" in explorer.tune_panel.status.value and "confirmation" in explorer.tune_panel.status.value
     assert "proposed as" in explorer.tune_panel.best.value
     # and it names the recipe the search ranks first (by its worst seed), not the luckiest single trial
     from speedkit.experiments.tune.search import standings
@@ -731,7 +777,7 @@ def test_a_winner_that_misses_a_fresh_seed_gets_a_longer_budget_until_it_reaches
     assert "Where the time went" in result.report_path.read_text()
 
 
-def test_the_baseline_study_runs_the_benchmarks_baseline_plan(tmp_path, fake_env):
+def test_the_baseline_is_tuned_by_the_benchmarks_baseline_plan(tmp_path, fake_env):
     """The baseline is tuned as `speedkit bench --sweep --find-budgets` tunes one (baseline_plan.py): its rate as
     given, halved and doubled, then its budget walked down in tenths while it still reaches the target. Planted
     (budgeted_run): lr 0.1 is best, and a run reaches the target only with at least 7 tenths of its 8 epochs."""
@@ -740,10 +786,14 @@ def test_the_baseline_study_runs_the_benchmarks_baseline_plan(tmp_path, fake_env
     result = tune(TuneSettings("fashion-mnist", searched_methods=["label_smoothing"], out_dir=tmp_path,
                   runner="tune_fakes:budgeted_run", budget=60, trial_limit=12, max_trials=1, seeds_to_confirm=1,
                   tune_hparams=False, **SMALL), **QUIET)
-    ran = [(t["params"]["lr"], round(t["params"]["duration_scale"], 6))
-           for t in result.summary["trials"] if t["phase"] == "baseline"]
-    assert ran == [(0.1, 1.0), (0.05, 1.0), (0.2, 1.0), (0.1, 0.9), (0.1, 0.8), (0.1, 0.7), (0.1, 0.6)]
-    origins = [proposal(t) for t in result.summary["trials"] if t["phase"] == "baseline"]
+    baselines = [t for t in result.summary["trials"] if t["phase"] == "baseline"]
+    ran = [(t["params"]["lr"], t["params"]["duration"]) for t in baselines]
+    assert ran == [(0.1, "8ep"), (0.05, "8ep"), (0.2, "8ep"), (0.1, "7.2ep"), (0.1, "6.4ep"), (0.1, "5.6ep"),
+                   (0.1, "4.8ep")]
+    # each is a RunRecord in the run folder, as a benchmark's plan run is; the study lists it, Optuna ran none
+    assert all(RunRecord.load(t["record"]).config["tune"]["phase"] == "baseline" for t in baselines)
+    assert not optuna.get_all_study_summaries(_storage(result.storage))[0].study_name.endswith("-baseline")
+    origins = [proposal(t) for t in baselines]
     assert origins == ["start: baseline", *["baseline plan: learning rate"] * 2, *["baseline plan: budget"] * 4]
     tuned = result.summary["confirmation"]["candidates"][0]
     assert tuned["role"] == "baseline" and tuned["recipe"]["duration"] == "5.6ep"  # 7 tenths of 8 epochs
@@ -778,7 +828,7 @@ def test_a_lead_on_the_search_seed_runs_again_on_another_before_it_leads_the_sea
 
 
 def test_the_speedup_is_measured_against_the_base_as_given_where_it_beats_the_tuned_baseline(tmp_path, fake_env):
-    """The baseline study ranks on seed 0: a learning rate that is lucky there becomes the tuned baseline.
+    """The baseline plan ranks on seed 0: a learning rate that is lucky there becomes the tuned baseline.
     The confirmation runs the base as given beside it, and measures against whichever is faster on its seeds."""
     import yaml
 
@@ -830,23 +880,24 @@ def test_the_confirmation_keeps_back_a_baselines_whole_budget():
     baseline that reached the target with most of its budget to spare."""
     from types import SimpleNamespace
 
-    from speedkit.experiments.tune.search import BASE_START
-    from speedkit.experiments.tune.search import confirm_reserve_s
-
-    def studies(baseline_done):
-        baseline, search = optuna.create_study(), optuna.create_study()
-        baseline.add_trial(optuna.trial.create_trial(value=80.0, user_attrs={
-            "wall_s": 100.0, "budget_done": baseline_done, "time_to_target_s": 80.0, "start_from": BASE_START}))
-        search.add_trial(optuna.trial.create_trial(value=10.0, user_attrs={
-            "wall_s": 20.0, "budget_done": 0.8, "time_to_target_s": 10.0}))
-        return {"baseline": baseline, "search": search}
+    from speedkit.experiments.baseline_plan import Outcome
+    from speedkit.experiments.tune.search import BASE_START, BaselineRun, baseline_plan, confirm_reserve_s
 
     config = SimpleNamespace(budget_s=1000.0, limit_s=200.0, metric="eval/accuracy",
                              base_recipe=lambda: get_recipe("fashion-mnist", "baseline"),
                              settings=SimpleNamespace(seeds_to_confirm=3, leave_one_out=False, lr_factor=10.0,
                                                       duration_scale_range=(0.1, 1.0)))
-    assert confirm_reserve_s(config, studies(0.8)) == pytest.approx(3 * (100 / 0.8 + 20))
-    assert confirm_reserve_s(config, studies(1 / 3)) == pytest.approx(3 * (100 + 20))
+    search = optuna.create_study()
+    search.add_trial(optuna.trial.create_trial(value=10.0, user_attrs={
+        "wall_s": 20.0, "budget_done": 0.8, "time_to_target_s": 10.0}))
+
+    def baselines(done):  # the plan's first run, the base as given
+        point = baseline_plan(config).grid()[0]
+        return [BaselineRun(0, point, Outcome(point, 40, 0.9, 80.0), {
+            "wall_s": 100.0, "budget_done": done, "time_to_target_s": 80.0, "start_from": BASE_START,
+            "failed": None})]
+    assert confirm_reserve_s(config, search, baselines(0.8)) == pytest.approx(3 * (100 / 0.8 + 20))
+    assert confirm_reserve_s(config, search, baselines(1 / 3)) == pytest.approx(3 * (100 + 20))
 
 
 def test_a_folder_task_is_searched_by_two_worker_processes(tmp_path, fake_env, monkeypatch):
@@ -877,8 +928,8 @@ def test_a_folder_task_is_searched_by_two_worker_processes(tmp_path, fake_env, m
     assert config["task_source"] == {"task": "image-folder", "data": str((tmp_path / "images").resolve()),
                                      "options": {"image_size": 16}}
     storage = str(out / "study.journal")
-    trials = _search_trials(storage, "tune-baseline") + _search_trials(storage)
-    assert len({t.user_attrs.get("worker") for t in trials}) == 2, (out / "worker-1.log").read_text()[-2000:]
+    workers = {t.user_attrs.get("worker") for t in _search_trials(storage)}
+    assert len(workers) == 2, (out / "worker-1.log").read_text()[-2000:]
 
 
 def test_a_task_object_made_here_is_refused_for_worker_processes_with_the_fix(tmp_path):
@@ -949,7 +1000,7 @@ def test_a_trials_run_is_the_searchs_run_request_with_its_recipe_seed_and_name()
 
     settings = TuneSettings(run=RunRequest("fashion-mnist", device="cpu", num_workers=0, run_dir="runs",
                                            eval_interval="2ba"))
-    config = TuneConfig(settings=settings, metric="eval/accuracy", target=0.9, base={}, spaces={}, budget_s=60.0,
+    config = TuneConfig(settings=settings, metric="eval/accuracy", target=0.9, base={}, space={}, budget_s=60.0,
                         limit_s=12.0, started_at=time.time(), spent_before_s=0.0)
     recipe = get_recipe("fashion-mnist", "mild")
     request = trial_request(trial_context(config, "search", recipe, 3, "tune-search-t7"))
@@ -966,7 +1017,6 @@ def test_the_confirmation_is_runs_in_the_run_folder_and_a_continued_search_runs_
     listed as measured in the search's plan) runs again, and so does a run whose recipe is not the candidate's (a
     key names a trial, and a new study numbers its trials anew), so nothing is judged on a run of another recipe."""
     from speedkit.experiments.tune.storage import read_plan, update_plan
-    from speedkit.record.runs import RunRecord
 
     settings = TuneSettings("fashion-mnist", searched_methods=["ema", "label_smoothing"], out_dir=tmp_path,
                             runner=FAKE, budget=60, trial_limit=12, max_trials=4, max_baseline_trials=1,

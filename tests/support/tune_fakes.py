@@ -101,7 +101,7 @@ def lucky_seed_run(context) -> RunRecord:
 
 def lucky_lr_run(context) -> RunRecord:
     """``fake_run``, but any learning rate other than the base's (0.1) is twice as fast on seed 0 and twice as
-    slow on every other seed: the baseline study, which ranks on seed 0, picks a tuned baseline that the base
+    slow on every other seed: the baseline plan, which ranks on seed 0, picks a tuned baseline that the base
     as given beats on the confirmation's seeds."""
     check_compatibility(build_methods(context.run.recipe.methods))
     _log(f"start {context.run.run_name} {os.getpid()}")

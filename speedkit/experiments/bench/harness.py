@@ -20,9 +20,9 @@ from speedkit.experiments.ablation import leave_one_out_runs, leave_one_out_summ
 from speedkit.experiments.bench.profiles import TASK_KEYS, BenchProfile, get_profile, task_key, with_default_sweeps
 from speedkit.experiments.compare import at_or_beyond, final_metric, final_quality, late_gain, stricter, time_to_level
 from speedkit.experiments.compare import baseline_median_times, curve_time_to
-from speedkit.experiments.compare import median_or_none, paired_speedups, time_rank
+from speedkit.experiments.compare import median_or_none, paired_speedups
 from speedkit.experiments.baseline_plan import (BaselinePlan, Outcome, Point, budget_found, default_step,
-                                                next_run, start_steps, sweep_found)
+                                                run_plan, start_steps, sweep_found)
 from speedkit.experiments.measure import MEASURED_RUN, Measurement, finished_runs, fit, measure
 from speedkit.record.runs import AS_ASKED, RunRecord, environment, lower_is_better
 from speedkit.tasks import TASKS, Recipe, RunRequest, get_recipe, is_baseline, make_trainer, resolve_task
@@ -193,7 +193,8 @@ def tune_baseline(profile: BenchProfile, name: str, seeds: Sequence[int], run_di
     done = kept_runs(run_dir, profile, lambda record, bench: bench.get("plan_run"))
     tried = [_earlier_outcome(plan, row) for row in (earlier or {}).get("tried", [])
              if (row["lr"], row["schedule"]) == (plan.rates[0], plan.schedules[0]) and not sweep]
-    while (point := next_run(plan, tried)) is not None:
+
+    def run(point: Point) -> Outcome:
         if point.stage == "sweep" and point.lr not in plan.rates:
             log(f"[sweep {name}] the pick is the edge of the rates tried: trying lr {point.lr:g}")
         candidate = recipe.with_changes(optimizer={"lr": point.lr}, schedule=point.schedule, duration=point.budget)
@@ -205,8 +206,10 @@ def tune_baseline(profile: BenchProfile, name: str, seeds: Sequence[int], run_di
         record = _plan_run(profile, candidate, point.seed, run_name, run_dir, session, what, log,
                            f"{what.replace('_search', '')} {name}", done, **trainer_kwargs)
         target = record.target or {}
-        tried.append(Outcome(point, record.time_to(target.get("metric"), target.get("value"), x="batch")
-                             if target else None, final_metric(record), record.time_to_target, record.name))
+        return Outcome(point, record.time_to(target.get("metric"), target.get("value"), x="batch")
+                       if target else None, final_metric(record), record.time_to_target, record.name)
+
+    tried = run_plan(plan, tried, run)
     found = {"sweep": sweep_found(plan, tried)} if sweep else {}
     if find_budget:
         found["budget"] = budget_found(plan, tried)

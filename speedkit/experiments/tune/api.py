@@ -6,6 +6,7 @@ in docs/guide.md ("Tune: search for the fastest recipe"). Every run also writes 
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import time
 from pathlib import Path
 from typing import Any
@@ -14,10 +15,11 @@ from speedkit.experiments.tune.confirm import (confirm_candidates, confirm_seeds
                                                plan_confirmation, run_budget_search, run_confirmation,
                                                run_leave_one_out, summarize_confirmation)
 from speedkit.experiments.tune.objective import resolve_runner, runner_path
-from speedkit.experiments.tune.search import (PHASES, PRUNERS, SEARCH_SEED, TuneConfig, TuneSettings, check_same_search,
-                                              load_study, logged_metrics, parse_budget, refused_methods,
-                                              resolve_target, run_phases, search_limits, standings, start_workers)
-from speedkit.experiments.tune.space import (SearchSpace, TuneInputError, candidate_methods, describe_limit,
+from speedkit.experiments.tune.search import (BASELINE_LOCK, PRUNERS, SEARCH_SEED, TuneConfig, TuneSettings,
+                                              baseline_runs, check_same_search, load_study, logged_metrics,
+                                              parse_budget, refused_methods, resolve_target, run_phases,
+                                              search_limits, standings, start_workers)
+from speedkit.experiments.tune.space import (TuneInputError, candidate_methods, describe_limit,
                                              fit_hparams_to_model, full_space, probe_surgery, resolve_methods)
 from speedkit.experiments.tune.storage import (ANSWER_LOCK, FolderLock, fail_dead_trials, open_storage,
                                                optuna_module, spent_before_s, storage_url, update_plan,
@@ -64,41 +66,42 @@ def tune(settings: TuneSettings | None = None, *, log=print, on_trial=None, shou
     config_path = out / "tune_config.json"
     config.save(config_path)
     storage_obj = open_storage(config.settings.storage)
-    studies = {phase: load_study(config, phase, 0, storage_obj) for phase in PHASES}
-    check_same_search(config, studies["search"])
-    for phase, study in studies.items():
-        retried = fail_dead_trials(study, storage_obj, out)
-        if retried:
-            log(f"{study.study_name}: trials {retried} were cut short by a dead worker; marked failed, settings re-queued")
+    study = load_study(config, 0, storage_obj)
+    check_same_search(config, study)
+    retried = fail_dead_trials(study, storage_obj, out)
+    if retried:
+        log(f"{study.study_name}: trials {retried} were cut short by a dead worker; marked failed, settings re-queued")
     log(f"speedkit tune: {config.settings.run.task}, target {config.metric} {config.target}, "
         f"budget {config.budget_s:.0f}s "
         f"({config.spent_before_s:.0f}s used before), storage {config.settings.storage}")
     workers = start_workers(config_path, settings.n_workers - 1) if settings.n_workers > 1 else []
     try:
-        run_phases(config, 0, runner=in_process, on_trial=_logger(log, on_trial), should_stop=should_stop)
+        run_phases(config, 0, runner=in_process, on_trial=_logger(log, on_trial), should_stop=should_stop, log=log)
     finally:
         for process in workers:
             process.wait()
     with FolderLock(out, ANSWER_LOCK):  # one process decides, confirms and writes; the next reads the same
-        return _confirm_and_report(config, studies, storage_obj, out, in_process, log, should_stop)
+        return _confirm_and_report(config, study, storage_obj, out, in_process, log, should_stop)
 
 
-def _confirm_and_report(config, studies, storage_obj, out, in_process, log, should_stop) -> TuneResult:
+def _confirm_and_report(config, study, storage_obj, out, in_process, log, should_stop) -> TuneResult:
     from speedkit.experiments.report import baseline_shortfall, write_outputs
 
     if not (should_stop and should_stop()):  # the search ended (not stopped): no process starts a trial of it now
-        update_plan(studies["search"], closed_for=search_limits(config))
-    wait_for_running_trials([studies[phase] for phase in PHASES], storage_obj, should_stop, out_dir=out)
-    plan_confirmation(config, studies, log=log)
-    log(f"speedkit tune: confirming {', '.join(role for role, _, _ in confirm_candidates(config, studies))} on "
-        f"seeds {confirm_seeds(config, studies)}")
-    run_confirmation(config, studies, runner=in_process, should_stop=should_stop, log=log)
-    run_budget_search(config, studies, runner=in_process, should_stop=should_stop, log=log)
+        update_plan(study, closed_for=search_limits(config))
+    with FolderLock(out, BASELINE_LOCK):  # a process still tuning the baseline (another command's) ends its run
+        pass
+    wait_for_running_trials(study, storage_obj, should_stop, out_dir=out)
+    plan_confirmation(config, study, log=log)
+    log(f"speedkit tune: confirming {', '.join(role for role, _, _ in confirm_candidates(config, study))} on "
+        f"seeds {confirm_seeds(config, study)}")
+    run_confirmation(config, study, runner=in_process, should_stop=should_stop, log=log)
+    run_budget_search(config, study, runner=in_process, should_stop=should_stop, log=log)
     if config.settings.leave_one_out:
         log("speedkit tune: the winner's leave-one-out (each of its methods left out, on the first seed)")
-        run_leave_one_out(config, studies, runner=in_process, should_stop=should_stop, log=log)
-    summary = build_summary(config, studies)
-    paths = write_outputs(config, studies, summary)
+        run_leave_one_out(config, study, runner=in_process, should_stop=should_stop, log=log)
+    summary = build_summary(config, study)
+    paths = write_outputs(config, summary)
     shortfall = baseline_shortfall(summary)
     if shortfall:
         log(f"speedkit tune: {shortfall}")
@@ -200,11 +203,8 @@ def build_config(settings: TuneSettings, out: Path, log=print) -> TuneConfig:
         out_dir=str(out_dir), run_dir=str(Path(run.run_dir).resolve()) if run.run_dir else str(out_dir / "runs"),
         eval_interval=base.eval_interval, runner=runner,
         duration_scale_range=tuple(s.duration_scale_range))
-    baseline = SearchSpace(lr_factor=s.lr_factor, duration_scale=s.duration_scale_range)  # the baseline's lr and budget
     return TuneConfig(
-        settings=concrete, metric=metric, target=value, base=base.to_dict(),
-        spaces={"baseline": baseline.to_dict(), "search": search.to_dict()},
-        budget_s=budget_s,
+        settings=concrete, metric=metric, target=value, base=base.to_dict(), space=search.to_dict(), budget_s=budget_s,
         limit_s=parse_budget(s.trial_limit, "trial_limit") if s.trial_limit is not None else budget_s / 5,
         started_at=time.time(), spent_before_s=spent_before_s(storage, s.study_name), left_out=left_out,
         task_source=task_source, move_prior=reference_leave_one_out(spec.domain))
@@ -218,32 +218,39 @@ def _task_source(task, data, task_options) -> dict | None:
             "options": dict(task_options or {})}
 
 
-def build_summary(config: TuneConfig, studies: dict) -> dict:
-    """Everything the report shows, as data (summary.json)."""
-    trials = []
-    for phase in PHASES:
-        ranking = {s.first.number: s for s in standings(studies[phase])}
-        for t in studies[phase].get_trials(deepcopy=False):
-            if t.state.name == "WAITING":
-                continue  # a starting point queued but never run
-            trials.append({"phase": phase, "number": t.number, "state": t.state.name.lower(), "value": t.value,
-                           "params": t.params, **{k: t.user_attrs.get(k) for k in (
-                               "change", "time_to_target_s", "final", "train_s", "wall_s", "infeasible",
-                               "stop_reason", "record", "start_from", "plan", "move", "repeat_of")},
-                           "seed": t.user_attrs.get("seed", SEARCH_SEED),
-                           "worst_seed": _worst_seed(ranking.get(t.number)),
-                           "started": t.datetime_start.isoformat() if t.datetime_start else None})
-    space = config.space("search")
+TRIAL_FIELDS = ("change", "time_to_target_s", "final", "train_s", "wall_s", "budget_done", "stop_reason", "record",
+                "start_from", "plan", "move", "repeat_of")
+
+
+def build_summary(config: TuneConfig, study) -> dict:
+    """Everything the report shows, as data (summary.json): the baseline plan's runs and the search's trials
+    alike, then the confirmation."""
+    trials = [{"phase": "baseline", "number": run.number, "state": "pruned" if run.attrs["failed"] else "complete",
+               "value": run.attrs["score"], "params": {"lr": run.point.lr, "duration": run.point.budget},
+               **{k: run.attrs.get(k) for k in TRIAL_FIELDS}, "infeasible": run.attrs["failed"],
+               "seed": run.point.seed, "worst_seed": None if run.attrs["failed"] else {
+                   "value": run.attrs["score"], "runs": [run.number]},
+               "started": datetime.datetime.fromtimestamp(run.attrs["started"]).isoformat()}
+              for run in baseline_runs(config, study)]
+    ranking = {s.first.number: s for s in standings(study)}
+    for t in study.get_trials(deepcopy=False):
+        if t.state.name == "WAITING":
+            continue  # a starting point queued but never run
+        trials.append({"phase": "search", "number": t.number, "state": t.state.name.lower(), "value": t.value,
+                       "params": t.params, **{k: t.user_attrs.get(k) for k in (*TRIAL_FIELDS, "infeasible")},
+                       "seed": t.user_attrs.get("seed", SEARCH_SEED), "worst_seed": _worst_seed(ranking.get(t.number)),
+                       "started": t.datetime_start.isoformat() if t.datetime_start else None})
+    space = config.search_space()
     return {"task": config.settings.run.task, "target": {"metric": config.metric, "value": config.target},
             "base": config.base, "budget_s": config.budget_s, "spent_s": round(config.spent_s(), 1),
             "limit_s": config.limit_s,
             "settings": config.run_settings(), "storage": config.settings.storage, "study": config.settings.study_name,
             "methods_searched": list(space.methods), "hparam_limits": dict(space.hparam_limits),
             "left_out": {**config.left_out, **{m: f"found nothing to act on in a trial, so no longer tried: {why}"
-                                               for m, why in refused_methods(studies["search"]).items()}},
+                                               for m, why in refused_methods(study).items()}},
             "trials": trials,
-            "confirmation": summarize_confirmation(config, studies),
-            "time": where_the_time_went(config, studies, trials)}
+            "confirmation": summarize_confirmation(config, study),
+            "time": where_the_time_went(config, study, trials)}
 
 
 def _worst_seed(standing) -> dict | None:
@@ -255,7 +262,7 @@ def _worst_seed(standing) -> dict | None:
             "runs": [t.number for t in standing.runs]}
 
 
-def where_the_time_went(config: TuneConfig, studies: dict, trials: list[dict]) -> dict:
+def where_the_time_went(config: TuneConfig, study, trials: list[dict]) -> dict:
     """Seconds of the search by what they bought: tuning the baseline,
     search trials that reached the target, missed it or were pruned, proposals refused untrained, the
     confirmation (with the final budget search and the leave-one-out), and the rest (building data and models,
@@ -269,8 +276,8 @@ def where_the_time_went(config: TuneConfig, studies: dict, trials: list[dict]) -
              "missed": [t for t in search if t["state"] == "complete" and t["time_to_target_s"] is None],
              "pruned": [t for t in search if t["state"] == "pruned" and not t["infeasible"]],
              "refused": [t for t in search if t["infeasible"]]}
-    confirm = [{"wall_s": wall} for wall in confirmation_walls(studies)]
-    groups = {"baseline study": [t for t in trials if t["phase"] == "baseline"],
+    confirm = [{"wall_s": wall} for wall in confirmation_walls(study)]
+    groups = {"baseline plan": [t for t in trials if t["phase"] == "baseline"],
               **{f"search: {kind}": rows for kind, rows in kinds.items()}, "confirmation": confirm}
     rows = {what: wall(group) for what, group in groups.items()}
     counts = {what: len(group) for what, group in groups.items()}

@@ -18,34 +18,34 @@ from speedkit.experiments.ablation import ablated_recipes, leave_one_out_runs, l
 from speedkit.experiments.compare import median_or_none
 from speedkit.experiments.measure import Measurement, finished_runs, measure, shortest_budget
 from speedkit.experiments.tune.objective import USER_STOP, resolve_runner
-from speedkit.experiments.tune.search import (TuneConfig, confirm_wall_s, confirmed_baselines, recipe_from_trial,
-                                              seeds_that_fit, standings, trial_context)
+from speedkit.experiments.tune.search import (TuneConfig, baseline_runs, confirm_wall_s, confirmed_baselines,
+                                              plan_recipe, recipe_from_trial, seeds_that_fit, standings,
+                                              trial_context)
 from speedkit.experiments.tune.space import describe_change
 from speedkit.experiments.tune.storage import read_plan, update_plan
 from speedkit.record.runs import RunRecord, json_safe
 from speedkit.tasks.recipes import Recipe
 
 CONFIRM_SEED_START = 1  # the search runs seed 0; confirmation uses fresh seeds, so the winner's luck does not count twice
-# (role, recipe name) of the baseline study's best trial and of the base as given (search.confirmed_baselines)
+# (role, recipe name) of the baseline plan's answer and of the base as given (search.confirmed_baselines)
 BASELINE_ROLES = (("baseline", "baseline"), ("baseline as given", "baseline-as-given"))
 BASELINE_ROLE_NAMES = tuple(role for role, _ in BASELINE_ROLES)  # a confirmation row is a baseline's by its role
 CONFIRM_SLACK = 0.1  # how far past the budget a planned confirmation seed may run
 BUDGET_STEPS = (1.2, 1.44)  # the final budget search: a winner that missed a seed is rerun this much longer
 
 
-def confirm_candidates(config: TuneConfig, studies: dict,
-                       with_runner_up: bool | None = None) -> list[tuple[str, str, Recipe]]:
+def confirm_candidates(config: TuneConfig, study, with_runner_up: bool | None = None) -> list[tuple[str, str, Recipe]]:
     """[(role, key, recipe)]: the tuned baseline (and the base as given, where tuning changed it), the winner
     and (where the budget has room for it, or ``with_runner_up``) the runner-up of the search, then any longer
     budgets of the winner the final budget search tried."""
-    plan = read_plan(studies["search"])
-    candidates = [(role, f"baseline:{trial.number}", recipe_from_trial(trial, name)) for (role, name), trial in
-                  zip(BASELINE_ROLES, confirmed_baselines(config, studies["baseline"]))]
+    plan = read_plan(study)
+    candidates = [(role, f"baseline:{run.number}", plan_recipe(config, run.point, name)) for (role, name), run in
+                  zip(BASELINE_ROLES, confirmed_baselines(config, baseline_runs(config, study)))]
     if not candidates:
         candidates.append(("baseline", "baseline:untuned", config.base_recipe()))
     count = 2 if (plan.get("with_runner_up", True) if with_runner_up is None else with_runner_up) else 1
     # ranked by their worst seed; a recipe that missed on a seed cannot win
-    reached = [standing.first for standing in standings(studies["search"]) if standing.reached]
+    reached = [standing.first for standing in standings(study) if standing.reached]
     for role, trial in list(zip(("winner", "runner-up"), reached))[:count]:
         candidates.append((role, f"search:{trial.number}", recipe_from_trial(trial, f"tune-{role}")))
     for stretched in plan.get("stretched", []):
@@ -53,12 +53,12 @@ def confirm_candidates(config: TuneConfig, studies: dict,
     return candidates
 
 
-def plan_confirmation(config: TuneConfig, studies: dict, log=print) -> None:
+def plan_confirmation(config: TuneConfig, study, log=print) -> None:
     """Decide what the confirmation runs so that it ends within the search's budget (docs/guide.md, "Confirmed,
     within the budget"); a search continued with more budget may add the runner-up or seeds, never take back."""
-    plan = read_plan(studies["search"])
-    candidates = confirm_candidates(config, studies, with_runner_up=True)
-    walls = [_trial_wall(config, studies, key) for _, key, _ in candidates]
+    plan = read_plan(study)
+    candidates = confirm_candidates(config, study, with_runner_up=True)
+    walls = [_trial_wall(config, study, key) for _, key, _ in candidates]
     left = max(0.0, config.budget_s - config.spent_s())
     has_runner_up = any(role == "runner-up" for role, _, _ in candidates)
     with_runner_up = (not has_runner_up or config.settings.seeds_to_confirm * sum(walls) <= left
@@ -67,7 +67,7 @@ def plan_confirmation(config: TuneConfig, studies: dict, log=print) -> None:
     # The search kept back whole seeds' time, but evaluation and set-up of its last trial eat a little of it:
     # a seed that fits within 10% still runs rather than leaving that reserve unspent.
     seeds = max(seeds_that_fit(config, per_seed, left * (1 + CONFIRM_SLACK)), int(plan.get("seeds", 1)))
-    update_plan(studies["search"], with_runner_up=with_runner_up, seeds=seeds)
+    update_plan(study, with_runner_up=with_runner_up, seeds=seeds)
     if not with_runner_up:
         log(f"speedkit tune: confirming the baselines and the winner only: with the runner-up the "
             f"confirmation would take about {config.settings.seeds_to_confirm * sum(walls):.0f}s, and {left:.0f}s of the "
@@ -77,19 +77,22 @@ def plan_confirmation(config: TuneConfig, studies: dict, log=print) -> None:
             f"takes about {per_seed:.0f}s and {left:.0f}s of the budget is left; a longer --budget confirms on more")
 
 
-def confirm_seeds(config: TuneConfig, studies: dict) -> list[int]:
+def confirm_seeds(config: TuneConfig, study) -> list[int]:
     """The fresh seeds of the confirmation: as many as ``plan_confirmation`` found room for."""
-    count = int(read_plan(studies["search"]).get("seeds", config.settings.seeds_to_confirm))
+    count = int(read_plan(study).get("seeds", config.settings.seeds_to_confirm))
     return list(range(CONFIRM_SEED_START, CONFIRM_SEED_START + count))
 
 
-def _trial_wall(config: TuneConfig, studies: dict, key: str) -> float:
+def _trial_wall(config: TuneConfig, study, key: str) -> float:
     """What one confirmation run of candidate ``key`` is expected to take (``search.confirm_wall_s``; the trial
     limit for a candidate no trial measured)."""
     phase, _, number = key.partition(":")
     if not number.isdigit():
         return config.limit_s
-    return float(confirm_wall_s(studies[phase].trials[int(number)], config.limit_s, baseline=phase == "baseline"))
+    if phase == "baseline":
+        run = next(run for run in baseline_runs(config, study) if run.number == int(number))
+        return float(confirm_wall_s(run.attrs, config.limit_s))
+    return float(confirm_wall_s(study.trials[int(number)].user_attrs, config.limit_s, baseline=False))
 
 
 # -- the runs, in the run folder ----------------------------------------------------------------------------------
@@ -106,10 +109,10 @@ def confirmed_runs(run_dir, measured: set[str]) -> dict[tuple[str, int], RunReco
     return finished_runs(run_dir, key)
 
 
-def _confirmed(config: TuneConfig, studies: dict, candidates=None) -> dict[tuple[str, int], RunRecord]:
+def _confirmed(config: TuneConfig, study, candidates=None) -> dict[tuple[str, int], RunRecord]:
     """This search's finished confirmation runs; with ``candidates`` ({key: recipe}), only those that ran that
     recipe (a candidate's key names a trial, and a study started anew numbers its trials anew)."""
-    measured = {run["run"] for run in read_plan(studies["search"]).get("measured", [])}
+    measured = {run["run"] for run in read_plan(study).get("measured", [])}
     runs = confirmed_runs(config.settings.run.run_dir, measured)
     if candidates is None:
         return runs
@@ -122,28 +125,28 @@ def _unnamed(recipe: dict | None) -> dict | None:
     return None if recipe is None else {**recipe, "name": None}
 
 
-def run_confirmation(config: TuneConfig, studies: dict, runner=None, should_stop=None, log=print) -> Measurement:
+def run_confirmation(config: TuneConfig, study, runner=None, should_stop=None, log=print) -> Measurement:
     """Each candidate on the confirmation's fresh seeds, interleaved (``speedkit.experiments.measure.measure``:
     the baselines, then the others, seed by seed); a run found finished in the run folder is taken as it is."""
-    candidates = {key: (role, recipe) for role, key, recipe in confirm_candidates(config, studies)}
-    done = _confirmed(config, studies, {key: recipe for key, (_, recipe) in candidates.items()})
+    candidates = {key: (role, recipe) for role, key, recipe in confirm_candidates(config, study)}
+    done = _confirmed(config, study, {key: recipe for key, (_, recipe) in candidates.items()})
     runner = runner or resolve_runner(config.settings.runner)
 
     def run(key: str, seed: int) -> RunRecord | None:
         if (key, seed) in done or (should_stop and should_stop()):
             return done.get((key, seed))
         role, recipe = candidates[key]
-        return _confirm_run(config, studies, runner, role, key, seed, recipe, should_stop, log)
+        return _confirm_run(config, study, runner, role, key, seed, recipe, should_stop, log)
 
     return measure(list(candidates), [key for key, (role, _) in candidates.items() if role in BASELINE_ROLE_NAMES],
-                   confirm_seeds(config, studies), run)
+                   confirm_seeds(config, study), run)
 
 
 def run_name_for(config: TuneConfig, key: str, seed: int) -> str:
     return f"{config.settings.study_name}-confirm-{key.replace(':', '-')}-s{seed}"
 
 
-def _confirm_run(config: TuneConfig, studies: dict, runner, role: str, key: str, seed: int, recipe, should_stop,
+def _confirm_run(config: TuneConfig, study, runner, role: str, key: str, seed: int, recipe, should_stop,
                  log=print, ablation: dict | None = None) -> RunRecord | None:
     """One confirmation run, its record marked with its candidate; None where it failed or was stopped (no
     measurement: it runs again when the search continues). The plan lists it, with its span (search time spent)."""
@@ -163,17 +166,17 @@ def _confirm_run(config: TuneConfig, studies: dict, runner, role: str, key: str,
         return None
     if context.stop_reason == USER_STOP:
         return None
-    measured = read_plan(studies["search"]).get("measured", [])
-    update_plan(studies["search"], measured=[*measured, {"run": record.run_id, "span": [started, time.time()]}])
+    measured = read_plan(study).get("measured", [])
+    update_plan(study, measured=[*measured, {"run": record.run_id, "span": [started, time.time()]}])
     return record
 
 
 # -- the final budget search ------------------------------------------------------------------------
-def run_budget_search(config: TuneConfig, studies: dict, runner=None, should_stop=None, log=print) -> None:
+def run_budget_search(config: TuneConfig, study, runner=None, should_stop=None, log=print) -> None:
     """Where no candidate reached the target on every confirmation seed, rerun the fastest one that reached it
     on some with a longer budget (``BUDGET_STEPS``) on every seed, so that what is shipped reaches the target
     in each; resumable, and the longer budgets are candidates like the others."""
-    summary = summarize_confirmation(config, studies)
+    summary = summarize_confirmation(config, study)
     if summary["winner"] is not None or (should_stop and should_stop()):
         return
     missed = [r for r in summary["candidates"] if r["role"] in ("winner", "runner-up") and r["seeds_reached"]]
@@ -186,36 +189,36 @@ def run_budget_search(config: TuneConfig, studies: dict, runner=None, should_sto
         if steps == 0:
             return False  # as it ran it missed a seed: that is why this search runs
         factor = BUDGET_STEPS[steps - 1]
-        key, stretched = f"{start['key']}@x{factor:g}", read_plan(studies["search"]).get("stretched", [])
+        key, stretched = f"{start['key']}@x{factor:g}", read_plan(study).get("stretched", [])
         if all(s["key"] != key for s in stretched):
             recipe = Recipe(**start["recipe"])
             recipe = recipe.with_changes(name=f"tune-winner-x{factor:g}",
                                          duration=scaled_duration(recipe.duration, factor))
             log(f"speedkit tune: {start['key']} reached the target on {start['seeds_reached']} of "
                 f"{len(start['seeds'])} seeds; trying it with {factor:g}x its budget ({recipe.duration})")
-            update_plan(studies["search"], stretched=[*stretched, {"key": key, "recipe": recipe.to_dict()}])
-        run_confirmation(config, studies, runner=runner, should_stop=should_stop, log=log)
-        return summarize_confirmation(config, studies)["winner"] is not None or bool(should_stop and should_stop())
+            update_plan(study, stretched=[*stretched, {"key": key, "recipe": recipe.to_dict()}])
+        run_confirmation(config, study, runner=runner, should_stop=should_stop, log=log)
+        return summarize_confirmation(config, study)["winner"] is not None or bool(should_stop and should_stop())
 
     shortest_budget(all_reach, 0, len(BUDGET_STEPS), down=False)
 
 
 # -- the winner's leave-one-out ---------------------------------------------------------------------
-def run_leave_one_out(config: TuneConfig, studies: dict, runner=None, should_stop=None, log=print) -> None:
+def run_leave_one_out(config: TuneConfig, study, runner=None, should_stop=None, log=print) -> None:
     """The confirmed winner without each of its methods, on the first confirmation seed (beside its own run
     there), so the report can say what each method adds; resumable like the confirmation."""
-    summary = summarize_confirmation(config, studies)
+    summary = summarize_confirmation(config, study)
     winner = next((c for c in summary["candidates"] if c["key"] == summary["winner"]), None)
     if winner is None:
         return
     seed, runner = CONFIRM_SEED_START, runner or resolve_runner(config.settings.runner)
     ablated = _ablated(winner)
-    done = _confirmed(config, studies, ablated)
+    done = _confirmed(config, study, ablated)
 
     def run(method: str, _, marker: dict) -> None:  # its methods, each dropped
         key = f"loo:{winner['key']}:{method}"
         if (key, seed) not in done and not (should_stop and should_stop()):
-            _confirm_run(config, studies, runner, "leave-one-out", key, seed, ablated[key], should_stop, log,
+            _confirm_run(config, study, runner, "leave-one-out", key, seed, ablated[key], should_stop, log,
                          ablation=marker)
 
     leave_one_out_runs(Recipe(**winner["recipe"]), run, of=run_name_for(config, winner["key"], seed))
@@ -244,10 +247,10 @@ def summarize_leave_one_out(config: TuneConfig, winner: dict | None, baseline: d
         reference_rerun=False))
 
 
-def summarize_confirmation(config: TuneConfig, studies: dict) -> dict:
+def summarize_confirmation(config: TuneConfig, study) -> dict:
     """Per candidate: seeds reached, times, median; the winner is the confirmed fastest, not the search's luckiest."""
-    candidates, seeds, rows = confirm_candidates(config, studies), confirm_seeds(config, studies), []
-    runs = _confirmed(config, studies, {key: recipe for _, key, recipe in candidates})
+    candidates, seeds, rows = confirm_candidates(config, study), confirm_seeds(config, study), []
+    runs = _confirmed(config, study, {key: recipe for _, key, recipe in candidates})
     for role, key, recipe in candidates:
         found = [runs.get((key, seed)) for seed in seeds]
         times = [None if r is None else r.time_to(config.metric, config.target) for r in found]
@@ -262,12 +265,12 @@ def summarize_confirmation(config: TuneConfig, studies: dict) -> dict:
     winner, baseline = (next((r for r in rows if r["key"] == judged[role]), None) for role in ("winner", "baseline"))
     return {"seeds": seeds, "candidates": rows, **judged,
             "leave_one_out": summarize_leave_one_out(config, winner, baseline,
-                                                     _confirmed(config, studies, _ablated(winner)) if winner else {})}
+                                                     _confirmed(config, study, _ablated(winner)) if winner else {})}
 
 
-def confirmation_walls(studies: dict) -> list[float]:
+def confirmation_walls(study) -> list[float]:
     """Each finished confirmation run's wall time, set-up included: what the report's time table counts."""
-    return [end - start for start, end in (run["span"] for run in read_plan(studies["search"]).get("measured", []))]
+    return [end - start for start, end in (run["span"] for run in read_plan(study).get("measured", []))]
 
 
 def _measured(rows: list[dict]) -> Measurement:

@@ -1,9 +1,9 @@
 """The search: what it is asked (``TuneSettings``) and its configuration (``TuneConfig``, shared by every worker
-process), the Optuna studies, the objective, and the phases (tune the baseline, then search) each worker runs until
-they close. Two studies share one storage: ``<name>-baseline``, which keeps the runs of the baseline plan
-(``speedkit.experiments.baseline_plan``, as the benchmark tunes a baseline), and ``<name>`` (the search), where
-Optuna proposes and ranks on the search's seed; and the confirmation on fresh seeds is measured runs in the run folder
-(``confirm.py``). What it proposes in what order, and why, is in docs/guide.md ("Tune: search for the fastest recipe").
+process), the Optuna study, the objective, and the two phases each worker runs until they close: the baseline tuned
+by the benchmark's plan (``speedkit.experiments.baseline_plan.run_plan``, its runs RunRecords in the run folder, run
+by one process at a time), then the search, where Optuna proposes and ranks on the search's seed. The confirmation on
+fresh seeds is measured runs in the run folder too (``confirm.py``); Optuna keeps only what it proposed. What it
+proposes in what order, and why, is in docs/guide.md ("Tune: search for the fastest recipe").
 """
 from __future__ import annotations
 
@@ -22,15 +22,16 @@ from typing import Any, Sequence
 from speedkit.core.seeding import process_seed
 from speedkit.core.time import scaled_duration
 from speedkit.data.identity import data_identity
-from speedkit.experiments.baseline_plan import BaselinePlan, Outcome, Point, answer, next_run
-from speedkit.experiments.measure import budget_scale, refuse_planned
-from speedkit.experiments.tune.objective import TrialContext, resolve_runner, score_record, train_and_store
+from speedkit.experiments.baseline_plan import BaselinePlan, Outcome, Point, answer, run_plan
+from speedkit.experiments.measure import budget_scale, finished_runs, refuse_planned
+from speedkit.experiments.tune.objective import (USER_STOP, TrialContext, resolve_runner, score_record,
+                                                 train_and_store)
 from speedkit.experiments.tune.space import SearchSpace, TuneInputError, describe_change, recipe_params, suggest_recipe
-from speedkit.experiments.tune.storage import (START_LOCK, FolderLock, finished_trials, open_storage, optuna_module,
-                                               read_plan, requeue, started_trials, worker_id)
+from speedkit.experiments.tune.storage import (BASELINE_LOCK, BASELINE_RUNS, START_LOCK, FolderLock, finished_trials,
+                                               open_storage, optuna_module, read_plan, requeue, started_trials,
+                                               worker_id)
 
-PHASES = ("baseline", "search")
-BASE_START = "baseline"  # start_from of the base recipe's own trial in the baseline study
+BASE_START = "baseline"  # where the base recipe's own run came from: the baseline plan's first run
 SEARCH_SEED = 0  # every trial's seed; the confirmation's are fresh (1, 2, 3)
 REPEAT_SEED = 100  # the seed a would-be best recipe runs again on before moves start from it
 PRUNERS = ("halving", "hyperband", "median", "none")
@@ -194,11 +195,11 @@ class TuneConfig:
     metric: str
     target: float
     base: dict  # the base recipe as every run of the search trains it (Recipe.to_dict)
-    spaces: dict  # phase -> SearchSpace.to_dict
+    space: dict  # what the search may change (SearchSpace.to_dict)
     budget_s: float
     limit_s: float  # per-trial training limit, and the penalty's reference
     started_at: float  # time.time() when this tune call started
-    spent_before_s: float  # search time used by earlier calls on the same studies
+    spent_before_s: float  # search time used by earlier calls on the same study
     left_out: dict = dataclasses.field(default_factory=dict)  # method -> why the search does not try it
     # How a worker process builds the task again: {"task": name or "pkg.mod:attr", "data": folder, "options": {}}
     task_source: dict | None = None
@@ -233,9 +234,6 @@ class TuneConfig:
             raise TuneInputError(f"{path} is not a search config this speedkit writes ({e}); run the same `speedkit "
                                  f"tune` command again, which writes it anew and continues the study") from None
 
-    def study(self, phase: str) -> str:
-        return self.settings.study_name if phase == "search" else f"{self.settings.study_name}-{phase}"
-
     def run_settings(self) -> dict:
         """The RunRequest fields every run of the search shares, as summary.json records them."""
         return {name: getattr(self.settings.run, name) for name in RUN_FIELDS}
@@ -248,25 +246,20 @@ class TuneConfig:
             extra_config={"seed": seed, "tune": {"study": self.settings.study_name, "phase": phase,
                                                  "trial": trial.number if trial else None, "target": self.target}})
 
-    def max_trials(self) -> dict:
-        """phase -> most trials it starts (None: until the time is used)."""
-        return {"baseline": self.settings.max_baseline_trials, "search": self.settings.max_trials}
-
     def base_recipe(self):
         from speedkit.tasks.recipes import Recipe
 
         return Recipe(**self.base)
 
-    def space(self, phase: str) -> SearchSpace:
-        data = dict(self.spaces[phase])
-        return SearchSpace(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})
+    def search_space(self) -> SearchSpace:
+        return SearchSpace(**{k: tuple(v) if isinstance(v, list) else v for k, v in self.space.items()})
 
     def spent_s(self) -> float:
         return self.spent_before_s + (time.time() - self.started_at)
 
 
-def load_study(config: TuneConfig, phase: str, worker_index: int = 0, storage=None):
-    """The phase's study (created on first use), with this worker's sampler and the search's pruner."""
+def load_study(config: TuneConfig, worker_index: int = 0, storage=None):
+    """The search's study (created on first use), with this worker's sampler and the search's pruner."""
     optuna = optuna_module()
     with warnings.catch_warnings():  # `group` (conditional spaces: a method's settings only when it is on) is experimental
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
@@ -274,20 +267,20 @@ def load_study(config: TuneConfig, phase: str, worker_index: int = 0, storage=No
         seed = process_seed(config.settings.sampler_seed, worker_index, bits=32)
         sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=5,
                                              multivariate=True, group=True, constant_liar=config.settings.n_workers > 1)
-    return optuna.create_study(study_name=config.study(phase), storage=storage or open_storage(config.settings.storage),
-                               direction="minimize", sampler=sampler, pruner=make_pruner(config, phase),
-                               load_if_exists=True)
+    return optuna.create_study(study_name=config.settings.study_name, load_if_exists=True, direction="minimize",
+                               storage=storage or open_storage(config.settings.storage), sampler=sampler,
+                               pruner=make_pruner(config))
 
 
 PRUNER_STARTUP_TRIALS = 6  # finished trials a study needs before any trial is pruned
 
 
-def make_pruner(config: TuneConfig, phase: str = "search"):
+def make_pruner(config: TuneConfig):
     """Successive halving (default) or Hyperband over training milliseconds, the trials' resource; any of
     them only once the study has a few finished trials and one that reached the target."""
     optuna = optuna_module()
     limit_ms, pruner = max(3, int(config.limit_s * 1000)), config.settings.pruner
-    if pruner == "none" or phase == "baseline":  # the baseline plan decides from each run's outcome: none is cut
+    if pruner == "none":
         return optuna.pruners.NopPruner()
     if pruner == "halving":
         inner = optuna.pruners.SuccessiveHalvingPruner(min_resource=max(1, limit_ms // 9), reduction_factor=3)
@@ -329,17 +322,16 @@ class SearchStopped(Exception):
     """The search was asked to stop mid-trial; that trial is failed and queued to run again on resume."""
 
 
-def make_objective(config: TuneConfig, phase: str, runner, should_stop=None, studies: dict | None = None):
-    """The Optuna objective of one phase: propose a recipe, train it (or refuse it untrained), score it."""
+def make_objective(config: TuneConfig, runner, should_stop=None, baselines=()):
+    """The search's Optuna objective: propose a recipe, train it (or refuse it untrained), score it.
+    ``baselines``: the baseline plan's runs (``baseline_runs``), whose walls the confirmation's reserve counts."""
     optuna = optuna_module()
-    base, space = config.base_recipe(), config.space(phase)
-    refusals = studies["search"] if studies is not None and phase != "baseline" else None  # one list for both
+    base, space = config.base_recipe(), config.search_space()
 
     def objective(trial):
         trial.set_user_attr("worker", worker_id())
-        name = f"{config.settings.study_name}-{phase}-t{trial.number:04d}"
-        refused_in = refusals or trial.study
-        refused = refused_methods(refused_in)
+        name = f"{config.settings.study_name}-search-t{trial.number:04d}"
+        refused = refused_methods(trial.study)
         try:
             recipe = suggest_recipe(trial, base, space, name=name, refused=refused)
         except (ValueError, TypeError) as e:
@@ -350,12 +342,12 @@ def make_objective(config: TuneConfig, phase: str, runner, should_stop=None, stu
         trial.set_user_attr("recipe", recipe.to_dict())
         trial.set_user_attr("change", describe_change(recipe, base))
         # the first trial runs whole (there is nothing to confirm without one); later ones leave the reserve be
-        later = studies is not None and phase != "baseline" and finished_trials(studies[phase])
-        kept_back = confirm_reserve_s(config, studies) if later else 0.0
-        context = trial_context(config, phase, recipe, seed=trial.user_attrs.get("seed", SEARCH_SEED), run_name=name,
-                                trial=trial, kept_back_s=kept_back)
+        later = finished_trials(trial.study)
+        kept_back = confirm_reserve_s(config, trial.study, baselines) if later else 0.0
+        context = trial_context(config, "search", recipe, seed=trial.user_attrs.get("seed", SEARCH_SEED),
+                                run_name=name, trial=trial, kept_back_s=kept_back, best_s=best_reached_s(trial.study))
         context.should_stop = should_stop
-        return _run_and_score(config, trial, context, runner, refused_in)
+        return _run_and_score(config, trial, context, runner)
 
     def _infeasible(trial, reason: str):
         trial.set_user_attr("infeasible", reason)
@@ -366,20 +358,20 @@ def make_objective(config: TuneConfig, phase: str, runner, should_stop=None, stu
 
 
 def trial_context(config: TuneConfig, phase: str, recipe, seed: int, run_name: str, trial=None,
-                  kept_back_s: float = 0.0) -> TrialContext:
+                  kept_back_s: float = 0.0, best_s: float | None = None) -> TrialContext:
     """One run's context; a search trial stops where it would eat into the time ``kept_back_s`` for the
-    confirmation (or, for one that reached nothing, at the search's end)."""
+    confirmation (or, for one that reached nothing, at the search's end), and at 1.5x ``best_s``, the best time
+    of its phase so far: past it a run can be neither winner nor runner-up."""
     remaining = max(1.0, config.budget_s - config.spent_s() - kept_back_s)
     stop_after = min(config.limit_s, remaining)
-    best = best_reached_s(trial.study) if trial is not None else None
-    if best is not None:
-        stop_after = min(stop_after, 1.5 * best)  # past 1.5x the best time a run can be neither winner nor runner-up
+    if best_s is not None:
+        stop_after = min(stop_after, 1.5 * best_s)
     return TrialContext(run=config.trial_run(recipe, seed, run_name, phase, trial), metric=config.metric,
                         target=config.target, limit_s=config.limit_s, stop_after_s=stop_after, trial=trial)
 
 
-def _run_and_score(config: TuneConfig, trial, context: TrialContext, runner, refusals=None) -> float:
-    """Train the trial's run and score it. ``refusals``: the study that keeps the methods found inapplicable."""
+def _run_and_score(config: TuneConfig, trial, context: TrialContext, runner) -> float:
+    """Train the trial's run and score it."""
     optuna = optuna_module()
     from speedkit.core.method import NothingToChangeError
 
@@ -389,7 +381,7 @@ def _run_and_score(config: TuneConfig, trial, context: TrialContext, runner, ref
         requeue(trial.study, trial)
         raise
     except NothingToChangeError as e:
-        _mark_inapplicable(refusals or trial.study, context.run.recipe.methods, str(e))
+        _mark_inapplicable(trial.study, context.run.recipe.methods, str(e))
         trial.set_user_attr("infeasible", f"NothingToChangeError: {e}")
         raise optuna.TrialPruned(str(e)) from None
     except Exception as e:  # a combination the code refused, or one that broke: recorded, and the search goes on
@@ -408,14 +400,15 @@ def _run_and_score(config: TuneConfig, trial, context: TrialContext, runner, ref
 NEAR_FINAL = 2 / 3
 
 
-def confirm_wall_s(trial, fallback: float, baseline: bool = True) -> float:
-    """What a confirmation run of this trial's recipe may take: the trial's own wall time (``fallback`` where it
-    has none), and for a baseline's, its whole budget where it reached the target near its end. The target a user
-    sets is often what the baseline reaches at the end, so on a seed where it misses, it trains its whole budget:
-    the confirmation's reserve must hold that, not the seed-0 run that stopped at the target."""
-    wall = trial.user_attrs.get("wall_s") or fallback
-    done = trial.user_attrs.get("budget_done")
-    reached = trial.user_attrs.get("time_to_target_s") is not None
+def confirm_wall_s(attrs: dict, fallback: float, baseline: bool = True) -> float:
+    """What a confirmation run of a recipe may take, from what its run on the search's seed left (a trial's
+    ``user_attrs``, a baseline run's ``attrs``): that run's wall time (``fallback`` where it has none), and for a
+    baseline's, its whole budget where it reached the target near its end. The target a user sets is often what
+    the baseline reaches at the end, so on a seed where it misses, it trains its whole budget: the confirmation's
+    reserve must hold that, not the seed-0 run that stopped at the target."""
+    wall = attrs.get("wall_s") or fallback
+    done = attrs.get("budget_done")
+    reached = attrs.get("time_to_target_s") is not None
     return wall / done if baseline and reached and done and NEAR_FINAL <= done < 1 else wall
 
 
@@ -433,19 +426,18 @@ def refused_methods(study) -> dict[str, str]:
     return {key.split(":", 1)[1]: why for key, why in study.user_attrs.items() if key.startswith("inapplicable:")}
 
 
-def confirm_reserve_s(config: TuneConfig, studies: dict) -> float:
-    """Time kept back for confirmation: the baselines' trial times over their whole budget and the likely
+def confirm_reserve_s(config: TuneConfig, study, baselines: Sequence["BaselineRun"]) -> float:
+    """Time kept back for confirmation: the baselines' run times over their whole budget and the likely
     winner's measured trial time, times the seeds (as many of those asked for as fit in half the budget, at
     least one: where a baseline run is long, a search of one trial confirmed on three seeds would find nothing)."""
-    typical = [t.user_attrs.get("wall_s") for s in studies.values()
-               for t in finished_trials(s, ("COMPLETE",))]
-    typical = [t for t in typical if t]
+    typical = [t.user_attrs.get("wall_s") for t in finished_trials(study, ("COMPLETE",))]
+    typical = [t for t in typical + [run.attrs["wall_s"] for run in baselines if not run.attrs["failed"]] if t]
     fallback = statistics.median(typical) if typical else config.limit_s
     # the runner-up is confirmed only where time is left
-    walls = [confirm_wall_s(t, fallback) for t in confirmed_baselines(config, studies["baseline"])] or [fallback]
-    best = ranked(studies["search"])[:1] if "search" in studies else []  # the likely winner
-    best_wall = confirm_wall_s(best[0], fallback, baseline=False) if best else fallback
-    walls += [best_wall] if "search" in studies else []
+    walls = [confirm_wall_s(run.attrs, fallback) for run in confirmed_baselines(config, baselines)] or [fallback]
+    best = ranked(study)[:1]  # the likely winner
+    best_wall = confirm_wall_s(best[0].user_attrs, fallback, baseline=False) if best else fallback
+    walls.append(best_wall)
     reserve = seeds_that_fit(config, sum(walls), config.budget_s / 2) * sum(walls)
     if config.settings.leave_one_out and best:  # one run per method of the likely winner
         reserve += len(best[0].user_attrs.get("recipe", {}).get("methods", {})) * best_wall
@@ -457,51 +449,46 @@ def seeds_that_fit(config: TuneConfig, per_seed_s: float, within_s: float) -> in
     return max(1, min(config.settings.seeds_to_confirm, int(within_s // max(per_seed_s, 1e-9))))
 
 
-def phase_open(config: TuneConfig, phase: str, studies: dict) -> bool:
-    """Whether a worker may start another trial in ``phase`` now."""
-    finished = len(finished_trials(studies[phase]))
-    most = config.max_trials()[phase]
-    if most is not None and started_trials(studies[phase]) >= most:
+def search_open(config: TuneConfig, study, baselines: Sequence["BaselineRun"]) -> bool:
+    """Whether a worker may start another search trial now."""
+    most = config.settings.max_trials
+    if most is not None and started_trials(study) >= most:
         return False  # running trials count: another process's will finish
-    if finished == 0:
-        return True  # at least one measured trial per phase, or there is nothing to confirm
-    spent = config.spent_s()
-    if phase == "baseline":
-        return spent < config.settings.baseline_share * config.budget_s
-    return spent + confirm_reserve_s(config, studies) < config.budget_s
+    if not finished_trials(study):
+        return True  # at least one measured trial, or there is nothing to confirm
+    return config.spent_s() + confirm_reserve_s(config, study, baselines) < config.budget_s
 
 
-def run_phases(config: TuneConfig, worker_index: int = 0, runner=None, on_trial=None, should_stop=None) -> None:
-    """Work on the baseline study, then the search study, until each phase closes (all workers run this)."""
-    storage = open_storage(config.settings.storage)
+def run_phases(config: TuneConfig, worker_index: int = 0, runner=None, on_trial=None, should_stop=None,
+               log=print) -> None:
+    """Tune the baseline (``run_baseline_plan``: one process at a time), then search until the search closes (all
+    workers run this)."""
     runner = runner or resolve_runner(config.settings.runner)
-    studies = {phase: load_study(config, phase, worker_index, storage) for phase in PHASES}
-    for phase in PHASES:
-        objective = make_objective(config, phase, runner, should_stop, studies)
-        callbacks = [on_trial] if on_trial is not None else []
-        while phase_open(config, phase, studies) and not (should_stop and should_stop()):
-            gate = FolderLock(config.settings.out_dir, START_LOCK)  # one process at a time starts a trial (storage.py)
-            gate.acquire()
-            try:
-                if not phase_open(config, phase, studies) or answer_decided(config, studies["search"]):
-                    break
-                if phase == "baseline" and not queue_baseline_run(config, studies["baseline"]):
-                    break
-                if phase == "search":  # its starting points, once
-                    _seed_once(studies["search"], starting_recipes(config, studies["baseline"]), config, "search")
-                if phase != "baseline":
-                    queue_next_move(config, studies, worker_index, phase)
-                studies[phase].optimize(gate.releasing(objective), n_trials=1, callbacks=callbacks,
-                                        gc_after_trial=False)
-            except SearchStopped:
-                return
-            finally:
-                gate.release()
+    study = load_study(config, worker_index, open_storage(config.settings.storage))
+    run_baseline_plan(config, study, runner, should_stop, log)
+    callbacks = [on_trial] if on_trial is not None else []
+    while not (should_stop and should_stop()) and search_open(config, study, baseline_runs(config, study)):
+        gate = FolderLock(config.settings.out_dir, START_LOCK)  # one process at a time starts a trial (storage.py)
+        gate.acquire()
+        try:
+            baselines = baseline_runs(config, study)
+            if not search_open(config, study, baselines) or answer_decided(config, study):
+                break
+            _seed_once(study, starting_recipes(config, baselines), config)  # its starting points, once
+            queue_next_move(config, study, baselines, worker_index)
+            study.optimize(gate.releasing(make_objective(config, runner, should_stop, baselines)), n_trials=1,
+                           callbacks=callbacks, gc_after_trial=False)
+        except SearchStopped:
+            return
+        finally:
+            gate.release()
 
 
 def search_limits(config: TuneConfig) -> str:
     """The limits a search ran to (its budget, its trial counts): a rerun with other limits searches on."""
-    return json.dumps({"budget_s": config.budget_s, "max_trials": config.max_trials()}, sort_keys=True)
+    settings = config.settings
+    return json.dumps({"budget_s": config.budget_s, "max_trials": settings.max_trials,
+                       "max_baseline_trials": settings.max_baseline_trials}, sort_keys=True)
 
 
 def answer_decided(config: TuneConfig, search_study) -> bool:
@@ -511,43 +498,44 @@ def answer_decided(config: TuneConfig, search_study) -> bool:
     return read_plan(search_study).get("closed_for") == search_limits(config)
 
 
-def queue_next_move(config: TuneConfig, studies: dict, worker_index: int = 0, phase: str = "search") -> None:
-    """Queue a move from the best recipe of ``phase`` so far (``speedkit.experiments.tune.moves``), unless a
-    point is queued already; with no move left, the next trial is the sampler's."""
+def queue_next_move(config: TuneConfig, study, baselines: Sequence["BaselineRun"], worker_index: int = 0) -> None:
+    """Queue a move from the best recipe so far (``speedkit.experiments.tune.moves``; the tuned baseline before
+    any), unless a point is queued already; with no move left, the next trial is the sampler's."""
     import random
 
     from speedkit.experiments.tune.moves import propose_move, recipe_key
 
-    study = studies[phase]
     trials = study.get_trials(deepcopy=False)
     if any(t.state.name == "WAITING" for t in trials):
         return
-    base, space = config.base_recipe(), config.space("search")
+    base, space = config.base_recipe(), config.search_space()
     leaders = [s for s in standings(study) if s.first.user_attrs.get("start_from") != BASE_START]
-    if phase == "search" and leaders and leaders[0].needs_repeat(trials):
+    if leaders and leaders[0].needs_repeat(trials):
         # the leader again, on REPEAT_SEED: a lead on one seed is often that seed's luck (which evaluation first
         # passes the target moves with it), and every move after it would start from that luck
         first = leaders[0].first
         study.enqueue_trial(first.params, user_attrs={"repeat_of": first.number, "seed": REPEAT_SEED})
         return
-    best = [s.first for s in leaders[:1]]
-    from_phase = bool(best)
-    best = best or confirmed_baselines(config, studies["baseline"])[:1]
-    incumbent = recipe_from_trial(best[0], "incumbent") if best else base
-    reached = bool(best) and best[0].user_attrs.get("time_to_target_s") is not None
+    if leaders:
+        best = leaders[0].first
+        incumbent, reached, origin = (recipe_from_trial(best, "incumbent"),
+                                      best.user_attrs.get("time_to_target_s") is not None, f"#{best.number}")
+    else:
+        tuned = confirmed_baselines(config, baselines)[:1]
+        incumbent = plan_recipe(config, tuned[0].point, "incumbent") if tuned else base
+        reached, origin = bool(tuned) and tuned[0].outcome.time_to_target_s is not None, "the tuned baseline"
     tried = {recipe_key(recipe_from_trial(t, "tried")) for t in trials if t.user_attrs.get("recipe")}
     tried |= {t.user_attrs["proposed"] for t in trials if t.user_attrs.get("proposed")}
     rng = random.Random(f"{config.settings.sampler_seed}:{len(trials)}:{worker_index}")  # a rerun proposes the same
     added = {m for t in trials for m in (t.user_attrs.get("recipe") or {}).get("methods", {})}
-    move = propose_move(incumbent, reached, base, space, refused_methods(studies["search"]), tried, rng, added,
-                        config.move_prior)
+    move = propose_move(incumbent, reached, base, space, refused_methods(study), tried, rng, added, config.move_prior)
     if move is None:
         return
-    origin = f"#{best[0].number}" if from_phase else "the tuned baseline"
     study.enqueue_trial(recipe_params(move.recipe, base, space),
                         user_attrs={"move": f"{move.what} (from {origin})", "proposed": recipe_key(move.recipe)})
 
 
+# -- the baseline, tuned by the benchmark's plan --------------------------------------------------------------------
 def baseline_plan(config: TuneConfig) -> BaselinePlan:
     """How the search tunes its baseline (``speedkit.experiments.baseline_plan``, as ``speedkit bench --sweep
     --find-budgets`` does): the base's learning rate as given, halved and doubled (and on past the edge that wins,
@@ -565,48 +553,123 @@ def baseline_plan(config: TuneConfig) -> BaselinePlan:
                         lr_range=(lr / factor, lr * factor))
 
 
-def baseline_runs(config: TuneConfig, plan: BaselinePlan, study, states=("COMPLETE", "PRUNED")) -> list[tuple]:
-    """[(trial, Outcome)]: the baseline study's trials in ``states`` as runs of the plan."""
-    low = (config.settings.duration_scale_range or (1.0,))[0]
-    runs = []
-    for trial in study.get_trials(deepcopy=False):
-        if trial.state.name in states:
-            scale = trial.params.get("duration_scale")
-            budget = plan.budget(round(scale / low)) if scale is not None and plan.budget_step else plan.sweep_budget
-            point = Point(trial.params.get("lr", plan.rates[0]), plan.schedules[0], budget,
-                          trial.user_attrs.get("seed", SEARCH_SEED))
-            runs.append((trial, Outcome(point, trial.user_attrs.get("batches_to_target"), trial.user_attrs.get("final"),
-                                        trial.user_attrs.get("time_to_target_s"), str(trial.number))))
-    return runs
+@dataclasses.dataclass(frozen=True)
+class BaselineRun:
+    """A finished run of the baseline plan: its point, its outcome (read from its RunRecord; a run that failed
+    missed) and ``attrs``, what the report and the confirmation's reserve read: its wall time, the share of its
+    budget it trained, time to target, final metric, objective, where it came from."""
+
+    number: int
+    point: Point
+    outcome: Outcome
+    attrs: dict
 
 
-def queue_baseline_run(config: TuneConfig, study) -> bool:
-    """Queue the baseline plan's next run (``baseline_plan``); False where the plan is done, or where its next run
-    is one another worker is running (this worker then goes on to the search)."""
-    if any(t.state.name == "WAITING" for t in study.get_trials(deepcopy=False)):
-        return True
-    plan = baseline_plan(config)
-    runs = baseline_runs(config, plan, study, ("COMPLETE", "PRUNED", "RUNNING"))
-    point = next_run(plan, [outcome for trial, outcome in runs if trial.state.name != "RUNNING"])
-    if point is None or point in [outcome.point for trial, outcome in runs if trial.state.name == "RUNNING"]:
+def plan_recipe(config: TuneConfig, point: Point, name: str):
+    """The base recipe at a point of the baseline plan: its learning rate and budget."""
+    return config.base_recipe().with_changes(name=name, optimizer={"lr": point.lr}, duration=point.budget)
+
+
+def baseline_runs(config: TuneConfig, study) -> list[BaselineRun]:
+    """The baseline plan's runs the search study lists, in order, each with its RunRecord from the run folder
+    (``measure.finished_runs``: one whose record is gone is left out, and runs again)."""
+    entries = study.user_attrs.get(BASELINE_RUNS, [])
+    listed = {entry["run"] for entry in entries}
+    records = finished_runs(config.settings.run.run_dir, lambda r: r.run_id if r.run_id in listed else None)
+    return [_baseline_run(config, entry, records.get(entry["run"])) for entry in entries
+            if entry["failed"] or entry["run"] in records]
+
+
+def _baseline_run(config: TuneConfig, entry: dict, record) -> BaselineRun:
+    point = Point(entry["lr"], entry["schedule"], entry["budget"], entry["seed"], entry["stage"])
+    metric, target = config.metric, config.target
+    if record is None:  # it failed: a miss
+        outcome, score, train_s, path = Outcome(point, None, None, None, entry["name"]), None, None, None
+    else:
+        outcome = Outcome(point, record.time_to(metric, target, x="batch"), record.best(metric),
+                          record.time_to(metric, target), record.name)
+        score, train_s, path = score_record(record, metric, target, config.limit_s), record.timings.get("train_s"), \
+            str(record.path)
+    attrs = {key: entry.get(key) for key in ("failed", "budget_done", "stop_reason", "start_from", "plan", "seed")}
+    return BaselineRun(entry["number"], point, outcome, {
+        **attrs, "wall_s": round(entry["span"][1] - entry["span"][0], 3), "started": entry["span"][0],
+        "time_to_target_s": outcome.time_to_target_s, "final": outcome.final, "train_s": train_s, "score": score,
+        "record": path, "change": describe_change(plan_recipe(config, point, "r"), config.base_recipe())})
+
+
+def baseline_open(config: TuneConfig, runs: Sequence[BaselineRun]) -> bool:
+    """Whether the plan may start another run: at least one, at most ``max_baseline_trials``, and only within
+    ``baseline_share`` of the budget."""
+    most = config.settings.max_baseline_trials
+    if most is not None and len(runs) >= most:
         return False
-    params = {"lr": point.lr} if config.space("baseline").lr_factor else {}
-    if plan.budget_step:
-        steps = next(k for k in range(1, plan.most_steps + 1) if plan.budget(k) == point.budget)
-        params["duration_scale"] = steps * config.settings.duration_scale_range[0]
-    given = point.lr == plan.rates[0] and abs(params.get("duration_scale", 1.0) - 1.0) < 1e-9  # the base itself
-    where = {"start_from": BASE_START} if given else {"plan": "learning rate" if point.stage == "sweep" else "budget"}
-    study.enqueue_trial(params, user_attrs={"seed": point.seed, **where})
-    return True
+    return not runs or config.spent_s() < config.settings.baseline_share * config.budget_s
 
 
-def _seed_once(study, starts: list, config: TuneConfig, phase: str) -> None:
+def run_baseline_plan(config: TuneConfig, study, runner, should_stop=None, log=print) -> None:
+    """Tune the baseline by the benchmark's plan (``baseline_plan.run_plan``) while ``baseline_open``, listing
+    each finished run with the search study; a killed plan goes on from the runs listed. One process at a time
+    runs it (its next run depends on the last): another that finds it running goes on to the search."""
+    gate = FolderLock(config.settings.out_dir, BASELINE_LOCK)
+    if answer_decided(config, study) or not gate.try_acquire():
+        return
+    from speedkit.experiments.report import proposal
+
+    try:
+        runs, plan = baseline_runs(config, study), baseline_plan(config)
+
+        def run(point: Point) -> Outcome | None:
+            if not baseline_open(config, runs) or (should_stop and should_stop()):
+                return None
+            done = _run_baseline_point(config, study, runner, plan, point, runs, should_stop)
+            if done is None:
+                return None
+            runs.append(done)
+            attrs, reached = done.attrs, done.outcome.time_to_target_s
+            what = attrs["failed"] or (f"reached at {reached:.1f}s" if reached is not None
+                                       else f"missed (best {attrs['final']})")
+            log(f"  baseline plan #{done.number} [{proposal(attrs)}]: {attrs['change'] or 'the base'} -> {what}")
+            return done.outcome
+
+        run_plan(plan, [r.outcome for r in runs], run)
+    finally:
+        gate.release()
+
+
+def _run_baseline_point(config: TuneConfig, study, runner, plan: BaselinePlan, point: Point,
+                        runs: Sequence[BaselineRun], should_stop) -> BaselineRun | None:
+    """One run of the plan, listed with the study once it ends; None where the user stopped it (it runs again
+    when the search continues). A run that raised is listed as failed, a miss."""
+    entries = study.user_attrs.get(BASELINE_RUNS, [])
+    name = f"{config.settings.study_name}-baseline-{len(entries):02d}"
+    best = [r.outcome.time_to_target_s for r in runs if r.outcome.time_to_target_s is not None]
+    context = trial_context(config, "baseline", plan_recipe(config, point, name), point.seed, name,
+                            best_s=min(best, default=None))
+    context.should_stop = should_stop
+    started, record, failed = time.time(), None, None
+    try:
+        record = runner(context)
+    except Exception as e:  # a baseline that cannot run at this point missed there; the plan goes on
+        failed = f"{type(e).__name__}: {e}"
+    if context.stop_reason == USER_STOP:
+        return None
+    origin = ({"start_from": BASE_START} if point == plan.grid()[0]  # the base as given: the plan's first run
+              else {"plan": "learning rate" if point.stage == "sweep" else "budget"})
+    entry = {"number": len(entries), "name": name, "run": None if record is None else record.run_id,
+             "lr": point.lr, "schedule": point.schedule, "budget": point.budget, "seed": point.seed,
+             "stage": point.stage, "span": [started, time.time()], "budget_done": context.budget_done,
+             "stop_reason": context.stop_reason, "failed": failed, **origin}
+    study.set_user_attr(BASELINE_RUNS, [*entries, entry])
+    return _baseline_run(config, entry, record)
+
+
+def _seed_once(study, starts: list, config: TuneConfig) -> None:
     """Queue the recipes ``starts`` in order, once per study (each named for where it comes from), each restricted
     to the methods the search may try."""
     if study.user_attrs.get("seeded"):
         return
     study.set_user_attr("seeded", True)
-    base, space = config.base_recipe(), config.space(phase)
+    base, space = config.base_recipe(), config.search_space()
     for recipe in starts:
         if space.methods:  # a preset restricted to the methods the search may try is still a good start
             recipe = recipe.with_changes(methods={m: p for m, p in recipe.methods.items() if m in space.methods})
@@ -615,7 +678,7 @@ def _seed_once(study, starts: list, config: TuneConfig, phase: str) -> None:
             study.enqueue_trial(params, user_attrs={"start_from": recipe.name}, skip_if_exists=True)
 
 
-def starting_recipes(config: TuneConfig, baseline_study) -> list:
+def starting_recipes(config: TuneConfig, baselines: Sequence[BaselineRun]) -> list:
     """The task's speed-up presets, the fastest measured first (those never measured, or that missed, last),
     then the shortest budget; without any, the tuned baseline (or the base as it is)."""
     from speedkit.core.devices import resolve_device, resolve_precision
@@ -628,12 +691,12 @@ def starting_recipes(config: TuneConfig, baseline_study) -> list:
         measured, scale = (preset.reached or {}).get("time_to_target_s"), budget_scale(preset, base)
         return math.inf if measured is None else float(measured), math.inf if scale is None else scale
 
-    # a baseline (plain-bf16 for a folder task) is measured in the baseline study
+    # a baseline (plain-bf16 for a folder task) is measured by the baseline plan
     presets = [p for name, p in (task.recipes if task else {}).items() if not is_baseline(task, name)]
     recipes = [p.with_changes(precision=resolve_precision(p.precision, device)) for p in sorted(presets, key=order)]
     if not recipes:  # no preset: the tuned baseline (or the base as it is) is where the moves start from
-        best = confirmed_baselines(config, baseline_study)[:1]
-        recipes.append(recipe_from_trial(best[0], "tuned-baseline") if best else base)
+        best = confirmed_baselines(config, baselines)[:1]
+        recipes.append(plan_recipe(config, best[0].point, "tuned-baseline") if best else base)
     return recipes
 
 
@@ -642,17 +705,16 @@ def ranked(study) -> list:
     return sorted(finished_trials(study, ("COMPLETE",)), key=lambda t: t.value)
 
 
-def confirmed_baselines(config: TuneConfig, baseline_study) -> list:
-    """The baseline study's trials the confirmation runs: the plan's answer (``baseline_plan.answer``), and the
-    base recipe as given beside it where tuning changed it. The plan tunes on seed 0 alone, and a learning rate or
+def confirmed_baselines(config: TuneConfig, baselines: Sequence[BaselineRun]) -> list[BaselineRun]:
+    """The baseline runs the confirmation runs again: the plan's answer (``baseline_plan.answer``), and the base
+    recipe as given beside it where tuning changed it. The plan tunes on seed 0 alone, and a learning rate or
     budget that was fastest there can be slower on others; the speed-up is measured against whichever is faster
     on the fresh seeds."""
-    plan = baseline_plan(config)
-    runs = baseline_runs(config, plan, baseline_study, ("COMPLETE",))
-    found = answer(plan, [outcome for _, outcome in runs])
-    best = [trial for trial, outcome in runs if outcome is found]
-    given = [t for t in finished_trials(baseline_study, ("COMPLETE",)) if t.user_attrs.get("start_from") == BASE_START]
-    return best + [t for t in given[:1] if best and t.number != best[0].number]
+    ran = [run for run in baselines if not run.attrs["failed"]]
+    found = answer(baseline_plan(config), [run.outcome for run in ran])
+    best = [run for run in ran if run.outcome is found]
+    given = [run for run in ran if run.attrs.get("start_from") == BASE_START]
+    return best + [run for run in given[:1] if best and run.number != best[0].number]
 
 
 @dataclasses.dataclass
@@ -702,7 +764,7 @@ def recipe_from_trial(trial, name: str):
 
 
 def start_workers(config_path: Path, n_extra: int) -> list[subprocess.Popen]:
-    """Extra worker processes on the same studies (``python -m speedkit.experiments.tune.worker CONFIG INDEX``),
+    """Extra worker processes on the same study (``python -m speedkit.experiments.tune.worker CONFIG INDEX``),
     each logging to ``worker-INDEX.log`` beside the config."""
     workers = []
     for index in range(1, n_extra + 1):
@@ -716,7 +778,7 @@ def check_same_search(config: TuneConfig, study) -> None:
     """Refuse to continue a study that was started with other settings (its times would not compare)."""
     data = (config.task_source or {}).get("data")  # a folder task's name is one name for every folder
     identity = {"task": config.settings.run.task, "metric": config.metric, "target": config.target, "base": config.base,
-                "spaces": config.spaces, "settings": config.run_settings(), "limit_s": config.limit_s,
+                "space": config.space, "settings": config.run_settings(), "limit_s": config.limit_s,
                 **({} if data is None else {"data": data_identity(data)})}
     identity = json.loads(json.dumps(identity))  # as stored: tuples become lists
     stored = study.user_attrs.get("identity")
@@ -726,7 +788,7 @@ def check_same_search(config: TuneConfig, study) -> None:
     changed = sorted(k for k in identity if identity[k] != stored.get(k))
     if changed:
         details = "; ".join(f"{k}: was {stored.get(k)!r}, now {identity[k]!r}" for k in changed
-                            if k not in ("spaces", "base"))
+                            if k not in ("space", "base"))
         raise TuneInputError(f"study {study.study_name!r} in {config.settings.storage} was started with other settings "
                              f"({', '.join(changed)} differ{': ' + details if details else ''}); continue it with "
                              f"the same arguments, or start a new search with another study_name or out_dir")

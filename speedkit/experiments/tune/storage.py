@@ -1,7 +1,7 @@
-"""Where a search lives: Optuna storages (a journal file or a database) holding what it proposed and measured on
-its own seed and the confirmation's plan (the confirmation's runs are RunRecords in the run folder), and the
-bookkeeping of processes that work on one study (which worker holds a trial, trials a dead worker left behind, how
-much search time earlier runs used).
+"""Where a search lives: an Optuna storage (a journal file or a database) holding what it proposed and measured on
+its own seed, which of the baseline plan's and the confirmation's runs finished (the runs themselves are RunRecords
+in the run folder) and the confirmation's plan, and the bookkeeping of processes that work on one study (which
+worker holds a trial, trials a dead worker left behind, how much search time earlier runs used).
 """
 from __future__ import annotations
 
@@ -110,22 +110,19 @@ def finished_trials(study, states=("COMPLETE", "PRUNED")) -> list:
 
 
 def spent_before_s(storage_text: str, study_name: str) -> float:
-    """Search time earlier calls used: the wall clock their finished trials and confirmation runs (the plan's
-    ``measured``: each run's (start, end) span) spanned. Trials that ran at once on several workers count once,
-    and a confirmation run while the other workers waited counts in full (dividing the trials' summed time by the
-    workers undercounted a two-worker search's time)."""
+    """Search time earlier calls used: the wall clock their baseline plan's runs, finished trials and confirmation
+    runs (the plan's ``measured``) spanned. Runs at once on several workers count once, and a confirmation run
+    while the other workers waited counts in full (dividing the trials' summed time by the workers undercounted a
+    two-worker search's time)."""
     optuna = optuna_module()
     storage = open_storage(storage_text)
-    names = {s.study_name for s in optuna.get_all_study_summaries(storage)}  # opening made the file where none was
-    spans = []
-    for name in (study_name, f"{study_name}-baseline"):
-        if name not in names:
-            continue
-        study = optuna.load_study(study_name=name, storage=storage)
-        spans += [tuple(run["span"]) for run in read_plan(study).get("measured", [])]
-        for trial in study.get_trials(deepcopy=False):
-            if trial.datetime_start and trial.datetime_complete:
-                spans.append((trial.datetime_start.timestamp(), trial.datetime_complete.timestamp()))
+    if study_name not in {s.study_name for s in optuna.get_all_study_summaries(storage)}:  # opening made the file
+        return 0.0
+    study = optuna.load_study(study_name=study_name, storage=storage)
+    runs = [*study.user_attrs.get(BASELINE_RUNS, []), *read_plan(study).get("measured", [])]
+    spans = [tuple(run["span"]) for run in runs]
+    spans += [(trial.datetime_start.timestamp(), trial.datetime_complete.timestamp())
+              for trial in study.get_trials(deepcopy=False) if trial.datetime_start and trial.datetime_complete]
     return covered_seconds(spans)
 
 
@@ -204,6 +201,8 @@ class FolderLock:
 
 
 START_LOCK, ANSWER_LOCK = ".tune-start.lock", ".tune-answer.lock"
+BASELINE_LOCK = ".tune-baseline.lock"  # held by the one process that runs the baseline plan
+BASELINE_RUNS = "baseline_runs"  # the search study's list of the baseline plan's finished runs
 PLAN = "confirmation_plan"  # the search study's user attribute holding it
 
 
@@ -225,18 +224,14 @@ def started_trials(study) -> int:
     return len(finished_trials(study, states=("COMPLETE", "PRUNED", "RUNNING")))
 
 
-def wait_for_running_trials(studies, storage, should_stop=None, poll_s: float = 1.0, out_dir=None) -> None:
-    """Until no trial of ``studies`` is running (another process's: this one's have ended); a dead
-    process's trial is failed and re-queued (``fail_dead_trials``, with ``out_dir`` the search's folder) instead
-    of waited for."""
+def wait_for_running_trials(study, storage, should_stop=None, poll_s: float = 1.0, out_dir=None) -> None:
+    """Until no trial of ``study`` is running (another process's: this one's have ended); a dead process's trial
+    is failed and re-queued (``fail_dead_trials``, with ``out_dir`` the search's folder) instead of waited for."""
     import time
 
     optuna = optuna_module()
     while not (should_stop and should_stop()):
-        running = 0
-        for study in studies:
-            fail_dead_trials(study, storage, out_dir)
-            running += len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)))
-        if not running:
+        fail_dead_trials(study, storage, out_dir)
+        if not study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
             return
         time.sleep(poll_s)

@@ -1,7 +1,7 @@
 """One extra worker process of a search: ``python -m speedkit.experiments.tune.worker CONFIG_JSON INDEX``.
 
-``tune(TuneSettings(n_workers=N))`` starts N-1 of these; each works on the same Optuna studies
-(through their shared storage) until the search's phases close, then exits.
+``tune(TuneSettings(n_workers=N))`` starts N-1 of these; each works on the same Optuna study
+(through its storage) until the search's phases close, then exits.
 """
 from __future__ import annotations
 
