@@ -33,8 +33,10 @@ before ``sk.prepare_model`` (which would never train what a surgery added) at ``
 no ``sk.step_end()`` ended, at the next step's ``sk.batch`` or ``sk.backward`` (or at ``sk.finish()``); a step
 that stepped the optimizer given to ``sk.prepare_optimizer`` instead of the one it returned, or stepped it more
 often than ``sk.step_end()`` counts, or closed with no optimizer step and the gradients kept (accumulating
-without ``accumulation=k``); a step begun after ``max_duration``; and, with ``schedules=``, a step
-without ``sk.batch`` (where the schedule is set) or a learning rate something else changed.
+without ``accumulation=k``); a step begun after ``max_duration``; a first step whose optimizer trained before
+while speedkit's clock is at its start (a resume that restored the model and optimizer but not
+``sk.load_state_dict``); and, with ``schedules=``, a step without ``sk.batch`` (where the schedule is set) or a
+learning rate something else changed.
 """
 from __future__ import annotations
 
@@ -91,13 +93,16 @@ class Speedkit:
     ``sk.backward`` (which divides the loss by the step's batches; Accelerate's backward does it itself) and
     ``sk.step_end()`` on every batch, and step the optimizer when :attr:`step_due` (with Accelerate, inside
     ``with accelerator.accumulate(model):``, its prepared optimizer does so itself). Schedules, EMA, gradient
-    clipping, the clock and ``ba``/``ep``/``sp`` durations count optimizer steps.
+    clipping, the clock and ``ba``/``ep``/``sp`` durations count optimizer steps. ``warm_optimizer=True``: the
+    optimizer has trained before, on purpose, and speedkit's run starts at its beginning all the same (without
+    it, such an optimizer at the first step is taken for a resume that forgot ``sk.load_state_dict``, and refused).
     """
 
     def __init__(self, methods: Iterable[Method] = (), *, max_duration: str | Time,
                  train_dataloader=None, batches_per_epoch: int | None = None, schedules=None,
                  loss_fn: Callable | None = None, accelerator=None, seed: int = 0,
-                 loggers: Sequence[LoggerDestination] = (), accumulation: int | None = None):
+                 loggers: Sequence[LoggerDestination] = (), accumulation: int | None = None,
+                 warm_optimizer: bool = False):
         self.accelerator = accelerator
         self.world = int(getattr(accelerator, "num_processes", 1) or 1)
         self.accumulation = _accumulation(accumulation, accelerator)
@@ -126,6 +131,9 @@ class Speedkit:
         self._follow = None  # Muon's groups following a scheduler built before prepare_optimizer
         self._step_counts: dict = {}  # optimizer -> its step() calls since the last sk.step_end()
         self._lrs_set = None  # the learning rates speedkit's schedules set, as its last call left them
+        # an optimizer that trained before speedkit's clock started is a resume without sk.load_state_dict, unless
+        # the user says it is a warm start (checked at the first batch: optimizer state may be loaded until then)
+        self._fresh_start_checked = warm_optimizer
 
     @property
     def state(self):
@@ -179,6 +187,7 @@ class Speedkit:
     def batch(self, batch):
         """The batch the forward takes, after the batch methods (resizing, sequence-length warmup, mixup)."""
         self._open_step("sk.batch(batch)")
+        self._check_fresh_start()
         self._check_lrs_kept("sk.step_end() and the next sk.batch")
         if self._share_to_check is not None and self.state.timestamp.batch_in_epoch == 0:
             self._share_to_check.check(self.accelerator)
@@ -245,6 +254,23 @@ class Speedkit:
             self._check_step_calls()
             self._steps_checked = True
         self._lrs_set = self._learning_rates() if self._schedules else None
+
+    def _check_fresh_start(self) -> None:
+        """Refuse a first step whose optimizer has trained before while speedkit's clock is at its start: a resume
+        that restored the model and optimizer but not ``sk.load_state_dict`` would run ``max_duration`` again from
+        the top (``sk.done`` far off, the schedules, EMA's average and progressive resizing started over)."""
+        if self._fresh_start_checked:
+            return
+        self._fresh_start_checked = True
+        trained = [o for o in self._step_counts if o.state]  # a new optimizer holds no state before its first step
+        if trained and self.state.timestamp.batch == 0:
+            raise HostCannotServeError(
+                f"the optimizer holds state from earlier steps ({type(trained[0]).__name__}: "
+                f"{len(trained[0].state)} parameters' state), but speedkit's clock is at its start: a resumed run "
+                f"would train max_duration={str(self.state.max_duration)!r} again with its schedules and methods "
+                f"started over; restore speedkit's state beside the optimizer's, sk.load_state_dict(saved) with "
+                f"what sk.state_dict() saved, or, for a run that starts afresh from a trained optimizer on "
+                f"purpose, pass Speedkit(..., warm_optimizer=True)")
 
     def _learning_rates(self) -> list:
         return [group["lr"] for optimizer in self.state.optimizers for group in optimizer.param_groups]
@@ -355,6 +381,7 @@ class Speedkit:
     def load_state_dict(self, saved: dict) -> None:
         """Restore :meth:`state_dict`'s output, after prepare_model and prepare_optimizer."""
         self.session.load_state_dict(saved)
+        self._fresh_start_checked = True
 
 
 def _eval_fix(events) -> str:

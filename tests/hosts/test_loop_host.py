@@ -89,6 +89,33 @@ def test_method_state_resumes_through_the_loops_checkpoint():
     assert all(torch.allclose(ema[k], whole_ema[k], atol=1e-7) for k in ema)
 
 
+def test_a_resume_that_restores_the_optimizer_but_not_speedkit_is_refused_at_its_first_step():
+    """Model and optimizer restored from a checkpoint, ``sk.load_state_dict`` forgotten: speedkit's clock would
+    start at 0, so ``while not sk.done`` trains the whole max_duration again, schedules and EMA started over."""
+    train, _ = toy_loaders(batch_size=32, n=128, shuffle=False)
+    model = toy_model()
+    _, first, optimizer = plain_loop(model, train, [EMA(half_life="0.5dur")], steps=4)
+    saved = copy.deepcopy({"model": model.state_dict(), "optimizer": optimizer.state_dict()})
+
+    def resumed(**options):
+        sk = Speedkit([EMA(half_life="0.5dur")], max_duration="8ba", train_dataloader=train, **options)
+        resumed_model = sk.prepare_model(toy_model(seed=1))
+        resumed_optimizer = sk.prepare_optimizer(torch.optim.SGD(resumed_model.parameters(), lr=0.1, momentum=0.9))
+        resumed_model.load_state_dict(saved["model"])
+        resumed_optimizer.load_state_dict(saved["optimizer"])
+        return sk
+
+    sk = resumed()
+    with pytest.raises(HostCannotServeError, match=r"optimizer holds state from earlier steps.*sk.load_state_dict"):
+        sk.batch(next(iter(train)))
+    assert sk.state.timestamp.batch == 0
+    sk = resumed()
+    sk.load_state_dict(first.state_dict())  # the fix: the clock goes on from batch 4
+    sk.batch(next(iter(train)))
+    assert sk.state.timestamp.batch == 4
+    resumed(warm_optimizer=True).batch(next(iter(train)))  # a warm start on purpose
+
+
 def test_a_step_without_the_loss_call_is_refused_with_the_call_to_add():
     train, _ = toy_loaders(batch_size=32, n=64)
     model = toy_model()
