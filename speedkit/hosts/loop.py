@@ -35,8 +35,9 @@ that stepped the optimizer given to ``sk.prepare_optimizer`` instead of the one 
 often than ``sk.step_end()`` counts, or closed with no optimizer step and the gradients kept (accumulating
 without ``accumulation=k``); a step begun after ``max_duration``; a first step whose optimizer trained before
 while speedkit's clock is at its start (a resume that restored the model and optimizer but not
-``sk.load_state_dict``); and, with ``schedules=``, a step without ``sk.batch`` (where the schedule is set) or a
-learning rate something else changed.
+``sk.load_state_dict``); ``sk.state_dict()`` inside ``with sk.evaluating():`` where EMA's average is in the
+model; and, with ``schedules=``, a step without ``sk.batch`` (where the schedule is set) or a learning rate
+something else changed.
 """
 from __future__ import annotations
 
@@ -134,6 +135,7 @@ class Speedkit:
         # an optimizer that trained before speedkit's clock started is a resume without sk.load_state_dict, unless
         # the user says it is a warm start (checked at the first batch: optimizer state may be loaded until then)
         self._fresh_start_checked = warm_optimizer
+        self._evaluating = False  # inside `with sk.evaluating():`, where an average may be swapped into the model
 
     @property
     def state(self):
@@ -346,7 +348,11 @@ class Speedkit:
         The first evaluation must reach the evaluation calls its methods need (test-time augmentation:
         ``sk.eval_outputs``); one that did not is refused when it ends, with the call to add."""
         with self.session.evaluating() as model:
-            yield model
+            self._evaluating = True
+            try:
+                yield model
+            finally:
+                self._evaluating = False
         if not self._eval_checked:
             self._eval_checked = True
             check_evaluation_served(self.session, "this loop's first evaluation", _eval_fix)
@@ -375,7 +381,15 @@ class Speedkit:
 
     # -- checkpoints -----------------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        """The clock and the methods' state; save it with your model and optimizer."""
+        """The clock and the methods' state; save it with your model and optimizer, after an evaluation's
+        ``with sk.evaluating():`` block (inside, the model holds EMA's average: refused)."""
+        averaging = [m.name for m in self.methods if m.evaluates_average()]
+        if self._evaluating and averaging:
+            raise HostCannotServeError(
+                f"sk.state_dict() inside `with sk.evaluating():`, where the model holds {averaging[0]}'s averaged "
+                f"weights in place of the ones training goes on from: a checkpoint taken here would resume training "
+                f"from the average, and the average from the training weights; take the checkpoint after the "
+                f"with-block (a best model to keep, without resuming from it, may be saved inside)")
         return self.session.state_dict()
 
     def load_state_dict(self, saved: dict) -> None:

@@ -116,6 +116,25 @@ def test_a_resume_that_restores_the_optimizer_but_not_speedkit_is_refused_at_its
     resumed(warm_optimizer=True).batch(next(iter(train)))  # a warm start on purpose
 
 
+def test_a_checkpoint_taken_inside_the_evaluation_where_emas_average_is_in_the_model_is_refused():
+    """Inside ``with sk.evaluating():`` the model holds EMA's average and EMA the training weights: a resumable
+    checkpoint taken there would swap them on resume. After the block it holds what training goes on from."""
+    train, _ = toy_loaders(batch_size=32, n=128, shuffle=False)
+    model = toy_model()
+    _, sk, _ = plain_loop(model, train, [EMA(half_life="0.5dur")], steps=4)
+    trained = copy.deepcopy(model.state_dict())
+    with sk.evaluating():
+        assert not all(torch.equal(trained[k], v) for k, v in model.state_dict().items())  # the average is in
+        with pytest.raises(HostCannotServeError, match=r"inside `with sk.evaluating\(\):`.*after the with-block"):
+            sk.state_dict()
+    saved = sk.state_dict()
+    assert all(torch.equal(trained[k], v) for k, v in model.state_dict().items())
+    assert not all(torch.equal(saved["methods"]["ema"]["ema"][k], v) for k, v in trained.items())
+    _, plain, _ = plain_loop(toy_model(), train, [LabelSmoothing(0.1)], steps=2)
+    with plain.evaluating():  # nothing averaged: the model holds its training weights
+        plain.state_dict()
+
+
 def test_a_step_without_the_loss_call_is_refused_with_the_call_to_add():
     train, _ = toy_loaders(batch_size=32, n=64)
     model = toy_model()
