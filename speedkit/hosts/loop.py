@@ -25,24 +25,26 @@
 
 The same Method objects, cards, order and conflict checks as ``speedkit.Trainer``. Epochs follow from
 ``train_dataloader``'s length (or ``batches_per_epoch=``); with Accelerate an epoch is each process's share of
-it. Your own LR scheduler, of any class torch ships, built on ``optimizer`` before ``sk.prepare_optimizer``:
-the groups a method adds (Muon's) follow its lr's relative change. Method state goes into your checkpoint with
-``sk.state_dict()`` and comes back with ``sk.load_state_dict(...)``. A method whose events your step did not
-reach (a missing ``sk.loss`` call, say) is refused after the first step, with the call to add; an optimizer built
-before ``sk.prepare_model`` (which would never train what a surgery added) at ``sk.prepare_optimizer``; a step that
-no ``sk.step_end()`` ended, at the next step's ``sk.batch`` or ``sk.backward`` (or at ``sk.finish()``); a step
-that stepped the optimizer given to ``sk.prepare_optimizer`` instead of the one it returned, or stepped it more
-often than ``sk.step_end()`` counts, or closed with no optimizer step and the gradients kept (accumulating
-without ``accumulation=k``); a step begun after ``max_duration``; a first step whose optimizer trained before
-while speedkit's clock is at its start (a resume that restored the model and optimizer but not
-``sk.load_state_dict``); ``sk.state_dict()`` inside ``with sk.evaluating():`` where EMA's average is in the
-model; and, with ``schedules=``, a step without ``sk.batch`` (where the schedule is set) or a learning rate
-something else changed.
+it. Your own LR scheduler, of any class torch ships, built on ``optimizer`` before ``sk.prepare_optimizer``: the
+groups a method adds (Muon's) follow its lr's relative change. Method state goes into your checkpoint with
+``sk.state_dict()`` and comes back with ``sk.load_state_dict(...)``. A method whose events your step did not reach
+(a missing ``sk.loss`` call, say) is refused after the first step, with the call to add; an optimizer built before
+``sk.prepare_model`` (which would never train what a surgery added) at ``sk.prepare_optimizer``; a step that no
+``sk.step_end()`` ended, at the next step's ``sk.batch`` or ``sk.backward`` (or at ``sk.finish()``); a step that
+stepped the optimizer given to ``sk.prepare_optimizer`` instead of the one it returned, or stepped it more often
+than ``sk.step_end()`` counts, or closed with no optimizer step and the gradients kept (accumulating without
+``accumulation=k``); a step begun after ``max_duration``; a first step whose optimizer trained before while
+speedkit's clock is at its start (a resume that restored the model and optimizer but not ``sk.load_state_dict``); a
+GradScaler stepping the optimizer that speedkit was not given (``grad_scaler=``), where gradient clipping acted on
+the scaled gradients; ``sk.state_dict()`` inside ``with sk.evaluating():`` where EMA's average is in the model;
+and, with ``schedules=``, a step without ``sk.batch`` (where the schedule is set) or a learning rate something else
+changed.
 """
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import sys
 from typing import Callable, Iterable, Sequence
 
 import torch
@@ -94,7 +96,10 @@ class Speedkit:
     ``sk.backward`` (which divides the loss by the step's batches; Accelerate's backward does it itself) and
     ``sk.step_end()`` on every batch, and step the optimizer when :attr:`step_due` (with Accelerate, inside
     ``with accelerator.accumulate(model):``, its prepared optimizer does so itself). Schedules, EMA, gradient
-    clipping, the clock and ``ba``/``ep``/``sp`` durations count optimizer steps. ``warm_optimizer=True``: the
+    clipping, the clock and ``ba``/``ep``/``sp`` durations count optimizer steps. ``grad_scaler``: your fp16
+    loss scaler (``torch.amp.GradScaler``; Accelerate's ``accelerator.scaler`` is taken by itself), which the
+    methods that act on gradients at ``sk.backward`` (gradient clipping) unscale them with first; one stepping the
+    optimizer that speedkit was not given is refused at the first step. ``warm_optimizer=True``: the
     optimizer has trained before, on purpose, and speedkit's run starts at its beginning all the same (without
     it, such an optimizer at the first step is taken for a resume that forgot ``sk.load_state_dict``, and refused).
     """
@@ -103,7 +108,7 @@ class Speedkit:
                  train_dataloader=None, batches_per_epoch: int | None = None, schedules=None,
                  loss_fn: Callable | None = None, accelerator=None, seed: int = 0,
                  loggers: Sequence[LoggerDestination] = (), accumulation: int | None = None,
-                 warm_optimizer: bool = False):
+                 warm_optimizer: bool = False, grad_scaler=None):
         self.accelerator = accelerator
         self.world = int(getattr(accelerator, "num_processes", 1) or 1)
         self.accumulation = _accumulation(accumulation, accelerator)
@@ -119,6 +124,10 @@ class Speedkit:
                                      tokens_per_batch=getattr(train_dataloader, "tokens_per_batch", None),
                                      schedules=schedules, loss_fn=loss_fn, seed=seed, loggers=loggers)
         self.session.world = self.world  # the clock counts the samples of every process
+        # fp16 loss scaling: the methods that act on gradients unscale them first (Accelerate's scaler by itself)
+        grad_scaler = grad_scaler if grad_scaler is not None else getattr(accelerator, "scaler", None)
+        self.session.state.grad_scaler = grad_scaler
+        self._scaler_checked = grad_scaler is not None
         if self.state.max_duration.unit is TimeUnit.EPOCH and not per_epoch:
             # The loop's epochs end by count: without a length, "2ep" would end after two batches.
             raise ValueError(f"max_duration={str(self.state.max_duration)!r} counts epochs, but speedkit cannot tell "
@@ -181,9 +190,26 @@ class Speedkit:
             if isinstance(optimizer, torch.optim.Optimizer) and optimizer not in self._step_counts:
                 self._step_counts[optimizer] = 0
                 optimizer.register_step_post_hook(self._count_step)
+                optimizer.register_step_pre_hook(self._check_grad_scaler)
 
     def _count_step(self, optimizer, *_) -> None:
         self._step_counts[optimizer] += 1
+
+    def _check_grad_scaler(self, *_) -> None:
+        """Before the first optimizer step: refuse a GradScaler speedkit was not given where a method acted on the
+        gradients at sk.backward (gradient clipping), since it acted on them scaled (by 65536 by default): it
+        clipped them to its threshold over the scale, and training all but stopped. The scaler is found on the
+        call stack (``scaler.step(optimizer)`` calls this step), once."""
+        if self._scaler_checked:
+            return
+        self._scaler_checked = True
+        acting = [m.name for m in self.methods if "gradients" in m.CARD.reads and Event.AFTER_BACKWARD in m.CARD.events]
+        if acting and _grad_scaler_stepping() is not None:
+            raise HostCannotServeError(
+                f"a GradScaler steps this optimizer, but {acting[0]} acted on the gradients at sk.backward while they "
+                f"were still scaled (by the loss scale), so it acted on the wrong values; pass the scaler to speedkit, "
+                f"Speedkit(..., grad_scaler=scaler), and {acting[0]} unscales them first (scaler.step then does not "
+                f"unscale them again)")
 
     # -- each step -------------------------------------------------------------------------------------
     def batch(self, batch):
@@ -396,6 +422,16 @@ class Speedkit:
         """Restore :meth:`state_dict`'s output, after prepare_model and prepare_optimizer."""
         self.session.load_state_dict(saved)
         self._fresh_start_checked = True
+
+
+def _grad_scaler_stepping():
+    """The GradScaler whose ``step`` called the optimizer step in progress, or None."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if isinstance(frame.f_locals.get("self"), torch.amp.GradScaler):
+            return frame.f_locals["self"]
+        frame = frame.f_back
+    return None
 
 
 def _eval_fix(events) -> str:

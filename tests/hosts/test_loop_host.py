@@ -4,6 +4,7 @@ the refusals of methods a loop cannot serve."""
 from __future__ import annotations
 
 import copy
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -133,6 +134,48 @@ def test_a_checkpoint_taken_inside_the_evaluation_where_emas_average_is_in_the_m
     _, plain, _ = plain_loop(toy_model(), train, [LabelSmoothing(0.1)], steps=2)
     with plain.evaluating():  # nothing averaged: the model holds its training weights
         plain.state_dict()
+
+
+def test_a_grad_scaler_speedkit_was_not_given_is_refused_before_clipping_steps_scaled_gradients():
+    """fp16's loss scaling in your own loop: gradient clipping at sk.backward sees the gradients times the loss
+    scale. Given the scaler, it unscales them first, and the run is the unscaled run's; not given, the first
+    optimizer step is refused (it would clip to the threshold over 65536, and training all but stop)."""
+    train, _ = toy_loaders(batch_size=32, n=128, shuffle=False)
+
+    def run(scaler, give: bool, accelerated: bool = False):
+        # Accelerate's fp16: its backward scales the loss, and speedkit takes its scaler from it
+        accelerator = SimpleNamespace(scaler=scaler, backward=lambda loss: scaler.scale(loss).backward())
+        sk = Speedkit([GradientClipping(clipping_type="norm", clipping_threshold=0.5)], max_duration="6ba",
+                      train_dataloader=train, grad_scaler=scaler if give else None,
+                      accelerator=accelerator if accelerated else None)
+        model = sk.prepare_model(toy_model())
+        optimizer = sk.prepare_optimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+        while not sk.done:
+            for batch in train:
+                batch = sk.batch(batch)
+                loss = sk.loss(model(batch[0]), batch)
+                if scaler is None:
+                    sk.backward(loss)
+                    optimizer.step()
+                else:
+                    sk.backward(loss if accelerated else scaler.scale(loss))
+                    scaler.step(optimizer)
+                    scaler.update()
+                optimizer.zero_grad()
+                sk.step_end()
+                if sk.done:
+                    break
+        return model
+
+    def scaler():
+        return torch.amp.GradScaler("cpu", init_scale=2.0 ** 16)
+
+    with pytest.raises(HostCannotServeError, match=r"GradScaler.*gradient_clipping.*grad_scaler=scaler"):
+        run(scaler(), give=False)
+    unscaled = run(None, give=False)
+    for scaled in (run(scaler(), give=True), run(scaler(), give=False, accelerated=True)):
+        for (name, ours), theirs in zip(scaled.state_dict().items(), unscaled.state_dict().values()):
+            assert torch.allclose(ours, theirs, atol=1e-6), name
 
 
 def test_a_step_without_the_loss_call_is_refused_with_the_call_to_add():
