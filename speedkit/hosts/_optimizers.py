@@ -170,3 +170,21 @@ def gradients_kept(optimizers) -> bool:
              if p.grad is not None]
     return (bool(grads) and all(bool(grad.isfinite().all()) for grad in grads)
             and any(bool(grad.any()) for grad in grads))
+
+
+class StepScaler:
+    """A user's fp16 GradScaler as the methods see it (``state.grad_scaler``): ``unscale_`` of any optimizer
+    unscales the one the scaler steps, once a step. A method unscales the optimizers it knows, which are an
+    OptimizerGroup's members where Muon split the user's optimizer; ``scaler.step(group)`` would then find the
+    group itself not unscaled and divide its gradients by the scale again. ``step_ended`` after each step."""
+
+    def __init__(self, scaler, stepped: torch.optim.Optimizer):
+        self.scaler, self.stepped, self.unscaled = scaler, stepped, False
+
+    def unscale_(self, optimizer=None) -> None:
+        if not self.unscaled:
+            self.scaler.unscale_(self.stepped)
+            self.unscaled = True
+
+    def step_ended(self) -> None:
+        self.unscaled = False

@@ -24,7 +24,9 @@ Trainer's ``max_steps`` (from ``num_train_epochs`` when ``max_steps`` is not set
 ``TrainingArguments(gradient_accumulation_steps=k)`` each loader batch is a microbatch, as in
 ``speedkit.Trainer(grad_accum=k)``: the batch and loss events run on each (``on_substep_end`` closes one), while
 BATCH_START (schedules), AFTER_BACKWARD (gradient clipping), AFTER_TRAIN_BATCH (EMA) and the clock count optimizer
-steps, and each microbatch's mean loss is divided by the step's microbatches.
+steps, and each microbatch's mean loss is divided by the step's microbatches. With ``fp16=True`` the gradients
+are still scaled at ``on_pre_optimizer_step``: gradient clipping unscales them first with accelerate's scaler,
+once (its step then does not).
 
 ``SpeedkitCallback`` alone, in a plain ``transformers.Trainer(callbacks=[...])``, serves what callbacks see
 (surgery at ``on_init_end``, per-step and per-epoch methods, gradient methods) and refuses, before training,
@@ -51,7 +53,7 @@ import transformers
 
 from speedkit.core import Event, Method
 from speedkit.hosts._checks import refuse_double_clipping
-from speedkit.hosts._optimizers import as_one_optimizer
+from speedkit.hosts._optimizers import StepScaler, as_one_optimizer
 from speedkit.hosts.session import Host, HostCannotServeError, MethodSession
 from speedkit.methods.ema import load_weights, model_tensors
 from speedkit.models.pretrained import saved_surgeries
@@ -132,6 +134,10 @@ class SpeedkitCallback(transformers.TrainerCallback):
                             batches_per_epoch=_steps_per_epoch(args, train_dataloader))
         if not session.fit_started:  # alone: the optimizer as the Trainer built it (methods may not replace it)
             session.fit_start([optimizer.optimizer if hasattr(optimizer, "optimizer") else optimizer], train_dataloader)
+        if getattr(optimizer, "scaler", None) is not None:
+            # fp16: the gradients are still scaled at on_pre_optimizer_step (accelerate unscales them in its step,
+            # unless max_grad_norm clipped first), so the methods acting on them unscale them first, once
+            session.state.grad_scaler = StepScaler(optimizer.scaler, optimizer.optimizer)
 
     def on_epoch_begin(self, args, state, control, **kwargs):
         self.session.epoch_start()
@@ -147,6 +153,8 @@ class SpeedkitCallback(transformers.TrainerCallback):
 
     def on_step_end(self, args, state, control, **kwargs):
         self.session.batch_end()
+        if self.session.state.grad_scaler is not None:
+            self.session.state.grad_scaler.step_ended()
 
     def on_epoch_end(self, args, state, control, **kwargs):
         self.session.epoch_end()

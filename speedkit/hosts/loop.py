@@ -51,7 +51,7 @@ import torch
 
 from speedkit.core import Event, Method, Time, TimeUnit
 from speedkit.hosts._checks import check_evaluation_served
-from speedkit.hosts._optimizers import (as_one_optimizer, follow_user_schedule, gradients_kept,
+from speedkit.hosts._optimizers import (StepScaler, as_one_optimizer, follow_user_schedule, gradients_kept,
                                         refuse_two_schedules)
 from speedkit.hosts.session import STEP_EVENTS, Host, HostCannotServeError, MethodSession
 from speedkit.record.loggers import LoggerDestination
@@ -125,9 +125,8 @@ class Speedkit:
                                      schedules=schedules, loss_fn=loss_fn, seed=seed, loggers=loggers)
         self.session.world = self.world  # the clock counts the samples of every process
         # fp16 loss scaling: the methods that act on gradients unscale them first (Accelerate's scaler by itself)
-        grad_scaler = grad_scaler if grad_scaler is not None else getattr(accelerator, "scaler", None)
-        self.session.state.grad_scaler = grad_scaler
-        self._scaler_checked = grad_scaler is not None
+        self._grad_scaler = grad_scaler if grad_scaler is not None else getattr(accelerator, "scaler", None)
+        self._scaler_checked = self._grad_scaler is not None
         if self.state.max_duration.unit is TimeUnit.EPOCH and not per_epoch:
             # The loop's epochs end by count: without a length, "2ep" would end after two batches.
             raise ValueError(f"max_duration={str(self.state.max_duration)!r} counts epochs, but speedkit cannot tell "
@@ -180,7 +179,10 @@ class Speedkit:
         # follow its lr's relative change. speedkit's own schedules set every group, Muon's included.
         self._follow = None if self._schedules else follow_user_schedule(given, optimizers)
         self._count_steps([*given, *optimizers])
-        return as_one_optimizer(optimizers)
+        stepped = as_one_optimizer(optimizers)
+        if self._grad_scaler is not None:  # what `scaler.step(optimizer)` steps: the one returned here
+            self.session.state.grad_scaler = StepScaler(self._grad_scaler, stepped)
+        return stepped
 
     def _count_steps(self, optimizers) -> None:
         """Count each optimizer's step() calls (the user's and those the methods made of them), so that
@@ -276,6 +278,8 @@ class Speedkit:
             self.session.microbatch_end()
             return
         self.session.batch_end()
+        if self.session.state.grad_scaler is not None:
+            self.session.state.grad_scaler.step_ended()
         if self._follow is not None:  # for a step without sk.batch; sk.batch follows again after scheduler.step()
             self._follow()
         if not self._steps_checked:

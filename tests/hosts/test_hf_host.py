@@ -149,3 +149,46 @@ def test_gradient_accumulation_equals_the_whole_batch_on_a_model_that_computes_i
     assert clock.batch == updates == whole_updates == 6 and clock.sample == 48
     for key, value in whole.state_dict().items():
         torch.testing.assert_close(accumulated.state_dict()[key], value, rtol=1e-4, atol=1e-5, msg=key)
+
+
+def test_gradient_clipping_under_fp16_unscales_the_gradients_once_before_it_clips(tmp_path):
+    """TrainingArguments(fp16=True) with speedkit's gradient clipping (which needs max_grad_norm=0): the gradients
+    are still scaled at on_pre_optimizer_step, where the callback clips them, since accelerate unscales them only in
+    its step. The callback unscales them first with accelerate's scaler (once; the scaler's step then does not), so
+    the run is the unscaled run's. fp16 needs a GPU in the Trainer: here its hooks are driven as it drives them,
+    with a GradScaler on the CPU where accelerate's would be."""
+    from types import SimpleNamespace
+
+    from speedkit.methods import GradientClipping
+
+    args = arguments(tmp_path, max_steps=4, max_grad_norm=0)
+
+    def run(scaler):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+        data = torch.utils.data.TensorDataset(torch.randn(32, 8), torch.randint(0, 3, (32,)))
+        loader = torch.utils.data.DataLoader(data, batch_size=8)
+        sgd = torch.optim.SGD(model.parameters(), lr=0.5)
+        accelerated = SimpleNamespace(optimizer=sgd, scaler=scaler)  # what accelerate's prepared optimizer holds
+        callback, state = SpeedkitCallback([GradientClipping(clipping_threshold=0.05)]), transformers.TrainerState()
+        state.max_steps = 4
+        control = transformers.TrainerControl()
+        callback.on_init_end(args, state, control, model=model)
+        callback.on_train_begin(args, state, control, model=model, optimizer=accelerated, train_dataloader=loader)
+        for x, y in loader:
+            callback.on_step_begin(args, state, control)
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            (loss if scaler is None else scaler.scale(loss)).backward()
+            callback.on_pre_optimizer_step(args, state, control)
+            if scaler is None:
+                sgd.step()
+            else:
+                scaler.step(sgd)
+                scaler.update()
+            sgd.zero_grad()
+            callback.on_step_end(args, state, control)
+        return model
+
+    plain, scaled = run(None), run(torch.amp.GradScaler("cpu", init_scale=2.0 ** 16))
+    for ours, theirs in zip(scaled.state_dict().values(), plain.state_dict().values()):
+        assert torch.allclose(ours, theirs, atol=1e-6)

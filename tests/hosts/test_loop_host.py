@@ -136,16 +136,19 @@ def test_a_checkpoint_taken_inside_the_evaluation_where_emas_average_is_in_the_m
         plain.state_dict()
 
 
-def test_a_grad_scaler_speedkit_was_not_given_is_refused_before_clipping_steps_scaled_gradients():
+@pytest.mark.parametrize("muon", [False, True], ids=["sgd", "muon-group"])
+def test_a_grad_scaler_speedkit_was_not_given_is_refused_before_clipping_steps_scaled_gradients(muon):
     """fp16's loss scaling in your own loop: gradient clipping at sk.backward sees the gradients times the loss
-    scale. Given the scaler, it unscales them first, and the run is the unscaled run's; not given, the first
-    optimizer step is refused (it would clip to the threshold over 65536, and training all but stop)."""
+    scale. Given the scaler, it unscales them first, and the run is the unscaled run's (with Muon's optimizer
+    group too, which the scaler steps as one: unscaled once); not given, the first optimizer step is refused (it
+    would clip to the threshold over 65536, and training all but stop)."""
     train, _ = toy_loaders(batch_size=32, n=128, shuffle=False)
 
     def run(scaler, give: bool, accelerated: bool = False):
         # Accelerate's fp16: its backward scales the loss, and speedkit takes its scaler from it
         accelerator = SimpleNamespace(scaler=scaler, backward=lambda loss: scaler.scale(loss).backward())
-        sk = Speedkit([GradientClipping(clipping_type="norm", clipping_threshold=0.5)], max_duration="6ba",
+        methods = [GradientClipping(clipping_type="norm", clipping_threshold=0.5), *([Muon()] if muon else [])]
+        sk = Speedkit(methods, max_duration="6ba",
                       train_dataloader=train, grad_scaler=scaler if give else None,
                       accelerator=accelerator if accelerated else None)
         model = sk.prepare_model(toy_model())
