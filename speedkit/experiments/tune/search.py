@@ -23,13 +23,14 @@ from speedkit.core.seeding import process_seed
 from speedkit.core.time import scaled_duration
 from speedkit.data.identity import data_identity
 from speedkit.experiments.baseline_plan import BaselinePlan, Outcome, Point, answer, run_plan
-from speedkit.experiments.measure import budget_scale, finished_runs, refuse_planned
+from speedkit.experiments.measure import budget_scale, refuse_planned
 from speedkit.experiments.tune.objective import (USER_STOP, TrialContext, resolve_runner, score_record,
                                                  train_and_store)
 from speedkit.experiments.tune.space import SearchSpace, TuneInputError, describe_change, recipe_params, suggest_recipe
 from speedkit.experiments.tune.storage import (BASELINE_LOCK, BASELINE_RUNS, START_LOCK, FolderLock, finished_trials,
                                                open_storage, optuna_module, read_plan, requeue, started_trials,
                                                worker_id)
+from speedkit.record.runs import RunRecord
 
 BASE_START = "baseline"  # where the base recipe's own run came from: the baseline plan's first run
 SEARCH_SEED = 0  # every trial's seed; the confirmation's are fresh (1, 2, 3)
@@ -572,12 +573,23 @@ def plan_recipe(config: TuneConfig, point: Point, name: str):
 
 def baseline_runs(config: TuneConfig, study) -> list[BaselineRun]:
     """The baseline plan's runs the search study lists, in order, each with its RunRecord from the run folder
-    (``measure.finished_runs``: one whose record is gone is left out, and runs again)."""
-    entries = study.user_attrs.get(BASELINE_RUNS, [])
-    listed = {entry["run"] for entry in entries}
-    records = finished_runs(config.settings.run.run_dir, lambda r: r.run_id if r.run_id in listed else None)
-    return [_baseline_run(config, entry, records.get(entry["run"])) for entry in entries
-            if entry["failed"] or entry["run"] in records]
+    (one whose record is gone is left out, and runs again). Read at every search trial, so each record is read
+    from where it was written, not found among every run of the folder."""
+    runs = []
+    for entry in study.user_attrs.get(BASELINE_RUNS, []):
+        record = None if entry["failed"] else _listed_record(config, entry)
+        if entry["failed"] or record is not None:
+            runs.append(_baseline_run(config, entry, record))
+    return runs
+
+
+def _listed_record(config: TuneConfig, entry: dict) -> RunRecord | None:
+    """A listed run's RunRecord as it finished; None where it is gone, or a later run of its name replaced it."""
+    try:
+        record = RunRecord.load(Path(config.settings.run.run_dir) / entry["name"] / "record.json")
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return record if record.run_id == entry["run"] and record.status != "failed" else None
 
 
 def _baseline_run(config: TuneConfig, entry: dict, record) -> BaselineRun:
