@@ -241,6 +241,8 @@ def summarize_leave_one_out(config: TuneConfig, winner: dict | None, baseline: d
     rows = {key[len(prefix):]: {"run": record.name, "time_without_s": record.time_to(config.metric, config.target),
                                 "final_metric": record.best(config.metric)}
             for (key, run_seed), record in runs.items() if key.startswith(prefix) and run_seed == seed}
+    if not rows:  # no leave-one-out ran (not asked for, or stopped before its first run)
+        return {}
     return json_safe(leave_one_out_summary(
         run_name_for(config, winner["key"], seed), winner["times_s"][0], winner["finals"][0], rows,
         baseline["times_s"][0] if baseline else None, recipe=winner["recipe"]["name"], seed=seed,
