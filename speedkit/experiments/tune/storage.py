@@ -91,7 +91,7 @@ def _fail_dead(study, storage, unmarked_are_dead: bool) -> list[int]:
 
 
 # what a queued trial was given to say what it is (its seed, where it came from); a retry keeps them
-QUEUED_ATTRS = ("seed", "repeat_of", "start_from", "plan", "move", "proposed")
+QUEUED_ATTRS = ("seed", "repeat_of", "start_from", "move", "proposed")
 
 
 def requeue(study, trial) -> None:
