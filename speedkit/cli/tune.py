@@ -45,7 +45,7 @@ def add_parser(commands) -> None:
                       help="fresh seeds the winner is confirmed on (fewer where the budget holds no more; default 3)")
     tune.add_argument("--trial-limit", help="most training time of one trial (default: a fifth of the budget)")
     tune.add_argument("--max-trials", type=int, help="stop the search after this many trials")
-    tune.add_argument("--max-baseline-trials", type=int, help="stop tuning the baseline after this many trials")
+    tune.add_argument("--max-baseline-trials", type=int, help="stop tuning the baseline after this many runs")
     tune.add_argument("--pruner", default="halving", choices=["halving", "hyperband", "median", "none"],
                       help="stops trials that fall behind at an evaluation (successive halving by default)")
     tune.add_argument("--no-hparams", action="store_true", help="methods on/off only, each at its card's defaults")

@@ -33,12 +33,12 @@ groups a method adds (Muon's) follow its lr's relative change. Method state goes
 ``sk.step_end()`` ended, at the next step's ``sk.batch`` or ``sk.backward`` (or at ``sk.finish()``); a step that
 stepped the optimizer given to ``sk.prepare_optimizer`` instead of the one it returned, or stepped it more often
 than ``sk.step_end()`` counts, or closed with no optimizer step and the gradients kept (accumulating without
-``accumulation=k``); a step begun after ``max_duration``; a first step whose optimizer trained before while
-speedkit's clock is at its start (a resume that restored the model and optimizer but not ``sk.load_state_dict``); a
-GradScaler stepping the optimizer that speedkit was not given (``grad_scaler=``), where gradient clipping acted on
-the scaled gradients; ``sk.state_dict()`` inside ``with sk.evaluating():`` where EMA's average is in the model;
-and, with ``schedules=``, a step without ``sk.batch`` (where the schedule is set) or a learning rate something else
-changed.
+``accumulation=k``), or, with it, a loss divided by k before ``sk.backward``, which divides it itself; a step begun
+after ``max_duration``; a first step whose optimizer trained before while speedkit's clock is at its start (a
+resume that restored the model and optimizer but not ``sk.load_state_dict``); a GradScaler stepping the optimizer
+that speedkit was not given (``grad_scaler=``), where gradient clipping acted on the scaled gradients;
+``sk.state_dict()`` inside ``with sk.evaluating():`` where EMA's average is in the model; and, with ``schedules=``,
+a step without ``sk.batch`` (where the schedule is set) or a learning rate something else changed.
 """
 from __future__ import annotations
 
@@ -144,6 +144,8 @@ class Speedkit:
         # the user says it is a warm start (checked at the first batch: optimizer state may be loaded until then)
         self._fresh_start_checked = warm_optimizer
         self._evaluating = False  # inside `with sk.evaluating():`, where an average may be swapped into the model
+        # sk.loss's loss, until the first accumulated sk.backward has compared the loss it was given with it
+        self._loss_given, self._loss_checked = None, False
 
     @property
     def state(self):
@@ -231,12 +233,18 @@ class Speedkit:
     def loss(self, outputs, batch=None, loss_fn: Callable | None = None) -> torch.Tensor:
         """The loss of ``outputs`` on ``batch`` (the one :meth:`batch` returned), with the label methods applied
         (label smoothing, mixup's mixed labels). ``loss_fn(logits, targets)``, default cross-entropy."""
-        return self.session.compute_loss(outputs, batch, loss_fn)
+        loss = self.session.compute_loss(outputs, batch, loss_fn)
+        if self.accumulation > 1 and not self._loss_checked:
+            self._loss_given = loss
+        return loss
 
     def backward(self, loss: torch.Tensor, backward: Callable | None = None) -> None:
         """BEFORE_BACKWARD, ``backward(loss)`` (default ``loss.backward()``; Accelerate's is used when given),
         then AFTER_BACKWARD (gradient clipping)."""
         self._open_step("sk.backward(loss)")
+        if self._loss_given is not None:
+            self._loss_checked = True
+            self._refuse_loss_divided(loss)
         self.session.before_backward()
         if backward is None:
             backward = self.accelerator.backward if self.accelerator is not None else torch.Tensor.backward
@@ -244,6 +252,20 @@ class Speedkit:
             loss = loss / self._microbatches_in_step()
         backward(loss)
         self.session.after_backward(last_microbatch=self.step_due if self.accumulation > 1 else None)
+
+    def _refuse_loss_divided(self, loss: torch.Tensor) -> None:
+        """Refuse, at the first accumulated step, a loss the user divided by the accumulation steps before
+        ``sk.backward``, which divides it (or Accelerate's backward does): divided twice, every gradient is k times
+        too small, as if the learning rate were. One read of two numbers, once."""
+        given, self._loss_given = self._loss_given, None
+        if loss is given or loss.numel() != 1 or given.numel() != 1:
+            return
+        k, given_value = self._microbatches_in_step(), float(given.detach())
+        if given_value and abs(float(loss.detach()) * k / given_value - 1) < 1e-4:
+            raise HostCannotServeError(
+                f"the loss given to sk.backward is sk.loss's divided by {k}, the step's batches, which sk.backward "
+                f"divides it by itself (accumulation={self.accumulation}; with Accelerate, its backward does): divided "
+                f"twice, every gradient is {k} times too small; pass sk.loss's loss as it is")
 
     @property
     def step_due(self) -> bool:

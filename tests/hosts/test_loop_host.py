@@ -396,6 +396,25 @@ def test_accumulating_gradients_without_telling_speedkit_is_refused():
         sk.step_end()
 
 
+def test_a_loss_divided_by_the_accumulation_steps_before_sk_backward_is_refused():
+    """A hand-written accumulation divides the loss by k; ported to Speedkit(accumulation=k), whose sk.backward
+    divides it too, the division left in made every gradient k times too small. Refused at the first backward;
+    the loss as sk.loss gives it (or another loss built on it) goes through."""
+    train, _ = toy_loaders(batch_size=16, n=64)
+
+    def first_backward(change):
+        sk = Speedkit([LabelSmoothing(0.1)], max_duration="2ba", train_dataloader=train, accumulation=2)
+        model = sk.prepare_model(toy_model())
+        sk.prepare_optimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+        batch = sk.batch(next(iter(train)))
+        sk.backward(change(sk.loss(model(batch[0]), batch)))
+
+    with pytest.raises(HostCannotServeError, match=r"divided by 2.*pass sk.loss's loss as it is"):
+        first_backward(lambda loss: loss / 2)
+    first_backward(lambda loss: loss)
+    first_backward(lambda loss: loss + 0.01 * loss.detach())  # an extra term: not the division
+
+
 def test_a_step_past_max_duration_is_refused():
     """Schedules and half-lives are shares of max_duration; a loop that trains on past it (epochs counted by
     itself) went on at the schedule's end value without a word."""
