@@ -53,7 +53,7 @@ from speedkit.core import Event, Method, Time, TimeUnit
 from speedkit.hosts._checks import check_evaluation_served
 from speedkit.hosts._optimizers import (StepScaler, as_one_optimizer, follow_user_schedule, gradients_kept,
                                         refuse_two_schedules)
-from speedkit.hosts.session import STEP_EVENTS, Host, HostCannotServeError, MethodSession
+from speedkit.hosts.session import Host, HostCannotServeError, MethodSession
 from speedkit.record.loggers import LoggerDestination
 
 _STEP_CALLS = {  # event -> the call in the user's step that runs it
