@@ -625,8 +625,6 @@ def run_baseline_plan(config: TuneConfig, study, runner, should_stop=None, log=p
     gate = FolderLock(config.settings.out_dir, BASELINE_LOCK)
     if answer_decided(config, study) or not gate.try_acquire():
         return
-    from speedkit.experiments.report import proposal
-
     try:
         runs, plan = baseline_runs(config, study), baseline_plan(config)
 
@@ -640,7 +638,7 @@ def run_baseline_plan(config: TuneConfig, study, runner, should_stop=None, log=p
             attrs, reached = done.attrs, done.outcome.time_to_target_s
             what = attrs["failed"] or (f"reached at {reached:.1f}s" if reached is not None
                                        else f"missed (best {attrs['final']})")
-            log(f"  baseline plan #{done.number} [{proposal(attrs)}]: {attrs['change'] or 'the base'} -> {what}")
+            log(f"  baseline plan #{done.number}: lr {point.lr:g}, {point.budget} on seed {point.seed} -> {what}")
             return done.outcome
 
         run_plan(plan, [r.outcome for r in runs], run)
