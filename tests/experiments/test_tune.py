@@ -555,7 +555,8 @@ def test_cli_tune_writes_recipe_and_report(tmp_path, capsys, fake_env):
     assert summary["target"]["value"] == 0.92
     assert summary["base"]["name"] == "plain-bf16"  # the task's strongest baseline, unless --base names another
     # no --leave-one-out: no table of it, not an empty one under the winner
-    assert summary["confirmation"]["leave_one_out"] == {} and "leave-one-out" not in (tmp_path / "report.md").read_text()
+    assert summary["confirmation"]["leave_one_out"] == {}
+    assert "leave-one-out" not in (tmp_path / "report.md").read_text()
     prior = json.loads((tmp_path / "tune_config.json").read_text())["move_prior"]  # the benchmark's leave-one-out
     assert prior["muon"] is None and prior["label_smoothing"] > 1
     config = TuneConfig.load(tmp_path / "tune_config.json")  # what a worker process reads: the settings, concrete
