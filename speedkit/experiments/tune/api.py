@@ -15,13 +15,13 @@ from speedkit.experiments.tune.confirm import (confirm_candidates, confirm_seeds
                                                plan_confirmation, run_budget_search, run_confirmation,
                                                run_leave_one_out, summarize_confirmation)
 from speedkit.experiments.tune.objective import resolve_runner, runner_path
-from speedkit.experiments.tune.search import (BASELINE_LOCK, PRUNERS, SEARCH_SEED, TuneConfig, TuneSettings,
-                                              baseline_runs, check_same_search, load_study, logged_metrics,
-                                              parse_budget, refused_methods, resolve_target, run_phases,
-                                              search_limits, standings, start_workers)
+from speedkit.experiments.tune.search import (PRUNERS, SEARCH_SEED, TuneConfig, TuneSettings, baseline_runs,
+                                              check_same_search, load_study, logged_metrics, parse_budget,
+                                              refused_methods, resolve_target, run_phases, search_limits, standings,
+                                              start_workers)
 from speedkit.experiments.tune.space import (TuneInputError, candidate_methods, describe_limit,
                                              fit_hparams_to_model, full_space, probe_surgery, resolve_methods)
-from speedkit.experiments.tune.storage import (ANSWER_LOCK, FolderLock, fail_dead_trials, open_storage,
+from speedkit.experiments.tune.storage import (ANSWER_LOCK, BASELINE_LOCK, FolderLock, fail_dead_trials, open_storage,
                                                optuna_module, spent_before_s, storage_url, update_plan,
                                                wait_for_running_trials)
 
