@@ -428,12 +428,12 @@ def write_figures(out_dir: str | Path, key: str, entry: dict, records: Sequence[
 
 
 # == the search (speedkit tune) ==================================================================
-def reached_entry(config, winner: dict) -> dict:
-    """The recipe's ``reached``: what the confirmation runs measured, in the presets' format."""
+def reached_entry(config, entry: dict) -> dict:
+    """The recipe's ``reached``: what its confirmation runs (its summary entry) measured, in the presets' format."""
     fraction = config.settings.run.data_fraction
     return {"metric": config.metric, "target": config.target,
-            "seeds_reached": f"{winner['seeds_reached']}/{len(winner['seeds'])}",
-            "time_to_target_s": winner["median_s"], "final": winner["median_final"],
+            "seeds_reached": f"{entry['reached']}/{len(entry['time_to_target_s'])}",
+            "time_to_target_s": entry["median_time_to_target_s"], "final": median_or_none(entry["final_metric"]),
             "profile": f"speedkit tune, data_fraction {fraction}, device {config.settings.run.device}",
             "machine": machine_text(environment()),
             "date": _dt.date.today().isoformat()}
@@ -447,7 +447,7 @@ BASELINE_NAME = "tune-baseline"  # the baseline the speed-up is measured against
 def winner_recipe(config, summary: dict):
     """The confirmed winner as a Recipe (with ``reached`` filled from measurement), or None."""
     confirmation = summary["confirmation"]
-    row = next((r for r in confirmation["candidates"] if r["key"] == confirmation.get("winner")), None)
+    row = confirmation["recipes"].get(confirmation["best_recipe"])
     if row is None:
         return None
     settings = config.settings
@@ -465,8 +465,8 @@ def baseline_recipe(config, summary: dict):
 
 
 def reference_baseline(confirmation: dict) -> dict:
-    """The confirmation's row of the baseline the speed-up is measured against."""
-    return next(r for r in confirmation["candidates"] if r["key"] == confirmation["baseline"])
+    """The confirmation's entry of the baseline the speed-up is measured against."""
+    return confirmation["baselines"][confirmation["strongest_baseline"]]
 
 
 def confirmed_recipe(config, row: dict, name: str, summary: str):
@@ -557,12 +557,10 @@ def baseline_shortfall(summary: dict) -> str | None:
     """What to rerun with when the tuned baseline never reached the target: a speed-up is a ratio of times to a
     target both reach, so against one the baseline misses there is nothing to measure (a folder task's default
     target, set before anyone saw its data, can be out of the baseline's reach there)."""
-    from speedkit.experiments.tune.confirm import BASELINE_ROLE_NAMES
-
     runs = [t for t in summary["trials"] if t["phase"] == "baseline" and t["state"] == "complete"
             and t["final"] is not None]
-    confirmed = [r for r in summary["confirmation"]["candidates"] if r["role"] in BASELINE_ROLE_NAMES]
-    if not runs or any(t["time_to_target_s"] is not None for t in runs) or any(r["seeds_reached"] for r in confirmed):
+    confirmed = summary["confirmation"]["baselines"].values()
+    if not runs or any(t["time_to_target_s"] is not None for t in runs) or any(r["reached"] for r in confirmed):
         return None
     metric, target = summary["target"]["metric"], summary["target"]["value"]
     finals = [t["final"] for t in runs]
@@ -620,29 +618,30 @@ def spent_line(time: dict) -> str:
                                         if workers > 1 else "")
 
 
-def _row_mark(row: dict, confirmation: dict) -> str:
-    """The confirmation table's mark: which row won (the runner-up or a longer budget can) and which baseline
-    the speed-up is measured against."""
-    if row["key"] == confirmation.get("winner"):
+def _row_mark(key: str, row: dict, confirmation: dict) -> str:
+    """The confirmation table's mark: which candidate won (the runner-up or a longer budget can) and which
+    baseline the speed-up is measured against."""
+    if key == confirmation["best_recipe"]:
         return "" if row["role"] == "winner" else " (winner)"
-    return " (reference)" if row["key"] == reference_baseline(confirmation)["key"] else ""
+    return " (reference)" if key == confirmation["strongest_baseline"] else ""
 
 
 def _confirmation_lines(confirmation: dict, recipe_path, config) -> list[str]:
     seeds = confirmation["seeds"]
     lines = [f"## Confirmation on seeds {seeds}", "", *markdown_table(
         ["candidate", "reached", "median time (s)", "times (s)", "median final", "change"],
-        ([f"{row['role']}{_row_mark(row, confirmation)}", f"{row['seeds_reached']}/{len(seeds)}",
-          _num(row["median_s"]), ", ".join(_num(t) for t in row["times_s"]), _num(row["median_final"], 4),
-          row["change"]] for row in confirmation["candidates"])), ""]
+        ([f"{row['role']}{_row_mark(key, row, confirmation)}", f"{row['reached']}/{len(seeds)}",
+          _num(row["median_time_to_target_s"]), ", ".join(_num(t) for t in row["time_to_target_s"]),
+          _num(median_or_none(row["final_metric"]), 4), row["change"]]
+         for key, row in {**confirmation["baselines"], **confirmation["recipes"]}.items())), ""]
     asked = config.settings.seeds_to_confirm
     if len(seeds) < asked:
         lines += [f"Confirmed on {len(seeds)} of the {asked} seeds asked for: the budget held no "
                   f"more beside the search; a longer budget confirms on every seed.", ""]
-    if confirmation.get("winner") is None:
+    if confirmation["best_recipe"] is None:
         lines.append("No search candidate reached the target on every seed: no recipe is called the winner.")
     else:
-        pairs = ", ".join(_num(s, 2) for s in confirmation["speedups"] or [])
+        pairs = ", ".join(_num(s, 2) for s in confirmation["recipes"][confirmation["best_recipe"]]["speedup"])
         lines.append(f"Speed-up over the {reference_baseline(confirmation)['role']} (the faster baseline on these "
                      f"seeds; paired by seed): median "
                      f"**{_num(confirmation['speedup_median'], 2)}x** ({pairs}).")

@@ -35,9 +35,8 @@ def _bench_ablations(monkeypatch, recipe, reference) -> dict[str, tuple]:
 def _tune_ablations(monkeypatch, recipe) -> dict[str, tuple]:
     """{method: (recipe, config["ablation"])} of the search's leave-one-out of its confirmed winner."""
     ran = {}
-    winner = {"key": "search:7", "recipe": recipe.to_dict()}
-    monkeypatch.setattr(confirm, "summarize_confirmation", lambda config, study: {"candidates": [winner],
-                                                                                   "winner": "search:7"})
+    confirmation = {"recipes": {"search:7": {"recipe": recipe.to_dict()}}, "best_recipe": "search:7"}
+    monkeypatch.setattr(confirm, "summarize_confirmation", lambda config, study: confirmation)
     monkeypatch.setattr(confirm, "_confirmed", lambda config, study, candidates=None: {})  # none ran yet
     monkeypatch.setattr(confirm, "run_name_for", lambda config, key, seed: "full")
 
@@ -99,9 +98,12 @@ def test_bench_and_tune_summarise_leave_one_out_as_one_table_and_the_search_stor
     # the search's confirmation runs, as confirm.confirmed_runs finds them: by (candidate, seed)
     runs = {("loo:search:3:label_smoothing", 1): ablations[0], ("loo:search:3:ema", 1): ablations[1],
             ("loo:search:3:ema", 2): record("other-seed", 1.0)}
-    winner = {"key": "search:3", "seeds": [1], "times_s": [4.0], "finals": [0.95], "recipe": {"name": "tune-winner"}}
+    confirmation = {"seeds": [1], "strongest_baseline": "baseline:0",
+                    "baselines": {"baseline:0": {"time_to_target_s": [8.0]}},
+                    "recipes": {"search:3": {"time_to_target_s": [4.0], "final_metric": [0.95],
+                                             "recipe": {"name": "tune-winner"}}}}
     config = SimpleNamespace(settings=SimpleNamespace(study_name="tune"), metric="eval/accuracy", target=0.9)
-    tune = confirm.summarize_leave_one_out(config, winner, {"times_s": [8.0]}, runs)
+    tune = confirm.summarize_leave_one_out(config, "search:3", confirmation, runs)
     assert board["label_smoothing"]["slowdown"] == bench["parts"]["label_smoothing"]["slowdown"] == 1.5
     assert tune["parts"]["label_smoothing"]["slowdown"] == 1.5
     assert tune["parts"]["label_smoothing"]["share"] == math.log(1.5) / math.log(8.0 / 4.0)  # of 2x over the baseline

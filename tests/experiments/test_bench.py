@@ -169,9 +169,9 @@ def test_best_recipe_ranks_a_never_reached_seed_as_slowest():
 def test_bench_and_tune_judge_the_strongest_baseline_by_one_tie_rule():
     """Equal median times (a missed seed counting as infinitely slow): more seeds reached wins, then the better
     final metric. The old rules split here: the benchmark went straight to the final metric, the search took
-    more seeds but then the first given."""
+    more seeds but then the first given; now both judge through speedkit.experiments.summary.judge."""
     from speedkit.experiments.compare import fastest
-    from speedkit.experiments.tune.confirm import _judge as tune_judge
+    from speedkit.experiments.summary import judge
 
     more_seeds = {"baseline": ([10.0, 10.0, None], [0.95] * 3), "plain": ([10.0, 10.0, 10.0], [0.93] * 3)}
     better_final = {"baseline": ([10.0, 12.0], [0.92] * 2), "plain": ([12.0, 10.0], [0.94] * 2)}
@@ -179,9 +179,9 @@ def test_bench_and_tune_judge_the_strongest_baseline_by_one_tie_rule():
                            recipes=("baseline", "plain"))
     for runs in (more_seeds, better_final):
         assert fastest(runs, "eval/accuracy") == "plain"
-        rows = [{"key": name, "role": "baseline", "times_s": times, "finals": finals,
-                 "seeds_reached": sum(t is not None for t in times)} for name, (times, finals) in runs.items()]
-        assert tune_judge(rows, "eval/accuracy")["baseline"] == "plain"  # what the confirmation measures against
+        entries = {name: {"time_to_target_s": times, "final_metric": finals} for name, (times, finals) in runs.items()}
+        seeds = list(range(len(runs["plain"][0])))  # what the confirmation measures against:
+        assert judge(entries, {}, seeds, "eval/accuracy", 0.9)["strongest_baseline"] == "plain"
         records = []
         for name, (times, finals) in runs.items():
             for seed, (t, final) in enumerate(zip(times, finals)):
@@ -350,7 +350,7 @@ def test_the_final_quality_is_the_baselines_median_final_less_one_seeds_spread_w
 
 
 def test_seeds_that_reached_the_final_quality_are_counted_from_each_seeds_curve_and_end():
-    from speedkit.experiments.bench.harness import add_final_quality
+    from speedkit.experiments.summary import add_final_quality
 
     entry = summarize(climbing_baseline_records(), ISSUE_57)
     medium, baseline = entry["recipes"]["medium"]["final_quality"], entry["baselines"]["plain-bf16"]["final_quality"]

@@ -56,6 +56,11 @@ def _storage(path: str):
     return open_storage(path)
 
 
+def candidates(confirmation: dict) -> list[dict]:
+    """The confirmation's entries in the order they ran (baselines first), each with its candidate key."""
+    return [{"key": key, **row} for key, row in {**confirmation["baselines"], **confirmation["recipes"]}.items()]
+
+
 # -- the objective ---------------------------------------------------------------------------------------
 def test_penalty_ranks_every_miss_behind_every_hit_and_misses_by_shortfall():
     hit = penalized("eval/accuracy", 0.9, limit_s=10, time_to_target=9.9, value=0.95)
@@ -199,12 +204,13 @@ def test_finds_the_planted_best_and_writes_a_loadable_recipe(tmp_path, fake_env)
     assert loaded.methods == result.recipe.methods and loaded.reached["seeds_reached"] == "2/2"
     # the tuned baseline it was measured against, beside it, to run the comparison again
     baseline = Recipe.from_file(result.recipe_path.with_name("baseline.yaml"))
-    baseline_row = result.summary["confirmation"]["candidates"][0]
+    baseline_row = candidates(result.summary["confirmation"])[0]
     assert baseline.name == "tune-baseline" and baseline.methods == baseline_row["recipe"]["methods"]
-    assert baseline.reached["time_to_target_s"] == baseline_row["median_s"] and "label_smoothing" not in baseline.methods
+    assert baseline.reached["time_to_target_s"] == baseline_row["median_time_to_target_s"]
+    assert "label_smoothing" not in baseline.methods
     assert f"--recipe {result.recipe_path.with_name('baseline.yaml')}`" in result.report_path.read_text()
-    rows = {c["role"]: c for c in result.summary["confirmation"]["candidates"]}
-    assert loaded.reached["time_to_target_s"] == rows["winner"]["median_s"]
+    rows = {c["role"]: c for c in candidates(result.summary["confirmation"])}
+    assert loaded.reached["time_to_target_s"] == rows["winner"]["median_time_to_target_s"]
     # the tuned baseline trains the shortest budget that reached the target on seed 0 (all of them do, here), so
     # the base as given is confirmed beside it
     assert list(rows) == ["baseline", "baseline as given", "winner", "runner-up"]
@@ -212,7 +218,7 @@ def test_finds_the_planted_best_and_writes_a_loadable_recipe(tmp_path, fake_env)
         "recipe"]).duration
     # no candidate takes a baseline's name on any task (pydocs has "tuned"): runs of that name count as baseline runs
     every_baseline = {name for task in TASKS.values() for name in task.baselines}
-    names = [c["recipe"]["name"] for c in result.summary["confirmation"]["candidates"][1:]] + [loaded.name]
+    names = [c["recipe"]["name"] for c in candidates(result.summary["confirmation"])[1:]] + [loaded.name]
     assert not every_baseline & set(names), names
     # successive halving stopped trials that fell behind, once the search had found where the target lies
     from speedkit.experiments.tune.search import PRUNER_STARTUP_TRIALS
@@ -520,7 +526,7 @@ def test_real_trainer_search_on_a_sliver_of_fashion_mnist(tmp_path):
     # a second seed of a recipe (repeat_of) is the same candidate
     reached = [t for t in finished if t["phase"] == "search" and t["time_to_target_s"] is not None
                and t["repeat_of"] is None]
-    assert len(confirmation["candidates"]) == 1 + min(2, len(reached))  # the tuned baseline, and what reached
+    assert len(candidates(confirmation)) == 1 + min(2, len(reached))  # the tuned baseline, and what reached
     if result.recipe is not None:
         assert Recipe.from_file(result.recipe_path).reached["metric"] == "eval/accuracy"
     json.loads((tmp_path / "summary.json").read_text())
@@ -760,14 +766,14 @@ def test_a_winner_that_misses_a_fresh_seed_gets_a_longer_budget_until_it_reaches
                   runner="tune_fakes:budgeted_run", budget=120, trial_limit=12, max_trials=2, max_baseline_trials=2,
                   seeds_to_confirm=2, tune_hparams=False, **SMALL), **QUIET)
     confirmation = result.summary["confirmation"]
-    rows = {row["key"]: row for row in confirmation["candidates"]}
+    rows = {row["key"]: row for row in candidates(confirmation)}
     picked = next(row for row in rows.values() if row["role"] == "winner")
-    assert picked["seeds_reached"] == 1, picked  # reached on seed 1, missed on the slow seed 2
+    assert picked["reached"] == 1, picked  # reached on seed 1, missed on the slow seed 2
     longer = [row for row in rows.values() if row["role"] == "winner, longer"]
     assert longer and all(row["key"].startswith(picked["key"] + "@x") for row in longer)
-    winner = rows[confirmation["winner"]]
-    assert winner in longer and winner["seeds_reached"] == 2
-    assert [row["seeds_reached"] for row in longer][-1] == 2 and all(r["seeds_reached"] < 2 for r in longer[:-1])
+    winner = rows[confirmation["best_recipe"]]
+    assert winner in longer and winner["reached"] == 2
+    assert [row["reached"] for row in longer][-1] == 2 and all(r["reached"] < 2 for r in longer[:-1])
     from speedkit.core.time import Time
 
     shipped = Recipe.from_file(result.recipe_path)
@@ -798,9 +804,9 @@ def test_the_baseline_is_tuned_by_the_benchmarks_baseline_plan(tmp_path, fake_en
     assert not optuna.get_all_study_summaries(_storage(result.storage))[0].study_name.endswith("-baseline")
     origins = [proposal(t) for t in baselines]
     assert origins == ["start: baseline", *["baseline plan: learning rate"] * 2, *["baseline plan: budget"] * 4]
-    tuned = result.summary["confirmation"]["candidates"][0]
+    tuned, given = candidates(result.summary["confirmation"])[:2]
     assert tuned["role"] == "baseline" and tuned["recipe"]["duration"] == "5.6ep"  # 7 tenths of 8 epochs
-    assert result.summary["confirmation"]["candidates"][1]["role"] == "baseline as given"
+    assert given["role"] == "baseline as given"
 
 
 def test_a_lead_on_the_search_seed_runs_again_on_another_before_it_leads_the_search(tmp_path, fake_env):
@@ -822,7 +828,7 @@ def test_a_lead_on_the_search_seed_runs_again_on_another_before_it_leads_the_sea
     # every move comes from a recipe that held its lead on a second seed: never from the lucky one
     lucky_numbers = {t["number"] for t in lucky}
     assert not [t for t in search if t["move"] and any(f"(from #{n})" in t["move"] for n in lucky_numbers)]
-    winner = next(c for c in result.summary["confirmation"]["candidates"] if c["role"] == "winner")
+    winner = next(c for c in candidates(result.summary["confirmation"]) if c["role"] == "winner")
     assert "label_smoothing" in winner["recipe"]["methods"] and "mixup" not in winner["recipe"]["methods"]
     # the report ranks recipes as the search does: the lucky one shows both its seeds' times
     rows = [line for line in result.report_path.read_text().splitlines() if line.startswith("| search | ")]
@@ -840,13 +846,15 @@ def test_the_speedup_is_measured_against_the_base_as_given_where_it_beats_the_tu
                   budget=120, trial_limit=12, max_trials=4, max_baseline_trials=2, seeds_to_confirm=2,
                   tune_hparams=False, pruner="none", **SMALL), **QUIET)
     confirmation = result.summary["confirmation"]
-    rows = {c["role"]: c for c in confirmation["candidates"]}
+    rows = {c["role"]: c for c in candidates(confirmation)}
     tuned, given = rows["baseline"], rows["baseline as given"]
     assert tuned["recipe"]["optimizer"]["lr"] != pytest.approx(0.1) and given["recipe"]["optimizer"]["lr"] == 0.1
-    assert given["median_s"] < tuned["median_s"]  # the lucky learning rate is slower on seeds 1 and 2
-    assert confirmation["baseline"] == given["key"]
-    winner = next(c for c in confirmation["candidates"] if c["key"] == confirmation["winner"])
-    assert confirmation["speedups"] == pytest.approx([b / w for b, w in zip(given["times_s"], winner["times_s"])])
+    # the lucky learning rate is slower on seeds 1 and 2
+    assert given["median_time_to_target_s"] < tuned["median_time_to_target_s"]
+    assert confirmation["strongest_baseline"] == given["key"]
+    winner = confirmation["recipes"][confirmation["best_recipe"]]
+    assert winner["speedup"] == pytest.approx([b / w for b, w in zip(given["time_to_target_s"],
+                                                                       winner["time_to_target_s"])])
     shipped = yaml.safe_load((tmp_path / "baseline.yaml").read_text())
     assert shipped["optimizer"]["lr"] == 0.1 and shipped["reached"]
     report = result.report_path.read_text()
@@ -958,7 +966,7 @@ def test_the_confirmation_is_planned_to_end_within_the_budget(tmp_path, fake_env
                   trial_limit=12, seeds_to_confirm=3, tune_hparams=False, **SMALL), **QUIET)
     confirmation = result.summary["confirmation"]
     assert 1 <= len(confirmation["seeds"]) < 3
-    assert [c["role"] for c in confirmation["candidates"]] == ["baseline", "winner"]  # no room for the runner-up
+    assert [c["role"] for c in candidates(confirmation)] == ["baseline", "winner"]  # no room for the runner-up
     assert result.summary["spent_s"] <= 12 + 2.5, result.summary["time"]  # one fake run's slack
     assert f"Confirmed on {len(confirmation['seeds'])} of the 3 seeds asked for" in result.report_path.read_text()
 
@@ -972,7 +980,7 @@ def test_a_baseline_that_never_reaches_the_target_is_named_with_the_target_it_do
                   for i, f in enumerate(finals)]
         trials.append({"phase": "search", "state": "complete", "final": 0.1, "time_to_target_s": 3.0})
         return {"target": {"metric": metric, "value": 2.5}, "trials": trials,
-                "confirmation": {"candidates": [{"role": "baseline", "seeds_reached": confirmed}]}}
+                "confirmation": {"baselines": {"baseline:0": {"role": "baseline", "reached": confirmed}}}}
 
     message = baseline_shortfall(summary("eval/bpb", [3.9, 3.7185, 3.8]))
     assert "none of its 3 run(s)" in message and "--target 3.719" in message  # bits per byte: lower is better
@@ -1031,12 +1039,13 @@ def test_the_confirmation_is_runs_in_the_run_folder_and_a_continued_search_runs_
                 if line.startswith("start") and "-confirm-" in line]
 
     ran = confirmation_starts()
-    assert len(ran) == 2 * len(first.summary["confirmation"]["candidates"])
+    assert len(ran) == 2 * len(candidates(first.summary["confirmation"]))
     again = tune(settings, **QUIET)
     assert confirmation_starts() == ran  # nothing ran again
     assert again.summary["confirmation"] == first.summary["confirmation"]
 
-    winner = next(c for c in first.summary["confirmation"]["candidates"] if c["key"] == first.summary["confirmation"]["winner"])
+    winner_key = first.summary["confirmation"]["best_recipe"]
+    winner = first.summary["confirmation"]["recipes"][winner_key]
     cut_short, other_recipe = (RunRecord.load(tmp_path / "runs" / name) for name in winner["runs"])
     study = optuna.load_study(study_name="tune", storage=_storage(str(tmp_path / "study.journal")))
     update_plan(study, measured=[run for run in read_plan(study)["measured"] if run["run"] != cut_short.run_id])
@@ -1044,4 +1053,4 @@ def test_the_confirmation_is_runs_in_the_run_folder_and_a_continued_search_runs_
     other_recipe.save()
     third = tune(settings, **QUIET)
     assert confirmation_starts() == ran + winner["runs"]
-    assert third.summary["confirmation"]["winner"] == winner["key"]
+    assert third.summary["confirmation"]["best_recipe"] == winner_key

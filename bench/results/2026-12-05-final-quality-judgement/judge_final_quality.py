@@ -14,7 +14,7 @@ import json
 import sys
 from pathlib import Path
 
-from speedkit.experiments.bench.harness import add_final_quality
+from speedkit.experiments.summary import add_final_quality
 from speedkit.experiments.report import summary_markdown
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -5,12 +5,12 @@
 in bench/README.md; ``speedkit bench --task fashion-mnist`` is the same from the command line.
 """
 from speedkit.callbacks.phase_timer import PhaseTimer, profile_steps  # where a run's time goes, by phase
-from speedkit.experiments.bench.harness import (BenchResult, pick_best, resolve_profile,
-                                                run_benchmark, run_interleaved, run_leave_one_out, run_one,
-                                                scheduled_recipe, summarize)
+from speedkit.experiments.bench.harness import (BenchResult, resolve_profile, run_benchmark, run_interleaved,
+                                                run_leave_one_out, run_one, scheduled_recipe, summarize)
 from speedkit.experiments.bench.profiles import PROFILES, TASK_KEYS, BenchProfile, get_profile, task_key
 from speedkit.experiments.report import (merge_summary, metric_curves_figure, speedup_figure, summary_markdown,
                                          write_reports)
+from speedkit.experiments.summary import pick_best
 
 __all__ = ["BenchProfile", "BenchResult", "PROFILES", "PhaseTimer", "TASK_KEYS", "get_profile",
            "merge_summary", "metric_curves_figure", "pick_best", "profile_steps", "resolve_profile",

@@ -18,13 +18,12 @@ from speedkit.core.time import Time, scaled_duration
 from speedkit.data.identity import data_identity
 from speedkit.experiments.ablation import leave_one_out_runs, leave_one_out_summary
 from speedkit.experiments.bench.profiles import TASK_KEYS, BenchProfile, get_profile, task_key, with_default_sweeps
-from speedkit.experiments.compare import at_or_beyond, final_metric, final_quality, late_gain, stricter, time_to_level
-from speedkit.experiments.compare import baseline_median_times, curve_time_to
-from speedkit.experiments.compare import median_or_none, paired_speedups
+from speedkit.experiments.compare import baseline_median_times, final_metric, median_or_none, paired_speedups
 from speedkit.experiments.baseline_plan import (BaselinePlan, Outcome, Point, budget_found, default_step,
                                                 run_plan, start_steps, sweep_found)
-from speedkit.experiments.measure import MEASURED_RUN, Measurement, finished_runs, fit, measure
-from speedkit.record.runs import AS_ASKED, RunRecord, environment, lower_is_better
+from speedkit.experiments.measure import MEASURED_RUN, finished_runs, fit, measure
+from speedkit.experiments.summary import add_final_quality, judge, recipe_entry, seed_of
+from speedkit.record.runs import AS_ASKED, RunRecord, environment
 from speedkit.tasks import TASKS, Recipe, RunRequest, get_recipe, is_baseline, make_trainer, resolve_task
 
 @dataclasses.dataclass
@@ -280,131 +279,6 @@ def run_leave_one_out(profile: BenchProfile, records: Sequence[RunRecord], recip
 
 
 # -- summarising -------------------------------------------------------------------------------
-def _seed_of(record: RunRecord) -> int:
-    return record.config.get("seed", record.config.get("bench", {}).get("seed"))
-
-
-def _by_seed(records: Sequence[RunRecord], seeds: Sequence[int], value: Callable[[RunRecord], object]) -> list:
-    """``value(record)`` for each seed in order; None for a seed without a run."""
-    found = {_seed_of(r): r for r in records}
-    return [value(found[s]) if s in found else None for s in seeds]
-
-
-WORK_UNITS = ("batch", "sample", "token")
-
-
-def recipe_entry(records: Sequence[RunRecord], seeds: Sequence[int], targets: Sequence[float]) -> dict:
-    """One recipe's results, every list in seed order (None where a seed never got there)."""
-    metric, value = records[0].target["metric"], records[0].target["value"]
-    return {
-        "runs": _by_seed(records, seeds, lambda r: r.name),
-        "methods": records[0].method_names,
-        "time_to_target_s": _by_seed(records, seeds, lambda r: r.time_to_target),
-        "final_metric": _by_seed(records, seeds, final_metric),
-        "late_gain": _by_seed(records, seeds, late_gain),  # whether a baseline had converged (compare.late_gain)
-        # data_s: the part of train_s taking batches
-        **{key: _by_seed(records, seeds, lambda r, k=key: r.timings.get(k))
-           for key in ("train_s", "eval_s", "setup_s", "data_s", "compile_s")},
-        "flops_fraction_of_peak": _by_seed(records, seeds, lambda r: median_or_none(
-            row.get("throughput/fraction_of_peak") for row in r.steps)),
-        "time_to": {f"{t:g}": _by_seed(records, seeds, lambda r, t=t: r.time_to(metric, t)) for t in targets},
-        # counted work to the target, which a busy machine cannot change (a smoke test's speed check reads it)
-        "work_to_target": {unit: _by_seed(records, seeds, lambda r, u=unit: r.time_to(metric, value, x=u))
-                           for unit in WORK_UNITS},
-        "budget": records[0].config.get("recipe_spec", {}).get("duration"),
-        # each evaluation's (training seconds, metric): the time to any other level, read from the summary alone
-        "curve": _by_seed(records, seeds, lambda r: [[row["wall_s"], row[metric]] for row in r.evals
-                                                     if row.get("wall_s") is not None and row.get(metric) is not None]),
-    }
-
-
-def _add_speedups(entry: dict, name: str, measured: Measurement, strongest: str) -> None:
-    """Paired by seed against every baseline (``Measurement.ratios``); a seed where either side never reached
-    the target has no speed-up. ``speedup`` and ``speedup_median`` are against the strongest baseline."""
-    entry["median_time_to_target_s"] = median_or_none(entry["time_to_target_s"])
-    entry["reached"] = sum(t is not None for t in entry["time_to_target_s"])
-    entry["speedup_vs"] = {baseline: measured.ratios(name, baseline) for baseline in measured.baselines}
-    entry["speedup_median_vs"] = {name: median_or_none(v) for name, v in entry["speedup_vs"].items()}
-    entry["speedup"] = entry["speedup_vs"][strongest]
-    entry["speedup_median"] = entry["speedup_median_vs"][strongest]
-
-
-def holds_target(entry: dict, metric: str, target: float) -> bool:
-    """Reached the target in every seed and still at or above it at the end of the budget."""
-    def at_target(value):
-        return value is not None and (value <= target if lower_is_better(metric) else value >= target)
-
-    return (bool(entry["time_to_target_s"]) and all(t is not None for t in entry["time_to_target_s"])
-            and all(at_target(v) for v in entry["final_metric"]))
-
-
-def pick_best(recipes: dict[str, dict], metric: str, target: float | None = None) -> str | None:
-    """The fastest recipe to the target (``compare.time_rank``). With ``target``, only recipes that hold it
-    (``holds_target``) can be best, and there may be none."""
-    held = [name for name, entry in recipes.items() if target is None or holds_target(entry, metric, target)]
-    return _measured(recipes).fastest(held, metric)
-
-
-def _measured(entries: dict[str, dict], baselines: Sequence[str] = (), seeds: Sequence[int] = ()) -> Measurement:
-    """Summary entries (each's lists in seed order) as the ``Measurement`` they record."""
-    return Measurement.read_back({name: e["time_to_target_s"] for name, e in entries.items()},
-                                 {name: e["final_metric"] for name, e in entries.items()}, baselines, seeds)
-
-
-FINAL_QUALITY_RULE = ("the strongest baseline's median final metric over its seeds, less one seed's spread (the "
-                      "range of those finals, at least 0.5% of their median), towards the easier side; where the "
-                      "target asks for more, the target; a seed that ends short of the final quality has not "
-                      "reached it, whenever it passed it")
-
-
-def add_final_quality(entry: dict, by_recipe: dict[str, Sequence[RunRecord]] | None = None) -> dict:
-    """Judge a summary entry at its strongest baseline's final quality (``compare.final_quality``; where the
-    target is stricter, at the target, a seed still counting where it ends at or beyond the final quality), in
-    place: each baseline's and recipe's ``final_quality`` (seeds that
-    reached it, each seed's time to it, paired speed-ups over the strongest baseline) and the entry's (the level,
-    how it was set, the fastest recipe that reached it in every seed and its median speed-up).
-
-    A seed that ends short of the level has not reached it, whenever it passed it. Times come from the runs'
-    evaluations (``by_recipe``: records by recipe name); an entry read back without its runs has them only where
-    the level is its target or where it holds each run's ``curve`` (summaries written since), and says
-    ``times_recorded: false`` otherwise (who reached it is known from the finals alone)."""
-    metric, target, seeds = entry["target"]["metric"], entry["target"]["value"], entry["seeds"]
-    strongest = entry["strongest_baseline"]
-    quality = final_quality(entry["baselines"][strongest]["final_metric"], metric)
-    value = target if quality is None else stricter(metric, quality["level"], target)
-    ends_at = value if quality is None else quality["level"]  # where a seed must end: the final quality
-    runs = {**entry["baselines"], **entry["recipes"]}
-    curves = all("curve" in r for r in runs.values())
-    recorded = by_recipe is not None or curves or value == target
-    for name, r in runs.items():
-        ends_there = [at_or_beyond(f, ends_at, metric) for f in r["final_metric"]]
-        if by_recipe is not None:
-            times = _by_seed(by_recipe[name], seeds, lambda record: time_to_level(record, value, metric, ends_at))
-        elif curves:
-            times = [curve_time_to(curve, value, metric) if there else None
-                     for curve, there in zip(r["curve"], ends_there)]
-        elif recorded:  # the level is the target: the times to it are in the entry
-            times = [t if there else None for t, there in zip(r["time_to_target_s"], ends_there)]
-        else:
-            times = [None] * len(seeds)
-        r["final_quality"] = {"reached": sum(t is not None for t in times) if recorded else sum(ends_there),
-                              "time_s": times}
-    strongest_times = runs[strongest]["final_quality"]["time_s"]
-    for r in runs.values():
-        ratios = paired_speedups(strongest_times, r["final_quality"]["time_s"])
-        r["final_quality"].update(speedup=ratios, speedup_median=median_or_none(ratios))
-    everywhere = {name: r for name, r in entry["recipes"].items()
-                  if recorded and r["final_quality"]["reached"] == len(seeds)}
-    best = Measurement.read_back({name: r["final_quality"]["time_s"] for name, r in everywhere.items()},
-                                 {name: r["final_metric"] for name, r in everywhere.items()}, ()).fastest(
-        list(everywhere), metric)
-    entry["final_quality"] = {
-        "baseline": strongest, "metric": metric, **(quality or {}), "value": value, "is_target": value == target,
-        "rule": FINAL_QUALITY_RULE, "times_recorded": recorded, "best_recipe": best,
-        "speedup_median": everywhere[best]["final_quality"]["speedup_median"] if best else None}
-    return entry
-
-
 def data_used(records: Sequence[RunRecord], profile: BenchProfile, data=None) -> dict:
     """What the main runs trained on: the data folder (``data_identity``: path, files, bytes, fingerprint; None
     for a built-in task's own data), and the fractions of its training and evaluation sets."""
@@ -440,30 +314,24 @@ def summarize(records: Sequence[RunRecord], profile: BenchProfile, ablations: Se
     if not baseline_names:
         raise ValueError(f"a benchmark summary needs runs of a baseline ({', '.join(TASKS[profile.task].baselines)}); "
                          f"got runs of {sorted(by_recipe)}")
-    seeds = sorted({_seed_of(r) for rs in by_recipe.values() for r in rs})
+    seeds = sorted({seed_of(r) for rs in by_recipe.values() for r in rs})
     target = dict(by_recipe[baseline_names[0]][0].target)
     order = {name: i for i, name in enumerate(profile.recipes)}  # the profile's order, whatever ran when
-    entries = {name: recipe_entry(rs, seeds, profile.targets)
+    entries = {name: recipe_entry(rs, seeds, target["metric"], target["value"], profile.targets)
                for name, rs in sorted(by_recipe.items(), key=lambda item: order.get(item[0], len(order)))}
     baselines = {name: entries.pop(name) for name in baseline_names}
     for name, found in (budget_search or {}).items():
         baselines[name]["budget_search"] = found
     for name, swept in (sweeps or {}).items():
         baselines[name]["sweep"] = swept
-    measured = _measured({**baselines, **entries}, tuple(baselines), seeds)
-    strongest = measured.strongest_baseline(target["metric"])
-    for name, entry in {**baselines, **entries}.items():
-        _add_speedups(entry, name, measured, strongest)
-    best = pick_best(entries, target["metric"], target["value"])
-    best_entry = entries.get(best, {})
+    judged = judge(baselines, entries, seeds, target["metric"], target["value"])
+    strongest, best_entry = judged["strongest_baseline"], entries.get(judged["best_recipe"], {})
     strongest_times = baselines[strongest]["time_to"]
     summary = {
         "task": profile.task, "profile": profile.name, "device": profile.run.device, "seeds": seeds,
         "target": target, "report_targets": list(profile.targets),
-        "baseline": baselines.get("baseline", baselines[strongest]), "baselines": baselines,
-        "strongest_baseline": strongest, "recipes": entries, "best_recipe": best,
-        "speedup_median": best_entry.get("speedup_median"),
-        "speedup_vs": dict(best_entry.get("speedup_median_vs", {})),
+        "baseline": baselines.get("baseline", baselines[strongest]), "baselines": baselines, "recipes": entries,
+        **judged, "speedup_vs": dict(best_entry.get("speedup_median_vs", {})),
         "speedup_median_at": {key: median_or_none(paired_speedups(strongest_times[key], times))
                               for key, times in best_entry.get("time_to", {}).items()},
         "flops_fraction_of_peak": median_or_none(best_entry.get("flops_fraction_of_peak", [])),
@@ -504,7 +372,7 @@ def summarize_leave_one_out(records: Sequence[RunRecord], ablations: Sequence[Ru
         **({"error": record.error} if record.error else {})} for record in left_out}
     return leave_one_out_summary(full_name, full.time_to_target, final_metric(full), rows,
                                  baseline_median_times([*records, *ablations]).get(against), against,
-                                 recipe=full.config["recipe"], seed=_seed_of(full), reference_rerun=full not in records)
+                                 recipe=full.config["recipe"], seed=seed_of(full), reference_rerun=full not in records)
 
 
 def machine(device: str, records: Sequence[RunRecord] = ()) -> dict:
@@ -617,7 +485,7 @@ def reusable_runs(run_dir: str | Path, profile: BenchProfile, seeds: Sequence[in
     def main_run(record: RunRecord, bench: dict) -> tuple | None:
         if any(bench.get(mark) for mark in ("profiling", "budget_search", "sweep")) or "ablation" in record.config:
             return None
-        return record.config.get("recipe"), _seed_of(record)
+        return record.config.get("recipe"), seed_of(record)
 
     newest = kept_runs(run_dir, profile, main_run)
     missing = [(r, s) for r in profile.recipes for s in seeds if (r, s) not in newest]
@@ -641,7 +509,7 @@ def runs_kept(run_dir: str | Path, profile: BenchProfile, seeds: Sequence[int],
         return {}
     records = reusable_runs(run_dir, profile.replace(recipes=others), seeds,
                             fix="run them too (leave out --only or name them in it)")
-    return {(record.config["recipe"], _seed_of(record)): record for record in records}
+    return {(record.config["recipe"], seed_of(record)): record for record in records}
 
 
 def retarget(record: RunRecord, value: float | None) -> RunRecord:

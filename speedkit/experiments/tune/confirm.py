@@ -10,13 +10,13 @@ confirmed and judged how is in docs/guide.md ("Confirmed, within the budget").
 """
 from __future__ import annotations
 
-import statistics
 import time
 
 from speedkit.core.time import scaled_duration
 from speedkit.experiments.ablation import ablated_recipes, leave_one_out_runs, leave_one_out_summary
-from speedkit.experiments.compare import median_or_none
+from speedkit.experiments.compare import final_metric
 from speedkit.experiments.measure import Measurement, finished_runs, measure, shortest_budget
+from speedkit.experiments.summary import judge, recipe_entry
 from speedkit.experiments.tune.objective import USER_STOP, resolve_runner
 from speedkit.experiments.tune.search import (TuneConfig, baseline_runs, confirm_wall_s, confirmed_baselines,
                                               plan_recipe, recipe_from_trial, seeds_that_fit, standings,
@@ -177,28 +177,30 @@ def run_budget_search(config: TuneConfig, study, runner=None, should_stop=None, 
     on some with a longer budget (``BUDGET_STEPS``) on every seed, so that what is shipped reaches the target
     in each; resumable, and the longer budgets are candidates like the others."""
     summary = summarize_confirmation(config, study)
-    if summary["winner"] is not None or (should_stop and should_stop()):
+    if summary["best_recipe"] is not None or (should_stop and should_stop()):
         return
-    missed = [r for r in summary["candidates"] if r["role"] in ("winner", "runner-up") and r["seeds_reached"]]
+    missed = {key: r for key, r in summary["recipes"].items() if r["role"] in ("winner", "runner-up") and r["reached"]}
     if not missed:
         return
-    start = min(missed, key=lambda r: statistics.median([t for t in r["times_s"] if t is not None]))
+    start_key = min(missed, key=lambda key: missed[key]["median_time_to_target_s"])
+    start = missed[start_key]
 
     def all_reach(steps: int) -> bool:
         """Whether the winner, run ``BUDGET_STEPS[steps - 1]`` times longer, is confirmed (0: as it ran)."""
         if steps == 0:
             return False  # as it ran it missed a seed: that is why this search runs
         factor = BUDGET_STEPS[steps - 1]
-        key, stretched = f"{start['key']}@x{factor:g}", read_plan(study).get("stretched", [])
+        key, stretched = f"{start_key}@x{factor:g}", read_plan(study).get("stretched", [])
         if all(s["key"] != key for s in stretched):
             recipe = Recipe(**start["recipe"])
             recipe = recipe.with_changes(name=f"tune-winner-x{factor:g}",
                                          duration=scaled_duration(recipe.duration, factor))
-            log(f"speedkit tune: {start['key']} reached the target on {start['seeds_reached']} of "
-                f"{len(start['seeds'])} seeds; trying it with {factor:g}x its budget ({recipe.duration})")
+            log(f"speedkit tune: {start_key} reached the target on {start['reached']} of "
+                f"{len(summary['seeds'])} seeds; trying it with {factor:g}x its budget ({recipe.duration})")
             update_plan(study, stretched=[*stretched, {"key": key, "recipe": recipe.to_dict()}])
         run_confirmation(config, study, runner=runner, should_stop=should_stop, log=log)
-        return summarize_confirmation(config, study)["winner"] is not None or bool(should_stop and should_stop())
+        return (summarize_confirmation(config, study)["best_recipe"] is not None
+                or bool(should_stop and should_stop()))
 
     shortest_budget(all_reach, 0, len(BUDGET_STEPS), down=False)
 
@@ -208,86 +210,73 @@ def run_leave_one_out(config: TuneConfig, study, runner=None, should_stop=None, 
     """The confirmed winner without each of its methods, on the first confirmation seed (beside its own run
     there), so the report can say what each method adds; resumable like the confirmation."""
     summary = summarize_confirmation(config, study)
-    winner = next((c for c in summary["candidates"] if c["key"] == summary["winner"]), None)
+    winner = summary["best_recipe"]
     if winner is None:
         return
     seed, runner = CONFIRM_SEED_START, runner or resolve_runner(config.settings.runner)
-    ablated = _ablated(winner)
+    recipe = Recipe(**summary["recipes"][winner]["recipe"])
+    ablated = _ablated(winner, recipe)
     done = _confirmed(config, study, ablated)
 
     def run(method: str, _, marker: dict) -> None:  # its methods, each dropped
-        key = f"loo:{winner['key']}:{method}"
+        key = f"loo:{winner}:{method}"
         if (key, seed) not in done and not (should_stop and should_stop()):
             _confirm_run(config, study, runner, "leave-one-out", key, seed, ablated[key], should_stop, log,
                          ablation=marker)
 
-    leave_one_out_runs(Recipe(**winner["recipe"]), run, of=run_name_for(config, winner["key"], seed))
+    leave_one_out_runs(recipe, run, of=run_name_for(config, winner, seed))
 
 
-def _ablated(winner: dict) -> dict[str, Recipe]:
-    """``{candidate key: recipe}`` of the winner's leave-one-out runs: each of its methods dropped."""
-    return {f"loo:{winner['key']}:{part}": recipe.with_changes(name=f"tuned-without-{part}")
-            for part, recipe in ablated_recipes(Recipe(**winner["recipe"])).items()}
+def _ablated(winner: str, recipe: Recipe) -> dict[str, Recipe]:
+    """``{candidate key: recipe}`` of the leave-one-out runs of the winner (its candidate key): each of its
+    methods dropped."""
+    return {f"loo:{winner}:{part}": ablated.with_changes(name=f"tuned-without-{part}")
+            for part, ablated in ablated_recipes(recipe).items()}
 
 
-def summarize_leave_one_out(config: TuneConfig, winner: dict | None, baseline: dict | None,
+def summarize_leave_one_out(config: TuneConfig, winner_key: str | None, confirmation: dict,
                             runs: dict[tuple[str, int], RunRecord]) -> dict:
     """The winner without each of its methods on the first confirmation seed, as the benchmark's leave-one-out
-    table (``ablation.leave_one_out_summary``; shares of its speed-up over ``baseline`` on that seed), held as
-    summary.json holds it (a method without which the winner never reached the target: null, not infinity)."""
-    if winner is None or winner["times_s"][0] is None:
+    table (``ablation.leave_one_out_summary``; shares of its speed-up over the strongest baseline on that seed),
+    held as summary.json holds it (a method without which the winner never reached the target: null, not
+    infinity)."""
+    winner, seed = confirmation["recipes"].get(winner_key), confirmation["seeds"][0]
+    if winner is None or winner["time_to_target_s"][0] is None:
         return {}
-    prefix, seed = f"loo:{winner['key']}:", winner["seeds"][0]
+    prefix = f"loo:{winner_key}:"
     rows = {key[len(prefix):]: {"run": record.name, "time_without_s": record.time_to(config.metric, config.target),
-                                "final_metric": record.best(config.metric)}
+                                "final_metric": final_metric(record, config.metric)}
             for (key, run_seed), record in runs.items() if key.startswith(prefix) and run_seed == seed}
     if not rows:  # no leave-one-out ran (not asked for, or stopped before its first run)
         return {}
+    baseline = confirmation["baselines"][confirmation["strongest_baseline"]]
     return json_safe(leave_one_out_summary(
-        run_name_for(config, winner["key"], seed), winner["times_s"][0], winner["finals"][0], rows,
-        baseline["times_s"][0] if baseline else None, recipe=winner["recipe"]["name"], seed=seed,
-        reference_rerun=False))
+        run_name_for(config, winner_key, seed), winner["time_to_target_s"][0], winner["final_metric"][0], rows,
+        baseline["time_to_target_s"][0], recipe=winner["recipe"]["name"], seed=seed, reference_rerun=False))
 
 
 def summarize_confirmation(config: TuneConfig, study) -> dict:
-    """Per candidate: seeds reached, times, median; the winner is the confirmed fastest, not the search's luckiest."""
-    candidates, seeds, rows = confirm_candidates(config, study), confirm_seeds(config, study), []
+    """The confirmation's runs summarised as a benchmark's are (``speedkit.experiments.summary``): each candidate's
+    entry, by its key, under ``baselines`` or ``recipes``, with its role, recipe and change from the base; the
+    winner (``best_recipe``) is the confirmed fastest that held the target on every seed, not the search's
+    luckiest."""
+    candidates, seeds = confirm_candidates(config, study), confirm_seeds(config, study)
     runs = _confirmed(config, study, {key: recipe for _, key, recipe in candidates})
+    baselines, recipes = {}, {}
     for role, key, recipe in candidates:
-        found = [runs.get((key, seed)) for seed in seeds]
-        times = [None if r is None else r.time_to(config.metric, config.target) for r in found]
-        finals = [None if r is None else r.best(config.metric) for r in found]
-        reached = sum(t is not None for t in times)
-        rows.append({"role": role, "key": key, "recipe": recipe.to_dict(), "seeds": seeds, "times_s": times,
-                     "finals": finals, "seeds_reached": reached, "runs": [None if r is None else r.name for r in found],
-                     "median_s": statistics.median(times) if reached == len(seeds) else None,
-                     "median_final": median_or_none(finals),
-                     "change": describe_change(recipe, config.base_recipe())})
-    judged = _judge(rows, config.metric)
-    winner, baseline = (next((r for r in rows if r["key"] == judged[role]), None) for role in ("winner", "baseline"))
-    return {"seeds": seeds, "candidates": rows, **judged,
-            "leave_one_out": summarize_leave_one_out(config, winner, baseline,
-                                                     _confirmed(config, study, _ablated(winner)) if winner else {})}
+        side = baselines if role in BASELINE_ROLE_NAMES else recipes
+        side[key] = {"role": role, "recipe": recipe.to_dict(), "change": describe_change(recipe, config.base_recipe()),
+                     **recipe_entry([runs[key, seed] for seed in seeds if (key, seed) in runs], seeds,
+                                    config.metric, config.target)}
+    confirmation = {"seeds": seeds, "target": {"metric": config.metric, "value": config.target},
+                    "baselines": baselines, "recipes": recipes,
+                    **judge(baselines, recipes, seeds, config.metric, config.target)}
+    winner = confirmation["best_recipe"]
+    ablations = _confirmed(config, study, _ablated(winner, Recipe(**recipes[winner]["recipe"]))) if winner else {}
+    confirmation["leave_one_out"] = summarize_leave_one_out(config, winner, confirmation, ablations)
+    return confirmation
 
 
 def confirmation_walls(study) -> list[float]:
     """Each finished confirmation run's wall time, set-up included: what the report's time table counts."""
     return [end - start for start, end in (run["span"] for run in read_plan(study).get("measured", []))]
-
-
-def _measured(rows: list[dict]) -> Measurement:
-    """The confirmation's rows as the ``Measurement`` they record (keyed by candidate)."""
-    return Measurement.read_back({r["key"]: r["times_s"] for r in rows}, {r["key"]: r["finals"] for r in rows},
-                                 [r["key"] for r in rows if r["role"] in BASELINE_ROLE_NAMES], rows[0].get("seeds", ()))
-
-
-def _judge(rows: list[dict], metric: str | None = None) -> dict:
-    """The winner: the search candidate that reached the target on every seed with the lowest median time (the
-    first given on a tie: no metric breaks it), and its speed-up over the stronger baseline, seed by seed."""
-    measured = _measured(rows)
-    baseline = measured.strongest_baseline(metric)
-    winner = measured.fastest([r["key"] for r in rows if r["key"] in measured.recipes and r["median_s"] is not None])
-    if winner is None:
-        return {"winner": None, "baseline": baseline, "speedups": None, "speedup_median": None}
-    return {"winner": winner, "baseline": baseline, "speedups": measured.ratios(winner, baseline),
-            "speedup_median": measured.median_ratio(winner, baseline)}
