@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from speedkit.experiments.compare import part_effect
+from speedkit.experiments.compare import final_metric, part_effect
 from speedkit.tasks.recipes import Recipe
 
 # Parts of a recipe besides its methods that a leave-one-out run can swap for the reference's: together
@@ -83,6 +83,16 @@ def leave_one_out_runs(recipe: Recipe, run, of: str, reference: Recipe | None = 
     returned}``."""
     return {part: run(part, ablated, ablation_marker(of, part, against))
             for part, ablated in ablated_recipes(recipe, reference).items()}
+
+
+def leave_one_out_rows(ablations, metric: str, value: float) -> dict[str, dict]:
+    """``{part left out: its run's row}`` of leave-one-out runs (RunRecords marked by ``ablation_marker``): the
+    run, its time to ``metric`` ``value`` and its final metric, and its error where it failed; the rows
+    ``leave_one_out_summary`` takes."""
+    return {record.config["ablation"]["left_out"]: {
+        "run": record.name, "time_without_s": record.time_to(metric, value),
+        "final_metric": final_metric(record, metric), **({"error": record.error} if record.error else {})}
+        for record in ablations}
 
 
 def leave_one_out_summary(of: str, time_with: float | None, final_with: float | None, rows: dict[str, dict],

@@ -16,7 +16,7 @@ from typing import Callable, Hashable, Sequence
 from speedkit.core.devices import resolve_device, resolve_precision
 from speedkit.core.time import Time, scaled_duration
 from speedkit.data.identity import data_identity
-from speedkit.experiments.ablation import leave_one_out_runs, leave_one_out_summary
+from speedkit.experiments.ablation import leave_one_out_rows, leave_one_out_runs, leave_one_out_summary
 from speedkit.experiments.bench.profiles import TASK_KEYS, BenchProfile, get_profile, task_key, with_default_sweeps
 from speedkit.experiments.compare import baseline_median_times, final_metric, median_or_none, paired_speedups
 from speedkit.experiments.baseline_plan import (BaselinePlan, Outcome, Point, budget_found, default_step,
@@ -366,10 +366,7 @@ def summarize_leave_one_out(records: Sequence[RunRecord], ablations: Sequence[Ru
     full_name = left_out[0].config["ablation"]["of"]
     full = next(r for r in [*records, *ablations] if r.name == full_name)
     against = left_out[0].config["ablation"].get("against", "baseline")
-    rows = {record.config["ablation"]["left_out"]: {
-        "run": record.name, "time_without_s": record.time_to_target,
-        "final_metric": final_metric(record) if record.target else None,
-        **({"error": record.error} if record.error else {})} for record in left_out}
+    rows = leave_one_out_rows(left_out, full.target["metric"], full.target["value"])
     return leave_one_out_summary(full_name, full.time_to_target, final_metric(full), rows,
                                  baseline_median_times([*records, *ablations]).get(against), against,
                                  recipe=full.config["recipe"], seed=seed_of(full), reference_rerun=full not in records)

@@ -13,8 +13,8 @@ from __future__ import annotations
 import time
 
 from speedkit.core.time import scaled_duration
-from speedkit.experiments.ablation import ablated_recipes, leave_one_out_runs, leave_one_out_summary
-from speedkit.experiments.compare import final_metric
+from speedkit.experiments.ablation import (ablated_recipes, leave_one_out_rows, leave_one_out_runs,
+                                           leave_one_out_summary)
 from speedkit.experiments.measure import Measurement, finished_runs, measure, shortest_budget
 from speedkit.experiments.summary import judge, recipe_entry
 from speedkit.experiments.tune.objective import USER_STOP, resolve_runner
@@ -243,10 +243,9 @@ def summarize_leave_one_out(config: TuneConfig, winner_key: str | None, confirma
     winner, seed = confirmation["recipes"].get(winner_key), confirmation["seeds"][0]
     if winner is None or winner["time_to_target_s"][0] is None:
         return {}
-    prefix = f"loo:{winner_key}:"
-    rows = {key[len(prefix):]: {"run": record.name, "time_without_s": record.time_to(config.metric, config.target),
-                                "final_metric": final_metric(record, config.metric)}
-            for (key, run_seed), record in runs.items() if key.startswith(prefix) and run_seed == seed}
+    rows = leave_one_out_rows([record for (key, run_seed), record in runs.items()
+                               if key.startswith(f"loo:{winner_key}:") and run_seed == seed], config.metric,
+                              config.target)
     if not rows:  # no leave-one-out ran (not asked for, or stopped before its first run)
         return {}
     baseline = confirmation["baselines"][confirmation["strongest_baseline"]]
