@@ -301,6 +301,63 @@ def test_the_loss_on_the_labels_from_before_mixup_is_refused():
     assert torch.isfinite(sk.loss(model(x), (x, y)))
 
 
+def _mixup_loop(model, train):
+    classes = model(next(iter(train))[0]).shape[-1]
+    sk = Speedkit([MixUp(num_classes=classes)], max_duration="3ba", train_dataloader=train)
+    model = sk.prepare_model(model)
+    return sk, sk.prepare_optimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+
+
+def test_a_forward_given_the_inputs_from_before_the_batch_methods_is_refused():
+    """`x, y = batch; batch = sk.batch(batch); model(x)`: the model saw the unmixed images while the loss scored
+    them against mixed labels, and trained on wrong pairs without a word. Refused at that forward; a loop that
+    forwards what sk.batch returned trains on, and the check leaves no hook on the model."""
+    train, _ = toy_loaders(batch_size=32, n=64, shuffle=False)
+    model = toy_model()
+    sk, _ = _mixup_loop(model, train)
+    raw = next(iter(train))
+    mixed = sk.batch(raw)
+    assert mixed[0] is not raw[0]  # the inputs were replaced
+    with pytest.raises(HostCannotServeError, match=r"forward was given the inputs from before sk.batch replaced "
+                                                   r"them \(mixup\)"):
+        model(raw[0])
+
+    model = toy_model()
+    sk, optimizer = _mixup_loop(model, train)
+    for batch in train:
+        batch = sk.batch(batch)
+        sk.backward(sk.loss(model(batch[0]), batch))
+        optimizer.step()
+        optimizer.zero_grad()
+        sk.step_end()
+    assert not model._forward_pre_hooks
+
+
+def test_the_forward_check_costs_a_compiled_model_no_recompile():
+    """Compiled after sk.prepare_model, the model traces the check's hook as a no-op and keeps it: removing it
+    after the first step would change what the compiled graph guards on and compile the model again."""
+    train, _ = toy_loaders(batch_size=32, n=64, shuffle=False)
+    graphs = []
+
+    def backend(graph_module, example_inputs):
+        graphs.append(graph_module)
+        return graph_module.forward
+
+    model = toy_model()
+    sk, optimizer = _mixup_loop(model, train)
+    compiled = torch.compile(model, backend=backend)
+    for _ in range(2):
+        for batch in train:
+            if sk.done:
+                break
+            batch = sk.batch(batch)
+            sk.backward(sk.loss(compiled(batch[0]), batch))
+            optimizer.step()
+            optimizer.zero_grad()
+            sk.step_end()
+    assert sk.state.timestamp.batch == 3 and len(graphs) == 1
+
+
 def test_stepping_the_optimizer_given_instead_of_the_one_returned_is_refused():
     """`sk.prepare_optimizer(optimizer)` without taking what it returns: the loop stepped the user's optimizer,
     and the hidden matrices Muon had taken never trained, without a word."""
