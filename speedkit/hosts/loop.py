@@ -33,7 +33,8 @@ a method adds (Muon's) follow its lr's relative change. Method state goes into y
 ``sk.step_end()`` ended, at the next step's ``sk.batch`` or ``sk.backward`` (or at ``sk.finish()``); a step that
 stepped the optimizer given to ``sk.prepare_optimizer`` instead of the one it returned, or stepped it more often
 than ``sk.step_end()`` counts, or closed with no optimizer step and the gradients kept (accumulating without
-``accumulation=k``), or, with it, a loss divided by k before ``sk.backward``, which divides it itself; a forward
+``accumulation=k``), or, with it, a loss divided by k before ``sk.backward``, which divides it itself, or
+gradients zeroed between the batches of one step; ``sk.batch`` inside ``with sk.evaluating():``; a forward
 given the inputs from before ``sk.batch`` replaced them (mixup, resizing), at the first such forward of an
 uncompiled model; a step begun after ``max_duration``; a first step whose optimizer trained before while speedkit's
 clock is at its start (a resume that restored the model and optimizer but not ``sk.load_state_dict``); a GradScaler
@@ -148,6 +149,7 @@ class Speedkit:
         self._evaluating = False  # inside `with sk.evaluating():`, where an average may be swapped into the model
         # sk.loss's loss, until the first accumulated sk.backward has compared the loss it was given with it
         self._loss_given, self._loss_checked = None, False
+        self._zeroing_checked = False  # the first accumulated step's gradients kept between its batches
         # the inputs a batch method replaced, until the model's first forward after it (_check_forward_inputs)
         self._replaced_inputs, self._forward_hook, self._inputs_checked = None, None, False
 
@@ -222,6 +224,10 @@ class Speedkit:
     # -- each step -------------------------------------------------------------------------------------
     def batch(self, batch):
         """The batch the forward takes, after the batch methods (resizing, sequence-length warmup, mixup)."""
+        if self._evaluating:
+            raise HostCannotServeError("sk.batch(batch) inside `with sk.evaluating():` runs the training batch "
+                                       "methods (mixup, resizing) on evaluation data and opens a training step; "
+                                       "evaluation batches go through `batch = sk.eval_batch(batch)`")
         self._open_step("sk.batch(batch)")
         self._check_fresh_start()
         self._check_lrs_kept("sk.step_end() and the next sk.batch")
@@ -279,6 +285,8 @@ class Speedkit:
         if self._loss_given is not None:
             self._loss_checked = True
             self._refuse_loss_divided(loss)
+        if self.accumulation > 1 and self.accelerator is None and not self._zeroing_checked:
+            self._refuse_gradients_zeroed()
         self.session.before_backward()
         if backward is None:
             backward = self.accelerator.backward if self.accelerator is not None else torch.Tensor.backward
@@ -300,6 +308,22 @@ class Speedkit:
                 f"the loss given to sk.backward is sk.loss's divided by {k}, the step's batches, which sk.backward "
                 f"divides it by itself (accumulation={self.accumulation}; with Accelerate, its backward does): divided "
                 f"twice, every gradient is {k} times too small; pass sk.loss's loss as it is")
+
+    def _refuse_gradients_zeroed(self) -> None:
+        """Refuse, at the first accumulated step's second batch, gradients zeroed since its first (a loop that
+        calls ``optimizer.zero_grad()`` after every batch, as it did before accumulating): each step then trained on
+        its last batch alone, with the loss divided by k. Read once. (With Accelerate, zeroing every batch inside
+        ``accelerator.accumulate`` is right: its optimizer zeroes only after stepping.)"""
+        if self.session.state.microbatch_index == 0:
+            return
+        self._zeroing_checked = True
+        grads = [p.grad for optimizer in self.state.optimizers for group in optimizer.param_groups
+                 for p in group["params"] if p.grad is not None]
+        if not any(bool(grad.any()) for grad in grads):
+            raise HostCannotServeError(
+                f"the gradients of this step's first batch were zeroed before its second (accumulation="
+                f"{self.accumulation}): optimizer.zero_grad() ran between the batches of one step, so each step "
+                f"trains on its last batch alone; zero them after optimizer.step(), when sk.step_due")
 
     @property
     def step_due(self) -> bool:

@@ -472,6 +472,42 @@ def test_a_loss_divided_by_the_accumulation_steps_before_sk_backward_is_refused(
     first_backward(lambda loss: loss + 0.01 * loss.detach())  # an extra term: not the division
 
 
+@pytest.mark.parametrize("set_to_none", [True, False])
+def test_gradients_zeroed_between_the_batches_of_an_accumulated_step_are_refused(set_to_none):
+    """A loop that zeroes after every batch, as it did before Speedkit(accumulation=2): each step trained on its
+    last batch alone. Refused at the second batch's sk.backward; zeroed after the step, it trains on."""
+    train, _ = toy_loaders(batch_size=16, n=64)
+
+    def run(zero_every_batch):
+        sk = Speedkit([LabelSmoothing(0.1)], max_duration="2ba", train_dataloader=train, accumulation=2)
+        model = sk.prepare_model(toy_model())
+        optimizer = sk.prepare_optimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+        for batch in train:
+            batch = sk.batch(batch)
+            sk.backward(sk.loss(model(batch[0]), batch))
+            if sk.step_due:
+                optimizer.step()
+            if zero_every_batch or sk.step_due:
+                optimizer.zero_grad(set_to_none=set_to_none)
+            sk.step_end()
+        return sk
+
+    with pytest.raises(HostCannotServeError, match=r"zeroed before its second \(accumulation=2\).*zero them "
+                                                   r"after optimizer.step\(\), when sk.step_due"):
+        run(zero_every_batch=True)
+    assert run(zero_every_batch=False).state.timestamp.batch == 2
+
+
+def test_sk_batch_inside_an_evaluation_is_refused():
+    """sk.batch on evaluation data would mix and resize it as training data, and open a training step."""
+    train, _ = toy_loaders(batch_size=32, n=64)
+    _, sk, _ = plain_loop(toy_model(), train, [LabelSmoothing(0.1)], steps=1)
+    with sk.evaluating():
+        with pytest.raises(HostCannotServeError, match=r"evaluation batches go through `batch = "
+                                                       r"sk.eval_batch\(batch\)`"):
+            sk.batch(next(iter(train)))
+
+
 def test_a_step_past_max_duration_is_refused():
     """Schedules and half-lives are shares of max_duration; a loop that trains on past it (epochs counted by
     itself) went on at the schedule's end value without a word."""
