@@ -1,8 +1,9 @@
-"""The explorer's Tune panel: ``speedkit.experiments.tune`` on a worker thread, its trials on the run board as they finish.
+"""The explorer's Tune panel: ``speedkit.experiments.tune`` on a worker thread, its runs on the run board as they finish.
 
 Target, budget and the methods the search may try are controls; Start runs the search off the
-kernel's main thread (so Stop, a widget event, is handled while it trains); each finished trial's
-RunRecord goes onto the explorer's run board and the best so far is named; "Use this recipe" loads
+kernel's main thread (so Stop, a widget event, is handled while it trains); each finished run's
+RunRecord (the baseline plan's, the trials', the confirmation's) goes onto the explorer's run board and the best
+trial so far is named; "Use this recipe" loads
 the confirmed winner into the explorer's controls. ``start(wait=True)`` is the headless form.
 """
 from __future__ import annotations
@@ -18,6 +19,9 @@ from speedkit.methods import REGISTRY
 from speedkit.record.runs import RunRecord
 from speedkit.tasks import get_task
 from speedkit.ui.config import unsuitable_reason
+
+# what the search is doing when a run of its phase (its RunRecord's config["tune"]["phase"]) finishes
+PHASE_STATUS = {"baseline": "tuning the baseline", "confirm": "confirming on fresh seeds"}
 
 
 class TunePanel:
@@ -113,8 +117,8 @@ class TunePanel:
         from speedkit.experiments.tune import TuneSettings, tune
 
         try:
-            self.result = tune(TuneSettings(**arguments), on_trial=self._on_trial, should_stop=self._stop.is_set,
-                               log=lambda *_: None)
+            self.result = tune(TuneSettings(**arguments), on_trial=self._on_trial, on_run=self._on_run,
+                               should_stop=self._stop.is_set, log=lambda *_: None)
         except Exception as e:  # shown in the panel: a worker thread's exception would vanish
             self.error = f"{type(e).__name__}: {e}"
             self.status.value = f"<span style='color:#d62728'>{html.escape(self.error)}</span>"
@@ -134,13 +138,18 @@ class TunePanel:
         return (f"done: the winner is {'-' if speedup is None else f'{speedup:.2f}x'} the faster baseline "
                 f"({html.escape(result.recipe.summary)}); report: {html.escape(str(result.report_path))} · {spent}")
 
+    def _on_run(self, record: RunRecord) -> None:
+        """Called on the search thread after each run it trains (the baseline plan's, a trial's, a confirmation
+        run): its record onto the board, so the board fills while the baseline is tuned and confirmed too."""
+        self.explorer.board.add(record)
+        self.explorer.refresh_measured()
+        phase = record.config.get("tune", {}).get("phase")
+        if phase != "search":
+            self.status.value = f"{PHASE_STATUS.get(phase, 'running')} … {record.name} finished"
+
     def _on_trial(self, study, trial) -> None:
-        """Called on the search thread after each trial: its record onto the board, the best so far named."""
+        """Called on the search thread after each search trial: the best so far named."""
         self.trials += 1
-        path = trial.user_attrs.get("record")
-        if path and Path(path).exists():
-            self.explorer.board.add(RunRecord.load(path))
-            self.explorer.refresh_measured()
         self._study = study
         self._show_best()
         self.status.value = f"searching … {self.trials} trials finished"

@@ -644,8 +644,14 @@ def test_explorer_tunes_headless_shows_trials_and_loads_the_winner(tmp_path, fak
     result = explorer.tune(budget=60, searched_methods=["ema", "label_smoothing"], runner=FAKE, trial_limit=12,
                            max_trials=8, max_baseline_trials=2, seeds_to_confirm=1, out_dir=str(tmp_path / "tune"))
     assert result.recipe is not None
-    on_board = {r.config.get("tune", {}).get("trial") for r in explorer.board.records if r.config.get("tune")}
-    assert len(on_board) >= 8  # every trial that trained is on the run board
+    tuned = [r.config["tune"] for r in explorer.board.records if r.config.get("tune")]
+    assert len({t["trial"] for t in tuned if t["phase"] == "search"}) >= 8  # every trial that trained is on the board
+    # and so are the baseline plan's runs and the confirmation's, which are no trials
+    baseline_runs = [t for t in tuned if t["phase"] == "baseline"]
+    assert len(baseline_runs) == len([t for t in result.summary["trials"] if t["phase"] == "baseline"]) >= 1
+    confirmation = result.summary["confirmation"]
+    assert len([t for t in tuned if t["phase"] == "confirm"]) == len(candidates(confirmation)) * len(
+        confirmation["seeds"])
     # "Use this recipe": the winner is the explorer's recipe now, its methods ticked in the grid
     assert explorer.preset.value == str(result.recipe_path)
     assert {n for n, row in explorer.rows.items() if row.enabled} == set(result.recipe.methods)

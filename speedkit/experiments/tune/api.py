@@ -44,12 +44,14 @@ class TuneResult:
         return self.summary["confirmation"].get("speedup_median")
 
 
-def tune(settings: TuneSettings | None = None, *, log=print, on_trial=None, should_stop=None,
+def tune(settings: TuneSettings | None = None, *, log=print, on_trial=None, on_run=None, should_stop=None,
          **keywords) -> TuneResult:
     """Search for the recipe that reaches the target on the task soonest, within the budget of wall clock
     (``TuneSettings`` says what; default: ``TuneSettings()``).
 
-    ``on_trial(study, trial)`` is called after each trial of this process; ``should_stop()`` ends the search early.
+    ``on_trial(study, trial)`` is called after each search trial of this process, ``on_run(record)`` after each run
+    it trains (the baseline plan's, the trials', the confirmation's) with its RunRecord; ``should_stop()`` ends the
+    search early.
     Writes ``recipe.yaml`` (the confirmed winner, with ``reached``), ``report.md``, ``report.html`` and
     ``summary.json`` into ``out_dir``, and a RunRecord per run into ``run_dir``.
     """
@@ -63,6 +65,8 @@ def tune(settings: TuneSettings | None = None, *, log=print, on_trial=None, shou
     out.mkdir(parents=True, exist_ok=True)
     config = build_config(settings, out, log)
     in_process = resolve_runner(settings.runner)  # a lambda in a notebook works here; workers import it by name
+    if on_run is not None:
+        in_process = _reporting(in_process, on_run)
     config_path = out / "tune_config.json"
     config.save(config_path)
     storage_obj = open_storage(config.settings.storage)
@@ -109,6 +113,16 @@ def _confirm_and_report(config, study, storage_obj, out, in_process, log, should
     return TuneResult(recipe=paths.get("recipe_obj"), recipe_path=paths.get("recipe"), report_path=paths["report"],
                       html_path=paths.get("html"), summary=summary, out_dir=out, storage=config.settings.storage,
                       study_name=config.settings.study_name)
+
+
+def _reporting(runner, on_run):
+    """``runner``, handing each finished run's record to ``on_run``."""
+    def run(context):
+        record = runner(context)
+        if record is not None:
+            on_run(record)
+        return record
+    return run
 
 
 def _logger(log, on_trial):
