@@ -127,7 +127,7 @@ def with_enough_steps(recipe: Recipe, baseline: Recipe, batches_per_epoch: int |
     if steps >= floor:
         return recipe
     why = (f"this task's baseline itself trains only {floor} steps, so no rung can be shorter and still say "
-           f"something" if floor < MIN_RUNG_STEPS else f"a shorter run measures its warmup, not its methods")
+           "something" if floor < MIN_RUNG_STEPS else "a shorter run measures its warmup, not its methods")
     warnings.warn(f"recipe {recipe.name!r} ({recipe.adopted_from} rebuilt on this task) would train {steps} "
                   f"step(s) on this data; it trains {floor} instead: {why}", stacklevel=3)
     return recipe.with_budget(f"{floor}ba")

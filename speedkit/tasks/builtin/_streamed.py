@@ -17,7 +17,7 @@ from pathlib import Path
 from speedkit.data.folder_split import has_given_split
 from speedkit.data.streaming.remote import describe
 from speedkit.data.streaming.shards import MANIFEST, is_shard_folder, read_shards
-from speedkit.tasks.task import DataRequest
+from speedkit.tasks.task import DataRequest, Task
 
 # text-folder's evaluation reads at most this many tokens: the in-memory text loader's 64 x 32 windows of 256.
 EVAL_TOKENS = 64 * 32 * 256
@@ -104,7 +104,7 @@ def _partial(info) -> str:
 
 def streamed_image_task(shards: Path | str, info, *, name: str, sizes, target: float, summary,
                         flips_keep_labels: bool = True, crop_scale: tuple[float, float] | None = None,
-                        **task) -> "Task":
+                        **task) -> Task:
     """A classification Task over the image shards ``shards`` (``info``: their ``read_kind``): ``image-folder``'s
     streamed path and ``imagenet``.
 
@@ -113,7 +113,6 @@ def streamed_image_task(shards: Path | str, info, *, name: str, sizes, target: f
     may take (None: the loader's); ``task``: the rest of the Task's fields (recipes, models, ...)."""
     from speedkit.data.streaming.loaders import StreamingImageLoader
     from speedkit.tasks.builtin._shared import classification_metrics, recipe_augment, vision_model_factory
-    from speedkit.tasks.task import Task
 
     classes = info.manifest["classes"]
 
@@ -154,7 +153,7 @@ STREAMED_GPTS = ("gpt-nano", "gpt-micro", "gpt-mini", "gpt-small", "gpt2-124m")
 
 
 def streamed_token_task(shards: Path | str, info, *, name: str, longest_context: int, eval_tokens: int,
-                        target: float, summary, model=None, **task) -> "Task":
+                        target: float, summary, model=None, **task) -> Task:
     """A GPT Task over the BPE token shards ``shards`` (``info``: their ``read_kind``), evaluated by loss (nats per token: bits per byte would need the bytes each
     token stands for): ``text-folder``'s streamed path and ``gpt2``.
 
@@ -166,7 +165,6 @@ def streamed_token_task(shards: Path | str, info, *, name: str, longest_context:
     from speedkit.models import get_model
     from speedkit.record.metrics import CrossEntropy
     from speedkit.tasks.builtin._shared import _context_length, _for_model
-    from speedkit.tasks.task import Task
 
     vocab, block = int(info.manifest["vocab_size"]), int(info.manifest["block"])
 

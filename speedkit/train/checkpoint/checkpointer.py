@@ -226,8 +226,8 @@ class Checkpointer:
                 return path, contents, passed_over
             passed_over.append((path, reasons[0]))
         raise CheckpointError(f"autoresume: no checkpoint in {self.folder} can be used (all are kept as they "
-                              f"are): " + "; ".join(why for _, why in passed_over) +
-                              f". Resume from a copy of the run, or start afresh under another run name")
+                              "are): " + "; ".join(why for _, why in passed_over) +
+                              ". Resume from a copy of the run, or start afresh under another run name")
 
     def _keep_aside(self, passed_over: list[tuple[Path, str]], resumed_from: Path) -> None:
         """Rename the checkpoints passed over to ``<name>.unusable`` (never delete them) and say so."""
