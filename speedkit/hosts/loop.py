@@ -52,7 +52,6 @@ from typing import Callable, Iterable, Sequence
 import torch
 
 from speedkit.core import Event, Method, Time, TimeUnit
-from speedkit.core.batch import BatchShapeError, batch_inputs
 from speedkit.hosts._checks import check_evaluation_served
 from speedkit.hosts._optimizers import (StepScaler, as_one_optimizer, follow_user_schedule, gradients_kept,
                                         refuse_two_schedules)
@@ -150,8 +149,6 @@ class Speedkit:
         # sk.loss's loss, until the first accumulated sk.backward has compared the loss it was given with it
         self._loss_given, self._loss_checked = None, False
         self._zeroing_checked = False  # the first accumulated step's gradients kept between its batches
-        # the inputs a batch method replaced, until the model's first forward after it (_check_forward_inputs)
-        self._replaced_inputs, self._forward_hook, self._inputs_checked = None, None, False
 
     @property
     def state(self):
@@ -234,41 +231,11 @@ class Speedkit:
         if self._share_to_check is not None and self.state.timestamp.batch_in_epoch == 0:
             self._share_to_check.check(self.accelerator)
             self._share_to_check = None
-        given = None if self._inputs_checked else _inputs_of(batch)
         batch = self.session.transform_batch(batch)
-        if given is not None and _inputs_of(batch) is not given:
-            self._watch_forward(given)
         if self._follow is not None:
             self._follow()
         self._lrs_set = self._learning_rates() if self._schedules else None
         return batch
-
-    def _watch_forward(self, replaced) -> None:
-        """Until the model's first forward after a batch method replaced the inputs (mixup, progressive resizing),
-        check that it was not given the ones from before (``_check_forward_inputs``)."""
-        self._replaced_inputs = replaced
-        if self._forward_hook is None and isinstance(self.state.model, torch.nn.Module):
-            self._forward_hook = self.state.model.register_forward_pre_hook(self._check_forward_inputs,
-                                                                            with_kwargs=True)
-
-    def _check_forward_inputs(self, module, args, kwargs) -> None:
-        """Refuse a forward given the inputs from before sk.batch replaced them: the model never saw what the batch
-        methods made (mixup's mixed images scored against their mixed labels), and trained on the wrong pairs
-        without a word. Once, in eager mode, then the hook is removed; traced into a compiled forward, it does
-        nothing and stays, since removing it there would recompile the model."""
-        if torch.compiler.is_compiling():
-            return
-        replaced, self._replaced_inputs = self._replaced_inputs, None
-        if replaced is not None and any(value is replaced for value in (*args, *kwargs.values())):
-            changed = [m.name for m in self.methods if Event.BEFORE_FORWARD in m.CARD.events]
-            raise HostCannotServeError(
-                f"the model's forward was given the inputs from before sk.batch replaced them ({', '.join(changed)}), "
-                f"so it never saw what the batch methods made, while the loss and the clock count it as if it had; "
-                f"forward the batch sk.batch returned: `batch = sk.batch(batch)`, then `model(batch[0])` (or "
-                f"`model(**batch)`)")
-        self._inputs_checked = True
-        self._forward_hook.remove()
-        self._forward_hook = None
 
     def loss(self, outputs, batch=None, loss_fn: Callable | None = None) -> torch.Tensor:
         """The loss of ``outputs`` on ``batch`` (the one :meth:`batch` returned), with the label methods applied
@@ -506,14 +473,6 @@ class Speedkit:
         """Restore :meth:`state_dict`'s output, after prepare_model and prepare_optimizer."""
         self.session.load_state_dict(saved)
         self._fresh_start_checked = True
-
-
-def _inputs_of(batch):
-    """The batch's inputs, or None for a batch whose inputs speedkit cannot tell (a dict without an input key)."""
-    try:
-        return batch_inputs(batch)
-    except BatchShapeError:
-        return None
 
 
 def _grad_scaler_stepping():

@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import torch
 
 from speedkit.core import Engine, Event, Method, State, Time, TimeUnit
-from speedkit.core.batch import batch_size, batch_targets, batch_tokens
+from speedkit.core.batch import BatchShapeError, batch_inputs, batch_size, batch_targets, batch_tokens
 from speedkit.core.method import LOOP_NEEDS, IncompatibleMethodsError
 from speedkit.models.pretrained import mark_surgered
 from speedkit.record.loggers import Logger, LoggerDestination, RecordDestination
@@ -170,6 +170,8 @@ class MethodSession:
         self.batch_started = False  # BATCH_START ran for the batch in flight
         self._counted_batch = None  # the loader's batch in flight, which the clock counts
         self._replaced_labels = None  # the labels a batch method replaced in the batch in flight (compute_loss)
+        # the inputs a batch method replaced, until the model's first forward after it (_check_forward_inputs)
+        self._replaced_inputs, self._forward_hook, self._inputs_checked = None, None, False
         self._accumulated: list = []  # the step's microbatches already through (gradient accumulation)
         self.epoch_started = False
         self.initialized = False
@@ -263,10 +265,47 @@ class MethodSession:
         self._counted_batch = batch
         self.step.after_dataloader(batch)
         self.batch_start()
+        given = None if self._inputs_checked else _inputs_of(batch)
         transformed = self.step.before_forward()
         labels = batch_targets(batch)
         self._replaced_labels = labels if labels is not None and batch_targets(transformed) is not labels else None
+        if given is not None and _inputs_of(transformed) is not given:
+            self._watch_forward(given)
         return transformed
+
+    def _watch_forward(self, replaced) -> None:
+        """Until the model's first forward after a batch method replaced the inputs (mixup, progressive resizing),
+        check that it was not given the ones from before (``_check_forward_inputs``)."""
+        self._replaced_inputs = replaced
+        if self._forward_hook is None and isinstance(self.state.model, torch.nn.Module):
+            self._forward_hook = self.state.model.register_forward_pre_hook(self._check_forward_inputs,
+                                                                            with_kwargs=True)
+
+    def _check_forward_inputs(self, module, args, kwargs) -> None:
+        """Refuse a forward given the inputs from before the batch methods replaced them (``x, y = batch`` taken
+        before the batch call): the model never saw what they made (mixup's mixed images, scored against their
+        mixed labels), and trained on the wrong pairs without a word. Once, in eager mode, then the hook is
+        removed; traced into a compiled forward it does nothing and stays, since removing it would recompile the
+        model (``_stop_watching`` then lets go of the inputs it held)."""
+        if torch.compiler.is_compiling():
+            return
+        replaced, self._replaced_inputs = self._replaced_inputs, None
+        if replaced is not None and any(value is replaced for value in (*args, *kwargs.values())):
+            changed = [m.name for m in self.methods
+                       if {Event.AFTER_DATALOADER, Event.BEFORE_FORWARD} & set(m.CARD.events)]
+            raise HostCannotServeError(
+                f"the model's forward was given the inputs from before the batch methods replaced them "
+                f"({', '.join(changed)}), so it never saw what they made, while the loss counts it as if it had; "
+                f"forward the batch speedkit's batch call returned (in a loop: batch = sk.batch(batch), then "
+                f"model(batch[0]); in Lightning: batch = self.speedkit.batch(batch) before x, y = batch)")
+        self._inputs_checked = True
+        self._forward_hook.remove()
+        self._forward_hook = None
+
+    def _stop_watching(self) -> None:
+        """At the end of a step whose forward no eager call checked (the model runs compiled): stop checking."""
+        if self._replaced_inputs is not None:
+            self._replaced_inputs, self._inputs_checked = None, True
 
     def compute_loss(self, outputs, batch=None, loss_fn: Callable | None = None) -> torch.Tensor:
         """AFTER_FORWARD, BEFORE_LOSS, the loss, AFTER_LOSS; returns the loss (label methods acted on it).
@@ -306,12 +345,14 @@ class MethodSession:
         self._accumulated.append(batch if batch is not None else self._counted_batch)
         self._counted_batch = None
         self.state.microbatch_index += 1
+        self._stop_watching()
 
     def batch_end(self, batch=None) -> None:
         """After the optimizer step: AFTER_TRAIN_BATCH, the clock advances by ``batch`` (the loader's batch) and
         the step's earlier microbatches, BATCH_END, and EPOCH_END when the epoch's last batch is through."""
         state = self.state
         counted = batch if batch is not None else self._counted_batch
+        self._stop_watching()
         self.step.after_optimizer()
         microbatches = [b for b in (*self._accumulated, counted) if b is not None]
         if len(microbatches) > 1:
@@ -432,3 +473,11 @@ class MethodSession:
         if not self.fit_started:
             raise RuntimeError(f"{self.host.name}: training started before speedkit's fit start; call "
                                f"prepare_optimizer(optimizer) (FIT_START) before the first batch")
+
+
+def _inputs_of(batch):
+    """The batch's inputs, or None for a batch whose inputs speedkit cannot tell (a dict without an input key)."""
+    try:
+        return batch_inputs(batch)
+    except BatchShapeError:
+        return None

@@ -1,4 +1,4 @@
-"""The explorer's Tune panel: ``speedkit.experiments.tune`` on a worker thread, its runs on the run board as they finish.
+"""The explorer's Tune panel: ``speedkit.experiments.tune`` on a worker thread, its runs on the board as they finish.
 
 Target, budget and the methods the search may try are controls; Start runs the search off the
 kernel's main thread (so Stop, a widget event, is handled while it trains); each finished run's

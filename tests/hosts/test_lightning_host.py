@@ -261,6 +261,27 @@ def test_a_batch_method_without_the_step_call_is_refused_before_training():
     assert module.sizes == []  # refused at setup: not one forward ran
 
 
+class InputsBeforeTheBatchCall(Classifier):
+    """Takes x from the loader's batch, then makes the batch call: the forward sees the images before resizing."""
+
+    def training_step(self, batch, batch_idx):
+        x, _ = batch
+        batch = self.speedkit.batch(batch)
+        return self.speedkit.loss(self(x), batch, self.criterion)
+
+
+def test_a_forward_given_the_inputs_from_before_the_batch_call_is_refused():
+    """Progressive resizing made the batch smaller; the model trained at the loader's size all the same, and the
+    run counted it as resized. Refused as that first forward is called, before it computes anything."""
+    module = InputsBeforeTheBatchCall()
+    trainer = L.Trainer(max_steps=2, callbacks=[SpeedkitCallback([ProgressiveResizing(initial_scale=0.5)])],
+                        **QUIET)
+    with pytest.raises(HostCannotServeError, match=r"forward was given the inputs from before the batch methods "
+                                                   r"replaced them \(progressive_resizing\)"):
+        trainer.fit(module, image_loader())
+    assert module.sizes == []
+
+
 @pytest.mark.parametrize("refused, message", [
     (AlternatingFlip(), r"alternating_flip cannot run in Lightning: .*DataModule.*alternate_flips\(dataset, sampler"),
     (Autocast(), r"autocast cannot run in Lightning: .*precision='bf16-mixed'"),

@@ -318,8 +318,8 @@ def test_a_forward_given_the_inputs_from_before_the_batch_methods_is_refused():
     raw = next(iter(train))
     mixed = sk.batch(raw)
     assert mixed[0] is not raw[0]  # the inputs were replaced
-    with pytest.raises(HostCannotServeError, match=r"forward was given the inputs from before sk.batch replaced "
-                                                   r"them \(mixup\)"):
+    with pytest.raises(HostCannotServeError, match=r"forward was given the inputs from before the batch methods "
+                                                   r"replaced them \(mixup\)"):
         model(raw[0])
 
     model = toy_model()
@@ -356,6 +356,7 @@ def test_the_forward_check_costs_a_compiled_model_no_recompile():
             optimizer.zero_grad()
             sk.step_end()
     assert sk.state.timestamp.batch == 3 and len(graphs) == 1
+    assert sk.session._replaced_inputs is None  # no batch held past its step
 
 
 def test_stepping_the_optimizer_given_instead_of_the_one_returned_is_refused():
