@@ -290,7 +290,9 @@ class MethodSession:
         if torch.compiler.is_compiling():
             return
         replaced, self._replaced_inputs = self._replaced_inputs, None
-        if replaced is not None and any(value is replaced for value in (*args, *kwargs.values())):
+        if replaced is None:
+            return  # nothing to check: a compiled model's hook, kept (an eager forward must not remove it either)
+        if any(value is replaced for value in (*args, *kwargs.values())):
             changed = [m.name for m in self.methods
                        if {Event.AFTER_DATALOADER, Event.BEFORE_FORWARD} & set(m.CARD.events)]
             raise HostCannotServeError(
