@@ -39,7 +39,8 @@ given the inputs from before ``sk.batch`` replaced them (mixup, resizing), at th
 uncompiled model; a step begun after ``max_duration``; a first step whose optimizer trained before while speedkit's
 clock is at its start (a resume that restored the model and optimizer but not ``sk.load_state_dict``); a GradScaler
 stepping the optimizer that speedkit was not given (``grad_scaler=``), where gradient clipping acted on the scaled
-gradients; ``sk.state_dict()`` inside ``with sk.evaluating():`` where EMA's average is in the model; and, with
+gradients; ``sk.state_dict()`` inside ``with sk.evaluating():`` where EMA's average is in the model; beside EMA, an
+evaluation forward (eval mode, gradients off) outside ``with sk.evaluating():`` before ``sk.finish()``; and, with
 ``schedules=``, a step without ``sk.batch`` (where the schedule is set) or a learning rate something else changed.
 """
 from __future__ import annotations
@@ -149,6 +150,7 @@ class Speedkit:
         # sk.loss's loss, until the first accumulated sk.backward has compared the loss it was given with it
         self._loss_given, self._loss_checked = None, False
         self._zeroing_checked = False  # the first accumulated step's gradients kept between its batches
+        self._eval_hook = None  # with EMA, refuses an evaluation forward outside `with sk.evaluating():`
 
     @property
     def state(self):
@@ -184,6 +186,7 @@ class Speedkit:
         # follow its lr's relative change. speedkit's own schedules set every group, Muon's included.
         self._follow = None if self._schedules else follow_user_schedule(given, optimizers)
         self._count_steps([*given, *optimizers])
+        self._watch_evaluations()
         stepped = as_one_optimizer(optimizers)
         if self._grad_scaler is not None:  # what `scaler.step(optimizer)` steps: the one returned here
             self.session.state.grad_scaler = StepScaler(self._grad_scaler, stepped)
@@ -217,6 +220,29 @@ class Speedkit:
                 f"were still scaled (by the loss scale), so it acted on the wrong values; pass the scaler to speedkit, "
                 f"Speedkit(..., grad_scaler=scaler), and {acting[0]} unscales them first (scaler.step then does not "
                 f"unscale them again)")
+
+    def _watch_evaluations(self) -> None:
+        """Beside a method whose average evaluation measures (EMA), watch the model's forwards for an evaluation
+        outside ``with sk.evaluating():`` (``_refuse_evaluation_outside``), until ``sk.finish()``."""
+        averaging = any(m.evaluates_average() for m in self.methods)
+        if averaging and self._eval_hook is None and isinstance(self.state.model, torch.nn.Module):
+            self._eval_hook = self.state.model.register_forward_pre_hook(self._refuse_evaluation_outside)
+
+    def _refuse_evaluation_outside(self, module, args) -> None:
+        """Refuse an evaluation forward (the model in eval mode, gradients off) after the first step and outside
+        ``with sk.evaluating():``: the model holds its training weights there, not the average EMA keeps for
+        evaluation, so the accuracy measured is not EMA's, without a word. A forward in eval mode with gradients
+        on (frozen batch norm) trains, and is left alone; traced into a compiled forward the check is nothing."""
+        if (torch.compiler.is_compiling() or self._evaluating or module.training or torch.is_grad_enabled()
+                or self.state.timestamp.batch == 0):
+            return
+        averaging = next(m.name for m in self.methods if m.evaluates_average())
+        raise HostCannotServeError(
+            f"an evaluation forward (model.eval(), gradients off) outside `with sk.evaluating():`, where the model "
+            f"holds its training weights: {averaging} keeps an average for evaluation to measure, which only "
+            f"sk.evaluating() swaps in, so this would measure the training weights as if they were {averaging}'s; "
+            f"evaluate inside `with sk.evaluating():` (after sk.finish() the model holds the weights the run ends "
+            f"with)")
 
     # -- each step -------------------------------------------------------------------------------------
     def batch(self, batch):
@@ -451,6 +477,9 @@ class Speedkit:
             raise HostCannotServeError("sk.finish() after a step that sk.step_end() never ended: call sk.step_end() "
                                        "after optimizer.step() in every step (EMA's update, the schedules and the "
                                        "clock run there; see speedkit.hosts.loop)")
+        if self._eval_hook is not None:  # after FIT_END the model holds the weights the run ends with
+            self._eval_hook.remove()
+            self._eval_hook = None
         self.session.fit_end()
         if not self._eval_checked and Event.EVAL_START not in self.session.served:
             self._eval_checked = True

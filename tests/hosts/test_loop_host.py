@@ -136,6 +136,39 @@ def test_a_checkpoint_taken_inside_the_evaluation_where_emas_average_is_in_the_m
         plain.state_dict()
 
 
+def test_an_evaluation_outside_sk_evaluating_beside_ema_is_refused():
+    """With EMA, an evaluation forward (eval mode, gradients off) outside ``with sk.evaluating():`` measured the
+    training weights as if they were EMA's average. Inside the block, in eval mode with gradients on (frozen batch
+    norm), before the first step, after ``sk.finish()`` and without an averaging method, the forward is left alone."""
+    train, _ = toy_loaders(batch_size=32, n=128, shuffle=False)
+    images = next(iter(train))[0]
+
+    def evaluate(model, grad: bool = False):
+        model.eval()
+        with torch.set_grad_enabled(grad):
+            model(images)
+        model.train()
+
+    model = toy_model()
+    sk = Speedkit([EMA(half_life="0.5dur")], max_duration="4ba", train_dataloader=train)
+    model = sk.prepare_model(model)
+    sk.prepare_optimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+    evaluate(model)  # before the first step the average is the weights
+    model = toy_model()
+    _, sk, _ = plain_loop(model, train, [EMA(half_life="0.5dur")], steps=4)
+    with pytest.raises(HostCannotServeError, match=r"outside `with sk.evaluating\(\):`.*ema keeps an average"):
+        evaluate(model)
+    evaluate(model, grad=True)
+    with sk.evaluating():
+        evaluate(model)
+    sk.finish()
+    evaluate(model)  # the weights the run ends with (EMA's average)
+    assert not model._forward_pre_hooks
+    plain_model = toy_model()
+    plain_loop(plain_model, train, [LabelSmoothing(0.1)], steps=2)
+    evaluate(plain_model)
+
+
 @pytest.mark.parametrize("muon", [False, True], ids=["sgd", "muon-group"])
 def test_a_grad_scaler_speedkit_was_not_given_is_refused_before_clipping_steps_scaled_gradients(muon):
     """fp16's loss scaling in your own loop: gradient clipping at sk.backward sees the gradients times the loss
