@@ -46,6 +46,8 @@ def add_parser(commands) -> None:
     tune.add_argument("--trial-limit", help="most training time of one trial (default: a fifth of the budget)")
     tune.add_argument("--max-trials", type=int, help="stop the search after this many trials")
     tune.add_argument("--max-baseline-trials", type=int, help="stop tuning the baseline after this many runs")
+    tune.add_argument("--baseline-share", type=float, default=0.15,
+                      help="the part of the budget that tunes the baseline, e.g. 0.3 (default 0.15)")
     tune.add_argument("--pruner", default="halving", choices=["halving", "hyperband", "median", "none"],
                       help="stops trials that fall behind at an evaluation (successive halving by default)")
     tune.add_argument("--no-hparams", action="store_true", help="methods on/off only, each at its card's defaults")
@@ -116,4 +118,5 @@ def _tune_settings(settings_class, args):
         out_dir=args.out, run_dir=args.run_dir, data_fraction=args.data_fraction, eval_fraction=args.eval_fraction,
         eval_interval=args.eval_interval, device=args.device, n_workers=args.workers, seeds_to_confirm=args.seeds,
         trial_limit=args.trial_limit, max_trials=args.max_trials, max_baseline_trials=args.max_baseline_trials,
-        pruner=args.pruner, tune_hparams=not args.no_hparams, leave_one_out=args.leave_one_out, runner=args.runner)
+        baseline_share=args.baseline_share, pruner=args.pruner, tune_hparams=not args.no_hparams,
+        leave_one_out=args.leave_one_out, runner=args.runner)

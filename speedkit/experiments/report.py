@@ -529,6 +529,8 @@ def tune_markdown(config, summary: dict, recipe_path) -> str:
              "scores limit x (1 + shortfall).", ""]
     shortfall = baseline_shortfall(summary)
     lines += [f"**{shortfall}**", ""] if shortfall else []
+    unfinished = baseline_plan_note(summary)
+    lines += [f"**{unfinished}**", ""] if unfinished else []
     lines += _confirmation_lines(confirmation, recipe_path, config)
     lines += _time_lines(summary.get("time"))
     lines += ["", "## Best trials of the search", "",
@@ -568,6 +570,20 @@ def baseline_shortfall(summary: dict) -> str | None:
     return (f"The tuned baseline reached {metric} {target:g} in none of its {len(runs)} run(s) (its best: {best:.4g}), "
             f"so no speed-up towards that target can be measured here; rerun with `--target {best:.4g}`, the "
             f"baseline's own best {metric}.")
+
+
+def baseline_plan_note(summary: dict) -> str | None:
+    """What a baseline plan cut short leaves out of the baseline, and how to give it room: a baseline less tuned
+    than the plan would have made it can make the speed-up over it larger than over one tuned to the end."""
+    plan = summary.get("baseline_plan") or {"finished": True}
+    if plan["finished"]:
+        return None
+    missing = ("its budget was not walked down, so it runs at the longest budget the plan tried (a baseline that "
+               "stops at the target can reach it sooner on a shorter schedule)" if plan["left"] == "its budget walk"
+               else "its learning rate was not tuned to the end")
+    return (f"The baseline plan stopped after {plan['runs']} runs, at {plan['stopped_by']}, before {plan['left']}: "
+            f"{missing}, so the speed-up over it may be larger than over a baseline tuned to the end. The same "
+            f"command with a larger `--baseline-share` continues the plan, then the search.")
 
 
 def proposal(trial: dict) -> str:

@@ -538,6 +538,7 @@ def test_real_trainer_search_on_a_sliver_of_fashion_mnist(tmp_path):
     (["--methods", "alibi"], "no method left to search (alibi: a language method"),
     (["--target", "eval/f1=0.5", "--methods", "ema"], "'eval/f1' is not logged by any evaluator"),
     (["--budget", "tomorrow", "--methods", "ema"], "budget must be a wall-clock time"),
+    (["--baseline-share", "1.5", "--methods", "ema"], "baseline_share is the part of the budget"),
 ])
 def test_cli_refuses_bad_input_with_a_clear_message(tmp_path, capsys, args, message):
     from speedkit.cli.main import main
@@ -813,6 +814,34 @@ def test_the_baseline_is_tuned_by_the_benchmarks_baseline_plan(tmp_path, fake_en
     tuned, given = candidates(result.summary["confirmation"])[:2]
     assert tuned["role"] == "baseline" and tuned["recipe"]["duration"] == "5.6ep"  # 7 tenths of 8 epochs
     assert given["role"] == "baseline as given"
+    assert result.summary["baseline_plan"] == {"runs": 7, "finished": True}
+    assert "The baseline plan stopped" not in result.report_path.read_text()
+
+
+@pytest.mark.parametrize("cut, runs, left, stopped_by", [
+    ({"max_baseline_trials": 3}, 3, "its budget walk", "max_baseline_trials=3"),
+    ({"max_baseline_trials": 2}, 2, "the rest of its learning-rate sweep", "max_baseline_trials=2"),
+    ({"baseline_share": 1e-6}, 1, "the rest of its learning-rate sweep", "its share of the budget (0%, 0s)"),
+], ids=["before-the-walk", "mid-sweep", "by-its-share"])
+def test_a_baseline_plan_cut_short_is_said_beside_the_speedup_with_how_to_give_it_room(tmp_path, fake_env, cut, runs,
+                                                                                       left, stopped_by):
+    """A plan stopped before its end (by max_baseline_trials, or by its share of the budget, which a sweep of long
+    runs can fill) leaves a baseline less tuned than the plan would have: the search says so as it stops, and the
+    summary and the report say what was left out, beside the speed-up, with the flag that continues it."""
+    logged = []
+    settings = TuneSettings("fashion-mnist", searched_methods=["label_smoothing"], out_dir=tmp_path,
+                            runner="tune_fakes:budgeted_run", budget=60, trial_limit=12, max_trials=1,
+                            seeds_to_confirm=1, tune_hparams=False, **cut, **SMALL)
+    result = tune(settings, log=logged.append)
+    assert result.summary["baseline_plan"] == {"runs": runs, "finished": False, "left": left, "stopped_by": stopped_by}
+    assert any(line.startswith(f"speedkit tune: the baseline plan stopped after {runs} runs") for line in logged)
+    report = " ".join(result.report_path.read_text().split())
+    assert f"The baseline plan stopped after {runs} runs, at {stopped_by}, before {left}" in report
+    assert "`--baseline-share` continues the plan" in report
+    if "baseline_share" in cut:  # as the report says: the same search with a larger share goes on with the plan
+        result = tune(settings.replace(baseline_share=0.9), **QUIET)
+        assert result.summary["baseline_plan"] == {"runs": 7, "finished": True}
+        assert "The baseline plan stopped" not in result.report_path.read_text()
 
 
 def test_a_lead_on_the_search_seed_runs_again_on_another_before_it_leads_the_search(tmp_path, fake_env):

@@ -15,10 +15,10 @@ from speedkit.experiments.tune.confirm import (confirm_candidates, confirm_seeds
                                                plan_confirmation, run_budget_search, run_confirmation,
                                                run_leave_one_out, summarize_confirmation)
 from speedkit.experiments.tune.objective import resolve_runner, runner_path
-from speedkit.experiments.tune.search import (PRUNERS, SEARCH_SEED, TuneConfig, TuneSettings, baseline_runs,
-                                              check_same_search, load_study, logged_metrics, parse_budget,
-                                              refused_methods, resolve_target, run_phases, search_limits, standings,
-                                              start_workers)
+from speedkit.experiments.tune.search import (PRUNERS, SEARCH_SEED, TuneConfig, TuneSettings, baseline_plan_state,
+                                              baseline_runs, check_same_search, load_study, logged_metrics,
+                                              parse_budget, refused_methods, resolve_target, run_phases, search_limits,
+                                              standings, start_workers)
 from speedkit.experiments.tune.space import (TuneInputError, candidate_methods, describe_limit,
                                              fit_hparams_to_model, full_space, probe_surgery, resolve_methods)
 from speedkit.experiments.tune.storage import (ANSWER_LOCK, BASELINE_LOCK, FolderLock, fail_dead_trials, open_storage,
@@ -239,13 +239,14 @@ TRIAL_FIELDS = ("change", "time_to_target_s", "final", "train_s", "wall_s", "bud
 def build_summary(config: TuneConfig, study) -> dict:
     """Everything the report shows, as data (summary.json): the baseline plan's runs and the search's trials
     alike, then the confirmation."""
+    plan_runs = baseline_runs(config, study)
     trials = [{"phase": "baseline", "number": run.number, "state": "pruned" if run.attrs["failed"] else "complete",
                "value": run.attrs["score"], "params": {"lr": run.point.lr, "duration": run.point.budget},
                **{k: run.attrs.get(k) for k in TRIAL_FIELDS}, "infeasible": run.attrs["failed"],
                "seed": run.point.seed, "worst_seed": None if run.attrs["failed"] else {
                    "value": run.attrs["score"], "runs": [run.number]},
                "started": datetime.datetime.fromtimestamp(run.attrs["started"]).isoformat()}
-              for run in baseline_runs(config, study)]
+              for run in plan_runs]
     ranking = {s.first.number: s for s in standings(study)}
     for t in study.get_trials(deepcopy=False):
         if t.state.name == "WAITING":
@@ -262,7 +263,7 @@ def build_summary(config: TuneConfig, study) -> dict:
             "methods_searched": list(space.methods), "hparam_limits": dict(space.hparam_limits),
             "left_out": {**config.left_out, **{m: f"found nothing to act on in a trial, so no longer tried: {why}"
                                                for m, why in refused_methods(study).items()}},
-            "trials": trials,
+            "trials": trials, "baseline_plan": baseline_plan_state(config, plan_runs),
             "confirmation": summarize_confirmation(config, study),
             "time": where_the_time_went(config, study, trials)}
 

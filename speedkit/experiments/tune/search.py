@@ -22,7 +22,7 @@ from typing import Any, Sequence
 from speedkit.core.seeding import process_seed
 from speedkit.core.time import scaled_duration
 from speedkit.data.identity import data_identity
-from speedkit.experiments.baseline_plan import BaselinePlan, Outcome, Point, answer, run_plan
+from speedkit.experiments.baseline_plan import BaselinePlan, Outcome, Point, answer, next_run, run_plan
 from speedkit.experiments.measure import budget_scale, refuse_planned
 from speedkit.experiments.tune.objective import (USER_STOP, TrialContext, resolve_runner, score_record,
                                                  train_and_store)
@@ -486,10 +486,12 @@ def run_phases(config: TuneConfig, worker_index: int = 0, runner=None, on_trial=
 
 
 def search_limits(config: TuneConfig) -> str:
-    """The limits a search ran to (its budget, its trial counts): a rerun with other limits searches on."""
+    """The limits a search ran to (its budget, its trial counts, the baseline plan's share): a rerun with other
+    limits searches on (with a larger share, the baseline plan first)."""
     settings = config.settings
     return json.dumps({"budget_s": config.budget_s, "max_trials": settings.max_trials,
-                       "max_baseline_trials": settings.max_baseline_trials}, sort_keys=True)
+                       "max_baseline_trials": settings.max_baseline_trials,
+                       "baseline_share": settings.baseline_share}, sort_keys=True)
 
 
 def answer_decided(config: TuneConfig, search_study) -> bool:
@@ -618,6 +620,20 @@ def baseline_open(config: TuneConfig, runs: Sequence[BaselineRun]) -> bool:
     return not runs or config.spent_s() < config.settings.baseline_share * config.budget_s
 
 
+def baseline_plan_state(config: TuneConfig, runs: Sequence[BaselineRun]) -> dict:
+    """Whether the baseline plan ran to its end (``finished``) and, where it did not, what it left out (``left``:
+    the rest of its rate sweep, or its budget walk) and why (``stopped_by``): the baseline measured is then less
+    tuned than the plan would have made it, which the report says beside the speed-up."""
+    upcoming = next_run(baseline_plan(config), [run.outcome for run in runs])
+    state = {"runs": len(runs), "finished": upcoming is None}
+    if upcoming is not None:
+        most, share = config.settings.max_baseline_trials, config.settings.baseline_share
+        state["left"] = "its budget walk" if upcoming.stage == "budget" else "the rest of its learning-rate sweep"
+        state["stopped_by"] = (f"max_baseline_trials={most}" if most is not None and len(runs) >= most else
+                               f"its share of the budget ({share:.0%}, {share * config.budget_s:.0f}s)")
+    return state
+
+
 def run_baseline_plan(config: TuneConfig, study, runner, should_stop=None, log=print) -> None:
     """Tune the baseline by the benchmark's plan (``baseline_plan.run_plan``) while ``baseline_open``, listing
     each finished run with the search study; a killed plan goes on from the runs listed. One process at a time
@@ -642,6 +658,10 @@ def run_baseline_plan(config: TuneConfig, study, runner, should_stop=None, log=p
             return done.outcome
 
         run_plan(plan, [r.outcome for r in runs], run)
+        state = baseline_plan_state(config, runs)
+        if not state["finished"] and not (should_stop and should_stop()):
+            log(f"speedkit tune: the baseline plan stopped after {state['runs']} runs, at {state['stopped_by']}, "
+                f"before {state['left']}; the report says what that means for the speed-up")
     finally:
         gate.release()
 
