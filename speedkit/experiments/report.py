@@ -583,7 +583,8 @@ def baseline_plan_note(summary: dict) -> str | None:
                else "its learning rate was not tuned to the end")
     return (f"The baseline plan stopped after {plan['runs']} runs, at {plan['stopped_by']}, before {plan['left']}: "
             f"{missing}, so the speed-up over it may be larger than over a baseline tuned to the end. The same "
-            f"command with a larger `--baseline-share` continues the plan, then the search.")
+            f"command with a larger `--baseline-share` continues the plan and confirms the winner again beside the "
+            f"baseline it tunes.")
 
 
 def proposal(trial: dict) -> str:

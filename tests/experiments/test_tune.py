@@ -842,6 +842,8 @@ def test_a_baseline_plan_cut_short_is_said_beside_the_speedup_with_how_to_give_i
         result = tune(settings.replace(baseline_share=0.9), **QUIET)
         assert result.summary["baseline_plan"] == {"runs": 7, "finished": True}
         assert "The baseline plan stopped" not in result.report_path.read_text()
+        tuned = candidates(result.summary["confirmation"])[0]  # confirmed again: the baseline the plan tuned
+        assert tuned["role"] == "baseline" and tuned["recipe"]["duration"] == "5.6ep" and tuned["reached"] == 1
 
 
 def test_a_lead_on_the_search_seed_runs_again_on_another_before_it_leads_the_search(tmp_path, fake_env):

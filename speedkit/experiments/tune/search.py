@@ -612,12 +612,13 @@ def _baseline_run(config: TuneConfig, entry: dict, record) -> BaselineRun:
 
 
 def baseline_open(config: TuneConfig, runs: Sequence[BaselineRun]) -> bool:
-    """Whether the plan may start another run: at least one, at most ``max_baseline_trials``, and only within
-    ``baseline_share`` of the budget."""
+    """Whether the plan may start another run: at least one, at most ``max_baseline_trials``, and only while its
+    runs have taken less than ``baseline_share`` of the budget (their own time, so that a search continued with a
+    larger share goes on with the plan, whatever the search spent since)."""
     most = config.settings.max_baseline_trials
     if most is not None and len(runs) >= most:
         return False
-    return not runs or config.spent_s() < config.settings.baseline_share * config.budget_s
+    return not runs or sum(run.attrs["wall_s"] for run in runs) < config.settings.baseline_share * config.budget_s
 
 
 def baseline_plan_state(config: TuneConfig, runs: Sequence[BaselineRun]) -> dict:
