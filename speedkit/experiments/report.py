@@ -651,6 +651,12 @@ def _confirmation_lines(confirmation: dict, recipe_path, config) -> list[str]:
           _num(row["median_time_to_target_s"]), ", ".join(_num(t) for t in row["time_to_target_s"]),
           _num(median_or_none(row["final_metric"]), 4), row["change"]]
          for key, row in {**confirmation["baselines"], **confirmation["recipes"]}.items())), ""]
+    sessions = confirmation.get("sessions") or {}
+    if len(sessions) > 1:
+        lines += [f"These runs come from {len(sessions)} sittings of the search: {_sittings(confirmation)}. A pair "
+                  f"made in two sittings compares the sittings too (the machine, its load), not the recipes alone: "
+                  f"for a speed-up measured side by side, run the recipe files below together on fresh seeds, or "
+                  f"the search again in a new `--out`.", ""]
     asked = config.settings.seeds_to_confirm
     if len(seeds) < asked:
         lines += [f"Confirmed on {len(seeds)} of the {asked} seeds asked for: the budget held no "

@@ -26,6 +26,21 @@ def by_seed(records: Sequence[RunRecord], seeds: Sequence[int], value: Callable[
     return [value(found[s]) if s in found else None for s in seeds]
 
 
+def sittings(records: Sequence[RunRecord], sitting_of: Callable[[RunRecord], str],
+             name_of: Callable[[RunRecord], str]) -> dict[str, list[str]]:
+    """``{sitting: the names whose runs it made}``, in the order the sittings made their first runs (a sitting's
+    label is the time it started, ``%Y%m%d-%H%M%S``). One sitting when every run was made side by side; more when a
+    benchmark ran a recipe later (``--only``) or a search was continued: a pair made in two sittings compares the
+    sittings too."""
+    found: dict[str, set] = {}
+    first: dict[str, str] = {}
+    for record in records:
+        sitting = str(sitting_of(record))
+        found.setdefault(sitting, set()).add(name_of(record))
+        first[sitting] = min(first.get(sitting, record.created), record.created)
+    return {sitting: sorted(found[sitting]) for sitting in sorted(found, key=lambda s: (first[s], s))}
+
+
 WORK_UNITS = ("batch", "sample", "token")
 
 

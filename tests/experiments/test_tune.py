@@ -844,6 +844,13 @@ def test_a_baseline_plan_cut_short_is_said_beside_the_speedup_with_how_to_give_i
         assert "The baseline plan stopped" not in result.report_path.read_text()
         tuned = candidates(result.summary["confirmation"])[0]  # confirmed again: the baseline the plan tuned
         assert tuned["role"] == "baseline" and tuned["recipe"]["duration"] == "5.6ep" and tuned["reached"] == 1
+        # the others' confirmation runs were made by the first call: the report says the pairs span two sittings
+        sessions = list(result.summary["confirmation"]["sessions"].values())
+        assert sessions == [["baseline as given"], ["baseline"]]  # the base as given was the plan's first run
+        assert "These runs come from 2 sittings of the search" in result.report_path.read_text()
+    else:
+        assert len(result.summary["confirmation"]["sessions"]) == 1
+        assert "sittings of the search" not in result.report_path.read_text()
 
 
 def test_a_lead_on_the_search_seed_runs_again_on_another_before_it_leads_the_search(tmp_path, fake_env):

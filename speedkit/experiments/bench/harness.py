@@ -22,7 +22,7 @@ from speedkit.experiments.compare import baseline_median_times, final_metric, me
 from speedkit.experiments.baseline_plan import (BaselinePlan, Outcome, Point, budget_found, default_step,
                                                 run_plan, start_steps, sweep_found)
 from speedkit.experiments.measure import MEASURED_RUN, finished_runs, fit, measure
-from speedkit.experiments.summary import add_final_quality, judge, recipe_entry, seed_of
+from speedkit.experiments.summary import add_final_quality, judge, recipe_entry, seed_of, sittings
 from speedkit.record.runs import AS_ASKED, RunRecord, environment
 from speedkit.tasks import TASKS, Recipe, RunRequest, get_recipe, is_baseline, make_trainer, resolve_task
 
@@ -339,7 +339,8 @@ def summarize(records: Sequence[RunRecord], profile: BenchProfile, ablations: Se
         "machine": machine(profile.run.device, records),
         # the sittings the main runs come from (one when all ran interleaved; more when a baseline or
         # a recipe was run later, e.g. after a sweep, and paired by seed with the earlier runs)
-        "sessions": _sessions(records),
+        "sessions": sittings([r for r in records if "ablation" not in r.config],
+                             lambda r: r.config.get("bench", {}).get("session"), lambda r: r.config["recipe"]),
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "profile_spec": dataclasses.asdict(profile),
     }
@@ -349,15 +350,6 @@ def summarize(records: Sequence[RunRecord], profile: BenchProfile, ablations: Se
     if time_breakdown is not None:
         summary["time_breakdown"] = time_breakdown
     return summary
-
-
-def _sessions(records: Sequence[RunRecord]) -> dict[str, list[str]]:
-    """``{benchmark session: recipes whose main runs it ran}``."""
-    sessions: dict[str, set] = {}
-    for record in records:
-        if "ablation" not in record.config:
-            sessions.setdefault(str(record.config.get("bench", {}).get("session")), set()).add(record.config["recipe"])
-    return {session: sorted(names) for session, names in sorted(sessions.items())}
 
 
 def summarize_leave_one_out(records: Sequence[RunRecord], ablations: Sequence[RunRecord]) -> dict:

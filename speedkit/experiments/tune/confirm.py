@@ -10,13 +10,14 @@ confirmed and judged how is in docs/guide.md ("Confirmed, within the budget").
 """
 from __future__ import annotations
 
+import datetime
 import time
 
 from speedkit.core.time import scaled_duration
 from speedkit.experiments.ablation import (ablated_recipes, leave_one_out_rows, leave_one_out_runs,
                                            leave_one_out_summary)
 from speedkit.experiments.measure import Measurement, finished_runs, measure, shortest_budget
-from speedkit.experiments.summary import judge, recipe_entry
+from speedkit.experiments.summary import judge, recipe_entry, sittings
 from speedkit.experiments.tune.objective import USER_STOP, resolve_runner
 from speedkit.experiments.tune.search import (TuneConfig, baseline_runs, confirm_wall_s, confirmed_baselines,
                                               plan_recipe, recipe_from_trial, seeds_that_fit, standings,
@@ -155,7 +156,8 @@ def _confirm_run(config: TuneConfig, study, runner, role: str, key: str, seed: i
     context.should_stop = should_stop
     extra = context.run.extra_config
     context.run = context.run.replace(extra_config={
-        **extra, "tune": {**extra["tune"], "candidate": key, "role": role, "recipe": recipe.to_dict()},
+        **extra, "tune": {**extra["tune"], "candidate": key, "role": role, "recipe": recipe.to_dict(),
+                          "sitting": sitting_label(config.started_at)},
         # what speedkit.experiments.compare.leave_one_out and the run board read
         **({"ablation": ablation} if ablation is not None else {})})
     started = time.time()
@@ -261,7 +263,7 @@ def summarize_confirmation(config: TuneConfig, study) -> dict:
     luckiest."""
     candidates, seeds = confirm_candidates(config, study), confirm_seeds(config, study)
     runs = _confirmed(config, study, {key: recipe for _, key, recipe in candidates})
-    baselines, recipes = {}, {}
+    baselines, recipes, roles = {}, {}, {key: role for role, key, _ in candidates}
     for role, key, recipe in candidates:
         side = baselines if role in BASELINE_ROLE_NAMES else recipes
         side[key] = {"role": role, "recipe": recipe.to_dict(), "change": describe_change(recipe, config.base_recipe()),
@@ -269,11 +271,20 @@ def summarize_confirmation(config: TuneConfig, study) -> dict:
                                     config.metric, config.target)}
     confirmation = {"seeds": seeds, "target": {"metric": config.metric, "value": config.target},
                     "baselines": baselines, "recipes": recipes,
-                    **judge(baselines, recipes, seeds, config.metric, config.target)}
+                    **judge(baselines, recipes, seeds, config.metric, config.target),
+                    # the tune calls that made these runs: more than one where a search was continued
+                    "sessions": sittings(list(runs.values()), lambda r: r.config["tune"].get("sitting", "not recorded"),
+                                         lambda r: roles[r.config["tune"]["candidate"]])}
     winner = confirmation["best_recipe"]
     ablations = _confirmed(config, study, _ablated(winner, Recipe(**recipes[winner]["recipe"]))) if winner else {}
     confirmation["leave_one_out"] = summarize_leave_one_out(config, winner, confirmation, ablations)
     return confirmation
+
+
+def sitting_label(started_at: float) -> str:
+    """A tune call's sitting as a benchmark labels its sessions, by the time it started, to the millisecond (a
+    search stopped and continued at once is two sittings too)."""
+    return datetime.datetime.fromtimestamp(started_at).strftime("%Y%m%d-%H%M%S.%f")[:-3]
 
 
 def confirmation_walls(study) -> list[float]:
