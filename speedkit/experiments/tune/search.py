@@ -362,9 +362,12 @@ def trial_context(config: TuneConfig, phase: str, recipe, seed: int, run_name: s
                   kept_back_s: float = 0.0, best_s: float | None = None) -> TrialContext:
     """One run's context; a search trial stops where it would eat into the time ``kept_back_s`` for the
     confirmation (or, for one that reached nothing, at the search's end), and at 1.5x ``best_s``, the best time
-    of its phase so far: past it a run can be neither winner nor runner-up."""
-    remaining = max(1.0, config.budget_s - config.spent_s() - kept_back_s)
-    stop_after = min(config.limit_s, remaining)
+    of its phase so far: past it a run can be neither winner nor runner-up. A run of the baseline plan is not
+    bound by the search's end: the plan keeps to its share by its own runs' time (``baseline_open``), and a budget
+    walk's run cut short by the deadline would read as a budget with which the baseline misses the target."""
+    stop_after = config.limit_s
+    if phase != "baseline":
+        stop_after = min(stop_after, max(1.0, config.budget_s - config.spent_s() - kept_back_s))
     if best_s is not None:
         stop_after = min(stop_after, 1.5 * best_s)
     return TrialContext(run=config.trial_run(recipe, seed, run_name, phase, trial), metric=config.metric,
