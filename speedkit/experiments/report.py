@@ -578,9 +578,11 @@ def baseline_plan_note(summary: dict) -> str | None:
     plan = summary.get("baseline_plan") or {"finished": True}
     if plan["finished"]:
         return None
-    missing = ("its budget was not walked down, so it runs at the longest budget the plan tried (a baseline that "
-               "stops at the target can reach it sooner on a shorter schedule)" if plan["left"] == "its budget walk"
-               else "its learning rate was not tuned to the end")
+    missing = {"its budget walk": "its budget was not walked down, so it runs at the budget of the rate sweep (a "
+                                  "baseline that stops at the target can reach it sooner on a shorter schedule)",
+               "the rest of its budget walk": "its budget was walked down only part of the way, and a shorter one "
+                                              "may still reach the target, sooner"}.get(
+        plan["left"], "its learning rate was not tuned to the end")
     return (f"The baseline plan stopped after {plan['runs']} runs, at {plan['stopped_by']}, before {plan['left']}: "
             f"{missing}, so the speed-up over it may be larger than over a baseline tuned to the end. The same "
             f"command with a larger `--baseline-share` continues the plan and confirms the winner again beside the "

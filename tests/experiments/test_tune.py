@@ -820,9 +820,10 @@ def test_the_baseline_is_tuned_by_the_benchmarks_baseline_plan(tmp_path, fake_en
 
 @pytest.mark.parametrize("cut, runs, left, stopped_by", [
     ({"max_baseline_trials": 3}, 3, "its budget walk", "max_baseline_trials=3"),
+    ({"max_baseline_trials": 5}, 5, "the rest of its budget walk", "max_baseline_trials=5"),
     ({"max_baseline_trials": 2}, 2, "the rest of its learning-rate sweep", "max_baseline_trials=2"),
     ({"baseline_share": 1e-6}, 1, "the rest of its learning-rate sweep", "its share of the budget (0%, 0s)"),
-], ids=["before-the-walk", "mid-sweep", "by-its-share"])
+], ids=["before-the-walk", "mid-walk", "mid-sweep", "by-its-share"])
 def test_a_baseline_plan_cut_short_is_said_beside_the_speedup_with_how_to_give_it_room(tmp_path, fake_env, monkeypatch,
                                                                                        cut, runs, left, stopped_by):
     """A plan stopped before its end (by max_baseline_trials, or by its share of the budget, which a sweep of long

@@ -31,6 +31,7 @@ CONFIRM_SEED_START = 1  # the search runs seed 0; confirmation uses fresh seeds,
 # (role, recipe name) of the baseline plan's answer and of the base as given (search.confirmed_baselines)
 BASELINE_ROLES = (("baseline", "baseline"), ("baseline as given", "baseline-as-given"))
 BASELINE_ROLE_NAMES = tuple(role for role, _ in BASELINE_ROLES)  # a confirmation row is a baseline's by its role
+UNRECORDED = "before sittings were recorded"  # a confirmation run of a search made before they were
 CONFIRM_SLACK = 0.1  # how far past the budget a planned confirmation seed may run
 BUDGET_STEPS = (1.2, 1.44)  # the final budget search: a winner that missed a seed is rerun this much longer
 
@@ -273,7 +274,7 @@ def summarize_confirmation(config: TuneConfig, study) -> dict:
                     "baselines": baselines, "recipes": recipes,
                     **judge(baselines, recipes, seeds, config.metric, config.target),
                     # the tune calls that made these runs: more than one where a search was continued
-                    "sessions": sittings(list(runs.values()), lambda r: r.config["tune"].get("sitting", "not recorded"),
+                    "sessions": sittings(list(runs.values()), lambda r: r.config["tune"].get("sitting", UNRECORDED),
                                          lambda r: roles[r.config["tune"]["candidate"]])}
     winner = confirmation["best_recipe"]
     ablations = _confirmed(config, study, _ablated(winner, Recipe(**recipes[winner]["recipe"]))) if winner else {}

@@ -632,7 +632,9 @@ def baseline_plan_state(config: TuneConfig, runs: Sequence[BaselineRun]) -> dict
     state = {"runs": len(runs), "finished": upcoming is None}
     if upcoming is not None:
         most, share = config.settings.max_baseline_trials, config.settings.baseline_share
-        state["left"] = "its budget walk" if upcoming.stage == "budget" else "the rest of its learning-rate sweep"
+        walked = any(run.point.stage == "budget" for run in runs)
+        state["left"] = ("the rest of its learning-rate sweep" if upcoming.stage != "budget" else
+                         "the rest of its budget walk" if walked else "its budget walk")
         state["stopped_by"] = (f"max_baseline_trials={most}" if most is not None and len(runs) >= most else
                                f"its share of the budget ({share:.0%}, {share * config.budget_s:.0f}s)")
     return state
