@@ -621,13 +621,17 @@ def baseline_open(config: TuneConfig, runs: Sequence[BaselineRun]) -> bool:
     most = config.settings.max_baseline_trials
     if most is not None and len(runs) >= most:
         return False
-    return not runs or sum(run.attrs["wall_s"] for run in runs) < config.settings.baseline_share * config.budget_s
+    return not runs or _plan_seconds(runs) < config.settings.baseline_share * config.budget_s
+
+
+def _plan_seconds(runs: Sequence[BaselineRun]) -> float:
+    return sum(run.attrs["wall_s"] for run in runs)
 
 
 def baseline_plan_state(config: TuneConfig, runs: Sequence[BaselineRun]) -> dict:
     """Whether the baseline plan ran to its end (``finished``) and, where it did not, what it left out (``left``:
-    the rest of its rate sweep, or its budget walk) and why (``stopped_by``): the baseline measured is then less
-    tuned than the plan would have made it, which the report says beside the speed-up."""
+    the rest of its rate sweep, its budget walk, or the rest of that walk) and why (``stopped_by``): the baseline
+    measured is then less tuned than the plan would have made it, which the report says beside the speed-up."""
     upcoming = next_run(baseline_plan(config), [run.outcome for run in runs])
     state = {"runs": len(runs), "finished": upcoming is None}
     if upcoming is not None:
@@ -635,8 +639,10 @@ def baseline_plan_state(config: TuneConfig, runs: Sequence[BaselineRun]) -> dict
         walked = any(run.point.stage == "budget" for run in runs)
         state["left"] = ("the rest of its learning-rate sweep" if upcoming.stage != "budget" else
                          "the rest of its budget walk" if walked else "its budget walk")
-        state["stopped_by"] = (f"max_baseline_trials={most}" if most is not None and len(runs) >= most else
-                               f"its share of the budget ({share:.0%}, {share * config.budget_s:.0f}s)")
+        state["stopped_by"] = (
+            f"max_baseline_trials={most}" if most is not None and len(runs) >= most else
+            f"its share of the budget ({share:.0%}, {share * config.budget_s:.0f}s)"
+            if _plan_seconds(runs) >= share * config.budget_s else "a stop before its end")
     return state
 
 
