@@ -46,8 +46,8 @@ def add_parser(commands) -> None:
     tune.add_argument("--trial-limit", help="most training time of one trial (default: a fifth of the budget)")
     tune.add_argument("--max-trials", type=int, help="stop the search after this many trials")
     tune.add_argument("--max-baseline-trials", type=int, help="stop tuning the baseline after this many runs")
-    tune.add_argument("--baseline-share", type=float, default=0.15,
-                      help="the part of the budget that tunes the baseline, e.g. 0.3 (default 0.15)")
+    tune.add_argument("--baseline-share", type=float, default=0.3,
+                      help="the part of the budget the baseline plan's runs may take (default 0.3)")
     tune.add_argument("--pruner", default="halving", choices=["halving", "hyperband", "median", "none"],
                       help="stops trials that fall behind at an evaluation (successive halving by default)")
     tune.add_argument("--no-hparams", action="store_true", help="methods on/off only, each at its card's defaults")
