@@ -5,7 +5,8 @@ that what speedkit's ladders and `speedkit tune` reach there says how they carry
   under /usr/share/fonts, 32x32 grey, each glyph drawn a few times at a random size, offset and slant. Whole
   font families are held out for validation, so validation comes from typefaces training never saw. A flip
   changes a letter, so train it with ``--no-flips``. Classes that look alike (o/O/0, l/I/1, s/S, ...) cap
-  the accuracy below 100%.
+  the accuracy below 100%. It is built from the 20 families the packages below install (``MEASURED_FAMILIES``),
+  whatever else is installed; ``--any-fonts`` builds from every family there.
 - ``perldoc``: a text folder of Perl's documentation (the perl-doc package's .pod files, as .txt).
 - ``objects``: an ImageNet-layout JPEG folder of 9 kinds of things (mammals, birds, fish, fruit, vegetables,
   flowers, tools, musical instruments, vehicles) from the photographs among tuxpaint-stamps-default's stamps
@@ -55,6 +56,15 @@ SAME_DESIGN = (("FreeSans", "Nimbus Sans", "Nimbus Sans Narrow", "Liberation San
                ("FreeSerif", "Nimbus Roman", "Liberation Serif"),
                ("FreeMono", "Nimbus Mono PS", "Liberation Mono"))
 
+# The font families of the glyphs set every committed study measured (11,532 training and 3,906 validation images),
+# as fontconfig names them with the packages above installed. By default the set is built from these alone, so that
+# other fonts on a machine do not change it; one missing would make another set, and is refused.
+MEASURED_FAMILIES = ("C059", "DejaVu Math TeX Gyre", "DejaVu Sans", "DejaVu Sans Mono", "DejaVu Serif", "FreeMono",
+                     "FreeSans", "FreeSerif", "Liberation Mono", "Liberation Sans", "Liberation Sans Narrow",
+                     "Liberation Serif", "Nimbus Mono PS", "Nimbus Roman", "Nimbus Sans", "Nimbus Sans Narrow", "P052",
+                     "URW Bookman", "URW Gothic", "Z003")
+FONT_PACKAGES = "fonts-dejavu-core fonts-dejavu-extra fonts-liberation fonts-freefont-ttf fonts-urw-base35"
+
 
 def class_name(character: str) -> str:
     """A folder name per character that stays distinct on case-insensitive file systems (A and a)."""
@@ -86,6 +96,18 @@ def _fc_list() -> dict[str, str]:
     except (OSError, subprocess.CalledProcessError):
         return {}
     return dict(line.split("\t", 1) for line in out.splitlines() if "\t" in line)
+
+
+def measured_fonts(fonts: dict[str, list[Path]], root: Path) -> dict[str, list[Path]]:
+    """``fonts`` narrowed to ``MEASURED_FAMILIES``; refused, naming what is missing and the fix, where one of them
+    is not installed: the set built would be another than the one the committed studies measured."""
+    missing = [family for family in MEASURED_FAMILIES if family not in fonts]
+    if missing:
+        raise SystemExit(f"{root} lacks {len(missing)} of the font families the committed glyphs set was built from "
+                         f"({', '.join(missing)}), so this would build another set, whose results do not compare with "
+                         f"bench/results: apt-get install {FONT_PACKAGES}, or pass --any-fonts to build from the fonts "
+                         f"installed here")
+    return {family: fonts[family] for family in MEASURED_FAMILIES}
 
 
 def split_families(families: list[str], val_share: float, seed: int) -> tuple[list[str], list[str]]:
@@ -316,6 +338,8 @@ def main(argv=None) -> None:
     glyphs.add_argument("--variants", type=int, default=3, help="renderings of each glyph of each font (default 3)")
     glyphs.add_argument("--val-share", type=float, default=0.3, help="share of the designs held out (default 0.3)")
     glyphs.add_argument("--seed", type=int, default=0, help="seed of the family split and the renderings")
+    glyphs.add_argument("--any-fonts", action="store_true",
+                        help="build from every font family installed, not only those the committed set was built from")
     perldoc = sets.add_parser("perldoc", allow_abbrev=False, help="Perl's documentation as a text folder")
     perldoc.add_argument("--out", type=Path, required=True, help="the folder to copy the .txt files into")
     perldoc.add_argument("--pods", type=Path, default=Path("/usr/share/perl/5.36/pod"),
@@ -354,6 +378,12 @@ def main(argv=None) -> None:
         if len(fonts) < 2:
             raise SystemExit(f"{args.fonts} holds {len(fonts)} font famil{'y' if len(fonts) == 1 else 'ies'}; "
                              f"holding some out needs at least two (see this script's docstring for packages)")
+        if not args.any_fonts:
+            left_out = sorted(set(fonts) - set(MEASURED_FAMILIES))
+            fonts = measured_fonts(fonts, args.fonts)
+            if left_out:
+                print(f"left out {len(left_out)} installed font families the committed set was not built from "
+                      f"(--any-fonts takes them): {', '.join(left_out)}")
         if args.out.exists():
             shutil.rmtree(args.out)
         built = build_glyphs(args.out, fonts, args.variants, args.val_share, args.seed)

@@ -67,6 +67,23 @@ def test_the_glyph_command_refuses_a_folder_with_one_family(tmp_path):
         builder.main(["glyphs", "--out", str(tmp_path / "out"), "--fonts", str(tmp_path / "fonts")])
 
 
+def test_the_glyph_command_builds_the_measured_families_alone_and_refuses_a_font_set_without_them(tmp_path, capsys):
+    """Another machine's fonts must not silently make another set: the families the committed studies measured
+    are kept and any others left out; one of them missing is refused, naming it and the packages, unless
+    --any-fonts asks for the fonts installed."""
+    import pytest
+
+    paths = {family: [Path(f"/fonts/{family}.ttf")] for family in (*builder.MEASURED_FAMILIES, "Comic Neue")}
+    assert list(builder.measured_fonts(paths, Path("/fonts"))) == list(builder.MEASURED_FAMILIES)
+    fonts = font_folder(tmp_path / "fonts")  # three DejaVu families as matplotlib ships them, none by that name
+    with pytest.raises(SystemExit, match=r"lacks 20 of the font families.*C059.*apt-get install fonts-dejavu-core.*"
+                                         r"--any-fonts"):
+        builder.main(["glyphs", "--out", str(tmp_path / "out"), "--fonts", str(fonts)])
+    assert not (tmp_path / "out").exists()
+    builder.main(["glyphs", "--out", str(tmp_path / "out"), "--fonts", str(fonts), "--any-fonts", "--variants", "1"])
+    assert "validation families" in capsys.readouterr().out and (tmp_path / "out" / "val").is_dir()
+
+
 def test_perldoc_copies_the_pods_as_text_files_and_names_the_package_when_there_are_none(tmp_path):
     import pytest
 
