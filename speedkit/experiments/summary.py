@@ -28,10 +28,10 @@ def by_seed(records: Sequence[RunRecord], seeds: Sequence[int], value: Callable[
 
 def sittings(records: Sequence[RunRecord], sitting_of: Callable[[RunRecord], str],
              name_of: Callable[[RunRecord], str]) -> dict[str, list[str]]:
-    """``{sitting: the names whose runs it made}``, in the order the sittings made their first runs (a sitting's
-    label is the time it started, ``%Y%m%d-%H%M%S``). One sitting when every run was made side by side; more when a
-    benchmark ran a recipe later (``--only``) or a search was continued: a pair made in two sittings compares the
-    sittings too."""
+    """``{sitting: the names whose runs it made}``, in the order the sittings made their first runs (a sitting is
+    named by ``sitting_of``: a benchmark's session, a tune call, each labelled by the time it started). One sitting
+    when every run was made side by side; more when a benchmark ran a recipe later (``--only``) or a search was
+    continued: a pair made in two sittings compares the sittings too."""
     found: dict[str, set] = {}
     first: dict[str, str] = {}
     for record in records:
