@@ -20,7 +20,6 @@ What the notebook imports to do all this lives in ``speedkit.ui.notebook_helpers
 """
 from __future__ import annotations
 
-import os  # noqa: F401  (kept: tests patch os.environ through it)
 from datetime import datetime, timezone
 from pathlib import Path
 

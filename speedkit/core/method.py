@@ -12,7 +12,7 @@ import dataclasses
 import difflib
 import math
 import numbers
-from typing import Any, ClassVar, Iterator, Mapping, Sequence
+from typing import Any, Callable, ClassVar, Iterator, Mapping, Sequence
 
 from speedkit.core.event import Event
 
@@ -244,6 +244,10 @@ class Method:
         during an evaluation that has swapped the average into the model; afterwards both hold what they held
         before. A method that swaps weights in at an event overrides it."""
         yield
+
+    def check_criterion(self, loss_fn: Callable) -> None:
+        """Refuse, before the first step, a loss criterion the user gave (``loss_fn``) that already does what this
+        method does, so the two would do it twice without a word (label smoothing's). The default accepts any."""
 
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in self.params.items())

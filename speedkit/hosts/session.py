@@ -206,7 +206,7 @@ class MethodSession:
         reference = next(model.parameters(), None)
         if reference is not None:
             state.device = reference.device
-        state.loss_fn = make_loss(model, self._given_loss)
+        state.loss_fn = make_loss(model, self._given_loss, self.methods)
         if not self.initialized:
             self._before_surgery = list(model.parameters())  # what an optimizer built too early holds
             self.run(Event.INIT)
@@ -326,7 +326,7 @@ class MethodSession:
                     "sk.loss(outputs, batch))")
             state.batch = batch
         self.step.after_forward(outputs)
-        return self.step.loss(make_loss(state.model, loss_fn) if loss_fn is not None else state.loss_fn)
+        return self.step.loss(make_loss(state.model, loss_fn, self.methods) if loss_fn is not None else state.loss_fn)
 
     def before_backward(self) -> None:
         self.step.before_backward()

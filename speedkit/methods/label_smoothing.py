@@ -1,7 +1,10 @@
 """Label smoothing: train against (1 - s) * one_hot + s / C, which calibrates and regularises classifiers."""
 from __future__ import annotations
 
+import functools
+
 import torch
+import torch.nn.functional as F
 
 from speedkit.core.batch import output_classes, output_logits, require_tuple_batch, with_targets
 from speedkit.core.event import Event
@@ -24,6 +27,16 @@ def smooth_labels(targets: torch.Tensor, num_classes: int, smoothing: float = 0.
     return smoothed
 
 
+def criterion_smoothing(loss_fn) -> float:
+    """The label smoothing a loss criterion applies by itself: ``nn.CrossEntropyLoss(label_smoothing=s)``'s or
+    a ``functools.partial`` of ``F.cross_entropy`` with it (0 for any other; a lambda's cannot be read)."""
+    if isinstance(loss_fn, torch.nn.CrossEntropyLoss):
+        return float(loss_fn.label_smoothing)
+    if isinstance(loss_fn, functools.partial) and loss_fn.func is F.cross_entropy:
+        return float(loss_fn.keywords.get("label_smoothing", 0.0))
+    return 0.0
+
+
 class LabelSmoothing(Method):
     CARD = MethodCard(
         name="label_smoothing",
@@ -42,6 +55,16 @@ class LabelSmoothing(Method):
     def __init__(self, smoothing: float = 0.1):
         super().__init__(smoothing=smoothing)
         self._original_targets = None
+
+    def check_criterion(self, loss_fn) -> None:
+        # The criterion would smooth the soft labels this method gives it once more: smoothings a and b make
+        # 1 - (1 - a)(1 - b), 0.19 for two of 0.1, where the user asked for one of them.
+        own = criterion_smoothing(loss_fn)
+        if own > 0:
+            total = 1 - (1 - own) * (1 - self.params["smoothing"])
+            raise ValueError(f"label_smoothing and loss_fn's own label_smoothing={own:g} would both smooth the "
+                             f"labels (to {total:.3g} together); keep one: remove the LabelSmoothing method, or "
+                             f"pass a loss_fn without label_smoothing")
 
     def apply(self, event, state, logger):
         if event is Event.BEFORE_LOSS:

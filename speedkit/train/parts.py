@@ -33,12 +33,15 @@ def cross_entropy_loss(outputs, batch) -> torch.Tensor:
     return F.cross_entropy(logits.float(), targets)
 
 
-def make_loss(model: torch.nn.Module, loss_fn) -> Callable:
-    """The loss as ``fn(outputs, batch)``: the model's own ``loss``, a criterion(outputs, targets), or CE."""
+def make_loss(model: torch.nn.Module, loss_fn, methods=()) -> Callable:
+    """The loss as ``fn(outputs, batch)``: the model's own ``loss``, a criterion(outputs, targets), or CE. A
+    criterion that does what one of ``methods`` does (label smoothing) is refused here, before the first step."""
     if loss_fn is None:
         return model.loss if callable(getattr(model, "loss", None)) else cross_entropy_loss
     if not callable(loss_fn):
         raise TypeError(f"loss_fn must be callable as loss_fn(outputs, targets), got {loss_fn!r}")
+    for method in methods:
+        method.check_criterion(loss_fn)
     return lambda outputs, batch: loss_fn(output_logits(outputs), batch_targets(batch))
 
 

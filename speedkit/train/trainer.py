@@ -112,7 +112,7 @@ class Trainer:
 
         record = make_record(self.run_folder, self.run_name, writes=distributed.is_main())
         self.state = state = State(
-            model=model.to(device), loss_fn=make_loss(model, loss_fn), max_duration=max_duration,
+            model=model.to(device), loss_fn=make_loss(model, loss_fn, methods or ()), max_duration=max_duration,
             device=device, precision=resolved_precision, seed=seed, methods=list(methods or ()),
             train_dataloader=train_dataloader, record=record, schedule_scale=float(schedule_scale),
             log_every=log_interval, autocast=autocast_factory(resolved_precision, device),

@@ -7,6 +7,7 @@ import errno
 import itertools
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import torch

@@ -2,6 +2,8 @@
 claims, each Trainer method to act at exactly its card's events, and each card to refuse bad parameters."""
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -11,6 +13,7 @@ from method_harness import run_steps, tiny_images, tiny_language, tiny_vision
 from speedkit import Trainer
 from speedkit.core import Event, IncompatibleMethodsError
 from speedkit.core.method import Method, MethodCard
+from speedkit.hosts import Speedkit
 from speedkit.data import Augment, BatchLoader
 from speedkit.methods.alternating_flip import AlternatingFlip, alternating_flip_mask
 from speedkit.methods.augmix import AugMix, augmix_batch, mixing_weights
@@ -19,7 +22,7 @@ from speedkit.methods.colout import ColOut, colout_batch
 from speedkit.methods.cutmix import CutMix, cutmix_batch
 from speedkit.methods.cutout import CutOut, cutout_batch
 from speedkit.methods.data_echoing import DataEchoing, EchoingLoader, echo_batches
-from speedkit.methods.label_smoothing import LabelSmoothing
+from speedkit.methods.label_smoothing import LabelSmoothing, smooth_labels
 from speedkit.methods.mixup import MixUp, mixup_batch
 from speedkit.methods.progressive_resizing import ProgressiveResizing, progressive_scale, resize_batch
 from speedkit.methods.randaugment import (OPERATIONS, RandAugment, apply_drawn_operations, apply_operation,
@@ -85,6 +88,37 @@ def test_mixup_trains_on_dense_mixed_labels_and_composes_with_label_smoothing(tm
     # Given num_classes, the dense labels are written at BEFORE_FORWARD already.
     trainer = run_steps(tiny_vision(), [MixUp(num_classes=4)], steps=1, tmp_path=tmp_path)
     assert acted_at(trainer, "mixup") == {Event.BEFORE_FORWARD}
+
+
+@pytest.mark.parametrize("criterion", [torch.nn.CrossEntropyLoss(label_smoothing=0.1),
+                                       functools.partial(F.cross_entropy, label_smoothing=0.1)],
+                         ids=["module", "partial"])
+def test_a_criterion_that_smooths_labels_beside_label_smoothing_is_refused_before_the_first_step(criterion, tmp_path):
+    """Ported from a loop that smoothed in its criterion, LabelSmoothing added beside it smoothed the soft labels
+    once more (0.19 for two of 0.1) without a word. Refused where the criterion is given, in the Trainer and in
+    a loop, before any step; the same criterion without the method, or without smoothing, trains."""
+    logits, targets = torch.randn(4, 3), torch.tensor([0, 2, 2, 1])
+    twice = criterion(logits, smooth_labels(targets, 3, 0.1))  # what the two together trained against
+    assert torch.allclose(twice, F.cross_entropy(logits, smooth_labels(targets, 3, 0.19)))
+    train, _ = toy_loaders(batch_size=16, n=64)
+    with pytest.raises(ValueError, match=r"loss_fn's own label_smoothing=0.1 .*\(to 0.19 together\); keep one"):
+        Trainer(toy_model(), train, max_duration="2ba", methods=[LabelSmoothing(0.1)], loss_fn=criterion,
+                run_dir=tmp_path, progress_bar=False)
+    sk = Speedkit([LabelSmoothing(0.1)], max_duration="2ba", train_dataloader=train, loss_fn=criterion)
+    with pytest.raises(ValueError, match="keep one"):
+        sk.prepare_model(toy_model())
+    sk = Speedkit([LabelSmoothing(0.1)], max_duration="2ba", train_dataloader=train)  # the criterion per call
+    model = sk.prepare_model(toy_model())
+    sk.prepare_optimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+    batch = sk.batch(next(iter(train)))
+    with pytest.raises(ValueError, match="keep one"):
+        sk.loss(model(batch[0]), batch, loss_fn=criterion)
+    assert all(p.grad is None for p in model.parameters())  # refused before any backward
+
+    run_steps(tiny_vision(), [LabelSmoothing(0.1)], steps=1, tmp_path=tmp_path / "plain",
+              loss_fn=torch.nn.CrossEntropyLoss())
+    Trainer(toy_model(), train, max_duration="1ba", loss_fn=criterion, run_dir=tmp_path / "alone",
+            progress_bar=False).fit()
 
 
 def test_mixup_and_cutmix_are_refused_together_naming_both(tmp_path):
