@@ -26,12 +26,12 @@ AFTER_LOSS in ``self.speedkit.loss``; BEFORE_BACKWARD at ``on_before_backward``;
 ``on_before_optimizer_step`` (gradients unscaled); AFTER_TRAIN_BATCH and BATCH_END at ``on_train_batch_end``;
 EVAL_START/END around validation; evaluation batch events in ``validation_step`` through
 ``self.speedkit.eval_batch(batch)`` and ``self.speedkit.eval_outputs(outputs)``; FIT_END at ``on_train_end``
-(not when training dies). The run's length is ``max_steps`` (or ``max_epochs``), so every schedule is a
-fraction of it. With ``L.Trainer(accumulate_grad_batches=k)`` each loader batch is a microbatch, as in
-``speedkit.Trainer(grad_accum=k)``: batch and loss methods act on each, while BATCH_START (schedules),
-AFTER_BACKWARD (gradient clipping), AFTER_TRAIN_BATCH (EMA) and the clock count optimizer steps. Under manual
-optimization each batch is a step of the clock, as when ``training_step`` steps the optimizers in every batch; a
-batch that steps none and keeps its gradients (accumulating by hand) is refused at its end, naming
+(not when training dies). The run's length is ``max_steps`` (or ``max_epochs``; with both, whichever ends the run
+first), so every schedule is a fraction of it. With ``L.Trainer(accumulate_grad_batches=k)`` each loader batch is a
+microbatch, as in ``speedkit.Trainer(grad_accum=k)``: batch and loss methods act on each, while BATCH_START
+(schedules), AFTER_BACKWARD (gradient clipping), AFTER_TRAIN_BATCH (EMA) and the clock count optimizer steps. Under
+manual optimization each batch is a step of the clock, as when ``training_step`` steps the optimizers in every
+batch; a batch that steps none and keeps its gradients (accumulating by hand) is refused at its end, naming
 ``accumulate_grad_batches``. Method state rides
 in Lightning's checkpoints (the callback's ``state_dict``, with the RNGs that random methods draw from) and resumes
 exactly with ``trainer.fit(..., ckpt_path=...)``.
@@ -163,11 +163,18 @@ class StepCalls:
         return self.session.eval_outputs(outputs)
 
 
-def _duration(trainer: "L.Trainer") -> str:
-    if trainer.max_steps is not None and trainer.max_steps > 0:
-        return f"{trainer.max_steps}ba"
-    if trainer.max_epochs is not None and trainer.max_epochs > 0:
-        return f"{trainer.max_epochs}ep"
+def _duration(trainer: "L.Trainer", steps_per_epoch: int | None = None) -> str:
+    """The run's length as Lightning ends it: ``max_steps`` or ``max_epochs``, and where both are set, whichever
+    comes first once ``steps_per_epoch`` (optimizer steps) is known: schedules as fractions of a ``max_steps``
+    that ``max_epochs`` cuts short would never reach their end."""
+    steps = trainer.max_steps if trainer.max_steps is not None and trainer.max_steps > 0 else None
+    epochs = trainer.max_epochs if trainer.max_epochs is not None and trainer.max_epochs > 0 else None
+    if steps and epochs and steps_per_epoch and epochs * steps_per_epoch < steps:
+        return f"{epochs}ep"
+    if steps:
+        return f"{steps}ba"
+    if epochs:
+        return f"{epochs}ep"
     raise ValueError("SpeedkitCallback needs the run's length, since schedules are fractions of it: pass "
                      "L.Trainer(max_steps=...) or L.Trainer(max_epochs=...)")
 
@@ -226,7 +233,10 @@ class SpeedkitCallback(L.Callback):
         # an epoch's end too, however many it has accumulated).
         accumulate, per_epoch = trainer.accumulate_grad_batches, trainer.num_training_batches
         per_batch = getattr(loader, "batch_size", None)
-        session.set_lengths(batches_per_epoch=-(-int(per_epoch) // accumulate) if per_epoch != float("inf") else None,
+        steps_per_epoch = -(-int(per_epoch) // accumulate) if per_epoch != float("inf") else None
+        length = _duration(trainer, steps_per_epoch)
+        session.set_lengths(max_duration=length if length != str(session.state.max_duration) else None,
+                            batches_per_epoch=steps_per_epoch,
                             samples_per_batch=per_batch * trainer.world_size * accumulate if per_batch else None)
         session.world = trainer.world_size
         given = list(trainer.optimizers)

@@ -106,6 +106,22 @@ def test_cutmix_and_resizing_follow_max_epochs():
     assert callback.session.engine.events_of("cutmix")[speedkit_event("before_forward")] == 8
 
 
+@pytest.mark.parametrize("limits, length", [(dict(max_steps=100, max_epochs=2), "2ep"),
+                                             (dict(max_steps=6, max_epochs=2), "6ba")])
+def test_with_max_steps_and_max_epochs_schedules_end_where_lightning_ends_the_run(limits, length):
+    """Lightning stops at whichever limit comes first. speedkit took max_steps whenever it was set, so with
+    max_epochs=2 of 4 steps ending a max_steps=100 run, the cosine schedule, EMA's half-life and progressive
+    resizing ran as fractions of 100 steps in an 8-step run: the rate never fell and the images never grew."""
+    module = Classifier()
+    callback = SpeedkitCallback([ProgressiveResizing(initial_scale=0.5, finetune_fraction=0.25)], schedules="cosine")
+    trainer = L.Trainer(callbacks=[callback], **limits, **QUIET)
+    trainer.fit(module, image_loader())  # 4 batches an epoch
+    state = callback.session.state
+    assert str(state.max_duration) == length and state.timestamp.batch == min(8, limits["max_steps"])
+    assert module.sizes[-1] == 16  # full size at the end
+    assert trainer.optimizers[0].param_groups[0]["lr"] < 0.1 * 1e-2  # cosine near its end at the run's end
+
+
 def speedkit_event(name):
     from speedkit.core import Event
 
