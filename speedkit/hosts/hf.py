@@ -132,6 +132,8 @@ class SpeedkitCallback(transformers.TrainerCallback):
         session = self.session
         session.set_lengths(max_duration=_run_length(args, state),
                             batches_per_epoch=_steps_per_epoch(args, train_dataloader))
+        session.check_resumed_length("resume with the max_steps (or num_train_epochs) the checkpoint's run had, or "
+                                     "start a new run from its weights, without resume_from_checkpoint")
         if not session.fit_started:  # alone: the optimizer as the Trainer built it (methods may not replace it)
             session.fit_start([optimizer.optimizer if hasattr(optimizer, "optimizer") else optimizer], train_dataloader)
         if getattr(optimizer, "scaler", None) is not None:

@@ -238,6 +238,8 @@ class SpeedkitCallback(L.Callback):
         session.set_lengths(max_duration=length if length != str(session.state.max_duration) else None,
                             batches_per_epoch=steps_per_epoch,
                             samples_per_batch=per_batch * trainer.world_size * accumulate if per_batch else None)
+        session.check_resumed_length("resume with the max_steps and max_epochs the checkpoint's run had, or start "
+                                     "a new fit from its weights, without ckpt_path")
         session.world = trainer.world_size
         given = list(trainer.optimizers)
         refuse_two_schedules(given, self.schedules, "Lightning",

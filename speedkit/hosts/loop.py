@@ -37,7 +37,8 @@ than ``sk.step_end()`` counts, or closed with no optimizer step and the gradient
 gradients zeroed between the batches of one step; ``sk.batch`` inside ``with sk.evaluating():``; a forward
 given the inputs from before ``sk.batch`` replaced them (mixup, resizing), at the first such forward of an
 uncompiled model; a step begun after ``max_duration``; a first step whose optimizer trained before while speedkit's
-clock is at its start (a resume that restored the model and optimizer but not ``sk.load_state_dict``); a GradScaler
+clock is at its start (a resume that restored the model and optimizer but not ``sk.load_state_dict``); a
+``sk.load_state_dict`` from a run of another length (schedules would jump); a GradScaler
 stepping the optimizer that speedkit was not given (``grad_scaler=``), where gradient clipping acted on the scaled
 gradients; ``sk.state_dict()`` inside ``with sk.evaluating():`` where EMA's average is in the model; beside EMA, an
 evaluation forward (eval mode, gradients off) outside ``with sk.evaluating():`` before ``sk.finish()``; and, with
@@ -501,6 +502,9 @@ class Speedkit:
     def load_state_dict(self, saved: dict) -> None:
         """Restore :meth:`state_dict`'s output, after prepare_model and prepare_optimizer."""
         self.session.load_state_dict(saved)
+        self.session.check_resumed_length("give Speedkit(max_duration=...) the length the checkpoint's run had, or "
+                                          "start a new run from the model's weights (a new optimizer, or "
+                                          "warm_optimizer=True, and no sk.load_state_dict)")
         self._fresh_start_checked = True
 
 

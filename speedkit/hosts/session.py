@@ -173,6 +173,7 @@ class MethodSession:
         # the inputs a batch method replaced, until the model's first forward after it (_check_forward_inputs)
         self._replaced_inputs, self._forward_hook, self._inputs_checked = None, None, False
         self._accumulated: list = []  # the step's microbatches already through (gradient accumulation)
+        self._resumed_length = None  # the length of the run a checkpoint came from, until checked against this one
         self.epoch_started = False
         self.initialized = False
         self._before_surgery: list[torch.Tensor] = []  # the model's parameters before INIT, until FIT_START
@@ -451,7 +452,7 @@ class MethodSession:
     def state_dict(self) -> dict[str, Any]:
         """The clock, every method's state (EMA weights, averages, counters) and the RNGs random methods draw
         from (mixup, cutmix, ...), for the host's checkpoint: a resume then draws what the whole run drew."""
-        return {"clock": self.state.timestamp.to_dict(),
+        return {"clock": self.state.timestamp.to_dict(), "length": str(self.state.max_duration),
                 "methods": {m.name: m.state_dict() for m in self.state.methods}, "generators": rng_state()}
 
     def load_state_dict(self, saved: Mapping[str, Any]) -> None:
@@ -470,6 +471,29 @@ class MethodSession:
         state.timestamp = Timestamp.from_dict(saved["clock"])
         if saved.get("generators") is not None:  # written before the RNGs rode along: those resume inexactly
             set_rng_state(saved["generators"])
+        self._resumed_length = saved.get("length")  # None: written before the length rode along
+
+    def check_resumed_length(self, fix: str) -> None:
+        """Refuse a resume whose run is not as long as the checkpoint's run: schedules (the learning rate,
+        resizing, EMA's half-life in ``dur``) are fractions of the run's length, so they would jump from where the
+        run stopped, without a word. The host calls it once this run's length is final (after ``set_lengths``)."""
+        saved, self._resumed_length = self._resumed_length, None
+        if saved is None:
+            return
+        state, old = self.state, Time.from_string(saved)
+        now = state.max_duration
+        try:
+            old_in_now = state.convert(old, now.unit)
+        except ValueError:  # a unit this run cannot convert (its epoch length unknown): only the same length holds
+            old_in_now = old.value if old.unit is now.unit else None
+        if old_in_now is not None and abs(old_in_now - now.value) <= 1e-9 * max(1.0, now.value):
+            return
+        done = state.progress(now.unit)
+        was = f", {done / old_in_now:.0%} of the way through it" if old_in_now else ""
+        raise HostCannotServeError(
+            f"this checkpoint's run was {old} long{was}, and this one is {now} long ({state.fraction_done():.0%} of "
+            f"the way): schedules are fractions of the run's length, so they would jump from where the run "
+            f"stopped; {fix}")
 
     def _require_fit_start(self) -> None:
         if not self.fit_started:

@@ -113,6 +113,12 @@ def test_a_kill_and_resume_through_the_trainers_checkpoints_ends_as_an_uninterru
         assert torch.allclose(ours[name], theirs[name], atol=1e-5), name  # EMA's final average, Muon's steps
     assert resumed.speedkit.state.timestamp.batch == 6
 
+    longer = SpeedkitTrainer(model=gpt2(), args=arguments(tmp_path / "killed", max_steps=12), train_dataset=data,
+                             methods=language_methods())
+    with pytest.raises(HostCannotServeError, match=r"was 6ba long, 67% of the way through it, and this one is 12ba "
+                                                   r"long \(33% of the way\).*resume with the max_steps"):
+        longer.train(resume_from_checkpoint=str(checkpoint))
+
 
 @pytest.mark.parametrize("method, message", [
     (MixUp(), "mixup cannot run in a transformers.Trainer callback: it changes the labels.*batches are dicts"),

@@ -194,6 +194,12 @@ def test_a_kill_and_resume_through_lightning_checkpoints_ends_as_an_uninterrupte
     assert method(callback, "ema").updates == method(whole_callback, "ema").updates == 8
     assert resumed.sizes == whole.sizes[4:]  # resizing resumed where it was in the schedule
 
+    # the same checkpoint resumed into a longer run: the schedules would jump from half way to a third of the way
+    longer = SpeedkitCallback(resumable_methods(), schedules="cosine")
+    with pytest.raises(HostCannotServeError, match=r"was 2ep long, 50% of the way through it, and this one is 3ep "
+                                                   r"long \(33% of the way\).*max_steps and max_epochs"):
+        L.Trainer(max_epochs=3, callbacks=[longer], **quiet).fit(Classifier(), image_loader(), ckpt_path=checkpoint)
+
 
 def one_epoch_checkpoint(folder, module, callbacks):
     saver = L.callbacks.ModelCheckpoint(dirpath=folder, save_top_k=-1, every_n_epochs=1)

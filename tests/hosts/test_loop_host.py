@@ -23,8 +23,9 @@ def host_independent_methods():
             EMA(half_life="4ba"), Muon(lr=0.02)]
 
 
-def plain_loop(model, loader, methods, steps: int, schedules=None):
-    """The loop a user writes, with speedkit's marked calls; returns the per-step losses and the session."""
+def plain_loop(model, loader, methods, steps: int, schedules=None, killed_after: int | None = None):
+    """The loop a user writes, with speedkit's marked calls; returns the per-step losses and the session.
+    ``killed_after``: the run of ``steps`` batches ends there, as a kill would end it."""
     sk = Speedkit(methods, max_duration=f"{steps}ba", train_dataloader=loader, schedules=schedules)
     model = sk.prepare_model(model)
     optimizer = sk.prepare_optimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
@@ -38,8 +39,8 @@ def plain_loop(model, loader, methods, steps: int, schedules=None):
             optimizer.zero_grad(set_to_none=True)
             sk.step_end()
             losses.append(loss.item())
-            if sk.done:
-                break
+            if sk.done or len(losses) == killed_after:
+                return losses, sk, optimizer
     return losses, sk, optimizer
 
 
@@ -66,7 +67,8 @@ def test_method_state_resumes_through_the_loops_checkpoint():
     whole_losses, whole, _ = plain_loop(toy_model(), train, [EMA(half_life="3ba"), Muon()], steps=8)
 
     model = toy_model()
-    first_losses, first, optimizer = plain_loop(model, train, [EMA(half_life="3ba"), Muon()], steps=4)
+    first_losses, first, optimizer = plain_loop(model, train, [EMA(half_life="3ba"), Muon()], steps=8,
+                                                killed_after=4)
     saved = copy.deepcopy({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "speedkit": first.state_dict()})
 
     model = toy_model(seed=1)  # other weights: everything must come from the checkpoint
@@ -90,12 +92,36 @@ def test_method_state_resumes_through_the_loops_checkpoint():
     assert all(torch.allclose(ema[k], whole_ema[k], atol=1e-7) for k in ema)
 
 
+def test_a_resume_into_a_run_of_another_length_is_refused_at_load_state_dict():
+    """Schedules are fractions of max_duration: the 8-batch run's checkpoint at batch 4 (cosine half way) resumed
+    as a 16-batch run would restart the rate near its peak (a quarter of the way), without a word."""
+    train, _ = toy_loaders(batch_size=32, n=128, shuffle=False)  # 4 batches an epoch
+    _, first, _ = plain_loop(toy_model(), train, [EMA(half_life="0.5dur")], steps=8, schedules="cosine",
+                             killed_after=4)
+    saved = copy.deepcopy(first.state_dict())
+
+    def resumed(max_duration):
+        sk = Speedkit([EMA(half_life="0.5dur")], max_duration=max_duration, train_dataloader=train,
+                      schedules="cosine")
+        model = sk.prepare_model(toy_model())
+        sk.prepare_optimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+        return sk
+
+    with pytest.raises(HostCannotServeError, match=r"checkpoint's run was 8ba long, 50% of the way through it, and "
+                                                   r"this one is 16ba long \(25% of the way\).*max_duration"):
+        resumed("16ba").load_state_dict(saved)
+    resumed("2ep").load_state_dict(saved)  # the same length in epochs
+    sk = resumed("8ba")
+    sk.load_state_dict(saved)
+    assert sk.state.timestamp.batch == 4
+
+
 def test_a_resume_that_restores_the_optimizer_but_not_speedkit_is_refused_at_its_first_step():
     """Model and optimizer restored from a checkpoint, ``sk.load_state_dict`` forgotten: speedkit's clock would
     start at 0, so ``while not sk.done`` trains the whole max_duration again, schedules and EMA started over."""
     train, _ = toy_loaders(batch_size=32, n=128, shuffle=False)
     model = toy_model()
-    _, first, optimizer = plain_loop(model, train, [EMA(half_life="0.5dur")], steps=4)
+    _, first, optimizer = plain_loop(model, train, [EMA(half_life="0.5dur")], steps=8, killed_after=4)
     saved = copy.deepcopy({"model": model.state_dict(), "optimizer": optimizer.state_dict()})
 
     def resumed(**options):
