@@ -23,9 +23,9 @@ from speedkit.core.time import scaled_duration
 from speedkit.experiments.report import preset_reached
 from speedkit.experiments.compare import at_or_beyond, final_quality, machine_text, stricter
 from speedkit.methods import methods_table
-from speedkit.tasks.build import folder_task_presets
+from speedkit.tasks.build import FOLDER_PRESETS, folder_task_presets
 from speedkit.tasks.recipes import PRESETS
-from speedkit.tasks.task import BUILT_IN_TASKS
+from speedkit.tasks.task import BUILT_IN_TASKS, get_recipe
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
@@ -43,8 +43,9 @@ HELDOUT_SETS = {
     ("2026-12-05-heldout-one-machine/photo-crops/summary.json", "image-folder"):
         ("photo-crops: 56 photographs, crops of unseen regions, streamed from shards", "scripts/build_photo_crops.py"),
 }
-# The held-out sets measured again against their baseline tuned first (`speedkit bench --sweep --find-budgets`):
-# study folder -> (the set as the table names it, its task key, the recipe measured against the tuned baseline).
+# Measured again against the strongest baseline tuned first (`speedkit bench --sweep --find-budgets`): study folder
+# -> (the task or set as the table names it, its task key, the recipe measured against the tuned baseline).
+TUNED_TASKS = {"2026-12-06-fashion-mnist-tuned-baseline": ("fashion-mnist", "vision", "hot")}
 TUNED_HELDOUT = {"2026-12-05-baseline-plan-glyphs": ("glyphs", "image-folder", "hot"),
                  "2026-12-06-tuned-baselines-heldout/perldoc": ("perldoc", "text-folder", "hot"),
                  "2026-12-06-tuned-baselines-heldout/photo-crops": ("photo-crops", "image-folder", "hot")}
@@ -286,7 +287,8 @@ def bench_results() -> str:
         "\n\nMedians over seeds; speed-ups are baseline time / recipe time, paired by seed (range in brackets). "
         "Training wall clock: a plain evaluation excluded, what evaluation-time methods add included. "
         + "; ".join(f"{task}: {setup}" for task, setup in setups) + ". Every baseline and the "
-        "leave-one-out tables: [bench/results/summary.md](bench/results/summary.md).")
+        "leave-one-out tables: [bench/results/summary.md](bench/results/summary.md).") + (
+        "\n" + tuned_baseline_results(TUNED_TASKS, "task") if TUNED_TASKS else "")
 
 
 # Presets measured again after a fix that changed them, beside the baseline they are compared with:
@@ -346,23 +348,25 @@ def heldout_results() -> str:
                  f"where that asks for more), paired by seed (range). {QUALITY_RULE} "
                  f"{'; '.join(sorted(machines))}. Sets built by {' and '.join(builders)}; "
                  f"from {' and '.join(sources)}."]
-    return "\n".join(rows + [tuned_heldout_results()])
+    return "\n".join(rows + [tuned_baseline_results(TUNED_HELDOUT, "set")])
 
 
-def tuned_heldout_results() -> str:
-    """The held-out sets measured again against their baseline tuned first: a table under the one above."""
+def tuned_baseline_results(studies: dict, first_column: str) -> str:
+    """``studies`` measured again against their strongest baseline tuned first: a table under the one above."""
     rows = []
-    for study, (label, key, recipe) in TUNED_HELDOUT.items():
+    for study, (label, key, recipe) in studies.items():
         folder = RESULTS / study
         entry = json.loads((folder / "summary.json").read_text())[key]
         baseline = entry["strongest_baseline"]
         pick = json.loads((folder / f"{key}_sweeps.json").read_text())[baseline]["pick"]
         budget = json.loads((folder / f"{key}_budgets.json").read_text())[baseline]["budget"]
         tuned = entry["baselines"][baseline]
-        shipped = folder_task_presets(key).recipes[baseline]
+        shipped = (folder_task_presets(key).recipes[baseline] if key in FOLDER_PRESETS
+                   else get_recipe(entry["task"], baseline))
         shipped_budget = scaled_duration(shipped.duration, entry["profile_spec"]["duration_scale"])
-        rows.append(f"| {label} | {_level_column(entry)} | lr {shipped.optimizer['lr']:g}, {shipped_budget} | "
-                    f"`{baseline}`: lr {pick['lr']:g}, {budget}, "
+        rows.append(f"| {label} | {_level_column(entry)} | "
+                    f"{_training_text(shipped.optimizer['lr'], shipped.schedule, shipped_budget)} | "
+                    f"`{baseline}`: {_training_text(pick['lr'], pick['schedule'], budget)}, "
                     f"{statistics.median(t for t in tuned['final_quality']['time_s'] if t is not None):.1f} s | "
                     f"{_quality_cell(entry, entry['recipes'][recipe])} | "
                     f"{machine_text(entry['machine'], entry['date'])} | "
@@ -370,11 +374,19 @@ def tuned_heldout_results() -> str:
     if not rows:
         return ""
     return "\n".join(["", "The table is against each baseline as it ships. Against the baseline tuned first (`speedkit "
-                      "bench --sweep --find-budgets`: its learning rate swept on one seed, then its shortest budget "
-                      "that reaches the target on every seed, the plan `speedkit tune` tunes its baseline with), "
-                      "`hot` is measured again, paired by seed, at the tuned baseline's final quality:", "",
-                      "| set | level | baseline as it ships | tuned baseline, median time | `hot` sooner | machine | "
-                      "study |", "|---|---|---|---|---|---|---|", *rows])
+                      "bench --sweep --find-budgets`: its learning rate and decay swept on one seed, then its shortest "
+                      "budget that reaches the target on every seed, the plan `speedkit tune` tunes its baseline "
+                      "with), `hot` is measured again, paired by seed, at the tuned baseline's final quality:", "",
+                      f"| {first_column} | level | baseline as it ships | tuned baseline, median time | `hot` sooner | "
+                      "machine | study |", "|---|---|---|---|---|---|---|", *rows])
+
+
+def _training_text(lr: float, schedule, budget: str) -> str:
+    """A baseline's rate, decay and budget as the tuned-baseline tables show them."""
+    if isinstance(schedule, dict):
+        warmup = schedule.get("warmup")
+        schedule = f"{schedule.get('name')}, warmup {warmup}" if warmup else schedule.get("name")
+    return f"lr {lr:g}, {schedule}, {budget}"
 
 
 def _level_column(entry: dict) -> str:
