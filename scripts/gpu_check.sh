@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # speedkit's two prepared GPU checks (scripts/gpu_check.py says what each measures; bench/README.md, "On a GPU").
 #
-#   scripts/gpu_check.sh prepare [IMAGE_FOLDER]   # here, before a lease: fills .gpu-carry/ (git-ignored) with the
-#                                                 # wheels the device lacks, Fashion-MNIST, the Python docs and,
+#   scripts/gpu_check.sh prepare [IMAGE_FOLDER]   # here, before a lease: fills .gpu-carry/ (git-ignored) with
+#                                                 # litdata's wheel, Fashion-MNIST, the Python docs and,
 #                                                 # from IMAGE_FOLDER, the imagenet part's shard set
 #   scripts/gpu_check.sh next                     # on the device: the first check not yet run on this code
 #   scripts/gpu_check.sh throughput|time-to-target [--out DIR] [--only PART,...]
@@ -17,10 +17,13 @@ PYTHON="${PYTHON:-python3}"
 if [ "${1:-}" = prepare ]; then
     mkdir -p "$CARRY/wheels" "$CARRY/fashion-mnist" .git/info
     grep -qxF "/$CARRY/" .git/info/exclude 2>/dev/null || echo "/$CARRY/" >> .git/info/exclude
-    # litdata (the streaming loaders) and what it imports that the device's image lacks (KINDS.md's package list)
+    # litdata (the streaming loaders), which the device's image lacks (KINDS.md's package list); boto3 and botocore,
+    # which it imports for its S3 client, are stood in for on the device (s3_stand_ins below): botocore's wheel
+    # alone is 17 MiB of the 64 a call may send, room the imagenet part's shard set needs
+    rm -f "$CARRY"/wheels/*.whl
     "$PYTHON" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
         --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-        -d "$CARRY/wheels" litdata==0.2.76 boto3==1.44.18 botocore==1.44.18 s3transfer==0.19.3 jmespath==1.1.0
+        -d "$CARRY/wheels" litdata==0.2.76
     cp /usr/share/datasets/fashion-mnist/*.gz "$CARRY/fashion-mnist/"          # apt-get install dataset-fashion-mnist
     tar -cJf "$CARRY/python-docs.tar.xz" -C /usr/share/doc/python3.11/html _sources   # apt-get install python3.11-doc
     if [ -n "${2:-}" ]; then  # an ImageNet-layout folder, e.g. scripts/build_photo_crops.py --images 2500
@@ -35,9 +38,39 @@ if [ "${1:-}" = prepare ]; then
     exit 0
 fi
 
+# Modules that answer litdata's top-level imports of boto3 and botocore (its S3 client) where they are not
+# installed: the checks stream local shards only, and any use of S3 raises, naming why.
+s3_stand_ins() {
+    local site="$1" module
+    for module in boto3 boto3/s3 botocore; do mkdir -p "$site/$module"; done
+    for module in boto3/__init__ boto3/s3/__init__ boto3/s3/transfer botocore/__init__ botocore/credentials \
+            botocore/utils; do
+        cat > "$site/$module.py" <<'PY'
+"""A stand-in written by scripts/gpu_check.sh: litdata imports this for its S3 client, which the GPU checks
+(local shards only) never use."""
+
+
+class _NoS3:
+    def __init__(self, *args, **kwargs):
+        raise RuntimeError("S3 is not available in speedkit's GPU checks: boto3 is not installed, and they "
+                           "stream local shards only")
+
+
+def __getattr__(name):
+    return _NoS3
+PY
+    done
+}
+
+if [ "${1:-}" = s3-stand-ins ]; then  # for a test on this machine: s3-stand-ins DIR
+    s3_stand_ins "$2"
+    exit 0
+fi
+
 if [ -d "$CARRY/wheels" ] && ! "$PYTHON" -c "import litdata" 2>/dev/null; then
     "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
         --target /tmp/speedkit-site "$CARRY"/wheels/*.whl
+    "$PYTHON" -c "import boto3, botocore" 2>/dev/null || s3_stand_ins /tmp/speedkit-site
     export PYTHONPATH="/tmp/speedkit-site${PYTHONPATH:+:$PYTHONPATH}"
 fi
 [ -d "$CARRY/fashion-mnist" ] && export SPEEDKIT_DATA="$PWD/$CARRY/fashion-mnist"

@@ -4,6 +4,7 @@ torch while timed, compiled runs really compiled."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -138,6 +139,38 @@ def test_the_time_to_target_check_runs_every_part_on_a_cpu(gpu_check, work, monk
         assert part["arms"][baseline]["time_to_target_s"] is not None  # the baseline holds its own target
         assert all(arm["status"] == "completed" for arm in part["arms"].values())
     assert parts["gpt2"]["corpus"]["vocab_size"] > 256
+
+
+def test_the_devices_stand_ins_for_boto3_let_litdata_stream_local_shards(gpu_check, work):
+    """The device lacks boto3, which litdata imports for its S3 client; carrying botocore would cost 17 MiB of a
+    call's 64. scripts/gpu_check.sh writes stand-ins there instead: local shards stream through them, and any
+    use of S3 raises, naming why."""
+    import subprocess
+
+    import_or_missing("litdata")
+    import gpu_throughput as throughput  # (scripts/ is on sys.path: the gpu_check fixture)
+
+    from speedkit.data.streaming.prepare import prepare_images
+
+    throughput.write_jpegs(work / "images" / "train", 8, 2, (40, 64), "cpu", seed=0)
+    throughput.write_jpegs(work / "images" / "val", 4, 2, (40, 64), "cpu", seed=1)
+    prepare_images(work / "images", work / "shards", short_side=32, progress=False)
+    subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), "s3-stand-ins", str(work / "site")], check=True)
+    streams = f"""
+import boto3, botocore.credentials
+from speedkit.data.streaming import StreamingImageLoader
+assert boto3.__file__.startswith({str(work / "site")!r}), boto3.__file__
+images, labels = next(iter(StreamingImageLoader({str(work / "shards")!r}, batch_size=4, image_size=32)))
+assert images.shape == (4, 3, 32, 32) and labels.shape == (4,)
+try:
+    botocore.credentials.InstanceMetadataProvider()
+except RuntimeError as e:
+    print(e)
+"""
+    done = subprocess.run([sys.executable, "-c", streams], capture_output=True, text=True, cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": f"{work / 'site'}{os.pathsep}{ROOT}"})
+    assert done.returncode == 0, done.stderr
+    assert "S3 is not available in speedkit's GPU checks" in done.stdout
 
 
 def test_a_part_that_cannot_be_prepared_is_skipped_with_its_reason(gpu_check, work, monkeypatch):
