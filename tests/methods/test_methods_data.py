@@ -13,8 +13,8 @@ from method_harness import run_steps, tiny_images, tiny_language, tiny_vision
 from speedkit import Trainer
 from speedkit.core import Event, IncompatibleMethodsError
 from speedkit.core.method import Method, MethodCard
-from speedkit.hosts import Speedkit
 from speedkit.data import Augment, BatchLoader
+from speedkit.hosts import Speedkit
 from speedkit.methods.alternating_flip import AlternatingFlip, alternating_flip_mask
 from speedkit.methods.augmix import AugMix, augmix_batch, mixing_weights
 from speedkit.methods.batch_size_warmup import BatchSizeWarmup, batch_size_at
