@@ -16,7 +16,7 @@ from speedkit.experiments.bench import (BenchProfile, get_profile, merge_summary
                                         run_benchmark, summarize, summary_markdown)
 from speedkit.experiments.compare import late_gain
 from speedkit.record.runs import RunRecord
-from speedkit.tasks import RunRequest
+from speedkit.tasks import RunRequest, get_recipe
 from speedkit.train.trainer import Trainer
 
 TINY_VISION = dict(device="cpu", data_fraction=0.02, eval_fraction=0.05, eval_interval="3ba", duration="6ba",
@@ -719,6 +719,11 @@ def test_a_sweep_whose_edge_keeps_winning_goes_past_it_a_bounded_number_of_steps
 
     monkeypatch.setattr(harness, "run_one", fake_run_one)
     profile = harness.with_default_sweeps(harness.resolve_profile("vision", "cpu", 1, "", "plain-bf16")[0])
+    # the baseline's own schedule and a linear decay after its warmup: where the sweep keeps the rate and the
+    # schedule, the tuned baseline is the shipped one
+    shipped = get_recipe("fashion-mnist", "plain-bf16").schedule
+    linear = {"name": "linear_to_zero", "warmup": shipped["warmup"]}
+    assert profile.sweeps["plain-bf16"]["schedule"] == (shipped, linear)
     said = []
     found = harness.tune_baseline(profile, "plain-bf16", [0], tmp_path, "s", log=said.append, find_budget=True)
     assert swept[6:8] == [(lr * 0.25, "linear_to_zero"), (lr * 0.125, "linear_to_zero")]

@@ -143,8 +143,9 @@ _DECAYS = ({"name": "cosine", "warmup": "0.05dur"}, {"name": "linear_to_zero", "
 _LANGUAGE_SWEEP = {"lr": (1e-3, 2e-3, 4e-3), "schedule": _DECAYS, "budget": "600ba"}
 
 # Where a profile names no sweep (a user's task, the seed tasks), `--sweep` tries each baseline's own learning
-# rate halved, as given and doubled, each with both decays, at the baseline's own budget: a rate off by 2x
-# either way is the first thing a skeptic suspects of a baseline.
+# rate halved, as given and doubled, each with its own schedule and with a linear decay after the same warmup,
+# at the baseline's own budget: a rate off by 2x either way is the first thing a skeptic suspects of a baseline.
+# Where the sweep keeps the rate and schedule, the tuned baseline is the one shipped.
 DEFAULT_SWEEP_FACTORS = (0.5, 1.0, 2.0)
 
 PROFILES: dict[str, dict[str, BenchProfile]] = {
@@ -175,9 +176,19 @@ def with_default_sweeps(profile: BenchProfile) -> BenchProfile:
         return profile
     sweeps = {}
     for name in profile.baselines:
-        lr = get_recipe(profile.task, name).optimizer["lr"]
-        sweeps[name] = {"lr": tuple(lr * factor for factor in DEFAULT_SWEEP_FACTORS), "schedule": _DECAYS}
+        recipe = get_recipe(profile.task, name)
+        lr = recipe.optimizer["lr"]
+        sweeps[name] = {"lr": tuple(lr * factor for factor in DEFAULT_SWEEP_FACTORS),
+                        "schedule": default_decays(recipe.schedule)}
     return dataclasses.replace(profile, sweeps=sweeps)
+
+
+def default_decays(schedule) -> tuple:
+    """A baseline's own schedule and a linear decay to zero after the same warmup: the decays a default sweep
+    tries (one, where the baseline's is that linear decay)."""
+    warmup = schedule.get("warmup") if isinstance(schedule, dict) else None
+    linear = {"name": "linear_to_zero", **({"warmup": warmup} if warmup else {})}
+    return (schedule,) if schedule == linear else (schedule, linear)
 
 
 def task_key(task: str) -> str:
