@@ -29,9 +29,10 @@ def add_parser(commands) -> None:
                        "the task's, e.g. baseline,plain,plain-bf16)")
     bench.add_argument("--sweep", action="store_true",
                        help="first sweep the learning rate and schedule of the baselines the profile sweeps "
-                            "(language: tuned; a task whose profile names none: each baseline's own rate x0.5, x1, "
-                            "x2, with its own schedule or a linear decay after the same warmup; past the grid's edge "
-                            "while the edge wins), then run them with the pick")
+                            "(language: tuned; a task whose profile names none: each baseline's own rate x1, x0.5, "
+                            "x2, with its own schedule or a linear decay after the same warmup, the grid tune's "
+                            "baseline plan tries; past the grid's edge while the edge wins), then run them with the "
+                            "pick")
     bench.add_argument("--sweeps", help="a <task>_sweeps.json from an earlier --sweep: run the swept baselines "
                        "with its picks")
     bench.add_argument("--find-budgets", action="store_true",

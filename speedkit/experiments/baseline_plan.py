@@ -6,7 +6,8 @@ first, then its budget. So the plan first tries, on one seed and at one budget, 
 a grid, going on past the grid's edge while the edge keeps winning (a baseline tuned to its grid's edge is not
 tuned). Then, at the pick, it walks the budget a step at a time to the fewest steps with which the baseline reaches
 the target on every seed, starting where the pick reached it. Every run stops at the target: past it a run says
-nothing more about whether, or how soon, it gets there.
+nothing more about whether, or how soon, it gets there. Where no grid is named, bench's ``--sweep`` and tune's
+baseline plan try the same one (``default_sweep``).
 
 Runs are ranked by batches to the target, not seconds: every candidate trains the same model on batches of one
 size, and batches do not depend on what else the machine was doing (the runs need not be timed on a quiet machine).
@@ -27,6 +28,9 @@ from speedkit.experiments.compare import time_rank
 from speedkit.experiments.measure import shortest_budget
 
 EDGE_STEPS = 2  # rates tried past the grid's edge while the edge keeps winning
+# The default grid's rates, as factors of the baseline's own: a rate off by 2x either way is what a skeptic
+# suspects first. The baseline's own rate comes first: among equals, the first tried is the pick.
+DEFAULT_RATE_FACTORS = (1.0, 0.5, 2.0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,6 +84,23 @@ class BaselinePlan:
         stage = "sweep" if len(self.rates) * len(self.schedules) > 1 else "budget"
         return [Point(lr, schedule, self.sweep_budget, self.sweep_seed, stage) for lr in self.rates
                 for schedule in self.schedules]
+
+
+def default_sweep(recipe) -> dict:
+    """The grid of a baseline whose sweep names none, ``{"lr": rates, "schedule": schedules}``: its own rate
+    halved and doubled (``DEFAULT_RATE_FACTORS``), each with its own schedule and a linear decay after the same
+    warmup (``default_decays``); the baseline as given is the first point."""
+    lr = recipe.optimizer["lr"]
+    return {"lr": tuple(float(f"{lr * factor:.12g}") for factor in DEFAULT_RATE_FACTORS),
+            "schedule": default_decays(recipe.schedule)}
+
+
+def default_decays(schedule) -> tuple:
+    """A baseline's own schedule and a linear decay to zero after the same warmup: the decays a default sweep
+    tries (one, where the baseline's is that linear decay)."""
+    warmup = schedule.get("warmup") if isinstance(schedule, dict) else None
+    linear = {"name": "linear_to_zero", **({"warmup": warmup} if warmup else {})}
+    return (schedule,) if schedule == linear else (schedule, linear)
 
 
 def default_step(budget: str) -> str:

@@ -582,7 +582,7 @@ def baseline_plan_note(summary: dict) -> str | None:
                                   "baseline that stops at the target can reach it sooner on a shorter schedule)",
                "the rest of its budget walk": "its budget was walked down only part of the way, and a shorter one "
                                               "may still reach the target, sooner"}.get(
-        plan["left"], "its learning rate was not tuned to the end")
+        plan["left"], "its learning rate and schedule were not tuned to the end")
     return (f"The baseline plan stopped after {plan['runs']} runs, at {plan['stopped_by']}, before {plan['left']}: "
             f"{missing}, so the speed-up over it may be larger than over a baseline tuned to the end. The same "
             f"command with a larger `--baseline-share` continues the plan and confirms the winner again beside the "

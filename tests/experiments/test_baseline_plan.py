@@ -63,3 +63,25 @@ def test_without_a_step_the_budget_is_walked_in_about_tenths_that_divide_it():
 
     assert [default_step(b) for b in ("8ep", "550ba", "150ba", "155ba", "7ba", "2.5ep")] == \
         ["1ep", "55ba", "15ba", "5ba", "1ba", "1ep"]
+
+
+def test_the_default_grid_starts_from_the_baseline_as_given():
+    """bench's `--sweep` and tune's baseline plan try one grid where none is named: the rate as given first (the
+    pick among equals), halved and doubled, each with the baseline's own schedule, then a linear decay after the
+    same warmup; a baseline already on that decay, or on none, is not given the same schedule twice."""
+    import dataclasses
+
+    from speedkit.experiments.baseline_plan import default_sweep
+    from speedkit.tasks import get_recipe
+
+    recipe = get_recipe("fashion-mnist", "plain-bf16")
+    grid = default_sweep(recipe)
+    assert grid["lr"] == (recipe.optimizer["lr"], recipe.optimizer["lr"] / 2, recipe.optimizer["lr"] * 2)
+    assert grid["schedule"] == (recipe.schedule, {"name": "linear_to_zero", "warmup": recipe.schedule["warmup"]})
+    linear = recipe.with_changes(schedule={"name": "linear_to_zero", "warmup": recipe.schedule["warmup"]})
+    assert default_sweep(linear)["schedule"] == (linear.schedule,)
+    constant = dataclasses.replace(recipe, schedule=None)
+    assert default_sweep(constant)["schedule"] == (None, {"name": "linear_to_zero"})
+    first = BaselinePlan(metric="eval/accuracy", rates=grid["lr"], schedules=grid["schedule"],
+                         sweep_budget=recipe.duration, sweep_seed=0).grid()[0]
+    assert (first.lr, first.schedule, first.budget) == (recipe.optimizer["lr"], recipe.schedule, recipe.duration)

@@ -195,7 +195,7 @@ def test_a_method_that_finds_nothing_once_training_starts_is_dropped_from_the_se
 def test_finds_the_planted_best_and_writes_a_loadable_recipe(tmp_path, fake_env):
     result = tune(TuneSettings("fashion-mnist", searched_methods=["ema", "label_smoothing", "mixup", "cutmix"],
                                out_dir=tmp_path,
-                  runner=FAKE, budget=60, trial_limit=12, max_trials=24, max_baseline_trials=6,
+                  runner=FAKE, budget=60, trial_limit=12, max_trials=24, max_baseline_trials=9,
                   seeds_to_confirm=2, tune_hparams=False, leave_one_out=True, **SMALL), **QUIET)
     assert result.recipe is not None
     assert "label_smoothing" in result.recipe.methods and "ema" not in result.recipe.methods
@@ -794,35 +794,39 @@ def test_a_winner_that_misses_a_fresh_seed_gets_a_longer_budget_until_it_reaches
 
 
 def test_the_baseline_is_tuned_by_the_benchmarks_baseline_plan(tmp_path, fake_env):
-    """The baseline is tuned as `speedkit bench --sweep --find-budgets` tunes one (baseline_plan.py): its rate as
-    given, halved and doubled, then its budget walked down in tenths while it still reaches the target. Planted
-    (budgeted_run): lr 0.1 is best, and a run reaches the target only with at least 7 tenths of its 8 epochs."""
+    """The baseline is tuned as `speedkit bench --sweep --find-budgets` tunes one (baseline_plan.py), on the same
+    grid: its rate as given, halved and doubled, each with its own schedule and a linear decay after the same
+    warmup, then its budget walked down in tenths while it still reaches the target. Planted (budgeted_run): lr 0.1
+    is best, the decay makes no difference (the first tried is kept), and a run reaches the target only with at
+    least 7 tenths of its 8 epochs."""
     from speedkit.experiments.report import proposal
 
     result = tune(TuneSettings("fashion-mnist", searched_methods=["label_smoothing"], out_dir=tmp_path,
                   runner="tune_fakes:budgeted_run", budget=60, trial_limit=12, max_trials=1, seeds_to_confirm=1,
                   tune_hparams=False, **SMALL), **QUIET)
     baselines = [t for t in result.summary["trials"] if t["phase"] == "baseline"]
-    ran = [(t["params"]["lr"], t["params"]["duration"]) for t in baselines]
-    assert ran == [(0.1, "8ep"), (0.05, "8ep"), (0.2, "8ep"), (0.1, "7.2ep"), (0.1, "6.4ep"), (0.1, "5.6ep"),
-                   (0.1, "4.8ep")]
+    ran = [(t["params"]["lr"], t["params"]["schedule"]["name"], t["params"]["duration"]) for t in baselines]
+    assert ran == [(rate, decay, "8ep") for rate in (0.1, 0.05, 0.2) for decay in ("cosine", "linear_to_zero")] + \
+        [(0.1, "cosine", budget) for budget in ("7.2ep", "6.4ep", "5.6ep", "4.8ep")]
+    assert baselines[1]["params"]["schedule"] == {"name": "linear_to_zero", "warmup": "0.1dur"}  # the same warmup
     # each is a RunRecord in the run folder, as a benchmark's plan run is; the study lists it, Optuna ran none
     assert all(RunRecord.load(t["record"]).config["tune"]["phase"] == "baseline" for t in baselines)
     assert not optuna.get_all_study_summaries(_storage(result.storage))[0].study_name.endswith("-baseline")
     origins = [proposal(t) for t in baselines]
-    assert origins == ["start: baseline", *["baseline plan: learning rate"] * 2, *["baseline plan: budget"] * 4]
+    assert origins == ["start: baseline", *["baseline plan: learning rate and schedule"] * 5,
+                       *["baseline plan: budget"] * 4]
     tuned, given = candidates(result.summary["confirmation"])[:2]
     assert tuned["role"] == "baseline" and tuned["recipe"]["duration"] == "5.6ep"  # 7 tenths of 8 epochs
     assert given["role"] == "baseline as given"
-    assert result.summary["baseline_plan"] == {"runs": 7, "finished": True}
+    assert result.summary["baseline_plan"] == {"runs": 10, "finished": True}
     assert "The baseline plan stopped" not in result.report_path.read_text()
 
 
 @pytest.mark.parametrize("cut, runs, left, stopped_by", [
-    ({"max_baseline_trials": 3}, 3, "its budget walk", "max_baseline_trials=3"),
-    ({"max_baseline_trials": 5}, 5, "the rest of its budget walk", "max_baseline_trials=5"),
-    ({"max_baseline_trials": 2}, 2, "the rest of its learning-rate sweep", "max_baseline_trials=2"),
-    ({"baseline_share": 1e-6}, 1, "the rest of its learning-rate sweep", "its share of the budget (0%, 0s)"),
+    ({"max_baseline_trials": 6}, 6, "its budget walk", "max_baseline_trials=6"),
+    ({"max_baseline_trials": 8}, 8, "the rest of its budget walk", "max_baseline_trials=8"),
+    ({"max_baseline_trials": 3}, 3, "the rest of its rate and schedule sweep", "max_baseline_trials=3"),
+    ({"baseline_share": 1e-6}, 1, "the rest of its rate and schedule sweep", "its share of the budget (0%, 0s)"),
 ], ids=["before-the-walk", "mid-walk", "mid-sweep", "by-its-share"])
 def test_a_baseline_plan_cut_short_is_said_beside_the_speedup_with_how_to_give_it_room(tmp_path, fake_env, monkeypatch,
                                                                                        cut, runs, left, stopped_by):
@@ -844,7 +848,7 @@ def test_a_baseline_plan_cut_short_is_said_beside_the_speedup_with_how_to_give_i
         # would read as a budget that misses, and the plan would keep a longer one)
         monkeypatch.setattr(TuneConfig, "spent_s", lambda config: config.budget_s)
         result = tune(settings.replace(baseline_share=0.9), **QUIET)
-        assert result.summary["baseline_plan"] == {"runs": 7, "finished": True}
+        assert result.summary["baseline_plan"] == {"runs": 10, "finished": True}
         assert "The baseline plan stopped" not in result.report_path.read_text()
         tuned = candidates(result.summary["confirmation"])[0]  # confirmed again: the baseline the plan tuned
         assert tuned["role"] == "baseline" and tuned["recipe"]["duration"] == "5.6ep" and tuned["reached"] == 1
@@ -890,8 +894,8 @@ def test_the_speedup_is_measured_against_the_base_as_given_where_it_beats_the_tu
     import yaml
 
     result = tune(TuneSettings("fashion-mnist", searched_methods=["label_smoothing"], out_dir=tmp_path,
-                               runner="tune_fakes:lucky_lr_run",
-                  budget=120, trial_limit=12, max_trials=4, max_baseline_trials=2, seeds_to_confirm=2,
+                               runner="tune_fakes:lucky_lr_run",  # the plan's third run is the first at a lucky rate
+                  budget=120, trial_limit=12, max_trials=4, max_baseline_trials=3, seeds_to_confirm=2,
                   tune_hparams=False, pruner="none", **SMALL), **QUIET)
     confirmation = result.summary["confirmation"]
     rows = {c["role"]: c for c in candidates(confirmation)}

@@ -148,28 +148,20 @@ def _budget_in_steps(duration: str, step: Time, what: str) -> int:
     return int(steps)
 
 
-def sweep_grid(profile: BenchProfile, name: str) -> list[dict]:
-    """Every ``{"lr", "schedule"}`` the profile's sweep of baseline ``name`` tries, in order."""
-    grid = profile.sweeps.get(name)
-    if not grid:
-        raise ValueError(f"profile {profile.name!r} has no sweep for {name!r}; it sweeps {sorted(profile.sweeps)}")
-    recipe = scheduled_recipe(profile, name)
-    return [{"lr": lr, "schedule": schedule} for lr in grid.get("lr", (recipe.optimizer["lr"],))
-            for schedule in grid.get("schedule", (recipe.schedule,))]
-
-
 def baseline_plan(profile: BenchProfile, name: str, seeds: Sequence[int], sweep: bool, find_budget: bool,
                   earlier: dict | None = None) -> BaselinePlan:
-    """How bench tunes baseline ``name``: with ``sweep``, the profile's grid (``sweep_grid``) on the first seed at
+    """How bench tunes baseline ``name``: with ``sweep``, the profile's grid (``profile.sweeps``) on the first seed at
     the grid's budget (where it names one: the recipe's own may be the shorter one a budget search found), else
     the pick of an ``earlier`` sweep or the recipe's own rate; with ``find_budget``, its budget in whole
     ``profile.budget_step``s (default ``baseline_plan.default_step``) on every seed, up to twice where the walk
     starts (the recipe's own budget where the pick gives no start)."""
     recipe = scheduled_recipe(profile, name)
     if sweep:
-        grid = sweep_grid(profile, name)
-        rates, schedules = tuple(dict.fromkeys(p["lr"] for p in grid)), [p["schedule"] for p in grid]
-        schedules = tuple(s for i, s in enumerate(schedules) if s not in schedules[:i])
+        grid = profile.sweeps.get(name)
+        if not grid:
+            raise ValueError(f"profile {profile.name!r} has no sweep for {name!r}; it sweeps {sorted(profile.sweeps)}")
+        rates = tuple(grid.get("lr", (recipe.optimizer["lr"],)))
+        schedules = tuple(grid.get("schedule", (recipe.schedule,)))
     else:
         chosen = (earlier or {}).get("pick") or {"lr": recipe.optimizer["lr"], "schedule": recipe.schedule}
         rates, schedules = (chosen["lr"],), (chosen["schedule"],)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Mapping, Sequence
 
+from speedkit.experiments.baseline_plan import default_sweep
 from speedkit.experiments.measure import refuse_planned
 from speedkit.tasks import TASKS, Recipe, RunRequest, get_recipe, is_baseline
 from speedkit.tasks.recipes import timing_eval_interval
@@ -142,12 +143,6 @@ _COMPILE = {"torch_compile": {}}
 _DECAYS = ({"name": "cosine", "warmup": "0.05dur"}, {"name": "linear_to_zero", "warmup": "0.05dur"})
 _LANGUAGE_SWEEP = {"lr": (1e-3, 2e-3, 4e-3), "schedule": _DECAYS, "budget": "600ba"}
 
-# Where a profile names no sweep (a user's task, the seed tasks), `--sweep` tries each baseline's own learning
-# rate halved, as given and doubled, each with its own schedule and with a linear decay after the same warmup,
-# at the baseline's own budget: a rate off by 2x either way is the first thing a skeptic suspects of a baseline.
-# Where the sweep keeps the rate and schedule, the tuned baseline is the one shipped.
-DEFAULT_SWEEP_FACTORS = (0.5, 1.0, 2.0)
-
 PROFILES: dict[str, dict[str, BenchProfile]] = {
     "vision": {
         "cpu": BenchProfile(name="cpu", run=RunRequest(task="fashion-mnist", device="cpu"), report_targets=(0.90, 0.93)),
@@ -171,24 +166,13 @@ PROFILES: dict[str, dict[str, BenchProfile]] = {
 
 
 def with_default_sweeps(profile: BenchProfile) -> BenchProfile:
-    """``profile`` itself where it sweeps a baseline; else with the default sweep of each of its baselines."""
+    """``profile`` itself where it sweeps a baseline; else with the default sweep of each of its baselines
+    (``baseline_plan.default_sweep``: the grid tune's baseline plan tries too), at the baseline's own budget.
+    Where the sweep keeps the rate and schedule, the tuned baseline is the one shipped."""
     if profile.sweeps:
         return profile
-    sweeps = {}
-    for name in profile.baselines:
-        recipe = get_recipe(profile.task, name)
-        lr = recipe.optimizer["lr"]
-        sweeps[name] = {"lr": tuple(lr * factor for factor in DEFAULT_SWEEP_FACTORS),
-                        "schedule": default_decays(recipe.schedule)}
-    return dataclasses.replace(profile, sweeps=sweeps)
-
-
-def default_decays(schedule) -> tuple:
-    """A baseline's own schedule and a linear decay to zero after the same warmup: the decays a default sweep
-    tries (one, where the baseline's is that linear decay)."""
-    warmup = schedule.get("warmup") if isinstance(schedule, dict) else None
-    linear = {"name": "linear_to_zero", **({"warmup": warmup} if warmup else {})}
-    return (schedule,) if schedule == linear else (schedule, linear)
+    return dataclasses.replace(profile, sweeps={name: default_sweep(get_recipe(profile.task, name))
+                                                for name in profile.baselines})
 
 
 def task_key(task: str) -> str:

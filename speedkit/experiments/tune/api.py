@@ -241,7 +241,8 @@ def build_summary(config: TuneConfig, study) -> dict:
     alike, then the confirmation."""
     plan_runs = baseline_runs(config, study)
     trials = [{"phase": "baseline", "number": run.number, "state": "pruned" if run.attrs["failed"] else "complete",
-               "value": run.attrs["score"], "params": {"lr": run.point.lr, "duration": run.point.budget},
+               "value": run.attrs["score"],
+               "params": {"lr": run.point.lr, "schedule": run.point.schedule, "duration": run.point.budget},
                **{k: run.attrs.get(k) for k in TRIAL_FIELDS}, "infeasible": run.attrs["failed"],
                "seed": run.point.seed, "worst_seed": None if run.attrs["failed"] else {
                    "value": run.attrs["score"], "runs": [run.number]},

@@ -22,7 +22,8 @@ from typing import Any, Sequence
 from speedkit.core.seeding import process_seed
 from speedkit.core.time import scaled_duration
 from speedkit.data.identity import data_identity
-from speedkit.experiments.baseline_plan import BaselinePlan, Outcome, Point, answer, next_run, run_plan
+from speedkit.experiments.baseline_plan import (BaselinePlan, Outcome, Point, answer, default_sweep, next_run,
+                                                run_plan)
 from speedkit.experiments.measure import budget_scale, refuse_planned
 from speedkit.experiments.tune.objective import (USER_STOP, TrialContext, resolve_runner, score_record,
                                                  train_and_store)
@@ -546,16 +547,17 @@ def queue_next_move(config: TuneConfig, study, baselines: Sequence["BaselineRun"
 # -- the baseline, tuned by the benchmark's plan --------------------------------------------------------------------
 def baseline_plan(config: TuneConfig) -> BaselinePlan:
     """How the search tunes its baseline (``speedkit.experiments.baseline_plan``, as ``speedkit bench --sweep
-    --find-budgets`` does): the base's learning rate as given, halved and doubled (and on past the edge that wins,
-    within ``lr_factor``), on the search's seed at the base's budget; then the pick's budget in steps of
-    the least ``duration_scale_range`` allows, on that seed. All of it within ``baseline_share`` of the budget."""
+    --find-budgets`` does, on the same grid, ``default_sweep``): the base's learning rate as given, halved and
+    doubled (and on past the edge that wins, within ``lr_factor``), then its own schedule's alternative at the
+    rate that won, on the search's seed at the base's budget; then the pick's budget in steps of the least
+    ``duration_scale_range`` allows, on that seed. All of it within ``baseline_share`` of the budget."""
     base, settings = config.base_recipe(), config.settings
     lr, factor = base.optimizer["lr"], settings.lr_factor or 1.0
-    rates = (lr, lr / 2, lr * 2) if factor >= 2 else (lr,)
+    grid = default_sweep(base)
     scales = settings.duration_scale_range  # None: the budget is not searched
     step = scaled_duration(base.duration, scales[0]) if scales else None
     most = max(1, int(scales[1] / scales[0] + 1e-9)) if scales else None
-    return BaselinePlan(metric=config.metric, rates=rates, schedules=(base.schedule,),
+    return BaselinePlan(metric=config.metric, rates=grid["lr"] if factor >= 2 else (lr,), schedules=grid["schedule"],
                         sweep_budget=scaled_duration(step, most) if step else base.duration, sweep_seed=SEARCH_SEED,
                         budget_step=step, seeds=(SEARCH_SEED,), start_steps=most, most_steps=most,
                         lr_range=(lr / factor, lr * factor))
@@ -574,8 +576,9 @@ class BaselineRun:
 
 
 def plan_recipe(config: TuneConfig, point: Point, name: str):
-    """The base recipe at a point of the baseline plan: its learning rate and budget."""
-    return config.base_recipe().with_changes(name=name, optimizer={"lr": point.lr}, duration=point.budget)
+    """The base recipe at a point of the baseline plan: its learning rate, schedule and budget."""
+    return config.base_recipe().with_changes(name=name, optimizer={"lr": point.lr}, schedule=point.schedule,
+                                             duration=point.budget)
 
 
 def baseline_runs(config: TuneConfig, study) -> list[BaselineRun]:
@@ -632,14 +635,14 @@ def _plan_seconds(runs: Sequence[BaselineRun]) -> float:
 
 def baseline_plan_state(config: TuneConfig, runs: Sequence[BaselineRun]) -> dict:
     """Whether the baseline plan ran to its end (``finished``) and, where it did not, what it left out (``left``:
-    the rest of its rate sweep, its budget walk, or the rest of that walk) and why (``stopped_by``): the baseline
+    the rest of its rate and schedule sweep, its budget walk, or the rest of that walk) and why (``stopped_by``): the baseline
     measured is then less tuned than the plan would have made it, which the report says beside the speed-up."""
     upcoming = next_run(baseline_plan(config), [run.outcome for run in runs])
     state = {"runs": len(runs), "finished": upcoming is None}
     if upcoming is not None:
         most, share = config.settings.max_baseline_trials, config.settings.baseline_share
         walked = any(run.point.stage == "budget" for run in runs)
-        state["left"] = ("the rest of its learning-rate sweep" if upcoming.stage != "budget" else
+        state["left"] = ("the rest of its rate and schedule sweep" if upcoming.stage != "budget" else
                          "the rest of its budget walk" if walked else "its budget walk")
         state["stopped_by"] = (
             f"max_baseline_trials={most}" if most is not None and len(runs) >= most else
@@ -698,7 +701,7 @@ def _run_baseline_point(config: TuneConfig, study, runner, plan: BaselinePlan, p
     if context.stop_reason == USER_STOP:
         return None
     origin = ({"start_from": BASE_START} if point == plan.grid()[0]  # the base as given: the plan's first run
-              else {"plan": "learning rate" if point.stage == "sweep" else "budget"})
+              else {"plan": "learning rate and schedule" if point.stage == "sweep" else "budget"})
     entry = {"number": len(entries), "name": name, "run": None if record is None else record.run_id,
              "lr": point.lr, "schedule": point.schedule, "budget": point.budget, "seed": point.seed,
              "stage": point.stage, "span": [started, time.time()], "budget_done": context.budget_done,
