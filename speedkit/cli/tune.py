@@ -11,7 +11,7 @@ from speedkit.cli.task_flags import add_folder_task_arguments, add_task_argument
 def add_parser(commands) -> None:
     tune = commands.add_parser(
         "tune", allow_abbrev=False, help="search (Optuna) for the recipe that reaches a task's target soonest",
-        description="A measured search: the baseline's learning rate and budget are tuned first; then the "
+        description="A measured search: the baseline's learning rate, schedule and budget are tuned first; then the "
                     "task's presets, and moves from the best recipe so far (add, drop or retune one method, "
                     "change the budget or the learning rate), against training time to the target; the winner "
                     "is confirmed on fresh seeds beside the tuned baseline and the base as given, within the "
