@@ -27,7 +27,8 @@ from speedkit.models.pretrained import mark_surgered
 from speedkit.record.loggers import Logger, LoggerDestination, RecordDestination
 from speedkit.record.runs import RunRecord
 from speedkit.train.checkpoint.format import rng_state, set_rng_state
-from speedkit.train.parts import make_loss, make_schedules, refuse_optimizer_before_surgery
+from speedkit.train.parts import (make_loss, make_schedules, refuse_optimizer_before_surgery,
+                                  refuse_wrapped_before_surgery)
 from speedkit.train.step import Step
 
 LOG = logging.getLogger("speedkit")
@@ -209,6 +210,9 @@ class MethodSession:
             state.device = reference.device
         state.loss_fn = make_loss(model, self._given_loss, self.methods)
         if not self.initialized:
+            refuse_wrapped_before_surgery(model, self.methods, "give speedkit the model itself (model = "
+                                          "sk.prepare_model(model)) and wrap what it returns after: DDP(model), "
+                                          "fully_shard(model) or accelerator.prepare(model, ...)")
             self._before_surgery = list(model.parameters())  # what an optimizer built too early holds
             self.run(Event.INIT)
             self.initialized = True

@@ -146,6 +146,32 @@ def make_optimizers(optimizers, model) -> list[torch.optim.Optimizer]:
     return optimizers
 
 
+def refuse_wrapped_before_surgery(model: torch.nn.Module, methods, fix: str) -> None:
+    """A model already wrapped for data parallelism (DDP, FSDP) is refused before speedkit's surgery (INIT) acts
+    on it: DDP registered its parameters and its gradient buckets when it wrapped the model, so a parameter a
+    surgery adds (squeeze_excite's blocks, QK-norm's gains) is never averaged across processes, and every rank
+    trains its own copy without a word; FSDP has flattened or sharded what a surgery would replace. Naming ``fix``."""
+    surgeons = [m.name for m in methods if Event.INIT in m.CARD.events]
+    wrapper = _parallel_wrapper(model)
+    if surgeons and wrapper:
+        raise ValueError(f"the model is already wrapped in {wrapper}, and speedkit's surgery ({', '.join(surgeons)}) "
+                         f"must change it before the wrapper takes its parameters: a parameter added after it would "
+                         f"never be averaged across processes, and each would train its own; {fix}")
+
+
+def _parallel_wrapper(model: torch.nn.Module) -> str | None:
+    """The data-parallel wrapper ``model`` is (DDP) or holds (FSDP's wrapped or sharded modules), by name."""
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        return "DistributedDataParallel"
+    if not torch.distributed.is_available():  # a build without it has no FSDP either
+        return None
+    import torch.distributed.fsdp as fsdp
+
+    kinds = tuple(getattr(fsdp, name) for name in ("FullyShardedDataParallel", "FSDPModule") if hasattr(fsdp, name))
+    sharded = next((module for module in model.modules() if isinstance(module, kinds)), None)
+    return None if sharded is None else f"FSDP ({type(sharded).__name__})"
+
+
 def refuse_optimizer_before_surgery(before: list[torch.Tensor], model: torch.nn.Module, optimizers, methods,
                                     fix: str) -> None:
     """An optimizer built on the model's parameters ``before`` the surgery (INIT) would never train the parameters

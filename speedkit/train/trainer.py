@@ -42,7 +42,8 @@ from speedkit.train.parts import (cross_entropy_loss, describe_run, follow_sched
                                   make_callbacks, make_evaluators, make_logger, make_loss, make_optimizers,
                                   make_record, make_reproducible, make_schedules, measure_loader, plateau_metric,
                                   read_device_checks, close_callbacks, refuse_optimizer_before_surgery,
-                                  step_optimizers, step_plateau_schedulers, step_torch_schedulers)
+                                  refuse_wrapped_before_surgery, step_optimizers, step_plateau_schedulers,
+                                  step_torch_schedulers)
 from speedkit.train.step import Step, Stopwatch
 
 
@@ -134,6 +135,8 @@ class Trainer:
                                          run_name=self.run_name, run_folder=self.run_folder, keep=keep_checkpoints)
 
         # Methods that change the model act now, before optimizers are built on its parameters.
+        refuse_wrapped_before_surgery(state.model, state.methods, "pass the model itself: under torchrun the "
+                                      "Trainer wraps it after the surgery (parallel='auto' for DDP, 'fsdp')")
         before_surgery = list(state.model.parameters())
         self.engine.run_event(Event.INIT)
         mark_surgered(state.model, state.methods)  # a Hugging Face model's save_pretrained records the surgeries

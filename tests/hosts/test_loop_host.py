@@ -472,6 +472,45 @@ def test_an_optimizer_built_before_the_surgery_is_refused_before_the_first_step(
     assert held == {id(p) for p in trainer.state.model.parameters()}
 
 
+def test_a_model_wrapped_in_ddp_before_the_surgery_is_refused(tmp_path):
+    """Wrapped first, DDP had registered the model's parameters: the squeeze-excite blocks a surgery then added were
+    never averaged across processes, so each rank trained its own (tests/train/test_distributed.py shows two ranks
+    drift apart; wrapped after the surgery, they stay equal). Refused in the loop and in the Trainer, naming
+    the order that works, and so is a model FSDP sharded first; a DDP model given methods without a surgery (EMA)
+    is taken."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from speedkit.methods.squeeze_excite import SqueezeExcite2d
+
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        train = [(torch.randn(8, 3, 8, 8), torch.randint(0, 3, (8,)))] * 2
+        sk = Speedkit([SqueezeExcite(min_channels=32)], max_duration="2ba", train_dataloader=train)
+        with pytest.raises(ValueError, match=r"already wrapped in DistributedDataParallel, and speedkit's surgery "
+                                             r"\(squeeze_excite\).*model = sk.prepare_model\(model\)\) and wrap "
+                                             r"what it returns after: DDP\(model\)"):
+            sk.prepare_model(DDP(small_convnet()))
+        with pytest.raises(ValueError, match=r"already wrapped in DistributedDataParallel.*pass the model itself"):
+            Trainer(DDP(small_convnet()), train, max_duration="2ba", methods=[SqueezeExcite(min_channels=32)],
+                    run_dir=tmp_path, save_checkpoints=False, parallel=None)
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        sharded = small_convnet()
+        fully_shard(sharded, mesh=init_device_mesh("cpu", (1,)))
+        with pytest.raises(ValueError, match=r"already wrapped in FSDP \(FSDPSequential\).*fully_shard\(model\)"):
+            sk = Speedkit([SqueezeExcite(min_channels=32)], max_duration="2ba", train_dataloader=train)
+            sk.prepare_model(sharded)
+        wrapped = DDP(Speedkit([SqueezeExcite(min_channels=32)], max_duration="2ba", train_dataloader=train)
+                      .prepare_model(small_convnet()))  # the order that works
+        assert any(isinstance(m, SqueezeExcite2d) for m in wrapped.modules())
+        losses, _, _ = plain_loop(DDP(small_convnet()), train, [EMA(half_life="0.1dur")], steps=2)
+        assert len(losses) == 2
+    finally:
+        dist.destroy_process_group()
+
+
 @pytest.mark.parametrize("accumulation, steps, message", [
     (1, 2, "ran twice before one sk.step_end"), (2, 1, r"on a batch that closes no step \(accumulation=2\)")])
 def test_more_optimizer_steps_than_the_clock_counts_are_refused(accumulation, steps, message):

@@ -177,8 +177,40 @@ def auto_precision(out: Path) -> dict:
     return {"precision_by_rank": distributed.all_gather_object(trainer.state.precision)}
 
 
+def surgery_order(out: Path) -> dict:
+    """Squeeze-excite's surgery (its plain function, which has no check) on a model DDP wrapped first, and on one
+    wrapped after it; each rank trains three steps on batches of its own. How far apart the ranks' weights end."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from speedkit.methods.squeeze_excite import apply_squeeze_excite
+
+    distributed.init_distributed()
+    apart = {}
+    for order in ("wrapped_first", "surgery_first"):
+        torch.manual_seed(0)
+        model = get_model("resnet8", num_classes=10)
+        if order == "wrapped_first":
+            model = DDP(model)
+            apply_squeeze_excite(model.module, min_channels=16)
+        else:
+            apply_squeeze_excite(model, min_channels=16)
+            model = DDP(model)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        generator = torch.Generator().manual_seed(100 + distributed.rank())
+        for _ in range(3):
+            images = torch.randn(8, 1, 28, 28, generator=generator)
+            labels = torch.randint(0, 10, (8,), generator=generator)
+            torch.nn.functional.cross_entropy(model(images), labels).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        flat = torch.cat([p.detach().flatten() for p in model.parameters()])
+        ranks = distributed.all_gather_object(flat)
+        apart[order] = float((ranks[0] - ranks[1]).abs().max())
+    return apart
+
+
 SCENARIOS = {"ddp_resnet": ddp_resnet, "fsdp_gpt": fsdp_gpt, "ddp_methods": ddp_methods,
-             "auto_precision": auto_precision}
+             "auto_precision": auto_precision, "surgery_order": surgery_order}
 
 
 def main(argv: list[str]) -> None:

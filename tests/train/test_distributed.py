@@ -68,7 +68,7 @@ def two_ranks(tmp_path_factory):
     """Runs every two-rank scenario once: ``(out_dir, {scenario: result}, seconds)``."""
     out = tmp_path_factory.mktemp("two-ranks")
     scenarios = ["ddp_resnet", "ddp_methods", "fsdp_gpt"] if _fmnist_available() else ["fsdp_gpt"]
-    scenarios.append("auto_precision")
+    scenarios += ["auto_precision", "surgery_order"]
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--nnodes", "1",
                "--master-addr", "127.0.0.1", "--master-port", str(_free_port()), str(WORKER), str(out), *scenarios]
     start = time.perf_counter()
@@ -184,6 +184,15 @@ def test_methods_with_global_state_keep_ranks_identical(two_ranks):
 
 def test_ranks_train_in_rank_zeros_auto_precision_when_their_measurements_differ(two_ranks):
     assert _result(two_ranks, "auto_precision")["precision_by_rank"] == ["bf16", "bf16"]
+
+
+def test_a_surgery_after_ddp_wrapped_the_model_leaves_each_rank_training_its_own(two_ranks):
+    """Why speedkit refuses a model wrapped before its surgery (tests/hosts/test_loop_host.py): squeeze-excite's
+    blocks added after DDP wrapped the model are never averaged, so two ranks on their own batches drift apart;
+    added before, the ranks stay equal."""
+    apart = _result(two_ranks, "surgery_order")
+    assert apart["surgery_first"] == 0.0
+    assert apart["wrapped_first"] > 1e-6  # synced weights are equal to the bit, as surgery_first's are
 
 
 # -- FSDP2 --------------------------------------------------------------------------------------------
