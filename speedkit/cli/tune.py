@@ -51,7 +51,9 @@ def add_parser(commands) -> None:
     tune.add_argument("--pruner", default="halving", choices=["halving", "hyperband", "median", "none"],
                       help="stops trials that fall behind at an evaluation (successive halving by default)")
     tune.add_argument("--no-hparams", action="store_true", help="methods on/off only, each at its card's defaults")
-    tune.add_argument("--leave-one-out", action="store_true", help="then run the winner without each of its methods")
+    tune.add_argument("--leave-one-out", action="store_true",
+                      help="then run the winner with each part of its difference from the reference baseline put "
+                           "back, as speedkit bench --leave-one-out does")
     tune.add_argument("--runner", help="MODULE:FUNCTION that runs one trial instead of training (advanced)")
 
 

@@ -1,10 +1,11 @@
 """Leave-one-out: which runs say what each part of a recipe adds. The benchmark and the search both plan
 and run their ablations here (``leave_one_out_runs``), so a part left out means the same thing in both reports.
 
-A part is one of the recipe's methods, or (against a reference recipe, a baseline) one of the non-method
-``PARTS`` where the two differ. Leaving a part out gives the recipe the reference's value of it: a method
-the reference has too at other settings gets the reference's settings, one it lacks is dropped. Without a
-reference, the parts are the methods alone, each dropped. Every ablated run carries ``ablation_marker``'s
+A part is one of the recipe's methods the reference recipe (the baseline its speed-up is measured against) does
+not have as it is, or one of the non-method ``PARTS`` where the two differ: together, the recipe's whole
+difference from the reference. Leaving a part out gives the recipe the reference's value of it: a method the
+reference has too at other settings gets the reference's settings, one it lacks is dropped. Every ablated run
+carries ``ablation_marker``'s
 ``config["ablation"]``, which ``speedkit.experiments.compare.leave_one_out`` and the run board read;
 ``leave_one_out_summary`` is the one table the benchmark's and the search's summaries and reports hold.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from speedkit.core.devices import resolve_device, resolve_precision
 from speedkit.experiments.compare import final_metric, part_effect
 from speedkit.tasks.recipes import Recipe
 
@@ -43,11 +45,9 @@ def _swap_part(recipe: Recipe, part: str, reference: Recipe) -> dict:
     return {part: getattr(reference, part)}
 
 
-def ablation_changes(recipe: Recipe, reference: Recipe | None = None) -> dict[str, dict]:
+def ablation_changes(recipe: Recipe, reference: Recipe) -> dict[str, dict]:
     """``{part left out: field changes}``: one per method the reference does not have as it is, in the
-    recipe's order, then one per non-method part where the recipe differs from the reference. Without a
-    reference: one per method, dropped."""
-    reference = reference if reference is not None else dataclasses.replace(recipe, methods={})
+    recipe's order, then one per non-method part where the recipe differs from the reference."""
     changes = {}
     for method, params in recipe.methods.items():
         if reference.methods.get(method) == params:
@@ -62,25 +62,30 @@ def ablation_changes(recipe: Recipe, reference: Recipe | None = None) -> dict[st
     return changes
 
 
-def ablated_recipes(recipe: Recipe, reference: Recipe | None = None) -> dict[str, Recipe]:
+def ablated_recipes(recipe: Recipe, reference: Recipe) -> dict[str, Recipe]:
     """``{part left out: the recipe without it}`` (see ``ablation_changes``); each keeps the recipe's name."""
     # Not Recipe.with_changes: it skips None values, and the reference's part may be None (no augmentation).
     return {part: Recipe(**{**dataclasses.asdict(recipe), **change})
             for part, change in ablation_changes(recipe, reference).items()}
 
 
-def ablation_marker(of: str, left_out: str, against: str | None = None) -> dict:
-    """``config["ablation"]`` of a run of ``of`` (the full run's name) without ``left_out``; ``against``
-    names the reference recipe the part was taken from, where there is one."""
-    return {"of": of, "left_out": left_out, **({"against": against} if against is not None else {})}
+def as_run_on(recipe: Recipe, device) -> Recipe:
+    """``recipe`` with "auto" precision as it runs on ``device``: "auto" beside a bf16 baseline that it runs as
+    is no difference to leave out."""
+    return recipe.with_changes(precision=resolve_precision(recipe.precision, resolve_device(device)))
 
 
-def leave_one_out_runs(recipe: Recipe, run, of: str, reference: Recipe | None = None,
-                       against: str | None = None) -> dict:
+def ablation_marker(of: str, left_out: str, against: str) -> dict:
+    """``config["ablation"]`` of a run of ``of`` (the full run's name) without ``left_out``, given the value of
+    the reference recipe ``against`` names."""
+    return {"of": of, "left_out": left_out, "against": against}
+
+
+def leave_one_out_runs(recipe: Recipe, run, of: str, reference: Recipe, against: str) -> dict:
     """The one leave-one-out driver (the benchmark's and the search's): ``run(part, ablated recipe, marker)``
-    for each part of ``recipe`` left out (``ablated_recipes``), in order, with the run's ``config["ablation"]``
-    (``ablation_marker``: ``of`` names the full run, ``against`` the reference recipe); ``{part: what run
-    returned}``."""
+    for each part of ``recipe``'s difference from ``reference`` left out (``ablated_recipes``), in order, with
+    the run's ``config["ablation"]`` (``ablation_marker``: ``of`` names the full run, ``against`` the reference
+    recipe); ``{part: what run returned}``."""
     return {part: run(part, ablated, ablation_marker(of, part, against))
             for part, ablated in ablated_recipes(recipe, reference).items()}
 
@@ -100,8 +105,9 @@ def leave_one_out_summary(of: str, time_with: float | None, final_with: float | 
     """The one leave-one-out table (the benchmark's summary.json and the search's): ``rows`` is ``{part left out:
     {"time_without_s", "final_metric", ...}}`` for the runs of ``of`` (the full run's name, whose time to the
     target is ``time_with``) without each part; each row gains ``compare.part_effect``'s slowdown and share of
-    the speed-up over ``baseline_time``. ``against`` names the reference recipe the parts were taken from (None:
-    methods dropped); ``about`` adds fields (the recipe, the seed)."""
+    the speed-up over ``baseline_time``. ``against`` names the reference recipe the parts were taken from (None in
+    tables written before every leave-one-out had one: methods dropped); ``about`` adds fields (the recipe, the
+    seed)."""
     parts = {part: {**row, "slowdown": None, "share": None, "pays_off": None,
                     **(part_effect(row["time_without_s"], time_with, baseline_time) if time_with is not None else {})}
              for part, row in rows.items()}

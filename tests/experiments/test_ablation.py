@@ -2,7 +2,7 @@
 so the same recipe left one part out at a time gives the same runs in both."""
 from __future__ import annotations
 
-import dataclasses
+from types import SimpleNamespace
 
 from speedkit.experiments import ablation
 from speedkit.experiments.bench import harness
@@ -32,10 +32,12 @@ def _bench_ablations(monkeypatch, recipe, reference) -> dict[str, tuple]:
     return ran
 
 
-def _tune_ablations(monkeypatch, recipe) -> dict[str, tuple]:
-    """{method: (recipe, config["ablation"])} of the search's leave-one-out of its confirmed winner."""
+def _tune_ablations(monkeypatch, recipe, reference) -> dict[str, tuple]:
+    """{part: (recipe, config["ablation"])} of the search's leave-one-out of its confirmed winner ``recipe`` against
+    its strongest confirmed baseline ``reference``."""
     ran = {}
-    confirmation = {"recipes": {"search:7": {"recipe": recipe.to_dict()}}, "best_recipe": "search:7"}
+    confirmation = {"recipes": {"search:7": {"recipe": recipe.to_dict()}}, "best_recipe": "search:7",
+                    "baselines": {"baseline:3": {"recipe": reference.to_dict()}}, "strongest_baseline": "baseline:3"}
     monkeypatch.setattr(confirm, "summarize_confirmation", lambda config, study: confirmation)
     monkeypatch.setattr(confirm, "_confirmed", lambda config, study, candidates=None: {})  # none ran yet
     monkeypatch.setattr(confirm, "run_name_for", lambda config, key, seed: "full")
@@ -44,24 +46,25 @@ def _tune_ablations(monkeypatch, recipe) -> dict[str, tuple]:
         ran[ablation["left_out"]] = (run_recipe, ablation)
 
     monkeypatch.setattr(confirm, "_confirm_run", fake_confirm_run)
-    confirm.run_leave_one_out(config=None, study=None, runner=lambda context: None)
+    config = SimpleNamespace(settings=SimpleNamespace(run=SimpleNamespace(device="cpu")))
+    confirm.run_leave_one_out(config=config, study=None, runner=lambda context: None)
     return ran
 
 
-def test_bench_and_tune_leave_out_the_same_methods_as_the_same_runs(monkeypatch):
-    # Against a reference that differs only in having no methods, the benchmark's parts are the methods
-    # alone: exactly what the search leaves out of its winner.
-    reference = dataclasses.replace(WINNER, name="bare", methods={})
+def test_bench_and_tune_leave_out_the_same_parts_as_the_same_runs(monkeypatch):
+    """Against the same baseline, the benchmark and the search leave the same parts out of a recipe, as the same
+    runs marked alike: each method the baseline lacks, and each other part (budget, precision ...) where the two
+    differ, given the baseline's value."""
+    reference = get_recipe("fashion-mnist", "plain-bf16")
     bench = _bench_ablations(monkeypatch, WINNER, reference)
-    tune = _tune_ablations(monkeypatch, WINNER)
-    assert list(bench) == list(tune) == list(WINNER.methods)
-    for method in WINNER.methods:
-        bench_recipe, bench_marker = bench[method]
-        tune_recipe, tune_marker = tune[method]
-        assert method not in tune_recipe.methods
+    tune = _tune_ablations(monkeypatch, WINNER, reference)
+    assert list(bench) == list(tune)
+    assert set(WINNER.methods) - set(reference.methods) < set(bench) and {"budget", "precision"} < set(bench)
+    for part in bench:
+        bench_recipe, bench_marker = bench[part]
+        tune_recipe, tune_marker = tune[part]
         assert {**bench_recipe.to_dict(), "name": None} == {**tune_recipe.to_dict(), "name": None}
-        assert {k: bench_marker[k] for k in ("of", "left_out")} == tune_marker == {"of": "full", "left_out": method}
-        assert bench_marker["against"] == "bare"
+        assert bench_marker == tune_marker == {"of": "full", "left_out": part, "against": "plain-bf16"}
 
 
 def test_against_a_baseline_the_non_method_parts_are_left_out_too():
@@ -70,7 +73,6 @@ def test_against_a_baseline_the_non_method_parts_are_left_out_too():
     assert "channels_last" not in ablated  # the baseline has it too, as it is
     assert ablated["budget"].duration == plain_bf16.duration
     assert ablated["augment"].augment == plain_bf16.augment  # None stays None (with_changes would skip it)
-    assert set(ablation.ablated_recipes(WINNER)) == set(WINNER.methods)  # no reference: the methods alone
 
 
 def test_bench_and_tune_summarise_leave_one_out_as_one_table_and_the_search_stores_never_reached_as_null():
@@ -91,15 +93,16 @@ def test_bench_and_tune_summarise_leave_one_out_as_one_table_and_the_search_stor
             run.add_eval({"batch": 2, "wall_s": reached_at}, {"eval/accuracy": 0.95})
         return run
 
-    full, ablations = record("full", 4.0), [record("no-ls", 6.0, ablation={"of": "full", "left_out": "label_smoothing"}),
-                                            record("no-ema", None, ablation={"of": "full", "left_out": "ema"})]
+    marked = {"of": "full", "against": "plain-bf16"}
+    full, ablations = record("full", 4.0), [record("no-ls", 6.0, ablation={**marked, "left_out": "label_smoothing"}),
+                                            record("no-ema", None, ablation={**marked, "left_out": "ema"})]
     board = leave_one_out([full, *ablations])["full"]
     bench = summarize_leave_one_out([full], ablations)
     # the search's confirmation runs, as confirm.confirmed_runs finds them: by (candidate, seed)
     runs = {("loo:search:3:label_smoothing", 1): ablations[0], ("loo:search:3:ema", 1): ablations[1],
             ("loo:search:3:ema", 2): record("other-seed", 1.0)}
     confirmation = {"seeds": [1], "strongest_baseline": "baseline:0",
-                    "baselines": {"baseline:0": {"time_to_target_s": [8.0]}},
+                    "baselines": {"baseline:0": {"time_to_target_s": [8.0], "recipe": {"name": "plain-bf16"}}},
                     "recipes": {"search:3": {"time_to_target_s": [4.0], "final_metric": [0.95],
                                              "recipe": {"name": "tune-winner"}}}}
     config = SimpleNamespace(settings=SimpleNamespace(study_name="tune"), metric="eval/accuracy", target=0.9)
@@ -110,6 +113,7 @@ def test_bench_and_tune_summarise_leave_one_out_as_one_table_and_the_search_stor
     assert math.isinf(board["ema"]["slowdown"]) and tune["parts"]["ema"]["slowdown"] is None
     assert set(tune) == set(bench) and set(tune["parts"]["ema"]) == set(bench["parts"]["ema"])
     assert tune["not_reached_without"] == bench["not_reached_without"] == ["ema"]
-    assert tune["against"] is None and tune["of"] == "tune-confirm-search-3-s1"
+    assert tune["against"] == bench["against"] == "plain-bf16" and tune["of"] == "tune-confirm-search-3-s1"
     text = "\n".join(leave_one_out_markdown(tune))
-    assert "each row drops one method" in text and "| ema | not reached |" in text
+    assert "each row gives one part the baseline's value against plain-bf16" in text
+    assert "| ema | not reached |" in text

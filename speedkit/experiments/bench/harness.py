@@ -13,10 +13,10 @@ import json
 from pathlib import Path
 from typing import Callable, Hashable, Sequence
 
-from speedkit.core.devices import resolve_device, resolve_precision
+from speedkit.core.devices import resolve_device
 from speedkit.core.time import Time, scaled_duration
 from speedkit.data.identity import data_identity
-from speedkit.experiments.ablation import leave_one_out_rows, leave_one_out_runs, leave_one_out_summary
+from speedkit.experiments.ablation import as_run_on, leave_one_out_rows, leave_one_out_runs, leave_one_out_summary
 from speedkit.experiments.bench.profiles import TASK_KEYS, BenchProfile, get_profile, task_key, with_default_sweeps
 from speedkit.experiments.compare import baseline_median_times, final_metric, median_or_none, paired_speedups
 from speedkit.experiments.baseline_plan import (BaselinePlan, Outcome, Point, budget_found, default_step,
@@ -249,10 +249,7 @@ def run_leave_one_out(profile: BenchProfile, records: Sequence[RunRecord], recip
                        **trainer_kwargs)
         ablations.append(full)
         log(f"[leave-one-out] reference {_describe_run(full)}")
-    # "auto" precision compared as what it runs as here: "auto" against a bf16 baseline is no difference
-    device = resolve_device(profile.run.device)
-    recipe, reference = (r.with_changes(precision=resolve_precision(r.precision, device))
-                         for r in (recipe, scheduled_recipe(profile, baseline)))
+    recipe, reference = (as_run_on(r, profile.run.device) for r in (recipe, scheduled_recipe(profile, baseline)))
 
     def run(part: str, ablated: Recipe, marker: dict) -> None:
         run_name = f"{full.name}-without-{part}"

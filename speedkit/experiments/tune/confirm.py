@@ -14,7 +14,7 @@ import datetime
 import time
 
 from speedkit.core.time import scaled_duration
-from speedkit.experiments.ablation import (ablated_recipes, leave_one_out_rows, leave_one_out_runs,
+from speedkit.experiments.ablation import (ablated_recipes, as_run_on, leave_one_out_rows, leave_one_out_runs,
                                            leave_one_out_summary)
 from speedkit.experiments.measure import Measurement, finished_runs, measure, shortest_budget
 from speedkit.experiments.summary import judge, recipe_entry, sittings
@@ -210,39 +210,51 @@ def run_budget_search(config: TuneConfig, study, runner=None, should_stop=None, 
 
 # -- the winner's leave-one-out ---------------------------------------------------------------------
 def run_leave_one_out(config: TuneConfig, study, runner=None, should_stop=None, log=print) -> None:
-    """The confirmed winner without each of its methods, on the first confirmation seed (beside its own run
-    there), so the report can say what each method adds; resumable like the confirmation."""
+    """The confirmed winner with each part of its difference from the strongest confirmed baseline given that
+    baseline's value (``ablation.py``, as the benchmark's leave-one-out: a method dropped, or the budget, rate,
+    batch size ... put back), on the first confirmation seed (beside its own run there), so the report can say what
+    each part adds to the speed-up over that baseline; resumable like the confirmation."""
     summary = summarize_confirmation(config, study)
     winner = summary["best_recipe"]
     if winner is None:
         return
     seed, runner = CONFIRM_SEED_START, runner or resolve_runner(config.settings.runner)
-    recipe = Recipe(**summary["recipes"][winner]["recipe"])
-    ablated = _ablated(winner, recipe)
+    recipe, reference = _winner_and_reference(config, summary)
+    ablated = _ablated(winner, recipe, reference)
     done = _confirmed(config, study, ablated)
 
-    def run(method: str, _, marker: dict) -> None:  # its methods, each dropped
-        key = f"loo:{winner}:{method}"
+    def run(part: str, _, marker: dict) -> None:
+        key = f"loo:{winner}:{part}"
         if (key, seed) not in done and not (should_stop and should_stop()):
             _confirm_run(config, study, runner, "leave-one-out", key, seed, ablated[key], should_stop, log,
                          ablation=marker)
 
-    leave_one_out_runs(recipe, run, of=run_name_for(config, winner, seed))
+    leave_one_out_runs(recipe, run, of=run_name_for(config, winner, seed), reference=reference,
+                       against=reference.name)
 
 
-def _ablated(winner: str, recipe: Recipe) -> dict[str, Recipe]:
-    """``{candidate key: recipe}`` of the leave-one-out runs of the winner (its candidate key): each of its
-    methods dropped."""
+def _winner_and_reference(config: TuneConfig, confirmation: dict) -> tuple[Recipe, Recipe]:
+    """The confirmed winner's recipe and the strongest confirmed baseline's, each with "auto" precision as it runs
+    on the search's device (``ablation.as_run_on``)."""
+    winner = confirmation["recipes"][confirmation["best_recipe"]]["recipe"]
+    baseline = confirmation["baselines"][confirmation["strongest_baseline"]]["recipe"]
+    device = config.settings.run.device
+    return as_run_on(Recipe(**winner), device), as_run_on(Recipe(**baseline), device)
+
+
+def _ablated(winner: str, recipe: Recipe, reference: Recipe) -> dict[str, Recipe]:
+    """``{candidate key: recipe}`` of the leave-one-out runs of the winner (its candidate key): each part of its
+    difference from ``reference`` given the reference's value."""
     return {f"loo:{winner}:{part}": ablated.with_changes(name=f"tuned-without-{part}")
-            for part, ablated in ablated_recipes(recipe).items()}
+            for part, ablated in ablated_recipes(recipe, reference).items()}
 
 
 def summarize_leave_one_out(config: TuneConfig, winner_key: str | None, confirmation: dict,
                             runs: dict[tuple[str, int], RunRecord]) -> dict:
-    """The winner without each of its methods on the first confirmation seed, as the benchmark's leave-one-out
-    table (``ablation.leave_one_out_summary``; shares of its speed-up over the strongest baseline on that seed),
-    held as summary.json holds it (a method without which the winner never reached the target: null, not
-    infinity)."""
+    """The winner without each part of its difference from the strongest baseline on the first confirmation seed,
+    as the benchmark's leave-one-out table (``ablation.leave_one_out_summary``; shares of its speed-up over that
+    baseline on that seed), held as summary.json holds it (a part without which the winner never reached the
+    target: null, not infinity)."""
     winner, seed = confirmation["recipes"].get(winner_key), confirmation["seeds"][0]
     if winner is None or winner["time_to_target_s"][0] is None:
         return {}
@@ -254,7 +266,8 @@ def summarize_leave_one_out(config: TuneConfig, winner_key: str | None, confirma
     baseline = confirmation["baselines"][confirmation["strongest_baseline"]]
     return json_safe(leave_one_out_summary(
         run_name_for(config, winner_key, seed), winner["time_to_target_s"][0], winner["final_metric"][0], rows,
-        baseline["time_to_target_s"][0], recipe=winner["recipe"]["name"], seed=seed, reference_rerun=False))
+        baseline["time_to_target_s"][0], baseline["recipe"]["name"], recipe=winner["recipe"]["name"], seed=seed,
+        reference_rerun=False))
 
 
 def summarize_confirmation(config: TuneConfig, study) -> dict:
@@ -277,7 +290,8 @@ def summarize_confirmation(config: TuneConfig, study) -> dict:
                     "sessions": sittings(list(runs.values()), lambda r: r.config["tune"].get("sitting", UNRECORDED),
                                          lambda r: roles[r.config["tune"]["candidate"]])}
     winner = confirmation["best_recipe"]
-    ablations = _confirmed(config, study, _ablated(winner, Recipe(**recipes[winner]["recipe"]))) if winner else {}
+    ablations = _confirmed(config, study, _ablated(winner, *_winner_and_reference(config, confirmation))) \
+        if winner else {}
     confirmation["leave_one_out"] = summarize_leave_one_out(config, winner, confirmation, ablations)
     return confirmation
 
