@@ -57,7 +57,7 @@ def test_refused_and_tried_recipes_are_never_proposed_again():
 
 
 def test_no_move_is_left_when_every_neighbour_was_tried():
-    space = SearchSpace(methods=("label_smoothing",), tune_hparams=False, lr_factor=None, duration_scale=None)
+    space = SearchSpace(methods=("label_smoothing",), tune_hparams=False, lr_factor=None, duration_scale_range=None)
     base = BASE.with_changes(methods={})
     moves = neighbour_moves(base, True, base, space, set(), set())
     assert [m.what for m in moves] == ["+label_smoothing"]

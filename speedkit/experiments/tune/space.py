@@ -175,7 +175,7 @@ class SearchSpace:
     methods: tuple[str, ...] = ()  # tried on/off in this order
     tune_hparams: bool = True  # each method's card hyperparameters too, not only on/off
     lr_factor: float | None = 10.0  # lr in [base / f, base * f], log scale
-    duration_scale: tuple[float, float] | None = (0.1, 1.0)  # budget as a fraction of the base's, log scale
+    duration_scale_range: tuple[float, float] | None = (0.1, 1.0)  # a trial's budget over the base's, log scale
     batch_sizes: tuple[int, ...] = ()
     schedules: tuple[str, ...] = ()  # "base" and names in SCHEDULE_CHOICES
     precisions: tuple[str, ...] = ()
@@ -189,14 +189,15 @@ class SearchSpace:
 
 
 def full_space(base, methods: Sequence[str], device_type: str, tune_hparams: bool = True,
-               duration_scale=(0.1, 1.0), lr_factor: float = 10.0, hparam_limits: dict | None = None,
+               duration_scale_range=(0.1, 1.0), lr_factor: float = 10.0, hparam_limits: dict | None = None,
                flips_keep_labels: bool = True) -> SearchSpace:
     """Methods plus every recipe field that fits the task's domain and device (flips only where they keep the
     labels)."""
     vision = base.domain == "vision"
     precisions = ("fp32", "bf16", "fp16") if device_type == "cuda" else ("fp32", "bf16")
     return SearchSpace(
-        methods=tuple(methods), tune_hparams=tune_hparams, lr_factor=lr_factor, duration_scale=duration_scale,
+        methods=tuple(methods), tune_hparams=tune_hparams, lr_factor=lr_factor,
+        duration_scale_range=duration_scale_range,
         batch_sizes=tuple(sorted({max(1, base.batch_size // 2), base.batch_size, base.batch_size * 2,
                                   base.batch_size * 4})),
         schedules=("base", *SCHEDULE_CHOICES), precisions=precisions,
@@ -265,8 +266,8 @@ def suggest_recipe(trial, base, space: SearchSpace, name: str, refused=frozenset
         lr = base.optimizer["lr"]
         optimizer["lr"] = trial.suggest_float("lr", lr / space.lr_factor, lr * space.lr_factor, log=True)
     changes["optimizer"] = optimizer
-    if space.duration_scale:
-        scale = trial.suggest_float("duration_scale", *space.duration_scale, log=True)
+    if space.duration_scale_range:
+        scale = trial.suggest_float("duration_scale", *space.duration_scale_range, log=True)
         changes["duration"] = scaled_duration(base.duration, scale)
     for field in FIELDS:
         if getattr(space, field.space_attr):
@@ -374,9 +375,9 @@ def recipe_params(recipe, base, space: SearchSpace) -> dict | None:
             return None
     elif recipe.optimizer != base.optimizer:
         return None
-    if space.duration_scale:
+    if space.duration_scale_range:
         scale = budget_scale(recipe, base)
-        if scale is None or not space.duration_scale[0] <= scale <= space.duration_scale[1]:
+        if scale is None or not space.duration_scale_range[0] <= scale <= space.duration_scale_range[1]:
             return None
         params["duration_scale"] = scale
     elif recipe.duration != base.duration:
