@@ -80,10 +80,12 @@ class BaselinePlan:
         return scaled_duration(self.budget_step, steps)
 
     def grid(self) -> list[Point]:
-        """The sweep's points, rate by rate; a grid of one point is no sweep but the budget walk's first run."""
+        """The sweep's points, every rate with the first schedule, then with the next: a plan cut short (tune's, by
+        its share of the budget) has tried the rates first. A grid of one point is no sweep but the budget walk's
+        first run."""
         stage = "sweep" if len(self.rates) * len(self.schedules) > 1 else "budget"
-        return [Point(lr, schedule, self.sweep_budget, self.sweep_seed, stage) for lr in self.rates
-                for schedule in self.schedules]
+        return [Point(lr, schedule, self.sweep_budget, self.sweep_seed, stage) for schedule in self.schedules
+                for lr in self.rates]
 
 
 def default_sweep(recipe) -> dict:

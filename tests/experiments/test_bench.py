@@ -610,10 +610,10 @@ def test_the_sweep_runs_the_grid_on_one_seed_and_picks_the_fastest(monkeypatch, 
 
     monkeypatch.setattr(harness, "run_one", fake_run_one)
     found = harness.tune_baseline(get_profile("language"), "tuned", [3], tmp_path, "s", log=lambda line: None)["sweep"]
-    assert len(found["tried"]) == 6  # three learning rates x two schedules
+    assert len(found["tried"]) == 6  # three learning rates x two schedules, the rates first
     assert found["pick"] == {"lr": 2e-3, "schedule": {"name": "linear_to_zero", "warmup": "0.05dur"}}
-    assert [t["time_to_target_s"] for t in found["tried"]] == [50, 45, 30, 20, None, None]
-    assert [t["batches_to_target"] for t in found["tried"]] == [5, 4, 3, 2, None, None]
+    assert [t["time_to_target_s"] for t in found["tried"]] == [50, 30, None, 45, 20, None]
+    assert [t["batches_to_target"] for t in found["tried"]] == [5, 3, None, 4, 2, None]
     with pytest.raises(ValueError, match="no sweep for 'plain'"):
         harness.tune_baseline(get_profile("vision"), "plain", [0], tmp_path, "s")
 
@@ -696,7 +696,7 @@ def test_a_profile_that_names_no_sweep_sweeps_each_baselines_own_rate_halved_and
     result = harness.run_benchmark("vision", seeds=1, recipes="", baselines="plain-bf16", out_dir=tmp_path,
                                    run_dir=tmp_path, figures=False, log=lambda line: None, sweep=True)
     lr = given.optimizer["lr"]
-    grid = [(lr * f, shape) for f in (1.0, 0.5, 2.0) for shape in ("cosine", "linear_to_zero")]
+    grid = [(lr * f, shape) for shape in ("cosine", "linear_to_zero") for f in (1.0, 0.5, 2.0)]  # the rates first
     # the pick is the grid's top rate, so the sweep tries one step past it (x4, the pick's decay), which loses
     assert swept == [*grid, (lr * 4, "linear_to_zero")]
     assert main["plain-bf16"].optimizer["lr"] == lr * 2 and main["plain-bf16"].schedule["name"] == "linear_to_zero"

@@ -548,9 +548,9 @@ def queue_next_move(config: TuneConfig, study, baselines: Sequence["BaselineRun"
 def baseline_plan(config: TuneConfig) -> BaselinePlan:
     """How the search tunes its baseline (``speedkit.experiments.baseline_plan``, as ``speedkit bench --sweep
     --find-budgets`` does, on the same grid, ``default_sweep``): the base's learning rate as given, halved and
-    doubled (and on past the edge that wins, within ``lr_factor``), then its own schedule's alternative at the
-    rate that won, on the search's seed at the base's budget; then the pick's budget in steps of the least
-    ``duration_scale_range`` allows, on that seed. All of it within ``baseline_share`` of the budget."""
+    doubled, with its own schedule and then with a linear decay after the same warmup (and on past the edge that
+    wins, within ``lr_factor``), on the search's seed at the base's budget; then the pick's budget in steps of the
+    least ``duration_scale_range`` allows, on that seed. All of it within ``baseline_share`` of the budget."""
     base, settings = config.base_recipe(), config.settings
     lr, factor = base.optimizer["lr"], settings.lr_factor or 1.0
     grid = default_sweep(base)
@@ -671,7 +671,9 @@ def run_baseline_plan(config: TuneConfig, study, runner, should_stop=None, log=p
             attrs, reached = done.attrs, done.outcome.time_to_target_s
             what = attrs["failed"] or (f"reached at {reached:.1f}s" if reached is not None
                                        else f"missed (best {attrs['final']})")
-            log(f"  baseline plan #{done.number}: lr {point.lr:g}, {point.budget} on seed {point.seed} -> {what}")
+            shape = (point.schedule or {}).get("name", "constant")
+            log(f"  baseline plan #{done.number}: lr {point.lr:g} {shape}, {point.budget} on seed {point.seed} -> "
+                f"{what}")
             return done.outcome
 
         run_plan(plan, [r.outcome for r in runs], run)
