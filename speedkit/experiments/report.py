@@ -676,7 +676,7 @@ def _confirmation_lines(confirmation: dict, recipe_path, config) -> list[str]:
     if confirmation.get("leave_one_out"):
         lines += ["", f"### The winner's leave-one-out (seed {seeds[0]})",
                   *leave_one_out_markdown(confirmation["leave_one_out"]),
-                  "", "Slowdown above 1: the method pays off here; below 1: the winner is faster without it."]
+                  "", "Slowdown above 1: the part pays off here; below 1: the winner is faster without it."]
     return lines
 
 

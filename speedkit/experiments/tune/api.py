@@ -102,7 +102,8 @@ def _confirm_and_report(config, study, storage_obj, out, in_process, log, should
     run_confirmation(config, study, runner=in_process, should_stop=should_stop, log=log)
     run_budget_search(config, study, runner=in_process, should_stop=should_stop, log=log)
     if config.settings.leave_one_out:
-        log("speedkit tune: the winner's leave-one-out (each of its methods left out, on the first seed)")
+        log("speedkit tune: the winner's leave-one-out (each part of its lead over the reference baseline put back, "
+            "on the first seed)")
         run_leave_one_out(config, study, runner=in_process, should_stop=should_stop, log=log)
     summary = build_summary(config, study)
     paths = write_outputs(config, summary)
