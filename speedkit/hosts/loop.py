@@ -38,7 +38,8 @@ than ``sk.step_end()`` counts, or closed with no optimizer step and the gradient
 ``accumulation=k``), or, with it, a loss divided by k before ``sk.backward``, which divides it itself, or
 gradients zeroed between the batches of one step; ``sk.batch`` inside ``with sk.evaluating():``; a forward
 given the inputs from before ``sk.batch`` replaced them (mixup, resizing), at the first such forward of an
-uncompiled model; a step begun after ``max_duration``; a first step whose optimizer trained before while speedkit's
+uncompiled model; beside a method that changes the labels, a loss the model computed itself from the labels it
+was given (it never saw the changed ones); a step begun after ``max_duration``; a first step whose optimizer trained before while speedkit's
 clock is at its start (a resume that restored the model and optimizer but not ``sk.load_state_dict``); a
 ``sk.load_state_dict`` from a run of another length (schedules would jump); a GradScaler
 stepping the optimizer that speedkit was not given (``grad_scaler=``), where gradient clipping acted on the scaled

@@ -3,6 +3,7 @@ logger and the config it keeps. Each turns what a user may pass (a factory, a li
 kind, so the Trainer's ``__init__`` reads as a list of parts."""
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Callable
 
@@ -33,11 +34,32 @@ def cross_entropy_loss(outputs, batch) -> torch.Tensor:
     return F.cross_entropy(logits.float(), targets)
 
 
+def relabelled_cross_entropy(methods: tuple[str, ...], outputs, batch) -> torch.Tensor:
+    """The default loss where ``methods`` change the batch's labels (mixup, label smoothing): cross-entropy of the
+    logits against those labels. A loss the model computed itself (a Hugging Face model called with ``labels=``)
+    was computed from the labels it was given, never from the changed ones, so taking it would train as if the
+    methods were not there (mixup: mixed inputs scored against unmixed labels): refused, at the first step."""
+    if output_loss(outputs) is not None:
+        raise ValueError(f"the model returned a loss of its own (its output's .loss), computed from the labels it "
+                         f"was given and not from those {', '.join(methods)} made of the batch's, so the methods "
+                         f"would not reach the loss; call the model without its labels (model(inputs)), so that "
+                         f"speedkit's loss scores its logits against the batch's labels, or pass a loss_fn")
+    return cross_entropy_loss(outputs, batch)
+
+
+def is_default_loss(loss_fn: Callable) -> bool:
+    """Whether ``loss_fn`` is the default cross-entropy ``make_loss`` gives (with or without label methods)."""
+    return loss_fn is cross_entropy_loss or getattr(loss_fn, "func", None) is relabelled_cross_entropy
+
+
 def make_loss(model: torch.nn.Module, loss_fn, methods=()) -> Callable:
     """The loss as ``fn(outputs, batch)``: the model's own ``loss``, a criterion(outputs, targets), or CE. A
     criterion that does what one of ``methods`` does (label smoothing) is refused here, before the first step."""
     if loss_fn is None:
-        return model.loss if callable(getattr(model, "loss", None)) else cross_entropy_loss
+        if callable(getattr(model, "loss", None)):
+            return model.loss
+        relabelling = tuple(m.name for m in methods if "labels" in m.CARD.writes)
+        return functools.partial(relabelled_cross_entropy, relabelling) if relabelling else cross_entropy_loss
     if not callable(loss_fn):
         raise TypeError(f"loss_fn must be callable as loss_fn(outputs, targets), got {loss_fn!r}")
     for method in methods:

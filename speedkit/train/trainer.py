@@ -38,10 +38,10 @@ from speedkit.train.interrupts import SIGNAL_REASONS, SigtermFlag, StepInterrupt
 from speedkit.train.microbatching import Microbatching
 from speedkit.train.ownership import FolderOwner
 from speedkit.train.parallel import make_plan
-from speedkit.train.parts import (cross_entropy_loss, describe_run, follow_schedules, global_batch_size,
-                                  make_callbacks, make_evaluators, make_logger, make_loss, make_optimizers,
-                                  make_record, make_reproducible, make_schedules, measure_loader, plateau_metric,
-                                  read_device_checks, close_callbacks, refuse_optimizer_before_surgery,
+from speedkit.train.parts import (close_callbacks, describe_run, follow_schedules, global_batch_size,
+                                  is_default_loss, make_callbacks, make_evaluators, make_logger, make_loss,
+                                  make_optimizers, make_record, make_reproducible, make_schedules, measure_loader,
+                                  plateau_metric, read_device_checks, refuse_optimizer_before_surgery,
                                   refuse_wrapped_before_surgery, step_optimizers, step_plateau_schedulers,
                                   step_torch_schedulers)
 from speedkit.train.step import Step, Stopwatch
@@ -375,7 +375,7 @@ class Trainer:
             outputs = call_model(self._train_module, state.batch)
         step.after_forward(outputs)
         if not checked:
-            check_first_outputs(state, default_loss=state.loss_fn is cross_entropy_loss)
+            check_first_outputs(state, default_loss=is_default_loss(state.loss_fn))
         step.loss(self._loss)  # BEFORE_LOSS, the loss, AFTER_LOSS
         step.before_backward()
         if not state.skip_step:

@@ -472,6 +472,47 @@ def test_an_optimizer_built_before_the_surgery_is_refused_before_the_first_step(
     assert held == {id(p) for p in trainer.state.model.parameters()}
 
 
+class OwnLossNet(torch.nn.Module):
+    """A classifier that computes its own loss when given labels, as a Hugging Face model does."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(8, 3)
+
+    def forward(self, inputs, labels=None):
+        logits = self.linear(inputs)
+        loss = None if labels is None else F.cross_entropy(logits, labels)
+        return SimpleNamespace(loss=loss, logits=logits)
+
+
+@pytest.mark.parametrize("method", [LabelSmoothing(0.3), MixUp(alpha=1.0)], ids=["label_smoothing", "mixup"])
+def test_a_models_own_loss_beside_a_method_that_changes_the_labels_is_refused(method):
+    """Called with the loader's labels, the model computes its loss from them: the smoothed or mixed labels never
+    reach it, and sk.loss took that loss as it was (label smoothing did nothing; mixup scored mixed inputs against
+    unmixed labels). Refused at the first sk.loss; the model called without labels, or a loss_fn, is taken."""
+    inputs, labels = torch.randn(16, 8), torch.randint(0, 3, (16,))
+
+    def first_loss(methods, with_labels: bool, **loss_kwargs):
+        torch.manual_seed(0)
+        sk = Speedkit(copy.deepcopy(methods), max_duration="2ba", train_dataloader=[(inputs, labels)] * 2)
+        model = sk.prepare_model(OwnLossNet())
+        sk.prepare_optimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+        batch = sk.batch((inputs, labels))
+        outputs = model(batch[0], labels=labels) if with_labels else model(batch[0])
+        return sk.loss(outputs, batch, **loss_kwargs), outputs
+
+    with pytest.raises(ValueError, match=rf"a loss of its own .* not from those {method.name} made of the batch's.*"
+                                         r"call the model without its labels \(model\(inputs\)\)"):
+        first_loss([method], with_labels=True)
+    soft, outputs = first_loss([method], with_labels=False)  # the logits against the changed labels
+    assert soft.item() != pytest.approx(F.cross_entropy(outputs.logits, labels).item())
+    criterion, _ = first_loss([method], with_labels=True, loss_fn=F.cross_entropy)
+    assert criterion.item() == pytest.approx(soft.item())
+    # no method changes the labels: the model's own loss is the loss, as a Hugging Face model's is
+    own, outputs = first_loss([EMA(half_life="0.1dur")], with_labels=True)
+    assert own is outputs.loss
+
+
 def test_a_model_wrapped_in_ddp_before_the_surgery_is_refused(tmp_path):
     """Wrapped first, DDP had registered the model's parameters: the squeeze-excite blocks a surgery then added were
     never averaged across processes, so each rank trained its own (tests/train/test_distributed.py shows two ranks
