@@ -39,9 +39,9 @@ than ``sk.step_end()`` counts, or closed with no optimizer step and the gradient
 gradients zeroed between the batches of one step; ``sk.batch`` inside ``with sk.evaluating():``; a forward
 given the inputs from before ``sk.batch`` replaced them (mixup, resizing), at the first such forward of an
 uncompiled model; beside a method that changes the labels, a loss the model computed itself from the labels it
-was given (it never saw the changed ones); a step begun after ``max_duration``; a first step whose optimizer trained before while speedkit's
-clock is at its start (a resume that restored the model and optimizer but not ``sk.load_state_dict``); a
-``sk.load_state_dict`` from a run of another length (schedules would jump); a GradScaler
+was given (it never saw the changed ones); a step begun after ``max_duration``; a first step whose optimizer
+trained before while speedkit's clock is at its start (a resume that restored the model and optimizer but not
+``sk.load_state_dict``); a ``sk.load_state_dict`` from a run of another length (schedules would jump); a GradScaler
 stepping the optimizer that speedkit was not given (``grad_scaler=``), where gradient clipping acted on the scaled
 gradients; ``sk.state_dict()`` inside ``with sk.evaluating():`` where EMA's average is in the model; beside EMA, an
 evaluation forward (eval mode, gradients off) outside ``with sk.evaluating():`` before ``sk.finish()``; and, with
