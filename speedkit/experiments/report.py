@@ -738,7 +738,7 @@ def path_figure(summary: dict):
 
 
 def leave_one_out_figure(summary: dict):
-    """The winner's slowdown when each of its methods is left out (above 1: the method pays off)."""
+    """The winner's slowdown with each part of its lead over the baseline put back (above 1: the part pays off)."""
     import plotly.graph_objects as go
 
     rows = summary["confirmation"]["leave_one_out"]["parts"]
@@ -747,6 +747,6 @@ def leave_one_out_figure(summary: dict):
     fig = go.Figure(go.Bar(x=names, y=[10.0 if s is None else min(s, 10.0) for s in slowdowns],
                            text=["never reached" if s is None else f"{s:.2f}x" for s in slowdowns]))
     fig.add_hline(y=1.0, line_dash="dot", annotation_text="no effect")
-    fig.update_layout(title="The winner's leave-one-out: time without each method / time with all",
+    fig.update_layout(title="The winner's leave-one-out: time without each part / time with all",
                       yaxis_title="slowdown", height=360)
     return fig
