@@ -5,9 +5,9 @@ A part is one of the recipe's methods the reference recipe (the baseline its spe
 not have as it is, or one of the non-method ``PARTS`` where the two differ: together, the recipe's whole
 difference from the reference. Leaving a part out gives the recipe the reference's value of it: a method the
 reference has too at other settings gets the reference's settings, one it lacks is dropped. Every ablated run
-carries ``ablation_marker``'s
-``config["ablation"]``, which ``speedkit.experiments.compare.leave_one_out`` and the run board read;
-``leave_one_out_summary`` is the one table the benchmark's and the search's summaries and reports hold.
+carries ``ablation_marker``'s ``config["ablation"]``, which ``speedkit.experiments.compare.leave_one_out`` and the
+run board read; ``leave_one_out_summary`` is the one table the benchmark's and the search's summaries and reports
+hold.
 """
 from __future__ import annotations
 

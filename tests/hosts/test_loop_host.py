@@ -520,6 +520,8 @@ def test_a_model_wrapped_in_ddp_before_the_surgery_is_refused(tmp_path):
     the order that works, and so is a model FSDP sharded first; a DDP model given methods without a surgery (EMA)
     is taken."""
     import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from speedkit.methods.squeeze_excite import SqueezeExcite2d
@@ -535,9 +537,6 @@ def test_a_model_wrapped_in_ddp_before_the_surgery_is_refused(tmp_path):
         with pytest.raises(ValueError, match=r"already wrapped in DistributedDataParallel.*pass the model itself"):
             Trainer(DDP(small_convnet()), train, max_duration="2ba", methods=[SqueezeExcite(min_channels=32)],
                     run_dir=tmp_path, save_checkpoints=False, parallel=None)
-        from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import fully_shard
-
         sharded = small_convnet()
         fully_shard(sharded, mesh=init_device_mesh("cpu", (1,)))
         with pytest.raises(ValueError, match=r"already wrapped in FSDP \(FSDPSequential\).*fully_shard\(model\)"):

@@ -635,8 +635,9 @@ def _plan_seconds(runs: Sequence[BaselineRun]) -> float:
 
 def baseline_plan_state(config: TuneConfig, runs: Sequence[BaselineRun]) -> dict:
     """Whether the baseline plan ran to its end (``finished``) and, where it did not, what it left out (``left``:
-    the rest of its rate and schedule sweep, its budget walk, or the rest of that walk) and why (``stopped_by``): the baseline
-    measured is then less tuned than the plan would have made it, which the report says beside the speed-up."""
+    the rest of its rate and schedule sweep, its budget walk, or the rest of that walk) and why (``stopped_by``):
+    the baseline measured is then less tuned than the plan would have made it, which the report says beside the
+    speed-up."""
     upcoming = next_run(baseline_plan(config), [run.outcome for run in runs])
     state = {"runs": len(runs), "finished": upcoming is None}
     if upcoming is not None:
