@@ -28,7 +28,8 @@ The same Method objects, cards, order and conflict checks as ``speedkit.Trainer`
 Your own LR scheduler, of any class torch ships, built on ``optimizer`` before ``sk.prepare_optimizer``: the groups
 a method adds (Muon's) follow its lr's relative change. Method state goes into your checkpoint with
 ``sk.state_dict()`` and comes back with ``sk.load_state_dict(...)``. A method whose events your step did not reach
-(a missing ``sk.loss`` call, say) is refused after the first step, with the call to add; a model wrapped in DDP or
+(a missing ``sk.loss`` call, say) is refused after the first step, with the call to add; a second model given to
+one session's ``sk.prepare_model`` (its surgery ran on the first alone) there; a model wrapped in DDP or
 FSDP before ``sk.prepare_model`` (a parameter a surgery added would never be averaged across processes) there; an
 optimizer built before ``sk.prepare_model`` (which would never train what a surgery added) at
 ``sk.prepare_optimizer``; a step that no ``sk.step_end()`` ended, at the next step's ``sk.batch`` or

@@ -204,6 +204,15 @@ class MethodSession:
         state = self.state
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        if self.initialized and model is not state.model:
+            # A notebook cell that builds the model again and prepares it with the session of an earlier cell:
+            # the surgery ran once, on the first model, so the new one would train without it, unnoticed.
+            surgeons = [m.name for m in self.methods if Event.INIT in m.CARD.events]
+            surgery = f", and its surgery ({', '.join(surgeons)}) ran on that one alone" if surgeons else ""
+            raise ValueError(f"this speedkit session already prepared another model: its methods "
+                             f"({', '.join(m.name for m in self.methods) or 'none'}) hold on to it{surgery}; a new "
+                             f"model needs a new session: build Speedkit(...) again beside the model (in a notebook, "
+                             f"in the same cell)")
         state.model = model
         reference = next(model.parameters(), None)
         if reference is not None:

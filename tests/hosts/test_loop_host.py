@@ -472,6 +472,22 @@ def test_an_optimizer_built_before_the_surgery_is_refused_before_the_first_step(
     assert held == {id(p) for p in trainer.state.model.parameters()}
 
 
+def test_a_second_model_prepared_by_one_session_is_refused():
+    """A notebook cell that builds the model again and prepares it with the session an earlier cell built: the
+    surgery had run once, on the first model, so the second came back without squeeze-excite's blocks (38,915
+    parameters where the first has 55,555) and trained without them. Refused; the same model again is taken as
+    it is, not operated on twice."""
+    train = [(torch.randn(8, 3, 8, 8), torch.randint(0, 3, (8,)))] * 2
+    sk = Speedkit([SqueezeExcite(min_channels=32)], max_duration="2ba", train_dataloader=train)
+    first = sk.prepare_model(small_convnet())
+    grown = sum(p.numel() for p in first.parameters())
+    assert grown > sum(p.numel() for p in small_convnet().parameters())
+    with pytest.raises(ValueError, match=r"already prepared another model: its methods \(squeeze_excite\) hold on "
+                                         r"to it, and its surgery .* build Speedkit\(...\) again"):
+        sk.prepare_model(small_convnet())
+    assert sk.prepare_model(first) is first and sum(p.numel() for p in first.parameters()) == grown
+
+
 class OwnLossNet(torch.nn.Module):
     """A classifier that computes its own loss when given labels, as a Hugging Face model does."""
 
