@@ -29,7 +29,8 @@ Your own LR scheduler, of any class torch ships, built on ``optimizer`` before `
 a method adds (Muon's) follow its lr's relative change. Method state goes into your checkpoint with
 ``sk.state_dict()`` and comes back with ``sk.load_state_dict(...)``. A method whose events your step did not reach
 (a missing ``sk.loss`` call, say) is refused after the first step, with the call to add; a second model given to
-one session's ``sk.prepare_model`` (its surgery ran on the first alone) there; a model wrapped in DDP or
+one session's ``sk.prepare_model`` (its surgery ran on the first alone), or a second optimizer to its
+``sk.prepare_optimizer`` (it returned the first), there; a model wrapped in DDP or
 FSDP before ``sk.prepare_model`` (a parameter a surgery added would never be averaged across processes) there; an
 optimizer built before ``sk.prepare_model`` (which would never train what a surgery added) at
 ``sk.prepare_optimizer``; a step that no ``sk.step_end()`` ended, at the next step's ``sk.batch`` or
@@ -146,6 +147,7 @@ class Speedkit:
         self._eval_checked = False
         self._follow = None  # Muon's groups following a scheduler built before prepare_optimizer
         self._step_counts: dict = {}  # optimizer -> its step() calls since the last sk.step_end()
+        self._given_optimizers: list | None = None  # what sk.prepare_optimizer was given, once it took them
         self._lrs_set = None  # the learning rates speedkit's schedules set, as its last call left them
         # an optimizer that trained before speedkit's clock started is a resume without sk.load_state_dict, unless
         # the user says it is a warm start (checked at the first batch: optimizer state may be loaded until then)
@@ -182,10 +184,12 @@ class Speedkit:
         Returns the optimizer to step from now on: ``optimizer`` itself, or an OptimizerGroup when a method
         added one (step and zero_grad it as usual; its state_dict holds every member's)."""
         given = list(optimizer) if isinstance(optimizer, (list, tuple)) else [optimizer]
+        self._refuse_another_optimizer(given)
         refuse_two_schedules(given, self._schedules, "this loop",
                              "remove Speedkit(schedules=...) and keep your scheduler (speedkit's Muon group follows "
                              "it), or drop your scheduler")
         optimizers = self.session.fit_start(optimizer, self.train_dataloader)
+        self._given_optimizers = given
         # A scheduler built on `optimizer` before this call cannot reach the groups a method added (Muon's); they
         # follow its lr's relative change. speedkit's own schedules set every group, Muon's included.
         self._follow = None if self._schedules else follow_user_schedule(given, optimizers)
@@ -195,6 +199,16 @@ class Speedkit:
         if self._grad_scaler is not None:  # what `scaler.step(optimizer)` steps: the one returned here
             self.session.state.grad_scaler = StepScaler(self._grad_scaler, stepped)
         return stepped
+
+    def _refuse_another_optimizer(self, given: list) -> None:
+        """A second sk.prepare_optimizer with other optimizers (a notebook cell run again with another learning
+        rate): the session's methods hold the first ones, and it returned them again, so the new settings were
+        never trained with. The same optimizers again are taken."""
+        if self._given_optimizers is not None and [id(o) for o in given] != [id(o) for o in self._given_optimizers]:
+            raise HostCannotServeError("this speedkit session already prepared other optimizers, which its methods "
+                                       "(and the optimizer it returned) hold on to: the ones given now would never "
+                                       "step; build Speedkit(...) again, then prepare the model and the new "
+                                       "optimizer with it (in a notebook, in one cell)")
 
     def _count_steps(self, optimizers) -> None:
         """Count each optimizer's step() calls (the user's and those the methods made of them), so that

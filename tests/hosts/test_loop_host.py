@@ -488,6 +488,19 @@ def test_a_second_model_prepared_by_one_session_is_refused():
     assert sk.prepare_model(first) is first and sum(p.numel() for p in first.parameters()) == grown
 
 
+def test_a_second_optimizer_prepared_by_one_session_is_refused():
+    """A notebook cell run again with another learning rate: the session gave back the optimizer it had prepared
+    first, so the new one (and its rate) never stepped. Refused; the same optimizer again is taken."""
+    train = [(torch.randn(8, 3, 8, 8), torch.randint(0, 3, (8,)))] * 2
+    sk = Speedkit([Muon()], max_duration="2ba", train_dataloader=train)
+    model = sk.prepare_model(small_convnet())
+    given = torch.optim.SGD(model.parameters(), lr=0.1)
+    first = sk.prepare_optimizer(given)
+    with pytest.raises(HostCannotServeError, match=r"already prepared other optimizers.*would never step"):
+        sk.prepare_optimizer(torch.optim.SGD(model.parameters(), lr=0.05))
+    assert sk.prepare_optimizer(given).optimizers == first.optimizers
+
+
 class OwnLossNet(torch.nn.Module):
     """A classifier that computes its own loss when given labels, as a Hugging Face model does."""
 
