@@ -32,8 +32,9 @@ a method adds (Muon's) follow its lr's relative change. Method state goes into y
 one session's ``sk.prepare_model`` (its surgery ran on the first alone), or a second optimizer to its
 ``sk.prepare_optimizer`` (it returned the first), there; a model wrapped in DDP or FSDP before ``sk.prepare_model``
 (a parameter a surgery added would never be averaged across processes) there; an optimizer built before
-``sk.prepare_model`` (which would never train what a surgery added) at ``sk.prepare_optimizer``; a step that no ``sk.step_end()`` ended, at the next step's ``sk.batch`` or
-``sk.backward`` (or at ``sk.finish()``); a step that stepped the optimizer given to ``sk.prepare_optimizer`` instead of the one it returned, or stepped it more often
+``sk.prepare_model`` (which would never train what a surgery added) at ``sk.prepare_optimizer``; a step that no
+``sk.step_end()`` ended, at the next step's ``sk.batch`` or ``sk.backward`` (or at ``sk.finish()``); a step that
+stepped the optimizer given to ``sk.prepare_optimizer`` instead of the one it returned, or stepped it more often
 than ``sk.step_end()`` counts, or closed with no optimizer step and the gradients kept (accumulating without
 ``accumulation=k``), or, with it, a loss divided by k before ``sk.backward``, which divides it itself, or
 gradients zeroed between the batches of one step; ``sk.batch`` inside ``with sk.evaluating():``; a forward
