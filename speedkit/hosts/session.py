@@ -28,7 +28,7 @@ from speedkit.record.loggers import Logger, LoggerDestination, RecordDestination
 from speedkit.record.runs import RunRecord
 from speedkit.train.checkpoint.format import rng_state, set_rng_state
 from speedkit.train.parts import (make_loss, make_schedules, refuse_optimizer_before_surgery,
-                                  refuse_wrapped_before_surgery)
+                                  refuse_wrapped_before_surgery, surgeons)
 from speedkit.train.step import Step
 
 LOG = logging.getLogger("speedkit")
@@ -207,8 +207,8 @@ class MethodSession:
         if self.initialized and model is not state.model:
             # A notebook cell that builds the model again and prepares it with the session of an earlier cell:
             # the surgery ran once, on the first model, so the new one would train without it, unnoticed.
-            surgeons = [m.name for m in self.methods if Event.INIT in m.CARD.events]
-            surgery = f", and its surgery ({', '.join(surgeons)}) ran on that one alone" if surgeons else ""
+            operated = surgeons(self.methods)
+            surgery = f", and its surgery ({', '.join(operated)}) ran on that one alone" if operated else ""
             raise ValueError(f"this speedkit session already prepared another model: its methods "
                              f"({', '.join(m.name for m in self.methods) or 'none'}) hold on to it{surgery}; a new "
                              f"model needs a new session: build Speedkit(...) again beside the model (in a notebook, "

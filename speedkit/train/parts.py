@@ -168,15 +168,19 @@ def make_optimizers(optimizers, model) -> list[torch.optim.Optimizer]:
     return optimizers
 
 
+def surgeons(methods) -> list[str]:
+    """The names of ``methods`` that change the model at INIT (its surgery)."""
+    return [m.name for m in methods if Event.INIT in m.CARD.events]
+
+
 def refuse_wrapped_before_surgery(model: torch.nn.Module, methods, fix: str) -> None:
     """A model already wrapped for data parallelism (DDP, FSDP) is refused before speedkit's surgery (INIT) acts
     on it: DDP registered its parameters and its gradient buckets when it wrapped the model, so a parameter a
     surgery adds (squeeze_excite's blocks, QK-norm's gains) is never averaged across processes, and every rank
     trains its own copy without a word; FSDP has flattened or sharded what a surgery would replace. Naming ``fix``."""
-    surgeons = [m.name for m in methods if Event.INIT in m.CARD.events]
-    wrapper = _parallel_wrapper(model)
-    if surgeons and wrapper:
-        raise ValueError(f"the model is already wrapped in {wrapper}, and speedkit's surgery ({', '.join(surgeons)}) "
+    surgery, wrapper = surgeons(methods), _parallel_wrapper(model)
+    if surgery and wrapper:
+        raise ValueError(f"the model is already wrapped in {wrapper}, and speedkit's surgery ({', '.join(surgery)}) "
                          f"must change it before the wrapper takes its parameters: a parameter added after it would "
                          f"never be averaged across processes, and each would train its own; {fix}")
 
@@ -205,10 +209,10 @@ def refuse_optimizer_before_surgery(before: list[torch.Tensor], model: torch.nn.
     untrained = sum(p.numel() for p in now if p.requires_grad and id(p) not in before_ids and id(p) not in held)
     replaced = sum(p.numel() for p in before if id(p) not in now_ids and id(p) in held)
     if untrained or replaced:
-        surgeons = ", ".join(m.name for m in methods if Event.INIT in m.CARD.events)
+        surgery = ", ".join(surgeons(methods))
         raise ValueError(
             f"the optimizer holds the model's parameters from before speedkit's surgery"
-            f"{f' ({surgeons})' if surgeons else ''}: "
+            f"{f' ({surgery})' if surgery else ''}: "
             f"{untrained:,} parameter values the surgery added would never train and {replaced:,} it replaced would "
             f"be stepped in vain; {fix}")
 
