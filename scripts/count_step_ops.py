@@ -1,6 +1,6 @@
 """Aten ops per quiet training step of every preset, counted on a CPU: on a GPU each is about one kernel launch.
 
-Each preset trains 7 batches (batch size 8; the seed's tasks at their cpu profile, batch size 2, on a few generated
+Each preset trains 7 batches (batch size 8; the seed's tasks at their cpu sizes, batch size 2, on a few generated
 files) under a ``SyncCounter``; the count is that of a quiet step (neither logging nor evaluating) past
 sequence-length warmup's change of length. It prints one line per preset with the ratio to its task's baseline,
 and the JSON of all of them with ``--out``. ``tests/train/test_step_kernels.py`` checks the same counts::
@@ -51,7 +51,7 @@ def preset_step_ops(task: str, name: str, root: Path, **overrides) -> int:
 
     if task in SEED_TASKS:
         os.environ.setdefault("SPEEDKIT_SHARDS", str(root / "shards"))
-        options = dict(data=make_seed_files(root / "seed-files")[task], task_options={"profile": "cpu"},
+        options = dict(data=make_seed_files(root / "seed-files")[task], task_options={"sizes": "cpu"},
                        batch_size=2, num_workers=0)
     else:
         options = dict(batch_size=8, data_fraction=0.01, eval_fraction=0.005)
@@ -69,13 +69,13 @@ def task_presets(task: str, root: Path) -> list[str]:
     from speedkit.tasks import find_task
 
     if task in SEED_TASKS:
-        return list(find_task(task, make_seed_files(root / "seed-files")[task], profile="cpu").recipes)
+        return list(find_task(task, make_seed_files(root / "seed-files")[task], sizes="cpu").recipes)
     return list(find_task(task).recipes)
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seed-tasks", action="store_true", help="also gpt2 and imagenet (cpu profile)")
+    parser.add_argument("--seed-tasks", action="store_true", help="also gpt2 and imagenet (cpu sizes)")
     parser.add_argument("--out", help="write the counts as JSON here")
     args = parser.parse_args(argv)
     results = {}

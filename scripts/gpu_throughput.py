@@ -11,7 +11,7 @@ Its parts, top to bottom, each writing ``throughput.json`` as it finishes (``scr
    against speedkit's Trainer on the same model, batch (already on the device: the model-only rate) and fused
    optimizer, for ResNet-50 at 176 and 224 px and GPT-2 124M; compiled runs report their compile time apart and
    the frames TorchDynamo compiled, and the bare ResNet-50 says what a new input shape costs (176 -> 224).
-4. ``preset NAME``: each seed preset (tasks ``imagenet`` and ``gpt2``, ``gpu`` profile) through ``make_trainer`` on
+4. ``preset NAME``: each seed preset (tasks ``imagenet`` and ``gpt2``, ``gpu`` sizes) through ``make_trainer`` on
    the generated data, end to end: throughput, fraction of the peak, the host's share of time waiting for data.
    Each stops after its timed steps, so a preset runs its own schedule (progressive resizing keeps its first
    size, as it would for the first fifth of a real run), not one squeezed into a few dozen steps.
@@ -67,7 +67,7 @@ class Settings:
     steps: int  # timed steps
     compile_backend: str
     precision: str
-    task_profile: str  # the seed tasks' profile the presets run at
+    task_sizes: str  # the seed tasks' sizes (cpu, gpu) the presets run at
     presets: tuple[str, ...]
     workers: int
     loader_batches: int
@@ -78,7 +78,7 @@ class Settings:
 FULL = Settings(budget_s=285, images=12_000, classes=100, image_sides=(160, 500), short_side=256,
                 corpus_bytes=12_000_000, vocab=50_257, context=1024, vision_model="resnet50",
                 language_model="gpt2-124m", vision_batch=256, language_batch=32, sizes=(176, 224), warmup=5,
-                steps=20, compile_backend="inductor", precision="bf16", task_profile="gpu", presets=SEED_PRESETS,
+                steps=20, compile_backend="inductor", precision="bf16", task_sizes="gpu", presets=SEED_PRESETS,
                 workers=min(12, os.cpu_count() or 1), loader_batches=20, peak_size=8192, count_steps=8)
 # A CPU's tiny rehearsal of every part (tests/cli/test_gpu_check.py). Inductor's C++ code generation takes minutes
 # on 2 cores, so tiny compiled runs use the "eager" backend: TorchDynamo still captures the frames (counted), only
@@ -87,7 +87,7 @@ FULL = Settings(budget_s=285, images=12_000, classes=100, image_sides=(160, 500)
 TINY = Settings(budget_s=600, images=24, classes=3, image_sides=(40, 96), short_side=48, corpus_bytes=150_000,
                 vocab=360, context=64, vision_model="resnet18", language_model="gpt-nano", vision_batch=4,
                 language_batch=2, sizes=(32, 40), warmup=2, steps=3, compile_backend="eager", precision="fp32",
-                task_profile="cpu", presets=("imagenet:hot", "gpt2:hot"), workers=0, loader_batches=3,
+                task_sizes="cpu", presets=("imagenet:hot", "gpt2:hot"), workers=0, loader_batches=3,
                 peak_size=256, count_steps=6)
 
 
@@ -458,7 +458,7 @@ def preset_trainer(preset: str, data: dict, s: Settings, device: str, work: Path
 
     task, name = preset.split(":")
     batch = s.vision_batch if task == "imagenet" else s.language_batch
-    return make_trainer(task, name, data=data[task], task_options={"profile": s.task_profile}, device=device,
+    return make_trainer(task, name, data=data[task], task_options={"sizes": s.task_sizes}, device=device,
                         batch_size=batch, num_workers=s.workers, log_interval=log_interval, run_dir=work / "runs",
                         run_name=run_name, save_checkpoints=False, progress_bar=False, overwrite=True,
                         callbacks=callbacks, **({"precision": "fp32"} if s.precision == "fp32" else {}))
@@ -514,7 +514,7 @@ def task_loader(data: dict, s: Settings, device: str) -> dict:
     from speedkit.tasks import find_task
     from speedkit.tasks.task import DataRequest
 
-    task = find_task("imagenet", data["imagenet"], profile=s.task_profile)
+    task = find_task("imagenet", data["imagenet"], sizes=s.task_sizes)
     recipe = task.recipes["plain-bf16"]
     loader = task.train_data(DataRequest(batch_size=s.vision_batch, device=torch.device(device), recipe=recipe,
                                          num_workers=s.workers))

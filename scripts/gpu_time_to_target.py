@@ -5,12 +5,12 @@ Its parts, top to bottom, each writing ``time-to-target.json`` as it finishes (`
 1. ``fashion-mnist`` and ``pydocs``: ``speedkit bench --profile gpu --seeds 3`` (in the check's process), ``hot``
    against the task's strongest baseline (``plain-bf16``; ``tuned``), as a user runs the benchmark; each seed's
    time to the target and the paired speed-ups, from the benchmark's summary.
-2. ``gpt2``: GPT-2 124M ``hot`` against ``baseline`` (the task's ``gpu`` profile, batch 32 x 1,024 tokens, one seed)
+2. ``gpt2``: GPT-2 124M ``hot`` against ``baseline`` (the task's ``gpu`` sizes, batch 32 x 1,024 tokens, one seed)
    on token shards of text the device machine has (its Python's standard library and /usr/share/doc), with a BPE
    trained there; each run at most about 3 minutes. The target, by a rule fixed before the runs: the baseline's
    last evaluation loss plus 0.05, which it holds at its end; each arm's time is when it first reaches it.
 3. ``imagenet``: ``mild`` against ``plain-bf16`` with ResNet-50 at each recipe's published sizes scaled as the
-   task's ``cpu`` profile scales them (64 and 80 px, batch 64 and the learning rate with it), at their whole epoch
+   task's ``cpu`` sizes scale them (64 and 80 px, batch 64 and the learning rate with it), at their whole epoch
    budgets (36 and 90), on the shard set
    carried to the device (``.gpu-carry/imagenet-shards``, made by ``scripts/gpu_check.sh prepare IMAGE_FOLDER``);
    target: the baseline's last accuracy less 0.01. Without the shard set it is skipped, with the reason.
@@ -38,11 +38,11 @@ class Settings:
     corpus_bytes: int
     vocab: int
     context: int
-    task_profile: str
+    task_sizes: str
     gpt2_batch: int
     gpt2_durations: dict  # arm -> budget
     gpt2_eval_interval: str
-    imagenet_profile: str  # the imagenet task's profile: its sizes scaled to the carried 96-px shards
+    imagenet_sizes: str  # the imagenet task's sizes (cpu: scaled to the carried 96-px shards)
     imagenet_batch: int
     imagenet_durations: dict
     imagenet_model: str
@@ -51,14 +51,14 @@ class Settings:
 
 
 FULL = Settings(budget_s=530, bench_profile="gpu", bench_seeds=3, bench_scale=(), corpus_bytes=48_000_000,
-                vocab=50_257, context=1024, task_profile="gpu", gpt2_batch=32,
+                vocab=50_257, context=1024, task_sizes="gpu", gpt2_batch=32,
                 gpt2_durations={"baseline": "700ba", "hot": "350ba"}, gpt2_eval_interval="50ba",
-                imagenet_profile="cpu", imagenet_batch=64, imagenet_durations={"plain-bf16": "90ep", "mild": "36ep"},
+                imagenet_sizes="cpu", imagenet_batch=64, imagenet_durations={"plain-bf16": "90ep", "mild": "36ep"},
                 imagenet_model="resnet50", precision=None, workers=min(12, os.cpu_count() or 1))
 TINY = Settings(budget_s=600, bench_profile="cpu", bench_seeds=1,
                 bench_scale=("--duration", "1ba", "--data-fraction", "0.01", "--eval-fraction", "0.01"),
-                corpus_bytes=150_000, vocab=360, context=64, task_profile="cpu", gpt2_batch=2,
-                gpt2_durations={"baseline": "4ba", "hot": "2ba"}, gpt2_eval_interval="2ba", imagenet_profile="cpu",
+                corpus_bytes=150_000, vocab=360, context=64, task_sizes="cpu", gpt2_batch=2,
+                gpt2_durations={"baseline": "4ba", "hot": "2ba"}, gpt2_eval_interval="2ba", imagenet_sizes="cpu",
                 imagenet_batch=4,
                 imagenet_durations={"plain-bf16": "2ba", "mild": "1ba"}, imagenet_model="resnet18",
                 precision="fp32", workers=0)
@@ -143,7 +143,7 @@ def gpt2_to_target(s: Settings, device: str, work: Path) -> dict:
         prepare_text(work / "text", shards, vocab_size=s.vocab, block=s.context, workers=os.cpu_count() or 1,
                      progress=False)
     manifest = read_shards(shards).manifest
-    records = {arm: _fit("gpt2", arm, shards, s.task_profile, s, device, work, batch_size=s.gpt2_batch,
+    records = {arm: _fit("gpt2", arm, shards, s.task_sizes, s, device, work, batch_size=s.gpt2_batch,
                          duration=duration, eval_interval=s.gpt2_eval_interval)
                for arm, duration in s.gpt2_durations.items()}
     # the rule, fixed before the runs: the baseline's last evaluation loss, plus 0.05
@@ -157,7 +157,7 @@ def gpt2_to_target(s: Settings, device: str, work: Path) -> dict:
 # -- 3. imagenet mild against plain-bf16 at whole epoch budgets ------------------------------------------------
 
 def imagenet_to_target(shards: Path, s: Settings, device: str, work: Path) -> dict:
-    records = {arm: _fit("imagenet", arm, shards, s.imagenet_profile, s, device, work, batch_size=s.imagenet_batch,
+    records = {arm: _fit("imagenet", arm, shards, s.imagenet_sizes, s, device, work, batch_size=s.imagenet_batch,
                          duration=duration, model=s.imagenet_model)
                for arm, duration in s.imagenet_durations.items()}
     target = _last(records["plain-bf16"], "eval/accuracy") - 0.01
@@ -165,13 +165,13 @@ def imagenet_to_target(shards: Path, s: Settings, device: str, work: Path) -> di
                  "the baseline's last eval/accuracy - 0.01")
 
 
-def _fit(task: str, arm: str, data: Path, profile: str, s: Settings, device: str, work: Path, **request):
+def _fit(task: str, arm: str, data: Path, sizes: str, s: Settings, device: str, work: Path, **request):
     """One arm through the measuring core's ``fit`` (set-up time recorded apart), as the benchmark runs it."""
     from speedkit.experiments.measure import MEASURED_RUN, fit
     from speedkit.tasks.request import RunRequest
 
     options = {**({"precision": s.precision} if s.precision else {}), **request}
-    return fit(RunRequest.build(task, arm, data=str(data), task_options={"profile": profile}, device=device,
+    return fit(RunRequest.build(task, arm, data=str(data), task_options={"sizes": sizes}, device=device,
                                 num_workers=s.workers, run_dir=work / "runs", run_name=f"{task}-{arm}",
                                 **MEASURED_RUN, **options))
 

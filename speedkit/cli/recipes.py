@@ -13,9 +13,9 @@ def add_parser(commands) -> None:
 
 
 # What a folder task's presets depend on, so `speedkit recipes` takes them without --data.
-PRESET_OPTIONS = {"profile", "image_size"}
+PRESET_OPTIONS = {"sizes", "image_size"}
 OPTION_FLAGS = {"skip_unreadable": "--skip-unreadable", "flips_keep_labels": "--no-flips", "stream": "--stream",
-                "eval_image_size": "--eval-image-size", "profile": "--task-profile", "image_size": "--image-size"}
+                "eval_image_size": "--eval-image-size", "sizes": "--sizes", "image_size": "--image-size"}
 
 
 def run(args) -> int:
@@ -48,8 +48,8 @@ def _print_folder_presets(name: str, options: dict) -> None:
     if needing_data:
         raise SystemExit(f"speedkit recipes: {', '.join(needing_data)} are about a folder's files; give the "
                          f"folder with --data DIR, or leave them out to list {name}'s presets")
-    presets = folder_task_presets(name, options.get("profile"), options.get("image_size"))
-    print(f"{name} (trains on --data DIR{f', {presets.profile} profile' if presets.profile else ''}):")
+    presets = folder_task_presets(name, options.get("sizes"), options.get("image_size"))
+    print(f"{name} (trains on --data DIR{f', {presets.sizes} sizes' if presets.sizes else ''}):")
     _print_presets(name, presets.recipes, presets.baselines, "DIR", options)
 
 

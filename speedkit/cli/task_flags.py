@@ -18,7 +18,7 @@ def add_folder_task_arguments(parser) -> None:
     parser.add_argument("--data", help="the folder for image-folder / text-folder (or passed to a task function)")
     parser.add_argument("--image-size", type=int,
                         help="image-folder: resize images to this square size (default 32); imagenet: train every "
-                             "recipe at this size (default: each recipe's published size at the profile's scale)")
+                             "recipe at this size (default: each recipe's published size at the task's --sizes)")
     parser.add_argument("--skip-unreadable", action="store_true",
                         help="image-folder / text-folder: leave out (and count) images that cannot be decoded and "
                              "files that are not text, instead of refusing the folder")
@@ -26,12 +26,12 @@ def add_folder_task_arguments(parser) -> None:
                         help="image-folder / text-folder: stream from shards (prepared once, into a cache folder, "
                              "unless --data is a shard folder from `speedkit data prepare`); chosen by itself when "
                              "the images would not fit in memory")
-    parser.add_argument("--task-profile", choices=["cpu", "gpu"],
+    parser.add_argument("--sizes", choices=["cpu", "gpu"],
                         help="imagenet / gpt2: cpu (a rehearsal: a narrow model, small inputs) or gpu (the seed's "
                              "real sizes); default: bench's --profile, else gpu where CUDA is available")
     parser.add_argument("--eval-image-size", type=int,
                         help="imagenet: evaluate at this size (FFCV's test evaluates larger than it trains; "
-                             "default: each recipe's published size at the profile's scale)")
+                             "default: each recipe's published size at the task's --sizes)")
     parser.add_argument("--no-flips", action="store_true",
                         help="image-folder: a horizontal flip changes these images' labels (digits, letters, "
                              "text), so train without flip augmentation, alternating flips or mirrored test views")
@@ -51,15 +51,15 @@ def folder_options(args) -> dict | None:
 
 
 def _seed_task_options(args) -> dict:
-    """The seed's tasks' (imagenet, gpt2) options: their profile (``--task-profile``, else bench's
+    """The seed's tasks' (imagenet, gpt2) options: their sizes (``--sizes``, else bench's
     ``--profile``) and imagenet's evaluation size. Refused by the other tasks, naming the flag."""
     options = {}
-    profile = getattr(args, "task_profile", None)
-    if profile is None and getattr(args, "task", None) in ("imagenet", "gpt2") and getattr(args, "profile", None) \
+    sizes = getattr(args, "sizes", None)
+    if sizes is None and getattr(args, "task", None) in ("imagenet", "gpt2") and getattr(args, "profile", None) \
             in ("cpu", "gpu"):
-        profile = args.profile
-    if profile is not None:
-        options["profile"] = profile
+        sizes = args.profile
+    if sizes is not None:
+        options["sizes"] = sizes
     if getattr(args, "eval_image_size", None) is not None:
         options["eval_image_size"] = args.eval_image_size
     return options

@@ -344,7 +344,7 @@ COVERED = frozenset({"task", "recipe", "recipe_spec.model", "model", "parameters
 FLAGS = {"precision": "--precision", "recipe_spec.precision": "--precision", "eval_interval": "--eval-interval",
          "recipe_spec.eval_interval": "--eval-interval", "target": "--target", "stop_at_target": "--stop-at-target",
          "eval_fraction": "--eval-fraction", "data": "--data / --image-size and the folder's files",
-         "task_options": "--image-size / --skip-unreadable / --no-flips"}
+         "task_options": "--image-size / --skip-unreadable / --no-flips / --sizes / --eval-image-size"}
 
 
 def _flatten(config: dict, prefix: str = "") -> dict:

@@ -8,6 +8,7 @@ so a configuration means the same thing everywhere. A hand-built Trainer takes a
 """
 from __future__ import annotations
 
+import inspect
 import os
 import re
 import warnings
@@ -55,6 +56,7 @@ def find_task(task, data=None, **options) -> Task:
             hint = getattr(FOLDER_TASKS[task], "data_hint", "")
             raise ValueError(f"task {task!r} trains on your files: give the folder (--data DIR, or data=DIR)"
                              + (f"; {hint}" if hint else ""))
+        _refuse_unknown_options(FOLDER_TASKS[task], options, f"task {task!r}")
         return _reading(FOLDER_TASKS[task](data, **options), data)
     if isinstance(task, str) and task in TASKS:
         _refuse_data(data, options, f"task {task!r}")
@@ -62,6 +64,7 @@ def find_task(task, data=None, **options) -> Task:
     if isinstance(task, str) and ":" in task:
         return find_task(import_attribute(task), data, **options)
     if callable(task):
+        _refuse_unknown_options(task, options, f"task function {getattr(task, '__qualname__', task)!r}")
         made = task(data=data, **options) if data is not None else task(**options)
         if not isinstance(made, Task):
             raise TypeError(f"task function {getattr(task, '__qualname__', task)!r} returned {type(made).__name__}, "
@@ -79,6 +82,20 @@ def _reading(task: Task, data) -> Task:
     return task
 
 
+def _refuse_unknown_options(make_task, options: dict, what: str) -> None:
+    """An option ``make_task`` does not take, named with those it does (a bare TypeError named neither the task nor
+    what to give instead)."""
+    parameters = inspect.signature(make_task).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        return
+    taken = [name for name, p in parameters.items()
+             if name != "data" and p.kind is not inspect.Parameter.VAR_POSITIONAL]
+    unknown = [name for name in options if name not in taken]
+    if unknown:
+        raise ValueError(f"{what} takes no option {', '.join(map(repr, unknown))}"
+                         f"{did_you_mean(unknown[0], taken)}; its options: {', '.join(taken)}")
+
+
 def _refuse_data(data, options: dict, what: str) -> None:
     if options:
         raise ValueError(f"{what} is made already, so the options {sorted(options)} would be ignored; they are for "
@@ -89,33 +106,33 @@ def _refuse_data(data, options: dict, what: str) -> None:
 
 
 # A folder task's presets are read without its folder (``speedkit recipes --task imagenet`` lists them): per task,
-# its domain, its baselines and a function of the options the presets depend on (the seed tasks' profile, imagenet's
+# its domain, its baselines and a function of the options the presets depend on (the seed tasks' sizes, imagenet's
 # training size).
-def _image_folder_presets(profile, image_size):
+def _image_folder_presets(sizes, image_size):
     from speedkit.tasks.recipes import load_presets
 
     return load_presets("image-folder")
 
 
-def _text_folder_presets(profile, image_size):
+def _text_folder_presets(sizes, image_size):
     from speedkit.tasks.builtin.pydocs import PYDOCS
     from speedkit.tasks.builtin.text_folder import _adopted
 
     return _adopted(PYDOCS.recipes, ("baseline",))
 
 
-def _imagenet_presets(profile, image_size):
-    from speedkit.tasks.builtin._seed import pick_profile
+def _imagenet_presets(sizes, image_size):
+    from speedkit.tasks.builtin._seed import pick_sizes
     from speedkit.tasks.builtin.imagenet import imagenet_recipes
 
-    return imagenet_recipes(pick_profile("imagenet", profile), image_size)
+    return imagenet_recipes(pick_sizes("imagenet", sizes), image_size)
 
 
-def _gpt2_presets(profile, image_size):
-    from speedkit.tasks.builtin._seed import pick_profile
+def _gpt2_presets(sizes, image_size):
+    from speedkit.tasks.builtin._seed import pick_sizes
     from speedkit.tasks.builtin.gpt2 import gpt2_recipes
 
-    return gpt2_recipes(pick_profile("gpt2", profile))
+    return gpt2_recipes(pick_sizes("gpt2", sizes))
 
 
 FOLDER_PRESETS = {"image-folder": ("vision", ("baseline",), _image_folder_presets),
@@ -124,19 +141,19 @@ FOLDER_PRESETS = {"image-folder": ("vision", ("baseline",), _image_folder_preset
                   "gpt2": ("language", ("baseline",), _gpt2_presets)}
 
 
-def folder_task_presets(task: str, profile: str | None = None, image_size: int | None = None) -> SimpleNamespace:
+def folder_task_presets(task: str, sizes: str | None = None, image_size: int | None = None) -> SimpleNamespace:
     """A folder task's ``recipes`` and ``baselines`` as the task runs them, without its folder: the same recipes
-    ``find_task(task, DIR).recipes`` holds (the seed tasks' at ``profile``, imagenet's at ``image_size``),
-    the domain's ladder rebuilt on the baseline where the task ships none of its rungs; ``profile`` is the one
-    they are at (None for a task without profiles)."""
-    from speedkit.tasks.builtin._seed import pick_profile
+    ``find_task(task, DIR).recipes`` holds (the seed tasks' at ``sizes``, imagenet's at ``image_size``),
+    the domain's ladder rebuilt on the baseline where the task ships none of its rungs; ``sizes`` names the ones
+    they are at (None for a task that has one size)."""
+    from speedkit.tasks.builtin._seed import pick_sizes
 
     domain, baselines, presets = FOLDER_PRESETS[task]
-    recipes = with_ladder(domain, presets(profile, image_size))
+    recipes = with_ladder(domain, presets(sizes, image_size))
     if STRONG_BASELINE in recipes and STRONG_BASELINE not in baselines:
         baselines = (*baselines, STRONG_BASELINE)
-    profile = pick_profile(task, profile) if task in ("imagenet", "gpt2") else None
-    return SimpleNamespace(recipes=recipes, baselines=baselines, profile=profile)
+    sizes = pick_sizes(task, sizes) if task in ("imagenet", "gpt2") else None
+    return SimpleNamespace(recipes=recipes, baselines=baselines, sizes=sizes)
 
 
 def model_fit_problem(task: Task, model: str) -> str | None:
@@ -359,8 +376,8 @@ def check_model_fits_data(task: Task, model: torch.nn.Module, eval_data):
 # -- what a run trains, beside what its recipe publishes ----------------------------------------
 def departures(request: RunRequest, task: Task, recipe: Recipe, dropped: dict[str, str]) -> dict:
     """Where the run departs from the preset it names, for its record and the lines a run starts with:
-    ``switched_off`` (method -> why: left out by the task as it runs here, e.g. a profile; a flip that would change
-    the labels; a surgery with nothing to change) and ``precision_published`` where the task runs another
+    ``switched_off`` (method -> why: left out by the task as it runs here, e.g. at its cpu sizes; a flip that would
+    change the labels; a surgery with nothing to change) and ``precision_published`` where the task runs another
     precision than the preset file states. A run whose methods or precision the user gave departs on purpose:
     those are not listed."""
     found = {}
@@ -385,7 +402,7 @@ def departures(request: RunRequest, task: Task, recipe: Recipe, dropped: dict[st
 
 
 def _published_preset(task: str, name: str) -> Recipe | None:
-    """A built-in task's preset as its recipe file states it, before the task adapts it (a profile's sizes)."""
+    """A built-in task's preset as its recipe file states it, before the task adapts it (to its sizes)."""
     from speedkit.tasks.recipes import PRESETS, load_presets
 
     if not (PRESETS / f"{task}.yaml").is_file():

@@ -43,7 +43,7 @@ class Recipe:
     augment: dict | None = None  # {"crop_pad": 2, "flip": "random"}
     # The image sizes the recipe was published with, {"train": 176, "eval": 224, "eval_crop": 0.966} (eval_crop:
     # the share of the short side the evaluation's centre crop keeps). Only a task that decodes images at a chosen
-    # size reads it (Task.reads_resolution) and may scale it to its profile; None: the task's own sizes.
+    # size reads it (Task.reads_resolution) and may scale it to its sizes; None: the task's own sizes.
     resolution: dict | None = None
     eval_interval: str = "1ep"
     summary: str = ""

@@ -210,7 +210,7 @@ BUILT_IN_TASKS = LazyTable({"fashion-mnist": "speedkit.tasks.builtin.fashion_mni
 # The tasks over the user's own files: functions of the folder (``--task image-folder --data DIR``).
 FOLDER_TASKS = LazyTable({"image-folder": "speedkit.tasks.builtin.image_folder:image_folder_task",
                           "text-folder": "speedkit.tasks.builtin.text_folder:text_folder_task",
-                          # the seed's workloads, each with a cpu (rehearsal) and a gpu profile
+                          # the seed's workloads, each at cpu (rehearsal) or gpu sizes
                           "imagenet": "speedkit.tasks.builtin.imagenet:imagenet_task",
                           "gpt2": "speedkit.tasks.builtin.gpt2:gpt2_task"})
 BUILT_IN = frozenset(BUILT_IN_TASKS)  # names a user's task may not take over

@@ -188,12 +188,12 @@ def test_recipes_lists_every_task_and_a_folder_tasks_presets_without_its_folder(
     assert main(["recipes"]) == 0
     listed = re.findall(r"^(\S+)[ :]", capsys.readouterr().out, flags=re.M)
     assert listed == [*(n for n in TASKS if n not in FOLDER_TASKS), *FOLDER_TASKS]
-    assert main(["recipes", "--task", "imagenet", "--task-profile", "cpu"]) == 0
+    assert main(["recipes", "--task", "imagenet", "--sizes", "cpu"]) == 0
     out = capsys.readouterr().out
     rows = dict(re.findall(r"^  (\S+) +(baseline|rebuilt|speed-up) ", out, flags=re.M))
     assert rows == {"baseline": "baseline", "plain-bf16": "baseline", "mild": "speed-up", "medium": "speed-up",
                     "hot": "speed-up"}, out
-    assert "cpu profile" in out and "progressive resizing off" in out  # the rehearsal's presets, as it runs them
+    assert "cpu sizes" in out and "progressive resizing off" in out  # the rehearsal's presets, as it runs them
 
     for label in ("a", "b"):
         (tmp_path / label).mkdir()

@@ -98,7 +98,7 @@ def test_a_torch_dataloaders_input_size_is_read_from_its_first_sample(tmp_path):
     assert "  inputs:    28 px" in trainer.record.what_trains().splitlines()
 
 
-def test_a_seed_task_rehearsal_says_the_sizes_it_trains_at_and_the_method_its_profile_turned_off(tmp_path, capsys,
+def test_a_seed_task_rehearsal_says_the_sizes_it_trains_at_and_the_method_they_turned_off(tmp_path, capsys,
                                                                                                monkeypatch):
     """imagenet's cpu rehearsal of mild trains at 64 px, evaluates at 80 px and drops progressive resizing: the
     start of the run and its record say so (the published 176/224 px appear nowhere)."""
@@ -112,7 +112,7 @@ def test_a_seed_task_rehearsal_says_the_sizes_it_trains_at_and_the_method_its_pr
     data = tmp_path / "imagenet"
     make_image_folder(data / "train", per_class=5, seed=0)
     make_image_folder(data / "val", per_class=2, seed=1)
-    assert main(["train", "--task", "imagenet", "--data", str(data), "--task-profile", "cpu", "--recipe", "mild",
+    assert main(["train", "--task", "imagenet", "--data", str(data), "--sizes", "cpu", "--recipe", "mild",
                  "--batch-size", "4", "--duration", "1ba", "--no-progress", "--run-name", "mild"]) == 0
     block = "\n".join(_what_trains(capsys.readouterr().out))
     config = RunRecord.load(tmp_path / "runs" / "mild" / "record.json").config
@@ -123,7 +123,7 @@ def test_a_seed_task_rehearsal_says_the_sizes_it_trains_at_and_the_method_its_pr
 
 
 def test_precision_says_why_it_resolved_to_what_it_did():
-    """A plain-bf16 preset that imagenet's cpu profile runs as auto, on a CPU whose bf16 is slow: fp32, and why."""
+    """A plain-bf16 preset that imagenet's cpu sizes run as auto, on a CPU whose bf16 is slow: fp32, and why."""
     from speedkit.record.runs import RunRecord
 
     record = RunRecord(config={"task": "imagenet", "precision": "auto", "precision_resolved": "fp32",

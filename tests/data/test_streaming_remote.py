@@ -108,7 +108,7 @@ def test_the_seed_and_folder_tasks_take_the_url(store):
     from speedkit.tasks.task import DataRequest
 
     url, _, _, _ = store
-    task = find_task("gpt2", url, profile="cpu")
+    task = find_task("gpt2", url, sizes="cpu")
     assert url in task.summary and str(cache_folder(url)) in task.summary
     model = task.model("gpt-nano")
     inputs, _ = next(iter(task.train_data(DataRequest(batch_size=8, device=torch.device("cpu"), model=model))))

@@ -1,5 +1,5 @@
 """The seed-scale step, proven on a CPU (issue 43 item 5): torchvision ResNet-50 at the presets' published sizes
-(224 and 176 px) and GPT-2 124M at 1,024 tokens (the ``gpu`` profiles of tasks ``imagenet`` and ``gpt2``) each run a
+(224 and 176 px) and GPT-2 124M at 1,024 tokens (the ``gpu`` sizes of tasks ``imagenet`` and ``gpt2``) each run a
 few steps with every preset's methods, with no host wait between logging steps and FLOP/s against the measured
 peak reported. It runs the GPU throughput check's own parts (``scripts/gpu_throughput.py``'s ``count_syncs`` and
 ``preset_throughput``), so the check a GPU runs is the one proven here."""
@@ -46,14 +46,14 @@ def test_mixup_steps_read_nothing_on_the_host(tmp_path):
 
 @pytest.mark.slow
 def test_resnet50_at_224_and_gpt2_124m_at_1024_run_every_preset_without_host_waits(gpu_throughput, tmp_path):
-    # the gpu profiles' sizes at a CPU's batch, in fp32 (bf16 autocast is emulated on most CPUs); the methods, the
+    # the gpu sizes at a CPU's batch, in fp32 (bf16 autocast is emulated on most CPUs); the methods, the
     # sizes and the step are the presets'
-    s = dataclasses.replace(gpu_throughput.TINY, task_profile="gpu", context=1024, presets=gpu_throughput.SEED_PRESETS,
+    s = dataclasses.replace(gpu_throughput.TINY, task_sizes="gpu", context=1024, presets=gpu_throughput.SEED_PRESETS,
                             vision_batch=2, language_batch=1, warmup=1, steps=1, count_steps=4)
     data = gpu_throughput.make_data(tmp_path / "data", "cpu", s)
     peak = gpu_throughput.measure_peak("cpu", s)["flops_per_s"]
     results = {}
-    with gpu_throughput.compile_backend(s.compile_backend):  # the gpu profiles compile; TorchDynamo only, on a CPU
+    with gpu_throughput.compile_backend(s.compile_backend):  # the gpu sizes compile; TorchDynamo only, on a CPU
         for preset in s.presets:
             counted = gpu_throughput.count_syncs(preset, data, s, "cpu", tmp_path)
             timed = gpu_throughput.preset_throughput(preset, data, s, "cpu", tmp_path, peak)

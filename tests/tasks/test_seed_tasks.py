@@ -1,5 +1,5 @@
 """The seed's workloads as tasks (issue 43 item 3): ``imagenet`` (ResNets on an ImageNet-layout folder or its
-shards) and ``gpt2`` (GPT-2 124M on BPE token shards), each with a ``cpu`` rehearsal and a ``gpu`` profile, their
+shards) and ``gpt2`` (GPT-2 124M on BPE token shards), each at ``cpu`` sizes (a rehearsal) or ``gpu`` ones, their
 published presets, and the errors a user meets without ``--data``."""
 from __future__ import annotations
 
@@ -48,10 +48,10 @@ def _request(model=None, batch_size=4, recipe=None):
     return DataRequest(batch_size=batch_size, device=torch.device("cpu"), model=model, recipe=recipe)
 
 
-def test_imagenet_cpu_profile_streams_the_folder_at_each_recipes_published_sizes(imagenet_folder):
+def test_imagenet_at_cpu_sizes_streams_the_folder_at_each_recipes_published_sizes(imagenet_folder):
     with pytest.warns(UserWarning, match="streaming it from shards"):
-        task = imagenet_task(imagenet_folder, profile="cpu")
-    assert task.name == "imagenet" and "cpu profile" in task.summary and "3 classes" in task.summary
+        task = imagenet_task(imagenet_folder, sizes="cpu")
+    assert task.name == "imagenet" and "cpu sizes" in task.summary and "3 classes" in task.summary
     assert "80 px (baseline, plain-bf16) and 64 px (mild, medium, hot), evaluated at 80 px" in task.summary
     assert task.baselines == ("baseline", "plain-bf16")
     assert {"baseline", "plain-bf16", "mild", "medium", "hot"} <= set(task.recipes)
@@ -72,20 +72,20 @@ def test_imagenet_cpu_profile_streams_the_folder_at_each_recipes_published_sizes
         assert task.model_fit_problem(name) is None
     # asked again, the shards prepared once are found (a shard folder as --data works the same); the user's sizes
     # hold for every recipe
-    again = imagenet_task(imagenet_folder, profile="cpu", image_size=48, eval_image_size=72)
+    again = imagenet_task(imagenet_folder, sizes="cpu", image_size=48, eval_image_size=72)
     for recipe in ("mild", "baseline"):
         assert next(iter(again.train_data(_request(recipe=again.recipe(recipe)))))[0].shape[-1] == 48
         assert next(iter(again.eval_data(_request(recipe=again.recipe(recipe)))))[0].shape[-1] == 72
     # the recipes follow the training size: progressive resizing starts at the published 88 px where that is
     # below it (and is off at 48 or 64 px)
-    larger = imagenet_task(imagenet_folder, profile="cpu", image_size=128)
+    larger = imagenet_task(imagenet_folder, sizes="cpu", image_size=128)
     assert larger.recipe("mild").methods["progressive_resizing"]["initial_scale"] == pytest.approx(88 / 128, abs=1e-3)
     assert "progressive_resizing" not in again.recipe("mild").methods
 
 
-def test_imagenet_gpu_profile_crops_and_sizes_as_the_published_pipeline(imagenet_folder):
+def test_imagenet_at_gpu_sizes_crops_and_sizes_as_the_published_pipeline(imagenet_folder):
     with pytest.warns(UserWarning, match="streaming it from shards"):
-        task = imagenet_task(imagenet_folder, profile="gpu")
+        task = imagenet_task(imagenet_folder, sizes="gpu")
     for recipe, train_size in (("mild", 176), ("baseline", 224)):
         request = _request(recipe=task.recipe(recipe))
         train, evaluate = task.train_data(request), task.eval_data(request)
@@ -111,7 +111,7 @@ def test_a_resolution_is_refused_where_the_task_would_not_read_it():
 
 def test_imagenet_gpu_presets_are_composers_published_resnet50_recipes():
     recipes = imagenet_recipes("gpu")
-    assert all(r.methods.pop("torch_compile") == {} for r in recipes.values())  # the gpu profile compiles
+    assert all(r.methods.pop("torch_compile") == {} for r in recipes.values())  # the gpu sizes compile
     base = recipes["baseline"]
     assert (base.model, base.batch_size, base.duration, base.optimizer["lr"], base.optimizer["momentum"]) == \
         ("resnet50", 2048, "90ep", 2.048, 0.875)
@@ -168,9 +168,9 @@ def test_a_rehearsal_never_trains_on_images_smaller_than_the_published_recipe():
             published[name].methods["progressive_resizing"]  # larger than published: as published
 
 
-def test_gpt2_cpu_profile_trains_windows_of_the_shards_vocabulary(corpus):
+def test_gpt2_at_cpu_sizes_trains_windows_of_the_shards_vocabulary(corpus):
     with pytest.warns(UserWarning, match="streaming it from shards"):
-        task = gpt2_task(corpus, profile="cpu")
+        task = gpt2_task(corpus, sizes="cpu")
     assert task.name == "gpt2" and task.domain == "language" and task.target_metric == "eval/loss"
     assert {"baseline", "composer", "hot"} <= set(task.recipes)
     vocab = task.model("gpt-nano").config.vocab_size
@@ -232,37 +232,40 @@ def test_without_data_the_error_names_the_argument_and_how_to_prepare_it(name, t
         find_task(name)
     with pytest.raises(FileNotFoundError, match=r"--data .* is not a folder.*speedkit data prepare"):
         find_task(name, tmp_path / "missing")
-    with pytest.raises(ValueError, match="profile must be one of"):
-        find_task(name, tmp_path, profile="tpu")
+    with pytest.raises(ValueError, match="sizes must be one of"):
+        find_task(name, tmp_path, sizes="tpu")
+    # an option the task does not take (the name these sizes had before, say) is named with those it takes
+    with pytest.raises(ValueError, match=rf"task '{name}' takes no option 'profile'; its options: sizes, "):
+        find_task(name, tmp_path, profile="cpu")
     done = speedkit_train("--task", name, cwd=tmp_path)
     assert done.returncode == 2 and "--data" in done.stderr and "speedkit data prepare" in done.stderr
 
 
 @pytest.mark.slow
-def test_the_cli_trains_both_seed_tasks_cpu_profiles(imagenet_folder, corpus, tmp_path):
+def test_the_cli_trains_both_seed_tasks_at_cpu_sizes(imagenet_folder, corpus, tmp_path):
     for args in (["--task", "imagenet", "--data", str(imagenet_folder), "--recipe", "hot", "--batch-size", "4"],
                  ["--task", "gpt2", "--data", str(corpus), "--recipe", "composer"]):
-        done = speedkit_train(*args, "--task-profile", "cpu", "--duration", "2ba", "--no-progress",
+        done = speedkit_train(*args, "--sizes", "cpu", "--duration", "2ba", "--no-progress",
                               "--run-dir", str(tmp_path / "runs"), cwd=tmp_path)  # SPEEDKIT_SHARDS: cache_here
         assert done.returncode == 0, done.stderr[-2000:]
         assert "completed" in done.stdout + done.stderr
 
 
 def test_both_resolve_by_name_so_bench_and_tune_find_them_again(imagenet_folder):
-    task = resolve_task("imagenet", imagenet_folder, profile="cpu")
+    task = resolve_task("imagenet", imagenet_folder, sizes="cpu")
     assert TASKS["imagenet"] is task and find_task("imagenet") is task
 
 
 @pytest.mark.parametrize("name", ["imagenet", "gpt2"])
 def test_in_memory_is_refused_by_the_seed_tasks_which_always_stream(name, tmp_path):
     with pytest.raises(ValueError, match=rf"task {name} always streams.*leave out stream=False"):
-        find_task(name, tmp_path, profile="cpu", stream=False)
+        find_task(name, tmp_path, sizes="cpu", stream=False)
 
 
-def test_both_seed_tasks_state_their_sizes_in_one_profile_type():
+def test_both_seed_tasks_state_their_sizes_in_one_type():
     from speedkit.tasks.builtin import gpt2, imagenet
-    from speedkit.tasks.builtin._seed import SeedProfile
+    from speedkit.tasks.builtin._seed import SeedSizes
 
-    profiles = [*imagenet.PROFILES.values(), *gpt2.PROFILES.values()]
-    assert all(type(profile) is SeedProfile for profile in profiles)
-    assert imagenet.PROFILES["cpu"].short_side and gpt2.PROFILES["cpu"].context  # each task's data sizes
+    sizes = [*imagenet.SIZES.values(), *gpt2.SIZES.values()]
+    assert all(type(each) is SeedSizes for each in sizes)
+    assert imagenet.SIZES["cpu"].short_side and gpt2.SIZES["cpu"].context  # each task's data sizes

@@ -322,3 +322,16 @@ def test_only_runs_the_named_recipes_and_keeps_the_others_runs(tmp_path, monkeyp
     assert "--only mild: ['mild'] is not among this benchmark's recipes" in capsys.readouterr().err
     assert main([*common, "--only", "hot", "--reuse", "--out", str(tmp_path / "x")]) == 2
     assert "--reuse reuses them all: give one" in capsys.readouterr().err
+
+
+def test_an_option_a_folder_task_or_a_task_function_does_not_take_is_named_with_those_it_takes(tmp_path):
+    from speedkit.tasks import find_task
+
+    with pytest.raises(ValueError, match=r"task 'image-folder' takes no option 'eval_image_size'.*image_size"):
+        find_task("image-folder", tmp_path, eval_image_size=64)
+
+    def my_task(data=None, width: int = 8):
+        raise AssertionError("not called with an option it does not take")
+
+    with pytest.raises(ValueError, match=r"takes no option 'widht' \(did you mean 'width'\?\); its options: width"):
+        find_task(my_task, widht=16)

@@ -7,7 +7,7 @@
   64 tokens), within a stated budget at the published sizes and in a whole (short) run, and a compiled model
   compiles no more graphs than the shapes it sees;
 - every seed preset's model traces with no graph break, and GPT's compiled loss makes no fp32 copy of the logits;
-- the ``gpu`` profiles compile the model, and cuDNN's autotuner is on where the device is CUDA.
+- the ``gpu`` sizes compile the model, and cuDNN's autotuner is on where the device is CUDA.
 """
 from __future__ import annotations
 
@@ -64,7 +64,7 @@ def shard_cache(seed_data, monkeypatch):
 def _task_options(task: str, seed_data=None, **options) -> dict:
     """make_trainer's keywords for a small run of ``task`` on a CPU: the seed tasks at their cpu rehearsal."""
     if task in ("imagenet", "gpt2"):
-        return dict(data=str(seed_data[task]), task_options={"profile": "cpu", **options})
+        return dict(data=str(seed_data[task]), task_options={"sizes": "cpu", **options})
     require("fashion-mnist" if task == "fashion-mnist" else "python-docs")
     return dict(data_fraction=0.01, eval_fraction=0.005)
 
@@ -258,9 +258,9 @@ def test_gpts_compiled_loss_makes_no_fp32_copy_of_the_logits():
     torch._dynamo.reset()
 
 
-# ------------------------------------------------------------------------------------ the gpu profiles
+# ---------------------------------------------------------------------------------------- the gpu sizes
 
-def test_the_gpu_profiles_compile_the_model_and_the_cpu_rehearsals_do_not():
+def test_the_gpu_sizes_compile_the_model_and_the_cpu_rehearsals_do_not():
     from speedkit.tasks.builtin.gpt2 import gpt2_recipes
     from speedkit.tasks.builtin.imagenet import imagenet_recipes
 
@@ -270,11 +270,11 @@ def test_the_gpu_profiles_compile_the_model_and_the_cpu_rehearsals_do_not():
         assert not any("torch_compile" in recipe.methods for recipe in recipes.values())
 
 
-def test_a_task_at_its_gpu_profile_resolves_to_a_compiled_recipe(seed_data, shard_cache):
+def test_a_task_at_its_gpu_sizes_resolves_to_a_compiled_recipe(seed_data, shard_cache):
     from speedkit.tasks.builtin.gpt2 import gpt2_task
 
     with pytest.warns(UserWarning):
-        task = gpt2_task(seed_data["gpt2"], profile="gpu")
+        task = gpt2_task(seed_data["gpt2"], sizes="gpu")
     assert all("torch_compile" in task.recipe(name).methods for name in task.recipes)
 
 

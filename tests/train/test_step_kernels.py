@@ -2,7 +2,7 @@
 about one kernel launch, and a step of many small kernels leaves the GPU waiting on the host (DESIGN.md,
 principle 8). Every preset's quiet step dispatches at most ``BOUND`` times its task baseline's ops, except the
 presets listed in ``OVER_THE_BOUND``, each with its own ceiling and the methods that cost the difference; the
-seed's tasks (gpt2, imagenet) run their cpu profile on a few generated files. The counts are
+seed's tasks (gpt2, imagenet) run at their cpu sizes on a few generated files. The counts are
 ``scripts/count_step_ops.py``'s, which prints them. The parts: Muon orthogonalises the matrices of one shape in
 one batched iteration, EMA averages in one multi-tensor op, rotary positions build their tables once per step
 for every layer (and compile without a graph break), the recipe optimizers run multi-tensor kernels, QK-norm
@@ -28,7 +28,7 @@ from speedkit.tasks.task import BUILT_IN
 
 BOUND = 1.3
 BUILT_IN_PRESETS = [(task, name) for task in sorted(BUILT_IN) for name in TASKS[task].recipes if name != "baseline"]
-# The seed's tasks at their cpu profile (a narrow model, small inputs) on a few generated files.
+# The seed's tasks at their cpu sizes (a narrow model, small inputs) on a few generated files.
 SEED_PRESETS = [("gpt2", "composer"), ("gpt2", "hot"), ("imagenet", "plain-bf16"), ("imagenet", "mild"),
                 ("imagenet", "medium"), ("imagenet", "hot")]
 # Presets whose step costs more than BOUND x their baseline's on a CPU with fast bf16 (where `precision: auto` is

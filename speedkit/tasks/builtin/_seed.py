@@ -1,12 +1,12 @@
-"""What the seed's workloads (``imagenet``, ``gpt2``) share: their two profiles and the rule that turns a
-published recipe (the ``gpu`` profile's, the seed's real sizes) into its CPU rehearsal.
+"""What the seed's workloads (``imagenet``, ``gpt2``) share: their two sizes (``sizes=``) and the rule that turns a
+published recipe (the ``gpu`` sizes, the seed's real ones) into its CPU rehearsal.
 
-A profile says how big a run of the task is, not which methods it uses: the ``cpu`` rehearsal keeps every
+The sizes say how big a run of the task is, not which methods it uses: the ``cpu`` rehearsal keeps every
 preset's methods and their arguments, and scales the model, the inputs, the batch (the learning rate with it,
 by the linear scaling rule) and the budget so that a rehearsal could train on a CPU; a method's window counted in
-the published run's batches (EMA's half-life) keeps its share of the run. The ``gpu`` profile compiles the model
-(``torch_compile``), as a GPU engineer would; the rehearsal does not (compiling on a CPU costs more than it
-saves in a short run). ``profile=None`` picks ``gpu`` where CUDA is available, else ``cpu``, and the task's
+the published run's batches (EMA's half-life) keeps its share of the run. At its ``gpu`` sizes the task compiles the
+model (``torch_compile``), as a GPU engineer would; the rehearsal does not (compiling on a CPU costs more than it
+saves in a short run). ``sizes=None`` picks ``gpu`` where CUDA is available, else ``cpu``, and the task's
 summary says which.
 """
 from __future__ import annotations
@@ -18,14 +18,14 @@ from typing import Mapping
 from speedkit.core.time import Time, TimeUnit, scaled_duration
 from speedkit.tasks.recipes import Recipe, load_presets
 
-PROFILES = ("cpu", "gpu")
+SIZE_NAMES = ("cpu", "gpu")
 
 
 @dataclasses.dataclass(frozen=True)
-class SeedProfile:
-    """A seed task's sizes under one profile: the run's (model, target, batch, budget) and its data's. Image and
-    text tasks differ in which data sizes they read, not in kind: a field a task's data has no use for keeps its
-    default (``imagenet`` reads the image ones, ``gpt2`` ``context``)."""
+class SeedSizes:
+    """A seed task's sizes under one name (``cpu``, ``gpu``): the run's (model, target, batch, budget) and its
+    data's. Image and text tasks differ in which data sizes they read, not in kind: a field a task's data has no
+    use for keeps its default (``imagenet`` reads the image ones, ``gpt2`` ``context``)."""
     model: str
     target: float  # imagenet: top-1 accuracy; gpt2: validation loss, nats per token
     batch_size: int | None = None  # None: the recipes' own, and the recipes run as published (``compiled``)
@@ -49,16 +49,16 @@ def refuse_in_memory(task: str, stream: bool | None) -> None:
                          f"{'image-folder' if task == 'imagenet' else 'text-folder'}")
 
 
-def pick_profile(task: str, profile: str | None) -> str:
-    """``profile`` checked, or the one this machine suits (see the module's docstring)."""
-    if profile is None:
+def pick_sizes(task: str, sizes: str | None) -> str:
+    """``sizes`` checked, or the ones this machine suits (see the module's docstring)."""
+    if sizes is None:
         import torch
 
         return "gpu" if torch.cuda.is_available() else "cpu"
-    if profile not in PROFILES:
-        raise ValueError(f"task {task}: profile must be one of {PROFILES} (cpu: a rehearsal with a narrow model and "
-                         f"small inputs; gpu: the seed's real sizes), got {profile!r}")
-    return profile
+    if sizes not in SIZE_NAMES:
+        raise ValueError(f"task {task}: sizes must be one of {SIZE_NAMES} (cpu: a rehearsal with a narrow model and "
+                         f"small inputs; gpu: the seed's real sizes), got {sizes!r}")
+    return sizes
 
 
 def need_data(task: str, data, how: str) -> Path | str:
@@ -150,9 +150,9 @@ def rehearsal(recipes: Mapping[str, Recipe], *, model: str, batch_size: int, dur
     return out
 
 
-def profile_recipes(task: str, sizes: SeedProfile, *, scale_lr: bool) -> dict[str, Recipe]:
-    """``presets/TASK.yaml`` as a profile runs it: as published where the profile keeps the published batch
-    (``sizes.batch_size`` None), else as a ``rehearsal`` at the profile's model, batch and budget share."""
+def sized_recipes(task: str, sizes: SeedSizes, *, scale_lr: bool) -> dict[str, Recipe]:
+    """``presets/TASK.yaml`` at ``sizes``: as published where they keep the published batch (``sizes.batch_size``
+    None), else as a ``rehearsal`` at their model, batch and budget share."""
     recipes = load_presets(task)
     if sizes.batch_size is None:
         return compiled(recipes)
