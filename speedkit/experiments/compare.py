@@ -173,13 +173,26 @@ def baseline_runs(records: Sequence[RunRecord]) -> list[RunRecord]:
             and is_baseline(r.config.get("task"), r.config["recipe"])]
 
 
-def baseline_median_times(records: Sequence[RunRecord]) -> dict[str, float]:
-    """Each baseline recipe among ``records`` -> its median time to target (baselines that never reached it left out)."""
+def baseline_times(records: Sequence[RunRecord], seed=None) -> dict[str, float]:
+    """Each baseline recipe among ``records`` -> its time to target on ``seed`` where it ran on that seed, else its
+    median over its runs (baselines that never reached it left out)."""
     times: dict[str, list] = {}
     for r in baseline_runs(records):
-        times.setdefault(r.config["recipe"], []).append(r.time_to_target)
-    medians = {name: median_or_none(values) for name, values in times.items()}
-    return {name: t for name, t in medians.items() if t is not None}
+        times.setdefault(r.config["recipe"], []).append(r)
+    found = {}
+    for name, runs in times.items():
+        paired = [r.time_to_target for r in runs if seed is not None and r.config.get("seed") == seed]
+        found[name] = median_or_none(paired or [r.time_to_target for r in runs])
+    return {name: t for name, t in found.items() if t is not None}
+
+
+def leave_one_out_baseline_time(records: Sequence[RunRecord], full: RunRecord,
+                                baseline: str | None = None) -> float | None:
+    """What a leave-one-out's shares split: the time to target of baseline ``baseline`` (None: the fastest) on
+    ``full``'s seed, paired as every speed-up is (``baseline_times``: its median where it did not run on that
+    seed, as on a run board whose runs carry none)."""
+    times = baseline_times(records, full.config.get("seed"))
+    return times.get(baseline) if baseline else min(times.values(), default=None)
 
 
 def latest_baseline(records: Sequence[RunRecord]) -> RunRecord | None:
@@ -216,12 +229,11 @@ def leave_one_out(records: Sequence[RunRecord], baseline: str | None = None) -> 
     Returns ``{full run name: {part: {"time_without_s", "slowdown", "share", "pays_off"}}}``.
     ``slowdown`` is time without the part / time with all of them (``slowdown``, inf if the ablated
     run never reached the target). ``share`` splits the full run's log speed-up over a baseline among the
-    records (the recipe named ``baseline``, else the fastest baseline); None when there is none, or
-    when the run without the part never reached the target.
+    records (the recipe named ``baseline``, else the one the parts came from, the marker's ``against``, else the
+    fastest), on the full run's seed (``leave_one_out_baseline_time``); None when there is none, or when the run
+    without the part never reached the target.
     """
     by_name = {r.name: r for r in records}
-    medians = baseline_median_times(records)
-    baseline_time = medians.get(baseline) if baseline else min(medians.values(), default=None)
     result: dict[str, dict[str, dict]] = {}
     for r in records:
         ablation = r.config.get("ablation")
@@ -229,6 +241,7 @@ def leave_one_out(records: Sequence[RunRecord], baseline: str | None = None) -> 
             continue
         full = by_name[ablation["of"]]
         if full.time_to_target is not None:
+            baseline_time = leave_one_out_baseline_time(records, full, baseline or ablation.get("against"))
             result.setdefault(full.name, {})[ablation["left_out"]] = part_effect(r.time_to_target, full.time_to_target,
                                                                                  baseline_time)
     return result

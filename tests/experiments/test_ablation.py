@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
+
 from speedkit.experiments import ablation
 from speedkit.experiments.bench import harness
 from speedkit.experiments.tune import confirm
@@ -117,3 +119,29 @@ def test_bench_and_tune_summarise_leave_one_out_as_one_table_and_the_search_stor
     text = "\n".join(leave_one_out_markdown(tune))
     assert "each row gives one part the baseline's value against plain-bf16" in text
     assert "| ema | not reached |" in text
+
+
+def test_a_leave_one_out_splits_the_speed_up_over_its_baseline_on_its_own_seed():
+    """The benchmark's table and the run board's split the full run's speed-up over the baseline the parts came
+    from on the seed the leave-one-out ran, paired as every speed-up (and as the search's table does), not over
+    that baseline's median, which on a slow seed would credit the parts with another seed's luck."""
+    import math
+
+    from speedkit.experiments.bench.harness import summarize_leave_one_out
+    from speedkit.experiments.compare import leave_one_out
+
+    def run(name, recipe, seed, reached_at, **config):
+        record = RunRecord(name=name, target={"metric": "eval/accuracy", "value": 0.9},
+                           config={"task": "fashion-mnist", "recipe": recipe, "seed": seed, **config})
+        record.add_eval({"batch": 2, "wall_s": reached_at}, {"eval/accuracy": 0.95})
+        return record
+
+    baselines = [run(f"plain-s{seed}", "plain-bf16", seed, at) for seed, at in ((0, 8.0), (1, 20.0), (2, 30.0))]
+    full = run("hot-s0", "hot", 0, 4.0)
+    without = run("hot-s0-without-ls", "hot", 0, 6.0,
+                  ablation={"of": "hot-s0", "left_out": "label_smoothing", "against": "plain-bf16"})
+    on_seed_0 = math.log(6.0 / 4.0) / math.log(8.0 / 4.0)  # of the 2x over plain-bf16 on seed 0, not the 5x median
+    bench = summarize_leave_one_out([*baselines, full], [without])
+    assert bench["parts"]["label_smoothing"]["share"] == pytest.approx(on_seed_0)
+    assert leave_one_out([*baselines, full, without])["hot-s0"]["label_smoothing"]["share"] \
+        == pytest.approx(on_seed_0)

@@ -18,7 +18,7 @@ from speedkit.core.time import Time, scaled_duration
 from speedkit.data.identity import data_identity
 from speedkit.experiments.ablation import as_run_on, leave_one_out_rows, leave_one_out_runs, leave_one_out_summary
 from speedkit.experiments.bench.profiles import TASK_KEYS, BenchProfile, get_profile, task_key, with_default_sweeps
-from speedkit.experiments.compare import baseline_median_times, final_metric, median_or_none, paired_speedups
+from speedkit.experiments.compare import final_metric, leave_one_out_baseline_time, median_or_none, paired_speedups
 from speedkit.experiments.baseline_plan import (BaselinePlan, Outcome, Point, budget_found, default_step,
                                                 run_plan, start_steps, sweep_found)
 from speedkit.experiments.measure import MEASURED_RUN, finished_runs, fit, measure
@@ -342,14 +342,15 @@ def summarize(records: Sequence[RunRecord], profile: BenchProfile, ablations: Se
 
 
 def summarize_leave_one_out(records: Sequence[RunRecord], ablations: Sequence[RunRecord]) -> dict:
-    """The ablated runs with compare.leave_one_out's slowdown and share of the speed-up for each part."""
+    """The ablated runs with each part's slowdown and share of the speed-up over the baseline the parts came from,
+    on the full run's seed (``compare.leave_one_out_baseline_time``, as the search's table and the run board)."""
     left_out = [r for r in ablations if "left_out" in r.config["ablation"]]  # not a rerun reference
     full_name = left_out[0].config["ablation"]["of"]
     full = next(r for r in [*records, *ablations] if r.name == full_name)
     against = left_out[0].config["ablation"].get("against", "baseline")
     rows = leave_one_out_rows(left_out, full.target["metric"], full.target["value"])
     return leave_one_out_summary(full_name, full.time_to_target, final_metric(full), rows,
-                                 baseline_median_times([*records, *ablations]).get(against), against,
+                                 leave_one_out_baseline_time([*records, *ablations], full, against), against,
                                  recipe=full.config["recipe"], seed=seed_of(full), reference_rerun=full not in records)
 
 
