@@ -85,6 +85,14 @@ def plan_run_id(request: RunRequest) -> str:
     return hashlib.sha1(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+def main_run_key(profile: BenchProfile, recipe: Recipe, seed: int) -> str:
+    """What makes a main run of ``profile`` the same run when it is taken again (``--reuse``, ``--only``): the
+    ``plan_run_id`` of its request (the recipe as it trains, budget and cadence included, its seed, device and
+    fractions), its target aside, at which a reused run is judged again (``retarget``)."""
+    request = run_request(profile, recipe, seed, "key", "", {})
+    return plan_run_id(dataclasses.replace(request, target=None))
+
+
 def kept_runs(run_dir: str | Path, profile: BenchProfile, key: Callable[[RunRecord, dict], Hashable | None]) -> dict:
     """``measure.finished_runs`` of ``profile``'s benchmark alone, by ``key(record, its config["bench"])``: runs of
     its task and profile, on its task's data (``Task.data_identity``), that ended as asked (``AS_ASKED``: a run
@@ -123,10 +131,10 @@ def run_interleaved(profile: BenchProfile, seeds: Sequence[int], run_dir: str | 
     total, done, kept = len(seeds) * len(profile.recipes), [], kept or {}
 
     def run(name: str, seed: int) -> RunRecord:
-        record = kept.get((name, seed))
+        record, recipe = kept.get((name, seed)), scheduled_recipe(profile, name)
         if record is None:
-            record = run_one(profile, scheduled_recipe(profile, name), seed, f"{profile.task}-{name}-s{seed}",
-                             run_dir, _bench_info(profile, session, seed), **trainer_kwargs)
+            info = {**_bench_info(profile, session, seed), "run_key": main_run_key(profile, recipe, seed)}
+            record = run_one(profile, recipe, seed, f"{profile.task}-{name}-s{seed}", run_dir, info, **trainer_kwargs)
         done.append(record)
         log(f"[{len(done)}/{total}] {'kept ' if (name, seed) in kept else ''}{_describe_run(record)}")
         return record
@@ -459,19 +467,33 @@ def resolve_profile(task: str, profile: str | BenchProfile = "cpu", seeds: int |
 
 def reusable_runs(run_dir: str | Path, profile: BenchProfile, seeds: Sequence[int],
                   fix: str = "run the benchmark without --reuse") -> list[RunRecord]:
-    """The newest main run of each (recipe, seed) of ``profile`` under ``run_dir`` (``kept_runs``); where the
-    profile names a target (``--target``) other than the one the runs had, judged at it (``retarget``)."""
+    """The newest main run of each (recipe, seed) of ``profile`` under ``run_dir`` (``kept_runs``) made as the
+    profile would make it now (``main_run_key``: a run with another budget, cadence, device or fraction, or of a
+    recipe changed since, is another measurement); where the profile names a target (``--target``) other than the
+    one the runs had, judged at it (``retarget``)."""
+    expected = {(name, seed): main_run_key(profile, scheduled_recipe(profile, name), seed)
+                for name in profile.recipes for seed in seeds}
+    made_otherwise = set()
+
     def main_run(record: RunRecord, bench: dict) -> tuple | None:
         if any(bench.get(mark) for mark in ("profiling", "budget_search", "sweep")) or "ablation" in record.config:
             return None
-        return record.config.get("recipe"), seed_of(record)
+        key = record.config.get("recipe"), seed_of(record)
+        if bench.get("run_key", expected.get(key)) != expected.get(key):  # a run made before keys were kept is taken
+            made_otherwise.add(key)
+            return None
+        return key
 
     newest = kept_runs(run_dir, profile, main_run)
     missing = [(r, s) for r in profile.recipes for s in seeds if (r, s) not in newest]
     if missing:
-        raise ValueError(f"cannot reuse the runs in {run_dir}: no finished {profile.task} run for "
-                         f"{', '.join(f'{r} seed {s}' for r, s in missing)} (runs on other data, and runs that ended "
-                         f"early: stopped, interrupted or killed, are not measurements); {fix}")
+        absent = ", ".join(f"{r} seed {s}" for r, s in missing if (r, s) not in made_otherwise)
+        otherwise = ", ".join(f"{r} seed {s}" for r, s in missing if (r, s) in made_otherwise)
+        why = ([f"no finished {profile.task} run for {absent} (runs on other data, and runs that ended early: "
+                f"stopped, interrupted or killed, are not measurements)"] if absent else []) + \
+              ([f"the runs of {otherwise} there were made with other settings (another budget, cadence, device or "
+                f"data fraction, or the recipe as it was before a change): another measurement"] if otherwise else [])
+        raise ValueError(f"cannot reuse the runs in {run_dir}: {'; '.join(why)}; {fix}")
     return [retarget(newest[(r, s)], profile.run.target) for s in seeds for r in profile.recipes]
 
 
