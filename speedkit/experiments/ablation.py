@@ -75,18 +75,19 @@ def as_run_on(recipe: Recipe, device) -> Recipe:
     return recipe.with_changes(precision=resolve_precision(recipe.precision, resolve_device(device)))
 
 
-def ablation_marker(of: str, left_out: str, against: str) -> dict:
-    """``config["ablation"]`` of a run of ``of`` (the full run's name) without ``left_out``, given the value of
-    the reference recipe ``against`` names."""
-    return {"of": of, "left_out": left_out, "against": against}
+def ablation_marker(of: str, left_out: str, against: str, of_run: str | None = None) -> dict:
+    """``config["ablation"]`` of a run of ``of`` (the full run's name; ``of_run`` its run id, where runs of one name
+    may be several) without ``left_out``, given the value of the reference recipe ``against`` names."""
+    return {"of": of, "left_out": left_out, "against": against, **({"of_run": of_run} if of_run else {})}
 
 
-def leave_one_out_runs(recipe: Recipe, run, of: str, reference: Recipe, against: str) -> dict:
+def leave_one_out_runs(recipe: Recipe, run, of: str, reference: Recipe, against: str,
+                       of_run: str | None = None) -> dict:
     """The one leave-one-out driver (the benchmark's and the search's): ``run(part, ablated recipe, marker)``
     for each part of ``recipe``'s difference from ``reference`` left out (``ablated_recipes``), in order, with
     the run's ``config["ablation"]`` (``ablation_marker``: ``of`` names the full run, ``against`` the reference
     recipe); ``{part: what run returned}``."""
-    return {part: run(part, ablated, ablation_marker(of, part, against))
+    return {part: run(part, ablated, ablation_marker(of, part, against, of_run))
             for part, ablated in ablated_recipes(recipe, reference).items()}
 
 

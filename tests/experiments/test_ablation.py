@@ -31,6 +31,7 @@ def _bench_ablations(monkeypatch, recipe, reference) -> dict[str, tuple]:
     profile = harness.get_profile("vision").replace(device="cpu")
     harness.run_leave_one_out(profile, [full], recipe.name, "unused", "session", log=lambda line: None,
                               baseline=reference.name)
+    assert all(marker["of_run"] == full.run_id for _, marker in ran.values())
     return ran
 
 
@@ -41,7 +42,9 @@ def _tune_ablations(monkeypatch, recipe, reference) -> dict[str, tuple]:
     confirmation = {"recipes": {"search:7": {"recipe": recipe.to_dict()}}, "best_recipe": "search:7",
                     "baselines": {"baseline:3": {"recipe": reference.to_dict()}}, "strongest_baseline": "baseline:3"}
     monkeypatch.setattr(confirm, "summarize_confirmation", lambda config, study: confirmation)
-    monkeypatch.setattr(confirm, "_confirmed", lambda config, study, candidates=None: {})  # none ran yet
+    winner_run = RunRecord(name="full")  # the winner's confirmation run on the first seed; no ablation ran yet
+    monkeypatch.setattr(confirm, "_confirmed", lambda config, study, candidates=None:
+                        {("search:7", confirm.CONFIRM_SEED_START): winner_run} if candidates is None else {})
     monkeypatch.setattr(confirm, "run_name_for", lambda config, key, seed: "full")
 
     def fake_confirm_run(config, study, runner, role, key, seed, run_recipe, should_stop, log=print, ablation=None):
@@ -50,6 +53,7 @@ def _tune_ablations(monkeypatch, recipe, reference) -> dict[str, tuple]:
     monkeypatch.setattr(confirm, "_confirm_run", fake_confirm_run)
     config = SimpleNamespace(settings=SimpleNamespace(run=SimpleNamespace(device="cpu")))
     confirm.run_leave_one_out(config=config, study=None, runner=lambda context: None)
+    assert all(marker["of_run"] == winner_run.run_id for _, marker in ran.values())
     return ran
 
 
@@ -66,7 +70,9 @@ def test_bench_and_tune_leave_out_the_same_parts_as_the_same_runs(monkeypatch):
         bench_recipe, bench_marker = bench[part]
         tune_recipe, tune_marker = tune[part]
         assert {**bench_recipe.to_dict(), "name": None} == {**tune_recipe.to_dict(), "name": None}
-        assert bench_marker == tune_marker == {"of": "full", "left_out": part, "against": "plain-bf16"}
+        # each names its own full run by id as well
+        assert {**bench_marker, "of_run": None} == {**tune_marker, "of_run": None} == {
+            "of": "full", "left_out": part, "against": "plain-bf16", "of_run": None}
 
 
 def test_against_a_baseline_the_non_method_parts_are_left_out_too():

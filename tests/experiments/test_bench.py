@@ -809,3 +809,8 @@ def test_reuse_takes_the_main_runs_and_the_leave_one_out_reruns_its_reference(tm
                                              r"settings"):
             run_benchmark("vision", **{**common, **changed}, reuse=True)
     assert run_benchmark("vision", **{**common, "target": 0.2}, reuse=True).entry["target"]["value"] == 0.2
+    # runs of the same names made afresh with other settings, then summarised: the earlier leave-one-out took apart
+    # other runs (by run id), so it is not theirs
+    run_benchmark("vision", **{**common, "data_fraction": 0.03})
+    again_elsewhere = run_benchmark("vision", **{**common, "data_fraction": 0.03}, reuse=True)
+    assert again_elsewhere.ablations == [] and again_elsewhere.entry["leave_one_out"] is None

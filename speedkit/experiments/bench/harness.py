@@ -253,7 +253,7 @@ def run_leave_one_out(profile: BenchProfile, records: Sequence[RunRecord], recip
     ablations = []
     if rerun_full:
         full = run_one(profile, recipe, seed, f"{full.name}-reference-{session}", run_dir,
-                       _bench_info(profile, session, seed), extra_config={"ablation": {"reference_for": full.name}},
+                       _bench_info(profile, session, seed), extra_config={"ablation": {"reference_for": full.name, "reference_for_run": full.run_id}},
                        **trainer_kwargs)
         ablations.append(full)
         log(f"[leave-one-out] reference {_describe_run(full)}")
@@ -271,7 +271,7 @@ def run_leave_one_out(profile: BenchProfile, records: Sequence[RunRecord], recip
         ablations.append(record)
         log(f"[leave-one-out] {_describe_run(record)}")
 
-    leave_one_out_runs(recipe, run, of=full.name, reference=reference, against=baseline)
+    leave_one_out_runs(recipe, run, of=full.name, reference=reference, against=baseline, of_run=full.run_id)
     return ablations
 
 
@@ -521,17 +521,32 @@ def retarget(record: RunRecord, value: float | None) -> RunRecord:
     return record
 
 
-def reusable_ablations(run_dir: str | Path, profile: BenchProfile, recipe: str) -> list[RunRecord]:
+def reusable_ablations(run_dir: str | Path, profile: BenchProfile, recipe: str,
+                       records: Sequence[RunRecord]) -> list[RunRecord]:
     """The newest leave-one-out of ``recipe`` under ``run_dir`` (``kept_runs``: its reference rerun and its
-    ablations, from one session), or [] when there is none."""
+    ablations, from one session) that takes apart one of ``records`` or a rerun of one, or [] when there is none:
+    a leave-one-out of an earlier run of the same name, made with other settings, is not this benchmark's."""
     def ablation(record: RunRecord, bench: dict) -> tuple | None:
         if "ablation" not in record.config or record.config.get("recipe") != recipe:
             return None
         return bench.get("session", ""), record.name
 
-    found = kept_runs(run_dir, profile, ablation)
-    newest = max((session for session, _ in found), default=None)
-    return [record for (session, _), record in found.items() if session == newest]
+    sessions: dict[str, list[RunRecord]] = {}
+    for (session, _), record in kept_runs(run_dir, profile, ablation).items():
+        sessions.setdefault(session, []).append(record)
+    ids = {record.run_id for record in records}
+    ours = [session for session, runs in sessions.items() if _takes_apart(runs, ids)]
+    return sessions[max(ours)] if ours else []
+
+
+def _takes_apart(ablations: Sequence[RunRecord], ids: set[str]) -> bool:
+    """Whether one session's leave-one-out runs left parts out of a run among ``ids`` (or of a reference rerun of
+    one), by run id; a leave-one-out made before the markers held run ids is taken as it is."""
+    marks = [record.config["ablation"] for record in ablations]
+    if not any("of_run" in mark or "reference_for_run" in mark for mark in marks):
+        return True
+    full = ids | {record.run_id for record, mark in zip(ablations, marks) if mark.get("reference_for_run") in ids}
+    return all(mark.get("of_run") in full for mark in marks if "left_out" in mark)
 
 
 def run_benchmark(task, profile: str | BenchProfile = "cpu", seeds: int | Sequence[int] | None = None,
@@ -609,7 +624,7 @@ def run_benchmark(task, profile: str | BenchProfile = "cpu", seeds: int | Sequen
         ablations = run_leave_one_out(profile, records, best, run_dir, session, log, rerun_full=reuse,
                                       baseline=entry["strongest_baseline"], **trainer_kwargs)
     elif reuse and best is not None:
-        ablations = reusable_ablations(run_dir, profile, best)
+        ablations = reusable_ablations(run_dir, profile, best, records)
     breakdown = None
     if profile_steps and profile_steps > 0:
         breakdown = profile_recipe(profile, best or "baseline", seed_list[0], profile_steps, run_dir, session,

@@ -221,7 +221,7 @@ def run_leave_one_out(config: TuneConfig, study, runner=None, should_stop=None, 
     seed, runner = CONFIRM_SEED_START, runner or resolve_runner(config.settings.runner)
     recipe, reference = _winner_and_reference(config, summary)
     ablated = _ablated(winner, recipe, reference)
-    done = _confirmed(config, study, ablated)
+    done, full = _confirmed(config, study, ablated), _confirmed(config, study).get((winner, seed))
 
     def run(part: str, _, marker: dict) -> None:
         key = f"loo:{winner}:{part}"
@@ -230,7 +230,7 @@ def run_leave_one_out(config: TuneConfig, study, runner=None, should_stop=None, 
                          ablation=marker)
 
     leave_one_out_runs(recipe, run, of=run_name_for(config, winner, seed), reference=reference,
-                       against=reference.name)
+                       against=reference.name, of_run=full.run_id if full else None)
 
 
 def _winner_and_reference(config: TuneConfig, confirmation: dict) -> tuple[Recipe, Recipe]:
