@@ -85,7 +85,10 @@ def _reading(task: Task, data) -> Task:
 def _refuse_unknown_options(make_task, options: dict, what: str) -> None:
     """An option ``make_task`` does not take, named with those it does (a bare TypeError named neither the task nor
     what to give instead)."""
-    parameters = inspect.signature(make_task).parameters
+    try:
+        parameters = inspect.signature(make_task).parameters
+    except (TypeError, ValueError):  # a callable Python cannot read the signature of: its own error, if any
+        return
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
         return
     taken = [name for name, p in parameters.items()

@@ -252,9 +252,9 @@ def run_leave_one_out(profile: BenchProfile, records: Sequence[RunRecord], recip
     recipe = scheduled_recipe(profile, recipe_name)
     ablations = []
     if rerun_full:
+        marker = {"reference_for": full.name, "reference_for_run": full.run_id}
         full = run_one(profile, recipe, seed, f"{full.name}-reference-{session}", run_dir,
-                       _bench_info(profile, session, seed), extra_config={"ablation": {"reference_for": full.name, "reference_for_run": full.run_id}},
-                       **trainer_kwargs)
+                       _bench_info(profile, session, seed), extra_config={"ablation": marker}, **trainer_kwargs)
         ablations.append(full)
         log(f"[leave-one-out] reference {_describe_run(full)}")
     recipe, reference = (as_run_on(r, profile.run.device) for r in (recipe, scheduled_recipe(profile, baseline)))

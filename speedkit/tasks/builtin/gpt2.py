@@ -32,7 +32,7 @@ SIZES = {
     # a target the baseline holds; its 240 was chosen on pydocs' text and measured on another corpus
     # (bench/results/2026-12-04-gpt2-rehearsal-debdocs/README.md, "The gpt2 rehearsal's hot budget").
     "cpu": SeedSizes(model="gpt-nano", context=256, target=4.0, batch_size=16, duration_scale=0.05,
-                       eval_interval="25ba", durations={"hot": "240ba"}),
+                     eval_interval="25ba", durations={"hot": "240ba"}),
 }
 MODELS = ("gpt2-124m", "hf:gpt2", "gpt-nano", "gpt-micro", "gpt-mini", "gpt-small")
 
