@@ -17,7 +17,7 @@ from helpers import leave_torchrun
 from speedkit import Trainer
 from speedkit.core import distributed
 from speedkit.data import Augment, TokenBatchLoader, fashion_mnist_loaders
-from speedkit.methods import EMA
+from speedkit.methods import EMA, GradientClipping, Muon
 from speedkit.models import get_model
 from speedkit.record.metrics import Accuracy, CrossEntropy, Evaluator
 
@@ -58,7 +58,7 @@ def text_tokens() -> torch.Tensor:
     return torch.frombuffer(bytearray(text), dtype=torch.uint8)
 
 
-def gpt_trainer(run_dir, run_name: str, steps: int, **kwargs) -> Trainer:
+def gpt_trainer(run_dir, run_name: str, steps: int, methods=None, optimizers=None, **kwargs) -> Trainer:
     torch.manual_seed(0)
     model = get_model("gpt-nano")
     tokens = text_tokens()
@@ -67,8 +67,8 @@ def gpt_trainer(run_dir, run_name: str, steps: int, **kwargs) -> Trainer:
     val = TokenBatchLoader(tokens[split:], seq_len=64, batch_size=8, shuffle=False, steps_per_epoch=3)
     return Trainer(model, train, evaluators=[Evaluator(val, {"loss": CrossEntropy()})], max_duration=f"{steps}ba",
                    eval_interval="1000ba", log_interval=1, device="cpu", precision="fp32", seed=0,
-                   run_dir=run_dir, run_name=run_name, methods=[EMA(half_life="2ba")],
-                   optimizers=lambda p: torch.optim.AdamW(p, lr=3e-3, weight_decay=0.01), **kwargs)
+                   run_dir=run_dir, run_name=run_name, methods=[EMA(half_life="2ba")] if methods is None else methods,
+                   optimizers=optimizers or (lambda p: torch.optim.AdamW(p, lr=3e-3, weight_decay=0.01)), **kwargs)
 
 
 def losses(record) -> list[float]:
@@ -133,6 +133,20 @@ def fsdp_gpt(out: Path) -> dict:
             "ema_is_sharded": all(isinstance(t, DTensor) for t in
                                   next(a for a in resumed.state.methods if a.name == "ema").ema.values()
                                   if t.is_floating_point() and t.dim() > 0)}
+
+
+# Methods that need a whole matrix or every gradient at once, where FSDP2 gives each rank a shard of both: Muon
+# orthogonalizes each matrix, gradient clipping scales by the norm of all gradients together (under SGD, whose step
+# follows that scale).
+def whole_tensor_methods() -> dict:
+    return {"methods": [Muon(), GradientClipping(clipping_threshold=0.5)],
+            "optimizers": lambda params: torch.optim.SGD(params, lr=0.1)}
+
+
+def fsdp_whole_tensors(out: Path) -> dict:
+    trainer = gpt_trainer(out / "runs", "fsdp-whole-tensors", steps=4, parallel="fsdp", save_checkpoints=False,
+                          **whole_tensor_methods())
+    return {"losses": losses(trainer.fit())}
 
 
 # Methods with global state or a varying set of used parameters, together under DDP: ghost batch norm
@@ -210,7 +224,8 @@ def surgery_order(out: Path) -> dict:
 
 
 SCENARIOS = {"ddp_resnet": ddp_resnet, "fsdp_gpt": fsdp_gpt, "ddp_methods": ddp_methods,
-             "auto_precision": auto_precision, "surgery_order": surgery_order}
+             "auto_precision": auto_precision, "surgery_order": surgery_order,
+             "fsdp_whole_tensors": fsdp_whole_tensors}
 
 
 def main(argv: list[str]) -> None:
