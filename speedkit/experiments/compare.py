@@ -173,7 +173,7 @@ def baseline_runs(records: Sequence[RunRecord]) -> list[RunRecord]:
             and is_baseline(r.config.get("task"), r.config["recipe"])]
 
 
-def baseline_times(records: Sequence[RunRecord], seed=None) -> dict[str, float]:
+def baseline_times(records: Sequence[RunRecord], seed: int | None = None) -> dict[str, float]:
     """Each baseline recipe among ``records`` -> its time to target on ``seed`` where it ran on that seed, else its
     median over its runs (baselines that never reached it left out)."""
     times: dict[str, list] = {}
