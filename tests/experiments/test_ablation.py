@@ -44,7 +44,8 @@ def _tune_ablations(monkeypatch, recipe, reference) -> dict[str, tuple]:
     monkeypatch.setattr(confirm, "summarize_confirmation", lambda config, study: confirmation)
     winner_run = RunRecord(name="full")  # the winner's confirmation run on the first seed; no ablation ran yet
     monkeypatch.setattr(confirm, "_confirmed", lambda config, study, candidates=None:
-                        {("search:7", confirm.CONFIRM_SEED_START): winner_run} if candidates is None else {})
+                        {("search:7", confirm.CONFIRM_SEED_START): winner_run}
+                        if candidates is None or "search:7" in candidates else {})
     monkeypatch.setattr(confirm, "run_name_for", lambda config, key, seed: "full")
 
     def fake_confirm_run(config, study, runner, role, key, seed, run_recipe, should_stop, log=print, ablation=None):

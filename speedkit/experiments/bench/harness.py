@@ -131,8 +131,9 @@ def run_interleaved(profile: BenchProfile, seeds: Sequence[int], run_dir: str | 
     total, done, kept = len(seeds) * len(profile.recipes), [], kept or {}
 
     def run(name: str, seed: int) -> RunRecord:
-        record, recipe = kept.get((name, seed)), scheduled_recipe(profile, name)
+        record = kept.get((name, seed))
         if record is None:
+            recipe = scheduled_recipe(profile, name)
             info = {**_bench_info(profile, session, seed), "run_key": main_run_key(profile, recipe, seed)}
             record = run_one(profile, recipe, seed, f"{profile.task}-{name}-s{seed}", run_dir, info, **trainer_kwargs)
         done.append(record)

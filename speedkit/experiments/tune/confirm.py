@@ -221,7 +221,9 @@ def run_leave_one_out(config: TuneConfig, study, runner=None, should_stop=None, 
     seed, runner = CONFIRM_SEED_START, runner or resolve_runner(config.settings.runner)
     recipe, reference = _winner_and_reference(config, summary)
     ablated = _ablated(winner, recipe, reference)
-    done, full = _confirmed(config, study, ablated), _confirmed(config, study).get((winner, seed))
+    # one read of the run folder: the ablations already run, and the winner's own run they take apart
+    done = _confirmed(config, study, {**ablated, winner: Recipe(**summary["recipes"][winner]["recipe"])})
+    full = done.get((winner, seed))
 
     def run(part: str, _, marker: dict) -> None:
         key = f"loo:{winner}:{part}"
