@@ -81,6 +81,17 @@ def ablation_marker(of: str, left_out: str, against: str, of_run: str | None = N
     return {"of": of, "left_out": left_out, "against": against, **({"of_run": of_run} if of_run else {})}
 
 
+def seed_to_ablate(seeds, recipe_times, reference_times):
+    """The seed a leave-one-out runs on, from each seed's time to the target of the recipe and of the reference
+    recipe its parts come from (None: not reached): the first where both reached it, so that each part's share
+    of the speed-up over the reference can be measured there; else the first where the recipe reached it; else
+    the first."""
+    both = [seed for seed, mine, theirs in zip(seeds, recipe_times, reference_times)
+            if mine is not None and theirs is not None]
+    reached = [seed for seed, mine in zip(seeds, recipe_times) if mine is not None]
+    return (both or reached or list(seeds))[0]
+
+
 def leave_one_out_runs(recipe: Recipe, run, of: str, reference: Recipe, against: str,
                        of_run: str | None = None) -> dict:
     """The one leave-one-out driver (the benchmark's and the search's): ``run(part, ablated recipe, marker)``

@@ -674,7 +674,7 @@ def _confirmation_lines(confirmation: dict, recipe_path, config) -> list[str]:
         lines.append(f"Recipe: `{recipe_path}`; run it with `{command} {recipe_path}`, and that baseline "
                      f"with `{command} {recipe_path.with_name('baseline.yaml')}`.")
     if confirmation.get("leave_one_out"):
-        lines += ["", f"### The winner's leave-one-out (seed {seeds[0]})",
+        lines += ["", f"### The winner's leave-one-out (seed {confirmation['leave_one_out']['seed']})",
                   *leave_one_out_markdown(confirmation["leave_one_out"]),
                   "", "Slowdown above 1: the part pays off here; below 1: the winner is faster without it."]
     return lines

@@ -8,6 +8,7 @@ import pytest
 
 from speedkit.experiments import ablation
 from speedkit.experiments.bench import harness
+from speedkit.experiments.summary import seed_of
 from speedkit.experiments.tune import confirm
 from speedkit.record.runs import RunRecord
 from speedkit.tasks import get_recipe
@@ -16,45 +17,58 @@ from speedkit.tasks import get_recipe
 WINNER = get_recipe("fashion-mnist", "hot").with_changes(name="tune-winner", precision="fp32")
 
 
-def _bench_ablations(monkeypatch, recipe, reference) -> dict[str, tuple]:
-    """{part: (recipe, config["ablation"])} of the benchmark's leave-one-out of ``recipe`` against ``reference``."""
+def _reached(name: str, recipe: str, seed: int, at: float | None) -> RunRecord:
+    """A run of ``recipe`` on ``seed`` that reached accuracy 0.9 at ``at`` seconds (None: never)."""
+    run = RunRecord(name=name, target={"metric": "eval/accuracy", "value": 0.9},
+                    config={"recipe": recipe, "seed": seed})
+    run.add_eval({"batch": 1, "wall_s": at or 9.0}, {"eval/accuracy": 0.5 if at is None else 0.95})
+    return run
+
+
+def _bench_ablations(monkeypatch, recipe, reference, records=None) -> dict[str, tuple]:
+    """{part: (recipe, config["ablation"], seed)} of the benchmark's leave-one-out of ``recipe`` against
+    ``reference``, among the main runs ``records`` (default: one run of ``recipe``, on seed 0)."""
     ran = {}
 
     def fake_run_one(profile, run_recipe, seed, run_name, run_dir, bench_info, extra_config=None, **kwargs):
         marker = extra_config["ablation"]
-        ran[marker["left_out"]] = (run_recipe, marker)
+        ran[marker["left_out"]] = (run_recipe, marker, seed)
         return RunRecord(name=run_name, config={"recipe": run_recipe.name, "ablation": marker})
 
     monkeypatch.setattr(harness, "run_one", fake_run_one)
     monkeypatch.setattr(harness, "scheduled_recipe", lambda profile, name: recipe if name == recipe.name else reference)
-    full = RunRecord(name="full", config={"recipe": recipe.name, "seed": 0})
+    records = records or [RunRecord(name="full", config={"recipe": recipe.name, "seed": 0})]
     profile = harness.get_profile("vision").replace(device="cpu")
-    harness.run_leave_one_out(profile, [full], recipe.name, "unused", "session", log=lambda line: None,
+    harness.run_leave_one_out(profile, records, recipe.name, "unused", "session", log=lambda line: None,
                               baseline=reference.name)
-    assert all(marker["of_run"] == full.run_id for _, marker in ran.values())
+    taken_apart = {record.run_id: seed_of(record) for record in records}
+    assert all(taken_apart.get(marker["of_run"]) == seed for _, marker, seed in ran.values())
     return ran
 
 
-def _tune_ablations(monkeypatch, recipe, reference) -> dict[str, tuple]:
-    """{part: (recipe, config["ablation"])} of the search's leave-one-out of its confirmed winner ``recipe`` against
-    its strongest confirmed baseline ``reference``."""
+def _tune_ablations(monkeypatch, recipe, reference, seeds=(1,), winner_times=(4.0,),
+                    baseline_times=(8.0,)) -> dict[str, tuple]:
+    """{part: (recipe, config["ablation"], seed)} of the search's leave-one-out of its confirmed winner ``recipe``
+    against its strongest confirmed baseline ``reference``, confirmed on ``seeds`` with those times to target."""
     ran = {}
-    confirmation = {"recipes": {"search:7": {"recipe": recipe.to_dict()}}, "best_recipe": "search:7",
-                    "baselines": {"baseline:3": {"recipe": reference.to_dict()}}, "strongest_baseline": "baseline:3"}
+    confirmation = {"seeds": list(seeds), "best_recipe": "search:7", "strongest_baseline": "baseline:3",
+                    "recipes": {"search:7": {"recipe": recipe.to_dict(), "time_to_target_s": list(winner_times)}},
+                    "baselines": {"baseline:3": {"recipe": reference.to_dict(),
+                                                 "time_to_target_s": list(baseline_times)}}}
     monkeypatch.setattr(confirm, "summarize_confirmation", lambda config, study: confirmation)
-    winner_run = RunRecord(name="full")  # the winner's confirmation run on the first seed; no ablation ran yet
+    # the winner's confirmation runs, one a seed; no ablation ran yet
+    winner_runs = {("search:7", seed): RunRecord(name=f"full-s{seed}") for seed in seeds}
     monkeypatch.setattr(confirm, "_confirmed", lambda config, study, candidates=None:
-                        {("search:7", confirm.CONFIRM_SEED_START): winner_run}
-                        if candidates is None or "search:7" in candidates else {})
+                        winner_runs if candidates is None or "search:7" in candidates else {})
     monkeypatch.setattr(confirm, "run_name_for", lambda config, key, seed: "full")
 
     def fake_confirm_run(config, study, runner, role, key, seed, run_recipe, should_stop, log=print, ablation=None):
-        ran[ablation["left_out"]] = (run_recipe, ablation)
+        ran[ablation["left_out"]] = (run_recipe, ablation, seed)
 
     monkeypatch.setattr(confirm, "_confirm_run", fake_confirm_run)
     config = SimpleNamespace(settings=SimpleNamespace(run=SimpleNamespace(device="cpu")))
     confirm.run_leave_one_out(config=config, study=None, runner=lambda context: None)
-    assert all(marker["of_run"] == winner_run.run_id for _, marker in ran.values())
+    assert all(marker["of_run"] == winner_runs["search:7", seed].run_id for _, marker, seed in ran.values())
     return ran
 
 
@@ -68,12 +82,31 @@ def test_bench_and_tune_leave_out_the_same_parts_as_the_same_runs(monkeypatch):
     assert list(bench) == list(tune)
     assert set(WINNER.methods) - set(reference.methods) < set(bench) and {"budget", "precision"} < set(bench)
     for part in bench:
-        bench_recipe, bench_marker = bench[part]
-        tune_recipe, tune_marker = tune[part]
+        bench_recipe, bench_marker, _ = bench[part]
+        tune_recipe, tune_marker, _ = tune[part]
         assert {**bench_recipe.to_dict(), "name": None} == {**tune_recipe.to_dict(), "name": None}
         # each names its own full run by id as well
         assert {**bench_marker, "of_run": None} == {**tune_marker, "of_run": None} == {
             "of": "full", "left_out": part, "against": "plain-bf16", "of_run": None}
+
+
+def test_a_leave_one_out_runs_on_the_first_seed_where_the_recipe_and_its_baseline_both_reached_the_target(
+        monkeypatch):
+    """Each part's share is of the recipe's speed-up over the baseline on the leave-one-out's seed: on a seed where
+    that baseline missed the target there is no speed-up to split, so the benchmark and the search take the recipe
+    apart on the first seed where both reached it (where none did, the first where the recipe did)."""
+    assert ablation.seed_to_ablate([0, 1, 2], [3.0, 4.0, 5.0], [None, 8.0, 9.0]) == 1
+    assert ablation.seed_to_ablate([0, 1, 2], [3.0, None, 5.0], [None, 8.0, 9.0]) == 2
+    assert ablation.seed_to_ablate([0, 1], [None, 4.0], [8.0, None]) == 1
+    assert ablation.seed_to_ablate([0, 1], [None, None], [None, None]) == 0
+    reference = get_recipe("fashion-mnist", "plain-bf16")
+    records = [_reached("hot-s0", WINNER.name, 0, 3.0), _reached("plain-s0", reference.name, 0, None),
+               _reached("hot-s1", WINNER.name, 1, 4.0), _reached("plain-s1", reference.name, 1, 8.0)]
+    bench = _bench_ablations(monkeypatch, WINNER, reference, records)
+    tune = _tune_ablations(monkeypatch, WINNER, reference, seeds=(1, 2), winner_times=(3.0, 4.0),
+                           baseline_times=(None, 8.0))
+    assert {seed for _, _, seed in bench.values()} == {1} and {seed for _, _, seed in tune.values()} == {2}
+    assert {marker["of"] for _, marker, _ in bench.values()} == {"hot-s1"}
 
 
 def test_against_a_baseline_the_non_method_parts_are_left_out_too():

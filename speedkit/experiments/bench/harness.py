@@ -16,7 +16,8 @@ from typing import Callable, Hashable, Sequence
 from speedkit.core.devices import resolve_device
 from speedkit.core.time import Time, scaled_duration
 from speedkit.data.identity import data_identity
-from speedkit.experiments.ablation import as_run_on, leave_one_out_rows, leave_one_out_runs, leave_one_out_summary
+from speedkit.experiments.ablation import (as_run_on, leave_one_out_rows, leave_one_out_runs, leave_one_out_summary,
+                                           seed_to_ablate)
 from speedkit.experiments.bench.profiles import TASK_KEYS, BenchProfile, get_profile, task_key, with_default_sweeps
 from speedkit.experiments.compare import final_metric, leave_one_out_baseline_time, median_or_none, paired_speedups
 from speedkit.experiments.baseline_plan import (BaselinePlan, Outcome, Point, budget_found, default_step,
@@ -241,15 +242,17 @@ def run_leave_one_out(profile: BenchProfile, records: Sequence[RunRecord], recip
                       session: str, log: Callable[[str], None] = print, rerun_full: bool = False,
                       baseline: str = "baseline", **trainer_kwargs) -> list[RunRecord]:
     """One run per part of ``recipe_name`` left out (given ``baseline``'s value for that part), on one
-    seed (the first whose full run reached the target), marked ``config["ablation"]`` for
-    ``speedkit.experiments.compare.leave_one_out``.
+    seed (``ablation.seed_to_ablate``: the first where its full run and ``baseline``'s reached the target), marked
+    ``config["ablation"]`` for ``speedkit.experiments.compare.leave_one_out``.
 
     ``rerun_full`` first runs the whole recipe again on that seed and compares the ablations with this
     reference (returned first), for main runs measured in another session: side by side or not at all.
     """
     full_runs = [r for r in records if r.config.get("recipe") == recipe_name]
-    full = next((r for r in full_runs if r.time_to_target is not None), full_runs[0])
-    seed = full.config["seed"]
+    reference_times = {seed_of(r): r.time_to_target for r in records if r.config.get("recipe") == baseline}
+    seed = seed_to_ablate([seed_of(r) for r in full_runs], [r.time_to_target for r in full_runs],
+                          [reference_times.get(seed_of(r)) for r in full_runs])
+    full = next(r for r in full_runs if seed_of(r) == seed)
     recipe = scheduled_recipe(profile, recipe_name)
     ablations = []
     if rerun_full:

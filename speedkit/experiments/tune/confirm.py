@@ -15,7 +15,7 @@ import time
 
 from speedkit.core.time import scaled_duration
 from speedkit.experiments.ablation import (ablated_recipes, as_run_on, leave_one_out_rows, leave_one_out_runs,
-                                           leave_one_out_summary)
+                                           leave_one_out_summary, seed_to_ablate)
 from speedkit.experiments.measure import Measurement, finished_runs, measure, shortest_budget
 from speedkit.experiments.summary import judge, recipe_entry, sittings
 from speedkit.experiments.tune.objective import USER_STOP, resolve_runner
@@ -212,13 +212,13 @@ def run_budget_search(config: TuneConfig, study, runner=None, should_stop=None, 
 def run_leave_one_out(config: TuneConfig, study, runner=None, should_stop=None, log=print) -> None:
     """The confirmed winner with each part of its difference from the strongest confirmed baseline given that
     baseline's value (``ablation.py``, as the benchmark's leave-one-out: a method dropped, or the budget, rate,
-    batch size ... put back), on the first confirmation seed (beside its own run there), so the report can say what
-    each part adds to the speed-up over that baseline; resumable like the confirmation."""
+    batch size ... put back), on one confirmation seed (``_seed_to_ablate``), beside its own run there, so the
+    report can say what each part adds to the speed-up over that baseline; resumable like the confirmation."""
     summary = summarize_confirmation(config, study)
     winner = summary["best_recipe"]
     if winner is None:
         return
-    seed, runner = CONFIRM_SEED_START, runner or resolve_runner(config.settings.runner)
+    seed, runner = _seed_to_ablate(summary, winner), runner or resolve_runner(config.settings.runner)
     recipe, reference = _winner_and_reference(config, summary)
     ablated = _ablated(winner, recipe, reference)
     # one read of the run folder: the ablations already run, and the winner's own run they take apart
@@ -233,6 +233,14 @@ def run_leave_one_out(config: TuneConfig, study, runner=None, should_stop=None, 
 
     leave_one_out_runs(recipe, run, of=run_name_for(config, winner, seed), reference=reference,
                        against=reference.name, of_run=full.run_id if full else None)
+
+
+def _seed_to_ablate(confirmation: dict, winner_key: str) -> int:
+    """The confirmation seed the winner's leave-one-out runs on (``ablation.seed_to_ablate``): the first where
+    the winner and the strongest baseline both reached the target."""
+    winner = confirmation["recipes"][winner_key]
+    baseline = confirmation["baselines"][confirmation["strongest_baseline"]]
+    return seed_to_ablate(confirmation["seeds"], winner["time_to_target_s"], baseline["time_to_target_s"])
 
 
 def _winner_and_reference(config: TuneConfig, confirmation: dict) -> tuple[Recipe, Recipe]:
@@ -253,12 +261,16 @@ def _ablated(winner: str, recipe: Recipe, reference: Recipe) -> dict[str, Recipe
 
 def summarize_leave_one_out(config: TuneConfig, winner_key: str | None, confirmation: dict,
                             runs: dict[tuple[str, int], RunRecord]) -> dict:
-    """The winner without each part of its difference from the strongest baseline on the first confirmation seed,
-    as the benchmark's leave-one-out table (``ablation.leave_one_out_summary``; shares of its speed-up over that
-    baseline on that seed), held as summary.json holds it (a part without which the winner never reached the
-    target: null, not infinity)."""
-    winner, seed = confirmation["recipes"].get(winner_key), confirmation["seeds"][0]
-    if winner is None or winner["time_to_target_s"][0] is None:
+    """The winner without each part of its difference from the strongest baseline on the seed it was taken apart
+    on (``_seed_to_ablate``), as the benchmark's leave-one-out table (``ablation.leave_one_out_summary``; shares
+    of its speed-up over that baseline on that seed), held as summary.json holds it (a part without which the
+    winner never reached the target: null, not infinity)."""
+    winner = confirmation["recipes"].get(winner_key)
+    if winner is None:
+        return {}
+    seed = _seed_to_ablate(confirmation, winner_key)
+    at = confirmation["seeds"].index(seed)
+    if winner["time_to_target_s"][at] is None:
         return {}
     rows = leave_one_out_rows([record for (key, run_seed), record in runs.items()
                                if key.startswith(f"loo:{winner_key}:") and run_seed == seed], config.metric,
@@ -267,8 +279,8 @@ def summarize_leave_one_out(config: TuneConfig, winner_key: str | None, confirma
         return {}
     baseline = confirmation["baselines"][confirmation["strongest_baseline"]]
     return json_safe(leave_one_out_summary(
-        run_name_for(config, winner_key, seed), winner["time_to_target_s"][0], winner["final_metric"][0], rows,
-        baseline["time_to_target_s"][0], baseline["recipe"]["name"], recipe=winner["recipe"]["name"], seed=seed,
+        run_name_for(config, winner_key, seed), winner["time_to_target_s"][at], winner["final_metric"][at], rows,
+        baseline["time_to_target_s"][at], baseline["recipe"]["name"], recipe=winner["recipe"]["name"], seed=seed,
         reference_rerun=False))
 
 
