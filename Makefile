@@ -33,8 +33,10 @@ demo: $(DEMO_STAMP) system
 # notebook) beside everything else; one torch thread each, since two processes of two threads would only
 # wait on one another. TEST_WORKERS=0 runs the suite in this process, as plain pytest does.
 TEST_WORKERS ?= 2
+# A file's tests run on one worker, in the order tests/conftest.py gives them (the longest files first).
+WORKERS = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 test: setup
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder) $(PYTEST_ARGS)
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q $(WORKERS) $(PYTEST_ARGS)
 
 # JupyterLab refuses to start as root ("Use --allow-root to bypass"); containers often run as root.
 LAB_ARGS ?= $(shell [ "$$(id -u)" = 0 ] && echo --allow-root)
