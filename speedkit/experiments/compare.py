@@ -259,24 +259,41 @@ def part_effect(time_without: float | None, time_with: float, baseline_time: flo
     return {"time_without_s": time_without, "slowdown": slower, "share": share, "pays_off": slower > 1.0}
 
 
-def compare_table(records: Sequence[RunRecord], baseline: RunRecord | None = None) -> list[dict]:
-    """One row per run: methods, final metric, time to target, speed-up over ``baseline``.
+def common_target(records: Sequence[RunRecord], baseline: RunRecord | None = None) -> dict | None:
+    """The one target runs are compared at: ``baseline``'s (default: the latest baseline run's), else the first
+    run's that has one; None where no run has a target."""
+    baseline = baseline if baseline is not None else latest_baseline(records)
+    if baseline is not None and baseline.target:
+        return baseline.target
+    return next((r.target for r in records if r.target), None)
 
-    The baseline defaults to the latest record whose recipe is "baseline".
-    """
+
+def time_at(record: RunRecord, target: dict | None) -> float | None:
+    """``record``'s training seconds to ``target`` (``{"metric", "value"}``, read from its evaluations, whatever
+    target it ran with); None where it never got there or there is no target."""
+    return None if not target else record.time_to(target["metric"], target["value"])
+
+
+def compare_table(records: Sequence[RunRecord], baseline: RunRecord | None = None) -> list[dict]:
+    """One row per run: methods, final metric, time to the target, speed-up over ``baseline`` (default: the
+    latest baseline run). Every run is timed at one target (``common_target``), read from its curve: runs made
+    with other targets (the explorer's target changed between runs, runs loaded from another folder) are
+    compared at the same level, never a time to one level against a time to another."""
     if baseline is None:
         baseline = latest_baseline(records)
-    base_time = baseline.time_to_target if baseline is not None else None
+    target = common_target(records, baseline)
+    metric = target["metric"] if target else None
+    base_time = time_at(baseline, target) if baseline is not None else None
     rows = []
     for r in records:
-        metric = (r.target or {}).get("metric")
+        mine = time_at(r, target)
         rows.append({
             "name": r.name, "status": r.status, "recipe": r.config.get("recipe"),
             "methods": ", ".join(r.method_names) or "none",
             "params": changed_params(r.methods),
-            "metric": metric, "final": final_metric(r), "best": r.best(metric) if metric else None,
-            "time_to_target_s": r.time_to_target, "train_s": r.timings.get("train_s"),
-            "speedup": speedup(base_time, r.time_to_target) if r is not baseline else (1.0 if base_time else None),
+            "metric": metric, "final": final_metric(r, metric), "best": r.best(metric) if metric else None,
+            "time_to_target_s": mine, "train_s": r.timings.get("train_s"),
+            "speedup": speedup(base_time, mine) if r is not baseline else (1.0 if base_time else None),
         })
     return rows
 

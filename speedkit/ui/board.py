@@ -13,7 +13,8 @@ from typing import Callable
 
 import plotly.graph_objects as go
 
-from speedkit.experiments.compare import baseline_runs, compare_table, final_metric, leave_one_out, pareto_front
+from speedkit.experiments.compare import (baseline_runs, common_target, compare_table, final_metric, leave_one_out,
+                                          pareto_front, time_at)
 from speedkit.record.runs import RunRecord, load_records, lower_is_better
 
 
@@ -58,17 +59,22 @@ class RunBoard:
         return [r for r in self.records if r.status not in ("created", "running")]
 
     @property
+    def target(self) -> dict | None:
+        """The one target the board times every run at (``compare.common_target``: the latest baseline's)."""
+        return common_target(self.records)
+
+    @property
     def metric(self) -> str:
-        targets = [r.target for r in self.records if r.target]
-        return targets[0]["metric"] if targets else "eval/accuracy"
+        return self.target["metric"] if self.target else "eval/accuracy"
 
     def rows(self) -> list[dict]:
         return compare_table(self.records)
 
     # -- views ----------------------------------------------------------------------------
     def table_html(self) -> str:
-        header = ["run", "status", "methods", "parameters", f"final {self.metric}", "time to target",
-                  "speed-up"]
+        target = self.target
+        header = ["run", "status", "methods", "parameters", f"final {self.metric}",
+                  f"time to {target['metric']} {target['value']:g}" if target else "time to target", "speed-up"]
         lines = ["<table class='speedkit-board'><thead><tr>" + "".join(f"<th>{h}</th>" for h in header)
                  + "</tr></thead><tbody>"]
         for row in self.rows():
@@ -81,10 +87,10 @@ class RunBoard:
         return "\n".join(lines)
 
     def scatter_figure(self) -> go.Figure:
-        """Time to target (or total time, marked x, where never reached) against the final metric."""
-        runs = self.finished()
+        """Time to the board's target (or total time, marked x, where never reached) against the final metric."""
+        runs, target = self.finished(), self.target
         baselines = {id(r) for r in baseline_runs(runs)}
-        points = [(r.time_to_target, final_metric(r, self.metric)) for r in runs]
+        points = [(time_at(r, target), final_metric(r, self.metric)) for r in runs]
         xs = [t if t is not None else r.timings.get("train_s") for (t, _), r in zip(points, runs)]
         fig = go.Figure(go.Scatter(
             x=xs, y=[m for _, m in points], mode="markers", name="runs",

@@ -10,27 +10,29 @@ from __future__ import annotations
 import statistics
 from typing import Sequence
 
-from speedkit.experiments.compare import final_metric, leave_one_out
+from speedkit.experiments.compare import common_target, final_metric, leave_one_out, time_at
 from speedkit.record.runs import RunRecord
 
 
-def _side(records: list[RunRecord]) -> dict:
-    times = [r.time_to_target for r in records]
+def _side(records: list[RunRecord], target: dict | None) -> dict:
+    times = [time_at(r, target) for r in records]
     reached = [t for t in times if t is not None]
-    finals = [f for f in (final_metric(r) for r in records) if f is not None]
+    finals = [f for f in (final_metric(r, target and target["metric"]) for r in records) if f is not None]
     return {"runs": len(records), "reached": len(reached),
             "median_time_s": statistics.median(reached) if reached else None,
             "median_final": statistics.median(finals) if finals else None}
 
 
 def method_evidence(records: Sequence[RunRecord], method: str, task: str | None = None) -> dict:
-    """``{"with": side, "without": side, "leave_one_out": [slowdown, ...]}`` from the finished runs of ``task``."""
+    """``{"with": side, "without": side, "leave_one_out": [slowdown, ...]}`` from the finished runs of ``task``,
+    every trial timed at one target (``compare.common_target``): searches made with other targets are not mixed."""
     runs = [r for r in records if r.status not in ("created", "running") and r.target
             and (task is None or r.config.get("task") == task)]
     trials = [r for r in runs if r.config.get("tune") and r.config["tune"].get("phase") == "search"]
     slowdowns = [parts[method]["slowdown"] for parts in leave_one_out(runs).values() if method in parts]
-    return {"with": _side([r for r in trials if method in r.method_names]),
-            "without": _side([r for r in trials if method not in r.method_names]),
+    target = common_target(trials)
+    return {"with": _side([r for r in trials if method in r.method_names], target),
+            "without": _side([r for r in trials if method not in r.method_names], target),
             "leave_one_out": slowdowns}
 
 

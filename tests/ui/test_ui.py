@@ -253,6 +253,41 @@ def test_board_speedups_pareto_and_clicks():
     assert selected == [fast]
 
 
+def test_the_board_times_every_run_at_the_baselines_target_whatever_target_a_run_was_made_with():
+    """The explorer's target can change between runs, and a folder loaded onto the board holds runs made with
+    others: a run made to 0.95 is timed at the baseline's 0.9 from its curve, so its speed-up is 20 / 4, not the
+    baseline's time to 0.9 over its time to 0.95."""
+    baseline = _record("base", "baseline", [(10.0, 0.85), (20.0, 0.91)])
+    stricter = _record("strict", "hot", [(4.0, 0.905), (8.0, 0.96)])
+    stricter.target = {"metric": "eval/accuracy", "value": 0.95}
+    assert stricter.time_to_target == 8.0
+    board = RunBoard([baseline, stricter])
+    rows = {r["name"]: r for r in board.rows()}
+    assert rows["strict"]["time_to_target_s"] == 4.0 and rows["strict"]["speedup"] == pytest.approx(5.0)
+    assert list(board.scatter_figure().data[0].x) == [20.0, 4.0]
+    assert "time to eval/accuracy 0.9<" in board.table_html()
+    # a run that logs another metric is not timed at all, rather than at a level of its own
+    other = RunRecord(name="lm", status="completed", target={"metric": "eval/loss", "value": 3.3},
+                      config={"recipe": "hot", "task": "pydocs"})
+    other.add_eval({"batch": 1, "wall_s": 1.0}, {"eval/loss": 3.0})
+    assert other.time_to_target == 1.0 and compare_table([baseline, other])[1]["speedup"] is None
+
+
+def test_a_methods_measured_evidence_times_trials_of_searches_with_other_targets_at_one_target():
+    from speedkit.ui.evidence import method_evidence
+
+    def trial(name, methods, target, evals):
+        record = _record(name, "trial", evals, tune={"phase": "search"})
+        record.target = {"metric": "eval/accuracy", "value": target}
+        record.methods = [{"name": m, "params": {}} for m in methods]
+        return record
+
+    with_ema = trial("a", ["ema"], 0.9, [(5.0, 0.91)])
+    without = trial("b", [], 0.95, [(3.0, 0.91), (9.0, 0.96)])  # another search's, to 0.95: 9s there, 3s to 0.9
+    evidence = method_evidence([with_ema, without], "ema", "fashion-mnist")
+    assert evidence["with"]["median_time_s"] == 5.0 and evidence["without"]["median_time_s"] == 3.0
+
+
 def test_leave_one_out_shares_and_pairing():
     baseline = _record("base", "baseline", [(40.0, 0.92)])
     full = _record("full", "hot", [(10.0, 0.92)])
