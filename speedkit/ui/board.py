@@ -55,20 +55,25 @@ class RunBoard:
             self.on_select(record)
         return record
 
+    def shown(self) -> list[RunRecord]:
+        """The runs of the board's task (the explorer switches it; the other task's runs come back with it): a
+        table of two tasks would time one task's runs against the other's baseline."""
+        return [r for r in self.records if not self.task or r.config.get("task") in (None, self.task)]
+
     def finished(self) -> list[RunRecord]:
-        return [r for r in self.records if r.status not in ("created", "running")]
+        return [r for r in self.shown() if r.status not in ("created", "running")]
 
     @property
     def target(self) -> dict | None:
         """The one target the board times every run at (``compare.common_target``: the latest baseline's)."""
-        return common_target(self.records)
+        return common_target(self.shown())
 
     @property
     def metric(self) -> str:
         return self.target["metric"] if self.target else "eval/accuracy"
 
     def rows(self) -> list[dict]:
-        return compare_table(self.records)
+        return compare_table(self.shown())
 
     # -- views ----------------------------------------------------------------------------
     def table_html(self) -> str:
@@ -111,7 +116,7 @@ class RunBoard:
 
     def contribution_figure(self) -> go.Figure | None:
         """Each method's share of the speed-up from leave-one-out runs; None when there are none."""
-        table = leave_one_out(self.records)
+        table = leave_one_out(self.shown())
         if not table:
             return None
         fig = go.Figure()

@@ -314,6 +314,7 @@ class MethodExplorer:
             self.target_label.value = f"<span style='font-size:12px'>{spec.target_metric}</span>"
             self.preset.options = [*TASKS[task].recipes, "custom"]
         self.board.task = task
+        self.board.refresh()  # the new task's runs, if it had any
         if getattr(self, "_plotted_metric", None) != spec.target_metric:  # keep the curves within a task
             with self._draw_lock:
                 plots.retitle(self.figure, spec.target_metric)

@@ -271,6 +271,13 @@ def test_the_board_times_every_run_at_the_baselines_target_whatever_target_a_run
                       config={"recipe": "hot", "task": "pydocs"})
     other.add_eval({"batch": 1, "wall_s": 1.0}, {"eval/loss": 3.0})
     assert other.time_to_target == 1.0 and compare_table([baseline, other])[1]["speedup"] is None
+    # the explorer switched to another task: the board shows that task's runs, and the first task's come back
+    board = RunBoard([baseline, stricter], task="fashion-mnist")
+    board.task = "pydocs"
+    board.add(other)
+    assert [r["name"] for r in board.rows()] == ["lm"] and board.metric == "eval/loss"
+    board.task = "fashion-mnist"
+    assert [r["name"] for r in board.rows()] == ["base", "strict"]
 
 
 def test_a_methods_measured_evidence_times_trials_of_searches_with_other_targets_at_one_target():
