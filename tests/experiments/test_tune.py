@@ -509,6 +509,9 @@ def test_a_trial_towards_another_metric_is_not_stopped_by_the_tasks_own(tmp_path
     assert len(missed.evals) == 3 and missed.time_to("eval/loss", 1e-4) is None
     reached = trial(1e4)
     assert len(reached.evals) == 1 and reached.time_to("eval/loss", 1e4) is not None
+    # its record's target is the search's, so the run board times it there, not at the task's accuracy
+    assert RunRecord.load(reached.path).target == {"metric": "eval/loss", "value": 1e4}
+    assert reached.time_to_target is not None and missed.time_to_target is None
 
 
 def test_real_trainer_search_on_a_sliver_of_fashion_mnist(tmp_path):

@@ -89,6 +89,10 @@ class TrialReporter(Callback):
 
     def attach(self, trainer) -> None:
         self.trainer = trainer
+        # The run is measured towards the search's target, which may be on another metric than the task's own
+        # (the one the Trainer recorded): whatever reads the record later (the run board, a leave-one-out table)
+        # times it where the search did.
+        trainer.record.target = {"metric": self.context.metric, "value": self.context.target}
 
     def eval_end(self, state, logger):
         self.context.budget_done = state.fraction_done()
