@@ -5,7 +5,8 @@ speed-up means the same thing in every table and figure.
 
 Conventions:
 - a run's *time* is its training wall clock until the target was first reached (evaluation excluded),
-  ``None`` where it never got there;
+  ``None`` where it never got there; runs set side by side are timed at one target (``time_at``), read from
+  their curves, whatever targets they were made with;
 - a speed-up is ``baseline time / run time``; paired by seed when there are several seeds;
 - a leave-one-out run carries ``config["ablation"] = {"of": <full run's name>, "left_out": <method>}``.
 """
@@ -173,25 +174,40 @@ def baseline_runs(records: Sequence[RunRecord]) -> list[RunRecord]:
             and is_baseline(r.config.get("task"), r.config["recipe"])]
 
 
-def baseline_times(records: Sequence[RunRecord], seed: int | None = None) -> dict[str, float]:
-    """Each baseline recipe among ``records`` -> its time to target on ``seed`` where it ran on that seed, else its
-    median over its runs (baselines that never reached it left out)."""
+def common_target(records: Sequence[RunRecord], baseline: RunRecord | None = None) -> dict | None:
+    """The one target runs are compared at: ``baseline``'s (default: the latest baseline run's), else the first
+    run's that has one; None where no run has a target."""
+    baseline = baseline if baseline is not None else latest_baseline(records)
+    if baseline is not None and baseline.target:
+        return baseline.target
+    return next((r.target for r in records if r.target), None)
+
+
+def time_at(record: RunRecord, target: dict | None) -> float | None:
+    """``record``'s training seconds to ``target`` (``{"metric", "value"}``, read from its evaluations, whatever
+    target it ran with); None where it never got there or there is no target."""
+    return None if not target else record.time_to(target["metric"], target["value"])
+
+
+def baseline_times(records: Sequence[RunRecord], seed: int | None, target: dict) -> dict[str, float]:
+    """Each baseline recipe among ``records`` -> its time to ``target`` on ``seed`` where it ran on that seed, else
+    its median over its runs (baselines that never reached it left out)."""
     times: dict[str, list] = {}
     for r in baseline_runs(records):
         times.setdefault(r.config["recipe"], []).append(r)
     found = {}
     for name, runs in times.items():
-        paired = [r.time_to_target for r in runs if seed is not None and r.config.get("seed") == seed]
-        found[name] = median_or_none(paired or [r.time_to_target for r in runs])
+        paired = [time_at(r, target) for r in runs if seed is not None and r.config.get("seed") == seed]
+        found[name] = median_or_none(paired or [time_at(r, target) for r in runs])
     return {name: t for name, t in found.items() if t is not None}
 
 
 def leave_one_out_baseline_time(records: Sequence[RunRecord], full: RunRecord,
                                 baseline: str | None = None) -> float | None:
-    """What a leave-one-out's shares split: the time to target of baseline ``baseline`` (None: the fastest) on
-    ``full``'s seed, paired as every speed-up is (``baseline_times``: its median where it did not run on that
-    seed, as on a run board whose runs carry none)."""
-    times = baseline_times(records, full.config.get("seed"))
+    """What a leave-one-out's shares split: the time to ``full``'s target of baseline ``baseline`` (None: the
+    fastest) on ``full``'s seed, paired as every speed-up is (``baseline_times``: its median where it did not run on
+    that seed, as on a run board whose runs carry none)."""
+    times = baseline_times(records, full.config.get("seed"), full.target)
     return times.get(baseline) if baseline else min(times.values(), default=None)
 
 
@@ -240,10 +256,10 @@ def leave_one_out(records: Sequence[RunRecord], baseline: str | None = None) -> 
         if not ablation or ablation.get("of") not in by_name:
             continue
         full = by_name[ablation["of"]]
-        if full.time_to_target is not None:
+        if full.time_to_target is not None:  # every run timed at the full run's target, whatever it was made with
             baseline_time = leave_one_out_baseline_time(records, full, baseline or ablation.get("against"))
-            result.setdefault(full.name, {})[ablation["left_out"]] = part_effect(r.time_to_target, full.time_to_target,
-                                                                                 baseline_time)
+            result.setdefault(full.name, {})[ablation["left_out"]] = part_effect(
+                time_at(r, full.target), full.time_to_target, baseline_time)
     return result
 
 
@@ -257,21 +273,6 @@ def part_effect(time_without: float | None, time_with: float, baseline_time: flo
     # needed, not how much of the speed-up it carries, so its share stays None rather than a made-up 1.
     share = math.log(slower) / total if total and not math.isinf(slower) else None
     return {"time_without_s": time_without, "slowdown": slower, "share": share, "pays_off": slower > 1.0}
-
-
-def common_target(records: Sequence[RunRecord], baseline: RunRecord | None = None) -> dict | None:
-    """The one target runs are compared at: ``baseline``'s (default: the latest baseline run's), else the first
-    run's that has one; None where no run has a target."""
-    baseline = baseline if baseline is not None else latest_baseline(records)
-    if baseline is not None and baseline.target:
-        return baseline.target
-    return next((r.target for r in records if r.target), None)
-
-
-def time_at(record: RunRecord, target: dict | None) -> float | None:
-    """``record``'s training seconds to ``target`` (``{"metric", "value"}``, read from its evaluations, whatever
-    target it ran with); None where it never got there or there is no target."""
-    return None if not target else record.time_to(target["metric"], target["value"])
 
 
 def compare_table(records: Sequence[RunRecord], baseline: RunRecord | None = None) -> list[dict]:

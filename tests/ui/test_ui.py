@@ -295,6 +295,24 @@ def test_a_methods_measured_evidence_times_trials_of_searches_with_other_targets
     assert evidence["with"]["median_time_s"] == 5.0 and evidence["without"]["median_time_s"] == 3.0
 
 
+def test_a_leave_one_out_on_the_board_times_its_ablations_and_baseline_at_the_full_runs_target():
+    """Ablations made later with another target (``speedkit bench --reuse --target ... --leave-one-out`` leaves the
+    full run's record at its own) are timed at the full run's target, as is the baseline the shares split."""
+    import math
+
+    def made_to(name, recipe, evals, target, **config):
+        record = _record(name, recipe, evals, **config)
+        record.target = {"metric": "eval/accuracy", "value": target}
+        return record
+
+    baseline = made_to("base", "baseline", [(40.0, 0.91), (60.0, 0.96)], 0.95)
+    full = made_to("full", "hot", [(10.0, 0.92)], 0.9)
+    without = made_to("no-ls", "hot", [(15.0, 0.91), (30.0, 0.96)], 0.95,
+                      ablation={"of": "full", "left_out": "label_smoothing", "against": "baseline"})
+    part = leave_one_out([baseline, full, without])["full"]["label_smoothing"]
+    assert part["slowdown"] == pytest.approx(1.5) and part["share"] == pytest.approx(math.log(1.5) / math.log(4.0))
+
+
 def test_leave_one_out_shares_and_pairing():
     baseline = _record("base", "baseline", [(40.0, 0.92)])
     full = _record("full", "hot", [(10.0, 0.92)])
