@@ -16,7 +16,7 @@ from speedkit.experiments.bench import (BenchProfile, get_profile, merge_summary
                                         run_benchmark, summarize, summary_markdown)
 from speedkit.experiments.compare import late_gain
 from speedkit.record.runs import RunRecord
-from speedkit.tasks import RunRequest, get_recipe
+from speedkit.tasks import TASKS, RunRequest, get_recipe
 from speedkit.train.trainer import Trainer
 
 TINY_VISION = dict(device="cpu", data_fraction=0.02, eval_fraction=0.05, eval_interval="3ba", duration="6ba",
@@ -809,6 +809,10 @@ def test_reuse_takes_the_main_runs_and_the_leave_one_out_reruns_its_reference(tm
         with pytest.raises(ValueError, match=made_otherwise + " other settings"):
             run_benchmark("vision", **{**common, **changed}, reuse=True)
     assert run_benchmark("vision", **{**common, "target": 0.2}, reuse=True).entry["target"]["value"] == 0.2
+    # --only without --target: the runs it keeps (made to 0.15) are judged at the task's target, as the new run is
+    only = run_benchmark("vision", **{**common, "target": None}, only="mild")
+    default = TASKS["fashion-mnist"].target_value
+    assert only.entry["target"]["value"] == default and {r.target["value"] for r in only.records} == {default}
     # runs of the same names made afresh with other settings, then summarised: the earlier leave-one-out took apart
     # other runs (by run id), so it is not theirs
     run_benchmark("vision", **{**common, "data_fraction": 0.03})

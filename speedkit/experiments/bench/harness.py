@@ -504,7 +504,8 @@ def reusable_runs(run_dir: str | Path, profile: BenchProfile, seeds: Sequence[in
 def runs_kept(run_dir: str | Path, profile: BenchProfile, seeds: Sequence[int],
               only: Sequence[str]) -> dict[tuple[str, int], RunRecord]:
     """With ``--only``: the other recipes' runs, taken from ``run_dir`` as ``--reuse`` takes them, by (recipe,
-    seed). Found before anything runs, so a missing one is named before minutes are spent."""
+    seed), judged at the target the new runs are made with (``retarget``). Found before anything runs, so a
+    missing one is named before minutes are spent."""
     unknown = [name for name in only if name not in profile.recipes]
     if unknown or not only:
         raise ValueError(f"--only {','.join(only)}: {unknown or 'nothing'} is not among this benchmark's recipes "
@@ -514,7 +515,7 @@ def runs_kept(run_dir: str | Path, profile: BenchProfile, seeds: Sequence[int],
         return {}
     records = reusable_runs(run_dir, profile.replace(recipes=others), seeds,
                             fix="run them too (leave out --only or name them in it)")
-    return {(record.config["recipe"], seed_of(record)): record for record in records}
+    return {(record.config["recipe"], seed_of(record)): retarget(record, profile.target_value) for record in records}
 
 
 def retarget(record: RunRecord, value: float | None) -> RunRecord:
