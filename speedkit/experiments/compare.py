@@ -275,11 +275,30 @@ def part_effect(time_without: float | None, time_with: float, baseline_time: flo
     return {"time_without_s": time_without, "slowdown": slower, "share": share, "pays_off": slower > 1.0}
 
 
+# What two runs must share for a speed-up between them to mean anything: the task and its data, the shares of
+# it trained and evaluated on, the kind of device (a run that records none of one is not held against it).
+COMPARED_ON = ("task", "data", "data_fraction", "eval_fraction", "device")
+
+
+def other_settings(record: RunRecord, baseline: RunRecord) -> list[str]:
+    """What ``record`` was made under that ``baseline`` was not (``COMPARED_ON``), in words; [] where nothing."""
+    def settings(r: RunRecord) -> dict:  # those it recorded (a fraction of None, all of the data, is one)
+        device = r.environment.get("device") or r.config.get("device")
+        return {**{key: r.config[key] for key in COMPARED_ON[:-1] if key in r.config},
+                **({"device": str(device).split(":")[0]} if device else {})}
+
+    mine, theirs = settings(record), settings(baseline)
+    return [f"{key} {mine[key]!r}, the baseline's {theirs[key]!r}" for key in COMPARED_ON
+            if key in mine and key in theirs and mine[key] != theirs[key]]
+
+
 def compare_table(records: Sequence[RunRecord], baseline: RunRecord | None = None) -> list[dict]:
     """One row per run: methods, final metric, time to the target, speed-up over ``baseline`` (default: the
     latest baseline run). Every run is timed at one target (``common_target``), read from its curve: runs made
     with other targets (the explorer's target changed between runs, runs loaded from another folder) are
-    compared at the same level, never a time to one level against a time to another."""
+    compared at the same level, never a time to one level against a time to another. A run made under other
+    settings than the baseline (``other_settings``: another data fraction, device ...) has no speed-up, and
+    ``other_settings`` says why."""
     if baseline is None:
         baseline = latest_baseline(records)
     target = common_target(records, baseline)
@@ -287,14 +306,16 @@ def compare_table(records: Sequence[RunRecord], baseline: RunRecord | None = Non
     base_time = time_at(baseline, target) if baseline is not None else None
     rows = []
     for r in records:
-        mine = time_at(r, target)
+        mine, otherwise = time_at(r, target), other_settings(r, baseline) if baseline is not None else []
         rows.append({
             "name": r.name, "status": r.status, "recipe": r.config.get("recipe"),
             "methods": ", ".join(r.method_names) or "none",
             "params": changed_params(r.methods),
             "metric": metric, "final": final_metric(r, metric), "best": r.best(metric) if metric else None,
             "time_to_target_s": mine, "train_s": r.timings.get("train_s"),
-            "speedup": speedup(base_time, mine) if r is not baseline else (1.0 if base_time else None),
+            "speedup": None if otherwise else speedup(base_time, mine) if r is not baseline else (
+                1.0 if base_time else None),
+            "other_settings": otherwise,
         })
     return rows
 

@@ -86,7 +86,8 @@ class RunBoard:
             params = "; ".join(f"{m}: {', '.join(f'{k}={v}' for k, v in p.items())}" for m, p in row["params"].items())
             cells = [row["name"], row["status"], row["methods"], params, _fmt(row["final"], ".4f"),
                      _fmt(row["time_to_target_s"], ".1f", "not reached") + ("s" if row["time_to_target_s"] else ""),
-                     _fmt(row["speedup"], ".2f") + ("x" if row["speedup"] else "")]
+                     _fmt(row["speedup"], ".2f") + ("x" if row["speedup"] else "")
+                     + (f" (other settings: {'; '.join(row['other_settings'])})" if row["other_settings"] else "")]
             lines.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + "</tr>")
         lines.append("</tbody></table>")
         return "\n".join(lines)

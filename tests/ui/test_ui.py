@@ -271,6 +271,12 @@ def test_the_board_times_every_run_at_the_baselines_target_whatever_target_a_run
                       config={"recipe": "hot", "task": "pydocs"})
     other.add_eval({"batch": 1, "wall_s": 1.0}, {"eval/loss": 3.0})
     assert other.time_to_target == 1.0 and compare_table([baseline, other])[1]["speedup"] is None
+    # a run made on another share of the data (or device) than the baseline has no speed-up over it, and says why
+    baseline.config["data_fraction"] = None
+    sliver = _record("sliver", "hot", [(1.0, 0.95)], data_fraction=0.1)
+    row = compare_table([baseline, sliver])[1]
+    assert row["speedup"] is None and row["other_settings"] == ["data_fraction 0.1, the baseline's None"]
+    assert "other settings: data_fraction 0.1" in RunBoard([baseline, sliver]).table_html()
     # the explorer switched to another task: the board shows that task's runs, and the first task's come back
     board = RunBoard([baseline, stricter], task="fashion-mnist")
     board.task = "pydocs"
