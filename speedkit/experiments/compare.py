@@ -275,21 +275,30 @@ def part_effect(time_without: float | None, time_with: float, baseline_time: flo
     return {"time_without_s": time_without, "slowdown": slower, "share": share, "pays_off": slower > 1.0}
 
 
-# What two runs must share for a speed-up between them to mean anything: the task and its data, the shares of
-# it trained and evaluated on, the kind of device (a run that records none of one is not held against it).
-COMPARED_ON = ("task", "data", "data_fraction", "eval_fraction", "device")
+# What two runs must share for a speed-up between them to mean anything, besides the kind of device: the task
+# and its data, the shares of it trained and evaluated on (a run that records none of one is not held against it).
+COMPARED_ON = ("task", "data", "data_fraction", "eval_fraction")
+
+
+def _settings(record: RunRecord) -> dict:
+    """The ``COMPARED_ON`` settings ``record`` recorded (a fraction of None, all of the data, is one), and its kind
+    of device."""
+    found = {key: record.config[key] for key in COMPARED_ON if key in record.config}
+    device = record.environment.get("device") or record.config.get("device")
+    return {**found, **({"device": str(device).split(":")[0]} if device else {})}
+
+
+def _said(value) -> str:
+    if value is None:
+        return "all"  # a fraction of None
+    return repr(value.get("path", value)) if isinstance(value, dict) else repr(value)  # a data folder by its path
 
 
 def other_settings(record: RunRecord, baseline: RunRecord) -> list[str]:
-    """What ``record`` was made under that ``baseline`` was not (``COMPARED_ON``), in words; [] where nothing."""
-    def settings(r: RunRecord) -> dict:  # those it recorded (a fraction of None, all of the data, is one)
-        device = r.environment.get("device") or r.config.get("device")
-        return {**{key: r.config[key] for key in COMPARED_ON[:-1] if key in r.config},
-                **({"device": str(device).split(":")[0]} if device else {})}
-
-    mine, theirs = settings(record), settings(baseline)
-    return [f"{key} {mine[key]!r}, the baseline's {theirs[key]!r}" for key in COMPARED_ON
-            if key in mine and key in theirs and mine[key] != theirs[key]]
+    """What ``record`` was made under that ``baseline`` was not, in words; [] where nothing."""
+    mine, theirs = _settings(record), _settings(baseline)
+    return [f"{key} {_said(mine[key])}, the baseline's {_said(theirs[key])}" for key in mine
+            if key in theirs and mine[key] != theirs[key]]
 
 
 def compare_table(records: Sequence[RunRecord], baseline: RunRecord | None = None) -> list[dict]:

@@ -275,7 +275,7 @@ def test_the_board_times_every_run_at_the_baselines_target_whatever_target_a_run
     baseline.config["data_fraction"] = None
     sliver = _record("sliver", "hot", [(1.0, 0.95)], data_fraction=0.1)
     row = compare_table([baseline, sliver])[1]
-    assert row["speedup"] is None and row["other_settings"] == ["data_fraction 0.1, the baseline's None"]
+    assert row["speedup"] is None and row["other_settings"] == ["data_fraction 0.1, the baseline's all"]
     assert "other settings: data_fraction 0.1" in RunBoard([baseline, sliver]).table_html()
     # the explorer switched to another task: the board shows that task's runs, and the first task's come back
     board = RunBoard([baseline, stricter], task="fashion-mnist")
