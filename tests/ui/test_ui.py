@@ -271,19 +271,32 @@ def test_the_board_times_every_run_at_the_baselines_target_whatever_target_a_run
                       config={"recipe": "hot", "task": "pydocs"})
     other.add_eval({"batch": 1, "wall_s": 1.0}, {"eval/loss": 3.0})
     assert other.time_to_target == 1.0 and compare_table([baseline, other])[1]["speedup"] is None
-    # a run made on another share of the data (or device) than the baseline has no speed-up over it, and says why
-    baseline.config["data_fraction"] = None
+
+
+def test_the_board_gives_no_speed_up_over_a_baseline_made_under_other_settings_and_says_which():
+    """The explorer's data fraction (or device) can change between runs: a sliver's time is not set beside the
+    whole set's."""
+    baseline = _record("base", "baseline", [(10.0, 0.85), (20.0, 0.91)], data_fraction=None)
     sliver = _record("sliver", "hot", [(1.0, 0.95)], data_fraction=0.1)
-    row = compare_table([baseline, sliver])[1]
-    assert row["speedup"] is None and row["other_settings"] == ["data_fraction 0.1, the baseline's all"]
-    assert "other settings: data_fraction 0.1" in RunBoard([baseline, sliver]).table_html()
-    # the explorer switched to another task: the board shows that task's runs, and the first task's come back
-    board = RunBoard([baseline, stricter], task="fashion-mnist")
+    same = _record("same", "hot", [(5.0, 0.95)], data_fraction=None)
+    rows = compare_table([baseline, sliver, same])
+    assert rows[1]["speedup"] is None and rows[1]["other_settings"] == ["data_fraction 0.1, the baseline's all"]
+    assert rows[2]["speedup"] == pytest.approx(4.0) and rows[2]["other_settings"] == []
+    assert "other settings: data_fraction 0.1, the baseline&#x27;s all" in RunBoard([baseline, sliver]).table_html()
+
+
+def test_the_board_shows_its_tasks_runs_and_the_others_come_back_when_the_explorer_switches_back():
+    baseline = _record("base", "baseline", [(20.0, 0.91)])
+    fast = _record("fast", "hot", [(4.0, 0.91)])
+    language = RunRecord(name="lm", status="completed", target={"metric": "eval/loss", "value": 3.3},
+                         config={"recipe": "hot", "task": "pydocs"})
+    language.add_eval({"batch": 1, "wall_s": 1.0}, {"eval/loss": 3.0})
+    board = RunBoard([baseline, fast], task="fashion-mnist")
     board.task = "pydocs"
-    board.add(other)
+    board.add(language)
     assert [r["name"] for r in board.rows()] == ["lm"] and board.metric == "eval/loss"
     board.task = "fashion-mnist"
-    assert [r["name"] for r in board.rows()] == ["base", "strict"]
+    assert [r["name"] for r in board.rows()] == ["base", "fast"] and board.rows()[1]["speedup"] == 5.0
 
 
 def test_a_methods_measured_evidence_times_trials_of_searches_with_other_targets_at_one_target():
