@@ -10,7 +10,7 @@ from __future__ import annotations
 import statistics
 from typing import Sequence
 
-from speedkit.experiments.compare import common_target, final_metric, leave_one_out, time_at
+from speedkit.experiments.compare import common_target, final_metric, leave_one_out, other_settings, time_at
 from speedkit.record.runs import RunRecord
 
 
@@ -24,11 +24,13 @@ def _side(records: list[RunRecord], target: dict | None) -> dict:
 
 
 def method_evidence(records: Sequence[RunRecord], method: str, task: str | None = None) -> dict:
-    """``{"with": side, "without": side, "leave_one_out": [slowdown, ...]}`` from the finished runs of ``task``,
-    every trial timed at one target (``compare.common_target``): searches made with other targets are not mixed."""
+    """``{"with": side, "without": side, "leave_one_out": [slowdown, ...]}`` from the finished runs of ``task``:
+    the trials made under the latest one's settings (``compare.other_settings``: data, fractions, device), each
+    timed at one target (``compare.common_target``), so that searches made otherwise are not mixed."""
     runs = [r for r in records if r.status not in ("created", "running") and r.target
             and (task is None or r.config.get("task") == task)]
     trials = [r for r in runs if r.config.get("tune") and r.config["tune"].get("phase") == "search"]
+    trials = [r for r in trials if not other_settings(r, trials[-1])]
     slowdowns = [parts[method]["slowdown"] for parts in leave_one_out(runs).values() if method in parts]
     target = common_target(trials)
     return {"with": _side([r for r in trials if method in r.method_names], target),

@@ -312,6 +312,11 @@ def test_a_methods_measured_evidence_times_trials_of_searches_with_other_targets
     without = trial("b", [], 0.95, [(3.0, 0.91), (9.0, 0.96)])  # another search's, to 0.95: 9s there, 3s to 0.9
     evidence = method_evidence([with_ema, without], "ema", "fashion-mnist")
     assert evidence["with"]["median_time_s"] == 5.0 and evidence["without"]["median_time_s"] == 3.0
+    # a search on a sliver of the data is not mixed with the latest one, on all of it
+    sliver = trial("c", [], 0.9, [(0.5, 0.91)])
+    sliver.config["data_fraction"], with_ema.config["data_fraction"], without.config["data_fraction"] = 0.1, None, None
+    evidence = method_evidence([sliver, with_ema, without], "ema", "fashion-mnist")
+    assert evidence["without"]["runs"] == 1 and evidence["without"]["median_time_s"] == 3.0
 
 
 def test_a_leave_one_out_on_the_board_times_its_ablations_and_baseline_at_the_full_runs_target():
