@@ -2,8 +2,9 @@
 
 Each preset trains 7 batches (batch size 8; the seed's tasks at their cpu sizes, batch size 2, on a few generated
 files) under a ``SyncCounter``; the count is that of a quiet step (neither logging nor evaluating) past
-sequence-length warmup's change of length. It prints one line per preset with the ratio to its task's baseline,
-and the JSON of all of them with ``--out``. ``tests/train/test_step_kernels.py`` checks the same counts::
+sequence-length warmup's change of length. Muon batches its matrices as it plans them for a GPU, where each op
+is a launch (``DISPATCHES_WORTH_FLOPS``), not as for the CPU the count runs on. It prints one line per preset with
+the ratio to its task's baseline, and the JSON of all of them with ``--out``. ``tests/train/test_step_kernels.py`` checks the same counts::
 
     OMP_NUM_THREADS=1 .venv/bin/python scripts/count_step_ops.py                 # fashion-mnist and pydocs
     OMP_NUM_THREADS=1 .venv/bin/python scripts/count_step_ops.py --seed-tasks    # also gpt2 and imagenet
@@ -46,6 +47,9 @@ def make_seed_files(root: Path) -> dict[str, Path]:
 def preset_step_ops(task: str, name: str, root: Path, **overrides) -> int:
     """Aten ops of a steady quiet step of ``task``'s preset ``name``; ``root`` holds the run folders and, for the
     seed's tasks, the generated files and their shards (``SPEEDKIT_SHARDS``)."""
+    from unittest import mock
+
+    import speedkit.optim.muon as muon
     from speedkit.callbacks import SyncCounter
     from speedkit.tasks import make_trainer
 
@@ -56,9 +60,10 @@ def preset_step_ops(task: str, name: str, root: Path, **overrides) -> int:
     else:
         options = dict(batch_size=8, data_fraction=0.01, eval_fraction=0.005)
     counter = SyncCounter()
-    make_trainer(task, name, duration="7ba", eval_interval="100ba", log_interval=3, device="cpu",
-                 run_dir=root / "runs" / f"{task}-{name}", save_checkpoints=False, callbacks=[counter],
-                 **{**options, **overrides}).fit()
+    with mock.patch.dict(muon.DISPATCHES_WORTH_FLOPS, cpu=muon.DISPATCHES_WORTH_FLOPS["accelerator"]):
+        make_trainer(task, name, duration="7ba", eval_interval="100ba", log_interval=3, device="cpu",
+                     run_dir=root / "runs" / f"{task}-{name}", save_checkpoints=False, callbacks=[counter],
+                     **{**options, **overrides}).fit()
     ops = counter.quiet_step_ops()  # steps 2, 4 and 5 (the first checks its batch; 3 and 6 log; 7 ends)
     if set(ops) != {2, 4, 5} or ops[4] != ops[5]:
         raise RuntimeError(f"{task}:{name}: expected steady quiet steps 2, 4 and 5, got {ops}")

@@ -19,6 +19,9 @@ Its parts, top to bottom, each writing ``throughput.json`` as it finishes (``scr
    (``torchvision.io.decode_jpeg`` on the device, batched) where there is one.
 6. ``counts``: each seed preset again for a few steps with a ``SyncCounter`` (host syncs, blocking host-to-device
    copies) and, on CUDA, torch's sync debug mode: counted apart, never in a timed run.
+7. ``muon``: a Muon step over the hidden matrices of ResNet-8, ResNet-50 and GPT-2 124M, its matrices batched as
+   planned for the device (small ones of different shapes padded to one) against one batch per shape and against
+   one batch for all: whether the plan's constant (``DISPATCHES_WORTH_FLOPS``) holds on the device.
 
 The order is what the goals need first, so a time budget that runs out leaves out the least (``gpu_check.py
 next`` runs what it left out at the next lease on the same code).
@@ -40,6 +43,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+import speedkit.optim.muon as muon
 from gpu_check import StepClock, dynamo_counts, fresh_dynamo
 from speedkit.core.engine import Callback
 
@@ -109,7 +113,8 @@ def run(results, s: Settings, device: str, only: set | None = None) -> None:
 
     presets = [f"preset {preset}" for preset in s.presets]
     results.plan([name for name in ("peak", "data", "vision-compiled", "language-compiled", *presets, "vision-eager",
-                                    "language-eager", "loader", "counts") if name in ("peak", "data") or wanted(name)])
+                                    "language-eager", "loader", "counts", "muon")
+                  if name in ("peak", "data") or wanted(name)])
     needs_data = only is None or any(n.split(" ")[0] in ("loader", "preset", "counts") for n in only)
     peak = results.part("peak", lambda: measure_peak(device, s), 10) or {}
     if not needs_data:
@@ -132,6 +137,7 @@ def run(results, s: Settings, device: str, only: set | None = None) -> None:
         if data:
             part("loader", lambda: loader_alone(data, s, device), 20)
             part("counts", lambda: count_all(data, s, device, work), 60)
+    part("muon", lambda: muon_batches(s, device), 20)
 
 
 @contextlib.contextmanager
@@ -607,3 +613,51 @@ def count_syncs(preset: str, data: dict, s: Settings, device: str, work: Path) -
     syncing = [str(w.message).splitlines()[0] for w in caught if "synchroniz" in str(w.message).lower()]
     return {**counter.report(), "cuda_sync_warnings": len(syncing), "first_sync_warnings": syncing[:3]}
 
+
+
+
+def muon_batches(s: Settings, device: str) -> dict:
+    """A Muon step (random gradients) over each model's hidden matrices, timed three ways: batched as planned for
+    the device, one batch per shape (padding worth nothing), one padded batch for all (padding worth everything)."""
+    import torchvision
+
+    from speedkit.methods.muon import muon_parameter_names
+    from speedkit.models import get_model
+
+    models = {}
+    for name in ("resnet8", s.vision_model, s.language_model):
+        if hasattr(torchvision.models, name):
+            model = getattr(torchvision.models, name)(num_classes=1000)
+        else:
+            model = get_model(name, vocab_size=s.vocab) if name.startswith("gpt") else get_model(name)
+        names = set(muon_parameter_names(model))
+        models[name] = [tuple(p.shape) for n, p in model.named_parameters() if n in names]
+    plans = {"planned": None, "by_shape": (0.0, 0.0), "one_batch": (1e30, 0.0)}  # (worth_flops, pad share)
+    timed = {name: {plan: muon_step(shapes, costs, s, device) for plan, costs in plans.items()}
+             for name, shapes in models.items()}
+    headline = "; ".join(f"{name}: planned {t['planned']['step_s'] * 1e3:.2f} ms ({t['planned']['batches']} batches), "
+                         f"by shape {t['by_shape']['step_s'] * 1e3:.2f} ms ({t['by_shape']['batches']}), "
+                         f"one batch {t['one_batch']['step_s'] * 1e3:.2f} ms" for name, t in timed.items())
+    return {"ok": True, "models": timed, "dispatches_worth_flops": dict(muon.DISPATCHES_WORTH_FLOPS),
+            "headline": f"a Muon step: {headline}"}
+
+
+def muon_step(shapes: list[tuple], costs: tuple[float, float] | None, s: Settings, device: str) -> dict:
+    """Seconds a Muon step over matrices of ``shapes``, planned with ``costs`` (what an iteration's dispatches are
+    worth in arithmetic, and a padded matrix's share of them) in place of the device's own (None), and how many
+    batched iterations that plan runs."""
+    from unittest import mock
+
+    params = [torch.nn.Parameter(torch.randn(shape, device=device)) for shape in shapes]
+    for p in params:
+        p.grad = torch.randn_like(p)
+    optimizer = muon.Muon(params, lr=0.02)
+    key = "cpu" if torch.device(device).type == "cpu" else "accelerator"
+    worth, pad_share = costs or (muon.DISPATCHES_WORTH_FLOPS[key], muon.PAD_SHARE)
+    with mock.patch.dict(muon.DISPATCHES_WORTH_FLOPS, {key: worth}), mock.patch.object(muon, "PAD_SHARE", pad_share):
+        batches = sum(1 for _ in muon.iteration_batches([p.grad for p in params], 5))
+        clock = StepClock(device, s.warmup)
+        for _ in range(s.warmup + s.steps):
+            optimizer.step()
+            clock.tick()
+        return {**clock.result(), "batches": batches, "matrices": len(shapes)}

@@ -14,6 +14,7 @@ AdamW or SGD. A module that owns a matrix-shaped gain marks it with :func:`mark_
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from speedkit.core.devices import cpu_has_fast_bf16
 
@@ -41,14 +42,27 @@ NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
 # bench/results/2026-12-03-muon-step/muon_step.json (measured by measure_muon_step.py beside it).
 CPU_BF16_MIN_ENTRIES = 65536
 
+# What the dispatches of one Newton-Schulz iteration (about 20 ops) are worth in arithmetic: matrices of different
+# shapes are padded with zeros into one batched iteration where that adds no more work than this. On a CPU an
+# iteration of a small matrix takes about 60 us and the iterations of a conv net's larger filters run at about
+# 100 GFLOP/s (bench/results/2026-12-03-muon-step/); on a GPU twenty launches of several microseconds each are worth
+# billions of operations of batched bf16 matmuls, an estimate that the GPU throughput check's `muon` part measures.
+DISPATCHES_WORTH_FLOPS = {"cpu": 5e6, "accelerator": 5e9}
+# A padded matrix's own dispatches (its pad, and the slices of its block out of the batch) as a share of an
+# iteration's.
+PAD_SHARE = 0.2
 
-def newton_schulz_dtype(G: torch.Tensor) -> torch.dtype:
+
+def newton_schulz_dtype(G: torch.Tensor, entries: int | None = None) -> torch.dtype:
     """The dtype the iteration runs in by default: bf16 on CUDA, and on a CPU for large matrices where
     bf16 autocast measured faster than fp32 (``cpu_has_fast_bf16``); fp32 otherwise. bf16 is stable here
-    because the map is self-correcting (modded-nanogpt runs it in bf16)."""
+    because the map is self-correcting (modded-nanogpt runs it in bf16). ``entries``: of one matrix, where ``G``
+    is not the matrix or a batch of them (a conv filter before it is flattened)."""
     if G.is_cuda:
         return torch.bfloat16
-    if G.device.type == "cpu" and G.size(-2) * G.size(-1) >= CPU_BF16_MIN_ENTRIES:
+    if entries is None:
+        entries = G.size(-2) * G.size(-1)
+    if G.device.type == "cpu" and entries >= CPU_BF16_MIN_ENTRIES:
         return torch.bfloat16 if cpu_has_fast_bf16() else torch.float32
     return torch.float32
 
@@ -93,7 +107,9 @@ class Muon(torch.optim.Optimizer):
     direction is ``g + momentum * buf`` (Nesterov) or ``buf``; it is orthogonalized with ``ns_steps``
     Newton-Schulz iterations and applied as ``W -= lr * max(1, rows / cols) ** 0.5 * O``, after a
     decoupled weight decay ``W *= 1 - lr * weight_decay``. The matrices of one shape (a transformer's layers repeat
-    a few) are orthogonalized together, in one batched iteration; the state is a momentum buffer per parameter.
+    a few) are orthogonalized together, in one batched iteration, and so are small matrices of different shapes (a
+    conv net's filters) padded to one where that costs less than their dispatches (``plan_batches``); the state is
+    a momentum buffer per parameter.
     """
 
     def __init__(self, params, lr: float = 0.02, momentum: float = 0.95, nesterov: bool = True,
@@ -128,7 +144,7 @@ class Muon(torch.optim.Optimizer):
         return loss
 
     def _step_group(self, group: dict, params: list[torch.Tensor]) -> None:
-        lr, momentum, wd = group["lr"], group["momentum"], group["weight_decay"]
+        lr, momentum, wd, steps = group["lr"], group["momentum"], group["weight_decay"], group["ns_steps"]
         grads = [p.grad for p in params]
         for p in params:
             if "momentum_buffer" not in self.state[p]:
@@ -141,30 +157,110 @@ class Muon(torch.optim.Optimizer):
         updates = torch._foreach_add(grads, buffers, alpha=momentum) if group["nesterov"] else buffers
         if wd:
             torch._foreach_mul_(params, 1.0 - lr * wd)  # a tensor lr (``FollowSchedule``'s) too, read on the device
-        for same_shape, same_shape_updates in _by_shape(params, updates):
-            # One batched iteration for all the matrices of a shape: a transformer's layers repeat the same few
-            # shapes, so its step runs a handful of iterations rather than one per matrix.
-            if len(same_shape) == 1:  # alone in its shape: the unbatched iteration, without stacking
-                update = same_shape_updates[0]
-                matrix = update.reshape(update.size(0), -1)
-                orthos = [zeropower_via_newtonschulz(matrix, steps=group["ns_steps"]).view_as(update)]
-            else:
-                stacked = torch.stack(same_shape_updates)
-                matrix = stacked.reshape(len(same_shape), stacked.size(1), -1)
-                orthos = zeropower_via_newtonschulz(matrix, steps=group["ns_steps"]).view_as(stacked).unbind(0)
-            rows, cols = matrix.shape[-2:]
-            step = -lr * max(1.0, rows / cols) ** 0.5
-            if isinstance(step, torch.Tensor):  # a tensor lr, as a capturable or compiled optimizer keeps it
-                torch._foreach_add_(same_shape, torch._foreach_mul(orthos, step))
-            else:
-                torch._foreach_add_(same_shape, orthos, alpha=step)
+        for batch, dtype in iteration_batches(updates, steps):
+            orthos = orthogonalize_together([updates[i] for i in batch], steps, dtype)
+            by_scale: dict[float, tuple[list, list]] = {}
+            for i, ortho in zip(batch, orthos):
+                rows, cols = matrix_shape(updates[i])
+                same = by_scale.setdefault(max(1.0, rows / cols) ** 0.5, ([], []))
+                same[0].append(params[i])
+                same[1].append(ortho)
+            for scale, (same_params, same_orthos) in by_scale.items():
+                step = -lr * scale
+                if isinstance(step, torch.Tensor):  # a tensor lr, as a capturable or compiled optimizer keeps it
+                    torch._foreach_add_(same_params, torch._foreach_mul(same_orthos, step))
+                else:
+                    torch._foreach_add_(same_params, same_orthos, alpha=step)
 
 
-def _by_shape(params: list[torch.Tensor], updates: list[torch.Tensor]):
-    """``(params, updates)`` lists, one pair per shape, dtype and device, in the order each first appears."""
-    groups: dict = {}
-    for p, update in zip(params, updates):
-        same = groups.setdefault((tuple(update.shape), update.dtype, update.device), ([], []))
-        same[0].append(p)
-        same[1].append(update)
-    return groups.values()
+def matrix_shape(tensor: torch.Tensor) -> tuple[int, int]:
+    """``[rows, cols]`` of ``tensor`` as Muon's matrix: a conv filter's dimensions after the first flattened."""
+    return tensor.size(0), tensor.numel() // max(1, tensor.size(0))
+
+
+def newton_schulz_flops(rows: int, cols: int, steps: int = 5) -> int:
+    """Floating-point operations of ``steps`` Newton-Schulz iterations on a ``[rows, cols]`` matrix (in its wide
+    orientation, as ``zeropower_via_newtonschulz`` runs it): three matmuls an iteration."""
+    short, long = sorted((rows, cols))
+    return steps * (4 * short * short * long + 2 * short ** 3)
+
+
+def dispatches_worth_flops(device: torch.device) -> float:
+    """The arithmetic an iteration's dispatches cost as much time as on ``device`` (``DISPATCHES_WORTH_FLOPS``)."""
+    return DISPATCHES_WORTH_FLOPS["cpu" if device.type == "cpu" else "accelerator"]
+
+
+def plan_batches(shapes: list[tuple[int, int]], worth_flops: float, steps: int = 5) -> list[list[int]]:
+    """Which matrices (their ``[rows, cols]``) run one Newton-Schulz iteration together, as lists of indices.
+
+    The matrices of one shape in the wide orientation always do. A shape's matrices join a batch of another, padded
+    with zeros to its largest rows and columns, where what that adds costs no more than their own iteration's
+    dispatches (``worth_flops`` in arithmetic): the arithmetic beyond their own and the batch's, and the dispatches
+    of each matrix newly padded (a pad and the slices back, ``PAD_SHARE`` of an iteration's). Shapes of more work a
+    matrix go first, so a batch's padded shape is mostly its first's.
+    """
+    same_shape: dict[tuple[int, int], list[int]] = {}
+    for i, shape in enumerate(shapes):
+        same_shape.setdefault(tuple(sorted(shape)), []).append(i)
+    batches: list[tuple[list[tuple[int, int]], int, int]] = []  # (wide shapes, padded rows, padded cols)
+    for shape in sorted(same_shape, key=lambda shape: -newton_schulz_flops(*shape, steps)):
+        count, (rows, cols) = len(same_shape[shape]), shape
+        for b, (members, padded_rows, padded_cols) in enumerate(batches):
+            grown = (max(rows, padded_rows), max(cols, padded_cols))
+            held = sum(len(same_shape[member]) for member in members)
+            added_flops = ((held + count) * newton_schulz_flops(*grown, steps)
+                           - held * newton_schulz_flops(padded_rows, padded_cols, steps)
+                           - count * newton_schulz_flops(rows, cols, steps))
+            newly_padded = sum(len(same_shape[m]) for m in members + [shape] if m != grown and
+                               (m == shape or m == (padded_rows, padded_cols)))
+            if added_flops + newly_padded * PAD_SHARE * worth_flops <= worth_flops:
+                batches[b] = (members + [shape], *grown)
+                break
+        else:
+            batches.append(([shape], rows, cols))
+    return sorted(sorted(i for member in members for i in same_shape[member]) for members, _, _ in batches)
+
+
+def orthogonalize_together(tensors: list[torch.Tensor], steps: int = 5,
+                           dtype: torch.dtype | None = None) -> list[torch.Tensor]:
+    """``zeropower_via_newtonschulz`` of each tensor as a matrix (``matrix_shape``), in one batched iteration; the
+    results have the tensors' shapes and are views into the batch.
+
+    Matrices of other shapes are turned to their wide orientation and padded with zeros to one shape. The padding
+    changes nothing: rows and columns of zeros add nothing to the norm and stay zero under
+    ``X <- aX + (bA + cA^2)X`` with ``A = X X^T``, so each matrix's block is what its own iteration gives (up to
+    the order of a matmul's sums).
+    """
+    if len(tensors) == 1:
+        t = tensors[0]
+        ortho = zeropower_via_newtonschulz(t if t.dim() == 2 else t.reshape(matrix_shape(t)), steps=steps, dtype=dtype)
+        return [ortho if t.dim() == 2 else ortho.view_as(t)]
+    if len({t.shape for t in tensors}) == 1:  # one shape: stacked as they are, one view to the matrices and back
+        stacked = torch.stack(tensors)
+        matrices = stacked if stacked.dim() == 3 else stacked.reshape(len(tensors), *matrix_shape(tensors[0]))
+        orthos = zeropower_via_newtonschulz(matrices, steps=steps, dtype=dtype)
+        return list((orthos if orthos.dim() == stacked.dim() else orthos.view_as(stacked)).unbind(0))
+    matrices = [t if t.dim() == 2 else t.reshape(matrix_shape(t)) for t in tensors]
+    wide = [m.mT if m.size(0) > m.size(1) else m for m in matrices]
+    rows, cols = max(w.size(0) for w in wide), max(w.size(1) for w in wide)
+    padded = torch.stack([w if w.shape == (rows, cols) else F.pad(w, (0, cols - w.size(1), 0, rows - w.size(0)))
+                          for w in wide])
+    blocks = zeropower_via_newtonschulz(padded, steps=steps, dtype=dtype).unbind(0)
+    results = []
+    for t, m, w, block in zip(tensors, matrices, wide, blocks):
+        block = block if block.shape == w.shape else block[:w.size(0), :w.size(1)]
+        block = block.mT if w is not m else block
+        results.append(block if t.dim() == 2 else block.reshape(t.shape))
+    return results
+
+
+def iteration_batches(tensors: list[torch.Tensor], steps: int):
+    """``(indices, Newton-Schulz dtype)`` for each batch of ``tensors`` that runs one iteration: matrices of one
+    device, dtype and iteration dtype, planned by ``plan_batches`` with what a dispatch costs on that device."""
+    kinds: dict = {}
+    for i, t in enumerate(tensors):
+        kinds.setdefault((t.device, t.dtype, newton_schulz_dtype(t, entries=t.numel())), []).append(i)
+    for (device, _, dtype), members in kinds.items():
+        shapes = [matrix_shape(tensors[i]) for i in members]
+        for batch in plan_batches(shapes, dispatches_worth_flops(device), steps):
+            yield [members[i] for i in batch], dtype

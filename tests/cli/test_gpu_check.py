@@ -55,7 +55,7 @@ def test_the_throughput_check_runs_every_part_on_a_cpu_with_clean_timed_runs(gpu
     assert result["finished"] and result["ok"] and result["tiny"] and result["code"]["code_hash"]
     parts = result["parts"]
     assert list(parts) == ["peak", "data", "vision-compiled", "language-compiled", "preset imagenet:hot",
-                           "preset gpt2:hot", "vision-eager", "language-eager", "loader", "counts"]
+                           "preset gpt2:hot", "vision-eager", "language-eager", "loader", "counts", "muon"]
     assert parts["peak"]["flops_per_s"] > 0 and parts["data"]["vocab_size"] > 256
     for name in ("vision-eager", "vision-compiled", "language-eager", "language-compiled"):
         compiled = name.endswith("compiled")
@@ -88,6 +88,11 @@ def test_the_throughput_check_runs_every_part_on_a_cpu_with_clean_timed_runs(gpu
     assert parts["preset gpt2:hot"]["tokens_per_s"] > 0
     for preset, counted in parts["counts"]["presets"].items():  # counted apart, in runs of their own
         assert counted["steps"] >= 3 and "waits_in_quiet_steps" in counted and "by_kind" in counted, preset
+    for model, plans in parts["muon"]["models"].items():  # ResNet-8's ten filters, each of a shape of its own
+        for plan in ("planned", "by_shape", "one_batch"):
+            assert_clean_timing(plans[plan], f"muon {model} {plan}")
+        assert plans["one_batch"]["batches"] <= plans["planned"]["batches"] <= plans["by_shape"]["batches"], model
+    assert parts["muon"]["models"]["resnet8"]["by_shape"]["batches"] == 10
     assert "- **preset gpt2:hot** (" in (out / "throughput.md").read_text()
     # the eager backend the tiny check compiled with is torch's default again once it is done
     assert "backend" not in getattr(torch.nn.Module.__dict__["compile"], "keywords", {})

@@ -1,6 +1,7 @@
-"""Muon orthogonalises all the matrices of one shape in one batched Newton-Schulz iteration: the same numbers as
-one iteration per matrix, a handful of iterations per step instead of one per matrix, and the same state layout
-(a momentum buffer per parameter), so checkpoints written before still load."""
+"""Muon orthogonalises all the matrices of one shape in one batched Newton-Schulz iteration, and small matrices of
+different shapes padded with zeros to one where that costs less than their dispatches: the same numbers as one
+iteration per matrix, a handful of iterations per step instead of one per matrix, and the same state layout (a
+momentum buffer per parameter), so checkpoints written before still load."""
 from __future__ import annotations
 
 import copy
@@ -9,14 +10,16 @@ import torch
 import torch.nn as nn
 
 import speedkit.optim.muon as muon_module
-from speedkit.optim.muon import Muon, zeropower_via_newtonschulz
+from speedkit.optim.muon import (DISPATCHES_WORTH_FLOPS, Muon, orthogonalize_together, plan_batches,
+                                 zeropower_via_newtonschulz)
 
 SHAPES = [(24, 16), (8, 3, 3, 3), (24, 16), (16, 24), (8, 3, 3, 3), (24, 16)]
+SMALL_FILTERS = [(16, 1, 3, 3), (32, 16, 1, 1), (64, 32, 1, 1)]  # ResNet-8's three smallest
 
 
-def _params():
+def _params(shapes=SHAPES):
     torch.manual_seed(0)
-    return [nn.Parameter(torch.randn(*shape)) for shape in SHAPES]
+    return [nn.Parameter(torch.randn(*shape)) for shape in shapes]
 
 
 def test_batched_steps_match_one_iteration_per_matrix():
@@ -40,7 +43,7 @@ def test_batched_steps_match_one_iteration_per_matrix():
         torch.testing.assert_close(p.detach(), want, rtol=1e-4, atol=1e-5)
 
 
-def test_one_newton_schulz_iteration_per_shape(monkeypatch):
+def _iterations_of_a_step(monkeypatch, shapes=SHAPES) -> list[tuple]:
     calls = []
 
     def counted(G, *args, **kwargs):
@@ -48,12 +51,57 @@ def test_one_newton_schulz_iteration_per_shape(monkeypatch):
         return zeropower_via_newtonschulz(G, *args, **kwargs)
 
     monkeypatch.setattr(muon_module, "zeropower_via_newtonschulz", counted)
-    params = _params()
+    params = _params(shapes)
     opt = Muon(params, lr=0.02)
     for p in params:
         p.grad = torch.randn_like(p)
     opt.step()
-    assert sorted(calls) == sorted([(3, 24, 16), (2, 8, 27), (16, 24)])  # one alone in its shape: unbatched
+    return sorted(calls)
+
+
+def test_one_newton_schulz_iteration_per_shape_where_padding_is_worth_nothing(monkeypatch):
+    monkeypatch.setitem(DISPATCHES_WORTH_FLOPS, "cpu", 0)
+    # [24, 16] and [16, 24] are one shape once turned wide
+    assert _iterations_of_a_step(monkeypatch) == [(2, 8, 27), (4, 16, 24)]
+    assert _iterations_of_a_step(monkeypatch, SMALL_FILTERS) == [(16, 9), (32, 16), (64, 32)]  # alone: unbatched
+
+
+def test_small_matrices_of_different_shapes_run_one_iteration_padded_to_one_wide_shape(monkeypatch):
+    assert _iterations_of_a_step(monkeypatch, SMALL_FILTERS) == [(3, 32, 64)]  # turned wide, padded to the largest
+    assert _iterations_of_a_step(monkeypatch) == [(2, 8, 27), (4, 16, 24)]  # six to pad cost as much as an iteration
+
+
+def test_a_padded_iteration_gives_each_matrix_its_own_iterations_result():
+    torch.manual_seed(0)
+    matrices = [torch.randn(24, 16), torch.randn(8, 27), torch.randn(16, 24), torch.randn(5, 3)]
+    together = orthogonalize_together(matrices, dtype=torch.float32)
+    for matrix, ortho in zip(matrices, together):
+        assert ortho.shape == matrix.shape
+        torch.testing.assert_close(ortho, zeropower_via_newtonschulz(matrix, dtype=torch.float32),
+                                   rtol=1e-4, atol=1e-5)
+
+
+# [rows, cols] of Muon's matrices in ResNet-8 (conv filters flattened) and in GPT-2 124M's layers.
+RESNET8 = [(16, 9), (32, 144), (32, 288), (32, 16), (64, 288), (64, 576), (64, 32), (128, 576), (128, 1152),
+           (128, 64)]
+GPT2_LAYER = [(2304, 768), (768, 768), (3072, 768), (768, 3072)]
+
+
+def test_a_gpu_pads_a_conv_nets_filters_into_one_iteration_and_a_cpu_only_the_small_ones():
+    on_gpu = plan_batches(RESNET8, DISPATCHES_WORTH_FLOPS["accelerator"])
+    assert on_gpu == [list(range(len(RESNET8)))]
+    on_cpu = plan_batches(RESNET8, DISPATCHES_WORTH_FLOPS["cpu"])
+    assert 1 < len(on_cpu) < len(RESNET8)
+    largest = RESNET8.index((128, 1152))
+    assert [largest] in on_cpu  # padding anything to it would cost more arithmetic than a CPU's dispatches
+
+
+def test_a_transformers_matrices_stay_one_iteration_per_shape_where_padding_would_cost_more():
+    wide = [tuple(sorted(shape)) for shape in GPT2_LAYER * 12]  # the MLP's two matrices are one shape turned wide
+    for worth in DISPATCHES_WORTH_FLOPS.values():
+        batches = plan_batches(wide, worth)
+        assert sorted({wide[i] for i in batch}.pop() for batch in batches) == [(768, 768), (768, 2304), (768, 3072)]
+        assert all(len({wide[i] for i in batch}) == 1 for batch in batches)
 
 
 def test_state_layout_is_a_momentum_buffer_per_parameter_and_resumes_exactly():
