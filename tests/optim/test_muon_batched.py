@@ -163,3 +163,20 @@ def test_muon_follows_a_tensor_learning_rate_without_reading_it_on_the_host():
     torch.testing.assert_close(tensor_lr, torch.tensor(float_lr))  # 0.02 x a quarter of the reference's rate
     for a, b in zip(as_float, as_tensor):
         torch.testing.assert_close(a, b)
+
+
+def test_the_batches_are_planned_once_for_a_groups_shapes(monkeypatch):
+    """A plan made at every step would cost the host about a millisecond a step for ResNet-50's filters."""
+    planned = []
+    monkeypatch.setattr(muon_module, "plan_batches",
+                        lambda *args, **kwargs: planned.append(args) or plan_batches(*args, **kwargs))
+    params = _params()
+    opt = Muon(params, lr=0.02)
+    for _ in range(3):
+        for p in params:
+            p.grad = torch.randn_like(p)
+        opt.step()
+    assert len(planned) == 1
+    params[0].grad = None  # a step without one of them is another set of shapes: planned for it
+    opt.step()
+    assert len(planned) == 2
