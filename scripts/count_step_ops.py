@@ -4,7 +4,8 @@ Each preset trains 7 batches (batch size 8; the seed's tasks at their cpu sizes,
 files) under a ``SyncCounter``; the count is that of a quiet step (neither logging nor evaluating) past
 sequence-length warmup's change of length. Muon batches its matrices as it plans them for a GPU, where each op
 is a launch (``DISPATCHES_WORTH_FLOPS``), not as for the CPU the count runs on. It prints one line per preset with
-the ratio to its task's baseline, and the JSON of all of them with ``--out``. ``tests/train/test_step_kernels.py`` checks the same counts::
+the ratio to its task's baseline, and the JSON of all of them with ``--out``. ``tests/train/test_step_kernels.py``
+checks the same counts::
 
     OMP_NUM_THREADS=1 .venv/bin/python scripts/count_step_ops.py                 # fashion-mnist and pydocs
     OMP_NUM_THREADS=1 .venv/bin/python scripts/count_step_ops.py --seed-tasks    # also gpt2 and imagenet

@@ -145,7 +145,7 @@ class Muon(torch.optim.Optimizer):
         return loss
 
     def _step_group(self, group: dict, params: list[torch.Tensor]) -> None:
-        lr, momentum, wd, steps = group["lr"], group["momentum"], group["weight_decay"], group["ns_steps"]
+        lr, momentum, wd, ns_steps = group["lr"], group["momentum"], group["weight_decay"], group["ns_steps"]
         grads = [p.grad for p in params]
         for p in params:
             if "momentum_buffer" not in self.state[p]:
@@ -158,8 +158,8 @@ class Muon(torch.optim.Optimizer):
         updates = torch._foreach_add(grads, buffers, alpha=momentum) if group["nesterov"] else buffers
         if wd:
             torch._foreach_mul_(params, 1.0 - lr * wd)  # a tensor lr (``FollowSchedule``'s) too, read on the device
-        for batch, dtype in self._plan(updates, steps):
-            orthos = orthogonalize_together([updates[i] for i in batch], steps, dtype)
+        for batch, dtype in self._plan(updates, ns_steps):
+            orthos = orthogonalize_together([updates[i] for i in batch], ns_steps, dtype)
             by_scale: dict[float, tuple[list, list]] = {}
             for i, ortho in zip(batch, orthos):
                 rows, cols = matrix_shape(updates[i])
@@ -172,7 +172,6 @@ class Muon(torch.optim.Optimizer):
                     torch._foreach_add_(same_params, torch._foreach_mul(same_orthos, step))
                 else:
                     torch._foreach_add_(same_params, same_orthos, alpha=step)
-
 
     def _plan(self, updates: list[torch.Tensor], steps: int) -> list:
         """``iteration_batches`` of ``updates``, planned once for their shapes, dtypes and devices: on a GPU, a plan
@@ -221,8 +220,9 @@ def plan_batches(shapes: list[tuple[int, int]], worth_flops: float, steps: int =
             added_flops = ((held + count) * newton_schulz_flops(*grown, steps)
                            - held * newton_schulz_flops(padded_rows, padded_cols, steps)
                            - count * newton_schulz_flops(rows, cols, steps))
-            newly_padded = sum(len(same_shape[m]) for m in members + [shape] if m != grown and
-                               (m == shape or m == (padded_rows, padded_cols)))
+            unpadded = (padded_rows, padded_cols)  # the batch's matrices of its padded shape, not padded yet
+            newly_padded = ((count if shape != grown else 0)
+                            + (len(same_shape[unpadded]) if unpadded in members and unpadded != grown else 0))
             if added_flops + newly_padded * PAD_SHARE * worth_flops <= worth_flops:
                 batches[b] = (members + [shape], *grown)
                 break

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import time
 from pathlib import Path
@@ -90,8 +91,8 @@ def main(argv=None) -> int:
         model = build()
         names = set(muon_parameter_names(model))
         shapes = [tuple(p.shape) for n, p in model.named_parameters() if n in names]
-        row = {"matrices": len(shapes), "wide_shapes": len({tuple(sorted(muon.matrix_shape(torch.empty(s, device="meta"))))
-                                                            for s in shapes})}
+        wide_shapes = {tuple(sorted((shape[0], math.prod(shape[1:])))) for shape in shapes}
+        row = {"matrices": len(shapes), "wide_shapes": len(wide_shapes)}
         row["plans"] = {plan: planned(shapes, worth) for plan, worth in PLANS.items()}
         if name in TIMED:
             row["cpu_step_ms"] = interleaved_ms(shapes, args.tries)
