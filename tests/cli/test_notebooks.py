@@ -145,10 +145,16 @@ def test_the_quickstart_speed_check_sees_a_2x_slower_speed_up_path(quickstart_sm
     unslowed one. Compared within the test, since the ratio itself depends on the CPU (0.63-0.83 on an AMD EPYC
     that trains in fp32, 1.04-1.10 on a Xeon whose AMX makes bf16 fast; 0.47 and 0.59-0.62 slowed), which no
     single threshold in params/cpu-smoke separates on both. The unslowed ratio is the smoke run's (the same
-    parameters; its own check passed at the smoke threshold)."""
+    parameters; its own check passed at the smoke threshold). Each ratio times a baseline and then the recipe
+    while the suite's other worker loads the machine as it happens to: where the pair disagrees, it is measured
+    again side by side (a slowed path read 0.88 of the smoke run's on a noisy machine, 0.56-0.75 elsewhere), and a
+    check without teeth fails both pairs."""
     plain = _printed_ratio(quickstart_smoke_run)
     slowed = _quickstart_ratio(tmp_path / "slowed", monkeypatch, "2")
-    assert slowed < 0.8 * plain, (plain, slowed)  # measured: 0.56-0.75 of it
+    if slowed >= 0.8 * plain:
+        plain = _quickstart_ratio(tmp_path / "plain-again", monkeypatch, "1")
+        slowed = _quickstart_ratio(tmp_path / "slowed-again", monkeypatch, "2")
+    assert slowed < 0.8 * plain, (plain, slowed)
 
 
 # -- as committed -------------------------------------------------------------------------------------
