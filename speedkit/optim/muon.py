@@ -158,15 +158,10 @@ class Muon(torch.optim.Optimizer):
         updates = torch._foreach_add(grads, buffers, alpha=momentum) if group["nesterov"] else buffers
         if wd:
             torch._foreach_mul_(params, 1.0 - lr * wd)  # a tensor lr (``FollowSchedule``'s) too, read on the device
-        for batch, dtype in self._plan(updates, ns_steps):
+        for batch, dtype, by_scale in self._plan(updates, ns_steps):
             orthos = orthogonalize_together([updates[i] for i in batch], ns_steps, dtype)
-            by_scale: dict[float, tuple[list, list]] = {}
-            for i, ortho in zip(batch, orthos):
-                rows, cols = matrix_shape(updates[i])
-                same = by_scale.setdefault(max(1.0, rows / cols) ** 0.5, ([], []))
-                same[0].append(params[i])
-                same[1].append(ortho)
-            for scale, (same_params, same_orthos) in by_scale.items():
+            for scale, positions in by_scale.items():
+                same_params, same_orthos = [params[batch[k]] for k in positions], [orthos[k] for k in positions]
                 step = -lr * scale
                 if isinstance(step, torch.Tensor):  # a tensor lr, as a capturable or compiled optimizer keeps it
                     torch._foreach_add_(same_params, torch._foreach_mul(same_orthos, step))
@@ -174,12 +169,23 @@ class Muon(torch.optim.Optimizer):
                     torch._foreach_add_(same_params, same_orthos, alpha=step)
 
     def _plan(self, updates: list[torch.Tensor], steps: int) -> list:
-        """``iteration_batches`` of ``updates``, planned once for their shapes, dtypes and devices: on a GPU, a plan
-        made at every step would cost the host about a millisecond for ResNet-50's filters."""
+        """``(batch, dtype, {update scale: positions in the batch})`` for each of ``iteration_batches``, planned
+        once for the updates' shapes, dtypes and devices: on a GPU, a plan made at every step would cost the host
+        about a millisecond for ResNet-50's filters."""
         key = (steps, *((u.shape, u.dtype, u.device) for u in updates))
         if key not in self._plans:
-            self._plans[key] = list(iteration_batches(updates, steps))
+            self._plans[key] = [(batch, dtype, _by_scale([updates[i] for i in batch]))
+                                for batch, dtype in iteration_batches(updates, steps)]
         return self._plans[key]
+
+
+def _by_scale(matrices: list[torch.Tensor]) -> dict[float, list[int]]:
+    """Positions of ``matrices`` by the scale of their update, ``max(1, rows / cols) ** 0.5``."""
+    by_scale: dict[float, list[int]] = {}
+    for k, matrix in enumerate(matrices):
+        rows, cols = matrix_shape(matrix)
+        by_scale.setdefault(max(1.0, rows / cols) ** 0.5, []).append(k)
+    return by_scale
 
 
 def matrix_shape(tensor: torch.Tensor) -> tuple[int, int]:
