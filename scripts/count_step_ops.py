@@ -1,9 +1,11 @@
-"""Aten ops per quiet training step of every preset, counted on a CPU: on a GPU each is about one kernel launch.
+"""Aten ops per quiet training step of every preset, counted on a CPU, and those of them that launch a kernel.
 
 Each preset trains 7 batches (batch size 8; the seed's tasks at their cpu sizes, batch size 2, on a few generated
 files) under a ``SyncCounter``; the count is that of a quiet step (neither logging nor evaluating) past
-sequence-length warmup's change of length. Muon batches its matrices as it plans them for a GPU, where each op
-is a launch (``DISPATCHES_WORTH_FLOPS``), not as for the CPU the count runs on. It prints one line per preset with
+sequence-length warmup's change of length. Every op costs the host a dispatch; on a GPU those that are not views,
+allocations or reads of a value (``launches_a_kernel``) are each about one kernel launch. Muon batches its matrices as it plans them for a GPU, where each op
+is a launch (``DISPATCHES_WORTH_FLOPS``) and every iteration runs in bf16, not as for the CPU the count runs on
+(whose bf16 policy would split a conv net's larger filters from its smaller ones). It prints one line per preset with
 the ratio to its task's baseline, and the JSON of all of them with ``--out``. ``tests/train/test_step_kernels.py``
 checks the same counts::
 
@@ -45,10 +47,13 @@ def make_seed_files(root: Path) -> dict[str, Path]:
     return folders
 
 
-def preset_step_ops(task: str, name: str, root: Path, **overrides) -> int:
-    """Aten ops of a steady quiet step of ``task``'s preset ``name``; ``root`` holds the run folders and, for the
-    seed's tasks, the generated files and their shards (``SPEEDKIT_SHARDS``)."""
+def preset_step_counts(task: str, name: str, root: Path, **overrides) -> dict[str, int]:
+    """``{"ops": aten ops, "launches": those that launch a kernel}`` of a steady quiet step of ``task``'s preset
+    ``name``; ``root`` holds the run folders and, for the seed's tasks, the generated files and their shards
+    (``SPEEDKIT_SHARDS``)."""
     from unittest import mock
+
+    import torch
 
     import speedkit.optim.muon as muon
     from speedkit.callbacks import SyncCounter
@@ -61,14 +66,15 @@ def preset_step_ops(task: str, name: str, root: Path, **overrides) -> int:
     else:
         options = dict(batch_size=8, data_fraction=0.01, eval_fraction=0.005)
     counter = SyncCounter()
-    with mock.patch.dict(muon.DISPATCHES_WORTH_FLOPS, cpu=muon.DISPATCHES_WORTH_FLOPS["accelerator"]):
+    with (mock.patch.dict(muon.DISPATCHES_WORTH_FLOPS, cpu=muon.DISPATCHES_WORTH_FLOPS["accelerator"]),
+          mock.patch.object(muon, "newton_schulz_dtype", lambda *_, **__: torch.bfloat16)):  # Muon as on a GPU
         make_trainer(task, name, duration="7ba", eval_interval="100ba", log_interval=3, device="cpu",
                      run_dir=root / "runs" / f"{task}-{name}", save_checkpoints=False, callbacks=[counter],
                      **{**options, **overrides}).fit()
-    ops = counter.quiet_step_ops()  # steps 2, 4 and 5 (the first checks its batch; 3 and 6 log; 7 ends)
-    if set(ops) != {2, 4, 5} or ops[4] != ops[5]:
+    ops, launches = counter.quiet_step_ops(), counter.quiet_step_launches()
+    if set(ops) != {2, 4, 5} or ops[4] != ops[5]:  # the first checks its batch; 3 and 6 log; 7 ends
         raise RuntimeError(f"{task}:{name}: expected steady quiet steps 2, 4 and 5, got {ops}")
-    return ops[5]
+    return {"ops": ops[5], "launches": launches[5]}
 
 
 def task_presets(task: str, root: Path) -> list[str]:
@@ -90,11 +96,14 @@ def main(argv=None) -> int:
         for task in BUILT_IN_TASKS + (SEED_TASKS if args.seed_tasks else ()):
             baseline = None
             for name in task_presets(task, root):
-                ops = preset_step_ops(task, name, root)
-                baseline = ops if name == "baseline" else baseline
-                ratio = ops / baseline if baseline else None
-                results[f"{task}:{name}"] = {"ops": ops, "ratio_to_baseline": ratio and round(ratio, 3)}
-                print(f"{task}:{name}: {ops} ops a step" + (f", {ratio:.2f}x baseline" if ratio else ""), flush=True)
+                counts = preset_step_counts(task, name, root)
+                baseline = counts if name == "baseline" else baseline
+                ratios = {f"{kind}_to_baseline": round(n / baseline[kind], 3) for kind, n in counts.items()
+                          if baseline}
+                results[f"{task}:{name}"] = {**counts, **ratios}
+                print(f"{task}:{name}: {counts['ops']} ops a step, {counts['launches']} launching a kernel"
+                      + (f"; {ratios['ops_to_baseline']:.2f}x and {ratios['launches_to_baseline']:.2f}x baseline"
+                         if ratios else ""), flush=True)
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=1) + "\n")
     return 0

@@ -18,7 +18,9 @@ Its parts, top to bottom, each writing ``throughput.json`` as it finishes (``scr
 5. ``loader``: the imagenet task's streaming loader alone (CPU workers), and JPEG decode on the GPU
    (``torchvision.io.decode_jpeg`` on the device, batched) where there is one.
 6. ``counts``: each seed preset again for a few steps with a ``SyncCounter`` (host syncs, blocking host-to-device
-   copies) and, on CUDA, torch's sync debug mode: counted apart, never in a timed run.
+   copies, the aten ops of each quiet step and the kernel launches among them, eager: torch.compile does not
+   compile under the counter's dispatch mode) and, on CUDA, torch's sync debug mode: counted apart, never in a
+   timed run.
 7. ``muon``: a Muon step over the hidden matrices of ResNet-8, ResNet-50 and GPT-2 124M, its matrices batched as
    planned for the device (small ones of different shapes padded to one) against one batch per shape and against
    one batch for all: whether the plan's constant (``DISPATCHES_WORTH_FLOPS``) holds on the device.
@@ -611,7 +613,8 @@ def count_syncs(preset: str, data: dict, s: Settings, device: str, work: Path) -
             if cuda:
                 torch.cuda.set_sync_debug_mode("default")
     syncing = [str(w.message).splitlines()[0] for w in caught if "synchroniz" in str(w.message).lower()]
-    return {**counter.report(), "cuda_sync_warnings": len(syncing), "first_sync_warnings": syncing[:3]}
+    return {**counter.report(), "cuda_sync_warnings": len(syncing), "first_sync_warnings": syncing[:3],
+            "quiet_step_ops": counter.quiet_step_ops(), "quiet_step_launches": counter.quiet_step_launches()}
 
 
 

@@ -51,6 +51,18 @@ from speedkit.core.engine import Callback
 # what counts as a wait; "host_only" (reads of values on the host) is counted apart
 KINDS = ("item", "host_read", "device_sync", "collective", "host_to_device", "data_dependent")
 _COLLECTIVE_NAMESPACES = ("c10d", "_c10d_functional", "c10d_functional")
+# Non-view ops that give the device no work: a view in all but name, allocations (from the caching allocator, on
+# the host) and reads of a value (a quiet step reads none of the device's; a read that does is a wait, counted).
+_NO_KERNEL = frozenset({torch.ops.aten._unsafe_view.default, torch.ops.aten.empty.memory_format,
+                        torch.ops.aten.empty_strided.default, torch.ops.aten.empty_like.default,
+                        torch.ops.aten.new_empty.default, torch.ops.aten.new_empty_strided.default,
+                        torch.ops.aten._local_scalar_dense.default})
+
+
+def launches_a_kernel(func) -> bool:
+    """Whether an aten op gives the device work: about one kernel launch on a GPU. Views (``view``, ``t``,
+    ``detach``, slices) change only a tensor's metadata, on the host, and the profiler's markers do nothing."""
+    return not (func.is_view or func in _NO_KERNEL or func.namespace == "profiler")
 
 
 class _SyncDispatch(TorchDispatchMode):
@@ -62,7 +74,7 @@ class _SyncDispatch(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        self.counter.count_op()
+        self.counter.count_op(func)
         if func is torch.ops.aten._local_scalar_dense.default:
             if self.counter.host_made(args[0]):
                 self.counter.count("host_only")
@@ -248,7 +260,8 @@ class SyncCounter(Callback):
         self.keep_stacks = keep_stacks
         self.totals: collections.Counter = collections.Counter()
         self.steps: dict[int, int] = {}  # batch number (1-based) -> waits in that training step
-        self.step_ops: dict[int, int] = {}  # batch number -> aten ops dispatched in that step (kernels on a GPU)
+        self.step_ops: dict[int, int] = {}  # batch number -> aten ops dispatched in that step
+        self.step_launches: dict[int, int] = {}  # batch number -> those of its ops that launch a kernel on a GPU
         self.boundary_steps: set[int] = set()  # steps that logged or were followed by an evaluation
         self.evals: list[int] = []  # waits in each evaluation
         self.phase: tuple = ("setup",)
@@ -271,9 +284,12 @@ class SyncCounter(Callback):
         if self.keep_stacks and where[0] == "step":
             self.stacks.append((where, "".join(traceback.format_stack(limit=8)[:-2])))
 
-    def count_op(self) -> None:
+    def count_op(self, func) -> None:
         if self.phase[0] == "step":
-            self.step_ops[self.phase[1]] = self.step_ops.get(self.phase[1], 0) + 1
+            step = self.phase[1]
+            self.step_ops[step] = self.step_ops.get(step, 0) + 1
+            if launches_a_kernel(func):
+                self.step_launches[step] = self.step_launches.get(step, 0) + 1
 
     @property
     def total(self) -> int:
@@ -357,8 +373,13 @@ class SyncCounter(Callback):
         return {b: n for b, n in self.steps.items() if b not in self.boundary_steps and b != first}
 
     def quiet_step_ops(self) -> dict[int, int]:
-        """Aten ops dispatched in each quiet training step (see ``quiet_steps``): on a GPU, about one kernel each."""
+        """Aten ops dispatched in each quiet training step (see ``quiet_steps``): the host's work to queue it."""
         return {b: self.step_ops.get(b, 0) for b in self.quiet_steps()}
+
+    def quiet_step_launches(self) -> dict[int, int]:
+        """Those of each quiet step's ops that give the device work (``launches_a_kernel``): on a GPU, about one
+        kernel launch each."""
+        return {b: self.step_launches.get(b, 0) for b in self.quiet_steps()}
 
     def report(self) -> dict:
         quiet = self.quiet_steps()

@@ -188,3 +188,30 @@ def test_an_output_sized_by_host_data_is_no_wait():
         torch.unique(keys)
         keys[keys > 1]
     assert counter.total == 0, dict(counter.totals)
+
+
+def test_a_steps_kernel_launches_leave_out_views_allocations_and_reads(tmp_path):
+    class AddsOps(Callback):
+        def __init__(self, work):
+            self.work = work
+
+        def after_dataloader(self, state, logger):
+            self.work(state.batch[0])
+
+    def launches(x):  # four ops that give the device work
+        torch.stack([x * 2, x + 1]).sum()
+
+    def views_and_allocations(x):  # eight ops, one of them work (the zeros' fill)
+        x.view(-1).t(), x.detach(), torch.empty(3), x.new_empty(2), torch.empty_like(x)
+        torch.zeros((), dtype=torch.int64, device="cpu").item()  # a read of a value made on the host
+
+    def counts(work):
+        counter = SyncCounter()
+        Trainer(toy_model(), toy_loaders()[0], max_duration="5ba", device="cpu", run_dir=tmp_path / work.__name__,
+                log_interval=3, callbacks=[counter, AddsOps(work)], save_checkpoints=False).fit()
+        return counter.quiet_step_ops()[4], counter.quiet_step_launches()[4]
+
+    (plain_ops, plain_launches), (ops, launched) = counts(lambda x: None), counts(launches)
+    assert (ops - plain_ops, launched - plain_launches) == (4, 4)
+    ops, launched = counts(views_and_allocations)
+    assert (ops - plain_ops, launched - plain_launches) == (8, 1)

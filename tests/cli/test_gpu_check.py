@@ -88,6 +88,8 @@ def test_the_throughput_check_runs_every_part_on_a_cpu_with_clean_timed_runs(gpu
     assert parts["preset gpt2:hot"]["tokens_per_s"] > 0
     for preset, counted in parts["counts"]["presets"].items():  # counted apart, in runs of their own
         assert counted["steps"] >= 3 and "waits_in_quiet_steps" in counted and "by_kind" in counted, preset
+        ops, launches = counted["quiet_step_ops"], counted["quiet_step_launches"]
+        assert ops and ops.keys() == launches.keys() and all(0 < launches[b] < ops[b] for b in ops), preset
     for model, plans in parts["muon"]["models"].items():  # ResNet-8's ten filters, each of a shape of its own
         for plan in ("planned", "by_shape", "one_batch"):
             assert_clean_timing(plans[plan], f"muon {model} {plan}")
