@@ -3,11 +3,11 @@
 Each preset trains 7 batches (batch size 8; the seed's tasks at their cpu sizes, batch size 2, on a few generated
 files) under a ``SyncCounter``; the count is that of a quiet step (neither logging nor evaluating) past
 sequence-length warmup's change of length. Every op costs the host a dispatch; on a GPU those that are not views,
-allocations or reads of a value (``launches_a_kernel``) are each about one kernel launch. Muon batches its matrices as it plans them for a GPU, where each op
-is a launch (``DISPATCHES_WORTH_FLOPS``) and every iteration runs in bf16, not as for the CPU the count runs on
-(whose bf16 policy would split a conv net's larger filters from its smaller ones). It prints one line per preset with
-the ratio to its task's baseline, and the JSON of all of them with ``--out``. ``tests/train/test_step_kernels.py``
-checks the same counts::
+allocations or reads of a value (``launches_a_kernel``) are each about one kernel launch. Muon batches its matrices
+as it plans them for a GPU, where each op is a launch (``DISPATCHES_WORTH_FLOPS``) and every iteration runs in
+bf16, not as for the CPU the count runs on (whose bf16 policy would split a conv net's larger filters from its
+smaller ones). It prints one line per preset with the ratios to its task's baseline, and the JSON of all of them
+with ``--out``. ``tests/train/test_step_kernels.py`` checks the same counts::
 
     OMP_NUM_THREADS=1 .venv/bin/python scripts/count_step_ops.py                 # fashion-mnist and pydocs
     OMP_NUM_THREADS=1 .venv/bin/python scripts/count_step_ops.py --seed-tasks    # also gpt2 and imagenet

@@ -300,7 +300,8 @@ class BatchLoader(GlobalBatch):
         images = images.reshape(flat_shape).gather(2, source.reshape(batch, 1, -1).expand(flat_shape))
         images = images.reshape(batch, channels, height, width)
         if plan.inside_rows is not None:  # zero padding: blank what was read from outside the image
-            images = images * (plan.inside_rows[positions, None, :, None] * plan.inside_cols[positions, None, None, :])
+            inside = plan.inside_rows[positions, None, :, None] * plan.inside_cols[positions, None, None, :]
+            images = images * inside
         return images
 
     def _to_model_input(self, images: torch.Tensor) -> torch.Tensor:
