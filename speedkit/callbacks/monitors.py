@@ -227,11 +227,10 @@ class NaNGuard(Callback):
     def after_backward(self, state, logger):
         if state.microbatch_index != state.num_microbatches - 1 or self._step_bad is None:
             return  # the step's gradient is complete after its last microbatch
-        grads = [p.grad for p in state.model.parameters() if p.grad is not None]
+        grads = [_numbers_of(p.grad) for p in state.model.parameters() if p.grad is not None]
         loss_bad = self._step_bad
         bad = loss_bad if state.grad_scaler is not None else loss_bad | _any_non_finite(grads, loss_bad.device)
-        for grad in grads:  # the masked update: a non-finite step's gradient never reaches the optimizer
-            grad.masked_fill_(bad.to(grad.device, non_blocking=True), 0.0)
+        zero_where(bad, grads)  # the masked update: a non-finite step's gradient never reaches the optimizer
         self._note_step(state, bad, loss_bad)
 
     def _note_step(self, state, bad, loss_bad) -> None:
@@ -287,6 +286,41 @@ class NaNGuard(Callback):
 
     def load_state_dict(self, state):
         self.skips = int(state.get("skips", 0))
+
+
+def _numbers_of(grad: torch.Tensor) -> torch.Tensor:
+    """The dense tensor that holds a gradient's numbers: the gradient, or a sparse one's values (an alias, so that
+    zeroing it zeroes the gradient): the check and the masked update run on dense tensors only."""
+    if grad.layout == torch.sparse_coo:
+        return grad._values()
+    if grad.layout in (torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc):
+        return grad.values()
+    return grad
+
+
+# Integers as wide as each float dtype, to multiply gradients as bit patterns.
+_SAME_WIDTH_INTEGER = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def zero_where(bad: torch.Tensor, grads: list) -> None:
+    """Zero every (dense) gradient in ``grads`` where ``bad`` (a device bool) is true and leave each of their bits
+    as it is where it is false, without reading ``bad`` on the host.
+
+    A multiply by zero keeps a NaN and makes one of an inf, and torch's multi-tensor ops are all arithmetic, so the
+    gradients are multiplied as integers of their width (a view of their bits): times 1 they keep every bit, times
+    0 they are +0.0. That is one multi-tensor op for all of a device's gradients of one width instead of a fill per
+    gradient (about 160 kernels a step for ResNet-50). Tensor subclasses (FSDP's sharded gradients) are filled one
+    by one.
+    """
+    by_width: dict = {}
+    for grad in grads:
+        integer = _SAME_WIDTH_INTEGER.get(grad.element_size())
+        if type(grad) is torch.Tensor and integer is not None:
+            by_width.setdefault((grad.device, integer), []).append(grad.view(integer))
+        else:
+            grad.masked_fill_(bad.to(grad.device, non_blocking=True), 0)
+    for (device, integer), bits in by_width.items():
+        torch._foreach_mul_(bits, (~bad).to(device, integer, non_blocking=True))
 
 
 def _any_non_finite(grads: list, device) -> torch.Tensor:

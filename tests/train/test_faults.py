@@ -379,6 +379,46 @@ def bad_after_once(batches):
     return loss
 
 
+def _bits(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.reshape(-1).view(torch.uint8)
+
+
+def test_the_masked_update_zeroes_nan_and_inf_and_otherwise_keeps_every_bit():
+    from speedkit.callbacks.monitors import zero_where
+
+    torch.manual_seed(0)
+    special = [float("nan"), float("inf"), -float("inf"), -0.0, 1e-40, -3.5]  # 1e-40: a float32 subnormal
+    grads = [torch.cat([torch.tensor(special, dtype=dtype), torch.randn(5, dtype=dtype)])
+             for dtype in (torch.float32, torch.bfloat16, torch.float16, torch.float64)]
+    grads += [torch.randn(2, 3, 4).transpose(0, 2), torch.tensor(float("nan")), torch.randn(3, 2).bfloat16().t()]
+    kept = [grad.clone() for grad in grads]
+    zero_where(torch.tensor(False), grads)
+    assert all(torch.equal(_bits(grad), _bits(k)) for grad, k in zip(grads, kept))  # NaNs and -0.0 too
+    zero_where(torch.tensor(True), grads)
+    assert all(torch.equal(_bits(grad), _bits(torch.zeros_like(grad))) for grad in grads)  # +0.0 everywhere
+
+
+@pytest.mark.parametrize("value", [float("inf"), float("nan")])
+def test_a_sparse_gradient_is_checked_and_masked_by_its_values(tmp_path, value):
+    class Bag(torch.nn.Module):  # a sparse embedding, as a recommender's or word2vec's
+        def __init__(self):
+            super().__init__()
+            self.embedding = torch.nn.Embedding(20, 8, sparse=True)
+            self.head = torch.nn.Linear(8, 4)
+
+        def forward(self, x):
+            return self.head(self.embedding(x).mean(1))
+
+    words, labels = torch.randint(0, 20, (64, 5)), torch.randint(0, 4, (64,))
+    loader = torch.utils.data.DataLoader(list(zip(words, labels)), batch_size=16)
+    guard = NaNGuard(policy="skip")
+    trainer = Trainer(Bag(), loader, max_duration="4ba", loss_fn=bad_after_once(2), nan_policy=None,
+                      callbacks=[guard], optimizers=lambda p: torch.optim.SGD(p, lr=0.1), device="cpu",
+                      run_dir=tmp_path, save_checkpoints=False)
+    assert trainer.fit().status == "completed" and guard.skips == 1
+    assert all(torch.isfinite(p).all() for p in trainer.state.model.parameters())
+
+
 # -- broken checkpoint files ----------------------------------------------------------------------------
 @pytest.fixture
 def good_checkpoint(tmp_path):

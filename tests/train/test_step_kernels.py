@@ -93,7 +93,7 @@ def test_a_seed_presets_step_dispatches_at_most_bound_times_its_baselines_ops(ta
 
 
 # -- EMA -----------------------------------------------------------------------------------------------------
-def _toy_run(tmp_path, methods, layers: int):
+def _toy_run(tmp_path, methods, layers: int, nan_policy: str | None = "stop") -> SyncCounter:
     from helpers import toy_loaders
 
     train, _ = toy_loaders()
@@ -102,9 +102,9 @@ def _toy_run(tmp_path, methods, layers: int):
     from speedkit.train.trainer import Trainer
 
     Trainer(model, train, max_duration="6ba", device="cpu", run_dir=tmp_path, log_interval=3, methods=methods,
-            callbacks=[counter], save_checkpoints=False).fit()
+            callbacks=[counter], save_checkpoints=False, nan_policy=nan_policy).fit()
     assert sum(counter.quiet_steps().values()) == 0, counter.report()  # and no host wait
-    return counter.quiet_step_ops()
+    return counter
 
 
 AVERAGING = {"ema": lambda: EMA(half_life="2ba"), "swa": lambda: SWA(swa_start=0.0, update_interval=1),
@@ -114,10 +114,20 @@ AVERAGING = {"ema": lambda: EMA(half_life="2ba"), "swa": lambda: SWA(swa_start=0
 @pytest.mark.parametrize("layers", [2, 8])
 @pytest.mark.parametrize("method", sorted(AVERAGING))
 def test_averaging_the_weights_is_a_few_ops_however_many_tensors(tmp_path, method, layers):
-    plain = _toy_run(tmp_path / "plain", [], layers)
-    averaged = _toy_run(tmp_path / method, [AVERAGING[method]()], layers)
+    plain = _toy_run(tmp_path / "plain", [], layers).quiet_step_ops()
+    averaged = _toy_run(tmp_path / method, [AVERAGING[method]()], layers).quiet_step_ops()
     extra = {b: averaged[b] - plain[b] for b in plain}
     assert all(0 < n <= 3 for n in extra.values()), extra  # multi-tensor ops, not one per weight
+
+
+def test_the_nan_guards_check_and_masked_update_are_a_few_kernels_however_many_gradients(tmp_path):
+    def extra_launches(layers: int) -> set[int]:
+        unguarded = _toy_run(tmp_path / f"unguarded{layers}", [], layers, nan_policy=None).quiet_step_launches()
+        guarded = _toy_run(tmp_path / f"guarded{layers}", [], layers).quiet_step_launches()
+        return {guarded[b] - unguarded[b] for b in unguarded}
+
+    few, many = extra_launches(2), extra_launches(8)  # 6 gradients, and 18
+    assert few == many and len(few) == 1 and 0 < min(few) <= 14, (few, many)  # not a fill per gradient
 
 
 # -- rotary positions ----------------------------------------------------------------------------------------
