@@ -13,8 +13,9 @@ Its parts, top to bottom, each writing ``throughput.json`` as it finishes (``scr
    the frames TorchDynamo compiled, and the bare ResNet-50 says what a new input shape costs (176 -> 224).
 4. ``preset NAME``: each seed preset (tasks ``imagenet`` and ``gpt2``, ``gpu`` sizes) through ``make_trainer`` on
    the generated data, end to end: throughput, fraction of the peak, the host's share of time waiting for data.
-   Each stops after its timed steps, so a preset runs its own schedule (progressive resizing keeps its first
-   size, as it would for the first fifth of a real run), not one squeezed into a few dozen steps.
+   Each stops after its timed steps and two more profiled with torch.profiler (the kernels a step launches, as
+   the preset runs, compiled), so a preset runs its own schedule (progressive resizing keeps its first size, as it
+   would for the first fifth of a real run), not one squeezed into a few dozen steps.
 5. ``loader``: the imagenet task's streaming loader alone (CPU workers), and JPEG decode on the GPU
    (``torchvision.io.decode_jpeg`` on the device, batched) where there is one.
 6. ``counts``: each seed preset again for a few steps with a ``SyncCounter`` (host syncs, blocking host-to-device
@@ -35,9 +36,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import json
 import math
 import os
 import random
+import shutil
 import time
 import warnings
 from pathlib import Path
@@ -79,13 +82,15 @@ class Settings:
     loader_batches: int
     peak_size: int
     count_steps: int
+    profiled_steps: int  # after a preset's timed steps, the steps whose kernels are counted
 
 
 FULL = Settings(budget_s=285, images=12_000, classes=100, image_sides=(160, 500), short_side=256,
                 corpus_bytes=12_000_000, vocab=50_257, context=1024, vision_model="resnet50",
                 language_model="gpt2-124m", vision_batch=256, language_batch=32, sizes=(176, 224), warmup=5,
                 steps=20, compile_backend="inductor", precision="bf16", task_sizes="gpu", presets=SEED_PRESETS,
-                workers=min(12, os.cpu_count() or 1), loader_batches=20, peak_size=8192, count_steps=8)
+                workers=min(12, os.cpu_count() or 1), loader_batches=20, peak_size=8192, count_steps=8,
+                profiled_steps=2)
 # A CPU's tiny rehearsal of every part (tests/cli/test_gpu_check.py). Inductor's C++ code generation takes minutes
 # on 2 cores, so tiny compiled runs use the "eager" backend: TorchDynamo still captures the frames (counted), only
 # the code generation is left to the GPU run. Its vocabulary is not a multiple of 64, so the GPT's head is padded,
@@ -94,7 +99,7 @@ TINY = Settings(budget_s=600, images=24, classes=3, image_sides=(40, 96), short_
                 vocab=360, context=64, vision_model="resnet18", language_model="gpt-nano", vision_batch=4,
                 language_batch=2, sizes=(32, 40), warmup=2, steps=3, compile_backend="eager", precision="fp32",
                 task_sizes="cpu", presets=("imagenet:hot", "gpt2:hot"), workers=0, loader_batches=3,
-                peak_size=256, count_steps=6)
+                peak_size=256, count_steps=6, profiled_steps=2)
 
 
 def settings(tiny: bool) -> Settings:
@@ -227,10 +232,20 @@ def device_text(folder: Path, limit: int) -> int:
 
 
 def make_data(work: Path, device: str, s: Settings) -> dict:
-    """The generated ImageNet-layout folder and its shards, and the token shards of the machine's own text."""
+    """The generated ImageNet-layout folder and its shards, and the token shards of the machine's own text; those
+    an earlier run on this machine made to the same settings where it finished them (a rerun on a warm machine
+    would otherwise write new JPEGs over the ones its shards were prepared from, which the prepare refuses)."""
     from speedkit.data.streaming.prepare import prepare_images, prepare_text
     from speedkit.data.streaming.shards import read_shards
 
+    made, wanted = work / "data.json", {name: getattr(s, name) for name in _DATA_SETTINGS}
+    if made.is_file():
+        earlier = json.loads(made.read_text())
+        if earlier.pop("settings", None) == json.loads(json.dumps(wanted)):
+            return {**earlier, "reused": True, "headline": "reused this machine's: " + earlier["headline"]}
+    made.unlink(missing_ok=True)
+    for folder in ("images", "image-shards", "text", "token-shards"):  # a run stopped while making them
+        shutil.rmtree(work / folder, ignore_errors=True)
     workers = os.cpu_count() or 1
     started = time.perf_counter()
     folder = work / "images"
@@ -243,7 +258,7 @@ def make_data(work: Path, device: str, s: Settings) -> dict:
     prepare_text(work / "text", work / "token-shards", vocab_size=s.vocab, block=s.context, workers=workers,
                  progress=False)
     tokens = read_shards(work / "token-shards").manifest
-    return {"ok": True, "images": str(work / "image-shards"), "image_folder": str(folder),
+    data = {"ok": True, "images": str(work / "image-shards"), "image_folder": str(folder),
             "imagenet": str(work / "image-shards"), "gpt2": str(work / "token-shards"),
             "jpegs": s.images, "jpeg_mib": round(jpeg_bytes / 2 ** 20, 1), "jpegs_made_s": round(made_s, 1),
             "shards_s": round(images_s - made_s, 1), "text_mib": round(text_bytes / 2 ** 20, 1),
@@ -251,6 +266,12 @@ def make_data(work: Path, device: str, s: Settings) -> dict:
             "tokens_s": round(time.perf_counter() - started - images_s, 1),
             "headline": f"{s.images:,} JPEGs ({jpeg_bytes / 2 ** 20:,.0f} MiB) in {made_s:.0f} s; "
                         f"{text_bytes / 2 ** 20:.0f} MiB of text, BPE vocabulary {tokens['vocab_size']}"}
+    made.write_text(json.dumps({**data, "settings": wanted}))
+    return data
+
+
+# What the generated data depends on: data made to other settings is made again.
+_DATA_SETTINGS = ("images", "classes", "image_sides", "short_side", "corpus_bytes", "vocab", "context")
 
 
 # -- 3. a bare loop against the Trainer --------------------------------------------------------------------
@@ -344,31 +365,35 @@ def _synchronize(device: str) -> None:
 
 
 class TimedSteps(Callback):
-    """Ticks a ``StepClock`` after each step, notes the host's time waiting for batches and the inputs' shape in
-    the timed steps, and ends the run after ``stop_after`` steps (None: at its duration)."""
+    """Ticks a ``StepClock`` after each of the first ``last`` steps (None: every step), and notes the host's time
+    waiting for batches and the inputs' shape in the timed steps."""
 
-    def __init__(self, clock: StepClock, stop_after: int | None = None):
-        self.clock, self.stop_after = clock, stop_after
+    def __init__(self, clock: StepClock, last: int | None = None):
+        self.clock, self.last = clock, last
         self.waited, self.asked, self.window, self.inputs = 0.0, None, [], None
+
+    def _timing(self, state) -> bool:  # whether the step under way is one of the timed
+        return self.last is None or state.timestamp.batch < self.last
 
     def before_dataloader(self, state, logger):
         self.asked = time.perf_counter()
 
     def after_dataloader(self, state, logger):
-        if self.clock.marks:  # a timed step's wait
+        if self.clock.marks and self._timing(state):  # a timed step's wait
             self.waited += time.perf_counter() - self.asked
 
     def before_forward(self, state, logger):
         from speedkit.core.batch import batch_inputs
 
-        self.inputs = batch_inputs(state.batch)
+        if self._timing(state):
+            self.inputs = batch_inputs(state.batch)
 
     def batch_end(self, state, logger):
+        if self.last is not None and state.timestamp.batch > self.last:
+            return
         self.clock.tick()
         if self.clock.marks:
             self.window = [self.window[0] if self.window else time.perf_counter(), time.perf_counter()]
-        if self.stop_after and state.timestamp.batch >= self.stop_after:
-            state.request_stop("the check's timed steps are done")
 
     def data_wait_share(self) -> float | None:
         if len(self.window) < 2 or self.window[1] <= self.window[0]:
@@ -472,30 +497,116 @@ def preset_trainer(preset: str, data: dict, s: Settings, device: str, work: Path
                         callbacks=callbacks, **({"precision": "fp32"} if s.precision == "fp32" else {}))
 
 
+class StopAfter(Callback):
+    def __init__(self, steps: int):
+        self.steps = steps
+
+    def batch_end(self, state, logger):
+        if state.timestamp.batch >= self.steps:
+            state.request_stop("the check's steps are done")
+
+
+class ProfiledSteps(Callback):
+    """Profiles ``steps`` steps from step ``first`` on (after the timed ones, never during them) with torch.profiler,
+    from loading each batch to its optimizer step: the kernels a step launches as the preset runs (compiled where
+    its recipe compiles), which the counts part cannot see (its dispatch mode keeps torch.compile off)."""
+
+    def __init__(self, first: int, steps: int, device: str):
+        self.first, self.steps, self.cuda = first, steps, torch.device(device).type == "cuda"
+        self.profiler, self.counts = None, None
+
+    def before_dataloader(self, state, logger):
+        if state.timestamp.batch + 1 == self.first and self.profiler is None and self.counts is None:
+            from torch.profiler import ProfilerActivity, profile
+
+            activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda else [])
+            try:
+                self.profiler = profile(activities=activities)
+                self.profiler.__enter__()
+            except Exception as error:  # noqa: BLE001 -- a profiler that cannot start must not lose the timing
+                self.profiler, self.counts = None, {"error": f"{type(error).__name__}: {error}"[:300]}
+
+    def batch_end(self, state, logger):
+        if self.profiler is not None and state.timestamp.batch >= self.first + self.steps - 1:
+            self._finish(state.timestamp.batch - self.first + 1)
+
+    def fit_end(self, state, logger):
+        if self.profiler is not None:  # the run ended before its profiled steps did
+            self._finish(max(1, state.timestamp.batch - self.first + 1))
+
+    def _finish(self, steps: int) -> None:
+        _synchronize("cuda" if self.cuda else "cpu")
+        profiler, self.profiler = self.profiler, None
+        try:
+            profiler.__exit__(None, None, None)
+            self.counts = kernels_per_step(profiler.events(), steps, self.cuda)
+        except Exception as error:  # noqa: BLE001 -- as above
+            self.counts = {"error": f"{type(error).__name__}: {error}"[:300]}
+
+
+# The CUDA runtime's and driver's kernel launches, as the profiler names them on the host.
+_LAUNCHES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx", "cudaGraphLaunch")
+
+
+def kernels_per_step(events, steps: int, cuda: bool) -> dict:
+    """What a profiled step launched: on CUDA, the kernels the device ran and its copies and fills, and the launch
+    calls the host made (a CUDA graph's launch counts once); on a CPU, the aten ops at the bottom of each call
+    that give the device work (``launches_a_kernel``), the tiny rehearsal's stand-in, which counts more than a GPU
+    launches (a CPU's multi-tensor op calls one op per tensor) and, without loader workers, the loader's ops too."""
+    from torch.autograd import DeviceType
+
+    from speedkit.callbacks.sync_counter import launches_a_kernel
+
+    if cuda:
+        device = [e for e in events if e.device_type == DeviceType.CUDA]
+        if not device:
+            return {"error": "the profiler saw no device activity (CUPTI unavailable?)"}
+        copies = sum(e.name.startswith(("Memcpy", "Memset")) for e in device)
+        return {"device_kernels": round((len(device) - copies) / steps, 1),
+                "device_copies_and_fills": round(copies / steps, 1),
+                "host_launches": round(sum(e.name in _LAUNCHES for e in events) / steps, 1)}
+
+    def is_work(event) -> bool:
+        namespace, _, name = event.name.partition("::")
+        if namespace != "aten" or any(child.name.startswith("aten::") for child in event.cpu_children):
+            return False
+        packet = getattr(torch.ops.aten, name, None)
+        overload = getattr(packet, "default", None) if packet is not None else None
+        return overload is None or launches_a_kernel(overload)
+
+    return {"leaf_ops": round(sum(map(is_work, events)) / steps, 1)}
+
+
 def preset_throughput(preset: str, data: dict, s: Settings, device: str, work: Path, peak: float | None) -> dict:
-    """One seed preset through make_trainer on the generated data, stopped after its timed steps."""
+    """One seed preset through make_trainer on the generated data, stopped after its timed steps and a few
+    profiled ones."""
+    timed = s.warmup + s.steps
     clock = StepClock(device, s.warmup)
-    timed_steps = TimedSteps(clock, stop_after=s.warmup + s.steps)
+    timed_steps = TimedSteps(clock, last=timed)
+    profiled = ProfiledSteps(timed + 1, s.profiled_steps, device)
     fresh_dynamo()
-    trainer = preset_trainer(preset, data, s, device, work, [timed_steps], preset.replace(":", "-"))
+    trainer = preset_trainer(preset, data, s, device, work, [timed_steps, profiled,
+                                                             StopAfter(timed + s.profiled_steps)],
+                             preset.replace(":", "-"))
     _reset_memory(device)
     record = trainer.fit()
-    timed = clock.result()
+    timing = clock.result()
     inputs = timed_steps.inputs
-    per_step = {"samples_per_s": inputs.shape[0] / timed["step_s"]}
+    per_step = {"samples_per_s": inputs.shape[0] / timing["step_s"]}
     if preset.startswith("gpt2"):
-        per_step["tokens_per_s"] = inputs.shape[0] * inputs.shape[1] / timed["step_s"]
+        per_step["tokens_per_s"] = inputs.shape[0] * inputs.shape[1] / timing["step_s"]
     flops = flops_per_sample(trainer.state.model, inputs)
     fraction = flops * per_step["samples_per_s"] / peak if flops and peak else None
     unit = "tokens_per_s" if preset.startswith("gpt2") else "samples_per_s"
-    return {"ok": timed["nothing_attached"], "status": record.status, **timed, **per_step,
+    kernels = profiled.counts or {}
+    return {"ok": timing["nothing_attached"], "status": record.status, **timing, **per_step,
             "input_shape": list(inputs.shape), "flops_per_sample": flops, "fraction_of_peak": fraction,
             "data_wait_share": timed_steps.data_wait_share(), "peak_memory_gib": _peak_memory(device),
             "compile_s": record.timings.get("compile_s"), "dynamo": dynamo_counts(),
-            "methods": sorted(record.method_names),
+            "methods": sorted(record.method_names), "kernels_per_step": kernels,
             "headline": f"{per_step[unit]:,.0f} {unit.replace('_per_s', '')}/s, fraction of peak "
                         f"{fraction if fraction is not None else float('nan'):.3f}, data wait "
-                        f"{timed_steps.data_wait_share()}"}
+                        f"{timed_steps.data_wait_share()}, kernels a step {kernels}"}
 
 
 # -- 5. the loader alone --------------------------------------------------------------------------------------
@@ -569,15 +680,6 @@ def decode_batches(folder: Path, s: Settings, device: str) -> dict:
 
 
 # -- 6. host syncs and blocking copies, counted apart ---------------------------------------------------------
-
-class StopAfter(Callback):
-    def __init__(self, steps: int):
-        self.steps = steps
-
-    def batch_end(self, state, logger):
-        if state.timestamp.batch >= self.steps:
-            state.request_stop("the check's counted steps are done")
-
 
 def guarded(work) -> dict:
     """``work()``, or its error (one preset that cannot be counted must not lose the others' counts)."""

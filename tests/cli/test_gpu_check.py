@@ -85,6 +85,7 @@ def test_the_throughput_check_runs_every_part_on_a_cpu_with_clean_timed_runs(gpu
         assert_clean_timing(parts[preset], preset)
         assert parts[preset]["samples_per_s"] > 0 and parts[preset]["fraction_of_peak"] > 0
         assert parts[preset]["status"] == "stopped"  # after its timed steps, on its own schedule
+        assert parts[preset]["kernels_per_step"]["leaf_ops"] > 0  # profiled after the timed steps, apart
     assert parts["preset gpt2:hot"]["tokens_per_s"] > 0
     for preset, counted in parts["counts"]["presets"].items():  # counted apart, in runs of their own
         assert counted["steps"] >= 3 and "waits_in_quiet_steps" in counted and "by_kind" in counted, preset
@@ -99,6 +100,23 @@ def test_the_throughput_check_runs_every_part_on_a_cpu_with_clean_timed_runs(gpu
     # the eager backend the tiny check compiled with is torch's default again once it is done
     assert "backend" not in getattr(torch.nn.Module.__dict__["compile"], "keywords", {})
     assert "backend" not in getattr(torch.compile, "keywords", {})
+
+
+def test_a_rerun_on_a_warm_machine_reuses_the_data_it_made_and_makes_other_settings_anew(gpu_check, work):
+    import dataclasses
+
+    import_or_missing("litdata")
+    import_or_missing("tokenizers")
+    import gpu_throughput
+
+    folder = work / "made"
+    first = gpu_throughput.make_data(folder, "cpu", gpu_throughput.TINY)
+    shards = sorted((folder / "image-shards").iterdir())
+    again = gpu_throughput.make_data(folder, "cpu", gpu_throughput.TINY)  # prepare would refuse JPEGs made anew
+    assert again["reused"] and again["imagenet"] == first["imagenet"] and again["gpt2"] == first["gpt2"]
+    assert sorted((folder / "image-shards").iterdir()) == shards
+    other = gpu_throughput.make_data(folder, "cpu", dataclasses.replace(gpu_throughput.TINY, images=30))
+    assert "reused" not in other and other["jpegs"] == 30
 
 
 def test_a_counter_attached_while_timing_is_seen(gpu_check):
