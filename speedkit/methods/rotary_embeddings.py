@@ -65,7 +65,9 @@ class RotaryTransform:
     One instance serves every attention layer of a model and keeps the cos/sin tables per sequence length, head
     size, device and dtype, so a step builds them once instead of in every layer at every call. Under
     torch.compile the tables are computed inside the graph instead, where the compiler folds them, and a Python
-    cache would only add guards.
+    cache would only add guards. Where q and k have one shape and dtype (self-attention without a cache of earlier
+    keys) they are rotated as one stacked tensor: each op of the rotation runs once, forward and backward, instead
+    of once for q and once for k.
     """
 
     MAX_TABLES = 16  # distinct lengths kept; sequence-length warmup and evaluation use a few
@@ -77,6 +79,9 @@ class RotaryTransform:
     def __call__(self, q, k, v, attn_mask, is_causal, scale):
         k_len, q_len = k.shape[-2], q.shape[-2]
         cos, sin = self.tables(k_len, k.shape[-1], k.device, k.dtype)
+        if q.shape == k.shape and q.dtype == k.dtype:
+            q, k = _rotate(torch.stack((q, k)), cos, sin).unbind(0)
+            return q, k, v, attn_mask, is_causal, scale
         k = _rotate(k, cos, sin)
         if q_len != k_len:  # queries sit at the last q_len positions (a KV cache holds the earlier keys)
             cos, sin = self.tables(k_len, q.shape[-1], q.device, q.dtype)

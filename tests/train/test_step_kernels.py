@@ -154,6 +154,23 @@ def test_the_cached_tables_rotate_as_the_functional_form_does():
     torch.testing.assert_close(q_rot, rotary.apply_rotary(q, torch.arange(4, 9)))
 
 
+def test_queries_and_keys_of_one_shape_are_rotated_in_one_pass_with_the_numbers_of_each_apart():
+    torch.manual_seed(0)
+    q, k = torch.randn(2, 4, 7, 16, requires_grad=True), torch.randn(2, 4, 7, 16, requires_grad=True)
+    transform = rotary.RotaryTransform()
+
+    def step():
+        q_rot, k_rot, *_ = transform(q, k, k, None, True, None)
+        return q_rot, k_rot, torch.autograd.grad((q_rot * k_rot.flip(-1)).sum(), [q, k])
+
+    q_rot, k_rot, grads = step()
+    positions = torch.arange(7)
+    q_ref, k_ref = rotary.apply_rotary(q, positions), rotary.apply_rotary(k, positions)
+    torch.testing.assert_close((q_rot, k_rot), (q_ref, k_ref))
+    torch.testing.assert_close(grads, torch.autograd.grad((q_ref * k_ref.flip(-1)).sum(), [q, k]))
+    assert _ops_named("roll", step) == 2  # one forward, one backward: not one each for q and k
+
+
 def test_tables_made_in_inference_mode_do_not_reach_a_training_step():
     model = _rotary_gpt(layers=2)
     x = torch.randint(0, 256, (2, 32))
