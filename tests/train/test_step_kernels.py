@@ -41,7 +41,6 @@ OVER_THE_BOUND = {
     ("fashion-mnist", "medium"): (1.75, "Muon: ResNet-8's conv filters have a shape each, padded to one batched "
                                         "iteration (a pad and the slices back per filter); bf16 autocast's casts"),
     ("fashion-mnist", "hot"): (1.75, "as medium"),
-    ("pydocs", "mild"): (1.35, "bf16 autocast's casts (attention on a CPU runs in fp32 and casts back) and rotary"),
     ("pydocs", "medium"): (1.75, f"{QK_NORM}; bf16 autocast, rotary, ReLU squared"),
     ("pydocs", "hot"): (1.85, "as medium, plus Muon (one batched iteration per matrix shape)"),
     ("gpt2", "hot"): (1.55, f"{QK_NORM}; rotary, Muon, ReLU squared"),
