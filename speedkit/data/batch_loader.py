@@ -256,7 +256,7 @@ class BatchLoader(GlobalBatch):
 
     def _plan(self, epoch: int) -> _EpochPlan:
         """Draw the whole epoch's randomness at once, on the CPU generator: the order, and where each sample's
-        output pixels read from (8 bytes an image row and column: 13 MB for Fashion-MNIST's 60,000)."""
+        output pixels read from (4 bytes for each row and column of an image: 13 MB for Fashion-MNIST's 60,000)."""
         n = self.dataset_size
         generator = make_generator(self.seed, epoch)
         order = torch.randperm(n, generator=generator) if self.shuffle else torch.arange(n)
@@ -267,6 +267,8 @@ class BatchLoader(GlobalBatch):
         return _move(plan, self.storage)
 
     def _plan_source_pixels(self, plan: _EpochPlan, aug: Augment, generator: torch.Generator, epoch: int) -> None:
+        """Draw the epoch's shifts and flips, in the order they always were drawn, and fill in ``plan``'s source
+        rows and columns (and, for zero padding, which of them lie inside the image)."""
         n, (height, width) = len(plan.order), self.images.shape[-2:]
         shift_y = shift_x = flip = None
         if aug.crop_pad > 0:
