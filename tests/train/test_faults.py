@@ -368,13 +368,13 @@ def test_skip_policy_leaves_the_weights_of_an_infinite_step_untouched(tmp_path):
     assert trainer.state.optimizers[0].param_groups[0]["lr"] == pytest.approx(0.05)
 
 
-def bad_after_once(batches):
+def bad_after_once(batches, value=float("inf")):
     calls = {"n": 0}
 
     def loss(outputs, targets):
         calls["n"] += 1
         good = torch.nn.functional.cross_entropy(outputs, targets)
-        return good * float("inf") if calls["n"] == batches + 1 else good
+        return good * value if calls["n"] == batches + 1 else good
 
     return loss
 
@@ -412,7 +412,7 @@ def test_a_sparse_gradient_is_checked_and_masked_by_its_values(tmp_path, value):
     words, labels = torch.randint(0, 20, (64, 5)), torch.randint(0, 4, (64,))
     loader = torch.utils.data.DataLoader(list(zip(words, labels)), batch_size=16)
     guard = NaNGuard(policy="skip")
-    trainer = Trainer(Bag(), loader, max_duration="4ba", loss_fn=bad_after_once(2), nan_policy=None,
+    trainer = Trainer(Bag(), loader, max_duration="4ba", loss_fn=bad_after_once(2, value), nan_policy=None,
                       callbacks=[guard], optimizers=lambda p: torch.optim.SGD(p, lr=0.1), device="cpu",
                       run_dir=tmp_path, save_checkpoints=False)
     assert trainer.fit().status == "completed" and guard.skips == 1
