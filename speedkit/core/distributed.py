@@ -228,7 +228,7 @@ def average_buffers(module: nn.Module) -> None:
     and give integer buffers rank 0's values, so evaluation and weight averages see one model."""
     if not is_distributed():
         return
-    buffers = [b for b in module.buffers() if b.numel() and not _is_dtensor(b)]
+    buffers = [b for b in module.buffers() if b.numel() and not is_dtensor(b)]
     floats = [b for b in buffers if b.is_floating_point()]
     others = [b for b in buffers if not b.is_floating_point()]
     for group, op in ((floats, "mean"), (others, "broadcast")):
@@ -251,7 +251,7 @@ def broadcast_module(module: nn.Module, src: int = 0) -> None:
     """Give every rank rank ``src``'s parameters and buffers (after a method changed weights per rank)."""
     if not is_distributed():
         return
-    tensors = [t for t in list(module.parameters()) + list(module.buffers()) if t.numel() and not _is_dtensor(t)]
+    tensors = [t for t in list(module.parameters()) + list(module.buffers()) if t.numel() and not is_dtensor(t)]
     for dtype in _dtypes(tensors):  # the same order on every rank
         same = [t for t in tensors if t.dtype == dtype]
         flat = torch.cat([t.detach().reshape(-1) for t in same]).to(_collective_device())
@@ -267,7 +267,8 @@ def _dtypes(tensors) -> list:
     return sorted({t.dtype for t in tensors}, key=str)
 
 
-def _is_dtensor(t) -> bool:
+def is_dtensor(t) -> bool:
+    """Whether ``t`` is a DTensor: FSDP's sharded parameters and gradients."""
     try:
         from torch.distributed.tensor import DTensor
     except ImportError:  # pragma: no cover

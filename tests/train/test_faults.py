@@ -398,6 +398,32 @@ def test_the_masked_update_zeroes_nan_and_inf_and_otherwise_keeps_every_bit():
     assert all(torch.equal(_bits(grad), _bits(torch.zeros_like(grad))) for grad in grads)  # +0.0 everywhere
 
 
+def test_fsdps_sharded_gradients_are_checked_and_masked_as_their_local_shards(tmp_path):
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from speedkit.callbacks.monitors import _any_non_finite, _numbers_of, zero_where
+
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 2))
+        fully_shard(model, mesh=init_device_mesh("cpu", (1,)))
+        model(torch.randn(3, 4)).sum().backward()
+        sharded = [p.grad for p in model.parameters()]
+        numbers = [_numbers_of(grad) for grad in sharded]  # plain tensors: no DTensor op per gradient
+        assert all(type(n) is torch.Tensor and n.data_ptr() == g.to_local().data_ptr()
+                   for n, g in zip(numbers, sharded))
+        kept = [_bits(n.clone()) for n in numbers]
+        zero_where(_any_non_finite(numbers, torch.device("cpu")), numbers)
+        assert all(torch.equal(_bits(g.to_local()), k) for g, k in zip(sharded, kept))
+        numbers[1][0] = float("nan")
+        zero_where(_any_non_finite(numbers, torch.device("cpu")), numbers)
+        assert all(torch.equal(g.to_local(), torch.zeros_like(g.to_local())) for g in sharded)
+    finally:
+        dist.destroy_process_group()
+
+
 @pytest.mark.parametrize("value", [float("inf"), float("nan")])
 def test_a_sparse_gradient_is_checked_and_masked_by_its_values(tmp_path, value):
     class Bag(torch.nn.Module):  # a sparse embedding, as a recommender's or word2vec's

@@ -149,18 +149,10 @@ SHARDED_SUFFIX = ".dcp"
 _DCP_REF = "__dcp_tensor__"
 
 
-def _is_dtensor(value) -> bool:
-    try:
-        from torch.distributed.tensor import DTensor
-    except ImportError:  # pragma: no cover
-        return False
-    return isinstance(value, DTensor)
-
-
 def split_sharded(obj, tensors: dict, prefix: str = ""):
     """``obj`` with every DTensor replaced by a reference ``{_DCP_REF: key, "shape", "dtype"}``; the DTensors
     go into ``tensors[key]``. Plain tensors and other values stay (they are the same on every rank)."""
-    if _is_dtensor(obj):
+    if distributed.is_dtensor(obj):
         tensors[prefix] = obj
         return {_DCP_REF: prefix, "shape": list(obj.shape), "dtype": str(obj.dtype).removeprefix("torch.")}
     if isinstance(obj, dict):
