@@ -10,6 +10,7 @@ several processes (DDP, FSDP2) is ``speedkit.train.parallel``.
 from __future__ import annotations
 
 import datetime
+import functools
 import os
 from typing import Iterable
 
@@ -269,8 +270,15 @@ def _dtypes(tensors) -> list:
 
 def is_dtensor(t) -> bool:
     """Whether ``t`` is a DTensor: FSDP's sharded parameters and gradients."""
+    dtensor = _dtensor_class()
+    return dtensor is not None and isinstance(t, dtensor)
+
+
+@functools.cache
+def _dtensor_class():
+    """DTensor's class, looked up once: the NaN guard asks of every gradient at every step."""
     try:
         from torch.distributed.tensor import DTensor
     except ImportError:  # pragma: no cover
-        return False
-    return isinstance(t, DTensor)
+        return None
+    return DTensor
