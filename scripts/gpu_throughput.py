@@ -550,12 +550,12 @@ _LAUNCHES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLau
 
 def kernels_per_step(events, steps: int, cuda: bool) -> dict:
     """What a profiled step launched: on CUDA, the kernels the device ran and its copies and fills, and the launch
-    calls the host made (a CUDA graph's launch counts once); on a CPU, the aten ops at the bottom of each call
-    that give the device work (``launches_a_kernel``), the tiny rehearsal's stand-in, which counts more than a GPU
-    launches (a CPU's multi-tensor op calls one op per tensor) and, without loader workers, the loader's ops too."""
+    calls the host made (a CUDA graph's launch counts once); on a CPU, the tiny rehearsal's stand-in, the kernels
+    a GPU would launch for the same ops (``profiled_kernels``: inductor's where the step is compiled, a multi-tensor
+    op once), counting, without loader workers, the loader's too."""
     from torch.autograd import DeviceType
 
-    from speedkit.callbacks.sync_counter import launches_a_kernel
+    from speedkit.callbacks.sync_counter import profiled_kernels
 
     if cuda:
         device = [e for e in events if e.device_type == DeviceType.CUDA]
@@ -565,16 +565,7 @@ def kernels_per_step(events, steps: int, cuda: bool) -> dict:
         return {"device_kernels": round((len(device) - copies) / steps, 1),
                 "device_copies_and_fills": round(copies / steps, 1),
                 "host_launches": round(sum(e.name in _LAUNCHES for e in events) / steps, 1)}
-
-    def is_work(event) -> bool:
-        namespace, _, name = event.name.partition("::")
-        if namespace != "aten" or any(child.name.startswith("aten::") for child in event.cpu_children):
-            return False
-        packet = getattr(torch.ops.aten, name, None)
-        overload = getattr(packet, "default", None) if packet is not None else None
-        return overload is None or launches_a_kernel(overload)
-
-    return {"leaf_ops": round(sum(map(is_work, events)) / steps, 1)}
+    return {"kernels": round(sum(profiled_kernels(events).values()) / steps, 1)}
 
 
 def preset_throughput(preset: str, data: dict, s: Settings, device: str, work: Path, peak: float | None) -> dict:

@@ -35,6 +35,7 @@ its batch to its checkpoint point), the evaluation or the set-up it happened in,
 from __future__ import annotations
 
 import collections
+import functools
 import os
 import sys
 import traceback
@@ -51,9 +52,11 @@ from speedkit.core.engine import Callback
 # what counts as a wait; "host_only" (reads of values on the host) is counted apart
 KINDS = ("item", "host_read", "device_sync", "collective", "host_to_device", "data_dependent")
 _COLLECTIVE_NAMESPACES = ("c10d", "_c10d_functional", "c10d_functional")
-# Non-view ops that give the device no work: a view in all but name, allocations (from the caching allocator, on
-# the host) and reads of a value (a quiet step reads none of the device's; a read that does is a wait, counted).
-_NO_KERNEL = frozenset({torch.ops.aten._unsafe_view.default, torch.ops.aten.empty.memory_format,
+# Non-view ops that give the device no work: a view in all but name (and in place), allocations (from the caching
+# allocator, on the host) and reads of a value (a quiet step reads none of the device's; a read that does is a wait,
+# counted).
+_NO_KERNEL = frozenset({torch.ops.aten._unsafe_view.default, torch.ops.aten.as_strided_.default,
+                        torch.ops.aten.resize_.default, torch.ops.aten.empty.memory_format,
                         torch.ops.aten.empty_strided.default, torch.ops.aten.empty_like.default,
                         torch.ops.aten.new_empty.default, torch.ops.aten.new_empty_strided.default,
                         torch.ops.aten._local_scalar_dense.default})
@@ -65,6 +68,103 @@ def launches_a_kernel(func) -> bool:
     return not (func.is_view or func in _NO_KERNEL or func.namespace == "profiler")
 
 
+def kernel_launches(func, args=()) -> int:
+    """About how many kernels an aten op launches on a GPU: none for views, allocations and reads of a value, one
+    for most ops, and for a multi-tensor op one where CUDA's fast path takes its lists (``foreach_fast_path``) and
+    one per tensor where CUDA falls back to a loop of single-tensor ops, as a CPU always does."""
+    if not launches_a_kernel(func):
+        return 0
+    name = func.name()
+    if name.startswith(("aten::_foreach_", "aten::_amp_foreach_")):
+        lists = [a for a in args if isinstance(a, (list, tuple)) and a and isinstance(a[0], torch.Tensor)]
+        # the operand after the lists: a number or a 0-dim tensor (the AMP check's are flags, not operands)
+        after = args[len(lists)] if len(args) > len(lists) and name.startswith("aten::_foreach_") else None
+        scalar = after if isinstance(after, (int, float)) or (isinstance(after, torch.Tensor) and after.dim() == 0) \
+            else None
+        if lists and not foreach_fast_path(lists, scalar):
+            return len(lists[0])
+    return 1
+
+
+def foreach_fast_path(lists: list, scalar=None) -> bool:
+    """Whether CUDA runs a multi-tensor op on ``lists`` (and an optional ``scalar``: a number, or a 0-dim tensor
+    of the scalar-tensor overload) as one kernel (ATen's ``check_fast_path_restrictions``): every tensor on one
+    device, of one dtype, dense without overlaps, the tensors at each position of one size and stride, and a result
+    of the tensors' dtype. Otherwise it runs one op per tensor: a transposed or sliced view, or a bf16 update added
+    to fp32 weights, turns one launch into a launch per tensor."""
+    first = lists[0][0]
+    for tensors in lists:
+        for tensor, leader in zip(tensors, lists[0]):
+            if (tensor.device != first.device or tensor.dtype != first.dtype or tensor.layout != torch.strided
+                    or tensor.shape != leader.shape or not _dense(tensor) or not _same_strides(tensor, leader)):
+                return False
+    if isinstance(scalar, torch.Tensor):
+        return scalar.dtype == first.dtype
+    return scalar is None or torch.result_type(first, scalar) == first.dtype
+
+
+def profiled_kernels(events) -> collections.Counter:
+    """The kernels in a CPU profile (torch.profiler's events) as a GPU would launch them, by name: torch.compile's
+    C++ kernels (profiled where inductor's ``cpp.enable_kernel_profile`` is on; counted as ``"inductor"``), a
+    multi-tensor op once (a CPU runs one op per tensor under it, CUDA one kernel on its fast path), and each other
+    op that gives the device work (``launches_a_kernel``) and calls none that does (``aten::to`` calls ``copy_``,
+    ``mm`` calls the view ``resolve_conj``): what the eager count (``kernel_launches``) sees, and what runs inside
+    compiled graphs, which a dispatch mode cannot see."""
+    counts: collections.Counter = collections.Counter()
+    for event in events:
+        if _under_multi_tensor_op(event):
+            continue
+        if "cpp_fused" in event.name:
+            counts["inductor"] += 1
+        elif event.name.startswith(_MULTI_TENSOR_OPS) or (_gives_work(event.name) and not _work_below(event)):
+            counts[event.name] += 1
+    return counts
+
+
+_MULTI_TENSOR_OPS = ("aten::_foreach_", "aten::_amp_foreach_", "aten::_fused_")
+
+
+def _under_multi_tensor_op(event) -> bool:
+    parent = event.cpu_parent
+    while parent is not None:
+        if parent.name.startswith(_MULTI_TENSOR_OPS):
+            return True
+        parent = parent.cpu_parent
+    return False
+
+
+def _work_below(event) -> bool:
+    return any(_gives_work(child.name) or _work_below(child) for child in event.cpu_children)
+
+
+@functools.cache
+def _gives_work(name: str) -> bool:
+    """Whether a profiled event of this name is an aten op that launches a kernel (every overload of it does) or an
+    inductor kernel."""
+    if "cpp_fused" in name:
+        return True
+    namespace, _, op = name.partition("::")
+    if namespace != "aten" or op == "item":  # item reads a value (its _local_scalar_dense launches nothing)
+        return False
+    packet = getattr(torch.ops.aten, op, None)
+    return packet is None or all(launches_a_kernel(getattr(packet, overload)) for overload in packet.overloads())
+
+
+def _dense(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor``'s elements fill its storage span with no gaps or overlaps, in some order of its dims."""
+    expected = 1
+    for size, stride in sorted(((n, s) for n, s in zip(tensor.shape, tensor.stride()) if n != 1),
+                               key=lambda size_stride: size_stride[1]):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def _same_strides(tensor: torch.Tensor, leader: torch.Tensor) -> bool:
+    return all(n == 1 or a == b for n, a, b in zip(tensor.shape, tensor.stride(), leader.stride()))
+
+
 class _SyncDispatch(TorchDispatchMode):
     """Sees every aten op run while active; tells the counter about the ones that make the host wait."""
 
@@ -74,7 +174,7 @@ class _SyncDispatch(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        self.counter.count_op(func)
+        self.counter.count_op(func, args)
         if func is torch.ops.aten._local_scalar_dense.default:
             if self.counter.host_made(args[0]):
                 self.counter.count("host_only")
@@ -249,6 +349,14 @@ def _device_to_host(func, args, kwargs) -> bool:
     return target is not None and torch.device(target).type == "cpu" and source.device.type != "cpu"
 
 
+def makes_batches_on_host(loader) -> bool:
+    """Whether ``loader`` makes its batches on the host, outside the step's work for the device. A torch DataLoader
+    does (per-image transforms read their random numbers with .item() on CPU tensors, and each epoch's iterator draws
+    its worker seed so: reads that wait on nothing, on any device), and so does a loader that wraps one and says so
+    (the streaming loaders). A loader of device tensors (speedkit's in-memory one) makes them in the step."""
+    return isinstance(loader, torch.utils.data.DataLoader) or getattr(loader, "makes_batches_on_host", False)
+
+
 class SyncCounter(Callback):
     """Counts host-device waits: a context manager, and a callback that attributes them to phases of a run.
 
@@ -284,12 +392,11 @@ class SyncCounter(Callback):
         if self.keep_stacks and where[0] == "step":
             self.stacks.append((where, "".join(traceback.format_stack(limit=8)[:-2])))
 
-    def count_op(self, func) -> None:
+    def count_op(self, func, args=()) -> None:
         if self.phase[0] == "step":
             step = self.phase[1]
             self.step_ops[step] = self.step_ops.get(step, 0) + 1
-            if launches_a_kernel(func):
-                self.step_launches[step] = self.step_launches.get(step, 0) + 1
+            self.step_launches[step] = self.step_launches.get(step, 0) + kernel_launches(func, args)
 
     @property
     def total(self) -> int:
@@ -328,13 +435,7 @@ class SyncCounter(Callback):
     def before_dataloader(self, state, logger):
         batch = state.timestamp.batch + 1
         self.steps.setdefault(batch, 0)
-        # A torch DataLoader makes its batches on the host (per-image transforms read their random numbers
-        # with .item() on CPU tensors, and each epoch's iterator draws its worker seed so); those reads wait
-        # on nothing, on any device. So does a loader that wraps one and says so (the streaming loaders). A
-        # loader of device tensors (speedkit's in-memory one) makes them in the step, where every read counts.
-        loader = state.train_dataloader
-        host_made = isinstance(loader, torch.utils.data.DataLoader) or getattr(loader, "makes_batches_on_host", False)
-        self.phase = ("host_data", batch) if host_made else ("step", batch)
+        self.phase = ("host_data", batch) if makes_batches_on_host(state.train_dataloader) else ("step", batch)
 
     def after_dataloader(self, state, logger):
         self.phase = ("step", state.timestamp.batch + 1)

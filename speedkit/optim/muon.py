@@ -97,7 +97,12 @@ def zeropower_via_newtonschulz(G: torch.Tensor, steps: int = 5, eps: float = 1e-
         X = multiply_add(X, B, X, beta=a)
     if tall:
         X = X.mT
-    return X.reshape(G.shape).to(G.dtype)
+    # Contiguous, as weights are (the cast back lays it out in the same kernel): the optimizer's multi-tensor add of
+    # the results to the weights then runs as one kernel on CUDA, where a transposed result would send it down its
+    # slow path of a kernel per matrix (``speedkit.callbacks.sync_counter.foreach_fast_path``). A cast to the same
+    # dtype ignores the layout asked for.
+    X = X.reshape(G.shape)
+    return X.contiguous() if X.dtype == G.dtype else X.to(G.dtype, memory_format=torch.contiguous_format)
 
 
 class Muon(torch.optim.Optimizer):

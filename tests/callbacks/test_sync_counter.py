@@ -14,6 +14,7 @@ from helpers import toy_loaders, toy_model
 from prerequisites import require
 
 from speedkit.callbacks import Callback, SyncCounter
+from speedkit.callbacks.sync_counter import kernel_launches, profiled_kernels
 from speedkit.core.devices import synchronize, to_host
 from speedkit.tasks import make_trainer
 from speedkit.tasks import TASKS
@@ -215,3 +216,47 @@ def test_a_steps_kernel_launches_leave_out_views_allocations_and_reads(tmp_path)
     assert (ops - plain_ops, launched - plain_launches) == (4, 4)
     ops, launched = counts(views_and_allocations)
     assert (ops - plain_ops, launched - plain_launches) == (8, 1)
+
+
+def test_a_multi_tensor_op_is_one_launch_only_where_cudas_fast_path_takes_its_lists():
+    aten = torch.ops.aten
+    weights = [torch.zeros(6, 4), torch.zeros(3, 3)]
+    like = [torch.ones(6, 4), torch.ones(3, 3)]
+    assert kernel_launches(aten._foreach_add_.List, (weights, like)) == 1
+    assert kernel_launches(aten._foreach_add_.List, (weights, [torch.ones(4, 6).t(), like[1]])) == 2  # transposed
+    assert kernel_launches(aten._foreach_add_.List, (weights, [t.bfloat16() for t in like])) == 2  # another dtype
+    assert kernel_launches(aten._foreach_add_.List, (weights, [torch.ones(6, 8)[:, :4], like[1]])) == 2  # a slice
+    bits = [torch.zeros(5, dtype=torch.int32), torch.zeros(7, dtype=torch.int32)]
+    assert kernel_launches(aten._foreach_mul_.Scalar, (bits, 2)) == 1
+    assert kernel_launches(aten._foreach_mul_.Scalar, (bits, 0.5)) == 2  # the product would be a float
+    assert kernel_launches(aten._foreach_mul_.Tensor, (bits, torch.tensor(1, dtype=torch.int32))) == 1
+    assert kernel_launches(aten._foreach_mul_.Tensor, (bits, torch.tensor(1.0))) == 2
+    bf16 = [t.bfloat16() for t in like]  # the AMP check's flags are fp32 whatever the gradients' dtype
+    assert kernel_launches(aten._amp_foreach_non_finite_check_and_unscale_.default,
+                           (bf16, torch.zeros(()), torch.ones(()))) == 1
+    assert kernel_launches(aten.add.Tensor, (like[0], like[0])) == 1
+    assert kernel_launches(aten.t.default, (like[0],)) == 0
+
+
+def test_a_cpu_profile_counts_kernels_as_a_gpu_would_launch_them():
+    import torch._inductor.config as inductor_config
+    from torch.profiler import ProfilerActivity, profile
+
+    tensors = [torch.randn(8, 8) for _ in range(5)]
+
+    def counted(work):
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            work()
+        return profiled_kernels(prof.events())
+
+    # one multi-tensor op, not its five per-tensor ops on a CPU; a matmul (which calls a view); a cast (``to``, which
+    # calls ``_to_copy`` and ``copy_``); no views, allocations or reads of a value
+    assert counted(lambda: torch._foreach_add_(tensors, 1.0)) == {"aten::_foreach_add_": 1}
+    assert counted(lambda: tensors[0] @ tensors[1]) == {"aten::mm": 1}
+    assert counted(lambda: tensors[0].to(torch.bfloat16)) == {"aten::copy_": 1}
+    assert counted(lambda: (tensors[0].t(), tensors[0].view(-1), torch.empty(3), tensors[0][0, 0].item())) == {}
+    # a compiled function's fused kernel, profiled where inductor marks its kernels
+    with inductor_config.patch({"cpp.enable_kernel_profile": True}):
+        fused = torch.compile(lambda x: (x * 2 + 1).relu())
+        fused(tensors[0])
+        assert counted(lambda: fused(tensors[0])) == {"inductor": 1}

@@ -10,6 +10,7 @@ import torch
 import torch.nn as nn
 
 import speedkit.optim.muon as muon_module
+from speedkit.callbacks.sync_counter import foreach_fast_path
 from speedkit.optim.muon import (DISPATCHES_WORTH_FLOPS, Muon, orthogonalize_together, plan_batches,
                                  zeropower_via_newtonschulz)
 
@@ -180,3 +181,13 @@ def test_the_batches_are_planned_once_for_a_groups_shapes(monkeypatch):
     params[0].grad = None  # a step without one of them is another set of shapes: planned for it
     opt.step()
     assert len(planned) == 2
+
+
+def test_the_results_of_a_shape_batch_are_laid_out_as_the_weights_they_update():
+    """CUDA's multi-tensor add runs as one kernel only where each result has its weight's strides; a tall matrix's
+    result is iterated transposed, and would send the whole add down the slow path of a kernel per matrix."""
+    weights = [torch.randn(96, 32) for _ in range(3)]  # tall: iterated as their 32 x 96 transposes
+    for dtype in (torch.bfloat16, torch.float32):
+        orthos = orthogonalize_together([w.clone() for w in weights], dtype=dtype)
+        assert all(o.dtype == torch.float32 for o in orthos)
+        assert foreach_fast_path([weights, orthos]), [o.stride() for o in orthos]

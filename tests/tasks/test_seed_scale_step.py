@@ -49,7 +49,7 @@ def test_resnet50_at_224_and_gpt2_124m_at_1024_run_every_preset_without_host_wai
     # the gpu sizes at a CPU's batch, in fp32 (bf16 autocast is emulated on most CPUs); the methods, the
     # sizes and the step are the presets'
     s = dataclasses.replace(gpu_throughput.TINY, task_sizes="gpu", context=1024, presets=gpu_throughput.SEED_PRESETS,
-                            vision_batch=2, language_batch=1, warmup=1, steps=1, count_steps=4)
+                            vision_batch=2, language_batch=1, warmup=1, steps=1, count_steps=4, profiled_steps=1)
     data = gpu_throughput.make_data(tmp_path / "data", "cpu", s)
     peak = gpu_throughput.measure_peak("cpu", s)["flops_per_s"]
     results = {}

@@ -110,11 +110,11 @@ AVERAGING = {"ema": lambda: EMA(half_life="2ba"), "swa": lambda: SWA(swa_start=0
 
 @pytest.mark.parametrize("layers", [2, 8])
 @pytest.mark.parametrize("method", sorted(AVERAGING))
-def test_averaging_the_weights_is_a_few_ops_however_many_tensors(tmp_path, method, layers):
-    plain = _toy_run(tmp_path / "plain", [], layers).quiet_step_ops()
-    averaged = _toy_run(tmp_path / method, [AVERAGING[method]()], layers).quiet_step_ops()
+def test_averaging_the_weights_is_a_few_kernels_however_many_tensors(tmp_path, method, layers):
+    plain = _toy_run(tmp_path / "plain", [], layers).quiet_step_launches()
+    averaged = _toy_run(tmp_path / method, [AVERAGING[method]()], layers).quiet_step_launches()
     extra = {b: averaged[b] - plain[b] for b in plain}
-    assert all(0 < n <= 3 for n in extra.values()), extra  # multi-tensor ops, not one per weight
+    assert all(0 < n <= 3 for n in extra.values()), extra  # multi-tensor ops on CUDA's fast path, not one per weight
 
 
 def test_the_nan_guards_check_and_masked_update_are_a_few_kernels_however_many_gradients(tmp_path):
