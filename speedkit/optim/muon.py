@@ -14,7 +14,6 @@ AdamW or SGD. A module that owns a matrix-shaped gain marks it with :func:`mark_
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from speedkit.core.devices import cpu_has_fast_bf16
 
@@ -97,12 +96,7 @@ def zeropower_via_newtonschulz(G: torch.Tensor, steps: int = 5, eps: float = 1e-
         X = multiply_add(X, B, X, beta=a)
     if tall:
         X = X.mT
-    # Contiguous, as weights are (the cast back lays it out in the same kernel): the optimizer's multi-tensor add of
-    # the results to the weights then runs as one kernel on CUDA, where a transposed result would send it down its
-    # slow path of a kernel per matrix (``speedkit.callbacks.sync_counter.foreach_fast_path``). A cast to the same
-    # dtype ignores the layout asked for.
-    X = X.reshape(G.shape)
-    return X.contiguous() if X.dtype == G.dtype else X.to(G.dtype, memory_format=torch.contiguous_format)
+    return X.reshape(G.shape).to(G.dtype)
 
 
 class Muon(torch.optim.Optimizer):
@@ -245,7 +239,7 @@ def plan_batches(shapes: list[tuple[int, int]], worth_flops: float, steps: int =
 def orthogonalize_together(tensors: list[torch.Tensor], steps: int = 5,
                            dtype: torch.dtype | None = None) -> list[torch.Tensor]:
     """``zeropower_via_newtonschulz`` of each tensor as a matrix (``matrix_shape``), in one batched iteration; the
-    results have the tensors' shapes and are views into the batch.
+    results have the tensors' shapes, dtype and, for tensors of one shape, strides (a channels_last filter's too).
 
     Matrices of other shapes are turned to their wide orientation and padded with zeros to one shape. The padding
     changes nothing: rows and columns of zeros add nothing to the norm and stay zero under
@@ -256,23 +250,59 @@ def orthogonalize_together(tensors: list[torch.Tensor], steps: int = 5,
         t = tensors[0]
         ortho = zeropower_via_newtonschulz(t if t.dim() == 2 else t.reshape(matrix_shape(t)), steps=steps, dtype=dtype)
         return [ortho if t.dim() == 2 else ortho.view_as(t)]
-    if len({t.shape for t in tensors}) == 1:  # one shape: stacked as they are, one view to the matrices and back
-        stacked = torch.stack(tensors)
-        matrices = stacked if stacked.dim() == 3 else stacked.reshape(len(tensors), *matrix_shape(tensors[0]))
-        orthos = zeropower_via_newtonschulz(matrices, steps=steps, dtype=dtype)
-        return list((orthos if orthos.dim() == stacked.dim() else orthos.view_as(stacked)).unbind(0))
-    matrices = [t if t.dim() == 2 else t.reshape(matrix_shape(t)) for t in tensors]
-    wide = [m.mT if m.size(0) > m.size(1) else m for m in matrices]
-    rows, cols = max(w.size(0) for w in wide), max(w.size(1) for w in wide)
-    padded = torch.stack([w if w.shape == (rows, cols) else F.pad(w, (0, cols - w.size(1), 0, rows - w.size(0)))
-                          for w in wide])
-    blocks = zeropower_via_newtonschulz(padded, steps=steps, dtype=dtype).unbind(0)
-    results = []
-    for t, m, w, block in zip(tensors, matrices, wide, blocks):
-        block = block if block.shape == w.shape else block[:w.size(0), :w.size(1)]
-        block = block.mT if w is not m else block
-        results.append(block if t.dim() == 2 else block.reshape(t.shape))
-    return results
+    if len({t.shape for t in tensors}) == 1:
+        return _orthogonalize_one_shape(tensors, steps, dtype)
+    return _orthogonalize_padded(tensors, steps, dtype)
+
+
+def _orthogonalize_one_shape(tensors: list[torch.Tensor], steps: int, dtype: torch.dtype | None) -> list:
+    """Tensors of one shape stacked as they are, one view to the matrices, and the results cast back into one
+    buffer laid out as the first tensor is (one kernel): the optimizer's multi-tensor add of the results to the
+    weights then runs as one kernel on CUDA, where a result of other strides (a transposed tall matrix, a contiguous
+    one for a channels_last filter) would send it down its slow path of a kernel per matrix
+    (``speedkit.callbacks.sync_counter.foreach_fast_path``)."""
+    stacked = torch.stack(tensors)  # each tensor's layout kept in its slice (a channels_last filter's too)
+    matrices = stacked if stacked.dim() == 3 else stacked.reshape(len(tensors), *matrix_shape(tensors[0]))
+    dtype = newton_schulz_dtype(matrices) if dtype is None else dtype
+    orthos = zeropower_via_newtonschulz(matrices.to(dtype), steps=steps, dtype=dtype)  # left in the iteration's dtype
+    laid_out = torch.empty_like(stacked)
+    return list(laid_out.copy_(orthos if orthos.dim() == stacked.dim() else orthos.reshape(stacked.shape)).unbind(0))
+
+
+def _orthogonalize_padded(tensors: list[torch.Tensor], steps: int, dtype: torch.dtype | None) -> list:
+    """Matrices of other shapes in their wide orientation, in one batch: stacked where they have one wide shape (a
+    matrix and others of its transposed shape), else each copied into the corner of a batch of zeros in the
+    iteration's dtype (one fill, and a copy a matrix that also casts it and flattens a filter in whatever layout it
+    has, where a pad would be a fill and a copy and the stack another copy). The results are views into the batch
+    cast back once, in the tensors' shapes."""
+    shapes = [matrix_shape(t) for t in tensors]
+    rows = max(min(shape) for shape in shapes)
+    cols = max(max(shape) for shape in shapes)
+    if dtype is None:
+        dtype = newton_schulz_dtype(tensors[0], entries=rows * cols)
+    if all(sorted(shape) == [rows, cols] for shape in shapes):
+        matrices = [t if t.dim() == 2 else t.reshape(shape) for t, shape in zip(tensors, shapes)]
+        batch = torch.stack([m.mT if m.size(0) > m.size(1) else m for m in matrices])
+    else:
+        batch = tensors[0].new_zeros((len(tensors), rows, cols), dtype=dtype)
+        for corner, t, shape in zip(batch, tensors, shapes):
+            _as_shaped(_matrix_in(corner, shape), t).copy_(t)
+    blocks = zeropower_via_newtonschulz(batch, steps=steps, dtype=dtype).to(tensors[0].dtype)
+    return [_as_shaped(_matrix_in(block, shape), t) for block, t, shape in zip(blocks, tensors, shapes)]
+
+
+def _as_shaped(matrix: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """``matrix`` (a view of ``t``'s matrix shape) viewed in ``t``'s shape."""
+    return matrix if matrix.shape == t.shape else matrix.view(t.shape)
+
+
+def _matrix_in(corner: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
+    """The ``[rows, cols]`` matrix that ``corner`` (one of a batch's matrices) holds in its top left in its wide
+    orientation, as a ``[rows, cols]`` view."""
+    rows, cols = shape
+    short, long = min(shape), max(shape)
+    wide = corner if corner.shape == (short, long) else corner[:short, :long]  # each slice is a dispatch
+    return wide.mT if rows > cols else wide
 
 
 def iteration_batches(tensors: list[torch.Tensor], steps: int):

@@ -185,9 +185,37 @@ def test_the_batches_are_planned_once_for_a_groups_shapes(monkeypatch):
 
 def test_the_results_of_a_shape_batch_are_laid_out_as_the_weights_they_update():
     """CUDA's multi-tensor add runs as one kernel only where each result has its weight's strides; a tall matrix's
-    result is iterated transposed, and would send the whole add down the slow path of a kernel per matrix."""
-    weights = [torch.randn(96, 32) for _ in range(3)]  # tall: iterated as their 32 x 96 transposes
-    for dtype in (torch.bfloat16, torch.float32):
-        orthos = orthogonalize_together([w.clone() for w in weights], dtype=dtype)
-        assert all(o.dtype == torch.float32 for o in orthos)
-        assert foreach_fast_path([weights, orthos]), [o.stride() for o in orthos]
+    result is iterated transposed, a channels_last filter's as a contiguous matrix, and either would send the whole
+    add down the slow path of a kernel per matrix."""
+    tall = [torch.randn(96, 32) for _ in range(3)]  # iterated as their 32 x 96 transposes
+    filters = [torch.randn(16, 8, 3, 3).contiguous(memory_format=torch.channels_last) for _ in range(3)]
+    for weights in (tall, filters):
+        for dtype in (torch.bfloat16, torch.float32):
+            orthos = orthogonalize_together([w.clone() for w in weights], dtype=dtype)
+            assert all(o.dtype == torch.float32 for o in orthos)
+            assert foreach_fast_path([weights, orthos]), [o.stride() for o in orthos]
+            one_by_one = [zeropower_via_newtonschulz(w.reshape(16, -1) if w.dim() == 4 else w, dtype=dtype)
+                          for w in weights]
+            assert all(torch.allclose(o.reshape(m.shape), m, atol=1e-6) for o, m in zip(orthos, one_by_one))
+
+
+def test_a_padded_batch_is_one_fill_and_a_copy_a_matrix():
+    """Each matrix is copied (cast and flattened on the way) into its corner of a batch of zeros: a pad would be a
+    fill and a copy each, a channels_last filter's flattening another copy, and the stack one more."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.seen = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.seen.append(func)
+            return func(*args, **(kwargs or {}))
+
+    filters = [torch.randn(*shape).contiguous(memory_format=torch.channels_last) for shape in SMALL_FILTERS]
+    with Ops() as ops:
+        orthogonalize_together(filters, dtype=torch.bfloat16)
+    aten = torch.ops.aten
+    assert aten.constant_pad_nd.default not in ops.seen and aten.clone.default not in ops.seen
+    assert ops.seen.count(aten.copy_.default) == len(filters) and ops.seen.count(aten.new_zeros.default) == 1
