@@ -39,7 +39,8 @@ QK_NORM = ("QK-norm: rms_norm and a gain over q and k together in every layer, f
            "of the step; on a CPU rms_norm is a composite of several ops, on CUDA one fused kernel each way")
 OVER_THE_BOUND = {
     ("fashion-mnist", "medium"): (1.75, "Muon: ResNet-8's conv filters have a shape each, padded to one batched "
-                                        "iteration (a pad and the slices back per filter); bf16 autocast's casts"),
+                                        "iteration (a copy in and the slices back per filter); bf16 autocast's "
+                                        "casts"),
     ("fashion-mnist", "hot"): (1.75, "as medium"),
     ("pydocs", "medium"): (1.75, f"{QK_NORM}; bf16 autocast, rotary, ReLU squared"),
     ("pydocs", "hot"): (1.85, "as medium, plus Muon (one batched iteration per matrix shape)"),
