@@ -74,12 +74,14 @@ def test_small_matrices_of_different_shapes_run_one_iteration_padded_to_one_wide
 
 def test_a_padded_iteration_gives_each_matrix_its_own_iterations_result():
     torch.manual_seed(0)
-    matrices = [torch.randn(24, 16), torch.randn(8, 27), torch.randn(16, 24), torch.randn(5, 3)]
-    together = orthogonalize_together(matrices, dtype=torch.float32)
-    for matrix, ortho in zip(matrices, together):
-        assert ortho.shape == matrix.shape
-        torch.testing.assert_close(ortho, zeropower_via_newtonschulz(matrix, dtype=torch.float32),
-                                   rtol=1e-4, atol=1e-5)
+    padded = [torch.randn(24, 16), torch.randn(8, 27), torch.randn(16, 24), torch.randn(5, 3)]
+    transposed_shapes = [torch.randn(24, 16), torch.randn(16, 24), torch.randn(16, 2, 3, 4)]  # one wide shape: no pad
+    for matrices in (padded, transposed_shapes):
+        together = orthogonalize_together(matrices, dtype=torch.float32)
+        for matrix, ortho in zip(matrices, together):
+            assert ortho.shape == matrix.shape
+            alone = zeropower_via_newtonschulz(matrix.reshape(matrix.size(0), -1), dtype=torch.float32)
+            torch.testing.assert_close(ortho, alone.view_as(matrix), rtol=1e-4, atol=1e-5)
 
 
 # [rows, cols] of Muon's matrices in ResNet-8 (conv filters flattened) and in GPT-2 124M's layers.
