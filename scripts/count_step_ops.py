@@ -12,6 +12,7 @@ with ``--out``. ``tests/train/test_step_kernels.py`` checks the same counts::
 
     OMP_NUM_THREADS=1 .venv/bin/python scripts/count_step_ops.py                 # fashion-mnist and pydocs
     OMP_NUM_THREADS=1 .venv/bin/python scripts/count_step_ops.py --seed-tasks    # also gpt2 and imagenet
+    OMP_NUM_THREADS=1 .venv/bin/python scripts/count_step_ops.py --seed-tasks --compiled   # and each step compiled
 
 A dispatch mode keeps torch.compile off, so with ``--compiled`` it also counts the kernels of each preset's step with
 its model compiled (``torch_compile`` added to its methods), as on a GPU, from a profile of quiet steps instead
