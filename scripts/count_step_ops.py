@@ -4,11 +4,11 @@ Each preset trains 7 batches (batch size 8; the seed's tasks at their cpu sizes,
 files) under a ``SyncCounter``; the count is that of a quiet step (neither logging nor evaluating) past
 sequence-length warmup's change of length. Every op costs the host a dispatch; on a GPU those that are not views,
 allocations or reads of a value are each about one kernel launch, and a multi-tensor op that CUDA's fast path does
-not take is one per tensor (``kernel_launches``). Muon batches its matrices
-as it plans them for a GPU, where each op is a launch (``DISPATCHES_WORTH_FLOPS``) and every iteration runs in
-bf16, not as for the CPU the count runs on (whose bf16 policy would split a conv net's larger filters from its
-smaller ones). It prints one line per preset with the ratios to its task's baseline, and the JSON of all of them
-with ``--out``. ``tests/train/test_step_kernels.py`` checks the same counts::
+not take is one per tensor (``kernel_launches``). Muon batches its matrices as it plans them for a GPU, where each
+op is a launch (``DISPATCHES_WORTH_FLOPS``) and every iteration runs in bf16, not as for the CPU the count runs on
+(whose bf16 policy would split a conv net's larger filters from its smaller ones). It prints one line per preset
+with the ratios to its task's baseline, and the JSON of all of them with ``--out``.
+``tests/train/test_step_kernels.py`` checks the same counts::
 
     OMP_NUM_THREADS=1 .venv/bin/python scripts/count_step_ops.py                 # fashion-mnist and pydocs
     OMP_NUM_THREADS=1 .venv/bin/python scripts/count_step_ops.py --seed-tasks    # also gpt2 and imagenet
@@ -19,8 +19,8 @@ its model compiled (``torch_compile`` added to its methods), as on a GPU, from a
 (``profiled_kernels``): inductor's C++ kernels and each op outside the compiled graphs (the optimizer's, the NaN
 guard's, the loader's). A CPU's inductor fuses much as CUDA's does, around the same library calls (matmuls,
 attention), so the count is a CPU's estimate of a compiled GPU step's launches, which the GPU check's
-``kernels_per_step`` measures on the device; it overstates conv nets, whose oneDNN convolutions copy and fill
-inside their backward here. Each preset compiles once (seconds to a minute).
+``kernels_per_step`` measures on the device. It overstates some: a CPU's convolutions cast inside their backward,
+and its flash attention fills its gradients' buffers. Each preset compiles once (seconds to a minute).
 """
 from __future__ import annotations
 

@@ -710,8 +710,6 @@ def count_syncs(preset: str, data: dict, s: Settings, device: str, work: Path) -
             "quiet_step_ops": counter.quiet_step_ops(), "quiet_step_launches": counter.quiet_step_launches()}
 
 
-
-
 def muon_batches(s: Settings, device: str) -> dict:
     """A Muon step (random gradients) over each model's hidden matrices, timed three ways: batched as planned for
     the device, one batch per shape (padding worth nothing), one padded batch for all (padding worth everything)."""

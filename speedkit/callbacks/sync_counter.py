@@ -369,7 +369,7 @@ class SyncCounter(Callback):
         self.totals: collections.Counter = collections.Counter()
         self.steps: dict[int, int] = {}  # batch number (1-based) -> waits in that training step
         self.step_ops: dict[int, int] = {}  # batch number -> aten ops dispatched in that step
-        self.step_launches: dict[int, int] = {}  # batch number -> those of its ops that launch a kernel on a GPU
+        self.step_launches: dict[int, int] = {}  # batch number -> the kernels its ops launch on a GPU
         self.boundary_steps: set[int] = set()  # steps that logged or were followed by an evaluation
         self.evals: list[int] = []  # waits in each evaluation
         self.phase: tuple = ("setup",)
@@ -478,8 +478,8 @@ class SyncCounter(Callback):
         return {b: self.step_ops.get(b, 0) for b in self.quiet_steps()}
 
     def quiet_step_launches(self) -> dict[int, int]:
-        """Those of each quiet step's ops that give the device work (``launches_a_kernel``): on a GPU, about one
-        kernel launch each."""
+        """The kernels a GPU would launch for each quiet step's ops (``kernel_launches``): one for each op that gives
+        the device work, one per tensor for a multi-tensor op off CUDA's fast path."""
         return {b: self.step_launches.get(b, 0) for b in self.quiet_steps()}
 
     def report(self) -> dict:
