@@ -68,6 +68,11 @@ def launches_a_kernel(func) -> bool:
     return not (func.is_view or func in _NO_KERNEL or func.namespace == "profiler")
 
 
+# Multi-tensor ops: a list of tensors in one op; the foreach ones fall back to an op per tensor off CUDA's fast path.
+_FOREACH_OPS = ("aten::_foreach_", "aten::_amp_foreach_")
+_MULTI_TENSOR_OPS = (*_FOREACH_OPS, "aten::_fused_")
+
+
 def kernel_launches(func, args=()) -> int:
     """About how many kernels an aten op launches on a GPU: none for views, allocations and reads of a value, one
     for most ops, and for a multi-tensor op one where CUDA's fast path takes its lists (``foreach_fast_path``) and
@@ -75,7 +80,7 @@ def kernel_launches(func, args=()) -> int:
     if not launches_a_kernel(func):
         return 0
     name = func.name()
-    if name.startswith(("aten::_foreach_", "aten::_amp_foreach_")):
+    if name.startswith(_FOREACH_OPS):
         lists = [a for a in args if isinstance(a, (list, tuple)) and a and isinstance(a[0], torch.Tensor)]
         # the operand after the lists: a number or a 0-dim tensor (the AMP check's are flags, not operands)
         after = args[len(lists)] if len(args) > len(lists) and name.startswith("aten::_foreach_") else None
@@ -112,16 +117,10 @@ def profiled_kernels(events) -> collections.Counter:
     compiled graphs, which a dispatch mode cannot see."""
     counts: collections.Counter = collections.Counter()
     for event in events:
-        if _under_multi_tensor_op(event):
-            continue
-        if "cpp_fused" in event.name:
-            counts["inductor"] += 1
-        elif event.name.startswith(_MULTI_TENSOR_OPS) or (_gives_work(event.name) and not _work_below(event)):
-            counts[event.name] += 1
+        if not _under_multi_tensor_op(event) and (
+                event.name.startswith(_MULTI_TENSOR_OPS) or (_gives_work(event.name) and not _work_below(event))):
+            counts["inductor" if "cpp_fused" in event.name else event.name] += 1
     return counts
-
-
-_MULTI_TENSOR_OPS = ("aten::_foreach_", "aten::_amp_foreach_", "aten::_fused_")
 
 
 def _under_multi_tensor_op(event) -> bool:
