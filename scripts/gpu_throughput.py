@@ -733,6 +733,7 @@ def muon_batches(s: Settings, device: str) -> dict:
                          f"by shape {t['by_shape']['step_s'] * 1e3:.2f} ms ({t['by_shape']['batches']}), "
                          f"one batch {t['one_batch']['step_s'] * 1e3:.2f} ms" for name, t in timed.items())
     return {"ok": True, "models": timed, "dispatches_worth_flops": dict(muon.DISPATCHES_WORTH_FLOPS),
+            "pad_share": dict(muon.PAD_SHARE),
             "headline": f"a Muon step: {headline}"}
 
 
@@ -747,8 +748,8 @@ def muon_step(shapes: list[tuple], costs: tuple[float, float] | None, s: Setting
         p.grad = torch.randn_like(p)
     optimizer = muon.Muon(params, lr=0.02)
     key = "cpu" if torch.device(device).type == "cpu" else "accelerator"
-    worth, pad_share = costs or (muon.DISPATCHES_WORTH_FLOPS[key], muon.PAD_SHARE)
-    with mock.patch.dict(muon.DISPATCHES_WORTH_FLOPS, {key: worth}), mock.patch.object(muon, "PAD_SHARE", pad_share):
+    worth, pad_share = costs or muon.dispatch_costs(torch.device(device))
+    with mock.patch.dict(muon.DISPATCHES_WORTH_FLOPS, {key: worth}), mock.patch.dict(muon.PAD_SHARE, {key: pad_share}):
         batches = sum(1 for _ in muon.iteration_batches([p.grad for p in params], 5))
         clock = StepClock(device, s.warmup)
         for _ in range(s.warmup + s.steps):

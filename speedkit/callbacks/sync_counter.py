@@ -73,13 +73,24 @@ _FOREACH_OPS = ("aten::_foreach_", "aten::_amp_foreach_")
 _MULTI_TENSOR_OPS = (*_FOREACH_OPS, "aten::_fused_")
 
 
-def kernel_launches(func, args=()) -> int:
+# Matrix products that add to a tensor, ``beta * self + alpha * (mat1 @ mat2)``. Into a new result, CUDA first copies
+# ``self`` into it (baddbmm's and addbmm's shared checks, addmm's and addmv's CUDA kernels), a kernel of its own
+# before the product's, unless addmm adds a bias vector, which cuBLASLt adds in the product's epilogue. In place,
+# ``self`` is the result and nothing is copied.
+_GEMMS_INTO_A_COPY = ("aten::addmm", "aten::baddbmm", "aten::addbmm", "aten::addmv")
+_GEMMS = ("aten::mm", "aten::bmm", "aten::mv", "aten::dot", *_GEMMS_INTO_A_COPY)
+
+
+def kernel_launches(func, args=(), kwargs=None) -> int:
     """About how many kernels an aten op launches on a GPU: none for views, allocations and reads of a value, one
-    for most ops, and for a multi-tensor op one where CUDA's fast path takes its lists (``foreach_fast_path``) and
-    one per tensor where CUDA falls back to a loop of single-tensor ops, as a CPU always does."""
+    for most ops, two for a matrix product that adds to a copy of a tensor (``_GEMMS_INTO_A_COPY``), and for a
+    multi-tensor op one where CUDA's fast path takes its lists (``foreach_fast_path``) and one per tensor where CUDA
+    falls back to a loop of single-tensor ops, as a CPU always does."""
     if not launches_a_kernel(func):
         return 0
     name = func.name()
+    if name in _GEMMS_INTO_A_COPY:
+        return 2 if _copies_what_it_adds_to(name, args, kwargs or {}) else 1
     if name.startswith(_FOREACH_OPS):
         lists = [a for a in args if isinstance(a, (list, tuple)) and a and isinstance(a[0], torch.Tensor)]
         # the operand after the lists: a number or a 0-dim tensor (the AMP check's are flags, not operands)
@@ -89,6 +100,15 @@ def kernel_launches(func, args=()) -> int:
         if lists and not foreach_fast_path(lists, scalar):
             return len(lists[0])
     return 1
+
+
+def _copies_what_it_adds_to(name: str, args: tuple, kwargs: dict) -> bool:
+    """Whether CUDA copies ``self`` into the result of ``self + mat1 @ mat2`` (``_GEMMS_INTO_A_COPY``) in a kernel of
+    its own: not where beta is 0 (self is not read), where the result is self, or where addmm adds a bias vector."""
+    self = args[0]
+    if kwargs.get("beta", 1) == 0 or kwargs.get("out") is self:
+        return False
+    return not (name == "aten::addmm" and self.dim() == 1)
 
 
 def foreach_fast_path(lists: list, scalar=None) -> bool:
@@ -111,16 +131,27 @@ def foreach_fast_path(lists: list, scalar=None) -> bool:
 def profiled_kernels(events) -> collections.Counter:
     """The kernels in a CPU profile (torch.profiler's events) as a GPU would launch them, by name: torch.compile's
     C++ kernels (profiled where inductor's ``cpp.enable_kernel_profile`` is on; counted as ``"inductor"``), a
-    multi-tensor op once (a CPU runs one op per tensor under it, CUDA one kernel on its fast path), and each other
-    op that gives the device work (``launches_a_kernel``) and calls none that does (``aten::to`` calls ``copy_``,
-    ``mm`` calls the view ``resolve_conj``): what the eager count (``kernel_launches``) sees, and what runs inside
-    compiled graphs, which a dispatch mode cannot see."""
+    multi-tensor op once (a CPU runs one op per tensor under it, CUDA one kernel on its fast path), a matrix product
+    and the copy CUDA makes of what it adds to (``_GEMMS_INTO_A_COPY``), and each other op that gives the device work
+    (``launches_a_kernel``) and calls none that does (``aten::to`` calls ``copy_``): what the eager count
+    (``kernel_launches``) sees, and what runs inside compiled graphs, which a dispatch mode cannot see."""
     counts: collections.Counter = collections.Counter()
     for event in events:
         if not _under_multi_tensor_op(event) and (
-                event.name.startswith(_MULTI_TENSOR_OPS) or (_gives_work(event.name) and not _work_below(event))):
+                event.name.startswith(_MULTI_TENSOR_OPS) or event.name.removesuffix("_") in _GEMMS
+                or (_gives_work(event.name) and not _work_below(event) and not _folded_into_a_gemm(event))):
             counts["inductor" if "cpp_fused" in event.name else event.name] += 1
     return counts
+
+
+def _folded_into_a_gemm(event) -> bool:
+    """Whether ``event`` is a matrix product's copy of what it adds to that CUDA does not make: onto itself (the
+    product in place) or of a bias vector (broadcast by ``expand``; cuBLASLt adds it in the product's epilogue). A
+    CPU's product is no op of its own: its copy is all a CPU profile shows of it."""
+    parent = event.cpu_parent
+    if event.name != "aten::copy_" or parent is None or parent.name.removesuffix("_") not in _GEMMS_INTO_A_COPY:
+        return False
+    return parent.name.endswith("_") or any(child.name == "aten::expand" for child in parent.cpu_children)
 
 
 def _under_multi_tensor_op(event) -> bool:
@@ -173,7 +204,7 @@ class _SyncDispatch(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        self.counter.count_op(func, args)
+        self.counter.count_op(func, args, kwargs)
         if func is torch.ops.aten._local_scalar_dense.default:
             if self.counter.host_made(args[0]):
                 self.counter.count("host_only")
@@ -391,11 +422,11 @@ class SyncCounter(Callback):
         if self.keep_stacks and where[0] == "step":
             self.stacks.append((where, "".join(traceback.format_stack(limit=8)[:-2])))
 
-    def count_op(self, func, args=()) -> None:
+    def count_op(self, func, args=(), kwargs=None) -> None:
         if self.phase[0] == "step":
             step = self.phase[1]
             self.step_ops[step] = self.step_ops.get(step, 0) + 1
-            self.step_launches[step] = self.step_launches.get(step, 0) + kernel_launches(func, args)
+            self.step_launches[step] = self.step_launches.get(step, 0) + kernel_launches(func, args, kwargs)
 
     @property
     def total(self) -> int:

@@ -44,12 +44,17 @@ CPU_BF16_MIN_ENTRIES = 65536
 # What the dispatches of one Newton-Schulz iteration (about 20 ops) are worth in arithmetic: matrices of different
 # shapes are padded with zeros into one batched iteration where that adds no more work than this. On a CPU an
 # iteration of a small matrix takes about 60 us and the iterations of a conv net's larger filters run at about
-# 100 GFLOP/s (bench/results/2026-12-03-muon-step/); on a GPU twenty launches of several microseconds each are worth
+# 100 GFLOP/s (bench/results/2026-12-03-muon-step/); on a GPU thirty launches of several microseconds each are worth
 # billions of operations of batched bf16 matmuls, an estimate that the GPU throughput check's `muon` part measures.
 DISPATCHES_WORTH_FLOPS = {"cpu": 5e6, "accelerator": 5e9}
-# A padded matrix's own dispatches (its pad, and the slices of its block out of the batch) as a share of an
-# iteration's.
-PAD_SHARE = 0.2
+# A padded matrix's own dispatches as a share of an iteration's (its batch's), by the same kinds of device. On a CPU
+# every op costs one: a padded matrix's copy into the batch and the slices and views of its block into and out of it,
+# about a fifth of an iteration's. On a GPU what costs is a kernel launch: a padded matrix's copy into the batch and
+# its own add to its weights (the views of a padded batch send the optimizer's one multi-tensor add down CUDA's slow
+# path, a kernel per tensor), 2 of an iteration's about 30 (five steps of three products, two of which copy what
+# they add to first, the norm, the casts and the add; ``speedkit.callbacks.sync_counter.kernel_launches`` counts
+# them).
+PAD_SHARE = {"cpu": 0.2, "accelerator": 2 / 30}
 
 
 def newton_schulz_dtype(G: torch.Tensor, entries: int | None = None) -> torch.dtype:
@@ -199,19 +204,22 @@ def newton_schulz_flops(rows: int, cols: int, steps: int = 5) -> int:
     return steps * (4 * short * short * long + 2 * short ** 3)
 
 
-def dispatches_worth_flops(device: torch.device) -> float:
-    """The arithmetic an iteration's dispatches cost as much time as on ``device`` (``DISPATCHES_WORTH_FLOPS``)."""
-    return DISPATCHES_WORTH_FLOPS["cpu" if device.type == "cpu" else "accelerator"]
+def dispatch_costs(device: torch.device) -> tuple[float, float]:
+    """What an iteration's dispatches cost on ``device`` in arithmetic (``DISPATCHES_WORTH_FLOPS``) and a padded
+    matrix's share of them (``PAD_SHARE``)."""
+    kind = "cpu" if device.type == "cpu" else "accelerator"
+    return DISPATCHES_WORTH_FLOPS[kind], PAD_SHARE[kind]
 
 
-def plan_batches(shapes: list[tuple[int, int]], worth_flops: float, steps: int = 5) -> list[list[int]]:
+def plan_batches(shapes: list[tuple[int, int]], worth_flops: float, pad_share: float,
+                 steps: int = 5) -> list[list[int]]:
     """Which matrices (their ``[rows, cols]``) run one Newton-Schulz iteration together, as lists of indices.
 
     The matrices of one shape in the wide orientation always do. A shape's matrices join a batch of another, padded
     with zeros to its largest rows and columns, where what that adds costs no more than their own iteration's
     dispatches (``worth_flops`` in arithmetic): the arithmetic beyond their own and the batch's, and the dispatches
-    of each matrix newly padded (a pad and the slices back, ``PAD_SHARE`` of an iteration's). Shapes of more work a
-    matrix go first, so a batch's padded shape is mostly its first's.
+    of each matrix newly padded (``pad_share`` of a batch's). Shapes of more work a matrix go first, so a batch's
+    padded shape is mostly its first's.
     """
     same_shape: dict[tuple[int, int], list[int]] = {}
     for i, shape in enumerate(shapes):
@@ -228,7 +236,7 @@ def plan_batches(shapes: list[tuple[int, int]], worth_flops: float, steps: int =
             unpadded = (padded_rows, padded_cols)  # the batch's matrices of its padded shape, not padded yet
             newly_padded = ((count if shape != grown else 0)
                             + (len(same_shape[unpadded]) if unpadded in members and unpadded != grown else 0))
-            if added_flops + newly_padded * PAD_SHARE * worth_flops <= worth_flops:
+            if added_flops + newly_padded * pad_share * worth_flops <= worth_flops:
                 batches[b] = (members + [shape], *grown)
                 break
         else:
@@ -307,11 +315,11 @@ def _matrix_in(corner: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
 
 def iteration_batches(tensors: list[torch.Tensor], steps: int):
     """``(indices, Newton-Schulz dtype)`` for each batch of ``tensors`` that runs one iteration: matrices of one
-    device, dtype and iteration dtype, planned by ``plan_batches`` with what a dispatch costs on that device."""
+    device, dtype and iteration dtype, planned by ``plan_batches`` with what dispatches cost on that device."""
     kinds: dict = {}
     for i, t in enumerate(tensors):
         kinds.setdefault((t.device, t.dtype, newton_schulz_dtype(t, entries=t.numel())), []).append(i)
     for (device, _, dtype), members in kinds.items():
         shapes = [matrix_shape(tensors[i]) for i in members]
-        for batch in plan_batches(shapes, dispatches_worth_flops(device), steps):
+        for batch in plan_batches(shapes, *dispatch_costs(device), steps):
             yield [members[i] for i in batch], dtype

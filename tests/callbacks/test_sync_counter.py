@@ -238,6 +238,17 @@ def test_a_multi_tensor_op_is_one_launch_only_where_cudas_fast_path_takes_its_li
     assert kernel_launches(aten.t.default, (like[0],)) == 0
 
 
+def test_a_product_added_to_a_copy_of_a_tensor_is_two_launches():
+    aten = torch.ops.aten
+    batch, matrix, bias = torch.ones(2, 3, 3), torch.ones(3, 3), torch.ones(3)
+    assert kernel_launches(aten.baddbmm.default, (batch, batch, batch), {"beta": 0.5}) == 2  # the copy, the product
+    assert kernel_launches(aten.baddbmm.default, (batch, batch, batch), {"beta": 0}) == 1  # self not read
+    assert kernel_launches(aten.baddbmm_.default, (batch, batch, batch), {"beta": 0.5}) == 1  # in place
+    assert kernel_launches(aten.addmm.default, (matrix, matrix, matrix)) == 2
+    assert kernel_launches(aten.addmm.default, (bias, matrix, matrix)) == 1  # the epilogue adds a bias vector
+    assert kernel_launches(aten.bmm.default, (batch, batch)) == 1
+
+
 def test_a_cpu_profile_counts_kernels_as_a_gpu_would_launch_them():
     import torch._inductor.config as inductor_config
     from torch.profiler import ProfilerActivity, profile
@@ -255,6 +266,13 @@ def test_a_cpu_profile_counts_kernels_as_a_gpu_would_launch_them():
     assert counted(lambda: tensors[0] @ tensors[1]) == {"aten::mm": 1}
     assert counted(lambda: tensors[0].to(torch.bfloat16)) == {"aten::copy_": 1}
     assert counted(lambda: (tensors[0].t(), tensors[0].view(-1), torch.empty(3), tensors[0][0, 0].item())) == {}
+    # a product added to a copy of a tensor: the copy CUDA makes first and the product (a CPU's profile shows only the
+    # copy); none in place, nor of the bias vector that CUDA adds in the product's epilogue
+    batch = torch.stack(tensors[:2])
+    assert counted(lambda: torch.baddbmm(batch, batch, batch, beta=2.0)) == {"aten::baddbmm": 1, "aten::copy_": 1}
+    assert counted(lambda: torch.addmm(tensors[0], tensors[1], tensors[2])) == {"aten::addmm": 1, "aten::copy_": 1}
+    assert counted(lambda: batch.baddbmm_(batch.mT, batch.mT)) == {"aten::baddbmm_": 1}
+    assert counted(lambda: torch.nn.functional.linear(tensors[0], tensors[1], tensors[2][0])) == {"aten::addmm": 1}
     # a compiled function's fused kernel, profiled where inductor marks its kernels
     with inductor_config.patch({"cpp.enable_kernel_profile": True}):
         fused = torch.compile(lambda x: (x * 2 + 1).relu())

@@ -11,7 +11,7 @@ import torch.nn as nn
 
 import speedkit.optim.muon as muon_module
 from speedkit.callbacks.sync_counter import foreach_fast_path
-from speedkit.optim.muon import (DISPATCHES_WORTH_FLOPS, Muon, orthogonalize_together, plan_batches,
+from speedkit.optim.muon import (DISPATCHES_WORTH_FLOPS, PAD_SHARE, Muon, orthogonalize_together, plan_batches,
                                  zeropower_via_newtonschulz)
 
 SHAPES = [(24, 16), (8, 3, 3, 3), (24, 16), (16, 24), (8, 3, 3, 3), (24, 16)]
@@ -84,16 +84,19 @@ def test_a_padded_iteration_gives_each_matrix_its_own_iterations_result():
             torch.testing.assert_close(ortho, alone.view_as(matrix), rtol=1e-4, atol=1e-5)
 
 
-# [rows, cols] of Muon's matrices in ResNet-8 (conv filters flattened) and in GPT-2 124M's layers.
+# [rows, cols] of Muon's matrices in ResNet-8 (conv filters flattened), in GPT-2 124M's layers and gpt-nano's.
 RESNET8 = [(16, 9), (32, 144), (32, 288), (32, 16), (64, 288), (64, 576), (64, 32), (128, 576), (128, 1152),
            (128, 64)]
 GPT2_LAYER = [(2304, 768), (768, 768), (3072, 768), (768, 3072)]
+GPT_NANO_LAYER = [(384, 128), (128, 128), (512, 128), (128, 512)]
+ON = {device: (DISPATCHES_WORTH_FLOPS[kind], PAD_SHARE[kind])  # a plan's costs, by device
+      for device, kind in (("cpu", "cpu"), ("gpu", "accelerator"))}
 
 
 def test_a_gpu_pads_a_conv_nets_filters_into_one_iteration_and_a_cpu_only_the_small_ones():
-    on_gpu = plan_batches(RESNET8, DISPATCHES_WORTH_FLOPS["accelerator"])
+    on_gpu = plan_batches(RESNET8, *ON["gpu"])
     assert on_gpu == [list(range(len(RESNET8)))]
-    on_cpu = plan_batches(RESNET8, DISPATCHES_WORTH_FLOPS["cpu"])
+    on_cpu = plan_batches(RESNET8, *ON["cpu"])
     assert 1 < len(on_cpu) < len(RESNET8)
     largest = RESNET8.index((128, 1152))
     assert [largest] in on_cpu  # padding anything to it would cost more arithmetic than a CPU's dispatches
@@ -101,10 +104,19 @@ def test_a_gpu_pads_a_conv_nets_filters_into_one_iteration_and_a_cpu_only_the_sm
 
 def test_a_transformers_matrices_stay_one_iteration_per_shape_where_padding_would_cost_more():
     wide = [tuple(sorted(shape)) for shape in GPT2_LAYER * 12]  # the MLP's two matrices are one shape turned wide
-    for worth in DISPATCHES_WORTH_FLOPS.values():
-        batches = plan_batches(wide, worth)
+    for costs in ON.values():
+        batches = plan_batches(wide, *costs)
         assert sorted({wide[i] for i in batch}.pop() for batch in batches) == [(768, 768), (768, 2304), (768, 3072)]
         assert all(len({wide[i] for i in batch}) == 1 for batch in batches)
+
+
+def test_a_gpu_pads_a_small_transformers_matrices_into_one_iteration_where_a_cpu_keeps_one_per_shape():
+    # five layers of [128, 128] and [128, 384] padded to [128, 512] add less arithmetic than two iterations' launches
+    shapes = GPT_NANO_LAYER * 5
+    assert plan_batches(shapes, *ON["gpu"]) == [list(range(len(shapes)))]
+    on_cpu = plan_batches(shapes, *ON["cpu"])
+    assert sorted({tuple(sorted(shapes[i])) for i in batch}.pop() for batch in on_cpu) == [(128, 128), (128, 384),
+                                                                                          (128, 512)]
 
 
 def test_state_layout_is_a_momentum_buffer_per_parameter_and_resumes_exactly():

@@ -2,14 +2,15 @@
 
 For each model, the batched Newton-Schulz iterations of a Muon step and the aten ops it dispatches (on a GPU about
 one launch each, views aside) under three plans: one batch per shape (padding worth nothing), the plan for a CPU
-and the plan for a GPU (``DISPATCHES_WORTH_FLOPS``); then the step's milliseconds on this CPU, one batch per shape
-against the CPU's plan, medians of interleaved tries. Run it on a quiet machine:
+and the plan for a GPU (``DISPATCHES_WORTH_FLOPS``, ``PAD_SHARE``); then the step's milliseconds on this CPU, one
+batch per shape against the CPU's plan, medians of interleaved tries. Run it on a quiet machine:
 
     OMP_NUM_THREADS=2 .venv/bin/python bench/results/2026-12-06-muon-batches/measure_muon_batches.py --out bench/results/2026-12-06-muon-batches/muon_batches.json
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import statistics
@@ -30,7 +31,9 @@ MODELS = {"resnet8": lambda: get_model("resnet8"), "resnet9": lambda: get_model(
           "gpt-nano": lambda: get_model("gpt-nano", vocab_size=256),
           "resnet50": lambda: torchvision.models.resnet50(), "gpt2-124m": lambda: get_model("gpt2-124m")}
 TIMED = ("resnet8", "resnet9", "gpt-nano")  # the models of the tasks that run Muon on a CPU
-PLANS = {"by_shape": 0.0, "cpu": muon.DISPATCHES_WORTH_FLOPS["cpu"], "gpu": muon.DISPATCHES_WORTH_FLOPS["accelerator"]}
+PLANS = {plan: (muon.DISPATCHES_WORTH_FLOPS[kind], muon.PAD_SHARE[kind])  # (worth_flops, pad share)
+         for plan, kind in (("cpu", "cpu"), ("gpu", "accelerator"))}
+PLANS["by_shape"] = (0.0, 0.0)
 
 
 class Ops(TorchDispatchMode):
@@ -43,8 +46,8 @@ class Ops(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def muon_step(shapes, worth: float):
-    """A Muon optimizer over fresh matrices of ``shapes`` with gradients, and its step under the plan ``worth``."""
+def muon_step(shapes, costs: tuple[float, float]):
+    """A Muon optimizer over fresh matrices of ``shapes`` with gradients, and its step under the plan ``costs``."""
     torch.manual_seed(0)
     params = [torch.nn.Parameter(torch.randn(shape)) for shape in shapes]
     for p in params:
@@ -52,15 +55,24 @@ def muon_step(shapes, worth: float):
     optimizer = muon.Muon(params, lr=0.02)
 
     def step():
-        with mock.patch.dict(muon.DISPATCHES_WORTH_FLOPS, cpu=worth):
+        with as_costs(costs):
             optimizer.step()
     step()  # the momentum buffers are made; the bf16 probe runs
     return params, step
 
 
-def planned(shapes, worth: float) -> dict:
-    params, step = muon_step(shapes, worth)
-    with mock.patch.dict(muon.DISPATCHES_WORTH_FLOPS, cpu=worth):
+def as_costs(costs: tuple[float, float]):
+    """The CPU's dispatch costs set to ``costs`` (what an iteration's dispatches are worth, a pad's share)."""
+    worth, pad_share = costs
+    patches = contextlib.ExitStack()
+    patches.enter_context(mock.patch.dict(muon.DISPATCHES_WORTH_FLOPS, cpu=worth))
+    patches.enter_context(mock.patch.dict(muon.PAD_SHARE, cpu=pad_share))
+    return patches
+
+
+def planned(shapes, costs: tuple[float, float]) -> dict:
+    params, step = muon_step(shapes, costs)
+    with as_costs(costs):
         batches = list(muon.iteration_batches([p.grad for p in params], 5))
     with Ops() as ops:
         step()
@@ -86,14 +98,14 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     results = {"what": __doc__.split("\n\n")[0], "machine": f"{cpu_name()}, {torch.get_num_threads()} threads, "
                f"torch {torch.__version__}", "dispatches_worth_flops": dict(muon.DISPATCHES_WORTH_FLOPS),
-               "pad_share": muon.PAD_SHARE, "models": {}}
+               "pad_share": dict(muon.PAD_SHARE), "models": {}}
     for name, build in MODELS.items():
         model = build()
         names = set(muon_parameter_names(model))
         shapes = [tuple(p.shape) for n, p in model.named_parameters() if n in names]
         wide_shapes = {tuple(sorted((shape[0], math.prod(shape[1:])))) for shape in shapes}
         row = {"matrices": len(shapes), "wide_shapes": len(wide_shapes)}
-        row["plans"] = {plan: planned(shapes, worth) for plan, worth in PLANS.items()}
+        row["plans"] = {plan: planned(shapes, costs) for plan, costs in PLANS.items()}
         if name in TIMED:
             row["cpu_step_ms"] = interleaved_ms(shapes, args.tries)
         results["models"][name] = row
