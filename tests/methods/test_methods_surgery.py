@@ -235,6 +235,50 @@ def test_the_sampled_blur_is_the_strided_depthwise_convolution_values_and_gradie
     assert blur_2d(x.bfloat16(), stride).grad_fn.name().startswith("_SampledBlur")  # the path taken, not the conv
 
 
+@pytest.mark.parametrize("stride", [1, 2, 3, (2, 1)])
+def test_the_blur_by_shifts_is_the_depthwise_convolution_values_gradients_dtype_and_layout(stride):
+    from speedkit.methods.blurpool import blur_by_shifts, blur_filter
+
+    torch.manual_seed(0)
+    pair = (stride, stride) if isinstance(stride, int) else stride
+    x = torch.randn(2, 3, 9, 8, dtype=torch.float64).to(memory_format=torch.channels_last)
+    for inputs in (x, x.contiguous()):
+        shifted, convolved = inputs.clone().requires_grad_(), inputs.clone().requires_grad_()
+        out = blur_by_shifts(shifted, pair)
+        expected = F.conv2d(convolved, blur_filter(3, dtype=torch.float64), stride=stride, padding=1, groups=3)
+        torch.testing.assert_close(out, expected)
+        weights = torch.randn_like(out)
+        torch.testing.assert_close(*torch.autograd.grad([(out * weights).sum(), (expected * weights).sum()],
+                                                        [shifted, convolved]))
+        assert out.is_contiguous(memory_format=torch.channels_last) == (inputs is x)
+    with torch.autocast("cpu", torch.bfloat16):  # a convolution's dtype under autocast
+        assert blur_by_shifts(x.float(), pair).dtype == torch.bfloat16
+
+
+def test_a_compiled_blurpool_runs_no_convolution_for_its_blurs_and_gives_the_eager_numbers():
+    from torch.profiler import profile
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.BatchNorm2d(16), nn.ReLU(), nn.Conv2d(16, 8, 3, stride=2, padding=1),
+                          nn.MaxPool2d(3, 2, 1))
+    apply_blurpool(model)
+    compiled = copy.deepcopy(model)
+    compiled.compile()
+    x = torch.randn(4, 16, 15, 14).to(memory_format=torch.channels_last)
+    outputs, grads = [], []
+    for net in (model, compiled):
+        out = net(x)
+        out.square().sum().backward()
+        outputs.append(out)
+        grads.append(net[2].weight.grad)
+    torch.testing.assert_close(*outputs)
+    torch.testing.assert_close(*grads)
+    with profile() as prof:  # compiled already: a step's kernels
+        compiled(x).square().sum().backward()
+    names = [event.name for event in prof.events()]
+    assert (names.count("aten::convolution"), names.count("aten::convolution_backward")) == (1, 1)  # the conv's own
+
+
 @pytest.mark.parametrize("blur_first", [True, False])
 def test_blurpool_keeps_shapes_and_stops_strided_convs_from_aliasing(blur_first):
     torch.manual_seed(0)
