@@ -7,8 +7,8 @@ allocations or reads of a value are each about one kernel launch, a multi-tensor
 take is one per tensor, and a matrix product added to a copy of a tensor two (``kernel_launches``). Muon batches its
 matrices as it plans them for a GPU, where each op is a launch (``dispatch_costs``) and every iteration runs in bf16,
 not as for the CPU the count runs on (whose bf16 policy would split a conv net's larger filters from its smaller
-ones). It prints one line per preset
-with the ratios to its task's baseline, and the JSON of all of them with ``--out``.
+ones). It prints one line per preset with the ratios to its task's baseline, and the JSON of all of them with
+``--out``.
 ``tests/train/test_step_kernels.py`` checks the same counts::
 
     OMP_NUM_THREADS=1 .venv/bin/python scripts/count_step_ops.py                 # fashion-mnist and pydocs

@@ -14,7 +14,7 @@ Composer reports +0.5-1% ImageNet top-1 for ResNet-50 at a small throughput cost
 Compiled (torch.compile), the blur is written as sums of shifted slices instead of a depthwise convolution: a
 convolution is a library call that the compiler runs apart, where the sums fuse into the kernel that makes the
 blur's input (a batch norm and ReLU, a max-pool) and the gradient's into the backward's kernels, one pass over the
-activations and a convolution each way fewer per blur (``tests/methods/test_blurpool.py`` counts them).
+activations and a convolution each way fewer per blur (``tests/methods/test_methods_surgery.py`` counts them).
 """
 from __future__ import annotations
 
