@@ -130,6 +130,8 @@ class Muon(torch.optim.Optimizer):
                         weight_decay=weight_decay)
         super().__init__(params, defaults)
         self._plans: dict[tuple, list] = {}  # which matrices iterate together, by what the step's updates are
+        self._update = muon_update  # compile_update() puts a compiled one in its place
+        self._lr_tensors: dict[int, torch.Tensor] = {}  # a compiled update's learning rates, by group
         for group in self.param_groups:
             for p in group["params"]:
                 if p.dim() < 2:
@@ -148,39 +150,64 @@ class Muon(torch.optim.Optimizer):
                 self._step_group(group, params)
         return loss
 
+    def compile_update(self) -> None:
+        """Run each step's update compiled (``torch.compile``): its multi-tensor ops, pads, casts, norms and adds
+        fused around the Newton-Schulz matmuls, in a few kernels where eager launches one per op (and, off CUDA's
+        multi-tensor fast path, per matrix). The learning rate goes in as a tensor on the device, so that a schedule
+        changing it does not compile the update again; the first step pays for the compile."""
+        self._update = torch.compile(muon_update)
+
+    @property
+    def compiled(self) -> bool:
+        """Whether each step's update runs compiled (``compile_update``)."""
+        return self._update is not muon_update
+
     def _step_group(self, group: dict, params: list[torch.Tensor]) -> None:
-        lr, momentum, wd, ns_steps = group["lr"], group["momentum"], group["weight_decay"], group["ns_steps"]
         grads = [p.grad for p in params]
         for p in params:
             if "momentum_buffer" not in self.state[p]:
                 self.state[p]["momentum_buffer"] = torch.zeros_like(p.grad)
         buffers = [self.state[p]["momentum_buffer"] for p in params]
-        # The elementwise work in a few multi-tensor ops: per parameter, its dispatch would cost more than its
-        # arithmetic for a small conv net's filters.
-        torch._foreach_mul_(buffers, momentum)
-        torch._foreach_add_(buffers, grads)
-        updates = torch._foreach_add(grads, buffers, alpha=momentum) if group["nesterov"] else buffers
-        if wd:
-            torch._foreach_mul_(params, 1.0 - lr * wd)  # a tensor lr (``FollowSchedule``'s) too, read on the device
-        for batch, dtype, by_scale in self._plan(updates, ns_steps):
-            orthos = orthogonalize_together([updates[i] for i in batch], ns_steps, dtype)
-            for scale, positions in by_scale.items():
-                same_params, same_orthos = [params[batch[k]] for k in positions], [orthos[k] for k in positions]
-                step = -lr * scale
-                if isinstance(step, torch.Tensor):  # a tensor lr, as a capturable or compiled optimizer keeps it
-                    torch._foreach_add_(same_params, torch._foreach_mul(same_orthos, step))
-                else:
-                    torch._foreach_add_(same_params, same_orthos, alpha=step)
+        lr = group["lr"]
+        if self.compiled and not isinstance(lr, torch.Tensor):
+            # a number in a compiled graph is a constant of it: a new one would compile the graph again
+            if id(group) not in self._lr_tensors:
+                self._lr_tensors[id(group)] = torch.empty((), device=params[0].device)
+            lr = self._lr_tensors[id(group)].fill_(lr)
+        self._update(params, grads, buffers, self._plan(grads, group["ns_steps"]), lr, group["momentum"],
+                     group["nesterov"], group["weight_decay"], group["ns_steps"])
 
     def _plan(self, updates: list[torch.Tensor], steps: int) -> list:
         """``(batch, dtype, {update scale: positions in the batch})`` for each of ``iteration_batches``, planned
-        once for the updates' shapes, dtypes and devices: on a GPU, a plan made at every step would cost the host
+        once for the updates' shapes, dtypes and devices (their gradients'): on a GPU, a plan made at every step would cost the host
         about a millisecond for ResNet-50's filters."""
         key = (steps, *((u.shape, u.dtype, u.device) for u in updates))
         if key not in self._plans:
             self._plans[key] = [(batch, dtype, _by_scale([updates[i] for i in batch]))
                                 for batch, dtype in iteration_batches(updates, steps)]
         return self._plans[key]
+
+
+def muon_update(params: list[torch.Tensor], grads: list[torch.Tensor], buffers: list[torch.Tensor], plan: list,
+                lr: float | torch.Tensor, momentum: float, nesterov: bool, weight_decay: float, steps: int) -> None:
+    """One Muon step of ``params`` in place (``Muon``'s docstring says what it computes): the momentum ``buffers``
+    updated with ``grads``, the weight decay, and each batch of ``plan`` (``Muon._plan``) orthogonalized together and
+    added. The elementwise work is in multi-tensor ops: per parameter, a dispatch would cost more than its arithmetic
+    for a small conv net's filters."""
+    torch._foreach_mul_(buffers, momentum)
+    torch._foreach_add_(buffers, grads)
+    updates = torch._foreach_add(grads, buffers, alpha=momentum) if nesterov else buffers
+    if weight_decay:
+        torch._foreach_mul_(params, 1.0 - lr * weight_decay)  # a tensor lr too, read on the device
+    for batch, dtype, by_scale in plan:
+        orthos = orthogonalize_together([updates[i] for i in batch], steps, dtype)
+        for scale, positions in by_scale.items():
+            same_params, same_orthos = [params[batch[k]] for k in positions], [orthos[k] for k in positions]
+            step = -lr * scale
+            if isinstance(step, torch.Tensor):  # a tensor lr: ``FollowSchedule``'s, or a compiled update's
+                torch._foreach_add_(same_params, torch._foreach_mul(same_orthos, step))
+            else:
+                torch._foreach_add_(same_params, same_orthos, alpha=step)
 
 
 def _by_scale(matrices: list[torch.Tensor]) -> dict[float, list[int]]:

@@ -515,6 +515,18 @@ def test_torch_compile_keeps_state_dict_keys_and_records_compile_time(tmp_path):
     assert trainer.record.timings["compile_s"] > 0
 
 
+@pytest.mark.slow
+def test_torch_compile_compiles_muons_update_whichever_order_the_methods_are_given_in(tmp_path):
+    _, train, _ = tiny_vision(size=8)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(64, 16), nn.ReLU(), nn.Linear(16, 4))  # a hidden matrix for Muon
+    trainer = run_steps((model, train, None), [TorchCompile(), Muon()], steps=2, tmp_path=tmp_path)
+    (muon,) = [optimizer for optimizer in trainer.state.optimizers if isinstance(optimizer, MuonOptimizer)]
+    assert muon.compiled
+    assert not any(isinstance(optimizer, MuonOptimizer) and optimizer.compiled
+                   for optimizer in run_steps(tiny_vision(), [Muon()], steps=1, tmp_path=tmp_path / "eager")
+                   .state.optimizers)
+
+
 # -- budget schedule ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("duration, steps", [("5ba", 5), ("7ba", 7), ("2ep", 8)])
 @pytest.mark.parametrize("shape, end", [("linear_to_zero", 0.0), ("one_cycle", 1e-4)])

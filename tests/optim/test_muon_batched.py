@@ -119,6 +119,31 @@ def test_a_gpu_pads_a_small_transformers_matrices_into_one_iteration_where_a_cpu
                                                                                           (128, 512)]
 
 
+def test_a_compiled_update_gives_the_eager_numbers_and_compiles_once_while_a_schedule_changes_the_lr():
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    params = _params(SHAPES + SMALL_FILTERS)
+    copies = [nn.Parameter(p.detach().clone()) for p in params]
+    eager = Muon(params, lr=0.02, weight_decay=0.1)
+    compiled = Muon(copies, lr=0.02, weight_decay=0.1)
+    compiled.compile_update()
+    assert compiled.compiled and not eager.compiled
+    torch._dynamo.reset()
+    graphs = counters["stats"]["unique_graphs"]
+    for step in range(4):
+        for opt in (eager, compiled):
+            opt.param_groups[0]["lr"] = 0.02 * (1 - step / 4)  # as a schedule sets it
+        for p, q in zip(params, copies):
+            p.grad = torch.randn_like(p)
+            q.grad = p.grad.clone()
+        eager.step()
+        compiled.step()
+    assert counters["stats"]["unique_graphs"] - graphs == 1
+    for p, q in zip(params, copies):
+        torch.testing.assert_close(q, p, rtol=1e-4, atol=1e-5)
+
+
 def test_state_layout_is_a_momentum_buffer_per_parameter_and_resumes_exactly():
     params = _params()
     opt = Muon(params, lr=0.02)
