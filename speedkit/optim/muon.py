@@ -113,7 +113,7 @@ class Muon(torch.optim.Optimizer):
     decoupled weight decay ``W *= 1 - lr * weight_decay``. The matrices of one shape (a transformer's layers repeat
     a few) are orthogonalized together, in one batched iteration, and so are small matrices of different shapes (a
     conv net's filters) padded to one where that costs less than their dispatches (``plan_batches``); the state is
-    a momentum buffer per parameter.
+    a momentum buffer per parameter. ``compile_update`` compiles the update (``torch_compile`` does where it is on).
     """
 
     def __init__(self, params, lr: float = 0.02, momentum: float = 0.95, nesterov: bool = True,
@@ -179,8 +179,8 @@ class Muon(torch.optim.Optimizer):
 
     def _plan(self, updates: list[torch.Tensor], steps: int) -> list:
         """``(batch, dtype, {update scale: positions in the batch})`` for each of ``iteration_batches``, planned
-        once for the updates' shapes, dtypes and devices (their gradients'): on a GPU, a plan made at every step would cost the host
-        about a millisecond for ResNet-50's filters."""
+        once for the updates' shapes, dtypes and devices (their gradients'): on a GPU, a plan made at every step
+        would cost the host about a millisecond for ResNet-50's filters."""
         key = (steps, *((u.shape, u.dtype, u.device) for u in updates))
         if key not in self._plans:
             self._plans[key] = [(batch, dtype, _by_scale([updates[i] for i in batch]))
