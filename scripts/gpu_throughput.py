@@ -534,6 +534,13 @@ class ProfiledSteps(Callback):
         if self.profiler is not None:  # the run ended before its profiled steps did
             self._finish(max(1, state.timestamp.batch - self.first + 1))
 
+    def stop(self) -> None:
+        """Turns off a profiler that a run left on by failing inside its profiled steps (no ``fit_end`` comes then),
+        so that it does not go on profiling, and slowing, every part after it."""
+        if self.profiler is not None:
+            profiler, self.profiler = self.profiler, None
+            profiler.__exit__(None, None, None)
+
     def _finish(self, steps: int) -> None:
         _synchronize("cuda" if self.cuda else "cpu")
         profiler, self.profiler = self.profiler, None
@@ -580,7 +587,10 @@ def preset_throughput(preset: str, data: dict, s: Settings, device: str, work: P
                                                              StopAfter(timed + s.profiled_steps)],
                              preset.replace(":", "-"))
     _reset_memory(device)
-    record = trainer.fit()
+    try:
+        record = trainer.fit()
+    finally:
+        profiled.stop()
     timing = clock.result()
     inputs = timed_steps.inputs
     per_step = {"samples_per_s": inputs.shape[0] / timing["step_s"]}

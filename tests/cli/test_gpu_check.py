@@ -136,6 +136,32 @@ def test_a_counter_attached_while_timing_is_seen(gpu_check):
     assert clean.result()["nothing_attached"]
 
 
+def test_a_preset_that_fails_while_profiled_leaves_no_profiler_on_for_the_parts_after_it(gpu_check, tmp_path,
+                                                                                          monkeypatch):
+    import importlib
+
+    from helpers import toy_loaders, toy_model
+
+    from speedkit.core.engine import Callback
+    from speedkit.train.trainer import Trainer
+
+    throughput = importlib.import_module("gpu_throughput")  # as gpu_check imports it, from the scripts folder
+
+    class FailsWhileProfiled(Callback):
+        def batch_end(self, state, logger):
+            if torch._C._autograd._profiler_enabled():
+                raise RuntimeError("a step failed while it was profiled")
+
+    def toy_trainer(preset, data, s, device, work, callbacks, run_name, log_interval=10_000):
+        return Trainer(toy_model(), toy_loaders()[0], max_duration="20ba", device="cpu", run_dir=work / run_name,
+                       save_checkpoints=False, callbacks=[*callbacks, FailsWhileProfiled()])
+
+    monkeypatch.setattr(throughput, "preset_trainer", toy_trainer)
+    with pytest.raises(RuntimeError, match="failed while it was profiled"):
+        throughput.preset_throughput("toy:preset", {}, throughput.TINY, "cpu", tmp_path, None)
+    assert not torch._C._autograd._profiler_enabled()
+
+
 def test_the_time_to_target_check_runs_every_part_on_a_cpu(gpu_check, work, monkeypatch):
     require("fashion-mnist")
     require("python-docs")
