@@ -757,7 +757,7 @@ def muon_step(shapes: list[tuple], costs: tuple[float, float] | None, s: Setting
     for p in params:
         p.grad = torch.randn_like(p)
     optimizer = muon.Muon(params, lr=0.02)
-    key = "cpu" if torch.device(device).type == "cpu" else "accelerator"
+    key = muon.device_kind(torch.device(device))
     worth, pad_share = costs or muon.dispatch_costs(torch.device(device))
     with mock.patch.dict(muon.DISPATCHES_WORTH_FLOPS, {key: worth}), mock.patch.dict(muon.PAD_SHARE, {key: pad_share}):
         batches = sum(1 for _ in muon.iteration_batches([p.grad for p in params], 5))

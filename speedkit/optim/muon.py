@@ -231,10 +231,15 @@ def newton_schulz_flops(rows: int, cols: int, steps: int = 5) -> int:
     return steps * (4 * short * short * long + 2 * short ** 3)
 
 
+def device_kind(device: torch.device) -> str:
+    """The key of ``device`` in ``DISPATCHES_WORTH_FLOPS`` and ``PAD_SHARE``: ``"cpu"`` or ``"accelerator"``."""
+    return "cpu" if device.type == "cpu" else "accelerator"
+
+
 def dispatch_costs(device: torch.device) -> tuple[float, float]:
     """What an iteration's dispatches cost on ``device`` in arithmetic (``DISPATCHES_WORTH_FLOPS``) and a padded
     matrix's share of them (``PAD_SHARE``)."""
-    kind = "cpu" if device.type == "cpu" else "accelerator"
+    kind = device_kind(device)
     return DISPATCHES_WORTH_FLOPS[kind], PAD_SHARE[kind]
 
 
