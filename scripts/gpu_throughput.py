@@ -15,7 +15,8 @@ Its parts, top to bottom, each writing ``throughput.json`` as it finishes (``scr
    the generated data, end to end: throughput, fraction of the peak, the host's share of time waiting for data.
    Each stops after its timed steps and two more profiled with torch.profiler (the kernels a step launches, as
    the preset runs, compiled), so a preset runs its own schedule (progressive resizing keeps its first size, as it
-   would for the first fifth of a real run), not one squeezed into a few dozen steps.
+   would for the first fifth of a real run), not one squeezed into a few dozen steps. The tiny rehearsal's
+   presets (``cpu`` sizes) compile too, with its backend, so their graph breaks are counted before a GPU's are.
 5. ``loader``: the imagenet task's streaming loader alone (CPU workers), and JPEG decode on the GPU
    (``torchvision.io.decode_jpeg`` on the device, batched) where there is one.
 6. ``counts``: each seed preset again for a few steps with a ``SyncCounter`` (host syncs, blocking host-to-device
@@ -24,7 +25,8 @@ Its parts, top to bottom, each writing ``throughput.json`` as it finishes (``scr
    timed run.
 7. ``muon``: a Muon step over the hidden matrices of ResNet-8, ResNet-50 and GPT-2 124M, its matrices batched as
    planned for the device (small ones of different shapes padded to one) against one batch per shape and against
-   one batch for all: whether the plan's constant (``DISPATCHES_WORTH_FLOPS``) holds on the device.
+   one batch for all: whether the plan's constant (``DISPATCHES_WORTH_FLOPS``) holds on the device; and as planned
+   with the update compiled, as ``torch_compile`` runs it in a preset, against the same plan eager.
 
 The order is what the goals need first, so a time budget that runs out leaves out the least (``gpu_check.py
 next`` runs what it left out at the next lease on the same code).
@@ -144,7 +146,7 @@ def run(results, s: Settings, device: str, only: set | None = None) -> None:
         if data:
             part("loader", lambda: loader_alone(data, s, device), 20)
             part("counts", lambda: count_all(data, s, device, work), 60)
-    part("muon", lambda: muon_batches(s, device), 20)
+        part("muon", lambda: muon_batches(s, device), 40)  # three compiles of the update
 
 
 @contextlib.contextmanager
@@ -486,15 +488,21 @@ def _peak_memory(device: str) -> float | None:
 # -- 4. each seed preset end to end -----------------------------------------------------------------------
 
 def preset_trainer(preset: str, data: dict, s: Settings, device: str, work: Path, callbacks: list, run_name: str,
-                   log_interval: int = 10_000):
-    from speedkit.tasks import make_trainer
+                   log_interval: int = 10_000, compiled: bool = False):
+    """The Trainer of ``preset`` on the check's data; ``compiled``: with ``torch_compile`` among its methods at any
+    sizes, as the task's ``gpu`` sizes already have it (so the tiny rehearsal's presets compile too, with its
+    backend)."""
+    from speedkit.tasks import find_task, make_trainer
 
     task, name = preset.split(":")
     batch = s.vision_batch if task == "imagenet" else s.language_batch
+    methods = None
+    if compiled:
+        methods = {"torch_compile": {}, **find_task(task, data[task], sizes=s.task_sizes).recipes[name].methods}
     return make_trainer(task, name, data=data[task], task_options={"sizes": s.task_sizes}, device=device,
                         batch_size=batch, num_workers=s.workers, log_interval=log_interval, run_dir=work / "runs",
                         run_name=run_name, save_checkpoints=False, progress_bar=False, overwrite=True,
-                        callbacks=callbacks, **({"precision": "fp32"} if s.precision == "fp32" else {}))
+                        callbacks=callbacks, methods=methods, **({"precision": "fp32"} if s.precision == "fp32" else {}))
 
 
 class StopAfter(Callback):
@@ -585,7 +593,7 @@ def preset_throughput(preset: str, data: dict, s: Settings, device: str, work: P
     fresh_dynamo()
     trainer = preset_trainer(preset, data, s, device, work, [timed_steps, profiled,
                                                              StopAfter(timed + s.profiled_steps)],
-                             preset.replace(":", "-"))
+                             preset.replace(":", "-"), compiled=True)
     _reset_memory(device)
     try:
         record = trainer.fit()
@@ -722,7 +730,8 @@ def count_syncs(preset: str, data: dict, s: Settings, device: str, work: Path) -
 
 def muon_batches(s: Settings, device: str) -> dict:
     """A Muon step (random gradients) over each model's hidden matrices, timed three ways: batched as planned for
-    the device, one batch per shape (padding worth nothing), one padded batch for all (padding worth everything)."""
+    the device, one batch per shape (padding worth nothing), one padded batch for all (padding worth everything);
+    and as planned with its update compiled, as ``torch_compile`` runs it in a preset (after a compile apart)."""
     import torchvision
 
     from speedkit.methods.muon import muon_parameter_names
@@ -736,10 +745,12 @@ def muon_batches(s: Settings, device: str) -> dict:
             model = get_model(name, vocab_size=s.vocab) if name.startswith("gpt") else get_model(name)
         names = set(muon_parameter_names(model))
         models[name] = [tuple(p.shape) for n, p in model.named_parameters() if n in names]
-    plans = {"planned": None, "by_shape": (0.0, 0.0), "one_batch": (1e30, 0.0)}  # (worth_flops, pad share)
-    timed = {name: {plan: muon_step(shapes, costs, s, device) for plan, costs in plans.items()}
+    plans = {"planned": (None, False), "by_shape": ((0.0, 0.0), False), "one_batch": ((1e30, 0.0), False),
+             "planned_compiled": (None, True)}  # ((worth_flops, pad share) or the device's own, compiled)
+    timed = {name: {plan: muon_step(shapes, costs, s, device, compiled) for plan, (costs, compiled) in plans.items()}
              for name, shapes in models.items()}
     headline = "; ".join(f"{name}: planned {t['planned']['step_s'] * 1e3:.2f} ms ({t['planned']['batches']} batches), "
+                         f"compiled {t['planned_compiled']['step_s'] * 1e3:.2f} ms, "
                          f"by shape {t['by_shape']['step_s'] * 1e3:.2f} ms ({t['by_shape']['batches']}), "
                          f"one batch {t['one_batch']['step_s'] * 1e3:.2f} ms" for name, t in timed.items())
     return {"ok": True, "models": timed, "dispatches_worth_flops": dict(muon.DISPATCHES_WORTH_FLOPS),
@@ -747,16 +758,21 @@ def muon_batches(s: Settings, device: str) -> dict:
             "headline": f"a Muon step: {headline}"}
 
 
-def muon_step(shapes: list[tuple], costs: tuple[float, float] | None, s: Settings, device: str) -> dict:
+def muon_step(shapes: list[tuple], costs: tuple[float, float] | None, s: Settings, device: str,
+              compiled: bool = False) -> dict:
     """Seconds a Muon step over matrices of ``shapes``, planned with ``costs`` (what an iteration's dispatches are
     worth in arithmetic, and a padded matrix's share of them) in place of the device's own (None), and how many
-    batched iterations that plan runs."""
+    batched iterations that plan runs; ``compiled``: with its update compiled (``Muon.compile_update``), the
+    compile in the warm-up steps and its graphs counted."""
     from unittest import mock
 
     params = [torch.nn.Parameter(torch.randn(shape, device=device)) for shape in shapes]
     for p in params:
         p.grad = torch.randn_like(p)
     optimizer = muon.Muon(params, lr=0.02)
+    if compiled:
+        fresh_dynamo()
+        optimizer.compile_update()
     key = muon.device_kind(torch.device(device))
     worth, pad_share = costs or muon.dispatch_costs(torch.device(device))
     with mock.patch.dict(muon.DISPATCHES_WORTH_FLOPS, {key: worth}), mock.patch.dict(muon.PAD_SHARE, {key: pad_share}):
@@ -765,4 +781,5 @@ def muon_step(shapes: list[tuple], costs: tuple[float, float] | None, s: Setting
         for _ in range(s.warmup + s.steps):
             optimizer.step()
             clock.tick()
-        return {**clock.result(), "batches": batches, "matrices": len(shapes)}
+        return {**clock.result(), "batches": batches, "matrices": len(shapes),
+                **({"dynamo": dynamo_counts()} if compiled else {})}

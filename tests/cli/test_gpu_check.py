@@ -86,6 +86,9 @@ def test_the_throughput_check_runs_every_part_on_a_cpu_with_clean_timed_runs(gpu
         assert parts[preset]["samples_per_s"] > 0 and parts[preset]["fraction_of_peak"] > 0
         assert parts[preset]["status"] == "stopped"  # after its timed steps, on its own schedule
         assert parts[preset]["kernels_per_step"]["kernels"] > 0  # profiled after the timed steps, apart
+        # compiled as at the gpu sizes (here with the eager backend), in whole graphs
+        assert parts[preset]["dynamo"]["frames"] > 0 and parts[preset]["dynamo"]["graph_breaks"] == 0, preset
+        assert "torch_compile" in parts[preset]["methods"]
     assert parts["preset gpt2:hot"]["tokens_per_s"] > 0
     for preset, counted in parts["counts"]["presets"].items():  # counted apart, in runs of their own
         assert counted["steps"] >= 3 and "waits_in_quiet_steps" in counted and "by_kind" in counted, preset
@@ -95,6 +98,10 @@ def test_the_throughput_check_runs_every_part_on_a_cpu_with_clean_timed_runs(gpu
         for plan in ("planned", "by_shape", "one_batch"):
             assert_clean_timing(plans[plan], f"muon {model} {plan}")
         assert plans["one_batch"]["batches"] <= plans["planned"]["batches"] <= plans["by_shape"]["batches"], model
+        compiled = plans["planned_compiled"]  # the update as torch_compile runs it, one graph a plan
+        assert_clean_timing(compiled, f"muon {model} compiled")
+        assert compiled["batches"] == plans["planned"]["batches"] and "dynamo" not in plans["planned"]
+        assert compiled["dynamo"]["unique_graphs"] == 1 and compiled["dynamo"]["graph_breaks"] == 0, model
     assert parts["muon"]["models"]["resnet8"]["by_shape"]["batches"] == 10
     assert "- **preset gpt2:hot** (" in (out / "throughput.md").read_text()
     # the eager backend the tiny check compiled with is torch's default again once it is done
@@ -152,7 +159,7 @@ def test_a_preset_that_fails_while_profiled_leaves_no_profiler_on_for_the_parts_
             if torch._C._autograd._profiler_enabled():
                 raise RuntimeError("a step failed while it was profiled")
 
-    def toy_trainer(preset, data, s, device, work, callbacks, run_name, log_interval=10_000):
+    def toy_trainer(preset, data, s, device, work, callbacks, run_name, log_interval=10_000, compiled=False):
         return Trainer(toy_model(), toy_loaders()[0], max_duration="20ba", device="cpu", run_dir=work / run_name,
                        save_checkpoints=False, callbacks=[*callbacks, FailsWhileProfiled()])
 
