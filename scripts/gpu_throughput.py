@@ -502,7 +502,8 @@ def preset_trainer(preset: str, data: dict, s: Settings, device: str, work: Path
     return make_trainer(task, name, data=data[task], task_options={"sizes": s.task_sizes}, device=device,
                         batch_size=batch, num_workers=s.workers, log_interval=log_interval, run_dir=work / "runs",
                         run_name=run_name, save_checkpoints=False, progress_bar=False, overwrite=True,
-                        callbacks=callbacks, methods=methods, **({"precision": "fp32"} if s.precision == "fp32" else {}))
+                        callbacks=callbacks, methods=methods,
+                        **({"precision": "fp32"} if s.precision == "fp32" else {}))
 
 
 class StopAfter(Callback):
