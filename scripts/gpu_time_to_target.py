@@ -16,7 +16,9 @@ Its parts, top to bottom, each writing ``time-to-target.json`` as it finishes (`
    target: the baseline's last accuracy less 0.01. Without the shard set it is skipped, with the reason.
 
 Times are training time to the target (evaluation apart), from each run's RunRecord; the speed-up of a pair is
-the baseline's time over the recipe's (``speedkit.experiments.measure``).
+the baseline's time over the recipe's (``speedkit.experiments.measure``). Its CPU rehearsal (``--device cpu
+--tiny``, in CI) runs the same benchmark profile and compiled GPT-2 arms for a batch or a few, on a sliver of the
+data, the ``imagenet`` part on a tiny shard set.
 """
 from __future__ import annotations
 
@@ -24,6 +26,8 @@ import dataclasses
 import json
 import os
 from pathlib import Path
+
+from gpu_throughput import compile_backend
 
 ROOT = Path(__file__).resolve().parents[1]
 CARRIED_IMAGENET = ROOT / ".gpu-carry" / "imagenet-shards"
@@ -48,20 +52,24 @@ class Settings:
     imagenet_model: str
     precision: str | None
     workers: int
+    compile_backend: str  # what torch.compile runs with (tiny: "eager", as the throughput check's tiny mode)
 
 
 FULL = Settings(budget_s=530, bench_profile="gpu", bench_seeds=3, bench_scale=(), corpus_bytes=48_000_000,
                 vocab=50_257, context=1024, task_sizes="gpu", gpt2_batch=32,
                 gpt2_durations={"baseline": "700ba", "hot": "350ba"}, gpt2_eval_interval="50ba",
                 imagenet_sizes="cpu", imagenet_batch=64, imagenet_durations={"plain-bf16": "90ep", "mild": "36ep"},
-                imagenet_model="resnet50", precision=None, workers=min(12, os.cpu_count() or 1))
-TINY = Settings(budget_s=600, bench_profile="cpu", bench_seeds=1,
+                imagenet_model="resnet50", precision=None, workers=min(12, os.cpu_count() or 1),
+                compile_backend="inductor")
+# The tiny rehearsal runs the GPU's benchmark profile and compiled GPT-2 arms too, on a sliver of the data, with the
+# eager backend (gpu_throughput.TINY says why): what the device would run, but the code generation.
+TINY = Settings(budget_s=600, bench_profile="gpu", bench_seeds=1,
                 bench_scale=("--duration", "1ba", "--data-fraction", "0.01", "--eval-fraction", "0.01"),
                 corpus_bytes=150_000, vocab=360, context=64, task_sizes="cpu", gpt2_batch=2,
                 gpt2_durations={"baseline": "4ba", "hot": "2ba"}, gpt2_eval_interval="2ba", imagenet_sizes="cpu",
                 imagenet_batch=4,
                 imagenet_durations={"plain-bf16": "2ba", "mild": "1ba"}, imagenet_model="resnet18",
-                precision="fp32", workers=0)
+                precision="fp32", workers=0, compile_backend="eager")
 # the bench tasks: recipe against each task's strongest baseline (bench/README.md)
 BENCH = (("fashion-mnist", "hot", "plain-bf16"), ("pydocs", "hot", "tuned"))
 
@@ -80,9 +88,10 @@ def run(results, s: Settings, device: str, only: set | None = None) -> None:
     names = (*[task for task, _, _ in BENCH], "gpt2", "imagenet")
     results.plan([name for name in names if only is None or name in only])
 
-    for task, recipe, baseline in BENCH:
-        part(task, lambda: bench(task, recipe, baseline, s, device, work), 90)
-    part("gpt2", lambda: gpt2_to_target(s, device, work), 200)
+    with compile_backend(s.compile_backend):
+        for task, recipe, baseline in BENCH:
+            part(task, lambda: bench(task, recipe, baseline, s, device, work), 90)
+        part("gpt2", lambda: gpt2_to_target(s, device, work), 200)
     from speedkit.data.streaming.shards import is_shard_folder
 
     imagenet_shards = Path(os.environ.get("SPEEDKIT_GPU_CHECK_IMAGENET", CARRIED_IMAGENET))
@@ -144,7 +153,7 @@ def gpt2_to_target(s: Settings, device: str, work: Path) -> dict:
                      progress=False)
     manifest = read_shards(shards).manifest
     records = {arm: _fit("gpt2", arm, shards, s.task_sizes, s, device, work, batch_size=s.gpt2_batch,
-                         duration=duration, eval_interval=s.gpt2_eval_interval)
+                         duration=duration, eval_interval=s.gpt2_eval_interval, compiled=True)
                for arm, duration in s.gpt2_durations.items()}
     # the rule, fixed before the runs: the baseline's last evaluation loss, plus 0.05
     target = _last(records["baseline"], "eval/loss") + 0.05
@@ -165,12 +174,17 @@ def imagenet_to_target(shards: Path, s: Settings, device: str, work: Path) -> di
                  "the baseline's last eval/accuracy - 0.01")
 
 
-def _fit(task: str, arm: str, data: Path, sizes: str, s: Settings, device: str, work: Path, **request):
-    """One arm through the measuring core's ``fit`` (set-up time recorded apart), as the benchmark runs it."""
+def _fit(task: str, arm: str, data: Path, sizes: str, s: Settings, device: str, work: Path, compiled: bool = False,
+         **request):
+    """One arm through the measuring core's ``fit`` (set-up time recorded apart), as the benchmark runs it;
+    ``compiled``: with ``torch_compile`` among its methods at any sizes, as the task's ``gpu`` sizes have it."""
     from speedkit.experiments.measure import MEASURED_RUN, fit
+    from speedkit.tasks import find_task
     from speedkit.tasks.request import RunRequest
 
     options = {**({"precision": s.precision} if s.precision else {}), **request}
+    if compiled:
+        options["methods"] = {"torch_compile": {}, **find_task(task, data, sizes=sizes).recipes[arm].methods}
     return fit(RunRequest.build(task, arm, data=str(data), task_options={"sizes": sizes}, device=device,
                                 num_workers=s.workers, run_dir=work / "runs", run_name=f"{task}-{arm}",
                                 **MEASURED_RUN, **options))
@@ -192,7 +206,7 @@ def _pair(records: dict, budgets: dict, baseline: str, recipe: str, metric: str,
     arms = {arm: {"time_to_target_s": times[arm][0], "final": _last(record, metric), "status": record.status,
                   "train_s": record.timings.get("train_s"), "eval_s": record.timings.get("eval_s"),
                   "setup_s": record.timings.get("setup_s"), "compile_s": record.timings.get("compile_s"),
-                  "budget": budgets[arm], "model": record.config.get("model")}
+                  "budget": budgets[arm], "model": record.config.get("model"), "methods": sorted(record.method_names)}
             for arm, record in records.items()}
     return {"ok": all(r.status == "completed" for r in records.values()), "metric": metric, "target": target,
             "rule": rule, "arms": arms, "speedup": ratio,

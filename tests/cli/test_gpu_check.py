@@ -191,12 +191,15 @@ def test_the_time_to_target_check_runs_every_part_on_a_cpu(gpu_check, work, monk
         assert parts[task]["ok"] and set(parts[task]["arms"]) == {baseline, "hot"}, parts[task]
         assert parts[task]["seeds"] == [0] and parts[task]["target"]["metric"]
         assert "--recipes hot" in parts[task]["command"] and f"--baselines {baseline}" in parts[task]["command"]
+        assert "--profile gpu" in parts[task]["command"]  # the device's profile, compiled arms and all
+    assert parts["fashion-mnist"]["arms"]["plain-bf16"]["compile_s"][0] > 0  # the gpu profile compiles it (a seed)
     for task, baseline, recipe in (("gpt2", "baseline", "hot"), ("imagenet", "plain-bf16", "mild")):
         part = parts[task]
         assert part["ok"] and set(part["arms"]) == {baseline, recipe} and part["rule"], part
         assert part["arms"][baseline]["time_to_target_s"] is not None  # the baseline holds its own target
         assert all(arm["status"] == "completed" for arm in part["arms"].values())
     assert parts["gpt2"]["corpus"]["vocab_size"] > 256
+    assert all("torch_compile" in arm["methods"] for arm in parts["gpt2"]["arms"].values())  # as at gpu sizes
 
 
 def test_the_devices_stand_ins_for_boto3_let_litdata_stream_local_shards(gpu_check, work):
