@@ -406,6 +406,7 @@ class SyncCounter(Callback):
         self.stacks: list[tuple[tuple, str]] = []
         self._mode: _SyncDispatch | None = None
         self._copies: _HostCopies | None = None
+        self._stance = None  # TorchDynamo's stance while counting (eager), and the one before it
         self._entered_by_fit = False
 
     # -- counting ---------------------------------------------------------------------------------
@@ -435,6 +436,10 @@ class SyncCounter(Callback):
     def __enter__(self) -> "SyncCounter":
         if self._mode is not None:
             raise RuntimeError("this SyncCounter is already counting; use one per block")
+        # A dispatch mode keeps TorchDynamo from compiling, so a compiled model runs eager while counted; said so
+        # here, or TorchDynamo skips the frames it first meets under the mode (on torch 2.11 for good), and the
+        # model stays eager after the count too.
+        self._stance = torch.compiler.set_stance("force_eager")
         self._mode = _SyncDispatch(self)
         self._copies = _HostCopies(self)
         self._copies.__enter__()
@@ -450,6 +455,8 @@ class SyncCounter(Callback):
         copies, self._copies = self._copies, None
         mode.__exit__(*exc)
         copies.__exit__(*exc)
+        stance, self._stance = self._stance, None
+        stance.__exit__(*exc)
 
     def host_made(self, tensor: torch.Tensor) -> bool:
         """Whether ``tensor`` was made on the host while counting (reading it waits on nothing)."""

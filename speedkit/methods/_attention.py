@@ -156,12 +156,14 @@ class _InterceptedForward:
 
     def __call__(self, *args, **kwargs):
         module = self.module
-        if isinstance(module, nn.MultiheadAttention):
-            forward = self._multihead_forward
-        else:
-            forward = self.previous if self.previous is not None else type(module).forward.__get__(module)
         with _AttentionTransformMode(getattr(module, _TRANSFORMS_ATTR)):
-            return forward(*args, **kwargs)
+            if isinstance(module, nn.MultiheadAttention):
+                return self._multihead_forward(*args, **kwargs)
+            if self.previous is not None:
+                return self.previous(*args, **kwargs)
+            # the class's forward given the module, not bound to it with __get__: TorchDynamo (torch 2.11) cannot
+            # trace a function's __get__ and breaks the graph there, twice in every attention layer
+            return type(module).forward(module, *args, **kwargs)
 
     def _multihead_forward(self, query, key, value, key_padding_mask=None, need_weights=True,
                            attn_mask=None, average_attn_weights=True, is_causal=False):
