@@ -4,6 +4,9 @@
 #   scripts/gpu_check.sh prepare [IMAGE_FOLDER]   # here, before a lease: fills .gpu-carry/ (git-ignored) with
 #                                                 # litdata's wheel, Fashion-MNIST, the Python docs and,
 #                                                 # from IMAGE_FOLDER, the imagenet part's shard set
+#   scripts/gpu_check.sh rehearse [--with-presets] [TORCH TORCHVISION]   # here, before a lease: the checks' CPU
+#                                                 # rehearsal and the compile tests on the device's torch (default
+#                                                 # 2.11.0, 0.26.0); with every seed preset compiled by Inductor
 #   scripts/gpu_check.sh next                     # on the device: the first check not yet run on this code
 #   scripts/gpu_check.sh throughput|time-to-target [--out DIR] [--only PART,...]
 #
@@ -35,6 +38,34 @@ if [ "${1:-}" = prepare ]; then
     total=$(( $(git ls-files -z | xargs -0 cat | wc -c) + $(du -sb "$CARRY" | cut -f1) ))
     echo "gpu-check prepare: the tree and $CARRY come to $(( total >> 20 )) MiB of the 64 MiB a call may send"
     [ "$total" -lt $(( 62 << 20 )) ] || { echo "too large: use a smaller IMAGE_FOLDER" >&2; exit 1; }
+    exit 0
+fi
+
+if [ "${1:-}" = rehearse ]; then
+    # The device's torch (the device library's KINDS.md) is older than this machine's, and TorchDynamo differs
+    # between them: a virtual environment with that torch and torchvision laid over the project's .venv (their
+    # other packages come from it), kept under /tmp, runs what would meet the difference first.
+    shift
+    presets=""
+    if [ "${1:-}" = --with-presets ]; then presets=1; shift; fi
+    torch_version="${1:-2.11.0}" vision_version="${2:-0.26.0}"
+    venv="/tmp/speedkit-torch-$torch_version"
+    if [ ! -x "$venv/bin/python" ]; then
+        "$(.venv/bin/python -c 'import sys; print(sys._base_executable)')" -m venv "$venv"
+        "$venv/bin/python" -m pip install -q --no-deps "torch==$torch_version" "torchvision==$vision_version"
+        site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+        .venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' > "$site/zz-project-venv.pth"
+    fi
+    "$venv/bin/python" -c 'import torch, torchvision; print("gpu-check rehearse: torch", torch.__version__,
+                                                            "torchvision", torchvision.__version__)'
+    export PYTHONPATH="$PWD" OMP_NUM_THREADS=1
+    "$venv/bin/python" -m pytest -q -p no:cacheprovider -n 2 --dist loadfile tests/cli/test_gpu_check.py \
+        tests/callbacks/test_counting_a_compiled_model.py tests/methods/test_methods_optim.py \
+        tests/train/test_step_kernels.py tests/optim/test_muon_batched.py
+    if [ -n "$presets" ]; then
+        OMP_NUM_THREADS=2 "$venv/bin/python" scripts/compile_seed_presets.py \
+            --out "/tmp/compile-seed-presets-$torch_version.json"
+    fi
     exit 0
 fi
 

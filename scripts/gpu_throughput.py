@@ -487,18 +487,22 @@ def _peak_memory(device: str) -> float | None:
 
 # -- 4. each seed preset end to end -----------------------------------------------------------------------
 
+def compiled_methods(task: str, recipe: str, data, sizes: str) -> dict:
+    """The methods of ``task``'s ``recipe`` at ``sizes`` with ``torch_compile`` among them, as the seed tasks' ``gpu``
+    sizes have it: the tiny rehearsals' runs (``cpu`` sizes) compile too, with their backend."""
+    from speedkit.tasks import find_task
+
+    return {"torch_compile": {}, **find_task(task, data, sizes=sizes).recipes[recipe].methods}
+
+
 def preset_trainer(preset: str, data: dict, s: Settings, device: str, work: Path, callbacks: list, run_name: str,
                    log_interval: int = 10_000, compiled: bool = False):
-    """The Trainer of ``preset`` on the check's data; ``compiled``: with ``torch_compile`` among its methods at any
-    sizes, as the task's ``gpu`` sizes already have it (so the tiny rehearsal's presets compile too, with its
-    backend)."""
-    from speedkit.tasks import find_task, make_trainer
+    """The Trainer of ``preset`` on the check's data; ``compiled``: with ``compiled_methods``."""
+    from speedkit.tasks import make_trainer
 
     task, name = preset.split(":")
     batch = s.vision_batch if task == "imagenet" else s.language_batch
-    methods = None
-    if compiled:
-        methods = {"torch_compile": {}, **find_task(task, data[task], sizes=s.task_sizes).recipes[name].methods}
+    methods = compiled_methods(task, name, data[task], s.task_sizes) if compiled else None
     return make_trainer(task, name, data=data[task], task_options={"sizes": s.task_sizes}, device=device,
                         batch_size=batch, num_workers=s.workers, log_interval=log_interval, run_dir=work / "runs",
                         run_name=run_name, save_checkpoints=False, progress_bar=False, overwrite=True,

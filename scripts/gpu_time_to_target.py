@@ -27,7 +27,7 @@ import json
 import os
 from pathlib import Path
 
-from gpu_throughput import compile_backend
+from gpu_throughput import compile_backend, compiled_methods
 
 ROOT = Path(__file__).resolve().parents[1]
 CARRIED_IMAGENET = ROOT / ".gpu-carry" / "imagenet-shards"
@@ -177,14 +177,13 @@ def imagenet_to_target(shards: Path, s: Settings, device: str, work: Path) -> di
 def _fit(task: str, arm: str, data: Path, sizes: str, s: Settings, device: str, work: Path, compiled: bool = False,
          **request):
     """One arm through the measuring core's ``fit`` (set-up time recorded apart), as the benchmark runs it;
-    ``compiled``: with ``torch_compile`` among its methods at any sizes, as the task's ``gpu`` sizes have it."""
+    ``compiled``: with ``gpu_throughput.compiled_methods``."""
     from speedkit.experiments.measure import MEASURED_RUN, fit
-    from speedkit.tasks import find_task
     from speedkit.tasks.request import RunRequest
 
     options = {**({"precision": s.precision} if s.precision else {}), **request}
     if compiled:
-        options["methods"] = {"torch_compile": {}, **find_task(task, data, sizes=sizes).recipes[arm].methods}
+        options["methods"] = compiled_methods(task, arm, data, sizes)
     return fit(RunRequest.build(task, arm, data=str(data), task_options={"sizes": sizes}, device=device,
                                 num_workers=s.workers, run_dir=work / "runs", run_name=f"{task}-{arm}",
                                 **MEASURED_RUN, **options))
@@ -206,7 +205,8 @@ def _pair(records: dict, budgets: dict, baseline: str, recipe: str, metric: str,
     arms = {arm: {"time_to_target_s": times[arm][0], "final": _last(record, metric), "status": record.status,
                   "train_s": record.timings.get("train_s"), "eval_s": record.timings.get("eval_s"),
                   "setup_s": record.timings.get("setup_s"), "compile_s": record.timings.get("compile_s"),
-                  "budget": budgets[arm], "model": record.config.get("model"), "methods": sorted(record.method_names)}
+                  "budget": budgets[arm], "model": record.config.get("model"),
+                  "methods": sorted(record.method_names)}
             for arm, record in records.items()}
     return {"ok": all(r.status == "completed" for r in records.values()), "metric": metric, "target": target,
             "rule": rule, "arms": arms, "speedup": ratio,

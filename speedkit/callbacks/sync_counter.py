@@ -30,7 +30,9 @@ Use it around anything, ``with SyncCounter() as syncs: trainer.fit()``, or as a 
 ``Trainer(..., callbacks=[SyncCounter()])``, which attributes each wait to the training step (from loading
 its batch to its checkpoint point), the evaluation or the set-up it happened in, and writes
 ``record.notes["syncs"]``. ``report()`` says how many waits there were per step between logging steps
-(the fast loop has none), per logging step and per evaluation.
+(the fast loop has none), per logging step and per evaluation. While it counts, a compiled model runs eager (a
+dispatch mode keeps TorchDynamo from compiling): the count is of the eager step's ops, and the model compiles
+once the count is done.
 """
 from __future__ import annotations
 
