@@ -59,12 +59,14 @@ def main(argv=None) -> int:
     parser.add_argument("--work", default="/tmp/speedkit-compile-seed-presets", help="generated files and runs")
     parser.add_argument("--out", help="write the results as JSON here")
     args = parser.parse_args(argv)
-    import torch
+    from speedkit.record.runs import environment
 
     work = Path(args.work)
     os.environ.setdefault("SPEEDKIT_SHARDS", str(work / "shards"))
     files = make_seed_files(work / "seed-files")
-    results = {"torch": torch.__version__, "steps": args.steps, "presets": {}}
+    results = {"command": "python scripts/compile_seed_presets.py " + " ".join(argv or sys.argv[1:]),
+               "date": time.strftime("%Y-%m-%d"), "machine": environment("cpu"), "steps": args.steps,
+               "presets": {}}
     for preset in args.presets:
         results["presets"][preset] = outcome = compile_preset(preset, files, work, args.steps)
         print(preset, json.dumps(outcome), flush=True)
