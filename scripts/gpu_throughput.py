@@ -85,6 +85,7 @@ class Settings:
     peak_size: int
     count_steps: int
     profiled_steps: int  # after a preset's timed steps, the steps whose kernels are counted
+    muon_models: tuple[str, ...]  # whose hidden matrices the muon part steps Muon over
 
 
 FULL = Settings(budget_s=285, images=12_000, classes=100, image_sides=(160, 500), short_side=256,
@@ -92,7 +93,7 @@ FULL = Settings(budget_s=285, images=12_000, classes=100, image_sides=(160, 500)
                 language_model="gpt2-124m", vision_batch=256, language_batch=32, sizes=(176, 224), warmup=5,
                 steps=20, compile_backend="inductor", precision="bf16", task_sizes="gpu", presets=SEED_PRESETS,
                 workers=min(12, os.cpu_count() or 1), loader_batches=20, peak_size=8192, count_steps=8,
-                profiled_steps=2)
+                profiled_steps=2, muon_models=("resnet8", "resnet50", "gpt2-124m"))
 # A CPU's tiny rehearsal of every part (tests/cli/test_gpu_check.py). Inductor's C++ code generation takes minutes
 # on 2 cores, so tiny compiled runs use the "eager" backend: TorchDynamo still captures the frames (counted), only
 # the code generation is left to the GPU run. Its vocabulary is not a multiple of 64, so the GPT's head is padded,
@@ -101,7 +102,8 @@ TINY = Settings(budget_s=600, images=24, classes=3, image_sides=(40, 96), short_
                 vocab=360, context=64, vision_model="resnet18", language_model="gpt-nano", vision_batch=4,
                 language_batch=2, sizes=(32, 40), warmup=2, steps=3, compile_backend="eager", precision="fp32",
                 task_sizes="cpu", presets=("imagenet:hot", "gpt2:hot"), workers=0, loader_batches=3,
-                peak_size=256, count_steps=6, profiled_steps=2)
+                peak_size=256, count_steps=6, profiled_steps=2,
+                muon_models=("resnet8", "gpt-nano"))  # not the ResNet-18: seconds a Muon step on a CPU
 
 
 def settings(tiny: bool) -> Settings:
@@ -743,7 +745,7 @@ def muon_batches(s: Settings, device: str) -> dict:
     from speedkit.models import get_model
 
     models = {}
-    for name in ("resnet8", s.vision_model, s.language_model):
+    for name in s.muon_models:
         if hasattr(torchvision.models, name):
             model = getattr(torchvision.models, name)(num_classes=1000)
         else:
