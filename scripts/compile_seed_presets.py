@@ -21,21 +21,18 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from count_step_ops import make_seed_files  # noqa: E402 (the scripts folder, as this script's own)
-
-SEED_PRESETS = ("imagenet:baseline", "imagenet:plain-bf16", "imagenet:mild", "imagenet:medium", "imagenet:hot",
-                "gpt2:baseline", "gpt2:composer", "gpt2:hot")
+from gpu_check import dynamo_counts, fresh_dynamo  # noqa: E402
+from gpu_throughput import SEED_PRESETS  # noqa: E402
 
 
 def compile_preset(preset: str, files: dict[str, Path], work: Path, steps: int) -> dict:
     """``preset`` trained ``steps`` batches of 2 at its task's gpu sizes with TorchDynamo's counters fresh."""
-    import torch
     from torch._dynamo.utils import counters
 
     from speedkit.tasks import make_trainer
 
     task, name = preset.split(":")
-    torch._dynamo.reset()
-    counters.clear()
+    fresh_dynamo()
     started = time.perf_counter()
     try:
         record = make_trainer(task, name, data=files[task], task_options={"sizes": "gpu"}, batch_size=2,
@@ -46,10 +43,8 @@ def compile_preset(preset: str, files: dict[str, Path], work: Path, steps: int) 
                   "compile_s": record.timings.get("compile_s")}
     except Exception as error:  # noqa: BLE001 -- a preset that fails to compile is the finding; the rest still run
         result = {"status": "failed", "error": f"{type(error).__name__}: {error}"[:1000]}
-    return {**result, "seconds": round(time.perf_counter() - started, 1),
-            "frames": int(counters["frames"]["ok"]), "graph_breaks": int(sum(counters["graph_break"].values())),
-            "graph_break_reasons": sorted(counters["graph_break"])[:5],
-            "unique_graphs": int(counters["stats"]["unique_graphs"])}
+    return {**result, "seconds": round(time.perf_counter() - started, 1), **dynamo_counts(),
+            "graph_break_reasons": sorted(counters["graph_break"])[:5]}
 
 
 def main(argv=None) -> int:
