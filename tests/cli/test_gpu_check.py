@@ -29,7 +29,10 @@ def work(tmp_path, monkeypatch):
     monkeypatch.setenv("SPEEDKIT_GPU_CHECK_WORK", str(tmp_path / "work"))
     monkeypatch.setenv("SPEEDKIT_SHARDS", str(tmp_path / "shard-cache"))
     monkeypatch.delenv("OUT", raising=False)
-    return tmp_path
+    yield tmp_path
+    # the checks compile many models (GPTs among them) and leave their graphs cached; a later test's compile of the
+    # same code would meet TorchDynamo's recompile limit
+    torch._dynamo.reset()
 
 
 def assert_clean_timing(run: dict, where: str) -> None:
