@@ -61,7 +61,7 @@ if [ "${1:-}" = rehearse ]; then
     export PYTHONPATH="$PWD" OMP_NUM_THREADS=1
     "$venv/bin/python" -m pytest -q -p no:cacheprovider -n 2 --dist loadfile tests/cli/test_gpu_check.py \
         tests/callbacks/test_counting_a_compiled_model.py tests/methods/test_methods_optim.py \
-        tests/train/test_step_kernels.py tests/optim/test_muon_batched.py
+        tests/train/test_step_kernels.py tests/optim/test_muon_batched.py tests/train/test_gpu_ready.py
     if [ -n "$presets" ]; then
         OMP_NUM_THREADS=2 "$venv/bin/python" scripts/compile_seed_presets.py \
             --out "/tmp/compile-seed-presets-$torch_version.json"

@@ -4,7 +4,9 @@ TorchDynamo captures the forward as graphs and Inductor fuses their elementwise 
 kernels (Triton on GPU, C++/OpenMP on CPU). ``nn.Module.compile`` compiles in place, so the module,
 its parameter names and its state-dict keys stay what they were (checkpoints and other methods are
 unaffected). The first batch pays for the compilation (tens of seconds on a CPU); its wall time is
-reported as ``record.timings["compile_s"]`` so benchmarks can report it apart.
+reported as ``record.timings["compile_s"]`` so benchmarks can report it apart. A graph is guarded on its
+input's shape: speedkit's Trainer runs a partial last batch (an epoch's, an evaluation's) eager rather than
+compile a graph for it (``speedkit.train.batches.PartialBatchesEager``); in a loop of your own it compiles one.
 
 CUDA graphs come with ``mode="reduce-overhead"`` (and ``"max-autotune"``): the compiled step is recorded
 once and replayed as one launch, which removes the per-kernel launch cost that dominates small models on a

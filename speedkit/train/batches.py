@@ -1,13 +1,15 @@
 """Batches and loaders as the Trainer handles them: batches moved to a device, counted and split into
-microbatches; loaders measured, set to an epoch and started part-way.
+microbatches; loaders measured, set to an epoch and started part-way; a partial last batch run eager.
 
 A batch is a tensor, a tuple/list ``(inputs, targets, ...)`` or a dict; ``speedkit.core.batch`` reads it.
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
-from speedkit.core.batch import batch_size
+from speedkit.core.batch import BatchShapeError, batch_size
 
 
 def split_batch(batch, n: int) -> list:
@@ -54,3 +56,37 @@ def iterate_from(loader, skip: int):
     for _ in range(skip):  # generic fast-forward: replays the loader to the same place
         next(iterator, None)
     return iterator
+
+
+class PartialBatchesEager:
+    """Runs a batch with fewer samples than the widest before it (an epoch's or an evaluation's partial last batch)
+    with TorchDynamo's stance at ``force_eager``: the arithmetic is the same, compiled or not.
+
+    A compiled graph is guarded on its input's shape, so a partial last batch would compile a graph of its own, in
+    training time and about as long as the first batch's compile; and seeing a second batch size, TorchDynamo marks
+    the batch dimension dynamic, so every graph compiled after it (evaluation's, the next size's of progressive
+    resizing) would take a symbolic batch size. One eager step costs far less. Where nothing is compiled the stance
+    changes nothing. One instance per stream of batches: the run's training batches, or one evaluation pass
+    (evaluators may batch differently)."""
+
+    def __init__(self):
+        self.widest = 0
+
+    @contextlib.contextmanager
+    def around(self, batch):
+        """Runs its block eager where ``batch`` is narrower than the widest batch so far."""
+        if self._narrower(batch):
+            with torch.compiler.set_stance("force_eager"):
+                yield
+        else:
+            yield
+
+    def _narrower(self, batch) -> bool:
+        try:
+            rows = batch_size(batch)
+        except BatchShapeError:  # inputs that are not one tensor: nothing to compare
+            return False
+        if rows < self.widest:
+            return True
+        self.widest = rows  # batch-size warmup's growing batches still compile
+        return False

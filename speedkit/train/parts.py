@@ -3,6 +3,7 @@ logger and the config it keeps. Each turns what a user may pass (a factory, a li
 kind, so the Trainer's ``__init__`` reads as a list of parts."""
 from __future__ import annotations
 
+import contextlib
 import functools
 from pathlib import Path
 from typing import Callable
@@ -15,7 +16,6 @@ from speedkit.callbacks import (CheckpointSaver, LRMonitor, NaNGuard, ProgressBa
 from speedkit.core import Callback, Event, Interval, Time
 from speedkit.core.batch import batch_targets, output_logits, output_loss
 from speedkit.core.devices import cpu_bf16_speedup
-from speedkit.core.seeding import seed_everything
 from speedkit.optim import Schedule, apply_schedule, get_schedule
 from speedkit.optim.follow import TORCH_SCHEDULERS, FollowSchedule, follow_user_schedule
 from speedkit.record.loggers import ConsoleLogger, Logger, RecordDestination, logger_from_name
@@ -67,12 +67,23 @@ def make_loss(model: torch.nn.Module, loss_fn, methods=()) -> Callable:
     return lambda outputs, batch: loss_fn(output_logits(outputs), batch_targets(batch))
 
 
-def make_reproducible(seed: int, deterministic: bool) -> None:
-    """Seed every generator; with ``deterministic``, ask torch for deterministic kernels too."""
-    if deterministic:
-        torch.use_deterministic_algorithms(True, warn_only=True)
-        torch.backends.cudnn.benchmark = False
-    seed_everything(seed)
+@contextlib.contextmanager
+def deterministic_algorithms(on: bool):
+    """With ``on``: torch's deterministic kernels for the block, and no cuDNN autotuning (which may pick another
+    algorithm in each run). The process's own settings come back after it, so that a later run in the same process
+    (a notebook's next one) does not run deterministic kernels, and fill each new tensor, because this one did."""
+    if not on:
+        yield
+        return
+    before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
+              torch.backends.cudnn.benchmark)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.backends.cudnn.benchmark = False
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+        torch.backends.cudnn.benchmark = before[2]
 
 
 def make_record(run_folder: Path, name: str, writes: bool) -> RunRecord:

@@ -30,7 +30,7 @@ from speedkit.record.loggers import InMemoryLogger, JSONLFileLogger
 from speedkit.record.metrics import Evaluator, compute_metrics
 from speedkit.record.run_folder import free_run_name, run_folder_path
 from speedkit.record.runs import RunRecord, environment
-from speedkit.train.batches import iterate_from, set_loader_epoch
+from speedkit.train.batches import PartialBatchesEager, iterate_from, set_loader_epoch
 from speedkit.train.checkpoint import Checkpointer, set_rng_state
 from speedkit.train.checks import (check_first_batch, check_first_loss, check_first_outputs, check_schedulers,
                                    check_trainer_arguments, explain_first_batch_error)
@@ -38,9 +38,9 @@ from speedkit.train.interrupts import SIGNAL_REASONS, SigtermFlag, StepInterrupt
 from speedkit.train.microbatching import Microbatching
 from speedkit.train.ownership import FolderOwner
 from speedkit.train.parallel import make_plan
-from speedkit.train.parts import (close_callbacks, describe_run, follow_schedules, global_batch_size,
-                                  is_default_loss, make_callbacks, make_evaluators, make_logger, make_loss,
-                                  make_optimizers, make_record, make_reproducible, make_schedules, measure_loader,
+from speedkit.train.parts import (close_callbacks, describe_run, deterministic_algorithms, follow_schedules,
+                                  global_batch_size, is_default_loss, make_callbacks, make_evaluators, make_logger,
+                                  make_loss, make_optimizers, make_record, make_schedules, measure_loader,
                                   plateau_metric, read_device_checks, refuse_optimizer_before_surgery,
                                   refuse_wrapped_before_surgery, step_optimizers, step_plateau_schedulers,
                                   step_torch_schedulers)
@@ -95,8 +95,8 @@ class Trainer:
         max_duration = Time.from_input(max_duration or "1ep")
         precision = precision or "fp32"
 
-        self.deterministic = deterministic
-        make_reproducible(seed, deterministic)
+        self.deterministic = deterministic  # deterministic kernels while it fits and evaluates, not after
+        seed_everything(seed)
 
         # Several processes (torchrun): the plan opens the process group and takes this rank's device.
         self.plan = plan = make_plan(parallel, resolve_device(device), microbatch_size)
@@ -164,6 +164,7 @@ class Trainer:
                                  overwrite=overwrite, extend_duration=extend_duration)
         self.sigterm, self.interrupts = SigtermFlag(), StepInterrupts()
         self._resume_rng: dict | None = None
+        self._partial_batches = PartialBatchesEager()  # a partial last batch trains eager, not compiled again
         self._fit_started = False
         self._run_logged = False  # loggers heard of the run's start, so they hear of its end
 
@@ -199,7 +200,9 @@ class Trainer:
         if self.owner.finished:  # autoresume of a run that had ended: nothing to train, its record as it was
             self.state.record = self.owner.already_finished(self.state.record)
             return self.state.record
-        with installed(self.sigterm, self.interrupts), contextlib.closing(self.owner):  # handlers for this fit only
+        # handlers and deterministic kernels for this fit only
+        with installed(self.sigterm, self.interrupts), contextlib.closing(self.owner), \
+                deterministic_algorithms(self.deterministic):
             try:
                 self._fit_start()
                 while not self._should_end():
@@ -312,12 +315,13 @@ class Trainer:
                     batch = next(iterator)
             except StopIteration:
                 break
-            step.after_dataloader(to_device(batch, state.device))
-            if not self._first_batch_checked:
-                check_first_batch(state, batch_tokens(state.batch))
-            with self.interrupts.step(state):  # a Ctrl-C waits for the batch's end (speedkit/train/interrupts.py)
-                self._train_step()
-                step.end()  # BATCH_END
+            with self._partial_batches.around(batch):  # from AFTER_DATALOADER, where a method may run the model
+                step.after_dataloader(to_device(batch, state.device))
+                if not self._first_batch_checked:
+                    check_first_batch(state, batch_tokens(state.batch))
+                with self.interrupts.step(state):  # a Ctrl-C waits for the batch's end (speedkit/train/interrupts.py)
+                    self._train_step()
+                    step.end()  # BATCH_END
             self._maybe_eval(at_epoch_end=False)
             engine.run_event(Event.BATCH_CHECKPOINT)  # a save pauses the clock itself: no wait when none is due
         if state.timestamp.batch_in_epoch == 0:  # looping over empty epochs would never reach max_duration
@@ -440,7 +444,7 @@ class Trainer:
         # often one evaluates would change the run; fork_rng restores the generators afterwards.
         devices = [state.device] if state.device.type == "cuda" else []
         try:
-            with torch.random.fork_rng(devices=devices):
+            with torch.random.fork_rng(devices=devices), deterministic_algorithms(self.deterministic):
                 for evaluator in evaluators:
                     results[evaluator.label] = self._run_evaluator(evaluator)
         finally:
@@ -462,11 +466,12 @@ class Trainer:
         for metric in evaluator.metrics.values():
             metric.reset()
         self.step.eval_start()
-        seen, last = 0, None
+        seen, last, partial_batches = 0, None, PartialBatchesEager()
         for index, batch in enumerate(evaluator.dataloader):
             if evaluator.max_batches is not None and index >= evaluator.max_batches:
                 break
-            self._eval_batch(evaluator, batch)
+            with partial_batches.around(batch):
+                self._eval_batch(evaluator, batch)
             seen, last = seen + 1, batch
         # Under several processes: pad to the ranks' longest shard (FSDP) and sum the metrics over ranks.
         repeat_last = functools.partial(self._eval_batch, evaluator, last, count=False)

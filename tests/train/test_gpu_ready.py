@@ -5,7 +5,7 @@
   and ``gpt2`` tasks at their cpu rehearsal (``fashion-mnist`` and ``pydocs``: tests/callbacks/test_sync_counter.py);
 - a run sees few input shapes (progressive resizing in 32-px buckets, sequence-length warmup in steps of at least
   64 tokens), within a stated budget at the published sizes and in a whole (short) run, and a compiled model
-  compiles no more graphs than the shapes it sees;
+  compiles no more graphs than the shapes it sees, none for a partial last batch (the Trainer runs it eager);
 - every seed preset's model traces with no graph break, and GPT's compiled loss makes no fp32 copy of the logits;
 - the ``gpu`` sizes compile the model, and cuDNN's autotuner is on where the device is CUDA.
 """
@@ -203,6 +203,73 @@ def test_a_whole_run_stays_within_its_shape_budget_and_compiles_no_more_graphs_t
     torch._dynamo.reset()
 
 
+class TwoLayers(torch.nn.Module):
+    """A user's model (its forward's code outside torch, which TorchDynamo compiles on every torch version) that
+    raises on a batch narrower than ``refuse_below``."""
+
+    def __init__(self, refuse_below: int = 0):
+        super().__init__()
+        torch.manual_seed(0)
+        self.hidden, self.out, self.refuse_below = torch.nn.Linear(8, 32), torch.nn.Linear(32, 3), refuse_below
+
+    def forward(self, x):
+        if x.shape[0] < self.refuse_below:
+            raise RuntimeError("a partial batch")
+        return self.out(torch.relu(self.hidden(x)))
+
+
+def _graph_inputs(model: torch.nn.Module) -> list:
+    """Compile ``model`` as a user would, with a backend that keeps each graph's inputs: shapes, or ``"symbolic"``
+    for a size TorchDynamo made dynamic."""
+    graphs = []
+
+    def backend(graph_module, example_inputs):
+        graphs.append([tuple(i.shape) if isinstance(i, torch.Tensor) else "symbolic" for i in example_inputs])
+        return graph_module.forward
+
+    torch.nn.Module.compile(model, backend=backend)
+    return graphs
+
+
+def _two_epochs(model, tmp_path):
+    """Two epochs of 200 samples in batches of 64 (the last of 8), evaluated on 100 in batches of 64 (the last of
+    36; an evaluation batch of another size would be a second size, which TorchDynamo makes dynamic)."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from helpers import toy_classification
+    from speedkit import Trainer
+
+    x, y = toy_classification(200)
+    train, test = DataLoader(TensorDataset(x, y), batch_size=64), DataLoader(TensorDataset(x[:100], y[:100]), 64)
+    return Trainer(model, train, eval_dataloader=test, max_duration="2ep", eval_interval="1ep", device="cpu",
+                   run_dir=tmp_path, save_checkpoints=False, progress_bar=False)
+
+
+def test_partial_last_batches_run_eager_and_compile_no_graph_of_their_own(tmp_path):
+    """A partial last batch, compiled, would be a graph of its own (training time), and make TorchDynamo compile
+    every later graph with a symbolic batch size; the Trainer runs it eager instead, every sample still trained."""
+    torch._dynamo.reset()
+    model = TwoLayers()
+    graphs = _graph_inputs(model)
+    trainer = _two_epochs(model, tmp_path)
+    assert trainer.fit().status == "completed"
+    assert trainer.state.timestamp.sample == 400
+    assert len(graphs) == 2, graphs  # training's and evaluation's, each at its full batch
+    assert [inputs for inputs in graphs if "symbolic" in inputs] == [], graphs
+    assert torch._dynamo.eval_frame._stance.stance == "default"
+    torch._dynamo.reset()
+
+
+def test_a_partial_batch_that_raises_leaves_torch_compiling(tmp_path):
+    torch._dynamo.reset()
+    model = TwoLayers(refuse_below=64)
+    _graph_inputs(model)
+    with pytest.raises(RuntimeError, match="a partial batch"):
+        _two_epochs(model, tmp_path).fit()
+    assert torch._dynamo.eval_frame._stance.stance == "default"
+    torch._dynamo.reset()
+
+
 # ------------------------------------------------------------------------------- graph breaks, the loss
 
 @pytest.mark.parametrize("task, name", ALL_PRESETS, ids=[f"{t}:{n}" for t, n in ALL_PRESETS])
@@ -282,7 +349,7 @@ def test_cudnns_autotuner_is_on_for_a_cuda_device_only_and_never_under_determini
     from speedkit.core.devices import resolve_device
 
     monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)
-    deterministic = torch.are_deterministic_algorithms_enabled()  # an earlier test's Trainer may have left it on
+    deterministic = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(False)
     try:
         resolve_device("cpu")

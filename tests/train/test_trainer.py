@@ -122,6 +122,42 @@ def _write_good_checkpoint(tmp_path):
     return tmp_path / "r" / "checkpoints" / "latest.ckpt"
 
 
+class DeterminismSeen(Callback):
+    """Whether torch ran deterministic kernels at each step and evaluation."""
+
+    def __init__(self):
+        self.seen = []
+
+    def batch_end(self, state, logger):
+        self.seen.append(torch.are_deterministic_algorithms_enabled())
+
+    def eval_end(self, state, logger):
+        self.seen.append(torch.are_deterministic_algorithms_enabled())
+
+
+def test_deterministic_kernels_hold_for_the_run_and_the_process_gets_its_settings_back(tmp_path, monkeypatch):
+    """A later run in the same process (a notebook's next one) must not run deterministic kernels, nor go without
+    cuDNN's autotuner, because an earlier one asked for them."""
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", True)
+    assert not torch.are_deterministic_algorithms_enabled()
+    train, test = toy_loaders()
+    seen = DeterminismSeen()
+    trainer = Trainer(toy_model(), train, eval_dataloader=test, max_duration="2ba", deterministic=True, device="cpu",
+                      callbacks=[seen], run_dir=tmp_path, save_checkpoints=False)
+    trainer.fit()
+    trainer.eval()
+    assert len(seen.seen) == 4 and all(seen.seen)  # two steps, the final evaluation and the one after the run
+    assert not torch.are_deterministic_algorithms_enabled() and torch.backends.cudnn.benchmark is True
+
+    torch.use_deterministic_algorithms(True, warn_only=True)  # the user's own, for the whole process
+    try:
+        Trainer(toy_model(), train, max_duration="1ba", device="cpu", run_dir=tmp_path / "second",
+                save_checkpoints=False).fit()
+        assert torch.are_deterministic_algorithms_enabled()
+    finally:
+        torch.use_deterministic_algorithms(False)
+
+
 def test_truncated_or_edited_checkpoint_is_refused(tmp_path):
     path = _write_good_checkpoint(tmp_path)
     data = path.read_bytes()
