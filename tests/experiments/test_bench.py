@@ -65,9 +65,10 @@ def test_profiles_are_data_and_bad_names_get_clear_errors():
     assert "torch_compile" in gpu.recipe("mild").methods and "label_smoothing" in gpu.recipe("mild").methods
     # every run compiles, the baselines a GPU engineer writes too, so that the compiler is not counted as a speed-up
     assert all("torch_compile" in gpu.recipe(name).methods for name in ("plain", "plain-bf16", "mild", "hot"))
-    assert "torch_compile" not in gpu.recipe("baseline").methods  # the tutorial's, as a tutorial writes it
     language = get_profile("language", "gpu")
     assert all("torch_compile" in language.recipe(name).methods for name in ("baseline", "tuned", "hot"))
+    assert {language.recipe(name).precision for name in ("baseline", "tuned", "hot")} == {"bf16"}  # as nanoGPT's
+    assert get_profile("language", "cpu").recipe("tuned").precision == "fp32"  # on a CPU bf16 may be emulated
     assert get_profile("language").targets == (3.3, 3.5) and get_profile("vision").targets == (0.90, 0.92, 0.93)
     with pytest.raises(ValueError, match="known: .*language.*vision"):
         get_profile("speech")
