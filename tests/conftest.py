@@ -49,6 +49,16 @@ def one_thread_for_small_tests(request):
 
 
 @pytest.fixture(autouse=True)
+def torch_determinism_as_found():
+    """A test that asks torch for deterministic kernels (Lightning's ``Trainer(deterministic=True)`` sets them for the
+    process) leaves the next test on its worker as it found it: deterministic mode fills every new tensor, which a
+    kernel count sees."""
+    before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
+    yield
+    torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+
+
+@pytest.fixture(autouse=True)
 def forget_registered_tasks_and_methods():
     """Tasks and methods a test registers (a user's, a folder's) are gone afterwards, so tests do not see
     each other's."""

@@ -59,23 +59,24 @@ def iterate_from(loader, skip: int):
 
 
 class PartialBatchesEager:
-    """Runs a batch with fewer samples than the widest before it (an epoch's or an evaluation's partial last batch)
-    with TorchDynamo's stance at ``force_eager``: the arithmetic is the same, compiled or not.
+    """Runs an epoch's or an evaluation pass's last batch, where it has fewer samples than the widest before it (it
+    is partial), with TorchDynamo's stance at ``force_eager``: the arithmetic is the same, compiled or not.
 
     A compiled graph is guarded on its input's shape, so a partial last batch would compile a graph of its own, in
     training time and about as long as the first batch's compile; and seeing a second batch size, TorchDynamo marks
     the batch dimension dynamic, so every graph compiled after it (evaluation's, the next size's of progressive
-    resizing) would take a symbolic batch size. One eager step costs far less. Where nothing is compiled the stance
-    changes nothing. One instance per stream of batches: the run's training batches, or one evaluation pass
-    (evaluators may batch differently)."""
+    resizing) would take a symbolic batch size. One eager step costs far less. Only the last batch: a loader whose
+    batches vary in size by design (a token budget per batch) keeps every batch compiled. Where nothing is compiled
+    the stance changes nothing. One instance per stream of batches: the run's training batches, or one evaluation
+    pass (evaluators may batch differently)."""
 
     def __init__(self):
         self.widest = 0
 
     @contextlib.contextmanager
-    def around(self, batch):
-        """Runs its block eager where ``batch`` is narrower than the widest batch so far."""
-        if self._narrower(batch):
+    def around(self, batch, last: bool):
+        """Runs its block eager where ``batch`` is the ``last`` of its epoch or pass and narrower than the widest."""
+        if self._narrower(batch) and last:
             with torch.compiler.set_stance("force_eager"):
                 yield
         else:
@@ -88,5 +89,5 @@ class PartialBatchesEager:
             return False
         if rows < self.widest:
             return True
-        self.widest = rows  # batch-size warmup's growing batches still compile
+        self.widest = rows
         return False

@@ -30,7 +30,7 @@ from speedkit.record.loggers import InMemoryLogger, JSONLFileLogger
 from speedkit.record.metrics import Evaluator, compute_metrics
 from speedkit.record.run_folder import free_run_name, run_folder_path
 from speedkit.record.runs import RunRecord, environment
-from speedkit.train.batches import PartialBatchesEager, iterate_from, set_loader_epoch
+from speedkit.train.batches import PartialBatchesEager, iterate_from, loader_length, set_loader_epoch
 from speedkit.train.checkpoint import Checkpointer, set_rng_state
 from speedkit.train.checks import (check_first_batch, check_first_loss, check_first_outputs, check_schedulers,
                                    check_trainer_arguments, explain_first_batch_error)
@@ -315,7 +315,8 @@ class Trainer:
                     batch = next(iterator)
             except StopIteration:
                 break
-            with self._partial_batches.around(batch):  # from AFTER_DATALOADER, where a method may run the model
+            last = state.timestamp.batch_in_epoch + 1 == state.batches_per_epoch
+            with self._partial_batches.around(batch, last):  # from AFTER_DATALOADER (a method may run the model)
                 step.after_dataloader(to_device(batch, state.device))
                 if not self._first_batch_checked:
                     check_first_batch(state, batch_tokens(state.batch))
@@ -467,10 +468,11 @@ class Trainer:
             metric.reset()
         self.step.eval_start()
         seen, last, partial_batches = 0, None, PartialBatchesEager()
+        batches = loader_length(evaluator.dataloader)
         for index, batch in enumerate(evaluator.dataloader):
             if evaluator.max_batches is not None and index >= evaluator.max_batches:
                 break
-            with partial_batches.around(batch):
+            with partial_batches.around(batch, last=index + 1 == batches):
                 self._eval_batch(evaluator, batch)
             seen, last = seen + 1, batch
         # Under several processes: pad to the ranks' longest shard (FSDP) and sum the metrics over ranks.

@@ -15,6 +15,7 @@ import random
 
 import pytest
 import torch
+from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 from method_harness import run_steps, tiny_vision
 from prerequisites import require
 
@@ -205,16 +206,20 @@ def test_a_whole_run_stays_within_its_shape_budget_and_compiles_no_more_graphs_t
 
 class TwoLayers(torch.nn.Module):
     """A user's model (its forward's code outside torch, which TorchDynamo compiles on every torch version) that
-    raises on a batch narrower than ``refuse_below``."""
+    notes the size of each batch its forward runs eager on (not counting the speed monitor's FLOP counts, eager
+    under a dispatch mode), and raises on a batch narrower than ``refuse_below``."""
 
     def __init__(self, refuse_below: int = 0):
         super().__init__()
         torch.manual_seed(0)
         self.hidden, self.out, self.refuse_below = torch.nn.Linear(8, 32), torch.nn.Linear(32, 3), refuse_below
+        self.eager = []
 
     def forward(self, x):
-        if x.shape[0] < self.refuse_below:
-            raise RuntimeError("a partial batch")
+        if not torch.compiler.is_compiling() and not is_in_torch_dispatch_mode():
+            self.eager.append(x.shape[0])
+            if x.shape[0] < self.refuse_below:
+                raise RuntimeError("a partial batch")
         return self.out(torch.relu(self.hidden(x)))
 
 
@@ -231,7 +236,7 @@ def _graph_inputs(model: torch.nn.Module) -> list:
     return graphs
 
 
-def _two_epochs(model, tmp_path):
+def _trainer(model, tmp_path, train=None):
     """Two epochs of 200 samples in batches of 64 (the last of 8), evaluated on 100 in batches of 64 (the last of
     36; an evaluation batch of another size would be a second size, which TorchDynamo makes dynamic)."""
     from torch.utils.data import DataLoader, TensorDataset
@@ -240,7 +245,8 @@ def _two_epochs(model, tmp_path):
     from speedkit import Trainer
 
     x, y = toy_classification(200)
-    train, test = DataLoader(TensorDataset(x, y), batch_size=64), DataLoader(TensorDataset(x[:100], y[:100]), 64)
+    train = train or DataLoader(TensorDataset(x, y), batch_size=64)
+    test = DataLoader(TensorDataset(x[:100], y[:100]), batch_size=64)
     return Trainer(model, train, eval_dataloader=test, max_duration="2ep", eval_interval="1ep", device="cpu",
                    run_dir=tmp_path, save_checkpoints=False, progress_bar=False)
 
@@ -251,12 +257,29 @@ def test_partial_last_batches_run_eager_and_compile_no_graph_of_their_own(tmp_pa
     torch._dynamo.reset()
     model = TwoLayers()
     graphs = _graph_inputs(model)
-    trainer = _two_epochs(model, tmp_path)
+    trainer = _trainer(model, tmp_path)
     assert trainer.fit().status == "completed"
     assert trainer.state.timestamp.sample == 400
     assert len(graphs) == 2, graphs  # training's and evaluation's, each at its full batch
     assert [inputs for inputs in graphs if "symbolic" in inputs] == [], graphs
+    assert model.eager == [8, 36, 8, 36]  # each epoch's last training batch, then its evaluation's last
     assert torch._dynamo.eval_frame._stance.stance == "default"
+    torch._dynamo.reset()
+
+
+def test_batches_that_vary_in_size_by_design_stay_compiled_but_the_last(tmp_path):
+    """A loader whose batches vary in size (a token budget a batch, say): only the epoch's last runs eager."""
+    from helpers import toy_classification
+
+    torch._dynamo.reset()
+    x, y = toy_classification(200)
+    sizes = (64, 48, 64, 24)
+    starts = [sum(sizes[:i]) for i in range(len(sizes))]
+    train = [(x[start:start + size], y[start:start + size]) for start, size in zip(starts, sizes)]
+    model = TwoLayers()
+    _graph_inputs(model)
+    assert _trainer(model, tmp_path, train).fit().status == "completed"
+    assert 48 not in model.eager and 24 in model.eager
     torch._dynamo.reset()
 
 
@@ -265,8 +288,8 @@ def test_a_partial_batch_that_raises_leaves_torch_compiling(tmp_path):
     model = TwoLayers(refuse_below=64)
     _graph_inputs(model)
     with pytest.raises(RuntimeError, match="a partial batch"):
-        _two_epochs(model, tmp_path).fit()
-    assert torch._dynamo.eval_frame._stance.stance == "default"
+        _trainer(model, tmp_path).fit()
+    assert model.eager == [8] and torch._dynamo.eval_frame._stance.stance == "default"
     torch._dynamo.reset()
 
 
