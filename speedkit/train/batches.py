@@ -67,16 +67,18 @@ class PartialBatchesEager:
     the batch dimension dynamic, so every graph compiled after it (evaluation's, the next size's of progressive
     resizing) would take a symbolic batch size. One eager step costs far less. Only the last batch: a loader whose
     batches vary in size by design (a token budget per batch) keeps every batch compiled. Where nothing is compiled
-    the stance changes nothing. One instance per stream of batches: the run's training batches, or one evaluation
+    the stance changes nothing. One instance per stream of batches: the run's training batches (from
+    AFTER_DATALOADER on, where a method may run the model: selective backprop's scoring forward), or one evaluation
     pass (evaluators may batch differently)."""
 
     def __init__(self):
         self.widest = 0
 
     @contextlib.contextmanager
-    def around(self, batch, last: bool):
-        """Runs its block eager where ``batch`` is the ``last`` of its epoch or pass and narrower than the widest."""
-        if self._narrower(batch) and last:
+    def around(self, batch, index: int, batches: int | None):
+        """Runs its block eager where ``batch``, number ``index`` (from 0) of the ``batches`` of its epoch or pass
+        (None: a loader without a length), is the last one and narrower than the widest."""
+        if self._narrower(batch) and index + 1 == batches:
             with torch.compiler.set_stance("force_eager"):
                 yield
         else:

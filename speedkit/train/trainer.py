@@ -94,7 +94,6 @@ class Trainer:
         check_trainer_arguments({name: value for name, value in locals().items() if name != "self"})
         max_duration = Time.from_input(max_duration or "1ep")
         precision = precision or "fp32"
-
         self.deterministic = deterministic  # deterministic kernels while it fits and evaluates, not after
         seed_everything(seed)
 
@@ -162,9 +161,8 @@ class Trainer:
         self.owner = FolderOwner(self.run_folder, self.checkpointer, record, max_duration,  # refuses a taken folder
                                  autoresume=autoresume or load_path is not None,  # load_path there: continue it
                                  overwrite=overwrite, extend_duration=extend_duration)
-        self.sigterm, self.interrupts = SigtermFlag(), StepInterrupts()
+        self.sigterm, self.interrupts, self._partial_batches = SigtermFlag(), StepInterrupts(), PartialBatchesEager()
         self._resume_rng: dict | None = None
-        self._partial_batches = PartialBatchesEager()  # a partial last batch trains eager, not compiled again
         self._fit_started = False
         self._run_logged = False  # loggers heard of the run's start, so they hear of its end
 
@@ -200,9 +198,8 @@ class Trainer:
         if self.owner.finished:  # autoresume of a run that had ended: nothing to train, its record as it was
             self.state.record = self.owner.already_finished(self.state.record)
             return self.state.record
-        # handlers and deterministic kernels for this fit only
-        with installed(self.sigterm, self.interrupts), contextlib.closing(self.owner), \
-                deterministic_algorithms(self.deterministic):
+        determinism = deterministic_algorithms(self.deterministic)  # as the handlers: for this fit only
+        with installed(self.sigterm, self.interrupts), contextlib.closing(self.owner), determinism:
             try:
                 self._fit_start()
                 while not self._should_end():
@@ -315,8 +312,7 @@ class Trainer:
                     batch = next(iterator)
             except StopIteration:
                 break
-            last = state.timestamp.batch_in_epoch + 1 == state.batches_per_epoch
-            with self._partial_batches.around(batch, last):  # from AFTER_DATALOADER (a method may run the model)
+            with self._partial_batches.around(batch, state.timestamp.batch_in_epoch, state.batches_per_epoch):
                 step.after_dataloader(to_device(batch, state.device))
                 if not self._first_batch_checked:
                     check_first_batch(state, batch_tokens(state.batch))
@@ -468,11 +464,10 @@ class Trainer:
             metric.reset()
         self.step.eval_start()
         seen, last, partial_batches = 0, None, PartialBatchesEager()
-        batches = loader_length(evaluator.dataloader)
         for index, batch in enumerate(evaluator.dataloader):
             if evaluator.max_batches is not None and index >= evaluator.max_batches:
                 break
-            with partial_batches.around(batch, last=index + 1 == batches):
+            with partial_batches.around(batch, index, loader_length(evaluator.dataloader)):
                 self._eval_batch(evaluator, batch)
             seen, last = seen + 1, batch
         # Under several processes: pad to the ranks' longest shard (FSDP) and sum the metrics over ranks.
@@ -498,8 +493,7 @@ class Trainer:
 
     # -- endings --------------------------------------------------------------------------
     def _end_abnormally(self, status: str, error: str, save: bool) -> None:
-        record = self.state.record
-        record.status, record.error = status, error
+        self.state.record.status, self.state.record.error = status, error
         self._finish(save=save and self.save_checkpoints)
 
     def _finish(self, save: bool) -> None:
