@@ -463,11 +463,11 @@ class Trainer:
         for metric in evaluator.metrics.values():
             metric.reset()
         self.step.eval_start()
-        seen, last, partial_batches = 0, None, PartialBatchesEager()
+        seen, last, partial_batches, batches = 0, None, PartialBatchesEager(), loader_length(evaluator.dataloader)
         for index, batch in enumerate(evaluator.dataloader):
             if evaluator.max_batches is not None and index >= evaluator.max_batches:
                 break
-            with partial_batches.around(batch, index, loader_length(evaluator.dataloader)):
+            with partial_batches.around(batch, index, batches):
                 self._eval_batch(evaluator, batch)
             seen, last = seen + 1, batch
         # Under several processes: pad to the ranks' longest shard (FSDP) and sum the metrics over ranks.

@@ -372,16 +372,12 @@ def test_cudnns_autotuner_is_on_for_a_cuda_device_only_and_never_under_determini
     from speedkit.core.devices import resolve_device
 
     monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)
-    deterministic = torch.are_deterministic_algorithms_enabled()
-    torch.use_deterministic_algorithms(False)
-    try:
-        resolve_device("cpu")
-        assert torch.backends.cudnn.benchmark is False
-        resolve_device(torch.device("cuda"))  # a device object: no CUDA needed to resolve it
-        assert torch.backends.cudnn.benchmark is True
-        monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)
-        torch.use_deterministic_algorithms(True, warn_only=True)
-        resolve_device(torch.device("cuda"))
-        assert torch.backends.cudnn.benchmark is False
-    finally:
-        torch.use_deterministic_algorithms(deterministic)
+    torch.use_deterministic_algorithms(False)  # tests/conftest.py restores the mode afterwards
+    resolve_device("cpu")
+    assert torch.backends.cudnn.benchmark is False
+    resolve_device(torch.device("cuda"))  # a device object: no CUDA needed to resolve it
+    assert torch.backends.cudnn.benchmark is True
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    resolve_device(torch.device("cuda"))
+    assert torch.backends.cudnn.benchmark is False

@@ -149,13 +149,10 @@ def test_deterministic_kernels_hold_for_the_run_and_the_process_gets_its_setting
     assert len(seen.seen) == 4 and all(seen.seen)  # two steps, the final evaluation and the one after the run
     assert not torch.are_deterministic_algorithms_enabled() and torch.backends.cudnn.benchmark is True
 
-    torch.use_deterministic_algorithms(True, warn_only=True)  # the user's own, for the whole process
-    try:
-        Trainer(toy_model(), train, max_duration="1ba", device="cpu", run_dir=tmp_path / "second",
-                save_checkpoints=False).fit()
-        assert torch.are_deterministic_algorithms_enabled()
-    finally:
-        torch.use_deterministic_algorithms(False)
+    torch.use_deterministic_algorithms(True, warn_only=True)  # the user's own (tests/conftest.py turns it off after)
+    Trainer(toy_model(), train, max_duration="1ba", device="cpu", run_dir=tmp_path / "second",
+            save_checkpoints=False).fit()
+    assert torch.are_deterministic_algorithms_enabled()
 
 
 def test_truncated_or_edited_checkpoint_is_refused(tmp_path):
