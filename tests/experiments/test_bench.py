@@ -14,6 +14,7 @@ from speedkit.core import Callback, Time
 from speedkit.experiments.baseline_plan import EDGE_STEPS, Outcome, start_steps
 from speedkit.experiments.bench import (BenchProfile, get_profile, merge_summary, pick_best, profile_steps,
                                         run_benchmark, summarize, summary_markdown)
+from speedkit.experiments.bench.profiles import default_profiles
 from speedkit.experiments.compare import late_gain
 from speedkit.record.runs import RunRecord
 from speedkit.tasks import TASKS, RunRequest, get_recipe
@@ -63,11 +64,15 @@ def test_profiles_are_data_and_bad_names_get_clear_errors():
     assert gpu.recipe("baseline") == get_profile("vision", "cpu").recipe("baseline")  # the hand-written one
     assert gpu.recipe("mild").batch_size == 512 and gpu.recipe("mild").precision == "bf16"
     assert "torch_compile" in gpu.recipe("mild").methods and "label_smoothing" in gpu.recipe("mild").methods
-    # every run compiles, the baselines a GPU engineer writes too, so that the compiler is not counted as a speed-up
-    assert all("torch_compile" in gpu.recipe(name).methods for name in ("plain", "plain-bf16", "mild", "hot"))
+    # every run compiles, the baselines a GPU engineer writes too, so that the compiler is not counted as a speed-up;
+    # only the tutorial's per-image loop runs as written
     language = get_profile("language", "gpu")
-    assert all("torch_compile" in language.recipe(name).methods for name in ("baseline", "tuned", "hot"))
-    assert {language.recipe(name).precision for name in ("baseline", "tuned", "hot")} == {"bf16"}  # as nanoGPT's
+    user_task = default_profiles("pydocs")  # the profiles a task of a user's gets
+    for profile in (gpu, language, user_task["gpu"]):
+        compiled = {name for name in profile.recipes if "torch_compile" in profile.recipe(name).methods}
+        assert set(profile.recipes) - compiled == ({"baseline"} if profile is gpu else set()), profile.task
+    assert "torch_compile" not in user_task["cpu"].recipe("hot").methods
+    assert {language.recipe(name).precision for name in language.recipes} == {"bf16"}  # as nanoGPT's script
     assert get_profile("language", "cpu").recipe("tuned").precision == "fp32"  # on a CPU bf16 may be emulated
     assert get_profile("language").targets == (3.3, 3.5) and get_profile("vision").targets == (0.90, 0.92, 0.93)
     with pytest.raises(ValueError, match="known: .*language.*vision"):
@@ -79,6 +84,8 @@ def test_profiles_are_data_and_bad_names_get_clear_errors():
     assert cpu.recipe("plain-bf16").eval_interval == "0.25ep" and cpu.recipe("hot").eval_interval == "0.5ep"
     with pytest.raises(ValueError, match="unknown recipes \\['spicy'\\].*known"):
         BenchProfile(name="x", run=RunRequest(task="fashion-mnist"), recipes=("baseline", "spicy"))
+    with pytest.raises(ValueError, match="unknown recipes \\['tutorial'\\].*known"):
+        BenchProfile(name="x", run=RunRequest(task="fashion-mnist"), compiled=True, eager=("tutorial",))
 
 
 def test_a_profile_describes_its_runs_as_one_run_request_and_owns_none_of_its_fields():

@@ -70,6 +70,10 @@ class BenchProfile:
     # baseline -> the budget `--find-budgets` found (or `--budgets FILE` gives), which it runs as it is: the search
     # ran at this profile's duration and duration_scale, so neither applies to it again
     found_budgets: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    # every run compiles its model (torch_compile), but the recipes in `eager`: on a GPU a speed-up measured
+    # between a compiled run and an uncompiled one would count the compiler as a recipe's
+    compiled: bool = False
+    eager: tuple[str, ...] = ()
 
     def __post_init__(self):
         refuse_planned(self.run, BENCH_PICKS, f"profile {self.name!r}", "run of the benchmark")
@@ -81,7 +85,7 @@ class BenchProfile:
         if not any(is_baseline(spec, r) for r in self.recipes):
             raise ValueError(f"profile {self.name!r}: recipes {list(self.recipes)} include no baseline; "
                              f"add one of {list(spec.baselines)}")
-        unknown = [r for r in self.recipes if r not in spec.recipes]
+        unknown = [r for r in (*self.recipes, *self.eager) if r not in spec.recipes]
         if unknown:
             raise ValueError(f"profile {self.name!r}: unknown recipes {unknown} for {self.task}; "
                              f"known: {sorted(spec.recipes)}")
@@ -131,15 +135,10 @@ class BenchProfile:
             if "methods" in change:
                 change["methods"] = {**recipe.methods, **change["methods"]}
             recipe = recipe.with_changes(**change)
+        if self.compiled and name not in self.eager and "torch_compile" not in recipe.methods:
+            recipe = recipe.with_changes(methods={**recipe.methods, "torch_compile": {}})
         return recipe
 
-
-# On a GPU every run compiles, the baselines a GPU engineer would write too (nanoGPT's training script does by
-# default): a speed-up measured between a compiled run and an uncompiled one would count the compiler, its time on
-# one side and its kernels on the other, as a recipe's. Shapes that change (sequence-length warmup's steps of 64
-# tokens) cost a few compiles a run, since TorchDynamo makes a dimension dynamic once it has seen it change. Only the
-# tutorial's per-image fp32 baseline stays as a tutorial writes it.
-_COMPILE = {"torch_compile": {}}
 
 # The language baseline's sweep: AdamW's learning rate around nanoGPT's 1e-3, with two schedules, at the
 # baseline's budget (the tuned recipe carries the shorter budget `--find-budgets` found afterwards).
@@ -152,8 +151,7 @@ PROFILES: dict[str, dict[str, BenchProfile]] = {
         "gpu": BenchProfile(name="gpu", run=RunRequest(task="fashion-mnist", device="cuda"), report_targets=(0.90, 0.93),
                             # twice the batch, twice the learning rate (linear scaling from the CPU recipes)
                             speedup_changes={"batch_size": 512, "precision": "bf16", "optimizer": {"lr": 0.4}},
-                            recipe_changes={name: {"methods": _COMPILE} for name in ("plain", "plain-bf16", "mild",
-                                                                                     "medium", "hot")}),
+                            compiled=True, eager=("baseline",)),  # the tutorial's per-image fp32 loop, as written
     },
     "language": {
         # The target is what the baseline reaches at about batch 470 of its 600, measured before the benchmark
@@ -166,8 +164,8 @@ PROFILES: dict[str, dict[str, BenchProfile]] = {
         # rate, and nanoGPT's script, the baseline a skeptic would name, trains in bf16 by default where it can.
         "gpu": BenchProfile(name="gpu", run=RunRequest(task="pydocs", device="cuda", eval_interval="25ba"),
                             speedup_changes={"batch_size": 128, "precision": "bf16"},
-                            recipe_changes={name: {"methods": _COMPILE, "precision": "bf16"}
-                                            for name in ("baseline", "tuned", "mild", "hot")}),
+                            recipe_changes={name: {"precision": "bf16"} for name in ("baseline", "tuned")},
+                            compiled=True),
     },
 }
 
@@ -194,8 +192,8 @@ def task_key(task: str) -> str:
 def default_profiles(task: str) -> dict[str, BenchProfile]:
     """The profiles of a task that has none of its own (a user's): every recipe it has against its
     baselines, at each recipe's own budget and cadence, to the task's own target."""
-    return {name: BenchProfile(name=name, run=RunRequest(task=task, device=device))
-            for name, device in (("cpu", "cpu"), ("gpu", "cuda"))}
+    return {"cpu": BenchProfile(name="cpu", run=RunRequest(task=task, device="cpu")),
+            "gpu": BenchProfile(name="gpu", run=RunRequest(task=task, device="cuda"), compiled=True)}
 
 
 def get_profile(task: str, profile: str | BenchProfile = "cpu") -> BenchProfile:
