@@ -10,7 +10,10 @@ lease's time budget left out. After each part the check rewrites ``CHECK.json`` 
 folder (``bench/results/<date>-gpu-<device>/``, a study folder; under ``$OUT`` when the device tool runs it,
 whose files come back to this machine), so a check stopped at its limit keeps what it finished. A part
 that fails is reported with its error and the others still run; a part that does not fit the check's time
-budget, or cannot be prepared, is skipped with its reason. Every result carries the code it ran on (the git
+budget, or cannot be prepared, is skipped with its reason. A part's ``ok`` says that it ran as meant; what it
+found short of issue 54's requirements (a graph break in a preset's compiled run, a host wait or a blocking
+host-to-device copy in a quiet step, more than 1.3x its baseline's aten ops a step) it lists in ``unmet``, which
+the results' top level and ``CHECK.md`` collect. Every result carries the code it ran on (the git
 commit where there is one, and a hash of speedkit's source and these scripts, which travel without git).
 
 How it measures (DESIGN.md principle 8): a timed run carries no counter and no profiler, and records the
@@ -186,6 +189,7 @@ class Results:
         parts = self.data["parts"].values()
         self.data["finished"] = True
         self.data["ok"] = all(p.get("ok", True) for p in parts if "skipped" not in p)
+        self.data["unmet"] = {name: part["unmet"] for name, part in self.data["parts"].items() if part.get("unmet")}
         self.write()
         return self.data["ok"]
 
@@ -201,7 +205,8 @@ class Results:
             elif "error" in part:
                 lines.append(f"- **{name}**: FAILED: {part['error'][:200]}")
             else:
-                lines.append(f"- **{name}** ({part['part_s']} s): {part.get('headline', 'done')}")
+                unmet = f" **UNMET**: {'; '.join(part['unmet'])}" if part.get("unmet") else ""
+                lines.append(f"- **{name}** ({part['part_s']} s): {part.get('headline', 'done')}{unmet}")
         (self.folder / f"{self.check}.md").write_text("\n".join(lines) + "\n")
 
 

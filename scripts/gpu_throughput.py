@@ -43,6 +43,7 @@ import math
 import os
 import random
 import shutil
+import statistics
 import time
 import warnings
 from pathlib import Path
@@ -614,11 +615,12 @@ def preset_throughput(preset: str, data: dict, s: Settings, device: str, work: P
     flops = flops_per_sample(trainer.state.model, inputs)
     fraction = flops * per_step["samples_per_s"] / peak if flops and peak else None
     unit = "tokens_per_s" if preset.startswith("gpt2") else "samples_per_s"
-    kernels = profiled.counts or {}
-    return {"ok": timing["nothing_attached"], "status": record.status, **timing, **per_step,
+    kernels, dynamo = profiled.counts or {}, dynamo_counts()
+    unmet = [f"{dynamo['graph_breaks']} graph breaks (none allowed)"] if dynamo["graph_breaks"] else []
+    return {"ok": timing["nothing_attached"], "unmet": unmet, "status": record.status, **timing, **per_step,
             "input_shape": list(inputs.shape), "flops_per_sample": flops, "fraction_of_peak": fraction,
             "data_wait_share": timed_steps.data_wait_share(), "peak_memory_gib": _peak_memory(device),
-            "compile_s": record.timings.get("compile_s"), "dynamo": dynamo_counts(),
+            "compile_s": record.timings.get("compile_s"), "dynamo": dynamo,
             "methods": sorted(record.method_names), "kernels_per_step": kernels,
             "headline": f"{per_step[unit]:,.0f} {unit.replace('_per_s', '')}/s, fraction of peak "
                         f"{fraction if fraction is not None else float('nan'):.3f}, data wait "
@@ -710,7 +712,32 @@ def count_all(data: dict, s: Settings, device: str, work: Path) -> dict:
     waits = ", ".join(f"{p} {c['waits_in_quiet_steps']}/{c['by_kind'].get('host_to_device', 0)}"
                       if "error" not in c else f"{p} failed" for p, c in counted.items())
     return {"ok": not any("error" in c for c in counted.values()), "presets": counted,
+            "unmet": unmet_in_counts(counted),
             "headline": f"host waits in quiet steps / blocking host-to-device copies, whole run: {waits}"}
+
+
+OPS_BOUND = 1.3  # a preset's aten ops a quiet step, at most this times its task's baseline's (issue 54)
+
+
+def unmet_in_counts(counted: dict) -> list[str]:
+    """What the counted presets fall short of: a host wait or a blocking host-to-device copy in a quiet step, and
+    more than ``OPS_BOUND`` times its task baseline's ops a quiet step (where that baseline was counted too)."""
+    def ops(preset: str) -> float | None:
+        steps = counted.get(preset, {}).get("quiet_step_ops")
+        return statistics.median(steps.values()) if steps else None
+
+    unmet = []
+    for preset, counts in counted.items():
+        if "error" in counts:
+            continue
+        if counts["waits_in_quiet_steps"]:
+            unmet.append(f"{preset}: {counts['waits_in_quiet_steps']} host waits or blocking host-to-device copies "
+                         f"in quiet steps (none allowed)")
+        baseline = ops(preset.split(":")[0] + ":baseline")
+        if baseline and ops(preset) and ops(preset) > OPS_BOUND * baseline:
+            unmet.append(f"{preset}: {ops(preset) / baseline:.2f}x its baseline's aten ops a quiet step "
+                         f"(at most {OPS_BOUND}x)")
+    return unmet
 
 
 def count_syncs(preset: str, data: dict, s: Settings, device: str, work: Path) -> dict:

@@ -107,6 +107,7 @@ def test_the_throughput_check_runs_every_part_on_a_cpu_with_clean_timed_runs(gpu
         assert compiled["dynamo"]["unique_graphs"] == 1 and compiled["dynamo"]["graph_breaks"] == 0, model
     assert parts["muon"]["models"]["resnet8"]["by_shape"]["batches"] == 10
     assert "- **preset gpt2:hot** (" in (out / "throughput.md").read_text()
+    assert result["unmet"] == {}  # no graph break, no host wait in a quiet step (no baseline here to hold ops to)
     # the eager backend the tiny check compiled with is torch's default again once it is done
     assert "backend" not in getattr(torch.nn.Module.__dict__["compile"], "keywords", {})
     assert "backend" not in getattr(torch.compile, "keywords", {})
@@ -202,7 +203,8 @@ def test_the_time_to_target_check_runs_every_part_on_a_cpu(gpu_check, work, monk
         assert part["arms"][baseline]["time_to_target_s"] is not None  # the baseline holds its own target
         assert all(arm["status"] == "completed" for arm in part["arms"].values())
     assert parts["gpt2"]["corpus"]["vocab_size"] > 256
-    assert all("torch_compile" in arm["methods"] for arm in parts["gpt2"]["arms"].values())  # as at gpu sizes
+    for task in ("gpt2", "imagenet"):  # compiled as at the gpu sizes
+        assert all("torch_compile" in arm["methods"] for arm in parts[task]["arms"].values()), task
 
 
 def test_the_devices_stand_ins_for_boto3_let_litdata_stream_local_shards(gpu_check, work):
@@ -286,6 +288,49 @@ def test_a_check_stopped_at_its_limit_says_which_parts_it_did_not_reach(gpu_chec
     assert {name for name, part in written["parts"].items() if part.get("retry")} == {"data", "loader"}
     results.part("data", lambda: {"ok": True}, needs_s=1e9)  # more than the budget: left out for the next lease
     assert json.loads((tmp_path / "throughput.json").read_text())["parts"]["data"]["retry"]
+
+
+def test_a_lease_runs_the_checks_at_the_issues_scale_and_every_seed_preset(gpu_check):
+    """What the device runs is what issue 54 asks for: a smaller FULL would make the figures cheap and wrong."""
+    import gpu_throughput as throughput
+    import gpu_time_to_target as time_to_target
+
+    from speedkit.tasks.recipes import load_presets
+
+    full = throughput.FULL
+    assert full.images >= 12_000 and full.image_sides[1] > full.image_sides[0] and full.vocab == 50_257
+    assert full.sizes == (176, 224) and full.context == 1024 and full.task_sizes == "gpu" and full.workers > 0
+    assert full.compile_backend == "inductor" and full.precision == "bf16"
+    # every seed preset is measured, the pairs the goals compare first
+    assert sorted(full.presets) == sorted(f"{task}:{name}" for task in ("imagenet", "gpt2")
+                                          for name in load_presets(task))
+    assert full.presets[:4] == ("imagenet:plain-bf16", "imagenet:mild", "gpt2:baseline", "gpt2:hot")
+    full = time_to_target.FULL
+    assert (full.bench_profile, full.bench_seeds, full.bench_scale) == ("gpu", 3, ())
+    assert full.vocab == 50_257 and full.context == 1024 and full.task_sizes == "gpu"
+    assert full.imagenet_durations == {"plain-bf16": "90ep", "mild": "36ep"} and full.imagenet_model == "resnet50"
+    assert full.compile_backend == "inductor" and full.budget_s <= 9 * 60
+
+
+def test_what_a_part_finds_short_of_the_requirements_reaches_the_summary(gpu_check, tmp_path):
+    import gpu_throughput
+
+    def counts(ops: int, waits: int = 0) -> dict:
+        return {"waits_in_quiet_steps": waits, "quiet_step_ops": {3: ops, 4: ops + 2, 5: ops}}
+
+    counted = {"gpt2:baseline": counts(700), "gpt2:hot": counts(920), "imagenet:hot": counts(600, waits=2),
+               "imagenet:mild": {"error": "RuntimeError: out of memory"}}
+    unmet = gpu_throughput.unmet_in_counts(counted)
+    assert unmet == ["gpt2:hot: 1.31x its baseline's aten ops a quiet step (at most 1.3x)",
+                     "imagenet:hot: 2 host waits or blocking host-to-device copies in quiet steps (none allowed)"]
+    counted["gpt2:hot"] = counts(910)  # 1.3x: within the bound
+    assert gpu_throughput.unmet_in_counts(counted) == unmet[1:]
+    results = gpu_check.Results(tmp_path, "throughput", "cpu", tiny=True, budget_s=100)
+    results.part("counts", lambda: {"ok": True, "unmet": unmet, "headline": "counted"})
+    results.part("peak", lambda: {"ok": True, "unmet": []})
+    assert results.finish()  # every part ran: what it found short of is said apart
+    assert json.loads((tmp_path / "throughput.json").read_text())["unmet"] == {"counts": unmet}
+    assert f"counted **UNMET**: {unmet[0]}; {unmet[1]}" in (tmp_path / "throughput.md").read_text()
 
 
 def test_on_the_device_machine_results_land_under_OUT(gpu_check, tmp_path, monkeypatch):

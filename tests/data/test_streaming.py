@@ -672,6 +672,11 @@ def test_decoding_on_the_device_gives_the_workers_pixels_to_jpeg_tolerance(textu
     in_workers = StreamingImageLoader(textured_shards, 4, decode_on_device=False, **options)
     on_device = StreamingImageLoader(textured_shards, 4, decode_on_device=True, **options)  # decode_jpeg on CPU
     assert StreamingImageLoader(textured_shards, 4, **options).decode_on_device is False  # chosen on CUDA only
+    from speedkit.data.streaming.loaders import _choose_device_decoding
+
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")  # the choice itself, without a GPU to build a loader on
+    assert _choose_device_decoding(None, cuda) and not _choose_device_decoding(False, cuda)
+    assert not _choose_device_decoding(None, cpu) and _choose_device_decoding(True, cpu)
     data, lengths, *_ = next(iter(on_device.loader))  # the workers hand over the JPEG bytes, not pixels
     assert data.dtype == torch.uint8 and data.dim() == 1 and data.numel() == sum(lengths)
     assert bytes(data[:2].tolist()) == b"\xff\xd8"  # a JPEG's first marker
