@@ -506,11 +506,15 @@ def preset_trainer(preset: str, data: dict, s: Settings, device: str, work: Path
     task, name = preset.split(":")
     batch = s.vision_batch if task == "imagenet" else s.language_batch
     methods = compiled_methods(task, name, data[task], s.task_sizes) if compiled else None
-    return make_trainer(task, name, data=data[task], task_options={"sizes": s.task_sizes}, device=device,
-                        batch_size=batch, num_workers=s.workers, log_interval=log_interval, run_dir=work / "runs",
-                        run_name=run_name, save_checkpoints=False, progress_bar=False, overwrite=True,
-                        callbacks=callbacks, methods=methods,
-                        **({"precision": "fp32"} if s.precision == "fp32" else {}))
+    trainer = make_trainer(task, name, data=data[task], task_options={"sizes": s.task_sizes}, device=device,
+                           batch_size=batch, num_workers=s.workers, log_interval=log_interval, run_dir=work / "runs",
+                           run_name=run_name, save_checkpoints=False, progress_bar=False, overwrite=True,
+                           callbacks=callbacks, methods=methods,
+                           **({"precision": "fp32"} if s.precision == "fp32" else {}))
+    # These runs measure training steps. A stopped run evaluates its final weights, and compiled, that is an
+    # evaluation graph compiled for each preset (tens of seconds of the lease) that no part reports.
+    trainer.state.evaluators = []
+    return trainer
 
 
 class StopAfter(Callback):
@@ -617,7 +621,8 @@ def preset_throughput(preset: str, data: dict, s: Settings, device: str, work: P
     unit = "tokens_per_s" if preset.startswith("gpt2") else "samples_per_s"
     kernels, dynamo = profiled.counts or {}, dynamo_counts()
     unmet = [f"{dynamo['graph_breaks']} graph breaks (none allowed)"] if dynamo["graph_breaks"] else []
-    return {"ok": timing["nothing_attached"], "unmet": unmet, "status": record.status, **timing, **per_step,
+    return {"ok": timing["nothing_attached"], "unmet": unmet, "status": record.status,
+            "evaluations": len(record.evals), **timing, **per_step,
             "input_shape": list(inputs.shape), "flops_per_sample": flops, "fraction_of_peak": fraction,
             "data_wait_share": timed_steps.data_wait_share(), "peak_memory_gib": _peak_memory(device),
             "compile_s": record.timings.get("compile_s"), "dynamo": dynamo,

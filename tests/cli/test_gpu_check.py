@@ -88,6 +88,7 @@ def test_the_throughput_check_runs_every_part_on_a_cpu_with_clean_timed_runs(gpu
         assert_clean_timing(parts[preset], preset)
         assert parts[preset]["samples_per_s"] > 0 and parts[preset]["fraction_of_peak"] > 0
         assert parts[preset]["status"] == "stopped"  # after its timed steps, on its own schedule
+        assert parts[preset]["evaluations"] == 0  # no final evaluation (compiled, a graph of its own)
         assert parts[preset]["kernels_per_step"]["kernels"] > 0  # profiled after the timed steps, apart
         # compiled as at the gpu sizes (here with the eager backend), in whole graphs
         assert parts[preset]["dynamo"]["frames"] > 0 and parts[preset]["dynamo"]["graph_breaks"] == 0, preset

@@ -74,6 +74,9 @@ def test_profiles_are_data_and_bad_names_get_clear_errors():
     assert "torch_compile" not in user_task["cpu"].recipe("hot").methods
     assert {language.recipe(name).precision for name in language.recipes} == {"bf16"}  # as nanoGPT's script
     assert get_profile("language", "cpu").recipe("tuned").precision == "fp32"  # on a CPU bf16 may be emulated
+    # the language target holds on the evaluation share it was measured on, on either device
+    assert (language.run.eval_fraction, language.target_value) == (get_profile("language", "cpu").run.eval_fraction,
+                                                                   get_profile("language", "cpu").target_value)
     assert get_profile("language").targets == (3.3, 3.5) and get_profile("vision").targets == (0.90, 0.92, 0.93)
     with pytest.raises(ValueError, match="known: .*language.*vision"):
         get_profile("speech")

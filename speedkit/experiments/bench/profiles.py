@@ -151,6 +151,9 @@ PROFILES: dict[str, dict[str, BenchProfile]] = {
         "gpu": BenchProfile(name="gpu", run=RunRequest(task="fashion-mnist", device="cuda"), report_targets=(0.90, 0.93),
                             # twice the batch, twice the learning rate (linear scaling from the CPU recipes)
                             speedup_changes={"batch_size": 512, "precision": "bf16", "optimizer": {"lr": 0.4}},
+                            # hot's 2.5 epochs at that batch missed 0.92 in two seeds of three on an H200; 3.5 held
+                            # it in every held-out seed (bench/results/2026-12-07-gpu-profile-budgets/)
+                            recipe_changes={"hot": {"duration": "3.5ep"}},
                             compiled=True, eager=("baseline",)),  # the tutorial's per-image fp32 loop, as written
     },
     "language": {
@@ -162,7 +165,10 @@ PROFILES: dict[str, dict[str, BenchProfile]] = {
                             budget_step="50ba", budget_searched=("tuned",)),  # the baseline stays as it is
         # The baselines in bf16 autocast as well: on a GPU an fp32 GPT runs its matmuls far from the tensor cores'
         # rate, and nanoGPT's script, the baseline a skeptic would name, trains in bf16 by default where it can.
-        "gpu": BenchProfile(name="gpu", run=RunRequest(task="pydocs", device="cuda", eval_interval="25ba"),
+        # The target is the cpu profile's, on the same quarter of the evaluation set it was measured on: on the
+        # whole set the same baseline ends about 0.1 bpb higher, and the first GPU run's `tuned` missed 3.30 so.
+        "gpu": BenchProfile(name="gpu", run=RunRequest(task="pydocs", device="cuda", eval_interval="25ba",
+                                                       eval_fraction=0.25, target=3.30),
                             speedup_changes={"batch_size": 128, "precision": "bf16"},
                             recipe_changes={name: {"precision": "bf16"} for name in ("baseline", "tuned")},
                             compiled=True),
