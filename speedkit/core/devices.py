@@ -13,21 +13,9 @@ DEVICES = ("auto", "cpu", "cuda", "mps")
 
 
 def resolve_device(device: str | torch.device = "auto") -> torch.device:
-    """The device a run trains on (``auto``: CUDA, else MPS, else the CPU); on CUDA, cuDNN's autotuner on."""
-    resolved = device if isinstance(device, torch.device) else _named_device(device)
-    if resolved.type == "cuda":
-        tune_cudnn()
-    return resolved
-
-
-def tune_cudnn() -> None:
-    """cuDNN times its convolution algorithms once per input shape and keeps the fastest. speedkit's methods
-    bucket their shapes (progressive resizing in 32-px steps, ColOut's sizes fixed by the image's), so a run
-    pays for a handful of tunings and keeps the fastest kernels for the rest. CUDA only: the flag is cuDNN's,
-    and with deterministic algorithms asked for (``deterministic=True``) it stays off, since tuning may pick
-    a different algorithm in each run."""
-    if not torch.are_deterministic_algorithms_enabled():
-        torch.backends.cudnn.benchmark = True
+    """The device a run trains on (``auto``: CUDA, else MPS, else the CPU). It changes no setting of torch's: the
+    Trainer turns cuDNN's autotuner on for its own fit (``speedkit.train.parts.kernel_choice``)."""
+    return device if isinstance(device, torch.device) else _named_device(device)
 
 
 def _named_device(device: str) -> torch.device:

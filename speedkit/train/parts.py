@@ -68,17 +68,22 @@ def make_loss(model: torch.nn.Module, loss_fn, methods=()) -> Callable:
 
 
 @contextlib.contextmanager
-def deterministic_algorithms(on: bool):
-    """With ``on``: torch's deterministic kernels for the block, and no cuDNN autotuning (which may pick another
-    algorithm in each run). The process's own settings come back after it, so that a later run in the same process
-    (a notebook's next one) does not run deterministic kernels, and fill each new tensor, because this one did."""
-    if not on:
-        yield
-        return
+def kernel_choice(deterministic: bool, device: torch.device):
+    """How torch picks kernels while a run fits or evaluates. ``deterministic``: torch's deterministic kernels, and
+    no cuDNN autotuning (which may pick another algorithm in each run). Otherwise, on CUDA, cuDNN's autotuner: it
+    times its convolution algorithms once per input shape and keeps the fastest, and speedkit's methods bucket their
+    shapes (progressive resizing in 32-px steps, ColOut's sizes fixed by the image's), so a run pays for a handful
+    of tunings; under a user's own deterministic mode it stays off.
+
+    The process's own settings come back after the block: a later run in the same process (a notebook's next one, a
+    loop of the user's own, whose shapes may vary at every step) runs as the user set it, not as this run did."""
     before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
               torch.backends.cudnn.benchmark)
-    torch.use_deterministic_algorithms(True, warn_only=True)
-    torch.backends.cudnn.benchmark = False
+    if deterministic:
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        torch.backends.cudnn.benchmark = False
+    elif device.type == "cuda" and not before[0]:
+        torch.backends.cudnn.benchmark = True
     try:
         yield
     finally:

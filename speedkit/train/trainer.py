@@ -38,7 +38,7 @@ from speedkit.train.interrupts import SIGNAL_REASONS, SigtermFlag, StepInterrupt
 from speedkit.train.microbatching import Microbatching
 from speedkit.train.ownership import FolderOwner
 from speedkit.train.parallel import make_plan
-from speedkit.train.parts import (close_callbacks, describe_run, deterministic_algorithms, follow_schedules,
+from speedkit.train.parts import (close_callbacks, describe_run, follow_schedules, kernel_choice,
                                   global_batch_size, is_default_loss, make_callbacks, make_evaluators, make_logger,
                                   make_loss, make_optimizers, make_record, make_schedules, measure_loader,
                                   plateau_metric, read_device_checks, refuse_optimizer_before_surgery,
@@ -198,8 +198,8 @@ class Trainer:
         if self.owner.finished:  # autoresume of a run that had ended: nothing to train, its record as it was
             self.state.record = self.owner.already_finished(self.state.record)
             return self.state.record
-        determinism = deterministic_algorithms(self.deterministic)  # as the handlers: for this fit only
-        with installed(self.sigterm, self.interrupts), contextlib.closing(self.owner), determinism:
+        kernels = kernel_choice(self.deterministic, self.state.device)  # as the handlers: for this fit only
+        with installed(self.sigterm, self.interrupts), contextlib.closing(self.owner), kernels:
             try:
                 self._fit_start()
                 while not self._should_end():
@@ -441,7 +441,7 @@ class Trainer:
         # often one evaluates would change the run; fork_rng restores the generators afterwards.
         devices = [state.device] if state.device.type == "cuda" else []
         try:
-            with torch.random.fork_rng(devices=devices), deterministic_algorithms(self.deterministic):
+            with torch.random.fork_rng(devices=devices), kernel_choice(self.deterministic, state.device):
                 for evaluator in evaluators:
                     results[evaluator.label] = self._run_evaluator(evaluator)
         finally:

@@ -368,16 +368,21 @@ def test_a_task_at_its_gpu_sizes_resolves_to_a_compiled_recipe(seed_data, shard_
     assert all("torch_compile" in task.recipe(name).methods for name in task.recipes)
 
 
-def test_cudnns_autotuner_is_on_for_a_cuda_device_only_and_never_under_deterministic_algorithms(monkeypatch):
+def test_cudnns_autotuner_is_on_while_a_run_on_cuda_fits_and_the_process_gets_its_setting_back(monkeypatch):
     from speedkit.core.devices import resolve_device
+    from speedkit.train.parts import kernel_choice
 
+    cuda = torch.device("cuda")  # a device object: no CUDA needed to choose for it
     monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)
     torch.use_deterministic_algorithms(False)  # tests/conftest.py restores the mode afterwards
-    resolve_device("cpu")
-    assert torch.backends.cudnn.benchmark is False
-    resolve_device(torch.device("cuda"))  # a device object: no CUDA needed to resolve it
-    assert torch.backends.cudnn.benchmark is True
-    monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)
-    torch.use_deterministic_algorithms(True, warn_only=True)
-    resolve_device(torch.device("cuda"))
-    assert torch.backends.cudnn.benchmark is False
+    resolve_device(cuda)
+    assert torch.backends.cudnn.benchmark is False  # naming a device changes nothing of torch's
+    for device, deterministic, inside in ((cuda, False, True), (torch.device("cpu"), False, False), (cuda, True, False)):
+        with kernel_choice(deterministic, device):
+            assert torch.backends.cudnn.benchmark is inside, (device, deterministic)
+            assert torch.are_deterministic_algorithms_enabled() is deterministic
+        assert torch.backends.cudnn.benchmark is False and not torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True, warn_only=True)  # the user's own choice: no autotuning under it
+    with kernel_choice(False, cuda):
+        assert torch.backends.cudnn.benchmark is False
+    assert torch.are_deterministic_algorithms_enabled()
