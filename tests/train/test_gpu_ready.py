@@ -377,7 +377,8 @@ def test_cudnns_autotuner_is_on_while_a_run_on_cuda_fits_and_the_process_gets_it
     torch.use_deterministic_algorithms(False)  # tests/conftest.py restores the mode afterwards
     resolve_device(cuda)
     assert torch.backends.cudnn.benchmark is False  # naming a device changes nothing of torch's
-    for device, deterministic, inside in ((cuda, False, True), (torch.device("cpu"), False, False), (cuda, True, False)):
+    cases = ((cuda, False, True), (torch.device("cpu"), False, False), (cuda, True, False))
+    for device, deterministic, inside in cases:
         with kernel_choice(deterministic, device):
             assert torch.backends.cudnn.benchmark is inside, (device, deterministic)
             assert torch.are_deterministic_algorithms_enabled() is deterministic

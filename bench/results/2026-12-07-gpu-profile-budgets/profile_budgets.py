@@ -1,9 +1,9 @@
-"""How long the vision `gpu` bench profile's `hot` must train to hold its target on seeds the benchmark does not
-report: the profile's arithmetic (batch 512, learning rate 0.4, bf16, compiled) run on a CPU, each budget on the
-held-out seeds 10-14 (the benchmark reports seeds 0-2). Writes one JSON line a run to OUT as it finishes.
+"""How long a recipe of the vision `gpu` bench profile must train to hold its target on seeds the benchmark does not
+report: the profile's arithmetic (batch 512, learning rate 0.4, bf16, compiled) run on a CPU, each budget on
+held-out seeds (the benchmark reports seeds 0-2). Writes one JSON line a run to OUT as it finishes.
 
-    OMP_NUM_THREADS=1 .venv/bin/python bench/results/2026-12-07-gpu-profile-budgets/hot_budgets.py \
-        --budgets 3ep,3.5ep --seeds 10-14 --out FILE
+    OMP_NUM_THREADS=1 .venv/bin/python bench/results/2026-12-07-gpu-profile-budgets/profile_budgets.py \
+        --recipe hot --budgets 3ep,3.5ep --seeds 10-14 --out FILE
 """
 from __future__ import annotations
 
