@@ -12,9 +12,9 @@ whose files come back to this machine), so a check stopped at its limit keeps wh
 that fails is reported with its error and the others still run; a part that does not fit the check's time
 budget, or cannot be prepared, is skipped with its reason. A part's ``ok`` says that it ran as meant; what it
 found short of issue 54's requirements (a graph break in a preset's compiled run, a host wait or a blocking
-host-to-device copy in a quiet step, more than 1.3x its baseline's aten ops a step) it lists in ``unmet``, which
-the results' top level and ``CHECK.md`` collect. Every result carries the code it ran on (the git
-commit where there is one, and a hash of speedkit's source and these scripts, which travel without git).
+host-to-device copy in a quiet step, more than 1.3x its baseline's eager aten ops a step) it lists in
+``unmet``, which the results' top level and ``CHECK.md`` collect. Every result carries the code it ran on (the
+git commit where there is one, and a hash of speedkit's source and these scripts, which travel without git).
 
 How it measures (DESIGN.md principle 8): a timed run carries no counter and no profiler, and records the
 dispatch modes active while it was timed (none) to prove it; it is timed with CUDA events after warm-up (on a

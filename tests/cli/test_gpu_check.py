@@ -322,7 +322,7 @@ def test_what_a_part_finds_short_of_the_requirements_reaches_the_summary(gpu_che
     counted = {"gpt2:baseline": counts(700), "gpt2:hot": counts(920), "imagenet:hot": counts(600, waits=2),
                "imagenet:mild": {"error": "RuntimeError: out of memory"}}
     unmet = gpu_throughput.unmet_in_counts(counted)
-    assert unmet == ["gpt2:hot: 1.31x its baseline's aten ops a quiet step (at most 1.3x)",
+    assert unmet == ["gpt2:hot: 1.31x its baseline's aten ops a quiet step, eager (at most 1.3x)",
                      "imagenet:hot: 2 host waits or blocking host-to-device copies in quiet steps (none allowed)"]
     counted["gpt2:hot"] = counts(910)  # 1.3x: within the bound
     assert gpu_throughput.unmet_in_counts(counted) == unmet[1:]
