@@ -17,9 +17,9 @@ Its parts, top to bottom, each writing ``time-to-target.json`` as it finishes (`
 
 Times are training time to the target (evaluation apart), from each run's RunRecord; the speed-up of a pair is
 the baseline's time over the recipe's (``speedkit.experiments.measure``). Each is also given less the run's first
-compile (``less_compile``): a cold compile can be most of a GPU run's seconds to the target. Its CPU rehearsal (``--device cpu
---tiny``, in CI) runs the same benchmark profile and compiled GPT-2 arms for a batch or a few, on a sliver of the
-data, the ``imagenet`` part on a tiny shard set.
+compile (``less_compile``): a cold compile can be most of a GPU run's seconds to the target. Its CPU rehearsal
+(``--device cpu --tiny``, in CI) runs the same benchmark profile and compiled GPT-2 arms for a batch or a few, on a
+sliver of the data, the ``imagenet`` part on a tiny shard set.
 """
 from __future__ import annotations
 

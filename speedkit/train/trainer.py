@@ -38,8 +38,8 @@ from speedkit.train.interrupts import SIGNAL_REASONS, SigtermFlag, StepInterrupt
 from speedkit.train.microbatching import Microbatching
 from speedkit.train.ownership import FolderOwner
 from speedkit.train.parallel import make_plan
-from speedkit.train.parts import (close_callbacks, describe_run, follow_schedules, kernel_choice,
-                                  global_batch_size, is_default_loss, make_callbacks, make_evaluators, make_logger,
+from speedkit.train.parts import (close_callbacks, describe_run, follow_schedules, global_batch_size,
+                                  is_default_loss, kernel_choice, make_callbacks, make_evaluators, make_logger,
                                   make_loss, make_optimizers, make_record, make_schedules, measure_loader,
                                   plateau_metric, read_device_checks, refuse_optimizer_before_surgery,
                                   refuse_wrapped_before_surgery, step_optimizers, step_plateau_schedulers,
