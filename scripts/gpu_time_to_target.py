@@ -95,7 +95,9 @@ def run(results, s: Settings, device: str, only: set | None = None) -> None:
     imagenet_shards = Path(os.environ.get("SPEEDKIT_GPU_CHECK_IMAGENET", CARRIED_IMAGENET))
     with compile_backend(s.compile_backend):
         for task, recipe, baseline in BENCH:
-            part(task, lambda: bench(task, recipe, baseline, s, device, work), 90)
+            # three seeds of two compiled arms: each arm's cold compiles in the first seed (training's graph and
+            # evaluation's), Inductor's cache for the seeds after it
+            part(task, lambda: bench(task, recipe, baseline, s, device, work), 150)
         part("gpt2", lambda: gpt2_to_target(s, device, work), 200)
         if is_shard_folder(imagenet_shards):
             # two compiles of ResNet-50 an arm (training's graph and evaluation's), then 90 and 36 short epochs
