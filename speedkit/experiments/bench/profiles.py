@@ -168,7 +168,7 @@ PROFILES: dict[str, dict[str, BenchProfile]] = {
         # The baselines in bf16 autocast as well: on a GPU an fp32 GPT runs its matmuls far from the tensor cores'
         # rate, and nanoGPT's script, the baseline a skeptic would name, trains in bf16 by default where it can.
         # The target is the cpu profile's, on the same quarter of the evaluation set it was measured on: on the
-        # whole set the same baseline ends about 0.1 bpb higher, and the first GPU run's `tuned` missed 3.30 so.
+        # whole set the same `tuned` run ends about 0.1 bpb higher, and so missed 3.30 in the first GPU run.
         "gpu": BenchProfile(name="gpu", run=RunRequest(task="pydocs", device="cuda", eval_interval="25ba",
                                                        eval_fraction=0.25, target=3.30),
                             speedup_changes={"batch_size": 128, "precision": "bf16"},
