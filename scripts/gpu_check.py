@@ -12,7 +12,7 @@ whose files come back to this machine), so a check stopped at its limit keeps wh
 that fails is reported with its error and the others still run; a part that does not fit the check's time
 budget, or cannot be prepared, is skipped with its reason. A part's ``ok`` says that it ran as meant; what it
 found short of issue 54's requirements (a graph break in a preset's compiled run, a host wait or a blocking
-host-to-device copy in a quiet step, more than 1.3x its baseline's eager aten ops a step) it lists in
+host-to-device copy in a quiet step, a compiled step of more than 1.3x its baseline's kernels) it lists in
 ``unmet``, which the results' top level and ``CHECK.md`` collect. Every result carries the code it ran on (the
 git commit where there is one, and a hash of speedkit's source and these scripts, which travel without git).
 
@@ -178,6 +178,12 @@ class Results:
         self.data["parts"][name] = {**result, "part_s": round(time.perf_counter() - started, 1)}
         self.write()
         return result
+
+    def add_unmet(self, name: str, unmet: list[str]) -> None:
+        """What part ``name`` falls short of, found once the parts after it could be set beside it."""
+        part = self.data["parts"][name]
+        part["unmet"] = [*part.get("unmet", []), *unmet]
+        self.write()
 
     def skip(self, name: str, reason: str, retry: bool = False) -> None:
         """Part ``name`` left out for ``reason``; ``retry``: the next lease on this code runs it (``next_check``)."""
