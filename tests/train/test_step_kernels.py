@@ -3,11 +3,11 @@ dispatch, and on a GPU each that is not a view is about one kernel launch; a ste
 GPU waiting on the host (DESIGN.md, principle 8). Every preset's quiet step dispatches at most ``BOUND`` times its
 task baseline's ops, except the presets listed in ``OVER_THE_BOUND``, each with its own ceiling and the methods that
 cost the difference; the seed's tasks (gpt2, imagenet) run at their cpu sizes on a few generated files. Compiled, as
-a GPU runs them, the seed tasks' ``hot`` presets launch at most ``BOUND`` times their baselines' kernels a step. The counts
-are ``scripts/count_step_ops.py``'s, which prints them with the launches among them (Muon batched as it plans for a
-GPU). The parts: Muon orthogonalises the matrices of one shape in one batched iteration, and a small net's filters
-of many shapes padded to one, EMA averages in one multi-tensor op, rotary positions build their tables once per step
-for every layer (and compile without a graph break), the recipe optimizers run multi-tensor kernels, QK-norm
+a GPU runs them, the seed tasks' ``hot`` presets launch at most ``BOUND`` times their baselines' kernels a step. The
+counts are ``scripts/count_step_ops.py``'s, which prints them with the launches among them (Muon batched as it plans
+for a GPU). The parts: Muon orthogonalises the matrices of one shape in one batched iteration, and a small net's
+filters of many shapes padded to one, EMA averages in one multi-tensor op, rotary positions build their tables once
+per step for every layer (and compile without a graph break), the recipe optimizers run multi-tensor kernels, QK-norm
 normalises q and k as one tensor, stochastic depth scales its mask as it draws it, a blurred max-pool makes its
 filter once, MixUp blends with one lerp, the in-memory loader works out each epoch's shifts and flips once."""
 from __future__ import annotations
@@ -91,15 +91,9 @@ def test_a_seed_presets_step_dispatches_at_most_bound_times_its_baselines_ops(ta
     _check_against_baseline(task, name, tmp_root)
 
 
-@functools.cache
-def compiled_step_kernels(task: str, name: str, tmp_root: str) -> int:
-    return _counting().compiled_step_kernels(task, name, Path(tmp_root))
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("task", ["gpt2", "imagenet"])
-def test_a_seed_tasks_hot_step_compiled_launches_at_most_bound_times_its_baselines_kernels(task, tmp_root,
-                                                                                          monkeypatch):
+def test_a_seed_tasks_hot_step_compiled_launches_at_most_bound_times_its_baselines(task, tmp_root, monkeypatch):
     """A GPU runs the seed presets compiled (their ``gpu`` sizes add ``torch_compile``, as every gpu bench profile
     does), so the step it launches is the compiled one: inductor fuses the casts, rotary's, QK-norm's and the
     methods' elementwise ops, and Muon's update compiles with the model. Counted from a CPU profile of quiet steps
@@ -108,7 +102,7 @@ def test_a_seed_tasks_hot_step_compiled_launches_at_most_bound_times_its_baselin
     import_or_missing("litdata")
     import_or_missing("tokenizers")
     monkeypatch.setenv("SPEEDKIT_SHARDS", f"{tmp_root}/shards")
-    hot, baseline = (compiled_step_kernels(task, name, tmp_root) for name in ("hot", "baseline"))
+    hot, baseline = (_counting().compiled_step_kernels(task, name, Path(tmp_root)) for name in ("hot", "baseline"))
     assert hot <= BOUND * baseline, f"{task}:hot launches {hot} kernels a compiled step, {baseline} its baseline's"
 
 
