@@ -122,10 +122,14 @@ def compiled_step_kernels(task: str, name: str, root: Path) -> int:
     torch._dynamo.reset()
     # scalar C++ kernels: the count is of kernels, which the scheduler's fusion decides before code generation, and
     # scalar code compiles in about two thirds of vectorised code's time
-    with muon_as_on_a_gpu(), torch._inductor.config.patch({"cpp.enable_kernel_profile": True, "cpp.vec_isa_ok": False}):
-        make_trainer(task, name, duration="9ba", eval_interval="100ba", log_interval=3, device="cpu",
-                     run_dir=root / "runs" / f"{task}-{name}-compiled", save_checkpoints=False,
-                     callbacks=[profiled], methods=methods, **_run_options(task, root)).fit()
+    try:
+        with muon_as_on_a_gpu(), torch._inductor.config.patch({"cpp.enable_kernel_profile": True,
+                                                                "cpp.vec_isa_ok": False}):
+            make_trainer(task, name, duration="9ba", eval_interval="100ba", log_interval=3, device="cpu",
+                         run_dir=root / "runs" / f"{task}-{name}-compiled", save_checkpoints=False,
+                         callbacks=[profiled], methods=methods, **_run_options(task, root)).fit()
+    finally:
+        torch._dynamo.reset()  # no graph left cached for a later compile of the same code to count against its limit
     if len(set(profiled.kernels.values())) != 1:
         raise RuntimeError(f"{task}:{name}: compiled steps 7 and 8 differ: {profiled.kernels}")
     return profiled.kernels[8]

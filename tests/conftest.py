@@ -19,8 +19,9 @@ def pytest_configure(config):
 # alone with it while the other idles (the suite's wall clock, not its work, grows), so they start first and the
 # short files fill in around them. `make test` passes --no-loadscope-reorder, without which pytest-xdist orders
 # files by their number of tests instead.
-STARTED_FIRST = ("cli/test_tutorials.py", "tasks/test_seed_scale_step.py", "cli/test_notebooks.py",
-                 "cli/test_fault_matrix.py", "experiments/test_tune.py", "data/test_streaming.py")
+STARTED_FIRST = ("cli/test_tutorials.py", "tasks/test_seed_scale_step.py", "train/test_step_kernels.py",
+                 "cli/test_notebooks.py", "cli/test_fault_matrix.py", "experiments/test_tune.py",
+                 "data/test_streaming.py")
 
 
 def pytest_collection_modifyitems(config, items):
