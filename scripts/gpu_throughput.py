@@ -763,8 +763,10 @@ def unmet_in_kernels(parts: dict) -> dict[str, list[str]]:
     the host, however fast each kernel is."""
     found = {}
     for name, part in parts.items():
+        if not name.startswith("preset "):
+            continue
         task, _, recipe = name.removeprefix("preset ").partition(":")
-        if not name.startswith("preset ") or recipe == "baseline":
+        if recipe == "baseline":
             continue
         launches, baseline = step_launches(part), step_launches(parts.get(f"preset {task}:baseline", {}))
         if launches and baseline and launches > KERNELS_BOUND * baseline:
