@@ -85,7 +85,6 @@ def compiled_step_kernels(task: str, name: str, root: Path) -> int:
     sequence-length warmup gives it up to step 4)."""
     import torch
     import torch._dynamo
-    import torch._inductor.config
 
     from speedkit.callbacks.sync_counter import makes_batches_on_host, profiled_kernels
     from speedkit.core.engine import Callback
@@ -120,11 +119,8 @@ def compiled_step_kernels(task: str, name: str, root: Path) -> int:
     methods = {**_find_task(task, root).recipes[name].methods, "torch_compile": {}}
     profiled = ProfileEachStep((7, 8))  # 3, 6 and 9 log
     torch._dynamo.reset()
-    # scalar C++ kernels: the count is of kernels, which the scheduler's fusion decides before code generation, and
-    # scalar code compiles in about two thirds of vectorised code's time
     try:
-        with muon_as_on_a_gpu(), torch._inductor.config.patch({"cpp.enable_kernel_profile": True,
-                                                                "cpp.vec_isa_ok": False}):
+        with muon_as_on_a_gpu(), profiled_scalar_kernels():
             make_trainer(task, name, duration="9ba", eval_interval="100ba", log_interval=3, device="cpu",
                          run_dir=root / "runs" / f"{task}-{name}-compiled", save_checkpoints=False,
                          callbacks=[profiled], methods=methods, **_run_options(task, root)).fit()
@@ -133,6 +129,19 @@ def compiled_step_kernels(task: str, name: str, root: Path) -> int:
     if len(set(profiled.kernels.values())) != 1:
         raise RuntimeError(f"{task}:{name}: compiled steps 7 and 8 differ: {profiled.kernels}")
     return profiled.kernels[8]
+
+
+def profiled_scalar_kernels():
+    """Inductor generates scalar C++ kernels that the profiler names. The count is of kernels, which the scheduler's
+    fusion decides before code generation, and scalar code compiles in about two thirds of vectorised code's time.
+    Inductor works out, once per process, which vector ISAs it may use, judged under the ``vec_isa_ok`` of the
+    time; left to the first compile inside this patch, every later compile in the process would build without them,
+    and vectorised code that another process cached would not build at all. So it works them out first."""
+    import torch._inductor.config
+    import torch._inductor.cpu_vec_isa
+
+    torch._inductor.cpu_vec_isa.valid_vec_isa_list()
+    return torch._inductor.config.patch({"cpp.enable_kernel_profile": True, "cpp.vec_isa_ok": False})
 
 
 def muon_as_on_a_gpu():

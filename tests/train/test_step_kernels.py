@@ -106,6 +106,35 @@ def test_a_seed_tasks_hot_step_compiled_launches_at_most_bound_times_its_baselin
     assert hot <= BOUND * baseline, f"{task}:hot launches {hot} kernels a compiled step, {baseline} its baseline's"
 
 
+def test_a_compiled_count_leaves_later_compiles_in_its_process_their_vector_isa():
+    """The count compiles scalar kernels; a compile after it in the same process (a pytest worker's next test) must
+    still build for the machine's vector ISA, or vectorised code cached by another process fails to build."""
+    import subprocess
+    import sys
+
+    script = f"""
+import torch
+from torch._inductor.cpu_vec_isa import pick_vec_isa
+if {{count}}:
+    import sys; sys.path.insert(0, "scripts")
+    from count_step_ops import profiled_scalar_kernels
+    with profiled_scalar_kernels():
+        torch.compile(lambda x: (x.sin() * 2).sum(1))(torch.randn(64, 64))
+    torch._dynamo.reset()
+    assert torch.compile(lambda x: (x.cos() + 1).relu().sum(0))(torch.zeros(64, 64)).sum().item() == 64 * 64 * 2
+print(pick_vec_isa())
+"""
+    root = Path(__file__).resolve().parents[2]
+
+    def vec_isa(count: bool) -> str:
+        done = subprocess.run([sys.executable, "-c", script.format(count=count)], cwd=root, capture_output=True,
+                              text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return done.stdout.strip().splitlines()[-1]
+
+    assert vec_isa(count=True) == vec_isa(count=False)
+
+
 # -- EMA -----------------------------------------------------------------------------------------------------
 def _toy_run(tmp_path, methods, layers: int, nan_policy: str | None = "stop") -> SyncCounter:
     from helpers import toy_loaders
