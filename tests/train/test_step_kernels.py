@@ -112,10 +112,10 @@ def test_a_compiled_count_leaves_later_compiles_in_its_process_their_vector_isa(
     import subprocess
     import sys
 
-    script = f"""
+    script = """
 import torch
 from torch._inductor.cpu_vec_isa import pick_vec_isa
-if {{count}}:
+if {count}:
     import sys; sys.path.insert(0, "scripts")
     from count_step_ops import profiled_scalar_kernels
     with profiled_scalar_kernels():
